@@ -1,0 +1,55 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# Both create (once) and reuse the virtual environment in .venv.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint typecheck layers proto proto-check pytest conformance serve clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+	@$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/apiary demo
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests scripts bench
+	$(BIN)/ruff format --check src tests scripts bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/python scripts/genproto.py --check
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests scripts bench
+	$(BIN)/ruff format --check src tests scripts bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+layers: $(STAMP)
+	$(BIN)/lint-imports
+
+proto: $(STAMP)
+	$(BIN)/python scripts/genproto.py
+
+proto-check: $(STAMP)
+	$(BIN)/python scripts/genproto.py --check
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+conformance: $(STAMP)
+	$(BIN)/python -m tests.conformance.report
+
+serve: $(STAMP)
+	$(BIN)/apiary serve
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
