@@ -1,0 +1,1 @@
+"""Pure state machines, policies and value types: no I/O, no asyncio, no clock reads."""

@@ -1,0 +1,66 @@
+"""Value types of the event log (DESIGN.md section 7, RFC section 19)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+JsonObject = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class EventDraft:
+    """An event before the log has given it a sequence number."""
+
+    event_type: str
+    actor: str
+    ts: float
+    """UTC wall time, seconds since the epoch, read from the injected clock."""
+    correlation_id: str = ""
+    agent_id: str = ""
+    details: JsonObject = field(default_factory=dict)
+    hlc: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One appended event; `sequence` is gap-free and strictly increasing from 1."""
+
+    sequence: int
+    event_type: str
+    actor: str
+    ts: float
+    correlation_id: str = ""
+    agent_id: str = ""
+    details: JsonObject = field(default_factory=dict)
+    hlc: str = ""
+
+    @classmethod
+    def from_draft(cls, sequence: int, draft: EventDraft) -> Event:
+        return cls(
+            sequence=sequence,
+            event_type=draft.event_type,
+            actor=draft.actor,
+            ts=draft.ts,
+            correlation_id=draft.correlation_id,
+            agent_id=draft.agent_id,
+            details=draft.details,
+            hlc=draft.hlc,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """Conjunctive filter over events; a field left as None matches everything."""
+
+    correlation_id: str | None = None
+    agent_id: str | None = None
+    event_types: frozenset[str] | None = None
+
+    def matches(self, event: Event) -> bool:
+        if self.correlation_id is not None and event.correlation_id != self.correlation_id:
+            return False
+        if self.agent_id is not None and event.agent_id != self.agent_id:
+            return False
+        return self.event_types is None or event.event_type in self.event_types

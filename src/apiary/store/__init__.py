@@ -1,0 +1,1 @@
+"""Storage behind narrow per-aggregate protocols: memory, SQLite (default), PostgreSQL."""
