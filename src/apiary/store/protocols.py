@@ -51,8 +51,9 @@ class MessageStore(Protocol):
     async def admit(self, message: StoredMessage) -> StoredMessage:
         """Durably record a new message; returns it with its inbox offset assigned.
 
-        Raises KeyError-free `DuplicateMessageError` (apiary.store.errors) when a message
-        with the same message_id exists.
+        The store assigns `offset` (the input's offset is ignored): strictly increasing per
+        recipient from 1, with no gaps. Raises `apiary.store.errors.DuplicateMessageError` when
+        a message with the same message_id exists; nothing changes then.
         """
         ...
 

@@ -1,0 +1,1 @@
+"""The `apiary` command line: thin, parses arguments and calls server/sdk/demo."""

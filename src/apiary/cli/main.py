@@ -1,0 +1,34 @@
+"""Entry point of the `apiary` console script."""
+
+from __future__ import annotations
+
+import typer
+
+from apiary import __version__
+from apiary.cli.demo import demo
+from apiary.cli.events import events
+from apiary.cli.serve import serve
+
+app = typer.Typer(
+    name="apiary",
+    help="Apiary: a coordination server for process-isolated agents (SW4RM).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.command()(serve)
+app.command()(demo)
+app.command()(events)
+
+
+@app.command()
+def version() -> None:
+    """Print the Apiary version."""
+    typer.echo(__version__)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

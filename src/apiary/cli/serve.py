@@ -1,0 +1,60 @@
+"""`apiary serve`: run the coordinator until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import typer
+
+from apiary.errors import ValidationError
+from apiary.server.config import ServerConfig, load_config
+from apiary.server.coordinator import open_coordinator
+
+
+def serve(
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="State directory [.apiary]"),
+    grpc: str | None = typer.Option(None, "--grpc", help="gRPC HOST:PORT [127.0.0.1:50051]"),
+    http: str | None = typer.Option(None, "--http", help="HTTP HOST:PORT [127.0.0.1:8080]"),
+    store: str | None = typer.Option(None, "--store", help="Store URL (postgresql://...)"),
+    config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
+    log_level: str | None = typer.Option(None, "--log-level", help="DEBUG|INFO|WARNING|ERROR"),
+) -> None:
+    """Run the coordinator: every SW4RM service on one gRPC port, HTTP on another."""
+    flags = {
+        "data_dir": str(data_dir) if data_dir else None,
+        "grpc": grpc,
+        "http": http,
+        "store": store,
+        "log_level": log_level,
+    }
+    try:
+        settings = load_config(config, os.environ, flags)
+    except ValidationError as exc:
+        typer.echo(f"apiary serve: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    logging.basicConfig(
+        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
+    )
+    try:
+        asyncio.run(_run(settings))
+    except OSError as exc:
+        typer.echo(f"apiary serve: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+async def _run(settings: ServerConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with open_coordinator(settings) as coordinator:
+        # Scripts wait for these lines: they are printed only once both ports serve.
+        print(f"grpc={coordinator.grpc_address}", flush=True)
+        print(f"http={coordinator.http_address}", flush=True)
+        await stop.wait()
+        print("apiary: shutting down", file=sys.stderr, flush=True)

@@ -1,0 +1,1 @@
+"""Transport-agnostic command handlers of the runtime control plane."""

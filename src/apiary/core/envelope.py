@@ -1,0 +1,73 @@
+"""The SW4RM envelope and acknowledgement as domain values (mirroring common.proto numbers).
+
+Converted to and from the canonical protobuf messages in `apiary.wire.convert`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import IntEnum
+
+
+class MessageType(IntEnum):
+    MESSAGE_TYPE_UNSPECIFIED = 0
+    CONTROL = 1
+    DATA = 2
+    HEARTBEAT = 3
+    NOTIFICATION = 4
+    ACKNOWLEDGEMENT = 5
+    HITL_INVOCATION = 6
+    WORKTREE_CONTROL = 7
+    NEGOTIATION = 8
+    TOOL_CALL = 9
+    TOOL_RESULT = 10
+    TOOL_ERROR = 11
+
+
+class AckStage(IntEnum):
+    ACK_STAGE_UNSPECIFIED = 0
+    RECEIVED = 1
+    READ = 2
+    FULFILLED = 3
+    REJECTED = 4
+    FAILED = 5
+    TIMED_OUT = 6
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One message attempt (RFC section 11.3: message_id is unique per attempt)."""
+
+    message_id: str
+    producer_id: str
+    message_type: MessageType
+    payload: bytes = b""
+    content_type: str = ""
+    content_length: int = 0
+    idempotency_token: str = ""
+    correlation_id: str = ""
+    sequence_number: int = 0
+    retry_count: int = 0
+    repo_id: str = ""
+    worktree_id: str = ""
+    hlc_timestamp: str = ""
+    ttl_ms: int = 0
+    timestamp: float = 0.0
+    """UTC seconds since the epoch; 0.0 when the producer left it unset."""
+
+    def with_payload(self, payload: bytes, content_type: str) -> Envelope:
+        """A copy carrying `payload`, with content_length kept consistent."""
+        return replace(
+            self, payload=payload, content_type=content_type, content_length=len(payload)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """An acknowledgement of one message at one lifecycle stage."""
+
+    ack_for_message_id: str
+    ack_stage: AckStage
+    error_code: str = ""
+    """Protocol error code string (see apiary.errors); empty when there is none."""
+    note: str = ""

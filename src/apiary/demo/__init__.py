@@ -1,0 +1,1 @@
+"""The `apiary demo` job: an embedded coordinator and real agent processes."""

@@ -1,0 +1,1 @@
+"""The imperative shell: executes effects (store writes, deliveries, timers, events)."""

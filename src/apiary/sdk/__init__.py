@@ -1,0 +1,1 @@
+"""What agent authors import: the Agent runtime and typed clients (no coordinator code)."""

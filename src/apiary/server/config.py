@@ -1,0 +1,115 @@
+"""Coordinator configuration: defaults < TOML file < environment < command-line flags.
+
+TOML (`--config FILE` or APIARY_CONFIG):
+
+    [server]
+    data_dir = ".apiary"
+    grpc = "127.0.0.1:50051"
+    http = "127.0.0.1:8080"
+    store = "postgresql://..."      # optional; default SQLite under data_dir
+    log_level = "INFO"
+
+Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from apiary.errors import ValidationError
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str, field: str) -> Address:
+        """'HOST:PORT' (IPv6 hosts in brackets); port 0 asks for a free port."""
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValidationError(
+                f"{field} must be HOST:PORT with a port 0-65535, not {text!r}", {"field": field}
+            )
+        return cls(host.strip("[]"), int(port))
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    data_dir: Path = Path(".apiary")
+    grpc: Address = Address("127.0.0.1", 50051)
+    http: Address = Address("127.0.0.1", 8080)
+    store: str = ""
+    """Store URL; empty means SQLite at data_dir/apiary.db."""
+    log_level: str = "INFO"
+
+
+_ENV = {
+    "data_dir": "APIARY_DATA_DIR",
+    "grpc": "APIARY_GRPC",
+    "http": "APIARY_HTTP",
+    "store": "APIARY_STORE",
+    "log_level": "APIARY_LOG_LEVEL",
+}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    if not isinstance(value, str):
+        raise ValidationError(f"{source}: {name} must be a string", {"field": name})
+    if name == "data_dir":
+        return Path(value)
+    if name in ("grpc", "http"):
+        return Address.parse(value, f"{source}: {name}")
+    if name == "log_level":
+        level = value.upper()
+        if level not in LOG_LEVELS:
+            raise ValidationError(
+                f"{source}: log_level must be one of {', '.join(LOG_LEVELS)}", {"field": name}
+            )
+        return level
+    return value
+
+
+def _apply(config: ServerConfig, values: Mapping[str, Any], source: str) -> ServerConfig:
+    known = {f.name for f in fields(ServerConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValidationError(
+            f"{source}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+            {"field": unknown[0]},
+        )
+    return replace(config, **{k: _coerce(k, v, source) for k, v in values.items()})
+
+
+def load_config(
+    config_file: Path | None, env: Mapping[str, str], flags: Mapping[str, str | None]
+) -> ServerConfig:
+    """Merge the layers; every error names the setting and where it came from."""
+    config = ServerConfig()
+    path = config_file or (Path(env["APIARY_CONFIG"]) if env.get("APIARY_CONFIG") else None)
+    if path is not None:
+        try:
+            doc = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValidationError(
+                f"config file {path} does not exist", {"field": "config"}
+            ) from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValidationError(f"config file {path}: {exc}", {"field": "config"}) from None
+        server = doc.get("server", {})
+        if not isinstance(server, dict):
+            raise ValidationError(f"{path}: [server] must be a table", {"field": "server"})
+        config = _apply(config, server, str(path))
+    from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
+    config = _apply(config, from_env, "environment")
+    return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

@@ -1,0 +1,106 @@
+"""The one dispatcher boundary between transports and service handlers.
+
+Each canonical service has one handler object whose snake_case coroutine methods take the
+request message and a CallContext (server-streaming methods are async generators). The
+gRPC server and the JSON gateway both route through `Dispatcher`, so a method behaves the
+same on either transport. Methods whose handler is not built yet answer `unimplemented`
+naming the area that owns them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from google.protobuf.message import Message
+
+from apiary.errors import UnimplementedError
+from apiary.server.context import CallContext
+from apiary.wire.services import SERVICES, RpcMethod
+
+UnaryFn = Callable[[Message, CallContext], Awaitable[Message]]
+StreamFn = Callable[[Message, CallContext], AsyncIterator[Message]]
+
+OWNING_AREA: Mapping[str, str] = {
+    "sw4rm.registry.RegistryService": "registry (issue 3)",
+    "sw4rm.router.RouterService": "router (issue 3)",
+    "sw4rm.scheduler.SchedulerService": "scheduler (issue 5)",
+    "sw4rm.scheduler.SchedulerPolicyService": "negotiation policy (issue 7)",
+    "sw4rm.hitl.HitlService": "human-in-the-loop (issue 4)",
+    "sw4rm.worktree.WorktreeService": "worktrees (issue 6)",
+    "sw4rm.tool.ToolService": "tool calling (issue 6)",
+    "sw4rm.connector.ConnectorService": "tool connectors (issue 6)",
+    "sw4rm.negotiation.NegotiationService": "negotiation (issue 7)",
+    "sw4rm.negotiation_room.NegotiationRoomService": "negotiation rooms (issue 7)",
+    "sw4rm.handoff.HandoffService": "handoff (issue 7)",
+    "sw4rm.workflow.WorkflowService": "workflows (issue 7)",
+    "sw4rm.reasoning.InferenceProxy": "inference engine (issue 5)",
+    "sw4rm.reasoning.ReasoningProxy": "inference engine (issue 5)",
+    "sw4rm.activity.ActivityService": "activity artifacts (issue 7)",
+    "sw4rm.logging.LoggingService": "logging",
+    "apiary.v1.EventLogService": "event log",
+}
+
+
+def snake_case(name: str) -> str:
+    """'SendMessage' -> 'send_message'."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A method and the callable that serves it."""
+
+    method: RpcMethod
+    fn: UnaryFn | StreamFn
+    implemented: bool
+
+    def unary(self) -> UnaryFn:
+        return cast(UnaryFn, self.fn)
+
+    def streaming(self) -> StreamFn:
+        return cast(StreamFn, self.fn)
+
+
+def _unimplemented(method: RpcMethod) -> UnaryFn | StreamFn:
+    area = OWNING_AREA.get(method.service, "a later release")
+    text = f"{method.service}/{method.name} is not implemented yet; it belongs to {area}"
+
+    if method.server_streaming:
+
+        async def stream(_req: Message, _ctx: CallContext) -> AsyncIterator[Message]:
+            raise UnimplementedError(text, {"method": method.path})
+            yield  # pragma: no cover - makes this an async generator
+
+        return stream
+
+    async def unary(_req: Message, _ctx: CallContext) -> Message:
+        raise UnimplementedError(text, {"method": method.path})
+
+    return unary
+
+
+class Dispatcher:
+    """Routes every served method to its handler (or to an `unimplemented` answer)."""
+
+    def __init__(self, handlers: Mapping[str, object]) -> None:
+        unknown = set(handlers) - set(SERVICES)
+        if unknown:
+            raise ValueError(f"handlers for unknown services: {sorted(unknown)}")
+        self._routes: dict[str, Route] = {}
+        for service, methods in SERVICES.items():
+            handler = handlers.get(service)
+            for method in methods:
+                fn: Any = getattr(handler, snake_case(method.name), None) if handler else None
+                implemented = fn is not None
+                route = Route(method, fn if implemented else _unimplemented(method), implemented)
+                self._routes[method.path] = route
+
+    def route(self, path: str) -> Route | None:
+        """The route for '/package.Service/Method', or None if no such method exists."""
+        return self._routes.get(path)
+
+    def routes(self) -> list[Route]:
+        return list(self._routes.values())

@@ -1,0 +1,119 @@
+"""Builds the grpc.aio server over the dispatcher: one generic handler per service."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from apiary.server.context import CallContext
+from apiary.server.dispatch import Dispatcher, Route
+from apiary.server.errormap import answer_for
+from apiary.server.metrics import Metrics
+from apiary.wire.errordetail import ERROR_TRAILER, encode_error_detail
+from apiary.wire.services import SERVICES
+
+
+def _context(ctx: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
+    metadata = {k.lower(): v for k, v in (ctx.invocation_metadata() or ()) if isinstance(v, str)}
+    return CallContext(transport="grpc", metadata=metadata, peer=ctx.peer() or "")
+
+
+async def _abort(
+    ctx: grpc.aio.ServicerContext[Any, Any], exc: BaseException, route: Route, metrics: Metrics
+) -> None:
+    answer = answer_for(exc, route.method.path)
+    metrics.rpc_done("grpc", route.method.path, answer.code)
+    detail = encode_error_detail(answer.code, answer.message, answer.details)
+    await ctx.abort(
+        grpc.StatusCode[answer.spec.grpc_status.name],
+        f"{answer.code}: {answer.message}",
+        trailing_metadata=((ERROR_TRAILER, detail),),
+    )
+
+
+def _unary(route: Route, metrics: Metrics) -> Callable[..., Any]:
+    fn = route.unary()
+
+    async def call(request: Message, ctx: grpc.aio.ServicerContext[Any, Any]) -> Message:
+        try:
+            response = await fn(request, _context(ctx))
+        except Exception as exc:
+            await _abort(ctx, exc, route, metrics)
+            raise AssertionError("unreachable: abort raises") from exc
+        metrics.rpc_done("grpc", route.method.path, "ok")
+        return response
+
+    return call
+
+
+def _streaming(route: Route, metrics: Metrics) -> Callable[..., Any]:
+    fn = route.streaming()
+
+    async def call(
+        request: Message, ctx: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Message]:
+        try:
+            async for item in fn(request, _context(ctx)):
+                yield item
+        except Exception as exc:
+            await _abort(ctx, exc, route, metrics)
+            return
+        metrics.rpc_done("grpc", route.method.path, "ok")
+
+    return call
+
+
+def _generic_handlers(dispatcher: Dispatcher, metrics: Metrics) -> list[grpc.GenericRpcHandler]:
+    handlers = []
+    for service, methods in SERVICES.items():
+        table = {}
+        for method in methods:
+            route = dispatcher.route(method.path)
+            assert route is not None
+            make = (
+                grpc.unary_stream_rpc_method_handler
+                if method.server_streaming
+                else grpc.unary_unary_rpc_method_handler
+            )
+            wrap = _streaming if method.server_streaming else _unary
+            table[method.name] = make(
+                wrap(route, metrics),
+                request_deserializer=method.request_type.FromString,
+                response_serializer=method.response_type.SerializeToString,
+            )
+        handlers.append(grpc.method_handlers_generic_handler(service, table))
+    return handlers
+
+
+def build_grpc_server(
+    dispatcher: Dispatcher, metrics: Metrics
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The server with every service, health (all SERVING once started) and reflection."""
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", 20 * 1024 * 1024),
+            ("grpc.max_send_message_length", 20 * 1024 * 1024),
+        ]
+    )
+    server.add_generic_rpc_handlers(_generic_handlers(dispatcher, metrics))
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
+    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
+    return server, health_servicer
+
+
+async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
+    """Mark the whole server and every service SERVING or NOT_SERVING."""
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", *SERVICES):
+        await health_servicer.set(name, status)

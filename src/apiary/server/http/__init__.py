@@ -1,0 +1,1 @@
+"""The HTTP transport: health, readiness, metrics and the JSON gateway."""

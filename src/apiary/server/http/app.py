@@ -1,0 +1,36 @@
+"""The coordinator's HTTP application: /healthz, /readyz, /metrics and the JSON gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+from apiary import __version__
+from apiary.server.dispatch import Dispatcher
+from apiary.server.http.gateway import MAX_BODY, JsonGateway
+from apiary.server.metrics import CONTENT_TYPE, Metrics
+
+
+def build_http_app(
+    dispatcher: Dispatcher, metrics: Metrics, is_ready: Callable[[], bool]
+) -> web.Application:
+    app = web.Application(client_max_size=MAX_BODY)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "version": __version__})
+
+    async def readyz(_: web.Request) -> web.Response:
+        ready = is_ready()
+        return web.json_response(
+            {"status": "ready" if ready else "not ready"}, status=200 if ready else 503
+        )
+
+    async def metrics_page(_: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_page)
+    JsonGateway(dispatcher, metrics).add_routes(app)
+    return app

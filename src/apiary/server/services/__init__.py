@@ -1,0 +1,1 @@
+"""One handler per service: thin adapters from request messages to the engine."""

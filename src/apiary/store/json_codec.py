@@ -1,0 +1,40 @@
+"""How every backend turns JSON-object fields (event details, agent descriptors) into text.
+
+One encoder for all backends, so that a value one backend refuses is refused by all of them,
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from apiary.store.errors import StoreError
+
+
+def dump_json(value: Mapping[str, Any]) -> str:
+    """Compact JSON text of a JSON object.
+
+    Raises ValueError for anything that is not a JSON object of JSON values: NaN and
+    infinities (no JSON reader accepts them), lone surrogates (not encodable as UTF-8),
+    values and keys of non-JSON types.
+    """
+    if not isinstance(value, Mapping):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    try:
+        text = json.dumps(
+            value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
+        )
+        text.encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not a JSON object of JSON values: {exc}") from exc
+    return text
+
+
+def load_json_object(text: str | bytes) -> dict[str, Any]:
+    """Parse text written by `dump_json` (or a database's JSON type) back into a dict."""
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise StoreError(f"stored JSON is not an object: {type(value).__name__}")
+    return value

@@ -1,0 +1,98 @@
+"""Open the backend a `--store` URL names (DESIGN.md sections 1 and 6).
+
+| URL | backend |
+|---|---|
+| none, "" or `sqlite` | SQLite file `DATA_DIR/apiary.db` (the directory is created, mode 0700) |
+| `sqlite:///ABSOLUTE/PATH.db` | SQLite file at that path |
+| `memory://` | process memory, gone on exit |
+| `postgresql://...` or `postgres://...` | PostgreSQL; `apiary_schema=NAME` picks the schema |
+
+SQLite URLs take `?synchronous=NORMAL|FULL` (default NORMAL: durable against process crashes;
+FULL: also against power loss, see `apiary.store.sqlite_database`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from apiary.store.memory import open_memory_store
+from apiary.store.postgres import open_postgres_store
+from apiary.store.protocols import Store
+from apiary.store.sqlite import open_sqlite_store
+from apiary.store.sqlite_database import SqliteOptions, Synchronous
+
+DEFAULT_SQLITE_FILE = "apiary.db"
+
+ACCEPTED_FORMS = (
+    "nothing or 'sqlite' (DATA_DIR/apiary.db), 'sqlite:///ABSOLUTE/PATH.db', 'memory://', "
+    "'postgresql://...' or 'postgres://...'"
+)
+
+
+@asynccontextmanager
+async def open_store(url: str | None, data_dir: Path) -> AsyncIterator[Store]:
+    """Open the store `url` names (see the module doc), closing it on exit.
+
+    Raises ValueError for a URL of an unknown form, naming the accepted forms.
+    """
+    scheme = (url or "").partition(":")[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        assert url is not None
+        async with open_postgres_store(url) as postgres:
+            yield postgres
+    elif scheme == "memory" and url in ("memory", "memory://"):
+        async with open_memory_store() as memory:
+            yield memory
+    elif scheme in ("", "sqlite"):
+        path, options = sqlite_location(url or "", data_dir)
+        async with open_sqlite_store(path, options) as sqlite:
+            yield sqlite
+    else:
+        raise _unsupported(url or "")
+
+
+def sqlite_location(url: str, data_dir: Path) -> tuple[Path, SqliteOptions]:
+    """The file and options a SQLite store URL names; creates `data_dir` for the default."""
+    if url in ("", "sqlite"):
+        return default_sqlite_path(data_dir), SqliteOptions()
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "sqlite":
+        raise _unsupported(url)
+    if parts.netloc or parts.fragment:
+        raise ValueError(f"a SQLite store URL is sqlite:///ABSOLUTE/PATH.db, not {url!r}")
+    options = _sqlite_options(url, parts.query)
+    if not parts.path:
+        return default_sqlite_path(data_dir), options
+    path = Path(unquote(parts.path))
+    if not path.is_absolute() or path.name == "":
+        raise ValueError(f"a SQLite store URL is sqlite:///ABSOLUTE/PATH.db, not {url!r}")
+    return path, options
+
+
+def default_sqlite_path(data_dir: Path) -> Path:
+    """DATA_DIR/apiary.db, creating DATA_DIR (mode 0700: it holds every message) if needed."""
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return data_dir / DEFAULT_SQLITE_FILE
+
+
+def _sqlite_options(url: str, query: str) -> SqliteOptions:
+    synchronous: Synchronous = "NORMAL"
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
+        if key != "synchronous":
+            raise ValueError(f"unknown SQLite store option {key!r} in {url!r}")
+        if value.upper() == "NORMAL":
+            synchronous = "NORMAL"
+        elif value.upper() == "FULL":
+            synchronous = "FULL"
+        else:
+            raise ValueError(f"synchronous must be NORMAL or FULL, not {value!r}")
+    return SqliteOptions(synchronous=synchronous)
+
+
+def _unsupported(url: str) -> ValueError:
+    # Only the scheme is echoed: the rest of a URL may hold a password.
+    scheme = url.partition(":")[0][:40]
+    return ValueError(f"unsupported store URL (scheme {scheme!r}); accepted: {ACCEPTED_FORMS}")

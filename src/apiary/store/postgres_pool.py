@@ -1,0 +1,93 @@
+"""A small pool of psycopg async connections, each pinned to one schema.
+
+psycopg_pool is not a dependency; the store needs little: at most `size` connections, made
+on demand, reused while healthy, dropped when broken or left inside a transaction. Every
+connection runs in autocommit mode (a read is one statement) and opens transactions
+explicitly, with `search_path` set to the store's schema so SQL and migrations use
+unqualified names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TypeAlias
+
+import psycopg
+from psycopg import pq, sql
+from psycopg.rows import TupleRow
+
+from apiary.store.errors import StoreError
+
+Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
+
+
+class PostgresPool:
+    """Up to `size` connections to `conninfo`, with search_path set to `schema`.
+
+    psycopg errors raised while a connection is lent out arrive as StoreError (the driver's
+    error kept as the cause); other exceptions pass through unchanged.
+    """
+
+    def __init__(self, conninfo: str, schema: str, *, size: int = 4) -> None:
+        if size < 1:
+            raise ValueError(f"pool size must be at least 1: {size}")
+        self._conninfo = conninfo
+        self._schema = schema
+        self._slots = asyncio.Semaphore(size)
+        self._idle: list[Connection] = []
+        self._closed = False
+
+    @property
+    def schema(self) -> str:
+        """The schema every connection works in."""
+        return self._schema
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[Connection]:
+        """Lend a connection for the duration of the block."""
+        if self._closed:
+            raise StoreError("the PostgreSQL store is closed")
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else await self._connect()
+            try:
+                yield conn
+            except psycopg.Error as exc:
+                raise StoreError(f"PostgreSQL: {exc}") from exc
+            finally:
+                await self._give_back(conn)
+
+    async def close(self) -> None:
+        """Close the idle connections; lent ones are closed when given back."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close()
+
+    async def _connect(self) -> Connection:
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot connect to PostgreSQL: {exc}") from exc
+        try:
+            await set_search_path(conn, self._schema)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
+
+    async def _give_back(self, conn: Connection) -> None:
+        # A connection still in a transaction (e.g. its task was cancelled mid-query) or
+        # broken must not be reused: the next borrower would inherit its state.
+        healthy = not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE
+        if healthy and not self._closed:
+            self._idle.append(conn)
+        else:
+            await conn.close()
+
+
+async def set_search_path(conn: Connection, schema: str) -> None:
+    """Make `schema` the only schema unqualified names resolve to (besides pg_catalog)."""
+    path = sql.Identifier(schema).as_string(conn)
+    await conn.execute("SELECT set_config('search_path', %s, false)", [path])

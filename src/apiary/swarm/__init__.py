@@ -1,0 +1,1 @@
+"""The Agent Swarm Protocol: federation between deployments."""

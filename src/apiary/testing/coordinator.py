@@ -1,0 +1,26 @@
+"""An in-process coordinator on free loopback ports, for tests and embedding."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from apiary.core.clock import Clock
+from apiary.server.config import Address, ServerConfig
+from apiary.server.coordinator import Coordinator, open_coordinator
+
+
+@asynccontextmanager
+async def open_test_coordinator(
+    data_dir: Path, store: str = "memory://", clock: Clock | None = None
+) -> AsyncIterator[Coordinator]:
+    """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports."""
+    config = ServerConfig(
+        data_dir=data_dir,
+        grpc=Address("127.0.0.1", 0),
+        http=Address("127.0.0.1", 0),
+        store=store,
+    )
+    async with open_coordinator(config, clock=clock) as coordinator:
+        yield coordinator

@@ -1,0 +1,1 @@
+"""The only importer of generated protobuf code: message modules and proto <-> core converters."""

@@ -1,0 +1,1 @@
+"""Apiary conformance manifest and its checks."""

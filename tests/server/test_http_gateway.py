@@ -1,0 +1,135 @@
+"""The HTTP port: health, readiness, metrics and the JSON gateway over the same handlers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from apiary.server.coordinator import Coordinator
+
+
+@pytest.fixture
+async def http(coordinator: Coordinator) -> AsyncIterator[aiohttp.ClientSession]:
+    base = f"http://{coordinator.http_address}"
+    async with aiohttp.ClientSession(base_url=base) as session:
+        yield session
+
+
+async def _call(
+    http: aiohttp.ClientSession, path: str, body: object
+) -> tuple[int, dict[str, object]]:
+    async with http.post(f"/v1/{path}", data=json.dumps(body)) as resp:
+        return resp.status, await resp.json()
+
+
+async def _register(http: aiohttp.ClientSession, agent_id: str) -> None:
+    status, _ = await _call(
+        http, "sw4rm.registry.RegistryService/RegisterAgent", {"agent": {"agent_id": agent_id}}
+    )
+    assert status == 200
+
+
+def _envelope(producer: str, body: dict[str, object]) -> dict[str, object]:
+    payload = json.dumps(body).encode()
+    return {
+        "message_id": str(uuid.uuid4()),
+        "producer_id": producer,
+        "message_type": "DATA",
+        "content_type": "application/json",
+        "content_length": len(payload),
+        "payload": base64.b64encode(payload).decode(),
+    }
+
+
+async def test_healthz_and_readyz(http: aiohttp.ClientSession) -> None:
+    async with http.get("/healthz") as resp:
+        assert resp.status == 200
+        assert (await resp.json())["status"] == "ok"
+    async with http.get("/readyz") as resp:
+        assert resp.status == 200
+
+
+async def test_metrics_count_rpcs(http: aiohttp.ClientSession) -> None:
+    await _register(http, "alice")
+    async with http.get("/metrics") as resp:
+        text = await resp.text()
+    assert resp.status == 200
+    assert (
+        'apiary_rpc_total{code="ok",method="/sw4rm.registry.RegistryService/RegisterAgent"' in text
+    )
+
+
+async def test_gateway_send_with_recipient_field(
+    coordinator: Coordinator, http: aiohttp.ClientSession
+) -> None:
+    await _register(http, "alice")
+    await _register(http, "bob")
+    env = _envelope("alice", {"text": "hi"})
+    status, body = await _call(
+        http, "sw4rm.router.RouterService/SendMessage", {"msg": env, "recipient": "bob"}
+    )
+    assert status == 200 and body["accepted"] is True
+    stored = await coordinator.store.messages.get(str(env["message_id"]))
+    assert stored is not None and stored.recipient == "bob"
+
+
+async def test_gateway_streams_ndjson(http: aiohttp.ClientSession) -> None:
+    await _register(http, "alice")
+    await _register(http, "bob")
+    env = _envelope("alice", {"to": "bob"})
+    await _call(http, "sw4rm.router.RouterService/SendMessage", {"msg": env})
+    async with http.post(
+        "/v1/sw4rm.router.RouterService/StreamIncoming", json={"agent_id": "bob"}
+    ) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"] == "application/x-ndjson"
+        line = await resp.content.readline()
+    assert json.loads(line)["msg"]["message_id"] == env["message_id"]
+
+
+async def test_gateway_errors_use_the_error_table(http: aiohttp.ClientSession) -> None:
+    status, body = await _call(
+        http, "sw4rm.router.RouterService/SendMessage", {"msg": _envelope("alice", {})}
+    )
+    assert status == 404
+    assert body["error"]["code"] == "no_route"  # type: ignore[index]
+
+
+async def test_gateway_unknown_field_is_400_naming_it(http: aiohttp.ClientSession) -> None:
+    status, body = await _call(
+        http, "sw4rm.registry.RegistryService/RegisterAgent", {"agent": {"agent_idd": "x"}}
+    )
+    assert status == 400
+    error = body["error"]
+    assert error["code"] == "validation_error"  # type: ignore[index]
+    assert "agent_idd" in error["message"]  # type: ignore[index]
+
+
+async def test_gateway_bad_json_is_400(http: aiohttp.ClientSession) -> None:
+    async with http.post("/v1/sw4rm.router.RouterService/SendMessage", data=b"{nope") as resp:
+        assert resp.status == 400
+        assert (await resp.json())["error"]["code"] == "validation_error"
+
+
+async def test_gateway_unknown_method_is_404(http: aiohttp.ClientSession) -> None:
+    status, _ = await _call(http, "sw4rm.router.RouterService/Teleport", {})
+    assert status == 404
+
+
+async def test_gateway_unbuilt_method_is_501(http: aiohttp.ClientSession) -> None:
+    status, body = await _call(http, "sw4rm.hitl.HitlService/Decide", {"reason_type": "CONFLICT"})
+    assert status == 501
+    assert "human-in-the-loop" in body["error"]["message"]  # type: ignore[index]
+
+
+async def test_gateway_lists_methods(http: aiohttp.ClientSession) -> None:
+    async with http.get("/v1") as resp:
+        methods = (await resp.json())["methods"]
+    paths = {m["path"]: m["implemented"] for m in methods}
+    assert paths["/v1/sw4rm.router.RouterService/SendMessage"] is True
+    assert paths["/v1/sw4rm.scheduler.SchedulerService/SubmitTask"] is False
