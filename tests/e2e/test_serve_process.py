@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import os
 import signal
@@ -61,6 +62,7 @@ async def test_serve_answers_health_and_stops_on_sigterm(
     assert types[-1] == "coordinator.stopped"
 
 
+@pytest.mark.conformance("observability.log.record-fields")
 async def test_events_command_reads_the_log(
     served: tuple[asyncio.subprocess.Process, dict[str, str]],
 ) -> None:
@@ -73,6 +75,10 @@ async def test_events_command_reads_the_log(
     assert proc.returncode == 0, err
     first = json.loads(out.decode().splitlines()[0])
     assert first["type"] == "coordinator.started"
+    assert first["actor"] == "coordinator"
+    assert {"sequence", "correlation_id", "details"} <= set(first)
+    assert first["ts"].endswith("Z")  # UTC, ISO-8601
+    assert dt.datetime.fromisoformat(first["ts"]).tzinfo is not None
 
 
 async def test_bad_flag_exits_2_naming_it(tmp_path: Path) -> None:

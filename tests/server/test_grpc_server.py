@@ -73,6 +73,7 @@ def test_catalogue_lists_every_canonical_service() -> None:
     assert set(CANONICAL_SERVICES) == CANONICAL
 
 
+@pytest.mark.conformance("transport.health.grpc-health")
 async def test_health_reports_serving(channel: grpc.aio.Channel) -> None:
     stub = health_pb2_grpc.HealthStub(channel)
     for service in ("", "sw4rm.router.RouterService"):
@@ -80,6 +81,7 @@ async def test_health_reports_serving(channel: grpc.aio.Channel) -> None:
         assert reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
+@pytest.mark.conformance("transport.proto.canonical-contracts")
 async def test_reflection_lists_all_canonical_services(channel: grpc.aio.Channel) -> None:
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     request = reflection_pb2.ServerReflectionRequest(list_services="")
@@ -239,3 +241,38 @@ async def test_ingest_rejects_bad_level(channel: grpc.aio.Channel) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.Ingest(pb.logging_pb2.LogEvent(event_type="x", level="LOUD"))
     assert _detail(caught.value).details["field"] == "level"
+
+
+@pytest.mark.conformance(
+    "router.fields.message-id", "ids.message-id.uuid4", "envelope.message-id.uuid4"
+)
+async def test_non_uuid4_message_id_is_rejected(
+    coordinator: Coordinator, channel: grpc.aio.Channel
+) -> None:
+    await _register(channel, "alice")
+    await _register(channel, "bob")
+    router = pb.router_pb2_grpc.RouterServiceStub(channel)
+    for bad in ("not-a-uuid", str(uuid.uuid1()), ""):
+        env = _envelope("alice", {"to": "bob"}, message_id=bad)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
+        assert _detail(caught.value).details["field"] == "message_id"
+    assert await coordinator.store.messages.inbox("bob") == []
+
+
+@pytest.mark.conformance("ids.message-id.unique", "envelope.message-id.unique")
+async def test_reused_message_id_is_refused_and_the_first_kept(
+    coordinator: Coordinator, channel: grpc.aio.Channel
+) -> None:
+    await _register(channel, "alice")
+    await _register(channel, "bob")
+    router = pb.router_pb2_grpc.RouterServiceStub(channel)
+    first = _envelope("alice", {"to": "bob", "n": 1})
+    await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=first))
+    second = _envelope("alice", {"to": "bob", "n": 2}, message_id=first.message_id)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=second))
+    assert _detail(caught.value).error_code == "duplicate_detected"
+    inbox = await coordinator.store.messages.inbox("bob")
+    assert [m.message_id for m in inbox] == [first.message_id]
+    assert b'"n": 1' in inbox[0].envelope

@@ -46,6 +46,7 @@ def _envelope(producer: str, body: dict[str, object]) -> dict[str, object]:
     }
 
 
+@pytest.mark.conformance("transport.health.healthz-fallback")
 async def test_healthz_and_readyz(http: aiohttp.ClientSession) -> None:
     async with http.get("/healthz") as resp:
         assert resp.status == 200
@@ -64,6 +65,7 @@ async def test_metrics_count_rpcs(http: aiohttp.ClientSession) -> None:
     )
 
 
+@pytest.mark.conformance("transport.http.http1-fallback")
 async def test_gateway_send_with_recipient_field(
     coordinator: Coordinator, http: aiohttp.ClientSession
 ) -> None:

@@ -72,6 +72,7 @@ def test_token_is_optional() -> None:
     assert ids().has_idempotency_token
 
 
+@pytest.mark.conformance("ids.message-id.uuid4", "envelope.message-id.uuid4")
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
@@ -122,6 +123,14 @@ def test_retry_follows_the_rfc_example() -> None:
     assert attempt2 == ids(message_id=M2, retry_count=1)
 
 
+@pytest.mark.conformance(
+    "idempotency.token.constant-across-retries",
+    "ids.idempotency-token.constant",
+    "envelope.idempotency-token.constant",
+    "idempotency.retry.new-message-id",
+    "ids.message-id.new-on-retry",
+    "envelope.message-id.new-on-retry",
+)
 @given(envelope_ids, uuid4s)
 def test_retry_changes_only_message_id_and_count(value: EnvelopeIds, new_id: str) -> None:
     assume(new_id.lower() != value.message_id.lower())
@@ -136,6 +145,7 @@ def test_retry_changes_only_message_id_and_count(value: EnvelopeIds, new_id: str
     assert validate_ids(retried)
 
 
+@pytest.mark.conformance("ids.message-id.new-on-retry", "envelope.message-id.new-on-retry")
 def test_chain_of_retries_counts_up_with_fresh_ids() -> None:
     gen = SequentialIds()
     current = ids(message_id=gen.new_id())
@@ -147,6 +157,7 @@ def test_chain_of_retries_counts_up_with_fresh_ids() -> None:
     assert len(seen) == 6
 
 
+@pytest.mark.conformance("ids.message-id.uuid4", "envelope.message-id.uuid4")
 @pytest.mark.parametrize("new_id", [M1, M1.upper(), "", "m2"])
 def test_retry_needs_a_new_uuid4(new_id: str) -> None:
     with pytest.raises(ValidationError) as info:

@@ -92,6 +92,7 @@ def module_error_classes() -> list[type[ApiaryError]]:
     ]
 
 
+@pytest.mark.conformance("errors.codes.core-set")
 def test_table_is_pinned() -> None:
     actual = {code: (s.grpc_status.name, s.http_status) for code, s in ERROR_TABLE.items()}
     assert actual == EXPECTED_TABLE
@@ -116,6 +117,7 @@ def test_codes_are_unique_ignoring_case() -> None:
     assert len(set(folded)) == len(folded)
 
 
+@pytest.mark.conformance("errors.codes.core-set")
 def test_every_canonical_error_code_is_covered_with_its_number() -> None:
     canonical = canonical_error_codes()
     assert "BUFFER_FULL" in canonical  # the parse found the enum

@@ -42,6 +42,7 @@ def test_vectors_file_is_the_expected_profile() -> None:
     assert len(REJECTED) == 2
 
 
+@pytest.mark.conformance("idempotency.token.format")
 @pytest.mark.parametrize("case", ACCEPTED, ids=[c["id"] for c in ACCEPTED])
 def test_vector_tokens(case: dict[str, Any]) -> None:
     canonical = bytes.fromhex(case["canonical_hex"])
@@ -119,6 +120,7 @@ def test_carriage_return_is_not_a_separator() -> None:
     assert token.startswith("a\rb:work:")
 
 
+@pytest.mark.conformance("idempotency.token.format")
 @given(field_text, field_text, st.binary(max_size=200))
 def test_token_is_the_documented_formula(producer: str, operation: str, data: bytes) -> None:
     material = producer.encode() + b"\n" + operation.encode() + b"\n" + data

@@ -22,7 +22,8 @@ from apiary.core.ids import is_uuid4
 from apiary.core.records import MessageState, StoredMessage
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.registry import Registry
-from apiary.errors import NoRouteError, ValidationError
+from apiary.errors import DuplicateDetectedError, NoRouteError, ValidationError
+from apiary.store.errors import DuplicateMessageError
 from apiary.store.protocols import MessageStore
 
 _STAGE_STATE = {
@@ -81,19 +82,26 @@ class Router:
                 {"recipient": target, "message_id": env.message_id},
             )
         now = self._clock.now()
-        stored = await self._messages.admit(
-            StoredMessage(
-                message_id=env.message_id,
-                recipient=target,
-                producer_id=env.producer_id,
-                correlation_id=env.correlation_id,
-                message_type=int(env.message_type),
-                envelope=self._codec.encode(env),
-                state=MessageState.RECEIVED,
-                created_at=now,
-                updated_at=now,
-            )
+        record = StoredMessage(
+            message_id=env.message_id,
+            recipient=target,
+            producer_id=env.producer_id,
+            correlation_id=env.correlation_id,
+            message_type=int(env.message_type),
+            envelope=self._codec.encode(env),
+            state=MessageState.RECEIVED,
+            created_at=now,
+            updated_at=now,
         )
+        try:
+            stored = await self._messages.admit(record)
+        except DuplicateMessageError:
+            # message_id is unique per attempt (RFC 11.3); a reused id is refused, and the
+            # message already recorded under it stays as it was.
+            raise DuplicateDetectedError(
+                f"message_id {env.message_id} was already used",
+                {"message_id": env.message_id, "field": "message_id"},
+            ) from None
         await self._events.record(
             "message.received",
             env.producer_id,

@@ -67,7 +67,7 @@ def sqlite_location(url: str, data_dir: Path) -> tuple[Path, SqliteOptions]:
     if not parts.path:
         return default_sqlite_path(data_dir), options
     path = Path(unquote(parts.path))
-    if not path.is_absolute() or path.name == "":
+    if not path.is_absolute() or parts.path.endswith("/"):
         raise ValueError(f"a SQLite store URL is sqlite:///ABSOLUTE/PATH.db, not {url!r}")
     return path, options
 

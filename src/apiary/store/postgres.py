@@ -10,6 +10,9 @@ what lets a reader resume "after N" without ever skipping a late commit.
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
 themselves with a fresh schema each. The schema is chosen by the `schema` argument or an
 `apiary_schema=NAME` query parameter of a postgresql:// URL (removed before libpq sees it).
+
+Details and descriptors are JSONB, which cannot hold the character U+0000 (nor can TEXT):
+such a value is refused here with StoreError while SQLite would keep it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
 
+import psycopg
 from psycopg import sql
+from psycopg.rows import TupleRow
 
 from apiary.core.events import Event, EventDraft, EventFilter
 from apiary.core.records import AgentRecord, MessageState, StoredMessage
@@ -348,7 +353,7 @@ async def _fetch_all(
         return await _fetch_rows(conn, query, params)
 
 
-async def _scalar(cursor: Any) -> int:
+async def _scalar(cursor: psycopg.AsyncCursor[TupleRow]) -> int:
     row = await cursor.fetchone()
     if row is None:
         raise RuntimeError("query returned no row")

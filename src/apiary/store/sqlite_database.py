@@ -86,7 +86,11 @@ class SqliteReaders:
         if self._closed:
             raise StoreError("the SQLite store is closed")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._run, query)
+        try:
+            pending = loop.run_in_executor(self._executor, self._run, query)
+        except RuntimeError as exc:  # shut down by close() on another thread meanwhile
+            raise StoreError("the SQLite store is closed") from exc
+        return await pending
 
     def _run(self, query: Callable[[sqlite3.Connection], T]) -> T:
         connection = self._idle.get()

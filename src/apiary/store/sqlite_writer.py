@@ -163,11 +163,13 @@ class SqliteWriter:
                 if not job.future.cancelled():
                     outcomes.append(self._run_job(job))
             conn.execute("COMMIT")
-        except Exception as exc:
+        except BaseException as exc:
             # The transaction as a whole failed: no job of the batch is durable.
             self._roll_back()
             _log.error("SQLite group commit of %d jobs failed: %s", len(batch), exc)
-            self._resolve([(job, None, as_store_error(exc)) for job in batch])
+            self._resolve([(job, None, _batch_error(exc)) for job in batch])
+            if not isinstance(exc, Exception):
+                raise  # e.g. SystemExit in a job: the thread ends, _shut_down fails the rest
             return
         self._commits += 1
         self._jobs += len(outcomes)
@@ -225,6 +227,14 @@ class SqliteWriter:
         except sqlite3.Error as exc:
             _log.warning("PRAGMA optimize failed on close: %s", exc)
         self._conn.close()
+
+
+def _batch_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, Exception):
+        return as_store_error(exc)
+    error = StoreError(f"the SQLite writer stopped: {exc!r}")
+    error.__cause__ = exc
+    return error
 
 
 def _settle(outcomes: list[_Outcome]) -> None:

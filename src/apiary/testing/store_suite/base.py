@@ -1,0 +1,95 @@
+"""What every check of the suite shares: the factory it is given, and record builders."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any
+
+from apiary.core.events import EventDraft
+from apiary.core.records import AgentRecord, MessageState, StoredMessage
+from apiary.store.protocols import Store
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFactory:
+    """How the suite reaches one backend."""
+
+    backend: str
+    """The `Store.backend` the store must report."""
+    open: Callable[[], AbstractAsyncContextManager[Store]]
+    """Opens the store; every call reaches the same underlying storage."""
+    durable: bool
+    """Whether what was written survives closing and opening again."""
+
+
+class CheckNotApplicable(Exception):  # noqa: N818 - reads as a reason, like pytest's Skipped
+    """Raised by a check that does not apply to this backend (e.g. persistence in memory)."""
+
+
+Check = Callable[[StoreFactory], Awaitable[None]]
+
+
+def registry(checks: list[Check]) -> Callable[[Check], Check]:
+    """A decorator that appends the function it decorates to `checks`."""
+
+    def register(function: Check) -> Check:
+        checks.append(function)
+        return function
+
+    return register
+
+
+T0 = 1_700_000_000.125
+"""A timestamp with a fractional part, to show that ts keeps every bit of its float."""
+
+
+def draft(n: int = 0, **fields: Any) -> EventDraft:
+    """An event draft whose details identify it by `n`."""
+    values: dict[str, Any] = {
+        "event_type": "test.event",
+        "actor": "suite",
+        "ts": T0 + n,
+        "details": {"n": n},
+    }
+    values.update(fields)
+    return EventDraft(**values)
+
+
+def message(message_id: str, recipient: str = "agent-b", **fields: Any) -> StoredMessage:
+    """A message in state RECEIVED with a recognisable envelope."""
+    values: dict[str, Any] = {
+        "message_id": message_id,
+        "recipient": recipient,
+        "producer_id": "agent-a",
+        "correlation_id": f"corr-{message_id}",
+        "message_type": 2,
+        "envelope": f"envelope of {message_id}".encode(),
+        "state": MessageState.RECEIVED,
+        "created_at": T0,
+        "updated_at": T0,
+    }
+    values.update(fields)
+    return StoredMessage(**values)
+
+
+def agent(agent_id: str, **fields: Any) -> AgentRecord:
+    """An ACTIVE agent with a small descriptor."""
+    values: dict[str, Any] = {
+        "agent_id": agent_id,
+        "name": f"name of {agent_id}",
+        "state": "ACTIVE",
+        "registered_at": T0,
+        "last_heartbeat_at": T0 + 5,
+        "descriptor": {"capabilities": ["code"], "modalities": ["text/plain"]},
+    }
+    values.update(fields)
+    return AgentRecord(**values)
+
+
+# Accents, CJK, right-to-left scripts, astral-plane emoji, a combining mark and a ZWJ sequence.
+UNICODE = (
+    "héllo wörld · 你好 · こんにちは · مرحبا · עברית · 🐝🍯 · e\u0301 · "
+    "\U0001f3f3\ufe0f\u200d\U0001f308"
+)

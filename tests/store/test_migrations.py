@@ -1,0 +1,38 @@
+"""The migration runner's decisions, independent of any database."""
+
+from __future__ import annotations
+
+import pytest
+
+from apiary.store.errors import SchemaVersionError
+from apiary.store.migrations import Migration, load_migrations, pending_migrations
+
+SHIPPED = (Migration(1, "initial", "-- 1"), Migration(2, "more", "-- 2"), Migration(3, "x", ""))
+
+
+def test_every_dialect_ships_the_same_versions() -> None:
+    sqlite, postgres = load_migrations("sqlite"), load_migrations("postgres")
+    assert sqlite, "no SQLite migrations found in the installed package"
+    assert [(m.version, m.name) for m in sqlite] == [(m.version, m.name) for m in postgres]
+    assert sqlite[0].version == 1
+    assert all("CREATE TABLE events" in m.sql for m in (sqlite[0], postgres[0]))
+
+
+@pytest.mark.parametrize(
+    ("applied", "expected"),
+    [([], [1, 2, 3]), ([1], [2, 3]), ([1, 2, 3], []), ([2, 1], [3]), ([1, 3], [2])],
+)
+def test_pending_are_the_unapplied_in_version_order(
+    applied: list[int], expected: list[int]
+) -> None:
+    assert [m.version for m in pending_migrations(SHIPPED, applied)] == expected
+
+
+@pytest.mark.parametrize("applied", [[1, 2, 3, 4], [4], [0], [1, 2, 99]])
+def test_a_version_the_code_does_not_know_is_refused(applied: list[int]) -> None:
+    with pytest.raises(SchemaVersionError, match="upgrade Apiary"):
+        pending_migrations(SHIPPED, applied)
+
+
+def test_an_empty_database_with_no_migrations_needs_nothing() -> None:
+    assert pending_migrations((), []) == ()

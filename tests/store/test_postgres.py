@@ -1,0 +1,149 @@
+"""What only the PostgreSQL backend promises: schema isolation, migrations, and gap-free
+numbering across several stores (replicas) sharing one schema."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from apiary.core.events import EventDraft
+from apiary.core.records import MessageState, StoredMessage
+from apiary.store.errors import SchemaVersionError
+from apiary.store.migrations import load_migrations
+from apiary.store.postgres import open_postgres_store, split_schema_parameter
+
+pytestmark = pytest.mark.postgres
+
+WAIT_S = 60
+
+
+def draft(n: int, replica: int = 0) -> EventDraft:
+    return EventDraft("test.event", f"replica-{replica}", 1.0 + n, details={"n": n, "r": replica})
+
+
+def message(message_id: str, recipient: str = "b") -> StoredMessage:
+    return StoredMessage(
+        message_id, recipient, "a", "c", 2, b"payload", MessageState.RECEIVED, 1.0, 1.0
+    )
+
+
+def _tables(dsn: str, schema: str) -> set[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s", [schema]
+        ).fetchall()
+    return {name for (name,) in rows}
+
+
+async def test_tables_live_in_the_chosen_schema_only(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        assert store.schema == postgres_schema
+        await store.events.append([draft(1)])
+    assert {"events", "agents", "messages", "schema_migrations"} <= _tables(
+        postgres_dsn, postgres_schema
+    )
+    with psycopg.connect(postgres_dsn) as conn:
+        (count,) = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}.events").format(sql.Identifier(postgres_schema))
+        ).fetchone() or (None,)
+    assert count == 1
+
+
+async def test_the_schema_can_be_named_in_the_url(postgres_dsn: str, postgres_schema: str) -> None:
+    separator = "&" if "?" in postgres_dsn else "?"
+    url = f"{postgres_dsn}{separator}apiary_schema={postgres_schema}&connect_timeout=5"
+    async with open_postgres_store(url) as store:
+        assert store.schema == postgres_schema
+        await store.agents.list()
+    assert "events" in _tables(postgres_dsn, postgres_schema)
+
+
+def test_only_the_schema_parameter_is_removed_from_a_url() -> None:
+    url = "postgresql://u:p%40ss@h:5/db?options=-c%20x%3Dy&apiary_schema=s%20one&sslmode=disable"
+    assert split_schema_parameter(url) == (
+        "postgresql://u:p%40ss@h:5/db?options=-c%20x%3Dy&sslmode=disable",
+        "s one",
+    )
+    assert split_schema_parameter("postgresql://h/db?apiary_schema=s") == ("postgresql://h/db", "s")
+    assert split_schema_parameter("postgresql://h/db") == ("postgresql://h/db", None)
+    assert split_schema_parameter("host=h dbname=db") == ("host=h dbname=db", None)
+
+
+async def test_migrations_are_recorded_once(postgres_dsn: str, postgres_schema: str) -> None:
+    for _ in range(2):
+        async with open_postgres_store(postgres_dsn, schema=postgres_schema):
+            pass
+    with psycopg.connect(postgres_dsn) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT version, name FROM {}.schema_migrations ORDER BY version").format(
+                sql.Identifier(postgres_schema)
+            )
+        ).fetchall()
+    assert rows == [(m.version, m.name) for m in load_migrations("postgres")]
+
+
+async def test_replicas_opening_a_fresh_schema_together_migrate_once(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async def open_and_append(replica: int) -> None:
+        async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+            await store.events.append([draft(replica, replica)])
+
+    await asyncio.wait_for(asyncio.gather(*(open_and_append(r) for r in range(4))), WAIT_S)
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        assert [e.sequence for e in await store.events.read()] == [1, 2, 3, 4]
+
+
+async def test_a_schema_newer_than_the_code_is_refused(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema):
+        pass
+    with psycopg.connect(postgres_dsn) as conn:
+        conn.execute(
+            sql.SQL("INSERT INTO {}.schema_migrations (version, name) VALUES (9999, 'x')").format(
+                sql.Identifier(postgres_schema)
+            )
+        )
+    with pytest.raises(SchemaVersionError, match="9999"):
+        async with open_postgres_store(postgres_dsn, schema=postgres_schema):
+            pass
+
+
+async def test_replicas_appending_together_get_gap_free_sequences(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with (
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as one,
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as two,
+    ):
+        appends = [
+            store.events.append([draft(i, r), draft(i + 1000, r)])
+            for i in range(60)
+            for r, store in enumerate((one, two))
+        ]
+        batches = await asyncio.wait_for(asyncio.gather(*appends), WAIT_S)
+        assert sorted(e.sequence for b in batches for e in b) == list(range(1, 241))
+        for batch in batches:
+            assert batch[1].sequence == batch[0].sequence + 1
+        read = await two.events.read(limit=1000)
+        assert [e.sequence for e in read] == list(range(1, 241))
+        assert await one.events.last_sequence() == 240
+
+
+async def test_replicas_admitting_together_get_gap_free_offsets(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with (
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as one,
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as two,
+    ):
+        admits = [(one, two)[i % 2].messages.admit(message(f"m-{i}")) for i in range(80)]
+        admitted = await asyncio.wait_for(asyncio.gather(*admits), WAIT_S)
+        assert sorted(m.offset for m in admitted) == list(range(1, 81))
+        assert [m.offset for m in await one.messages.inbox("b", limit=100)] == list(range(1, 81))

@@ -1,0 +1,331 @@
+"""What only the SQLite backend promises: WAL, one group-committing writer, migrations,
+durability of every write that returned, checkpoints off the commit path."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import sys
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apiary.core.events import EventDraft
+from apiary.core.records import MessageState, StoredMessage
+from apiary.store.errors import DuplicateMessageError, SchemaVersionError, StoreError
+from apiary.store.migrations import load_migrations
+from apiary.store.sqlite import SqliteStore, open_sqlite_store
+from apiary.store.sqlite_database import SqliteDatabase, SqliteOptions, split_statements
+
+WAIT_S = 30
+
+
+def draft(n: int) -> EventDraft:
+    return EventDraft(event_type="test.event", actor="test", ts=1.0 + n, details={"n": n})
+
+
+def message(message_id: str, recipient: str = "b") -> StoredMessage:
+    return StoredMessage(
+        message_id=message_id,
+        recipient=recipient,
+        producer_id="a",
+        correlation_id="c",
+        message_type=2,
+        envelope=b"payload",
+        state=MessageState.RECEIVED,
+        created_at=1.0,
+        updated_at=1.0,
+    )
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    async with open_sqlite_store(tmp_path / "apiary.db") as opened:
+        yield opened
+
+
+@asynccontextmanager
+async def writer_held(database: SqliteDatabase) -> AsyncIterator[None]:
+    """Keep the writer thread inside one job until the block ends, so that writes submitted
+    meanwhile are all pending when it is released."""
+    started, release = threading.Event(), threading.Event()
+
+    def hold(conn: sqlite3.Connection) -> None:
+        started.set()
+        if not release.wait(WAIT_S):
+            raise TimeoutError("writer_held was never released")
+
+    holder = asyncio.create_task(database.write(hold))
+    assert await asyncio.to_thread(started.wait, WAIT_S)
+    try:
+        yield
+    finally:
+        release.set()
+        await asyncio.wait_for(holder, WAIT_S)
+
+
+async def pending(coroutines: list[Any]) -> list[asyncio.Task[Any]]:
+    """Start the coroutines; one yield lets each run up to its first await (the enqueue)."""
+    tasks = [asyncio.create_task(c) for c in coroutines]
+    await asyncio.sleep(0)
+    return tasks
+
+
+# --- WAL and pragmas ------------------------------------------------------------------
+
+
+async def test_the_file_is_in_wal_mode(store: SqliteStore) -> None:
+    with sqlite3.connect(store.database.path) as raw:
+        assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+async def test_writer_runs_synchronous_normal_without_autocheckpoint(store: SqliteStore) -> None:
+    def pragmas(conn: sqlite3.Connection) -> tuple[int, int]:
+        (sync,) = conn.execute("PRAGMA synchronous").fetchone()
+        (auto,) = conn.execute("PRAGMA wal_autocheckpoint").fetchone()
+        return sync, auto
+
+    assert await store.database.write(pragmas) == (1, 0)  # 1 = NORMAL
+
+
+async def test_synchronous_full_can_be_chosen(tmp_path: Path) -> None:
+    options = SqliteOptions(synchronous="FULL")
+    async with open_sqlite_store(tmp_path / "full.db", options) as store:
+        await store.events.append([draft(1)])
+        (sync,) = await store.database.write(
+            lambda conn: conn.execute("PRAGMA synchronous").fetchone()
+        )
+        assert sync == 2  # 2 = FULL
+        assert store.database.options.synchronous == "FULL"
+
+
+def test_unknown_synchronous_levels_are_refused() -> None:
+    with pytest.raises(ValueError, match="synchronous"):
+        SqliteOptions(synchronous="OFF")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="readers"):
+        SqliteOptions(readers=0)
+
+
+async def test_read_connections_cannot_write(store: SqliteStore) -> None:
+    with pytest.raises(StoreError, match="readonly"):
+        await store.database.read(lambda conn: conn.execute("DELETE FROM events").rowcount)
+
+
+# --- group commit ---------------------------------------------------------------------
+
+
+async def test_everything_pending_is_committed_in_one_transaction(store: SqliteStore) -> None:
+    before = store.stats.writer
+    async with writer_held(store.database):
+        tasks = await pending([store.events.append([draft(i)]) for i in range(200)])
+    results = await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
+    after = store.stats.writer
+    assert after.commits - before.commits == 2  # the holding job's, then all 200 at once
+    assert after.jobs - before.jobs == 201
+    assert after.largest_batch == 200
+    assert sorted(e.sequence for batch in results for e in batch) == list(range(1, 201))
+
+
+async def test_concurrent_writers_share_far_fewer_commits(store: SqliteStore) -> None:
+    before = store.stats.writer.commits
+    await asyncio.wait_for(
+        asyncio.gather(*(store.events.append([draft(i)]) for i in range(200))), WAIT_S
+    )
+    commits = store.stats.writer.commits - before
+    assert 1 <= commits < 100
+    assert await store.events.last_sequence() == 200
+
+
+async def test_a_lone_writer_is_committed_without_waiting_for_company(store: SqliteStore) -> None:
+    before = store.stats.writer.commits
+    for i in range(20):
+        await store.events.append([draft(i)])
+    assert store.stats.writer.commits - before == 20
+
+
+async def test_a_failing_job_does_not_undo_the_rest_of_its_batch(store: SqliteStore) -> None:
+    before = store.stats.writer.commits
+    async with writer_held(store.database):
+        tasks = await pending(
+            [
+                store.messages.admit(message("m-1")),
+                store.messages.admit(message("m-1")),
+                store.events.append([draft(1)]),
+                store.messages.admit(message("m-2")),
+            ]
+        )
+    outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), WAIT_S)
+    assert store.stats.writer.commits - before == 2
+    assert isinstance(outcomes[1], DuplicateMessageError)
+    assert [m.offset for m in await store.messages.inbox("b")] == [1, 2]
+    assert await store.events.last_sequence() == 1
+
+
+async def test_sqlite_errors_arrive_as_store_errors_and_the_writer_goes_on(
+    store: SqliteStore,
+) -> None:
+    with pytest.raises(StoreError) as raised:
+        await store.database.write(lambda conn: conn.execute("INSERT INTO nowhere VALUES (1)"))
+    assert isinstance(raised.value.__cause__, sqlite3.Error)
+    with pytest.raises(StoreError):
+        await store.database.read(lambda conn: conn.execute("SELECT * FROM nowhere").fetchall())
+    assert [e.sequence for e in await store.events.append([draft(1)])] == [1]
+
+
+async def test_closing_commits_everything_already_submitted(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    async with open_sqlite_store(path) as store:
+        tasks = await pending([store.events.append([draft(i)]) for i in range(50)])
+    results = await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
+    assert len(results) == 50
+    async with open_sqlite_store(path) as store:
+        assert await store.events.last_sequence() == 50
+
+
+async def test_writes_after_closing_are_refused(tmp_path: Path) -> None:
+    async with open_sqlite_store(tmp_path / "apiary.db") as store:
+        pass
+    with pytest.raises(StoreError, match="closed"):
+        await store.events.append([draft(1)])
+    with pytest.raises(StoreError, match="closed"):
+        await store.events.read()
+
+
+def _store_threads() -> set[str]:
+    return {t.name for t in threading.enumerate() if t.name.startswith("apiary-sqlite")}
+
+
+async def test_closing_stops_every_thread(tmp_path: Path) -> None:
+    assert not _store_threads()
+    async with open_sqlite_store(tmp_path / "apiary.db") as store:
+        await store.events.append([draft(1)])
+        await store.events.read()
+        running = _store_threads()
+        assert {"apiary-sqlite-writer", "apiary-sqlite-checkpointer"} <= running
+        assert any(name.startswith("apiary-sqlite-reader") for name in running)
+    assert not _store_threads()
+
+
+# --- checkpoints ----------------------------------------------------------------------
+
+
+async def test_the_checkpointer_copies_the_wal_back_in_the_background(tmp_path: Path) -> None:
+    options = SqliteOptions(checkpoint_every_changes=100)
+    async with open_sqlite_store(tmp_path / "apiary.db", options) as store:
+        for start in range(0, 300, 50):
+            await store.events.append([draft(i) for i in range(start, start + 50)])
+        checkpointer = store.database.checkpointer
+        assert await asyncio.to_thread(checkpointer.wait_for, 1, WAIT_S)
+        assert store.stats.checkpoints >= 1
+        assert await store.events.last_sequence() == 300
+
+
+# --- migrations -----------------------------------------------------------------------
+
+
+def _migration_rows(path: Path) -> list[tuple[Any, ...]]:
+    with sqlite3.connect(path) as raw:
+        return raw.execute(
+            "SELECT version, name, applied_at FROM schema_migrations ORDER BY version"
+        ).fetchall()
+
+
+async def test_migrations_are_recorded_once(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    async with open_sqlite_store(path):
+        pass
+    rows = _migration_rows(path)
+    shipped = load_migrations("sqlite")
+    assert [(v, n) for v, n, _ in rows] == [(m.version, m.name) for m in shipped]
+    assert all(isinstance(at, float) and at > 0 for _, _, at in rows)
+    async with open_sqlite_store(path):
+        pass
+    assert _migration_rows(path) == rows
+
+
+async def test_a_schema_newer_than_the_code_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    async with open_sqlite_store(path) as store:
+        await store.events.append([draft(1)])
+    with sqlite3.connect(path) as raw:
+        raw.execute("INSERT INTO schema_migrations VALUES (9999, 'from_the_future', 0)")
+    with pytest.raises(SchemaVersionError, match="9999"):
+        async with open_sqlite_store(path):
+            pass
+    assert not _store_threads()
+    assert len(_migration_rows(path)) == len(load_migrations("sqlite")) + 1
+
+
+def test_migration_scripts_split_into_whole_statements() -> None:
+    script = (
+        "-- a comment; with a semicolon\n"
+        "CREATE TABLE t (a TEXT DEFAULT 'x;y'); -- trailing\n"
+        "CREATE TRIGGER tr AFTER INSERT ON t BEGIN\n"
+        "  UPDATE t SET a = 'z;'; \n"
+        "END;\n"
+        "-- only a comment at the end\n"
+    )
+    statements = split_statements(script)
+    assert len(statements) == 2
+    assert "CREATE TABLE t (a TEXT DEFAULT 'x;y');" in statements[0]
+    assert statements[1].startswith("CREATE TRIGGER") and statements[1].endswith("END;")
+    with sqlite3.connect(":memory:") as raw:
+        for statement in statements:
+            raw.execute(statement)
+    with pytest.raises(ValueError, match="incomplete"):
+        split_statements("CREATE TABLE t (a TEXT")
+
+
+# --- durability across a hard kill ----------------------------------------------------
+
+CHILD = """
+import asyncio, os, signal, sys
+from pathlib import Path
+from apiary.core.events import EventDraft
+from apiary.core.records import MessageState, StoredMessage
+from apiary.store.sqlite import open_sqlite_store
+
+async def main(path):
+    async with open_sqlite_store(Path(path)) as store:
+        batches = await asyncio.gather(*(
+            store.events.append([EventDraft("crash.test", "child", float(i), details={"i": i})])
+            for i in range(100)
+        ))
+        admitted = await store.messages.admit(StoredMessage(
+            "m-1", "b", "a", "c", 2, b"payload", MessageState.RECEIVED, 1.0, 1.0))
+        last = max(e.sequence for batch in batches for e in batch)
+        print("committed", last, admitted.offset, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_what_was_committed_survives_a_hard_kill(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        CHILD,
+        str(path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == -signal.SIGKILL, err.decode()
+    word, last, offset = out.decode().split()
+    assert (word, last, offset) == ("committed", "100", "1")
+    assert (tmp_path / "apiary.db-wal").exists()  # killed before any clean close
+
+    async with open_sqlite_store(path) as store:
+        events = await store.events.read(limit=1000)
+        assert [e.sequence for e in events] == list(range(1, 101))
+        assert sorted(e.details["i"] for e in events) == list(range(100))
+        stored = await store.messages.get("m-1")
+        assert stored is not None
+        assert stored.offset == 1
