@@ -45,8 +45,9 @@ async def served(
             await proc.wait()
 
 
-async def test_serve_answers_health_and_stops_on_sigterm(
-    served: tuple[asyncio.subprocess.Process, dict[str, str]], tmp_path: Path
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+async def test_serve_answers_health_and_stops_gracefully_on_signal(
+    served: tuple[asyncio.subprocess.Process, dict[str, str]], tmp_path: Path, stop_signal: int
 ) -> None:
     proc, ports = served
     async with grpc.aio.insecure_channel(ports["grpc"]) as channel:
@@ -54,7 +55,7 @@ async def test_serve_answers_health_and_stops_on_sigterm(
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
     async with aiohttp.ClientSession() as http, http.get(f"http://{ports['http']}/healthz") as r:
         assert r.status == 200
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(stop_signal)
     assert await asyncio.wait_for(proc.wait(), 30) == 0
     async with open_store(None, tmp_path / "state") as store:
         types = [e.event_type for e in await store.events.read()]

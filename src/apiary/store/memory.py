@@ -154,30 +154,12 @@ class MemoryStore:
     """Every aggregate in process memory. Needs no closing; `open_memory_store` exists so
     that every backend is opened the same way."""
 
+    backend = "memory"
+
     def __init__(self) -> None:
-        self._events = MemoryEventLog()
-        self._agents = MemoryAgentStore()
-        self._messages = MemoryMessageStore()
-
-    @property
-    def events(self) -> MemoryEventLog:
-        """The event log."""
-        return self._events
-
-    @property
-    def agents(self) -> MemoryAgentStore:
-        """The agent registry."""
-        return self._agents
-
-    @property
-    def messages(self) -> MemoryMessageStore:
-        """The message inboxes."""
-        return self._messages
-
-    @property
-    def backend(self) -> str:
-        """Always 'memory'."""
-        return "memory"
+        self.events = MemoryEventLog()
+        self.agents = MemoryAgentStore()
+        self.messages = MemoryMessageStore()
 
 
 @asynccontextmanager

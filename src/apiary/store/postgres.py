@@ -231,31 +231,13 @@ class PostgresMessageStore:
 class PostgresStore:
     """Every aggregate in one PostgreSQL schema (see `open_postgres_store`)."""
 
+    backend = "postgresql"
+
     def __init__(self, pool: PostgresPool) -> None:
         self._pool = pool
-        self._events = PostgresEventLog(pool)
-        self._agents = PostgresAgentStore(pool)
-        self._messages = PostgresMessageStore(pool)
-
-    @property
-    def events(self) -> PostgresEventLog:
-        """The event log."""
-        return self._events
-
-    @property
-    def agents(self) -> PostgresAgentStore:
-        """The agent registry."""
-        return self._agents
-
-    @property
-    def messages(self) -> PostgresMessageStore:
-        """The message inboxes."""
-        return self._messages
-
-    @property
-    def backend(self) -> str:
-        """Always 'postgresql'."""
-        return "postgresql"
+        self.events = PostgresEventLog(pool)
+        self.agents = PostgresAgentStore(pool)
+        self.messages = PostgresMessageStore(pool)
 
     @property
     def schema(self) -> str:

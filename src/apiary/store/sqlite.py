@@ -235,31 +235,13 @@ class SqliteMessageStore:
 class SqliteStore:
     """Every aggregate in one SQLite file (see `open_sqlite_store`)."""
 
+    backend = "sqlite"
+
     def __init__(self, database: SqliteDatabase) -> None:
         self._database = database
-        self._events = SqliteEventLog(database)
-        self._agents = SqliteAgentStore(database)
-        self._messages = SqliteMessageStore(database)
-
-    @property
-    def events(self) -> SqliteEventLog:
-        """The event log."""
-        return self._events
-
-    @property
-    def agents(self) -> SqliteAgentStore:
-        """The agent registry."""
-        return self._agents
-
-    @property
-    def messages(self) -> SqliteMessageStore:
-        """The message inboxes."""
-        return self._messages
-
-    @property
-    def backend(self) -> str:
-        """Always 'sqlite'."""
-        return "sqlite"
+        self.events = SqliteEventLog(database)
+        self.agents = SqliteAgentStore(database)
+        self.messages = SqliteMessageStore(database)
 
     @property
     def database(self) -> SqliteDatabase:
