@@ -294,6 +294,13 @@ class AlreadyCompletedError(ApiaryError):
     code = "ALREADY_COMPLETED"
 
 
+class ResumeExpiredError(ApiaryError):
+    """A stream resume position is outside the retained window (RFC 5.5); the message
+    says how to recover."""
+
+    code = "resume_expired"
+
+
 class AlreadyExistsError(ApiaryError):
     """The object to create already exists (NegotiationRoom: duplicate proposal or vote)."""
 
@@ -407,6 +414,8 @@ _ROWS: Final = (
     _row(NotFoundError, _G.NOT_FOUND, 404),
     _row(AlreadyCompletedError, _G.FAILED_PRECONDITION, 409),
     _row(AlreadyExistsError, _G.ALREADY_EXISTS, 409),
+    # 410 Gone: the position existed once and is no longer served.
+    _row(ResumeExpiredError, _G.OUT_OF_RANGE, 410),
     _row(DeadlineExceededError, _G.DEADLINE_EXCEEDED, 504),
     _row(UnavailableError, _G.UNAVAILABLE, 503),
     _row(UnauthenticatedError, _G.UNAUTHENTICATED, 401),

@@ -49,6 +49,7 @@ def _envelope(producer: str, body: dict[str, object], **kw: object) -> pb.common
     payload = json.dumps(body).encode()
     fields: dict[str, object] = {
         "message_id": str(uuid.uuid4()),
+        "correlation_id": str(uuid.uuid4()),
         "producer_id": producer,
         "message_type": pb.common_pb2.DATA,
         "content_type": "application/json",
@@ -63,10 +64,26 @@ async def _register(channel: grpc.aio.Channel, agent_id: str) -> None:
     stub = pb.registry_pb2_grpc.RegistryServiceStub(channel)
     reply = await stub.RegisterAgent(
         pb.registry_pb2.RegisterAgentRequest(
-            agent=pb.registry_pb2.AgentDescriptor(agent_id=agent_id, name=agent_id)
+            agent=pb.registry_pb2.AgentDescriptor(
+                agent_id=agent_id,
+                name=agent_id,
+                reasoning_connectors=["builtin://rules"],
+                modalities_supported=["application/json", "text/plain"],
+            )
         )
     )
     assert reply.accepted
+
+
+async def _next(
+    stream: grpc.aio.UnaryStreamCall,
+    message_type: int,  # type: ignore[type-arg]
+) -> pb.router_pb2.StreamItem:
+    """The next delivered item of `message_type`, skipping coordinator notices."""
+    while True:
+        item = await asyncio.wait_for(stream.read(), 10)
+        if item.msg.message_type == message_type:
+            return item  # type: ignore[no-any-return]
 
 
 def test_catalogue_lists_every_canonical_service() -> None:
@@ -120,7 +137,7 @@ async def test_register_send_and_stream_round_trip(
     reply = await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
     assert reply.accepted
     stream = router.StreamIncoming(pb.router_pb2.StreamRequest(agent_id="bob"))
-    item = await asyncio.wait_for(stream.read(), 10)
+    item = await _next(stream, pb.common_pb2.DATA)
     stream.cancel()
     assert item.msg.message_id == env.message_id
     assert item.msg.payload == env.payload
@@ -181,7 +198,7 @@ async def test_ack_moves_state_and_reaches_the_producer(
     stored = await coordinator.store.messages.get(env.message_id)
     assert stored is not None and stored.state == "FULFILLED"
     stream = router.StreamIncoming(pb.router_pb2.StreamRequest(agent_id="alice"))
-    item = await asyncio.wait_for(stream.read(), 10)
+    item = await _next(stream, pb.common_pb2.ACKNOWLEDGEMENT)
     stream.cancel()
     assert item.msg.message_id == ack.message_id
 
@@ -199,7 +216,7 @@ async def test_protobuf_ack_payload_is_accepted(
         error_code=pb.common_pb2.VALIDATION_ERROR,
     ).SerializeToString()  # fmt: skip
     ack = pb.common_pb2.Envelope(
-        message_id=str(uuid.uuid4()), producer_id="bob",
+        message_id=str(uuid.uuid4()), producer_id="bob", correlation_id=str(uuid.uuid4()),
         message_type=pb.common_pb2.ACKNOWLEDGEMENT, content_type="application/protobuf",
         content_length=len(payload), payload=payload,
     )  # fmt: skip
@@ -257,7 +274,8 @@ async def test_non_uuid4_message_id_is_rejected(
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
         assert _detail(caught.value).details["field"] == "message_id"
-    assert await coordinator.store.messages.inbox("bob") == []
+    inbox = await coordinator.store.messages.inbox("bob")
+    assert [m for m in inbox if m.message_type == pb.common_pb2.DATA] == []
 
 
 @pytest.mark.conformance("ids.message-id.unique", "envelope.message-id.unique")
@@ -272,7 +290,10 @@ async def test_reused_message_id_is_refused_and_the_first_kept(
     second = _envelope("alice", {"to": "bob", "n": 2}, message_id=first.message_id)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=second))
-    assert _detail(caught.value).error_code == "duplicate_detected"
-    inbox = await coordinator.store.messages.inbox("bob")
+    assert _detail(caught.value).error_code == "validation_error"
+    assert _detail(caught.value).details["field"] == "message_id"
+    inbox = [
+        m for m in await coordinator.store.messages.inbox("bob") if m.message_type == pb.common_pb2.DATA
+    ]
     assert [m.message_id for m in inbox] == [first.message_id]
     assert b'"n": 1' in inbox[0].envelope

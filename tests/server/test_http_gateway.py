@@ -29,7 +29,15 @@ async def _call(
 
 async def _register(http: aiohttp.ClientSession, agent_id: str) -> None:
     status, _ = await _call(
-        http, "sw4rm.registry.RegistryService/RegisterAgent", {"agent": {"agent_id": agent_id}}
+        http,
+        "sw4rm.registry.RegistryService/RegisterAgent",
+        {
+            "agent": {
+                "agent_id": agent_id,
+                "name": agent_id,
+                "reasoning_connectors": ["builtin://rules"],
+            }
+        },
     )
     assert status == 200
 
@@ -38,6 +46,7 @@ def _envelope(producer: str, body: dict[str, object]) -> dict[str, object]:
     payload = json.dumps(body).encode()
     return {
         "message_id": str(uuid.uuid4()),
+        "correlation_id": str(uuid.uuid4()),
         "producer_id": producer,
         "message_type": "DATA",
         "content_type": "application/json",
@@ -90,8 +99,11 @@ async def test_gateway_streams_ndjson(http: aiohttp.ClientSession) -> None:
     ) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"] == "application/x-ndjson"
-        line = await resp.content.readline()
-    assert json.loads(line)["msg"]["message_id"] == env["message_id"]
+        while True:
+            item = json.loads(await resp.content.readline())["msg"]
+            if item.get("message_type") == "DATA":
+                break
+    assert item["message_id"] == env["message_id"]
 
 
 async def test_gateway_errors_use_the_error_table(http: aiohttp.ClientSession) -> None:

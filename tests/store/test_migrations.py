@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from apiary.core.records import MessageState
 from apiary.store.errors import SchemaVersionError
-from apiary.store.migrations import Migration, load_migrations, pending_migrations
+from apiary.store.migrations import Dialect, Migration, load_migrations, pending_migrations
 
 SHIPPED = (Migration(1, "initial", "-- 1"), Migration(2, "more", "-- 2"), Migration(3, "x", ""))
 
@@ -36,3 +39,20 @@ def test_a_version_the_code_does_not_know_is_refused(applied: list[int]) -> None
 
 def test_an_empty_database_with_no_migrations_needs_nothing() -> None:
     assert pending_migrations((), []) == ()
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_the_schema_knows_the_terminal_states_of_the_core(dialect: Dialect) -> None:
+    """The generated due_at and finished_at columns spell the terminal states out in SQL;
+    they must be exactly MessageState.terminal, or finished messages would stay due."""
+    script = next(m.sql for m in load_migrations(dialect) if m.version == 2)
+    lists = re.findall(r"state IN \(([^)]*)\)", script)
+    assert len(lists) == 2
+    terminal = {s.value for s in MessageState if s.terminal}
+    for states in lists:
+        assert {name.strip().strip("'") for name in states.split(",")} == terminal
+
+
+def test_a_target_version_stops_the_pending_list() -> None:
+    assert [m.version for m in pending_migrations(SHIPPED, [], target=2)] == [1, 2]
+    assert [m.version for m in pending_migrations(SHIPPED, [1], target=1)] == []

@@ -10,7 +10,7 @@ import pytest
 from psycopg import sql
 
 from apiary.core.events import EventDraft
-from apiary.core.records import MessageState, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import SchemaVersionError
 from apiary.store.migrations import load_migrations
 from apiary.store.postgres import open_postgres_store, split_schema_parameter
@@ -147,3 +147,86 @@ async def test_replicas_admitting_together_get_gap_free_offsets(
         admitted = await asyncio.wait_for(asyncio.gather(*admits), WAIT_S)
         assert sorted(m.offset for m in admitted) == list(range(1, 81))
         assert [m.offset for m in await one.messages.inbox("b", limit=100)] == list(range(1, 81))
+
+
+async def test_replicas_admitting_overlapping_batches_admit_each_id_once(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with (
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as one,
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as two,
+    ):
+        # Batch b holds ids b*10 .. b*10+19: every id is offered by two batches at once,
+        # half of them to the same recipient, half to another one.
+        batches = [
+            [
+                message(f"m-{i:03}", "b" if (i + b * (i % 2)) % 2 else "c")
+                for i in range(b * 10, b * 10 + 20)
+            ]
+            for b in range(20)
+        ]
+        admits = [(one, two)[b % 2].messages.admit_many(batch) for b, batch in enumerate(batches)]
+        results = await asyncio.wait_for(asyncio.gather(*admits), WAIT_S)
+        admitted = [o for outcomes in results for o in outcomes if isinstance(o, StoredMessage)]
+        duplicates = [o for outcomes in results for o in outcomes if isinstance(o, Exception)]
+        assert sorted(m.message_id for m in admitted) == [f"m-{i:03}" for i in range(210)]
+        assert len(duplicates) == 400 - 210
+        for recipient in ("b", "c"):
+            inbox = await one.messages.inbox(recipient, limit=1000)
+            assert [m.offset for m in inbox] == list(range(1, len(inbox) + 1))
+            assert sorted(m.offset for m in admitted if m.recipient == recipient) == [
+                m.offset for m in inbox
+            ]
+
+
+async def test_replicas_applying_crossing_batches_do_not_deadlock(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    ids = [f"m-{i:02}" for i in range(40)]
+    async with (
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as one,
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as two,
+    ):
+        await one.messages.admit_many([message(i) for i in ids])
+
+        def changes(order: list[str], at: float) -> list[StateChange]:
+            return [StateChange(i, MessageState.READ, at) for i in order]
+
+        # Opposite orders: without locking in key order these would wait for each other.
+        work = []
+        for round_ in range(10):
+            work.append(one.messages.apply(changes(ids, float(round_))))
+            work.append(two.messages.apply(changes(ids[::-1], float(round_))))
+            work.append(one.messages.mark_delivered(ids[::-1], float(round_)))
+        await asyncio.wait_for(asyncio.gather(*work), WAIT_S)
+        stored = await two.messages.get("m-00")
+        assert stored is not None
+        assert stored.deliveries == 10
+
+
+@pytest.mark.parametrize(
+    ("query", "index"),
+    [
+        (
+            "SELECT message_id FROM messages WHERE due_at <= %s ORDER BY due_at, message_id"
+            " LIMIT 10",
+            "messages_due",
+        ),
+        ("SELECT min(due_at) FROM messages", "messages_due"),
+        ("DELETE FROM messages WHERE finished_at < %s", "messages_finished"),
+    ],
+)
+async def test_the_partial_indexes_serve_their_queries(
+    postgres_dsn: str, postgres_schema: str, query: str, index: str
+) -> None:
+    """The planner can prove the queries imply the partial indexes' predicates (with the
+    table empty it prefers a scan, hence enable_seqscan off)."""
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema):
+        pass
+    with psycopg.connect(postgres_dsn) as conn:
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(postgres_schema)))
+        conn.execute("SET enable_seqscan = off")
+        params = [1.0] if "%s" in query else []
+        plan = "\n".join(row[0] for row in conn.execute(f"EXPLAIN {query}", params))
+        conn.rollback()
+    assert index in plan, plan

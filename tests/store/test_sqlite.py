@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from apiary.core.events import EventDraft
-from apiary.core.records import MessageState, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, SchemaVersionError, StoreError
 from apiary.store.migrations import load_migrations
+from apiary.store.sql_rows import MESSAGE_COLUMNS
 from apiary.store.sqlite import SqliteStore, open_sqlite_store
 from apiary.store.sqlite_database import SqliteDatabase, SqliteOptions, split_statements
 
@@ -211,6 +212,112 @@ async def test_closing_stops_every_thread(tmp_path: Path) -> None:
     assert not _store_threads()
 
 
+async def test_a_batch_of_a_thousand_admissions_is_one_job_and_one_commit(
+    store: SqliteStore,
+) -> None:
+    await store.messages.admit(message("dup-7"))
+    batch = [message(f"m-{i}", f"r-{i % 5}") for i in range(1000)] + [message("dup-7")]
+    before = store.stats.writer
+    outcomes = await store.messages.admit_many(batch)
+    after = store.stats.writer
+    assert (after.commits - before.commits, after.jobs - before.jobs) == (1, 1)
+    assert isinstance(outcomes[-1], DuplicateMessageError)
+    assert sum(isinstance(o, StoredMessage) for o in outcomes) == 1000
+
+
+async def test_apply_and_mark_delivered_are_one_job_each(store: SqliteStore) -> None:
+    await store.messages.admit_many([message(f"m-{i}") for i in range(500)])
+    before = store.stats.writer.jobs
+    changes = [StateChange(f"m-{i}", MessageState.READ, 2.0) for i in range(500)]
+    assert len(await store.messages.apply(changes)) == 500
+    await store.messages.mark_delivered([f"m-{i}" for i in range(500)], 3.0)
+    assert store.stats.writer.jobs - before == 2
+
+
+async def test_a_failed_apply_leaves_the_rest_of_its_group_commit_alone(
+    store: SqliteStore,
+) -> None:
+    await store.messages.admit_many([message("m-1"), message("m-2")])
+    async with writer_held(store.database):
+        tasks = await pending(
+            [
+                store.messages.apply([StateChange("m-1", MessageState.READ, 2.0)]),
+                store.messages.apply(
+                    [
+                        StateChange("m-2", MessageState.FAILED, 2.0),
+                        StateChange("nope", MessageState.FAILED, 2.0),
+                    ]
+                ),
+                store.messages.admit(message("m-3")),
+            ]
+        )
+    outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), WAIT_S)
+    assert isinstance(outcomes[1], LookupError)
+    states = [(await store.messages.get(m)) for m in ("m-1", "m-2", "m-3")]
+    assert [s.state if s else None for s in states] == [
+        MessageState.READ,
+        MessageState.RECEIVED,
+        MessageState.RECEIVED,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "params", "index"),
+    [
+        (
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE due_at <= ?"
+            " ORDER BY due_at, message_id LIMIT ?",
+            (1.0, 10),
+            "messages_due",
+        ),
+        (
+            "SELECT due_at FROM messages WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1",
+            (),
+            "messages_due",
+        ),
+        ("DELETE FROM messages WHERE finished_at < ?", (1.0,), "messages_finished"),
+        (
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE producer_id = ?"
+            " AND sequence_number = ?"
+            " ORDER BY created_at DESC, inbox_offset DESC, message_id DESC LIMIT 1",
+            ("a", 1),
+            "messages_by_producer_sequence",
+        ),
+        ("DELETE FROM dlq WHERE failed_at < ?", (1.0,), "dlq_by_failed"),
+        (
+            "SELECT entry_id FROM dlq WHERE entry_id > ? AND error_code = ?"
+            " ORDER BY entry_id LIMIT ?",
+            (0, "x", 10),
+            "dlq_by_error_code",
+        ),
+        (
+            "SELECT entry_id FROM dlq WHERE entry_id > ? AND recipient = ?"
+            " ORDER BY entry_id LIMIT ?",
+            (0, "x", 10),
+            "dlq_by_recipient",
+        ),
+        (
+            "SELECT entry_id FROM dlq WHERE entry_id > ? AND producer_id = ?"
+            " ORDER BY entry_id LIMIT ?",
+            (0, "x", 10),
+            "dlq_by_producer",
+        ),
+        ("DELETE FROM idempotency WHERE updated_at < ?", (1.0,), "idempotency_by_updated"),
+    ],
+)
+async def test_polled_and_retention_queries_use_their_index(
+    store: SqliteStore, query: str, params: tuple[Any, ...], index: str
+) -> None:
+    """The queries of the store (copied here) search an index rather than scan the table;
+    the partial indexes are only used when the query's WHERE implies theirs."""
+    plan = await store.database.read(
+        lambda conn: conn.execute(f"EXPLAIN QUERY PLAN {query}", params).fetchall()
+    )
+    details = " | ".join(row[3] for row in plan)
+    assert f"INDEX {index}" in details, details
+    assert "SCAN" not in details, details
+
+
 # --- checkpoints ----------------------------------------------------------------------
 
 
@@ -287,7 +394,7 @@ CHILD = """
 import asyncio, os, signal, sys
 from pathlib import Path
 from apiary.core.events import EventDraft
-from apiary.core.records import MessageState, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.sqlite import open_sqlite_store
 
 async def main(path):

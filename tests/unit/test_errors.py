@@ -72,6 +72,7 @@ EXPECTED_TABLE = {
     "unavailable": ("UNAVAILABLE", 503),
     "unauthenticated": ("UNAUTHENTICATED", 401),
     "unimplemented": ("UNIMPLEMENTED", 501),
+    "resume_expired": ("OUT_OF_RANGE", 410),
 }
 
 

@@ -24,9 +24,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from . import common_pb2 as common__pb2
+from . import registry_pb2 as registry__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x61piary.proto\x12\tapiary.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x98\x01\n\x0b\x45rrorDetail\x12\x12\n\nerror_code\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x34\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32#.apiary.v1.ErrorDetail.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb1\x01\n\x05\x45vent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12&\n\x02ts\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nevent_type\x18\x03 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12\x16\n\x0e\x63orrelation_id\x18\x05 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x06 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x07 \x01(\t\x12\x0b\n\x03hlc\x18\x08 \x01(\t\"y\n\x11ReadEventsRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x04\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x16\n\x0e\x63orrelation_id\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12\x13\n\x0b\x65vent_types\x18\x05 \x03(\t\"M\n\x12ReadEventsResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.apiary.v1.Event\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\x32\\\n\x0f\x45ventLogService\x12I\n\nReadEvents\x12\x1c.apiary.v1.ReadEventsRequest\x1a\x1d.apiary.v1.ReadEventsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x61piary.proto\x12\tapiary.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x0c\x63ommon.proto\x1a\x0eregistry.proto\"\x98\x01\n\x0b\x45rrorDetail\x12\x12\n\nerror_code\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x34\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32#.apiary.v1.ErrorDetail.DetailsEntry\x1a.\n\x0c\x44\x65tailsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xb1\x01\n\x05\x45vent\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12&\n\x02ts\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nevent_type\x18\x03 \x01(\t\x12\r\n\x05\x61\x63tor\x18\x04 \x01(\t\x12\x16\n\x0e\x63orrelation_id\x18\x05 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x06 \x01(\t\x12\x14\n\x0c\x64\x65tails_json\x18\x07 \x01(\t\x12\x0b\n\x03hlc\x18\x08 \x01(\t\"y\n\x11ReadEventsRequest\x12\x16\n\x0e\x61\x66ter_sequence\x18\x01 \x01(\x04\x12\r\n\x05limit\x18\x02 \x01(\r\x12\x16\n\x0e\x63orrelation_id\x18\x03 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x04 \x01(\t\x12\x13\n\x0b\x65vent_types\x18\x05 \x03(\t\"M\n\x12ReadEventsResponse\x12 \n\x06\x65vents\x18\x01 \x03(\x0b\x32\x10.apiary.v1.Event\x12\x15\n\rlast_sequence\x18\x02 \x01(\x04\"J\n\x10OutboundEnvelope\x12#\n\x03msg\x18\x01 \x01(\x0b\x32\x16.sw4rm.common.Envelope\x12\x11\n\trecipient\x18\x02 \x01(\t\"7\n\tSendFrame\x12*\n\x05items\x18\x01 \x03(\x0b\x32\x1b.apiary.v1.OutboundEnvelope\"y\n\nSendResult\x12\x12\n\nmessage_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x11\n\trecipient\x18\x05 \x01(\t\x12\x0e\n\x06offset\x18\x06 \x01(\x04\"9\n\x0fSendResultFrame\x12&\n\x07results\x18\x01 \x03(\x0b\x32\x15.apiary.v1.SendResult\"a\n\x0eInboundRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x14\n\x0cresume_after\x18\x02 \x01(\x04\x12\x14\n\x0cresume_token\x18\x03 \x01(\t\x12\x11\n\tmax_batch\x18\x04 \x01(\r\"v\n\x08\x44\x65livery\x12\x0e\n\x06offset\x18\x01 \x01(\x04\x12\x14\n\x0cresume_token\x18\x02 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x03 \x01(\r\x12\x0e\n\x06urgent\x18\x04 \x01(\x08\x12#\n\x03msg\x18\x05 \x01(\x0b\x32\x16.sw4rm.common.Envelope\"7\n\x0cInboundBatch\x12\'\n\ndeliveries\x18\x01 \x03(\x0b\x32\x13.apiary.v1.Delivery\"\xe8\x01\n\tAgentInfo\x12\x33\n\ndescriptor\x18\x01 \x01(\x0b\x32\x1f.sw4rm.registry.AgentDescriptor\x12\r\n\x05state\x18\x02 \x01(\t\x12\x31\n\rregistered_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x35\n\x11last_heartbeat_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x17\n\x0f\x62uffer_capacity\x18\x05 \x01(\r\x12\x14\n\x0c\x62uffer_depth\x18\x06 \x01(\r\"\'\n\x11ListAgentsRequest\x12\x12\n\ncapability\x18\x01 \x01(\t\":\n\x12ListAgentsResponse\x12$\n\x06\x61gents\x18\x01 \x03(\x0b\x32\x14.apiary.v1.AgentInfo\"#\n\x0fGetAgentRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\">\n\x18SetBufferCapacityRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\r\"-\n\x19SetBufferCapacityResponse\x12\x10\n\x08\x63\x61pacity\x18\x01 \x01(\r\"R\n\nDlqAttempt\x12&\n\x02\x61t\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0c\n\x04what\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xe7\x03\n\x08\x44lqEntry\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x04\x12\x12\n\nmessage_id\x18\x02 \x01(\t\x12\x13\n\x0bproducer_id\x18\x03 \x01(\t\x12\x11\n\trecipient\x18\x04 \x01(\t\x12\x16\n\x0e\x63orrelation_id\x18\x05 \x01(\t\x12/\n\x0cmessage_type\x18\x06 \x01(\x0e\x32\x19.sw4rm.common.MessageType\x12\x12\n\nerror_code\x18\x07 \x01(\t\x12\x0e\n\x06reason\x18\x08 \x01(\t\x12.\n\ncreated_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\tfailed_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0c\x63ontent_type\x18\x0b \x01(\t\x12\x14\n\x0cpayload_size\x18\x0c \x01(\x04\x12\x17\n\x0fpayload_excerpt\x18\r \x01(\x0c\x12\'\n\x08\x61ttempts\x18\x0e \x03(\x0b\x32\x15.apiary.v1.DlqAttempt\x12\r\n\x05route\x18\x0f \x01(\t\x12/\n\x0brequeued_at\x18\x10 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x13\n\x0brequeued_as\x18\x11 \x01(\t\"\xb7\x01\n\tDlqFilter\x12)\n\x05since\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x05until\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nerror_code\x18\x03 \x01(\t\x12\x11\n\trecipient\x18\x04 \x01(\t\x12\x13\n\x0bproducer_id\x18\x05 \x01(\t\x12\x18\n\x10\x65xclude_requeued\x18\x06 \x01(\x08\"W\n\x0eListDlqRequest\x12$\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x14.apiary.v1.DlqFilter\x12\x10\n\x08\x61\x66ter_id\x18\x02 \x01(\x04\x12\r\n\x05limit\x18\x03 \x01(\r\"7\n\x0fListDlqResponse\x12$\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x13.apiary.v1.DlqEntry\"!\n\rGetDlqRequest\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x04\"&\n\x11RequeueDlqRequest\x12\x11\n\tentry_ids\x18\x01 \x03(\x04\"T\n\rRequeueResult\x12\x10\n\x08\x65ntry_id\x18\x01 \x01(\x04\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x16\n\x0enew_message_id\x18\x03 \x01(\t\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"?\n\x12RequeueDlqResponse\x12)\n\x07results\x18\x01 \x03(\x0b\x32\x18.apiary.v1.RequeueResult\"R\n\x10\x45xportDlqRequest\x12$\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x14.apiary.v1.DlqFilter\x12\x18\n\x10include_payloads\x18\x02 \x01(\x08\"J\n\x11\x45xportDlqResponse\x12\x0e\n\x06\x62undle\x18\x01 \x01(\x0c\x12\x14\n\x0c\x63ontent_type\x18\x02 \x01(\t\x12\x0f\n\x07\x65ntries\x18\x03 \x01(\r2\\\n\x0f\x45ventLogService\x12I\n\nReadEvents\x12\x1c.apiary.v1.ReadEventsRequest\x1a\x1d.apiary.v1.ReadEventsResponse2\x9a\x01\n\x13RouterStreamService\x12\x42\n\nSendStream\x12\x14.apiary.v1.SendFrame\x1a\x1a.apiary.v1.SendResultFrame(\x01\x30\x01\x12?\n\x07Inbound\x12\x19.apiary.v1.InboundRequest\x1a\x17.apiary.v1.InboundBatch0\x01\x32\xfb\x01\n\x10\x44iscoveryService\x12I\n\nListAgents\x12\x1c.apiary.v1.ListAgentsRequest\x1a\x1d.apiary.v1.ListAgentsResponse\x12<\n\x08GetAgent\x12\x1a.apiary.v1.GetAgentRequest\x1a\x14.apiary.v1.AgentInfo\x12^\n\x11SetBufferCapacity\x12#.apiary.v1.SetBufferCapacityRequest\x1a$.apiary.v1.SetBufferCapacityResponse2\x8e\x02\n\nDlqService\x12=\n\x04List\x12\x19.apiary.v1.ListDlqRequest\x1a\x1a.apiary.v1.ListDlqResponse\x12\x34\n\x03Get\x12\x18.apiary.v1.GetDlqRequest\x1a\x13.apiary.v1.DlqEntry\x12\x46\n\x07Requeue\x12\x1c.apiary.v1.RequeueDlqRequest\x1a\x1d.apiary.v1.RequeueDlqResponse\x12\x43\n\x06\x45xport\x12\x1b.apiary.v1.ExportDlqRequest\x1a\x1c.apiary.v1.ExportDlqResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,16 +37,70 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ERRORDETAIL_DETAILSENTRY']._loaded_options = None
   _globals['_ERRORDETAIL_DETAILSENTRY']._serialized_options = b'8\001'
-  _globals['_ERRORDETAIL']._serialized_start=61
-  _globals['_ERRORDETAIL']._serialized_end=213
-  _globals['_ERRORDETAIL_DETAILSENTRY']._serialized_start=167
-  _globals['_ERRORDETAIL_DETAILSENTRY']._serialized_end=213
-  _globals['_EVENT']._serialized_start=216
-  _globals['_EVENT']._serialized_end=393
-  _globals['_READEVENTSREQUEST']._serialized_start=395
-  _globals['_READEVENTSREQUEST']._serialized_end=516
-  _globals['_READEVENTSRESPONSE']._serialized_start=518
-  _globals['_READEVENTSRESPONSE']._serialized_end=595
-  _globals['_EVENTLOGSERVICE']._serialized_start=597
-  _globals['_EVENTLOGSERVICE']._serialized_end=689
+  _globals['_ERRORDETAIL']._serialized_start=91
+  _globals['_ERRORDETAIL']._serialized_end=243
+  _globals['_ERRORDETAIL_DETAILSENTRY']._serialized_start=197
+  _globals['_ERRORDETAIL_DETAILSENTRY']._serialized_end=243
+  _globals['_EVENT']._serialized_start=246
+  _globals['_EVENT']._serialized_end=423
+  _globals['_READEVENTSREQUEST']._serialized_start=425
+  _globals['_READEVENTSREQUEST']._serialized_end=546
+  _globals['_READEVENTSRESPONSE']._serialized_start=548
+  _globals['_READEVENTSRESPONSE']._serialized_end=625
+  _globals['_OUTBOUNDENVELOPE']._serialized_start=627
+  _globals['_OUTBOUNDENVELOPE']._serialized_end=701
+  _globals['_SENDFRAME']._serialized_start=703
+  _globals['_SENDFRAME']._serialized_end=758
+  _globals['_SENDRESULT']._serialized_start=760
+  _globals['_SENDRESULT']._serialized_end=881
+  _globals['_SENDRESULTFRAME']._serialized_start=883
+  _globals['_SENDRESULTFRAME']._serialized_end=940
+  _globals['_INBOUNDREQUEST']._serialized_start=942
+  _globals['_INBOUNDREQUEST']._serialized_end=1039
+  _globals['_DELIVERY']._serialized_start=1041
+  _globals['_DELIVERY']._serialized_end=1159
+  _globals['_INBOUNDBATCH']._serialized_start=1161
+  _globals['_INBOUNDBATCH']._serialized_end=1216
+  _globals['_AGENTINFO']._serialized_start=1219
+  _globals['_AGENTINFO']._serialized_end=1451
+  _globals['_LISTAGENTSREQUEST']._serialized_start=1453
+  _globals['_LISTAGENTSREQUEST']._serialized_end=1492
+  _globals['_LISTAGENTSRESPONSE']._serialized_start=1494
+  _globals['_LISTAGENTSRESPONSE']._serialized_end=1552
+  _globals['_GETAGENTREQUEST']._serialized_start=1554
+  _globals['_GETAGENTREQUEST']._serialized_end=1589
+  _globals['_SETBUFFERCAPACITYREQUEST']._serialized_start=1591
+  _globals['_SETBUFFERCAPACITYREQUEST']._serialized_end=1653
+  _globals['_SETBUFFERCAPACITYRESPONSE']._serialized_start=1655
+  _globals['_SETBUFFERCAPACITYRESPONSE']._serialized_end=1700
+  _globals['_DLQATTEMPT']._serialized_start=1702
+  _globals['_DLQATTEMPT']._serialized_end=1784
+  _globals['_DLQENTRY']._serialized_start=1787
+  _globals['_DLQENTRY']._serialized_end=2274
+  _globals['_DLQFILTER']._serialized_start=2277
+  _globals['_DLQFILTER']._serialized_end=2460
+  _globals['_LISTDLQREQUEST']._serialized_start=2462
+  _globals['_LISTDLQREQUEST']._serialized_end=2549
+  _globals['_LISTDLQRESPONSE']._serialized_start=2551
+  _globals['_LISTDLQRESPONSE']._serialized_end=2606
+  _globals['_GETDLQREQUEST']._serialized_start=2608
+  _globals['_GETDLQREQUEST']._serialized_end=2641
+  _globals['_REQUEUEDLQREQUEST']._serialized_start=2643
+  _globals['_REQUEUEDLQREQUEST']._serialized_end=2681
+  _globals['_REQUEUERESULT']._serialized_start=2683
+  _globals['_REQUEUERESULT']._serialized_end=2767
+  _globals['_REQUEUEDLQRESPONSE']._serialized_start=2769
+  _globals['_REQUEUEDLQRESPONSE']._serialized_end=2832
+  _globals['_EXPORTDLQREQUEST']._serialized_start=2834
+  _globals['_EXPORTDLQREQUEST']._serialized_end=2916
+  _globals['_EXPORTDLQRESPONSE']._serialized_start=2918
+  _globals['_EXPORTDLQRESPONSE']._serialized_end=2992
+  _globals['_EVENTLOGSERVICE']._serialized_start=2994
+  _globals['_EVENTLOGSERVICE']._serialized_end=3086
+  _globals['_ROUTERSTREAMSERVICE']._serialized_start=3089
+  _globals['_ROUTERSTREAMSERVICE']._serialized_end=3243
+  _globals['_DISCOVERYSERVICE']._serialized_start=3246
+  _globals['_DISCOVERYSERVICE']._serialized_end=3497
+  _globals['_DLQSERVICE']._serialized_start=3500
+  _globals['_DLQSERVICE']._serialized_end=3770
 # @@protoc_insertion_point(module_scope)

@@ -12,6 +12,8 @@ from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
+from . import common_pb2 as _common_pb2
+from . import registry_pb2 as _registry_pb2
 import sys
 import typing as _typing
 
@@ -175,3 +177,654 @@ class ReadEventsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReadEventsResponse: _TypeAlias = ReadEventsResponse  # noqa: Y015
+
+@_typing.final
+class OutboundEnvelope(_message.Message):
+    """---- Router extensions (RFC 5.4 batching, 5.5 resumption) ----
+
+    One envelope and, optionally, its explicit recipient (DESIGN.md section 4).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MSG_FIELD_NUMBER: _builtins.int
+    RECIPIENT_FIELD_NUMBER: _builtins.int
+    recipient: _builtins.str
+    @_builtins.property
+    def msg(self) -> _common_pb2.Envelope: ...
+    def __init__(
+        self,
+        *,
+        msg: _common_pb2.Envelope | None = ...,
+        recipient: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg", "recipient", b"recipient"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutboundEnvelope: _TypeAlias = OutboundEnvelope  # noqa: Y015
+
+@_typing.final
+class SendFrame(_message.Message):
+    """A frame of the streaming sender: many envelopes per frame. Each member keeps its own
+    processing semantics and outcome (RFC 5.4 batching).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutboundEnvelope]: ...
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___OutboundEnvelope] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendFrame: _TypeAlias = SendFrame  # noqa: Y015
+
+@_typing.final
+class SendResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    ACCEPTED_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    RECIPIENT_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    message_id: _builtins.str
+    accepted: _builtins.bool
+    error_code: _builtins.str
+    """empty when accepted"""
+    reason: _builtins.str
+    recipient: _builtins.str
+    offset: _builtins.int
+    """position in the recipient's inbox when accepted"""
+    def __init__(
+        self,
+        *,
+        message_id: _builtins.str = ...,
+        accepted: _builtins.bool = ...,
+        error_code: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        recipient: _builtins.str = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "error_code", b"error_code", "message_id", b"message_id", "offset", b"offset", "reason", b"reason", "recipient", b"recipient"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendResult: _TypeAlias = SendResult  # noqa: Y015
+
+@_typing.final
+class SendResultFrame(_message.Message):
+    """Results for one SendFrame, in the frame's order."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SendResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___SendResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SendResultFrame: _TypeAlias = SendResultFrame  # noqa: Y015
+
+@_typing.final
+class InboundRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    RESUME_AFTER_FIELD_NUMBER: _builtins.int
+    RESUME_TOKEN_FIELD_NUMBER: _builtins.int
+    MAX_BATCH_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    resume_after: _builtins.int
+    """inbox offset already seen; 0 = everything unacknowledged"""
+    resume_token: _builtins.str
+    """opaque alternative to resume_after (from a Delivery)"""
+    max_batch: _builtins.int
+    """envelopes per InboundBatch (0 = server default)"""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        resume_after: _builtins.int = ...,
+        resume_token: _builtins.str = ...,
+        max_batch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "max_batch", b"max_batch", "resume_after", b"resume_after", "resume_token", b"resume_token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InboundRequest: _TypeAlias = InboundRequest  # noqa: Y015
+
+@_typing.final
+class Delivery(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OFFSET_FIELD_NUMBER: _builtins.int
+    RESUME_TOKEN_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    URGENT_FIELD_NUMBER: _builtins.int
+    MSG_FIELD_NUMBER: _builtins.int
+    offset: _builtins.int
+    resume_token: _builtins.str
+    attempt: _builtins.int
+    """1 on first delivery, higher on redelivery"""
+    urgent: _builtins.bool
+    """served from the PRIVILEGED lane"""
+    @_builtins.property
+    def msg(self) -> _common_pb2.Envelope: ...
+    def __init__(
+        self,
+        *,
+        offset: _builtins.int = ...,
+        resume_token: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        urgent: _builtins.bool = ...,
+        msg: _common_pb2.Envelope | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "msg", b"msg", "offset", b"offset", "resume_token", b"resume_token", "urgent", b"urgent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Delivery: _TypeAlias = Delivery  # noqa: Y015
+
+@_typing.final
+class InboundBatch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DELIVERIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def deliveries(self) -> _containers.RepeatedCompositeFieldContainer[Global___Delivery]: ...
+    def __init__(
+        self,
+        *,
+        deliveries: _abc.Iterable[Global___Delivery] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["deliveries", b"deliveries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InboundBatch: _TypeAlias = InboundBatch  # noqa: Y015
+
+@_typing.final
+class AgentInfo(_message.Message):
+    """---- Discovery (RFC 14: registry reads the canonical service does not offer) ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DESCRIPTOR_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REGISTERED_AT_FIELD_NUMBER: _builtins.int
+    LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
+    BUFFER_CAPACITY_FIELD_NUMBER: _builtins.int
+    BUFFER_DEPTH_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """RUNNABLE, UNAVAILABLE, ..."""
+    buffer_capacity: _builtins.int
+    buffer_depth: _builtins.int
+    @_builtins.property
+    def descriptor(self) -> _registry_pb2.AgentDescriptor: ...
+    @_builtins.property
+    def registered_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def last_heartbeat_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        descriptor: _registry_pb2.AgentDescriptor | None = ...,
+        state: _builtins.str = ...,
+        registered_at: _timestamp_pb2.Timestamp | None = ...,
+        last_heartbeat_at: _timestamp_pb2.Timestamp | None = ...,
+        buffer_capacity: _builtins.int = ...,
+        buffer_depth: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["descriptor", b"descriptor", "last_heartbeat_at", b"last_heartbeat_at", "registered_at", b"registered_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffer_capacity", b"buffer_capacity", "buffer_depth", b"buffer_depth", "descriptor", b"descriptor", "last_heartbeat_at", b"last_heartbeat_at", "registered_at", b"registered_at", "state", b"state"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AgentInfo: _TypeAlias = AgentInfo  # noqa: Y015
+
+@_typing.final
+class ListAgentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAPABILITY_FIELD_NUMBER: _builtins.int
+    capability: _builtins.str
+    def __init__(
+        self,
+        *,
+        capability: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capability", b"capability"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAgentsRequest: _TypeAlias = ListAgentsRequest  # noqa: Y015
+
+@_typing.final
+class ListAgentsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def agents(self) -> _containers.RepeatedCompositeFieldContainer[Global___AgentInfo]: ...
+    def __init__(
+        self,
+        *,
+        agents: _abc.Iterable[Global___AgentInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agents", b"agents"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListAgentsResponse: _TypeAlias = ListAgentsResponse  # noqa: Y015
+
+@_typing.final
+class GetAgentRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetAgentRequest: _TypeAlias = GetAgentRequest  # noqa: Y015
+
+@_typing.final
+class SetBufferCapacityRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    capacity: _builtins.int
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        capacity: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "capacity", b"capacity"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetBufferCapacityRequest: _TypeAlias = SetBufferCapacityRequest  # noqa: Y015
+
+@_typing.final
+class SetBufferCapacityResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    capacity: _builtins.int
+    def __init__(
+        self,
+        *,
+        capacity: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetBufferCapacityResponse: _TypeAlias = SetBufferCapacityResponse  # noqa: Y015
+
+@_typing.final
+class DlqAttempt(_message.Message):
+    """---- Dead letter queue (RFC 21.1) ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AT_FIELD_NUMBER: _builtins.int
+    WHAT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    what: _builtins.str
+    reason: _builtins.str
+    @_builtins.property
+    def at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        at: _timestamp_pb2.Timestamp | None = ...,
+        what: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["at", b"at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "reason", b"reason", "what", b"what"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DlqAttempt: _TypeAlias = DlqAttempt  # noqa: Y015
+
+@_typing.final
+class DlqEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    RECIPIENT_FIELD_NUMBER: _builtins.int
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
+    MESSAGE_TYPE_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    FAILED_AT_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    PAYLOAD_SIZE_FIELD_NUMBER: _builtins.int
+    PAYLOAD_EXCERPT_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    ROUTE_FIELD_NUMBER: _builtins.int
+    REQUEUED_AT_FIELD_NUMBER: _builtins.int
+    REQUEUED_AS_FIELD_NUMBER: _builtins.int
+    entry_id: _builtins.int
+    message_id: _builtins.str
+    producer_id: _builtins.str
+    recipient: _builtins.str
+    correlation_id: _builtins.str
+    message_type: _common_pb2.MessageType.ValueType
+    error_code: _builtins.str
+    reason: _builtins.str
+    content_type: _builtins.str
+    payload_size: _builtins.int
+    payload_excerpt: _builtins.bytes
+    """at most 512 bytes"""
+    route: _builtins.str
+    requeued_as: _builtins.str
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def failed_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___DlqAttempt]: ...
+    @_builtins.property
+    def requeued_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        entry_id: _builtins.int = ...,
+        message_id: _builtins.str = ...,
+        producer_id: _builtins.str = ...,
+        recipient: _builtins.str = ...,
+        correlation_id: _builtins.str = ...,
+        message_type: _common_pb2.MessageType.ValueType = ...,
+        error_code: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        failed_at: _timestamp_pb2.Timestamp | None = ...,
+        content_type: _builtins.str = ...,
+        payload_size: _builtins.int = ...,
+        payload_excerpt: _builtins.bytes = ...,
+        attempts: _abc.Iterable[Global___DlqAttempt] | None = ...,
+        route: _builtins.str = ...,
+        requeued_at: _timestamp_pb2.Timestamp | None = ...,
+        requeued_as: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "failed_at", b"failed_at", "requeued_at", b"requeued_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "content_type", b"content_type", "correlation_id", b"correlation_id", "created_at", b"created_at", "entry_id", b"entry_id", "error_code", b"error_code", "failed_at", b"failed_at", "message_id", b"message_id", "message_type", b"message_type", "payload_excerpt", b"payload_excerpt", "payload_size", b"payload_size", "producer_id", b"producer_id", "reason", b"reason", "recipient", b"recipient", "requeued_as", b"requeued_as", "requeued_at", b"requeued_at", "route", b"route"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DlqEntry: _TypeAlias = DlqEntry  # noqa: Y015
+
+@_typing.final
+class DlqFilter(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SINCE_FIELD_NUMBER: _builtins.int
+    UNTIL_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    RECIPIENT_FIELD_NUMBER: _builtins.int
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    EXCLUDE_REQUEUED_FIELD_NUMBER: _builtins.int
+    error_code: _builtins.str
+    recipient: _builtins.str
+    producer_id: _builtins.str
+    exclude_requeued: _builtins.bool
+    @_builtins.property
+    def since(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def until(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        since: _timestamp_pb2.Timestamp | None = ...,
+        until: _timestamp_pb2.Timestamp | None = ...,
+        error_code: _builtins.str = ...,
+        recipient: _builtins.str = ...,
+        producer_id: _builtins.str = ...,
+        exclude_requeued: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["since", b"since", "until", b"until"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "exclude_requeued", b"exclude_requeued", "producer_id", b"producer_id", "recipient", b"recipient", "since", b"since", "until", b"until"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DlqFilter: _TypeAlias = DlqFilter  # noqa: Y015
+
+@_typing.final
+class ListDlqRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTER_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    after_id: _builtins.int
+    limit: _builtins.int
+    @_builtins.property
+    def filter(self) -> Global___DlqFilter: ...
+    def __init__(
+        self,
+        *,
+        filter: Global___DlqFilter | None = ...,
+        after_id: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "filter", b"filter", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDlqRequest: _TypeAlias = ListDlqRequest  # noqa: Y015
+
+@_typing.final
+class ListDlqResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___DlqEntry]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___DlqEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDlqResponse: _TypeAlias = ListDlqResponse  # noqa: Y015
+
+@_typing.final
+class GetDlqRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    entry_id: _builtins.int
+    def __init__(
+        self,
+        *,
+        entry_id: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetDlqRequest: _TypeAlias = GetDlqRequest  # noqa: Y015
+
+@_typing.final
+class RequeueDlqRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_IDS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entry_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        entry_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_ids", b"entry_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueDlqRequest: _TypeAlias = RequeueDlqRequest  # noqa: Y015
+
+@_typing.final
+class RequeueResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    OK_FIELD_NUMBER: _builtins.int
+    NEW_MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    entry_id: _builtins.int
+    ok: _builtins.bool
+    new_message_id: _builtins.str
+    error: _builtins.str
+    def __init__(
+        self,
+        *,
+        entry_id: _builtins.int = ...,
+        ok: _builtins.bool = ...,
+        new_message_id: _builtins.str = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "error", b"error", "new_message_id", b"new_message_id", "ok", b"ok"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueResult: _TypeAlias = RequeueResult  # noqa: Y015
+
+@_typing.final
+class RequeueDlqResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___RequeueResult]: ...
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___RequeueResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RequeueDlqResponse: _TypeAlias = RequeueDlqResponse  # noqa: Y015
+
+@_typing.final
+class ExportDlqRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FILTER_FIELD_NUMBER: _builtins.int
+    INCLUDE_PAYLOADS_FIELD_NUMBER: _builtins.int
+    include_payloads: _builtins.bool
+    @_builtins.property
+    def filter(self) -> Global___DlqFilter: ...
+    def __init__(
+        self,
+        *,
+        filter: Global___DlqFilter | None = ...,
+        include_payloads: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "include_payloads", b"include_payloads"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportDlqRequest: _TypeAlias = ExportDlqRequest  # noqa: Y015
+
+@_typing.final
+class ExportDlqResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BUNDLE_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    bundle: _builtins.bytes
+    content_type: _builtins.str
+    entries: _builtins.int
+    def __init__(
+        self,
+        *,
+        bundle: _builtins.bytes = ...,
+        content_type: _builtins.str = ...,
+        entries: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle", b"bundle", "content_type", b"content_type", "entries", b"entries"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ExportDlqResponse: _TypeAlias = ExportDlqResponse  # noqa: Y015

@@ -99,3 +99,483 @@ class EventLogService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class RouterStreamServiceStub:
+    """The high-throughput paths: a bidirectional sender stream with per-envelope results, and
+    an inbound stream that batches deliveries and carries offsets and resume tokens.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.SendStream = channel.stream_stream(
+                '/apiary.v1.RouterStreamService/SendStream',
+                request_serializer=apiary__pb2.SendFrame.SerializeToString,
+                response_deserializer=apiary__pb2.SendResultFrame.FromString,
+                _registered_method=True)
+        self.Inbound = channel.unary_stream(
+                '/apiary.v1.RouterStreamService/Inbound',
+                request_serializer=apiary__pb2.InboundRequest.SerializeToString,
+                response_deserializer=apiary__pb2.InboundBatch.FromString,
+                _registered_method=True)
+
+
+class RouterStreamServiceServicer:
+    """The high-throughput paths: a bidirectional sender stream with per-envelope results, and
+    an inbound stream that batches deliveries and carries offsets and resume tokens.
+    """
+
+    def SendStream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Inbound(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RouterStreamServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'SendStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.SendStream,
+                    request_deserializer=apiary__pb2.SendFrame.FromString,
+                    response_serializer=apiary__pb2.SendResultFrame.SerializeToString,
+            ),
+            'Inbound': grpc.unary_stream_rpc_method_handler(
+                    servicer.Inbound,
+                    request_deserializer=apiary__pb2.InboundRequest.FromString,
+                    response_serializer=apiary__pb2.InboundBatch.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.RouterStreamService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.RouterStreamService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class RouterStreamService:
+    """The high-throughput paths: a bidirectional sender stream with per-envelope results, and
+    an inbound stream that batches deliveries and carries offsets and resume tokens.
+    """
+
+    @staticmethod
+    def SendStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/apiary.v1.RouterStreamService/SendStream',
+            apiary__pb2.SendFrame.SerializeToString,
+            apiary__pb2.SendResultFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Inbound(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/apiary.v1.RouterStreamService/Inbound',
+            apiary__pb2.InboundRequest.SerializeToString,
+            apiary__pb2.InboundBatch.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class DiscoveryServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListAgents = channel.unary_unary(
+                '/apiary.v1.DiscoveryService/ListAgents',
+                request_serializer=apiary__pb2.ListAgentsRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListAgentsResponse.FromString,
+                _registered_method=True)
+        self.GetAgent = channel.unary_unary(
+                '/apiary.v1.DiscoveryService/GetAgent',
+                request_serializer=apiary__pb2.GetAgentRequest.SerializeToString,
+                response_deserializer=apiary__pb2.AgentInfo.FromString,
+                _registered_method=True)
+        self.SetBufferCapacity = channel.unary_unary(
+                '/apiary.v1.DiscoveryService/SetBufferCapacity',
+                request_serializer=apiary__pb2.SetBufferCapacityRequest.SerializeToString,
+                response_deserializer=apiary__pb2.SetBufferCapacityResponse.FromString,
+                _registered_method=True)
+
+
+class DiscoveryServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ListAgents(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAgent(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetBufferCapacity(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DiscoveryServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListAgents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListAgents,
+                    request_deserializer=apiary__pb2.ListAgentsRequest.FromString,
+                    response_serializer=apiary__pb2.ListAgentsResponse.SerializeToString,
+            ),
+            'GetAgent': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAgent,
+                    request_deserializer=apiary__pb2.GetAgentRequest.FromString,
+                    response_serializer=apiary__pb2.AgentInfo.SerializeToString,
+            ),
+            'SetBufferCapacity': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetBufferCapacity,
+                    request_deserializer=apiary__pb2.SetBufferCapacityRequest.FromString,
+                    response_serializer=apiary__pb2.SetBufferCapacityResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.DiscoveryService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.DiscoveryService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class DiscoveryService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListAgents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.DiscoveryService/ListAgents',
+            apiary__pb2.ListAgentsRequest.SerializeToString,
+            apiary__pb2.ListAgentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAgent(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.DiscoveryService/GetAgent',
+            apiary__pb2.GetAgentRequest.SerializeToString,
+            apiary__pb2.AgentInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetBufferCapacity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.DiscoveryService/SetBufferCapacity',
+            apiary__pb2.SetBufferCapacityRequest.SerializeToString,
+            apiary__pb2.SetBufferCapacityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class DlqServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.List = channel.unary_unary(
+                '/apiary.v1.DlqService/List',
+                request_serializer=apiary__pb2.ListDlqRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListDlqResponse.FromString,
+                _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/apiary.v1.DlqService/Get',
+                request_serializer=apiary__pb2.GetDlqRequest.SerializeToString,
+                response_deserializer=apiary__pb2.DlqEntry.FromString,
+                _registered_method=True)
+        self.Requeue = channel.unary_unary(
+                '/apiary.v1.DlqService/Requeue',
+                request_serializer=apiary__pb2.RequeueDlqRequest.SerializeToString,
+                response_deserializer=apiary__pb2.RequeueDlqResponse.FromString,
+                _registered_method=True)
+        self.Export = channel.unary_unary(
+                '/apiary.v1.DlqService/Export',
+                request_serializer=apiary__pb2.ExportDlqRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ExportDlqResponse.FromString,
+                _registered_method=True)
+
+
+class DlqServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Requeue(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Export(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DlqServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=apiary__pb2.ListDlqRequest.FromString,
+                    response_serializer=apiary__pb2.ListDlqResponse.SerializeToString,
+            ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=apiary__pb2.GetDlqRequest.FromString,
+                    response_serializer=apiary__pb2.DlqEntry.SerializeToString,
+            ),
+            'Requeue': grpc.unary_unary_rpc_method_handler(
+                    servicer.Requeue,
+                    request_deserializer=apiary__pb2.RequeueDlqRequest.FromString,
+                    response_serializer=apiary__pb2.RequeueDlqResponse.SerializeToString,
+            ),
+            'Export': grpc.unary_unary_rpc_method_handler(
+                    servicer.Export,
+                    request_deserializer=apiary__pb2.ExportDlqRequest.FromString,
+                    response_serializer=apiary__pb2.ExportDlqResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.DlqService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.DlqService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class DlqService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.DlqService/List',
+            apiary__pb2.ListDlqRequest.SerializeToString,
+            apiary__pb2.ListDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.DlqService/Get',
+            apiary__pb2.GetDlqRequest.SerializeToString,
+            apiary__pb2.DlqEntry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Requeue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.DlqService/Requeue',
+            apiary__pb2.RequeueDlqRequest.SerializeToString,
+            apiary__pb2.RequeueDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Export(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.DlqService/Export',
+            apiary__pb2.ExportDlqRequest.SerializeToString,
+            apiary__pb2.ExportDlqResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

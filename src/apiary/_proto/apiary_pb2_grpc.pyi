@@ -56,3 +56,135 @@ class EventLogServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.ReadEventsResponse, _abc.Awaitable[_apiary_pb2.ReadEventsResponse]]: ...
 
 def add_EventLogServiceServicer_to_server(servicer: EventLogServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class RouterStreamServiceStub:
+    """The high-throughput paths: a bidirectional sender stream with per-envelope results, and
+    an inbound stream that batches deliveries and carries offsets and resume tokens.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> RouterStreamServiceAsyncStub: ...
+    SendStream: _grpc.StreamStreamMultiCallable[_apiary_pb2.SendFrame, _apiary_pb2.SendResultFrame]
+    Inbound: _grpc.UnaryStreamMultiCallable[_apiary_pb2.InboundRequest, _apiary_pb2.InboundBatch]
+
+@_typing.type_check_only
+class RouterStreamServiceAsyncStub(RouterStreamServiceStub):
+    """The high-throughput paths: a bidirectional sender stream with per-envelope results, and
+    an inbound stream that batches deliveries and carries offsets and resume tokens.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    SendStream: _aio.StreamStreamMultiCallable[_apiary_pb2.SendFrame, _apiary_pb2.SendResultFrame]  # type: ignore[assignment]
+    Inbound: _aio.UnaryStreamMultiCallable[_apiary_pb2.InboundRequest, _apiary_pb2.InboundBatch]  # type: ignore[assignment]
+
+class RouterStreamServiceServicer(metaclass=_abc_1.ABCMeta):
+    """The high-throughput paths: a bidirectional sender stream with per-envelope results, and
+    an inbound stream that batches deliveries and carries offsets and resume tokens.
+    """
+
+    @_abc_1.abstractmethod
+    def SendStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_apiary_pb2.SendFrame],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_apiary_pb2.SendResultFrame], _abc.AsyncIterator[_apiary_pb2.SendResultFrame]]: ...
+
+    @_abc_1.abstractmethod
+    def Inbound(
+        self,
+        request: _apiary_pb2.InboundRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_apiary_pb2.InboundBatch], _abc.AsyncIterator[_apiary_pb2.InboundBatch]]: ...
+
+def add_RouterStreamServiceServicer_to_server(servicer: RouterStreamServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class DiscoveryServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> DiscoveryServiceAsyncStub: ...
+    ListAgents: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListAgentsRequest, _apiary_pb2.ListAgentsResponse]
+    GetAgent: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetAgentRequest, _apiary_pb2.AgentInfo]
+    SetBufferCapacity: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.SetBufferCapacityRequest, _apiary_pb2.SetBufferCapacityResponse]
+
+@_typing.type_check_only
+class DiscoveryServiceAsyncStub(DiscoveryServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ListAgents: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListAgentsRequest, _apiary_pb2.ListAgentsResponse]  # type: ignore[assignment]
+    GetAgent: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetAgentRequest, _apiary_pb2.AgentInfo]  # type: ignore[assignment]
+    SetBufferCapacity: _aio.UnaryUnaryMultiCallable[_apiary_pb2.SetBufferCapacityRequest, _apiary_pb2.SetBufferCapacityResponse]  # type: ignore[assignment]
+
+class DiscoveryServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def ListAgents(
+        self,
+        request: _apiary_pb2.ListAgentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListAgentsResponse, _abc.Awaitable[_apiary_pb2.ListAgentsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetAgent(
+        self,
+        request: _apiary_pb2.GetAgentRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.AgentInfo, _abc.Awaitable[_apiary_pb2.AgentInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def SetBufferCapacity(
+        self,
+        request: _apiary_pb2.SetBufferCapacityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.SetBufferCapacityResponse, _abc.Awaitable[_apiary_pb2.SetBufferCapacityResponse]]: ...
+
+def add_DiscoveryServiceServicer_to_server(servicer: DiscoveryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class DlqServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> DlqServiceAsyncStub: ...
+    List: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListDlqRequest, _apiary_pb2.ListDlqResponse]
+    Get: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetDlqRequest, _apiary_pb2.DlqEntry]
+    Requeue: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.RequeueDlqRequest, _apiary_pb2.RequeueDlqResponse]
+    Export: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ExportDlqRequest, _apiary_pb2.ExportDlqResponse]
+
+@_typing.type_check_only
+class DlqServiceAsyncStub(DlqServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    List: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListDlqRequest, _apiary_pb2.ListDlqResponse]  # type: ignore[assignment]
+    Get: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetDlqRequest, _apiary_pb2.DlqEntry]  # type: ignore[assignment]
+    Requeue: _aio.UnaryUnaryMultiCallable[_apiary_pb2.RequeueDlqRequest, _apiary_pb2.RequeueDlqResponse]  # type: ignore[assignment]
+    Export: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ExportDlqRequest, _apiary_pb2.ExportDlqResponse]  # type: ignore[assignment]
+
+class DlqServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _apiary_pb2.ListDlqRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListDlqResponse, _abc.Awaitable[_apiary_pb2.ListDlqResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Get(
+        self,
+        request: _apiary_pb2.GetDlqRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.DlqEntry, _abc.Awaitable[_apiary_pb2.DlqEntry]]: ...
+
+    @_abc_1.abstractmethod
+    def Requeue(
+        self,
+        request: _apiary_pb2.RequeueDlqRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.RequeueDlqResponse, _abc.Awaitable[_apiary_pb2.RequeueDlqResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Export(
+        self,
+        request: _apiary_pb2.ExportDlqRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ExportDlqResponse, _abc.Awaitable[_apiary_pb2.ExportDlqResponse]]: ...
+
+def add_DlqServiceServicer_to_server(servicer: DlqServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from apiary import __version__
+from apiary.cli import dlq
 from apiary.cli.demo import demo
 from apiary.cli.events import events
 from apiary.cli.serve import serve
@@ -18,6 +19,7 @@ app = typer.Typer(
 app.command()(serve)
 app.command()(demo)
 app.command()(events)
+app.add_typer(dlq.app, name="dlq")
 
 
 @app.command()

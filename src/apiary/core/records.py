@@ -62,3 +62,108 @@ class StoredMessage:
     updated_at: float
     offset: int = 0
     error_code: str = ""
+    idempotency_token: str = ""
+    sequence_number: int = 0
+    lane: str = "STANDARD"
+    """Communication class lane of the producer: PRIVILEGED, STANDARD or BULK (RFC 7.3)."""
+    ack_deadline: float = 0.0
+    """When the recipient's first acknowledgement is due (RFC 11: 10 s); 0 when none is."""
+    expires_at: float = 0.0
+    """TTL expiry (envelope timestamp + ttl_ms); 0 when the message has no TTL."""
+    deliveries: int = 0
+    """How many times the message was handed to the recipient's stream."""
+    last_delivered_at: float = 0.0
+    acked_stage: str = ""
+    """The furthest AckStage name the recipient acknowledged ('' before any)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateChange:
+    """One message state change, for batched updates."""
+
+    message_id: str
+    state: MessageState
+    at: float
+    error_code: str = ""
+    acked_stage: str = ""
+    """When non-empty, also record the furthest acknowledged stage."""
+    clear_ack_deadline: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """The idempotency cache entry of one logical operation (RFC 11.2, 11.1, 21).
+
+    `status` is the MessageState name of the operation's current attempt, or of the earliest
+    attempt that reached a terminal outcome once one has (`outcome_at` > 0).
+    """
+
+    token: str
+    producer_id: str
+    original_message_id: str
+    """The first attempt (and, after reconciliation, the earliest successful one)."""
+    current_message_id: str
+    status: str
+    created_at: float
+    updated_at: float
+    outcome_at: float = 0.0
+    """When a terminal outcome was cached (the `cached_at` of DUPLICATE_DETECTED); 0: none."""
+    error_code: str = ""
+    result: str = ""
+    """The cached result: the terminal ACK's note (JSON text when the agent sent JSON)."""
+    attempts: tuple[str, ...] = ()
+    """Every attempt's message_id, oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class DlqEntry:
+    """A dead-lettered message with the diagnostic context of RFC 21.1."""
+
+    entry_id: int
+    """Assigned by the store, strictly increasing from 1."""
+    message_id: str
+    producer_id: str
+    recipient: str
+    correlation_id: str
+    message_type: int
+    error_code: str
+    """Final error classification (a protocol error code)."""
+    reason: str
+    created_at: float
+    """When the message was first accepted."""
+    failed_at: float
+    content_type: str
+    payload_size: int
+    envelope: bytes
+    """The canonical Envelope bytes: the secure reference to the payload (never exported
+    whole by default; `payload_excerpt` gives operators a bounded view)."""
+    attempts: tuple[Mapping[str, Any], ...] = ()
+    """Attempt history: one JSON object per event (at, what, reason) in time order."""
+    route: str = ""
+    """How it travelled, e.g. 'producer -> coordinator -> recipient'."""
+    requeued_at: float = 0.0
+    requeued_as: str = ""
+    """The message_id the requeued copy was admitted under."""
+
+
+@dataclass(frozen=True, slots=True)
+class DlqFilter:
+    """Conjunctive DLQ filter (RFC 21.1); None fields match everything."""
+
+    since: float | None = None
+    until: float | None = None
+    error_code: str | None = None
+    recipient: str | None = None
+    producer_id: str | None = None
+    include_requeued: bool = True
+
+    def matches(self, entry: DlqEntry) -> bool:
+        checks = (
+            self.since is None or entry.failed_at >= self.since,
+            self.until is None or entry.failed_at <= self.until,
+            self.error_code is None or entry.error_code == self.error_code,
+            self.recipient is None or entry.recipient == self.recipient,
+            self.producer_id is None or entry.producer_id == self.producer_id,
+            self.include_requeued or not entry.requeued_as,
+        )
+        return all(checks)

@@ -36,10 +36,11 @@ class DemoResult:
         return sum(1 for e in self.events if e.event_type == event_type)
 
     def ack_stages(self) -> Counter[str]:
+        """Acknowledged stages that moved a message, e.g. {'READ': 1, 'FULFILLED': 2}."""
         return Counter(
-            str(e.details.get("stage"))
+            str(e.details.get("input")).removeprefix("ACK_")
             for e in self.events
-            if e.event_type == "message.acknowledged"
+            if e.event_type == "message.state" and str(e.details.get("input")).startswith("ACK_")
         )
 
 
@@ -77,9 +78,7 @@ def _judge(reports: list[dict[str, Any]], events: list[Event]) -> str:
     """'' when the log shows the full exchange, else what is missing."""
     received = sum(1 for e in events if e.event_type == "message.received")
     fulfilled = sum(
-        1
-        for e in events
-        if e.event_type == "message.acknowledged" and e.details.get("stage") == "FULFILLED"
+        1 for e in events if e.event_type == "message.state" and e.details.get("to") == "FULFILLED"
     )
     alice = next((r for r in reports if r.get("agent") == "alice"), {})
     if alice.get("reply") != "hello back":

@@ -1,64 +1,112 @@
-"""Agent registry: registration, heartbeats, deregistration, discovery reads.
-
-Foundation scope: descriptors are stored and events recorded; the descriptor validation
-rules and heartbeat timeouts of RFC section 14 arrive with the registry area (issue 3).
-"""
+"""Agent registry: registration with descriptor validation, heartbeats, deregistration and
+discovery reads (RFC 14). Deregistration is explicit only: missed heartbeats mark an agent
+UNAVAILABLE (see engine/presence.py), never remove it."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from apiary.core.clock import Clock
+from apiary.core.descriptor import AgentDescriptorFields, validate_descriptor
 from apiary.core.records import AgentRecord
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.notices import COORDINATOR
 from apiary.errors import NotFoundError, ValidationError
 from apiary.store.protocols import AgentStore
 
+AVAILABLE = "RUNNABLE"
+UNAVAILABLE = "UNAVAILABLE"
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return (
+        tuple(str(v) for v in value)
+        if isinstance(value, Sequence) and not isinstance(value, str)
+        else ()
+    )
+
+
+def descriptor_fields(descriptor: Mapping[str, Any], public_key: bytes) -> AgentDescriptorFields:
+    return AgentDescriptorFields(
+        agent_id=str(descriptor.get("agent_id") or ""),
+        name=str(descriptor.get("name") or ""),
+        description=str(descriptor.get("description") or ""),
+        capabilities=_strings(descriptor.get("capabilities")),
+        communication_class=str(descriptor.get("communication_class") or "COMM_CLASS_UNSPECIFIED"),
+        modalities_supported=_strings(descriptor.get("modalities_supported")),
+        reasoning_connectors=_strings(descriptor.get("reasoning_connectors")),
+        public_key=public_key,
+    )
+
 
 class Registry:
-    def __init__(self, agents: AgentStore, events: EventRecorder, clock: Clock) -> None:
+    def __init__(
+        self,
+        agents: AgentStore,
+        events: EventRecorder,
+        clock: Clock,
+        *,
+        signing_required: bool = False,
+    ) -> None:
         self._agents = agents
         self._events = events
         self._clock = clock
+        self._signing_required = signing_required
 
-    async def register(self, descriptor: Mapping[str, Any]) -> AgentRecord:
-        """Register (or re-register) the agent the descriptor describes."""
-        agent_id = str(descriptor.get("agent_id") or "")
-        if not agent_id:
-            raise ValidationError("agent.agent_id is required", {"field": "agent.agent_id"})
+    async def register(self, descriptor: Mapping[str, Any], public_key: bytes = b"") -> AgentRecord:
+        """Validate and register (or re-register) the agent the descriptor describes."""
+        fields = descriptor_fields(descriptor, public_key)
+        validate_descriptor(fields, signing_required=self._signing_required)
+        if fields.agent_id == COORDINATOR:
+            raise ValidationError.for_field("agent.agent_id", f"{COORDINATOR!r} is reserved")
         now = self._clock.now()
-        previous = await self._agents.get(agent_id)
+        previous = await self._agents.get(fields.agent_id)
+        stored = dict(descriptor)
+        if stored.get("communication_class") in (None, "", "COMM_CLASS_UNSPECIFIED"):
+            stored["communication_class"] = "STANDARD"
         record = AgentRecord(
-            agent_id=agent_id,
-            name=str(descriptor.get("name") or agent_id),
-            state="RUNNABLE",
+            agent_id=fields.agent_id,
+            name=fields.name,
+            state=AVAILABLE,
             registered_at=previous.registered_at if previous else now,
             last_heartbeat_at=now,
-            descriptor=dict(descriptor),
+            descriptor=stored,
         )
         await self._agents.put(record)
         await self._events.record(
-            "agent.registered",
-            agent_id,
-            agent_id=agent_id,
-            name=record.name,
-            reregistered=previous is not None,
-        )
+            "agent.registered", fields.agent_id, agent_id=fields.agent_id, name=record.name,
+            reregistered=previous is not None, capabilities=list(fields.capabilities),
+            communication_class=stored["communication_class"],
+        )  # fmt: skip
         return record
 
-    async def heartbeat(self, agent_id: str, state: str, health: Mapping[str, str]) -> None:
+    async def heartbeat(self, agent_id: str, state: str, health: Mapping[str, str]) -> AgentRecord:
+        """An agent's answer to a heartbeat; an UNAVAILABLE agent becomes available again."""
         record = await self.get(agent_id)
-        await self._agents.put(
-            AgentRecord(
-                agent_id=record.agent_id,
-                name=record.name,
-                state=state or record.state,
-                registered_at=record.registered_at,
-                last_heartbeat_at=self._clock.now(),
-                descriptor=record.descriptor,
-            )
+        revived = record.state == UNAVAILABLE
+        updated = replace(
+            record,
+            state=AVAILABLE if revived or not state else state,
+            last_heartbeat_at=self._clock.now(),
         )
+        await self._agents.put(updated)
+        if revived:
+            await self._events.record(
+                "agent.available", agent_id, agent_id=agent_id, health=dict(health)
+            )
+        return updated
+
+    async def set_state(self, agent_id: str, state: str, reason: str) -> AgentRecord:
+        record = await self.get(agent_id)
+        updated = replace(record, state=state)
+        await self._agents.put(updated)
+        await self._events.record(
+            "agent.state", COORDINATOR, agent_id=agent_id,
+            **{"from": record.state, "to": state}, reason=reason,
+        )  # fmt: skip
+        return updated
 
     async def deregister(self, agent_id: str, reason: str) -> bool:
         removed = await self._agents.delete(agent_id)

@@ -1,87 +1,186 @@
-"""Message routing: admission, per-agent inbound streams, acknowledgements.
+"""Message routing (RFC 11-13, 21; DESIGN.md sections 4-5).
 
-Foundation scope: a message is durably admitted (state RECEIVED) before SendMessage answers,
-delivered over the recipient's stream from its inbox (resumable by offset), and ACK
-envelopes move the acknowledged message's state and reach its producer. Envelope validation
-by the message-types rules, buffers and back-pressure, ack timeouts, retries, idempotency
-and the DLQ arrive with the router area (issue 3).
+A message is accepted only once it is durably recorded (RECEIVED) in its recipient's inbox.
+From there the pure MessageMachine (core/message_machine.py) decides every transition and
+this module performs the effects: state writes, NACKs and forwarded ACKs to the producer,
+DLQ entries, idempotency cache updates, credit release and events. Delivery to agents lives
+in `engine/delivery.py`; the deadline loop in `engine/deadlines.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Sequence
 
 from apiary.core.addressing import resolve_recipient
 from apiary.core.clock import Clock
+from apiary.core.credits import CreditLedger
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
-from apiary.core.ids import is_uuid4
-from apiary.core.records import MessageState, StoredMessage
+from apiary.core.envelope_rules import check_modality, ttl_deadline, validate_envelope
+from apiary.core.lanes import LaneScheduler
+from apiary.core.message_machine import (
+    ACK_INPUTS,
+    Effect,
+    MessageInput,
+    MessageMachine,
+)
+from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.engine.admission import DEAD_LETTER_CODES, SOFT_REJECTIONS, Outbound, SendOutcome
+from apiary.engine.codec import EnvelopeCodec
+from apiary.engine.dead_letters import DeadLetters
+from apiary.engine.deadlines import Deadlines
+from apiary.engine.dedup_gate import DedupGate
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.inbox import Inbox
+from apiary.engine.notices import COORDINATOR, NoticeFactory
 from apiary.engine.registry import Registry
-from apiary.errors import DuplicateDetectedError, NoRouteError, ValidationError
+from apiary.engine.router_stats import RouterStats
+from apiary.engine.settings import RouterSettings
+from apiary.errors import (
+    ApiaryError,
+    BufferFullError,
+    NoRouteError,
+    PermissionDeniedError,
+    ValidationError,
+)
 from apiary.store.errors import DuplicateMessageError
-from apiary.store.protocols import MessageStore
+from apiary.store.protocols import Store
 
-_STAGE_STATE = {
-    AckStage.RECEIVED: MessageState.RECEIVED,
-    AckStage.READ: MessageState.READ,
-    AckStage.FULFILLED: MessageState.FULFILLED,
-    AckStage.REJECTED: MessageState.REJECTED,
-    AckStage.FAILED: MessageState.FAILED,
-    AckStage.TIMED_OUT: MessageState.TIMED_OUT,
-}
-_UNFINISHED = frozenset(s for s in MessageState if not s.terminal)
+NOTICE_TYPES = frozenset({MessageType.ACKNOWLEDGEMENT, MessageType.HEARTBEAT})
+_STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 
 
-class EnvelopeCodec(Protocol):
-    """Wire encoding of envelopes and ACK payloads, injected by the server layer."""
-
-    def encode(self, env: Envelope) -> bytes: ...
-
-    def decode(self, data: bytes) -> Envelope: ...
-
-    def decode_ack(self, env: Envelope) -> Ack: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    message: StoredMessage
-    envelope: Envelope
+def is_notice(message: StoredMessage) -> bool:
+    """Notices need no acknowledgement and take no buffer space: ACKs, heartbeats and
+    whatever the coordinator itself produced. They are FULFILLED when handed out."""
+    return message.producer_id == COORDINATOR or message.message_type in NOTICE_TYPES
 
 
 class Router:
     def __init__(
         self,
-        messages: MessageStore,
+        store: Store,
         registry: Registry,
         events: EventRecorder,
         codec: EnvelopeCodec,
         clock: Clock,
+        notices: NoticeFactory,
+        settings: RouterSettings | None = None,
     ) -> None:
-        self._messages = messages
+        self.settings = settings or RouterSettings()
+        self.stats = RouterStats()
+        self._store = store
+        self._messages = store.messages
         self._registry = registry
         self._events = events
         self._codec = codec
         self._clock = clock
-        self._arrivals: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self._notices = notices
+        self._inboxes: dict[str, Inbox] = {}
+        self._capacities: dict[str, int] = {}
+        self._credits: dict[str, CreditLedger] = {}
+        self._live: dict[str, StoredMessage] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.deadlines = Deadlines(clock)
+        self.dedup = DedupGate(store.idempotency, store.messages, self.settings.dedup_window_s)
+        self.dead_letters = DeadLetters(store.dlq, events, codec, clock)
 
-    async def send(self, env: Envelope, recipient: str = "") -> Admission:
-        """Admit `env` durably for its recipient; returns once it is recorded."""
-        _check_envelope(env)
-        acked_producer = ""
-        if env.message_type is MessageType.ACKNOWLEDGEMENT:
-            acked_producer = await self._apply_ack(env)
-        target = resolve_recipient(env, recipient, acked_producer)
-        if await self._registry.find(target) is None:
+    # ------------------------------------------------------------------ inboxes
+
+    def inbox(self, agent_id: str) -> Inbox:
+        found = self._inboxes.get(agent_id)
+        if found is None:
+            capacity = self._capacities.get(agent_id, self.settings.buffer_capacity)
+            scheduler = LaneScheduler(self.settings.lanes)
+            found = self._inboxes[agent_id] = Inbox(agent_id, capacity, scheduler)
+        return found
+
+    def inboxes(self) -> dict[str, Inbox]:
+        return dict(self._inboxes)
+
+    def set_capacity(self, agent_id: str, capacity: int) -> int:
+        """Per-agent buffer capacity (RFC 13: configurable per agent)."""
+        if capacity < 1:
+            raise ValidationError.for_field("capacity", f"must be at least 1, not {capacity}")
+        self._capacities[agent_id] = capacity
+        self.inbox(agent_id).capacity = capacity
+        return capacity
+
+    def clock_now(self) -> float:
+        return self._clock.now()
+
+    def finish_notice(self, message: StoredMessage) -> None:
+        """A notice was handed out and is FULFILLED: forget it."""
+        self._track(message, acked=True)
+
+    def live(self, message_id: str) -> StoredMessage | None:
+        return self._live.get(message_id)
+
+    # ------------------------------------------------------------------ sending
+
+    async def send(self, item: Outbound) -> SendOutcome:
+        """Admit one envelope; malformed input raises, soft rejections answer accepted=False."""
+        (outcome,) = await self.send_many([item])
+        if outcome.error is not None and outcome.error.code not in SOFT_REJECTIONS:
+            raise outcome.error
+        return outcome
+
+    async def send_many(self, items: Sequence[Outbound]) -> list[SendOutcome]:
+        """Admit many envelopes with one durable write; every member has its own outcome."""
+        now = self._clock.now()
+        outcomes: list[SendOutcome] = []
+        admit: list[tuple[int, StoredMessage, Outbound]] = []
+        for item in items:
+            outcome, record = await self._prepare(item, now)
+            outcomes.append(outcome)
+            if record is not None:
+                admit.append((len(outcomes) - 1, record, item))
+        if admit:
+            results = await self._messages.admit_many([r for _, r, _ in admit])
+            for (index, record, item), result in zip(admit, results, strict=True):
+                outcomes[index] = await self._admitted(item, record, result, now)
+        for outcome, item in zip(outcomes, items, strict=True):
+            if outcome.error is not None:
+                await self._rejected(item, outcome, now)
+        return outcomes
+
+    async def _prepare(
+        self, item: Outbound, now: float
+    ) -> tuple[SendOutcome, StoredMessage | None]:
+        env = item.envelope
+        try:
+            validate_envelope(
+                env, limits=self.settings.limits, now=now, hlc_required=self.settings.hlc_required
+            )
+            acked_producer = ""
+            if env.message_type is MessageType.ACKNOWLEDGEMENT:
+                acked_producer = await self._on_ack(env, now)
+            target = resolve_recipient(env, item.recipient, acked_producer)
+            return await self._admissible(env, target, now)
+        except ApiaryError as exc:
+            return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
+
+    async def _admissible(
+        self, env: Envelope, target: str, now: float
+    ) -> tuple[SendOutcome, StoredMessage | None]:
+        if target == COORDINATOR:
+            # ACKs of coordinator notices end here: nothing to forward.
+            return SendOutcome(env.message_id, True, reason="acknowledged"), None
+        agent = await self._registry.find(target)
+        if agent is None:
             raise NoRouteError(
                 f"no registered agent {target!r} to deliver {env.message_id} to",
                 {"recipient": target, "message_id": env.message_id},
             )
-        now = self._clock.now()
+        notice = env.producer_id == COORDINATOR or env.message_type in NOTICE_TYPES
+        if not notice:
+            check_modality(env.content_type, agent.descriptor.get("modalities_supported") or ())
+            duplicate = await self.dedup.check(env, now)
+            if duplicate is not None:
+                return duplicate, None
+            self._reserve(target, env)
+        producer = await self._registry.find(env.producer_id)
+        lane = _lane(producer.descriptor if producer else {})
         record = StoredMessage(
             message_id=env.message_id,
             recipient=target,
@@ -92,79 +191,306 @@ class Router:
             state=MessageState.RECEIVED,
             created_at=now,
             updated_at=now,
+            idempotency_token=env.idempotency_token,
+            sequence_number=env.sequence_number,
+            lane=lane,
+            ack_deadline=0.0 if notice else now + self.settings.ack_timeout_s,
+            expires_at=ttl_deadline(env, received_at=now)
+            or (now + self.settings.notice_ttl_s if notice else 0.0),
         )
-        try:
-            stored = await self._messages.admit(record)
-        except DuplicateMessageError:
-            # message_id is unique per attempt (RFC 11.3); a reused id is refused, and the
-            # message already recorded under it stays as it was.
-            raise DuplicateDetectedError(
-                f"message_id {env.message_id} was already used",
-                {"message_id": env.message_id, "field": "message_id"},
-            ) from None
+        return SendOutcome(env.message_id, True), record
+
+    def _reserve(self, target: str, env: Envelope) -> None:
+        inbox = self.inbox(target)
+        if not inbox.has_room():
+            raise BufferFullError(
+                f"Inbound buffer capacity exceeded for agent={target} "
+                f"({inbox.depth}/{inbox.capacity})",
+                {"recipient": target, "capacity": str(inbox.capacity)},
+            )
+        if self.settings.credit_window:
+            ledger = self._ledger(target)
+            decision = ledger.try_consume(env.producer_id)
+            if not decision.granted:
+                raise BufferFullError(
+                    f"no credit for {env.producer_id} at {target}: {decision.reason}",
+                    {"recipient": target, "reason": "credit"},
+                )
+        inbox.reserve(env.message_id)
+
+    def _ledger(self, target: str) -> CreditLedger:
+        ledger = self._credits.get(target)
+        if ledger is None:
+            cap = self.settings.per_producer_cap or None
+            ledger = self._credits[target] = CreditLedger(self.settings.credit_window, cap)
+        return ledger
+
+    async def _admitted(
+        self,
+        item: Outbound,
+        record: StoredMessage,
+        result: StoredMessage | DuplicateMessageError,
+        now: float,
+    ) -> SendOutcome:
+        env = item.envelope
+        inbox = self.inbox(record.recipient)
+        if isinstance(result, DuplicateMessageError):
+            inbox.release(env.message_id)
+            self.dedup.abandon(env.message_id)
+            self._release_credit(record)
+            # message_id is unique per attempt (RFC 11.3): reusing one is a malformed request,
+            # not a duplicate of a logical operation; the first message stays as it was.
+            error = ValidationError.for_field(
+                "message_id", f"{env.message_id} was already used by another message"
+            )
+            return SendOutcome(env.message_id, False, error, f"{error.code}: {error.message}")
+        stored = result
+        self._live[stored.message_id] = stored
+        inbox.add(stored, occupies=not is_notice(stored))
+        self.deadlines.watch(stored)
+        await self.dedup.admitted(stored, now)
+        self.stats.accepted[stored.recipient] += 1
+        started = env.timestamp if 0 < env.timestamp <= now else now
+        self.stats.timing(self.stats.enqueue_latency, stored.recipient).observe(now - started)
         await self._events.record(
             "message.received",
             env.producer_id,
             correlation_id=env.correlation_id,
-            agent_id=target,
+            agent_id=stored.recipient,
             message_id=env.message_id,
             message_type=env.message_type.name,
             offset=stored.offset,
+            lane=stored.lane,
         )
-        self._arrivals[target].set()
-        return Admission(stored, env)
+        return SendOutcome(env.message_id, True, stored=stored, reason=f"offset {stored.offset}")
 
-    async def stream(self, agent_id: str, after_offset: int = 0) -> AsyncIterator[Envelope]:
-        """The agent's unfinished messages after `after_offset`, then new ones as they come.
+    async def _rejected(self, item: Outbound, outcome: SendOutcome, now: float) -> None:
+        """Never silent: log it, NACK the producer, dead-letter what cannot succeed."""
+        env = item.envelope
+        error = outcome.error
+        assert error is not None
+        recipient = item.recipient or error.details.get("recipient", "")
+        self.stats.enqueue_rejects[(recipient, error.code)] += 1
+        await self._events.record(
+            "message.rejected",
+            env.producer_id,
+            correlation_id=env.correlation_id,
+            agent_id=recipient,
+            message_id=env.message_id,
+            error_code=error.code,
+            reason=error.message,
+        )
+        if error.code == "duplicate_detected" and outcome.details:
+            await self._notify_duplicate(env, outcome)
+        elif env.message_type is not MessageType.ACKNOWLEDGEMENT:
+            await self._nack(env.producer_id, env.message_id, env.correlation_id,
+                             AckStage.REJECTED, error.code, error.message, "SENT")  # fmt: skip
+        if error.code in DEAD_LETTER_CODES and env.producer_id != COORDINATOR:
+            await self.dead_letters.reject(env, recipient, error, now)
+            self.stats.dead_lettered[error.code] += 1
 
-        Delivery is at-least-once: a reconnecting agent resumes from the last offset it saw.
-        """
-        await self._registry.get(agent_id)
-        cursor = after_offset
-        arrivals = self._arrivals[agent_id]
-        while True:
-            arrivals.clear()
-            batch = await self._messages.inbox(agent_id, cursor, limit=100, states=_UNFINISHED)
-            for stored in batch:
-                cursor = stored.offset
-                yield self._codec.decode(stored.envelope)
-            if not batch:
-                await arrivals.wait()
+    async def _notify_duplicate(self, env: Envelope, outcome: SendOutcome) -> None:
+        stage = AckStage[outcome.details.get("original_status", "FULFILLED")]
+        ack = Ack(env.message_id, stage, "duplicate_detected", outcome.reason)
+        notice = self._notices.ack(ack, env.correlation_id, dict(outcome.details))
+        await self._deliver_notice(env.producer_id, notice)
 
-    async def _apply_ack(self, env: Envelope) -> str:
-        """Move the acknowledged message's state; returns its producer ('' if unknown)."""
+    async def _nack(
+        self, producer: str, message_id: str, correlation_id: str, stage: AckStage,
+        code: str, note: str, failed_stage: str,
+    ) -> None:  # fmt: skip
+        if producer == COORDINATOR or await self._registry.find(producer) is None:
+            return
+        self.stats.nacks[(producer, code)] += 1
+        ack = Ack(message_id, stage, code, note)
+        notice = self._notices.ack(ack, correlation_id, {"failed_stage": failed_stage})
+        await self._deliver_notice(producer, notice)
+
+    async def _deliver_notice(self, recipient: str, env: Envelope) -> None:
+        await self.send_many([Outbound(env, recipient)])
+
+    async def notify(self, recipient: str, env: Envelope) -> SendOutcome:
+        """Deliver a coordinator notice (join/leave, heartbeat) to one agent."""
+        (outcome,) = await self.send_many([Outbound(env, recipient)])
+        return outcome
+
+    # ------------------------------------------------------------------ acknowledgements
+
+    def _lock(self, message_id: str) -> asyncio.Lock:
+        lock = self._locks.get(message_id)
+        if lock is None:
+            lock = self._locks[message_id] = asyncio.Lock()
+        return lock
+
+    async def _on_ack(self, env: Envelope, now: float) -> str:
+        """Apply an agent's ACK to the acknowledged message; returns that message's producer
+        (where the ACK is forwarded) or '' when the ACK must not be forwarded."""
         ack = self._codec.decode_ack(env)
-        original = await self._messages.get(ack.ack_for_message_id)
-        if original is None:
-            return ""
-        state = _STAGE_STATE.get(ack.ack_stage)
-        if state is not None and not original.state.terminal:
-            await self._messages.set_state(
-                original.message_id, state, self._clock.now(), ack.error_code
+        async with self._lock(ack.ack_for_message_id):
+            original = self._live.get(ack.ack_for_message_id) or await self._messages.get(
+                ack.ack_for_message_id
             )
-            await self._events.record(
-                "message.acknowledged",
-                env.producer_id,
-                correlation_id=original.correlation_id,
-                agent_id=original.recipient,
-                message_id=original.message_id,
-                stage=ack.ack_stage.name,
-                error_code=ack.error_code,
-            )
+            if original is None:
+                await self._events.record(
+                    "message.ack_unknown", env.producer_id, correlation_id=env.correlation_id,
+                    ack_for_message_id=ack.ack_for_message_id, stage=ack.ack_stage.name,
+                )  # fmt: skip
+                return COORDINATOR
+            if env.producer_id != original.recipient:
+                raise PermissionDeniedError(
+                    f"{env.producer_id} may not acknowledge {original.message_id}: "
+                    f"only its recipient {original.recipient} may",
+                    {"ack_for_message_id": original.message_id},
+                )
+            effects = await self.apply(original, ACK_INPUTS[ack.ack_stage], now, ack=ack)
+        self._locks.pop(ack.ack_for_message_id, None)
+        if Effect.FORWARD_ACK not in effects or is_notice(original):
+            return COORDINATOR
         return original.producer_id
 
+    async def apply(
+        self,
+        message: StoredMessage,
+        event: MessageInput,
+        now: float,
+        *,
+        ack: Ack | None = None,
+        error_code: str = "",
+        note: str = "",
+    ) -> tuple[Effect, ...]:
+        """Run one machine step for `message` and perform its effects."""
+        if not MessageMachine.allows(message.state, event):
+            return ()
+        step = MessageMachine.step(message.state, event)
+        code = ack.error_code if ack else error_code
+        note = ack.note if ack else note
+        updated = message
+        if Effect.PERSIST in step.effects or Effect.CANCEL_ACK_TIMER in step.effects:
+            stage = ack.ack_stage.name if ack else ""
+            further = stage and _STAGE_ORDER[stage] > _STAGE_ORDER.get(message.acked_stage, 0)
+            change = StateChange(
+                message.message_id, step.state, now, code,
+                acked_stage=stage if further else "",
+                clear_ack_deadline=Effect.CANCEL_ACK_TIMER in step.effects,
+            )  # fmt: skip
+            (updated,) = await self._messages.apply([change])
+        self._track(updated, acked=ack is not None)
+        await self._record_step(message, updated, event, step.late, code, now)
+        for effect in step.effects:
+            await self._perform(effect, message, updated, code, note, now)
+        return step.effects
 
-def _check_envelope(env: Envelope) -> None:
-    if not is_uuid4(env.message_id):
-        raise ValidationError(
-            f"message_id {env.message_id!r} is not a UUIDv4", {"field": "message_id"}
-        )
-    if not env.producer_id:
-        raise ValidationError("producer_id is required", {"field": "producer_id"})
-    if env.message_type is MessageType.MESSAGE_TYPE_UNSPECIFIED:
-        raise ValidationError("message_type is required", {"field": "message_type"})
-    if env.content_length != len(env.payload):
-        raise ValidationError(
-            f"content_length {env.content_length} != payload size {len(env.payload)}",
-            {"field": "content_length"},
-        )
+    def _track(self, message: StoredMessage, *, acked: bool) -> None:
+        inbox = self.inbox(message.recipient)
+        if acked:
+            inbox.acknowledged(message.message_id)
+        if message.state.terminal:
+            inbox.finished(message.message_id)
+            self._live.pop(message.message_id, None)
+            self.deadlines.forget(message.message_id)
+            if message.last_delivered_at:
+                timing = self.stats.timing(self.stats.process_time, message.recipient)
+                timing.observe(message.updated_at - message.last_delivered_at)
+        else:
+            self._live[message.message_id] = message
+            inbox.update(message)
+            if message.state is MessageState.READ:
+                inbox.dequeued(message.message_id)
+
+    async def _record_step(
+        self, before: StoredMessage, after: StoredMessage, event: MessageInput,
+        late: bool, code: str, now: float,
+    ) -> None:  # fmt: skip
+        if late:
+            await self._events.record(
+                "message.late_ack", before.recipient, correlation_id=before.correlation_id,
+                agent_id=before.recipient, message_id=before.message_id, state=before.state,
+                input=event, decided_at=before.updated_at, ack_at=now,
+            )  # fmt: skip
+        elif before.state is not after.state:
+            await self._events.record(
+                "message.state", before.recipient, correlation_id=before.correlation_id,
+                agent_id=before.recipient, message_id=before.message_id,
+                **{"from": before.state.value, "to": after.state.value},
+                input=event, error_code=code,
+            )  # fmt: skip
+
+    async def _perform(
+        self, effect: Effect, before: StoredMessage, after: StoredMessage,
+        code: str, note: str, now: float,
+    ) -> None:  # fmt: skip
+        if effect is Effect.NACK:
+            stage = AckStage.FAILED if after.state is MessageState.FAILED else AckStage.TIMED_OUT
+            await self._nack(
+                before.producer_id, before.message_id, before.correlation_id, stage, code,
+                note or f"{code} in state {before.state}", before.acked_stage or "RECEIVED",
+            )  # fmt: skip
+        elif effect is Effect.DEAD_LETTER:
+            await self.dead_letters.failed(after, code, note, now)
+            self.stats.dead_lettered[code] += 1
+        elif effect is Effect.UPDATE_IDEMPOTENCY:
+            await self.dedup.progress(after, before.message_id, now, code, note)
+        elif effect is Effect.RELEASE_CREDIT:
+            self._release_credit(before)
+
+    def _release_credit(self, message: StoredMessage) -> None:
+        ledger = self._credits.get(message.recipient)
+        if ledger is not None and ledger.in_flight(message.producer_id) > 0:
+            ledger.release(message.producer_id)
+
+    # ------------------------------------------------------------------ deadlines
+
+    async def fire_due(self) -> int:
+        """Apply every deadline that has passed (ack timeouts, TTL expiry)."""
+        fired = 0
+        for message_id in self.deadlines.pop_due(self._clock.now()):
+            message = self._live.get(message_id)
+            if message is None or message.state.terminal:
+                continue
+            now = self._clock.now()
+            async with self._lock(message_id):
+                if message.expires_at and message.expires_at <= now:
+                    await self.apply(
+                        message, MessageInput.TTL_EXPIRE, now, error_code="ttl_expired"
+                    )
+                elif message.ack_deadline and message.ack_deadline <= now:
+                    await self.apply(
+                        message, MessageInput.ACK_TIMEOUT, now, error_code="ack_timeout"
+                    )
+                else:
+                    self.deadlines.watch(message)
+            fired += 1
+        return fired
+
+    # ------------------------------------------------------------------ recovery
+
+    async def recover(self) -> int:
+        """Rebuild inboxes and re-arm deadlines from the store after a (re)start."""
+        recovered = 0
+        unfinished = frozenset(s for s in MessageState if not s.terminal)
+        for agent in await self._registry.list():
+            after = 0
+            while True:
+                page = await self._messages.inbox(agent.agent_id, after, 1000, unfinished)
+                for message in page:
+                    self._live[message.message_id] = message
+                    occupies = not is_notice(message) and message.state in (
+                        MessageState.RECEIVED, MessageState.RETRYING,
+                    )  # fmt: skip
+                    self.inbox(agent.agent_id).add(message, occupies=occupies)
+                    self.deadlines.watch(message)
+                    recovered += 1
+                if len(page) < 1000:
+                    break
+                after = page[-1].offset
+        return recovered
+
+    def refresh(self, message: StoredMessage) -> None:
+        """Keep the live copy of an unfinished message in step with the store."""
+        if message.message_id in self._live:
+            self._live[message.message_id] = message
+
+
+def _lane(descriptor: object) -> str:
+    value = descriptor.get("communication_class", "") if isinstance(descriptor, dict) else ""
+    return value if value in ("PRIVILEGED", "STANDARD", "BULK") else "STANDARD"

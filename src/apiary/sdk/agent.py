@@ -18,6 +18,7 @@ import grpc
 from apiary.core.clock import Clock
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.ids import IdGenerator
+from apiary.errors import ValidationError
 from apiary.sdk import errors
 from apiary.system import SystemClock, UuidIds
 from apiary.wire import pb
@@ -39,6 +40,7 @@ class Agent:
         description: str = "",
         capabilities: Sequence[str] = (),
         modalities: Sequence[str] = (JSON, "text/plain"),
+        reasoning_connectors: Sequence[str] = ("builtin://rules",),
         clock: Clock | None = None,
         ids: IdGenerator | None = None,
     ) -> None:
@@ -50,10 +52,13 @@ class Agent:
             description=description,
             capabilities=list(capabilities),
             modalities_supported=list(modalities),
+            reasoning_connectors=list(reasoning_connectors),
         )
         self._clock = clock or SystemClock()
         self._ids = ids or UuidIds()
-        self._sequence = 0
+        # Sequence numbers must stay monotonic across restarts of the agent (the router
+        # deduplicates by (producer_id, sequence_number)), so they start from the clock.
+        self._sequence = int(self._clock.now() * 1_000_000)
         self._channel: grpc.aio.Channel | None = None
 
     async def __aenter__(self) -> Agent:
@@ -70,7 +75,11 @@ class Agent:
         self._channel = grpc.aio.insecure_channel(self._coordinator)
         request = pb.registry_pb2.RegisterAgentRequest(agent=self._descriptor)
         stub = pb.registry_pb2_grpc.RegistryServiceStub(self._channel)
-        await errors.call(lambda: stub.RegisterAgent(request))
+        reply = await errors.call(lambda: stub.RegisterAgent(request))
+        if not reply.accepted:
+            await self._channel.close()
+            self._channel = None
+            raise ValidationError(f"registration of {self.agent_id} refused: {reply.reason}")
 
     async def stop(self, reason: str = "shutdown") -> None:
         """Deregister and close the connection (idempotent)."""

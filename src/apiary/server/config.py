@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from apiary.engine.settings import RouterSettings
 from apiary.errors import ValidationError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -52,6 +53,8 @@ class ServerConfig:
     store: str = ""
     """Store URL; empty means SQLite at data_dir/apiary.db."""
     log_level: str = "INFO"
+    router: RouterSettings = field(default_factory=RouterSettings)
+    """Messaging-plane settings: TOML table [router] (see RouterSettings)."""
 
 
 _ENV = {

@@ -2,34 +2,54 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from apiary.core.clock import Clock
+from apiary.core.ids import IdGenerator
+from apiary.engine.deadlines import Sleep, run_deadlines
+from apiary.engine.delivery import Delivery
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.notices import NoticeFactory
+from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
 from apiary.engine.router import Router
+from apiary.engine.settings import RouterSettings
 from apiary.server.config import Address, ServerConfig
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
 from apiary.server.http.app import build_http_app
 from apiary.server.metrics import Metrics
+from apiary.server.services.discovery import DiscoveryHandler
+from apiary.server.services.dlq import DlqHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.registry import RegistryHandler
-from apiary.server.services.router import RouterHandler
+from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
-from apiary.system import SystemClock
+from apiary.system import SystemClock, UuidIds
 from apiary.wire.codec import ProtobufEnvelopeCodec
 
 log = logging.getLogger("apiary.server")
 
 SHUTDOWN_GRACE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """Injected time, ids and waiting: real by default, fakes in tests."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    ids: IdGenerator = field(default_factory=UuidIds)
+    sleep: Sleep = asyncio.sleep
+    presence: PresenceSettings = field(default_factory=PresenceSettings)
 
 
 @dataclass(slots=True)
@@ -41,17 +61,43 @@ class Coordinator:
     events: EventRecorder
     registry: Registry
     router: Router
+    delivery: Delivery
+    presence: Presence
     grpc_address: Address
     http_address: Address
     ready: bool = False
 
 
-def _handlers(events: EventRecorder, registry: Registry, router: Router) -> dict[str, object]:
+@dataclass(slots=True)
+class _Engine:
+    events: EventRecorder
+    registry: Registry
+    router: Router
+    delivery: Delivery
+    presence: Presence
+
+
+def _engine(store: Store, settings: RouterSettings, runtime: Runtime) -> _Engine:
+    clock = runtime.clock
+    events = EventRecorder(store.events, clock)
+    registry = Registry(store.agents, events, clock)
+    notices = NoticeFactory(clock, runtime.ids)
+    codec = ProtobufEnvelopeCodec()
+    router = Router(store, registry, events, codec, clock, notices, settings)
+    delivery = Delivery(router, registry, store.messages, events)
+    presence = Presence(registry, router, notices, events, clock, runtime.presence)
+    return _Engine(events, registry, router, delivery, presence)
+
+
+def _handlers(engine: _Engine, runtime: Runtime) -> dict[str, object]:
     return {
-        "sw4rm.registry.RegistryService": RegistryHandler(registry),
-        "sw4rm.router.RouterService": RouterHandler(router),
-        "sw4rm.logging.LoggingService": LoggingHandler(events),
-        "apiary.v1.EventLogService": EventLogHandler(events),
+        "sw4rm.registry.RegistryService": RegistryHandler(engine.registry, engine.presence),
+        "sw4rm.router.RouterService": RouterHandler(engine.router, engine.delivery),
+        "sw4rm.logging.LoggingService": LoggingHandler(engine.events),
+        "apiary.v1.EventLogService": EventLogHandler(engine.events),
+        "apiary.v1.RouterStreamService": RouterStreamHandler(engine.router, engine.delivery),
+        "apiary.v1.DiscoveryService": DiscoveryHandler(engine.registry, engine.router),
+        "apiary.v1.DlqService": DlqHandler(engine.router, runtime.ids),
     }
 
 
@@ -65,25 +111,40 @@ def _bind_http(address: Address) -> socket.socket:
     return sock
 
 
+async def _background(engine: _Engine, runtime: Runtime) -> list[asyncio.Task[None]]:
+    router = engine.router
+    return [
+        asyncio.create_task(
+            run_deadlines(router.deadlines, runtime.clock, router.fire_due, runtime.sleep),
+            name="apiary-deadlines",
+        ),
+        asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
+    ]
+
+
 @asynccontextmanager
 async def open_coordinator(
-    config: ServerConfig, clock: Clock | None = None
+    config: ServerConfig,
+    clock: Clock | None = None,
+    *,
+    runtime: Runtime | None = None,
+    router_settings: RouterSettings | None = None,
 ) -> AsyncIterator[Coordinator]:
     """Run a coordinator for the duration of the block; shuts down gracefully on exit."""
-    clock = clock or SystemClock()
+    runtime = runtime or Runtime(clock=clock or SystemClock())
+    settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
-        events = EventRecorder(store.events, clock)
-        registry = Registry(store.agents, events, clock)
-        router = Router(store.messages, registry, events, ProtobufEnvelopeCodec(), clock)
-        metrics = Metrics()
-        dispatcher = Dispatcher(_handlers(events, registry, router))
+        engine = _engine(store, settings, runtime)
+        recovered = await engine.router.recover()
+        metrics = Metrics(engine.router)
+        dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
         grpc_port = server.add_insecure_port(str(config.grpc))
         if grpc_port == 0:
             raise OSError(f"cannot bind the gRPC port {config.grpc}")
         state = Coordinator(
-            config, store, events, registry, router,
-            Address(config.grpc.host, grpc_port), config.http,
+            config, store, engine.events, engine.registry, engine.router, engine.delivery,
+            engine.presence, Address(config.grpc.host, grpc_port), config.http,
         )  # fmt: skip
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
@@ -95,9 +156,11 @@ async def open_coordinator(
         await web.SockSite(runner, http_socket).start()
         await server.start()
         await set_serving(health, True)
-        await events.record(
+        tasks = await _background(engine, runtime)
+        await engine.events.record(
             "coordinator.started", "coordinator",
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,
+            recovered_messages=recovered,
         )  # fmt: skip
         state.ready = True
         try:
@@ -107,7 +170,9 @@ async def open_coordinator(
             await set_serving(health, False)
             await server.stop(SHUTDOWN_GRACE_S)
             await runner.cleanup()
-            await events.record("coordinator.stopped", "coordinator")
-
-
-__all__ = ["Coordinator", "open_coordinator"]
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await engine.events.record("coordinator.stopped", "coordinator")

@@ -22,6 +22,7 @@ from apiary.wire.services import SERVICES, RpcMethod
 
 UnaryFn = Callable[[Message, CallContext], Awaitable[Message]]
 StreamFn = Callable[[Message, CallContext], AsyncIterator[Message]]
+BidiFn = Callable[[AsyncIterator[Message], CallContext], AsyncIterator[Message]]
 
 OWNING_AREA: Mapping[str, str] = {
     "sw4rm.registry.RegistryService": "registry (issue 3)",
@@ -41,6 +42,9 @@ OWNING_AREA: Mapping[str, str] = {
     "sw4rm.activity.ActivityService": "activity artifacts (issue 7)",
     "sw4rm.logging.LoggingService": "logging",
     "apiary.v1.EventLogService": "event log",
+    "apiary.v1.RouterStreamService": "router (issue 3)",
+    "apiary.v1.DiscoveryService": "registry (issue 3)",
+    "apiary.v1.DlqService": "dead letter queue (issue 3)",
 }
 
 
@@ -54,7 +58,7 @@ class Route:
     """A method and the callable that serves it."""
 
     method: RpcMethod
-    fn: UnaryFn | StreamFn
+    fn: UnaryFn | StreamFn | BidiFn
     implemented: bool
 
     def unary(self) -> UnaryFn:
@@ -63,14 +67,17 @@ class Route:
     def streaming(self) -> StreamFn:
         return cast(StreamFn, self.fn)
 
+    def bidi(self) -> BidiFn:
+        return cast(BidiFn, self.fn)
 
-def _unimplemented(method: RpcMethod) -> UnaryFn | StreamFn:
+
+def _unimplemented(method: RpcMethod) -> UnaryFn | StreamFn | BidiFn:
     area = OWNING_AREA.get(method.service, "a later release")
     text = f"{method.service}/{method.name} is not implemented yet; it belongs to {area}"
 
     if method.server_streaming:
 
-        async def stream(_req: Message, _ctx: CallContext) -> AsyncIterator[Message]:
+        async def stream(_req: object, _ctx: CallContext) -> AsyncIterator[Message]:
             raise UnimplementedError(text, {"method": method.path})
             yield  # pragma: no cover - makes this an async generator
 

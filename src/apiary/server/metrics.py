@@ -1,14 +1,109 @@
-"""Prometheus metrics of one coordinator (a registry per instance, served at /metrics)."""
+"""Prometheus metrics of one coordinator (a registry per instance, served at /metrics).
+
+The back-pressure metrics of RFC 13 are read from the router at scrape time.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+
+from apiary.engine.router import Router
+from apiary.engine.router_stats import Timing
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+class _RouterCollector(Collector):
+    def __init__(self, router: Router) -> None:
+        self._router = router
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily]:
+        router, stats = self._router, self._router.stats
+        depth = GaugeMetricFamily(
+            "router_inbound_queue_depth",
+            "Messages in the agent's inbound buffer.",
+            labels=["agent_id"],
+        )
+        capacity = GaugeMetricFamily(
+            "router_inbound_queue_capacity",
+            "Configured inbound buffer capacity.",
+            labels=["agent_id"],
+        )
+        oldest = GaugeMetricFamily(
+            "router_oldest_enqueued_age_seconds",
+            "Age of the oldest undelivered message.",
+            labels=["agent_id"],
+        )
+        now = router.clock_now()
+        for agent_id, inbox in sorted(router.inboxes().items()):
+            depth.add_metric([agent_id], inbox.depth)
+            capacity.add_metric([agent_id], inbox.capacity)
+            at = inbox.oldest_pending_at()
+            oldest.add_metric([agent_id], max(now - at, 0.0) if at is not None else 0.0)
+        yield from (depth, capacity, oldest)
+        yield _counter(
+            "router_enqueue_rejects",
+            "Rejected enqueues by reason.",
+            ["agent_id", "reason"],
+            stats.enqueue_rejects,
+        )
+        yield _counter(
+            "router_nacks", "NACKs emitted by error code.", ["agent_id", "error_code"], stats.nacks
+        )
+        yield _counter(
+            "router_messages_accepted",
+            "Messages durably admitted.",
+            ["agent_id"],
+            {(k,): v for k, v in stats.accepted.items()},
+        )
+        yield _counter(
+            "router_urgent_dispatches",
+            "Deliveries from the PRIVILEGED lane.",
+            ["agent_id"],
+            {(k,): v for k, v in stats.urgent_dispatches.items()},
+        )
+        yield _counter(
+            "router_dead_lettered",
+            "Messages moved to the DLQ.",
+            ["error_code"],
+            {(k,): v for k, v in stats.dead_lettered.items()},
+        )
+        yield _summary(
+            "router_enqueue_latency_seconds", "Receive to durable enqueue.", stats.enqueue_latency
+        )
+        yield _summary(
+            "agent_dequeue_latency_seconds", "Enqueue to agent fetch.", stats.dequeue_latency
+        )
+        yield _summary(
+            "agent_process_time_seconds",
+            "Agent fetch to terminal acknowledgement.",
+            stats.process_time,
+        )
+
+
+def _counter(
+    name: str, doc: str, labels: list[str], values: Mapping[Any, int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, value in sorted(values.items()):
+        family.add_metric(list(key), value)
+    return family
+
+
+def _summary(name: str, doc: str, timings: dict[str, Timing]) -> SummaryMetricFamily:
+    family = SummaryMetricFamily(name, doc, labels=["agent_id"])
+    for agent_id, timing in sorted(timings.items()):
+        family.add_metric([agent_id], count_value=timing.count, sum_value=timing.total_s)
+    return family
+
+
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, router: Router | None = None) -> None:
         self.registry = CollectorRegistry()
         self._rpcs = Counter(
             "apiary_rpc_total",
@@ -16,6 +111,8 @@ class Metrics:
             ("transport", "method", "code"),
             registry=self.registry,
         )
+        if router is not None:
+            self.registry.register(_RouterCollector(router))
 
     def rpc_done(self, transport: str, method: str, code: str) -> None:
         self._rpcs.labels(transport, method, code).inc()

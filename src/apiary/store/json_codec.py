@@ -1,4 +1,5 @@
-"""How every backend turns JSON-object fields (event details, agent descriptors) into text.
+"""How every backend turns JSON fields (event details, agent descriptors, attempt lists)
+into text.
 
 One encoder for all backends, so that a value one backend refuses is refused by all of them,
 before anything is written.
@@ -7,7 +8,7 @@ before anything is written.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apiary.store.errors import StoreError
@@ -22,14 +23,14 @@ def dump_json(value: Mapping[str, Any]) -> str:
     """
     if not isinstance(value, Mapping):
         raise ValueError(f"expected a JSON object, got {type(value).__name__}")
-    try:
-        text = json.dumps(
-            value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
-        )
-        text.encode("utf-8")
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"not a JSON object of JSON values: {exc}") from exc
-    return text
+    return _dump(value)
+
+
+def dump_json_list(values: Sequence[Any]) -> str:
+    """Compact JSON text of a JSON array; raises ValueError as `dump_json` does."""
+    if isinstance(values, str | bytes | bytearray) or not isinstance(values, Sequence):
+        raise ValueError(f"expected a JSON array, got {type(values).__name__}")
+    return _dump(list(values))
 
 
 def load_json_object(text: str | bytes) -> dict[str, Any]:
@@ -38,3 +39,22 @@ def load_json_object(text: str | bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise StoreError(f"stored JSON is not an object: {type(value).__name__}")
     return value
+
+
+def load_json_list(text: str | bytes) -> list[Any]:
+    """Parse text written by `dump_json_list` back into a list."""
+    value = json.loads(text)
+    if not isinstance(value, list):
+        raise StoreError(f"stored JSON is not an array: {type(value).__name__}")
+    return value
+
+
+def _dump(value: Any) -> str:
+    try:
+        text = json.dumps(
+            value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
+        )
+        text.encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"not JSON values: {exc}") from exc
+    return text

@@ -1,20 +1,31 @@
 """The in-memory backend: tests, and `--store memory://` for throwaway runs.
 
 Nothing survives the process. It keeps the same contract as the durable backends, down to
-refusing details that are not JSON, so that a test passing against it means something.
+refusing what they refuse (details that are not JSON, sequence numbers that are not uint64:
+it runs their row encoders), so that a test passing against it means something.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 from apiary.core.events import Event, EventDraft, EventFilter
-from apiary.core.records import AgentRecord, MessageState, StoredMessage
+from apiary.core.records import (
+    AgentRecord,
+    DlqEntry,
+    DlqFilter,
+    IdempotencyRecord,
+    MessageState,
+    StateChange,
+    StoredMessage,
+)
 from apiary.store.errors import DuplicateMessageError
 from apiary.store.json_codec import dump_json, load_json_object
+from apiary.store.sql_rows import check_limit, dlq_insert_row, idempotency_row, message_values
 
 
 def _json_copy(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -89,20 +100,66 @@ class MemoryAgentStore:
         return dataclasses.replace(agent, descriptor=_json_copy(agent.descriptor))
 
 
+@dataclasses.dataclass(slots=True)
+class _Inbox:
+    """One recipient's retained messages in offset order, and the last offset handed out.
+
+    The counter is kept apart from the lists so that purging finished messages never lets
+    an offset be handed out twice (stream resumption relies on offsets only growing).
+    """
+
+    last_offset: int = 0
+    offsets: list[int] = dataclasses.field(default_factory=list)
+    message_ids: list[str] = dataclasses.field(default_factory=list)
+
+    def append(self, message_id: str) -> int:
+        self.last_offset += 1
+        self.offsets.append(self.last_offset)
+        self.message_ids.append(message_id)
+        return self.last_offset
+
+    def after(self, offset: int) -> list[str]:
+        return self.message_ids[bisect.bisect_right(self.offsets, offset) :]
+
+    def keep(self, retained: Callable[[str], bool]) -> None:
+        kept = [(o, m) for o, m in zip(self.offsets, self.message_ids, strict=True) if retained(m)]
+        self.offsets = [o for o, _ in kept]
+        self.message_ids = [m for _, m in kept]
+
+
 class MemoryMessageStore:
-    """`MessageStore` over a dict of messages and one list of message ids per inbox."""
+    """`MessageStore` over a dict of messages and one `_Inbox` per recipient."""
 
     def __init__(self) -> None:
         self._messages: dict[str, StoredMessage] = {}
-        self._inboxes: dict[str, list[str]] = {}
+        self._inboxes: dict[str, _Inbox] = {}
 
     async def admit(self, message: StoredMessage) -> StoredMessage:
         """Record a new message with the recipient's next inbox offset."""
+        return self._admit(message)
+
+    async def admit_many(
+        self, messages: Sequence[StoredMessage]
+    ) -> list[StoredMessage | DuplicateMessageError]:
+        """Admit each message as `admit` does; a duplicate (of a stored message or of an
+        earlier member) fails only its own member."""
+        for message in messages:
+            message_values(message)  # validate every member before admitting any
+        outcomes: list[StoredMessage | DuplicateMessageError] = []
+        for message in messages:
+            try:
+                outcomes.append(self._admit(message))
+            except DuplicateMessageError as duplicate:
+                outcomes.append(duplicate)
+        return outcomes
+
+    def _admit(self, message: StoredMessage) -> StoredMessage:
         if message.message_id in self._messages:
             raise DuplicateMessageError(message.message_id)
-        inbox = self._inboxes.setdefault(message.recipient, [])
-        admitted = dataclasses.replace(message, offset=len(inbox) + 1)
-        inbox.append(message.message_id)
+        message_values(message)  # refuse what the SQL backends refuse
+        inbox = self._inboxes.setdefault(message.recipient, _Inbox())
+        offset = inbox.append(message.message_id)
+        admitted = dataclasses.replace(message, offset=offset, envelope=bytes(message.envelope))
         self._messages[message.message_id] = admitted
         return admitted
 
@@ -114,12 +171,37 @@ class MemoryMessageStore:
         self, message_id: str, state: MessageState, at: float, error_code: str = ""
     ) -> StoredMessage:
         """Record a state change; raises LookupError for an unknown message_id."""
-        current = self._messages.get(message_id)
-        if current is None:
-            raise LookupError(f"no message {message_id!r}")
-        changed = dataclasses.replace(current, state=state, updated_at=at, error_code=error_code)
-        self._messages[message_id] = changed
-        return changed
+        return (await self.apply([StateChange(message_id, state, at, error_code)]))[0]
+
+    async def apply(self, changes: Sequence[StateChange]) -> list[StoredMessage]:
+        """Apply state changes in order; unknown ids raise LookupError and apply nothing."""
+        for change in changes:
+            if change.message_id not in self._messages:
+                raise LookupError(f"no message {change.message_id!r}")
+        applied: list[StoredMessage] = []
+        for change in changes:
+            current = self._messages[change.message_id]
+            changed = dataclasses.replace(
+                current,
+                state=change.state,
+                updated_at=change.at,
+                error_code=change.error_code,
+                acked_stage=change.acked_stage or current.acked_stage,
+                ack_deadline=0.0 if change.clear_ack_deadline else current.ack_deadline,
+            )
+            self._messages[change.message_id] = changed
+            applied.append(changed)
+        return applied
+
+    async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """Count one more delivery of each message at `at` (unknown ids are ignored; an id
+        given twice counts once)."""
+        for message_id in dict.fromkeys(message_ids):
+            current = self._messages.get(message_id)
+            if current is not None:
+                self._messages[message_id] = dataclasses.replace(
+                    current, deliveries=current.deliveries + 1, last_delivered_at=at
+                )
 
     async def inbox(
         self,
@@ -130,10 +212,10 @@ class MemoryMessageStore:
     ) -> list[StoredMessage]:
         """The recipient's messages with offset > after_offset (ascending), optionally
         only those in `states`."""
-        if limit < 0:
-            raise ValueError(f"limit must not be negative: {limit}")
+        check_limit(limit)
+        inbox = self._inboxes.get(recipient)
         found: list[StoredMessage] = []
-        for message_id in self._inboxes.get(recipient, [])[max(after_offset, 0) :]:
+        for message_id in [] if inbox is None else inbox.after(after_offset):
             if len(found) >= limit:
                 break
             message = self._messages[message_id]
@@ -143,11 +225,144 @@ class MemoryMessageStore:
 
     async def count(self, recipient: str, states: frozenset[MessageState]) -> int:
         """How many of the recipient's messages are in one of `states`."""
-        return sum(
-            1
-            for message_id in self._inboxes.get(recipient, [])
-            if self._messages[message_id].state in states
+        inbox = self._inboxes.get(recipient)
+        if inbox is None:
+            return 0
+        return sum(1 for m in inbox.message_ids if self._messages[m].state in states)
+
+    async def due(self, now: float, limit: int = 500) -> list[StoredMessage]:
+        """Unfinished messages whose ack_deadline or expires_at is set and <= now,
+        ordered by the earlier of the two (then by message_id)."""
+        check_limit(limit)
+        due = [
+            (at, m.message_id, m)
+            for m in self._messages.values()
+            if (at := _due_at(m)) and at <= now
+        ]
+        return [m for _, _, m in sorted(due)[:limit]]
+
+    async def next_deadline(self) -> float | None:
+        """The earliest set ack_deadline/expires_at of any unfinished message, or None."""
+        return min((at for m in self._messages.values() if (at := _due_at(m))), default=None)
+
+    async def by_sequence(self, producer_id: str, sequence_number: int) -> StoredMessage | None:
+        """The newest (by created_at, then offset, then message_id) message of `producer_id`
+        with that sequence number."""
+        matches = [
+            m
+            for m in self._messages.values()
+            if m.producer_id == producer_id and m.sequence_number == sequence_number
+        ]
+        return max(matches, key=lambda m: (m.created_at, m.offset, m.message_id), default=None)
+
+    async def oldest_offset(self, recipient: str) -> int:
+        """The lowest offset still retained in the recipient's inbox (0 when empty)."""
+        inbox = self._inboxes.get(recipient)
+        return inbox.offsets[0] if inbox is not None and inbox.offsets else 0
+
+    async def purge_finished(self, before: float) -> int:
+        """Delete terminal messages last updated before `before`; returns how many."""
+        doomed = {
+            m.message_id
+            for m in self._messages.values()
+            if m.state.terminal and m.updated_at < before
+        }
+        if not doomed:
+            return 0
+        recipients = {self._messages[m].recipient for m in doomed}
+        for message_id in doomed:
+            del self._messages[message_id]
+        for recipient in recipients:
+            self._inboxes[recipient].keep(lambda m: m not in doomed)
+        return len(doomed)
+
+
+def _due_at(message: StoredMessage) -> float:
+    """When the timer loop must look at `message` (0: never), as the SQL `due_at` column."""
+    if message.state.terminal:
+        return 0.0
+    deadlines = [d for d in (message.ack_deadline, message.expires_at) if d > 0]
+    return min(deadlines, default=0.0)
+
+
+class MemoryIdempotencyStore:
+    """`IdempotencyStore` over a dict keyed by token."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, IdempotencyRecord] = {}
+
+    async def get(self, token: str) -> IdempotencyRecord | None:
+        """The record of `token`, or None."""
+        return self._records.get(token)
+
+    async def put(self, record: IdempotencyRecord) -> None:
+        """Insert or replace the record for record.token."""
+        idempotency_row(record)  # refuse what the SQL backends refuse
+        self._records[record.token] = dataclasses.replace(record, attempts=tuple(record.attempts))
+
+    async def purge(self, before: float) -> int:
+        """Delete records last updated before `before`; returns how many."""
+        doomed = [t for t, r in self._records.items() if r.updated_at < before]
+        for token in doomed:
+            del self._records[token]
+        return len(doomed)
+
+
+class MemoryDlqStore:
+    """`DlqStore` over a dict in entry_id order, numbered by a counter."""
+
+    def __init__(self) -> None:
+        self._entries: dict[int, DlqEntry] = {}
+        self._last_id = 0
+
+    async def add(self, entry: DlqEntry) -> DlqEntry:
+        """Record an entry; returns it with its entry_id assigned (the given one ignored)."""
+        dlq_insert_row(entry)  # refuse what the SQL backends refuse
+        attempts = tuple(_json_copy(a) for a in entry.attempts)
+        self._last_id += 1
+        added = dataclasses.replace(
+            entry, entry_id=self._last_id, attempts=attempts, envelope=bytes(entry.envelope)
         )
+        self._entries[added.entry_id] = added
+        return self._copy(added)
+
+    async def get(self, entry_id: int) -> DlqEntry | None:
+        """The entry, or None."""
+        entry = self._entries.get(entry_id)
+        return None if entry is None else self._copy(entry)
+
+    async def list(
+        self, where: DlqFilter | None = None, after_id: int = 0, limit: int = 100
+    ) -> list[DlqEntry]:
+        """Entries with entry_id > after_id matching `where`, ascending, at most `limit`."""
+        check_limit(limit)
+        found: list[DlqEntry] = []
+        for entry_id, entry in self._entries.items():  # insertion order is id order
+            if len(found) >= limit:
+                break
+            if entry_id > after_id and (where is None or where.matches(entry)):
+                found.append(self._copy(entry))
+        return found
+
+    async def mark_requeued(self, entry_id: int, at: float, new_message_id: str) -> DlqEntry:
+        """Record that the entry was requeued; LookupError for an unknown id."""
+        entry = self._entries.get(entry_id)
+        if entry is None:
+            raise LookupError(f"no DLQ entry {entry_id}")
+        changed = dataclasses.replace(entry, requeued_at=at, requeued_as=new_message_id)
+        self._entries[entry_id] = changed
+        return self._copy(changed)
+
+    async def purge(self, before: float) -> int:
+        """Delete entries that failed before `before`; returns how many."""
+        doomed = [i for i, e in self._entries.items() if e.failed_at < before]
+        for entry_id in doomed:
+            del self._entries[entry_id]
+        return len(doomed)
+
+    @staticmethod
+    def _copy(entry: DlqEntry) -> DlqEntry:
+        return dataclasses.replace(entry, attempts=tuple(_json_copy(a) for a in entry.attempts))
 
 
 class MemoryStore:
@@ -160,6 +375,8 @@ class MemoryStore:
         self.events = MemoryEventLog()
         self.agents = MemoryAgentStore()
         self.messages = MemoryMessageStore()
+        self.idempotency = MemoryIdempotencyStore()
+        self.dlq = MemoryDlqStore()
 
 
 @asynccontextmanager

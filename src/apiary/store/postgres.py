@@ -5,7 +5,12 @@ the single `event_sequence` row and an admission increments the recipient's `inb
 row, both with a statement that row-locks the counter until the transaction ends. Concurrent
 writers (any process) are thereby serialized on that counter, so numbers are gap-free (a
 rollback undoes the increment, unlike a SEQUENCE) and commit in increasing order, which is
-what lets a reader resume "after N" without ever skipping a late commit.
+what lets a reader resume "after N" without ever skipping a late commit. DLQ entry ids are
+the exception: an identity column, so they only grow but may skip numbers after a rollback,
+which the DLQ allows.
+
+The event log and the registry are here; the other aggregates are in `postgres_messages`,
+`postgres_idempotency` and `postgres_dlq`, the pool and query helpers in `postgres_pool`.
 
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
 themselves with a fresh schema each. The schema is chosen by the `schema` argument or an
@@ -17,32 +22,35 @@ such a value is refused here with StoreError while SQLite would keep it.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote
 
-import psycopg
 from psycopg import sql
-from psycopg.rows import TupleRow
 
 from apiary.core.events import Event, EventDraft, EventFilter
-from apiary.core.records import AgentRecord, MessageState, StoredMessage
-from apiary.store.errors import DuplicateMessageError
+from apiary.core.records import AgentRecord
 from apiary.store.json_codec import dump_json
 from apiary.store.migrations import load_migrations, pending_migrations
-from apiary.store.postgres_pool import Connection, PostgresPool, set_search_path
+from apiary.store.postgres_dlq import PostgresDlqStore
+from apiary.store.postgres_idempotency import PostgresIdempotencyStore
+from apiary.store.postgres_messages import PostgresMessageStore
+from apiary.store.postgres_pool import (
+    Connection,
+    PostgresPool,
+    fetch_all,
+    fetch_rows,
+    scalar,
+    set_search_path,
+)
 from apiary.store.sql_rows import (
     AGENT_COLUMNS,
     EVENT_COLUMNS,
-    MESSAGE_COLUMNS,
     agent_from_row,
     agent_row,
     check_limit,
     event_from_row,
-    message_from_row,
-    message_row,
 )
 
 DEFAULT_SCHEMA = "apiary"
@@ -66,7 +74,7 @@ class PostgresEventLog:
                 " RETURNING last_sequence",
                 [len(drafts)],
             )
-            first = await _scalar(cursor) - len(drafts) + 1
+            first = await scalar(cursor) - len(drafts) + 1
             rows = [
                 (first + i, d.event_type, d.actor, d.ts, d.correlation_id, d.agent_id, text, d.hlc)
                 for i, (d, text) in enumerate(zip(drafts, details, strict=True))
@@ -103,13 +111,13 @@ class PostgresEventLog:
             " ORDER BY sequence LIMIT %s"
         )
         params.append(limit)
-        rows = await _fetch_all(self._pool, query, params)
+        rows = await fetch_all(self._pool, query, params)
         return [event_from_row(row) for row in rows]
 
     async def last_sequence(self) -> int:
         """The highest sequence appended so far (0 for an empty log)."""
         async with self._pool.connection() as conn:
-            return await _scalar(await conn.execute("SELECT last_sequence FROM event_sequence"))
+            return await scalar(await conn.execute("SELECT last_sequence FROM event_sequence"))
 
 
 class PostgresAgentStore:
@@ -135,12 +143,12 @@ class PostgresAgentStore:
     async def get(self, agent_id: str) -> AgentRecord | None:
         """The agent, or None."""
         query = f"SELECT {AGENT_COLUMNS} FROM agents WHERE agent_id = %s"
-        rows = await _fetch_all(self._pool, query, [agent_id])
+        rows = await fetch_all(self._pool, query, [agent_id])
         return agent_from_row(rows[0]) if rows else None
 
     async def list(self) -> list[AgentRecord]:
         """All agents, ordered by agent_id (code point order: the column is COLLATE "C")."""
-        rows = await _fetch_all(
+        rows = await fetch_all(
             self._pool, f"SELECT {AGENT_COLUMNS} FROM agents ORDER BY agent_id", []
         )
         return [agent_from_row(row) for row in rows]
@@ -150,82 +158,6 @@ class PostgresAgentStore:
         async with self._pool.connection() as conn:
             cursor = await conn.execute("DELETE FROM agents WHERE agent_id = %s", [agent_id])
             return cursor.rowcount > 0
-
-
-class PostgresMessageStore:
-    """`MessageStore` in the `messages` table, offsets counted in `inbox_offsets`."""
-
-    def __init__(self, pool: PostgresPool) -> None:
-        self._pool = pool
-
-    async def admit(self, message: StoredMessage) -> StoredMessage:
-        """Durably record a new message with the recipient's next inbox offset."""
-        async with self._pool.connection() as conn, conn.transaction():
-            offset = await _next_offset(conn, message.recipient)
-            cursor = await conn.execute(
-                f"INSERT INTO messages ({MESSAGE_COLUMNS})"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (message_id) DO NOTHING RETURNING inbox_offset",
-                message_row(message, offset),
-            )
-            if await cursor.fetchone() is None:
-                # Raising inside the transaction rolls back the offset increment too.
-                raise DuplicateMessageError(message.message_id)
-        return dataclasses.replace(message, offset=offset)
-
-    async def get(self, message_id: str) -> StoredMessage | None:
-        """The message, or None."""
-        query = f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE message_id = %s"
-        rows = await _fetch_all(self._pool, query, [message_id])
-        return message_from_row(rows[0]) if rows else None
-
-    async def set_state(
-        self, message_id: str, state: MessageState, at: float, error_code: str = ""
-    ) -> StoredMessage:
-        """Record a state change; raises LookupError for an unknown message_id."""
-        query = (
-            "UPDATE messages SET state = %s, updated_at = %s, error_code = %s"
-            f" WHERE message_id = %s RETURNING {MESSAGE_COLUMNS}"
-        )
-        rows = await _fetch_all(self._pool, query, [state.value, at, error_code, message_id])
-        if not rows:
-            raise LookupError(f"no message {message_id!r}")
-        return message_from_row(rows[0])
-
-    async def inbox(
-        self,
-        recipient: str,
-        after_offset: int = 0,
-        limit: int = 100,
-        states: frozenset[MessageState] | None = None,
-    ) -> list[StoredMessage]:
-        """The recipient's messages with offset > after_offset (ascending), optionally
-        only those in `states`."""
-        check_limit(limit)
-        clauses = ["recipient = %s", "inbox_offset > %s"]
-        params: list[Any] = [recipient, after_offset]
-        if states is not None:
-            if not states:
-                return []
-            clauses.append("state = ANY(%s)")
-            params.append(sorted(s.value for s in states))
-        query = (
-            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {' AND '.join(clauses)}"
-            " ORDER BY inbox_offset LIMIT %s"
-        )
-        params.append(limit)
-        return [message_from_row(row) for row in await _fetch_all(self._pool, query, params)]
-
-    async def count(self, recipient: str, states: frozenset[MessageState]) -> int:
-        """How many of the recipient's messages are in one of `states`."""
-        if not states:
-            return 0
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute(
-                "SELECT count(*) FROM messages WHERE recipient = %s AND state = ANY(%s)",
-                [recipient, sorted(s.value for s in states)],
-            )
-            return await _scalar(cursor)
 
 
 class PostgresStore:
@@ -238,6 +170,8 @@ class PostgresStore:
         self.events = PostgresEventLog(pool)
         self.agents = PostgresAgentStore(pool)
         self.messages = PostgresMessageStore(pool)
+        self.idempotency = PostgresIdempotencyStore(pool)
+        self.dlq = PostgresDlqStore(pool)
 
     @property
     def schema(self) -> str:
@@ -289,19 +223,22 @@ def split_schema_parameter(dsn: str) -> tuple[str, str | None]:
     return (f"{base}?{'&'.join(kept)}" if kept else base), schema
 
 
-async def migrate_postgres(conn: Connection, schema: str) -> list[int]:
+async def migrate_postgres(
+    conn: Connection, schema: str, *, target: int | None = None
+) -> list[int]:
     """Create `schema` if needed and apply its pending migrations in one transaction.
 
     A transaction-level advisory lock keyed on the schema makes replicas that start together
-    take turns. Returns the versions applied; raises SchemaVersionError (changing nothing)
-    when the schema is newer than this code.
+    take turns. `target` stops at that version (tests build schemas of older versions with
+    it). Returns the versions applied; raises SchemaVersionError (changing nothing) when the
+    schema is newer than this code.
     """
     async with conn.transaction():
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
             [f"apiary.schema_migrations:{schema}"],
         )
-        found = await _fetch_rows(conn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", [schema])
+        found = await fetch_rows(conn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", [schema])
         if not found:  # only then: CREATE SCHEMA IF NOT EXISTS needs CREATE on the database
             await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         await set_search_path(conn, schema)
@@ -309,9 +246,9 @@ async def migrate_postgres(conn: Connection, schema: str) -> list[int]:
             "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY,"
             " name TEXT NOT NULL, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
         )
-        rows = await _fetch_rows(conn, "SELECT version FROM schema_migrations")
+        rows = await fetch_rows(conn, "SELECT version FROM schema_migrations")
         applied = [row[0] for row in rows]
-        todo = pending_migrations(load_migrations("postgres"), applied)
+        todo = pending_migrations(load_migrations("postgres"), applied, target=target)
         for migration in todo:
             await conn.execute(migration.sql)  # no parameters: several statements allowed
             await conn.execute(
@@ -319,34 +256,3 @@ async def migrate_postgres(conn: Connection, schema: str) -> list[int]:
                 [migration.version, migration.name],
             )
     return [m.version for m in todo]
-
-
-async def _fetch_rows(
-    conn: Connection, query: str, params: Sequence[Any] = ()
-) -> list[tuple[Any, ...]]:
-    cursor = await conn.execute(query, params)
-    return await cursor.fetchall()
-
-
-async def _fetch_all(
-    pool: PostgresPool, query: str, params: Sequence[Any]
-) -> list[tuple[Any, ...]]:
-    async with pool.connection() as conn:
-        return await _fetch_rows(conn, query, params)
-
-
-async def _scalar(cursor: psycopg.AsyncCursor[TupleRow]) -> int:
-    row = await cursor.fetchone()
-    if row is None:
-        raise RuntimeError("query returned no row")
-    return int(row[0])
-
-
-async def _next_offset(conn: Connection, recipient: str) -> int:
-    cursor = await conn.execute(
-        "INSERT INTO inbox_offsets AS o (recipient, last_offset) VALUES (%s, 1)"
-        " ON CONFLICT (recipient) DO UPDATE SET last_offset = o.last_offset + 1"
-        " RETURNING last_offset",
-        [recipient],
-    )
-    return await _scalar(cursor)

@@ -1,4 +1,5 @@
-"""A small pool of psycopg async connections, each pinned to one schema.
+"""A small pool of psycopg async connections, each pinned to one schema, and the few
+helpers the PostgreSQL aggregates query it with.
 
 psycopg_pool is not a dependency; the store needs little: at most `size` connections, made
 on demand, reused while healthy, dropped when broken or left inside a transaction. Every
@@ -10,9 +11,9 @@ unqualified names.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import psycopg
 from psycopg import pq, sql
@@ -91,3 +92,27 @@ async def set_search_path(conn: Connection, schema: str) -> None:
     """Make `schema` the only schema unqualified names resolve to (besides pg_catalog)."""
     path = sql.Identifier(schema).as_string(conn)
     await conn.execute("SELECT set_config('search_path', %s, false)", [path])
+
+
+async def fetch_rows(
+    conn: Connection, query: str, params: Sequence[Any] = ()
+) -> list[tuple[Any, ...]]:
+    """Every row `query` returns on `conn`."""
+    cursor = await conn.execute(query, params)
+    return await cursor.fetchall()
+
+
+async def fetch_all(
+    pool: PostgresPool, query: str, params: Sequence[Any] = ()
+) -> list[tuple[Any, ...]]:
+    """Every row `query` returns, on a connection of `pool`."""
+    async with pool.connection() as conn:
+        return await fetch_rows(conn, query, params)
+
+
+async def scalar(cursor: psycopg.AsyncCursor[TupleRow]) -> int:
+    """The first column of the first row of `cursor`, as an int."""
+    row = await cursor.fetchone()
+    if row is None:
+        raise RuntimeError("query returned no row")
+    return int(row[0])

@@ -10,7 +10,16 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from apiary.core.events import Event, EventDraft, EventFilter
-from apiary.core.records import AgentRecord, MessageState, StoredMessage
+from apiary.core.records import (
+    AgentRecord,
+    DlqEntry,
+    DlqFilter,
+    IdempotencyRecord,
+    MessageState,
+    StateChange,
+    StoredMessage,
+)
+from apiary.store.errors import DuplicateMessageError
 
 
 class EventLog(Protocol):
@@ -80,6 +89,82 @@ class MessageStore(Protocol):
         """How many of the recipient's messages are in one of `states`."""
         ...
 
+    async def admit_many(
+        self, messages: Sequence[StoredMessage]
+    ) -> list[StoredMessage | DuplicateMessageError]:
+        """Admit each message as `admit` does, in one transaction where the backend has
+        them; a duplicate fails only its own member (per-message outcomes, RFC 5.4)."""
+        ...
+
+    async def apply(self, changes: Sequence[StateChange]) -> list[StoredMessage]:
+        """Apply state changes in order (one transaction); unknown ids raise LookupError
+        and apply nothing."""
+        ...
+
+    async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """Count one more delivery of each message at `at` (unknown ids are ignored)."""
+        ...
+
+    async def due(self, now: float, limit: int = 500) -> list[StoredMessage]:
+        """Unfinished messages whose ack_deadline or expires_at is set and <= now,
+        ordered by the earlier of the two."""
+        ...
+
+    async def next_deadline(self) -> float | None:
+        """The earliest set ack_deadline/expires_at of any unfinished message, or None."""
+        ...
+
+    async def by_sequence(self, producer_id: str, sequence_number: int) -> StoredMessage | None:
+        """The most recent message of `producer_id` with that sequence number."""
+        ...
+
+    async def oldest_offset(self, recipient: str) -> int:
+        """The lowest offset still retained in the recipient's inbox (0 when empty)."""
+        ...
+
+    async def purge_finished(self, before: float) -> int:
+        """Delete messages in a terminal state last updated before `before`; returns how
+        many. Offsets of the remaining messages never change."""
+        ...
+
+
+class IdempotencyStore(Protocol):
+    """The persistent idempotency cache (RFC 11.2)."""
+
+    async def get(self, token: str) -> IdempotencyRecord | None: ...
+
+    async def put(self, record: IdempotencyRecord) -> None:
+        """Insert or replace the record for record.token."""
+        ...
+
+    async def purge(self, before: float) -> int:
+        """Delete records last updated before `before`; returns how many."""
+        ...
+
+
+class DlqStore(Protocol):
+    """The dead letter queue (RFC 21.1)."""
+
+    async def add(self, entry: DlqEntry) -> DlqEntry:
+        """Record an entry; returns it with its entry_id assigned (the given one ignored)."""
+        ...
+
+    async def get(self, entry_id: int) -> DlqEntry | None: ...
+
+    async def list(
+        self, where: DlqFilter | None = None, after_id: int = 0, limit: int = 100
+    ) -> list[DlqEntry]:
+        """Entries with entry_id > after_id matching `where`, ascending, at most `limit`."""
+        ...
+
+    async def mark_requeued(self, entry_id: int, at: float, new_message_id: str) -> DlqEntry:
+        """Record that the entry was requeued; LookupError for an unknown id."""
+        ...
+
+    async def purge(self, before: float) -> int:
+        """Delete entries that failed before `before` (retention); returns how many."""
+        ...
+
 
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
@@ -92,6 +177,12 @@ class Store(Protocol):
 
     @property
     def messages(self) -> MessageStore: ...
+
+    @property
+    def idempotency(self) -> IdempotencyStore: ...
+
+    @property
+    def dlq(self) -> DlqStore: ...
 
     @property
     def backend(self) -> str:

@@ -2,6 +2,8 @@
 
 Both schemas use the same column names and order; only the placeholders and the JSON types
 differ (SQLite keeps JSON as text, PostgreSQL as JSONB, which psycopg hands back parsed).
+Values are coerced to the column's Python type here (an int given for a REAL column becomes
+a float), so that what a store returns does not depend on what the caller happened to pass.
 """
 
 from __future__ import annotations
@@ -10,21 +12,65 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apiary.core.events import Event
-from apiary.core.records import AgentRecord, MessageState, StoredMessage
-from apiary.store.json_codec import dump_json, load_json_object
+from apiary.core.records import (
+    AgentRecord,
+    DlqEntry,
+    DlqFilter,
+    IdempotencyRecord,
+    MessageState,
+    StoredMessage,
+)
+from apiary.store.errors import StoreError
+from apiary.store.json_codec import dump_json, dump_json_list, load_json_list, load_json_object
 
 EVENT_COLUMNS = "sequence, event_type, actor, ts, correlation_id, agent_id, details, hlc"
 AGENT_COLUMNS = "agent_id, name, state, registered_at, last_heartbeat_at, descriptor"
 MESSAGE_COLUMNS = (
     "message_id, recipient, producer_id, correlation_id, message_type, envelope, state,"
-    " created_at, updated_at, inbox_offset, error_code"
+    " created_at, updated_at, error_code, idempotency_token, sequence_number, lane,"
+    " ack_deadline, expires_at, deliveries, last_delivered_at, acked_stage, inbox_offset"
 )
+"""Every stored column of `messages`; inbox_offset comes last (the store assigns it)."""
+MESSAGE_COLUMN_COUNT = 19
+IDEMPOTENCY_COLUMNS = (
+    "token, producer_id, original_message_id, current_message_id, status, created_at,"
+    " updated_at, outcome_at, error_code, result, attempts"
+)
+IDEMPOTENCY_COLUMN_COUNT = 11
+DLQ_COLUMNS = (
+    "entry_id, message_id, producer_id, recipient, correlation_id, message_type, error_code,"
+    " reason, created_at, failed_at, content_type, payload_size, envelope, attempts, route,"
+    " requeued_at, requeued_as"
+)
+"""Every column of `dlq`; entry_id comes first (the store assigns it)."""
+DLQ_INSERT_COLUMNS = DLQ_COLUMNS.removeprefix("entry_id, ")
+DLQ_INSERT_COLUMN_COUNT = 16
+
+_UINT64 = 1 << 64
+_INT64_MAX = (1 << 63) - 1
 
 
 def check_limit(limit: int) -> None:
     """Refuse a negative LIMIT (SQLite would read it as "no limit", PostgreSQL fails)."""
     if limit < 0:
         raise ValueError(f"limit must not be negative: {limit}")
+
+
+def sequence_to_sql(sequence_number: int) -> int:
+    """A uint64 sequence number as the signed 64-bit integer both databases store.
+
+    Numbers from 2^63 on wrap around to negative values: a bijection, and sequence numbers
+    are only compared for equality. Raises ValueError outside 0..2^64-1 (the envelope's
+    uint64), which every backend refuses alike.
+    """
+    if not 0 <= sequence_number < _UINT64:
+        raise ValueError(f"sequence_number must be a uint64: {sequence_number}")
+    return sequence_number - _UINT64 if sequence_number > _INT64_MAX else sequence_number
+
+
+def sequence_from_sql(stored: int) -> int:
+    """The inverse of `sequence_to_sql`."""
+    return stored + _UINT64 if stored < 0 else stored
 
 
 def event_from_row(row: Sequence[Any]) -> Event:
@@ -67,27 +113,61 @@ def agent_from_row(row: Sequence[Any]) -> AgentRecord:
     )
 
 
-def message_row(message: StoredMessage, offset: int) -> tuple[Any, ...]:
-    """The values of MESSAGE_COLUMNS for `message` admitted at `offset`."""
+def message_values(message: StoredMessage) -> tuple[Any, ...]:
+    """The values of MESSAGE_COLUMNS for `message` but the last, inbox_offset.
+
+    Raises ValueError for a sequence number that is not a uint64.
+    """
     return (
         message.message_id,
         message.recipient,
         message.producer_id,
         message.correlation_id,
-        message.message_type,
+        int(message.message_type),
         bytes(message.envelope),
-        message.state.value,
-        message.created_at,
-        message.updated_at,
-        offset,
+        MessageState(message.state).value,
+        float(message.created_at),
+        float(message.updated_at),
         message.error_code,
+        message.idempotency_token,
+        sequence_to_sql(message.sequence_number),
+        message.lane,
+        float(message.ack_deadline),
+        float(message.expires_at),
+        int(message.deliveries),
+        float(message.last_delivered_at),
+        message.acked_stage,
     )
+
+
+def message_row(message: StoredMessage, offset: int) -> tuple[Any, ...]:
+    """The values of MESSAGE_COLUMNS for `message` admitted at `offset`."""
+    return (*message_values(message), offset)
 
 
 def message_from_row(row: Sequence[Any]) -> StoredMessage:
     """A `StoredMessage` from a row of MESSAGE_COLUMNS."""
-    message_id, recipient, producer_id, correlation_id, message_type, envelope, state = row[:7]
-    created_at, updated_at, offset, error_code = row[7:]
+    (
+        message_id,
+        recipient,
+        producer_id,
+        correlation_id,
+        message_type,
+        envelope,
+        state,
+        created_at,
+        updated_at,
+        error_code,
+        idempotency_token,
+        sequence_number,
+        lane,
+        ack_deadline,
+        expires_at,
+        deliveries,
+        last_delivered_at,
+        acked_stage,
+        offset,
+    ) = row
     return StoredMessage(
         message_id=message_id,
         recipient=recipient,
@@ -100,10 +180,156 @@ def message_from_row(row: Sequence[Any]) -> StoredMessage:
         updated_at=updated_at,
         offset=offset,
         error_code=error_code,
+        idempotency_token=idempotency_token,
+        sequence_number=sequence_from_sql(sequence_number),
+        lane=lane,
+        ack_deadline=ack_deadline,
+        expires_at=expires_at,
+        deliveries=deliveries,
+        last_delivered_at=last_delivered_at,
+        acked_stage=acked_stage,
     )
+
+
+def idempotency_row(record: IdempotencyRecord) -> tuple[Any, ...]:
+    """The values of IDEMPOTENCY_COLUMNS for `record`, its attempts as a JSON array."""
+    return (
+        record.token,
+        record.producer_id,
+        record.original_message_id,
+        record.current_message_id,
+        record.status,
+        float(record.created_at),
+        float(record.updated_at),
+        float(record.outcome_at),
+        record.error_code,
+        record.result,
+        dump_json_list(_attempt_ids(record.attempts)),
+    )
+
+
+def idempotency_from_row(row: Sequence[Any]) -> IdempotencyRecord:
+    """An `IdempotencyRecord` from a row of IDEMPOTENCY_COLUMNS."""
+    token, producer_id, original, current, status, created_at, updated_at = row[:7]
+    outcome_at, error_code, result, attempts = row[7:]
+    return IdempotencyRecord(
+        token=token,
+        producer_id=producer_id,
+        original_message_id=original,
+        current_message_id=current,
+        status=status,
+        created_at=created_at,
+        updated_at=updated_at,
+        outcome_at=outcome_at,
+        error_code=error_code,
+        result=result,
+        attempts=tuple(str(a) for a in _json_list(attempts)),
+    )
+
+
+def dlq_insert_row(entry: DlqEntry) -> tuple[Any, ...]:
+    """The values of DLQ_INSERT_COLUMNS (every column but entry_id) for `entry`.
+
+    Raises ValueError when an attempt is not a JSON object of JSON values.
+    """
+    return (
+        entry.message_id,
+        entry.producer_id,
+        entry.recipient,
+        entry.correlation_id,
+        int(entry.message_type),
+        entry.error_code,
+        entry.reason,
+        float(entry.created_at),
+        float(entry.failed_at),
+        entry.content_type,
+        int(entry.payload_size),
+        bytes(entry.envelope),
+        dump_json_list(_attempt_objects(entry.attempts)),
+        entry.route,
+        float(entry.requeued_at),
+        entry.requeued_as,
+    )
+
+
+def dlq_from_row(row: Sequence[Any]) -> DlqEntry:
+    """A `DlqEntry` from a row of DLQ_COLUMNS."""
+    entry_id, message_id, producer_id, recipient, correlation_id, message_type = row[:6]
+    error_code, reason, created_at, failed_at, content_type, payload_size = row[6:12]
+    envelope, attempts, route, requeued_at, requeued_as = row[12:]
+    return DlqEntry(
+        entry_id=entry_id,
+        message_id=message_id,
+        producer_id=producer_id,
+        recipient=recipient,
+        correlation_id=correlation_id,
+        message_type=message_type,
+        error_code=error_code,
+        reason=reason,
+        created_at=created_at,
+        failed_at=failed_at,
+        content_type=content_type,
+        payload_size=payload_size,
+        envelope=bytes(envelope),
+        attempts=tuple(_attempt_object(a) for a in _json_list(attempts)),
+        route=route,
+        requeued_at=requeued_at,
+        requeued_as=requeued_as,
+    )
+
+
+def _attempt_ids(attempts: Sequence[str]) -> list[str]:
+    if isinstance(attempts, str) or not all(isinstance(a, str) for a in attempts):
+        raise ValueError("attempts must be a sequence of message ids (str)")
+    return list(attempts)
+
+
+def _attempt_objects(attempts: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    if not all(isinstance(a, Mapping) for a in attempts):
+        raise ValueError("attempts must be a sequence of JSON objects")
+    return list(attempts)
+
+
+def _attempt_object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise StoreError(f"a stored DLQ attempt is not a JSON object: {type(value).__name__}")
+    return value
 
 
 def _json_object(value: Any) -> dict[str, Any]:
     if isinstance(value, Mapping):
         return dict(value)  # already parsed by the driver (JSONB)
     return load_json_object(value)
+
+
+def _json_list(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return value  # already parsed by the driver (JSONB)
+    return load_json_list(value)
+
+
+def dlq_filter_clauses(
+    where: DlqFilter | None, after_id: int, placeholder: str
+) -> tuple[list[str], list[Any]]:
+    """The WHERE terms (to be ANDed) and their parameters of a DLQ listing.
+
+    `placeholder` is the dialect's parameter marker ('?' or '%s').
+    """
+    clauses = [f"entry_id > {placeholder}"]
+    params: list[Any] = [after_id]
+    if where is None:
+        return clauses, params
+    terms: list[tuple[str, Any]] = [
+        ("failed_at >=", where.since),
+        ("failed_at <=", where.until),
+        ("error_code =", where.error_code),
+        ("recipient =", where.recipient),
+        ("producer_id =", where.producer_id),
+    ]
+    for term, value in terms:
+        if value is not None:
+            clauses.append(f"{term} {placeholder}")
+            params.append(value)
+    if not where.include_requeued:
+        clauses.append("requeued_as = ''")
+    return clauses, params

@@ -1,14 +1,14 @@
 """The SQLite backend, the default: one file, WAL, one group-committing writer.
 
-The aggregates here only say what to read and write; `sqlite_database` owns the connections,
-the writer thread (`sqlite_writer`), the checkpointer (`sqlite_checkpoint`) and the schema
-migrations. Values are encoded on the caller's side, so the writer thread, which holds up
-every commit, does as little Python work as possible.
+The aggregates (here and in `sqlite_messages`, `sqlite_idempotency`, `sqlite_dlq`) only say
+what to read and write; `sqlite_database` owns the connections, the writer thread
+(`sqlite_writer`), the checkpointer (`sqlite_checkpoint`) and the schema migrations. Values
+are encoded on the caller's side, so the writer thread, which holds up every commit, does as
+little Python work as possible.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -16,35 +16,32 @@ from pathlib import Path
 from typing import Any
 
 from apiary.core.events import Event, EventDraft, EventFilter
-from apiary.core.records import AgentRecord, MessageState, StoredMessage
-from apiary.store.errors import DuplicateMessageError
+from apiary.core.records import AgentRecord
 from apiary.store.json_codec import dump_json
 from apiary.store.sql_rows import (
     AGENT_COLUMNS,
     EVENT_COLUMNS,
-    MESSAGE_COLUMNS,
     agent_from_row,
     agent_row,
     check_limit,
     event_from_row,
-    message_from_row,
-    message_row,
 )
 from apiary.store.sqlite_database import (
     SqliteDatabase,
     SqliteOptions,
     SqliteStats,
+    last_rowid,
     open_sqlite_database,
+    placeholders,
 )
+from apiary.store.sqlite_dlq import SqliteDlqStore
+from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
+from apiary.store.sqlite_messages import SqliteMessageStore
 
 _INSERT_EVENT = (
     "INSERT INTO events (event_type, actor, ts, correlation_id, agent_id, details, hlc)"
     " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
-
-
-def _placeholders(count: int) -> str:
-    return ", ".join("?" * count)
 
 
 class SqliteEventLog:
@@ -64,7 +61,7 @@ class SqliteEventLog:
 
         def insert(conn: sqlite3.Connection) -> list[int]:
             # One writer, so the rowids of one job are consecutive and nobody interleaves.
-            return [_rowid(conn.execute(_INSERT_EVENT, row)) for row in rows]
+            return [last_rowid(conn.execute(_INSERT_EVENT, row)) for row in rows]
 
         sequences = await self._db.write(insert)
         return [Event.from_draft(seq, draft) for seq, draft in zip(sequences, drafts, strict=True)]
@@ -86,7 +83,7 @@ class SqliteEventLog:
             if where.event_types is not None:
                 if not where.event_types:
                     return []
-                clauses.append(f"event_type IN ({_placeholders(len(where.event_types))})")
+                clauses.append(f"event_type IN ({placeholders(len(where.event_types))})")
                 params.extend(sorted(where.event_types))
         sql = (
             f"SELECT {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}"
@@ -115,7 +112,7 @@ class SqliteAgentStore:
     async def put(self, agent: AgentRecord) -> None:
         """Insert or replace the agent with this agent_id."""
         row = agent_row(agent)
-        sql = f"INSERT OR REPLACE INTO agents ({AGENT_COLUMNS}) VALUES ({_placeholders(6)})"
+        sql = f"INSERT OR REPLACE INTO agents ({AGENT_COLUMNS}) VALUES ({placeholders(6)})"
         await self._db.write(lambda conn: conn.execute(sql, row).rowcount)
 
     async def get(self, agent_id: str) -> AgentRecord | None:
@@ -137,101 +134,6 @@ class SqliteAgentStore:
         return deleted > 0
 
 
-class SqliteMessageStore:
-    """`MessageStore` in the `messages` table, offsets counted in `inbox_offsets`."""
-
-    def __init__(self, database: SqliteDatabase) -> None:
-        self._db = database
-
-    async def admit(self, message: StoredMessage) -> StoredMessage:
-        """Durably record a new message with the recipient's next inbox offset."""
-
-        def insert(conn: sqlite3.Connection) -> int:
-            # Check first, then count: the single writer makes this race-free, and a
-            # duplicate must not consume an offset.
-            exists = conn.execute(
-                "SELECT 1 FROM messages WHERE message_id = ?", (message.message_id,)
-            ).fetchone()
-            if exists is not None:
-                raise DuplicateMessageError(message.message_id)
-            offset = _next_offset(conn, message.recipient)
-            conn.execute(
-                f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ({_placeholders(11)})",
-                message_row(message, offset),
-            )
-            return offset
-
-        offset = await self._db.write(insert)
-        return dataclasses.replace(message, offset=offset)
-
-    async def get(self, message_id: str) -> StoredMessage | None:
-        """The message, or None."""
-        sql = f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE message_id = ?"
-        row = await self._db.read(lambda conn: conn.execute(sql, (message_id,)).fetchone())
-        return None if row is None else message_from_row(row)
-
-    async def set_state(
-        self, message_id: str, state: MessageState, at: float, error_code: str = ""
-    ) -> StoredMessage:
-        """Record a state change; raises LookupError for an unknown message_id."""
-
-        def update(conn: sqlite3.Connection) -> tuple[Any, ...]:
-            conn.execute(
-                "UPDATE messages SET state = ?, updated_at = ?, error_code = ?"
-                " WHERE message_id = ?",
-                (state.value, at, error_code, message_id),
-            )
-            row = conn.execute(
-                f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE message_id = ?", (message_id,)
-            ).fetchone()
-            if row is None:
-                raise LookupError(f"no message {message_id!r}")
-            return tuple(row)
-
-        return message_from_row(await self._db.write(update))
-
-    async def inbox(
-        self,
-        recipient: str,
-        after_offset: int = 0,
-        limit: int = 100,
-        states: frozenset[MessageState] | None = None,
-    ) -> list[StoredMessage]:
-        """The recipient's messages with offset > after_offset (ascending), optionally
-        only those in `states`."""
-        check_limit(limit)
-        clauses = ["recipient = ?", "inbox_offset > ?"]
-        params: list[Any] = [recipient, after_offset]
-        if states is not None:
-            if not states:
-                return []
-            clauses.append(f"state IN ({_placeholders(len(states))})")
-            params.extend(sorted(s.value for s in states))
-        sql = (
-            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {' AND '.join(clauses)}"
-            " ORDER BY inbox_offset LIMIT ?"
-        )
-        params.append(limit)
-        rows = await self._db.read(lambda conn: conn.execute(sql, params).fetchall())
-        return [message_from_row(row) for row in rows]
-
-    async def count(self, recipient: str, states: frozenset[MessageState]) -> int:
-        """How many of the recipient's messages are in one of `states`."""
-        if not states:
-            return 0
-        sql = (
-            "SELECT COUNT(*) FROM messages WHERE recipient = ?"
-            f" AND state IN ({_placeholders(len(states))})"
-        )
-        params = [recipient, *sorted(s.value for s in states)]
-
-        def query(conn: sqlite3.Connection) -> int:
-            (found,) = conn.execute(sql, params).fetchone()
-            return int(found)
-
-        return await self._db.read(query)
-
-
 class SqliteStore:
     """Every aggregate in one SQLite file (see `open_sqlite_store`)."""
 
@@ -242,6 +144,8 @@ class SqliteStore:
         self.events = SqliteEventLog(database)
         self.agents = SqliteAgentStore(database)
         self.messages = SqliteMessageStore(database)
+        self.idempotency = SqliteIdempotencyStore(database)
+        self.dlq = SqliteDlqStore(database)
 
     @property
     def database(self) -> SqliteDatabase:
@@ -265,22 +169,3 @@ async def open_sqlite_store(
     """
     async with open_sqlite_database(path, options) as database:
         yield SqliteStore(database)
-
-
-def _rowid(cursor: sqlite3.Cursor) -> int:
-    rowid = cursor.lastrowid
-    if rowid is None:  # pragma: no cover - only for statements that insert nothing
-        raise RuntimeError("INSERT did not produce a rowid")
-    return rowid
-
-
-def _next_offset(conn: sqlite3.Connection, recipient: str) -> int:
-    row = conn.execute(
-        "SELECT last_offset FROM inbox_offsets WHERE recipient = ?", (recipient,)
-    ).fetchone()
-    offset = 1 if row is None else int(row[0]) + 1
-    conn.execute(
-        "INSERT OR REPLACE INTO inbox_offsets (recipient, last_offset) VALUES (?, ?)",
-        (recipient, offset),
-    )
-    return offset

@@ -186,6 +186,19 @@ async def open_sqlite_database(
         await database.close()
 
 
+def placeholders(count: int) -> str:
+    """`count` comma-separated SQLite parameter markers."""
+    return ", ".join("?" * count)
+
+
+def last_rowid(cursor: sqlite3.Cursor) -> int:
+    """The rowid the INSERT just run on `cursor` produced."""
+    rowid = cursor.lastrowid
+    if rowid is None:  # pragma: no cover - only for statements that insert nothing
+        raise RuntimeError("INSERT did not produce a rowid")
+    return rowid
+
+
 def _open(path: Path, options: SqliteOptions) -> SqliteDatabase:
     with ExitStack() as cleanup:
         write_conn = _connect(path, options)
@@ -231,9 +244,10 @@ def _enable_wal(conn: sqlite3.Connection, options: SqliteOptions) -> None:
     conn.execute(f"PRAGMA journal_size_limit = {int(options.journal_size_limit)}")
 
 
-def migrate_sqlite(conn: sqlite3.Connection) -> list[int]:
+def migrate_sqlite(conn: sqlite3.Connection, *, target: int | None = None) -> list[int]:
     """Apply the pending SQLite migrations in one transaction; return their versions.
 
+    `target` stops at that version (tests build databases of older versions with it).
     Raises SchemaVersionError (and changes nothing) when the file is newer than this code.
     """
     conn.execute("BEGIN IMMEDIATE")
@@ -243,7 +257,7 @@ def migrate_sqlite(conn: sqlite3.Connection) -> list[int]:
             " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
         )
         applied = [row[0] for row in conn.execute("SELECT version FROM schema_migrations")]
-        todo = pending_migrations(load_migrations("sqlite"), applied)
+        todo = pending_migrations(load_migrations("sqlite"), applied, target=target)
         for migration in todo:
             for statement in split_statements(migration.sql):
                 conn.execute(statement)

@@ -7,13 +7,19 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from apiary.core.clock import Clock
+from apiary.engine.settings import RouterSettings
 from apiary.server.config import Address, ServerConfig
-from apiary.server.coordinator import Coordinator, open_coordinator
+from apiary.server.coordinator import Coordinator, Runtime, open_coordinator
 
 
 @asynccontextmanager
 async def open_test_coordinator(
-    data_dir: Path, store: str = "memory://", clock: Clock | None = None
+    data_dir: Path,
+    store: str = "memory://",
+    clock: Clock | None = None,
+    *,
+    runtime: Runtime | None = None,
+    router_settings: RouterSettings | None = None,
 ) -> AsyncIterator[Coordinator]:
     """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports."""
     config = ServerConfig(
@@ -22,5 +28,7 @@ async def open_test_coordinator(
         http=Address("127.0.0.1", 0),
         store=store,
     )
-    async with open_coordinator(config, clock=clock) as coordinator:
+    async with open_coordinator(
+        config, clock=clock, runtime=runtime, router_settings=router_settings
+    ) as coordinator:
         yield coordinator

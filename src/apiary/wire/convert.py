@@ -179,3 +179,8 @@ def descriptor_to_dict(agent: pb.registry_pb2.AgentDescriptor) -> dict[str, obje
     return json_format.MessageToDict(
         agent, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
+
+
+def descriptor_from_dict(doc: dict[str, object]) -> pb.registry_pb2.AgentDescriptor:
+    """The AgentDescriptor back from its stored JSON form (unknown keys ignored)."""
+    return json_format.ParseDict(doc, pb.registry_pb2.AgentDescriptor(), ignore_unknown_fields=True)

@@ -68,6 +68,23 @@ def _streaming(route: Route, metrics: Metrics) -> Callable[..., Any]:
     return call
 
 
+def _bidi(route: Route, metrics: Metrics) -> Callable[..., Any]:
+    fn = route.bidi()
+
+    async def call(
+        requests: AsyncIterator[Message], ctx: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[Message]:
+        try:
+            async for item in fn(requests, _context(ctx)):
+                yield item
+        except Exception as exc:
+            await _abort(ctx, exc, route, metrics)
+            return
+        metrics.rpc_done("grpc", route.method.path, "ok")
+
+    return call
+
+
 def _generic_handlers(dispatcher: Dispatcher, metrics: Metrics) -> list[grpc.GenericRpcHandler]:
     handlers = []
     for service, methods in SERVICES.items():
@@ -75,12 +92,12 @@ def _generic_handlers(dispatcher: Dispatcher, metrics: Metrics) -> list[grpc.Gen
         for method in methods:
             route = dispatcher.route(method.path)
             assert route is not None
-            make = (
-                grpc.unary_stream_rpc_method_handler
-                if method.server_streaming
-                else grpc.unary_unary_rpc_method_handler
-            )
-            wrap = _streaming if method.server_streaming else _unary
+            if method.client_streaming:
+                make, wrap = grpc.stream_stream_rpc_method_handler, _bidi
+            elif method.server_streaming:
+                make, wrap = grpc.unary_stream_rpc_method_handler, _streaming
+            else:
+                make, wrap = grpc.unary_unary_rpc_method_handler, _unary
             table[method.name] = make(
                 wrap(route, metrics),
                 request_deserializer=method.request_type.FromString,

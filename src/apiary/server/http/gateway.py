@@ -10,6 +10,7 @@ with `{"error": {"code", "message", "details"}}`.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -34,6 +35,17 @@ def error_response(exc: BaseException, where: str, metrics: Metrics) -> web.Resp
     metrics.rpc_done("http", where, answer.code)
     body = {"error": {"code": answer.code, "message": answer.message, "details": answer.details}}
     return web.json_response(body, status=answer.spec.http_status)
+
+
+def _message(route: Route, body: object, where: str) -> Message:
+    if not isinstance(body, dict):
+        raise ValidationError(f"{where} must be a JSON object", {"field": "body"})
+    message = route.method.request_type()
+    try:
+        json_format.ParseDict(body, message)
+    except json_format.ParseError as exc:
+        raise ValidationError(f"{where}: {exc}", {"field": "body"}) from None
+    return message
 
 
 class JsonGateway:
@@ -64,14 +76,44 @@ class JsonGateway:
             route = self._dispatcher.route(path)
             if route is None:
                 raise NotFoundError(f"no RPC {path}", {"path": path})
+            if route.method.client_streaming:
+                frames, ctx = await self._parse_frames(request, route)
+                return await self._stream(request, route, route.bidi()(frames, ctx))
             message, ctx = await self._parse(request, route)
             if route.method.server_streaming:
-                return await self._stream(request, route, message, ctx)
+                return await self._stream(request, route, route.streaming()(message, ctx))
             response = await route.unary()(message, ctx)
         except Exception as exc:
             return error_response(exc, path, self._metrics)
         self._metrics.rpc_done("http", path, "ok")
         return web.json_response(_to_json(response))
+
+    async def _parse_frames(
+        self, request: web.Request, route: Route
+    ) -> tuple[AsyncIterator[Message], CallContext]:
+        """A client-streaming call over HTTP/1.1: one request message per NDJSON line."""
+        lines = [ln for ln in (await request.read()).splitlines() if ln.strip()]
+        messages = []
+        for number, line in enumerate(lines, 1):
+            try:
+                body = json.loads(line)
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValidationError(
+                    f"line {number} is not JSON: {exc}", {"field": "body"}
+                ) from None
+            messages.append(_message(route, body, f"line {number}"))
+
+        async def frames() -> AsyncIterator[Message]:
+            for message in messages:
+                yield message
+
+        return frames(), self._context(request, {})
+
+    def _context(self, request: web.Request, metadata: dict[str, str]) -> CallContext:
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        return CallContext(
+            transport="http", metadata={**headers, **metadata}, peer=request.remote or ""
+        )
 
     async def _parse(self, request: web.Request, route: Route) -> tuple[Message, CallContext]:
         raw = await request.read()
@@ -81,24 +123,17 @@ class JsonGateway:
             raise ValidationError(f"request body is not JSON: {exc}", {"field": "body"}) from None
         if not isinstance(body, dict):
             raise ValidationError("request body must be a JSON object", {"field": "body"})
-        metadata = {k.lower(): v for k, v in request.headers.items()}
+        metadata: dict[str, str] = {}
         recipient = body.pop("recipient", None)
         if recipient is not None:
             if not isinstance(recipient, str):
                 raise ValidationError("recipient must be a string", {"field": "recipient"})
             metadata[RECIPIENT_KEY] = recipient
-        message = route.method.request_type()
-        try:
-            json_format.ParseDict(body, message)
-        except json_format.ParseError as exc:
-            raise ValidationError(str(exc), {"field": "body"}) from None
-        peer = request.remote or ""
-        return message, CallContext(transport="http", metadata=metadata, peer=peer)
+        return _message(route, body, "body"), self._context(request, metadata)
 
     async def _stream(
-        self, request: web.Request, route: Route, message: Message, ctx: CallContext
+        self, request: web.Request, route: Route, items: AsyncIterator[Message]
     ) -> web.StreamResponse:
-        items = route.streaming()(message, ctx)
         # Pull the first item before committing to a 200, so that an immediate error
         # (unknown agent, bad argument) still answers with its own status.
         first = await anext(items, None)

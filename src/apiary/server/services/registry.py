@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from apiary.engine.presence import Presence
 from apiary.engine.registry import Registry
+from apiary.errors import ApiaryError
 from apiary.server.context import CallContext
 from apiary.wire import pb
 from apiary.wire.convert import descriptor_to_dict
@@ -11,13 +13,23 @@ registry_pb2 = pb.registry_pb2
 
 
 class RegistryHandler:
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, presence: Presence) -> None:
         self._registry = registry
+        self._presence = presence
 
     async def register_agent(
         self, req: registry_pb2.RegisterAgentRequest, ctx: CallContext
     ) -> registry_pb2.RegisterAgentResponse:
-        record = await self._registry.register(descriptor_to_dict(req.agent))
+        try:
+            record = await self._registry.register(
+                descriptor_to_dict(req.agent), bytes(req.agent.public_key)
+            )
+        except ApiaryError as exc:
+            if exc.code != "validation_error":
+                raise
+            # The canonical reply carries refusals: accepted=false with the reason.
+            return registry_pb2.RegisterAgentResponse(accepted=False, reason=exc.message)
+        await self._presence.joined(record)
         return registry_pb2.RegisterAgentResponse(
             accepted=True, reason=f"registered {record.agent_id}"
         )
@@ -33,4 +45,6 @@ class RegistryHandler:
         self, req: registry_pb2.DeregisterAgentRequest, ctx: CallContext
     ) -> registry_pb2.DeregisterAgentResponse:
         ok = await self._registry.deregister(req.agent_id, req.reason)
+        if ok:
+            await self._presence.left(req.agent_id, req.reason)
         return registry_pb2.DeregisterAgentResponse(ok=ok)

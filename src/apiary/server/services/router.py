@@ -1,42 +1,109 @@
-"""sw4rm.router.RouterService."""
+"""sw4rm.router.RouterService and apiary.v1.RouterStreamService."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from apiary.engine.admission import Outbound, SendOutcome
+from apiary.engine.delivery import Delivery, parse_resume_token, resume_token
+from apiary.engine.inbox import Handout
 from apiary.engine.router import Router
 from apiary.errors import ValidationError
 from apiary.server.context import RECIPIENT_KEY, RESUME_AFTER_KEY, CallContext
 from apiary.wire import pb
-from apiary.wire.convert import envelope_from_proto, envelope_to_proto
+from apiary.wire.convert import envelope_from_proto
 
 router_pb2 = pb.router_pb2
+apiary_pb2 = pb.apiary_pb2
+RESUME_TOKEN_KEY = "sw4rm-resume-token"
+MAX_FRAME = 5000
+
+
+def _envelope_bytes_item(handout: Handout) -> router_pb2.StreamItem:
+    # The stored bytes are a canonical Envelope already: parse once into the reply.
+    return router_pb2.StreamItem(msg=pb.common_pb2.Envelope.FromString(handout.message.envelope))
+
+
+def _delivery(handout: Handout) -> apiary_pb2.Delivery:
+    message = handout.message
+    return apiary_pb2.Delivery(
+        offset=message.offset,
+        resume_token=resume_token(message.recipient, message.offset),
+        attempt=handout.attempt,
+        urgent=handout.urgent,
+        msg=pb.common_pb2.Envelope.FromString(message.envelope),
+    )
+
+
+def _result(outcome: SendOutcome) -> apiary_pb2.SendResult:
+    return apiary_pb2.SendResult(
+        message_id=outcome.message_id,
+        accepted=outcome.accepted,
+        error_code=outcome.error_code,
+        reason=outcome.reason,
+        recipient=outcome.recipient,
+        offset=outcome.stored.offset if outcome.stored else 0,
+    )
+
+
+def _resume_after(agent_id: str, raw_offset: str, token: str) -> int:
+    if token:
+        return parse_resume_token(token, agent_id)
+    if not raw_offset.isdigit():
+        raise ValidationError.for_field(RESUME_AFTER_KEY, "must be a non-negative integer")
+    return int(raw_offset)
 
 
 class RouterHandler:
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, delivery: Delivery) -> None:
         self._router = router
+        self._delivery = delivery
 
     async def send_message(
         self, req: router_pb2.SendMessageRequest, ctx: CallContext
     ) -> router_pb2.SendMessageResponse:
         if not req.HasField("msg"):
-            raise ValidationError("msg is required", {"field": "msg"})
-        admission = await self._router.send(envelope_from_proto(req.msg), ctx.get(RECIPIENT_KEY))
-        stored = admission.message
-        return router_pb2.SendMessageResponse(
-            accepted=True, reason=f"received by {stored.recipient} at offset {stored.offset}"
-        )
+            raise ValidationError.for_field("msg", "is required")
+        item = Outbound(envelope_from_proto(req.msg), ctx.get(RECIPIENT_KEY))
+        outcome = await self._router.send(item)
+        return router_pb2.SendMessageResponse(accepted=outcome.accepted, reason=outcome.reason)
 
     async def stream_incoming(
         self, req: router_pb2.StreamRequest, ctx: CallContext
     ) -> AsyncIterator[router_pb2.StreamItem]:
         if not req.agent_id:
-            raise ValidationError("agent_id is required", {"field": "agent_id"})
-        raw = ctx.get(RESUME_AFTER_KEY, "0")
-        if not raw.isdigit():
-            raise ValidationError(
-                f"{RESUME_AFTER_KEY} must be a non-negative integer", {"field": RESUME_AFTER_KEY}
-            )
-        async for env in self._router.stream(req.agent_id, int(raw)):
-            yield router_pb2.StreamItem(msg=envelope_to_proto(env))
+            raise ValidationError.for_field("agent_id", "is required")
+        after = _resume_after(
+            req.agent_id, ctx.get(RESUME_AFTER_KEY, "0"), ctx.get(RESUME_TOKEN_KEY)
+        )
+        async for batch in self._delivery.stream(req.agent_id, after):
+            for handout in batch:
+                yield _envelope_bytes_item(handout)
+
+
+class RouterStreamHandler:
+    def __init__(self, router: Router, delivery: Delivery) -> None:
+        self._router = router
+        self._delivery = delivery
+
+    async def send_stream(
+        self, frames: AsyncIterator[apiary_pb2.SendFrame], ctx: CallContext
+    ) -> AsyncIterator[apiary_pb2.SendResultFrame]:
+        async for frame in frames:
+            if len(frame.items) > MAX_FRAME:
+                raise ValidationError.for_field("items", f"at most {MAX_FRAME} per frame")
+            items = [
+                Outbound(envelope_from_proto(item.msg), item.recipient or ctx.get(RECIPIENT_KEY))
+                for item in frame.items
+            ]
+            outcomes = await self._router.send_many(items)
+            yield apiary_pb2.SendResultFrame(results=[_result(o) for o in outcomes])
+
+    async def inbound(
+        self, req: apiary_pb2.InboundRequest, ctx: CallContext
+    ) -> AsyncIterator[apiary_pb2.InboundBatch]:
+        if not req.agent_id:
+            raise ValidationError.for_field("agent_id", "is required")
+        after = _resume_after(req.agent_id, str(req.resume_after), req.resume_token)
+        async for batch in self._delivery.stream(req.agent_id, after, req.max_batch):
+            yield apiary_pb2.InboundBatch(deliveries=[_delivery(h) for h in batch])

@@ -59,9 +59,10 @@ def load_migrations(dialect: Dialect) -> tuple[Migration, ...]:
 
 
 def pending_migrations(
-    available: Sequence[Migration], applied: Iterable[int]
+    available: Sequence[Migration], applied: Iterable[int], *, target: int | None = None
 ) -> tuple[Migration, ...]:
-    """The migrations of `available` not yet in `applied`, in the order to apply them.
+    """The migrations of `available` not yet in `applied`, in the order to apply them;
+    with `target`, only those up to that version.
 
     Raises SchemaVersionError when the database records a version this code does not know:
     a newer Apiary has migrated it, and running older code against it could corrupt it.
@@ -74,4 +75,6 @@ def pending_migrations(
             f"the database schema is at version {max(done)}, but this Apiary knows versions "
             f"up to {latest} only (unknown: {unknown}); upgrade Apiary to open it"
         )
-    return tuple(m for m in available if m.version not in done)
+    return tuple(
+        m for m in available if m.version not in done and (target is None or m.version <= target)
+    )

@@ -14,10 +14,28 @@ Checks of a new aggregate go in a module of their own here, added to `CHECKS`.
 
 from __future__ import annotations
 
-from apiary.testing.store_suite import agents, events, messages, whole_store
+from apiary.testing.store_suite import (
+    agents,
+    dlq,
+    events,
+    idempotency,
+    message_deadlines,
+    message_retention,
+    messages,
+    whole_store,
+)
 from apiary.testing.store_suite.base import Check, CheckNotApplicable, StoreFactory
 
-CHECKS: list[Check] = [*whole_store.CHECKS, *events.CHECKS, *agents.CHECKS, *messages.CHECKS]
+CHECKS: list[Check] = [
+    *whole_store.CHECKS,
+    *events.CHECKS,
+    *agents.CHECKS,
+    *messages.CHECKS,
+    *message_deadlines.CHECKS,
+    *message_retention.CHECKS,
+    *idempotency.CHECKS,
+    *dlq.CHECKS,
+]
 """Every check of the suite."""
 
 __all__ = ["CHECKS", "Check", "CheckNotApplicable", "StoreFactory"]

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from apiary.core.events import EventDraft
-from apiary.core.records import AgentRecord, MessageState, StoredMessage
+from apiary.core.records import (
+    AgentRecord,
+    DlqEntry,
+    IdempotencyRecord,
+    MessageState,
+    StoredMessage,
+)
 from apiary.store.protocols import Store
 
 
@@ -86,6 +92,55 @@ def agent(agent_id: str, **fields: Any) -> AgentRecord:
     }
     values.update(fields)
     return AgentRecord(**values)
+
+
+def idempotency_record(token: str, **fields: Any) -> IdempotencyRecord:
+    """A cache entry of an operation with two attempts, the second one current."""
+    values: dict[str, Any] = {
+        "token": token,
+        "producer_id": "agent-a",
+        "original_message_id": f"{token}-try-1",
+        "current_message_id": f"{token}-try-2",
+        "status": "RECEIVED",
+        "created_at": T0,
+        "updated_at": T0 + 1,
+        "attempts": (f"{token}-try-1", f"{token}-try-2"),
+    }
+    values.update(fields)
+    return IdempotencyRecord(**values)
+
+
+def dlq_entry(message_id: str, **fields: Any) -> DlqEntry:
+    """A dead-lettered DATA message with a short attempt history; entry_id 0 (unassigned)."""
+    envelope = f"envelope of {message_id}".encode()
+    values: dict[str, Any] = {
+        "entry_id": 0,
+        "message_id": message_id,
+        "producer_id": "agent-a",
+        "recipient": "agent-b",
+        "correlation_id": f"corr-{message_id}",
+        "message_type": 2,
+        "error_code": "ack_timeout",
+        "reason": "no acknowledgement after 3 attempts",
+        "created_at": T0,
+        "failed_at": T0 + 30,
+        "content_type": "application/json",
+        "payload_size": len(envelope),
+        "envelope": envelope,
+        "attempts": (
+            {"at": T0, "what": "sent", "reason": ""},
+            {"at": T0 + 10, "what": "retried", "reason": "ack timeout"},
+        ),
+        "route": "agent-a -> coordinator -> agent-b",
+    }
+    values.update(fields)
+    return DlqEntry(**values)
+
+
+TERMINAL_STATES = frozenset(s for s in MessageState if s.terminal)
+OPEN_STATES = frozenset(MessageState) - TERMINAL_STATES
+
+UINT64_MAX = (1 << 64) - 1
 
 
 # Accents, CJK, right-to-left scripts, astral-plane emoji, a combining mark and a ZWJ sequence.

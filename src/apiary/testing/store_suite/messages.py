@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import replace
 
-from apiary.core.records import MessageState, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError
-from apiary.testing.store_suite.base import T0, Check, StoreFactory, message, registry
+from apiary.testing.store_suite.base import (
+    T0,
+    TERMINAL_STATES,
+    UINT64_MAX,
+    Check,
+    StoreFactory,
+    message,
+    registry,
+)
 
 CHECKS: list[Check] = []
 _check = registry(CHECKS)
@@ -158,3 +167,287 @@ async def envelopes_are_kept_byte_for_byte(factory: StoreFactory) -> None:
         for i, envelope in enumerate(envelopes):
             await store.messages.admit(message(f"m-{i}", envelope=envelope))
         assert [m.envelope for m in await store.messages.inbox("agent-b")] == envelopes
+
+
+def _ids(found: list[StoredMessage]) -> list[str]:
+    return [m.message_id for m in found]
+
+
+async def _expect_value_error(what: str, attempt: Awaitable[object]) -> None:
+    try:
+        await attempt
+    except ValueError:
+        return
+    raise AssertionError(f"{what} did not raise ValueError")
+
+
+# --- the fields the router keeps per message ------------------------------------------
+
+
+@_check
+async def delivery_fields_round_trip(factory: StoreFactory) -> None:
+    full = message(
+        "m-1",
+        idempotency_token="tok-1",
+        sequence_number=42,
+        lane="PRIVILEGED",
+        ack_deadline=T0 + 10,
+        expires_at=T0 + 60.5,
+        deliveries=3,
+        last_delivered_at=T0 + 2.25,
+        acked_stage="READ",
+    )
+    async with factory.open() as store:
+        admitted = await store.messages.admit(full)
+        assert admitted == replace(full, offset=1)
+        assert await store.messages.get("m-1") == admitted
+        assert await store.messages.inbox("agent-b") == [admitted]
+        plain = await store.messages.admit(message("m-2"))
+        stored = await store.messages.get("m-2")
+        assert stored == plain
+        assert stored is not None
+        assert (stored.idempotency_token, stored.sequence_number, stored.lane) == (
+            "",
+            0,
+            "STANDARD",
+        )
+        assert (stored.ack_deadline, stored.expires_at, stored.deliveries) == (0.0, 0.0, 0)
+        assert (stored.last_delivered_at, stored.acked_stage) == (0.0, "")
+
+
+@_check
+async def sequence_numbers_cover_the_whole_uint64_range(factory: StoreFactory) -> None:
+    numbers = [0, 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, UINT64_MAX]
+    async with factory.open() as store:
+        for i, number in enumerate(numbers):
+            await store.messages.admit(message(f"m-{i}", sequence_number=number))
+        for i, number in enumerate(numbers):
+            stored = await store.messages.get(f"m-{i}")
+            assert stored is not None
+            assert stored.sequence_number == number
+            found = await store.messages.by_sequence("agent-a", number)
+            assert found is not None
+            assert found.message_id == f"m-{i}"
+        for bad in (-1, 2**64):
+            await _expect_value_error(
+                f"admit of sequence_number {bad}",
+                store.messages.admit(message("bad", sequence_number=bad)),
+            )
+            batch = [message("fine"), message("bad", sequence_number=bad)]
+            await _expect_value_error(
+                f"admit_many with sequence_number {bad}", store.messages.admit_many(batch)
+            )
+            assert await store.messages.by_sequence("agent-a", bad) is None
+        assert await store.messages.get("bad") is None
+        assert await store.messages.get("fine") is None
+        assert await store.messages.count("agent-b", frozenset(MessageState)) == len(numbers)
+
+
+# --- admit_many -----------------------------------------------------------------------
+
+
+@_check
+async def admit_many_numbers_members_in_input_order(factory: StoreFactory) -> None:
+    recipients = ["b", "c", "b", "d", "b", "c"]
+    batch = [message(f"m-{i}", r, sequence_number=i) for i, r in enumerate(recipients)]
+    async with factory.open() as store:
+        await store.messages.admit(message("before", "b"))
+        assert await store.messages.admit_many([]) == []
+        outcomes = await store.messages.admit_many(batch)
+        assert outcomes == [
+            replace(batch[0], offset=2),
+            replace(batch[1], offset=1),
+            replace(batch[2], offset=3),
+            replace(batch[3], offset=1),
+            replace(batch[4], offset=4),
+            replace(batch[5], offset=2),
+        ]
+        for outcome in outcomes:
+            assert isinstance(outcome, StoredMessage)
+            assert await store.messages.get(outcome.message_id) == outcome
+        assert _ids(await store.messages.inbox("b")) == ["before", "m-0", "m-2", "m-4"]
+        assert (await store.messages.admit(message("after", "c"))).offset == 3
+
+
+@_check
+async def admit_many_fails_only_the_duplicate_members(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        stored = await store.messages.admit(message("old", "b"))
+        batch = [
+            message("new-1", "b"),
+            message("old", "c", envelope=b"impostor"),
+            message("new-2", "c"),
+            message("new-1", "c", envelope=b"twin in the same batch"),
+            message("new-3", "b"),
+        ]
+        outcomes = await store.messages.admit_many(batch)
+        assert len(outcomes) == len(batch)
+        for index in (1, 3):
+            duplicate = outcomes[index]
+            assert isinstance(duplicate, DuplicateMessageError), duplicate
+            assert str(duplicate) == batch[index].message_id
+        assert outcomes[0] == replace(batch[0], offset=2)
+        assert outcomes[2] == replace(batch[2], offset=1)
+        assert outcomes[4] == replace(batch[4], offset=3)
+        # The first of the twins was admitted, the stored message is untouched, and the
+        # refused members consumed no offset.
+        assert await store.messages.get("new-1") == outcomes[0]
+        assert await store.messages.get("old") == stored
+        assert _ids(await store.messages.inbox("c")) == ["new-2"]
+        assert (await store.messages.admit(message("next", "c"))).offset == 2
+        only_duplicates = await store.messages.admit_many([message("old"), message("new-2")])
+        assert all(isinstance(o, DuplicateMessageError) for o in only_duplicates)
+        assert await store.messages.count("b", frozenset(MessageState)) == 3
+
+
+@_check
+async def admit_many_takes_a_thousand_messages(factory: StoreFactory) -> None:
+    batch = [
+        message(f"m-{i:04}", f"r-{i % 7}", envelope=bytes([i % 256]) * 64) for i in range(1000)
+    ]
+    async with factory.open() as store:
+        outcomes = await store.messages.admit_many(batch)
+        assert all(isinstance(o, StoredMessage) for o in outcomes)
+        for r in range(7):
+            inbox = await store.messages.inbox(f"r-{r}", limit=1000)
+            assert _ids(inbox) == [m.message_id for m in batch if m.recipient == f"r-{r}"]
+            assert [m.offset for m in inbox] == list(range(1, len(inbox) + 1))
+        last = batch[-1]
+        expected_offset = sum(1 for m in batch if m.recipient == last.recipient)
+        assert await store.messages.get(last.message_id) == replace(last, offset=expected_offset)
+
+
+@_check
+async def concurrent_batches_get_gap_free_offsets(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        batches = [
+            [message(f"m-{b}-{i}", "b" if i % 3 else "c") for i in range(10)] for b in range(12)
+        ]
+        # Every batch also repeats an id of the batch before it: exactly one admission wins.
+        for b in range(1, len(batches)):
+            batches[b].append(message(f"m-{b - 1}-0", "c"))
+        results = await asyncio.gather(*(store.messages.admit_many(b) for b in batches))
+        admitted = [o for outcomes in results for o in outcomes if isinstance(o, StoredMessage)]
+        assert len(admitted) == 120
+        assert len({m.message_id for m in admitted}) == 120
+        for recipient in ("b", "c"):
+            offsets = sorted(m.offset for m in admitted if m.recipient == recipient)
+            assert offsets == list(range(1, len(offsets) + 1))
+
+
+# --- apply and mark_delivered ---------------------------------------------------------
+
+
+@_check
+async def apply_changes_messages_in_order(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        one = await store.messages.admit(message("m-1", ack_deadline=T0 + 10, expires_at=T0 + 99))
+        two = await store.messages.admit(message("m-2", ack_deadline=T0 + 10))
+        assert await store.messages.apply([]) == []
+        applied = await store.messages.apply(
+            [
+                StateChange("m-1", MessageState.RECEIVED, T0 + 1, acked_stage="RECEIVED"),
+                StateChange("m-2", MessageState.RETRYING, T0 + 2, error_code="ack_timeout"),
+                StateChange(
+                    "m-1", MessageState.READ, T0 + 3, acked_stage="READ", clear_ack_deadline=True
+                ),
+                StateChange("m-1", MessageState.READ, T0 + 4),
+            ]
+        )
+        step1 = replace(one, updated_at=T0 + 1, acked_stage="RECEIVED")
+        step2 = replace(
+            two, state=MessageState.RETRYING, updated_at=T0 + 2, error_code="ack_timeout"
+        )
+        step3 = replace(
+            step1, state=MessageState.READ, updated_at=T0 + 3, acked_stage="READ", ack_deadline=0
+        )
+        # An empty acked_stage keeps the stage reached; an unset error_code clears it.
+        step4 = replace(step3, updated_at=T0 + 4)
+        assert applied == [step1, step2, step3, step4]
+        assert await store.messages.get("m-1") == step4
+        assert await store.messages.get("m-2") == step2
+        assert step4.expires_at == T0 + 99
+
+
+@_check
+async def apply_with_an_unknown_id_applies_nothing(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        await store.messages.admit(message("m-1"))
+        await store.messages.admit(message("m-2"))
+        before = [await store.messages.get(m) for m in ("m-1", "m-2")]
+        for position in range(3):
+            changes = [
+                StateChange("m-1", MessageState.FULFILLED, T0 + 5, acked_stage="FULFILLED"),
+                StateChange("m-2", MessageState.FAILED, T0 + 5, "internal_error"),
+            ]
+            changes.insert(position, StateChange("nope", MessageState.READ, T0 + 5))
+            try:
+                await store.messages.apply(changes)
+            except LookupError:
+                pass
+            else:
+                raise AssertionError("apply with an unknown message_id did not raise")
+            assert [await store.messages.get(m) for m in ("m-1", "m-2")] == before
+        assert await store.messages.count("agent-b", TERMINAL_STATES) == 0
+
+
+@_check
+async def set_state_leaves_the_delivery_fields_alone(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        admitted = await store.messages.admit(
+            message("m-1", ack_deadline=T0 + 10, acked_stage="RECEIVED", deliveries=2)
+        )
+        changed = await store.messages.set_state("m-1", MessageState.READ, T0 + 1)
+        assert changed == replace(admitted, state=MessageState.READ, updated_at=T0 + 1)
+
+
+@_check
+async def mark_delivered_counts_each_delivery(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        one = await store.messages.admit(message("m-1"))
+        two = await store.messages.admit(message("m-2", "c"))
+        untouched = await store.messages.admit(message("m-3"))
+        await store.messages.mark_delivered([], T0 + 1)
+        await store.messages.mark_delivered(["m-1", "m-2", "nope"], T0 + 1)
+        # An id given twice in one call is one delivery.
+        await store.messages.mark_delivered(["m-1", "m-1"], T0 + 2.5)
+        assert await store.messages.get("m-1") == replace(
+            one, deliveries=2, last_delivered_at=T0 + 2.5
+        )
+        assert await store.messages.get("m-2") == replace(
+            two, deliveries=1, last_delivered_at=T0 + 1
+        )
+        assert await store.messages.get("m-3") == untouched
+        assert await store.messages.get("nope") is None
+
+
+# --- deduplication by producer sequence -----------------------------------------------
+
+
+@_check
+async def by_sequence_finds_the_newest_message_of_a_producer(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        assert await store.messages.by_sequence("agent-a", 7) is None
+        await store.messages.admit_many(
+            [
+                message("old", sequence_number=7, created_at=T0),
+                message("newest", "c", sequence_number=7, created_at=T0 + 9),
+                message("middle", sequence_number=7, created_at=T0 + 5),
+                message("other-seq", sequence_number=8, created_at=T0 + 20),
+                message("other-producer", producer_id="agent-z", sequence_number=7),
+                message("same-time-1", producer_id="p", sequence_number=1, created_at=T0),
+                message("same-time-2", producer_id="p", sequence_number=1, created_at=T0),
+            ]
+        )
+        found = await store.messages.by_sequence("agent-a", 7)
+        assert found is not None
+        assert found == await store.messages.get("newest")
+        other = await store.messages.by_sequence("agent-z", 7)
+        assert other is not None
+        assert other.message_id == "other-producer"
+        # Same created_at: the later admission (higher offset) is the newer one.
+        tie = await store.messages.by_sequence("p", 1)
+        assert tie is not None
+        assert tie.message_id == "same-time-2"
+        assert await store.messages.by_sequence("agent-a", 9) is None
+        assert await store.messages.by_sequence("nobody", 7) is None

@@ -1,0 +1,155 @@
+"""`apiary dlq list|show|requeue|export`: the dead letter queue of a running coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import typer
+from google.protobuf import json_format
+from rich.console import Console
+from rich.table import Table
+
+from apiary.errors import ApiaryError
+from apiary.sdk import errors
+from apiary.wire import pb
+
+app = typer.Typer(help="Inspect, requeue and export dead letters (RFC 21.1).", no_args_is_help=True)
+T = TypeVar("T")
+GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
+
+
+def _run(address: str, call: Callable[[pb.apiary_pb2_grpc.DlqServiceStub], Awaitable[T]]) -> T:
+    async def go() -> T:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = pb.apiary_pb2_grpc.DlqServiceStub(channel)
+            return await errors.call(lambda: call(stub))
+
+    try:
+        return asyncio.run(go())
+    except ApiaryError as exc:
+        typer.echo(f"apiary dlq: {exc.code}: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _since(text: str, name: str) -> float | None:
+    if not text:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(text)
+    except ValueError:
+        typer.echo(f"apiary dlq: {name} must be ISO-8601, e.g. 2026-11-22T10:00:00Z", err=True)
+        raise typer.Exit(2) from None
+    return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def _filter(
+    since: str, until: str, error: str, recipient: str, producer: str
+) -> pb.apiary_pb2.DlqFilter:
+    f = pb.apiary_pb2.DlqFilter(error_code=error, recipient=recipient, producer_id=producer)
+    for name, text in (("since", since), ("until", until)):
+        value = _since(text, f"--{name}")
+        if value is not None:
+            getattr(f, name).FromSeconds(int(value))
+    return f
+
+
+def _when(ts: object) -> str:
+    seconds = getattr(ts, "seconds", 0)
+    return (
+        dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if seconds else ""
+    )
+
+
+@app.command("list")
+def list_entries(
+    grpc_address: str = GRPC,
+    since: str = typer.Option("", "--since", help="Failed at or after (ISO-8601)"),
+    until: str = typer.Option("", "--until", help="Failed at or before (ISO-8601)"),
+    error: str = typer.Option("", "--error", help="Error class, e.g. ttl_expired"),
+    recipient: str = typer.Option("", "--route", help="Recipient agent"),
+    producer: str = typer.Option("", "--producer", help="Producer agent"),
+    limit: int = typer.Option(100, "--limit"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """List dead letters, newest last."""
+    request = pb.apiary_pb2.ListDlqRequest(
+        filter=_filter(since, until, error, recipient, producer), limit=limit
+    )
+    reply = _run(grpc_address, lambda stub: stub.List(request))
+    if as_json:
+        for entry in reply.entries:
+            typer.echo(
+                json_format.MessageToJson(entry, indent=None, preserving_proto_field_name=True)
+            )
+        return
+    table = Table(title=f"dead letters ({len(reply.entries)})")
+    for column in (
+        "id",
+        "failed (UTC)",
+        "error",
+        "producer",
+        "route",
+        "type",
+        "bytes",
+        "requeued as",
+    ):
+        table.add_column(column)
+    for e in reply.entries:
+        table.add_row(
+            str(e.entry_id), _when(e.failed_at), e.error_code, e.producer_id, e.recipient,
+            pb.common_pb2.MessageType.Name(e.message_type), str(e.payload_size), e.requeued_as,
+        )  # fmt: skip
+    Console().print(table)
+
+
+@app.command()
+def show(entry_id: int, grpc_address: str = GRPC) -> None:
+    """Show one dead letter with its attempt history and a payload excerpt."""
+    entry = _run(
+        grpc_address, lambda stub: stub.Get(pb.apiary_pb2.GetDlqRequest(entry_id=entry_id))
+    )
+    doc = json_format.MessageToDict(entry, preserving_proto_field_name=True)
+    doc["payload_excerpt"] = entry.payload_excerpt.decode("utf-8", "replace")
+    typer.echo(json.dumps(doc, indent=2))
+
+
+@app.command()
+def requeue(entry_ids: list[int], grpc_address: str = GRPC) -> None:
+    """Admit the selected entries again as new attempts."""
+    request = pb.apiary_pb2.RequeueDlqRequest(entry_ids=entry_ids)
+    reply = _run(grpc_address, lambda stub: stub.Requeue(request))
+    failed = 0
+    for result in reply.results:
+        if result.ok:
+            typer.echo(f"{result.entry_id}: requeued as {result.new_message_id}")
+        else:
+            failed += 1
+            typer.echo(f"{result.entry_id}: {result.error}", err=True)
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command()
+def export(
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the JSON bundle"),
+    grpc_address: str = GRPC,
+    since: str = typer.Option("", "--since"),
+    until: str = typer.Option("", "--until"),
+    error: str = typer.Option("", "--error"),
+    recipient: str = typer.Option("", "--route"),
+    producer: str = typer.Option("", "--producer"),
+    payloads: bool = typer.Option(False, "--payloads", help="Include whole payloads"),
+) -> None:
+    """Export a diagnostic bundle of the matching dead letters."""
+    request = pb.apiary_pb2.ExportDlqRequest(
+        filter=_filter(since, until, error, recipient, producer), include_payloads=payloads
+    )
+    reply = _run(grpc_address, lambda stub: stub.Export(request))
+    output.write_bytes(reply.bundle)
+    typer.echo(f"wrote {reply.entries} entries to {output}")

@@ -1,0 +1,198 @@
+"""The message lifecycle of RFC 11 and Appendix C as a pure, table-driven machine.
+
+States: SENT -> RECEIVED (durably admitted) -> READ (dequeued by the agent) -> FULFILLED,
+with REJECTED, FAILED, TIMED_OUT and RETRYING (redelivery of an unacknowledged message).
+`MessageMachine.step(state, event)` returns the next state and the effects the engine must
+perform; an input the table has no row for raises `IllegalTransitionError` and changes nothing.
+
+Late acknowledgements (RFC 11.1):
+1. TIMED_OUT + ACK: recorded and logged with both timestamps; the state stays TIMED_OUT.
+2. RETRYING + ACK: the redelivery is cancelled and the message takes the ACK'd state.
+3. FULFILLED/REJECTED/FAILED + ACK: ignored for state, logged for audit.
+4. Any ACK of a message with an idempotency token updates the token's cache entry (the
+   engine applies `UpdateIdempotency`, whose rules keep the earliest successful completion).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from apiary.core.envelope import AckStage
+from apiary.core.records import MessageState
+
+S = MessageState
+
+
+class MessageInput(StrEnum):
+    ADMIT = "ADMIT"
+    """Durably recorded for the recipient."""
+    DELIVER = "DELIVER"
+    """Handed to the recipient's stream for the first time."""
+    REDELIVER = "REDELIVER"
+    """Handed again after the stream that carried it was lost before any ACK."""
+    ACK_RECEIVED = "ACK_RECEIVED"
+    ACK_READ = "ACK_READ"
+    ACK_FULFILLED = "ACK_FULFILLED"
+    ACK_REJECTED = "ACK_REJECTED"
+    ACK_FAILED = "ACK_FAILED"
+    ACK_TIMED_OUT = "ACK_TIMED_OUT"
+    ACK_TIMEOUT = "ACK_TIMEOUT"
+    """The acknowledgement deadline (10 s by default) passed with no ACK."""
+    TTL_EXPIRE = "TTL_EXPIRE"
+
+
+ACK_INPUTS = {
+    AckStage.RECEIVED: MessageInput.ACK_RECEIVED,
+    AckStage.READ: MessageInput.ACK_READ,
+    AckStage.FULFILLED: MessageInput.ACK_FULFILLED,
+    AckStage.REJECTED: MessageInput.ACK_REJECTED,
+    AckStage.FAILED: MessageInput.ACK_FAILED,
+    AckStage.TIMED_OUT: MessageInput.ACK_TIMED_OUT,
+}
+
+
+class Effect(StrEnum):
+    PERSIST = "PERSIST"
+    """Record the new state (with the error code and acknowledged stage)."""
+    START_ACK_TIMER = "START_ACK_TIMER"
+    CANCEL_ACK_TIMER = "CANCEL_ACK_TIMER"
+    FORWARD_ACK = "FORWARD_ACK"
+    """Deliver the agent's ACK to the message's producer."""
+    NACK = "NACK"
+    """Send the producer a negative ACK naming the message, the stage and the error code."""
+    DEAD_LETTER = "DEAD_LETTER"
+    """Move the message to the DLQ with its diagnostic context (RFC 21.1)."""
+    UPDATE_IDEMPOTENCY = "UPDATE_IDEMPOTENCY"
+    RELEASE_CREDIT = "RELEASE_CREDIT"
+    """A terminal state frees the producer's credit at the receiver (RFC 13.1)."""
+    LOG_LATE_ACK = "LOG_LATE_ACK"
+    """Record a late or redundant ACK in the event log (RFC 11.1)."""
+
+
+class IllegalTransitionError(Exception):
+    """The machine has no row for (state, input); nothing changed."""
+
+    def __init__(self, state: MessageState, event: MessageInput) -> None:
+        super().__init__(f"no transition from {state} on {event}")
+        self.state = state
+        self.event = event
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    state: MessageState
+    effects: tuple[Effect, ...]
+    late: bool = False
+    """True when the input was an ACK that arrived after the message's fate was decided."""
+
+
+E = Effect
+_TERMINAL_ACK = (
+    E.PERSIST,
+    E.CANCEL_ACK_TIMER,
+    E.FORWARD_ACK,
+    E.UPDATE_IDEMPOTENCY,
+    E.RELEASE_CREDIT,
+)
+_FAILED_ACK = (*_TERMINAL_ACK, E.DEAD_LETTER)
+_LATE = (E.LOG_LATE_ACK,)
+_LATE_WITH_CACHE = (E.LOG_LATE_ACK, E.UPDATE_IDEMPOTENCY, E.FORWARD_ACK)
+
+
+def _acks(received: MessageState, read_from: MessageState) -> dict[MessageInput, Step]:
+    """The ACK rows of a live state; `received` is where an ACK RECEIVED leads."""
+    return {
+        MessageInput.ACK_RECEIVED: Step(
+            received, (E.PERSIST, E.CANCEL_ACK_TIMER, E.FORWARD_ACK, E.UPDATE_IDEMPOTENCY)
+        ),
+        MessageInput.ACK_READ: Step(
+            read_from, (E.PERSIST, E.CANCEL_ACK_TIMER, E.FORWARD_ACK, E.UPDATE_IDEMPOTENCY)
+        ),
+        MessageInput.ACK_FULFILLED: Step(S.FULFILLED, _TERMINAL_ACK),
+        MessageInput.ACK_REJECTED: Step(S.REJECTED, _FAILED_ACK),
+        MessageInput.ACK_FAILED: Step(S.FAILED, _FAILED_ACK),
+        MessageInput.ACK_TIMED_OUT: Step(S.TIMED_OUT, (*_TERMINAL_ACK, E.NACK)),
+    }
+
+
+def _expiry() -> dict[MessageInput, Step]:
+    return {
+        MessageInput.ACK_TIMEOUT: Step(
+            S.TIMED_OUT, (E.PERSIST, E.NACK, E.UPDATE_IDEMPOTENCY, E.RELEASE_CREDIT)
+        ),
+        MessageInput.TTL_EXPIRE: Step(
+            S.FAILED,
+            (
+                E.PERSIST,
+                E.CANCEL_ACK_TIMER,
+                E.NACK,
+                E.DEAD_LETTER,
+                E.UPDATE_IDEMPOTENCY,
+                E.RELEASE_CREDIT,
+            ),
+        ),
+    }
+
+
+def _late(state: MessageState, *, cache: bool) -> dict[MessageInput, Step]:
+    effects = _LATE_WITH_CACHE if cache else _LATE
+    return {i: Step(state, effects, late=True) for i in ACK_INPUTS.values()}
+
+
+def _table() -> dict[MessageState, dict[MessageInput, Step]]:
+    return {
+        S.SENT: {MessageInput.ADMIT: Step(S.RECEIVED, (E.PERSIST, E.START_ACK_TIMER))},
+        S.RECEIVED: {
+            MessageInput.DELIVER: Step(S.RECEIVED, ()),
+            MessageInput.REDELIVER: Step(S.RETRYING, (E.PERSIST,)),
+            **_acks(S.RECEIVED, S.READ),
+            **_expiry(),
+        },
+        S.RETRYING: {
+            MessageInput.REDELIVER: Step(S.RETRYING, ()),
+            **_acks(S.RECEIVED, S.READ),
+            **_expiry(),
+        },
+        S.READ: {
+            MessageInput.REDELIVER: Step(S.READ, ()),
+            # An ACK RECEIVED after READ never moves the message backwards.
+            **_acks(S.READ, S.READ),
+            MessageInput.TTL_EXPIRE: _expiry()[MessageInput.TTL_EXPIRE],
+        },
+        # RFC 11.1 rule 1: a timed-out message keeps its state; the ACK still counts for
+        # the idempotency cache (rule 4) and reaches the producer.
+        S.TIMED_OUT: _late(S.TIMED_OUT, cache=True),
+        # Rule 3: terminal states ignore ACKs for state purposes and log them.
+        S.FULFILLED: _late(S.FULFILLED, cache=False),
+        S.REJECTED: _late(S.REJECTED, cache=False),
+        S.FAILED: _late(S.FAILED, cache=False),
+    }
+
+
+class MessageMachine:
+    """The transition table, with `step` as its only operation."""
+
+    TABLE: dict[MessageState, dict[MessageInput, Step]] = _table()
+
+    @classmethod
+    def step(cls, state: MessageState, event: MessageInput) -> Step:
+        row = cls.TABLE[state].get(event)
+        if row is None:
+            raise IllegalTransitionError(state, event)
+        return row
+
+    @classmethod
+    def allows(cls, state: MessageState, event: MessageInput) -> bool:
+        return event in cls.TABLE[state]
+
+
+def mermaid() -> str:
+    """The state diagram of the table (docs/message-lifecycle.md is generated from it)."""
+    lines = ["stateDiagram-v2", "    [*] --> SENT"]
+    for state, row in MessageMachine.TABLE.items():
+        for event, step in row.items():
+            if step.state is not state:
+                lines.append(f"    {state} --> {step.state}: {event}")
+    lines.extend(f"    {s} --> [*]" for s in S if s.terminal)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,56 @@
+"""What the router decides about each incoming envelope before anything is stored."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from apiary.core.envelope import Envelope
+from apiary.core.records import StoredMessage
+from apiary.errors import ApiaryError
+
+
+@dataclass(frozen=True, slots=True)
+class Outbound:
+    """An envelope a producer (or the coordinator) wants delivered."""
+
+    envelope: Envelope
+    recipient: str = ""
+    """Explicit recipient (sw4rm-recipient metadata / gateway field); '' to resolve."""
+
+
+@dataclass(slots=True)
+class SendOutcome:
+    """The result for one envelope of a send (RFC 5.4: per-message outcomes)."""
+
+    message_id: str
+    accepted: bool
+    error: ApiaryError | None = None
+    reason: str = ""
+    stored: StoredMessage | None = None
+    details: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def error_code(self) -> str:
+        return self.error.code if self.error else ""
+
+    @property
+    def recipient(self) -> str:
+        return self.stored.recipient if self.stored else ""
+
+
+# Rejections that are outcomes of a well-formed request rather than faults in it: the call
+# answers accepted=false (plus a NACK), instead of failing (DESIGN.md section 5).
+SOFT_REJECTIONS = frozenset({"buffer_full", "already_in_progress", "duplicate_detected"})
+
+# Admission failures that mean the message can never succeed go to the DLQ (RFC 21.1);
+# back-pressure and deduplication outcomes do not.
+DEAD_LETTER_CODES = frozenset(
+    {
+        "validation_error",
+        "permission_denied",
+        "unsupported_message_type",
+        "oversize_payload",
+        "ttl_expired",
+        "no_route",
+    }
+)

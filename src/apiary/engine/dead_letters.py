@@ -1,0 +1,148 @@
+"""The dead letter queue (RFC 21.1): what goes in, with which context, and how it comes out."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from typing import Any
+
+from apiary.core.clock import Clock
+from apiary.core.envelope import Envelope
+from apiary.core.events import EventFilter
+from apiary.core.ids import IdGenerator
+from apiary.core.records import DlqEntry, DlqFilter, StoredMessage
+from apiary.engine.codec import EnvelopeCodec
+from apiary.engine.eventlog import EventRecorder
+from apiary.errors import AlreadyCompletedError, ApiaryError, NotFoundError
+from apiary.store.protocols import DlqStore
+
+EXCERPT_BYTES = 512
+Requeue = Callable[[Envelope, str], Awaitable[str]]
+"""Admits an envelope for a recipient again; returns the new message_id."""
+
+
+def excerpt(entry: DlqEntry, codec: EnvelopeCodec) -> bytes:
+    """At most EXCERPT_BYTES of the payload: enough for triage, bounded for exports."""
+    return codec.decode(entry.envelope).payload[:EXCERPT_BYTES]
+
+
+def _iso(seconds: float) -> str:
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+class DeadLetters:
+    def __init__(
+        self, dlq: DlqStore, events: EventRecorder, codec: EnvelopeCodec, clock: Clock
+    ) -> None:
+        self._dlq = dlq
+        self._events = events
+        self._codec = codec
+        self._clock = clock
+
+    async def reject(self, env: Envelope, recipient: str, error: ApiaryError, now: float) -> None:
+        """An envelope refused at admission because it can never succeed."""
+        attempt = {"at": now, "what": "rejected at admission", "reason": error.message}
+        await self._add(
+            DlqEntry(
+                entry_id=0, message_id=env.message_id, producer_id=env.producer_id,
+                recipient=recipient, correlation_id=env.correlation_id,
+                message_type=int(env.message_type), error_code=error.code,
+                reason=error.message, created_at=now, failed_at=now,
+                content_type=env.content_type, payload_size=len(env.payload),
+                envelope=self._codec.encode(env), attempts=(attempt,),
+                route=f"{env.producer_id} -> coordinator -> {recipient or '(unresolved)'}",
+            )
+        )  # fmt: skip
+
+    async def failed(self, message: StoredMessage, code: str, note: str, now: float) -> None:
+        """An admitted message that ended in a terminal error."""
+        env = self._codec.decode(message.envelope)
+        await self._add(
+            DlqEntry(
+                entry_id=0, message_id=message.message_id, producer_id=message.producer_id,
+                recipient=message.recipient, correlation_id=message.correlation_id,
+                message_type=message.message_type, error_code=code,
+                reason=note or code, created_at=message.created_at, failed_at=now,
+                content_type=env.content_type, payload_size=len(env.payload),
+                envelope=message.envelope, attempts=await self._history(message),
+                route=f"{message.producer_id} -> coordinator -> {message.recipient}",
+            )
+        )  # fmt: skip
+
+    async def _history(self, message: StoredMessage) -> tuple[dict[str, Any], ...]:
+        where = EventFilter(correlation_id=message.correlation_id, agent_id=message.recipient)
+        events = await self._events.read(limit=2000, where=where)
+        return tuple(
+            {"at": e.ts, "what": e.event_type, "reason": str(e.details.get("error_code") or
+             e.details.get("to") or e.details.get("stage") or "")}
+            for e in events
+            if e.details.get("message_id") == message.message_id
+        )  # fmt: skip
+
+    async def _add(self, entry: DlqEntry) -> None:
+        stored = await self._dlq.add(entry)
+        await self._events.record(
+            "dlq.added", "coordinator", correlation_id=entry.correlation_id,
+            agent_id=entry.recipient, entry_id=stored.entry_id, message_id=entry.message_id,
+            error_code=entry.error_code, reason=entry.reason,
+        )  # fmt: skip
+
+    async def list(self, where: DlqFilter | None, after_id: int, limit: int) -> list[DlqEntry]:
+        return await self._dlq.list(where, after_id, limit)
+
+    async def get(self, entry_id: int) -> DlqEntry:
+        entry = await self._dlq.get(entry_id)
+        if entry is None:
+            raise NotFoundError(f"no DLQ entry {entry_id}", {"entry_id": str(entry_id)})
+        return entry
+
+    async def requeue(self, entry_id: int, ids: IdGenerator, send: Requeue) -> str:
+        """Admit the entry's envelope again as a new attempt (new message_id, same token)."""
+        entry = await self.get(entry_id)
+        if entry.requeued_as:
+            raise AlreadyCompletedError(
+                f"DLQ entry {entry_id} was already requeued as {entry.requeued_as}",
+                {"entry_id": str(entry_id), "requeued_as": entry.requeued_as},
+            )
+        env = self._codec.decode(entry.envelope)
+        retry = replace(env, message_id=ids.new_id(), retry_count=env.retry_count + 1)
+        new_id = await send(retry, entry.recipient)
+        await self._dlq.mark_requeued(entry_id, self._clock.now(), new_id)
+        await self._events.record(
+            "dlq.requeued", "operator", correlation_id=entry.correlation_id,
+            agent_id=entry.recipient, entry_id=entry_id, message_id=entry.message_id,
+            new_message_id=new_id,
+        )  # fmt: skip
+        return new_id
+
+    async def export(self, where: DlqFilter | None, include_payloads: bool) -> tuple[bytes, int]:
+        """A JSON diagnostic bundle of every matching entry (payload excerpts by default)."""
+        entries: list[DlqEntry] = []
+        after = 0
+        while page := await self._dlq.list(where, after, 500):
+            entries.extend(page)
+            after = page[-1].entry_id
+        docs = [self.describe(e, include_payload=include_payloads) for e in entries]
+        bundle = {"exported_at": _iso(self._clock.now()), "entries": docs}
+        return json.dumps(bundle, indent=2, sort_keys=True).encode(), len(docs)
+
+    def describe(self, entry: DlqEntry, *, include_payload: bool = False) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "entry_id": entry.entry_id, "message_id": entry.message_id,
+            "producer_id": entry.producer_id, "recipient": entry.recipient,
+            "correlation_id": entry.correlation_id, "error_code": entry.error_code,
+            "reason": entry.reason, "created_at": _iso(entry.created_at),
+            "failed_at": _iso(entry.failed_at), "content_type": entry.content_type,
+            "payload_size": entry.payload_size, "route": entry.route,
+            "attempts": [dict(a, at=_iso(float(a.get("at", 0)))) for a in entry.attempts],
+            "requeued_as": entry.requeued_as,
+        }  # fmt: skip
+        payload = self._codec.decode(entry.envelope).payload
+        key = "payload_base64" if include_payload else "payload_excerpt_base64"
+        doc[key] = base64.b64encode(
+            payload if include_payload else payload[:EXCERPT_BYTES]
+        ).decode()
+        return doc

@@ -1,0 +1,136 @@
+"""Deduplication at admission (RFC 11.2): by idempotency token when present, else by
+(producer_id, sequence_number); and the cache updates that follow a message's fate.
+
+Every decision other than "new" is logged by the router as a rejection event; cache writes
+are logged here as `idempotency.*` events (RFC 19: cache decisions are logged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apiary.core import dedup
+from apiary.core.envelope import Envelope
+from apiary.core.idempotency import is_within_window
+from apiary.core.records import IdempotencyRecord, StoredMessage
+from apiary.engine.admission import SendOutcome
+from apiary.errors import AlreadyInProgressError, ApiaryError, DuplicateDetectedError
+from apiary.store.protocols import IdempotencyStore, MessageStore
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    token: str
+    record: IdempotencyRecord | None
+    """The record a RETRY continues; None for a NEW operation."""
+
+
+def _reject(env: Envelope, error: ApiaryError, details: dict[str, str]) -> SendOutcome:
+    return SendOutcome(
+        env.message_id, False, error, f"{error.code}: {error.message}", details=details
+    )
+
+
+class DedupGate:
+    def __init__(self, cache: IdempotencyStore, messages: MessageStore, window_s: float) -> None:
+        self._cache = cache
+        self._messages = messages
+        self._window = window_s
+        self._reserved: set[str] = set()
+        self._plans: dict[str, _Plan] = {}
+
+    async def check(self, env: Envelope, now: float) -> SendOutcome | None:
+        """None when `env` may be admitted (the token is then reserved until `admitted`)."""
+        token = env.idempotency_token
+        if token:
+            return await self._by_token(env, token, now)
+        if env.sequence_number > 0:
+            return await self._by_sequence(env, now)
+        return None
+
+    async def _by_token(self, env: Envelope, token: str, now: float) -> SendOutcome | None:
+        if token in self._reserved:
+            busy = AlreadyInProgressError(f"token {token} is being admitted right now")
+            return _reject(env, busy, {"token": token})
+        record = await self._cache.get(token)
+        decision = dedup.decide(record, now, self._window)
+        if decision.kind is dedup.DedupKind.DUPLICATE:
+            assert record is not None
+            payload = {k: str(v) for k, v in dedup.duplicate_payload(record).items()}
+            error = DuplicateDetectedError(
+                f"token {token} already completed as {decision.original_message_id} "
+                f"({decision.status}) at {payload.get('cached_at', '')}",
+                payload,
+            )
+            return _reject(env, error, payload)
+        if decision.kind is dedup.DedupKind.IN_PROGRESS:
+            assert record is not None
+            running = AlreadyInProgressError(
+                f"token {token} is in progress as {record.current_message_id} ({record.status})",
+                {"original_message_id": record.current_message_id, "status": record.status},
+            )
+            return _reject(env, running, {})
+        self._reserved.add(token)
+        keep = record if decision.kind is dedup.DedupKind.RETRY else None
+        self._plans[env.message_id] = _Plan(token, keep)
+        return None
+
+    async def _by_sequence(self, env: Envelope, now: float) -> SendOutcome | None:
+        prior = await self._messages.by_sequence(env.producer_id, env.sequence_number)
+        if prior is None or prior.message_id == env.message_id:
+            return None
+        if not is_within_window(prior.created_at, now, self._window):
+            return None
+        if prior.state.value == "TIMED_OUT":
+            return None  # a retry of an attempt that got no answer may proceed
+        where = f"({env.producer_id}, {env.sequence_number})"
+        if prior.state.terminal:
+            details = {
+                "status": dedup.DUPLICATE_DETECTED,
+                "original_message_id": prior.message_id,
+                "original_status": prior.state.value,
+                "cached_at": dedup.iso_utc(prior.updated_at),
+            }
+            error = DuplicateDetectedError(
+                f"{where} already completed as {prior.message_id} ({prior.state})", details
+            )
+            return _reject(env, error, details)
+        running = AlreadyInProgressError(
+            f"{where} is in progress as {prior.message_id} ({prior.state})",
+            {"original_message_id": prior.message_id, "status": prior.state.value},
+        )
+        return _reject(env, running, {})
+
+    async def admitted(self, stored: StoredMessage, now: float) -> None:
+        plan = self._plans.pop(stored.message_id, None)
+        if plan is None:
+            return
+        self._reserved.discard(plan.token)
+        if plan.record is None:
+            record = dedup.start(plan.token, stored.producer_id, stored.message_id, now)
+        else:
+            record = dedup.attempt(plan.record, stored.message_id, now)
+        await self._cache.put(record)
+
+    def abandon(self, message_id: str) -> None:
+        """Admission failed after `check` passed: free the token's reservation."""
+        plan = self._plans.pop(message_id, None)
+        if plan is not None:
+            self._reserved.discard(plan.token)
+
+    async def progress(
+        self, message: StoredMessage, message_id: str, now: float, code: str, note: str
+    ) -> IdempotencyRecord | None:
+        """Reflect the message's new state in its token's record (RFC 11.1 rule 4)."""
+        token = message.idempotency_token
+        if not token:
+            return None
+        record = await self._cache.get(token)
+        if record is None or message_id not in record.attempts:
+            return None
+        updated = dedup.progress(
+            record, message_id, message.state, now, error_code=code, result=note
+        )
+        if updated != record:
+            await self._cache.put(updated)
+        return updated

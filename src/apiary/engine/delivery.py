@@ -1,0 +1,137 @@
+"""Delivery to agents over their inbound stream (RFC 5.5, 7.3; DESIGN.md section 5).
+
+At-least-once: a message handed out and not acknowledged is handed out again on the
+agent's next stream (after a reconnect or a coordinator restart). One stream per agent: a
+newer stream supersedes an older one. Each read hands out at most `max_batch` messages, so
+backlog replay is bounded in memory and latency.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from apiary.core.message_machine import MessageInput
+from apiary.core.records import MessageState, StateChange
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.inbox import Handout
+from apiary.engine.notices import COORDINATOR
+from apiary.engine.registry import Registry
+from apiary.engine.router import Router, is_notice
+from apiary.errors import AgentUnavailableError, ResumeExpiredError, ValidationError
+from apiary.store.protocols import MessageStore
+
+
+def resume_token(agent_id: str, offset: int) -> str:
+    """Opaque resume token (RFC 5.5): encodes the agent and the position."""
+    raw = json.dumps({"a": agent_id, "o": offset, "v": 1}, separators=(",", ":")).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def parse_resume_token(token: str, agent_id: str) -> int:
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        offset = int(doc["o"])
+        owner = str(doc["a"])
+    except (ValueError, KeyError, TypeError):
+        raise ValidationError.for_field(
+            "resume_token", "is not a token this server issued"
+        ) from None
+    if owner != agent_id:
+        raise ValidationError.for_field("resume_token", f"belongs to {owner}, not {agent_id}")
+    return offset
+
+
+class Delivery:
+    def __init__(
+        self, router: Router, registry: Registry, messages: MessageStore, events: EventRecorder
+    ) -> None:
+        self._router = router
+        self._registry = registry
+        self._messages = messages
+        self._events = events
+
+    async def _check_position(self, agent_id: str, resume_after: int) -> None:
+        if resume_after <= 0:
+            return
+        last = await self._messages.inbox(agent_id, resume_after - 1, 1)
+        oldest = await self._messages.oldest_offset(agent_id)
+        if oldest and resume_after < oldest - 1:
+            raise ResumeExpiredError(
+                f"resume position {resume_after} of {agent_id} has expired: the oldest "
+                f"retained offset is {oldest}. Reconnect with resume_after=0 to receive every "
+                "unacknowledged message again.",
+                {"resume_after": str(resume_after), "oldest_offset": str(oldest)},
+            )
+        if not last and not oldest:
+            raise ResumeExpiredError(
+                f"resume position {resume_after} is unknown for {agent_id}: its inbox is "
+                "empty. Reconnect with resume_after=0.",
+                {"resume_after": str(resume_after)},
+            )
+
+    async def stream(
+        self, agent_id: str, resume_after: int = 0, max_batch: int = 0
+    ) -> AsyncIterator[list[Handout]]:
+        """Batches of handouts for `agent_id`, forever (until superseded or cancelled)."""
+        await self._registry.get(agent_id)
+        await self._check_position(agent_id, resume_after)
+        limit = min(max_batch or self._router.settings.max_batch, self._router.settings.max_batch)
+        inbox = self._router.inbox(agent_id)
+        session = inbox.open_session(resume_after)
+        await self._events.record(
+            "stream.opened", agent_id, agent_id=agent_id, resume_after=resume_after,
+            session=session,
+        )  # fmt: skip
+        try:
+            while True:
+                if inbox.session != session:
+                    raise AgentUnavailableError(
+                        f"stream of {agent_id} was superseded by a newer connection",
+                        {"agent_id": agent_id},
+                    )
+                inbox.arrived.clear()
+                batch = inbox.take(limit, self._router.clock_now())
+                if not batch:
+                    await inbox.arrived.wait()
+                    continue
+                yield await self._handed_out(agent_id, batch)
+        finally:
+            await self._events.record("stream.closed", agent_id, agent_id=agent_id, session=session)
+
+    async def _handed_out(self, agent_id: str, batch: list[Handout]) -> list[Handout]:
+        now = self._router.clock_now()
+        await self._messages.mark_delivered([h.message.message_id for h in batch], now)
+        finished: list[StateChange] = []
+        for handout in batch:
+            message = handout.message
+            stats = self._router.stats
+            stats.timing(stats.dequeue_latency, agent_id).observe(now - message.created_at)
+            if is_notice(message):
+                finished.append(StateChange(message.message_id, MessageState.FULFILLED, now))
+            elif handout.attempt > 1:
+                await self._router.apply(message, MessageInput.REDELIVER, now)
+            if handout.urgent:
+                stats.urgent_dispatches[agent_id] += 1
+                await self._events.record(
+                    "message.urgent_dispatch", COORDINATOR, agent_id=agent_id,
+                    correlation_id=message.correlation_id, message_id=message.message_id,
+                    lane=message.lane,
+                )  # fmt: skip
+        if finished:
+            for done in await self._messages.apply(finished):
+                self._router.finish_notice(done)
+        handed = [_delivered(h, now) for h in batch]
+        inbox = self._router.inbox(agent_id)
+        for handout in handed:
+            if not is_notice(handout.message):
+                self._router.refresh(handout.message)
+                inbox.update(handout.message)
+        return handed
+
+
+def _delivered(handout: Handout, now: float) -> Handout:
+    message = replace(handout.message, last_delivered_at=now, deliveries=handout.attempt)
+    return Handout(message, handout.attempt, handout.urgent)

@@ -1,0 +1,142 @@
+"""In-memory delivery state of one agent's inbound buffer.
+
+The store is the source of truth; an Inbox indexes the agent's unfinished messages so that
+delivery, buffer accounting and lane selection need no query per message. It is rebuilt from
+the store when the coordinator starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections import deque
+from dataclasses import dataclass
+
+from apiary.core.lanes import LaneScheduler
+from apiary.core.records import MessageState, StoredMessage
+
+LANES = ("PRIVILEGED", "STANDARD", "BULK")
+_BUFFERED = frozenset({MessageState.RECEIVED, MessageState.RETRYING})
+
+
+@dataclass(frozen=True, slots=True)
+class Handout:
+    """One message handed to the agent's stream."""
+
+    message: StoredMessage
+    attempt: int
+    urgent: bool
+
+
+class Inbox:
+    def __init__(self, agent_id: str, capacity: int, scheduler: LaneScheduler) -> None:
+        self.agent_id = agent_id
+        self.capacity = capacity
+        self._scheduler = scheduler
+        self._pending: dict[str, deque[StoredMessage]] = {lane: deque() for lane in LANES}
+        self._unacked: dict[str, StoredMessage] = {}
+        self._occupied: set[str] = set()
+        self.arrived = asyncio.Event()
+        self.session = 0
+        """Incremented by every new stream; an older stream stops when it sees a newer one."""
+
+    # ---- buffer accounting (RFC 13)
+
+    @property
+    def depth(self) -> int:
+        """Messages admitted and not yet dequeued (READ) or finished."""
+        return len(self._occupied)
+
+    def has_room(self) -> bool:
+        return len(self._occupied) < self.capacity
+
+    def reserve(self, message_id: str) -> None:
+        """Hold a buffer slot for a message being admitted (checked by has_room)."""
+        self._occupied.add(message_id)
+
+    def release(self, message_id: str) -> None:
+        """Give back a slot reserved for a message that was not admitted after all."""
+        self._occupied.discard(message_id)
+
+    def oldest_pending_at(self) -> float | None:
+        times = [q[0].created_at for q in self._pending.values() if q]
+        return min(times) if times else None
+
+    # ---- index maintenance
+
+    def add(self, message: StoredMessage, *, occupies: bool) -> None:
+        lane = message.lane if message.lane in self._pending else "STANDARD"
+        queue = self._pending[lane]
+        if queue and queue[-1].offset > message.offset:
+            # Recovery may add out of order; keep each lane sorted by offset.
+            items = list(queue)
+            bisect.insort(items, message, key=lambda m: m.offset)
+            self._pending[lane] = deque(items)
+        else:
+            queue.append(message)
+        if occupies:
+            self._occupied.add(message.message_id)
+        self.arrived.set()
+
+    def dequeued(self, message_id: str) -> None:
+        """The agent acknowledged READ (or beyond): the message leaves the buffer."""
+        self._occupied.discard(message_id)
+
+    def acknowledged(self, message_id: str) -> None:
+        """Any acknowledgement: the message will not be redelivered."""
+        self._unacked.pop(message_id, None)
+
+    def finished(self, message_id: str) -> None:
+        """A terminal state: forget the message entirely."""
+        self._occupied.discard(message_id)
+        self._unacked.pop(message_id, None)
+        for queue in self._pending.values():
+            for i, message in enumerate(queue):
+                if message.message_id == message_id:
+                    del queue[i]
+                    return
+
+    def update(self, message: StoredMessage) -> None:
+        """Replace the indexed copy of an unacknowledged message (after a state change)."""
+        if message.message_id in self._unacked:
+            self._unacked[message.message_id] = message
+        if message.state not in _BUFFERED:
+            self._occupied.discard(message.message_id)
+
+    # ---- streams (RFC 5.5)
+
+    def open_session(self, resume_after: int) -> int:
+        """Start a new stream: unacknowledged handouts go back for redelivery, except those
+        at or below `resume_after`, which the consumer says it already holds."""
+        self.session += 1
+        returning = sorted(self._unacked.values(), key=lambda m: m.offset)
+        self._unacked = {m.message_id: m for m in returning if m.offset <= resume_after}
+        for message in returning:
+            if message.offset > resume_after:
+                self.add(message, occupies=message.message_id in self._occupied)
+        for lane, queue in self._pending.items():
+            kept = [m for m in queue if m.offset > resume_after]
+            for m in queue:
+                if m.offset <= resume_after:
+                    self._unacked[m.message_id] = m
+            self._pending[lane] = deque(kept)
+        self.arrived.set()
+        return self.session
+
+    def take(self, limit: int, now: float) -> list[Handout]:
+        """Up to `limit` messages in lane order (weighted fair, PRIVILEGED urgent first)."""
+        out: list[Handout] = []
+        while len(out) < limit:
+            ready = {lane: len(q) for lane, q in self._pending.items() if q}
+            if not ready:
+                break
+            choice = self._scheduler.pick(ready, now)
+            if choice is None:
+                break
+            message = self._pending[choice.lane].popleft()
+            self._unacked[message.message_id] = message
+            out.append(Handout(message, message.deliveries + 1, choice.urgent))
+        return out
+
+    def has_pending(self) -> bool:
+        return any(self._pending.values())

@@ -1,0 +1,49 @@
+"""apiary.v1.DiscoveryService: registry reads and per-agent buffer capacity."""
+
+from __future__ import annotations
+
+from apiary.core.records import AgentRecord
+from apiary.engine.registry import Registry
+from apiary.engine.router import Router
+from apiary.server.context import CallContext
+from apiary.wire import pb
+from apiary.wire.convert import descriptor_from_dict, float_to_timestamp
+
+apiary_pb2 = pb.apiary_pb2
+
+
+class DiscoveryHandler:
+    def __init__(self, registry: Registry, router: Router) -> None:
+        self._registry = registry
+        self._router = router
+
+    def _info(self, record: AgentRecord) -> apiary_pb2.AgentInfo:
+        inbox = self._router.inbox(record.agent_id)
+        return apiary_pb2.AgentInfo(
+            descriptor=descriptor_from_dict(dict(record.descriptor)),
+            state=record.state,
+            registered_at=float_to_timestamp(record.registered_at),
+            last_heartbeat_at=float_to_timestamp(record.last_heartbeat_at),
+            buffer_capacity=inbox.capacity,
+            buffer_depth=inbox.depth,
+        )
+
+    async def list_agents(
+        self, req: apiary_pb2.ListAgentsRequest, ctx: CallContext
+    ) -> apiary_pb2.ListAgentsResponse:
+        agents = await self._registry.list()
+        if req.capability:
+            agents = [a for a in agents if req.capability in a.descriptor.get("capabilities", [])]
+        return apiary_pb2.ListAgentsResponse(agents=[self._info(a) for a in agents])
+
+    async def get_agent(
+        self, req: apiary_pb2.GetAgentRequest, ctx: CallContext
+    ) -> apiary_pb2.AgentInfo:
+        return self._info(await self._registry.get(req.agent_id))
+
+    async def set_buffer_capacity(
+        self, req: apiary_pb2.SetBufferCapacityRequest, ctx: CallContext
+    ) -> apiary_pb2.SetBufferCapacityResponse:
+        await self._registry.get(req.agent_id)
+        capacity = self._router.set_capacity(req.agent_id, req.capacity)
+        return apiary_pb2.SetBufferCapacityResponse(capacity=capacity)

@@ -1,0 +1,258 @@
+"""The SQLite message inboxes: the `messages` table, offsets counted in `inbox_offsets`.
+
+Every write is one job of the group-committing writer (`sqlite_writer`), however many
+messages it touches: a batch of admissions or state changes is one transaction, and the
+single writer makes check-then-write sequences race-free. Rows are encoded on the caller's
+side, so the writer thread, which holds up every commit, does as little Python work as
+possible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.store.errors import DuplicateMessageError
+from apiary.store.sql_rows import (
+    MESSAGE_COLUMN_COUNT,
+    MESSAGE_COLUMNS,
+    check_limit,
+    message_from_row,
+    message_values,
+    sequence_to_sql,
+)
+from apiary.store.sqlite_database import SqliteDatabase, placeholders
+
+_INSERT = f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ({placeholders(MESSAGE_COLUMN_COUNT)})"
+_APPLY = (
+    "UPDATE messages SET state = ?, updated_at = ?, error_code = ?,"
+    " acked_stage = COALESCE(NULLIF(?, ''), acked_stage),"
+    " ack_deadline = CASE WHEN ? THEN 0 ELSE ack_deadline END"
+    f" WHERE message_id = ? RETURNING {MESSAGE_COLUMNS}"
+)
+_ID_CHUNK = 500
+"""Message ids per `IN (...)` lookup, well under SQLite's limit on parameters."""
+
+
+class SqliteMessageStore:
+    """`MessageStore` in the `messages` table, offsets counted in `inbox_offsets`."""
+
+    def __init__(self, database: SqliteDatabase) -> None:
+        self._db = database
+
+    async def admit(self, message: StoredMessage) -> StoredMessage:
+        """Durably record a new message with the recipient's next inbox offset."""
+        (outcome,) = await self.admit_many([message])
+        if isinstance(outcome, DuplicateMessageError):
+            raise outcome
+        return outcome
+
+    async def admit_many(
+        self, messages: Sequence[StoredMessage]
+    ) -> list[StoredMessage | DuplicateMessageError]:
+        """Admit each message as `admit` does, all in one writer job (one transaction); a
+        duplicate (of a stored message or of an earlier member) fails only its own member."""
+        if not messages:
+            return []
+        values = [message_values(m) for m in messages]
+        offsets = await self._db.write(lambda conn: _insert_new(conn, values))
+        return [
+            dataclasses.replace(m, offset=o) if o else DuplicateMessageError(m.message_id)
+            for m, o in zip(messages, offsets, strict=True)
+        ]
+
+    async def get(self, message_id: str) -> StoredMessage | None:
+        """The message, or None."""
+        sql = f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE message_id = ?"
+        row = await self._db.read(lambda conn: conn.execute(sql, (message_id,)).fetchone())
+        return None if row is None else message_from_row(row)
+
+    async def set_state(
+        self, message_id: str, state: MessageState, at: float, error_code: str = ""
+    ) -> StoredMessage:
+        """Record a state change; raises LookupError for an unknown message_id."""
+        (changed,) = await self.apply([StateChange(message_id, state, at, error_code)])
+        return changed
+
+    async def apply(self, changes: Sequence[StateChange]) -> list[StoredMessage]:
+        """Apply state changes in order, in one writer job; an unknown id raises LookupError
+        and the job's savepoint undoes the changes already made."""
+        if not changes:
+            return []
+        params = [
+            (
+                MessageState(c.state).value,
+                float(c.at),
+                c.error_code,
+                c.acked_stage,
+                int(c.clear_ack_deadline),
+                c.message_id,
+            )
+            for c in changes
+        ]
+
+        def update(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
+            rows: list[tuple[Any, ...]] = []
+            for row_params in params:
+                # fetchall: the statement must run to completion before the next one.
+                found = conn.execute(_APPLY, row_params).fetchall()
+                if not found:
+                    raise LookupError(f"no message {row_params[-1]!r}")
+                rows.append(tuple(found[0]))
+            return rows
+
+        return [message_from_row(row) for row in await self._db.write(update)]
+
+    async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """Count one more delivery of each message at `at` (unknown ids are ignored; an id
+        given twice counts once)."""
+        if not message_ids:
+            return
+        params = [(float(at), message_id) for message_id in dict.fromkeys(message_ids)]
+        sql = (
+            "UPDATE messages SET deliveries = deliveries + 1, last_delivered_at = ?"
+            " WHERE message_id = ?"
+        )
+        await self._db.write(lambda conn: conn.executemany(sql, params).rowcount)
+
+    async def inbox(
+        self,
+        recipient: str,
+        after_offset: int = 0,
+        limit: int = 100,
+        states: frozenset[MessageState] | None = None,
+    ) -> list[StoredMessage]:
+        """The recipient's messages with offset > after_offset (ascending), optionally
+        only those in `states`."""
+        check_limit(limit)
+        clauses = ["recipient = ?", "inbox_offset > ?"]
+        params: list[Any] = [recipient, after_offset]
+        if states is not None:
+            if not states:
+                return []
+            clauses.append(f"state IN ({placeholders(len(states))})")
+            params.extend(sorted(s.value for s in states))
+        sql = (
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {' AND '.join(clauses)}"
+            " ORDER BY inbox_offset LIMIT ?"
+        )
+        params.append(limit)
+        rows = await self._db.read(lambda conn: conn.execute(sql, params).fetchall())
+        return [message_from_row(row) for row in rows]
+
+    async def count(self, recipient: str, states: frozenset[MessageState]) -> int:
+        """How many of the recipient's messages are in one of `states`."""
+        if not states:
+            return 0
+        sql = (
+            "SELECT COUNT(*) FROM messages WHERE recipient = ?"
+            f" AND state IN ({placeholders(len(states))})"
+        )
+        return await self._scalar(sql, [recipient, *sorted(s.value for s in states)])
+
+    async def due(self, now: float, limit: int = 500) -> list[StoredMessage]:
+        """Unfinished messages whose ack_deadline or expires_at is set and <= now,
+        ordered by the earlier of the two (then by message_id)."""
+        check_limit(limit)
+        # `due_at` is the generated column of migration 0002; the comparison lets SQLite use
+        # the partial index messages_due (it implies due_at IS NOT NULL).
+        sql = (
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE due_at <= ?"
+            " ORDER BY due_at, message_id LIMIT ?"
+        )
+        rows = await self._db.read(lambda conn: conn.execute(sql, (now, limit)).fetchall())
+        return [message_from_row(row) for row in rows]
+
+    async def next_deadline(self) -> float | None:
+        """The earliest set ack_deadline/expires_at of any unfinished message, or None."""
+        # Not MIN(due_at): its WHERE-less form would not use the partial index.
+        sql = "SELECT due_at FROM messages WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+        row = await self._db.read(lambda conn: conn.execute(sql).fetchone())
+        return None if row is None else float(row[0])
+
+    async def by_sequence(self, producer_id: str, sequence_number: int) -> StoredMessage | None:
+        """The newest (by created_at, then offset, then message_id) message of `producer_id`
+        with that sequence number."""
+        try:
+            stored_number = sequence_to_sql(sequence_number)
+        except ValueError:
+            return None  # no message can have it
+        sql = (
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE producer_id = ?"
+            " AND sequence_number = ?"
+            " ORDER BY created_at DESC, inbox_offset DESC, message_id DESC LIMIT 1"
+        )
+        params = (producer_id, stored_number)
+        row = await self._db.read(lambda conn: conn.execute(sql, params).fetchone())
+        return None if row is None else message_from_row(row)
+
+    async def oldest_offset(self, recipient: str) -> int:
+        """The lowest offset still retained in the recipient's inbox (0 when empty)."""
+        sql = "SELECT COALESCE(MIN(inbox_offset), 0) FROM messages WHERE recipient = ?"
+        return await self._scalar(sql, [recipient])
+
+    async def purge_finished(self, before: float) -> int:
+        """Delete terminal messages last updated before `before`; returns how many.
+
+        Offsets come from `inbox_offsets`, which this leaves alone: no offset is reused.
+        """
+        # finished_at: the generated column of migration 0002, indexed where not NULL.
+        sql = "DELETE FROM messages WHERE finished_at < ?"
+        return await self._db.write(lambda conn: conn.execute(sql, (before,)).rowcount)
+
+    async def _scalar(self, sql: str, params: Sequence[Any]) -> int:
+        def query(conn: sqlite3.Connection) -> int:
+            (value,) = conn.execute(sql, params).fetchone()
+            return int(value)
+
+        return await self._db.read(query)
+
+
+def _insert_new(conn: sqlite3.Connection, values: list[tuple[Any, ...]]) -> list[int]:
+    """Insert the members that are new; their offsets in input order, 0 for duplicates.
+
+    Duplicates are found before anything is written, so a duplicate never has a write to
+    undo and never consumes an offset; the rest go in with one executemany.
+    """
+    taken = _existing_ids(conn, [v[0] for v in values])
+    last: dict[str, int] = {}
+    rows: list[tuple[Any, ...]] = []
+    offsets: list[int] = []
+    for value in values:
+        message_id, recipient = value[0], value[1]
+        if message_id in taken:
+            offsets.append(0)
+            continue
+        taken.add(message_id)
+        offset = last.get(recipient)
+        if offset is None:
+            offset = _last_offset(conn, recipient)
+        last[recipient] = offset = offset + 1
+        offsets.append(offset)
+        rows.append((*value, offset))
+    conn.executemany(_INSERT, rows)
+    conn.executemany(
+        "INSERT OR REPLACE INTO inbox_offsets (recipient, last_offset) VALUES (?, ?)",
+        last.items(),
+    )
+    return offsets
+
+
+def _existing_ids(conn: sqlite3.Connection, message_ids: list[str]) -> set[str]:
+    unique = list(dict.fromkeys(message_ids))
+    found: set[str] = set()
+    for start in range(0, len(unique), _ID_CHUNK):
+        chunk = unique[start : start + _ID_CHUNK]
+        sql = f"SELECT message_id FROM messages WHERE message_id IN ({placeholders(len(chunk))})"
+        found.update(row[0] for row in conn.execute(sql, chunk))
+    return found
+
+
+def _last_offset(conn: sqlite3.Connection, recipient: str) -> int:
+    row = conn.execute(
+        "SELECT last_offset FROM inbox_offsets WHERE recipient = ?", (recipient,)
+    ).fetchone()
+    return 0 if row is None else int(row[0])

@@ -1,0 +1,103 @@
+"""Databases written at schema version 1 upgrade in place when opened by this code.
+
+Each test builds a version-1 database with the real migration runner stopped at version 1,
+writes a message with the version-1 columns only, then opens the store normally.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from apiary.core.records import IdempotencyRecord, MessageState, StateChange, StoredMessage
+from apiary.store.migrations import load_migrations
+from apiary.store.postgres import migrate_postgres, open_postgres_store
+from apiary.store.protocols import Store
+from apiary.store.sqlite import open_sqlite_store
+from apiary.store.sqlite_database import migrate_sqlite
+from apiary.testing.store_suite.base import dlq_entry
+
+V1_COLUMNS = (
+    "message_id, recipient, inbox_offset, producer_id, correlation_id, message_type, envelope,"
+    " state, created_at, updated_at, error_code"
+)
+V1_ROW = ("m-1", "b", 1, "a", "c-1", 2, b"\x00envelope\xff", "RECEIVED", 1.5, 2.5, "")
+LATEST = load_migrations("sqlite")[-1].version
+
+
+def expected_message() -> StoredMessage:
+    """The version-1 row as read by this code: every newer field at its default."""
+    return StoredMessage(
+        message_id="m-1",
+        recipient="b",
+        producer_id="a",
+        correlation_id="c-1",
+        message_type=2,
+        envelope=b"\x00envelope\xff",
+        state=MessageState.RECEIVED,
+        created_at=1.5,
+        updated_at=2.5,
+        offset=1,
+    )
+
+
+async def check_upgraded(store: Store) -> None:
+    """The version-1 message reads back with defaults, and the new columns work."""
+    old = expected_message()
+    assert await store.messages.get("m-1") == old
+    assert await store.messages.by_sequence("a", 0) == old
+    assert await store.messages.next_deadline() is None
+    assert await store.messages.oldest_offset("b") == 1
+    new = replace(old, message_id="m-2", sequence_number=2**64 - 1, ack_deadline=10.0)
+    assert await store.messages.admit(new) == replace(new, offset=2)
+    assert await store.messages.due(10.0) == [replace(new, offset=2)]
+    (finished,) = await store.messages.apply([StateChange("m-1", MessageState.FULFILLED, 3.0)])
+    assert finished == replace(old, state=MessageState.FULFILLED, updated_at=3.0)
+    assert await store.messages.purge_finished(4.0) == 1
+    assert await store.messages.oldest_offset("b") == 2
+    await store.idempotency.put(IdempotencyRecord("t", "a", "m-2", "m-2", "RECEIVED", 1.0, 1.0))
+    assert (await store.dlq.add(dlq_entry("m-3"))).entry_id == 1
+
+
+async def test_a_version_1_sqlite_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate_sqlite(raw, target=1) == [1]
+        raw.execute(f"INSERT INTO messages ({V1_COLUMNS}) VALUES ({', '.join('?' * 11)})", V1_ROW)
+        raw.execute("INSERT INTO inbox_offsets (recipient, last_offset) VALUES ('b', 1)")
+    finally:
+        raw.close()
+
+    async with open_sqlite_store(path) as store:
+        await check_upgraded(store)
+    with sqlite3.connect(path) as raw:
+        versions = [v for (v,) in raw.execute("SELECT version FROM schema_migrations")]
+    assert versions == list(range(1, LATEST + 1))
+
+
+@pytest.mark.postgres
+async def test_a_version_1_postgres_schema_is_upgraded_in_place(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+        assert await migrate_postgres(conn, postgres_schema, target=1) == [1]
+        await conn.execute(
+            f"INSERT INTO messages ({V1_COLUMNS}) VALUES ({', '.join(['%s'] * 11)})", V1_ROW
+        )
+        await conn.execute("INSERT INTO inbox_offsets (recipient, last_offset) VALUES ('b', 1)")
+
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await check_upgraded(store)
+    with psycopg.connect(postgres_dsn) as raw:
+        rows = raw.execute(
+            sql.SQL("SELECT version FROM {}.schema_migrations ORDER BY version").format(
+                sql.Identifier(postgres_schema)
+            )
+        ).fetchall()
+    assert [v for (v,) in rows] == list(range(1, LATEST + 1))
