@@ -11,7 +11,7 @@ from psycopg import sql
 
 from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage
-from apiary.store.errors import SchemaVersionError
+from apiary.store.errors import DuplicateMessageError, SchemaVersionError
 from apiary.store.migrations import load_migrations
 from apiary.store.postgres import open_postgres_store, split_schema_parameter
 
@@ -230,3 +230,45 @@ async def test_the_partial_indexes_serve_their_queries(
         plan = "\n".join(row[0] for row in conn.execute(f"EXPLAIN {query}", params))
         conn.rollback()
     assert index in plan, plan
+
+
+async def _wait_for_a_blocked_insert(dsn: str) -> None:
+    """Until some backend waits on a lock inside a batch INSERT INTO messages. PostgreSQL
+    offers no notification of that, so pg_stat_activity is polled (bounded)."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        for _ in range(WAIT_S * 100):
+            cursor = await conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE 'INSERT INTO messages%%unnest%%'"
+            )
+            row = await cursor.fetchone()
+            if row is not None and row[0] > 0:
+                return
+            await asyncio.sleep(0.01)
+    raise TimeoutError("the batch INSERT never waited for the concurrent one")
+
+
+async def test_an_id_admitted_elsewhere_meanwhile_is_a_duplicate_and_leaves_no_gap(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await store.messages.admit(message("first", "b"))
+        with psycopg.connect(postgres_dsn) as other:
+            # Another replica admits "x" to another recipient and has not committed yet:
+            # the batch's duplicate check cannot see it, its INSERT has to wait for it.
+            other.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(postgres_schema)))
+            other.execute(
+                "INSERT INTO messages (message_id, recipient, inbox_offset, producer_id,"
+                " correlation_id, message_type, envelope, state, created_at, updated_at)"
+                " VALUES ('x', 'z', 1, 'a', 'c', 2, '', 'RECEIVED', 1, 1)"
+            )
+            batch = store.messages.admit_many([message("x", "b"), message("y", "b")])
+            admitting = asyncio.create_task(batch)
+            await _wait_for_a_blocked_insert(postgres_dsn)
+            other.commit()
+        duplicate, admitted = await asyncio.wait_for(admitting, WAIT_S)
+        assert isinstance(duplicate, DuplicateMessageError)
+        assert isinstance(admitted, StoredMessage)
+        assert admitted.offset == 2
+        assert [m.message_id for m in await store.messages.inbox("b")] == ["first", "y"]
+        assert (await store.messages.admit(message("z", "b"))).offset == 3

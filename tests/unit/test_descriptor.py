@@ -57,7 +57,7 @@ def test_minimal_descriptor_is_valid() -> None:
     )
 
 
-# --- agent_id and name --------------------------------------------------------------------------
+# --- agent_id and name ------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -77,7 +77,7 @@ def test_bad_names(name: str) -> None:
     assert field_of(descriptor(name=name)).details["field"] == "agent.name"
 
 
-# --- description ----------------------------------------------------------------------------------
+# --- description ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_description_limit_counts_words(words: list[str]) -> None:
         assert field_of(d).details["field"] == "agent.description"
 
 
-# --- capabilities ---------------------------------------------------------------------------------
+# --- capabilities -----------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -126,7 +126,7 @@ def test_no_capabilities_is_valid() -> None:
     validate_descriptor(descriptor(capabilities=()))
 
 
-# --- communication class --------------------------------------------------------------------------
+# --- communication class ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("value", COMMUNICATION_CLASSES)
@@ -148,7 +148,7 @@ def test_other_classes_are_refused(value: str) -> None:
         effective_communication_class(value)
 
 
-# --- modalities -------------------------------------------------------------------------------------
+# --- modalities -------------------------------------------------------------------------------
 
 
 def test_wildcard_and_parameterised_modalities_are_valid() -> None:
@@ -162,7 +162,7 @@ def test_bad_modalities(bad: str) -> None:
     assert error.details == {"field": "agent.modalities_supported", "index": "1"}
 
 
-# --- reasoning connectors ---------------------------------------------------------------------------
+# --- reasoning connectors ---------------------------------------------------------------------
 
 
 def test_at_least_one_connector_is_required() -> None:
@@ -185,7 +185,7 @@ def test_bad_connectors(connector: str) -> None:
     assert error.details == {"field": "agent.reasoning_connectors", "index": "1"}
 
 
-# --- public key -------------------------------------------------------------------------------------
+# --- public key -------------------------------------------------------------------------------
 
 
 def test_empty_key_is_allowed_without_signing() -> None:

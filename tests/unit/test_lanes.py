@@ -36,7 +36,7 @@ def picks(scheduler: LaneScheduler, n: int, ready: dict[str, int], now: float = 
     return [scheduler.pick(ready, now) for _ in range(n)]
 
 
-# --- policy -----------------------------------------------------------------------------------------
+# --- policy -----------------------------------------------------------------------------------
 
 
 def test_default_policy() -> None:
@@ -81,7 +81,7 @@ def test_bad_policies(kwargs: dict[str, Any], field: str) -> None:
     assert info.value.details["field"] == field
 
 
-# --- the wheel --------------------------------------------------------------------------------------
+# --- the wheel --------------------------------------------------------------------------------
 
 
 def test_default_wheel_interleaves() -> None:
@@ -96,7 +96,7 @@ def test_wheel_gives_each_lane_its_weight(weights: tuple[int, int, int]) -> None
     assert Counter(smooth_wheel(mapping)) == mapping
 
 
-# --- picking ----------------------------------------------------------------------------------------
+# --- picking ----------------------------------------------------------------------------------
 
 
 def test_nothing_ready_gives_none() -> None:
@@ -183,6 +183,29 @@ def test_urgent_credit_caps_privileged_when_tokens_never_run_out() -> None:
     assert all(c is not None and not c.overflowed for c in choices)
 
 
+def test_privileged_without_credit_waits_for_its_slot() -> None:
+    # After the one-pick burst, a PRIVILEGED message with a token but no credit is served
+    # urgently in its own wheel slots and the other lanes in theirs: P S P B P S P.
+    scheduler = LaneScheduler(policy(burst=1))
+    assert scheduler.pick(ALL_BUSY, 0.0) == URGENT
+    assert scheduler.urgent_credit == 0
+    cycle = [scheduler.pick(ALL_BUSY, float(t)) for t in range(1, 8)]
+    expected = [URGENT if lane == PRIVILEGED else LaneChoice(lane) for lane in scheduler.wheel]
+    assert cycle == expected
+
+
+def test_unused_privileged_slots_earn_credit_up_to_the_burst() -> None:
+    scheduler = LaneScheduler(policy(burst=2))
+    assert picks(scheduler, 2, {PRIVILEGED: 1}) == [URGENT, URGENT]
+    assert scheduler.urgent_credit == 0
+    picks(scheduler, 14, {STANDARD: 1, BULK: 1})  # two cycles pass 8 unused P slots
+    assert scheduler.urgent_credit == 2
+    assert picks(scheduler, 2, ALL_BUSY, now=10.0) == [URGENT, URGENT]
+    third = scheduler.pick(ALL_BUSY, 10.0)
+    assert third is not None
+    assert not third.urgent  # out of tokens and credit
+
+
 def test_schedulers_are_deterministic() -> None:
     times = [0.0, 0.0, 0.01, 0.5, 0.5, 3.0, 3.0, 3.0, 3.2] * 5
     runs = []
@@ -192,7 +215,7 @@ def test_schedulers_are_deterministic() -> None:
     assert runs[0] == runs[1]
 
 
-# --- properties ---------------------------------------------------------------------------------------
+# --- properties -------------------------------------------------------------------------------
 
 policies = st.builds(
     policy,

@@ -77,7 +77,12 @@ def test_extensions_live_in_their_own_package() -> None:
     assert [p.name for p in extensions] == ["apiary.proto"]
     assert _package(extensions[0]) == "apiary.v1"
     non_sw4rm = {s for s in SERVICES if not s.startswith("sw4rm.")}
-    assert non_sw4rm == {"apiary.v1.EventLogService"}
+    assert non_sw4rm == {
+        "apiary.v1.EventLogService",
+        "apiary.v1.RouterStreamService",
+        "apiary.v1.DiscoveryService",
+        "apiary.v1.DlqService",
+    }
 
 
 def test_interop_services_have_the_wire_names_other_sdks_call() -> None:

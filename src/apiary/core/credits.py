@@ -10,8 +10,9 @@ or a terminal error). On top of the window:
   credit freed goes to the one that is short. Active producers are those holding credits or
   waiting. A producer becomes waiting when it is denied for lack of credit, or explicitly
   through `note_waiting` (e.g. the engine knows it has queued messages); it stops waiting
-  when it is granted a credit or through `cancel_waiting`. Waiting producers that have gone
-  away must be cancelled by the caller, or they keep others at their fair share.
+  when it is granted a credit (so nothing stale is left behind by producers that got what
+  they asked for: one with more queued is noted again) or through `cancel_waiting`. A
+  waiting producer that goes away must be cancelled, or it keeps others at their share.
 
 The ledger is pure: no clock, no I/O. Adaptive windows (the RFC's MAY) are not done here.
 """
@@ -144,17 +145,12 @@ class CreditLedger:
         self._waiting.discard(producer)
 
     def _someone_short(self, producer: str, share: int) -> bool:
-        # Only a waiting producer that could actually take the credit holds it back: one
-        # below the fair share and below its cap. Otherwise the credit would sit idle. The
-        # share is the same for everyone: the requester holds credits, so it is active.
-        for other in self._waiting:
-            if other == producer:
-                continue
-            held = self.in_flight(other)
-            below_cap = self._cap is None or held < self._cap
-            if held < share and below_cap:
-                return True
-        return False
+        # Only a waiting producer below the fair share holds the credit back; one at or over
+        # it could not be helped by the denial, and the credit would sit idle. The share is
+        # the same for everyone: the requester holds credits, so it is already active. (A
+        # waiter's cap needs no check: caps are uniform, so a waiter at its cap below the
+        # share means the requester, over the share, was already denied by its own cap.)
+        return any(other != producer and self.in_flight(other) < share for other in self._waiting)
 
 
 def _check_producer(producer: str) -> None:

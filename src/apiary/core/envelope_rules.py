@@ -251,7 +251,7 @@ def check_modality(content_type: str, modalities: Sequence[str]) -> None:
         )
 
 
-# --- the checks, in order --------------------------------------------------------------------
+# --- the checks, in order ---------------------------------------------------------------------
 
 
 def _check_required(env: Envelope) -> None:
@@ -319,7 +319,7 @@ def _check_ttl(env: Envelope, now: float) -> None:
         )
 
 
-# --- helpers ------------------------------------------------------------------------------------
+# --- helpers ----------------------------------------------------------------------------------
 
 
 def _is_json(base: str) -> bool:

@@ -72,32 +72,43 @@ class Delivery:
                 {"resume_after": str(resume_after)},
             )
 
-    async def stream(
-        self, agent_id: str, resume_after: int = 0, max_batch: int = 0
-    ) -> AsyncIterator[list[Handout]]:
-        """Batches of handouts for `agent_id`, forever (until superseded or cancelled)."""
+    async def open(self, agent_id: str, resume_after: int = 0) -> int:
+        """Start a new stream session for the agent; returns its session number."""
         await self._registry.get(agent_id)
         await self._check_position(agent_id, resume_after)
-        limit = min(max_batch or self._router.settings.max_batch, self._router.settings.max_batch)
-        inbox = self._router.inbox(agent_id)
-        session = inbox.open_session(resume_after)
+        session = self._router.inbox(agent_id).open_session(resume_after)
         await self._events.record(
             "stream.opened", agent_id, agent_id=agent_id, resume_after=resume_after,
             session=session,
         )  # fmt: skip
+        return session
+
+    async def poll(self, agent_id: str, session: int, max_batch: int = 0) -> list[Handout]:
+        """The next batch of the session (empty when nothing is pending); never waits."""
+        inbox = self._router.inbox(agent_id)
+        if inbox.session != session:
+            raise AgentUnavailableError(
+                f"stream of {agent_id} was superseded by a newer connection",
+                {"agent_id": agent_id},
+            )
+        limit = min(max_batch or self._router.settings.max_batch, self._router.settings.max_batch)
+        inbox.arrived.clear()
+        batch = inbox.take(limit, self._router.clock_now())
+        return await self._handed_out(agent_id, batch) if batch else []
+
+    async def stream(
+        self, agent_id: str, resume_after: int = 0, max_batch: int = 0
+    ) -> AsyncIterator[list[Handout]]:
+        """Batches of handouts for `agent_id`, forever (until superseded or cancelled)."""
+        session = await self.open(agent_id, resume_after)
+        inbox = self._router.inbox(agent_id)
         try:
             while True:
-                if inbox.session != session:
-                    raise AgentUnavailableError(
-                        f"stream of {agent_id} was superseded by a newer connection",
-                        {"agent_id": agent_id},
-                    )
-                inbox.arrived.clear()
-                batch = inbox.take(limit, self._router.clock_now())
-                if not batch:
+                batch = await self.poll(agent_id, session, max_batch)
+                if batch:
+                    yield batch
+                else:
                     await inbox.arrived.wait()
-                    continue
-                yield await self._handed_out(agent_id, batch)
         finally:
             await self._events.record("stream.closed", agent_id, agent_id=agent_id, session=session)
 

@@ -74,6 +74,7 @@ class Router:
         self._registry = registry
         self._events = events
         self._codec = codec
+        self.codec = codec
         self._clock = clock
         self._notices = notices
         self._inboxes: dict[str, Inbox] = {}
@@ -153,7 +154,9 @@ class Router:
                 env, limits=self.settings.limits, now=now, hlc_required=self.settings.hlc_required
             )
             acked_producer = ""
-            if env.message_type is MessageType.ACKNOWLEDGEMENT:
+            # The coordinator's own ACKs (NACKs, duplicate notices) acknowledge nothing it
+            # received; only an agent's ACK moves the acknowledged message.
+            if env.message_type is MessageType.ACKNOWLEDGEMENT and env.producer_id != COORDINATOR:
                 acked_producer = await self._on_ack(env, now)
             target = resolve_recipient(env, item.recipient, acked_producer)
             return await self._admissible(env, target, now)

@@ -69,7 +69,7 @@ class Coordinator:
 
 
 @dataclass(slots=True)
-class _Engine:
+class Engine:
     events: EventRecorder
     registry: Registry
     router: Router
@@ -77,7 +77,8 @@ class _Engine:
     presence: Presence
 
 
-def _engine(store: Store, settings: RouterSettings, runtime: Runtime) -> _Engine:
+def build_engine(store: Store, settings: RouterSettings, runtime: Runtime) -> Engine:
+    """The messaging engine over `store`, without any transport."""
     clock = runtime.clock
     events = EventRecorder(store.events, clock)
     registry = Registry(store.agents, events, clock)
@@ -86,10 +87,10 @@ def _engine(store: Store, settings: RouterSettings, runtime: Runtime) -> _Engine
     router = Router(store, registry, events, codec, clock, notices, settings)
     delivery = Delivery(router, registry, store.messages, events)
     presence = Presence(registry, router, notices, events, clock, runtime.presence)
-    return _Engine(events, registry, router, delivery, presence)
+    return Engine(events, registry, router, delivery, presence)
 
 
-def _handlers(engine: _Engine, runtime: Runtime) -> dict[str, object]:
+def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
     return {
         "sw4rm.registry.RegistryService": RegistryHandler(engine.registry, engine.presence),
         "sw4rm.router.RouterService": RouterHandler(engine.router, engine.delivery),
@@ -111,7 +112,7 @@ def _bind_http(address: Address) -> socket.socket:
     return sock
 
 
-async def _background(engine: _Engine, runtime: Runtime) -> list[asyncio.Task[None]]:
+async def _background(engine: Engine, runtime: Runtime) -> list[asyncio.Task[None]]:
     router = engine.router
     return [
         asyncio.create_task(
@@ -134,7 +135,7 @@ async def open_coordinator(
     runtime = runtime or Runtime(clock=clock or SystemClock())
     settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
-        engine = _engine(store, settings, runtime)
+        engine = build_engine(store, settings, runtime)
         recovered = await engine.router.recover()
         metrics = Metrics(engine.router)
         dispatcher = Dispatcher(_handlers(engine, runtime))
