@@ -28,7 +28,7 @@ async def served(
     proc = await asyncio.create_subprocess_exec(
         *APIARY, "serve", "--data-dir", str(tmp_path / "state"),
         "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.stdout is not None
     ports: dict[str, str] = {}

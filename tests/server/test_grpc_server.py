@@ -293,7 +293,9 @@ async def test_reused_message_id_is_refused_and_the_first_kept(
     assert _detail(caught.value).error_code == "validation_error"
     assert _detail(caught.value).details["field"] == "message_id"
     inbox = [
-        m for m in await coordinator.store.messages.inbox("bob") if m.message_type == pb.common_pb2.DATA
+        m
+        for m in await coordinator.store.messages.inbox("bob")
+        if m.message_type == pb.common_pb2.DATA
     ]
     assert [m.message_id for m in inbox] == [first.message_id]
     assert b'"n": 1' in inbox[0].envelope

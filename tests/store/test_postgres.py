@@ -4,6 +4,8 @@ numbering across several stores (replicas) sharing one schema."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import psycopg
 import pytest
@@ -193,7 +195,7 @@ async def test_replicas_applying_crossing_batches_do_not_deadlock(
             return [StateChange(i, MessageState.READ, at) for i in order]
 
         # Opposite orders: without locking in key order these would wait for each other.
-        work = []
+        work: list[Coroutine[Any, Any, object]] = []
         for round_ in range(10):
             work.append(one.messages.apply(changes(ids, float(round_))))
             work.append(two.messages.apply(changes(ids[::-1], float(round_))))

@@ -72,3 +72,30 @@ def test_ipv6_address() -> None:
     address = Address.parse("[::1]:0", "grpc")
     assert address == Address("::1", 0)
     assert str(address) == "[::1]:0"
+
+
+def test_router_table_sets_messaging_settings(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(
+        "[router]\nbuffer_capacity = 500\nack_timeout_s = 30\nhlc_required = true\n"
+        "[router.limits]\nDATA = 1024\n"
+    )
+    router = load_config(file, {}, {}).router
+    assert (router.buffer_capacity, router.ack_timeout_s, router.hlc_required) == (500, 30.0, True)
+    assert router.limits.data == 1024
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ("buffer_capacity = 0", "buffer_capacity"),
+        ("ack_timeout_s = 'soon'", "ack_timeout_s"),
+        ("bufer_capacity = 5", "bufer_capacity"),
+    ],
+)
+def test_bad_router_settings_name_the_field(tmp_path: Path, table: str, field: str) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(f"[router]\n{table}\n")
+    with pytest.raises(ValidationError) as caught:
+        load_config(file, {}, {})
+    assert field in caught.value.message

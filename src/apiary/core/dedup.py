@@ -140,6 +140,27 @@ def attempt(record: IdempotencyRecord, message_id: str, now: float) -> Idempoten
     )
 
 
+def requeue_attempt(record: IdempotencyRecord, message_id: str, now: float) -> IdempotencyRecord:
+    """Add an operator's requeue of a dead letter (RFC 21.1) as an attempt: it becomes current.
+
+    Unlike `attempt`, this is allowed after an outcome is cached, because an operator asked
+    for the operation to run again. The cached outcome stays until the new attempt reaches
+    its own, which `progress` reconciles (a FULFILLED replaces a REJECTED or FAILED). A
+    message_id already among the attempts raises ValueError.
+    """
+    _check_time(now)
+    if not message_id:
+        raise ValueError("message_id must not be empty")
+    if message_id in record.attempts:
+        raise ValueError(f"{message_id} is already an attempt of {record.token!r}")
+    return replace(
+        record,
+        current_message_id=message_id,
+        updated_at=now,
+        attempts=(*record.attempts, message_id),
+    )
+
+
 def progress(
     record: IdempotencyRecord,
     message_id: str,

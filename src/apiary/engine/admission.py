@@ -16,6 +16,9 @@ class Outbound:
     envelope: Envelope
     recipient: str = ""
     """Explicit recipient (sw4rm-recipient metadata / gateway field); '' to resolve."""
+    requeue: bool = False
+    """An operator's requeue of a dead letter (RFC 21.1): admitted without deduplication,
+    since re-running the operation is the point."""
 
 
 @dataclass(slots=True)

@@ -21,7 +21,8 @@ from apiary.store.protocols import DlqStore
 
 EXCERPT_BYTES = 512
 Requeue = Callable[[Envelope, str], Awaitable[str]]
-"""Admits an envelope for a recipient again; returns the new message_id."""
+"""Admits an envelope for a recipient again, as a requeue (`Outbound.requeue`: no
+deduplication); returns the new message_id."""
 
 
 def excerpt(entry: DlqEntry, codec: EnvelopeCodec) -> bytes:
@@ -108,7 +109,12 @@ class DeadLetters:
                 {"entry_id": str(entry_id), "requeued_as": entry.requeued_as},
             )
         env = self._codec.decode(entry.envelope)
-        retry = replace(env, message_id=ids.new_id(), retry_count=env.retry_count + 1)
+        # Sent again now: a TTL counts from the requeue, or an expired message could never
+        # be requeued.
+        retry = replace(
+            env, message_id=ids.new_id(), retry_count=env.retry_count + 1,
+            timestamp=self._clock.now(),
+        )  # fmt: skip
         new_id = await send(retry, entry.recipient)
         await self._dlq.mark_requeued(entry_id, self._clock.now(), new_id)
         await self._events.record(

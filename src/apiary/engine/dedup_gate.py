@@ -1,8 +1,10 @@
 """Deduplication at admission (RFC 11.2): by idempotency token when present, else by
 (producer_id, sequence_number); and the cache updates that follow a message's fate.
 
-Every decision other than "new" is logged by the router as a rejection event; cache writes
-are logged here as `idempotency.*` events (RFC 19: cache decisions are logged).
+RFC 19 (cache decisions are logged, linked to the original attempt): every decision on a
+token, and every decision by sequence number other than "new", is an `idempotency.decision`
+event naming the arrival and the original attempt; every change of a token's cached outcome
+is an `idempotency.cached` event. Rejections are also logged by the router.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from apiary.core.envelope import Envelope
 from apiary.core.idempotency import is_within_window
 from apiary.core.records import IdempotencyRecord, StoredMessage
 from apiary.engine.admission import SendOutcome
+from apiary.engine.eventlog import EventRecorder
 from apiary.errors import AlreadyInProgressError, ApiaryError, DuplicateDetectedError
 from apiary.store.protocols import IdempotencyStore, MessageStore
 
@@ -23,6 +26,7 @@ class _Plan:
     token: str
     record: IdempotencyRecord | None
     """The record a RETRY continues; None for a NEW operation."""
+    requeue: bool = False
 
 
 def _reject(env: Envelope, error: ApiaryError, details: dict[str, str]) -> SendOutcome:
@@ -32,28 +36,54 @@ def _reject(env: Envelope, error: ApiaryError, details: dict[str, str]) -> SendO
 
 
 class DedupGate:
-    def __init__(self, cache: IdempotencyStore, messages: MessageStore, window_s: float) -> None:
+    def __init__(
+        self,
+        cache: IdempotencyStore,
+        messages: MessageStore,
+        window_s: float,
+        events: EventRecorder,
+    ) -> None:
         self._cache = cache
         self._messages = messages
         self._window = window_s
+        self._events = events
         self._reserved: set[str] = set()
         self._plans: dict[str, _Plan] = {}
 
-    async def check(self, env: Envelope, now: float) -> SendOutcome | None:
-        """None when `env` may be admitted (the token is then reserved until `admitted`)."""
+    async def check(
+        self, env: Envelope, now: float, *, requeue: bool = False
+    ) -> SendOutcome | None:
+        """None when `env` may be admitted (the token is then reserved until `admitted`).
+
+        A `requeue` (an operator's, from the DLQ) is always admitted; it joins its token's
+        record as a new attempt, so that its outcome is what later retries are answered.
+        """
         token = env.idempotency_token
+        if requeue:
+            await self._requeue(env, token)
+            return None
         if token:
             return await self._by_token(env, token, now)
         if env.sequence_number > 0:
             return await self._by_sequence(env, now)
         return None
 
+    async def _log(self, env: Envelope, decision: str, original: str, **details: str) -> None:
+        await self._events.record(
+            "idempotency.decision", env.producer_id, correlation_id=env.correlation_id,
+            message_id=env.message_id, decision=decision, original_message_id=original,
+            **details,
+        )  # fmt: skip
+
     async def _by_token(self, env: Envelope, token: str, now: float) -> SendOutcome | None:
         if token in self._reserved:
             busy = AlreadyInProgressError(f"token {token} is being admitted right now")
+            await self._log(env, dedup.DedupKind.IN_PROGRESS, "", token=token)
             return _reject(env, busy, {"token": token})
         record = await self._cache.get(token)
         decision = dedup.decide(record, now, self._window)
+        original = record.original_message_id if record else env.message_id
+        await self._log(env, decision.kind, original, token=token)
         if decision.kind is dedup.DedupKind.DUPLICATE:
             assert record is not None
             payload = {k: str(v) for k, v in dedup.duplicate_payload(record).items()}
@@ -75,6 +105,14 @@ class DedupGate:
         self._plans[env.message_id] = _Plan(token, keep)
         return None
 
+    async def _requeue(self, env: Envelope, token: str) -> None:
+        record = await self._cache.get(token) if token else None
+        original = record.original_message_id if record else env.message_id
+        await self._log(env, "REQUEUE", original, token=token)
+        if record is not None:
+            self._reserved.add(token)
+            self._plans[env.message_id] = _Plan(token, record, requeue=True)
+
     async def _by_sequence(self, env: Envelope, now: float) -> SendOutcome | None:
         prior = await self._messages.by_sequence(env.producer_id, env.sequence_number)
         if prior is None or prior.message_id == env.message_id:
@@ -84,6 +122,8 @@ class DedupGate:
         if prior.state.value == "TIMED_OUT":
             return None  # a retry of an attempt that got no answer may proceed
         where = f"({env.producer_id}, {env.sequence_number})"
+        kind = dedup.DedupKind.DUPLICATE if prior.state.terminal else dedup.DedupKind.IN_PROGRESS
+        await self._log(env, kind, prior.message_id, sequence_number=str(env.sequence_number))
         if prior.state.terminal:
             details = {
                 "status": dedup.DUPLICATE_DETECTED,
@@ -108,6 +148,9 @@ class DedupGate:
         self._reserved.discard(plan.token)
         if plan.record is None:
             record = dedup.start(plan.token, stored.producer_id, stored.message_id, now)
+        elif plan.requeue:
+            current = await self._cache.get(plan.token) or plan.record
+            record = dedup.requeue_attempt(current, stored.message_id, now)
         else:
             record = dedup.attempt(plan.record, stored.message_id, now)
         await self._cache.put(record)
@@ -133,4 +176,10 @@ class DedupGate:
         )
         if updated != record:
             await self._cache.put(updated)
+            if updated.outcome_at != record.outcome_at:
+                await self._events.record(
+                    "idempotency.cached", message.producer_id,
+                    correlation_id=message.correlation_id, token=token, message_id=message_id,
+                    original_message_id=updated.original_message_id, status=updated.status,
+                )  # fmt: skip
         return updated

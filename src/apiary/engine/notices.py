@@ -7,7 +7,9 @@ import json
 from typing import Any
 
 from apiary.core.clock import Clock
+from apiary.core.dedup import iso_utc
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
+from apiary.core.hlc import HybridLogicalClock, format_hlc, physical_us
 from apiary.core.ids import IdGenerator
 
 COORDINATOR = "coordinator"
@@ -19,6 +21,9 @@ class NoticeFactory:
         self._clock = clock
         self._ids = ids
         self._sequence = 0
+        # Every notice carries an HLC timestamp, so that it passes admission when the router
+        # requires one (RFC 11: with HLC enabled, messages MUST include hlc_timestamp).
+        self._hlc = HybridLogicalClock(COORDINATOR)
 
     def _envelope(
         self, message_type: MessageType, body: dict[str, Any], correlation_id: str
@@ -36,21 +41,22 @@ class NoticeFactory:
             correlation_id=correlation_id or message_id,
             sequence_number=self._sequence,
             timestamp=self._clock.now(),
+            hlc_timestamp=format_hlc(self._hlc.send(physical_us(self._clock.now()))),
         )
 
     def ack(self, ack: Ack, correlation_id: str, extra: dict[str, Any] | None = None) -> Envelope:
         """An ACKNOWLEDGEMENT (a NACK when the stage is REJECTED/FAILED/TIMED_OUT).
 
-        The error code is written in upper case, as the RFC's examples do.
+        The error code is written in upper case, as the RFC's examples do. `extra` adds
+        fields; it cannot replace the acknowledgement's own four.
         """
         body: dict[str, Any] = {
+            **(extra or {}),
             "ack_for_message_id": ack.ack_for_message_id,
             "ack_stage": ack.ack_stage.name,
             "error_code": ack.error_code.upper(),
             "note": ack.note,
         }
-        if extra:
-            body.update(extra)
         return self._envelope(MessageType.ACKNOWLEDGEMENT, body, correlation_id)
 
     def nack(
@@ -62,5 +68,6 @@ class NoticeFactory:
         return self._envelope(MessageType.NOTIFICATION, body, correlation_id)
 
     def heartbeat(self, agent_id: str) -> Envelope:
-        body = {"command": "heartbeat", "agent_id": agent_id, "at": self._clock.now()}
+        # Timestamps in payloads are ISO 8601 with a timezone (message-types rule 7).
+        body = {"command": "heartbeat", "agent_id": agent_id, "at": iso_utc(self._clock.now())}
         return self._envelope(MessageType.HEARTBEAT, body, "")

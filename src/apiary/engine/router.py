@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 
 from apiary.core.addressing import resolve_recipient
 from apiary.core.clock import Clock
@@ -48,6 +49,8 @@ from apiary.store.protocols import Store
 
 NOTICE_TYPES = frozenset({MessageType.ACKNOWLEDGEMENT, MessageType.HEARTBEAT})
 _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
+_ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
+"""The message state an ACK stage reports."""
 
 
 def is_notice(message: StoredMessage) -> bool:
@@ -83,7 +86,9 @@ class Router:
         self._live: dict[str, StoredMessage] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self.deadlines = Deadlines(clock)
-        self.dedup = DedupGate(store.idempotency, store.messages, self.settings.dedup_window_s)
+        self.dedup = DedupGate(
+            store.idempotency, store.messages, self.settings.dedup_window_s, events
+        )
         self.dead_letters = DeadLetters(store.dlq, events, codec, clock)
 
     # ------------------------------------------------------------------ inboxes
@@ -159,12 +164,12 @@ class Router:
             if env.message_type is MessageType.ACKNOWLEDGEMENT and env.producer_id != COORDINATOR:
                 acked_producer = await self._on_ack(env, now)
             target = resolve_recipient(env, item.recipient, acked_producer)
-            return await self._admissible(env, target, now)
+            return await self._admissible(env, target, now, requeue=item.requeue)
         except ApiaryError as exc:
             return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
 
     async def _admissible(
-        self, env: Envelope, target: str, now: float
+        self, env: Envelope, target: str, now: float, *, requeue: bool = False
     ) -> tuple[SendOutcome, StoredMessage | None]:
         if target == COORDINATOR:
             # ACKs of coordinator notices end here: nothing to forward.
@@ -178,10 +183,14 @@ class Router:
         notice = env.producer_id == COORDINATOR or env.message_type in NOTICE_TYPES
         if not notice:
             check_modality(env.content_type, agent.descriptor.get("modalities_supported") or ())
-            duplicate = await self.dedup.check(env, now)
+            duplicate = await self.dedup.check(env, now, requeue=requeue)
             if duplicate is not None:
                 return duplicate, None
-            self._reserve(target, env)
+            try:
+                self._reserve(target, env)
+            except ApiaryError:
+                self.dedup.abandon(env.message_id)
+                raise
         producer = await self._registry.find(env.producer_id)
         lane = _lane(producer.descriptor if producer else {})
         record = StoredMessage(
@@ -295,7 +304,10 @@ class Router:
     async def _notify_duplicate(self, env: Envelope, outcome: SendOutcome) -> None:
         stage = AckStage[outcome.details.get("original_status", "FULFILLED")]
         ack = Ack(env.message_id, stage, "duplicate_detected", outcome.reason)
-        notice = self._notices.ack(ack, env.correlation_id, dict(outcome.details))
+        # The ACK's error_code says DUPLICATE_DETECTED; the cached error travels beside it.
+        extra = dict(outcome.details)
+        extra["original_error_code"] = extra.pop("error_code", "")
+        notice = self._notices.ack(ack, env.correlation_id, extra)
         await self._deliver_notice(env.producer_id, notice)
 
     async def _nack(
@@ -379,6 +391,10 @@ class Router:
             (updated,) = await self._messages.apply([change])
         self._track(updated, acked=ack is not None)
         await self._record_step(message, updated, event, step.late, code, now)
+        if step.late and ack is not None:
+            # RFC 11.1 rule 4: a late ACK leaves the message's state alone but counts for the
+            # idempotency cache at the stage it reports (the only late effect reading it).
+            updated = replace(updated, state=_ACKED_STATE[ack.ack_stage])
         for effect in step.effects:
             await self._perform(effect, message, updated, code, note, now)
         return step.effects
@@ -391,7 +407,8 @@ class Router:
             inbox.finished(message.message_id)
             self._live.pop(message.message_id, None)
             self.deadlines.forget(message.message_id)
-            if message.last_delivered_at:
+            # Service time is the agent's work on a message; notices need none.
+            if message.last_delivered_at and not is_notice(message):
                 timing = self.stats.timing(self.stats.process_time, message.recipient)
                 timing.observe(message.updated_at - message.last_delivered_at)
         else:
@@ -428,7 +445,9 @@ class Router:
                 before.producer_id, before.message_id, before.correlation_id, stage, code,
                 note or f"{code} in state {before.state}", before.acked_stage or "RECEIVED",
             )  # fmt: skip
-        elif effect is Effect.DEAD_LETTER:
+        elif effect is Effect.DEAD_LETTER and before.producer_id != COORDINATOR:
+            # As at admission: the coordinator's own notices (heartbeats, NACKs, join/leave)
+            # that expire unread are not dead letters; an operator has nothing to triage.
             await self.dead_letters.failed(after, code, note, now)
             self.stats.dead_lettered[code] += 1
         elif effect is Effect.UPDATE_IDEMPOTENCY:

@@ -94,6 +94,46 @@ def _apply(config: ServerConfig, values: Mapping[str, Any], source: str) -> Serv
     return replace(config, **{k: _coerce(k, v, source) for k, v in values.items()})
 
 
+_ROUTER_TYPES: dict[str, type] = {
+    "ack_timeout_s": float,
+    "buffer_capacity": int,
+    "dedup_window_s": float,
+    "hlc_required": bool,
+    "credit_window": int,
+    "per_producer_cap": int,
+    "max_batch": int,
+    "notice_ttl_s": float,
+    "retention_s": float,
+}
+
+
+def router_settings(values: Mapping[str, Any], source: str) -> RouterSettings:
+    """RouterSettings from a TOML table; `limits` is a table of per-type payload limits."""
+    settings = RouterSettings()
+    changes: dict[str, Any] = {}
+    for key, value in values.items():
+        if key == "limits":
+            if not isinstance(value, dict):
+                raise ValidationError(f"{source}: limits must be a table", {"field": "limits"})
+            changes["limits"] = settings.limits.with_overrides(value)
+            continue
+        kind = _ROUTER_TYPES.get(key)
+        if kind is None:
+            known = ", ".join(sorted([*_ROUTER_TYPES, "limits"]))
+            raise ValidationError(
+                f"{source}: unknown setting {key}; known: {known}", {"field": key}
+            )
+        numeric = (
+            kind is not bool and isinstance(value, int | float) and not isinstance(value, bool)
+        )
+        if not (isinstance(value, kind) or (kind is float and numeric)):
+            raise ValidationError(f"{source}: {key} must be {kind.__name__}", {"field": key})
+        if kind is not bool and value < (1 if key in ("buffer_capacity", "max_batch") else 0):
+            raise ValidationError(f"{source}: {key} must not be below its minimum", {"field": key})
+        changes[key] = kind(value)
+    return replace(settings, **changes)
+
+
 def load_config(
     config_file: Path | None, env: Mapping[str, str], flags: Mapping[str, str | None]
 ) -> ServerConfig:
@@ -109,10 +149,20 @@ def load_config(
             ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ValidationError(f"config file {path}: {exc}", {"field": "config"}) from None
+        unknown = sorted(set(doc) - {"server", "router"})
+        if unknown:
+            raise ValidationError(
+                f"{path}: unknown table(s) {', '.join(unknown)}; known: server, router",
+                {"field": unknown[0]},
+            )
         server = doc.get("server", {})
         if not isinstance(server, dict):
             raise ValidationError(f"{path}: [server] must be a table", {"field": "server"})
         config = _apply(config, server, str(path))
+        router = doc.get("router", {})
+        if not isinstance(router, dict):
+            raise ValidationError(f"{path}: [router] must be a table", {"field": "router"})
+        config = replace(config, router=router_settings(router, f"{path} [router]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

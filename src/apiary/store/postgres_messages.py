@@ -76,6 +76,15 @@ _APPLY = (
     " ack_deadline = CASE WHEN %s THEN 0 ELSE ack_deadline END"
     f" WHERE message_id = %s RETURNING {MESSAGE_COLUMNS}"
 )
+_APPLY_DISTINCT = (
+    "UPDATE messages AS m SET state = t.state, updated_at = t.at, error_code = t.error_code,"
+    " acked_stage = COALESCE(NULLIF(t.acked_stage, ''), m.acked_stage),"
+    " ack_deadline = CASE WHEN t.clear THEN 0 ELSE m.ack_deadline END"
+    " FROM unnest(%s::text[], %s::float8[], %s::text[], %s::text[], %s::bool[], %s::text[])"
+    " AS t(state, at, error_code, acked_stage, clear, message_id)"
+    " WHERE m.message_id = t.message_id"
+    f" RETURNING {', '.join(f'm.{c}' for c in MESSAGE_COLUMNS.split(', '))}"
+)
 _ADMIT_ATTEMPTS = 5
 """How often a batch is retried when a concurrent admission took one of its ids."""
 
@@ -209,6 +218,14 @@ class PostgresMessageStore:
                 found = {row[0] for row in locked}
                 missing = next(c.message_id for c in changes if c.message_id not in found)
                 raise LookupError(f"no message {missing!r}")
+            if len(ids) == len(changes):
+                # Distinct messages: one statement for the whole batch.
+                columns = [list(column) for column in zip(*params, strict=True)]
+                rows = await fetch_rows(conn, _APPLY_DISTINCT, columns)
+                by_id = {row[0]: row for row in rows}
+                return [message_from_row(by_id[c.message_id]) for c in changes]
+            # A message changed twice: one statement per change, each returning the message
+            # as that change left it (pipelined by executemany).
             applied: list[StoredMessage] = []
             async with conn.cursor() as cursor:
                 await cursor.executemany(_APPLY, params, returning=True)

@@ -27,12 +27,13 @@ from apiary.store.sql_rows import (
 from apiary.store.sqlite_database import SqliteDatabase, placeholders
 
 _INSERT = f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ({placeholders(MESSAGE_COLUMN_COUNT)})"
-_APPLY = (
+_UPDATE = (
     "UPDATE messages SET state = ?, updated_at = ?, error_code = ?,"
     " acked_stage = COALESCE(NULLIF(?, ''), acked_stage),"
     " ack_deadline = CASE WHEN ? THEN 0 ELSE ack_deadline END"
-    f" WHERE message_id = ? RETURNING {MESSAGE_COLUMNS}"
+    " WHERE message_id = ?"
 )
+_UPDATE_RETURNING = f"{_UPDATE} RETURNING {MESSAGE_COLUMNS}"
 _ID_CHUNK = 500
 """Message ids per `IN (...)` lookup, well under SQLite's limit on parameters."""
 
@@ -94,17 +95,12 @@ class SqliteMessageStore:
             for c in changes
         ]
 
-        def update(conn: sqlite3.Connection) -> list[tuple[Any, ...]]:
-            rows: list[tuple[Any, ...]] = []
-            for row_params in params:
-                # fetchall: the statement must run to completion before the next one.
-                found = conn.execute(_APPLY, row_params).fetchall()
-                if not found:
-                    raise LookupError(f"no message {row_params[-1]!r}")
-                rows.append(tuple(found[0]))
-            return rows
-
-        return [message_from_row(row) for row in await self._db.write(update)]
+        ids = [c.message_id for c in changes]
+        if len(set(ids)) == len(ids):
+            rows = await self._db.write(lambda conn: _apply_unique(conn, params, ids))
+        else:
+            rows = await self._db.write(lambda conn: _apply_in_turn(conn, params))
+        return [message_from_row(row) for row in rows]
 
     async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """Count one more delivery of each message at `at` (unknown ids are ignored; an id
@@ -239,6 +235,44 @@ def _insert_new(conn: sqlite3.Connection, values: list[tuple[Any, ...]]) -> list
         last.items(),
     )
     return offsets
+
+
+def _apply_unique(
+    conn: sqlite3.Connection, params: list[tuple[Any, ...]], ids: list[str]
+) -> list[tuple[Any, ...]]:
+    """Apply changes to distinct messages: one executemany, then the rows read back."""
+    changed = conn.executemany(_UPDATE, params).rowcount
+    rows = _rows_by_id(conn, ids)
+    if changed != len(ids):
+        missing = next(i for i in ids if i not in rows)
+        raise LookupError(f"no message {missing!r}")  # the job's savepoint undoes the rest
+    return [rows[i] for i in ids]
+
+
+def _apply_in_turn(
+    conn: sqlite3.Connection, params: list[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """Apply changes one by one: a message changed twice is returned as each change left it."""
+    rows: list[tuple[Any, ...]] = []
+    for row_params in params:
+        # fetchall: the statement must run to completion before the next one.
+        found = conn.execute(_UPDATE_RETURNING, row_params).fetchall()
+        if not found:
+            raise LookupError(f"no message {row_params[-1]!r}")
+        rows.append(tuple(found[0]))
+    return rows
+
+
+def _rows_by_id(conn: sqlite3.Connection, message_ids: list[str]) -> dict[str, tuple[Any, ...]]:
+    rows: dict[str, tuple[Any, ...]] = {}
+    for start in range(0, len(message_ids), _ID_CHUNK):
+        chunk = message_ids[start : start + _ID_CHUNK]
+        sql = (
+            f"SELECT {MESSAGE_COLUMNS} FROM messages"
+            f" WHERE message_id IN ({placeholders(len(chunk))})"
+        )
+        rows.update((row[0], tuple(row)) for row in conn.execute(sql, chunk))
+    return rows
 
 
 def _existing_ids(conn: sqlite3.Connection, message_ids: list[str]) -> set[str]:

@@ -131,9 +131,13 @@ async def open_test_engine(
     store_url: str = "memory://",
     data_dir: Any = None,
     clock: FakeClock | None = None,
+    ids: SequentialIds | None = None,
 ) -> AsyncIterator[EngineHarness]:
+    """An engine over `store_url` (memory by default; `sqlite:///ABSOLUTE/PATH.db` to test
+    restarts). To reopen the same store, pass the same `clock` and `ids`: ids must stay unique
+    across the engine's lifetimes, as random UUIDs are in a real process."""
     clock = clock or FakeClock()
-    ids = SequentialIds()
+    ids = ids or SequentialIds()
     runtime = Runtime(clock=clock, ids=ids, sleep=clock.sleep, presence=PresenceSettings())
     opener = open_memory_store() if store_url == "memory://" else open_store(store_url, data_dir)
     async with opener as store:

@@ -91,7 +91,7 @@ class DlqHandler:
         return apiary_pb2.RequeueDlqResponse(results=results)
 
     async def _send(self, env: Envelope, recipient: str) -> str:
-        outcome = await self._router.send(Outbound(env, recipient))
+        outcome = await self._router.send(Outbound(env, recipient, requeue=True))
         if not outcome.accepted:
             raise outcome.error or ValidationError(outcome.reason)
         return outcome.message_id

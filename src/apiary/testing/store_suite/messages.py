@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable
 from dataclasses import replace
 
@@ -370,15 +371,36 @@ async def apply_changes_messages_in_order(factory: StoreFactory) -> None:
 
 
 @_check
+async def apply_answers_in_the_order_of_the_changes(factory: StoreFactory) -> None:
+    ids = ["m-5", "m-1", "m-9", "m-3", "m-7"]
+    async with factory.open() as store:
+        await store.messages.admit_many([message(f"m-{i}", f"r-{i % 2}") for i in range(10)])
+        changes = [
+            StateChange(m, MessageState.READ, T0 + n, error_code=f"e-{n}", acked_stage="READ")
+            for n, m in enumerate(ids)
+        ]
+        applied = await store.messages.apply(changes)
+        assert [(m.message_id, m.updated_at, m.error_code) for m in applied] == [
+            (m, T0 + n, f"e-{n}") for n, m in enumerate(ids)
+        ]
+        for changed in applied:
+            assert await store.messages.get(changed.message_id) == changed
+        untouched = await store.messages.get("m-0")
+        assert untouched is not None
+        assert untouched.state is MessageState.RECEIVED
+
+
+@_check
 async def apply_with_an_unknown_id_applies_nothing(factory: StoreFactory) -> None:
     async with factory.open() as store:
-        await store.messages.admit(message("m-1"))
-        await store.messages.admit(message("m-2"))
-        before = [await store.messages.get(m) for m in ("m-1", "m-2")]
-        for position in range(3):
+        await store.messages.admit_many([message("m-1"), message("m-2"), message("m-3")])
+        before = [await store.messages.get(m) for m in ("m-1", "m-2", "m-3")]
+        # Distinct messages, and a message changed twice (backends may batch them apart).
+        for position, twice in itertools.product(range(4), (False, True)):
             changes = [
-                StateChange("m-1", MessageState.FULFILLED, T0 + 5, acked_stage="FULFILLED"),
+                StateChange("m-1", MessageState.READ, T0 + 5, acked_stage="READ"),
                 StateChange("m-2", MessageState.FAILED, T0 + 5, "internal_error"),
+                StateChange("m-1" if twice else "m-3", MessageState.FULFILLED, T0 + 6),
             ]
             changes.insert(position, StateChange("nope", MessageState.READ, T0 + 5))
             try:
@@ -387,7 +409,7 @@ async def apply_with_an_unknown_id_applies_nothing(factory: StoreFactory) -> Non
                 pass
             else:
                 raise AssertionError("apply with an unknown message_id did not raise")
-            assert [await store.messages.get(m) for m in ("m-1", "m-2")] == before
+            assert [await store.messages.get(m) for m in ("m-1", "m-2", "m-3")] == before
         assert await store.messages.count("agent-b", TERMINAL_STATES) == 0
 
 

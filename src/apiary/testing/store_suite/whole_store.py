@@ -60,6 +60,10 @@ async def unicode_round_trips_everywhere(factory: StoreFactory) -> None:
         assert stored_agent.name == UNICODE
         assert dict(stored_agent.descriptor) == {"d": UNICODE}
 
+
+@_check
+async def unicode_round_trips_in_the_router_records(factory: StoreFactory) -> None:
+    async with factory.open() as store:
         envelope = UNICODE.encode()
         unicode_message = message(
             f"m {UNICODE}",

@@ -1,0 +1,64 @@
+"""The streaming sender: many envelopes per frame over apiary.v1 SendStream (RFC 5.4)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from apiary.core.envelope import Envelope
+from apiary.errors import error_for_code
+from apiary.sdk import errors
+from apiary.wire import pb
+from apiary.wire.convert import envelope_to_proto
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    message_id: str
+    accepted: bool
+    error_code: str
+    reason: str
+    recipient: str
+    offset: int
+
+
+class BatchSender:
+    """One bidirectional SendStream; frames are answered in order, one at a time."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self._stub = pb.apiary_pb2_grpc.RouterStreamServiceStub(channel)
+        self._call: Any = None
+        self._lock = asyncio.Lock()
+
+    async def send(self, items: Sequence[tuple[Envelope, str]]) -> list[SendResult]:
+        frame = pb.apiary_pb2.SendFrame(
+            items=[
+                pb.apiary_pb2.OutboundEnvelope(msg=envelope_to_proto(env), recipient=to)
+                for env, to in items
+            ]
+        )
+        async with self._lock:
+            if self._call is None:
+                self._call = self._stub.SendStream()
+            try:
+                await self._call.write(frame)
+                reply = await self._call.read()
+            except grpc.aio.AioRpcError as exc:
+                self._call = None
+                raise errors.translate(exc) from None
+        if reply is grpc.aio.EOF:
+            self._call = None
+            raise error_for_code("agent_unavailable", "the send stream closed")
+        return [
+            SendResult(r.message_id, r.accepted, r.error_code, r.reason, r.recipient, r.offset)
+            for r in reply.results
+        ]
+
+    async def close(self) -> None:
+        if self._call is not None:
+            await self._call.done_writing()
+            self._call = None

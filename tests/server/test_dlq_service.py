@@ -1,0 +1,209 @@
+"""The operator's DLQ tools (RFC 21.1) over real sockets: apiary.v1.DlqService and the
+`apiary dlq` command run as a separate process against an in-process coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from apiary.testing.clock import DEFAULT_START
+from apiary.wire import pb
+from tests.server.wire_client import Running, envelope, open_running, register
+
+apiary_pb2 = pb.apiary_pb2
+APIARY = [sys.executable, "-m", "apiary.cli.main"]
+
+
+@dataclass
+class Letters:
+    running: Running
+    invalid: str
+    """alice -> bob, validation_error, failed at t0."""
+    failed: str
+    """alice -> bob, internal_error reported by bob, failed at t0 + 100."""
+    unsupported: str
+    """bob -> alice, unsupported_message_type, failed at t0 + 200."""
+
+
+async def _send(running: Running, env: pb.common_pb2.Envelope, to: str) -> None:
+    router = pb.router_pb2_grpc.RouterServiceStub(running.channel)
+    request = pb.router_pb2.SendMessageRequest(msg=env)
+    await router.SendMessage(request, metadata=(("sw4rm-recipient", to),))
+
+
+@pytest.fixture
+async def letters(tmp_path: Path) -> AsyncIterator[Letters]:
+    async with open_running(tmp_path) as r:
+        await register(r.channel, "alice", "bob")
+        invalid = envelope("alice", {"n": 1}, content_length=3)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await _send(r, invalid, "bob")
+        r.clock.advance(100)
+        failed = envelope("alice", {"task": "resize", "size": 1024})
+        await _send(r, failed, "bob")
+        ack = {"ack_for_message_id": failed.message_id, "ack_stage": "FAILED",
+               "error_code": "internal_error", "note": "out of memory"}  # fmt: skip
+        await _send(r, envelope("bob", ack, message_type=pb.common_pb2.ACKNOWLEDGEMENT), "")
+        r.clock.advance(100)
+        unsupported = envelope("bob", b"\x89PNG....", content_type="image/png")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await _send(r, unsupported, "alice")
+        yield Letters(r, invalid.message_id, failed.message_id, unsupported.message_id)
+
+
+def _stub(letters: Letters) -> pb.apiary_pb2_grpc.DlqServiceStub:
+    return pb.apiary_pb2_grpc.DlqServiceStub(letters.running.channel)
+
+
+def _at(offset: float) -> Timestamp:
+    ts = Timestamp()
+    ts.FromSeconds(int(DEFAULT_START + offset))
+    return ts
+
+
+@pytest.mark.conformance("dlq.facility", "dlq.tools.inspection", "dlq.ops.filter")
+async def test_entries_are_listed_and_filtered_over_grpc(letters: Letters) -> None:
+    stub = _stub(letters)
+
+    async def listed(**where: object) -> list[str]:
+        request = apiary_pb2.ListDlqRequest(filter=apiary_pb2.DlqFilter(**where))  # type: ignore[arg-type]
+        return [e.message_id for e in (await stub.List(request)).entries]
+
+    everything = [letters.invalid, letters.failed, letters.unsupported]
+    assert await listed() == everything
+    assert await listed(since=_at(50)) == everything[1:]
+    assert await listed(since=_at(50), until=_at(150)) == [letters.failed]
+    assert await listed(error_code="internal_error") == [letters.failed]
+    assert await listed(recipient="alice") == [letters.unsupported]
+    assert await listed(producer_id="alice") == [letters.invalid, letters.failed]
+    assert await listed(producer_id="bob", error_code="validation_error") == []
+    page = await stub.List(apiary_pb2.ListDlqRequest(limit=1))
+    rest = await stub.List(apiary_pb2.ListDlqRequest(after_id=page.entries[0].entry_id))
+    assert [e.message_id for e in [*page.entries, *rest.entries]] == everything
+
+
+@pytest.mark.conformance("dlq.entry.diagnostics", "dlq.tools.inspection")
+async def test_an_entry_carries_its_diagnostics_over_grpc(letters: Letters) -> None:
+    stub = _stub(letters)
+    listed = await stub.List(apiary_pb2.ListDlqRequest(filter=apiary_pb2.DlqFilter(
+        error_code="internal_error")))  # fmt: skip
+    entry = await stub.Get(apiary_pb2.GetDlqRequest(entry_id=listed.entries[0].entry_id))
+    assert (entry.message_id, entry.error_code, entry.reason) == (
+        letters.failed,
+        "internal_error",
+        "out of memory",
+    )
+    assert (entry.producer_id, entry.recipient, entry.route) == (
+        "alice", "bob", "alice -> coordinator -> bob",
+    )  # fmt: skip
+    assert entry.message_type == pb.common_pb2.DATA
+    assert (entry.created_at.seconds, entry.failed_at.seconds) == (DEFAULT_START + 100,) * 2
+    payload = json.dumps({"task": "resize", "size": 1024}).encode()
+    assert (entry.content_type, entry.payload_size) == ("application/json", len(payload))
+    assert entry.payload_excerpt == payload
+    history = [(a.what, a.reason) for a in entry.attempts]
+    assert history[0] == ("message.received", "")
+    assert history[-1] == ("message.state", "internal_error")
+    assert all(a.at.seconds == DEFAULT_START + 100 for a in entry.attempts)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Get(apiary_pb2.GetDlqRequest(entry_id=999))
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.conformance("dlq.ops.requeue")
+async def test_selected_entries_are_requeued_over_grpc(letters: Letters) -> None:
+    stub = _stub(letters)
+    ids = {e.message_id: e.entry_id for e in (await stub.List(apiary_pb2.ListDlqRequest())).entries}
+    selected = [ids[letters.failed], ids[letters.invalid], 999]
+    reply = await stub.Requeue(apiary_pb2.RequeueDlqRequest(entry_ids=selected))
+    ok, invalid, missing = reply.results
+    assert ok.ok and ok.new_message_id not in ("", letters.failed)
+    assert not invalid.ok and invalid.error.startswith("validation_error: content_length")
+    assert not missing.ok and missing.error.startswith("NOT_FOUND")
+    stored = await letters.running.coordinator.store.messages.get(ok.new_message_id)
+    assert stored is not None and (stored.recipient, stored.state) == ("bob", "RECEIVED")
+    entry = await stub.Get(apiary_pb2.GetDlqRequest(entry_id=ids[letters.failed]))
+    assert entry.requeued_as == ok.new_message_id and entry.requeued_at.seconds > 0
+    (twice,) = (await stub.Requeue(apiary_pb2.RequeueDlqRequest(
+        entry_ids=[ids[letters.failed]]))).results  # fmt: skip
+    assert not twice.ok and twice.error.startswith("ALREADY_COMPLETED")
+    pending = await stub.List(apiary_pb2.ListDlqRequest(
+        filter=apiary_pb2.DlqFilter(exclude_requeued=True)))  # fmt: skip
+    assert letters.failed not in [e.message_id for e in pending.entries]
+
+
+@pytest.mark.conformance("dlq.ops.export")
+async def test_a_filtered_bundle_is_exported_over_grpc(letters: Letters) -> None:
+    stub = _stub(letters)
+    reply = await stub.Export(apiary_pb2.ExportDlqRequest(
+        filter=apiary_pb2.DlqFilter(producer_id="alice")))  # fmt: skip
+    assert (reply.content_type, reply.entries) == ("application/json", 2)
+    bundle = json.loads(reply.bundle)
+    assert [e["message_id"] for e in bundle["entries"]] == [letters.invalid, letters.failed]
+    assert all("payload_excerpt_base64" in e for e in bundle["entries"])
+
+
+# --- the CLI, as an operator runs it ---------------------------------------------------------
+
+
+async def _cli(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *APIARY, "dlq", *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.conformance(
+    "dlq.tools.inspection", "dlq.ops.filter", "dlq.ops.requeue", "dlq.ops.export"
+)
+async def test_the_dlq_command_inspects_filters_requeues_and_exports(
+    letters: Letters, tmp_path: Path
+) -> None:
+    address = letters.running.grpc
+    code, out, err = await _cli("list", "--grpc", address, "--json")
+    assert code == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["message_id"] for r in rows] == [letters.invalid, letters.failed, letters.unsupported]
+    code, out, err = await _cli(
+        "list", "--grpc", address, "--json", "--producer", "alice",
+        "--since", "2023-11-14T22:14:00Z", "--error", "internal_error", "--route", "bob",
+    )  # fmt: skip
+    assert code == 0, err
+    (row,) = [json.loads(line) for line in out.splitlines()]
+    assert row["message_id"] == letters.failed
+    entry_id = str(row["entry_id"])
+    code, out, err = await _cli("show", entry_id, "--grpc", address)
+    assert code == 0, err
+    shown = json.loads(out)
+    assert (shown["error_code"], shown["route"]) == (
+        "internal_error",
+        "alice -> coordinator -> bob",
+    )
+    assert json.loads(shown["payload_excerpt"]) == {"task": "resize", "size": 1024}
+    assert shown["attempts"][-1]["reason"] == "internal_error"
+    code, out, err = await _cli("requeue", entry_id, "--grpc", address)
+    assert code == 0, err
+    assert out.startswith(f"{entry_id}: requeued as ")
+    code, out, err = await _cli("requeue", entry_id, "--grpc", address)
+    assert code == 1 and "ALREADY_COMPLETED" in err
+    bundle = tmp_path / "dlq.json"
+    code, out, err = await _cli(
+        "export", "--grpc", address, "-o", str(bundle), "--until", "2023-11-14T22:15:30Z"
+    )
+    assert code == 0, err
+    assert out.strip() == f"wrote 2 entries to {bundle}"
+    exported = json.loads(bundle.read_text())
+    assert [e["message_id"] for e in exported["entries"]] == [letters.invalid, letters.failed]
+    assert exported["entries"][1]["requeued_as"]
+    code, _, err = await _cli("list", "--grpc", address, "--since", "yesterday")
+    assert code == 2 and "ISO-8601" in err
