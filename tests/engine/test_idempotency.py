@@ -15,6 +15,7 @@ import pytest
 
 from apiary.core.dedup import iso_utc
 from apiary.core.envelope import AckStage, MessageType
+from apiary.engine.dedup_gate import cache_key
 from apiary.engine.notices import COORDINATOR
 from apiary.engine.settings import RouterSettings
 from apiary.testing.clock import FakeClock
@@ -52,7 +53,7 @@ async def _answer_to(h: EngineHarness, message_id: str) -> dict[str, Any]:
 async def test_a_new_token_records_received_and_proceeds(h: EngineHarness) -> None:
     outcome = await h.send("alice", "bob", {"user": "alice"}, idempotency_token=TOKEN)
     assert outcome.accepted
-    record = await h.store.idempotency.get(TOKEN)
+    record = await h.store.idempotency.get(cache_key("alice", TOKEN))
     assert record is not None
     assert (record.status, record.original_message_id, record.attempts) == (
         "RECEIVED",
@@ -80,7 +81,7 @@ async def test_a_token_in_progress_is_not_executed_again(
     assert await _admitted_for(h, "bob") == [first.message_id]
     nack = await _answer_to(h, again.message_id)
     assert (nack["ack_stage"], nack["error_code"]) == ("REJECTED", "ALREADY_IN_PROGRESS")
-    record = await h.store.idempotency.get(TOKEN)
+    record = await h.store.idempotency.get(cache_key("alice", TOKEN))
     assert record is not None and record.attempts == (first.message_id,)
 
 
@@ -156,7 +157,7 @@ async def test_timeout_retry_and_late_ack_reconcile_to_the_earliest_success(
     assert m2.accepted
     (retry,) = await h.take("bob")
     assert retry.message.message_id == m2.message_id
-    record = await h.store.idempotency.get(TOKEN)
+    record = await h.store.idempotency.get(cache_key("alice", TOKEN))
     assert record is not None
     assert (record.attempts, record.current_message_id) == (
         (m1.message_id, m2.message_id),
@@ -169,7 +170,7 @@ async def test_timeout_retry_and_late_ack_reconcile_to_the_earliest_success(
     # m1 keeps its truthful terminal state; the cache holds m1, the earliest success.
     assert (await h.message(m1.message_id)).state == "TIMED_OUT"
     assert (await h.message(m2.message_id)).state == "FULFILLED"
-    record = await h.store.idempotency.get(TOKEN)
+    record = await h.store.idempotency.get(cache_key("alice", TOKEN))
     assert record is not None
     assert (record.original_message_id, record.status, record.result) == (
         m1.message_id,
@@ -188,7 +189,7 @@ async def test_a_late_failure_does_not_replace_a_cached_success(h: EngineHarness
     m2 = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN, retry_count=1)
     await h.ack("bob", m2.message_id, AckStage.FULFILLED, note="ok")
     await h.ack("bob", m1.message_id, AckStage.FAILED, "internal_error", "late crash")
-    record = await h.store.idempotency.get(TOKEN)
+    record = await h.store.idempotency.get(cache_key("alice", TOKEN))
     assert record is not None
     assert (record.original_message_id, record.status) == (m2.message_id, "FULFILLED")
 
@@ -207,7 +208,7 @@ async def test_outcomes_are_kept_for_the_default_window_of_3600_seconds(h: Engin
     h.clock.advance(2)
     after = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN)
     assert after.accepted
-    record = await h.store.idempotency.get(TOKEN)
+    record = await h.store.idempotency.get(cache_key("alice", TOKEN))
     assert record is not None
     assert (record.original_message_id, record.status) == (after.message_id, "RECEIVED")
 

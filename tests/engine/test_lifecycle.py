@@ -95,7 +95,7 @@ async def test_ack_after_fulfilled_is_ignored_and_logged(h: EngineHarness) -> No
 @pytest.mark.conformance("router.late-ack.retrying-recorded")
 async def test_redelivered_message_is_retrying_until_acked(h: EngineHarness) -> None:
     outcome = await h.send("alice", "bob")
-    (first,) = await h.take("bob")
+    (_first,) = await h.take("bob")
     (again,) = await h.take("bob")  # a new stream: the unacknowledged message comes again
     assert again.attempt == 2
     assert (await h.message(outcome.message_id)).state == "RETRYING"

@@ -35,6 +35,12 @@ def _reject(env: Envelope, error: ApiaryError, details: dict[str, str]) -> SendO
     )
 
 
+def cache_key(producer_id: str, token: str) -> str:
+    """The cache key of a token: scoped by its producer, so that no other producer can read
+    a cached outcome or block an operation by reusing the token (RFC 23: no poisoning)."""
+    return f"{producer_id}\x1f{token}"
+
+
 class DedupGate:
     def __init__(
         self,
@@ -60,10 +66,10 @@ class DedupGate:
         """
         token = env.idempotency_token
         if requeue:
-            await self._requeue(env, token)
+            await self._requeue(env, cache_key(env.producer_id, token) if token else "")
             return None
         if token:
-            return await self._by_token(env, token, now)
+            return await self._by_token(env, cache_key(env.producer_id, token), now)
         if env.sequence_number > 0:
             return await self._by_sequence(env, now)
         return None
@@ -75,12 +81,13 @@ class DedupGate:
             **details,
         )  # fmt: skip
 
-    async def _by_token(self, env: Envelope, token: str, now: float) -> SendOutcome | None:
-        if token in self._reserved:
+    async def _by_token(self, env: Envelope, key: str, now: float) -> SendOutcome | None:
+        token = env.idempotency_token
+        if key in self._reserved:
             busy = AlreadyInProgressError(f"token {token} is being admitted right now")
             await self._log(env, dedup.DedupKind.IN_PROGRESS, "", token=token)
             return _reject(env, busy, {"token": token})
-        record = await self._cache.get(token)
+        record = await self._cache.get(key)
         decision = dedup.decide(record, now, self._window)
         original = record.original_message_id if record else env.message_id
         await self._log(env, decision.kind, original, token=token)
@@ -100,18 +107,18 @@ class DedupGate:
                 {"original_message_id": record.current_message_id, "status": record.status},
             )
             return _reject(env, running, {})
-        self._reserved.add(token)
+        self._reserved.add(key)
         keep = record if decision.kind is dedup.DedupKind.RETRY else None
-        self._plans[env.message_id] = _Plan(token, keep)
+        self._plans[env.message_id] = _Plan(key, keep)
         return None
 
-    async def _requeue(self, env: Envelope, token: str) -> None:
-        record = await self._cache.get(token) if token else None
+    async def _requeue(self, env: Envelope, key: str) -> None:
+        record = await self._cache.get(key) if key else None
         original = record.original_message_id if record else env.message_id
-        await self._log(env, "REQUEUE", original, token=token)
+        await self._log(env, "REQUEUE", original, token=env.idempotency_token)
         if record is not None:
-            self._reserved.add(token)
-            self._plans[env.message_id] = _Plan(token, record, requeue=True)
+            self._reserved.add(key)
+            self._plans[env.message_id] = _Plan(key, record, requeue=True)
 
     async def _by_sequence(self, env: Envelope, now: float) -> SendOutcome | None:
         prior = await self._messages.by_sequence(env.producer_id, env.sequence_number)
@@ -168,7 +175,7 @@ class DedupGate:
         token = message.idempotency_token
         if not token:
             return None
-        record = await self._cache.get(token)
+        record = await self._cache.get(cache_key(message.producer_id, token))
         if record is None or message_id not in record.attempts:
             return None
         updated = dedup.progress(

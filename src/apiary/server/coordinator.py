@@ -20,6 +20,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
+from apiary.engine.retention import run_retention
 from apiary.engine.router import Router
 from apiary.engine.settings import RouterSettings
 from apiary.server.config import Address, ServerConfig
@@ -112,7 +113,7 @@ def _bind_http(address: Address) -> socket.socket:
     return sock
 
 
-async def _background(engine: Engine, runtime: Runtime) -> list[asyncio.Task[None]]:
+async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[asyncio.Task[None]]:
     router = engine.router
     return [
         asyncio.create_task(
@@ -120,6 +121,10 @@ async def _background(engine: Engine, runtime: Runtime) -> list[asyncio.Task[Non
             name="apiary-deadlines",
         ),
         asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
+        asyncio.create_task(
+            run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
+            name="apiary-retention",
+        ),
     ]
 
 
@@ -157,7 +162,7 @@ async def open_coordinator(
         await web.SockSite(runner, http_socket).start()
         await server.start()
         await set_serving(health, True)
-        tasks = await _background(engine, runtime)
+        tasks = await _background(store, engine, runtime)
         await engine.events.record(
             "coordinator.started", "coordinator",
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,
