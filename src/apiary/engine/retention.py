@@ -30,7 +30,10 @@ async def purge_expired(
         "dlq": await store.dlq.purge(now - settings.retention_s),
     }
     if any(purged.values()):
-        await events.record("retention.purged", COORDINATOR, **purged)
+        await events.record(
+            "retention.purged", COORDINATOR,
+            messages=purged["messages"], idempotency=purged["idempotency"], dlq=purged["dlq"],
+        )  # fmt: skip
     return purged
 
 
