@@ -2,6 +2,12 @@
 
 Every event goes to the store's event log and, as one structured JSON line, to the
 `apiary.events` logger (DESIGN.md section 7). Live readers wait on `wait_after`.
+
+Recording never waits for the database: events are queued and appended in order by one
+flusher, many per transaction, so that a burst of transitions costs one commit instead of
+one each. The store's writer is first-in first-out, so an event is durable no later than
+any state change recorded after it; readers of this recorder flush first, and the
+coordinator flushes on shutdown.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ class EventRecorder:
         self._clock = clock
         self._appended = asyncio.Condition()
         self._last = 0
+        self._pending: list[EventDraft] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     async def record(
         self,
@@ -35,29 +43,51 @@ class EventRecorder:
         correlation_id: str = "",
         agent_id: str = "",
         **details: Any,
-    ) -> Event:
-        draft = EventDraft(
-            event_type=event_type,
-            actor=actor,
-            ts=self._clock.now(),
-            correlation_id=correlation_id,
-            agent_id=agent_id,
-            details=details,
+    ) -> None:
+        self._pending.append(
+            EventDraft(
+                event_type=event_type,
+                actor=actor,
+                ts=self._clock.now(),
+                correlation_id=correlation_id,
+                agent_id=agent_id,
+                details=details,
+            )
         )
-        (event,) = await self._events.append([draft])
-        if log.isEnabledFor(logging.INFO):
-            log.info(json.dumps(_as_json(event), separators=(",", ":"), default=str))
-        async with self._appended:
-            self._last = max(self._last, event.sequence)
-            self._appended.notify_all()
-        return event
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush_pending())
+
+    async def _flush_pending(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                appended = await self._events.append(batch)
+            except Exception:
+                log.exception("could not append %d events to the event log", len(batch))
+                continue
+            if log.isEnabledFor(logging.INFO):
+                for event in appended:
+                    log.info(json.dumps(_as_json(event), separators=(",", ":"), default=str))
+            async with self._appended:
+                self._last = max(self._last, appended[-1].sequence)
+                self._appended.notify_all()
+
+    async def flush(self) -> None:
+        """Return once every event recorded so far is in the store."""
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
+        if self._pending:
+            self._flusher = asyncio.ensure_future(self._flush_pending())
+            await self._flusher
 
     async def read(
         self, after: int = 0, limit: int = 500, where: EventFilter | None = None
     ) -> list[Event]:
+        await self.flush()
         return await self._events.read(after=after, limit=limit, where=where)
 
     async def last_sequence(self) -> int:
+        await self.flush()
         return await self._events.last_sequence()
 
     async def wait_after(self, sequence: int) -> None:

@@ -54,6 +54,16 @@ class Registry:
         self._events = events
         self._clock = clock
         self._signing_required = signing_required
+        # Lookups are on every message's path: serve them from memory, write through.
+        self._cache: dict[str, AgentRecord] = {}
+
+    async def load(self) -> None:
+        """Fill the in-memory view from the store (at start-up)."""
+        self._cache = {a.agent_id: a for a in await self._agents.list()}
+
+    async def _put(self, record: AgentRecord) -> None:
+        await self._agents.put(record)
+        self._cache[record.agent_id] = record
 
     async def register(self, descriptor: Mapping[str, Any], public_key: bytes = b"") -> AgentRecord:
         """Validate and register (or re-register) the agent the descriptor describes."""
@@ -74,7 +84,7 @@ class Registry:
             last_heartbeat_at=now,
             descriptor=stored,
         )
-        await self._agents.put(record)
+        await self._put(record)
         await self._events.record(
             "agent.registered", fields.agent_id, agent_id=fields.agent_id, name=record.name,
             reregistered=previous is not None, capabilities=list(fields.capabilities),
@@ -91,7 +101,7 @@ class Registry:
             state=AVAILABLE if revived or not state else state,
             last_heartbeat_at=self._clock.now(),
         )
-        await self._agents.put(updated)
+        await self._put(updated)
         if revived:
             await self._events.record(
                 "agent.available", agent_id, agent_id=agent_id, health=dict(health)
@@ -101,7 +111,7 @@ class Registry:
     async def set_state(self, agent_id: str, state: str, reason: str) -> AgentRecord:
         record = await self.get(agent_id)
         updated = replace(record, state=state)
-        await self._agents.put(updated)
+        await self._put(updated)
         await self._events.record(
             "agent.state", COORDINATOR, agent_id=agent_id,
             **{"from": record.state, "to": state}, reason=reason,
@@ -110,6 +120,7 @@ class Registry:
 
     async def deregister(self, agent_id: str, reason: str) -> bool:
         removed = await self._agents.delete(agent_id)
+        self._cache.pop(agent_id, None)
         if removed:
             await self._events.record(
                 "agent.deregistered", agent_id, agent_id=agent_id, reason=reason
@@ -117,13 +128,13 @@ class Registry:
         return removed
 
     async def get(self, agent_id: str) -> AgentRecord:
-        record = await self._agents.get(agent_id)
+        record = self._cache.get(agent_id)
         if record is None:
             raise NotFoundError(f"agent {agent_id!r} is not registered", {"agent_id": agent_id})
         return record
 
     async def find(self, agent_id: str) -> AgentRecord | None:
-        return await self._agents.get(agent_id)
+        return self._cache.get(agent_id)
 
     async def list(self) -> list[AgentRecord]:
-        return await self._agents.list()
+        return [self._cache[k] for k in sorted(self._cache)]

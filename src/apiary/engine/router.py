@@ -27,6 +27,7 @@ from apiary.core.message_machine import (
 )
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.engine.admission import DEAD_LETTER_CODES, SOFT_REJECTIONS, Outbound, SendOutcome
+from apiary.engine.coalesce import Coalescer
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.dead_letters import DeadLetters
 from apiary.engine.deadlines import Deadlines
@@ -84,6 +85,7 @@ class Router:
         self._capacities: dict[str, int] = {}
         self._credits: dict[str, CreditLedger] = {}
         self._live: dict[str, StoredMessage] = {}
+        self._changes: Coalescer[StateChange, StoredMessage] = Coalescer(self._messages.apply)
         self._locks: dict[str, asyncio.Lock] = {}
         self.deadlines = Deadlines(clock)
         self.dedup = DedupGate(
@@ -134,20 +136,24 @@ class Router:
     async def send_many(self, items: Sequence[Outbound]) -> list[SendOutcome]:
         """Admit many envelopes with one durable write; every member has its own outcome."""
         now = self._clock.now()
-        outcomes: list[SendOutcome] = []
-        admit: list[tuple[int, StoredMessage, Outbound]] = []
-        for item in items:
-            outcome, record = await self._prepare(item, now)
-            outcomes.append(outcome)
-            if record is not None:
-                admit.append((len(outcomes) - 1, record, item))
+        # Members are prepared concurrently so that their store work (ACK state changes,
+        # lookups) shares group commits; buffer reservations are synchronous, so the
+        # capacity check stays exact.
+        prepared = await asyncio.gather(*(self._prepare(item, now) for item in items))
+        outcomes = [outcome for outcome, _ in prepared]
+        admit = [(i, record, items[i]) for i, (_, record) in enumerate(prepared) if record]
         if admit:
             results = await self._messages.admit_many([r for _, r, _ in admit])
-            for (index, record, item), result in zip(admit, results, strict=True):
-                outcomes[index] = await self._admitted(item, record, result, now)
-        for outcome, item in zip(outcomes, items, strict=True):
-            if outcome.error is not None:
-                await self._rejected(item, outcome, now)
+            done = await asyncio.gather(
+                *(self._admitted(item, record, result, now)
+                  for (_, record, item), result in zip(admit, results, strict=True))
+            )  # fmt: skip
+            for (index, _, _), outcome in zip(admit, done, strict=True):
+                outcomes[index] = outcome
+        await asyncio.gather(
+            *(self._rejected(item, outcome, now)
+              for outcome, item in zip(outcomes, items, strict=True) if outcome.error is not None)
+        )  # fmt: skip
         return outcomes
 
     async def _prepare(
@@ -388,7 +394,7 @@ class Router:
                 acked_stage=stage if further else "",
                 clear_ack_deadline=Effect.CANCEL_ACK_TIMER in step.effects,
             )  # fmt: skip
-            (updated,) = await self._messages.apply([change])
+            updated = await self._changes.submit(change)
         self._track(updated, acked=ack is not None)
         await self._record_step(message, updated, event, step.late, code, now)
         if step.late and ack is not None:

@@ -141,6 +141,7 @@ async def open_coordinator(
     settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
         engine = build_engine(store, settings, runtime)
+        await engine.registry.load()
         recovered = await engine.router.recover()
         metrics = Metrics(engine.router)
         dispatcher = Dispatcher(_handlers(engine, runtime))
@@ -182,3 +183,4 @@ async def open_coordinator(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await engine.events.record("coordinator.stopped", "coordinator")
+            await engine.events.flush()

@@ -142,5 +142,6 @@ async def open_test_engine(
     opener = open_memory_store() if store_url == "memory://" else open_store(store_url, data_dir)
     async with opener as store:
         engine = build_engine(store, settings or RouterSettings(), runtime)
+        await engine.registry.load()
         await engine.router.recover()
         yield EngineHarness(engine, store, clock, ids)

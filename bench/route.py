@@ -1,0 +1,130 @@
+"""Route benchmark: producer -> coordinator -> consumer agent -> FULFILLED ACK -> producer.
+
+    .venv/bin/python bench/route.py [--unary N] [--stream N] [--frame 200] [--window 8]
+
+Runs the same message pattern twice, side by side: through `apiary serve` (durable SQLite
+state, full validation, event log) and through a bare grpc.aio relay that only moves bytes
+(the ceiling). Prints msgs/s and send-to-FULFILLED latency (p50/p99) for the canonical unary
+SendMessage (64 in flight) and for the streaming sender (envelopes batched per frame, batched
+delivery, batched ACKs), and the ratio of Apiary to the ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bare_relay import serve as serve_bare  # noqa: E402
+from route_clients import consumer, producer  # noqa: E402
+
+
+def _port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _spawn(
+    *args: str, stderr: Any = asyncio.subprocess.DEVNULL
+) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, stderr=stderr, cwd=ROOT
+    )
+
+
+async def _start_server(kind: str, port: int, data: Path) -> asyncio.subprocess.Process:
+    if kind == "bare":
+        proc = await _spawn(__file__, "bare-server", str(port))
+        assert proc.stdout is not None
+        await asyncio.wait_for(proc.stdout.readline(), 30)
+        return proc
+    config = data / "bench.toml"
+    config.write_text("[router]\nbuffer_capacity = 1000000\nack_timeout_s = 300\n")
+    proc = await _spawn(
+        "-m", "apiary.cli.main", "serve", "--data-dir", str(data / "state"), "--grpc",
+        f"127.0.0.1:{port}", "--http", "127.0.0.1:0", "--config", str(config),
+        "--log-level", "WARNING",
+    )  # fmt: skip
+    assert proc.stdout is not None
+    for _ in range(2):
+        await asyncio.wait_for(proc.stdout.readline(), 30)
+    return proc
+
+
+async def _run(kind: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        port = _port()
+        server = await _start_server(kind, port, Path(tmp))
+        address = f"127.0.0.1:{port}"
+        consumer_proc = await _spawn(__file__, "consumer", address, "consumer")
+        assert consumer_proc.stdout is not None
+        await asyncio.wait_for(consumer_proc.stdout.readline(), 30)
+        for mode, n in (("unary", args.unary), ("stream", args.stream)):
+            if n <= 0:
+                continue
+            window = str(64 if mode == "unary" else args.window)
+            proc = await _spawn(__file__, "producer", address, f"producer-{mode}", "consumer",
+                                str(n), mode, window, str(args.frame))  # fmt: skip
+            out, _ = await proc.communicate()
+            results[mode] = json.loads(out.decode().strip().splitlines()[-1])
+        consumer_proc.kill()
+        server.terminate()
+        await server.wait()
+        await consumer_proc.wait()
+    return results
+
+
+def _print(bare: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]) -> None:
+    header = f"{'path':<8}{'server':<8}{'messages':>9}{'msgs/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}"
+    print(header)
+    for mode in ours:
+        for label, row in (("bare", bare[mode]), ("apiary", ours[mode])):
+            ratio = row["msgs_per_s"] / max(bare[mode]["msgs_per_s"], 1)
+            print(f"{mode:<8}{label:<8}{row['messages']:>9}{row['msgs_per_s']:>9}"
+                  f"{row['p50_ms']:>9}{row['p99_ms']:>9}{ratio:>7.2f}")  # fmt: skip
+    print(json.dumps({"bare": bare, "apiary": ours}))
+
+
+async def _consumer_main(address: str, agent_id: str) -> None:
+    ready = asyncio.Event()
+    task = asyncio.create_task(consumer(address, agent_id, ready))
+    await ready.wait()
+    print("ready", flush=True)
+    await task
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "bare-server":
+        asyncio.run(serve_bare(int(sys.argv[2])))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "consumer":
+        asyncio.run(_consumer_main(sys.argv[2], sys.argv[3]))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "producer":
+        address, me, to, n, mode, window, frame = sys.argv[2:9]
+        stats = asyncio.run(producer(address, me, to, int(n), mode, int(window), int(frame)))
+        print(json.dumps(stats))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--unary", type=int, default=5000, help="messages on the unary path")
+    parser.add_argument("--stream", type=int, default=50000, help="messages on the streaming path")
+    parser.add_argument("--frame", type=int, default=200, help="envelopes per SendStream frame")
+    parser.add_argument("--window", type=int, default=8, help="frames in flight")
+    args = parser.parse_args()
+    bare = asyncio.run(_run("bare", args))
+    ours = asyncio.run(_run("apiary", args))
+    _print(bare, ours)
+
+
+if __name__ == "__main__":
+    main()
