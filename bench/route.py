@@ -85,10 +85,12 @@ async def _run(kind: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]
 
 
 def _print(bare: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]) -> None:
-    header = f"{'path':<8}{'server':<8}{'messages':>9}{'msgs/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}"
-    print(header)
-    for mode in ours:
-        for label, row in (("bare", bare[mode]), ("apiary", ours[mode])):
+    print(
+        f"{'path':<8}{'server':<8}{'messages':>9}{'msgs/s':>9}"
+        f"{'p50 ms':>9}{'p99 ms':>9}{'ratio':>7}"
+    )
+    for mode, mine in ours.items():
+        for label, row in (("bare", bare[mode]), ("apiary", mine)):
             ratio = row["msgs_per_s"] / max(bare[mode]["msgs_per_s"], 1)
             print(f"{mode:<8}{label:<8}{row['messages']:>9}{row['msgs_per_s']:>9}"
                   f"{row['p50_ms']:>9}{row['p99_ms']:>9}{ratio:>7.2f}")  # fmt: skip

@@ -37,11 +37,11 @@ class Coalescer(Generic[T, R]):
     async def _run(self, pending: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
             results = await self._batch([item for item, _ in pending])
-        except Exception:  # noqa: BLE001 - fall back to one call per request
+        except Exception:
             for item, future in pending:
                 try:
                     (result,) = await self._batch([item])
-                except Exception as exc:  # noqa: BLE001 - the caller gets its own error
+                except Exception as exc:
                     if not future.done():
                         future.set_exception(exc)
                 else:
