@@ -20,6 +20,7 @@ class Coalescer(Generic[T, R]):
         self._batch = batch
         self._pending: list[tuple[T, asyncio.Future[R]]] = []
         self._scheduled = False
+        self._running: set[asyncio.Future[None]] = set()
 
     async def submit(self, item: T) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
@@ -32,7 +33,10 @@ class Coalescer(Generic[T, R]):
     def _launch(self) -> None:
         self._scheduled = False
         pending, self._pending = self._pending, []
-        asyncio.ensure_future(self._run(pending))
+        task = asyncio.ensure_future(self._run(pending))
+        # Keep a reference: the loop holds tasks weakly.
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
 
     async def _run(self, pending: list[tuple[T, asyncio.Future[R]]]) -> None:
         try:
