@@ -24,6 +24,7 @@ test: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/genproto.py --check
+	$(BIN)/python scripts/gendocs.py --check
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
