@@ -16,6 +16,9 @@ class Outbound:
     envelope: Envelope
     recipient: str = ""
     """Explicit recipient (sw4rm-recipient metadata / gateway field); '' to resolve."""
+    raw: bytes = b""
+    """The envelope's canonical bytes when the caller has them already (from the wire):
+    stored as they are instead of encoding `envelope` again."""
     requeue: bool = False
     """An operator's requeue of a dead letter (RFC 21.1): admitted without deduplication,
     since re-running the operation is the point."""

@@ -54,6 +54,10 @@ class DedupGate:
         self._window = window_s
         self._events = events
         self._reserved: set[str] = set()
+        # Per producer, the highest sequence number known to be in the store or admitted
+        # since: a number above it cannot be a duplicate (sequence numbers are monotonic per
+        # producer), so only numbers at or below it need a lookup.
+        self._high: dict[str, int] = {}
         self._plans: dict[str, _Plan] = {}
 
     async def check(
@@ -121,6 +125,13 @@ class DedupGate:
             self._plans[env.message_id] = _Plan(key, record, requeue=True)
 
     async def _by_sequence(self, env: Envelope, now: float) -> SendOutcome | None:
+        high = self._high.get(env.producer_id)
+        if high is None:
+            high = await self._messages.max_sequence(env.producer_id)
+        if env.sequence_number > high:
+            self._high[env.producer_id] = env.sequence_number
+            return None
+        self._high[env.producer_id] = high
         prior = await self._messages.by_sequence(env.producer_id, env.sequence_number)
         if prior is None or prior.message_id == env.message_id:
             return None

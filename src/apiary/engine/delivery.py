@@ -25,8 +25,9 @@ from apiary.store.protocols import MessageStore
 
 
 def resume_token(agent_id: str, offset: int) -> str:
-    """Opaque resume token (RFC 5.5): encodes the agent and the position."""
-    raw = json.dumps({"a": agent_id, "o": offset, "v": 1}, separators=(",", ":")).encode()
+    """Opaque resume token (RFC 5.5): encodes the agent and the position (one per delivery,
+    so it is built without JSON)."""
+    raw = f'{{"a":{json.dumps(agent_id)},"o":{offset},"v":1}}'.encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 

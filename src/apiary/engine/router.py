@@ -170,12 +170,12 @@ class Router:
             if env.message_type is MessageType.ACKNOWLEDGEMENT and env.producer_id != COORDINATOR:
                 acked_producer = await self._on_ack(env, now)
             target = resolve_recipient(env, item.recipient, acked_producer)
-            return await self._admissible(env, target, now, requeue=item.requeue)
+            return await self._admissible(env, target, now, requeue=item.requeue, raw=item.raw)
         except ApiaryError as exc:
             return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
 
     async def _admissible(
-        self, env: Envelope, target: str, now: float, *, requeue: bool = False
+        self, env: Envelope, target: str, now: float, *, requeue: bool = False, raw: bytes = b""
     ) -> tuple[SendOutcome, StoredMessage | None]:
         if target == COORDINATOR:
             # ACKs of coordinator notices end here: nothing to forward.
@@ -205,7 +205,7 @@ class Router:
             producer_id=env.producer_id,
             correlation_id=env.correlation_id,
             message_type=int(env.message_type),
-            envelope=self._codec.encode(env),
+            envelope=raw or self._codec.encode(env),
             state=MessageState.RECEIVED,
             created_at=now,
             updated_at=now,

@@ -255,6 +255,13 @@ class MemoryMessageStore:
         ]
         return max(matches, key=lambda m: (m.created_at, m.offset, m.message_id), default=None)
 
+    async def max_sequence(self, producer_id: str) -> int:
+        """The highest sequence number `producer_id` has used (0 when none)."""
+        numbers = [
+            m.sequence_number for m in self._messages.values() if m.producer_id == producer_id
+        ]
+        return max(numbers, default=0)
+
     async def oldest_offset(self, recipient: str) -> int:
         """The lowest offset still retained in the recipient's inbox (0 when empty)."""
         inbox = self._inboxes.get(recipient)

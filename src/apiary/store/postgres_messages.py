@@ -16,9 +16,11 @@ from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, StoreError
 from apiary.store.postgres_pool import Connection, PostgresPool, fetch_all, fetch_rows, scalar
 from apiary.store.sql_rows import (
+    MAX_SEQUENCE_SQL,
     MESSAGE_COLUMN_COUNT,
     MESSAGE_COLUMNS,
     check_limit,
+    max_sequence_from_row,
     message_from_row,
     message_values,
     sequence_to_sql,
@@ -317,6 +319,11 @@ class PostgresMessageStore:
         )
         rows = await fetch_all(self._pool, query, [producer_id, stored_number])
         return message_from_row(rows[0]) if rows else None
+
+    async def max_sequence(self, producer_id: str) -> int:
+        """The highest sequence number `producer_id` has used (0 when none)."""
+        rows = await fetch_all(self._pool, MAX_SEQUENCE_SQL.format(p="%s"), [producer_id])
+        return max_sequence_from_row(rows[0] if rows else None)
 
     async def oldest_offset(self, recipient: str) -> int:
         """The lowest offset still retained in the recipient's inbox (0 when empty)."""

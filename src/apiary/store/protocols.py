@@ -118,6 +118,10 @@ class MessageStore(Protocol):
         """The most recent message of `producer_id` with that sequence number."""
         ...
 
+    async def max_sequence(self, producer_id: str) -> int:
+        """The highest sequence number of any retained message of `producer_id` (0: none)."""
+        ...
+
     async def oldest_offset(self, recipient: str) -> int:
         """The lowest offset still retained in the recipient's inbox (0 when empty)."""
         ...

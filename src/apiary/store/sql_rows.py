@@ -73,6 +73,25 @@ def sequence_from_sql(stored: int) -> int:
     return stored + _UINT64 if stored < 0 else stored
 
 
+# Sequence numbers at or above 2**63 are stored negative (sequence_to_sql), so the largest
+# one is the largest negative value if any is stored, else the largest non-negative value.
+MAX_SEQUENCE_SQL = (
+    "SELECT MAX(CASE WHEN sequence_number < 0 THEN sequence_number END),"
+    " MAX(CASE WHEN sequence_number >= 0 THEN sequence_number END)"
+    " FROM messages WHERE producer_id = {p}"
+)
+
+
+def max_sequence_from_row(row: Sequence[Any] | None) -> int:
+    """The producer's highest sequence number from a row of MAX_SEQUENCE_SQL."""
+    if row is None:
+        return 0
+    negative, positive = row
+    if negative is not None:
+        return sequence_from_sql(int(negative))
+    return int(positive or 0)
+
+
 def event_from_row(row: Sequence[Any]) -> Event:
     """An `Event` from a row of EVENT_COLUMNS."""
     sequence, event_type, actor, ts, correlation_id, agent_id, details, hlc = row

@@ -17,9 +17,11 @@ from typing import Any
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError
 from apiary.store.sql_rows import (
+    MAX_SEQUENCE_SQL,
     MESSAGE_COLUMN_COUNT,
     MESSAGE_COLUMNS,
     check_limit,
+    max_sequence_from_row,
     message_from_row,
     message_values,
     sequence_to_sql,
@@ -184,6 +186,12 @@ class SqliteMessageStore:
         params = (producer_id, stored_number)
         row = await self._db.read(lambda conn: conn.execute(sql, params).fetchone())
         return None if row is None else message_from_row(row)
+
+    async def max_sequence(self, producer_id: str) -> int:
+        """The highest sequence number `producer_id` has used (0 when none)."""
+        sql = MAX_SEQUENCE_SQL.format(p="?")
+        row = await self._db.read(lambda conn: conn.execute(sql, (producer_id,)).fetchone())
+        return max_sequence_from_row(row)
 
     async def oldest_offset(self, recipient: str) -> int:
         """The lowest offset still retained in the recipient's inbox (0 when empty)."""

@@ -64,7 +64,9 @@ class RouterHandler:
     ) -> router_pb2.SendMessageResponse:
         if not req.HasField("msg"):
             raise ValidationError.for_field("msg", "is required")
-        item = Outbound(envelope_from_proto(req.msg), ctx.get(RECIPIENT_KEY))
+        item = Outbound(
+            envelope_from_proto(req.msg), ctx.get(RECIPIENT_KEY), raw=req.msg.SerializeToString()
+        )
         outcome = await self._router.send(item)
         return router_pb2.SendMessageResponse(accepted=outcome.accepted, reason=outcome.reason)
 
@@ -93,7 +95,11 @@ class RouterStreamHandler:
             if len(frame.items) > MAX_FRAME:
                 raise ValidationError.for_field("items", f"at most {MAX_FRAME} per frame")
             items = [
-                Outbound(envelope_from_proto(item.msg), item.recipient or ctx.get(RECIPIENT_KEY))
+                Outbound(
+                    envelope_from_proto(item.msg),
+                    item.recipient or ctx.get(RECIPIENT_KEY),
+                    raw=item.msg.SerializeToString(),
+                )
                 for item in frame.items
             ]
             outcomes = await self._router.send_many(items)

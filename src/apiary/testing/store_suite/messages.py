@@ -473,3 +473,23 @@ async def by_sequence_finds_the_newest_message_of_a_producer(factory: StoreFacto
         assert tie.message_id == "same-time-2"
         assert await store.messages.by_sequence("agent-a", 9) is None
         assert await store.messages.by_sequence("nobody", 7) is None
+
+
+@_check
+async def max_sequence_is_the_producers_highest_number(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        assert await store.messages.max_sequence("agent-a") == 0
+        await store.messages.admit_many(
+            [
+                message("a1", sequence_number=5),
+                message("a2", sequence_number=3),
+                message("z1", producer_id="agent-z", sequence_number=99),
+            ]
+        )
+        assert await store.messages.max_sequence("agent-a") == 5
+        assert await store.messages.max_sequence("agent-z") == 99
+        # Numbers at and above 2**63 are stored specially; they still compare as unsigned.
+        await store.messages.admit(message("big", sequence_number=2**63 + 7))
+        await store.messages.admit(message("bigger", sequence_number=UINT64_MAX))
+        assert await store.messages.max_sequence("agent-a") == UINT64_MAX
+        assert await store.messages.max_sequence("nobody") == 0
