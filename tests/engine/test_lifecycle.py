@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from apiary.core.envelope import AckStage
+from apiary.engine.settings import RouterSettings
 from apiary.testing.engine import EngineHarness, open_test_engine
 
 
@@ -123,3 +124,34 @@ async def test_ttl_expiry_fails_the_message_into_the_dlq(h: EngineHarness) -> No
     assert (message.state, message.error_code) == ("FAILED", "ttl_expired")
     (entry,) = await h.store.dlq.list()
     assert (entry.message_id, entry.error_code) == (outcome.message_id, "ttl_expired")
+
+
+@pytest.mark.conformance("dlq.move.retry-exhausted")
+async def test_retry_budget_exhausted_fails_into_the_dlq() -> None:
+    async with open_test_engine(RouterSettings(max_deliveries=2)) as h:
+        await h.register("alice")
+        await h.register("bob")
+        outcome = await h.send("alice", "bob", {"n": 1})
+        assert [x.attempt for x in await h.take("bob")] == [1]
+        assert [x.attempt for x in await h.take("bob")] == [2]
+        assert await h.take("bob") == []  # the third hand-out would exceed the budget
+        message = await h.message(outcome.message_id)
+        assert (message.state, message.error_code) == ("FAILED", "agent_unavailable")
+        (entry,) = await h.store.dlq.list()
+        assert entry.message_id == outcome.message_id
+        assert "2 deliveries" in entry.reason
+        nacks = [
+            p for p in await h.inbox_payloads("alice") if p.get("error_code") == "AGENT_UNAVAILABLE"
+        ]
+        assert [n["ack_for_message_id"] for n in nacks] == [outcome.message_id]
+
+
+async def test_an_acknowledged_message_is_not_limited_by_the_budget() -> None:
+    async with open_test_engine(RouterSettings(max_deliveries=1)) as h:
+        await h.register("alice")
+        await h.register("bob")
+        outcome = await h.send("alice", "bob", {"n": 1})
+        await h.take("bob")
+        await h.ack("bob", outcome.message_id, AckStage.RECEIVED)
+        assert await h.take("bob") == []
+        assert (await h.message(outcome.message_id)).state == "RECEIVED"

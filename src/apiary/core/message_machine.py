@@ -40,6 +40,8 @@ class MessageInput(StrEnum):
     ACK_TIMEOUT = "ACK_TIMEOUT"
     """The acknowledgement deadline (10 s by default) passed with no ACK."""
     TTL_EXPIRE = "TTL_EXPIRE"
+    DELIVERIES_EXHAUSTED = "DELIVERIES_EXHAUSTED"
+    """Handed out the maximum number of times without any acknowledgement (retry budget)."""
 
 
 ACK_INPUTS = {
@@ -135,6 +137,13 @@ def _expiry() -> dict[MessageInput, Step]:
     }
 
 
+_EXHAUSTED = Step(
+    S.FAILED,
+    (E.PERSIST, E.CANCEL_ACK_TIMER, E.NACK, E.DEAD_LETTER, E.UPDATE_IDEMPOTENCY,
+     E.RELEASE_CREDIT),
+)  # fmt: skip
+
+
 def _late(state: MessageState, *, cache: bool) -> dict[MessageInput, Step]:
     effects = _LATE_WITH_CACHE if cache else _LATE
     return {i: Step(state, effects, late=True) for i in ACK_INPUTS.values()}
@@ -146,11 +155,13 @@ def _table() -> dict[MessageState, dict[MessageInput, Step]]:
         S.RECEIVED: {
             MessageInput.DELIVER: Step(S.RECEIVED, ()),
             MessageInput.REDELIVER: Step(S.RETRYING, (E.PERSIST,)),
+            MessageInput.DELIVERIES_EXHAUSTED: _EXHAUSTED,
             **_acks(S.RECEIVED, S.READ),
             **_expiry(),
         },
         S.RETRYING: {
             MessageInput.REDELIVER: Step(S.RETRYING, ()),
+            MessageInput.DELIVERIES_EXHAUSTED: _EXHAUSTED,
             **_acks(S.RECEIVED, S.READ),
             **_expiry(),
         },

@@ -94,8 +94,11 @@ class Delivery:
             )
         limit = min(max_batch or self._router.settings.max_batch, self._router.settings.max_batch)
         inbox.arrived.clear()
-        batch = inbox.take(limit, self._router.clock_now())
-        return await self._handed_out(agent_id, batch) if batch else []
+        while batch := inbox.take(limit, self._router.clock_now()):
+            handed = await self._handed_out(agent_id, batch)
+            if handed:
+                return handed
+        return []
 
     async def stream(
         self, agent_id: str, resume_after: int = 0, max_batch: int = 0
@@ -113,8 +116,27 @@ class Delivery:
         finally:
             await self._events.record("stream.closed", agent_id, agent_id=agent_id, session=session)
 
+    async def _exhausted(self, batch: list[Handout], now: float) -> list[Handout]:
+        """Fail what has been handed out `max_deliveries` times without any ACK (the retry
+        budget, RFC 21.1); returns the rest."""
+        budget = self._router.settings.max_deliveries
+        keep: list[Handout] = []
+        for handout in batch:
+            if budget and handout.attempt > budget and not is_notice(handout.message):
+                await self._router.apply(
+                    handout.message, MessageInput.DELIVERIES_EXHAUSTED, now,
+                    error_code="agent_unavailable",
+                    note=f"not acknowledged after {budget} deliveries",
+                )  # fmt: skip
+            else:
+                keep.append(handout)
+        return keep
+
     async def _handed_out(self, agent_id: str, batch: list[Handout]) -> list[Handout]:
         now = self._router.clock_now()
+        batch = await self._exhausted(batch, now)
+        if not batch:
+            return []
         await self._messages.mark_delivered([h.message.message_id for h in batch], now)
         finished: list[StateChange] = []
         for handout in batch:

@@ -24,6 +24,9 @@ class RouterSettings:
     per_producer_cap: int = 0
     """With credits on: at most this many in flight per producer and receiver; 0 = none."""
     lanes: LanePolicy = field(default_factory=LanePolicy)
+    max_deliveries: int = 5
+    """Retry budget: a message handed out this many times without any acknowledgement fails
+    into the DLQ (agent_unavailable) on the next attempt; 0 = unlimited."""
     max_batch: int = 256
     """Deliveries per stream batch, and the bound on backlog replayed per read (RFC 5.5)."""
     notice_ttl_s: float = 3600.0

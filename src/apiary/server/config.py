@@ -102,6 +102,7 @@ _ROUTER_TYPES: dict[str, type] = {
     "credit_window": int,
     "per_producer_cap": int,
     "max_batch": int,
+    "max_deliveries": int,
     "notice_ttl_s": float,
     "retention_s": float,
 }
