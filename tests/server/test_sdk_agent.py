@@ -89,3 +89,18 @@ async def test_sdk_raises_apiary_errors(coordinator: Coordinator) -> None:
             await alice.send("nobody", {"n": 1})
     with pytest.raises(ValidationError, match="reasoning_connectors"):
         await Agent("bad", coordinator=address, reasoning_connectors=()).start()
+
+
+async def test_a_large_payload_travels_as_a_chunked_transfer(coordinator: Coordinator) -> None:
+    address = str(coordinator.grpc_address)
+    payload = bytes(range(256)) * 4096  # 1 MiB
+    async with (
+        Agent("alice", coordinator=address) as alice,
+        Agent("bob", coordinator=address, capabilities=["chunking"],
+              modalities=["application/octet-stream"]) as bob,
+    ):  # fmt: skip
+        message_id = await alice.send_chunked(
+            "bob", payload, "application/octet-stream", chunk_bytes=256 * 1024
+        )
+        got = await _next_data(bob.deliveries())
+        assert (got.envelope.message_id, got.envelope.payload) == (message_id, payload)

@@ -828,3 +828,61 @@ class ExportDlqResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ExportDlqResponse: _TypeAlias = ExportDlqResponse  # noqa: Y015
+
+@_typing.final
+class Chunk(_message.Message):
+    """---- Chunked transfers (RFC 5.4) ----
+
+    The payload of one chunk envelope (content type application/vnd.apiary.chunk+protobuf).
+    The coordinator reassembles a transfer and admits the whole message only when every
+    chunk has arrived and every hash matches; recipients never see chunks.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TRANSFER_ID_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    TOTAL_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    SHA256_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    TOTAL_LENGTH_FIELD_NUMBER: _builtins.int
+    TOTAL_SHA256_FIELD_NUMBER: _builtins.int
+    transfer_id: _builtins.str
+    """UUIDv4: becomes the message_id of the assembled message"""
+    index: _builtins.int
+    """0-based"""
+    total: _builtins.int
+    """number of chunks in the transfer"""
+    size: _builtins.int
+    """bytes in `data`"""
+    sha256: _builtins.str
+    """hex digest of `data`"""
+    data: _builtins.bytes
+    content_type: _builtins.str
+    """of the assembled payload"""
+    total_length: _builtins.int
+    """of the assembled payload"""
+    total_sha256: _builtins.str
+    """hex digest of the assembled payload"""
+    def __init__(
+        self,
+        *,
+        transfer_id: _builtins.str = ...,
+        index: _builtins.int = ...,
+        total: _builtins.int = ...,
+        size: _builtins.int = ...,
+        sha256: _builtins.str = ...,
+        data: _builtins.bytes = ...,
+        content_type: _builtins.str = ...,
+        total_length: _builtins.int = ...,
+        total_sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content_type", b"content_type", "data", b"data", "index", b"index", "sha256", b"sha256", "size", b"size", "total", b"total", "total_length", b"total_length", "total_sha256", b"total_sha256", "transfer_id", b"transfer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Chunk: _TypeAlias = Chunk  # noqa: Y015

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from apiary.core.chunks import ChunkPart
 from apiary.core.envelope import Ack, Envelope
 
 
@@ -13,3 +14,5 @@ class EnvelopeCodec(Protocol):
     def decode(self, data: bytes) -> Envelope: ...
 
     def decode_ack(self, env: Envelope) -> Ack: ...
+
+    def decode_chunk(self, env: Envelope) -> ChunkPart: ...

@@ -14,10 +14,16 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from apiary.core.addressing import resolve_recipient
+from apiary.core.chunks import CHUNK_CONTENT_TYPE
 from apiary.core.clock import Clock
 from apiary.core.credits import CreditLedger
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
-from apiary.core.envelope_rules import check_modality, ttl_deadline, validate_envelope
+from apiary.core.envelope_rules import (
+    check_modality,
+    content_type_base,
+    ttl_deadline,
+    validate_envelope,
+)
 from apiary.core.lanes import LaneScheduler
 from apiary.core.message_machine import (
     ACK_INPUTS,
@@ -38,6 +44,7 @@ from apiary.engine.notices import COORDINATOR, NoticeFactory
 from apiary.engine.registry import Registry
 from apiary.engine.router_stats import RouterStats
 from apiary.engine.settings import RouterSettings
+from apiary.engine.transfers import Transfers
 from apiary.errors import (
     ApiaryError,
     BufferFullError,
@@ -92,6 +99,7 @@ class Router:
             store.idempotency, store.messages, self.settings.dedup_window_s, events
         )
         self.dead_letters = DeadLetters(store.dlq, events, codec, clock)
+        self.transfers = Transfers(registry, codec, events, self._nack_transfer)
 
     # ------------------------------------------------------------------ inboxes
 
@@ -170,7 +178,17 @@ class Router:
             if env.message_type is MessageType.ACKNOWLEDGEMENT and env.producer_id != COORDINATOR:
                 acked_producer = await self._on_ack(env, now)
             target = resolve_recipient(env, item.recipient, acked_producer)
-            return await self._admissible(env, target, now, requeue=item.requeue, raw=item.raw)
+            raw = item.raw
+            if content_type_base(env.content_type) == CHUNK_CONTENT_TYPE:
+                assembled = await self.transfers.receive(env, target, now)
+                if assembled is None:
+                    return SendOutcome(env.message_id, True, reason="chunk buffered"), None
+                env, raw = assembled, b""
+                validate_envelope(
+                    env, limits=self.settings.limits, now=now,
+                    hlc_required=self.settings.hlc_required,
+                )  # fmt: skip
+            return await self._admissible(env, target, now, requeue=item.requeue, raw=raw)
         except ApiaryError as exc:
             return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
 
@@ -327,6 +345,12 @@ class Router:
         notice = self._notices.ack(ack, correlation_id, {"failed_stage": failed_stage})
         await self._deliver_notice(producer, notice)
 
+    async def _nack_transfer(
+        self, producer: str, transfer_id: str, correlation_id: str, error: ApiaryError
+    ) -> None:
+        await self._nack(producer, transfer_id, correlation_id, AckStage.FAILED, error.code,
+                         error.message, "RECEIVED")  # fmt: skip
+
     async def _deliver_notice(self, recipient: str, env: Envelope) -> None:
         await self.send_many([Outbound(env, recipient)])
 
@@ -469,7 +493,8 @@ class Router:
     # ------------------------------------------------------------------ deadlines
 
     async def fire_due(self) -> int:
-        """Apply every deadline that has passed (ack timeouts, TTL expiry)."""
+        """Apply every deadline that has passed (ack timeouts, TTL expiry, transfers)."""
+        await self.transfers.expire(self._clock.now())
         fired = 0
         for message_id in self.deadlines.pop_due(self._clock.now()):
             message = self._live.get(message_id)

@@ -26,6 +26,7 @@ from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.ids import IdGenerator
 from apiary.errors import ApiaryError, ValidationError, error_for_code
 from apiary.sdk import errors
+from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
 from apiary.sdk.sender import BatchSender, SendResult
 from apiary.system import SystemClock, UuidIds
 from apiary.wire import pb
@@ -184,6 +185,18 @@ class Agent:
         env = self.envelope(body, **options)
         await self.send_envelope(env, to)
         return env
+
+    async def send_chunked(
+        self, to: str, payload: bytes, content_type: str, *, chunk_bytes: int = 1024 * 1024
+    ) -> str:
+        """Send a large payload as a chunked transfer (the recipient must have declared the
+        `chunking` capability); returns the message_id of the assembled message."""
+        transfer_id = self._ids.new_id()
+        correlation = transfer_id
+        for chunk in chunk_payloads(transfer_id, payload, content_type, chunk_bytes):
+            env = self.envelope(chunk, content_type=CHUNK_CONTENT_TYPE, correlation_id=correlation)
+            await self.send_envelope(env, to)
+        return transfer_id
 
     async def send_many(self, items: Sequence[tuple[Envelope, str]]) -> list[SendResult]:
         """Send many envelopes in one frame of the streaming sender; per-envelope results."""
