@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
 from urllib.parse import unquote
 
 from psycopg import sql
@@ -50,6 +49,7 @@ from apiary.store.sql_rows import (
     agent_from_row,
     agent_row,
     check_limit,
+    event_filter_clauses,
     event_from_row,
 )
 
@@ -92,20 +92,10 @@ class PostgresEventLog:
     ) -> list[Event]:
         """Events with sequence > `after` that match `where`, ascending, at most `limit`."""
         check_limit(limit)
-        clauses = ["sequence > %s"]
-        params: list[Any] = [after]
-        if where is not None:
-            if where.correlation_id is not None:
-                clauses.append("correlation_id = %s")
-                params.append(where.correlation_id)
-            if where.agent_id is not None:
-                clauses.append("agent_id = %s")
-                params.append(where.agent_id)
-            if where.event_types is not None:
-                if not where.event_types:
-                    return []
-                clauses.append("event_type = ANY(%s)")
-                params.append(sorted(where.event_types))
+        terms = event_filter_clauses(where, after, "%s")
+        if terms is None:
+            return []
+        clauses, params = terms
         query = (
             f"SELECT {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}"
             " ORDER BY sequence LIMIT %s"

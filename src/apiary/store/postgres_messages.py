@@ -20,6 +20,7 @@ from apiary.store.sql_rows import (
     MESSAGE_COLUMN_COUNT,
     MESSAGE_COLUMNS,
     check_limit,
+    inbox_clauses,
     max_sequence_from_row,
     message_from_row,
     message_values,
@@ -263,13 +264,10 @@ class PostgresMessageStore:
         """The recipient's messages with offset > after_offset (ascending), optionally
         only those in `states`."""
         check_limit(limit)
-        clauses = ["recipient = %s", "inbox_offset > %s"]
-        params: list[Any] = [recipient, after_offset]
-        if states is not None:
-            if not states:
-                return []
-            clauses.append("state = ANY(%s)")
-            params.append(sorted(s.value for s in states))
+        terms = inbox_clauses(recipient, after_offset, states, "%s")
+        if terms is None:
+            return []
+        clauses, params = terms
         query = (
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {' AND '.join(clauses)}"
             " ORDER BY inbox_offset LIMIT %s"

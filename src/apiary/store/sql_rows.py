@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apiary.core.events import Event
+from apiary.core.events import Event, EventFilter
 from apiary.core.records import (
     AgentRecord,
     DlqEntry,
@@ -351,4 +351,45 @@ def dlq_filter_clauses(
             params.append(value)
     if not where.include_requeued:
         clauses.append("requeued_as = ''")
+    return clauses, params
+
+
+def _in_list(column: str, values: list[Any], placeholder: str) -> str:
+    return f"{column} IN ({', '.join([placeholder] * len(values))})"
+
+
+def event_filter_clauses(
+    where: EventFilter | None, after: int, placeholder: str
+) -> tuple[list[str], list[Any]] | None:
+    """The WHERE terms and parameters of an event-log read; None when nothing can match
+    (an empty set of event types)."""
+    clauses = [f"sequence > {placeholder}"]
+    params: list[Any] = [after]
+    if where is None:
+        return clauses, params
+    for column, value in (("correlation_id", where.correlation_id), ("agent_id", where.agent_id)):
+        if value is not None:
+            clauses.append(f"{column} = {placeholder}")
+            params.append(value)
+    if where.event_types is not None:
+        if not where.event_types:
+            return None
+        types = sorted(where.event_types)
+        clauses.append(_in_list("event_type", types, placeholder))
+        params.extend(types)
+    return clauses, params
+
+
+def inbox_clauses(
+    recipient: str, after_offset: int, states: frozenset[MessageState] | None, placeholder: str
+) -> tuple[list[str], list[Any]] | None:
+    """The WHERE terms and parameters of an inbox read; None when nothing can match."""
+    clauses = [f"recipient = {placeholder}", f"inbox_offset > {placeholder}"]
+    params: list[Any] = [recipient, after_offset]
+    if states is not None:
+        if not states:
+            return None
+        values = sorted(s.value for s in states)
+        clauses.append(_in_list("state", values, placeholder))
+        params.extend(values)
     return clauses, params

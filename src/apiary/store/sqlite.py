@@ -13,7 +13,6 @@ import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 from apiary.core.events import Event, EventDraft, EventFilter
 from apiary.core.records import AgentRecord
@@ -24,6 +23,7 @@ from apiary.store.sql_rows import (
     agent_from_row,
     agent_row,
     check_limit,
+    event_filter_clauses,
     event_from_row,
 )
 from apiary.store.sqlite_database import (
@@ -71,20 +71,10 @@ class SqliteEventLog:
     ) -> list[Event]:
         """Events with sequence > `after` that match `where`, ascending, at most `limit`."""
         check_limit(limit)
-        clauses = ["sequence > ?"]
-        params: list[Any] = [after]
-        if where is not None:
-            if where.correlation_id is not None:
-                clauses.append("correlation_id = ?")
-                params.append(where.correlation_id)
-            if where.agent_id is not None:
-                clauses.append("agent_id = ?")
-                params.append(where.agent_id)
-            if where.event_types is not None:
-                if not where.event_types:
-                    return []
-                clauses.append(f"event_type IN ({placeholders(len(where.event_types))})")
-                params.extend(sorted(where.event_types))
+        terms = event_filter_clauses(where, after, "?")
+        if terms is None:
+            return []
+        clauses, params = terms
         sql = (
             f"SELECT {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}"
             " ORDER BY sequence LIMIT ?"

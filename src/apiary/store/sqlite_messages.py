@@ -21,6 +21,7 @@ from apiary.store.sql_rows import (
     MESSAGE_COLUMN_COUNT,
     MESSAGE_COLUMNS,
     check_limit,
+    inbox_clauses,
     max_sequence_from_row,
     message_from_row,
     message_values,
@@ -126,13 +127,10 @@ class SqliteMessageStore:
         """The recipient's messages with offset > after_offset (ascending), optionally
         only those in `states`."""
         check_limit(limit)
-        clauses = ["recipient = ?", "inbox_offset > ?"]
-        params: list[Any] = [recipient, after_offset]
-        if states is not None:
-            if not states:
-                return []
-            clauses.append(f"state IN ({placeholders(len(states))})")
-            params.extend(sorted(s.value for s in states))
+        terms = inbox_clauses(recipient, after_offset, states, "?")
+        if terms is None:
+            return []
+        clauses, params = terms
         sql = (
             f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE {' AND '.join(clauses)}"
             " ORDER BY inbox_offset LIMIT ?"

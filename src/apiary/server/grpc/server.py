@@ -52,30 +52,15 @@ def _unary(route: Route, metrics: Metrics) -> Callable[..., Any]:
 
 
 def _streaming(route: Route, metrics: Metrics) -> Callable[..., Any]:
-    fn = route.streaming()
+    """Server-streaming and bidirectional methods: the handler takes the request (or the
+    request iterator) as it comes and yields responses."""
+    fn: Callable[[Any, CallContext], AsyncIterator[Message]] = (
+        route.bidi() if route.method.client_streaming else route.streaming()
+    )
 
-    async def call(
-        request: Message, ctx: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Message]:
+    async def call(request: Any, ctx: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Message]:
         try:
             async for item in fn(request, _context(ctx)):
-                yield item
-        except Exception as exc:
-            await _abort(ctx, exc, route, metrics)
-            return
-        metrics.rpc_done("grpc", route.method.path, "ok")
-
-    return call
-
-
-def _bidi(route: Route, metrics: Metrics) -> Callable[..., Any]:
-    fn = route.bidi()
-
-    async def call(
-        requests: AsyncIterator[Message], ctx: grpc.aio.ServicerContext[Any, Any]
-    ) -> AsyncIterator[Message]:
-        try:
-            async for item in fn(requests, _context(ctx)):
                 yield item
         except Exception as exc:
             await _abort(ctx, exc, route, metrics)
@@ -93,7 +78,7 @@ def _generic_handlers(dispatcher: Dispatcher, metrics: Metrics) -> list[grpc.Gen
             route = dispatcher.route(method.path)
             assert route is not None
             if method.client_streaming:
-                make, wrap = grpc.stream_stream_rpc_method_handler, _bidi
+                make, wrap = grpc.stream_stream_rpc_method_handler, _streaming
             elif method.server_streaming:
                 make, wrap = grpc.unary_stream_rpc_method_handler, _streaming
             else:
