@@ -147,3 +147,25 @@ async def test_gateway_lists_methods(http: aiohttp.ClientSession) -> None:
     paths = {m["path"]: m["implemented"] for m in methods}
     assert paths["/v1/sw4rm.router.RouterService/SendMessage"] is True
     assert paths["/v1/sw4rm.scheduler.SchedulerService/SubmitTask"] is False
+
+
+@pytest.mark.conformance("dlq.tools.inspection")
+async def test_dead_letters_are_listed_and_exported_over_the_gateway(
+    http: aiohttp.ClientSession,
+) -> None:
+    await _register(http, "alice")
+    await _register(http, "bob")
+    bad = _envelope("alice", {"to": "bob"})
+    bad["content_type"] = "image/png"  # bob declared no images: refused and dead-lettered
+    status, _ = await _call(
+        http, "sw4rm.router.RouterService/SendMessage", {"msg": bad, "recipient": "bob"}
+    )
+    assert status == 415
+    status, body = await _call(
+        http, "apiary.v1.DlqService/List", {"filter": {"error_code": "unsupported_message_type"}}
+    )
+    assert status == 200
+    (entry,) = body["entries"]  # type: ignore[misc]
+    assert entry["message_id"] == bad["message_id"]
+    status, body = await _call(http, "apiary.v1.DlqService/Export", {})
+    assert status == 200 and body["entries"] == 1
