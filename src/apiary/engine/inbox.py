@@ -35,6 +35,10 @@ class Inbox:
         self._scheduler = scheduler
         self._pending: dict[str, deque[StoredMessage]] = {lane: deque() for lane in LANES}
         self._unacked: dict[str, StoredMessage] = {}
+        # Finished messages still queued are dropped lazily when they reach the head, so
+        # that finishing one costs O(1) however long the queue is.
+        self._queued: set[str] = set()
+        self._dropped: set[str] = set()
         self._occupied: set[str] = set()
         self.arrived = asyncio.Event()
         self.session = 0
@@ -58,7 +62,13 @@ class Inbox:
         """Give back a slot reserved for a message that was not admitted after all."""
         self._occupied.discard(message_id)
 
+    def _heads(self) -> None:
+        for queue in self._pending.values():
+            while queue and queue[0].message_id in self._dropped:
+                self._dropped.discard(queue.popleft().message_id)
+
     def oldest_pending_at(self) -> float | None:
+        self._heads()
         times = [q[0].created_at for q in self._pending.values() if q]
         return min(times) if times else None
 
@@ -74,6 +84,8 @@ class Inbox:
             self._pending[lane] = deque(items)
         else:
             queue.append(message)
+        self._queued.add(message.message_id)
+        self._dropped.discard(message.message_id)
         if occupies:
             self._occupied.add(message.message_id)
         self.arrived.set()
@@ -90,11 +102,9 @@ class Inbox:
         """A terminal state: forget the message entirely."""
         self._occupied.discard(message_id)
         self._unacked.pop(message_id, None)
-        for queue in self._pending.values():
-            for i, message in enumerate(queue):
-                if message.message_id == message_id:
-                    del queue[i]
-                    return
+        if message_id in self._queued:
+            self._queued.discard(message_id)
+            self._dropped.add(message_id)
 
     def update(self, message: StoredMessage) -> None:
         """Replace the indexed copy of an unacknowledged message (after a state change)."""
@@ -115,11 +125,13 @@ class Inbox:
             if message.offset > resume_after:
                 self.add(message, occupies=message.message_id in self._occupied)
         for lane, queue in self._pending.items():
-            kept = [m for m in queue if m.offset > resume_after]
-            for m in queue:
+            live = [m for m in queue if m.message_id not in self._dropped]
+            for m in live:
                 if m.offset <= resume_after:
                     self._unacked[m.message_id] = m
-            self._pending[lane] = deque(kept)
+                    self._queued.discard(m.message_id)
+            self._pending[lane] = deque(m for m in live if m.offset > resume_after)
+        self._dropped.clear()
         self.arrived.set()
         return self.session
 
@@ -127,6 +139,7 @@ class Inbox:
         """Up to `limit` messages in lane order (weighted fair, PRIVILEGED urgent first)."""
         out: list[Handout] = []
         while len(out) < limit:
+            self._heads()
             ready = {lane: len(q) for lane, q in self._pending.items() if q}
             if not ready:
                 break
@@ -134,9 +147,11 @@ class Inbox:
             if choice is None:
                 break
             message = self._pending[choice.lane].popleft()
+            self._queued.discard(message.message_id)
             self._unacked[message.message_id] = message
             out.append(Handout(message, message.deliveries + 1, choice.urgent))
         return out
 
     def has_pending(self) -> bool:
+        self._heads()
         return any(self._pending.values())

@@ -10,8 +10,9 @@ in `engine/delivery.py`; the deadline loop in `engine/deadlines.py`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar, cast
 
 from apiary.core.addressing import resolve_recipient
 from apiary.core.chunks import CHUNK_CONTENT_TYPE
@@ -147,14 +148,15 @@ class Router:
         # Members are prepared concurrently so that their store work (ACK state changes,
         # lookups) shares group commits; buffer reservations are synchronous, so the
         # capacity check stays exact.
-        prepared = await asyncio.gather(*(self._prepare(item, now) for item in items))
+        prepared = await _each(items, lambda item: self._prepare(item, now), _waits_on_store)
         outcomes = [outcome for outcome, _ in prepared]
         admit = [(i, record, items[i]) for i, (_, record) in enumerate(prepared) if record]
         if admit:
             results = await self._messages.admit_many([r for _, r, _ in admit])
-            done = await asyncio.gather(
-                *(self._admitted(item, record, result, now)
-                  for (_, record, item), result in zip(admit, results, strict=True))
+            pairs = list(zip(admit, results, strict=True))
+            done = await _each(
+                pairs, lambda p: self._admitted(p[0][2], p[0][1], p[1], now),
+                lambda p: _waits_on_store(p[0][2]),
             )  # fmt: skip
             for (index, _, _), outcome in zip(admit, done, strict=True):
                 outcomes[index] = outcome
@@ -288,6 +290,12 @@ class Router:
         self.stats.accepted[stored.recipient] += 1
         started = env.timestamp if 0 < env.timestamp <= now else now
         self.stats.timing(self.stats.enqueue_latency, stored.recipient).observe(now - started)
+        if is_notice(stored):
+            # Notices are logged by their causes (message.state, agent.joined, ...); a
+            # received event for each would repeat those and every heartbeat.
+            return SendOutcome(
+                env.message_id, True, stored=stored, reason=f"offset {stored.offset}"
+            )
         await self._events.record(
             "message.received",
             env.producer_id,
@@ -542,6 +550,36 @@ class Router:
         """Keep the live copy of an unfinished message in step with the store."""
         if message.message_id in self._live:
             self._live[message.message_id] = message
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def _waits_on_store(item: Outbound) -> bool:
+    """Whether handling `item` does store I/O worth overlapping: ACKs change the acknowledged
+    message, and tokens read and write the idempotency cache."""
+    env = item.envelope
+    return env.message_type is MessageType.ACKNOWLEDGEMENT or bool(env.idempotency_token)
+
+
+async def _each(
+    items: Sequence[T], fn: Callable[[T], Awaitable[R]], overlap: Callable[[T], bool]
+) -> list[R]:
+    """`fn` over `items`, in order: concurrently where `overlap` says the work waits on the
+    store (so it shares group commits), directly otherwise (a task per item costs more than
+    the work)."""
+    results: list[R | None] = [None] * len(items)
+    waiting = [i for i, item in enumerate(items) if overlap(item)]
+    if waiting:
+        for i, result in zip(
+            waiting, await asyncio.gather(*(fn(items[i]) for i in waiting)), strict=True
+        ):
+            results[i] = result
+    for i, item in enumerate(items):
+        if not overlap(item):
+            results[i] = await fn(item)
+    return cast(list[R], results)
 
 
 def _lane(descriptor: object) -> str:
