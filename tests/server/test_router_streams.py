@@ -124,6 +124,23 @@ async def test_a_batch_member_over_the_buffer_is_refused_alone(tmp_path: Path) -
         ]
 
 
+@pytest.mark.conformance("transport.batching.size-count-limits")
+async def test_frames_are_bounded_by_count_and_size(tmp_path: Path) -> None:
+    settings = RouterSettings(max_frame_items=3, max_frame_bytes=64)
+    async with open_running(tmp_path, settings) as r:
+        await register(r.channel, "alice", "bob")
+        stub = pb.apiary_pb2_grpc.RouterStreamServiceStub(r.channel)
+        too_many = _frame(*((envelope("alice", {"n": n}), "bob") for n in range(4)))
+        too_big = _frame((envelope("alice", {"pad": "x" * 100}), "bob"))
+        for frame, needle in ((too_many, "at most 3 envelopes"), (too_big, "at most 64 payload")):
+            call = stub.SendStream()
+            await call.write(frame)
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await asyncio.wait_for(call.read(), WAIT_S)
+            assert needle in (caught.value.details() or "")
+            assert error_detail(caught.value).error_code == "validation_error"
+
+
 # --- inbound delivery and resumption (RFC 5.5) --------------------------------------------
 
 

@@ -27,6 +27,10 @@ class RouterSettings:
     max_deliveries: int = 5
     """Retry budget: a message handed out this many times without any acknowledgement fails
     into the DLQ (agent_unavailable) on the next attempt; 0 = unlimited."""
+    max_frame_items: int = 5000
+    """Envelopes per SendStream frame (RFC 5.4: batches bounded by count)."""
+    max_frame_bytes: int = 16 * 1024 * 1024
+    """Payload bytes per SendStream frame (RFC 5.4: batches bounded by size)."""
     max_batch: int = 256
     """Deliveries per stream batch, and the bound on backlog replayed per read (RFC 5.5)."""
     notice_ttl_s: float = 3600.0

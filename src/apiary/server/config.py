@@ -103,6 +103,8 @@ _ROUTER_TYPES: dict[str, type] = {
     "per_producer_cap": int,
     "max_batch": int,
     "max_deliveries": int,
+    "max_frame_items": int,
+    "max_frame_bytes": int,
     "notice_ttl_s": float,
     "retention_s": float,
 }

@@ -16,7 +16,6 @@ from apiary.wire.convert import envelope_from_proto
 router_pb2 = pb.router_pb2
 apiary_pb2 = pb.apiary_pb2
 RESUME_TOKEN_KEY = "sw4rm-resume-token"
-MAX_FRAME = 5000
 
 
 def _envelope_bytes_item(handout: Handout) -> router_pb2.StreamItem:
@@ -92,8 +91,17 @@ class RouterStreamHandler:
         self, frames: AsyncIterator[apiary_pb2.SendFrame], ctx: CallContext
     ) -> AsyncIterator[apiary_pb2.SendResultFrame]:
         async for frame in frames:
-            if len(frame.items) > MAX_FRAME:
-                raise ValidationError.for_field("items", f"at most {MAX_FRAME} per frame")
+            settings = self._router.settings
+            if len(frame.items) > settings.max_frame_items:
+                raise ValidationError.for_field(
+                    "items", f"at most {settings.max_frame_items} envelopes per frame"
+                )
+            size = sum(len(item.msg.payload) for item in frame.items)
+            if size > settings.max_frame_bytes:
+                raise ValidationError.for_field(
+                    "items",
+                    f"at most {settings.max_frame_bytes} payload bytes per frame, not {size}",
+                )
             items = [
                 Outbound(
                     envelope_from_proto(item.msg),
