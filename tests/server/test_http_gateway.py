@@ -136,9 +136,9 @@ async def test_gateway_unknown_method_is_404(http: aiohttp.ClientSession) -> Non
 
 
 async def test_gateway_unbuilt_method_is_501(http: aiohttp.ClientSession) -> None:
-    status, body = await _call(http, "sw4rm.hitl.HitlService/Decide", {"reason_type": "CONFLICT"})
+    status, body = await _call(http, "sw4rm.worktree.WorktreeService/Status", {"agent_id": "a"})
     assert status == 501
-    assert "human-in-the-loop" in body["error"]["message"]  # type: ignore[index]
+    assert "worktrees" in body["error"]["message"]  # type: ignore[index]
 
 
 async def test_gateway_lists_methods(http: aiohttp.ClientSession) -> None:

@@ -216,13 +216,24 @@ async def test_replicas_applying_crossing_batches_do_not_deadlock(
         ),
         ("SELECT min(due_at) FROM messages", "messages_due"),
         ("DELETE FROM messages WHERE finished_at < %s", "messages_finished"),
+        (
+            "SELECT invocation_id FROM hitl WHERE created_at > %s AND state IN ('PENDING')"
+            " ORDER BY created_at, invocation_id LIMIT 10",
+            "hitl_by_state",
+        ),
+        (
+            "SELECT invocation_id FROM hitl WHERE created_at > %s"
+            " ORDER BY created_at, invocation_id LIMIT 10",
+            "hitl_by_created",
+        ),
     ],
 )
-async def test_the_partial_indexes_serve_their_queries(
+async def test_the_indexes_serve_their_queries(
     postgres_dsn: str, postgres_schema: str, query: str, index: str
 ) -> None:
-    """The planner can prove the queries imply the partial indexes' predicates (with the
-    table empty it prefers a scan, hence enable_seqscan off)."""
+    """The planner can use each query's index; for the partial ones, it can prove the queries
+    imply their predicates (with the table empty it prefers a scan, hence enable_seqscan
+    off)."""
     async with open_postgres_store(postgres_dsn, schema=postgres_schema):
         pass
     with psycopg.connect(postgres_dsn) as conn:

@@ -1,7 +1,7 @@
-"""Databases written at schema version 1 upgrade in place when opened by this code.
+"""Databases written at older schema versions upgrade in place when opened by this code.
 
-Each test builds a version-1 database with the real migration runner stopped at version 1,
-writes a message with the version-1 columns only, then opens the store normally.
+Each test builds a database with the real migration runner stopped at an older version,
+writes rows with that version's columns only, then opens the store normally.
 """
 
 from __future__ import annotations
@@ -14,13 +14,19 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from apiary.core.records import IdempotencyRecord, MessageState, StateChange, StoredMessage
+from apiary.core.records import (
+    DlqEntry,
+    IdempotencyRecord,
+    MessageState,
+    StateChange,
+    StoredMessage,
+)
 from apiary.store.migrations import load_migrations
 from apiary.store.postgres import migrate_postgres, open_postgres_store
 from apiary.store.protocols import Store
 from apiary.store.sqlite import open_sqlite_store
 from apiary.store.sqlite_database import migrate_sqlite
-from apiary.testing.store_suite.base import dlq_entry
+from apiary.testing.store_suite.base import dlq_entry, hitl_record
 
 V1_COLUMNS = (
     "message_id, recipient, inbox_offset, producer_id, correlation_id, message_type, envelope,"
@@ -94,6 +100,99 @@ async def test_a_version_1_postgres_schema_is_upgraded_in_place(
 
     async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
         await check_upgraded(store)
+    with psycopg.connect(postgres_dsn) as raw:
+        rows = raw.execute(
+            sql.SQL("SELECT version FROM {}.schema_migrations ORDER BY version").format(
+                sql.Identifier(postgres_schema)
+            )
+        ).fetchall()
+    assert [v for (v,) in rows] == list(range(1, LATEST + 1))
+
+
+# --- version 2 -> 3 (the hitl table) ----------------------------------------------------
+
+V2_MESSAGE_COLUMNS = f"{V1_COLUMNS}, sequence_number, ack_deadline, deliveries"
+V2_MESSAGE_ROW = (*V1_ROW, 7, 10.0, 1)
+V2_IDEMPOTENCY_COLUMNS = (
+    "token, producer_id, original_message_id, current_message_id, status, created_at,"
+    " updated_at, attempts"
+)
+V2_IDEMPOTENCY_ROW = ("t", "a", "m-1", "m-1", "RECEIVED", 1.0, 2.0, '["m-1"]')
+V2_DLQ_COLUMNS = (
+    "message_id, producer_id, recipient, correlation_id, message_type, error_code, reason,"
+    " created_at, failed_at, content_type, payload_size, envelope, attempts"
+)
+V2_DLQ_ROW = (
+    "m-0", "a", "b", "c-0", 2, "ack_timeout", "gave up", 1.0, 3.0, "text/plain", 1, b"\x01",
+    '[{"at": 1.0, "what": "sent"}]',
+)  # fmt: skip
+V2_INSERTS = (
+    ("messages", V2_MESSAGE_COLUMNS, V2_MESSAGE_ROW),
+    ("inbox_offsets", "recipient, last_offset", ("b", 1)),
+    ("idempotency", V2_IDEMPOTENCY_COLUMNS, V2_IDEMPOTENCY_ROW),
+    ("dlq", V2_DLQ_COLUMNS, V2_DLQ_ROW),
+)
+
+
+async def check_upgraded_from_2(store: Store) -> None:
+    """The version-2 rows read back unchanged, and the hitl table works."""
+    message = replace(expected_message(), sequence_number=7, ack_deadline=10.0, deliveries=1)
+    assert await store.messages.get("m-1") == message
+    assert await store.messages.due(10.0) == [message]
+    assert await store.idempotency.get("t") == IdempotencyRecord(
+        "t", "a", "m-1", "m-1", "RECEIVED", 1.0, 2.0, attempts=("m-1",)
+    )
+    assert await store.dlq.get(1) == DlqEntry(
+        1, "m-0", "a", "b", "c-0", 2, "ack_timeout", "gave up", 1.0, 3.0, "text/plain", 1,
+        b"\x01", attempts=({"at": 1.0, "what": "sent"},),
+    )  # fmt: skip
+    assert (await store.dlq.add(dlq_entry("m-2"))).entry_id == 2
+    assert await store.hitl.list() == []
+    record = hitl_record("inv-1")
+    await store.hitl.put(record)
+    assert await store.hitl.get("inv-1") == record
+    assert await store.hitl.list(frozenset({"PENDING"})) == [record]
+
+
+async def test_a_version_2_sqlite_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate_sqlite(raw, target=2) == [1, 2]
+        for table, columns, row in V2_INSERTS:
+            marks = ", ".join("?" * len(row))
+            raw.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", row)
+        tables = {name for (name,) in raw.execute("SELECT name FROM sqlite_master")}
+        assert "dlq" in tables
+        assert "hitl" not in tables
+    finally:
+        raw.close()
+
+    async with open_sqlite_store(path) as store:
+        await check_upgraded_from_2(store)
+    async with open_sqlite_store(path) as store:
+        assert await store.hitl.get("inv-1") == hitl_record("inv-1")
+    with sqlite3.connect(path) as raw:
+        versions = [v for (v,) in raw.execute("SELECT version FROM schema_migrations")]
+    assert versions == list(range(1, LATEST + 1))
+
+
+@pytest.mark.postgres
+async def test_a_version_2_postgres_schema_is_upgraded_in_place(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+        assert await migrate_postgres(conn, postgres_schema, target=2) == [1, 2]
+        for table, columns, row in V2_INSERTS:
+            marks = ", ".join(["%s"] * len(row))
+            await conn.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", row)
+        cursor = await conn.execute("SELECT to_regclass('hitl') IS NULL")
+        assert await cursor.fetchone() == (True,)
+
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await check_upgraded_from_2(store)
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        assert await store.hitl.get("inv-1") == hitl_record("inv-1")
     with psycopg.connect(postgres_dsn) as raw:
         rows = raw.execute(
             sql.SQL("SELECT version FROM {}.schema_migrations ORDER BY version").format(

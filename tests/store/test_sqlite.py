@@ -19,7 +19,7 @@ from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, SchemaVersionError, StoreError
 from apiary.store.migrations import load_migrations
-from apiary.store.sql_rows import MESSAGE_COLUMNS
+from apiary.store.sql_rows import HITL_COLUMNS, MESSAGE_COLUMNS
 from apiary.store.sqlite import SqliteStore, open_sqlite_store
 from apiary.store.sqlite_database import SqliteDatabase, SqliteOptions, split_statements
 
@@ -303,6 +303,24 @@ async def test_a_failed_apply_leaves_the_rest_of_its_group_commit_alone(
             "dlq_by_producer",
         ),
         ("DELETE FROM idempotency WHERE updated_at < ?", (1.0,), "idempotency_by_updated"),
+        (
+            f"SELECT {HITL_COLUMNS} FROM hitl WHERE created_at > ? AND state IN (?)"
+            " ORDER BY created_at, invocation_id LIMIT ?",
+            (0.0, "PENDING", 10),
+            "hitl_by_state",
+        ),
+        (
+            f"SELECT {HITL_COLUMNS} FROM hitl WHERE created_at > ? AND state IN (?, ?)"
+            " ORDER BY created_at, invocation_id LIMIT ?",
+            (0.0, "DECIDED", "PENDING", 10),
+            "hitl_by_state",
+        ),
+        (
+            f"SELECT {HITL_COLUMNS} FROM hitl WHERE created_at > ?"
+            " ORDER BY created_at, invocation_id LIMIT ?",
+            (0.0, 10),
+            "hitl_by_created",
+        ),
     ],
 )
 async def test_polled_and_retention_queries_use_their_index(

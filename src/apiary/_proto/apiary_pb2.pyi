@@ -886,3 +886,237 @@ class Chunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Chunk: _TypeAlias = Chunk  # noqa: Y015
+
+@_typing.final
+class HitlInvocationView(_message.Message):
+    """---- Human in the loop: the operator's side (RFC 15) ----
+    Operators authenticate with `authorization: Bearer <token>` request metadata.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    REASON_TYPE_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    REQUESTED_BY_FIELD_NUMBER: _builtins.int
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
+    SUBJECT_JSON_FIELD_NUMBER: _builtins.int
+    CONTEXT_JSON_FIELD_NUMBER: _builtins.int
+    SUGGESTED_ACTION_FIELD_NUMBER: _builtins.int
+    PROPOSED_ACTIONS_FIELD_NUMBER: _builtins.int
+    APPROVER_ROLES_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    EXTENSIONS_FIELD_NUMBER: _builtins.int
+    DECISION_JSON_FIELD_NUMBER: _builtins.int
+    invocation_id: _builtins.str
+    reason_type: _builtins.str
+    state: _builtins.str
+    """PENDING, DECIDED, TIMED_OUT, FALLBACK_APPLIED, CANCELLED"""
+    requested_by: _builtins.str
+    correlation_id: _builtins.str
+    subject_json: _builtins.str
+    context_json: _builtins.str
+    suggested_action: _builtins.str
+    priority: _builtins.int
+    extensions: _builtins.int
+    decision_json: _builtins.str
+    """the decision record once decided"""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def proposed_actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def approver_roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        invocation_id: _builtins.str = ...,
+        reason_type: _builtins.str = ...,
+        state: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
+        requested_by: _builtins.str = ...,
+        correlation_id: _builtins.str = ...,
+        subject_json: _builtins.str = ...,
+        context_json: _builtins.str = ...,
+        suggested_action: _builtins.str = ...,
+        proposed_actions: _abc.Iterable[_builtins.str] | None = ...,
+        approver_roles: _abc.Iterable[_builtins.str] | None = ...,
+        priority: _builtins.int = ...,
+        extensions: _builtins.int = ...,
+        decision_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approver_roles", b"approver_roles", "context_json", b"context_json", "correlation_id", b"correlation_id", "created_at", b"created_at", "deadline", b"deadline", "decision_json", b"decision_json", "extensions", b"extensions", "invocation_id", b"invocation_id", "priority", b"priority", "proposed_actions", b"proposed_actions", "reason_type", b"reason_type", "requested_by", b"requested_by", "state", b"state", "subject_json", b"subject_json", "suggested_action", b"suggested_action"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HitlInvocationView: _TypeAlias = HitlInvocationView  # noqa: Y015
+
+@_typing.final
+class ListInvocationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INCLUDE_DECIDED_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    include_decided: _builtins.bool
+    limit: _builtins.int
+    def __init__(
+        self,
+        *,
+        include_decided: _builtins.bool = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_decided", b"include_decided", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListInvocationsRequest: _TypeAlias = ListInvocationsRequest  # noqa: Y015
+
+@_typing.final
+class ListInvocationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOCATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def invocations(self) -> _containers.RepeatedCompositeFieldContainer[Global___HitlInvocationView]: ...
+    def __init__(
+        self,
+        *,
+        invocations: _abc.Iterable[Global___HitlInvocationView] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invocations", b"invocations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListInvocationsResponse: _TypeAlias = ListInvocationsResponse  # noqa: Y015
+
+@_typing.final
+class GetInvocationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    invocation_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        invocation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invocation_id", b"invocation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetInvocationRequest: _TypeAlias = GetInvocationRequest  # noqa: Y015
+
+@_typing.final
+class DecideInvocationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    ACTION_FIELD_NUMBER: _builtins.int
+    RATIONALE_FIELD_NUMBER: _builtins.int
+    PATCH_JSON_FIELD_NUMBER: _builtins.int
+    invocation_id: _builtins.str
+    action: _builtins.str
+    """approve | deny | modify | defer"""
+    rationale: _builtins.str
+    patch_json: _builtins.str
+    """required for modify"""
+    def __init__(
+        self,
+        *,
+        invocation_id: _builtins.str = ...,
+        action: _builtins.str = ...,
+        rationale: _builtins.str = ...,
+        patch_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["action", b"action", "invocation_id", b"invocation_id", "patch_json", b"patch_json", "rationale", b"rationale"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DecideInvocationRequest: _TypeAlias = DecideInvocationRequest  # noqa: Y015
+
+@_typing.final
+class WatchInvocationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INCLUDE_PENDING_FIELD_NUMBER: _builtins.int
+    include_pending: _builtins.bool
+    def __init__(
+        self,
+        *,
+        include_pending: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_pending", b"include_pending"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchInvocationsRequest: _TypeAlias = WatchInvocationsRequest  # noqa: Y015
+
+@_typing.final
+class EscalateRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_TYPE_FIELD_NUMBER: _builtins.int
+    REQUESTED_BY_FIELD_NUMBER: _builtins.int
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
+    SUBJECT_JSON_FIELD_NUMBER: _builtins.int
+    CONTEXT_JSON_FIELD_NUMBER: _builtins.int
+    SUGGESTED_ACTION_FIELD_NUMBER: _builtins.int
+    PROPOSED_ACTIONS_FIELD_NUMBER: _builtins.int
+    APPROVER_ROLES_FIELD_NUMBER: _builtins.int
+    TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    WAIT_FIELD_NUMBER: _builtins.int
+    reason_type: _builtins.str
+    requested_by: _builtins.str
+    correlation_id: _builtins.str
+    subject_json: _builtins.str
+    context_json: _builtins.str
+    suggested_action: _builtins.str
+    timeout_s: _builtins.int
+    """0 = the configured default"""
+    priority: _builtins.int
+    wait: _builtins.bool
+    """answer only once decided (or fallen back)"""
+    @_builtins.property
+    def proposed_actions(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def approver_roles(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        reason_type: _builtins.str = ...,
+        requested_by: _builtins.str = ...,
+        correlation_id: _builtins.str = ...,
+        subject_json: _builtins.str = ...,
+        context_json: _builtins.str = ...,
+        suggested_action: _builtins.str = ...,
+        proposed_actions: _abc.Iterable[_builtins.str] | None = ...,
+        approver_roles: _abc.Iterable[_builtins.str] | None = ...,
+        timeout_s: _builtins.int = ...,
+        priority: _builtins.int = ...,
+        wait: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["approver_roles", b"approver_roles", "context_json", b"context_json", "correlation_id", b"correlation_id", "priority", b"priority", "proposed_actions", b"proposed_actions", "reason_type", b"reason_type", "requested_by", b"requested_by", "subject_json", b"subject_json", "suggested_action", b"suggested_action", "timeout_s", b"timeout_s", "wait", b"wait"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EscalateRequest: _TypeAlias = EscalateRequest  # noqa: Y015

@@ -579,3 +579,247 @@ class DlqService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class HitlOperatorServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.List = channel.unary_unary(
+                '/apiary.v1.HitlOperatorService/List',
+                request_serializer=apiary__pb2.ListInvocationsRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListInvocationsResponse.FromString,
+                _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/apiary.v1.HitlOperatorService/Get',
+                request_serializer=apiary__pb2.GetInvocationRequest.SerializeToString,
+                response_deserializer=apiary__pb2.HitlInvocationView.FromString,
+                _registered_method=True)
+        self.Decide = channel.unary_unary(
+                '/apiary.v1.HitlOperatorService/Decide',
+                request_serializer=apiary__pb2.DecideInvocationRequest.SerializeToString,
+                response_deserializer=apiary__pb2.HitlInvocationView.FromString,
+                _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/apiary.v1.HitlOperatorService/Watch',
+                request_serializer=apiary__pb2.WatchInvocationsRequest.SerializeToString,
+                response_deserializer=apiary__pb2.HitlInvocationView.FromString,
+                _registered_method=True)
+        self.Escalate = channel.unary_unary(
+                '/apiary.v1.HitlOperatorService/Escalate',
+                request_serializer=apiary__pb2.EscalateRequest.SerializeToString,
+                response_deserializer=apiary__pb2.HitlInvocationView.FromString,
+                _registered_method=True)
+
+
+class HitlOperatorServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Decide(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Escalate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_HitlOperatorServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=apiary__pb2.ListInvocationsRequest.FromString,
+                    response_serializer=apiary__pb2.ListInvocationsResponse.SerializeToString,
+            ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=apiary__pb2.GetInvocationRequest.FromString,
+                    response_serializer=apiary__pb2.HitlInvocationView.SerializeToString,
+            ),
+            'Decide': grpc.unary_unary_rpc_method_handler(
+                    servicer.Decide,
+                    request_deserializer=apiary__pb2.DecideInvocationRequest.FromString,
+                    response_serializer=apiary__pb2.HitlInvocationView.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=apiary__pb2.WatchInvocationsRequest.FromString,
+                    response_serializer=apiary__pb2.HitlInvocationView.SerializeToString,
+            ),
+            'Escalate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Escalate,
+                    request_deserializer=apiary__pb2.EscalateRequest.FromString,
+                    response_serializer=apiary__pb2.HitlInvocationView.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.HitlOperatorService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.HitlOperatorService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class HitlOperatorService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.HitlOperatorService/List',
+            apiary__pb2.ListInvocationsRequest.SerializeToString,
+            apiary__pb2.ListInvocationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.HitlOperatorService/Get',
+            apiary__pb2.GetInvocationRequest.SerializeToString,
+            apiary__pb2.HitlInvocationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Decide(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.HitlOperatorService/Decide',
+            apiary__pb2.DecideInvocationRequest.SerializeToString,
+            apiary__pb2.HitlInvocationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/apiary.v1.HitlOperatorService/Watch',
+            apiary__pb2.WatchInvocationsRequest.SerializeToString,
+            apiary__pb2.HitlInvocationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Escalate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.HitlOperatorService/Escalate',
+            apiary__pb2.EscalateRequest.SerializeToString,
+            apiary__pb2.HitlInvocationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -188,3 +188,61 @@ class DlqServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.ExportDlqResponse, _abc.Awaitable[_apiary_pb2.ExportDlqResponse]]: ...
 
 def add_DlqServiceServicer_to_server(servicer: DlqServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class HitlOperatorServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> HitlOperatorServiceAsyncStub: ...
+    List: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListInvocationsRequest, _apiary_pb2.ListInvocationsResponse]
+    Get: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetInvocationRequest, _apiary_pb2.HitlInvocationView]
+    Decide: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.DecideInvocationRequest, _apiary_pb2.HitlInvocationView]
+    Watch: _grpc.UnaryStreamMultiCallable[_apiary_pb2.WatchInvocationsRequest, _apiary_pb2.HitlInvocationView]
+    Escalate: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.EscalateRequest, _apiary_pb2.HitlInvocationView]
+
+@_typing.type_check_only
+class HitlOperatorServiceAsyncStub(HitlOperatorServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    List: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListInvocationsRequest, _apiary_pb2.ListInvocationsResponse]  # type: ignore[assignment]
+    Get: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetInvocationRequest, _apiary_pb2.HitlInvocationView]  # type: ignore[assignment]
+    Decide: _aio.UnaryUnaryMultiCallable[_apiary_pb2.DecideInvocationRequest, _apiary_pb2.HitlInvocationView]  # type: ignore[assignment]
+    Watch: _aio.UnaryStreamMultiCallable[_apiary_pb2.WatchInvocationsRequest, _apiary_pb2.HitlInvocationView]  # type: ignore[assignment]
+    Escalate: _aio.UnaryUnaryMultiCallable[_apiary_pb2.EscalateRequest, _apiary_pb2.HitlInvocationView]  # type: ignore[assignment]
+
+class HitlOperatorServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _apiary_pb2.ListInvocationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListInvocationsResponse, _abc.Awaitable[_apiary_pb2.ListInvocationsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Get(
+        self,
+        request: _apiary_pb2.GetInvocationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.HitlInvocationView, _abc.Awaitable[_apiary_pb2.HitlInvocationView]]: ...
+
+    @_abc_1.abstractmethod
+    def Decide(
+        self,
+        request: _apiary_pb2.DecideInvocationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.HitlInvocationView, _abc.Awaitable[_apiary_pb2.HitlInvocationView]]: ...
+
+    @_abc_1.abstractmethod
+    def Watch(
+        self,
+        request: _apiary_pb2.WatchInvocationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_apiary_pb2.HitlInvocationView], _abc.AsyncIterator[_apiary_pb2.HitlInvocationView]]: ...
+
+    @_abc_1.abstractmethod
+    def Escalate(
+        self,
+        request: _apiary_pb2.EscalateRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.HitlInvocationView, _abc.Awaitable[_apiary_pb2.HitlInvocationView]]: ...
+
+def add_HitlOperatorServiceServicer_to_server(servicer: HitlOperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -167,3 +167,40 @@ class DlqFilter:
             self.include_requeued or not entry.requeued_as,
         )
         return all(checks)
+
+
+@dataclass(frozen=True, slots=True)
+class HitlRecord:
+    """One HITL invocation and, once there is one, its decision (RFC 15).
+
+    `state` is a HitlState name (core/hitl.py): PENDING, DECIDED, TIMED_OUT,
+    FALLBACK_APPLIED or CANCELLED. JSON-valued fields hold plain JSON objects/lists.
+    """
+
+    invocation_id: str
+    reason_type: str
+    """A HitlReasonType name: CONFLICT, SECURITY_APPROVAL, TASK_ESCALATION, ..."""
+    state: str
+    created_at: float
+    updated_at: float
+    deadline: float
+    """When the configured fallback applies if nobody decided (UTC seconds)."""
+    requested_by: str
+    """The agent or engine area that escalated."""
+    correlation_id: str = ""
+    subject: Mapping[str, Any] = field(default_factory=dict)
+    """What the decision is about: repo_id, worktree_id, task_id, negotiation_id, ..."""
+    context: Mapping[str, Any] = field(default_factory=dict)
+    """Facts, diffs, risk notes, prior attempts, inference-engine metadata."""
+    suggested_action: str = ""
+    proposed_actions: tuple[str, ...] = ()
+    approver_roles: tuple[str, ...] = ()
+    """Roles allowed to decide; empty means any authenticated operator."""
+    timeout_action: str = "DENY"
+    """Fallback at the deadline: DENY (deny-by-default) or AUTO_RESOLVE (suggested action)."""
+    priority: int = 0
+    extensions: int = 0
+    """How many times the deadline was extended (defer, EXTEND_TIMEOUT)."""
+    decision: Mapping[str, Any] = field(default_factory=dict)
+    """The decision record once decided: action, rationale, patch, decided_by, decided_at,
+    via (operator | deadline | unavailable | cancelled), policy."""

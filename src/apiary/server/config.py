@@ -20,6 +20,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from apiary.core.hitl import HitlPolicy
+from apiary.engine.hitl import HitlSettings
+from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings
 from apiary.errors import ValidationError
 
@@ -55,6 +58,8 @@ class ServerConfig:
     log_level: str = "INFO"
     router: RouterSettings = field(default_factory=RouterSettings)
     """Messaging-plane settings: TOML table [router] (see RouterSettings)."""
+    hitl: HitlSettings = field(default_factory=HitlSettings)
+    """Human-in-the-loop settings: TOML table [hitl] and [[hitl.operators]]."""
 
 
 _ENV = {
@@ -137,6 +142,75 @@ def router_settings(values: Mapping[str, Any], source: str) -> RouterSettings:
     return replace(settings, **changes)
 
 
+_HITL_POLICY = {
+    "timeout_s": ("default_timeout_s", float),
+    "timeout_action": ("timeout_action", str),
+    "unavailable_policy": ("unavailable_policy", str),
+    "auto_decide_threshold": ("auto_decide_threshold", float),
+    "max_extensions": ("max_extensions", int),
+    "enabled": ("enabled", bool),
+}
+
+
+def _operator_entries(values: Any, source: str) -> tuple[OperatorEntry, ...]:
+    if not isinstance(values, list):
+        raise ValidationError(
+            f"{source}: operators must be [[hitl.operators]] tables", {"field": "operators"}
+        )
+    entries = []
+    for i, entry in enumerate(values):
+        where = f"{source} operators[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise ValidationError(f"{where}: needs a name", {"field": "operators.name"})
+        token, digest = entry.get("token"), entry.get("token_sha256")
+        if not isinstance(token, str) and not isinstance(digest, str):
+            raise ValidationError(
+                f"{where}: needs token or token_sha256", {"field": "operators.token"}
+            )
+        roles = entry.get("roles", [])
+        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+            raise ValidationError(
+                f"{where}: roles must be a list of strings", {"field": "operators.roles"}
+            )
+        entries.append(
+            OperatorEntry(
+                entry["name"],
+                digest if isinstance(digest, str) else token_digest(str(token)),
+                tuple(roles),
+            )
+        )
+    return tuple(entries)
+
+
+def hitl_settings(values: Mapping[str, Any], source: str) -> HitlSettings:
+    """HitlSettings from the [hitl] table (policy keys, presence keys, operators)."""
+    policy: dict[str, Any] = {}
+    settings: dict[str, Any] = {}
+    for key, value in values.items():
+        if key == "operators":
+            settings["operators"] = _operator_entries(value, source)
+        elif key in ("presence_required", "presence_window_s"):
+            settings[key] = value
+        elif key in _HITL_POLICY:
+            name, kind = _HITL_POLICY[key]
+            number = kind is float and isinstance(value, int) and not isinstance(value, bool)
+            if not (number or isinstance(value, kind)):
+                raise ValidationError(f"{source}: {key} must be {kind.__name__}", {"field": key})
+            policy[name] = float(value) if number else value
+        else:
+            known = ", ".join(
+                sorted([*_HITL_POLICY, "operators", "presence_required", "presence_window_s"])
+            )
+            raise ValidationError(
+                f"{source}: unknown setting {key}; known: {known}", {"field": key}
+            )
+    try:
+        built = HitlPolicy.from_settings(policy)
+    except ValueError as exc:
+        raise ValidationError(f"{source}: {exc}", {"field": "hitl"}) from None
+    return HitlSettings(policy=built, **settings)
+
+
 def load_config(
     config_file: Path | None, env: Mapping[str, str], flags: Mapping[str, str | None]
 ) -> ServerConfig:
@@ -152,10 +226,10 @@ def load_config(
             ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ValidationError(f"config file {path}: {exc}", {"field": "config"}) from None
-        unknown = sorted(set(doc) - {"server", "router"})
+        unknown = sorted(set(doc) - {"server", "router", "hitl"})
         if unknown:
             raise ValidationError(
-                f"{path}: unknown table(s) {', '.join(unknown)}; known: server, router",
+                f"{path}: unknown table(s) {', '.join(unknown)}; known: server, router, hitl",
                 {"field": unknown[0]},
             )
         server = doc.get("server", {})
@@ -166,6 +240,10 @@ def load_config(
         if not isinstance(router, dict):
             raise ValidationError(f"{path}: [router] must be a table", {"field": "router"})
         config = replace(config, router=router_settings(router, f"{path} [router]"))
+        hitl = doc.get("hitl", {})
+        if not isinstance(hitl, dict):
+            raise ValidationError(f"{path}: [hitl] must be a table", {"field": "hitl"})
+        config = replace(config, hitl=hitl_settings(hitl, f"{path} [hitl]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

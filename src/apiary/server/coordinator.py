@@ -17,6 +17,7 @@ from apiary.core.ids import IdGenerator
 from apiary.engine.deadlines import Sleep, run_deadlines
 from apiary.engine.delivery import Delivery
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.hitl import Hitl, HitlSettings, build_hitl
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
@@ -30,6 +31,7 @@ from apiary.server.http.app import build_http_app
 from apiary.server.metrics import Metrics
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
+from apiary.server.services.hitl import HitlActionHandler, HitlHandler, HitlOperatorHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
@@ -51,6 +53,8 @@ class Runtime:
     ids: IdGenerator = field(default_factory=UuidIds)
     sleep: Sleep = asyncio.sleep
     presence: PresenceSettings = field(default_factory=PresenceSettings)
+    hitl: HitlSettings | None = None
+    """Overrides the configuration's [hitl] settings (tests)."""
 
 
 @dataclass(slots=True)
@@ -66,6 +70,7 @@ class Coordinator:
     presence: Presence
     grpc_address: Address
     http_address: Address
+    hitl: Hitl | None = None
     ready: bool = False
 
 
@@ -76,10 +81,16 @@ class Engine:
     router: Router
     delivery: Delivery
     presence: Presence
+    hitl: Hitl
 
 
-def build_engine(store: Store, settings: RouterSettings, runtime: Runtime) -> Engine:
-    """The messaging engine over `store`, without any transport."""
+def build_engine(
+    store: Store,
+    settings: RouterSettings,
+    runtime: Runtime,
+    hitl_settings: HitlSettings | None = None,
+) -> Engine:
+    """The engine over `store`, without any transport."""
     clock = runtime.clock
     events = EventRecorder(store.events, clock)
     registry = Registry(store.agents, events, clock)
@@ -88,7 +99,10 @@ def build_engine(store: Store, settings: RouterSettings, runtime: Runtime) -> En
     router = Router(store, registry, events, codec, clock, notices, settings)
     delivery = Delivery(router, registry, store.messages, events)
     presence = Presence(registry, router, notices, events, clock, runtime.presence)
-    return Engine(events, registry, router, delivery, presence)
+    hitl = build_hitl(
+        runtime.hitl or hitl_settings or HitlSettings(), store.hitl, events, clock, runtime.ids
+    )
+    return Engine(events, registry, router, delivery, presence, hitl)
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
@@ -100,6 +114,9 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "apiary.v1.RouterStreamService": RouterStreamHandler(engine.router, engine.delivery),
         "apiary.v1.DiscoveryService": DiscoveryHandler(engine.registry, engine.router),
         "apiary.v1.DlqService": DlqHandler(engine.router, runtime.ids),
+        "apiary.v1.HitlOperatorService": HitlOperatorHandler(engine.hitl),
+        "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
+        "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
     }
 
 
@@ -121,6 +138,7 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
             name="apiary-deadlines",
         ),
         asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
+        asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
         asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
@@ -140,8 +158,9 @@ async def open_coordinator(
     runtime = runtime or Runtime(clock=clock or SystemClock())
     settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
-        engine = build_engine(store, settings, runtime)
+        engine = build_engine(store, settings, runtime, config.hitl)
         await engine.registry.load()
+        await engine.hitl.load()
         recovered = await engine.router.recover()
         metrics = Metrics(engine.router)
         dispatcher = Dispatcher(_handlers(engine, runtime))
@@ -153,6 +172,7 @@ async def open_coordinator(
             config, store, engine.events, engine.registry, engine.router, engine.delivery,
             engine.presence, Address(config.grpc.host, grpc_port), config.http,
         )  # fmt: skip
+        state.hitl = engine.hitl
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(

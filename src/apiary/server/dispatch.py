@@ -45,6 +45,7 @@ OWNING_AREA: Mapping[str, str] = {
     "apiary.v1.RouterStreamService": "router (issue 3)",
     "apiary.v1.DiscoveryService": "registry (issue 3)",
     "apiary.v1.DlqService": "dead letter queue (issue 3)",
+    "apiary.v1.HitlOperatorService": "human-in-the-loop (issue 4)",
 }
 
 

@@ -18,6 +18,7 @@ from apiary.core.records import (
     AgentRecord,
     DlqEntry,
     DlqFilter,
+    HitlRecord,
     IdempotencyRecord,
     MessageState,
     StateChange,
@@ -25,7 +26,14 @@ from apiary.core.records import (
 )
 from apiary.store.errors import DuplicateMessageError
 from apiary.store.json_codec import dump_json, load_json_object
-from apiary.store.sql_rows import check_limit, dlq_insert_row, idempotency_row, message_values
+from apiary.store.sql_rows import (
+    check_limit,
+    dlq_insert_row,
+    hitl_from_row,
+    hitl_row,
+    idempotency_row,
+    message_values,
+)
 
 
 def _json_copy(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -372,6 +380,46 @@ class MemoryDlqStore:
         return dataclasses.replace(entry, attempts=tuple(_json_copy(a) for a in entry.attempts))
 
 
+class MemoryHitlStore:
+    """`HitlStore` over a dict keyed by invocation_id."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, HitlRecord] = {}
+
+    async def put(self, record: HitlRecord) -> None:
+        """Insert or replace the record with this invocation_id."""
+        # Through the SQL row and back: refuses what the SQL backends refuse, coerces as
+        # they do, and detaches the stored record from the caller's (mutable) mappings.
+        self._records[record.invocation_id] = hitl_from_row(hitl_row(record))
+
+    async def get(self, invocation_id: str) -> HitlRecord | None:
+        """The record, or None."""
+        record = self._records.get(invocation_id)
+        return None if record is None else self._copy(record)
+
+    async def list(
+        self, states: frozenset[str] | None = None, after_created: float = 0.0, limit: int = 100
+    ) -> list[HitlRecord]:
+        """Records in `states` (all when None) created after `after_created`, oldest first
+        (by created_at, then invocation_id), at most `limit`."""
+        check_limit(limit)
+        found = sorted(
+            (r.created_at, r.invocation_id, r)
+            for r in self._records.values()
+            if r.created_at > after_created and (states is None or r.state in states)
+        )
+        return [self._copy(r) for _, _, r in found[:limit]]
+
+    @staticmethod
+    def _copy(record: HitlRecord) -> HitlRecord:
+        return dataclasses.replace(
+            record,
+            subject=_json_copy(record.subject),
+            context=_json_copy(record.context),
+            decision=_json_copy(record.decision),
+        )
+
+
 class MemoryStore:
     """Every aggregate in process memory. Needs no closing; `open_memory_store` exists so
     that every backend is opened the same way."""
@@ -384,6 +432,7 @@ class MemoryStore:
         self.messages = MemoryMessageStore()
         self.idempotency = MemoryIdempotencyStore()
         self.dlq = MemoryDlqStore()
+        self.hitl = MemoryHitlStore()
 
 
 @asynccontextmanager

@@ -10,7 +10,8 @@ the exception: an identity column, so they only grow but may skip numbers after 
 which the DLQ allows.
 
 The event log and the registry are here; the other aggregates are in `postgres_messages`,
-`postgres_idempotency` and `postgres_dlq`, the pool and query helpers in `postgres_pool`.
+`postgres_idempotency`, `postgres_dlq` and `postgres_hitl`, the pool and query helpers in
+`postgres_pool`.
 
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
 themselves with a fresh schema each. The schema is chosen by the `schema` argument or an
@@ -33,6 +34,7 @@ from apiary.core.records import AgentRecord
 from apiary.store.json_codec import dump_json
 from apiary.store.migrations import load_migrations, pending_migrations
 from apiary.store.postgres_dlq import PostgresDlqStore
+from apiary.store.postgres_hitl import PostgresHitlStore
 from apiary.store.postgres_idempotency import PostgresIdempotencyStore
 from apiary.store.postgres_messages import PostgresMessageStore
 from apiary.store.postgres_pool import (
@@ -162,6 +164,7 @@ class PostgresStore:
         self.messages = PostgresMessageStore(pool)
         self.idempotency = PostgresIdempotencyStore(pool)
         self.dlq = PostgresDlqStore(pool)
+        self.hitl = PostgresHitlStore(pool)
 
     @property
     def schema(self) -> str:

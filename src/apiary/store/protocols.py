@@ -14,6 +14,7 @@ from apiary.core.records import (
     AgentRecord,
     DlqEntry,
     DlqFilter,
+    HitlRecord,
     IdempotencyRecord,
     MessageState,
     StateChange,
@@ -170,6 +171,23 @@ class DlqStore(Protocol):
         ...
 
 
+class HitlStore(Protocol):
+    """HITL invocations and their decisions (RFC 15): pending ones survive restarts."""
+
+    async def put(self, record: HitlRecord) -> None:
+        """Insert or replace the record with this invocation_id."""
+        ...
+
+    async def get(self, invocation_id: str) -> HitlRecord | None: ...
+
+    async def list(
+        self, states: frozenset[str] | None = None, after_created: float = 0.0, limit: int = 100
+    ) -> list[HitlRecord]:
+        """Records in `states` (all when None) created after `after_created`, oldest first
+        (by created_at, then invocation_id), at most `limit`."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -187,6 +205,9 @@ class Store(Protocol):
 
     @property
     def dlq(self) -> DlqStore: ...
+
+    @property
+    def hitl(self) -> HitlStore: ...
 
     @property
     def backend(self) -> str:

@@ -16,6 +16,7 @@ from apiary.core.records import (
     AgentRecord,
     DlqEntry,
     DlqFilter,
+    HitlRecord,
     IdempotencyRecord,
     MessageState,
     StoredMessage,
@@ -45,9 +46,20 @@ DLQ_COLUMNS = (
 """Every column of `dlq`; entry_id comes first (the store assigns it)."""
 DLQ_INSERT_COLUMNS = DLQ_COLUMNS.removeprefix("entry_id, ")
 DLQ_INSERT_COLUMN_COUNT = 16
+HITL_COLUMNS = (
+    "invocation_id, reason_type, state, created_at, updated_at, deadline, requested_by,"
+    " correlation_id, subject, context, suggested_action, proposed_actions, approver_roles,"
+    " timeout_action, priority, extensions, decision"
+)
+HITL_COLUMN_COUNT = 17
+HITL_JSON_COLUMNS = frozenset(
+    {"subject", "context", "proposed_actions", "approver_roles", "decision"}
+)
+"""The columns of `hitl` that hold JSON (text in SQLite, JSONB in PostgreSQL)."""
 
 _UINT64 = 1 << 64
 _INT64_MAX = (1 << 63) - 1
+_INT64_MIN = -(1 << 63)
 
 
 def check_limit(limit: int) -> None:
@@ -295,6 +307,93 @@ def dlq_from_row(row: Sequence[Any]) -> DlqEntry:
         requeued_at=requeued_at,
         requeued_as=requeued_as,
     )
+
+
+def hitl_row(record: HitlRecord) -> tuple[Any, ...]:
+    """The values of HITL_COLUMNS for `record`, its JSON fields as JSON text.
+
+    Raises ValueError when subject, context or decision is not a JSON object of JSON
+    values, when an action or role is not a str, or when priority or extensions does not
+    fit the 64-bit integer both databases store.
+    """
+    return (
+        record.invocation_id,
+        record.reason_type,
+        record.state,
+        float(record.created_at),
+        float(record.updated_at),
+        float(record.deadline),
+        record.requested_by,
+        record.correlation_id,
+        dump_json(record.subject),
+        dump_json(record.context),
+        record.suggested_action,
+        dump_json_list(_strings("proposed_actions", record.proposed_actions)),
+        dump_json_list(_strings("approver_roles", record.approver_roles)),
+        record.timeout_action,
+        _int64("priority", record.priority),
+        _int64("extensions", record.extensions),
+        dump_json(record.decision),
+    )
+
+
+def hitl_from_row(row: Sequence[Any]) -> HitlRecord:
+    """A `HitlRecord` from a row of HITL_COLUMNS."""
+    invocation_id, reason_type, state, created_at, updated_at, deadline, requested_by = row[:7]
+    correlation_id, subject, context, suggested_action, proposed, roles = row[7:13]
+    timeout_action, priority, extensions, decision = row[13:]
+    return HitlRecord(
+        invocation_id=invocation_id,
+        reason_type=reason_type,
+        state=state,
+        created_at=created_at,
+        updated_at=updated_at,
+        deadline=deadline,
+        requested_by=requested_by,
+        correlation_id=correlation_id,
+        subject=_json_object(subject),
+        context=_json_object(context),
+        suggested_action=suggested_action,
+        proposed_actions=tuple(str(a) for a in _json_list(proposed)),
+        approver_roles=tuple(str(r) for r in _json_list(roles)),
+        timeout_action=timeout_action,
+        priority=priority,
+        extensions=extensions,
+        decision=_json_object(decision),
+    )
+
+
+def hitl_list_clauses(
+    states: frozenset[str] | None, after_created: float, placeholder: str
+) -> tuple[list[str], list[Any]] | None:
+    """The WHERE terms and parameters of a HITL listing; None when nothing can match (an
+    empty set of states)."""
+    clauses = [f"created_at > {placeholder}"]
+    params: list[Any] = [float(after_created)]
+    if states is not None:
+        if not states:
+            return None
+        values = sorted(states)
+        clauses.append(_in_list("state", values, placeholder))
+        params.extend(values)
+    return clauses, params
+
+
+def _strings(name: str, values: Sequence[str]) -> list[str]:
+    if (
+        isinstance(values, str | bytes | bytearray)
+        or not isinstance(values, Sequence)
+        or not all(isinstance(v, str) for v in values)
+    ):
+        raise ValueError(f"{name} must be a sequence of str")
+    return list(values)
+
+
+def _int64(name: str, value: int) -> int:
+    number = int(value)
+    if not _INT64_MIN <= number <= _INT64_MAX:
+        raise ValueError(f"{name} must fit a signed 64-bit integer: {value}")
+    return number
 
 
 def _attempt_ids(attempts: Sequence[str]) -> list[str]:

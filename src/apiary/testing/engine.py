@@ -20,6 +20,7 @@ from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.events import Event
 from apiary.core.records import AgentRecord, StoredMessage
 from apiary.engine.admission import Outbound, SendOutcome
+from apiary.engine.hitl import HitlSettings
 from apiary.engine.inbox import Handout
 from apiary.engine.presence import PresenceSettings
 from apiary.engine.router import is_notice
@@ -132,16 +133,20 @@ async def open_test_engine(
     data_dir: Any = None,
     clock: FakeClock | None = None,
     ids: SequentialIds | None = None,
+    hitl: HitlSettings | None = None,
 ) -> AsyncIterator[EngineHarness]:
     """An engine over `store_url` (memory by default; `sqlite:///ABSOLUTE/PATH.db` to test
     restarts). To reopen the same store, pass the same `clock` and `ids`: ids must stay unique
     across the engine's lifetimes, as random UUIDs are in a real process."""
     clock = clock or FakeClock()
     ids = ids or SequentialIds()
-    runtime = Runtime(clock=clock, ids=ids, sleep=clock.sleep, presence=PresenceSettings())
+    runtime = Runtime(
+        clock=clock, ids=ids, sleep=clock.sleep, presence=PresenceSettings(), hitl=hitl
+    )
     opener = open_memory_store() if store_url == "memory://" else open_store(store_url, data_dir)
     async with opener as store:
         engine = build_engine(store, settings or RouterSettings(), runtime)
         await engine.registry.load()
+        await engine.hitl.load()
         await engine.router.recover()
         yield EngineHarness(engine, store, clock, ids)

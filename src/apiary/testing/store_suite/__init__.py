@@ -18,6 +18,7 @@ from apiary.testing.store_suite import (
     agents,
     dlq,
     events,
+    hitl,
     idempotency,
     message_deadlines,
     message_retention,
@@ -35,6 +36,7 @@ CHECKS: list[Check] = [
     *message_retention.CHECKS,
     *idempotency.CHECKS,
     *dlq.CHECKS,
+    *hitl.CHECKS,
 ]
 """Every check of the suite."""
 

@@ -11,6 +11,7 @@ from apiary.core.events import EventDraft
 from apiary.core.records import (
     AgentRecord,
     DlqEntry,
+    HitlRecord,
     IdempotencyRecord,
     MessageState,
     StoredMessage,
@@ -135,6 +136,27 @@ def dlq_entry(message_id: str, **fields: Any) -> DlqEntry:
     }
     values.update(fields)
     return DlqEntry(**values)
+
+
+def hitl_record(invocation_id: str, **fields: Any) -> HitlRecord:
+    """A PENDING security-approval invocation with a subject, context and two actions."""
+    values: dict[str, Any] = {
+        "invocation_id": invocation_id,
+        "reason_type": "SECURITY_APPROVAL",
+        "state": "PENDING",
+        "created_at": T0,
+        "updated_at": T0,
+        "deadline": T0 + 300,
+        "requested_by": "agent-a",
+        "correlation_id": f"corr-{invocation_id}",
+        "subject": {"repo_id": "repo-1", "task_id": f"task-{invocation_id}"},
+        "context": {"risk": "writes outside the worktree", "files": ["a.py", "b.py"]},
+        "suggested_action": "DENY",
+        "proposed_actions": ("APPROVE", "DENY"),
+        "approver_roles": ("security",),
+    }
+    values.update(fields)
+    return HitlRecord(**values)
 
 
 TERMINAL_STATES = frozenset(s for s in MessageState if s.terminal)

@@ -1,0 +1,249 @@
+"""Human in the loop (RFC 15): the one escalation path every area uses.
+
+`escalate(...)` opens an invocation and waits for its decision; operators decide through
+`decide(...)` (authenticated, authorized against the invocation's approver roles); a
+deadline applies the configured fallback; when no HITL component exists (RFC 15.3) or the
+operators are unavailable (RFC 15.4) the configured policy decides, and the decision record
+says so. Every transition is in the event log with who, when, why and what changed.
+Pending invocations are stored and survive a restart with their deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from apiary.core import hitl as rules
+from apiary.core.clock import Clock
+from apiary.core.ids import IdGenerator
+from apiary.core.records import HitlRecord
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.operators import Operator, OperatorEntry, Operators
+from apiary.errors import NotFoundError
+from apiary.store.protocols import HitlStore
+
+Sleep = Callable[[float], Awaitable[None]]
+UNAVAILABLE_AFTER_S = 5.0
+"""RFC 15.4: HITL unavailability is detected within this bound."""
+
+
+class Hitl:
+    def __init__(
+        self,
+        store: HitlStore,
+        events: EventRecorder,
+        clock: Clock,
+        ids: IdGenerator,
+        operators: Operators,
+        policy: rules.HitlPolicy | None = None,
+        *,
+        presence_required: bool = False,
+        presence_window_s: float = 30.0,
+    ) -> None:
+        self.policy = policy or rules.HitlPolicy()
+        self.presence_required = presence_required
+        """When set, HITL counts as available only while an operator has been active (a
+        watch stream, a list or a decision) within `presence_window_s`."""
+        self.presence_window_s = presence_window_s
+        self.operators = operators
+        self._store = store
+        self._events = events
+        self._clock = clock
+        self._ids = ids
+        self._waiters: dict[str, list[asyncio.Future[HitlRecord]]] = {}
+        self._pending: dict[str, HitlRecord] = {}
+        self._extended: set[str] = set()
+        self.changed = asyncio.Condition()
+        """Notified on every new invocation and every decision (operator watch streams)."""
+        self.version = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def load(self) -> int:
+        """Re-arm every pending invocation after a (re)start; returns how many."""
+        pending = await self._store.list(frozenset({rules.HitlState.PENDING.value}), limit=10_000)
+        self._pending = {r.invocation_id: r for r in pending}
+        return len(pending)
+
+    @property
+    def available(self) -> bool:
+        """Whether a HITL component can decide now (RFC 15.3/15.4)."""
+        if not self.policy.enabled or not self.operators.configured:
+            return False
+        if not self.presence_required:
+            return True
+        return self._clock.now() - self.operators.last_seen() <= self.presence_window_s
+
+    def now(self) -> float:
+        return self._clock.now()
+
+    # ------------------------------------------------------------------ escalation
+
+    async def open(
+        self,
+        reason_type: str,
+        context: Mapping[str, Any],
+        *,
+        requested_by: str,
+        subject: Mapping[str, Any] | None = None,
+        suggested_action: str = "",
+        proposed_actions: Sequence[str] = (),
+        approver_roles: Sequence[str] = (),
+        timeout_s: float = 0.0,
+        correlation_id: str = "",
+        priority: int = 0,
+    ) -> HitlRecord:
+        now = self._clock.now()
+        step = rules.HitlMachine.open(
+            invocation_id=self._ids.new_id(), reason_type=reason_type, context=dict(context),
+            requested_by=requested_by, subject=dict(subject or {}),
+            suggested_action=suggested_action, proposed_actions=tuple(proposed_actions),
+            approver_roles=tuple(approver_roles), policy=self.policy,
+            deadline=now + (timeout_s or self.policy.default_timeout_s),
+            correlation_id=correlation_id, priority=priority, now=now,
+        )  # fmt: skip
+        await self._perform(step)
+        if step.record.state == rules.HitlState.PENDING.value and not self.operators.configured:
+            # RFC 15.3: with no HITL component, decide now by policy; never block.
+            await self._perform(rules.HitlMachine.absent(step.record, self.policy, now))
+        return self._pending.get(step.record.invocation_id, step.record)
+
+    async def escalate(
+        self, reason_type: str, context: Mapping[str, Any], **options: Any
+    ) -> HitlRecord:
+        """Open an invocation and wait for its decision (operator, deadline or fallback)."""
+        record = await self.open(reason_type, context, **options)
+        return await self.wait(record.invocation_id)
+
+    async def wait(self, invocation_id: str) -> HitlRecord:
+        record = await self.get(invocation_id)
+        if record.state != rules.HitlState.PENDING.value:
+            return record
+        future: asyncio.Future[HitlRecord] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(invocation_id, []).append(future)
+        return await future
+
+    # ------------------------------------------------------------------ decisions
+
+    async def decide(
+        self,
+        invocation_id: str,
+        action: str,
+        operator: Operator,
+        rationale: str,
+        patch: Mapping[str, Any] | None = None,
+    ) -> HitlRecord:
+        record = await self.get(invocation_id)
+        now = self._clock.now()
+        self.operators.seen(operator, now)
+        step = rules.HitlMachine.decide(
+            record, rules.parse_action(action), operator=operator.name,
+            operator_roles=operator.roles, rationale=rationale, patch=patch, now=now,
+            policy=self.policy,
+        )  # fmt: skip
+        await self._perform(step)
+        return step.record
+
+    async def cancel(self, invocation_id: str, by: str, reason: str) -> HitlRecord:
+        record = await self.get(invocation_id)
+        step = rules.HitlMachine.cancel(record, by=by, reason=reason, now=self._clock.now())
+        await self._perform(step)
+        return step.record
+
+    async def get(self, invocation_id: str) -> HitlRecord:
+        record = self._pending.get(invocation_id) or await self._store.get(invocation_id)
+        if record is None:
+            raise NotFoundError(
+                f"no HITL invocation {invocation_id}", {"invocation_id": invocation_id}
+            )
+        return record
+
+    async def list(self, *, include_decided: bool = False, limit: int = 100) -> list[HitlRecord]:
+        if include_decided:
+            return await self._store.list(None, limit=limit)
+        return sorted(self._pending.values(), key=lambda r: (r.created_at, r.invocation_id))[:limit]
+
+    # ------------------------------------------------------------------ time
+
+    async def tick(self) -> None:
+        """Apply passed deadlines, and the unavailability policy (RFC 15.4) to invocations
+        that have waited longer than the detection bound with no HITL available. An
+        invocation extended for unavailability (EXTEND_TIMEOUT) is retried at its new
+        deadline: if HITL is still unavailable then, it is extended again or, once the
+        extensions are used up, decided by the fallback."""
+        now = self._clock.now()
+        unavailable = not self.available
+        for record in list(self._pending.values()):
+            extended = record.invocation_id in self._extended
+            if record.deadline <= now:
+                if extended and unavailable:
+                    step = rules.HitlMachine.unavailable(record, self.policy, now, _score(record))
+                else:
+                    step = rules.HitlMachine.deadline_passed(record, self.policy, now)
+            elif unavailable and not extended and now - record.created_at >= UNAVAILABLE_AFTER_S:
+                step = rules.HitlMachine.unavailable(record, self.policy, now, _score(record))
+            else:
+                continue
+            await self._perform(step)
+            if step.record.state == rules.HitlState.PENDING.value:
+                self._extended.add(record.invocation_id)
+            else:
+                self._extended.discard(record.invocation_id)
+
+    async def run(self, sleep: Sleep) -> None:
+        """Forever: check every second (the unavailability bound is 5 s)."""
+        while True:
+            await sleep(1.0)
+            await self.tick()
+
+    # ------------------------------------------------------------------ effects
+
+    async def _perform(self, step: rules.HitlStep) -> None:
+        record = step.record
+        effects = set(step.effects)
+        if rules.HitlEffect.PERSIST in effects:
+            await self._store.put(record)
+        if record.state == rules.HitlState.PENDING.value:
+            self._pending[record.invocation_id] = record
+        else:
+            self._pending.pop(record.invocation_id, None)
+        if rules.HitlEffect.EMIT_EVENT in effects and step.event is not None:
+            event_type, details = step.event
+            await self._events.record(
+                event_type, str(details.get("by") or "coordinator"),
+                correlation_id=record.correlation_id, agent_id=record.requested_by, **details,
+            )  # fmt: skip
+        if rules.HitlEffect.RESOLVE in effects:
+            for future in self._waiters.pop(record.invocation_id, []):
+                if not future.done():
+                    future.set_result(record)
+        async with self.changed:
+            self.version += 1
+            self.changed.notify_all()
+
+
+def _score(record: HitlRecord) -> float | None:
+    value = record.context.get("score", record.context.get("confidence_score"))
+    return float(value) if isinstance(value, int | float) else None
+
+
+@dataclass(frozen=True, slots=True)
+class HitlSettings:
+    """HITL configuration: TOML table [hitl] and its [[hitl.operators]] entries."""
+
+    policy: rules.HitlPolicy = field(default_factory=rules.HitlPolicy)
+    operators: tuple[OperatorEntry, ...] = ()
+    presence_required: bool = False
+    presence_window_s: float = 30.0
+
+
+def build_hitl(
+    settings: HitlSettings, store: HitlStore, events: EventRecorder, clock: Clock, ids: IdGenerator
+) -> Hitl:
+    return Hitl(
+        store, events, clock, ids, Operators(settings.operators), settings.policy,
+        presence_required=settings.presence_required,
+        presence_window_s=settings.presence_window_s,
+    )  # fmt: skip

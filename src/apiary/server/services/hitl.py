@@ -1,0 +1,171 @@
+"""sw4rm.hitl.HitlService, apiary.v1.HitlOperatorService and the HITL part of
+sw4rm.scheduler.SchedulerPolicyService: thin adapters over engine/hitl.py."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from apiary.core.records import HitlRecord
+from apiary.engine.hitl import Hitl
+from apiary.engine.operators import Operator
+from apiary.errors import NotFoundError, ValidationError
+from apiary.server.context import CallContext
+from apiary.wire import pb
+from apiary.wire.convert import float_to_timestamp
+
+apiary_pb2 = pb.apiary_pb2
+AGENT_KEY = "sw4rm-agent-id"
+
+
+def view(record: HitlRecord) -> apiary_pb2.HitlInvocationView:
+    return apiary_pb2.HitlInvocationView(
+        invocation_id=record.invocation_id, reason_type=record.reason_type, state=record.state,
+        created_at=float_to_timestamp(record.created_at),
+        deadline=float_to_timestamp(record.deadline), requested_by=record.requested_by,
+        correlation_id=record.correlation_id, subject_json=json.dumps(dict(record.subject)),
+        context_json=json.dumps(dict(record.context)),
+        suggested_action=record.suggested_action, proposed_actions=list(record.proposed_actions),
+        approver_roles=list(record.approver_roles), priority=record.priority,
+        extensions=record.extensions,
+        decision_json=json.dumps(dict(record.decision)) if record.decision else "",
+    )  # fmt: skip
+
+
+def _json_object(text: str, field: str) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValidationError.for_field(field, f"is not JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise ValidationError.for_field(field, "must be a JSON object")
+    return value
+
+
+def _operator(hitl: Hitl, ctx: CallContext) -> Operator:
+    return hitl.operators.authenticate(ctx.get("authorization"))
+
+
+class HitlOperatorHandler:
+    def __init__(self, hitl: Hitl) -> None:
+        self._hitl = hitl
+
+    async def list(
+        self, req: apiary_pb2.ListInvocationsRequest, ctx: CallContext
+    ) -> apiary_pb2.ListInvocationsResponse:
+        operator = _operator(self._hitl, ctx)
+        self._hitl.operators.seen(operator, self._hitl_now())
+        records = await self._hitl.list(include_decided=req.include_decided, limit=req.limit or 100)
+        return apiary_pb2.ListInvocationsResponse(invocations=[view(r) for r in records])
+
+    async def get(
+        self, req: apiary_pb2.GetInvocationRequest, ctx: CallContext
+    ) -> apiary_pb2.HitlInvocationView:
+        _operator(self._hitl, ctx)
+        return view(await self._hitl.get(req.invocation_id))
+
+    async def decide(
+        self, req: apiary_pb2.DecideInvocationRequest, ctx: CallContext
+    ) -> apiary_pb2.HitlInvocationView:
+        operator = _operator(self._hitl, ctx)
+        patch = _json_object(req.patch_json, "patch_json") if req.patch_json else None
+        record = await self._hitl.decide(
+            req.invocation_id, req.action, operator, req.rationale, patch
+        )
+        return view(record)
+
+    async def watch(
+        self, req: apiary_pb2.WatchInvocationsRequest, ctx: CallContext
+    ) -> AsyncIterator[apiary_pb2.HitlInvocationView]:
+        """New invocations (and, with include_pending, the ones already waiting) as they come."""
+        operator = _operator(self._hitl, ctx)
+        sent: set[str] = set()
+        if not req.include_pending:
+            sent = {r.invocation_id for r in await self._hitl.list()}
+        while True:
+            self._hitl.operators.seen(operator, self._hitl_now())
+            version = self._hitl.version
+            for record in await self._hitl.list():
+                if record.invocation_id not in sent:
+                    sent.add(record.invocation_id)
+                    yield view(record)
+            async with self._hitl.changed:
+                while self._hitl.version == version:
+                    await self._hitl.changed.wait()
+
+    async def escalate(
+        self, req: apiary_pb2.EscalateRequest, ctx: CallContext
+    ) -> apiary_pb2.HitlInvocationView:
+        return view(await _escalate(self._hitl, req, ctx))
+
+    def _hitl_now(self) -> float:
+        return self._hitl.now()
+
+
+async def _escalate(hitl: Hitl, req: apiary_pb2.EscalateRequest, ctx: CallContext) -> HitlRecord:
+    requested_by = req.requested_by or ctx.get(AGENT_KEY) or ctx.peer
+    record = await hitl.open(
+        req.reason_type, _json_object(req.context_json, "context_json"),
+        requested_by=requested_by, subject=_json_object(req.subject_json, "subject_json"),
+        suggested_action=req.suggested_action, proposed_actions=list(req.proposed_actions),
+        approver_roles=list(req.approver_roles), timeout_s=float(req.timeout_s),
+        correlation_id=req.correlation_id, priority=req.priority,
+    )  # fmt: skip
+    return await hitl.wait(record.invocation_id) if req.wait else record
+
+
+class HitlHandler:
+    """sw4rm.hitl.HitlService.Decide: the invocation goes in, the decision comes out (the
+    call waits for an operator, the deadline's fallback, or the unavailability policy)."""
+
+    def __init__(self, hitl: Hitl) -> None:
+        self._hitl = hitl
+
+    async def decide(
+        self, req: pb.hitl_pb2.HitlInvocation, ctx: CallContext
+    ) -> pb.hitl_pb2.HitlDecision:
+        if not req.reason_type:
+            raise ValidationError.for_field("reason_type", "is required")
+        context = _json_object(req.context.decode("utf-8", "replace"), "context")
+        record = await self._hitl.escalate(
+            pb.common_pb2.HitlReasonType.Name(req.reason_type), context,
+            requested_by=ctx.get(AGENT_KEY) or ctx.peer,
+            proposed_actions=list(req.proposed_actions), priority=req.priority,
+            suggested_action=str(context.get("suggested_action", "")),
+        )  # fmt: skip
+        decision = dict(record.decision)
+        return pb.hitl_pb2.HitlDecision(
+            action=str(decision.get("action", "")),
+            decision_payload=json.dumps(decision).encode(),
+            rationale=str(decision.get("rationale", "")),
+        )
+
+
+class HitlActionHandler:
+    """SchedulerPolicyService.HitlAction: an operator decides the pending invocation of a
+    negotiation (named by its negotiation id, or by the invocation id itself)."""
+
+    def __init__(self, hitl: Hitl) -> None:
+        self._hitl = hitl
+
+    async def hitl_action(
+        self, req: pb.scheduler_policy_pb2.HitlActionRequest, ctx: CallContext
+    ) -> pb.scheduler_policy_pb2.HitlActionResponse:
+        operator = _operator(self._hitl, ctx)
+        target = next(
+            (r for r in await self._hitl.list(limit=10_000)
+             if req.negotiation_id in (r.invocation_id, r.subject.get("negotiation_id"))),
+            None,
+        )  # fmt: skip
+        if target is None:
+            raise NotFoundError(
+                f"no pending HITL invocation for {req.negotiation_id!r}",
+                {"negotiation_id": req.negotiation_id},
+            )
+        record = await self._hitl.decide(target.invocation_id, req.action, operator, req.rationale)
+        return pb.scheduler_policy_pb2.HitlActionResponse(
+            ok=True, reason=f"{target.invocation_id} {record.state}"
+        )
