@@ -4,13 +4,16 @@ operator service's authentication and SchedulerPolicyService.HitlAction (RFC 15)
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 
@@ -146,3 +149,48 @@ async def test_hitl_action_decides_a_negotiations_invocation(coordinator: Coordi
         )
     assert decided.state == "DECIDED"
     assert json.loads(decided.decision_json)["action"] == "deny"
+
+
+@pytest.mark.conformance("hitl.decision.message", "hitl.integration.decision-actions")
+async def test_a_hitl_decision_envelope_decides_the_invocation(coordinator: Coordinator) -> None:
+    invocation = await coordinator_escalate(coordinator, "WORKTREE_OVERRIDE")
+    payload = json.dumps(
+        {
+            "invocation_id": invocation,
+            "decision": "modify",
+            "rationale": "switch for 15 minutes only",
+            "patch_b64": base64.b64encode(json.dumps({"ttl_ms": 900000}).encode()).decode(),
+        }
+    ).encode()
+    env = pb.common_pb2.Envelope(
+        message_id=str(uuid.uuid4()), producer_id="olivia-console",
+        correlation_id=str(uuid.uuid4()), message_type=pb.common_pb2.HITL_INVOCATION,
+        content_type="application/json", content_length=len(payload), payload=payload,
+    )  # fmt: skip
+    async with grpc.aio.insecure_channel(str(coordinator.grpc_address)) as channel:
+        router = pb.router_pb2_grpc.RouterServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:  # no operator token
+            await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
+        assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        reply = await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env), metadata=AUTH)
+        assert reply.accepted and "DECIDED" in reply.reason
+        ops = pb.apiary_pb2_grpc.HitlOperatorServiceStub(channel)
+        view = await ops.Get(a.GetInvocationRequest(invocation_id=invocation), metadata=AUTH)
+    decision = json.loads(view.decision_json)
+    assert (decision["action"], decision["patch"]) == ("modify", {"ttl_ms": 900000})
+
+
+async def test_operators_decide_over_the_json_gateway(coordinator: Coordinator) -> None:
+    invocation = await coordinator_escalate(coordinator, "TOOL_PRIVILEGE_ESCALATION")
+    base = f"http://{coordinator.http_address}/v1/apiary.v1.HitlOperatorService"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/List", json={}) as resp:
+            assert resp.status == 401
+        async with http.post(f"{base}/List", json={}, headers=headers) as resp:
+            listed = (await resp.json())["invocations"]
+        assert [i["invocation_id"] for i in listed] == [invocation]
+        body = {"invocation_id": invocation, "action": "deny", "rationale": "not in this sprint"}
+        async with http.post(f"{base}/Decide", json=body, headers=headers) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["state"] == "DECIDED"

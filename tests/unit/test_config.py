@@ -99,3 +99,39 @@ def test_bad_router_settings_name_the_field(tmp_path: Path, table: str, field: s
     with pytest.raises(ValidationError) as caught:
         load_config(file, {}, {})
     assert field in caught.value.message
+
+
+def test_hitl_table_configures_policy_and_operators(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(
+        "[hitl]\ntimeout_s = 120\ntimeout_action = 'AUTO_RESOLVE'\n"
+        "unavailable_policy = 'EXTEND_TIMEOUT'\npresence_required = true\n"
+        "[[hitl.operators]]\nname = 'olivia'\ntoken = 'secret'\nroles = ['admin']\n"
+        "[[hitl.operators]]\nname = 'sam'\n"
+        "token_sha256 = '2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b'\n"
+    )
+    hitl = load_config(file, {}, {}).hitl
+    assert hitl.policy.default_timeout_s == 120.0
+    assert (hitl.policy.timeout_action, hitl.policy.unavailable_policy) == (
+        "AUTO_RESOLVE", "EXTEND_TIMEOUT",
+    )  # fmt: skip
+    assert hitl.presence_required is True
+    assert [o.name for o in hitl.operators] == ["olivia", "sam"]
+    assert hitl.operators[0].token_sha256 != "secret"  # only the digest is kept
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ("[hitl]\ntimeout_action = 'MAYBE'\n", "timeout_action"),
+        ("[hitl]\ntimout_s = 5\n", "timout_s"),
+        ("[[hitl.operators]]\nname = 'x'\n", "token"),
+        ("[[hitl.operators]]\ntoken = 'x'\n", "name"),
+    ],
+)
+def test_bad_hitl_settings_name_the_field(tmp_path: Path, table: str, field: str) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(table)
+    with pytest.raises(ValidationError) as caught:
+        load_config(file, {}, {})
+    assert field in caught.value.message

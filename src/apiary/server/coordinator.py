@@ -108,7 +108,7 @@ def build_engine(
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
     return {
         "sw4rm.registry.RegistryService": RegistryHandler(engine.registry, engine.presence),
-        "sw4rm.router.RouterService": RouterHandler(engine.router, engine.delivery),
+        "sw4rm.router.RouterService": RouterHandler(engine.router, engine.delivery, engine.hitl),
         "sw4rm.logging.LoggingService": LoggingHandler(engine.events),
         "apiary.v1.EventLogService": EventLogHandler(engine.events),
         "apiary.v1.RouterStreamService": RouterStreamHandler(engine.router, engine.delivery),

@@ -3,10 +3,13 @@ sw4rm.scheduler.SchedulerPolicyService: thin adapters over engine/hitl.py."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from apiary.core.envelope import Envelope, MessageType
 from apiary.core.records import HitlRecord
 from apiary.engine.hitl import Hitl
 from apiary.engine.operators import Operator
@@ -169,3 +172,38 @@ class HitlActionHandler:
         return pb.scheduler_policy_pb2.HitlActionResponse(
             ok=True, reason=f"{target.invocation_id} {record.state}"
         )
+
+
+def decision_in(env: Envelope) -> dict[str, Any] | None:
+    """The RFC 15.2 HITL_DECISION payload an envelope carries, or None.
+
+    The canonical MessageType has no HITL_DECISION value, so a decision travels as a
+    HITL_INVOCATION envelope whose JSON payload has `invocation_id` and `decision`.
+    """
+    if env.message_type is not MessageType.HITL_INVOCATION:
+        return None
+    try:
+        doc = json.loads(env.payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if isinstance(doc, dict) and "decision" in doc and "invocation_id" in doc:
+        return doc
+    return None
+
+
+async def apply_decision_envelope(hitl: Hitl, doc: dict[str, Any], ctx: CallContext) -> str:
+    """Apply a HITL_DECISION envelope's decision as the authenticated operator."""
+    operator = _operator(hitl, ctx)
+    patch: dict[str, Any] | None = None
+    if doc.get("patch_b64"):
+        try:
+            patch = json.loads(base64.b64decode(str(doc["patch_b64"]), validate=True))
+        except (ValueError, binascii.Error):
+            raise ValidationError.for_field("patch_b64", "is not base64 of a JSON object") from None
+    elif isinstance(doc.get("patch"), dict):
+        patch = doc["patch"]
+    record = await hitl.decide(
+        str(doc["invocation_id"]), str(doc["decision"]), operator, str(doc.get("rationale", "")),
+        patch,
+    )  # fmt: skip
+    return f"{record.invocation_id} {record.state}"

@@ -6,10 +6,12 @@ from collections.abc import AsyncIterator
 
 from apiary.engine.admission import Outbound, SendOutcome
 from apiary.engine.delivery import Delivery, parse_resume_token, resume_token
+from apiary.engine.hitl import Hitl
 from apiary.engine.inbox import Handout
 from apiary.engine.router import Router
 from apiary.errors import ValidationError
 from apiary.server.context import RECIPIENT_KEY, RESUME_AFTER_KEY, CallContext
+from apiary.server.services.hitl import apply_decision_envelope, decision_in
 from apiary.wire import pb
 from apiary.wire.convert import envelope_from_proto
 
@@ -54,18 +56,23 @@ def _resume_after(agent_id: str, raw_offset: str, token: str) -> int:
 
 
 class RouterHandler:
-    def __init__(self, router: Router, delivery: Delivery) -> None:
+    def __init__(self, router: Router, delivery: Delivery, hitl: Hitl | None = None) -> None:
         self._router = router
         self._delivery = delivery
+        self._hitl = hitl
+        """HITL_DECISION envelopes (RFC 15) are applied here, as the operator decision they are."""
 
     async def send_message(
         self, req: router_pb2.SendMessageRequest, ctx: CallContext
     ) -> router_pb2.SendMessageResponse:
         if not req.HasField("msg"):
             raise ValidationError.for_field("msg", "is required")
-        item = Outbound(
-            envelope_from_proto(req.msg), ctx.get(RECIPIENT_KEY), raw=req.msg.SerializeToString()
-        )
+        env = envelope_from_proto(req.msg)
+        decision = decision_in(env) if self._hitl is not None else None
+        if decision is not None and self._hitl is not None:
+            reason = await apply_decision_envelope(self._hitl, decision, ctx)
+            return router_pb2.SendMessageResponse(accepted=True, reason=reason)
+        item = Outbound(env, ctx.get(RECIPIENT_KEY), raw=req.msg.SerializeToString())
         outcome = await self._router.send(item)
         return router_pb2.SendMessageResponse(accepted=outcome.accepted, reason=outcome.reason)
 
