@@ -228,3 +228,32 @@ async def test_pending_invocations_survive_a_restart_with_their_deadlines(tmp_pa
         again.clock.advance(121)
         await again.engine.hitl.tick()
         assert (await again.engine.hitl.get(invocation)).state == "TIMED_OUT"
+
+
+@pytest.mark.conformance("hitl.invocation.reason-types", "hitl.unavailable.alert")
+async def test_hitl_components_receive_invocations_and_fallback_alerts() -> None:
+    settings = HitlSettings(
+        policy=HitlPolicy(), operators=(ALICE,), presence_required=True, presence_window_s=1.0
+    )
+    async with open_test_engine(hitl=settings) as h:
+        await h.register("console", capabilities=["hitl"])
+        await h.register("bystander")
+        record = await h.engine.hitl.open(
+            "TOOL_PRIVILEGE_ESCALATION", {"tool": "shell", "privilege_level": "ELEVATED"},
+            requested_by="coder", suggested_action="deny",
+        )  # fmt: skip
+        h.clock.advance(6)  # nobody present: the unavailability policy denies
+        await h.engine.hitl.tick()
+        seen = [
+            p
+            for p in await h.inbox_payloads("console")
+            if p["type"] in ("HITL_INVOCATION", "NOTIFICATION")
+        ]
+        invocation = next(p for p in seen if p["type"] == "HITL_INVOCATION")
+        assert invocation["invocation_id"] == record.invocation_id
+        assert invocation["reason_type"] == "TOOL_PRIVILEGE_ESCALATION"
+        assert invocation["deadline_ts"].endswith("Z")
+        alert = next(p for p in seen if p.get("event") == "hitl.fallback")
+        assert alert["decision"]["error_code"] == "hitl_unavailable"
+        bystander = await h.inbox_payloads("bystander")
+        assert not [p for p in bystander if p["type"] == "HITL_INVOCATION"]

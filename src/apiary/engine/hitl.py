@@ -20,12 +20,20 @@ from apiary.core.clock import Clock
 from apiary.core.ids import IdGenerator
 from apiary.core.records import HitlRecord
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.notices import NoticeFactory
 from apiary.engine.operators import Operator, OperatorEntry, Operators
+from apiary.engine.registry import Registry
+from apiary.engine.router import Router
 from apiary.errors import NotFoundError
 from apiary.store.protocols import HitlStore
 
 Sleep = Callable[[float], Awaitable[None]]
+Notify = Callable[[str, HitlRecord], Awaitable[None]]
+"""(event type, record) -> tell the HITL components (see HitlBroadcast)."""
 UNAVAILABLE_AFTER_S = 5.0
+HITL_CAPABILITY = "hitl"
+"""Agents declaring this capability are HITL components: they receive HITL_INVOCATION
+envelopes for new invocations and notifications of timeouts, fallbacks and cancellations."""
 """RFC 15.4: HITL unavailability is detected within this bound."""
 
 
@@ -55,6 +63,7 @@ class Hitl:
         self._waiters: dict[str, list[asyncio.Future[HitlRecord]]] = {}
         self._pending: dict[str, HitlRecord] = {}
         self._extended: set[str] = set()
+        self.notify: Notify | None = None
         self.changed = asyncio.Condition()
         """Notified on every new invocation and every decision (operator watch streams)."""
         self.version = 0
@@ -215,6 +224,8 @@ class Hitl:
                 event_type, str(details.get("by") or "coordinator"),
                 correlation_id=record.correlation_id, agent_id=record.requested_by, **details,
             )  # fmt: skip
+        if rules.HitlEffect.NOTIFY_OPERATORS in effects and self.notify is not None:
+            await self.notify(step.event[0] if step.event else "hitl.changed", record)
         if rules.HitlEffect.RESOLVE in effects:
             for future in self._waiters.pop(record.invocation_id, []):
                 if not future.done():
@@ -247,3 +258,27 @@ def build_hitl(
         presence_required=settings.presence_required,
         presence_window_s=settings.presence_window_s,
     )  # fmt: skip
+
+
+class HitlBroadcast:
+    """Delivers HITL_INVOCATION envelopes (and, for later steps, notifications) to every
+    registered agent that declared the `hitl` capability (RFC 15: "the Scheduler MUST issue
+    HITL_INVOCATION messages"; 15.4: alert operators on unavailability)."""
+
+    def __init__(self, registry: Registry, router: Router, notices: NoticeFactory) -> None:
+        self._registry = registry
+        self._router = router
+        self._notices = notices
+
+    async def __call__(self, event_type: str, record: HitlRecord) -> None:
+        if event_type == "hitl.opened":
+            env = self._notices.hitl_invocation(
+                rules.invocation_payload(record), record.correlation_id
+            )
+        else:
+            body = {"event": event_type, "invocation_id": record.invocation_id,
+                    "state": record.state, "decision": dict(record.decision)}  # fmt: skip
+            env = self._notices.notification(body, record.correlation_id)
+        for agent in await self._registry.list():
+            if HITL_CAPABILITY in agent.descriptor.get("capabilities", []):
+                await self._router.notify(agent.agent_id, env)

@@ -67,6 +67,10 @@ class NoticeFactory:
     def notification(self, body: dict[str, Any], correlation_id: str = "") -> Envelope:
         return self._envelope(MessageType.NOTIFICATION, body, correlation_id)
 
+    def hitl_invocation(self, body: dict[str, Any], correlation_id: str = "") -> Envelope:
+        """A HITL_INVOCATION (RFC 15.2 payload) for a HITL component."""
+        return self._envelope(MessageType.HITL_INVOCATION, body, correlation_id)
+
     def heartbeat(self, agent_id: str) -> Envelope:
         # Timestamps in payloads are ISO 8601 with a timezone (message-types rule 7).
         body = {"command": "heartbeat", "agent_id": agent_id, "at": iso_utc(self._clock.now())}

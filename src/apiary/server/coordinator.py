@@ -17,7 +17,7 @@ from apiary.core.ids import IdGenerator
 from apiary.engine.deadlines import Sleep, run_deadlines
 from apiary.engine.delivery import Delivery
 from apiary.engine.eventlog import EventRecorder
-from apiary.engine.hitl import Hitl, HitlSettings, build_hitl
+from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
@@ -102,6 +102,7 @@ def build_engine(
     hitl = build_hitl(
         runtime.hitl or hitl_settings or HitlSettings(), store.hitl, events, clock, runtime.ids
     )
+    hitl.notify = HitlBroadcast(registry, router, notices)
     return Engine(events, registry, router, delivery, presence, hitl)
 
 
