@@ -33,8 +33,6 @@ from apiary.core.hitl import (
     TimeoutAction,
     UnavailablePolicy,
     authorize,
-    decision_payload,
-    invocation_payload,
     mermaid,
     original_window,
     parse_action,
@@ -42,6 +40,7 @@ from apiary.core.hitl import (
     parse_timeout_action,
     parse_unavailable_policy,
 )
+from apiary.core.hitl_payloads import decision_payload, invocation_payload
 from apiary.core.records import HitlRecord
 from apiary.errors import (
     ApiaryError,

@@ -32,8 +32,6 @@ Decisions this module makes where the RFC is silent:
 
 from __future__ import annotations
 
-import base64
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
@@ -41,6 +39,7 @@ from enum import StrEnum
 from typing import Any, Final, TypeVar
 
 from apiary.core.dedup import iso_utc
+from apiary.core.hitl_payloads import invocation_payload, plain_json
 from apiary.core.records import HitlRecord
 from apiary.errors import (
     DeadlineExceededError,
@@ -459,49 +458,6 @@ def parse_unavailable_policy(value: object) -> UnavailablePolicy:
     return _parse(UnavailablePolicy, value, "hitl_unavailable_policy", _upper_name)
 
 
-def invocation_payload(record: HitlRecord) -> dict[str, Any]:
-    """The HITL_INVOCATION JSON of RFC 15.2, with the message-types spec's field names too."""
-    deadline = iso_utc(record.deadline)
-    return {
-        "invocation_id": record.invocation_id,
-        "reason_type": record.reason_type,
-        "correlation_id": record.correlation_id,
-        "subject": _plain(record.subject, "subject"),
-        "context": _plain(record.context, "context"),
-        "context_uri": f"sw4rm://hitl/context/{record.invocation_id}",
-        "suggested_action": record.suggested_action,
-        "proposed_actions": list(record.proposed_actions),
-        "approver_roles": list(record.approver_roles),
-        "deadline_ts": deadline,
-        "approval_required_by": deadline,
-        "auto_timeout_action": record.timeout_action,
-        "priority": record.priority,
-        "requested_by": record.requested_by,
-    }
-
-
-def decision_payload(record: HitlRecord) -> dict[str, Any]:
-    """The HITL_DECISION JSON of RFC 15.2; ValueError for a record with no decision yet.
-
-    `patch` is the JSON object; `patch_b64` the base64 of its compact, key-sorted JSON.
-    """
-    d = record.decision
-    if not d:
-        raise ValueError(f"HITL invocation {record.invocation_id} has no decision")
-    patch = _plain(d.get("patch"), "patch")
-    encoded = None
-    if patch is not None:
-        raw = json.dumps(patch, separators=(",", ":"), sort_keys=True).encode()
-        encoded = base64.b64encode(raw).decode()
-    rest = {k: v for k, v in d.items() if k not in {"action", "rationale", "patch"}}
-    return {
-        "invocation_id": record.invocation_id, "decision": d.get("action"),
-        "rationale": d.get("rationale"), "patch": patch, "patch_b64": encoded,
-        **_plain(rest, "decision"), "decided_at": iso_utc(float(d["decided_at"])),
-        "state": record.state,
-    }  # fmt: skip
-
-
 def mermaid() -> str:
     """The state diagram of the table, for the docs."""
     lines = ["stateDiagram-v2", f"    [*] --> {OPEN_ROW.state}: OPEN"]
@@ -667,16 +623,8 @@ def _json_object(value: object, name: str) -> dict[str, Any]:
         return {}
     if not isinstance(value, Mapping):
         raise ValidationError.for_field(name, "must be a JSON object")
-    plain: dict[str, Any] = _plain(value, name)
+    plain: dict[str, Any] = plain_json(value, name)
     return plain
-
-
-def _plain(value: object, name: str) -> Any:
-    """A plain JSON copy (no NaN or infinity), or ValidationError naming `name`."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise ValidationError.for_field(name, f"is not plain JSON ({exc})") from None
 
 
 def _number(value: object) -> bool:

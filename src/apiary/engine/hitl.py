@@ -17,6 +17,7 @@ from typing import Any
 
 from apiary.core import hitl as rules
 from apiary.core.clock import Clock
+from apiary.core.hitl_payloads import invocation_payload
 from apiary.core.ids import IdGenerator
 from apiary.core.records import HitlRecord
 from apiary.engine.eventlog import EventRecorder
@@ -272,9 +273,7 @@ class HitlBroadcast:
 
     async def __call__(self, event_type: str, record: HitlRecord) -> None:
         if event_type == "hitl.opened":
-            env = self._notices.hitl_invocation(
-                rules.invocation_payload(record), record.correlation_id
-            )
+            env = self._notices.hitl_invocation(invocation_payload(record), record.correlation_id)
         else:
             body = {"event": event_type, "invocation_id": record.invocation_id,
                     "state": record.state, "decision": dict(record.decision)}  # fmt: skip
