@@ -91,6 +91,7 @@ async def test_sdk_raises_apiary_errors(coordinator: Coordinator) -> None:
         await Agent("bad", coordinator=address, reasoning_connectors=()).start()
 
 
+@pytest.mark.conformance("envelope.data.streaming-large")
 async def test_a_large_payload_travels_as_a_chunked_transfer(coordinator: Coordinator) -> None:
     address = str(coordinator.grpc_address)
     payload = bytes(range(256)) * 4096  # 1 MiB
