@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from apiary.core import hitl, message_machine
+from apiary.core import agent_lifecycle, hitl, message_machine
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
@@ -16,6 +16,11 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "`apiary.core.message_machine.MessageMachine`; self-loops (DELIVER, late ACKs, "
         "redundant ACKs) are left out",
         message_machine.mermaid,
+    ),
+    "agent-lifecycle.md": (
+        "Agent lifecycle (RFC section 8)",
+        "`apiary.core.agent_lifecycle.AgentLifecycleMachine`",
+        agent_lifecycle.mermaid,
     ),
     "hitl-lifecycle.md": (
         "HITL invocation lifecycle",
