@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from apiary.core import agent_lifecycle, hitl, message_machine
+from apiary.core import agent_lifecycle, hitl, message_machine, preemption
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
@@ -21,6 +21,11 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "Agent lifecycle (RFC section 8)",
         "`apiary.core.agent_lifecycle.AgentLifecycleMachine`",
         agent_lifecycle.mermaid,
+    ),
+    "preemption.md": (
+        "Cooperative preemption of a running task (RFC 7.2)",
+        "`apiary.core.preemption.PreemptionMachine`",
+        preemption.mermaid,
     ),
     "hitl-lifecycle.md": (
         "HITL invocation lifecycle",
