@@ -1120,3 +1120,172 @@ class EscalateRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___EscalateRequest: _TypeAlias = EscalateRequest  # noqa: Y015
+
+@_typing.final
+class ActivityRecord(_message.Message):
+    """---- Activity buffer (RFC 10): agents register in-flight work ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    REPO_ID_FIELD_NUMBER: _builtins.int
+    WORKTREE_ID_FIELD_NUMBER: _builtins.int
+    BRANCH_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    FINISHED_AT_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    task_id: _builtins.str
+    repo_id: _builtins.str
+    worktree_id: _builtins.str
+    branch: _builtins.str
+    description: _builtins.str
+    """at most 200 words"""
+    outcome: _builtins.str
+    """empty while active; COMPLETED, FAILED or PURGED"""
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def finished_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        repo_id: _builtins.str = ...,
+        worktree_id: _builtins.str = ...,
+        branch: _builtins.str = ...,
+        description: _builtins.str = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        finished_at: _timestamp_pb2.Timestamp | None = ...,
+        outcome: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["finished_at", b"finished_at", "started_at", b"started_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "branch", b"branch", "description", b"description", "finished_at", b"finished_at", "outcome", b"outcome", "repo_id", b"repo_id", "started_at", b"started_at", "task_id", b"task_id", "worktree_id", b"worktree_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ActivityRecord: _TypeAlias = ActivityRecord  # noqa: Y015
+
+@_typing.final
+class RegisterActivityRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def entry(self) -> Global___ActivityRecord: ...
+    def __init__(
+        self,
+        *,
+        entry: Global___ActivityRecord | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry", b"entry"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterActivityRequest: _TypeAlias = RegisterActivityRequest  # noqa: Y015
+
+@_typing.final
+class CompleteActivityRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    task_id: _builtins.str
+    outcome: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        outcome: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "outcome", b"outcome", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteActivityRequest: _TypeAlias = CompleteActivityRequest  # noqa: Y015
+
+@_typing.final
+class CompleteActivityResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    FOUND_FIELD_NUMBER: _builtins.int
+    found: _builtins.bool
+    def __init__(
+        self,
+        *,
+        found: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["found", b"found"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteActivityResponse: _TypeAlias = CompleteActivityResponse  # noqa: Y015
+
+@_typing.final
+class ListActivityRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    REPO_ID_FIELD_NUMBER: _builtins.int
+    WORKTREE_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    HISTORY_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    repo_id: _builtins.str
+    worktree_id: _builtins.str
+    task_id: _builtins.str
+    history: _builtins.bool
+    """recent completions instead of active entries"""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        repo_id: _builtins.str = ...,
+        worktree_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        history: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "history", b"history", "repo_id", b"repo_id", "task_id", b"task_id", "worktree_id", b"worktree_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListActivityRequest: _TypeAlias = ListActivityRequest  # noqa: Y015
+
+@_typing.final
+class ListActivityResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    UTILIZATION_FIELD_NUMBER: _builtins.int
+    utilization: _builtins.float
+    """active entries / capacity"""
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ActivityRecord]: ...
+    def __init__(
+        self,
+        *,
+        entries: _abc.Iterable[Global___ActivityRecord] | None = ...,
+        utilization: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "utilization", b"utilization"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListActivityResponse: _TypeAlias = ListActivityResponse  # noqa: Y015

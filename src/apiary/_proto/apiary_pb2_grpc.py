@@ -823,3 +823,161 @@ class HitlOperatorService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ActivityBufferServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Register = channel.unary_unary(
+                '/apiary.v1.ActivityBufferService/Register',
+                request_serializer=apiary__pb2.RegisterActivityRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ActivityRecord.FromString,
+                _registered_method=True)
+        self.Complete = channel.unary_unary(
+                '/apiary.v1.ActivityBufferService/Complete',
+                request_serializer=apiary__pb2.CompleteActivityRequest.SerializeToString,
+                response_deserializer=apiary__pb2.CompleteActivityResponse.FromString,
+                _registered_method=True)
+        self.List = channel.unary_unary(
+                '/apiary.v1.ActivityBufferService/List',
+                request_serializer=apiary__pb2.ListActivityRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListActivityResponse.FromString,
+                _registered_method=True)
+
+
+class ActivityBufferServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Register(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Complete(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ActivityBufferServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Register': grpc.unary_unary_rpc_method_handler(
+                    servicer.Register,
+                    request_deserializer=apiary__pb2.RegisterActivityRequest.FromString,
+                    response_serializer=apiary__pb2.ActivityRecord.SerializeToString,
+            ),
+            'Complete': grpc.unary_unary_rpc_method_handler(
+                    servicer.Complete,
+                    request_deserializer=apiary__pb2.CompleteActivityRequest.FromString,
+                    response_serializer=apiary__pb2.CompleteActivityResponse.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=apiary__pb2.ListActivityRequest.FromString,
+                    response_serializer=apiary__pb2.ListActivityResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.ActivityBufferService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.ActivityBufferService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ActivityBufferService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Register(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.ActivityBufferService/Register',
+            apiary__pb2.RegisterActivityRequest.SerializeToString,
+            apiary__pb2.ActivityRecord.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Complete(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.ActivityBufferService/Complete',
+            apiary__pb2.CompleteActivityRequest.SerializeToString,
+            apiary__pb2.CompleteActivityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.ActivityBufferService/List',
+            apiary__pb2.ListActivityRequest.SerializeToString,
+            apiary__pb2.ListActivityResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -246,3 +246,43 @@ class HitlOperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.HitlInvocationView, _abc.Awaitable[_apiary_pb2.HitlInvocationView]]: ...
 
 def add_HitlOperatorServiceServicer_to_server(servicer: HitlOperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ActivityBufferServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ActivityBufferServiceAsyncStub: ...
+    Register: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.RegisterActivityRequest, _apiary_pb2.ActivityRecord]
+    Complete: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.CompleteActivityRequest, _apiary_pb2.CompleteActivityResponse]
+    List: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListActivityRequest, _apiary_pb2.ListActivityResponse]
+
+@_typing.type_check_only
+class ActivityBufferServiceAsyncStub(ActivityBufferServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Register: _aio.UnaryUnaryMultiCallable[_apiary_pb2.RegisterActivityRequest, _apiary_pb2.ActivityRecord]  # type: ignore[assignment]
+    Complete: _aio.UnaryUnaryMultiCallable[_apiary_pb2.CompleteActivityRequest, _apiary_pb2.CompleteActivityResponse]  # type: ignore[assignment]
+    List: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListActivityRequest, _apiary_pb2.ListActivityResponse]  # type: ignore[assignment]
+
+class ActivityBufferServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def Register(
+        self,
+        request: _apiary_pb2.RegisterActivityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ActivityRecord, _abc.Awaitable[_apiary_pb2.ActivityRecord]]: ...
+
+    @_abc_1.abstractmethod
+    def Complete(
+        self,
+        request: _apiary_pb2.CompleteActivityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.CompleteActivityResponse, _abc.Awaitable[_apiary_pb2.CompleteActivityResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _apiary_pb2.ListActivityRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListActivityResponse, _abc.Awaitable[_apiary_pb2.ListActivityResponse]]: ...
+
+def add_ActivityBufferServiceServicer_to_server(servicer: ActivityBufferServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from apiary.core.clock import Clock
 from apiary.core.ids import IdGenerator
+from apiary.engine.activity import Activity
 from apiary.engine.deadlines import Sleep, run_deadlines
 from apiary.engine.delivery import Delivery
 from apiary.engine.eventlog import EventRecorder
@@ -29,6 +30,7 @@ from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
 from apiary.server.http.app import build_http_app
 from apiary.server.metrics import Metrics
+from apiary.server.services.activity import ActivityBufferHandler, ActivityHandler
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
 from apiary.server.services.hitl import HitlActionHandler, HitlHandler, HitlOperatorHandler
@@ -71,6 +73,7 @@ class Coordinator:
     grpc_address: Address
     http_address: Address
     hitl: Hitl | None = None
+    activity: Activity | None = None
     ready: bool = False
 
 
@@ -82,6 +85,7 @@ class Engine:
     delivery: Delivery
     presence: Presence
     hitl: Hitl
+    activity: Activity
 
 
 def build_engine(
@@ -103,7 +107,8 @@ def build_engine(
         runtime.hitl or hitl_settings or HitlSettings(), store.hitl, events, clock, runtime.ids
     )
     hitl.notify = HitlBroadcast(registry, router, notices)
-    return Engine(events, registry, router, delivery, presence, hitl)
+    activity = Activity(events, clock)
+    return Engine(events, registry, router, delivery, presence, hitl, activity)
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
@@ -116,6 +121,8 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "apiary.v1.DiscoveryService": DiscoveryHandler(engine.registry, engine.router),
         "apiary.v1.DlqService": DlqHandler(engine.router, runtime.ids),
         "apiary.v1.HitlOperatorService": HitlOperatorHandler(engine.hitl),
+        "apiary.v1.ActivityBufferService": ActivityBufferHandler(engine.activity),
+        "sw4rm.scheduler.SchedulerService": ActivityHandler(engine.activity),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
         "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
     }
@@ -163,7 +170,7 @@ async def open_coordinator(
         await engine.registry.load()
         await engine.hitl.load()
         recovered = await engine.router.recover()
-        metrics = Metrics(engine.router)
+        metrics = Metrics(engine.router, engine.activity)
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
         grpc_port = server.add_insecure_port(str(config.grpc))
@@ -174,6 +181,7 @@ async def open_coordinator(
             engine.presence, Address(config.grpc.host, grpc_port), config.http,
         )  # fmt: skip
         state.hitl = engine.hitl
+        state.activity = engine.activity
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(

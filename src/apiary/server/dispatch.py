@@ -46,6 +46,7 @@ OWNING_AREA: Mapping[str, str] = {
     "apiary.v1.DiscoveryService": "registry (issue 3)",
     "apiary.v1.DlqService": "dead letter queue (issue 3)",
     "apiary.v1.HitlOperatorService": "human-in-the-loop (issue 4)",
+    "apiary.v1.ActivityBufferService": "activity buffer (issue 5)",
 }
 
 

@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
+from apiary.engine.activity import Activity
 from apiary.engine.router import Router
 from apiary.engine.router_stats import Timing
 
@@ -102,8 +103,29 @@ def _summary(name: str, doc: str, timings: dict[str, Timing]) -> SummaryMetricFa
     return family
 
 
+class _ActivityCollector(Collector):
+    """RFC 10.1: utilization, and a warning gauge above 80% of capacity."""
+
+    def __init__(self, activity: Activity) -> None:
+        self._activity = activity
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        buffer = self._activity.buffer
+        yield GaugeMetricFamily(
+            "activity_buffer_entries", "Active activity-buffer entries.", value=len(buffer)
+        )
+        yield GaugeMetricFamily(
+            "activity_buffer_utilization", "Active entries / capacity.",
+            value=buffer.utilization,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "activity_buffer_over_warning", "1 when utilization exceeds the warning ratio (80%).",
+            value=1.0 if buffer.over_warning else 0.0,
+        )  # fmt: skip
+
+
 class Metrics:
-    def __init__(self, router: Router | None = None) -> None:
+    def __init__(self, router: Router | None = None, activity: Activity | None = None) -> None:
         self.registry = CollectorRegistry()
         self._rpcs = Counter(
             "apiary_rpc_total",
@@ -113,6 +135,8 @@ class Metrics:
         )
         if router is not None:
             self.registry.register(_RouterCollector(router))
+        if activity is not None:
+            self.registry.register(_ActivityCollector(activity))
 
     def rpc_done(self, transport: str, method: str, code: str) -> None:
         self._rpcs.labels(transport, method, code).inc()

@@ -1,0 +1,60 @@
+"""The activity buffer (RFC 10): a queryable, bounded view of in-flight work.
+
+The buffer is advisory (it never blocks scheduling or execution) and, as RFC 10.1 allows,
+held in memory and bounded: a full buffer rejects registrations with
+`activity_buffer_full`, nothing is dropped silently. Every mutation is in the event log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from apiary.core.activity import ActivityBuffer, ActivityEntry, ActivityLimits
+from apiary.core.clock import Clock
+from apiary.engine.eventlog import EventRecorder
+
+
+class Activity:
+    def __init__(
+        self, events: EventRecorder, clock: Clock, limits: ActivityLimits | None = None
+    ) -> None:
+        self.buffer = ActivityBuffer(limits or ActivityLimits())
+        self._events = events
+        self._clock = clock
+
+    async def register(self, entry: ActivityEntry) -> ActivityEntry:
+        stored = self.buffer.register(entry, self._clock.now())
+        await self._events.record(
+            "activity.registered", entry.agent_id, agent_id=entry.agent_id,
+            task_id=entry.task_id, repo_id=entry.repo_id, worktree_id=entry.worktree_id,
+            branch=entry.branch,
+        )  # fmt: skip
+        return stored
+
+    async def complete(self, agent_id: str, task_id: str, outcome: str) -> ActivityEntry | None:
+        done = self.buffer.complete(agent_id, task_id, outcome, self._clock.now())
+        if done is not None:
+            await self._events.record(
+                "activity.completed", agent_id, agent_id=agent_id, task_id=task_id,
+                outcome=done.outcome,
+            )  # fmt: skip
+        return done
+
+    async def purge(self, agent_id: str, task_ids: list[str] | None) -> int:
+        purged = self.buffer.purge(agent_id, task_ids, self._clock.now())
+        if purged:
+            await self._events.record(
+                "activity.purged", "coordinator", agent_id=agent_id, purged=purged,
+                task_ids=task_ids or [],
+            )  # fmt: skip
+        return purged
+
+    async def reconcile(self, known: Mapping[str, str]) -> int:
+        """Purge entries of tasks that are COMPLETED, FAILED or unknown (RFC 10)."""
+        purged = self.buffer.reconcile(known, self._clock.now())
+        for entry in purged:
+            await self._events.record(
+                "activity.reconciled", "coordinator", agent_id=entry.agent_id,
+                task_id=entry.task_id,
+            )  # fmt: skip
+        return len(purged)
