@@ -259,6 +259,7 @@ TOKENS = st.one_of(
 SCOPES = st.lists(TOKENS, max_size=4).map(" ".join)
 
 
+@pytest.mark.conformance("concurrency.inference.confidence-range")
 @given(SCOPES, SCOPES)
 def test_the_verdict_is_symmetric_and_in_range(a: str, b: str) -> None:
     verdict = check_parallelism(a, b)

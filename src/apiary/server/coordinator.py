@@ -34,6 +34,7 @@ from apiary.server.services.activity import ActivityBufferHandler, ActivityHandl
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
 from apiary.server.services.hitl import HitlActionHandler, HitlHandler, HitlOperatorHandler
+from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
@@ -123,6 +124,8 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "apiary.v1.HitlOperatorService": HitlOperatorHandler(engine.hitl),
         "apiary.v1.ActivityBufferService": ActivityBufferHandler(engine.activity),
         "sw4rm.scheduler.SchedulerService": ActivityHandler(engine.activity),
+        "sw4rm.reasoning.InferenceProxy": InferenceHandler(),
+        "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
         "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
     }

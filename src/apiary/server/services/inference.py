@@ -1,0 +1,28 @@
+"""sw4rm.reasoning.InferenceProxy, also served as ReasoningProxy (INTEROP.md): one handler.
+
+CheckParallelism is answered by the built-in rule-based engine (core/scope_overlap.py);
+EvaluateDebate and Summarize belong to the negotiation area and answer UNIMPLEMENTED until
+it is built.
+"""
+
+from __future__ import annotations
+
+from apiary.core.scope_overlap import check_parallelism
+from apiary.errors import ValidationError
+from apiary.server.context import CallContext
+from apiary.wire import pb
+
+r = pb.reasoning_pb2
+
+
+class InferenceHandler:
+    async def check_parallelism(
+        self, req: r.ParallelismCheckRequest, ctx: CallContext
+    ) -> r.ParallelismCheckResponse:
+        for field, value in (("scope_a", req.scope_a), ("scope_b", req.scope_b)):
+            if not value.strip():
+                raise ValidationError.for_field(field, "is required")
+        verdict = check_parallelism(req.scope_a, req.scope_b)
+        return r.ParallelismCheckResponse(
+            confidence_score=verdict.confidence_score, notes=verdict.notes
+        )
