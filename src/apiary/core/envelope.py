@@ -5,7 +5,7 @@ Converted to and from the canonical protobuf messages in `apiary.wire.convert`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import IntEnum
 
 
@@ -54,12 +54,6 @@ class Envelope:
     ttl_ms: int = 0
     timestamp: float = 0.0
     """UTC seconds since the epoch; 0.0 when the producer left it unset."""
-
-    def with_payload(self, payload: bytes, content_type: str) -> Envelope:
-        """A copy carrying `payload`, with content_length kept consistent."""
-        return replace(
-            self, payload=payload, content_type=content_type, content_length=len(payload)
-        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -130,9 +130,6 @@ class Router:
         """A notice was handed out and is FULFILLED: forget it."""
         self._track(message, acked=True)
 
-    def live(self, message_id: str) -> StoredMessage | None:
-        return self._live.get(message_id)
-
     # ------------------------------------------------------------------ sending
 
     async def send(self, item: Outbound) -> SendOutcome:

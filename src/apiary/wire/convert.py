@@ -14,7 +14,6 @@ from apiary.errors import (
     ValidationError,
     canonical_code,
     from_proto_error_code,
-    to_proto_error_code,
 )
 from apiary.wire import pb
 
@@ -150,15 +149,6 @@ def ack_to_json(ack: Ack) -> bytes:
         "note": ack.note,
     }
     return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def ack_to_proto(ack: Ack) -> pb.common_pb2.Ack:
-    return pb.common_pb2.Ack(
-        ack_for_message_id=ack.ack_for_message_id,
-        ack_stage=int(ack.ack_stage),  # type: ignore[arg-type]
-        error_code=to_proto_error_code(ack.error_code) if ack.error_code else 0,  # type: ignore[arg-type]
-        note=ack.note,
-    )
 
 
 def event_to_proto(event: Event) -> pb.apiary_pb2.Event:
