@@ -13,8 +13,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from apiary.server.coordinator import Coordinator
 from apiary.wire import pb
-from apiary.wire.errordetail import ERROR_TRAILER
 from apiary.wire.services import CANONICAL_SERVICES
+from tests.server.wire_client import envelope, error_detail, register
 
 CANONICAL = {
     "sw4rm.registry.RegistryService",
@@ -34,45 +34,6 @@ CANONICAL = {
     "sw4rm.activity.ActivityService",
     "sw4rm.logging.LoggingService",
 }
-
-
-def _detail(err: grpc.aio.AioRpcError) -> pb.apiary_pb2.ErrorDetail:
-    for key, value in err.trailing_metadata() or ():
-        if key == ERROR_TRAILER:
-            detail = pb.apiary_pb2.ErrorDetail()
-            detail.ParseFromString(value)
-            return detail
-    raise AssertionError(f"no {ERROR_TRAILER} trailer on {err}")
-
-
-def _envelope(producer: str, body: dict[str, object], **kw: object) -> pb.common_pb2.Envelope:
-    payload = json.dumps(body).encode()
-    fields: dict[str, object] = {
-        "message_id": str(uuid.uuid4()),
-        "correlation_id": str(uuid.uuid4()),
-        "producer_id": producer,
-        "message_type": pb.common_pb2.DATA,
-        "content_type": "application/json",
-        "content_length": len(payload),
-        "payload": payload,
-    }
-    fields.update(kw)
-    return pb.common_pb2.Envelope(**fields)  # type: ignore[arg-type]
-
-
-async def _register(channel: grpc.aio.Channel, agent_id: str) -> None:
-    stub = pb.registry_pb2_grpc.RegistryServiceStub(channel)
-    reply = await stub.RegisterAgent(
-        pb.registry_pb2.RegisterAgentRequest(
-            agent=pb.registry_pb2.AgentDescriptor(
-                agent_id=agent_id,
-                name=agent_id,
-                reasoning_connectors=["builtin://rules"],
-                modalities_supported=["application/json", "text/plain"],
-            )
-        )
-    )
-    assert reply.accepted
 
 
 async def _next(
@@ -116,7 +77,7 @@ async def test_unbuilt_method_answers_unimplemented_naming_its_area(
         await stub.SubmitTask(pb.scheduler_pb2.SubmitTaskRequest(agent_id="a"))
     assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
     assert "scheduler" in (caught.value.details() or "")
-    assert _detail(caught.value).error_code == "unimplemented"
+    assert error_detail(caught.value).error_code == "unimplemented"
 
 
 async def test_unbuilt_streaming_method_answers_unimplemented(channel: grpc.aio.Channel) -> None:
@@ -130,10 +91,10 @@ async def test_unbuilt_streaming_method_answers_unimplemented(channel: grpc.aio.
 async def test_register_send_and_stream_round_trip(
     coordinator: Coordinator, channel: grpc.aio.Channel
 ) -> None:
-    await _register(channel, "alice")
-    await _register(channel, "bob")
+    await register(channel, "alice")
+    await register(channel, "bob")
     router = pb.router_pb2_grpc.RouterServiceStub(channel)
-    env = _envelope("alice", {"to": "bob", "text": "hi"})
+    env = envelope("alice", {"to": "bob", "text": "hi"})
     reply = await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
     assert reply.accepted
     stream = router.StreamIncoming(pb.router_pb2.StreamRequest(agent_id="bob"))
@@ -149,9 +110,9 @@ async def test_recipient_metadata_overrides_payload(
     coordinator: Coordinator, channel: grpc.aio.Channel
 ) -> None:
     for agent in ("alice", "bob", "carol"):
-        await _register(channel, agent)
+        await register(channel, agent)
     router = pb.router_pb2_grpc.RouterServiceStub(channel)
-    env = _envelope("alice", {"to": "bob"})
+    env = envelope("alice", {"to": "bob"})
     await router.SendMessage(
         pb.router_pb2.SendMessageRequest(msg=env), metadata=(("sw4rm-recipient", "carol"),)
     )
@@ -160,24 +121,24 @@ async def test_recipient_metadata_overrides_payload(
 
 
 async def test_unaddressed_message_is_no_route(channel: grpc.aio.Channel) -> None:
-    await _register(channel, "alice")
+    await register(channel, "alice")
     router = pb.router_pb2_grpc.RouterServiceStub(channel)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=_envelope("alice", {})))
-    assert _detail(caught.value).error_code == "no_route"
+        await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=envelope("alice", {})))
+    assert error_detail(caught.value).error_code == "no_route"
     assert caught.value.code() is grpc.StatusCode.NOT_FOUND
 
 
 async def test_bad_content_length_is_validation_error_naming_field(
     coordinator: Coordinator, channel: grpc.aio.Channel
 ) -> None:
-    await _register(channel, "alice")
-    await _register(channel, "bob")
+    await register(channel, "alice")
+    await register(channel, "bob")
     router = pb.router_pb2_grpc.RouterServiceStub(channel)
-    env = _envelope("alice", {"to": "bob"}, content_length=3)
+    env = envelope("alice", {"to": "bob"}, content_length=3)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
-    detail = _detail(caught.value)
+    detail = error_detail(caught.value)
     assert detail.error_code == "validation_error"
     assert detail.details["field"] == "content_length"
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
@@ -187,13 +148,13 @@ async def test_bad_content_length_is_validation_error_naming_field(
 async def test_ack_moves_state_and_reaches_the_producer(
     coordinator: Coordinator, channel: grpc.aio.Channel
 ) -> None:
-    await _register(channel, "alice")
-    await _register(channel, "bob")
+    await register(channel, "alice")
+    await register(channel, "bob")
     router = pb.router_pb2_grpc.RouterServiceStub(channel)
-    env = _envelope("alice", {"to": "bob"})
+    env = envelope("alice", {"to": "bob"})
     await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
     ack_body = {"ack_for_message_id": env.message_id, "ack_stage": "FULFILLED"}
-    ack = _envelope("bob", ack_body, message_type=pb.common_pb2.ACKNOWLEDGEMENT)
+    ack = envelope("bob", ack_body, message_type=pb.common_pb2.ACKNOWLEDGEMENT)
     await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=ack))
     stored = await coordinator.store.messages.get(env.message_id)
     assert stored is not None and stored.state == "FULFILLED"
@@ -206,10 +167,10 @@ async def test_ack_moves_state_and_reaches_the_producer(
 async def test_protobuf_ack_payload_is_accepted(
     coordinator: Coordinator, channel: grpc.aio.Channel
 ) -> None:
-    await _register(channel, "alice")
-    await _register(channel, "bob")
+    await register(channel, "alice")
+    await register(channel, "bob")
     router = pb.router_pb2_grpc.RouterServiceStub(channel)
-    env = _envelope("alice", {"to": "bob"})
+    env = envelope("alice", {"to": "bob"})
     await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
     payload = pb.common_pb2.Ack(
         ack_for_message_id=env.message_id, ack_stage=pb.common_pb2.REJECTED,
@@ -235,7 +196,7 @@ async def test_stream_for_unknown_agent_is_not_found(channel: grpc.aio.Channel) 
 
 
 async def test_events_are_logged_and_readable(channel: grpc.aio.Channel) -> None:
-    await _register(channel, "alice")
+    await register(channel, "alice")
     logging_stub = pb.logging_pb2_grpc.LoggingServiceStub(channel)
     await logging_stub.Ingest(
         pb.logging_pb2.LogEvent(
@@ -257,7 +218,7 @@ async def test_ingest_rejects_bad_level(channel: grpc.aio.Channel) -> None:
     stub = pb.logging_pb2_grpc.LoggingServiceStub(channel)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.Ingest(pb.logging_pb2.LogEvent(event_type="x", level="LOUD"))
-    assert _detail(caught.value).details["field"] == "level"
+    assert error_detail(caught.value).details["field"] == "level"
 
 
 @pytest.mark.conformance(
@@ -266,14 +227,14 @@ async def test_ingest_rejects_bad_level(channel: grpc.aio.Channel) -> None:
 async def test_non_uuid4_message_id_is_rejected(
     coordinator: Coordinator, channel: grpc.aio.Channel
 ) -> None:
-    await _register(channel, "alice")
-    await _register(channel, "bob")
+    await register(channel, "alice")
+    await register(channel, "bob")
     router = pb.router_pb2_grpc.RouterServiceStub(channel)
     for bad in ("not-a-uuid", str(uuid.uuid1()), ""):
-        env = _envelope("alice", {"to": "bob"}, message_id=bad)
+        env = envelope("alice", {"to": "bob"}, message_id=bad)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
-        assert _detail(caught.value).details["field"] == "message_id"
+        assert error_detail(caught.value).details["field"] == "message_id"
     inbox = await coordinator.store.messages.inbox("bob")
     assert [m for m in inbox if m.message_type == pb.common_pb2.DATA] == []
 
@@ -282,16 +243,16 @@ async def test_non_uuid4_message_id_is_rejected(
 async def test_reused_message_id_is_refused_and_the_first_kept(
     coordinator: Coordinator, channel: grpc.aio.Channel
 ) -> None:
-    await _register(channel, "alice")
-    await _register(channel, "bob")
+    await register(channel, "alice")
+    await register(channel, "bob")
     router = pb.router_pb2_grpc.RouterServiceStub(channel)
-    first = _envelope("alice", {"to": "bob", "n": 1})
+    first = envelope("alice", {"to": "bob", "n": 1})
     await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=first))
-    second = _envelope("alice", {"to": "bob", "n": 2}, message_id=first.message_id)
+    second = envelope("alice", {"to": "bob", "n": 2}, message_id=first.message_id)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=second))
-    assert _detail(caught.value).error_code == "validation_error"
-    assert _detail(caught.value).details["field"] == "message_id"
+    assert error_detail(caught.value).error_code == "validation_error"
+    assert error_detail(caught.value).details["field"] == "message_id"
     inbox = [
         m
         for m in await coordinator.store.messages.inbox("bob")

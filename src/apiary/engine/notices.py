@@ -8,7 +8,7 @@ from typing import Any
 
 from apiary.core.clock import Clock
 from apiary.core.dedup import iso_utc
-from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
+from apiary.core.envelope import Ack, Envelope, MessageType
 from apiary.core.hlc import HybridLogicalClock, format_hlc, physical_us
 from apiary.core.ids import IdGenerator
 
@@ -58,11 +58,6 @@ class NoticeFactory:
             "note": ack.note,
         }
         return self._envelope(MessageType.ACKNOWLEDGEMENT, body, correlation_id)
-
-    def nack(
-        self, message_id: str, stage: AckStage, error_code: str, note: str, correlation_id: str
-    ) -> Envelope:
-        return self.ack(Ack(message_id, stage, error_code, note), correlation_id)
 
     def notification(self, body: dict[str, Any], correlation_id: str = "") -> Envelope:
         return self._envelope(MessageType.NOTIFICATION, body, correlation_id)

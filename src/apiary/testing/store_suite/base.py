@@ -170,3 +170,8 @@ UNICODE = (
     "héllo wörld · 你好 · こんにちは · مرحبا · עברית · 🐝🍯 · e\u0301 · "
     "\U0001f3f3\ufe0f\u200d\U0001f308"
 )
+
+
+def message_ids(found: list[StoredMessage]) -> list[str]:
+    """The message ids of `found`, in order (for comparing query results)."""
+    return [m.message_id for m in found]

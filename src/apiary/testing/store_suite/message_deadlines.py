@@ -2,22 +2,19 @@
 
 from __future__ import annotations
 
-from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.core.records import MessageState, StateChange
 from apiary.testing.store_suite.base import (
     OPEN_STATES,
     T0,
     Check,
     StoreFactory,
     message,
+    message_ids,
     registry,
 )
 
 CHECKS: list[Check] = []
 _check = registry(CHECKS)
-
-
-def _ids(found: list[StoredMessage]) -> list[str]:
-    return [m.message_id for m in found]
 
 
 @_check
@@ -36,8 +33,8 @@ async def due_orders_unfinished_messages_by_their_earlier_deadline(factory: Stor
             ]
         )
         assert await store.messages.due(T0) == []
-        assert _ids(await store.messages.due(T0 + 5)) == ["ttl-only"]  # <= now is due
-        assert _ids(await store.messages.due(T0 + 100)) == [
+        assert message_ids(await store.messages.due(T0 + 5)) == ["ttl-only"]  # <= now is due
+        assert message_ids(await store.messages.due(T0 + 100)) == [
             "ttl-only",
             "ttl-first",
             "ack-first",
@@ -45,7 +42,7 @@ async def due_orders_unfinished_messages_by_their_earlier_deadline(factory: Stor
             "tie-a",
             "tie-b",
         ]
-        assert _ids(await store.messages.due(T0 + 100, limit=2)) == ["ttl-only", "ttl-first"]
+        assert message_ids(await store.messages.due(T0 + 100, limit=2)) == ["ttl-only", "ttl-first"]
         assert await store.messages.due(T0 + 100, limit=0) == []
         assert len(await store.messages.due(T0 + 10_000)) == 7
         assert await store.messages.next_deadline() == T0 + 5
@@ -92,7 +89,7 @@ async def deadlines_follow_state_changes(factory: StoreFactory) -> None:
             [StateChange("m-1", MessageState.RECEIVED, T0 + 1, "", "RECEIVED", True)]
         )
         assert await store.messages.next_deadline() == T0 + 20
-        assert _ids(await store.messages.due(T0 + 100)) == ["m-2", "m-1"]
+        assert message_ids(await store.messages.due(T0 + 100)) == ["m-2", "m-1"]
         stored = await store.messages.get("m-1")
         assert stored is not None
         assert stored.ack_deadline == 0
@@ -104,4 +101,4 @@ async def deadlines_follow_state_changes(factory: StoreFactory) -> None:
         await store.messages.apply(
             [StateChange("m-2", MessageState.RETRYING, T0 + 23, clear_ack_deadline=True)]
         )
-        assert _ids(await store.messages.due(T0 + 100)) == ["m-1"]
+        assert message_ids(await store.messages.due(T0 + 100)) == ["m-1"]

@@ -10,15 +10,12 @@ from apiary.testing.store_suite.base import (
     Check,
     StoreFactory,
     message,
+    message_ids,
     registry,
 )
 
 CHECKS: list[Check] = []
 _check = registry(CHECKS)
-
-
-def _ids(found: list[StoredMessage]) -> list[str]:
-    return [m.message_id for m in found]
 
 
 @_check
@@ -37,7 +34,7 @@ async def purge_finished_deletes_old_terminal_messages_only(factory: StoreFactor
         assert {m.state for m in remaining} == OPEN_STATES
         assert len(await store.messages.inbox("c")) == len(MessageState)
         # updated_at == before is kept: only "before" is purged.
-        assert _ids(await store.messages.inbox("d")) == ["boundary"]
+        assert message_ids(await store.messages.inbox("d")) == ["boundary"]
         assert await store.messages.purge_finished(T0 + 50) == 0
         assert await store.messages.purge_finished(T0 + 1000) == len(TERMINAL_STATES) + 1
         assert await store.messages.count("c", frozenset(MessageState)) == len(OPEN_STATES)
@@ -56,8 +53,8 @@ async def offsets_never_change_or_repeat_after_a_purge(factory: StoreFactory) ->
         assert await store.messages.purge_finished(T0 + 2) == 3
         remaining = await store.messages.inbox("b")
         assert [(m.message_id, m.offset) for m in remaining] == [("m-3", 3), ("m-5", 5), ("m-6", 6)]
-        assert _ids(await store.messages.inbox("b", after_offset=3)) == ["m-5", "m-6"]
-        assert _ids(await store.messages.inbox("b", after_offset=1, limit=1)) == ["m-3"]
+        assert message_ids(await store.messages.inbox("b", after_offset=3)) == ["m-5", "m-6"]
+        assert message_ids(await store.messages.inbox("b", after_offset=1, limit=1)) == ["m-3"]
         assert await store.messages.oldest_offset("b") == 3
         assert await store.messages.oldest_offset("c") == 1
         # Emptied completely, the inbox still continues after its last offset.

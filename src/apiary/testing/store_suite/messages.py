@@ -16,6 +16,7 @@ from apiary.testing.store_suite.base import (
     Check,
     StoreFactory,
     message,
+    message_ids,
     registry,
 )
 
@@ -170,10 +171,6 @@ async def envelopes_are_kept_byte_for_byte(factory: StoreFactory) -> None:
         assert [m.envelope for m in await store.messages.inbox("agent-b")] == envelopes
 
 
-def _ids(found: list[StoredMessage]) -> list[str]:
-    return [m.message_id for m in found]
-
-
 async def _expect_value_error(what: str, attempt: Awaitable[object]) -> None:
     try:
         await attempt
@@ -266,7 +263,7 @@ async def admit_many_numbers_members_in_input_order(factory: StoreFactory) -> No
         for outcome in outcomes:
             assert isinstance(outcome, StoredMessage)
             assert await store.messages.get(outcome.message_id) == outcome
-        assert _ids(await store.messages.inbox("b")) == ["before", "m-0", "m-2", "m-4"]
+        assert message_ids(await store.messages.inbox("b")) == ["before", "m-0", "m-2", "m-4"]
         assert (await store.messages.admit(message("after", "c"))).offset == 3
 
 
@@ -294,7 +291,7 @@ async def admit_many_fails_only_the_duplicate_members(factory: StoreFactory) -> 
         # refused members consumed no offset.
         assert await store.messages.get("new-1") == outcomes[0]
         assert await store.messages.get("old") == stored
-        assert _ids(await store.messages.inbox("c")) == ["new-2"]
+        assert message_ids(await store.messages.inbox("c")) == ["new-2"]
         assert (await store.messages.admit(message("next", "c"))).offset == 2
         only_duplicates = await store.messages.admit_many([message("old"), message("new-2")])
         assert all(isinstance(o, DuplicateMessageError) for o in only_duplicates)
@@ -311,7 +308,7 @@ async def admit_many_takes_a_thousand_messages(factory: StoreFactory) -> None:
         assert all(isinstance(o, StoredMessage) for o in outcomes)
         for r in range(7):
             inbox = await store.messages.inbox(f"r-{r}", limit=1000)
-            assert _ids(inbox) == [m.message_id for m in batch if m.recipient == f"r-{r}"]
+            assert message_ids(inbox) == [m.message_id for m in batch if m.recipient == f"r-{r}"]
             assert [m.offset for m in inbox] == list(range(1, len(inbox) + 1))
         last = batch[-1]
         expected_offset = sum(1 for m in batch if m.recipient == last.recipient)
