@@ -72,11 +72,11 @@ async def test_reflection_lists_all_canonical_services(channel: grpc.aio.Channel
 async def test_unbuilt_method_answers_unimplemented_naming_its_area(
     channel: grpc.aio.Channel,
 ) -> None:
-    stub = pb.scheduler_pb2_grpc.SchedulerServiceStub(channel)
+    stub = pb.worktree_pb2_grpc.WorktreeServiceStub(channel)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.SubmitTask(pb.scheduler_pb2.SubmitTaskRequest(agent_id="a"))
+        await stub.Bind(pb.worktree_pb2.BindRequest())
     assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
-    assert "scheduler" in (caught.value.details() or "")
+    assert "worktrees" in (caught.value.details() or "")
     assert error_detail(caught.value).error_code == "unimplemented"
 
 

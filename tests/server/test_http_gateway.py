@@ -146,7 +146,8 @@ async def test_gateway_lists_methods(http: aiohttp.ClientSession) -> None:
         methods = (await resp.json())["methods"]
     paths = {m["path"]: m["implemented"] for m in methods}
     assert paths["/v1/sw4rm.router.RouterService/SendMessage"] is True
-    assert paths["/v1/sw4rm.scheduler.SchedulerService/SubmitTask"] is False
+    assert paths["/v1/sw4rm.scheduler.SchedulerService/SubmitTask"] is True
+    assert paths["/v1/sw4rm.worktree.WorktreeService/Bind"] is False
 
 
 @pytest.mark.conformance("dlq.tools.inspection")

@@ -502,3 +502,37 @@ def test_timeout_fires_iff_the_deadline_is_reached(state: S, offset: float) -> N
     assert due is not None
     now = due + offset
     assert (M.timeout(state, now, T0, timeouts) is not None) == (now >= due)
+
+
+# --- state reports (heartbeats) -----------------------------------------------------------
+
+# What an agent's own report means, written out independently of the module.
+REPORTS = {
+    (S.INITIALIZING, S.RUNNABLE): I.INITIALIZED,
+    (S.INITIALIZING, S.FAILED): I.INIT_FAILED,
+    (S.RUNNING, S.WAITING): I.WAIT,
+    (S.WAITING, S.RUNNING): I.INPUT_RECEIVED,
+    (S.RUNNING, S.WAITING_RESOURCES): I.RESOURCES_NEEDED,
+    (S.WAITING_RESOURCES, S.RUNNING): I.RESOURCES_AVAILABLE,
+    (S.RESUMED, S.RUNNING): I.RESTORED,
+    (S.RECOVERING, S.RUNNABLE): I.RECOVERED,
+    (S.RECOVERING, S.FAILED): I.RECOVERY_FAILED,
+    (S.RUNNING, S.FAILED): I.FAIL,
+    (S.COMPLETED, S.RUNNABLE): I.REPORTED,
+}
+
+
+@pytest.mark.parametrize(("current", "reported"), list(itertools.product(S, S)))
+def test_a_state_report_means_exactly_the_agents_own_inputs(current: S, reported: S) -> None:
+    found = agent_lifecycle.input_for_report(current, reported)
+    assert found is REPORTS.get((current, reported))
+    if found is not None:
+        assert M.allows(current, found)
+        assert M.row(current, found).state is reported
+
+
+@pytest.mark.parametrize(
+    "reported", [S.SCHEDULED, S.SUSPENDED, S.RESUMED, S.SHUTTING_DOWN, S.RECOVERING]
+)
+def test_scheduler_driven_states_cannot_be_self_reported(reported: S) -> None:
+    assert all(agent_lifecycle.input_for_report(current, reported) is None for current in S)

@@ -320,6 +320,39 @@ def auto_recovery_allowed(error_code: str) -> bool:
     return error_code != AgentShutdownTimeoutError.code
 
 
+_REPORTS: Final[Mapping[tuple[AgentLifecycleState, AgentLifecycleState], AgentInput]] = (
+    MappingProxyType({
+        (_S.INITIALIZING, _S.RUNNABLE): _I.INITIALIZED,
+        (_S.INITIALIZING, _S.FAILED): _I.INIT_FAILED,
+        (_S.RUNNING, _S.WAITING): _I.WAIT,
+        (_S.WAITING, _S.RUNNING): _I.INPUT_RECEIVED,
+        (_S.RUNNING, _S.WAITING_RESOURCES): _I.RESOURCES_NEEDED,
+        (_S.WAITING_RESOURCES, _S.RUNNING): _I.RESOURCES_AVAILABLE,
+        (_S.RESUMED, _S.RUNNING): _I.RESTORED,
+        (_S.RECOVERING, _S.RUNNABLE): _I.RECOVERED,
+        (_S.RECOVERING, _S.FAILED): _I.RECOVERY_FAILED,
+        (_S.RUNNING, _S.FAILED): _I.FAIL,
+        (_S.COMPLETED, _S.RUNNABLE): _I.REPORTED,
+    })
+)  # fmt: skip
+
+
+def input_for_report(
+    current: AgentLifecycleState, reported: AgentLifecycleState
+) -> AgentInput | None:
+    """What an agent's own report of `reported` (its Heartbeat's `AgentState`) means for an
+    agent the coordinator holds in `current`; None when the report moves nothing.
+
+    An agent may only report the changes it makes itself: finishing start-up or recovery,
+    waiting and resuming, failing, reporting a finished task. States the Scheduler drives
+    (SCHEDULED, SUSPENDED, RESUMED, SHUTTING_DOWN, RECOVERING) and task completion, which
+    the coordinator learns from the task's result, cannot be claimed by a heartbeat, and a
+    report of the current state is just a heartbeat. Ignoring rather than refusing keeps a
+    heartbeat that crossed a Scheduler decision on the wire from failing the agent.
+    """
+    return _REPORTS.get((current, reported))
+
+
 @dataclass(frozen=True, slots=True)
 class LifecycleRow:
     """One table entry: the next state, effects in order and the fixed error code ("" none)."""

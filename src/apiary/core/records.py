@@ -204,3 +204,58 @@ class HitlRecord:
     decision: Mapping[str, Any] = field(default_factory=dict)
     """The decision record once decided: action, rationale, patch, decided_by, decided_at,
     via (operator | deadline | unavailable | cancelled), policy."""
+
+
+class TaskState(StrEnum):
+    """Where a scheduled task stands (RFC 7, 9; see engine/scheduler.py).
+
+    QUEUED waits in its agent's queue (a yielded task returns here, keeping its place); HELD
+    waits for a HITL decision before it may queue (a duplicate job, RFC 9.2); DISPATCHED was
+    handed to the router as a DATA envelope; RUNNING was read by the agent. COMPLETED and
+    FAILED are the ends.
+    """
+
+    QUEUED = "QUEUED"
+    HELD = "HELD"
+    DISPATCHED = "DISPATCHED"
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskState.COMPLETED, TaskState.FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """One task submitted to the Scheduler (SubmitTask), as stored.
+
+    `priority`, `submitted_at` and `seq` are the queue order (core/task_queue.py); `scope` the
+    scope metadata as submitted; `job_key` the job identity used for uniqueness (RFC 9.2);
+    `params` and `content_type` the payload the agent receives; `message_id` the DATA
+    envelope of the current (last) dispatch and `attempts` how many dispatches there were.
+    `state` is a TaskState value; `error_code` and `note` say why it failed or what happened
+    last (yielded, terminated, held for ...).
+    """
+
+    task_id: str
+    agent_id: str
+    priority: int
+    submitted_at: float
+    seq: int
+    state: str
+    updated_at: float
+    scope: str = ""
+    job_key: str = ""
+    params: bytes = b""
+    content_type: str = ""
+    agent_type: str = ""
+    """The target agent's type (its descriptor name) when submitted: the key of
+    max_parallel_instances (RFC 9.1)."""
+    message_id: str = ""
+    attempts: int = 0
+    error_code: str = ""
+    note: str = ""
+    lane: str = "STANDARD"
+    """The communication-class lane it is dispatched in (RFC 7.3): its submitter's class."""

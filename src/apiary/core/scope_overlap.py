@@ -20,6 +20,8 @@ JSON: an object with optional arrays of strings::
   rather than misread.
 - `resource:<name>`: a shared resource (a database table, a queue, a service). Resources are
   global, not per repository, and dotted names nest: `db` covers `db.orders`.
+- `op:<type>` (JSON `"operation": "<type>"`): the task's operation type, at most one. It does
+  not enter the verdict; the Scheduler's policy overrides are keyed by it (RFC 9.3).
 
 `check_parallelism` returns a `ParallelismVerdict` whose `confidence_score` (0..1) is the
 confidence that running both in parallel is safe, from the first rule that applies:
@@ -59,7 +61,7 @@ MAX_SEGMENTS: Final = 64
 """Most segments in one glob: the glob tests are quadratic in pattern length."""
 MAX_SEGMENT_CHARS: Final = 255
 """Longest segment (the usual file name limit)."""
-_KINDS: Final = ("repo", "path", "resource")
+_KINDS: Final = ("repo", "path", "resource", "op")
 _JSON_KEYS: Final = {"repos": "repo", "paths": "path", "resources": "resource"}
 _UNSUPPORTED: Final = frozenset("[]{}\\")
 _FIELD: Final = "scope"
@@ -73,6 +75,7 @@ class Scope:
     repos: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()
     resources: tuple[str, ...] = ()
+    operation: str = ""
 
     @property
     def declared(self) -> bool:
@@ -85,6 +88,7 @@ class Scope:
             [f"repo:{r}" for r in self.repos]
             + [f"path:{p}" for p in self.paths]
             + [f"resource:{r}" for r in self.resources]
+            + ([f"op:{self.operation}"] if self.operation else [])
         )
 
 
@@ -121,7 +125,7 @@ def parse_scope(text: str) -> Scope:
         kind, sep, value = token.partition(":")
         if not sep or kind not in _KINDS:
             raise ValidationError.for_field(
-                _FIELD, f"{token!r} is not repo:, path: or resource:", token=token
+                _FIELD, f"{token!r} is not repo:, path:, resource: or op:", token=token
             )
         items.append((kind, value))
     return _build(items)
@@ -136,10 +140,17 @@ def _json_items(text: str) -> list[tuple[str, str]]:
         raise ValidationError.for_field(_FIELD, "JSON form must be an object")
     items: list[tuple[str, str]] = []
     for key, values in data.items():
+        if key == "operation":
+            if not isinstance(values, str):
+                raise ValidationError.for_field(_FIELD, "operation must be a string")
+            items.append(("op", values))
+            continue
         kind = _JSON_KEYS.get(key)
         if kind is None:
             raise ValidationError.for_field(
-                _FIELD, f"unknown key {key!r} (repos, paths, resources)", token=str(key)
+                _FIELD,
+                f"unknown key {key!r} (repos, paths, resources, operation)",
+                token=str(key),
             )
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise ValidationError.for_field(_FIELD, f"{key} must be an array of strings")
@@ -158,10 +169,13 @@ def _build(items: Iterable[tuple[str, str]]) -> Scope:
     for kind, values in found.items():
         if len(values) > MAX_ITEMS:
             raise ValidationError.for_field(_FIELD, f"at most {MAX_ITEMS} {kind}: entries")
+    if len(found["op"]) > 1:
+        raise ValidationError.for_field(_FIELD, "at most one op: (the task's operation type)")
     return Scope(
         repos=tuple(sorted(found["repo"])),
         paths=tuple(sorted(found["path"])),
         resources=tuple(sorted(found["resource"])),
+        operation=next(iter(found["op"]), ""),
     )
 
 

@@ -22,6 +22,9 @@ class Outbound:
     requeue: bool = False
     """An operator's requeue of a dead letter (RFC 21.1): admitted without deduplication,
     since re-running the operation is the point."""
+    lane: str = ""
+    """The communication-class lane (RFC 7.3) when the producer chooses it per message (the
+    Scheduler dispatches each task in its submitter's lane); '' for the producer's class."""
 
 
 @dataclass(slots=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 from apiary.core.message_machine import MessageInput
@@ -53,6 +53,9 @@ class Delivery:
         self._registry = registry
         self._messages = messages
         self._events = events
+        self.opened: Callable[[str], Awaitable[None]] | None = None
+        """Called with the agent id when a stream opens: the agent is ready for work (the
+        Scheduler's readiness signal, RFC 8.1)."""
 
     async def _check_position(self, agent_id: str, resume_after: int) -> None:
         if resume_after <= 0:
@@ -82,6 +85,8 @@ class Delivery:
             "stream.opened", agent_id, agent_id=agent_id, resume_after=resume_after,
             session=session,
         )  # fmt: skip
+        if self.opened is not None:
+            await self.opened(agent_id)
         return session
 
     async def poll(self, agent_id: str, session: int, max_batch: int = 0) -> list[Handout]:

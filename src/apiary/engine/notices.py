@@ -14,35 +14,54 @@ from apiary.core.ids import IdGenerator
 
 COORDINATOR = "coordinator"
 """producer_id of every envelope the coordinator produces."""
+SCHEDULER = "scheduler"
+"""producer_id of the Scheduler's task and control envelopes (RFC Appendix C.3 names it so);
+unlike the coordinator's notices they are tracked messages that agents acknowledge."""
+RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER})
+"""Participant ids no agent may register under."""
 
 
 class NoticeFactory:
-    def __init__(self, clock: Clock, ids: IdGenerator) -> None:
+    def __init__(self, clock: Clock, ids: IdGenerator, producer: str = COORDINATOR) -> None:
         self._clock = clock
         self._ids = ids
+        self._producer = producer
         self._sequence = 0
         # Every notice carries an HLC timestamp, so that it passes admission when the router
         # requires one (RFC 11: with HLC enabled, messages MUST include hlc_timestamp).
-        self._hlc = HybridLogicalClock(COORDINATOR)
+        self._hlc = HybridLogicalClock(producer)
 
     def _envelope(
         self, message_type: MessageType, body: dict[str, Any], correlation_id: str
     ) -> Envelope:
-        self._sequence += 1
         payload = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+        return self.envelope(message_type, payload, "application/json", correlation_id)
+
+    def envelope(
+        self, message_type: MessageType, payload: bytes, content_type: str,
+        correlation_id: str = "", idempotency_token: str = "",
+    ) -> Envelope:  # fmt: skip
+        """An envelope from this factory's producer with the next sequence number."""
+        self._sequence += 1
         message_id = self._ids.new_id()
+        now = self._clock.now()
         return Envelope(
             message_id=message_id,
-            producer_id=COORDINATOR,
+            producer_id=self._producer,
             message_type=message_type,
             payload=payload,
-            content_type="application/json",
+            content_type=content_type,
             content_length=len(payload),
             correlation_id=correlation_id or message_id,
             sequence_number=self._sequence,
-            timestamp=self._clock.now(),
-            hlc_timestamp=format_hlc(self._hlc.send(physical_us(self._clock.now()))),
+            timestamp=now,
+            hlc_timestamp=format_hlc(self._hlc.send(physical_us(now))),
+            idempotency_token=idempotency_token,
         )
+
+    def control(self, body: dict[str, Any], correlation_id: str = "") -> Envelope:
+        """A CONTROL command (message-types: {"command": ..., ...})."""
+        return self._envelope(MessageType.CONTROL, body, correlation_id)
 
     def ack(self, ack: Ack, correlation_id: str, extra: dict[str, Any] | None = None) -> Envelope:
         """An ACKNOWLEDGEMENT (a NACK when the stage is REJECTED/FAILED/TIMED_OUT).

@@ -12,7 +12,7 @@ from apiary.core.clock import Clock
 from apiary.core.descriptor import AgentDescriptorFields, validate_descriptor
 from apiary.core.records import AgentRecord
 from apiary.engine.eventlog import EventRecorder
-from apiary.engine.notices import COORDINATOR
+from apiary.engine.notices import COORDINATOR, RESERVED_IDS
 from apiary.errors import NotFoundError, ValidationError
 from apiary.store.protocols import AgentStore
 
@@ -69,8 +69,8 @@ class Registry:
         """Validate and register (or re-register) the agent the descriptor describes."""
         fields = descriptor_fields(descriptor, public_key)
         validate_descriptor(fields, signing_required=self._signing_required)
-        if fields.agent_id == COORDINATOR:
-            raise ValidationError.for_field("agent.agent_id", f"{COORDINATOR!r} is reserved")
+        if fields.agent_id in RESERVED_IDS:
+            raise ValidationError.for_field("agent.agent_id", f"{fields.agent_id!r} is reserved")
         now = self._clock.now()
         previous = await self._agents.get(fields.agent_id)
         stored = dict(descriptor)

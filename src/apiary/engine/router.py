@@ -62,6 +62,10 @@ _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
 """The message state an ACK stage reports."""
 
 
+LocalEndpoint = Callable[[Envelope], Awaitable[None]]
+"""A coordinator-internal participant's handler (see Router.attach)."""
+
+
 def is_notice(message: StoredMessage) -> bool:
     """Notices need no acknowledgement and take no buffer space: ACKs, heartbeats and
     whatever the coordinator itself produced. They are FULFILLED when handed out."""
@@ -93,6 +97,7 @@ class Router:
         self._capacities: dict[str, int] = {}
         self._credits: dict[str, CreditLedger] = {}
         self._live: dict[str, StoredMessage] = {}
+        self._endpoints: dict[str, LocalEndpoint] = {}
         self._changes: Coalescer[StateChange, StoredMessage] = Coalescer(self._messages.apply)
         self._locks: dict[str, asyncio.Lock] = {}
         self.deadlines = Deadlines(clock)
@@ -122,6 +127,13 @@ class Router:
         self._capacities[agent_id] = capacity
         self.inbox(agent_id).capacity = capacity
         return capacity
+
+    def attach(self, endpoint_id: str, handler: LocalEndpoint) -> None:
+        """Make `endpoint_id` a coordinator-internal participant (the Scheduler): envelopes
+        addressed to it, the ACKs of the messages it produced and the NACKs it is owed are
+        handed to `handler` instead of an inbox. A handler that raises rejects the envelope
+        with its error, as admission would."""
+        self._endpoints[endpoint_id] = handler
 
     def clock_now(self) -> float:
         return self._clock.now()
@@ -187,16 +199,23 @@ class Router:
                     env, limits=self.settings.limits, now=now,
                     hlc_required=self.settings.hlc_required,
                 )  # fmt: skip
-            return await self._admissible(env, target, now, requeue=item.requeue, raw=raw)
+            return await self._admissible(
+                env, target, now, requeue=item.requeue, raw=raw, lane=item.lane
+            )
         except ApiaryError as exc:
             return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
 
     async def _admissible(
-        self, env: Envelope, target: str, now: float, *, requeue: bool = False, raw: bytes = b""
-    ) -> tuple[SendOutcome, StoredMessage | None]:
+        self, env: Envelope, target: str, now: float, *, requeue: bool = False,
+        raw: bytes = b"", lane: str = "",
+    ) -> tuple[SendOutcome, StoredMessage | None]:  # fmt: skip
         if target == COORDINATOR:
             # ACKs of coordinator notices end here: nothing to forward.
             return SendOutcome(env.message_id, True, reason="acknowledged"), None
+        endpoint = self._endpoints.get(target)
+        if endpoint is not None:
+            await endpoint(env)
+            return SendOutcome(env.message_id, True, reason=f"handled by {target}"), None
         agent = await self._registry.find(target)
         if agent is None:
             raise NoRouteError(
@@ -214,8 +233,9 @@ class Router:
             except ApiaryError:
                 self.dedup.abandon(env.message_id)
                 raise
-        producer = await self._registry.find(env.producer_id)
-        lane = _lane(producer.descriptor if producer else {})
+        if not lane:
+            producer = await self._registry.find(env.producer_id)
+            lane = _lane(producer.descriptor if producer else {})
         record = StoredMessage(
             message_id=env.message_id,
             recipient=target,
@@ -343,12 +363,18 @@ class Router:
         self, producer: str, message_id: str, correlation_id: str, stage: AckStage,
         code: str, note: str, failed_stage: str,
     ) -> None:  # fmt: skip
-        if producer == COORDINATOR or await self._registry.find(producer) is None:
+        endpoint = self._endpoints.get(producer)
+        if endpoint is None and (
+            producer == COORDINATOR or await self._registry.find(producer) is None
+        ):
             return
         self.stats.nacks[(producer, code)] += 1
         ack = Ack(message_id, stage, code, note)
         notice = self._notices.ack(ack, correlation_id, {"failed_stage": failed_stage})
-        await self._deliver_notice(producer, notice)
+        if endpoint is not None:
+            await endpoint(notice)
+        else:
+            await self._deliver_notice(producer, notice)
 
     async def _nack_transfer(
         self, producer: str, transfer_id: str, correlation_id: str, error: ApiaryError

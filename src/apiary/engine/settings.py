@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from apiary.core.conflicts import ConflictPolicy
 from apiary.core.envelope_rules import PayloadLimits
 from apiary.core.lanes import LanePolicy
+from apiary.core.preemption import PreemptionPolicy
+from apiary.engine.lifecycle import LifecycleSettings
+from apiary.errors import ValidationError
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +43,52 @@ class RouterSettings:
     """Coordinator notices (NACKs, forwarded ACKs, join/leave) expire after this long."""
     retention_s: float = 7 * 24 * 3600.0
     """Finished messages, idempotency records and DLQ entries are purged after this long."""
+
+
+def default_max_parallel() -> int:
+    """Instances of one agent type running tasks at once when no limit is configured (RFC 9.1
+    SHOULD: a default based on system capabilities): four per CPU, at least 8."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """The Scheduler's knobs (`[scheduler]` in the configuration file)."""
+
+    max_parallel_instances: Mapping[str, int] = field(default_factory=dict)
+    """Per agent type (the descriptor's name): tasks running at once (RFC 9.1)."""
+    default_max_parallel: int = field(default_factory=default_max_parallel)
+    max_queued: int = 1_000_000
+    """Tasks waiting (queued or held) at most; beyond it SubmitTask answers accepted=false."""
+    duplicate_jobs: str = "escalate"
+    """RFC 9.2: a duplicate of a live job is refused; "escalate" also asks HITL whether to run
+    it anyway (the task is HELD meanwhile), "reject" just refuses."""
+    conflicts: ConflictPolicy = field(default_factory=ConflictPolicy)
+    preemption: PreemptionPolicy = field(default_factory=PreemptionPolicy)
+    lanes: LanePolicy = field(default_factory=LanePolicy)
+    lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
+    dispatch_attempts: int = 3
+    """Dispatches of one task that may time out (no ACK) before it fails."""
+    retry_after_s: float = 1.0
+    """When a dispatch met a full inbound buffer, try again after this long."""
+    inference_timeout_s: float = 5.0
+    hitl_timeout_s: float = 0.0
+    """Decision window of the Scheduler's HITL invocations; 0 = the HITL default."""
+
+    def __post_init__(self) -> None:
+        for agent_type, limit in self.max_parallel_instances.items():
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValidationError.for_field(
+                    f"scheduler.max_parallel_instances.{agent_type}", "must be an integer >= 1"
+                )
+        for name in ("default_max_parallel", "max_queued", "dispatch_attempts"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValidationError.for_field(f"scheduler.{name}", "must be an integer >= 1")
+        if self.duplicate_jobs not in ("escalate", "reject"):
+            raise ValidationError.for_field(
+                "scheduler.duplicate_jobs", "must be 'escalate' or 'reject'"
+            )
+
+    def instance_limit(self, agent_type: str) -> int:
+        return self.max_parallel_instances.get(agent_type, self.default_max_parallel)

@@ -23,7 +23,7 @@ from typing import Any
 from apiary.core.hitl import HitlPolicy
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.engine.settings import RouterSettings
+from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.errors import ValidationError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -60,6 +60,8 @@ class ServerConfig:
     """Messaging-plane settings: TOML table [router] (see RouterSettings)."""
     hitl: HitlSettings = field(default_factory=HitlSettings)
     """Human-in-the-loop settings: TOML table [hitl] and [[hitl.operators]]."""
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    """Scheduler settings: TOML table [scheduler] (see docs/scheduler.md)."""
 
 
 _ENV = {

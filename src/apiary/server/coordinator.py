@@ -9,6 +9,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 
@@ -22,9 +23,11 @@ from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
+from apiary.engine.resources import ResourceTracker
 from apiary.engine.retention import run_retention
 from apiary.engine.router import Router
-from apiary.engine.settings import RouterSettings
+from apiary.engine.scheduler import Scheduler
+from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.server.config import Address, ServerConfig
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
@@ -38,6 +41,7 @@ from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
+from apiary.server.services.scheduler import SchedulerHandler
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.system import SystemClock, UuidIds
@@ -87,6 +91,7 @@ class Engine:
     presence: Presence
     hitl: Hitl
     activity: Activity
+    scheduler: Scheduler
 
 
 def build_engine(
@@ -94,6 +99,8 @@ def build_engine(
     settings: RouterSettings,
     runtime: Runtime,
     hitl_settings: HitlSettings | None = None,
+    scheduler_settings: SchedulerSettings | None = None,
+    data_dir: Path | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -109,12 +116,20 @@ def build_engine(
     )
     hitl.notify = HitlBroadcast(registry, router, notices)
     activity = Activity(events, clock)
-    return Engine(events, registry, router, delivery, presence, hitl, activity)
+    resources = ResourceTracker(events, data_dir / "agents" if data_dir else None)
+    scheduler = Scheduler(
+        store.tasks, router, registry, events, clock, runtime.ids, hitl, activity,
+        scheduler_settings, resources=resources,
+    )  # fmt: skip
+    delivery.opened = scheduler.agent_ready
+    return Engine(events, registry, router, delivery, presence, hitl, activity, scheduler)
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
     return {
-        "sw4rm.registry.RegistryService": RegistryHandler(engine.registry, engine.presence),
+        "sw4rm.registry.RegistryService": RegistryHandler(
+            engine.registry, engine.presence, engine.scheduler
+        ),
         "sw4rm.router.RouterService": RouterHandler(engine.router, engine.delivery, engine.hitl),
         "sw4rm.logging.LoggingService": LoggingHandler(engine.events),
         "apiary.v1.EventLogService": EventLogHandler(engine.events),
@@ -123,7 +138,9 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "apiary.v1.DlqService": DlqHandler(engine.router, runtime.ids),
         "apiary.v1.HitlOperatorService": HitlOperatorHandler(engine.hitl),
         "apiary.v1.ActivityBufferService": ActivityBufferHandler(engine.activity),
-        "sw4rm.scheduler.SchedulerService": ActivityHandler(engine.activity),
+        "sw4rm.scheduler.SchedulerService": SchedulerHandler(
+            engine.scheduler, ActivityHandler(engine.activity)
+        ),
         "sw4rm.reasoning.InferenceProxy": InferenceHandler(),
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
@@ -150,6 +167,7 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
         ),
         asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
         asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
+        asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
         asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
@@ -169,9 +187,12 @@ async def open_coordinator(
     runtime = runtime or Runtime(clock=clock or SystemClock())
     settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
-        engine = build_engine(store, settings, runtime, config.hitl)
+        engine = build_engine(
+            store, settings, runtime, config.hitl, config.scheduler, config.data_dir
+        )
         await engine.registry.load()
         await engine.hitl.load()
+        await engine.scheduler.load()
         recovered = await engine.router.recover()
         metrics = Metrics(engine.router, engine.activity)
         dispatcher = Dispatcher(_handlers(engine, runtime))
@@ -214,5 +235,6 @@ async def open_coordinator(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await engine.scheduler.close()
             await engine.events.record("coordinator.stopped", "coordinator")
             await engine.events.flush()

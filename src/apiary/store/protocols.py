@@ -19,6 +19,7 @@ from apiary.core.records import (
     MessageState,
     StateChange,
     StoredMessage,
+    TaskRecord,
 )
 from apiary.store.errors import DuplicateMessageError
 
@@ -188,6 +189,31 @@ class HitlStore(Protocol):
         ...
 
 
+class TaskStore(Protocol):
+    """Scheduler tasks (RFC 7, 9): their state survives a restart."""
+
+    async def put(self, record: TaskRecord) -> None:
+        """Insert or replace the record with this task_id."""
+        ...
+
+    async def get(self, task_id: str) -> TaskRecord | None: ...
+
+    async def list(
+        self,
+        states: frozenset[str] | None = None,
+        agent_id: str | None = None,
+        after_seq: int = -1,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        """Records in `states` (all when None) for `agent_id` (all when None) with seq above
+        `after_seq`, in seq order, at most `limit`."""
+        ...
+
+    async def max_seq(self) -> int:
+        """The highest seq stored, -1 when there are no tasks."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -208,6 +234,9 @@ class Store(Protocol):
 
     @property
     def hitl(self) -> HitlStore: ...
+
+    @property
+    def tasks(self) -> TaskStore: ...
 
     @property
     def backend(self) -> str:

@@ -20,6 +20,8 @@ from apiary.core.records import (
     IdempotencyRecord,
     MessageState,
     StoredMessage,
+    TaskRecord,
+    TaskState,
 )
 from apiary.store.errors import StoreError
 from apiary.store.json_codec import dump_json, dump_json_list, load_json_list, load_json_object
@@ -56,6 +58,11 @@ HITL_JSON_COLUMNS = frozenset(
     {"subject", "context", "proposed_actions", "approver_roles", "decision"}
 )
 """The columns of `hitl` that hold JSON (text in SQLite, JSONB in PostgreSQL)."""
+TASK_COLUMNS = (
+    "task_id, agent_id, priority, submitted_at, seq, state, updated_at, scope, job_key,"
+    " params, content_type, agent_type, message_id, attempts, error_code, note, lane"
+)
+TASK_COLUMN_COUNT = 17
 
 _UINT64 = 1 << 64
 _INT64_MAX = (1 << 63) - 1
@@ -370,6 +377,78 @@ def hitl_list_clauses(
     empty set of states)."""
     clauses = [f"created_at > {placeholder}"]
     params: list[Any] = [float(after_created)]
+    if states is not None:
+        if not states:
+            return None
+        values = sorted(states)
+        clauses.append(_in_list("state", values, placeholder))
+        params.extend(values)
+    return clauses, params
+
+
+def task_row(record: TaskRecord) -> tuple[Any, ...]:
+    """The values of TASK_COLUMNS for `record`.
+
+    Raises ValueError when state is not a TaskState value (every backend refuses it alike,
+    rather than a scheduler reading back a state it cannot act on), or when priority, seq
+    or attempts does not fit the 64-bit integer both databases store.
+    """
+    return (
+        record.task_id,
+        record.agent_id,
+        _int64("priority", record.priority),
+        float(record.submitted_at),
+        _int64("seq", record.seq),
+        TaskState(record.state).value,
+        float(record.updated_at),
+        record.scope,
+        record.job_key,
+        bytes(record.params),
+        record.content_type,
+        record.agent_type,
+        record.message_id,
+        _int64("attempts", record.attempts),
+        record.error_code,
+        record.note,
+        record.lane,
+    )
+
+
+def task_from_row(row: Sequence[Any]) -> TaskRecord:
+    """A `TaskRecord` from a row of TASK_COLUMNS."""
+    task_id, agent_id, priority, submitted_at, seq, state, updated_at, scope = row[:8]
+    job_key, params, content_type, agent_type, message_id, attempts, error_code, note = row[8:16]
+    return TaskRecord(
+        task_id=task_id,
+        agent_id=agent_id,
+        priority=priority,
+        submitted_at=submitted_at,
+        seq=seq,
+        state=state,
+        updated_at=updated_at,
+        scope=scope,
+        job_key=job_key,
+        params=bytes(params),
+        content_type=content_type,
+        agent_type=agent_type,
+        message_id=message_id,
+        attempts=attempts,
+        error_code=error_code,
+        note=note,
+        lane=row[16],
+    )
+
+
+def task_list_clauses(
+    states: frozenset[str] | None, agent_id: str | None, after_seq: int, placeholder: str
+) -> tuple[list[str], list[Any]] | None:
+    """The WHERE terms and parameters of a task listing; None when nothing can match (an
+    empty set of states)."""
+    clauses = [f"seq > {placeholder}"]
+    params: list[Any] = [int(after_seq)]
+    if agent_id is not None:
+        clauses.append(f"agent_id = {placeholder}")
+        params.append(agent_id)
     if states is not None:
         if not states:
             return None

@@ -24,7 +24,7 @@ from apiary.engine.hitl import HitlSettings
 from apiary.engine.inbox import Handout
 from apiary.engine.presence import PresenceSettings
 from apiary.engine.router import is_notice
-from apiary.engine.settings import RouterSettings
+from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.server.coordinator import Engine, Runtime, build_engine
 from apiary.store.memory import open_memory_store
 from apiary.store.open import open_store
@@ -134,6 +134,7 @@ async def open_test_engine(
     clock: FakeClock | None = None,
     ids: SequentialIds | None = None,
     hitl: HitlSettings | None = None,
+    scheduler: SchedulerSettings | None = None,
 ) -> AsyncIterator[EngineHarness]:
     """An engine over `store_url` (memory by default; `sqlite:///ABSOLUTE/PATH.db` to test
     restarts). To reopen the same store, pass the same `clock` and `ids`: ids must stay unique
@@ -145,8 +146,15 @@ async def open_test_engine(
     )
     opener = open_memory_store() if store_url == "memory://" else open_store(store_url, data_dir)
     async with opener as store:
-        engine = build_engine(store, settings or RouterSettings(), runtime)
+        engine = build_engine(
+            store, settings or RouterSettings(), runtime, scheduler_settings=scheduler,
+            data_dir=data_dir,
+        )  # fmt: skip
         await engine.registry.load()
         await engine.hitl.load()
+        await engine.scheduler.load()
         await engine.router.recover()
-        yield EngineHarness(engine, store, clock, ids)
+        try:
+            yield EngineHarness(engine, store, clock, ids)
+        finally:
+            await engine.scheduler.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from apiary.engine.presence import Presence
 from apiary.engine.registry import Registry
+from apiary.engine.scheduler import Scheduler
 from apiary.errors import ApiaryError
 from apiary.server.context import CallContext
 from apiary.wire import pb
@@ -13,9 +14,10 @@ registry_pb2 = pb.registry_pb2
 
 
 class RegistryHandler:
-    def __init__(self, registry: Registry, presence: Presence) -> None:
+    def __init__(self, registry: Registry, presence: Presence, scheduler: Scheduler) -> None:
         self._registry = registry
         self._presence = presence
+        self._scheduler = scheduler
 
     async def register_agent(
         self, req: registry_pb2.RegisterAgentRequest, ctx: CallContext
@@ -30,6 +32,7 @@ class RegistryHandler:
             # The canonical reply carries refusals: accepted=false with the reason.
             return registry_pb2.RegisterAgentResponse(accepted=False, reason=exc.message)
         await self._presence.joined(record)
+        await self._scheduler.agent_registered(record.agent_id, record.name)
         return registry_pb2.RegisterAgentResponse(
             accepted=True, reason=f"registered {record.agent_id}"
         )
@@ -39,6 +42,8 @@ class RegistryHandler:
     ) -> registry_pb2.HeartbeatResponse:
         state = pb.common_pb2.AgentState.Name(req.state) if req.state else ""
         await self._registry.heartbeat(req.agent_id, state, dict(req.health))
+        if state:
+            await self._scheduler.agent_reported(req.agent_id, state)
         return registry_pb2.HeartbeatResponse(ok=True)
 
     async def deregister_agent(
@@ -47,4 +52,5 @@ class RegistryHandler:
         ok = await self._registry.deregister(req.agent_id, req.reason)
         if ok:
             await self._presence.left(req.agent_id, req.reason)
+            await self._scheduler.agent_deregistered(req.agent_id)
         return registry_pb2.DeregisterAgentResponse(ok=ok)

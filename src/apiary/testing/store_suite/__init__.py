@@ -23,6 +23,7 @@ from apiary.testing.store_suite import (
     message_deadlines,
     message_retention,
     messages,
+    tasks,
     whole_store,
 )
 from apiary.testing.store_suite.base import Check, CheckNotApplicable, StoreFactory
@@ -37,6 +38,7 @@ CHECKS: list[Check] = [
     *idempotency.CHECKS,
     *dlq.CHECKS,
     *hitl.CHECKS,
+    *tasks.CHECKS,
 ]
 """Every check of the suite."""
 

@@ -1,0 +1,166 @@
+"""Scope-conflict analysis between a task about to start and the running ones (RFC 9.2, 9.3).
+
+For each pair (candidate, running task on another agent) the gate asks the Inference Engine
+(unless a policy override decides), applies core/conflicts.py, and remembers the outcome
+until either task ends. ESCALATE opens one HITL invocation (reason CONFLICT) per pair; the
+candidate waits until the decision arrives, then `on_decided(task_id)` tells the Scheduler
+to try again. Every decision is a `scheduler.conflict` event (engine, confidence, outcome,
+reason, invocation) and counted in `stats`, so concurrency patterns, confidence scores and
+HITL escalation rates can be monitored (RFC 9.3 SHOULD).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from apiary.core.conflicts import ConflictOutcome, ConflictPolicy, decide, hitl_outcome
+from apiary.core.records import HitlRecord, TaskRecord
+from apiary.core.scope_overlap import parse_scope
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.hitl import Hitl
+from apiary.engine.inference import InferenceEngine, consult
+from apiary.engine.notices import SCHEDULER
+
+PENDING = "PENDING"
+"""A pair waiting for its HITL decision."""
+
+
+@dataclass(frozen=True, slots=True)
+class Blocker:
+    """A running task the candidate must not start beside, and why."""
+
+    task_id: str
+    outcome: str
+    """SERIALIZE, or PENDING while HITL decides."""
+    reason: str
+    invocation_id: str = ""
+
+
+class ConflictGate:
+    def __init__(
+        self,
+        policy: ConflictPolicy,
+        inference: InferenceEngine,
+        hitl: Hitl,
+        events: EventRecorder,
+        on_decided: Callable[[str], None],
+        *,
+        inference_timeout_s: float = 5.0,
+        hitl_timeout_s: float = 0.0,
+    ) -> None:
+        self.policy = policy
+        self.inference = inference
+        self._hitl = hitl
+        self._events = events
+        self._on_decided = on_decided
+        self._timeout = inference_timeout_s
+        self._hitl_timeout = hitl_timeout_s
+        self._pairs: dict[tuple[str, str], Blocker | None] = {}
+        self._waiters: set[asyncio.Task[None]] = set()
+        self.stats: Counter[str] = Counter()
+        """Decisions by outcome, escalations, engine failures (exported at /metrics)."""
+        self.confidences: list[float] = []
+        """The last 1,000 confidence scores the engine returned."""
+
+    async def blockers(self, task: TaskRecord, running: Iterable[TaskRecord]) -> list[Blocker]:
+        """What keeps `task` from starting now; empty when it may start."""
+        found: list[Blocker] = []
+        for other in running:
+            if other.agent_id == task.agent_id or other.task_id == task.task_id:
+                continue
+            key = (task.task_id, other.task_id)
+            if key not in self._pairs:
+                self._pairs[key] = await self._assess(task, other)
+            blocker = self._pairs[key]
+            if blocker is not None:
+                found.append(blocker)
+        return found
+
+    def forget(self, task_id: str) -> None:
+        """`task_id` ended: every pair it is in is moot."""
+        for key in [k for k in self._pairs if task_id in k]:
+            del self._pairs[key]
+
+    async def close(self) -> None:
+        for waiter in list(self._waiters):
+            waiter.cancel()
+        await asyncio.gather(*self._waiters, return_exceptions=True)
+
+    async def _assess(self, task: TaskRecord, other: TaskRecord) -> Blocker | None:
+        operations = (parse_scope(task.scope).operation, parse_scope(other.scope).operation)
+        mode = self.policy.mode(*operations)
+        verdict, failure = None, ""
+        if mode.value == "auto":
+            verdict, failure = await consult(self.inference, task.scope, other.scope, self._timeout)
+            if verdict is None:
+                self.stats["engine_unavailable"] += 1
+            else:
+                self.confidences = [*self.confidences[-999:], verdict.confidence_score]
+        confidence = verdict.confidence_score if verdict else None
+        decision = decide(self.policy, operations, confidence)
+        reason = f"{decision.reason}; {failure}" if failure else decision.reason
+        self.stats[decision.outcome.value] += 1
+        invocation_id = ""
+        if decision.outcome is ConflictOutcome.ESCALATE:
+            record = await self._hitl.open(
+                "CONFLICT",
+                {
+                    "task_scope": task.scope, "running_scope": other.scope,
+                    "confidence_score": confidence, "engine": self.inference.name,
+                    "notes": verdict.notes if verdict else failure,
+                    "overlaps": list(verdict.overlaps) if verdict else [],
+                    "reason": reason,
+                },
+                requested_by=SCHEDULER,
+                subject={"task_id": task.task_id, "running_task_id": other.task_id,
+                         "agent_id": task.agent_id, "running_agent_id": other.agent_id},
+                suggested_action="deny",
+                proposed_actions=("approve", "deny"),
+                timeout_s=self._hitl_timeout,
+                correlation_id=task.task_id,
+                priority=task.priority,
+            )  # fmt: skip
+            invocation_id = record.invocation_id
+        await self._events.record(
+            "scheduler.conflict", SCHEDULER, correlation_id=task.task_id,
+            task_id=task.task_id, running_task_id=other.task_id, outcome=decision.outcome.value,
+            reason=reason, confidence_score=confidence, engine=self.inference.name,
+            invocation_id=invocation_id,
+        )  # fmt: skip
+        if decision.outcome is ConflictOutcome.PARALLEL:
+            return None
+        if decision.outcome is ConflictOutcome.SERIALIZE:
+            return Blocker(other.task_id, ConflictOutcome.SERIALIZE.value, reason)
+        self.stats["escalated"] += 1
+        blocker = Blocker(other.task_id, PENDING, reason, invocation_id)
+        self._watch(task.task_id, other.task_id, invocation_id)
+        return blocker
+
+    def _watch(self, task_id: str, other_id: str, invocation_id: str) -> None:
+        waiter = asyncio.create_task(self._await_decision(task_id, other_id, invocation_id))
+        self._waiters.add(waiter)
+        waiter.add_done_callback(self._waiters.discard)
+
+    async def _await_decision(self, task_id: str, other_id: str, invocation_id: str) -> None:
+        record: HitlRecord = await self._hitl.wait(invocation_id)
+        action = str(record.decision.get("action", "deny"))
+        outcome = hitl_outcome(action)
+        key = (task_id, other_id)
+        if key not in self._pairs:
+            return  # one of the tasks ended meanwhile
+        reason = f"HITL {invocation_id}: {action} by {record.decision.get('decided_by', '?')}"
+        self._pairs[key] = (
+            None
+            if outcome is ConflictOutcome.PARALLEL
+            else Blocker(other_id, ConflictOutcome.SERIALIZE.value, reason, invocation_id)
+        )
+        self.stats[f"hitl_{outcome.value.lower()}"] += 1
+        await self._events.record(
+            "scheduler.conflict_decided", SCHEDULER, correlation_id=task_id, task_id=task_id,
+            running_task_id=other_id, outcome=outcome.value, reason=reason,
+            invocation_id=invocation_id,
+        )  # fmt: skip
+        self._on_decided(task_id)
