@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from apiary.engine.settings import SchedulerSettings
 from apiary.errors import ValidationError
 from apiary.server.config import Address, load_config
 
@@ -135,3 +136,182 @@ def test_bad_hitl_settings_name_the_field(tmp_path: Path, table: str, field: str
     with pytest.raises(ValidationError) as caught:
         load_config(file, {}, {})
     assert field in caught.value.message
+
+
+# --- [scheduler] ------------------------------------------------------------------------------
+
+_FULL_SCHEDULER = """
+[scheduler]
+default_max_parallel = 16
+max_queued = 5000
+duplicate_jobs = "reject"
+dispatch_attempts = 5
+retry_after_s = 2
+inference_timeout_s = 7.5
+hitl_timeout_s = 600
+
+[scheduler.max_parallel_instances]
+coder = 2
+reviewer = 4
+
+[scheduler.conflicts]
+threshold = 0.8
+serialize_below = 0.05
+
+[scheduler.conflicts.overrides]
+read-only = "parallel"
+migration = "serialize"
+deploy = "escalate"
+
+[scheduler.preemption]
+safe_point_timeout_s = 10
+grace_s = 1.5
+
+[scheduler.lanes]
+privileged_rate = 50
+privileged_burst = 5
+
+[scheduler.lanes.weights]
+PRIVILEGED = 8
+BULK = 2
+
+[scheduler.lifecycle]
+auto_recover = false
+max_auto_recoveries = 1
+
+[scheduler.lifecycle.timeouts]
+initializing = 30
+waiting = 900
+recovering = 60
+
+[scheduler.lifecycle.per_type.coder]
+initializing = 120
+waiting = 0
+
+[scheduler.inference]
+kind = "openai"
+url = "http://127.0.0.1:11434/v1"
+model = "qwen2.5-coder"
+api_key_env = "APIARY_INFERENCE_KEY"
+timeout_s = 3
+"""
+
+
+@pytest.mark.conformance(
+    "concurrency.instances.admin-configurable",
+    "concurrency.inference.threshold-configurable",
+    "concurrency.policy.configurable",
+)
+def test_scheduler_table_round_trips_into_the_settings(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(_FULL_SCHEDULER)
+    s = load_config(file, {}, {}).scheduler
+    assert dict(s.max_parallel_instances) == {"coder": 2, "reviewer": 4}
+    assert s.instance_limit("coder") == 2 and s.instance_limit("other") == 16
+    assert (s.max_queued, s.duplicate_jobs, s.dispatch_attempts) == (5000, "reject", 5)
+    assert (s.retry_after_s, s.inference_timeout_s, s.hitl_timeout_s) == (2.0, 7.5, 600.0)
+    assert (s.conflicts.threshold, s.conflicts.serialize_below) == (0.8, 0.05)
+    assert {k: v.value for k, v in s.conflicts.overrides.items()} == {
+        "read-only": "parallel", "migration": "serialize", "deploy": "escalate",
+    }  # fmt: skip
+    assert (s.preemption.safe_point_timeout_s, s.preemption.grace_s) == (10.0, 1.5)
+    assert dict(s.lanes.weights) == {"PRIVILEGED": 8, "STANDARD": 2, "BULK": 2}
+    assert (s.lanes.privileged_rate, s.lanes.privileged_burst) == (50.0, 5)
+    life = s.lifecycle
+    assert (life.auto_recover, life.max_auto_recoveries) == (False, 1)
+    assert (life.timeouts.initializing, life.timeouts.waiting) == (30.0, 900.0)
+    assert life.timeouts.recovering == 60.0 and life.timeouts.suspended == 3600.0
+    coder = life.timeouts_for("coder")
+    assert (coder.initializing, coder.waiting, coder.recovering) == (120.0, None, 60.0)
+    assert life.timeouts_for("reviewer") == life.timeouts
+    inference = s.inference
+    assert (inference.kind, inference.url, inference.model) == (
+        "openai", "http://127.0.0.1:11434/v1", "qwen2.5-coder",
+    )  # fmt: skip
+    assert (inference.api_key_env, inference.timeout_s) == ("APIARY_INFERENCE_KEY", 3.0)
+
+
+def test_scheduler_defaults_when_the_table_is_absent(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text("[server]\nstore = 'memory://'\n")
+    assert load_config(file, {}, {}).scheduler == SchedulerSettings()
+    assert load_config(None, {}, {}).scheduler == SchedulerSettings()
+    empty = tmp_path / "e.toml"
+    empty.write_text("[scheduler]\n")
+    settings = load_config(empty, {}, {}).scheduler
+    assert settings == SchedulerSettings()
+    assert settings.inference.kind == "rules"
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        # unknown keys, at every level
+        ("[scheduler]\nmax_parallel = 3\n", "max_parallel"),
+        ("[scheduler.conflicts]\ntreshold = 0.5\n", "conflicts.treshold"),
+        ("[scheduler.preemption]\ngrace = 1\n", "preemption.grace"),
+        ("[scheduler.lanes]\nrate = 1\n", "lanes.rate"),
+        ("[scheduler.lanes.weights]\nURGENT = 3\n", "lanes.weights"),
+        ("[scheduler.lifecycle]\nauto_recovery = true\n", "lifecycle.auto_recovery"),
+        ("[scheduler.lifecycle.timeouts]\ninit = 5\n", "lifecycle.timeouts.init"),
+        ("[scheduler.lifecycle.per_type.coder]\nboot = 5\n", "lifecycle.per_type.coder.boot"),
+        ("[scheduler.inference]\nendpoint = 'http://x'\n", "inference.endpoint"),
+        ("[scheduler.inference]\napi_key = 'sk-secret'\n", "inference.api_key"),
+        # wrong types
+        ("[scheduler]\ndefault_max_parallel = '4'\n", "default_max_parallel"),
+        ("[scheduler]\nmax_queued = 2.5\n", "max_queued"),
+        ("[scheduler]\ndispatch_attempts = true\n", "dispatch_attempts"),
+        ("[scheduler]\nretry_after_s = 'soon'\n", "retry_after_s"),
+        ("[scheduler]\nconflicts = 0.5\n", "conflicts"),
+        ("[scheduler.max_parallel_instances]\ncoder = 'two'\n", "max_parallel_instances.coder"),
+        ("[scheduler.conflicts]\nthreshold = 'high'\n", "conflicts.threshold"),
+        ("[scheduler.conflicts.overrides]\nmigration = 1\n", "conflicts.overrides.migration"),
+        ("[scheduler.lanes]\nprivileged_burst = 1.5\n", "lanes.privileged_burst"),
+        ("[scheduler.lanes.weights]\nBULK = 'x'\n", "lanes.weights.BULK"),
+        ("[scheduler.lifecycle]\nauto_recover = 1\n", "lifecycle.auto_recover"),
+        ("[scheduler.lifecycle.timeouts]\nsuspended = 'long'\n", "lifecycle.timeouts.suspended"),
+        ("[scheduler.lifecycle.per_type]\ncoder = 5\n", "lifecycle.per_type.coder"),
+        ("[scheduler.inference]\ntimeout_s = 'fast'\n", "inference.timeout_s"),
+        # well-typed but out of range
+        ("[scheduler]\ndefault_max_parallel = 0\n", "default_max_parallel"),
+        ("[scheduler]\nduplicate_jobs = 'ignore'\n", "duplicate_jobs"),
+        ("[scheduler]\nretry_after_s = 0\n", "retry_after_s"),
+        ("[scheduler]\ninference_timeout_s = -1\n", "inference_timeout_s"),
+        ("[scheduler]\nhitl_timeout_s = -1\n", "hitl_timeout_s"),
+        ("[scheduler.max_parallel_instances]\ncoder = 0\n", "max_parallel_instances.coder"),
+        ("[scheduler.conflicts]\nthreshold = 1.5\n", "conflicts.threshold"),
+        ("[scheduler.conflicts]\nthreshold = 0.3\nserialize_below = 0.5\n", "serialize_below"),
+        ("[scheduler.conflicts.overrides]\nmigration = 'sometimes'\n", "overrides.migration"),
+        ("[scheduler.preemption]\ngrace_s = 0\n", "preemption.grace_s"),
+        ("[scheduler.lanes.weights]\nBULK = 0\n", "lanes.weights"),
+        ("[scheduler.lanes]\nprivileged_rate = 0\n", "lanes.privileged_rate"),
+        ("[scheduler.lifecycle]\nmax_auto_recoveries = -1\n", "max_auto_recoveries"),
+        ("[scheduler.lifecycle.timeouts]\nrecovering = 0\n", "timeouts.recovering"),
+        ("[scheduler.inference]\nkind = 'magic'\n", "inference.kind"),
+        ("[scheduler.inference]\nkind = 'openai'\nmodel = 'm'\n", "inference.url"),
+        ("[scheduler.inference]\nkind = 'openai'\nurl = 'http://h/v1'\n", "inference.model"),
+        ("[scheduler.inference]\ntimeout_s = 0\n", "inference.timeout_s"),
+    ],
+)
+def test_bad_scheduler_settings_name_the_field(tmp_path: Path, table: str, field: str) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(table)
+    with pytest.raises(ValidationError) as caught:
+        load_config(file, {}, {})
+    assert field in caught.value.message
+    assert str(file) in caught.value.message  # and the source
+
+
+def test_scheduler_must_be_a_table(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text("scheduler = 3\n")
+    with pytest.raises(ValidationError, match=r"\[scheduler\] must be a table"):
+        load_config(file, {}, {})
+
+
+def test_router_lanes_table(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text("[router.lanes]\nprivileged_burst = 3\n[router.lanes.weights]\nSTANDARD = 3\n")
+    lanes = load_config(file, {}, {}).router.lanes
+    assert dict(lanes.weights) == {"PRIVILEGED": 4, "STANDARD": 3, "BULK": 1}
+    assert lanes.privileged_burst == 3

@@ -12,6 +12,7 @@ diagram) are plain; the few rows the RFC implies without drawing are in `DERIVED
   60 s for init_timeout (8.1: FAILED is "an unrecoverable error").
 - RUNNABLE + SHUTDOWN -> SHUTTING_DOWN: an idle agent must be able to shut down too (8.4 speaks
   of "its current task" only "if time permits"); the RFC draws shutdown from RUNNING only.
+  SCHEDULED + SHUTDOWN likewise: the assigned task may still complete within the grace.
 - SHUTTING_DOWN + COMPLETE stays SHUTTING_DOWN: 8.4 "MAY complete its current task".
 - SHUTTING_DOWN + SHUTDOWN_COMPLETE stays SHUTTING_DOWN with DEREGISTER: the RFC has no state
   after a graceful shutdown (the proto enum neither), so the agent's lifecycle ends there and
@@ -410,6 +411,8 @@ def _table() -> dict[AgentLifecycleState, dict[AgentInput, LifecycleRow]]:
         _S.SCHEDULED: {
             # 8.1 "MUST NOT begin task execution until transitioning to RUNNING"; B: --> RUNNING
             _I.START: _R(_S.RUNNING, _MOVE),
+            # derived: 8.4 shutdown of an agent whose task is assigned but not yet started
+            _I.SHUTDOWN: _R(_S.SHUTTING_DOWN, _ENTER_SHUTDOWN),
         },
         _S.RUNNING: {
             # 8.1 WAITING "waiting for external events"; B: RUNNING --> WAITING
@@ -484,6 +487,7 @@ def _table() -> dict[AgentLifecycleState, dict[AgentInput, LifecycleRow]]:
 DERIVED_ROWS: Final = frozenset({
     (_S.INITIALIZING, _I.INIT_FAILED),
     (_S.RUNNABLE, _I.SHUTDOWN),
+    (_S.SCHEDULED, _I.SHUTDOWN),
     (_S.SHUTTING_DOWN, _I.COMPLETE),
     (_S.SHUTTING_DOWN, _I.SHUTDOWN_COMPLETE),
 })  # fmt: skip

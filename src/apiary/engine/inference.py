@@ -10,15 +10,66 @@ conservatively (core/conflicts.py rule 2).
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+import math
+from dataclasses import dataclass
+from typing import Final, Protocol
 
 from apiary.core.scope_overlap import ParallelismVerdict, check_parallelism
+from apiary.errors import ValidationError
+
+INFERENCE_KINDS: Final = ("rules", "openai")
 
 
 class InferenceEngine(Protocol):
     name: str
 
     async def check_parallelism(self, scope_a: str, scope_b: str) -> ParallelismVerdict: ...
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceSettings:
+    """Which Inference Engine the Scheduler consults (`[scheduler.inference]`).
+
+    `kind` "rules" (the default) is the built-in RuleInference; "openai" is an
+    OpenAI-compatible chat-completions endpoint (engine/inference_http.py) at `url` (the API
+    base, e.g. "http://127.0.0.1:11434/v1") asking `model`. `api_key_env` names the
+    environment variable holding the API key (empty: no Authorization header); the key
+    itself never appears in the configuration. `timeout_s` bounds one HTTP request; the
+    Scheduler's `inference_timeout_s` bounds the whole consultation, so the smaller wins.
+    """
+
+    kind: str = "rules"
+    url: str = ""
+    model: str = ""
+    api_key_env: str = ""
+    timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in INFERENCE_KINDS:
+            raise ValidationError.for_field(
+                "scheduler.inference.kind", f"must be one of {', '.join(INFERENCE_KINDS)}"
+            )
+        for name in ("url", "model", "api_key_env"):
+            if not isinstance(getattr(self, name), str):
+                raise ValidationError.for_field(f"scheduler.inference.{name}", "must be a string")
+        timeout = self.timeout_s
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < math.inf
+        ):
+            raise ValidationError.for_field(
+                "scheduler.inference.timeout_s", "must be a positive number of seconds"
+            )
+        if self.kind == "openai":
+            if not self.url.startswith(("http://", "https://")):
+                raise ValidationError.for_field(
+                    "scheduler.inference.url", "must be an http:// or https:// URL for kind openai"
+                )
+            if not self.model:
+                raise ValidationError.for_field(
+                    "scheduler.inference.model", "is required for kind openai"
+                )
 
 
 class RuleInference:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleState
+from apiary.core.agent_lifecycle import IllegalTransitionError as LifecycleIllegal
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.envelope_rules import check_modality
@@ -64,6 +65,7 @@ from apiary.engine.scheduler_agents import SchedulerAgents, drive, finished
 from apiary.engine.settings import SchedulerSettings
 from apiary.engine.timers import Timers
 from apiary.errors import (
+    AgentShutdownError,
     AlreadyExistsError,
     NotFoundError,
     PermissionDeniedError,
@@ -235,6 +237,7 @@ class Scheduler:
             self._push(record)
             note = await self._maybe_preempt(record)
             await self._try_dispatch(record.agent_id)
+            await self._drain_wakeups()
             return SubmitResult(
                 True, note or self._explain(record.task_id), self.get(record.task_id)
             )
@@ -250,6 +253,11 @@ class Scheduler:
             )
         parse_scope(sub.scope)
         agent = await self._registry.get(sub.agent_id)
+        if self.lifecycles.state(sub.agent_id) is AgentLifecycleState.SHUTTING_DOWN:
+            raise AgentShutdownError(
+                f"agent {sub.agent_id} is shutting down and takes no new tasks",
+                {"agent_id": sub.agent_id},
+            )
         content_type = sub.content_type or ("application/json" if sub.params else "")
         if not content_type:
             content_type = "application/octet-stream"
@@ -322,6 +330,7 @@ class Scheduler:
             self._push(task)
             await self._maybe_preempt(task)
             await self._try_dispatch(task.agent_id)
+            await self._drain_wakeups()
 
     # ------------------------------------------------------------------ operator requests
 
@@ -335,13 +344,20 @@ class Scheduler:
             if record is None or record.state.value != "RUNNING":
                 return False
             await self._preempt(running, reason or "operator request")
+            await self._drain_wakeups()
             return True
 
     async def shutdown_agent(self, agent_id: str, grace_s: float | None) -> None:
         """ShutdownAgent (RFC 8.4): SHUTTING_DOWN with a grace period."""
         await self._registry.get(agent_id)
         async with self._lock:
-            await self.lifecycles.shutdown(agent_id, grace_s)
+            try:
+                await self.lifecycles.shutdown(agent_id, grace_s)
+            except LifecycleIllegal as exc:
+                raise ValidationError.for_field(
+                    "agent_id", f"cannot shut down {agent_id} now: {exc}", state=str(exc.state)
+                ) from None
+            await self._drain_wakeups()
 
     async def suspend_agent(self, agent_id: str) -> None:
         """Pause a RUNNING agent (RFC 8.1 SUSPENDED): it keeps its task and state."""
@@ -382,6 +398,7 @@ class Scheduler:
                 await self.lifecycles.ready(agent_id)
             await self.lifecycles.report(agent_id, reported)
             await self._try_dispatch(agent_id)
+            await self._drain_wakeups()
 
     async def agent_deregistered(self, agent_id: str) -> None:
         async with self._lock:
@@ -390,6 +407,7 @@ class Scheduler:
                 await self._finish(running, TaskState.FAILED, "agent_unavailable",
                                    "the agent deregistered")  # fmt: skip
             await self.lifecycles.deregistered(agent_id)
+            await self._drain_wakeups()
 
     # ------------------------------------------------------------------ lifecycle effects
 
@@ -631,6 +649,7 @@ class Scheduler:
                 await self._fulfilled(task, note)
             elif stage in ("REJECTED", "FAILED", "TIMED_OUT"):
                 await self._ack_failed(task, ack.error_code or "internal_error", ack.note, stage)
+            await self._drain_wakeups()
 
     async def _fulfilled(self, task: TaskRecord, note: str) -> None:
         record = self._preemptions[task.task_id]
@@ -694,6 +713,7 @@ class Scheduler:
             except PreemptionIllegal as exc:
                 raise ValidationError.for_field("command", str(exc)) from None
             await self._perform(task, step)
+            await self._drain_wakeups()
 
     # ------------------------------------------------------------------ timers
 

@@ -10,6 +10,7 @@ from apiary.core.conflicts import ConflictPolicy
 from apiary.core.envelope_rules import PayloadLimits
 from apiary.core.lanes import LanePolicy
 from apiary.core.preemption import PreemptionPolicy
+from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
 from apiary.errors import ValidationError
 
@@ -72,6 +73,9 @@ class SchedulerSettings:
     retry_after_s: float = 1.0
     """When a dispatch met a full inbound buffer, try again after this long."""
     inference_timeout_s: float = 5.0
+    """Bound on one Inference Engine consultation; beyond it the engine counts as unavailable."""
+    inference: InferenceSettings = field(default_factory=InferenceSettings)
+    """The Inference Engine consulted on scope conflicts (`[scheduler.inference]`)."""
     hitl_timeout_s: float = 0.0
     """Decision window of the Scheduler's HITL invocations; 0 = the HITL default."""
 

@@ -9,24 +9,35 @@ TOML (`--config FILE` or APIARY_CONFIG):
     store = "postgresql://..."      # optional; default SQLite under data_dir
     log_level = "INFO"
 
+Further tables: [router], [hitl] (+ [[hitl.operators]]) and [scheduler] (docs/scheduler.md,
+"Configuration").
+
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
 
 from __future__ import annotations
 
+import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from apiary.core.agent_lifecycle import LifecycleTimeouts
+from apiary.core.conflicts import ConflictPolicy
 from apiary.core.hitl import HitlPolicy
+from apiary.core.lanes import DEFAULT_WEIGHTS, LanePolicy
+from apiary.core.preemption import PreemptionPolicy
 from apiary.engine.hitl import HitlSettings
+from apiary.engine.inference import InferenceSettings
+from apiary.engine.lifecycle import LifecycleSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.errors import ValidationError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,9 +138,12 @@ def router_settings(values: Mapping[str, Any], source: str) -> RouterSettings:
                 raise ValidationError(f"{source}: limits must be a table", {"field": "limits"})
             changes["limits"] = settings.limits.with_overrides(value)
             continue
+        if key == "lanes":
+            changes["lanes"] = lane_policy(_table(value, "lanes", source), source)
+            continue
         kind = _ROUTER_TYPES.get(key)
         if kind is None:
-            known = ", ".join(sorted([*_ROUTER_TYPES, "limits"]))
+            known = ", ".join(sorted([*_ROUTER_TYPES, "lanes", "limits"]))
             raise ValidationError(
                 f"{source}: unknown setting {key}; known: {known}", {"field": key}
             )
@@ -142,6 +156,79 @@ def router_settings(values: Mapping[str, Any], source: str) -> RouterSettings:
             raise ValidationError(f"{source}: {key} must not be below its minimum", {"field": key})
         changes[key] = kind(value)
     return replace(settings, **changes)
+
+
+# --- typed TOML values, shared by [router.lanes] and [scheduler] ------------------------------
+
+_KIND_NAMES: dict[type, str] = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+}
+
+
+def _typed(value: Any, kind: type, name: str, source: str) -> Any:
+    """`value` as `kind` (int for float is fine, bool never counts as a number)."""
+    if kind is float:
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(value, kind):
+        return value
+    raise ValidationError(f"{source}: {name} must be {_KIND_NAMES[kind]}", {"field": name})
+
+
+def _table(value: Any, name: str, source: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValidationError(f"{source}: {name} must be a table", {"field": name})
+    return value
+
+
+def _check_known(values: Mapping[str, Any], known: Any, prefix: str, source: str) -> None:
+    for key in values:
+        if key not in known:
+            raise ValidationError(
+                f"{source}: unknown setting {prefix}{key}; known: "
+                + ", ".join(f"{prefix}{k}" for k in sorted(known)),
+                {"field": f"{prefix}{key}"},
+            )
+
+
+def _typed_fields(
+    values: Mapping[str, Any], types: Mapping[str, type], prefix: str, source: str
+) -> dict[str, Any]:
+    """Each of `values` checked against `types`; unknown keys are errors."""
+    _check_known(values, types, prefix, source)
+    return {k: _typed(v, types[k], f"{prefix}{k}", source) for k, v in values.items()}
+
+
+def _built(build: Callable[..., _T], source: str, /, **kwargs: Any) -> _T:
+    """`build(**kwargs)`, its ValidationError prefixed with `source`."""
+    try:
+        return build(**kwargs)
+    except ValidationError as exc:
+        raise ValidationError(f"{source}: {exc.message}", exc.details) from None
+
+
+def lane_policy(values: Mapping[str, Any], source: str, prefix: str = "lanes.") -> LanePolicy:
+    """LanePolicy from a lanes table: `weights` (a table of lane = integer, merged over the
+    defaults 4/2/1), `privileged_rate` (per second), `privileged_burst`."""
+    changes = _typed_fields(
+        {k: v for k, v in values.items() if k != "weights"},
+        {"privileged_rate": float, "privileged_burst": int, "weights": dict},
+        prefix,
+        source,
+    )
+    if "weights" in values:
+        weights = _table(values["weights"], f"{prefix}weights", source)
+        changes["weights"] = {
+            **DEFAULT_WEIGHTS,
+            **{k: _typed(v, int, f"{prefix}weights.{k}", source) for k, v in weights.items()},
+        }
+    return _built(LanePolicy, source, **changes)
 
 
 _HITL_POLICY = {
@@ -213,6 +300,143 @@ def hitl_settings(values: Mapping[str, Any], source: str) -> HitlSettings:
     return HitlSettings(policy=built, **settings)
 
 
+_SCHEDULER_TYPES: dict[str, type] = {
+    "default_max_parallel": int,
+    "max_queued": int,
+    "duplicate_jobs": str,
+    "dispatch_attempts": int,
+    "retry_after_s": float,
+    "inference_timeout_s": float,
+    "hitl_timeout_s": float,
+}
+_SCHEDULER_TABLES = (
+    "max_parallel_instances", "conflicts", "preemption", "lanes", "lifecycle", "inference",
+)  # fmt: skip
+_POSITIVE = ("retry_after_s", "inference_timeout_s")
+_TIMEOUT_KEYS = tuple(f.name for f in fields(LifecycleTimeouts))
+_INFERENCE_TYPES: dict[str, type] = {
+    "kind": str,
+    "url": str,
+    "model": str,
+    "api_key_env": str,
+    "timeout_s": float,
+}
+
+
+def _instance_limits(values: Any, source: str) -> dict[str, int]:
+    table = _table(values, "max_parallel_instances", source)
+    return {k: _typed(v, int, f"max_parallel_instances.{k}", source) for k, v in table.items()}
+
+
+def _conflict_policy(values: Any, source: str) -> ConflictPolicy:
+    table = _table(values, "conflicts", source)
+    known = {"threshold": float, "serialize_below": float, "overrides": dict}
+    scalars = {k: v for k, v in table.items() if k != "overrides"}
+    changes: dict[str, Any] = _typed_fields(scalars, known, "conflicts.", source)
+    if "overrides" in table:
+        overrides = _table(table["overrides"], "conflicts.overrides", source)
+        changes["overrides"] = {
+            k: _typed(v, str, f"conflicts.overrides.{k}", source) for k, v in overrides.items()
+        }
+    return _built(ConflictPolicy, source, **changes)
+
+
+def _timeouts(
+    values: Mapping[str, Any], base: LifecycleTimeouts, prefix: str, source: str
+) -> LifecycleTimeouts:
+    """`base` with the timeouts of `values` (seconds; `waiting = 0` means no timeout)."""
+    changes = _typed_fields(values, dict.fromkeys(_TIMEOUT_KEYS, float), prefix, source)
+    if changes.get("waiting") == 0.0:
+        changes["waiting"] = None
+
+    def build(**kwargs: Any) -> LifecycleTimeouts:
+        return replace(base, **kwargs)
+
+    return _built(build, source, **changes)
+
+
+def _lifecycle(values: Any, source: str) -> LifecycleSettings:
+    table = _table(values, "lifecycle", source)
+    known = {"auto_recover": bool, "max_auto_recoveries": int, "timeouts": dict, "per_type": dict}
+    scalars = {k: v for k, v in table.items() if k not in ("timeouts", "per_type")}
+    changes: dict[str, Any] = _typed_fields(scalars, known, "lifecycle.", source)
+    base = LifecycleSettings().timeouts
+    if "timeouts" in table:
+        timeouts = _table(table["timeouts"], "lifecycle.timeouts", source)
+        base = _timeouts(timeouts, base, "lifecycle.timeouts.", source)
+        changes["timeouts"] = base
+    if "per_type" in table:
+        per_type = _table(table["per_type"], "lifecycle.per_type", source)
+        changes["per_type"] = {
+            name: _timeouts(
+                _table(entry, f"lifecycle.per_type.{name}", source),
+                base,
+                f"lifecycle.per_type.{name}.",
+                source,
+            )
+            for name, entry in per_type.items()
+        }
+    return _built(LifecycleSettings, source, **changes)
+
+
+def _inference(values: Any, source: str) -> InferenceSettings:
+    table = _table(values, "inference", source)
+    if "api_key" in table:
+        raise ValidationError(
+            f"{source}: inference.api_key is not read from the file; put the key in an "
+            "environment variable and name it in inference.api_key_env",
+            {"field": "inference.api_key"},
+        )
+    changes = _typed_fields(table, _INFERENCE_TYPES, "inference.", source)
+    return _built(InferenceSettings, source, **changes)
+
+
+_SCHEDULER_PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    "max_parallel_instances": _instance_limits,
+    "conflicts": _conflict_policy,
+    "preemption": lambda v, s: _built(
+        PreemptionPolicy,
+        s,
+        **_typed_fields(
+            _table(v, "preemption", s),
+            {"safe_point_timeout_s": float, "grace_s": float},
+            "preemption.",
+            s,
+        ),
+    ),
+    "lanes": lambda v, s: lane_policy(_table(v, "lanes", s), s),
+    "lifecycle": _lifecycle,
+    "inference": _inference,
+}
+
+
+def scheduler_settings(values: Mapping[str, Any], source: str) -> SchedulerSettings:
+    """SchedulerSettings from the [scheduler] table and its sub-tables (docs/scheduler.md).
+
+    Errors name the setting, dotted below [scheduler] (`conflicts.threshold`), and `source`.
+    """
+    scalars = {k: v for k, v in values.items() if k not in _SCHEDULER_TABLES}
+    _check_known(scalars, {*_SCHEDULER_TYPES, *_SCHEDULER_TABLES}, "", source)
+    changes: dict[str, Any] = {
+        k: _typed(v, _SCHEDULER_TYPES[k], k, source) for k, v in scalars.items()
+    }
+    for name in _POSITIVE:
+        if name in changes and changes[name] <= 0:
+            raise ValidationError(f"{source}: {name} must be > 0", {"field": name})
+    if changes.get("hitl_timeout_s", 0.0) < 0:
+        raise ValidationError(
+            f"{source}: hitl_timeout_s must be >= 0 (0: the [hitl] default)",
+            {"field": "hitl_timeout_s"},
+        )
+    for name in _SCHEDULER_TABLES:
+        if name in values:
+            changes[name] = _SCHEDULER_PARSERS[name](values[name], source)
+    return _built(SchedulerSettings, source, **changes)
+
+
+_TABLES = ("server", "router", "hitl", "scheduler")
+
+
 def load_config(
     config_file: Path | None, env: Mapping[str, str], flags: Mapping[str, str | None]
 ) -> ServerConfig:
@@ -228,10 +452,10 @@ def load_config(
             ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ValidationError(f"config file {path}: {exc}", {"field": "config"}) from None
-        unknown = sorted(set(doc) - {"server", "router", "hitl"})
+        unknown = sorted(set(doc) - set(_TABLES))
         if unknown:
             raise ValidationError(
-                f"{path}: unknown table(s) {', '.join(unknown)}; known: server, router, hitl",
+                f"{path}: unknown table(s) {', '.join(unknown)}; known: {', '.join(_TABLES)}",
                 {"field": unknown[0]},
             )
         server = doc.get("server", {})
@@ -246,6 +470,10 @@ def load_config(
         if not isinstance(hitl, dict):
             raise ValidationError(f"{path}: [hitl] must be a table", {"field": "hitl"})
         config = replace(config, hitl=hitl_settings(hitl, f"{path} [hitl]"))
+        scheduler = doc.get("scheduler", {})
+        if not isinstance(scheduler, dict):
+            raise ValidationError(f"{path}: [scheduler] must be a table", {"field": "scheduler"})
+        config = replace(config, scheduler=scheduler_settings(scheduler, f"{path} [scheduler]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

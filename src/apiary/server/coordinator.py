@@ -20,6 +20,7 @@ from apiary.engine.deadlines import Sleep, run_deadlines
 from apiary.engine.delivery import Delivery
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
+from apiary.engine.inference_http import build_inference
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
@@ -79,6 +80,7 @@ class Coordinator:
     http_address: Address
     hitl: Hitl | None = None
     activity: Activity | None = None
+    scheduler: Scheduler | None = None
     ready: bool = False
 
 
@@ -120,6 +122,7 @@ def build_engine(
     scheduler = Scheduler(
         store.tasks, router, registry, events, clock, runtime.ids, hitl, activity,
         scheduler_settings, resources=resources,
+        inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
     )  # fmt: skip
     delivery.opened = scheduler.agent_ready
     return Engine(events, registry, router, delivery, presence, hitl, activity, scheduler)
@@ -206,6 +209,7 @@ async def open_coordinator(
         )  # fmt: skip
         state.hitl = engine.hitl
         state.activity = engine.activity
+        state.scheduler = engine.scheduler
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(

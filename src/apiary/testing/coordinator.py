@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from apiary.core.clock import Clock
-from apiary.engine.settings import RouterSettings
+from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.server.config import Address, ServerConfig
 from apiary.server.coordinator import Coordinator, Runtime, open_coordinator
 
@@ -20,6 +20,7 @@ async def open_test_coordinator(
     *,
     runtime: Runtime | None = None,
     router_settings: RouterSettings | None = None,
+    scheduler_settings: SchedulerSettings | None = None,
 ) -> AsyncIterator[Coordinator]:
     """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports."""
     config = ServerConfig(
@@ -27,6 +28,7 @@ async def open_test_coordinator(
         grpc=Address("127.0.0.1", 0),
         http=Address("127.0.0.1", 0),
         store=store,
+        scheduler=scheduler_settings or SchedulerSettings(),
     )
     async with open_coordinator(
         config, clock=clock, runtime=runtime, router_settings=router_settings

@@ -1,0 +1,398 @@
+"""Running Scheduler tasks in an agent (RFC 7.2; docs/scheduler.md, "The agent's side").
+
+    async def handler(task: TaskContext) -> str | None:
+        for step in task.json()["steps"]:
+            await task.safe_point()        # yields here once a preemption was requested
+            ...                            # one discrete operation
+        async with task.non_preemptible(max_duration=2.0):
+            ...                            # a transaction: preemption waits (2 s at most)
+        return "done"                      # the FULFILLED ACK's note
+
+    async with Agent("coder-1", coordinator=address) as agent:
+        await TaskRunner(agent, handler).run()
+
+The runner reads the agent's deliveries. A DATA envelope from producer `scheduler` is a task:
+it is acknowledged READ (the task becomes RUNNING), the handler runs as its own asyncio task,
+and its end is acknowledged: FULFILLED (note: the handler's return value when it is a str),
+FULFILLED `yielded` when it raised `Preempted` at a safe point, FAILED with the ApiaryError's
+code (internal_error for any other exception) and the message as note.
+
+CONTROL envelopes from `scheduler` are handled while the handler runs, and each is ACKed
+FULFILLED: `preempt_request` flags the task (its next `safe_point()` raises `Preempted`),
+`terminate` cancels the handler (ACK FULFILLED `terminated` once it stopped), `kill` cancels
+it and ACKs FAILED `forced_preemption` at once, abandoning a handler that ignores
+cancellation; `shutdown` ends `run()` once no task is left; `recover` reports the agent
+RUNNABLE (heartbeat) once no task is left. Other messages go to `on_message`, or are ACKed
+FULFILLED when there is none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+from apiary.core.envelope import AckStage, Envelope, MessageType
+from apiary.errors import ApiaryError, ForcedPreemptionError
+from apiary.sdk.agent import Agent, Delivery
+
+log = logging.getLogger("apiary.sdk.tasks")
+
+SCHEDULER = "scheduler"
+"""The Scheduler's participant id: producer of tasks and commands, recipient of sections."""
+YIELDED = "yielded"
+TERMINATED = "terminated"
+_EARLY_LIMIT = 1000
+
+
+class Preempted(Exception):  # noqa: N818 - a signal, not an error
+    """Raised by `TaskContext.safe_point` once the Scheduler asked the task to yield.
+
+    Let it propagate out of the handler: the runner acknowledges the task FULFILLED with note
+    `yielded`, and the Scheduler puts it back in its queue (it keeps its place) to run again
+    later, from the start, as a new attempt.
+    """
+
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(f"task {task_id} preempted: {reason}" if reason else task_id)
+        self.task_id = task_id
+        self.reason = reason
+
+
+class TaskContext:
+    """One task attempt as the handler sees it."""
+
+    def __init__(self, agent: Agent, envelope: Envelope) -> None:
+        self.agent = agent
+        self.envelope = envelope
+        self.task_id = envelope.correlation_id
+        self.params = envelope.payload
+        self.content_type = envelope.content_type
+        self.attempt = _attempt(envelope.idempotency_token)
+        """1 for the first dispatch; a yielded or retried task comes back with the next."""
+        self._preempt_reason: str | None = None
+        self._in_section = False
+
+    def json(self) -> Any:
+        """The params decoded as JSON (None when there are none)."""
+        return json.loads(self.params) if self.params else None
+
+    @property
+    def preempt_requested(self) -> bool:
+        """Whether the Scheduler asked this task to yield (see `safe_point`)."""
+        return self._preempt_reason is not None
+
+    @property
+    def in_section(self) -> bool:
+        return self._in_section
+
+    async def safe_point(self) -> None:
+        """A point where the task's state is consistent (RFC 7.2): raises `Preempted` when a
+        preemption was requested, unless inside a non-preemptible section (the request waits
+        for the next safe point after it). Call it between discrete operations."""
+        await asyncio.sleep(0)  # let the runner read the commands that arrived
+        if self._preempt_reason is not None and not self._in_section:
+            raise Preempted(self.task_id, self._preempt_reason)
+
+    def non_preemptible(
+        self, max_duration: float | None = None
+    ) -> AbstractAsyncContextManager[None]:
+        """A non-preemptible section of at most `max_duration` seconds (RFC 7.2: required).
+
+        The Scheduler defers preemption while the section lasts, and no longer than its
+        maximum: past it, preemption proceeds (by force if the task does not yield). Sections
+        do not nest. ValueError unless `max_duration` is a positive, finite number.
+        """
+        if (
+            isinstance(max_duration, bool)
+            or not isinstance(max_duration, int | float)
+            or not 0 < max_duration < math.inf
+        ):
+            raise ValueError(
+                "a non-preemptible section needs a positive, finite max_duration (seconds), "
+                f"not {max_duration!r}"
+            )
+        return self._section(max(1, math.ceil(max_duration * 1000)))
+
+    @contextlib.asynccontextmanager
+    async def _section(self, max_duration_ms: int) -> AsyncIterator[None]:
+        if self._in_section:
+            raise RuntimeError(f"task {self.task_id}: non-preemptible sections do not nest")
+        await self._command("enter_section", max_duration_ms=max_duration_ms)
+        self._in_section = True
+        try:
+            yield
+        except asyncio.CancelledError:
+            self._in_section = False  # terminated: the task ends; nothing to declare
+            raise
+        except BaseException:
+            self._in_section = False
+            await self._leave()
+            raise
+        self._in_section = False
+        await self._leave()
+
+    async def _leave(self) -> None:
+        try:
+            await self._command("leave_section")
+        except ApiaryError as exc:  # the task may have ended meanwhile (forced preemption)
+            log.info("task %s: leave_section refused: %s", self.task_id, exc)
+
+    async def _command(self, command: str, **fields: Any) -> None:
+        env = self.agent.envelope(
+            {"command": command, "task_id": self.task_id, **fields},
+            message_type=MessageType.CONTROL,
+            correlation_id=self.task_id,
+        )
+        await self.agent.send_envelope(env, SCHEDULER)
+
+    def _request_preempt(self, reason: str) -> None:
+        if self._preempt_reason is None:
+            self._preempt_reason = reason or "preempt_request"
+
+
+Handler = Callable[[TaskContext], Awaitable[object]]
+MessageHandler = Callable[[Delivery], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class _Running:
+    context: TaskContext
+    handler: asyncio.Task[object]
+    stop: str = ""
+    """"terminate" or "kill" once the Scheduler forced the task."""
+    killed: asyncio.Event = field(default_factory=asyncio.Event)
+    supervisor: asyncio.Task[None] | None = None
+
+
+class TaskRunner:
+    """Runs the Scheduler's tasks for `agent` with `handler` (see the module docstring)."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        handler: Handler,
+        *,
+        on_message: MessageHandler | None = None,
+        reconnect: bool = False,
+        report_recovery: bool = True,
+    ) -> None:
+        self.agent = agent
+        self._handler = handler
+        self._on_message = on_message
+        self._reconnect = reconnect
+        self._report_recovery = report_recovery
+        self._running: dict[str, _Running] = {}
+        self._early: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        """Commands for tasks whose DATA has not arrived yet (lanes may reorder them)."""
+        self._recover_pending = False
+        self._stop = asyncio.Event()
+        self.shutdown_requested = asyncio.Event()
+        """Set when the Scheduler sent `shutdown` (RFC 8.4)."""
+
+    @property
+    def running(self) -> list[str]:
+        """The ids of the tasks running now."""
+        return list(self._running)
+
+    async def run(self) -> None:
+        """Until the inbound stream ends (or fails: the error propagates), or a shutdown
+        command arrived and no task is left. Tasks still running are cancelled on the way out
+        (unacknowledged: the coordinator settles them)."""
+        reader = asyncio.ensure_future(self._read())
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                reader.result()
+        finally:
+            for item in (reader, stopper):
+                item.cancel()
+            await asyncio.gather(reader, stopper, return_exceptions=True)
+            await self._abandon_all()
+
+    async def _read(self) -> None:
+        async for delivery in self.agent.deliveries(reconnect=self._reconnect):
+            await self._on_delivery(delivery)
+
+    async def _on_delivery(self, delivery: Delivery) -> None:
+        env = delivery.envelope
+        if env.producer_id == SCHEDULER and env.message_type is MessageType.DATA:
+            await self._start(env)
+        elif env.producer_id == SCHEDULER and env.message_type is MessageType.CONTROL:
+            await self._control(env)
+        elif self._on_message is not None:
+            await self._on_message(delivery)
+        elif env.message_type is not MessageType.ACKNOWLEDGEMENT:
+            await self._ack(env, AckStage.FULFILLED, note="not a task")
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _start(self, env: Envelope) -> None:
+        context = TaskContext(self.agent, env)
+        task_id = context.task_id
+        current = self._running.get(task_id)
+        if current is not None and current.context.envelope.message_id == env.message_id:
+            return  # the same attempt again after a reconnect: it is running already
+        if not await self._ack(env, AckStage.READ):
+            return
+        early = self._early.pop(task_id, None)
+        if early is not None and early[0] in ("terminate", "kill"):
+            await self._ack(env, *_forced_outcome(early[0]))
+            return
+        if early is not None:
+            context._request_preempt(early[1])
+        handler = asyncio.ensure_future(self._handler(context))
+        running = _Running(context, handler)
+        self._running[task_id] = running
+        running.supervisor = asyncio.ensure_future(self._supervise(running))
+
+    async def _supervise(self, running: _Running) -> None:
+        killed = asyncio.ensure_future(running.killed.wait())
+        try:
+            await asyncio.wait({running.handler, killed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            killed.cancel()
+        if running.handler.done():
+            stage, code, note = _outcome(running)
+        else:  # killed while the handler ignores cancellation: abandon it
+            stage, code, note = _forced_outcome("kill")
+        try:
+            await self._ack(running.context.envelope, stage, code, note)
+        finally:
+            self._running.pop(running.context.task_id, None)
+            await self._settled()
+
+    async def _settled(self) -> None:
+        """No task may be left: finish a recovery or a shutdown that waited for it."""
+        if self._running:
+            return
+        if self._recover_pending:
+            self._recover_pending = False
+            try:
+                await self.agent.heartbeat("RUNNABLE")
+            except ApiaryError as exc:
+                log.warning("%s could not report its recovery: %s", self.agent.agent_id, exc)
+        if self.shutdown_requested.is_set():
+            self._stop.set()
+
+    async def _abandon_all(self) -> None:
+        jobs: list[asyncio.Future[Any]] = []
+        for running in list(self._running.values()):
+            running.handler.cancel()
+            if running.supervisor is not None:
+                running.supervisor.cancel()
+                jobs.append(running.supervisor)
+            jobs.append(running.handler)
+        self._running.clear()
+        # A handler that ignores cancellation is not waited for.
+        if jobs:
+            await asyncio.wait(jobs, timeout=1.0)
+
+    # ------------------------------------------------------------------ commands
+
+    async def _control(self, env: Envelope) -> None:
+        try:
+            body = json.loads(env.payload or b"{}")
+        except ValueError:
+            body = {}
+        body = body if isinstance(body, dict) else {}
+        command = str(body.get("command", ""))
+        task_id = str(body.get("task_id") or "")
+        running = self._running.get(task_id) if task_id else None
+        if command in ("preempt_request", "terminate", "kill"):
+            if running is None and task_id:
+                self._remember(task_id, command, str(body.get("reason", "")))
+            elif running is not None:
+                self._force(running, command, str(body.get("reason", "")))
+        await self._ack(env, AckStage.FULFILLED)
+        if command == "shutdown":
+            self.shutdown_requested.set()
+            await self._settled()
+        elif command == "recover" and self._report_recovery:
+            self._recover_pending = True
+            await self._settled()
+
+    def _force(self, running: _Running, command: str, reason: str) -> None:
+        if command == "preempt_request":
+            running.context._request_preempt(reason)
+            return
+        if running.stop != "kill":
+            running.stop = command
+        running.handler.cancel()
+        if command == "kill":
+            running.killed.set()
+
+    def _remember(self, task_id: str, command: str, reason: str) -> None:
+        before = self._early.get(task_id)
+        if before is None or _STRENGTH[command] > _STRENGTH[before[0]]:
+            self._early[task_id] = (command, reason)
+        while len(self._early) > _EARLY_LIMIT:
+            self._early.popitem(last=False)
+
+    async def _ack(self, env: Envelope, stage: AckStage, code: str = "", note: str = "") -> bool:
+        try:
+            await self.agent.ack(env, stage, error_code=code, note=note)
+        except ApiaryError as exc:
+            log.warning(
+                "%s could not acknowledge %s %s: %s", self.agent.agent_id, env.message_id,
+                stage.name, exc,
+            )  # fmt: skip
+            return False
+        return True
+
+
+async def run_tasks(agent: Agent, handler: Handler, **options: Any) -> None:
+    """`TaskRunner(agent, handler, **options).run()`."""
+    await TaskRunner(agent, handler, **options).run()
+
+
+_STRENGTH = {"preempt_request": 0, "terminate": 1, "kill": 2}
+
+
+def _forced_outcome(command: str) -> tuple[AckStage, str, str]:
+    if command == "kill":
+        return AckStage.FAILED, ForcedPreemptionError.code, "killed"
+    return AckStage.FULFILLED, "", TERMINATED
+
+
+def _outcome(running: _Running) -> tuple[AckStage, str, str]:
+    """The ACK of a task whose handler ended."""
+    handler = running.handler
+    if handler.cancelled():
+        if running.stop:
+            return _forced_outcome(running.stop)
+        return AckStage.FAILED, "internal_error", "the handler was cancelled"
+    exc = handler.exception()
+    if exc is None:
+        result = handler.result()
+        return AckStage.FULFILLED, "", result if isinstance(result, str) else ""
+    if isinstance(exc, Preempted):
+        return AckStage.FULFILLED, "", YIELDED
+    if running.stop:  # it stopped after a forced preemption, however it ended
+        return _forced_outcome(running.stop)
+    if isinstance(exc, ApiaryError):
+        return AckStage.FAILED, exc.code, exc.message
+    return AckStage.FAILED, "internal_error", f"{type(exc).__name__}: {exc}"
+
+
+def _attempt(token: str) -> int:
+    """The attempt number of a `task:<task_id>:<attempt>` idempotency token (1 otherwise)."""
+    _, _, tail = token.rpartition(":")
+    return int(tail) if token.startswith("task:") and tail.isdigit() else 1
+
+
+__all__ = [
+    "SCHEDULER",
+    "Preempted",
+    "TaskContext",
+    "TaskRunner",
+    "run_tasks",
+]

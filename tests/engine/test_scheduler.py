@@ -1,0 +1,416 @@
+"""The Scheduler engine on a fake clock: queues, dispatch, preemption, concurrency control."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from apiary.core.conflicts import ConflictPolicy, ParallelMode
+from apiary.core.envelope import AckStage, MessageType
+from apiary.core.preemption import PreemptionPolicy
+from apiary.engine.hitl import HitlSettings
+from apiary.engine.notices import SCHEDULER
+from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.engine.scheduler import Scheduler, Submission
+from apiary.engine.settings import SchedulerSettings
+from apiary.errors import (
+    AgentShutdownError,
+    AlreadyExistsError,
+    NotFoundError,
+    UnsupportedMessageTypeError,
+    ValidationError,
+)
+from apiary.testing.engine import EngineHarness, open_test_engine
+
+ALICE = OperatorEntry("alice", token_digest("alice-token"), ("admin",))
+SCOPE = "repo:app path:src/a.py"
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[EngineHarness]:
+    async with open_test_engine() as harness:
+        yield harness
+
+
+def _sched(h: EngineHarness) -> Scheduler:
+    return h.engine.scheduler
+
+
+async def _ready(h: EngineHarness, agent_id: str, **options: Any) -> None:
+    await h.register(agent_id, **options)
+    await _sched(h).agent_ready(agent_id)
+
+
+async def _submit(
+    h: EngineHarness, task_id: str, agent_id: str = "worker", priority: object = None,
+    scope: str = SCOPE, **fields: Any,
+) -> Any:  # fmt: skip
+    return await _sched(h).submit(
+        Submission(agent_id, task_id, priority, json.dumps({"task": task_id}).encode(),
+                   scope=scope, **fields)
+    )  # fmt: skip
+
+
+async def _inbox(h: EngineHarness, agent_id: str) -> list[dict[str, Any]]:
+    return [m for m in await h.inbox_payloads(agent_id) if m["type"] != "NOTIFICATION"]
+
+
+async def _finish(h: EngineHarness, task_id: str, note: str = "done") -> None:
+    task = _sched(h).get(task_id)
+    assert task is not None and task.message_id
+    await h.ack(task.agent_id, task.message_id, AckStage.READ)
+    await h.ack(task.agent_id, task.message_id, AckStage.FULFILLED, note=note)
+
+
+async def _state(h: EngineHarness, task_id: str) -> str:
+    return (await _sched(h).find(task_id)).state
+
+
+# --- submission ---------------------------------------------------------------------------
+
+
+@pytest.mark.conformance("scheduler.priority.range", "scheduler.priority.default-zero")
+async def test_priorities_are_minus_19_to_20_and_default_to_zero(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    for bad in (-20, 21, "high", True):
+        with pytest.raises(ValidationError) as caught:
+            await _submit(h, f"bad-{bad}", priority=bad)
+        assert caught.value.details["field"] == "priority"
+    await _submit(h, "lo", priority=20)
+    await _submit(h, "hi", priority=-19)
+    await _submit(h, "default")
+    assert (await _sched(h).find("default")).priority == 0
+
+
+@pytest.mark.conformance("concurrency.scope.metadata-required")
+async def test_a_task_needs_scope_a_known_agent_and_a_fresh_id(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    with pytest.raises(ValidationError) as caught:
+        await _submit(h, "t1", scope="  ")
+    assert caught.value.details["field"] == "scope"
+    with pytest.raises(ValidationError):
+        await _submit(h, "t1", scope="path:../etc")
+    with pytest.raises(NotFoundError):
+        await _submit(h, "t1", agent_id="nobody")
+    with pytest.raises(UnsupportedMessageTypeError):  # not one of the agent's modalities
+        await _submit(h, "t1", content_type="image/png")
+    assert (await _submit(h, "t1")).accepted
+    with pytest.raises(AlreadyExistsError):
+        await _submit(h, "t1", scope="repo:other path:x")
+    assert [t.task_id for t in await h.store.tasks.list()] == ["t1"]
+
+
+async def test_the_task_arrives_as_a_data_envelope_from_the_scheduler(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    result = await _submit(h, "t1")
+    assert result.accepted and "dispatched" in result.reason
+    (handout,) = await h.take("worker")
+    env = h.engine.router.codec.decode(handout.message.envelope)
+    assert env.message_type is MessageType.DATA and env.producer_id == SCHEDULER
+    assert env.correlation_id == "t1" and env.idempotency_token == "task:t1:1"
+    assert json.loads(env.payload) == {"task": "t1"}
+    await h.ack("worker", env.message_id, AckStage.READ)
+    assert await _state(h, "t1") == "RUNNING"
+    await h.ack("worker", env.message_id, AckStage.FULFILLED)
+    assert await _state(h, "t1") == "COMPLETED"
+    assert [e.details["state"] for e in await h.events() if e.event_type.startswith("task.")] == [
+        "QUEUED", "DISPATCHED", "RUNNING", "COMPLETED"
+    ]  # fmt: skip
+
+
+async def test_an_agent_failure_fails_the_task_with_its_code(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    await _submit(h, "t1")
+    task = _sched(h).get("t1")
+    assert task is not None
+    await h.ack("worker", task.message_id, AckStage.FAILED, "tool_timeout", "lint hung")
+    done = await _sched(h).find("t1")
+    assert (done.state, done.error_code) == ("FAILED", "tool_timeout")
+
+
+@pytest.mark.conformance("scheduler.priority.order-numeric", "scheduler.priority.order-fifo")
+async def test_waiting_tasks_run_by_priority_then_submission_order(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    await _submit(h, "running", priority=-19)
+    for task_id, priority in (("p5", 5), ("a0", 0), ("m3", -3), ("b0", 0), ("m19", -19)):
+        h.clock.advance(1)
+        await _submit(h, task_id, priority=priority)
+    order = []
+    current = "running"
+    for _ in range(6):
+        await _finish(h, current)
+        nxt = _sched(h).running("worker")
+        if nxt is None:
+            break
+        current = nxt.task_id
+        order.append(current)
+    assert order == ["m19", "m3", "a0", "b0", "p5"]
+
+
+# --- preemption -----------------------------------------------------------------------------
+
+
+def _controls(payloads: list[dict[str, Any]]) -> list[str]:
+    return [p["command"] for p in payloads if p["type"] == "CONTROL"]
+
+
+@pytest.mark.conformance(
+    "preemption.trigger.higher-priority", "preemption.trigger.not-equal-or-lower",
+    "preemption.cooperative.required",
+)  # fmt: skip
+async def test_only_a_strictly_higher_priority_preempts_and_the_yield_requeues(
+    h: EngineHarness,
+) -> None:
+    await _ready(h, "worker")
+    await _submit(h, "low", priority=5)
+    assert (await _sched(h).find("low")).state == "DISPATCHED"
+    await _submit(h, "same", priority=5)
+    await _submit(h, "lower", priority=9)
+    assert _controls(await _inbox(h, "worker")) == []
+    result = await _submit(h, "high", priority=-2)
+    assert "preempting task low" in result.reason
+    assert _controls(await _inbox(h, "worker")) == ["preempt_request"]
+    # C.4: the agent yields at its safe point; the preempted task keeps its place.
+    await _finish(h, "low", note="yielded")
+    assert await _state(h, "low") == "QUEUED"
+    assert _sched(h).running("worker").task_id == "high"  # type: ignore[union-attr]
+    await _finish(h, "high")
+    assert _sched(h).running("worker").task_id == "low"  # type: ignore[union-attr]
+    assert (await _sched(h).find("low")).attempts == 2
+
+
+def _preempting(**policy: float) -> SchedulerSettings:
+    return SchedulerSettings(preemption=PreemptionPolicy(**policy))
+
+
+@pytest.mark.conformance(
+    "preemption.deferral.defer", "preemption.deferral.enforce-max-duration",
+    "preemption.cooperative.no-force-first", "preemption.forced.soft-signal-grace",
+    "preemption.forced.hard-after-grace", "preemption.forced.mark-failed",
+)  # fmt: skip
+async def test_a_section_defers_preemption_until_its_maximum_then_it_is_forced() -> None:
+    settings = _preempting(safe_point_timeout_s=30, grace_s=3)
+    async with open_test_engine(scheduler=settings) as h:
+        await _ready(h, "worker")
+        await _submit(h, "low", priority=5)
+        await _command(h, "worker", "enter_section", "low", max_duration_ms=10_000)
+        await _submit(h, "high", priority=0)
+        assert _controls(await _inbox(h, "worker")) == ["preempt_request"]
+        h.clock.advance(9.9)
+        await _sched(h).fire_due()
+        assert _controls(await _inbox(h, "worker")) == ["preempt_request"]
+        h.clock.advance(0.1)  # the declared maximum: soft termination with a grace period
+        await _sched(h).fire_due()
+        assert _controls(await _inbox(h, "worker")) == ["preempt_request", "terminate"]
+        (terminate,) = [p for p in await _inbox(h, "worker") if p.get("command") == "terminate"]
+        assert terminate["grace_ms"] == 3000
+        h.clock.advance(3)
+        await _sched(h).fire_due()
+        assert _controls(await _inbox(h, "worker"))[-1] == "kill"
+        low = await _sched(h).find("low")
+        assert (low.state, low.error_code) == ("FAILED", "forced_preemption")
+
+
+async def test_an_agent_that_stops_within_the_grace_is_terminated_not_killed() -> None:
+    async with open_test_engine(scheduler=_preempting(safe_point_timeout_s=1, grace_s=3)) as h:
+        await _ready(h, "worker")
+        await _submit(h, "low", priority=5)
+        await _submit(h, "high", priority=0)
+        h.clock.advance(1)
+        await _sched(h).fire_due()
+        await _finish(h, "low", note="terminated")
+        low = await _sched(h).find("low")
+        assert (low.state, low.error_code) == ("FAILED", "forced_preemption")
+        assert "kill" not in _controls(await _inbox(h, "worker"))
+        assert _sched(h).running("worker").task_id == "high"  # type: ignore[union-attr]
+
+
+@pytest.mark.conformance("preemption.nonpreemptible.max-duration")
+async def test_a_section_without_a_maximum_duration_is_refused(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    await _submit(h, "t1")
+    with pytest.raises(ValidationError) as caught:
+        await _command(h, "worker", "enter_section", "t1")
+    assert caught.value.details["field"] == "max_duration_ms"
+    await _ready(h, "other")
+    with pytest.raises(Exception) as denied:
+        await _command(h, "other", "enter_section", "t1", max_duration_ms=100)
+    assert getattr(denied.value, "code", "") == "permission_denied"
+
+
+async def _command(h: EngineHarness, agent: str, command: str, task_id: str, **extra: Any) -> None:
+    body = {"command": command, "task_id": task_id, **extra}
+    await h.send(agent, SCHEDULER, body, message_type=MessageType.CONTROL)
+
+
+async def test_request_preemption_preempts_the_running_task_on_demand(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    assert not await _sched(h).request_preemption("worker", "", "maintenance")
+    await _submit(h, "t1")
+    assert not await _sched(h).request_preemption("worker", "other-task", "maintenance")
+    assert await _sched(h).request_preemption("worker", "t1", "maintenance")
+    assert not await _sched(h).request_preemption("worker", "t1", "again")
+    assert _controls(await _inbox(h, "worker")) == ["preempt_request"]
+
+
+# --- concurrency ---------------------------------------------------------------------------
+
+
+@pytest.mark.conformance(
+    "concurrency.instances.configurable-limit", "concurrency.instances.enforce",
+    "concurrency.instances.queue-at-limit", "concurrency.instances.track-active",
+    "concurrency.instances.reject-exceeding", "concurrency.instances.queued-feedback",
+)  # fmt: skip
+async def test_max_parallel_instances_queues_with_feedback() -> None:
+    settings = SchedulerSettings(max_parallel_instances={"coder": 1})
+    async with open_test_engine(scheduler=settings) as h:
+        await _ready(h, "c1", name="coder")
+        await _ready(h, "c2", name="coder")
+        await _submit(h, "t1", agent_id="c1", scope="repo:a path:x")
+        result = await _submit(h, "t2", agent_id="c2", scope="repo:b path:y")
+        assert result.accepted
+        assert "max_parallel_instances 1" in result.reason
+        assert await _state(h, "t2") == "QUEUED"
+        assert _sched(h).active() == {"coder": 1}
+        await _finish(h, "t1")
+        assert await _state(h, "t2") == "DISPATCHED"
+        assert _sched(h).active() == {"coder": 1}
+
+
+@pytest.mark.conformance(
+    "concurrency.jobs.no-identical-simultaneous", "concurrency.jobs.identity-criteria",
+    "concurrency.jobs.reject-duplicates",
+)  # fmt: skip
+async def test_a_duplicate_job_is_refused_unless_hitl_authorizes_it() -> None:
+    hitl = HitlSettings(operators=(ALICE,))
+    async with open_test_engine(hitl=hitl) as h:
+        await _ready(h, "worker")
+        await _submit(h, "t1")
+        dup = await _sched(h).submit(
+            Submission("worker", "t2", None, json.dumps({"task": "t1"}).encode(), scope=SCOPE)
+        )
+        assert not dup.accepted and dup.reason.startswith("duplicate_detected")
+        assert "t1" in dup.reason
+        assert await _state(h, "t2") == "HELD"
+        (invocation,) = await h.engine.hitl.list()
+        assert invocation.subject["task_id"] == "t2"
+        operator = h.engine.hitl.operators.authenticate("Bearer alice-token")
+        await h.engine.hitl.decide(invocation.invocation_id, "approve", operator, "rerun wanted")
+        await _until(
+            lambda: _sched(h).get("t2") is not None and _sched(h).get("t2").state == "QUEUED"
+        )  # type: ignore[union-attr]
+    async with open_test_engine(scheduler=SchedulerSettings(duplicate_jobs="reject")) as h:
+        await _ready(h, "worker")
+        await _submit(h, "t1")
+        dup = await _sched(h).submit(
+            Submission("worker", "t2", None, json.dumps({"task": "t1"}).encode(), scope=SCOPE)
+        )
+        assert not dup.accepted and "duplicate_detected" in dup.reason
+        assert await h.store.tasks.get("t2") is None
+
+
+async def _until(predicate: Any) -> None:
+    for _ in range(200):
+        if predicate():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition not reached")
+
+
+@pytest.mark.conformance(
+    "concurrency.scope.overlap-analysis", "concurrency.inference.below-threshold-hitl",
+    "concurrency.safety.serialize-when-uncertain", "concurrency.safety.prioritize",
+)  # fmt: skip
+async def test_overlapping_scopes_escalate_conflict_and_a_denial_serializes() -> None:
+    async with open_test_engine(hitl=HitlSettings(operators=(ALICE,))) as h:
+        await _ready(h, "x")
+        await _ready(h, "y")
+        await _submit(h, "tx", agent_id="x", scope="repo:app path:src/**")
+        await _submit(h, "ty", agent_id="y", scope="repo:app path:src/api/**")
+        assert await _state(h, "ty") == "QUEUED"
+        (invocation,) = await h.engine.hitl.list()
+        assert invocation.reason_type == "CONFLICT"
+        assert invocation.context["confidence_score"] < 0.7
+        deferred = [m for m in await h.inbox_payloads("y") if m.get("event") == "task_deferred"]
+        assert deferred and deferred[0]["blocked_by"] == ["tx"]
+        operator = h.engine.hitl.operators.authenticate("Bearer alice-token")
+        await h.engine.hitl.decide(invocation.invocation_id, "deny", operator, "serialize")
+        await _until(lambda: not _sched(h).gate._waiters)
+        await _sched(h).fire_due()
+        assert await _state(h, "ty") == "QUEUED"
+        await _finish(h, "tx")
+        await _sched(h).fire_due()
+        assert await _state(h, "ty") == "DISPATCHED"
+
+
+async def test_disjoint_scopes_and_permitted_operations_run_in_parallel() -> None:
+    policy = ConflictPolicy(overrides={"read": ParallelMode.PARALLEL})
+    async with open_test_engine(scheduler=SchedulerSettings(conflicts=policy)) as h:
+        for agent in ("x", "y", "z"):
+            await _ready(h, agent)
+        await _submit(h, "tx", agent_id="x", scope="repo:app path:src/**")
+        await _submit(h, "ty", agent_id="y", scope="repo:app path:docs/**")
+        await _submit(h, "tz", agent_id="z", scope="repo:app path:src/** op:read")
+        assert await _state(h, "ty") == "DISPATCHED"
+        assert await _state(h, "tz") == "QUEUED"  # tx's operation does not permit it
+        (invocation,) = await h.engine.hitl.list(include_decided=True)
+        assert invocation.subject == {
+            "task_id": "tz", "running_task_id": "tx", "agent_id": "z", "running_agent_id": "x"
+        }  # fmt: skip
+
+
+# --- lanes and lifecycle --------------------------------------------------------------------
+
+
+@pytest.mark.conformance(
+    "scheduler.lanes.privileged-after-current", "scheduler.lanes.privileged-no-hard-preemption"
+)  # fmt: skip
+async def test_a_privileged_task_runs_next_without_preempting(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    await _ready(h, "boss", communication_class="PRIVILEGED")
+    await _submit(h, "current")
+    await _submit(h, "standard", scope="repo:app path:b")
+    await _submit(h, "urgent", scope="repo:app path:c", submitter="boss")
+    assert (await _sched(h).find("urgent")).lane == "PRIVILEGED"
+    assert _controls(await _inbox(h, "worker")) == []
+    await _finish(h, "current")
+    assert _sched(h).running("worker").task_id == "urgent"  # type: ignore[union-attr]
+
+
+@pytest.mark.conformance(
+    "lifecycle.shutting-down.no-dispatch", "lifecycle.shutdown.no-new-tasks",
+    "lifecycle.initializing.no-tasks",
+)  # fmt: skip
+async def test_no_task_goes_to_an_initializing_or_shutting_down_agent(h: EngineHarness) -> None:
+    await h.register("worker")
+    await _sched(h).agent_registered("worker", "worker")
+    await _submit(h, "t1")
+    assert await _state(h, "t1") == "QUEUED"  # INITIALIZING takes no task
+    await _sched(h).agent_ready("worker")
+    assert await _state(h, "t1") == "DISPATCHED"
+    await _submit(h, "t2", scope="repo:app path:other")
+    await _sched(h).shutdown_agent("worker", 5.0)
+    t2 = await _sched(h).find("t2")
+    assert (t2.state, t2.error_code) == ("FAILED", "agent_shutdown")
+    assert "shutdown" in _controls(await _inbox(h, "worker"))
+    with pytest.raises(AgentShutdownError):
+        await _submit(h, "t3", scope="repo:app path:third")
+
+
+async def test_queued_and_running_tasks_survive_a_restart(tmp_path: Any) -> None:
+    url = f"sqlite:///{tmp_path / 'apiary.db'}"
+    async with open_test_engine(store_url=url, data_dir=tmp_path) as h:
+        await _ready(h, "worker")
+        await _submit(h, "t1")
+        await _submit(h, "t2", priority=3, scope="repo:app path:two")
+        clock, ids = h.clock, h.ids
+    async with open_test_engine(store_url=url, data_dir=tmp_path, clock=clock, ids=ids) as h:
+        assert _sched(h).running("worker").task_id == "t1"  # type: ignore[union-attr]
+        assert [t.task_id for t in _sched(h).queued("worker")] == ["t2"]
+        await _sched(h).agent_ready("worker")
+        await _finish(h, "t1")
+        assert await _state(h, "t2") == "DISPATCHED"
