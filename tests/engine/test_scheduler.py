@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from apiary.core.activity import ActivityEntry
 from apiary.core.conflicts import ConflictPolicy, ParallelMode
 from apiary.core.envelope import AckStage, MessageType
 from apiary.core.preemption import PreemptionPolicy
@@ -414,3 +415,21 @@ async def test_queued_and_running_tasks_survive_a_restart(tmp_path: Any) -> None
         await _sched(h).agent_ready("worker")
         await _finish(h, "t1")
         assert await _state(h, "t2") == "DISPATCHED"
+
+
+@pytest.mark.conformance("activity.reconcile.purge", "activity.buffer.advisory-non-blocking")
+async def test_activity_of_ended_or_unknown_tasks_is_reconciled_away(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    await _submit(h, "running")
+    await _submit(h, "done", scope="repo:app path:done")
+    activity = h.engine.activity
+    for task_id in ("running", "done", "stranger"):
+        await activity.register(ActivityEntry(agent_id="worker", task_id=task_id,
+                                              description=f"working on {task_id}"))  # fmt: skip
+    await _finish(h, "running")  # completes "running"; "done" starts
+    await activity.register(ActivityEntry(agent_id="worker", task_id="running", description="x"))
+    assert await _sched(h).reconcile_activity() == 1  # "running" is COMPLETED
+    assert {e.task_id for e in activity.buffer.active()} == {"done", "stranger"}
+    h.clock.advance(61)  # an unknown task's entry gets a grace period, then goes too
+    assert await _sched(h).reconcile_activity() == 1
+    assert [e.task_id for e in activity.buffer.active()] == ["done"]

@@ -7,7 +7,7 @@ held in memory and bounded: a full buffer rejects registrations with
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from apiary.core.activity import ActivityBuffer, ActivityEntry, ActivityLimits
 from apiary.core.clock import Clock
@@ -48,6 +48,22 @@ class Activity:
                 task_ids=task_ids or [],
             )  # fmt: skip
         return purged
+
+    async def reconcile_with(
+        self, task_state: Callable[[str], Awaitable[str | None]], grace_s: float
+    ) -> int:
+        """Reconcile against the Scheduler's task states (RFC 10): entries of tasks that are
+        COMPLETED, FAILED or unknown to it are purged. Entries younger than `grace_s` count as
+        running: an agent registers its entry as it starts, before anything else is known."""
+        now = self._clock.now()
+        known: dict[str, str] = {}
+        for entry in self.buffer.active():
+            state = await task_state(entry.task_id)
+            if state is not None:
+                known[entry.task_id] = state
+            elif now - entry.started_at < grace_s:
+                known[entry.task_id] = "RUNNING"
+        return await self.reconcile(known)
 
     async def reconcile(self, known: Mapping[str, str]) -> int:
         """Purge entries of tasks that are COMPLETED, FAILED or unknown (RFC 10)."""

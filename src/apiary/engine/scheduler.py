@@ -74,6 +74,8 @@ from apiary.errors import (
 from apiary.store.protocols import TaskStore
 
 OPEN_STATES = frozenset(s.value for s in TaskState if not s.terminal)
+RECONCILE_EVERY_S = 60.0
+"""How often the activity buffer is reconciled with task states (RFC 10)."""
 _SEP = "\x1f"
 
 
@@ -587,8 +589,12 @@ class Scheduler:
                 await self._control(task, {"command": "kill"})
                 await drive(self, task.agent_id, AgentInput.FAIL, code="forced_preemption")
             elif effect is PreemptionEffect.MARK_FAILED:
-                await self._fail(task, step.error_code or "forced_preemption",
-                                 "forced preemption")  # fmt: skip
+                # After KILL the agent's FAIL has already ended the task (ABANDON_TASK):
+                # ending the stale record again would log it twice and release it twice.
+                current = self._tasks.get(task.task_id)
+                if current is not None:
+                    await self._fail(current, step.error_code or "forced_preemption",
+                                     "forced preemption")  # fmt: skip
             elif effect is PreemptionEffect.REQUEUE_TASK:
                 await self._requeue(task, "yielded at a safe point")
             elif effect is PreemptionEffect.DISPATCH_HIGHER:
@@ -724,6 +730,10 @@ class Scheduler:
             for key in self._timers.due(self._clock.now()):
                 fired += 1
                 kind, _, name = key.partition(_SEP)
+                if kind == "reconcile":
+                    await self.reconcile_activity()
+                    self._timers.arm(key, self._clock.now() + RECONCILE_EVERY_S)
+                    continue
                 if kind == "retry":
                     self._wakeups.add(name)
                     continue
@@ -744,12 +754,21 @@ class Scheduler:
             agent_id = self._wakeups.pop()
             await self._try_dispatch(agent_id)
 
+    async def reconcile_activity(self) -> int:
+        """Purge activity entries of ended or unknown tasks (RFC 10); returns how many."""
+        return await self._activity.reconcile_with(self._task_state, RECONCILE_EVERY_S)
+
+    async def _task_state(self, task_id: str) -> str | None:
+        task = self._tasks.get(task_id) or await self._store.get(task_id)
+        return task.state if task else None
+
     def next_deadline(self) -> float | None:
         times = [t for t in (self._timers.next(), self.lifecycles.next_deadline()) if t]
         return min(times) if times else None
 
     async def run(self, sleep: Any) -> None:
         """Forever: fire timers when due and dispatch to woken agents."""
+        self._timers.arm(f"reconcile{_SEP}", self._clock.now() + RECONCILE_EVERY_S)
         while True:
             self._wake.clear()
             self.lifecycles.changed.clear()
