@@ -59,6 +59,9 @@ class ConflictGate:
         self._timeout = inference_timeout_s
         self._hitl_timeout = hitl_timeout_s
         self._pairs: dict[tuple[str, str], Blocker | None] = {}
+        self._by_task: dict[str, set[tuple[str, str]]] = {}
+        """Task -> the pairs it is in, so that forgetting a task is O(its pairs)."""
+        self._operations: dict[str, str] = {}
         self._waiters: set[asyncio.Task[None]] = set()
         self.stats: Counter[str] = Counter()
         """Decisions by outcome, escalations, engine failures (exported at /metrics)."""
@@ -74,6 +77,8 @@ class ConflictGate:
             key = (task.task_id, other.task_id)
             if key not in self._pairs:
                 self._pairs[key] = await self._assess(task, other)
+                for member in key:
+                    self._by_task.setdefault(member, set()).add(key)
             blocker = self._pairs[key]
             if blocker is not None:
                 found.append(blocker)
@@ -81,8 +86,13 @@ class ConflictGate:
 
     def forget(self, task_id: str) -> None:
         """`task_id` ended: every pair it is in is moot."""
-        for key in [k for k in self._pairs if task_id in k]:
-            del self._pairs[key]
+        self._operations.pop(task_id, None)
+        for key in self._by_task.pop(task_id, set()):
+            self._pairs.pop(key, None)
+            other = key[1] if key[0] == task_id else key[0]
+            pairs = self._by_task.get(other)
+            if pairs is not None:
+                pairs.discard(key)
 
     async def close(self) -> None:
         for waiter in list(self._waiters):
@@ -90,7 +100,7 @@ class ConflictGate:
         await asyncio.gather(*self._waiters, return_exceptions=True)
 
     async def _assess(self, task: TaskRecord, other: TaskRecord) -> Blocker | None:
-        operations = (parse_scope(task.scope).operation, parse_scope(other.scope).operation)
+        operations = (self._operation(task), self._operation(other))
         mode = self.policy.mode(*operations)
         verdict, failure = None, ""
         if mode.value == "auto":
@@ -124,6 +134,8 @@ class ConflictGate:
                 priority=task.priority,
             )  # fmt: skip
             invocation_id = record.invocation_id
+        if decision.outcome is ConflictOutcome.PARALLEL and confidence == 1.0:
+            return None  # different repositories: nothing to audit, and it is every pair
         await self._events.record(
             "scheduler.conflict", SCHEDULER, correlation_id=task.task_id,
             task_id=task.task_id, running_task_id=other.task_id, outcome=decision.outcome.value,
@@ -138,6 +150,12 @@ class ConflictGate:
         blocker = Blocker(other.task_id, PENDING, reason, invocation_id)
         self._watch(task.task_id, other.task_id, invocation_id)
         return blocker
+
+    def _operation(self, task: TaskRecord) -> str:
+        found = self._operations.get(task.task_id)
+        if found is None:
+            found = self._operations[task.task_id] = parse_scope(task.scope).operation
+        return found
 
     def _watch(self, task_id: str, other_id: str, invocation_id: str) -> None:
         waiter = asyncio.create_task(self._await_decision(task_id, other_id, invocation_id))
