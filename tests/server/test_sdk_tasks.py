@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -60,9 +59,7 @@ async def _running_agent(
                 await job
 
 
-async def _event(
-    coordinator: Coordinator, where: Callable[[Event], bool], after: int = 0
-) -> Event:
+async def _event(coordinator: Coordinator, where: Callable[[Event], bool], after: int = 0) -> Event:
     """The first event after `after` that matches, waiting for new ones as they land."""
 
     async def scan() -> Event:
@@ -80,15 +77,13 @@ async def _event(
     return await asyncio.wait_for(scan(), WAIT_S)
 
 
-def _task_event(kind: str, task_id: str) -> Callable[[Event], bool]:
-    return lambda e: e.event_type == kind and e.details.get("task_id") == task_id
-
-
 async def _ended(coordinator: Coordinator, task_id: str) -> Event:
     return await _event(
         coordinator,
-        lambda e: e.event_type in ("task.completed", "task.failed")
-        and e.details.get("task_id") == task_id,
+        lambda e: (
+            e.event_type in ("task.completed", "task.failed")
+            and e.details.get("task_id") == task_id
+        ),
     )
 
 
@@ -101,7 +96,9 @@ async def _task_events(coordinator: Coordinator, task_id: str) -> list[str]:
 
 
 @pytest.mark.conformance(
-    "lifecycle.running.execute", "scheduler.priority.default-zero", "lifecycle.runnable.accept-assignments"
+    "lifecycle.running.execute",
+    "scheduler.priority.default-zero",
+    "lifecycle.runnable.accept-assignments",
 )
 async def test_a_submitted_task_runs_in_the_handler_and_completes(
     coordinator: Coordinator, client: SchedulerClient
@@ -248,9 +245,7 @@ async def test_priorities_outside_minus_19_to_20_are_refused(
             assert accepted
 
 
-@pytest.mark.conformance(
-    "preemption.trigger.higher-priority", "preemption.safepoint.respond"
-)
+@pytest.mark.conformance("preemption.trigger.higher-priority", "preemption.safepoint.respond")
 async def test_request_preemption_yields_at_the_next_safe_point(
     coordinator: Coordinator, client: SchedulerClient
 ) -> None:
@@ -301,7 +296,7 @@ async def test_shutdown_ends_the_runner_and_the_submitter_names_the_lane(
     task = await _scheduler(coordinator).find("t-lane")
     assert (task.lane, task.state) == ("PRIVILEGED", TaskState.COMPLETED)
     controls = [
-        json.loads(json.dumps(e.details))
+        e.details
         for e in await coordinator.events.read(limit=10_000)
         if e.event_type == "agent.control" and e.agent_id == "worker"
     ]
