@@ -11,10 +11,9 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator
-from dataclasses import replace
 
 from apiary.core.message_machine import MessageInput
-from apiary.core.records import MessageState, StateChange
+from apiary.core.records import MessageState, StateChange, handed_out
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.inbox import Handout
 from apiary.engine.notices import COORDINATOR
@@ -167,5 +166,5 @@ class Delivery:
 
 
 def _delivered(handout: Handout, now: float) -> Handout:
-    message = replace(handout.message, last_delivered_at=now, deliveries=handout.attempt)
+    message = handed_out(handout.message, now, handout.attempt)
     return Handout(message, handout.attempt, handout.urgent)

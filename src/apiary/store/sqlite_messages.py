@@ -9,12 +9,11 @@ possible.
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage, at_offset
 from apiary.store.errors import DuplicateMessageError
 from apiary.store.sql_rows import (
     MAX_SEQUENCE_SQL,
@@ -64,7 +63,7 @@ class SqliteMessageStore:
         values = [message_values(m) for m in messages]
         offsets = await self._db.write(lambda conn: _insert_new(conn, values))
         return [
-            dataclasses.replace(m, offset=o) if o else DuplicateMessageError(m.message_id)
+            at_offset(m, o) if o else DuplicateMessageError(m.message_id)
             for m, o in zip(messages, offsets, strict=True)
         ]
 
