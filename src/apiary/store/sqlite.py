@@ -26,6 +26,7 @@ from apiary.store.sql_rows import (
     event_filter_clauses,
     event_from_row,
 )
+from apiary.store.sqlite_bulk import insert_rows
 from apiary.store.sqlite_database import (
     SqliteDatabase,
     SqliteOptions,
@@ -38,9 +39,8 @@ from apiary.store.sqlite_hitl import SqliteHitlStore
 from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
 from apiary.store.sqlite_messages import SqliteMessageStore
 
-_INSERT_EVENT = (
-    "INSERT INTO events (event_type, actor, ts, correlation_id, agent_id, details, hlc)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+_INSERT_EVENTS = (
+    "INSERT INTO events (event_type, actor, ts, correlation_id, agent_id, details, hlc) VALUES"
 )
 
 
@@ -62,7 +62,7 @@ class SqliteEventLog:
         def insert(conn: sqlite3.Connection) -> range:
             # One writer, so the AUTOINCREMENT rowids of one job are consecutive and nobody
             # interleaves: the last one tells them all (one statement for the whole burst).
-            conn.executemany(_INSERT_EVENT, rows)
+            insert_rows(conn, _INSERT_EVENTS, rows, 7)
             (last,) = conn.execute("SELECT last_insert_rowid()").fetchone()
             return range(int(last) - len(rows) + 1, int(last) + 1)
 
