@@ -106,7 +106,7 @@ class PayloadLimits:
         """The limit of `message_type`; UNSPECIFIED raises ValueError (it has no payload)."""
         if message_type is MessageType.MESSAGE_TYPE_UNSPECIFIED:
             raise ValueError("MESSAGE_TYPE_UNSPECIFIED has no payload limit")
-        limit: int = getattr(self, message_type.name.lower())
+        limit: int = getattr(self, _LIMIT_FIELD[message_type])
         return limit
 
     def with_overrides(self, overrides: Mapping[str, int]) -> PayloadLimits:
@@ -131,6 +131,10 @@ class PayloadLimits:
     def as_dict(self) -> dict[str, int]:
         """Every limit keyed by message type name, e.g. {"CONTROL": 65536, ...}."""
         return {name.upper(): value for name, value in asdict(self).items()}
+
+
+_LIMIT_FIELD: Final = {t: t.name.lower() for t in MessageType}
+"""The PayloadLimits field of each message type (Enum.name is a slow property)."""
 
 
 @lru_cache(maxsize=1024)

@@ -138,11 +138,13 @@ class Delivery:
             return []
         await self._messages.mark_delivered([h.message.message_id for h in batch], now)
         finished: list[StateChange] = []
-        for handout in batch:
+        stats = self._router.stats
+        waited = stats.timing(stats.dequeue_latency, agent_id)
+        notices = [is_notice(h.message) for h in batch]
+        for handout, notice in zip(batch, notices, strict=True):
             message = handout.message
-            stats = self._router.stats
-            stats.timing(stats.dequeue_latency, agent_id).observe(now - message.created_at)
-            if is_notice(message):
+            waited.observe(now - message.created_at)
+            if notice:
                 finished.append(StateChange(message.message_id, MessageState.FULFILLED, now))
             elif handout.attempt > 1:
                 await self._router.apply(message, MessageInput.REDELIVER, now)
@@ -158,8 +160,8 @@ class Delivery:
                 self._router.finish_notice(done)
         handed = [_delivered(h, now) for h in batch]
         inbox = self._router.inbox(agent_id)
-        for handout in handed:
-            if not is_notice(handout.message):
+        for handout, notice in zip(handed, notices, strict=True):
+            if not notice:
                 self._router.refresh(handout.message)
                 inbox.update(handout.message)
         return handed

@@ -176,7 +176,7 @@ class Router:
             pairs = list(zip(batch.admit, results, strict=True))
             done = await _each(
                 pairs, lambda p: self._admitted(items[p[0][0]], p[0][1], p[1], now),
-                lambda p: _waits_on_store(items[p[0][0]]),
+                lambda p: bool(items[p[0][0]].envelope.idempotency_token),
             )  # fmt: skip
             for (index, _), outcome in zip(batch.admit, done, strict=True):
                 outcomes[index] = outcome
