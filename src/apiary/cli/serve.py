@@ -14,6 +14,7 @@ import typer
 from apiary.errors import ValidationError
 from apiary.server.config import ServerConfig, load_config
 from apiary.server.coordinator import open_coordinator
+from apiary.server.gc_policy import tune_for_serving
 
 
 def serve(
@@ -53,6 +54,7 @@ async def _run(settings: ServerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with open_coordinator(settings) as coordinator:
+        tune_for_serving()
         # Scripts wait for these lines: they are printed only once both ports serve.
         print(f"grpc={coordinator.grpc_address}", flush=True)
         print(f"http={coordinator.http_address}", flush=True)

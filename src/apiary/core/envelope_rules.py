@@ -29,6 +29,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
+from functools import lru_cache
 from typing import Final, NoReturn
 
 from apiary.core.envelope import Envelope, MessageType
@@ -105,7 +106,7 @@ class PayloadLimits:
         """The limit of `message_type`; UNSPECIFIED raises ValueError (it has no payload)."""
         if message_type is MessageType.MESSAGE_TYPE_UNSPECIFIED:
             raise ValueError("MESSAGE_TYPE_UNSPECIFIED has no payload limit")
-        limit: int = getattr(self, message_type.name.lower())
+        limit: int = getattr(self, _LIMIT_FIELD[message_type])
         return limit
 
     def with_overrides(self, overrides: Mapping[str, int]) -> PayloadLimits:
@@ -132,8 +133,15 @@ class PayloadLimits:
         return {name.upper(): value for name, value in asdict(self).items()}
 
 
+_LIMIT_FIELD: Final = {t: t.name.lower() for t in MessageType}
+"""The PayloadLimits field of each message type (Enum.name is a slow property)."""
+
+
+@lru_cache(maxsize=1024)
 def content_type_base(ct: str) -> str:
-    """The media type without parameters, lower-cased: "Text/Plain; x=1" -> "text/plain"."""
+    """The media type without parameters, lower-cased: "Text/Plain; x=1" -> "text/plain".
+
+    Cached: every envelope asks several times, and a deployment uses a handful of types."""
     return ct.split(";", 1)[0].strip().lower()
 
 
@@ -238,17 +246,28 @@ def check_modality(content_type: str, modalities: Sequence[str]) -> None:
     ACKNOWLEDGEMENT envelopes must be exempted by the caller: the coordinator has to be able
     to NACK any agent, whatever it declared.
     """
-    base = content_type_base(content_type)
-    if not base:
-        return
-    if _MEDIA_TYPE.fullmatch(base) is None:
-        _bad_content_type(content_type)
-    declared = tuple(modalities) or IMPLICIT_MODALITIES
-    if not any(_covers(content_type_base(m), base) for m in declared):
+    if content_type and not _modality_supported(content_type, tuple(modalities)):
+        base = content_type_base(content_type)
+        declared = tuple(modalities) or IMPLICIT_MODALITIES
         raise UnsupportedMessageTypeError(
             f"content_type: {base} is not among the target agent's modalities",
             {"field": "content_type", "content_type": base, "modalities": ", ".join(declared)},
         )
+
+
+@lru_cache(maxsize=1024)
+def _modality_supported(content_type: str, modalities: tuple[str, ...]) -> bool:
+    """Whether the declared modalities cover `content_type` (raises for a malformed one).
+
+    Cached: the answer depends on the two strings only, and every message asks it again for
+    the same few pairs."""
+    base = content_type_base(content_type)
+    if not base:
+        return True
+    if _MEDIA_TYPE.fullmatch(base) is None:
+        _bad_content_type(content_type)
+    declared = modalities or IMPLICIT_MODALITIES
+    return any(_covers(content_type_base(m), base) for m in declared)
 
 
 # --- the checks, in order ---------------------------------------------------------------------
@@ -279,13 +298,20 @@ def _check_payload_metadata(env: Envelope) -> None:
     if env.payload and env.content_length == 0:
         raise ValidationError.for_field("content_length", "is required when a payload is present")
     if env.content_type:
-        if _MEDIA_TYPE.fullmatch(content_type_base(env.content_type)) is None:
-            _bad_content_type(env.content_type)
-        charset = media_type_params(env.content_type).get("charset")
-        if charset is not None and charset.lower() not in UTF8_CHARSETS:
-            raise ValidationError.for_field(
-                "content_type", f"charset {charset[:40]!r} is not UTF-8; text must be UTF-8"
-            )
+        _check_content_type(env.content_type)
+
+
+@lru_cache(maxsize=1024)
+def _check_content_type(content_type: str) -> None:
+    """A well-formed media type with a UTF-8 charset if any. Cached (only successes are:
+    an error raises): it depends on the string alone, and a deployment uses a handful."""
+    if _MEDIA_TYPE.fullmatch(content_type_base(content_type)) is None:
+        _bad_content_type(content_type)
+    charset = media_type_params(content_type).get("charset")
+    if charset is not None and charset.lower() not in UTF8_CHARSETS:
+        raise ValidationError.for_field(
+            "content_type", f"charset {charset[:40]!r} is not UTF-8; text must be UTF-8"
+        )
 
 
 def _check_size(env: Envelope, message_type: MessageType, limit: int) -> None:

@@ -77,6 +77,30 @@ class StoredMessage:
     """The furthest AckStage name the recipient acknowledged ('' before any)."""
 
 
+def at_offset(message: StoredMessage, offset: int) -> StoredMessage:
+    """`message` as admitted at `offset`. The same as dataclasses.replace, at well under half
+    its cost: admission makes one copy per message, on the hot path."""
+    m = message
+    return StoredMessage(
+        m.message_id, m.recipient, m.producer_id, m.correlation_id, m.message_type,
+        m.envelope, m.state, m.created_at, m.updated_at, offset, m.error_code,
+        m.idempotency_token, m.sequence_number, m.lane, m.ack_deadline, m.expires_at,
+        m.deliveries, m.last_delivered_at, m.acked_stage,
+    )  # fmt: skip
+
+
+def handed_out(message: StoredMessage, at: float, deliveries: int) -> StoredMessage:
+    """`message` after its delivery number `deliveries` at `at` (like `at_offset`, a cheap
+    dataclasses.replace: delivery makes one copy per message)."""
+    m = message
+    return StoredMessage(
+        m.message_id, m.recipient, m.producer_id, m.correlation_id, m.message_type,
+        m.envelope, m.state, m.created_at, m.updated_at, m.offset, m.error_code,
+        m.idempotency_token, m.sequence_number, m.lane, m.ack_deadline, m.expires_at,
+        deliveries, at, m.acked_stage,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class StateChange:
     """One message state change, for batched updates."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from apiary.core.envelope import Envelope
@@ -45,6 +46,17 @@ class SendOutcome:
     @property
     def recipient(self) -> str:
         return self.stored.recipient if self.stored else ""
+
+
+@dataclass(slots=True)
+class PreparedSend:
+    """A batch between `Router.prepare` and `Router.complete`: every member's outcome so far
+    and the records to admit (by index into `items`), with buffer space reserved for them."""
+
+    items: Sequence[Outbound]
+    now: float
+    outcomes: list[SendOutcome]
+    admit: list[tuple[int, StoredMessage]]
 
 
 # Rejections that are outcomes of a well-formed request rather than faults in it: the call

@@ -11,10 +11,9 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
 
 from apiary.core.message_machine import MessageInput
-from apiary.core.records import MessageState, StateChange
+from apiary.core.records import MessageState, StateChange, handed_out
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.inbox import Handout
 from apiary.engine.notices import COORDINATOR
@@ -144,11 +143,13 @@ class Delivery:
             return []
         await self._messages.mark_delivered([h.message.message_id for h in batch], now)
         finished: list[StateChange] = []
-        for handout in batch:
+        stats = self._router.stats
+        waited = stats.timing(stats.dequeue_latency, agent_id)
+        notices = [is_notice(h.message) for h in batch]
+        for handout, notice in zip(batch, notices, strict=True):
             message = handout.message
-            stats = self._router.stats
-            stats.timing(stats.dequeue_latency, agent_id).observe(now - message.created_at)
-            if is_notice(message):
+            waited.observe(now - message.created_at)
+            if notice:
                 finished.append(StateChange(message.message_id, MessageState.FULFILLED, now))
             elif handout.attempt > 1:
                 await self._router.apply(message, MessageInput.REDELIVER, now)
@@ -164,13 +165,13 @@ class Delivery:
                 self._router.finish_notice(done)
         handed = [_delivered(h, now) for h in batch]
         inbox = self._router.inbox(agent_id)
-        for handout in handed:
-            if not is_notice(handout.message):
+        for handout, notice in zip(handed, notices, strict=True):
+            if not notice:
                 self._router.refresh(handout.message)
                 inbox.update(handout.message)
         return handed
 
 
 def _delivered(handout: Handout, now: float) -> Handout:
-    message = replace(handout.message, last_delivered_at=now, deliveries=handout.attempt)
+    message = handed_out(handout.message, now, handout.attempt)
     return Handout(message, handout.attempt, handout.urgent)

@@ -31,9 +31,16 @@ from apiary.core.message_machine import (
     Effect,
     MessageInput,
     MessageMachine,
+    Step,
 )
 from apiary.core.records import MessageState, StateChange, StoredMessage
-from apiary.engine.admission import DEAD_LETTER_CODES, SOFT_REJECTIONS, Outbound, SendOutcome
+from apiary.engine.admission import (
+    DEAD_LETTER_CODES,
+    SOFT_REJECTIONS,
+    Outbound,
+    PreparedSend,
+    SendOutcome,
+)
 from apiary.engine.coalesce import Coalescer
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.dead_letters import DeadLetters
@@ -153,21 +160,37 @@ class Router:
 
     async def send_many(self, items: Sequence[Outbound]) -> list[SendOutcome]:
         """Admit many envelopes with one durable write; every member has its own outcome."""
+        return await self.complete(await self.prepare(items))
+
+    async def prepare(self, items: Sequence[Outbound]) -> PreparedSend:
+        """The first half of `send_many`: validate, apply ACKs, deduplicate and reserve buffer
+        space, without the durable write. `complete` must follow (a stream pipelines the two:
+        it prepares the next frame while this one's write commits)."""
         now = self._clock.now()
         # Members are prepared concurrently so that their store work (ACK state changes,
         # lookups) shares group commits; buffer reservations are synchronous, so the
         # capacity check stays exact.
-        prepared = await _each(items, lambda item: self._prepare(item, now), _waits_on_store)
+        early = await self._acknowledge_frame(items, now)
+        prepared = await _each(
+            range(len(items)), lambda i: self._prepare(items[i], now, early.get(i)),
+            lambda i: i not in early and _waits_on_store(items[i]),
+        )  # fmt: skip
         outcomes = [outcome for outcome, _ in prepared]
-        admit = [(i, record, items[i]) for i, (_, record) in enumerate(prepared) if record]
-        if admit:
-            results = await self._messages.admit_many([r for _, r, _ in admit])
-            pairs = list(zip(admit, results, strict=True))
+        admit = [(i, record) for i, (_, record) in enumerate(prepared) if record]
+        return PreparedSend(items, now, outcomes, admit)
+
+    async def complete(self, batch: PreparedSend) -> list[SendOutcome]:
+        """The second half of `send_many`: one durable write for the admitted members, then
+        their inboxes and events, then the rejections' NACKs."""
+        items, now, outcomes = batch.items, batch.now, batch.outcomes
+        if batch.admit:
+            results = await self._messages.admit_many([r for _, r in batch.admit])
+            pairs = list(zip(batch.admit, results, strict=True))
             done = await _each(
-                pairs, lambda p: self._admitted(p[0][2], p[0][1], p[1], now),
-                lambda p: _waits_on_store(p[0][2]),
+                pairs, lambda p: self._admitted(items[p[0][0]], p[0][1], p[1], now),
+                lambda p: bool(items[p[0][0]].envelope.idempotency_token),
             )  # fmt: skip
-            for (index, _, _), outcome in zip(admit, done, strict=True):
+            for (index, _), outcome in zip(batch.admit, done, strict=True):
                 outcomes[index] = outcome
         await asyncio.gather(
             *(self._rejected(item, outcome, now)
@@ -176,17 +199,21 @@ class Router:
         return outcomes
 
     async def _prepare(
-        self, item: Outbound, now: float
+        self, item: Outbound, now: float, acked: str | ApiaryError | None = None
     ) -> tuple[SendOutcome, StoredMessage | None]:
+        """`acked`: the member's ACK was applied with its frame (`_acknowledge_frame`), which
+        found this forwarding target or this error; None when it was not."""
         env = item.envelope
         try:
-            validate_envelope(
-                env, limits=self.settings.limits, now=now, hlc_required=self.settings.hlc_required
-            )
-            acked_producer = ""
-            # The coordinator's own ACKs (NACKs, duplicate notices) acknowledge nothing it
-            # received; only an agent's ACK moves the acknowledged message.
-            if env.message_type is MessageType.ACKNOWLEDGEMENT and env.producer_id != COORDINATOR:
+            if isinstance(acked, ApiaryError):
+                raise acked
+            acked_producer = acked or ""
+            if acked is None:
+                validate_envelope(
+                    env, limits=self.settings.limits, now=now,
+                    hlc_required=self.settings.hlc_required,
+                )  # fmt: skip
+            if acked is None and _agent_ack(env):
                 acked_producer = await self._on_ack(env, now)
             target = resolve_recipient(env, item.recipient, acked_producer)
             raw = item.raw
@@ -420,9 +447,70 @@ class Router:
                 )
             effects = await self.apply(original, ACK_INPUTS[ack.ack_stage], now, ack=ack)
         self._locks.pop(ack.ack_for_message_id, None)
-        if Effect.FORWARD_ACK not in effects or is_notice(original):
-            return COORDINATOR
-        return original.producer_id
+        return _forward_target(original, effects)
+
+    async def _acknowledge_frame(
+        self, items: Sequence[Outbound], now: float
+    ) -> dict[int, str | ApiaryError]:
+        """Apply a frame's agent ACKs together: one batch of state changes (one writer job)
+        instead of a task, a lock wait and a store round trip per ACK.
+
+        Returns, by member index, what `_on_ack` would have: where the ACK is forwarded, or
+        the error that rejects it. Members left out take the general path: ACKs of messages
+        not in memory (the store must be asked), of a message acknowledged twice in the frame
+        or being changed elsewhere right now (they wait for its lock), and chunked ones.
+        """
+        early: dict[int, str | ApiaryError] = {}
+        claimed: dict[str, asyncio.Lock] = {}
+        planned: list[tuple[int, StoredMessage, Ack, tuple[Step, StateChange | None] | None]] = []
+        limits, hlc = self.settings.limits, self.settings.hlc_required
+        for i, item in enumerate(items):
+            env = item.envelope
+            if not _agent_ack(env) or env.idempotency_token:
+                continue
+            if content_type_base(env.content_type) == CHUNK_CONTENT_TYPE:
+                continue
+            try:
+                validate_envelope(env, limits=limits, now=now, hlc_required=hlc)
+                ack = self._codec.decode_ack(env)
+            except ApiaryError as exc:
+                early[i] = exc
+                continue
+            target = ack.ack_for_message_id
+            original = self._live.get(target)
+            if original is None or target in claimed or target in self._locks:
+                continue
+            if env.producer_id != original.recipient:
+                early[i] = PermissionDeniedError(
+                    f"{env.producer_id} may not acknowledge {original.message_id}: "
+                    f"only its recipient {original.recipient} may",
+                    {"ack_for_message_id": original.message_id},
+                )
+                continue
+            # Held until the frame's changes are applied: a deadline or another stream's ACK
+            # of the same message waits for it, as it would for `_on_ack`. A fresh lock's
+            # acquire returns at once.
+            lock = claimed[target] = self._locks[target] = asyncio.Lock()
+            await lock.acquire()
+            plan = self._plan(original, ACK_INPUTS[ack.ack_stage], now, ack, "")
+            planned.append((i, original, ack, plan))
+        try:
+            changes = [plan[1] for _, _, _, plan in planned if plan and plan[1]]
+            stored = iter(await self._changes.submit_many(changes) if changes else ())
+            for i, original, ack, plan in planned:
+                effects: tuple[Effect, ...] = ()
+                if plan is not None:
+                    step, change = plan
+                    updated = original if change is None else next(stored)
+                    event = ACK_INPUTS[ack.ack_stage]
+                    await self._follow(original, updated, event, step, now, ack, "", "")
+                    effects = step.effects
+                early[i] = _forward_target(original, effects)
+        finally:
+            for target, lock in claimed.items():
+                lock.release()
+                self._locks.pop(target, None)
+        return early
 
     async def apply(
         self,
@@ -435,21 +523,43 @@ class Router:
         note: str = "",
     ) -> tuple[Effect, ...]:
         """Run one machine step for `message` and perform its effects."""
-        if not MessageMachine.allows(message.state, event):
+        planned = self._plan(message, event, now, ack, error_code)
+        if planned is None:
             return ()
+        step, change = planned
+        updated = message if change is None else await self._changes.submit(change)
+        await self._follow(message, updated, event, step, now, ack, error_code, note)
+        return step.effects
+
+    def _plan(
+        self, message: StoredMessage, event: MessageInput, now: float, ack: Ack | None,
+        error_code: str,
+    ) -> tuple[Step, StateChange | None] | None:  # fmt: skip
+        """The machine step for `message` and the state change to persist (None: nothing to
+        write), or None when the machine ignores `event` in the message's state."""
+        if not MessageMachine.allows(message.state, event):
+            return None
         step = MessageMachine.step(message.state, event)
+        if Effect.PERSIST not in step.effects and Effect.CANCEL_ACK_TIMER not in step.effects:
+            return step, None
+        code = ack.error_code if ack else error_code
+        stage = ack.ack_stage.name if ack else ""
+        further = stage and _STAGE_ORDER[stage] > _STAGE_ORDER.get(message.acked_stage, 0)
+        change = StateChange(
+            message.message_id, step.state, now, code,
+            acked_stage=stage if further else "",
+            clear_ack_deadline=Effect.CANCEL_ACK_TIMER in step.effects,
+        )  # fmt: skip
+        return step, change
+
+    async def _follow(
+        self, message: StoredMessage, updated: StoredMessage, event: MessageInput, step: Step,
+        now: float, ack: Ack | None, error_code: str, note: str,
+    ) -> None:  # fmt: skip
+        """What follows a step once its state change (if any) is stored: the in-memory
+        indexes, the event and the step's effects."""
         code = ack.error_code if ack else error_code
         note = ack.note if ack else note
-        updated = message
-        if Effect.PERSIST in step.effects or Effect.CANCEL_ACK_TIMER in step.effects:
-            stage = ack.ack_stage.name if ack else ""
-            further = stage and _STAGE_ORDER[stage] > _STAGE_ORDER.get(message.acked_stage, 0)
-            change = StateChange(
-                message.message_id, step.state, now, code,
-                acked_stage=stage if further else "",
-                clear_ack_deadline=Effect.CANCEL_ACK_TIMER in step.effects,
-            )  # fmt: skip
-            updated = await self._changes.submit(change)
         self._track(updated, acked=ack is not None)
         await self._record_step(message, updated, event, step.late, code, now)
         if step.late and ack is not None:
@@ -458,7 +568,6 @@ class Router:
             updated = replace(updated, state=_ACKED_STATE[ack.ack_stage])
         for effect in step.effects:
             await self._perform(effect, message, updated, code, note, now)
-        return step.effects
 
     def _track(self, message: StoredMessage, *, acked: bool) -> None:
         inbox = self.inbox(message.recipient)
@@ -603,6 +712,20 @@ async def _each(
         if not overlap(item):
             results[i] = await fn(item)
     return cast(list[R], results)
+
+
+def _agent_ack(env: Envelope) -> bool:
+    """An agent's ACK, which moves the message it acknowledges. The coordinator's own ACKs
+    (NACKs, duplicate notices) acknowledge nothing it received."""
+    return env.message_type is MessageType.ACKNOWLEDGEMENT and env.producer_id != COORDINATOR
+
+
+def _forward_target(original: StoredMessage, effects: tuple[Effect, ...]) -> str:
+    """Where an ACK of `original` goes once applied: its producer, or the coordinator (which
+    ends it) when the step forwards nothing or `original` was the coordinator's notice."""
+    if Effect.FORWARD_ACK not in effects or is_notice(original):
+        return COORDINATOR
+    return original.producer_id
 
 
 def _lane(descriptor: object) -> str:

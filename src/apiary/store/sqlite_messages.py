@@ -9,12 +9,11 @@ possible.
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage, at_offset
 from apiary.store.errors import DuplicateMessageError
 from apiary.store.sql_rows import (
     MAX_SEQUENCE_SQL,
@@ -27,9 +26,10 @@ from apiary.store.sql_rows import (
     message_values,
     sequence_to_sql,
 )
+from apiary.store.sqlite_bulk import chunks, insert_rows, markers, values_rows
 from apiary.store.sqlite_database import SqliteDatabase, placeholders
 
-_INSERT = f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES ({placeholders(MESSAGE_COLUMN_COUNT)})"
+_INSERT = f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES"
 _UPDATE = (
     "UPDATE messages SET state = ?, updated_at = ?, error_code = ?,"
     " acked_stage = COALESCE(NULLIF(?, ''), acked_stage),"
@@ -37,6 +37,20 @@ _UPDATE = (
     " WHERE message_id = ?"
 )
 _UPDATE_RETURNING = f"{_UPDATE} RETURNING {MESSAGE_COLUMNS}"
+_UPDATE_WIDTH = 6
+_BULK_UPDATE = (
+    "WITH c(new_state, new_at, new_code, new_stage, new_clear, new_id) AS (VALUES {rows})"
+    " UPDATE messages SET state = c.new_state, updated_at = c.new_at, error_code = c.new_code,"
+    " acked_stage = COALESCE(NULLIF(c.new_stage, ''), messages.acked_stage),"
+    " ack_deadline = CASE WHEN c.new_clear THEN 0 ELSE messages.ack_deadline END"
+    f" FROM c WHERE messages.message_id = c.new_id RETURNING {MESSAGE_COLUMNS}"
+)
+"""`_UPDATE` for many distinct messages in one statement, each row's values in `_UPDATE`'s
+parameter order; the changed rows come back (in no particular order)."""
+_MARK_DELIVERED = (
+    "UPDATE messages SET deliveries = deliveries + 1, last_delivered_at = ?"
+    " WHERE message_id IN ({ids})"
+)
 _ID_CHUNK = 500
 """Message ids per `IN (...)` lookup, well under SQLite's limit on parameters."""
 
@@ -64,7 +78,7 @@ class SqliteMessageStore:
         values = [message_values(m) for m in messages]
         offsets = await self._db.write(lambda conn: _insert_new(conn, values))
         return [
-            dataclasses.replace(m, offset=o) if o else DuplicateMessageError(m.message_id)
+            at_offset(m, o) if o else DuplicateMessageError(m.message_id)
             for m, o in zip(messages, offsets, strict=True)
         ]
 
@@ -110,12 +124,14 @@ class SqliteMessageStore:
         given twice counts once)."""
         if not message_ids:
             return
-        params = [(float(at), message_id) for message_id in dict.fromkeys(message_ids)]
-        sql = (
-            "UPDATE messages SET deliveries = deliveries + 1, last_delivered_at = ?"
-            " WHERE message_id = ?"
-        )
-        await self._db.write(lambda conn: conn.executemany(sql, params).rowcount)
+        unique = list(dict.fromkeys(message_ids))
+
+        def mark(conn: sqlite3.Connection) -> None:
+            for start in range(0, len(unique), _ID_CHUNK):
+                chunk = unique[start : start + _ID_CHUNK]
+                conn.execute(_MARK_DELIVERED.format(ids=markers(len(chunk))), [float(at), *chunk])
+
+        await self._db.write(mark)
 
     async def inbox(
         self,
@@ -235,7 +251,7 @@ def _insert_new(conn: sqlite3.Connection, values: list[tuple[Any, ...]]) -> list
         last[recipient] = offset = offset + 1
         offsets.append(offset)
         rows.append((*value, offset))
-    conn.executemany(_INSERT, rows)
+    insert_rows(conn, _INSERT, rows, MESSAGE_COLUMN_COUNT)
     conn.executemany(
         "INSERT OR REPLACE INTO inbox_offsets (recipient, last_offset) VALUES (?, ?)",
         last.items(),
@@ -246,10 +262,12 @@ def _insert_new(conn: sqlite3.Connection, values: list[tuple[Any, ...]]) -> list
 def _apply_unique(
     conn: sqlite3.Connection, params: list[tuple[Any, ...]], ids: list[str]
 ) -> list[tuple[Any, ...]]:
-    """Apply changes to distinct messages: one executemany, then the rows read back."""
-    changed = conn.executemany(_UPDATE, params).rowcount
-    rows = _rows_by_id(conn, ids)
-    if changed != len(ids):
+    """Apply changes to distinct messages, a chunk per statement, the rows coming back."""
+    rows: dict[str, tuple[Any, ...]] = {}
+    for count, flat in chunks(conn, params, _UPDATE_WIDTH):
+        sql = _BULK_UPDATE.format(rows=values_rows(count, _UPDATE_WIDTH))
+        rows.update((row[0], tuple(row)) for row in conn.execute(sql, flat).fetchall())
+    if len(rows) != len(ids):
         missing = next(i for i in ids if i not in rows)
         raise LookupError(f"no message {missing!r}")  # the job's savepoint undoes the rest
     return [rows[i] for i in ids]
@@ -266,18 +284,6 @@ def _apply_in_turn(
         if not found:
             raise LookupError(f"no message {row_params[-1]!r}")
         rows.append(tuple(found[0]))
-    return rows
-
-
-def _rows_by_id(conn: sqlite3.Connection, message_ids: list[str]) -> dict[str, tuple[Any, ...]]:
-    rows: dict[str, tuple[Any, ...]] = {}
-    for start in range(0, len(message_ids), _ID_CHUNK):
-        chunk = message_ids[start : start + _ID_CHUNK]
-        sql = (
-            f"SELECT {MESSAGE_COLUMNS} FROM messages"
-            f" WHERE message_id IN ({placeholders(len(chunk))})"
-        )
-        rows.update((row[0], tuple(row)) for row in conn.execute(sql, chunk))
     return rows
 
 

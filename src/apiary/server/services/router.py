@@ -9,6 +9,7 @@ from apiary.engine.delivery import Delivery, parse_resume_token, resume_token
 from apiary.engine.hitl import Hitl
 from apiary.engine.inbox import Handout
 from apiary.engine.router import Router
+from apiary.engine.send_pipeline import SendPipeline
 from apiary.errors import ValidationError
 from apiary.server.context import RECIPIENT_KEY, RESUME_AFTER_KEY, CallContext
 from apiary.server.services.hitl import apply_decision_envelope, decision_in
@@ -93,10 +94,17 @@ class RouterStreamHandler:
     def __init__(self, router: Router, delivery: Delivery) -> None:
         self._router = router
         self._delivery = delivery
+        self._pipeline = SendPipeline(router)
 
     async def send_stream(
         self, frames: AsyncIterator[apiary_pb2.SendFrame], ctx: CallContext
     ) -> AsyncIterator[apiary_pb2.SendResultFrame]:
+        async for outcomes in self._pipeline.run(self._batches(frames, ctx)):
+            yield apiary_pb2.SendResultFrame(results=[_result(o) for o in outcomes])
+
+    async def _batches(
+        self, frames: AsyncIterator[apiary_pb2.SendFrame], ctx: CallContext
+    ) -> AsyncIterator[list[Outbound]]:
         async for frame in frames:
             settings = self._router.settings
             if len(frame.items) > settings.max_frame_items:
@@ -109,7 +117,7 @@ class RouterStreamHandler:
                     "items",
                     f"at most {settings.max_frame_bytes} payload bytes per frame, not {size}",
                 )
-            items = [
+            yield [
                 Outbound(
                     envelope_from_proto(item.msg),
                     item.recipient or ctx.get(RECIPIENT_KEY),
@@ -117,8 +125,6 @@ class RouterStreamHandler:
                 )
                 for item in frame.items
             ]
-            outcomes = await self._router.send_many(items)
-            yield apiary_pb2.SendResultFrame(results=[_result(o) for o in outcomes])
 
     async def inbound(
         self, req: apiary_pb2.InboundRequest, ctx: CallContext
