@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator
 
 from apiary.core.message_machine import MessageInput
-from apiary.core.records import MessageState, StateChange, handed_out
+from apiary.core.records import MessageState, StateChange, StoredMessage, changed, handed_out
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.inbox import Handout
 from apiary.engine.notices import COORDINATOR
@@ -137,7 +137,7 @@ class Delivery:
         if not batch:
             return []
         await self._messages.mark_delivered([h.message.message_id for h in batch], now)
-        finished: list[StateChange] = []
+        finished: list[tuple[StoredMessage, StateChange]] = []
         stats = self._router.stats
         waited = stats.timing(stats.dequeue_latency, agent_id)
         notices = [is_notice(h.message) for h in batch]
@@ -145,7 +145,8 @@ class Delivery:
             message = handout.message
             waited.observe(now - message.created_at)
             if notice:
-                finished.append(StateChange(message.message_id, MessageState.FULFILLED, now))
+                done = StateChange(message.message_id, MessageState.FULFILLED, now)
+                finished.append((message, done))
             elif handout.attempt > 1:
                 await self._router.apply(message, MessageInput.REDELIVER, now)
             if handout.urgent:
@@ -156,8 +157,10 @@ class Delivery:
                     lane=message.lane,
                 )  # fmt: skip
         if finished:
-            for done in await self._messages.apply(finished):
-                self._router.finish_notice(done)
+            # Nothing of the stored rows is needed: a finished notice is only forgotten.
+            await self._messages.record([change for _, change in finished])
+            for message, change in finished:
+                self._router.finish_notice(changed(message, change))
         handed = [_delivered(h, now) for h in batch]
         inbox = self._router.inbox(agent_id)
         for handout, notice in zip(handed, notices, strict=True):

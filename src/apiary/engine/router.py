@@ -33,7 +33,7 @@ from apiary.core.message_machine import (
     MessageMachine,
     Step,
 )
-from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage, changed
 from apiary.engine.admission import (
     DEAD_LETTER_CODES,
     SOFT_REJECTIONS,
@@ -429,6 +429,9 @@ class Router:
         """Apply a frame's agent ACKs together: one batch of state changes (one writer job)
         instead of a task, a lock wait and a store round trip per ACK.
 
+        The changes are recorded without reading the messages back: the live copies,
+        changed as the store changes them, are the stored rows.
+
         Returns, by member index, what `_on_ack` would have: where the ACK is forwarded, or
         the error that rejects it. Members left out take the general path: ACKs of messages
         not in memory (the store must be asked), of a message acknowledged twice in the frame
@@ -470,12 +473,15 @@ class Router:
             planned.append((i, original, ack, plan))
         try:
             changes = [plan[1] for _, _, _, plan in planned if plan and plan[1]]
-            stored = iter(await self._changes.submit_many(changes) if changes else ())
+            if changes:
+                await self._messages.record(changes)
             for i, original, ack, plan in planned:
                 effects: tuple[Effect, ...] = ()
                 if plan is not None:
                     step, change = plan
-                    updated = original if change is None else next(stored)
+                    # The stored row is the live copy (held under the lock) with the change.
+                    current = self._live.get(original.message_id, original)
+                    updated = current if change is None else changed(current, change)
                     event = ACK_INPUTS[ack.ack_stage]
                     await self._follow(original, updated, event, step, now, ack, "", "")
                     effects = step.effects

@@ -239,6 +239,11 @@ class PostgresMessageStore:
                     applied.append(message_from_row(row))
         return applied
 
+    async def record(self, changes: Sequence[StateChange]) -> None:
+        """Apply state changes as `apply` does, without the answer (reading the rows back
+        costs little here, next to the round trip)."""
+        await self.apply(changes)
+
     async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """Count one more delivery of each message at `at` (unknown ids are ignored; an id
         given twice counts once)."""

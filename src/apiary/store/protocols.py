@@ -102,6 +102,11 @@ class MessageStore(Protocol):
         and apply nothing."""
         ...
 
+    async def record(self, changes: Sequence[StateChange]) -> None:
+        """Apply state changes as `apply` does, without reading the messages back: for a
+        caller that holds them already (`core.records.changed` gives the result)."""
+        ...
+
     async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """Count one more delivery of each message at `at` (unknown ids are ignored)."""
         ...

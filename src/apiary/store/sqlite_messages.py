@@ -47,6 +47,8 @@ _BULK_UPDATE = (
 )
 """`_UPDATE` for many distinct messages in one statement, each row's values in `_UPDATE`'s
 parameter order; the changed rows come back (in no particular order)."""
+_BULK_RECORD = _BULK_UPDATE[: _BULK_UPDATE.index(" RETURNING")]
+"""`_BULK_UPDATE` without reading the rows back (their count tells unknown ids)."""
 _MARK_DELIVERED = (
     "UPDATE messages SET deliveries = deliveries + 1, last_delivered_at = ?"
     " WHERE message_id IN ({ids})"
@@ -100,24 +102,25 @@ class SqliteMessageStore:
         and the job's savepoint undoes the changes already made."""
         if not changes:
             return []
-        params = [
-            (
-                MessageState(c.state).value,
-                float(c.at),
-                c.error_code,
-                c.acked_stage,
-                int(c.clear_ack_deadline),
-                c.message_id,
-            )
-            for c in changes
-        ]
-
+        params = _change_params(changes)
         ids = [c.message_id for c in changes]
         if len(set(ids)) == len(ids):
             rows = await self._db.write(lambda conn: _apply_unique(conn, params, ids))
         else:
             rows = await self._db.write(lambda conn: _apply_in_turn(conn, params))
         return [message_from_row(row) for row in rows]
+
+    async def record(self, changes: Sequence[StateChange]) -> None:
+        """Apply state changes as `apply` does, without reading the messages back: about a
+        third of the statement's cost, and no rows to decode on the event loop."""
+        if not changes:
+            return
+        params = _change_params(changes)
+        ids = [c.message_id for c in changes]
+        if len(set(ids)) == len(ids):
+            await self._db.write(lambda conn: _record_unique(conn, params, ids))
+        else:
+            await self._db.write(lambda conn: _apply_in_turn(conn, params))
 
     async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """Count one more delivery of each message at `at` (unknown ids are ignored; an id
@@ -271,6 +274,34 @@ def _apply_unique(
         missing = next(i for i in ids if i not in rows)
         raise LookupError(f"no message {missing!r}")  # the job's savepoint undoes the rest
     return [rows[i] for i in ids]
+
+
+def _change_params(changes: Sequence[StateChange]) -> list[tuple[Any, ...]]:
+    """Each change's values in `_UPDATE`'s parameter order."""
+    return [
+        (
+            MessageState(c.state).value,
+            float(c.at),
+            c.error_code,
+            c.acked_stage,
+            int(c.clear_ack_deadline),
+            c.message_id,
+        )
+        for c in changes
+    ]
+
+
+def _record_unique(conn: sqlite3.Connection, params: list[tuple[Any, ...]], ids: list[str]) -> None:
+    """`_apply_unique` without the rows: a chunk per statement, its row count checked."""
+    for count, flat in chunks(conn, params, _UPDATE_WIDTH):
+        sql = _BULK_RECORD.format(rows=values_rows(count, _UPDATE_WIDTH))
+        # Not the cursor's rowcount: sqlite3 reports none for a statement led by WITH.
+        before = conn.total_changes
+        conn.execute(sql, flat)
+        if conn.total_changes - before != count:
+            known = _existing_ids(conn, ids)
+            missing = next(i for i in ids if i not in known)
+            raise LookupError(f"no message {missing!r}")  # the job's savepoint undoes the rest
 
 
 def _apply_in_turn(
