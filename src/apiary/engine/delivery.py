@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator
+from functools import lru_cache
 
 from apiary.core.message_machine import MessageInput
 from apiary.core.records import MessageState, StateChange, StoredMessage, changed, handed_out
@@ -26,8 +27,14 @@ from apiary.store.protocols import MessageStore
 def resume_token(agent_id: str, offset: int) -> str:
     """Opaque resume token (RFC 5.5): encodes the agent and the position (one per delivery,
     so it is built without JSON)."""
-    raw = f'{{"a":{json.dumps(agent_id)},"o":{offset},"v":1}}'.encode()
+    raw = f'{{"a":{_json_string(agent_id)},"o":{offset},"v":1}}'.encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@lru_cache(maxsize=4096)
+def _json_string(text: str) -> str:
+    """`text` as a JSON string (cached: a token per delivery, for a handful of agents)."""
+    return json.dumps(text)
 
 
 def parse_resume_token(token: str, agent_id: str) -> int:
