@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from functools import lru_cache
 
 from apiary.core.message_machine import MessageInput
-from apiary.core.records import MessageState, StateChange, StoredMessage, changed, handed_out
+from apiary.core.records import MessageState, StateChange, handed_out
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.inbox import Handout
 from apiary.engine.notices import COORDINATOR
@@ -144,7 +144,7 @@ class Delivery:
         if not batch:
             return []
         await self._messages.mark_delivered([h.message.message_id for h in batch], now)
-        finished: list[tuple[StoredMessage, StateChange]] = []
+        finished: list[StateChange] = []
         stats = self._router.stats
         waited = stats.timing(stats.dequeue_latency, agent_id)
         notices = [is_notice(h.message) for h in batch]
@@ -152,8 +152,7 @@ class Delivery:
             message = handout.message
             waited.observe(now - message.created_at)
             if notice:
-                done = StateChange(message.message_id, MessageState.FULFILLED, now)
-                finished.append((message, done))
+                finished.append(StateChange(message.message_id, MessageState.FULFILLED, now))
             elif handout.attempt > 1:
                 await self._router.apply(message, MessageInput.REDELIVER, now)
             if handout.urgent:
@@ -165,9 +164,10 @@ class Delivery:
                 )  # fmt: skip
         if finished:
             # Nothing of the stored rows is needed: a finished notice is only forgotten.
-            await self._messages.record([change for _, change in finished])
-            for message, change in finished:
-                self._router.finish_notice(changed(message, change))
+            await self._messages.record(finished)
+            for handout, notice in zip(batch, notices, strict=True):
+                if notice:
+                    self._router.finish_notice(handout.message)
         handed = [_delivered(h, now) for h in batch]
         inbox = self._router.inbox(agent_id)
         for handout, notice in zip(handed, notices, strict=True):

@@ -134,8 +134,14 @@ class Router:
         return self._clock.now()
 
     def finish_notice(self, message: StoredMessage) -> None:
-        """A notice was handed out and is FULFILLED: forget it."""
-        self._track(message, acked=True)
+        """A notice was handed out and recorded FULFILLED: forget it (what `_track` does for
+        a terminal state; a notice has no service time to observe)."""
+        message_id = message.message_id
+        inbox = self.inbox(message.recipient)
+        inbox.acknowledged(message_id)
+        inbox.finished(message_id)
+        self._live.pop(message_id, None)
+        self.deadlines.forget(message_id)
 
     # ------------------------------------------------------------------ sending
 
