@@ -166,7 +166,7 @@ class Router:
         # capacity check stays exact.
         early = await self._acknowledge_frame(items, now)
         prepared = await _each(
-            range(len(items)), lambda i: self._prepare(items[i], now, early.get(i)),
+            range(len(items)), lambda i: self._prepare_member(items[i], now, early.get(i)),
             lambda i: i not in early and _waits_on_store(items[i]),
         )  # fmt: skip
         outcomes = [outcome for outcome, _ in prepared]
@@ -180,17 +180,62 @@ class Router:
         if batch.admit:
             results = await self._messages.admit_many([r for _, r in batch.admit])
             pairs = list(zip(batch.admit, results, strict=True))
-            done = await _each(
-                pairs, lambda p: self._admitted(items[p[0][0]], p[0][1], p[1], now),
-                lambda p: bool(items[p[0][0]].envelope.idempotency_token),
-            )  # fmt: skip
-            for (index, _), outcome in zip(batch.admit, done, strict=True):
-                outcomes[index] = outcome
+            tokens = [p for p in pairs if items[p[0][0]].envelope.idempotency_token]
+            if tokens:
+                # Their idempotency records are written concurrently (shared commits).
+                done = await asyncio.gather(
+                    *(self._admitted(items[i], record, result, now)
+                      for (i, record), result in tokens)
+                )  # fmt: skip
+                for ((index, _), _), outcome in zip(tokens, done, strict=True):
+                    outcomes[index] = outcome
+            for (index, record), result in pairs:
+                if not items[index].envelope.idempotency_token:
+                    outcomes[index] = self._admitted_now(items[index], record, result, now)
         await asyncio.gather(
             *(self._rejected(item, outcome, now)
               for outcome, item in zip(outcomes, items, strict=True) if outcome.error is not None)
         )  # fmt: skip
         return outcomes
+
+    async def _prepare_member(
+        self, item: Outbound, now: float, acked: str | ApiaryError | None
+    ) -> tuple[SendOutcome, StoredMessage | None]:
+        """`_prepare`, done without suspending where the member needs nothing of the store."""
+        return self._prepare_now(item, now, acked) or await self._prepare(item, now, acked)
+
+    def _prepare_now(
+        self, item: Outbound, now: float, acked: str | ApiaryError | None
+    ) -> tuple[SendOutcome, StoredMessage | None] | None:
+        """What `_prepare` answers, for a member it can answer from memory alone (most of a
+        stream: no token, a fresh sequence number, or an ACK applied with its frame); None
+        for the rest, which has not been touched then."""
+        env = item.envelope
+        if item.requeue or (acked is None and (env.idempotency_token or _agent_ack(env))):
+            return None
+        if content_type_base(env.content_type) == CHUNK_CONTENT_TYPE:
+            return None
+        try:
+            if isinstance(acked, ApiaryError):
+                raise acked
+            if acked is None:
+                validate_envelope(
+                    env, limits=self.settings.limits, now=now,
+                    hlc_required=self.settings.hlc_required,
+                )  # fmt: skip
+            target = resolve_recipient(env, item.recipient, acked or "")
+            if target == COORDINATOR:
+                return SendOutcome(env.message_id, True, reason="acknowledged"), None
+            notice = self._routable(env, target)
+            if not notice:
+                if not self.dedup.fresh(env):
+                    return None
+                self._reserve_checked(target, env)
+            return SendOutcome(env.message_id, True), self._record(
+                env, target, now, notice, item.raw
+            )
+        except ApiaryError as exc:
+            return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
 
     async def _prepare(
         self, item: Outbound, now: float, acked: str | ApiaryError | None = None
@@ -230,7 +275,18 @@ class Router:
         if target == COORDINATOR:
             # ACKs of coordinator notices end here: nothing to forward.
             return SendOutcome(env.message_id, True, reason="acknowledged"), None
-        agent = await self._registry.find(target)
+        notice = self._routable(env, target)
+        if not notice:
+            duplicate = await self.dedup.check(env, now, requeue=requeue)
+            if duplicate is not None:
+                return duplicate, None
+            self._reserve_checked(target, env)
+        return SendOutcome(env.message_id, True), self._record(env, target, now, notice, raw)
+
+    def _routable(self, env: Envelope, target: str) -> bool:
+        """Raise unless `target` is registered and takes `env`'s content type; whether `env`
+        is a notice (which needs neither deduplication nor buffer space)."""
+        agent = self._registry.known(target)
         if agent is None:
             raise NoRouteError(
                 f"no registered agent {target!r} to deliver {env.message_id} to",
@@ -239,17 +295,22 @@ class Router:
         notice = env.producer_id == COORDINATOR or env.message_type in NOTICE_TYPES
         if not notice:
             check_modality(env.content_type, agent.descriptor.get("modalities_supported") or ())
-            duplicate = await self.dedup.check(env, now, requeue=requeue)
-            if duplicate is not None:
-                return duplicate, None
-            try:
-                self._reserve(target, env)
-            except ApiaryError:
-                self.dedup.abandon(env.message_id)
-                raise
-        producer = await self._registry.find(env.producer_id)
+        return notice
+
+    def _reserve_checked(self, target: str, env: Envelope) -> None:
+        """`_reserve` after deduplication passed: a refusal frees what that reserved."""
+        try:
+            self._reserve(target, env)
+        except ApiaryError:
+            self.dedup.abandon(env.message_id)
+            raise
+
+    def _record(
+        self, env: Envelope, target: str, now: float, notice: bool, raw: bytes
+    ) -> StoredMessage:
+        producer = self._registry.known(env.producer_id)
         lane = _lane(producer.descriptor if producer else {})
-        record = StoredMessage(
+        return StoredMessage(
             message_id=env.message_id,
             recipient=target,
             producer_id=env.producer_id,
@@ -266,7 +327,6 @@ class Router:
             expires_at=ttl_deadline(env, received_at=now)
             or (now + self.settings.notice_ttl_s if notice else 0.0),
         )
-        return SendOutcome(env.message_id, True), record
 
     def _reserve(self, target: str, env: Envelope) -> None:
         inbox = self.inbox(target)
@@ -300,6 +360,20 @@ class Router:
         result: StoredMessage | DuplicateMessageError,
         now: float,
     ) -> SendOutcome:
+        outcome = self._admitted_now(item, record, result, now)
+        if outcome.stored is not None:
+            await self.dedup.admitted(outcome.stored, now)
+        return outcome
+
+    def _admitted_now(
+        self,
+        item: Outbound,
+        record: StoredMessage,
+        result: StoredMessage | DuplicateMessageError,
+        now: float,
+    ) -> SendOutcome:
+        """`_admitted` but for the idempotency cache, which only members with a token
+        (the ones `complete` awaits) have anything to write to."""
         env = item.envelope
         inbox = self.inbox(record.recipient)
         if isinstance(result, DuplicateMessageError):
@@ -314,28 +388,25 @@ class Router:
             return SendOutcome(env.message_id, False, error, f"{error.code}: {error.message}")
         stored = result
         self._live[stored.message_id] = stored
-        inbox.add(stored, occupies=not is_notice(stored))
+        notice = is_notice(stored)
+        inbox.add(stored, occupies=not notice)
         self.deadlines.watch(stored)
-        await self.dedup.admitted(stored, now)
         self.stats.accepted[stored.recipient] += 1
         started = env.timestamp if 0 < env.timestamp <= now else now
         self.stats.timing(self.stats.enqueue_latency, stored.recipient).observe(now - started)
-        if is_notice(stored):
+        if not notice:
             # Notices are logged by their causes (message.state, agent.joined, ...); a
             # received event for each would repeat those and every heartbeat.
-            return SendOutcome(
-                env.message_id, True, stored=stored, reason=f"offset {stored.offset}"
+            self._events.note(
+                "message.received",
+                env.producer_id,
+                correlation_id=env.correlation_id,
+                agent_id=stored.recipient,
+                message_id=env.message_id,
+                message_type=env.message_type.name,
+                offset=stored.offset,
+                lane=stored.lane,
             )
-        await self._events.record(
-            "message.received",
-            env.producer_id,
-            correlation_id=env.correlation_id,
-            agent_id=stored.recipient,
-            message_id=env.message_id,
-            message_type=env.message_type.name,
-            offset=stored.offset,
-            lane=stored.lane,
-        )
         return SendOutcome(env.message_id, True, stored=stored, reason=f"offset {stored.offset}")
 
     async def _rejected(self, item: Outbound, outcome: SendOutcome, now: float) -> None:
