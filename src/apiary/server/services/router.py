@@ -22,19 +22,23 @@ RESUME_TOKEN_KEY = "sw4rm-resume-token"
 
 
 def _envelope_bytes_item(handout: Handout) -> router_pb2.StreamItem:
-    # The stored bytes are a canonical Envelope already: parse once into the reply.
-    return router_pb2.StreamItem(msg=pb.common_pb2.Envelope.FromString(handout.message.envelope))
+    # The stored bytes are a canonical Envelope already: parsed straight into the reply.
+    item = router_pb2.StreamItem()
+    item.msg.MergeFromString(handout.message.envelope)
+    return item
 
 
 def _delivery(handout: Handout) -> apiary_pb2.Delivery:
     message = handout.message
-    return apiary_pb2.Delivery(
+    delivery = apiary_pb2.Delivery(
         offset=message.offset,
         resume_token=resume_token(message.recipient, message.offset),
         attempt=handout.attempt,
         urgent=handout.urgent,
-        msg=pb.common_pb2.Envelope.FromString(message.envelope),
     )
+    # Parsed in place: no Envelope of its own to copy into the Delivery afterwards.
+    delivery.msg.MergeFromString(message.envelope)
+    return delivery
 
 
 def _result(outcome: SendOutcome) -> apiary_pb2.SendResult:
@@ -117,14 +121,15 @@ class RouterStreamHandler:
                     "items",
                     f"at most {settings.max_frame_bytes} payload bytes per frame, not {size}",
                 )
-            yield [
-                Outbound(
-                    envelope_from_proto(item.msg),
-                    item.recipient or ctx.get(RECIPIENT_KEY),
-                    raw=item.msg.SerializeToString(),
-                )
-                for item in frame.items
-            ]
+            default = ctx.get(RECIPIENT_KEY)
+            batch = []
+            for item in frame.items:
+                msg = item.msg
+                batch.append(
+                    Outbound(envelope_from_proto(msg), item.recipient or default,
+                             msg.SerializeToString())
+                )  # fmt: skip
+            yield batch
 
     async def inbound(
         self, req: apiary_pb2.InboundRequest, ctx: CallContext
