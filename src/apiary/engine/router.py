@@ -67,6 +67,9 @@ NOTICE_TYPES = frozenset({MessageType.ACKNOWLEDGEMENT, MessageType.HEARTBEAT})
 _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
 """The message state an ACK stage reports."""
+_AWAITED_EFFECTS = frozenset({Effect.NACK, Effect.DEAD_LETTER, Effect.UPDATE_IDEMPOTENCY})
+"""The effects `Router._perform` carries out (they may wait on the store); the router does
+RELEASE_CREDIT itself, and the rest need nothing after the step."""
 
 
 def is_notice(message: StoredMessage) -> bool:
@@ -618,13 +621,19 @@ class Router:
         code = ack.error_code if ack else error_code
         note = ack.note if ack else note
         self._track(updated, acked=ack is not None)
-        await self._record_step(message, updated, event, step.late, code, now)
+        self._record_step(message, updated, event, step.late, code, now)
         if step.late and ack is not None:
             # RFC 11.1 rule 4: a late ACK leaves the message's state alone but counts for the
             # idempotency cache at the stage it reports (the only late effect reading it).
             updated = replace(updated, state=_ACKED_STATE[ack.ack_stage])
         for effect in step.effects:
-            await self._perform(effect, message, updated, code, note, now)
+            if effect is Effect.RELEASE_CREDIT:
+                self._release_credit(message)
+            elif effect in _AWAITED_EFFECTS and (
+                effect is not Effect.UPDATE_IDEMPOTENCY or updated.idempotency_token
+            ):
+                # (Without a token there is no cache entry to update.)
+                await self._perform(effect, message, updated, code, note, now)
 
     def _track(self, message: StoredMessage, *, acked: bool) -> None:
         inbox = self.inbox(message.recipient)
@@ -644,18 +653,18 @@ class Router:
             if message.state is MessageState.READ:
                 inbox.dequeued(message.message_id)
 
-    async def _record_step(
+    def _record_step(
         self, before: StoredMessage, after: StoredMessage, event: MessageInput,
         late: bool, code: str, now: float,
     ) -> None:  # fmt: skip
         if late:
-            await self._events.record(
+            self._events.note(
                 "message.late_ack", before.recipient, correlation_id=before.correlation_id,
                 agent_id=before.recipient, message_id=before.message_id, state=before.state,
                 input=event, decided_at=before.updated_at, ack_at=now,
             )  # fmt: skip
         elif before.state is not after.state:
-            await self._events.record(
+            self._events.note(
                 "message.state", before.recipient, correlation_id=before.correlation_id,
                 agent_id=before.recipient, message_id=before.message_id,
                 **{"from": before.state.value, "to": after.state.value},
@@ -679,8 +688,6 @@ class Router:
             self.stats.dead_lettered[code] += 1
         elif effect is Effect.UPDATE_IDEMPOTENCY:
             await self.dedup.progress(after, before.message_id, now, code, note)
-        elif effect is Effect.RELEASE_CREDIT:
-            self._release_credit(before)
 
     def _release_credit(self, message: StoredMessage) -> None:
         ledger = self._credits.get(message.recipient)
