@@ -223,7 +223,7 @@ def check_payload_type(content_type: str, payload: bytes) -> None:
     if _is_json(base):
         text = _utf8(payload, base)
         try:
-            json.loads(text, parse_constant=_reject_constant)
+            _parse_strict_json(text)
         except (ValueError, RecursionError) as exc:
             raise ValidationError.for_field(
                 "payload", f"is not valid JSON for {base}: {str(exc)[:120]}"
@@ -398,6 +398,18 @@ def _covers(modality: str, base: str) -> bool:
 
 def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
+
+
+_STRICT_JSON: Final = json.JSONDecoder(parse_constant=_reject_constant)
+"""One decoder for every payload: json.loads with any option builds a new one per call."""
+
+
+def _parse_strict_json(text: str) -> None:
+    """json.loads(text, parse_constant=_reject_constant), with its BOM check, minus the
+    decoder it would build."""
+    if text.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    _STRICT_JSON.decode(text)
 
 
 def _check_limit(name: str, value: object) -> None:
