@@ -199,6 +199,12 @@ class MemoryMessageStore:
         """Apply state changes as `apply` does, without the answer."""
         await self.apply(changes)
 
+    async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """`mark_delivered`, then FULFILLED at `at` (unknown ids are ignored)."""
+        await self.mark_delivered(message_ids, at)
+        known = [m for m in dict.fromkeys(message_ids) if m in self._messages]
+        await self.apply([StateChange(m, MessageState.FULFILLED, at) for m in known])
+
     async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """Count one more delivery of each message at `at` (unknown ids are ignored; an id
         given twice counts once)."""

@@ -111,6 +111,11 @@ class MessageStore(Protocol):
         """Count one more delivery of each message at `at` (unknown ids are ignored)."""
         ...
 
+    async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """`mark_delivered` and then `record` FULFILLED at `at` for each message, as one
+        write: what a notice goes through when it is handed out. Unknown ids are ignored."""
+        ...
+
     async def due(self, now: float, limit: int = 500) -> list[StoredMessage]:
         """Unfinished messages whose ack_deadline or expires_at is set and <= now,
         ordered by the earlier of the two."""

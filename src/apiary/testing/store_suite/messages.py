@@ -446,6 +446,23 @@ async def record_applies_as_apply_does(factory: StoreFactory) -> None:
 
 
 @_check
+async def finish_delivered_counts_a_delivery_and_fulfils(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        one = await store.messages.admit(message("m-1", acked_stage="RECEIVED", deliveries=1))
+        two = await store.messages.admit(message("m-2", error_code="x"))
+        untouched = await store.messages.admit(message("m-3"))
+        await store.messages.finish_delivered([], T0)
+        await store.messages.finish_delivered(["m-1", "m-2", "m-1", "nope"], T0 + 7)
+        for before in (one, two):
+            after = replace(
+                before, deliveries=before.deliveries + 1, last_delivered_at=T0 + 7,
+                state=MessageState.FULFILLED, updated_at=T0 + 7, error_code="",
+            )  # fmt: skip
+            assert await store.messages.get(before.message_id) == after
+        assert await store.messages.get("m-3") == untouched
+
+
+@_check
 async def set_state_leaves_the_delivery_fields_alone(factory: StoreFactory) -> None:
     async with factory.open() as store:
         admitted = await store.messages.admit(
