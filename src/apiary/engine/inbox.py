@@ -141,10 +141,10 @@ class Inbox:
         pending, dropped = self._pending, self._dropped
         self._heads()
         while len(out) < limit:
-            ready = {lane: len(q) for lane, q in pending.items() if q}
-            if not ready:
+            counts = {lane: len(q) for lane, q in pending.items()}
+            if not any(counts.values()):
                 break
-            choice = self._scheduler.pick(ready, now)
+            choice = self._scheduler.pick_counted(counts, now)
             if choice is None:
                 break
             queue = pending[choice.lane]
