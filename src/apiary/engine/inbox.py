@@ -140,10 +140,8 @@ class Inbox:
         out: list[Handout] = []
         pending, dropped = self._pending, self._dropped
         self._heads()
-        while len(out) < limit:
-            counts = {lane: len(q) for lane, q in pending.items()}
-            if not any(counts.values()):
-                break
+        counts = {lane: len(q) for lane, q in pending.items()}
+        while len(out) < limit and any(counts.values()):
             choice = self._scheduler.pick_counted(counts, now)
             if choice is None:
                 break
@@ -152,6 +150,7 @@ class Inbox:
             # Only this lane's head moved: drop what was finished behind it (as `_heads`).
             while queue and queue[0].message_id in dropped:
                 dropped.discard(queue.popleft().message_id)
+            counts[choice.lane] = len(queue)
             self._queued.discard(message.message_id)
             self._unacked[message.message_id] = message
             out.append(Handout(message, message.deliveries + 1, choice.urgent))

@@ -518,7 +518,12 @@ class Router:
         or being changed elsewhere right now (they wait for its lock), and chunked ones.
         """
         early: dict[int, str | ApiaryError] = {}
-        claimed: dict[str, asyncio.Lock] = {}
+        claimed: set[str] = set()
+        # One lock, held until the frame's changes are applied, stands for every message the
+        # frame claims: a deadline or another stream's ACK of one of them waits for it, as it
+        # would for `_on_ack`. A fresh lock's acquire returns at once.
+        frame_lock = asyncio.Lock()
+        await frame_lock.acquire()
         planned: list[tuple[int, StoredMessage, Ack, tuple[Step, StateChange | None] | None]] = []
         limits, hlc = self.settings.limits, self.settings.hlc_required
         for i, item in enumerate(items):
@@ -544,11 +549,8 @@ class Router:
                     {"ack_for_message_id": original.message_id},
                 )
                 continue
-            # Held until the frame's changes are applied: a deadline or another stream's ACK
-            # of the same message waits for it, as it would for `_on_ack`. A fresh lock's
-            # acquire returns at once.
-            lock = claimed[target] = self._locks[target] = asyncio.Lock()
-            await lock.acquire()
+            claimed.add(target)
+            self._locks[target] = frame_lock
             plan = self._plan(original, ACK_INPUTS[ack.ack_stage], now, ack, "")
             planned.append((i, original, ack, plan))
         try:
@@ -567,9 +569,10 @@ class Router:
                     effects = step.effects
                 early[i] = _forward_target(original, effects)
         finally:
-            for target, lock in claimed.items():
-                lock.release()
-                self._locks.pop(target, None)
+            frame_lock.release()
+            for target in claimed:
+                if self._locks.get(target) is frame_lock:
+                    del self._locks[target]
         return early
 
     async def apply(
