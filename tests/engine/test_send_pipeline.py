@@ -8,6 +8,7 @@ every acknowledged message as one ACK at a time would.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -110,3 +111,19 @@ async def test_a_frame_of_acks_moves_each_message_and_forwards_each_ack(
         if e.details["message_id"] in set(sent)
     ]  # fmt: skip
     assert sorted(changes) == sorted([sent[0], sent[1], sent[1], sent[3]])
+
+
+async def test_a_stream_whose_frames_stop_short_never_hangs(h: EngineHarness) -> None:
+    async def cancelled_frames() -> AsyncIterator[Sequence[Outbound]]:
+        yield [Outbound(h.envelope("alice", {"n": 1}), "bob")]
+        raise asyncio.CancelledError
+
+    answered = []
+
+    async def consume() -> None:
+        async for outcomes in SendPipeline(h.engine.router).run(cancelled_frames()):
+            answered.append(outcomes)
+
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(consume(), 5)
+    assert len(answered) == 1 and answered[0][0].accepted
