@@ -14,7 +14,7 @@ import typer
 from apiary.errors import ValidationError
 from apiary.server.config import ServerConfig, load_config
 from apiary.server.coordinator import open_coordinator
-from apiary.server.gc_policy import tune_for_serving
+from apiary.server.interpreter import tune_for_serving
 
 
 def serve(

@@ -17,6 +17,12 @@ def recipient_from_payload(env: Envelope) -> str:
     """The `"to"` field of a JSON object payload, or '' when there is none."""
     if not env.content_type.split(";")[0].strip().endswith("json"):
         return ""
+    payload = env.payload
+    if b'"to"' not in payload and b"\\" not in payload and b"\x00" not in payload:
+        # No "to" key can be in there: in UTF-8 an unescaped one appears as is and an
+        # escaped one needs a backslash (UTF-16 and UTF-32 text, which json.loads also
+        # reads, always has NUL bytes). Spares parsing every ACK's payload once more.
+        return ""
     try:
         doc = json.loads(env.payload)
     except (UnicodeDecodeError, json.JSONDecodeError):

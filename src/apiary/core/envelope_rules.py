@@ -33,8 +33,9 @@ from functools import lru_cache
 from typing import Final, NoReturn
 
 from apiary.core.envelope import Envelope, MessageType
-from apiary.core.envelope_ids import EnvelopeIds, validate_ids
+from apiary.core.envelope_ids import UINT32_MAX, UINT64_MAX, EnvelopeIds, validate_ids
 from apiary.core.hlc import parse_hlc
+from apiary.core.ids import is_uuid4
 from apiary.errors import (
     OversizePayloadError,
     TtlExpiredError,
@@ -222,7 +223,7 @@ def check_payload_type(content_type: str, payload: bytes) -> None:
     if _is_json(base):
         text = _utf8(payload, base)
         try:
-            json.loads(text, parse_constant=_reject_constant)
+            _parse_strict_json(text)
         except (ValueError, RecursionError) as exc:
             raise ValidationError.for_field(
                 "payload", f"is not valid JSON for {base}: {str(exc)[:120]}"
@@ -274,6 +275,33 @@ def _modality_supported(content_type: str, modalities: tuple[str, ...]) -> bool:
 
 
 def _check_required(env: Envelope) -> None:
+    if not _ids_plainly_valid(env):
+        _check_ids(env)
+    if not isinstance(env.message_type, MessageType):
+        raise ValidationError.for_field(
+            "message_type", f"{env.message_type!r} is not a SW4RM message type"
+        )
+    if env.message_type is MessageType.MESSAGE_TYPE_UNSPECIFIED:
+        raise ValidationError.for_field("message_type", "is required")
+
+
+def _ids_plainly_valid(env: Envelope) -> bool:
+    """The checks of `validate_ids` for an envelope that passes them all, without building
+    its EnvelopeIds (every admitted envelope asks); False sends it the long way, which
+    finds the first failing field."""
+    sequence, retries = env.sequence_number, env.retry_count
+    return (
+        type(sequence) is int
+        and type(retries) is int
+        and 0 <= sequence <= UINT64_MAX
+        and 0 <= retries <= UINT32_MAX
+        and bool(env.producer_id)
+        and bool(env.correlation_id)
+        and is_uuid4(env.message_id)
+    )
+
+
+def _check_ids(env: Envelope) -> None:
     validate_ids(
         EnvelopeIds(
             message_id=env.message_id,
@@ -284,12 +312,6 @@ def _check_required(env: Envelope) -> None:
             retry_count=env.retry_count,
         )
     )
-    if not isinstance(env.message_type, MessageType):
-        raise ValidationError.for_field(
-            "message_type", f"{env.message_type!r} is not a SW4RM message type"
-        )
-    if env.message_type is MessageType.MESSAGE_TYPE_UNSPECIFIED:
-        raise ValidationError.for_field("message_type", "is required")
 
 
 def _check_payload_metadata(env: Envelope) -> None:
@@ -376,6 +398,18 @@ def _covers(modality: str, base: str) -> bool:
 
 def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
+
+
+_STRICT_JSON: Final = json.JSONDecoder(parse_constant=_reject_constant)
+"""One decoder for every payload: json.loads with any option builds a new one per call."""
+
+
+def _parse_strict_json(text: str) -> None:
+    """json.loads(text, parse_constant=_reject_constant), with its BOM check, minus the
+    decoder it would build."""
+    if text.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    _STRICT_JSON.decode(text)
 
 
 def _check_limit(name: str, value: object) -> None:

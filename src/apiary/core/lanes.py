@@ -114,6 +114,10 @@ class LaneChoice:
     overflowed: bool = False
 
 
+_PLAIN: Final = {lane: LaneChoice(lane) for lane in LANES}
+"""The choice of a lane's own slot (choices are immutable: one each will do)."""
+
+
 def smooth_wheel(weights: Mapping[str, int]) -> tuple[str, ...]:
     """One cycle of smooth weighted round robin over LANES (ties go to the earlier lane).
 
@@ -176,7 +180,11 @@ class LaneScheduler:
         `ready` maps lane names to queued message counts; a missing lane counts 0. Unknown
         lanes, negative or non-integer counts and a non-finite `now` raise ValueError.
         """
-        queued = _check_ready(ready)
+        return self.pick_counted(_check_ready(ready), now)
+
+    def pick_counted(self, queued: Mapping[str, int], now: float) -> LaneChoice | None:
+        """`pick` without checking its input, for a caller that counts its own queues: every
+        lane of LANES present, each count an integer >= 0 (an inbox, once per message)."""
         self._refill(now)
         if not any(queued.values()):
             return None
@@ -194,7 +202,7 @@ class LaneScheduler:
                 # used earns nothing: credit for it too would serve one slot twice.
                 self._credit = min(self._credit + 1, self._credit_cap)
             elif queued[lane] > 0:
-                return LaneChoice(lane)
+                return _PLAIN[lane]
         # Two cycles always reach a ready lane's slot or a fresh overflow quota.
         raise AssertionError("unreachable: the wheel has a slot for every lane")
 

@@ -114,6 +114,20 @@ class StateChange:
     clear_ack_deadline: bool = False
 
 
+def changed(message: StoredMessage, change: StateChange) -> StoredMessage:
+    """`message` after `change`, as every store applies it: state, time and error code
+    replaced, the acknowledged stage kept unless the change names one, the ACK deadline
+    cleared on request. Lets a caller that holds the current record skip reading it back."""
+    m = message
+    return StoredMessage(
+        m.message_id, m.recipient, m.producer_id, m.correlation_id, m.message_type,
+        m.envelope, change.state, m.created_at, change.at, m.offset, change.error_code,
+        m.idempotency_token, m.sequence_number, m.lane,
+        0.0 if change.clear_ack_deadline else m.ack_deadline, m.expires_at, m.deliveries,
+        m.last_delivered_at, change.acked_stage or m.acked_stage,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class IdempotencyRecord:
     """The idempotency cache entry of one logical operation (RFC 11.2, 11.1, 21).

@@ -78,6 +78,21 @@ class DedupGate:
             return await self._by_sequence(env, now)
         return None
 
+    def fresh(self, env: Envelope) -> bool:
+        """Whether `check` would admit `env` without asking the store, counting it in if so:
+        no token, and no sequence number or one above the producer's known high-water mark
+        (the common case of a stream). False means `check` must decide."""
+        if env.idempotency_token:
+            return False
+        number = env.sequence_number
+        if number <= 0:
+            return True
+        high = self._high.get(env.producer_id)
+        if high is None or number <= high:
+            return False
+        self._high[env.producer_id] = number
+        return True
+
     async def _log(self, env: Envelope, decision: str, original: str, **details: str) -> None:
         await self._events.record(
             "idempotency.decision", env.producer_id, correlation_id=env.correlation_id,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import lru_cache
 
 from apiary.core.message_machine import MessageInput
-from apiary.core.records import MessageState, StateChange, handed_out
+from apiary.core.records import handed_out
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.inbox import Handout
 from apiary.engine.notices import COORDINATOR
@@ -26,8 +27,14 @@ from apiary.store.protocols import MessageStore
 def resume_token(agent_id: str, offset: int) -> str:
     """Opaque resume token (RFC 5.5): encodes the agent and the position (one per delivery,
     so it is built without JSON)."""
-    raw = f'{{"a":{json.dumps(agent_id)},"o":{offset},"v":1}}'.encode()
+    raw = f'{{"a":{_json_string(agent_id)},"o":{offset},"v":1}}'.encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@lru_cache(maxsize=4096)
+def _json_string(text: str) -> str:
+    """`text` as a JSON string (cached: a token per delivery, for a handful of agents)."""
+    return json.dumps(text)
 
 
 def parse_resume_token(token: str, agent_id: str) -> int:
@@ -141,17 +148,18 @@ class Delivery:
         batch = await self._exhausted(batch, now)
         if not batch:
             return []
-        await self._messages.mark_delivered([h.message.message_id for h in batch], now)
-        finished: list[StateChange] = []
+        notices = [is_notice(h.message) for h in batch]
+        kept = [
+            h.message.message_id for h, notice in zip(batch, notices, strict=True) if not notice
+        ]
+        if kept:
+            await self._messages.mark_delivered(kept, now)
         stats = self._router.stats
         waited = stats.timing(stats.dequeue_latency, agent_id)
-        notices = [is_notice(h.message) for h in batch]
         for handout, notice in zip(batch, notices, strict=True):
             message = handout.message
             waited.observe(now - message.created_at)
-            if notice:
-                finished.append(StateChange(message.message_id, MessageState.FULFILLED, now))
-            elif handout.attempt > 1:
+            if not notice and handout.attempt > 1:
                 await self._router.apply(message, MessageInput.REDELIVER, now)
             if handout.urgent:
                 stats.urgent_dispatches[agent_id] += 1
@@ -160,9 +168,12 @@ class Delivery:
                     correlation_id=message.correlation_id, message_id=message.message_id,
                     lane=message.lane,
                 )  # fmt: skip
-        if finished:
-            for done in await self._messages.apply(finished):
-                self._router.finish_notice(done)
+        if len(kept) < len(batch):
+            # A notice is FULFILLED once handed out: delivery and state in one row update.
+            done = [h.message for h, notice in zip(batch, notices, strict=True) if notice]
+            await self._messages.finish_delivered([m.message_id for m in done], now)
+            for message in done:
+                self._router.finish_notice(message)
         handed = [_delivered(h, now) for h in batch]
         inbox = self._router.inbox(agent_id)
         for handout, notice in zip(handed, notices, strict=True):

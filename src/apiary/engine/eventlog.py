@@ -44,6 +44,18 @@ class EventRecorder:
         agent_id: str = "",
         **details: Any,
     ) -> None:
+        self.note(event_type, actor, correlation_id=correlation_id, agent_id=agent_id, **details)
+
+    def note(
+        self,
+        event_type: str,
+        actor: str,
+        *,
+        correlation_id: str = "",
+        agent_id: str = "",
+        **details: Any,
+    ) -> None:
+        """`record` for synchronous callers (recording never waits in either form)."""
         self._pending.append(
             EventDraft(
                 event_type=event_type,

@@ -138,15 +138,19 @@ class Inbox:
     def take(self, limit: int, now: float) -> list[Handout]:
         """Up to `limit` messages in lane order (weighted fair, PRIVILEGED urgent first)."""
         out: list[Handout] = []
-        while len(out) < limit:
-            self._heads()
-            ready = {lane: len(q) for lane, q in self._pending.items() if q}
-            if not ready:
-                break
-            choice = self._scheduler.pick(ready, now)
+        pending, dropped = self._pending, self._dropped
+        self._heads()
+        counts = {lane: len(q) for lane, q in pending.items()}
+        while len(out) < limit and any(counts.values()):
+            choice = self._scheduler.pick_counted(counts, now)
             if choice is None:
                 break
-            message = self._pending[choice.lane].popleft()
+            queue = pending[choice.lane]
+            message = queue.popleft()
+            # Only this lane's head moved: drop what was finished behind it (as `_heads`).
+            while queue and queue[0].message_id in dropped:
+                dropped.discard(queue.popleft().message_id)
+            counts[choice.lane] = len(queue)
             self._queued.discard(message.message_id)
             self._unacked[message.message_id] = message
             out.append(Handout(message, message.deliveries + 1, choice.urgent))

@@ -136,5 +136,10 @@ class Registry:
     async def find(self, agent_id: str) -> AgentRecord | None:
         return self._cache.get(agent_id)
 
+    def known(self, agent_id: str) -> AgentRecord | None:
+        """`find` without the coroutine (the registry is served from memory): for the
+        router, which asks twice per message."""
+        return self._cache.get(agent_id)
+
     async def list(self) -> list[AgentRecord]:
         return [self._cache[k] for k in sorted(self._cache)]

@@ -33,7 +33,7 @@ from apiary.core.message_machine import (
     MessageMachine,
     Step,
 )
-from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage, changed
 from apiary.engine.admission import (
     DEAD_LETTER_CODES,
     SOFT_REJECTIONS,
@@ -67,6 +67,9 @@ NOTICE_TYPES = frozenset({MessageType.ACKNOWLEDGEMENT, MessageType.HEARTBEAT})
 _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
 """The message state an ACK stage reports."""
+_AWAITED_EFFECTS = frozenset({Effect.NACK, Effect.DEAD_LETTER, Effect.UPDATE_IDEMPOTENCY})
+"""The effects `Router._perform` carries out (they may wait on the store); the router does
+RELEASE_CREDIT itself, and the rest need nothing after the step."""
 
 
 LocalEndpoint = Callable[[Envelope], Awaitable[None]]
@@ -146,8 +149,14 @@ class Router:
         return self._clock.now()
 
     def finish_notice(self, message: StoredMessage) -> None:
-        """A notice was handed out and is FULFILLED: forget it."""
-        self._track(message, acked=True)
+        """A notice was handed out and recorded FULFILLED: forget it (what `_track` does for
+        a terminal state; a notice has no service time to observe)."""
+        message_id = message.message_id
+        inbox = self.inbox(message.recipient)
+        inbox.acknowledged(message_id)
+        inbox.finished(message_id)
+        self._live.pop(message_id, None)
+        self.deadlines.forget(message_id)
 
     # ------------------------------------------------------------------ sending
 
@@ -172,7 +181,7 @@ class Router:
         # capacity check stays exact.
         early = await self._acknowledge_frame(items, now)
         prepared = await _each(
-            range(len(items)), lambda i: self._prepare(items[i], now, early.get(i)),
+            range(len(items)), lambda i: self._prepare_member(items[i], now, early.get(i)),
             lambda i: i not in early and _waits_on_store(items[i]),
         )  # fmt: skip
         outcomes = [outcome for outcome, _ in prepared]
@@ -186,17 +195,64 @@ class Router:
         if batch.admit:
             results = await self._messages.admit_many([r for _, r in batch.admit])
             pairs = list(zip(batch.admit, results, strict=True))
-            done = await _each(
-                pairs, lambda p: self._admitted(items[p[0][0]], p[0][1], p[1], now),
-                lambda p: bool(items[p[0][0]].envelope.idempotency_token),
-            )  # fmt: skip
-            for (index, _), outcome in zip(batch.admit, done, strict=True):
-                outcomes[index] = outcome
+            tokens = [p for p in pairs if items[p[0][0]].envelope.idempotency_token]
+            if tokens:
+                # Their idempotency records are written concurrently (shared commits).
+                done = await asyncio.gather(
+                    *(self._admitted(items[i], record, result, now)
+                      for (i, record), result in tokens)
+                )  # fmt: skip
+                for ((index, _), _), outcome in zip(tokens, done, strict=True):
+                    outcomes[index] = outcome
+            for (index, record), result in pairs:
+                if not items[index].envelope.idempotency_token:
+                    outcomes[index] = self._admitted_now(items[index], record, result, now)
         await asyncio.gather(
             *(self._rejected(item, outcome, now)
               for outcome, item in zip(outcomes, items, strict=True) if outcome.error is not None)
         )  # fmt: skip
         return outcomes
+
+    async def _prepare_member(
+        self, item: Outbound, now: float, acked: str | ApiaryError | None
+    ) -> tuple[SendOutcome, StoredMessage | None]:
+        """`_prepare`, done without suspending where the member needs nothing of the store."""
+        return self._prepare_now(item, now, acked) or await self._prepare(item, now, acked)
+
+    def _prepare_now(
+        self, item: Outbound, now: float, acked: str | ApiaryError | None
+    ) -> tuple[SendOutcome, StoredMessage | None] | None:
+        """What `_prepare` answers, for a member it can answer from memory alone (most of a
+        stream: no token, a fresh sequence number, or an ACK applied with its frame); None
+        for the rest, which has not been touched then."""
+        env = item.envelope
+        if item.requeue or (acked is None and (env.idempotency_token or _agent_ack(env))):
+            return None
+        if content_type_base(env.content_type) == CHUNK_CONTENT_TYPE:
+            return None
+        try:
+            if isinstance(acked, ApiaryError):
+                raise acked
+            if acked is None:
+                validate_envelope(
+                    env, limits=self.settings.limits, now=now,
+                    hlc_required=self.settings.hlc_required,
+                )  # fmt: skip
+            target = resolve_recipient(env, item.recipient, acked or "")
+            if target == COORDINATOR:
+                return SendOutcome(env.message_id, True, reason="acknowledged"), None
+            if target in self._endpoints:
+                return None  # a coordinator-internal participant: awaited on the slow path
+            notice = self._routable(env, target)
+            if not notice:
+                if not self.dedup.fresh(env):
+                    return None
+                self._reserve_checked(target, env)
+            return SendOutcome(env.message_id, True), self._record(
+                env, target, now, notice, item.raw, item.lane
+            )
+        except ApiaryError as exc:
+            return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
 
     async def _prepare(
         self, item: Outbound, now: float, acked: str | ApiaryError | None = None
@@ -243,7 +299,18 @@ class Router:
         if endpoint is not None:
             await endpoint(env)
             return SendOutcome(env.message_id, True, reason=f"handled by {target}"), None
-        agent = await self._registry.find(target)
+        notice = self._routable(env, target)
+        if not notice:
+            duplicate = await self.dedup.check(env, now, requeue=requeue)
+            if duplicate is not None:
+                return duplicate, None
+            self._reserve_checked(target, env)
+        return SendOutcome(env.message_id, True), self._record(env, target, now, notice, raw, lane)
+
+    def _routable(self, env: Envelope, target: str) -> bool:
+        """Raise unless `target` is registered and takes `env`'s content type; whether `env`
+        is a notice (which needs neither deduplication nor buffer space)."""
+        agent = self._registry.known(target)
         if agent is None:
             raise NoRouteError(
                 f"no registered agent {target!r} to deliver {env.message_id} to",
@@ -252,18 +319,23 @@ class Router:
         notice = env.producer_id == COORDINATOR or env.message_type in NOTICE_TYPES
         if not notice:
             check_modality(env.content_type, agent.descriptor.get("modalities_supported") or ())
-            duplicate = await self.dedup.check(env, now, requeue=requeue)
-            if duplicate is not None:
-                return duplicate, None
-            try:
-                self._reserve(target, env)
-            except ApiaryError:
-                self.dedup.abandon(env.message_id)
-                raise
+        return notice
+
+    def _reserve_checked(self, target: str, env: Envelope) -> None:
+        """`_reserve` after deduplication passed: a refusal frees what that reserved."""
+        try:
+            self._reserve(target, env)
+        except ApiaryError:
+            self.dedup.abandon(env.message_id)
+            raise
+
+    def _record(
+        self, env: Envelope, target: str, now: float, notice: bool, raw: bytes, lane: str = ""
+    ) -> StoredMessage:
         if not lane:
-            producer = await self._registry.find(env.producer_id)
+            producer = self._registry.known(env.producer_id)
             lane = _lane(producer.descriptor if producer else {})
-        record = StoredMessage(
+        return StoredMessage(
             message_id=env.message_id,
             recipient=target,
             producer_id=env.producer_id,
@@ -280,7 +352,6 @@ class Router:
             expires_at=ttl_deadline(env, received_at=now)
             or (now + self.settings.notice_ttl_s if notice else 0.0),
         )
-        return SendOutcome(env.message_id, True), record
 
     def _reserve(self, target: str, env: Envelope) -> None:
         inbox = self.inbox(target)
@@ -314,6 +385,20 @@ class Router:
         result: StoredMessage | DuplicateMessageError,
         now: float,
     ) -> SendOutcome:
+        outcome = self._admitted_now(item, record, result, now)
+        if outcome.stored is not None:
+            await self.dedup.admitted(outcome.stored, now)
+        return outcome
+
+    def _admitted_now(
+        self,
+        item: Outbound,
+        record: StoredMessage,
+        result: StoredMessage | DuplicateMessageError,
+        now: float,
+    ) -> SendOutcome:
+        """`_admitted` but for the idempotency cache, which only members with a token
+        (the ones `complete` awaits) have anything to write to."""
         env = item.envelope
         inbox = self.inbox(record.recipient)
         if isinstance(result, DuplicateMessageError):
@@ -328,28 +413,25 @@ class Router:
             return SendOutcome(env.message_id, False, error, f"{error.code}: {error.message}")
         stored = result
         self._live[stored.message_id] = stored
-        inbox.add(stored, occupies=not is_notice(stored))
+        notice = is_notice(stored)
+        inbox.add(stored, occupies=not notice)
         self.deadlines.watch(stored)
-        await self.dedup.admitted(stored, now)
         self.stats.accepted[stored.recipient] += 1
         started = env.timestamp if 0 < env.timestamp <= now else now
         self.stats.timing(self.stats.enqueue_latency, stored.recipient).observe(now - started)
-        if is_notice(stored):
+        if not notice:
             # Notices are logged by their causes (message.state, agent.joined, ...); a
             # received event for each would repeat those and every heartbeat.
-            return SendOutcome(
-                env.message_id, True, stored=stored, reason=f"offset {stored.offset}"
+            self._events.note(
+                "message.received",
+                env.producer_id,
+                correlation_id=env.correlation_id,
+                agent_id=stored.recipient,
+                message_id=env.message_id,
+                message_type=env.message_type.name,
+                offset=stored.offset,
+                lane=stored.lane,
             )
-        await self._events.record(
-            "message.received",
-            env.producer_id,
-            correlation_id=env.correlation_id,
-            agent_id=stored.recipient,
-            message_id=env.message_id,
-            message_type=env.message_type.name,
-            offset=stored.offset,
-            lane=stored.lane,
-        )
         return SendOutcome(env.message_id, True, stored=stored, reason=f"offset {stored.offset}")
 
     async def _rejected(self, item: Outbound, outcome: SendOutcome, now: float) -> None:
@@ -455,13 +537,21 @@ class Router:
         """Apply a frame's agent ACKs together: one batch of state changes (one writer job)
         instead of a task, a lock wait and a store round trip per ACK.
 
+        The changes are recorded without reading the messages back: the live copies,
+        changed as the store changes them, are the stored rows.
+
         Returns, by member index, what `_on_ack` would have: where the ACK is forwarded, or
         the error that rejects it. Members left out take the general path: ACKs of messages
         not in memory (the store must be asked), of a message acknowledged twice in the frame
         or being changed elsewhere right now (they wait for its lock), and chunked ones.
         """
         early: dict[int, str | ApiaryError] = {}
-        claimed: dict[str, asyncio.Lock] = {}
+        claimed: set[str] = set()
+        # One lock, held until the frame's changes are applied, stands for every message the
+        # frame claims: a deadline or another stream's ACK of one of them waits for it, as it
+        # would for `_on_ack`. A fresh lock's acquire returns at once.
+        frame_lock = asyncio.Lock()
+        await frame_lock.acquire()
         planned: list[tuple[int, StoredMessage, Ack, tuple[Step, StateChange | None] | None]] = []
         limits, hlc = self.settings.limits, self.settings.hlc_required
         for i, item in enumerate(items):
@@ -487,29 +577,30 @@ class Router:
                     {"ack_for_message_id": original.message_id},
                 )
                 continue
-            # Held until the frame's changes are applied: a deadline or another stream's ACK
-            # of the same message waits for it, as it would for `_on_ack`. A fresh lock's
-            # acquire returns at once.
-            lock = claimed[target] = self._locks[target] = asyncio.Lock()
-            await lock.acquire()
+            claimed.add(target)
+            self._locks[target] = frame_lock
             plan = self._plan(original, ACK_INPUTS[ack.ack_stage], now, ack, "")
             planned.append((i, original, ack, plan))
         try:
             changes = [plan[1] for _, _, _, plan in planned if plan and plan[1]]
-            stored = iter(await self._changes.submit_many(changes) if changes else ())
+            if changes:
+                await self._messages.record(changes)
             for i, original, ack, plan in planned:
                 effects: tuple[Effect, ...] = ()
                 if plan is not None:
                     step, change = plan
-                    updated = original if change is None else next(stored)
+                    # The stored row is the live copy (held under the lock) with the change.
+                    current = self._live.get(original.message_id, original)
+                    updated = current if change is None else changed(current, change)
                     event = ACK_INPUTS[ack.ack_stage]
                     await self._follow(original, updated, event, step, now, ack, "", "")
                     effects = step.effects
                 early[i] = _forward_target(original, effects)
         finally:
-            for target, lock in claimed.items():
-                lock.release()
-                self._locks.pop(target, None)
+            frame_lock.release()
+            for target in claimed:
+                if self._locks.get(target) is frame_lock:
+                    del self._locks[target]
         return early
 
     async def apply(
@@ -561,13 +652,19 @@ class Router:
         code = ack.error_code if ack else error_code
         note = ack.note if ack else note
         self._track(updated, acked=ack is not None)
-        await self._record_step(message, updated, event, step.late, code, now)
+        self._record_step(message, updated, event, step.late, code, now)
         if step.late and ack is not None:
             # RFC 11.1 rule 4: a late ACK leaves the message's state alone but counts for the
             # idempotency cache at the stage it reports (the only late effect reading it).
             updated = replace(updated, state=_ACKED_STATE[ack.ack_stage])
         for effect in step.effects:
-            await self._perform(effect, message, updated, code, note, now)
+            if effect is Effect.RELEASE_CREDIT:
+                self._release_credit(message)
+            elif effect in _AWAITED_EFFECTS and (
+                effect is not Effect.UPDATE_IDEMPOTENCY or updated.idempotency_token
+            ):
+                # (Without a token there is no cache entry to update.)
+                await self._perform(effect, message, updated, code, note, now)
 
     def _track(self, message: StoredMessage, *, acked: bool) -> None:
         inbox = self.inbox(message.recipient)
@@ -587,18 +684,18 @@ class Router:
             if message.state is MessageState.READ:
                 inbox.dequeued(message.message_id)
 
-    async def _record_step(
+    def _record_step(
         self, before: StoredMessage, after: StoredMessage, event: MessageInput,
         late: bool, code: str, now: float,
     ) -> None:  # fmt: skip
         if late:
-            await self._events.record(
+            self._events.note(
                 "message.late_ack", before.recipient, correlation_id=before.correlation_id,
                 agent_id=before.recipient, message_id=before.message_id, state=before.state,
                 input=event, decided_at=before.updated_at, ack_at=now,
             )  # fmt: skip
         elif before.state is not after.state:
-            await self._events.record(
+            self._events.note(
                 "message.state", before.recipient, correlation_id=before.correlation_id,
                 agent_id=before.recipient, message_id=before.message_id,
                 **{"from": before.state.value, "to": after.state.value},
@@ -622,8 +719,6 @@ class Router:
             self.stats.dead_lettered[code] += 1
         elif effect is Effect.UPDATE_IDEMPOTENCY:
             await self.dedup.progress(after, before.message_id, now, code, note)
-        elif effect is Effect.RELEASE_CREDIT:
-            self._release_credit(before)
 
     def _release_credit(self, message: StoredMessage) -> None:
         ledger = self._credits.get(message.recipient)

@@ -41,31 +41,34 @@ class SendPipeline:
     ) -> AsyncIterator[list[SendOutcome]]:
         """Each batch's outcomes, in order; an error of `batches` is raised after the
         answers to the batches before it."""
-        queue: asyncio.Queue[_Entry] = asyncio.Queue(self._depth)
-        pump = asyncio.ensure_future(self._pump(batches, queue))
+        queue: asyncio.Queue[_Entry] = asyncio.Queue()
+        slots = asyncio.Semaphore(self._depth)
+        pump = asyncio.ensure_future(self._pump(batches, queue, slots))
+        # However the pump ends (done, failed, cancelled), the reader learns it after the
+        # answers queued before.
+        pump.add_done_callback(lambda task: queue.put_nowait(_ending(task)))
         try:
             while (entry := await queue.get()) is not None:
                 if isinstance(entry, BaseException):
                     raise entry
-                yield await asyncio.shield(entry)
+                outcomes = await asyncio.shield(entry)
+                slots.release()
+                yield outcomes
         finally:
             pump.cancel()
 
     async def _pump(
-        self, batches: AsyncIterator[Sequence[Outbound]], queue: asyncio.Queue[_Entry]
+        self,
+        batches: AsyncIterator[Sequence[Outbound]],
+        queue: asyncio.Queue[_Entry],
+        slots: asyncio.Semaphore,
     ) -> None:
         previous: asyncio.Future[list[SendOutcome]] | None = None
-        try:
-            async for items in batches:
-                prepared = await self._router.prepare(items)
-                previous = self._complete_after(previous, prepared)
-                await queue.put(previous)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            await queue.put(exc)
-            return
-        await queue.put(None)
+        async for items in batches:
+            await slots.acquire()
+            prepared = await self._router.prepare(items)
+            previous = self._complete_after(previous, prepared)
+            queue.put_nowait(previous)
 
     def _complete_after(
         self, previous: asyncio.Future[list[SendOutcome]] | None, prepared: PreparedSend
@@ -85,3 +88,11 @@ class SendPipeline:
         if not task.cancelled() and task.exception() is not None:
             # Also raised to the stream if it is still there to answer.
             _log.error("completing a send frame failed: %s", task.exception())
+
+
+def _ending(pump: asyncio.Future[None]) -> BaseException | None:
+    """What ends the stream once the pump is done: None at the end of the batches, else
+    the error (or cancellation) that stopped it."""
+    if pump.cancelled():
+        return asyncio.CancelledError()
+    return pump.exception()

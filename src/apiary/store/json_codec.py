@@ -49,11 +49,16 @@ def load_json_list(text: str | bytes) -> list[Any]:
     return value
 
 
+_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
+)
+"""One encoder for every call: json.dumps with any non-default option builds a new one each
+time, which costs more than encoding a small object (an event's details)."""
+
+
 def _dump(value: Any) -> str:
     try:
-        text = json.dumps(
-            value, ensure_ascii=False, allow_nan=False, separators=(",", ":"), check_circular=True
-        )
+        text = _ENCODER.encode(value)
         text.encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise ValueError(f"not JSON values: {exc}") from exc

@@ -24,6 +24,7 @@ from apiary.core.records import (
     StateChange,
     StoredMessage,
     TaskRecord,
+    changed,
 )
 from apiary.store.errors import DuplicateMessageError, StoreError
 from apiary.store.json_codec import dump_json, load_json_object
@@ -192,17 +193,20 @@ class MemoryMessageStore:
         applied: list[StoredMessage] = []
         for change in changes:
             current = self._messages[change.message_id]
-            changed = dataclasses.replace(
-                current,
-                state=change.state,
-                updated_at=change.at,
-                error_code=change.error_code,
-                acked_stage=change.acked_stage or current.acked_stage,
-                ack_deadline=0.0 if change.clear_ack_deadline else current.ack_deadline,
-            )
-            self._messages[change.message_id] = changed
-            applied.append(changed)
+            after = changed(current, change)
+            self._messages[change.message_id] = after
+            applied.append(after)
         return applied
+
+    async def record(self, changes: Sequence[StateChange]) -> None:
+        """Apply state changes as `apply` does, without the answer."""
+        await self.apply(changes)
+
+    async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """`mark_delivered`, then FULFILLED at `at` (unknown ids are ignored)."""
+        await self.mark_delivered(message_ids, at)
+        known = [m for m in dict.fromkeys(message_ids) if m in self._messages]
+        await self.apply([StateChange(m, MessageState.FULFILLED, at) for m in known])
 
     async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """Count one more delivery of each message at `at` (unknown ids are ignored; an id

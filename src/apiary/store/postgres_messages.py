@@ -239,6 +239,27 @@ class PostgresMessageStore:
                     applied.append(message_from_row(row))
         return applied
 
+    async def record(self, changes: Sequence[StateChange]) -> None:
+        """Apply state changes as `apply` does, without the answer (reading the rows back
+        costs little here, next to the round trip)."""
+        await self.apply(changes)
+
+    async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """`mark_delivered`, then FULFILLED at `at`, in one statement (unknown ids are
+        ignored)."""
+        if not message_ids:
+            return
+        async with self._pool.connection() as conn:
+            # The CTE locks the rows in key order, as `apply` does.
+            await conn.execute(
+                "WITH locked AS (SELECT message_id FROM messages WHERE message_id = ANY(%s)"
+                " ORDER BY message_id FOR UPDATE)"
+                " UPDATE messages AS m SET deliveries = m.deliveries + 1,"
+                " last_delivered_at = %s, state = %s, updated_at = %s, error_code = ''"
+                " FROM locked WHERE m.message_id = locked.message_id",
+                [sorted(set(message_ids)), float(at), MessageState.FULFILLED.value, float(at)],
+            )
+
     async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """Count one more delivery of each message at `at` (unknown ids are ignored; an id
         given twice counts once)."""

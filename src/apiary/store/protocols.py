@@ -103,8 +103,18 @@ class MessageStore(Protocol):
         and apply nothing."""
         ...
 
+    async def record(self, changes: Sequence[StateChange]) -> None:
+        """Apply state changes as `apply` does, without reading the messages back: for a
+        caller that holds them already (`core.records.changed` gives the result)."""
+        ...
+
     async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """Count one more delivery of each message at `at` (unknown ids are ignored)."""
+        ...
+
+    async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """`mark_delivered` and then `record` FULFILLED at `at` for each message, as one
+        write: what a notice goes through when it is handed out. Unknown ids are ignored."""
         ...
 
     async def due(self, now: float, limit: int = 500) -> list[StoredMessage]:

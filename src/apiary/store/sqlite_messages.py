@@ -47,6 +47,13 @@ _BULK_UPDATE = (
 )
 """`_UPDATE` for many distinct messages in one statement, each row's values in `_UPDATE`'s
 parameter order; the changed rows come back (in no particular order)."""
+_BULK_RECORD = _BULK_UPDATE[: _BULK_UPDATE.index(" RETURNING")]
+"""`_BULK_UPDATE` without reading the rows back (their count tells unknown ids)."""
+_FINISH_DELIVERED = (
+    "UPDATE messages SET deliveries = deliveries + 1, last_delivered_at = ?1,"
+    f" state = '{MessageState.FULFILLED.value}', updated_at = ?1, error_code = ''"
+    " WHERE message_id IN ({ids})"
+)
 _MARK_DELIVERED = (
     "UPDATE messages SET deliveries = deliveries + 1, last_delivered_at = ?"
     " WHERE message_id IN ({ids})"
@@ -100,18 +107,7 @@ class SqliteMessageStore:
         and the job's savepoint undoes the changes already made."""
         if not changes:
             return []
-        params = [
-            (
-                MessageState(c.state).value,
-                float(c.at),
-                c.error_code,
-                c.acked_stage,
-                int(c.clear_ack_deadline),
-                c.message_id,
-            )
-            for c in changes
-        ]
-
+        params = _change_params(changes)
         ids = [c.message_id for c in changes]
         if len(set(ids)) == len(ids):
             rows = await self._db.write(lambda conn: _apply_unique(conn, params, ids))
@@ -119,19 +115,42 @@ class SqliteMessageStore:
             rows = await self._db.write(lambda conn: _apply_in_turn(conn, params))
         return [message_from_row(row) for row in rows]
 
+    async def record(self, changes: Sequence[StateChange]) -> None:
+        """Apply state changes as `apply` does, without reading the messages back: about a
+        third of the statement's cost, and no rows to decode on the event loop."""
+        if not changes:
+            return
+        params = _change_params(changes)
+        ids = [c.message_id for c in changes]
+        if len(set(ids)) == len(ids):
+            await self._db.write(lambda conn: _record_unique(conn, params, ids))
+        else:
+            await self._db.write(lambda conn: _apply_in_turn(conn, params))
+
+    async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """`mark_delivered`, then FULFILLED at `at`, in one statement per chunk: one row
+        update per notice instead of two (unknown ids are ignored)."""
+        await self._update_each(_FINISH_DELIVERED, message_ids, at)
+
     async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """Count one more delivery of each message at `at` (unknown ids are ignored; an id
         given twice counts once)."""
         if not message_ids:
             return
+        await self._update_each(_MARK_DELIVERED, message_ids, at)
+
+    async def _update_each(self, sql: str, message_ids: Sequence[str], at: float) -> None:
+        """Run `sql` (parameters: `at`, then the ids) over each message once, one write."""
+        if not message_ids:
+            return
         unique = list(dict.fromkeys(message_ids))
 
-        def mark(conn: sqlite3.Connection) -> None:
+        def update(conn: sqlite3.Connection) -> None:
             for start in range(0, len(unique), _ID_CHUNK):
                 chunk = unique[start : start + _ID_CHUNK]
-                conn.execute(_MARK_DELIVERED.format(ids=markers(len(chunk))), [float(at), *chunk])
+                conn.execute(sql.format(ids=markers(len(chunk))), [float(at), *chunk])
 
-        await self._db.write(mark)
+        await self._db.write(update)
 
     async def inbox(
         self,
@@ -271,6 +290,34 @@ def _apply_unique(
         missing = next(i for i in ids if i not in rows)
         raise LookupError(f"no message {missing!r}")  # the job's savepoint undoes the rest
     return [rows[i] for i in ids]
+
+
+def _change_params(changes: Sequence[StateChange]) -> list[tuple[Any, ...]]:
+    """Each change's values in `_UPDATE`'s parameter order."""
+    return [
+        (
+            MessageState(c.state).value,
+            float(c.at),
+            c.error_code,
+            c.acked_stage,
+            int(c.clear_ack_deadline),
+            c.message_id,
+        )
+        for c in changes
+    ]
+
+
+def _record_unique(conn: sqlite3.Connection, params: list[tuple[Any, ...]], ids: list[str]) -> None:
+    """`_apply_unique` without the rows: a chunk per statement, its row count checked."""
+    for count, flat in chunks(conn, params, _UPDATE_WIDTH):
+        sql = _BULK_RECORD.format(rows=values_rows(count, _UPDATE_WIDTH))
+        # Not the cursor's rowcount: sqlite3 reports none for a statement led by WITH.
+        before = conn.total_changes
+        conn.execute(sql, flat)
+        if conn.total_changes - before != count:
+            known = _existing_ids(conn, ids)
+            missing = next(i for i in ids if i not in known)
+            raise LookupError(f"no message {missing!r}")  # the job's savepoint undoes the rest
 
 
 def _apply_in_turn(

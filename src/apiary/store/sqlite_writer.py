@@ -157,12 +157,15 @@ class SqliteWriter:
         outcomes: list[_Outcome] = []
         try:
             conn.execute("BEGIN IMMEDIATE")
-            for job in batch:
-                # Benign race: cancellation is read from another thread; the worst case is
-                # running a job whose caller has just gone away.
-                if not job.future.cancelled():
-                    outcomes.append(self._run_job(job))
-            conn.execute("COMMIT")
+            # Benign race: cancellation is read from another thread; the worst case is
+            # running a job whose caller has just gone away.
+            live = [job for job in batch if not job.future.cancelled()]
+            if len(live) == 1:
+                outcomes.append(self._run_alone(live[0]))
+            else:
+                outcomes.extend(self._run_job(job) for job in live)
+            if conn.in_transaction:
+                conn.execute("COMMIT")
         except BaseException as exc:
             # The transaction as a whole failed: no job of the batch is durable.
             self._roll_back()
@@ -190,6 +193,20 @@ class SqliteWriter:
             conn.execute("RELEASE job")
             return (job, None, as_store_error(exc))
         conn.execute("RELEASE job")
+        return (job, result, None)
+
+    def _run_alone(self, job: _Job) -> _Outcome:
+        """`_run_job` for the only job of a transaction, without a savepoint: undoing the
+        transaction undoes just this job. Each statement here costs the writer a wait for
+        the interpreter lock, which the busy event loop may hold for a switch interval."""
+        try:
+            result = job.run(self._conn)
+        except Exception as exc:
+            if not self._conn.in_transaction:
+                raise  # SQLite rolled back the whole transaction (e.g. disk full)
+            # The transaction ends empty, as a savepoint's rollback and a commit would end it.
+            self._conn.execute("ROLLBACK")
+            return (job, None, as_store_error(exc))
         return (job, result, None)
 
     def _roll_back(self) -> None:

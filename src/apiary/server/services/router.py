@@ -22,30 +22,43 @@ RESUME_TOKEN_KEY = "sw4rm-resume-token"
 
 
 def _envelope_bytes_item(handout: Handout) -> router_pb2.StreamItem:
-    # The stored bytes are a canonical Envelope already: parse once into the reply.
-    return router_pb2.StreamItem(msg=pb.common_pb2.Envelope.FromString(handout.message.envelope))
+    # The stored bytes are a canonical Envelope already: parsed straight into the reply.
+    item = router_pb2.StreamItem()
+    item.msg.MergeFromString(handout.message.envelope)
+    return item
 
 
-def _delivery(handout: Handout) -> apiary_pb2.Delivery:
-    message = handout.message
-    return apiary_pb2.Delivery(
-        offset=message.offset,
-        resume_token=resume_token(message.recipient, message.offset),
-        attempt=handout.attempt,
-        urgent=handout.urgent,
-        msg=pb.common_pb2.Envelope.FromString(message.envelope),
-    )
+def _deliveries(batch: list[Handout]) -> apiary_pb2.InboundBatch:
+    """The batch's reply; each delivery is built in place in it (no copy into the list),
+    its envelope parsed straight from the stored bytes."""
+    reply = apiary_pb2.InboundBatch()
+    add = reply.deliveries.add
+    for handout in batch:
+        message = handout.message
+        delivery = add(
+            offset=message.offset,
+            resume_token=resume_token(message.recipient, message.offset),
+            attempt=handout.attempt,
+            urgent=handout.urgent,
+        )
+        delivery.msg.MergeFromString(message.envelope)
+    return reply
 
 
-def _result(outcome: SendOutcome) -> apiary_pb2.SendResult:
-    return apiary_pb2.SendResult(
-        message_id=outcome.message_id,
-        accepted=outcome.accepted,
-        error_code=outcome.error_code,
-        reason=outcome.reason,
-        recipient=outcome.recipient,
-        offset=outcome.stored.offset if outcome.stored else 0,
-    )
+def _results(outcomes: list[SendOutcome]) -> apiary_pb2.SendResultFrame:
+    """The frame's answer, each result built in place in it."""
+    reply = apiary_pb2.SendResultFrame()
+    add = reply.results.add
+    for outcome in outcomes:
+        add(
+            message_id=outcome.message_id,
+            accepted=outcome.accepted,
+            error_code=outcome.error_code,
+            reason=outcome.reason,
+            recipient=outcome.recipient,
+            offset=outcome.stored.offset if outcome.stored else 0,
+        )
+    return reply
 
 
 def _resume_after(agent_id: str, raw_offset: str, token: str) -> int:
@@ -100,7 +113,7 @@ class RouterStreamHandler:
         self, frames: AsyncIterator[apiary_pb2.SendFrame], ctx: CallContext
     ) -> AsyncIterator[apiary_pb2.SendResultFrame]:
         async for outcomes in self._pipeline.run(self._batches(frames, ctx)):
-            yield apiary_pb2.SendResultFrame(results=[_result(o) for o in outcomes])
+            yield _results(outcomes)
 
     async def _batches(
         self, frames: AsyncIterator[apiary_pb2.SendFrame], ctx: CallContext
@@ -117,14 +130,15 @@ class RouterStreamHandler:
                     "items",
                     f"at most {settings.max_frame_bytes} payload bytes per frame, not {size}",
                 )
-            yield [
-                Outbound(
-                    envelope_from_proto(item.msg),
-                    item.recipient or ctx.get(RECIPIENT_KEY),
-                    raw=item.msg.SerializeToString(),
-                )
-                for item in frame.items
-            ]
+            default = ctx.get(RECIPIENT_KEY)
+            batch = []
+            for item in frame.items:
+                msg = item.msg
+                batch.append(
+                    Outbound(envelope_from_proto(msg), item.recipient or default,
+                             msg.SerializeToString())
+                )  # fmt: skip
+            yield batch
 
     async def inbound(
         self, req: apiary_pb2.InboundRequest, ctx: CallContext
@@ -133,4 +147,4 @@ class RouterStreamHandler:
             raise ValidationError.for_field("agent_id", "is required")
         after = _resume_after(req.agent_id, str(req.resume_after), req.resume_token)
         async for batch in self._delivery.stream(req.agent_id, after, req.max_batch):
-            yield apiary_pb2.InboundBatch(deliveries=[_delivery(h) for h in batch])
+            yield _deliveries(batch)

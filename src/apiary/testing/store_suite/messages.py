@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Awaitable
 from dataclasses import replace
 
-from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage, changed
 from apiary.store.errors import DuplicateMessageError
 from apiary.testing.store_suite.base import (
     T0,
@@ -408,6 +408,58 @@ async def apply_with_an_unknown_id_applies_nothing(factory: StoreFactory) -> Non
                 raise AssertionError("apply with an unknown message_id did not raise")
             assert [await store.messages.get(m) for m in ("m-1", "m-2", "m-3")] == before
         assert await store.messages.count("agent-b", TERMINAL_STATES) == 0
+
+
+@_check
+async def record_applies_as_apply_does(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        one = await store.messages.admit(message("m-1", ack_deadline=T0 + 10, expires_at=T0 + 99))
+        two = await store.messages.admit(message("m-2", ack_deadline=T0 + 10, deliveries=1))
+        await store.messages.record([])
+        changes = [
+            StateChange("m-2", MessageState.READ, T0 + 1, acked_stage="READ"),
+            StateChange("m-1", MessageState.FAILED, T0 + 2, "internal_error", "",
+                        clear_ack_deadline=True),
+        ]  # fmt: skip
+        await store.messages.record(changes)
+        assert await store.messages.get("m-2") == changed(two, changes[0])
+        assert await store.messages.get("m-1") == changed(one, changes[1])
+        twice = [
+            StateChange("m-2", MessageState.FULFILLED, T0 + 3, acked_stage="FULFILLED"),
+            StateChange("m-2", MessageState.FULFILLED, T0 + 4),
+        ]
+        await store.messages.record(twice)
+        after = changed(changed(changed(two, changes[0]), twice[0]), twice[1])
+        assert await store.messages.get("m-2") == after
+        assert after.acked_stage == "FULFILLED"
+        before = [await store.messages.get(m) for m in ("m-1", "m-2")]
+        try:
+            await store.messages.record(
+                [StateChange("m-1", MessageState.READ, T0 + 5), *changes[:1],
+                 StateChange("nope", MessageState.READ, T0 + 5)]
+            )  # fmt: skip
+        except LookupError:
+            pass
+        else:
+            raise AssertionError("record with an unknown message_id did not raise")
+        assert [await store.messages.get(m) for m in ("m-1", "m-2")] == before
+
+
+@_check
+async def finish_delivered_counts_a_delivery_and_fulfils(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        one = await store.messages.admit(message("m-1", acked_stage="RECEIVED", deliveries=1))
+        two = await store.messages.admit(message("m-2", error_code="x"))
+        untouched = await store.messages.admit(message("m-3"))
+        await store.messages.finish_delivered([], T0)
+        await store.messages.finish_delivered(["m-1", "m-2", "m-1", "nope"], T0 + 7)
+        for before in (one, two):
+            after = replace(
+                before, deliveries=before.deliveries + 1, last_delivered_at=T0 + 7,
+                state=MessageState.FULFILLED, updated_at=T0 + 7, error_code="",
+            )  # fmt: skip
+            assert await store.messages.get(before.message_id) == after
+        assert await store.messages.get("m-3") == untouched
 
 
 @_check
