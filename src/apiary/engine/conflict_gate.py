@@ -16,7 +16,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from apiary.core.conflicts import ConflictOutcome, ConflictPolicy, decide, hitl_outcome
+from apiary.core.conflicts import (
+    ConflictOutcome,
+    ConflictPolicy,
+    ParallelMode,
+    decide,
+    hitl_outcome,
+)
 from apiary.core.records import HitlRecord, TaskRecord
 from apiary.core.scope_overlap import parse_scope
 from apiary.engine.eventlog import EventRecorder
@@ -64,7 +70,7 @@ class ConflictGate:
         self._operations: dict[str, str] = {}
         self._waiters: set[asyncio.Task[None]] = set()
         self.stats: Counter[str] = Counter()
-        """Decisions by outcome, escalations, engine failures (exported at /metrics)."""
+        """Decisions by outcome, escalations, engine failures (not yet exported at /metrics)."""
         self.confidences: list[float] = []
         """The last 1,000 confidence scores the engine returned."""
 
@@ -103,7 +109,7 @@ class ConflictGate:
         operations = (self._operation(task), self._operation(other))
         mode = self.policy.mode(*operations)
         verdict, failure = None, ""
-        if mode.value == "auto":
+        if mode is ParallelMode.AUTO:
             verdict, failure = await consult(self.inference, task.scope, other.scope, self._timeout)
             if verdict is None:
                 self.stats["engine_unavailable"] += 1

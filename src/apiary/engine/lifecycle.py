@@ -1,7 +1,7 @@
 """Agent lifecycles (RFC 8) in the engine: the pure machine with memory, timers and effects.
 
 `apiary.core.agent_lifecycle` decides; this module remembers each agent's state, runs the
-8.3 timers on a heap (lazy deletion, as `engine.deadlines`), logs every transition as an
+8.3 timers (engine/timers.py, as the router's deadlines), logs every transition as an
 `agent.lifecycle` event (8.3: timeout-triggered ones MUST be logged; they carry
 `timeout: true`), and performs the step's effects through `LifecycleHooks`, which the
 Scheduler implements: this module knows nothing of envelopes, tasks or the registry.
@@ -25,9 +25,6 @@ Decisions beyond the machine:
 
 from __future__ import annotations
 
-import asyncio
-import heapq
-import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,7 +47,9 @@ from apiary.core.agent_lifecycle import (
     shutdown_deadline,
 )
 from apiary.core.clock import Clock
+from apiary.engine.deadlines import run_deadlines
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.timers import Timers
 from apiary.errors import AgentShutdownError, NotFoundError, ValidationError
 
 log = logging.getLogger(__name__)
@@ -143,8 +142,6 @@ class _Agent:
     grace_s: float | None = None
     """The grace of the shutdown in progress; None: the configured one."""
     deadline: float | None = None
-    timer: int = 0
-    """Serial of the agent's live heap entry (0: none); older entries are stale."""
     recoveries: int = 0
     """Automatic recovery attempts since the agent was last RUNNABLE."""
 
@@ -164,9 +161,8 @@ class Lifecycles:
         self._clock = clock
         self._hooks = hooks
         self._agents: dict[str, _Agent] = {}
-        self._heap: list[tuple[float, int, str]] = []
-        self._serials = itertools.count(1)
-        self.changed = asyncio.Event()
+        self._timers = Timers()
+        self.changed = self._timers.changed
         """Set when a deadline earlier than every other is armed (wakes `run`)."""
 
     # ------------------------------------------------------------------ queries
@@ -284,23 +280,21 @@ class Lifecycles:
         """Drop the agent and its timer without any effect (its record is gone elsewhere)."""
         agent = self._agents.pop(agent_id, None)
         if agent is not None:
-            agent.timer, agent.deadline = 0, None
+            agent.deadline = None
+            self._timers.cancel(agent_id)
 
     # ------------------------------------------------------------------ time
 
     def next_deadline(self) -> float | None:
         """The earliest armed deadline (wall time), None when no agent is in a timed state."""
-        while self._heap and not self._live(self._heap[0]):
-            heapq.heappop(self._heap)
-        return self._heap[0][0] if self._heap else None
+        return self._timers.next()
 
     async def fire_due(self) -> int:
         """Apply every timeout due at the clock's now; returns how many fired."""
         now = self._clock.now()
         fired = 0
-        while (at := self.next_deadline()) is not None and at <= now:
-            _, _, agent_id = heapq.heappop(self._heap)
-            if await self._fire(agent_id, now):
+        for agent_id in self._timers.due(now):
+            if agent_id in self._agents and await self._fire(agent_id, now):
                 fired += 1
         return fired
 
@@ -309,22 +303,7 @@ class Lifecycles:
 
         `sleep` is injected so that tests drive the loop with a fake clock.
         """
-        while True:
-            self.changed.clear()
-            at = self.next_deadline()
-            if at is not None and at <= self._clock.now():
-                await self.fire_due()
-                continue
-            waiter = asyncio.ensure_future(self.changed.wait())
-            sleeper = None
-            if at is not None:
-                sleeper = asyncio.ensure_future(sleep(at - self._clock.now()))
-            pending = {waiter} | ({sleeper} if sleeper else set())
-            try:
-                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in pending:
-                    task.cancel()
+        await run_deadlines(self._timers, self._clock, self.fire_due, sleep)
 
     # ------------------------------------------------------------------ internals
 
@@ -337,19 +316,13 @@ class Lifecycles:
     def _timeouts(self, agent: _Agent) -> LifecycleTimeouts:
         return self.settings.timeouts_for(agent.agent_type).with_grace(agent.grace_s)
 
-    def _live(self, entry: tuple[float, int, str]) -> bool:
-        agent = self._agents.get(entry[2])
-        return agent is not None and agent.timer == entry[1]
-
     def _arm(self, agent_id: str, agent: _Agent, deadline: float | None) -> None:
         """Make `deadline` the agent's only timer (None: no timer)."""
-        agent.deadline, agent.timer = deadline, 0
+        agent.deadline = deadline
         if deadline is None:
-            return
-        agent.timer = next(self._serials)
-        heapq.heappush(self._heap, (deadline, agent.timer, agent_id))
-        if self._heap[0][1] == agent.timer:
-            self.changed.set()
+            self._timers.cancel(agent_id)
+        else:
+            self._timers.arm(agent_id, deadline)
 
     async def _settled(self, agent_id: str) -> _Agent:
         """The agent after any timeout already due has applied."""

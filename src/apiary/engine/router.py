@@ -110,7 +110,7 @@ class Router:
         self._endpoints: dict[str, LocalEndpoint] = {}
         self._changes: Coalescer[StateChange, StoredMessage] = Coalescer(self._messages.apply)
         self._locks: dict[str, asyncio.Lock] = {}
-        self.deadlines = Deadlines(clock)
+        self.deadlines = Deadlines()
         self.dedup = DedupGate(
             store.idempotency, store.messages, self.settings.dedup_window_s, events
         )
@@ -156,7 +156,7 @@ class Router:
         inbox.acknowledged(message_id)
         inbox.finished(message_id)
         self._live.pop(message_id, None)
-        self.deadlines.forget(message_id)
+        self.deadlines.cancel(message_id)
 
     # ------------------------------------------------------------------ sending
 
@@ -673,7 +673,7 @@ class Router:
         if message.state.terminal:
             inbox.finished(message.message_id)
             self._live.pop(message.message_id, None)
-            self.deadlines.forget(message.message_id)
+            self.deadlines.cancel(message.message_id)
             # Service time is the agent's work on a message; notices need none.
             if message.last_delivered_at and not is_notice(message):
                 timing = self.stats.timing(self.stats.process_time, message.recipient)
@@ -731,7 +731,7 @@ class Router:
         """Apply every deadline that has passed (ack timeouts, TTL expiry, transfers)."""
         await self.transfers.expire(self._clock.now())
         fired = 0
-        for message_id in self.deadlines.pop_due(self._clock.now()):
+        for message_id in self.deadlines.due(self._clock.now()):
             message = self._live.get(message_id)
             if message is None or message.state.terminal:
                 continue

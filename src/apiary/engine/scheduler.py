@@ -163,7 +163,6 @@ class Scheduler:
         self._blocked_by: dict[str, set[str]] = {}
         """Running task -> agents whose next task waits for it to end (RFC 9.2)."""
         self._background: set[asyncio.Future[None]] = set()
-        self.stats: Counter[str] = Counter()
         router.attach(SCHEDULER, self._on_envelope)
 
     # ------------------------------------------------------------------ reads
@@ -457,7 +456,6 @@ class Scheduler:
         task = self._tasks[head.task_id]
         limit = self.settings.instance_limit(task.agent_type)
         if self._active[task.agent_type] >= limit:
-            self.stats["instance_limit_waits"] += 1
             self._type_waiters.setdefault(task.agent_type, set()).add(agent_id)
             return
         running = [self._tasks[t] for t in self._running.values()]
@@ -563,7 +561,6 @@ class Scheduler:
         step = PreemptionMachine.request_preempt(
             record, self._clock.now(), self.settings.preemption
         )
-        self.stats["preemptions"] += 1
         await self._events.record(
             "task.preempt_requested", SCHEDULER, correlation_id=running.task_id,
             task_id=running.task_id, agent_id=running.agent_id, reason=reason,
@@ -836,7 +833,6 @@ class Scheduler:
             self._tasks[task.task_id] = task
             if task.state != TaskState.HELD:
                 self._jobs.setdefault(task.job_key, task.task_id)
-        self.stats[event] += 1
         await self._events.record(
             event, SCHEDULER, correlation_id=task.task_id, task_id=task.task_id,
             agent_id=task.agent_id, state=task.state, **fields,
