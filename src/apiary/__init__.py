@@ -1,3 +1,77 @@
-"""Apiary: a coordination server for process-isolated agents (the SW4RM protocol)."""
+"""Apiary: a coordination server for process-isolated agents (the SW4RM protocol).
+
+The agent SDK at the top level (imported on first use, so `import apiary.core...` stays light):
+
+    import apiary
+
+    class Echo(apiary.Agent):
+        agent_id = "echo"
+
+        async def on_data(self, msg: apiary.Message) -> str:
+            await msg.reply(msg.json())
+            return "echoed"
+
+`apiary.Client` has typed clients for every service; exceptions are `apiary.errors`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
+    from apiary.errors import ApiaryError
+    from apiary.sdk.agent import Agent, Message, Rejected
+    from apiary.sdk.client import Client
+    from apiary.sdk.connection import Connection, Delivery
+    from apiary.sdk.scheduler import SchedulerClient
+    from apiary.sdk.tasks import Preempted, TaskContext, current_task
+
+_EXPORTS = {
+    "Ack": "apiary.core.envelope",
+    "AckStage": "apiary.core.envelope",
+    "Envelope": "apiary.core.envelope",
+    "MessageType": "apiary.core.envelope",
+    "ApiaryError": "apiary.errors",
+    "Agent": "apiary.sdk.agent",
+    "Message": "apiary.sdk.agent",
+    "Rejected": "apiary.sdk.agent",
+    "Client": "apiary.sdk.client",
+    "Connection": "apiary.sdk.connection",
+    "Delivery": "apiary.sdk.connection",
+    "SchedulerClient": "apiary.sdk.scheduler",
+    "Preempted": "apiary.sdk.tasks",
+    "TaskContext": "apiary.sdk.tasks",
+    "current_task": "apiary.sdk.tasks",
+}
+
+__all__ = [
+    "Ack",
+    "AckStage",
+    "Agent",
+    "ApiaryError",
+    "Client",
+    "Connection",
+    "Delivery",
+    "Envelope",
+    "Message",
+    "MessageType",
+    "Preempted",
+    "Rejected",
+    "SchedulerClient",
+    "TaskContext",
+    "__version__",
+    "current_task",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'apiary' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -30,7 +30,8 @@ import sys
 from typing import Any
 
 from apiary.core.envelope import AckStage, MessageType
-from apiary.sdk.agent import Agent, Delivery
+from apiary.sdk.agent import Agent
+from apiary.sdk.connection import Delivery
 from apiary.sdk.tasks import Preempted, TaskContext, TaskRunner
 
 STEP_S = 0.01

@@ -10,7 +10,8 @@ import pytest
 
 from apiary.core.envelope import AckStage, MessageType
 from apiary.errors import NoRouteError, ValidationError
-from apiary.sdk.agent import Agent, Delivery
+from apiary.sdk.agent import Agent
+from apiary.sdk.connection import Delivery
 from apiary.server.coordinator import Coordinator
 from apiary.testing.coordinator import open_test_coordinator
 

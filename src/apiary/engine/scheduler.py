@@ -695,6 +695,9 @@ class Scheduler:
                     f"{env.producer_id} does not run task {task.task_id}",
                     {"task_id": task.task_id},
                 )
+            if command == "progress":
+                await self._progress(task, body)
+                return
             record = self._preemptions[task.task_id]
             now = self._clock.now()
             max_ms = body.get("max_duration_ms")
@@ -706,7 +709,7 @@ class Scheduler:
                 )
             if command not in ("enter_section", "leave_section"):
                 raise ValidationError.for_field(
-                    "command", f"{command!r} is not enter_section or leave_section"
+                    "command", f"{command!r} is not enter_section, leave_section or progress"
                 )
             try:
                 if command == "enter_section":
@@ -717,6 +720,21 @@ class Scheduler:
                 raise ValidationError.for_field("command", str(exc)) from None
             await self._perform(task, step)
             await self._drain_wakeups()
+
+    async def _progress(self, task: TaskRecord, body: dict[str, Any]) -> None:
+        """A running task's progress report (RFC 8.1), recorded in the event log."""
+        fraction = body.get("fraction")
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+            raise ValidationError.for_field("fraction", "must be a number between 0 and 1")
+        if not 0.0 <= fraction <= 1.0:
+            raise ValidationError.for_field("fraction", f"{fraction} is not between 0 and 1")
+        note = body.get("note", "")
+        if not isinstance(note, str):
+            raise ValidationError.for_field("note", "must be a string")
+        await self._events.record(
+            "task.progress", task.agent_id, correlation_id=task.task_id, agent_id=task.agent_id,
+            task_id=task.task_id, fraction=float(fraction), note=note[:1000],
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ timers
 
@@ -797,10 +815,13 @@ class Scheduler:
             self._queue.remove(task.task_id)
         await self._finish(task, TaskState.FAILED, code, note)
 
-    async def fail_agent_tasks(self, agent_id: str, code: str, *, queued: bool) -> int:
-        """End the agent's running task (and its queued ones when `queued`) with `code`."""
+    async def fail_agent_tasks(
+        self, agent_id: str, code: str, *, queued: bool, running_too: bool = True
+    ) -> int:
+        """End the agent's running task (unless not `running_too`) and its queued ones (when
+        `queued`) with `code`."""
         ended = 0
-        running = self.running(agent_id)
+        running = self.running(agent_id) if running_too else None
         if running is not None:
             await self._finish(running, TaskState.FAILED, code, "agent lifecycle")
             ended += 1

@@ -42,8 +42,11 @@ class SchedulerAgents:
         await self._scheduler.send_control(agent_id, {**body, "command": command})
 
     async def stop_dispatch(self, agent_id: str) -> None:
-        """RFC 8.4: no new task for a SHUTTING_DOWN agent; its queued ones cannot run."""
-        await self._scheduler.fail_agent_tasks(agent_id, AgentShutdownError.code, queued=True)
+        """RFC 8.4: no new task for a SHUTTING_DOWN agent; its queued ones cannot run. The
+        running one may still complete within the grace period."""
+        await self._scheduler.fail_agent_tasks(
+            agent_id, AgentShutdownError.code, queued=True, running_too=False
+        )
 
     async def abandon_task(self, agent_id: str, error_code: str) -> None:
         await self._scheduler.fail_agent_tasks(agent_id, error_code, queued=False)

@@ -1,305 +1,365 @@
-"""An asynchronous agent: register, send, receive, acknowledge, deregister.
+"""`apiary.Agent`: an agent process's runtime, with handlers and automatic acknowledgements.
 
-    async with Agent("bob", coordinator="127.0.0.1:50051") as bob:
-        async for env in bob.messages():
-            ...
-            await bob.ack(env, AckStage.FULFILLED)
+    class Reviewer(apiary.Agent):
+        agent_id = "reviewer"
+        capabilities = ("review",)
 
-Inbound delivery uses the apiary.v1 Inbound stream: batched, with offsets, so a reconnect
-resumes where the agent left off (RFC 5.5). Heartbeats from the coordinator are answered
-automatically, and join/leave notices keep `directory` up to date (RFC 14).
+        async def on_data(self, msg: apiary.Message) -> str:
+            verdict = check(msg.json())
+            await msg.reply({"verdict": verdict})
+            return "reviewed"                      # the FULFILLED ACK's note
+
+        async def on_task(self, task: apiary.TaskContext) -> None:
+            for step in task.json()["steps"]:
+                await self.safe_point()            # yields here when preempted (RFC 7.2)
+                async with self.non_preemptible(max_duration=2.0):
+                    ...                            # a transaction
+                await task.progress(0.5)
+
+    asyncio.run(Reviewer(coordinator="127.0.0.1:50051").run())   # or: apiary agent run mod:Reviewer
+
+`run()` registers (INITIALIZING: `setup()` runs first), reads the inbound stream (resuming
+after a reconnect, re-registering when the coordinator restarted), answers heartbeats, runs
+the Scheduler's tasks through `on_task` (with activity entries and preemption; sdk/tasks.py)
+and every other message through its handler: `on_<message type>` (on_data, on_control,
+on_notification, on_tool_call, on_worktree_control, ...) or one given to `handle()`.
+
+Each handled message is acknowledged automatically: RECEIVED when it arrives (unless
+`ack_received` is False), READ when its handler starts, then FULFILLED when the handler returns
+(its str result is the note), REJECTED when it raises `Rejected` or a refusal error
+(validation_error, permission_denied, unsupported_message_type, oversize_payload), FAILED with
+the error code for any other `ApiaryError` and internal_error for anything else. A message
+with no handler is REJECTED unsupported_message_type. ACKs addressed to this agent go to
+`on_acknowledgement` when defined.
+
+Graceful shutdown (RFC 8.1 SHUTTING_DOWN): `shutdown()` (SIGTERM under `apiary agent run`) or
+the Scheduler's `shutdown` command stops the intake, lets running handlers finish within
+`shutdown_grace_s`, runs `teardown()` and deregisters.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
-from types import TracebackType
-from typing import Any
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
-import grpc
+from google.protobuf.duration_pb2 import Duration
 
-from apiary.core.clock import Clock
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
-from apiary.core.ids import IdGenerator
-from apiary.errors import ApiaryError, ValidationError, error_for_code
-from apiary.sdk import errors
-from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
-from apiary.sdk.sender import BatchSender, SendResult
-from apiary.system import SystemClock, UuidIds
+from apiary.errors import (
+    ApiaryError,
+    OversizePayloadError,
+    PermissionDeniedError,
+    UnsupportedMessageTypeError,
+    ValidationError,
+)
+from apiary.sdk.client import Client
+from apiary.sdk.connection import JSON, Connection, Delivery
+from apiary.sdk.tasks import TaskContext, TaskRunner, current_task
 from apiary.wire import pb
-from apiary.wire.convert import ack_to_json, envelope_from_proto, envelope_to_proto
+from apiary.wire.convert import ack_from_payload
 
-RECIPIENT_KEY = "sw4rm-recipient"
-JSON = "application/json"
-RECONNECT_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+log = logging.getLogger("apiary.sdk.agent")
+
+COORDINATOR_ENV = "APIARY_COORDINATOR"
+DEFAULT_COORDINATOR = "127.0.0.1:50051"
+_REFUSALS = (
+    ValidationError.code,
+    PermissionDeniedError.code,
+    UnsupportedMessageTypeError.code,
+    OversizePayloadError.code,
+)
+
+
+class Rejected(Exception):  # noqa: N818 - names the ACK stage it produces
+    """Raise from a handler to acknowledge its message REJECTED with `code` and `note`."""
+
+    def __init__(self, code: str = ValidationError.code, note: str = "") -> None:
+        super().__init__(f"{code}: {note}" if note else code)
+        self.code = code
+        self.note = note
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
-    """One inbound envelope with its inbox offset and delivery attempt."""
+class Message:
+    """One inbound message as a handler sees it."""
 
-    envelope: Envelope
-    offset: int
-    attempt: int
-    urgent: bool
-
-
-class Agent:
-    """One agent's connection to a coordinator."""
-
-    def __init__(
-        self,
-        agent_id: str,
-        *,
-        coordinator: str,
-        name: str = "",
-        description: str = "",
-        capabilities: Sequence[str] = (),
-        modalities: Sequence[str] = (JSON, "text/plain"),
-        reasoning_connectors: Sequence[str] = ("builtin://rules",),
-        communication_class: str = "STANDARD",
-        clock: Clock | None = None,
-        ids: IdGenerator | None = None,
-    ) -> None:
-        self.agent_id = agent_id
-        self._coordinator = coordinator
-        self._descriptor = pb.registry_pb2.AgentDescriptor(
-            agent_id=agent_id,
-            name=name or agent_id,
-            description=description,
-            capabilities=list(capabilities),
-            modalities_supported=list(modalities),
-            reasoning_connectors=list(reasoning_connectors),
-            communication_class=pb.common_pb2.CommunicationClass.Value(communication_class),
-        )
-        self._clock = clock or SystemClock()
-        self._ids = ids or UuidIds()
-        # Sequence numbers must stay monotonic across restarts of the agent (the router
-        # deduplicates by (producer_id, sequence_number)), so they start from the clock.
-        self._sequence = int(self._clock.now() * 1_000_000)
-        self._channel: grpc.aio.Channel | None = None
-        self._sender: BatchSender | None = None
-        self.last_offset = 0
-        """The highest inbox offset received."""
-        self._unacked: dict[str, int] = {}
-        self.directory: dict[str, dict[str, Any]] = {}
-        """Local discovery state: the other registered agents, kept from join/leave notices."""
-
-    async def __aenter__(self) -> Agent:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop("agent exited" if et is None else f"agent failed: {et.__name__}")
+    agent: Agent
+    delivery: Delivery
 
     @property
-    def channel(self) -> grpc.aio.Channel:
-        if self._channel is None:
-            raise RuntimeError(f"agent {self.agent_id} is not started")
-        return self._channel
+    def envelope(self) -> Envelope:
+        return self.delivery.envelope
 
-    async def start(self) -> None:
-        """Connect and register with the coordinator."""
-        if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._coordinator)
-        await self.register()
+    @property
+    def message_type(self) -> MessageType:
+        return self.envelope.message_type
 
-    async def register(self) -> None:
-        stub = pb.registry_pb2_grpc.RegistryServiceStub(self.channel)
-        request = pb.registry_pb2.RegisterAgentRequest(agent=self._descriptor)
-        reply = await errors.call(lambda: stub.RegisterAgent(request))
-        if not reply.accepted:
-            raise ValidationError(f"registration of {self.agent_id} refused: {reply.reason}")
+    @property
+    def producer_id(self) -> str:
+        return self.envelope.producer_id
 
-    async def stop(self, reason: str = "shutdown", *, deregister: bool = True) -> None:
-        """Deregister (unless told not to) and close the connection; idempotent."""
-        if self._channel is None:
-            return
+    @property
+    def correlation_id(self) -> str:
+        return self.envelope.correlation_id
+
+    @property
+    def payload(self) -> bytes:
+        return self.envelope.payload
+
+    @property
+    def content_type(self) -> str:
+        return self.envelope.content_type
+
+    def text(self) -> str:
+        return self.payload.decode("utf-8")
+
+    def json(self) -> Any:
+        """The payload decoded as JSON; Rejected validation_error when it is not JSON."""
         try:
-            if self._sender is not None:
-                await self._sender.close()
-            if deregister:
-                stub = pb.registry_pb2_grpc.RegistryServiceStub(self._channel)
-                request = pb.registry_pb2.DeregisterAgentRequest(
-                    agent_id=self.agent_id, reason=reason
-                )
-                await errors.call(lambda: stub.DeregisterAgent(request))
-        finally:
-            await self._channel.close()
-            self._channel = None
-            self._sender = None
+            return json.loads(self.payload) if self.payload else None
+        except ValueError as exc:
+            raise Rejected(ValidationError.code, f"payload is not JSON: {exc}") from None
 
-    # ------------------------------------------------------------------ sending
-
-    def envelope(
+    async def reply(
         self,
         body: Any,
         *,
-        content_type: str = JSON,
         message_type: MessageType = MessageType.DATA,
-        correlation_id: str = "",
-        idempotency_token: str = "",
-        ttl_ms: int = 0,
+        content_type: str = JSON,
     ) -> Envelope:
-        """A new envelope from this agent (bytes are sent as they are, anything else as JSON)."""
-        payload = body if isinstance(body, bytes) else json.dumps(body).encode()
-        self._sequence += 1
-        message_id = self._ids.new_id()
-        return Envelope(
-            message_id=message_id,
-            producer_id=self.agent_id,
-            message_type=message_type,
-            payload=payload,
-            content_type=content_type,
-            content_length=len(payload),
-            correlation_id=correlation_id or message_id,
-            sequence_number=self._sequence,
-            idempotency_token=idempotency_token,
-            ttl_ms=ttl_ms,
-            timestamp=self._clock.now(),
+        """Send `body` back to the producer, in the same correlation."""
+        return await self.agent.send(
+            self.producer_id, body, message_type=message_type, content_type=content_type,
+            correlation_id=self.correlation_id,
+        )  # fmt: skip
+
+
+MessageHandlerFn = Callable[[Message], Awaitable[object]]
+
+
+class Agent(Connection):
+    """An agent: subclass it (class attributes give the defaults) or give handlers to
+    `handle()`. Construct with the same arguments as `Connection`; `coordinator` defaults to
+    $APIARY_COORDINATOR, then 127.0.0.1:50051."""
+
+    agent_id: str = ""
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    capabilities: ClassVar[Sequence[str]] = ()
+    modalities: ClassVar[Sequence[str]] = (JSON, "text/plain")
+    communication_class: ClassVar[str] = "STANDARD"
+    ack_received: ClassVar[bool] = True
+    """Acknowledge RECEIVED on arrival (one more ACK per message)."""
+    concurrency: ClassVar[int] = 1
+    """Messages (not tasks) handled at once; 1 keeps their arrival order."""
+    shutdown_grace_s: ClassVar[float] = 30.0
+
+    def __init__(
+        self, agent_id: str | None = None, *, coordinator: str | None = None, **options: Any
+    ) -> None:
+        chosen = agent_id or type(self).agent_id
+        if not chosen:
+            raise ValueError(f"{type(self).__name__} needs an agent_id (argument or attribute)")
+        cls = type(self)
+        defaults: dict[str, Any] = {
+            "name": cls.name, "description": cls.description,
+            "capabilities": cls.capabilities, "modalities": cls.modalities,
+            "communication_class": cls.communication_class,
+        }  # fmt: skip
+        super().__init__(
+            chosen,
+            coordinator=coordinator or os.environ.get(COORDINATOR_ENV) or DEFAULT_COORDINATOR,
+            **{**defaults, **options},
         )
+        self._handlers: dict[MessageType, MessageHandlerFn] = {}
+        self._queue: asyncio.Queue[Delivery] = asyncio.Queue()
+        self._runner: TaskRunner | None = None
+        self._stopping = asyncio.Event()
+        self._client: Client | None = None
 
-    def retry(self, env: Envelope) -> Envelope:
-        """The next attempt of `env`: a new message_id, the same idempotency token and
-        correlation, retry_count + 1 (RFC 11.2, 11.3)."""
-        return replace(env, message_id=self._ids.new_id(), retry_count=env.retry_count + 1)
+    # ------------------------------------------------------------------ handlers
 
-    async def send_envelope(self, env: Envelope, to: str = "") -> str:
-        """Send one envelope; returns the router's reason. Refusals raise ApiaryError."""
-        stub = pb.router_pb2_grpc.RouterServiceStub(self.channel)
-        request = pb.router_pb2.SendMessageRequest(msg=envelope_to_proto(env))
-        metadata = ((RECIPIENT_KEY, to),) if to else None
-        reply = await errors.call(lambda: stub.SendMessage(request, metadata=metadata))
-        if not reply.accepted:
-            code, _, text = reply.reason.partition(": ")
-            raise error_for_code(code, text or reply.reason, {"message_id": env.message_id})
-        return str(reply.reason)
+    def handle(self, message_type: MessageType, handler: MessageHandlerFn) -> None:
+        """Handle `message_type` with `handler` (instead of an `on_<type>` method)."""
+        self._handlers[message_type] = handler
 
-    async def send(self, to: str, body: Any, **options: Any) -> Envelope:
-        """Send `body` to agent `to` (options as for `envelope`)."""
-        env = self.envelope(body, **options)
-        await self.send_envelope(env, to)
-        return env
+    def handler_for(self, message_type: MessageType) -> MessageHandlerFn | None:
+        given = self._handlers.get(message_type)
+        if given is not None:
+            return given
+        method = getattr(self, f"on_{message_type.name.lower()}", None)
+        return method if callable(method) else None
 
-    async def send_chunked(
-        self, to: str, payload: bytes, content_type: str, *, chunk_bytes: int = 1024 * 1024
-    ) -> str:
-        """Send a large payload as a chunked transfer (the recipient must have declared the
-        `chunking` capability); returns the message_id of the assembled message."""
-        transfer_id = self._ids.new_id()
-        correlation = transfer_id
-        for chunk in chunk_payloads(transfer_id, payload, content_type, chunk_bytes):
-            env = self.envelope(chunk, content_type=CHUNK_CONTENT_TYPE, correlation_id=correlation)
-            await self.send_envelope(env, to)
-        return transfer_id
+    async def on_task(self, task: TaskContext) -> object:
+        """A Scheduler task; without an override, tasks fail unsupported_message_type."""
+        raise UnsupportedMessageTypeError(f"{self.agent_id} runs no tasks (no on_task)")
 
-    async def send_many(self, items: Sequence[tuple[Envelope, str]]) -> list[SendResult]:
-        """Send many envelopes in one frame of the streaming sender; per-envelope results."""
-        if self._sender is None:
-            self._sender = BatchSender(self.channel)
-        return await self._sender.send(items)
+    async def setup(self) -> None:
+        """Runs once registered, before any message is handled (RFC 8.1 INITIALIZING)."""
 
-    async def ack(
-        self, env: Envelope, stage: AckStage, *, error_code: str = "", note: str = ""
-    ) -> Envelope:
-        """Acknowledge `env` at `stage`; the coordinator forwards it to the producer."""
-        ack = self.ack_envelope(env, stage, error_code=error_code, note=note)
-        await self.send_envelope(ack)
-        self._unacked.pop(env.message_id, None)
-        return ack
+    async def teardown(self) -> None:
+        """Runs during a graceful shutdown, after the last handler, before deregistering."""
+
+    # ------------------------------------------------------------------ inside tasks
+
+    async def safe_point(self) -> None:
+        """A safe point of the task running in this coroutine (see TaskContext.safe_point);
+        outside a task it only yields to the event loop."""
+        task = current_task()
+        if task is None:
+            await asyncio.sleep(0)
+        else:
+            await task.safe_point()
+
+    def non_preemptible(
+        self, max_duration: float | None = None
+    ) -> AbstractAsyncContextManager[None]:
+        """A non-preemptible section of the task running in this coroutine (RFC 7.2)."""
+        task = current_task()
+        if task is None:
+            raise RuntimeError("non_preemptible() is only meaningful inside a task handler")
+        return task.non_preemptible(max_duration)
+
+    async def progress(self, fraction: float, note: str = "") -> None:
+        """Report the running task's progress to the Scheduler (RFC 8.1)."""
+        task = current_task()
+        if task is None:
+            raise RuntimeError("progress() is only meaningful inside a task handler")
+        await task.progress(fraction, note)
 
     @property
-    def resume_after(self) -> int:
-        """Where a reconnect resumes: after the last offset with nothing unacknowledged
-        before it (RFC 5.5: the last acknowledged offset), so unacknowledged messages come
-        again."""
-        if self._unacked:
-            return min(self._unacked.values()) - 1
-        return self.last_offset
+    def client(self) -> Client:
+        """Typed clients of every service over this agent's channel, calling as this agent."""
+        if self._client is None:
+            self._client = Client(self.channel, agent_id=self.agent_id)
+        return self._client
 
-    def ack_envelope(
-        self, env: Envelope, stage: AckStage, *, error_code: str = "", note: str = ""
-    ) -> Envelope:
-        payload = ack_to_json(Ack(env.message_id, stage, error_code, note))
-        return self.envelope(
-            payload, message_type=MessageType.ACKNOWLEDGEMENT, correlation_id=env.correlation_id
-        )
+    # ------------------------------------------------------------------ running
 
-    # ------------------------------------------------------------------ receiving
+    async def run(self) -> None:
+        """Register, set up, handle messages and tasks until shut down; then deregister."""
+        await self.start()
+        reason = "shutdown"
+        try:
+            await self.setup()
+            self._runner = TaskRunner(self, self.on_task, on_message=self._enqueue, reconnect=True)
+            await self._serve(self._runner)
+        except BaseException as exc:
+            reason = f"agent failed: {type(exc).__name__}"
+            raise
+        finally:
+            with contextlib.suppress(ApiaryError):
+                await self.stop(reason)
 
-    async def deliveries(self, *, reconnect: bool = False) -> AsyncIterator[Delivery]:
-        """Inbound deliveries in order, resuming after `last_offset` on every (re)connect.
+    async def shutdown(self) -> None:
+        """Ask `run()` to stop gracefully (safe from a signal handler's callback)."""
+        self._stopping.set()
 
-        Heartbeats are answered and join/leave notices applied here, not yielded. With
-        `reconnect`, a lost coordinator is retried with backoff (re-registering), forever.
-        """
-        failures = 0
+    async def _serve(self, runner: TaskRunner) -> None:
+        workers = [asyncio.ensure_future(self._work()) for _ in range(max(1, self.concurrency))]
+        reader = asyncio.ensure_future(runner.run())
+        stopper = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                reader.result()  # ended by the Scheduler's shutdown, or failed: raises
+            else:
+                await self._drain(runner, reader)
+            await self._queue.join()
+            await self.teardown()
+        finally:
+            for job in (*workers, reader, stopper):
+                job.cancel()
+            await asyncio.gather(*workers, reader, stopper, return_exceptions=True)
+
+    async def _drain(self, runner: TaskRunner, reader: asyncio.Future[None]) -> None:
+        """SHUTTING_DOWN on the agent's own initiative: ask the Scheduler to shut this agent
+        down (no new tasks; RFC 8.4) and let the running task finish within the grace."""
+        grace = Duration()
+        grace.FromMilliseconds(int(self.shutdown_grace_s * 1000))
+        request = pb.scheduler_pb2.ShutdownAgentRequest(agent_id=self.agent_id, grace_period=grace)
+        try:
+            await self.client.scheduler.ShutdownAgent(request)
+        except ApiaryError as exc:  # the coordinator is gone: finish what runs, then stop
+            log.warning("%s: the Scheduler did not take the shutdown: %s", self.agent_id, exc)
+            runner.shutdown_requested.set()
+        done, _ = await asyncio.wait({reader}, timeout=self.shutdown_grace_s)
+        if not done and runner.running:
+            log.warning("%s: shut down with task(s) %s unfinished", self.agent_id, runner.running)
+
+    async def _enqueue(self, delivery: Delivery) -> None:
+        env = delivery.envelope
+        if env.message_type is MessageType.ACKNOWLEDGEMENT:
+            await self._on_ack(delivery)
+            return
+        if self.ack_received:
+            await self._ack(env, AckStage.RECEIVED)
+        self._queue.put_nowait(delivery)
+
+    async def _work(self) -> None:
         while True:
+            delivery = await self._queue.get()
             try:
-                async for delivery in self._inbound():
-                    failures = 0
-                    yield delivery
-                return
-            except ApiaryError as exc:
-                if not reconnect or exc.code not in ("agent_unavailable", "internal_error"):
-                    raise
-            await asyncio.sleep(RECONNECT_DELAYS_S[min(failures, len(RECONNECT_DELAYS_S) - 1)])
-            failures += 1
-            try:
-                await self.register()
-            except ApiaryError:
-                continue
+                await self._handle(delivery)
+            except Exception:  # a failed ACK must not stop the worker
+                log.exception("%s: handling %s failed", self.agent_id, delivery.envelope.message_id)
+            finally:
+                self._queue.task_done()
 
-    async def _inbound(self) -> AsyncIterator[Delivery]:
-        stub = pb.apiary_pb2_grpc.RouterStreamServiceStub(self.channel)
-        request = pb.apiary_pb2.InboundRequest(
-            agent_id=self.agent_id, resume_after=self.resume_after
-        )
-        call = stub.Inbound(request)
-        async for batch in errors.stream(call.__aiter__()):
-            for item in batch.deliveries:
-                self.last_offset = max(self.last_offset, item.offset)
-                env = envelope_from_proto(item.msg)
-                if await self._handled_notice(env):
-                    continue
-                if env.message_type is not MessageType.ACKNOWLEDGEMENT:
-                    self._unacked[env.message_id] = item.offset
-                yield Delivery(env, item.offset, item.attempt, item.urgent)
+    async def _handle(self, delivery: Delivery) -> None:
+        env = delivery.envelope
+        handler = self.handler_for(env.message_type)
+        if handler is None:
+            await self._ack(
+                env, AckStage.REJECTED, UnsupportedMessageTypeError.code,
+                f"{self.agent_id} has no handler for {env.message_type.name}",
+            )  # fmt: skip
+            return
+        await self._ack(env, AckStage.READ)
+        stage, code, note = await _outcome(handler, Message(self, delivery))
+        await self._ack(env, stage, code, note)
 
-    async def _handled_notice(self, env: Envelope) -> bool:
-        if env.message_type is MessageType.HEARTBEAT:
-            await self.heartbeat()
-            return True
-        if env.message_type is MessageType.NOTIFICATION and env.producer_id == "coordinator":
-            self._apply_notice(json.loads(env.payload or b"{}"))
-            return True
-        return False
+    async def _on_ack(self, delivery: Delivery) -> None:
+        handler = getattr(self, "on_acknowledgement", None)
+        if not callable(handler):
+            return
+        env = delivery.envelope
+        try:
+            ack = ack_from_payload(env.content_type, env.payload)
+        except (ApiaryError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: unreadable ACK %s: %s", self.agent_id, env.message_id, exc)
+            return
+        await handler(ack, env)
 
-    def _apply_notice(self, body: dict[str, Any]) -> None:
-        event = body.get("event")
-        if event == "directory":
-            self.directory = {
-                a["agent_id"]: a for a in body.get("agents", []) if a["agent_id"] != self.agent_id
-            }
-        elif event == "agent_joined":
-            agent = body.get("agent", {})
-            self.directory[agent.get("agent_id", "")] = agent
-        elif event == "agent_left":
-            self.directory.pop(str(body.get("agent_id")), None)
+    async def _ack(self, env: Envelope, stage: AckStage, code: str = "", note: str = "") -> None:
+        try:
+            await self.ack(env, stage, error_code=code, note=note)
+        except ApiaryError as exc:
+            log.warning(
+                "%s could not ACK %s %s: %s", self.agent_id, env.message_id, stage.name, exc
+            )
 
-    async def heartbeat(self, state: str = "RUNNING") -> None:
-        stub = pb.registry_pb2_grpc.RegistryServiceStub(self.channel)
-        request = pb.registry_pb2.HeartbeatRequest(
-            agent_id=self.agent_id, state=pb.common_pb2.AgentState.Value(state)
-        )
-        await errors.call(lambda: stub.Heartbeat(request))
 
-    async def messages(self) -> AsyncIterator[Envelope]:
-        """Inbound envelopes, in order, until the connection closes."""
-        async for delivery in self.deliveries():
-            yield delivery.envelope
+async def _outcome(handler: MessageHandlerFn, message: Message) -> tuple[AckStage, str, str]:
+    """Run `handler` and map its end to an ACK stage, error code and note."""
+    try:
+        result = await handler(message)
+    except Rejected as exc:
+        return AckStage.REJECTED, exc.code, exc.note
+    except ApiaryError as exc:
+        stage = AckStage.REJECTED if exc.code in _REFUSALS else AckStage.FAILED
+        return stage, exc.code, exc.message
+    except Exception as exc:
+        log.exception("handler of %s failed", message.envelope.message_id)
+        return AckStage.FAILED, "internal_error", f"{type(exc).__name__}: {exc}"
+    return AckStage.FULFILLED, "", result if isinstance(result, str) else ""
+
+
+__all__ = ["Ack", "Agent", "Message", "Rejected"]

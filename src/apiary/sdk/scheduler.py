@@ -18,7 +18,7 @@ import grpc
 
 from apiary.errors import ValidationError
 from apiary.sdk import errors
-from apiary.sdk.agent import Agent
+from apiary.sdk.connection import Connection
 from apiary.wire import pb
 
 SUBMITTER_METADATA = "apiary-submitter"
@@ -44,7 +44,7 @@ class SchedulerClient:
         """The default submitting agent (apiary-submitter metadata); "" for none."""
 
     @classmethod
-    def for_agent(cls, agent: Agent) -> SchedulerClient:
+    def for_agent(cls, agent: Connection) -> SchedulerClient:
         """A client over the agent's channel that submits as that agent."""
         return cls(agent.channel, submitter=agent.agent_id)
 

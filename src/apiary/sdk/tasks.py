@@ -8,7 +8,7 @@
             ...                            # a transaction: preemption waits (2 s at most)
         return "done"                      # the FULFILLED ACK's note
 
-    async with Agent("coder-1", coordinator=address) as agent:
+    async with Connection("coder-1", coordinator=address) as agent:
         await TaskRunner(agent, handler).run()
 
 The runner reads the agent's deliveries. A DATA envelope from producer `scheduler` is a task:
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import math
@@ -41,12 +42,16 @@ from typing import Any
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
 from apiary.errors import ApiaryError, ForcedPreemptionError
-from apiary.sdk.agent import Agent, Delivery
+from apiary.sdk import errors
+from apiary.sdk.connection import Connection, Delivery
+from apiary.wire import pb
 
 log = logging.getLogger("apiary.sdk.tasks")
 
 SCHEDULER = "scheduler"
 """The Scheduler's participant id: producer of tasks and commands, recipient of sections."""
+ACTIVITY_KEYS = ("repo_id", "worktree_id", "branch", "description")
+"""Fields of a task's JSON params copied into its activity entry (RFC 10)."""
 YIELDED = "yielded"
 TERMINATED = "terminated"
 _EARLY_LIMIT = 1000
@@ -69,7 +74,7 @@ class Preempted(Exception):  # noqa: N818 - a signal, not an error
 class TaskContext:
     """One task attempt as the handler sees it."""
 
-    def __init__(self, agent: Agent, envelope: Envelope) -> None:
+    def __init__(self, agent: Connection, envelope: Envelope) -> None:
         self.agent = agent
         self.envelope = envelope
         self.task_id = envelope.correlation_id
@@ -121,6 +126,13 @@ class TaskContext:
             )
         return self._section(max(1, math.ceil(max_duration * 1000)))
 
+    async def progress(self, fraction: float, note: str = "") -> None:
+        """Report progress (0.0-1.0) to the Scheduler, which records it (RFC 8.1: RUNNING
+        agents communicate progress). ValueError outside 0..1."""
+        if isinstance(fraction, bool) or not 0.0 <= float(fraction) <= 1.0:
+            raise ValueError(f"progress is a fraction between 0 and 1, not {fraction!r}")
+        await self._command("progress", fraction=float(fraction), note=note)
+
     @contextlib.asynccontextmanager
     async def _section(self, max_duration_ms: int) -> AsyncIterator[None]:
         if self._in_section:
@@ -158,6 +170,16 @@ class TaskContext:
             self._preempt_reason = reason or "preempt_request"
 
 
+_CURRENT: contextvars.ContextVar[TaskContext | None] = contextvars.ContextVar(
+    "apiary_current_task", default=None
+)
+
+
+def current_task() -> TaskContext | None:
+    """The task whose handler is running in the calling coroutine (None outside one)."""
+    return _CURRENT.get()
+
+
 Handler = Callable[[TaskContext], Awaitable[object]]
 MessageHandler = Callable[[Delivery], Awaitable[None]]
 
@@ -177,7 +199,7 @@ class TaskRunner:
 
     def __init__(
         self,
-        agent: Agent,
+        agent: Connection,
         handler: Handler,
         *,
         on_message: MessageHandler | None = None,
@@ -249,7 +271,12 @@ class TaskRunner:
             return
         if early is not None:
             context._request_preempt(early[1])
-        handler = asyncio.ensure_future(self._handler(context))
+        await self._open_activity(context)
+        token = _CURRENT.set(context)
+        try:  # the handler's task copies the context: current_task() is this task there
+            handler = asyncio.ensure_future(self._handler(context))
+        finally:
+            _CURRENT.reset(token)
         running = _Running(context, handler)
         self._running[task_id] = running
         running.supervisor = asyncio.ensure_future(self._supervise(running))
@@ -265,10 +292,43 @@ class TaskRunner:
         else:  # killed while the handler ignores cancellation: abandon it
             stage, code, note = _forced_outcome("kill")
         try:
+            await self._close_activity(running.context, stage)
             await self._ack(running.context.envelope, stage, code, note)
         finally:
             self._running.pop(running.context.task_id, None)
             await self._settled()
+
+    # ------------------------------------------------------------------ activity
+
+    async def _open_activity(self, context: TaskContext) -> None:
+        """The task's activity entry, created before it runs (RFC 10). Advisory: a refusal
+        (a full buffer, say) is logged and the task runs anyway."""
+        try:
+            body = context.json()
+        except ValueError:
+            body = None
+        entry = pb.apiary_pb2.ActivityRecord(agent_id=self.agent.agent_id, task_id=context.task_id)
+        for key in ACTIVITY_KEYS:
+            if isinstance(body, dict) and key in body:
+                setattr(entry, key, str(body[key]))
+        request = pb.apiary_pb2.RegisterActivityRequest(entry=entry)
+        stub = pb.apiary_pb2_grpc.ActivityBufferServiceStub(self.agent.channel)
+        try:
+            await errors.call(lambda: stub.Register(request))
+        except ApiaryError as exc:
+            log.warning("task %s runs without an activity entry: %s", context.task_id, exc)
+
+    async def _close_activity(self, context: TaskContext, stage: AckStage) -> None:
+        """Remove the task's entry at its end (RFC 10): COMPLETED, or FAILED."""
+        outcome = "COMPLETED" if stage is AckStage.FULFILLED else "FAILED"
+        request = pb.apiary_pb2.CompleteActivityRequest(
+            agent_id=self.agent.agent_id, task_id=context.task_id, outcome=outcome
+        )
+        stub = pb.apiary_pb2_grpc.ActivityBufferServiceStub(self.agent.channel)
+        try:
+            await errors.call(lambda: stub.Complete(request))
+        except ApiaryError as exc:
+            log.warning("task %s: activity entry not completed: %s", context.task_id, exc)
 
     async def _settled(self) -> None:
         """No task may be left: finish a recovery or a shutdown that waited for it."""
@@ -349,7 +409,7 @@ class TaskRunner:
         return True
 
 
-async def run_tasks(agent: Agent, handler: Handler, **options: Any) -> None:
+async def run_tasks(agent: Connection, handler: Handler, **options: Any) -> None:
     """`TaskRunner(agent, handler, **options).run()`."""
     await TaskRunner(agent, handler, **options).run()
 
@@ -394,5 +454,6 @@ __all__ = [
     "Preempted",
     "TaskContext",
     "TaskRunner",
+    "current_task",
     "run_tasks",
 ]

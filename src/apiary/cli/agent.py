@@ -1,0 +1,76 @@
+"""`apiary agent run module:Class`: run one agent (an `apiary.Agent` subclass) in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import typer
+
+from apiary.errors import ApiaryError
+from apiary.sdk.agent import COORDINATOR_ENV, Agent
+
+app = typer.Typer(help="Run agents written with the SDK.", no_args_is_help=True)
+
+
+def load_agent_class(target: str) -> type[Agent]:
+    """`package.module:ClassName` -> the class; ValueError naming what is wrong."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"TARGET must look like package.module:ClassName, not {target!r}")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # agents next to where they are started
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"cannot import module {module_name!r}: {exc}") from None
+    found = getattr(module, attr, None)
+    if found is None:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}")
+    if not isinstance(found, type) or not issubclass(found, Agent):
+        raise ValueError(f"{target} is not a subclass of apiary.Agent")
+    return found
+
+
+async def _run(agent: Agent) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.shutdown()))
+    await agent.run()
+
+
+@app.command("run")
+def run(
+    target: str = typer.Argument(..., help="The agent class: package.module:ClassName"),
+    coordinator: str = typer.Option(
+        "",
+        "--coordinator",
+        "-c",
+        envvar=COORDINATOR_ENV,
+        help="Coordinator HOST:PORT (default 127.0.0.1:50051)",
+    ),
+    agent_id: str = typer.Option("", "--id", help="Agent id (default: the class's agent_id)"),
+    log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING, ERROR"),
+) -> None:
+    """Register the agent, run it until SIGTERM/SIGINT or a Scheduler shutdown, then
+    shut it down gracefully (running work finishes within its grace period) and deregister."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        cls = load_agent_class(target)
+        agent = cls(agent_id or None, coordinator=coordinator or None)
+    except ValueError as exc:
+        typer.echo(f"apiary agent run: {exc}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        asyncio.run(_run(agent))
+    except ApiaryError as exc:
+        typer.echo(f"apiary agent run: {agent.agent_id}: {exc.code}: {exc.message}", err=True)
+        raise typer.Exit(1) from None

@@ -1,0 +1,271 @@
+"""Typed clients for every service of a coordinator, raising Apiary's exceptions.
+
+    async with Client("127.0.0.1:50051") as client:
+        reply = await client.registry.Heartbeat(pb.registry_pb2.HeartbeatRequest(agent_id="a"))
+        async for event in client.hitl_operator.Watch(pb.apiary_pb2.WatchInvocationsRequest()):
+            ...
+
+Each property is the service's generated asyncio stub (same methods, request and response
+types, so type checkers follow every call), wrapped so that a failed call raises the
+`apiary.errors` exception for its protocol error code instead of a raw gRPC error: awaiting a
+unary call and iterating a streaming one both translate. Request and response messages come
+from `apiary.wire.pb` (the generated modules of the canonical and apiary.v1 protos).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, cast
+
+import grpc
+
+from apiary.sdk import errors
+from apiary.wire import pb
+
+if TYPE_CHECKING:
+    from apiary.wire.pb import (
+        activity_pb2_grpc,
+        apiary_pb2_grpc,
+        connector_pb2_grpc,
+        handoff_pb2_grpc,
+        hitl_pb2_grpc,
+        logging_pb2_grpc,
+        negotiation_pb2_grpc,
+        negotiation_room_pb2_grpc,
+        reasoning_pb2_grpc,
+        reasoning_proxy_pb2_grpc,
+        registry_pb2_grpc,
+        router_pb2_grpc,
+        scheduler_pb2_grpc,
+        scheduler_policy_pb2_grpc,
+        tool_pb2_grpc,
+        workflow_pb2_grpc,
+        worktree_pb2_grpc,
+    )
+
+AGENT_KEY = "sw4rm-agent-id"
+"""Call metadata naming the calling agent (services that act for an agent read it)."""
+
+
+class _GuardedCall:
+    """One call in flight: awaiting (unary) or iterating (streaming) translates errors."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return errors.call(lambda: self._call).__await__()
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return errors.stream(self._call.__aiter__())
+
+    async def write(self, request: Any) -> None:
+        """Send one request on a client- or bidirectional-streaming call."""
+        await errors.call(lambda: self._call.write(request))
+
+    async def done_writing(self) -> None:
+        await errors.call(self._call.done_writing)
+
+    def cancel(self) -> bool:
+        return bool(self._call.cancel())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._call, name)
+
+
+class _GuardedStub:
+    """A generated stub whose every method returns a `_GuardedCall`."""
+
+    def __init__(self, stub: Any, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._stub = stub
+        self._metadata = metadata
+
+    def __getattr__(self, name: str) -> Callable[..., _GuardedCall]:
+        method = getattr(self._stub, name)
+
+        def invoke(*args: Any, **kwargs: Any) -> _GuardedCall:
+            if self._metadata:
+                kwargs["metadata"] = (*self._metadata, *(kwargs.get("metadata") or ()))
+            return _GuardedCall(method(*args, **kwargs))
+
+        invoke.__name__ = name
+        return invoke
+
+
+class Client:
+    """Every service of one coordinator over one channel (its own when given an address).
+
+    `agent_id` is sent as `sw4rm-agent-id` call metadata on every call, for the services that
+    act on behalf of the calling agent (tools, HITL, worktrees); `metadata` adds more.
+    """
+
+    def __init__(
+        self,
+        target: grpc.aio.Channel | str,
+        *,
+        agent_id: str = "",
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        self._owned = isinstance(target, str)
+        self.channel = grpc.aio.insecure_channel(target) if isinstance(target, str) else target
+        pairs = dict(metadata or {})
+        if agent_id:
+            pairs[AGENT_KEY] = agent_id
+        self._metadata = tuple(pairs.items())
+        self._stubs: dict[str, _GuardedStub] = {}
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel when this client opened it."""
+        if self._owned:
+            await self.channel.close()
+
+    def _stub(self, name: str, factory: Callable[[grpc.aio.Channel], Any]) -> Any:
+        stub = self._stubs.get(name)
+        if stub is None:
+            stub = self._stubs[name] = _GuardedStub(factory(self.channel), self._metadata)
+        return stub
+
+    @property
+    def registry(self) -> registry_pb2_grpc.RegistryServiceAsyncStub:
+        """sw4rm.registry.RegistryService: register, heartbeat, deregister."""
+        stub = self._stub("registry", pb.registry_pb2_grpc.RegistryServiceStub)
+        return cast("registry_pb2_grpc.RegistryServiceAsyncStub", stub)
+
+    @property
+    def router(self) -> router_pb2_grpc.RouterServiceAsyncStub:
+        """sw4rm.router.RouterService: send and stream messages."""
+        stub = self._stub("router", pb.router_pb2_grpc.RouterServiceStub)
+        return cast("router_pb2_grpc.RouterServiceAsyncStub", stub)
+
+    @property
+    def scheduler(self) -> scheduler_pb2_grpc.SchedulerServiceAsyncStub:
+        """sw4rm.scheduler.SchedulerService: tasks, preemption, shutdown, activity."""
+        stub = self._stub("scheduler", pb.scheduler_pb2_grpc.SchedulerServiceStub)
+        return cast("scheduler_pb2_grpc.SchedulerServiceAsyncStub", stub)
+
+    @property
+    def scheduler_policy(self) -> scheduler_policy_pb2_grpc.SchedulerPolicyServiceAsyncStub:
+        """sw4rm.scheduler.SchedulerPolicyService: negotiation policy."""
+        stub = self._stub(
+            "scheduler_policy", pb.scheduler_policy_pb2_grpc.SchedulerPolicyServiceStub
+        )
+        return cast("scheduler_policy_pb2_grpc.SchedulerPolicyServiceAsyncStub", stub)
+
+    @property
+    def hitl(self) -> hitl_pb2_grpc.HitlServiceAsyncStub:
+        """sw4rm.hitl.HitlService: decisions on HITL invocations."""
+        stub = self._stub("hitl", pb.hitl_pb2_grpc.HitlServiceStub)
+        return cast("hitl_pb2_grpc.HitlServiceAsyncStub", stub)
+
+    @property
+    def worktree(self) -> worktree_pb2_grpc.WorktreeServiceAsyncStub:
+        """sw4rm.worktree.WorktreeService: worktree binding."""
+        stub = self._stub("worktree", pb.worktree_pb2_grpc.WorktreeServiceStub)
+        return cast("worktree_pb2_grpc.WorktreeServiceAsyncStub", stub)
+
+    @property
+    def tool(self) -> tool_pb2_grpc.ToolServiceAsyncStub:
+        """sw4rm.tool.ToolService: call tools."""
+        stub = self._stub("tool", pb.tool_pb2_grpc.ToolServiceStub)
+        return cast("tool_pb2_grpc.ToolServiceAsyncStub", stub)
+
+    @property
+    def connector(self) -> connector_pb2_grpc.ConnectorServiceAsyncStub:
+        """sw4rm.connector.ConnectorService: tool providers."""
+        stub = self._stub("connector", pb.connector_pb2_grpc.ConnectorServiceStub)
+        return cast("connector_pb2_grpc.ConnectorServiceAsyncStub", stub)
+
+    @property
+    def negotiation(self) -> negotiation_pb2_grpc.NegotiationServiceAsyncStub:
+        """sw4rm.negotiation.NegotiationService."""
+        stub = self._stub("negotiation", pb.negotiation_pb2_grpc.NegotiationServiceStub)
+        return cast("negotiation_pb2_grpc.NegotiationServiceAsyncStub", stub)
+
+    @property
+    def negotiation_room(self) -> negotiation_room_pb2_grpc.NegotiationRoomServiceAsyncStub:
+        """sw4rm.negotiation_room.NegotiationRoomService."""
+        stub = self._stub(
+            "negotiation_room", pb.negotiation_room_pb2_grpc.NegotiationRoomServiceStub
+        )
+        return cast("negotiation_room_pb2_grpc.NegotiationRoomServiceAsyncStub", stub)
+
+    @property
+    def handoff(self) -> handoff_pb2_grpc.HandoffServiceAsyncStub:
+        """sw4rm.handoff.HandoffService."""
+        stub = self._stub("handoff", pb.handoff_pb2_grpc.HandoffServiceStub)
+        return cast("handoff_pb2_grpc.HandoffServiceAsyncStub", stub)
+
+    @property
+    def workflow(self) -> workflow_pb2_grpc.WorkflowServiceAsyncStub:
+        """sw4rm.workflow.WorkflowService."""
+        stub = self._stub("workflow", pb.workflow_pb2_grpc.WorkflowServiceStub)
+        return cast("workflow_pb2_grpc.WorkflowServiceAsyncStub", stub)
+
+    @property
+    def activity(self) -> activity_pb2_grpc.ActivityServiceAsyncStub:
+        """sw4rm.activity.ActivityService: artifacts."""
+        stub = self._stub("activity", pb.activity_pb2_grpc.ActivityServiceStub)
+        return cast("activity_pb2_grpc.ActivityServiceAsyncStub", stub)
+
+    @property
+    def logging(self) -> logging_pb2_grpc.LoggingServiceAsyncStub:
+        """sw4rm.logging.LoggingService."""
+        stub = self._stub("logging", pb.logging_pb2_grpc.LoggingServiceStub)
+        return cast("logging_pb2_grpc.LoggingServiceAsyncStub", stub)
+
+    @property
+    def inference(self) -> reasoning_pb2_grpc.InferenceProxyAsyncStub:
+        """sw4rm.reasoning.InferenceProxy."""
+        stub = self._stub("inference", pb.reasoning_pb2_grpc.InferenceProxyStub)
+        return cast("reasoning_pb2_grpc.InferenceProxyAsyncStub", stub)
+
+    @property
+    def reasoning(self) -> reasoning_proxy_pb2_grpc.ReasoningProxyAsyncStub:
+        """sw4rm.reasoning.ReasoningProxy."""
+        stub = self._stub("reasoning", pb.reasoning_proxy_pb2_grpc.ReasoningProxyStub)
+        return cast("reasoning_proxy_pb2_grpc.ReasoningProxyAsyncStub", stub)
+
+    @property
+    def events(self) -> apiary_pb2_grpc.EventLogServiceAsyncStub:
+        """apiary.v1.EventLogService: read the event log."""
+        stub = self._stub("events", pb.apiary_pb2_grpc.EventLogServiceStub)
+        return cast("apiary_pb2_grpc.EventLogServiceAsyncStub", stub)
+
+    @property
+    def router_stream(self) -> apiary_pb2_grpc.RouterStreamServiceAsyncStub:
+        """apiary.v1.RouterStreamService: streaming send and inbound."""
+        stub = self._stub("router_stream", pb.apiary_pb2_grpc.RouterStreamServiceStub)
+        return cast("apiary_pb2_grpc.RouterStreamServiceAsyncStub", stub)
+
+    @property
+    def discovery(self) -> apiary_pb2_grpc.DiscoveryServiceAsyncStub:
+        """apiary.v1.DiscoveryService: list and read agents."""
+        stub = self._stub("discovery", pb.apiary_pb2_grpc.DiscoveryServiceStub)
+        return cast("apiary_pb2_grpc.DiscoveryServiceAsyncStub", stub)
+
+    @property
+    def dlq(self) -> apiary_pb2_grpc.DlqServiceAsyncStub:
+        """apiary.v1.DlqService: the dead letter queue."""
+        stub = self._stub("dlq", pb.apiary_pb2_grpc.DlqServiceStub)
+        return cast("apiary_pb2_grpc.DlqServiceAsyncStub", stub)
+
+    @property
+    def hitl_operator(self) -> apiary_pb2_grpc.HitlOperatorServiceAsyncStub:
+        """apiary.v1.HitlOperatorService: the operators' HITL inbox."""
+        stub = self._stub("hitl_operator", pb.apiary_pb2_grpc.HitlOperatorServiceStub)
+        return cast("apiary_pb2_grpc.HitlOperatorServiceAsyncStub", stub)
+
+    @property
+    def activity_buffer(self) -> apiary_pb2_grpc.ActivityBufferServiceAsyncStub:
+        """apiary.v1.ActivityBufferService: in-flight work."""
+        stub = self._stub("activity_buffer", pb.apiary_pb2_grpc.ActivityBufferServiceStub)
+        return cast("apiary_pb2_grpc.ActivityBufferServiceAsyncStub", stub)

@@ -1,0 +1,307 @@
+"""An agent's connection to a coordinator: register, send, receive, acknowledge, deregister.
+
+The low level under `apiary.Agent` (sdk/agent.py), usable on its own:
+
+    async with Connection("bob", coordinator="127.0.0.1:50051") as bob:
+        async for env in bob.messages():
+            ...
+            await bob.ack(env, AckStage.FULFILLED)
+
+Inbound delivery uses the apiary.v1 Inbound stream: batched, with offsets, so a reconnect
+resumes where the agent left off (RFC 5.5). Heartbeats from the coordinator are answered
+automatically, and join/leave notices keep `directory` up to date (RFC 14).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any
+
+import grpc
+
+from apiary.core.clock import Clock
+from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
+from apiary.core.ids import IdGenerator
+from apiary.errors import ApiaryError, ValidationError, error_for_code
+from apiary.sdk import errors
+from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
+from apiary.sdk.sender import BatchSender, SendResult
+from apiary.system import SystemClock, UuidIds
+from apiary.wire import pb
+from apiary.wire.convert import ack_to_json, envelope_from_proto, envelope_to_proto
+
+RECIPIENT_KEY = "sw4rm-recipient"
+JSON = "application/json"
+RECONNECT_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One inbound envelope with its inbox offset and delivery attempt."""
+
+    envelope: Envelope
+    offset: int
+    attempt: int
+    urgent: bool
+
+
+class Connection:
+    """One agent's connection to a coordinator."""
+
+    def __init__(
+        self,
+        agent_id: str,
+        *,
+        coordinator: str,
+        name: str = "",
+        description: str = "",
+        capabilities: Sequence[str] = (),
+        modalities: Sequence[str] = (JSON, "text/plain"),
+        reasoning_connectors: Sequence[str] = ("builtin://rules",),
+        communication_class: str = "STANDARD",
+        clock: Clock | None = None,
+        ids: IdGenerator | None = None,
+    ) -> None:
+        self.agent_id = agent_id
+        self._coordinator = coordinator
+        self._descriptor = pb.registry_pb2.AgentDescriptor(
+            agent_id=agent_id,
+            name=name or agent_id,
+            description=description,
+            capabilities=list(capabilities),
+            modalities_supported=list(modalities),
+            reasoning_connectors=list(reasoning_connectors),
+            communication_class=pb.common_pb2.CommunicationClass.Value(communication_class),
+        )
+        self._clock = clock or SystemClock()
+        self._ids = ids or UuidIds()
+        # Sequence numbers must stay monotonic across restarts of the agent (the router
+        # deduplicates by (producer_id, sequence_number)), so they start from the clock.
+        self._sequence = int(self._clock.now() * 1_000_000)
+        self._channel: grpc.aio.Channel | None = None
+        self._sender: BatchSender | None = None
+        self.last_offset = 0
+        """The highest inbox offset received."""
+        self._unacked: dict[str, int] = {}
+        self.directory: dict[str, dict[str, Any]] = {}
+        """Local discovery state: the other registered agents, kept from join/leave notices."""
+
+    async def __aenter__(self) -> Connection:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop("agent exited" if et is None else f"agent failed: {et.__name__}")
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            raise RuntimeError(f"agent {self.agent_id} is not started")
+        return self._channel
+
+    async def start(self) -> None:
+        """Connect and register with the coordinator."""
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self._coordinator)
+        await self.register()
+
+    async def register(self) -> None:
+        stub = pb.registry_pb2_grpc.RegistryServiceStub(self.channel)
+        request = pb.registry_pb2.RegisterAgentRequest(agent=self._descriptor)
+        reply = await errors.call(lambda: stub.RegisterAgent(request))
+        if not reply.accepted:
+            raise ValidationError(f"registration of {self.agent_id} refused: {reply.reason}")
+
+    async def stop(self, reason: str = "shutdown", *, deregister: bool = True) -> None:
+        """Deregister (unless told not to) and close the connection; idempotent."""
+        if self._channel is None:
+            return
+        try:
+            if self._sender is not None:
+                await self._sender.close()
+            if deregister:
+                stub = pb.registry_pb2_grpc.RegistryServiceStub(self._channel)
+                request = pb.registry_pb2.DeregisterAgentRequest(
+                    agent_id=self.agent_id, reason=reason
+                )
+                await errors.call(lambda: stub.DeregisterAgent(request))
+        finally:
+            await self._channel.close()
+            self._channel = None
+            self._sender = None
+
+    # ------------------------------------------------------------------ sending
+
+    def envelope(
+        self,
+        body: Any,
+        *,
+        content_type: str = JSON,
+        message_type: MessageType = MessageType.DATA,
+        correlation_id: str = "",
+        idempotency_token: str = "",
+        ttl_ms: int = 0,
+    ) -> Envelope:
+        """A new envelope from this agent (bytes are sent as they are, anything else as JSON)."""
+        payload = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self._sequence += 1
+        message_id = self._ids.new_id()
+        return Envelope(
+            message_id=message_id,
+            producer_id=self.agent_id,
+            message_type=message_type,
+            payload=payload,
+            content_type=content_type,
+            content_length=len(payload),
+            correlation_id=correlation_id or message_id,
+            sequence_number=self._sequence,
+            idempotency_token=idempotency_token,
+            ttl_ms=ttl_ms,
+            timestamp=self._clock.now(),
+        )
+
+    def retry(self, env: Envelope) -> Envelope:
+        """The next attempt of `env`: a new message_id, the same idempotency token and
+        correlation, retry_count + 1 (RFC 11.2, 11.3)."""
+        return replace(env, message_id=self._ids.new_id(), retry_count=env.retry_count + 1)
+
+    async def send_envelope(self, env: Envelope, to: str = "") -> str:
+        """Send one envelope; returns the router's reason. Refusals raise ApiaryError."""
+        stub = pb.router_pb2_grpc.RouterServiceStub(self.channel)
+        request = pb.router_pb2.SendMessageRequest(msg=envelope_to_proto(env))
+        metadata = ((RECIPIENT_KEY, to),) if to else None
+        reply = await errors.call(lambda: stub.SendMessage(request, metadata=metadata))
+        if not reply.accepted:
+            code, _, text = reply.reason.partition(": ")
+            raise error_for_code(code, text or reply.reason, {"message_id": env.message_id})
+        return str(reply.reason)
+
+    async def send(self, to: str, body: Any, **options: Any) -> Envelope:
+        """Send `body` to agent `to` (options as for `envelope`)."""
+        env = self.envelope(body, **options)
+        await self.send_envelope(env, to)
+        return env
+
+    async def send_chunked(
+        self, to: str, payload: bytes, content_type: str, *, chunk_bytes: int = 1024 * 1024
+    ) -> str:
+        """Send a large payload as a chunked transfer (the recipient must have declared the
+        `chunking` capability); returns the message_id of the assembled message."""
+        transfer_id = self._ids.new_id()
+        correlation = transfer_id
+        for chunk in chunk_payloads(transfer_id, payload, content_type, chunk_bytes):
+            env = self.envelope(chunk, content_type=CHUNK_CONTENT_TYPE, correlation_id=correlation)
+            await self.send_envelope(env, to)
+        return transfer_id
+
+    async def send_many(self, items: Sequence[tuple[Envelope, str]]) -> list[SendResult]:
+        """Send many envelopes in one frame of the streaming sender; per-envelope results."""
+        if self._sender is None:
+            self._sender = BatchSender(self.channel)
+        return await self._sender.send(items)
+
+    async def ack(
+        self, env: Envelope, stage: AckStage, *, error_code: str = "", note: str = ""
+    ) -> Envelope:
+        """Acknowledge `env` at `stage`; the coordinator forwards it to the producer."""
+        ack = self.ack_envelope(env, stage, error_code=error_code, note=note)
+        await self.send_envelope(ack)
+        self._unacked.pop(env.message_id, None)
+        return ack
+
+    @property
+    def resume_after(self) -> int:
+        """Where a reconnect resumes: after the last offset with nothing unacknowledged
+        before it (RFC 5.5: the last acknowledged offset), so unacknowledged messages come
+        again."""
+        if self._unacked:
+            return min(self._unacked.values()) - 1
+        return self.last_offset
+
+    def ack_envelope(
+        self, env: Envelope, stage: AckStage, *, error_code: str = "", note: str = ""
+    ) -> Envelope:
+        payload = ack_to_json(Ack(env.message_id, stage, error_code, note))
+        return self.envelope(
+            payload, message_type=MessageType.ACKNOWLEDGEMENT, correlation_id=env.correlation_id
+        )
+
+    # ------------------------------------------------------------------ receiving
+
+    async def deliveries(self, *, reconnect: bool = False) -> AsyncIterator[Delivery]:
+        """Inbound deliveries in order, resuming after `last_offset` on every (re)connect.
+
+        Heartbeats are answered and join/leave notices applied here, not yielded. With
+        `reconnect`, a lost coordinator is retried with backoff (re-registering), forever.
+        """
+        failures = 0
+        while True:
+            try:
+                async for delivery in self._inbound():
+                    failures = 0
+                    yield delivery
+                return
+            except ApiaryError as exc:
+                if not reconnect or exc.code not in ("agent_unavailable", "internal_error"):
+                    raise
+            await asyncio.sleep(RECONNECT_DELAYS_S[min(failures, len(RECONNECT_DELAYS_S) - 1)])
+            failures += 1
+            try:
+                await self.register()
+            except ApiaryError:
+                continue
+
+    async def _inbound(self) -> AsyncIterator[Delivery]:
+        stub = pb.apiary_pb2_grpc.RouterStreamServiceStub(self.channel)
+        request = pb.apiary_pb2.InboundRequest(
+            agent_id=self.agent_id, resume_after=self.resume_after
+        )
+        call = stub.Inbound(request)
+        async for batch in errors.stream(call.__aiter__()):
+            for item in batch.deliveries:
+                self.last_offset = max(self.last_offset, item.offset)
+                env = envelope_from_proto(item.msg)
+                if await self._handled_notice(env):
+                    continue
+                if env.message_type is not MessageType.ACKNOWLEDGEMENT:
+                    self._unacked[env.message_id] = item.offset
+                yield Delivery(env, item.offset, item.attempt, item.urgent)
+
+    async def _handled_notice(self, env: Envelope) -> bool:
+        if env.message_type is MessageType.HEARTBEAT:
+            await self.heartbeat()
+            return True
+        if env.message_type is MessageType.NOTIFICATION and env.producer_id == "coordinator":
+            self._apply_notice(json.loads(env.payload or b"{}"))
+            return True
+        return False
+
+    def _apply_notice(self, body: dict[str, Any]) -> None:
+        event = body.get("event")
+        if event == "directory":
+            self.directory = {
+                a["agent_id"]: a for a in body.get("agents", []) if a["agent_id"] != self.agent_id
+            }
+        elif event == "agent_joined":
+            agent = body.get("agent", {})
+            self.directory[agent.get("agent_id", "")] = agent
+        elif event == "agent_left":
+            self.directory.pop(str(body.get("agent_id")), None)
+
+    async def heartbeat(self, state: str = "RUNNING") -> None:
+        stub = pb.registry_pb2_grpc.RegistryServiceStub(self.channel)
+        request = pb.registry_pb2.HeartbeatRequest(
+            agent_id=self.agent_id, state=pb.common_pb2.AgentState.Value(state)
+        )
+        await errors.call(lambda: stub.Heartbeat(request))
+
+    async def messages(self) -> AsyncIterator[Envelope]:
+        """Inbound envelopes, in order, until the connection closes."""
+        async for delivery in self.deliveries():
+            yield delivery.envelope

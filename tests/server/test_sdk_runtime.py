@@ -1,0 +1,337 @@
+"""`apiary.Agent` against a real coordinator over gRPC sockets: handlers per message type with
+automatic ACK stages, replies, tasks with safe points, progress and activity entries, graceful
+shutdown, and the typed clients' error translation. Agents run as asyncio tasks of the test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import apiary
+from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
+from apiary.core.events import Event
+from apiary.core.message_machine import MessageState
+from apiary.core.records import TaskState
+from apiary.errors import ApiaryError, NotFoundError, ToolTimeoutError
+from apiary.sdk.connection import Connection
+from apiary.sdk.scheduler import SchedulerClient
+from apiary.server.coordinator import Coordinator
+from apiary.testing.coordinator import open_test_coordinator
+from apiary.wire import pb
+from apiary.wire.convert import ack_from_payload
+
+SCOPE = "path:src/**"
+WAIT_S = 20.0
+
+
+@pytest.fixture
+async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
+    async with open_test_coordinator(tmp_path) as running:
+        yield running
+
+
+@asynccontextmanager
+async def _running(agent: apiary.Agent) -> AsyncIterator[asyncio.Task[None]]:
+    job = asyncio.create_task(agent.run())
+    try:
+        await _until(lambda: agent._runner is not None)
+        yield job
+    finally:
+        if not job.done():
+            job.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await job
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    async def poll() -> None:
+        while not check():  # noqa: ASYNC110 - polls plain attributes of the agent
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(poll(), WAIT_S)
+
+
+async def _event(coordinator: Coordinator, where: Callable[[Event], bool]) -> Event:
+    async def scan() -> Event:
+        seen = 0
+        while True:
+            batch = await coordinator.events.read(after=seen, limit=1000)
+            for event in batch:
+                if where(event):
+                    return event
+            if batch:
+                seen = batch[-1].sequence
+            else:
+                await coordinator.events.wait_after(seen)
+
+    return await asyncio.wait_for(scan(), WAIT_S)
+
+
+class Worker(apiary.Agent):
+    agent_id = "worker"
+    capabilities = ("work",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[Any] = []
+        self.acks: list[Ack] = []
+        self.torn_down = False
+
+    async def on_data(self, msg: apiary.Message) -> str:
+        body = msg.json()
+        self.seen.append(body)
+        kind = body["kind"]
+        if kind == "reject":
+            raise apiary.Rejected("validation_error", "kind reject is refused")
+        if kind == "timeout":
+            raise ToolTimeoutError("the tool hung")
+        if kind == "crash":
+            raise KeyError("boom")
+        if kind == "echo":
+            await msg.reply({"echo": body["value"]})
+        return f"did {kind}"
+
+    async def on_acknowledgement(self, ack: Ack, env: Envelope) -> None:
+        self.acks.append(ack)
+
+    async def teardown(self) -> None:
+        self.torn_down = True
+
+
+async def _collect_acks(sender: Connection, message_ids: set[str], final: int) -> dict[str, list]:
+    """ACKs forwarded to `sender` for `message_ids`, until each has `final` terminal ones."""
+    stages: dict[str, list[tuple[AckStage, str, str]]] = {m: [] for m in message_ids}
+    terminal = {AckStage.FULFILLED, AckStage.REJECTED, AckStage.FAILED}
+
+    async def read() -> None:
+        async for delivery in sender.deliveries():
+            env = delivery.envelope
+            if env.message_type is MessageType.ACKNOWLEDGEMENT:
+                ack = ack_from_payload(env.content_type, env.payload)
+                if ack.ack_for_message_id in stages:
+                    stages[ack.ack_for_message_id].append((ack.ack_stage, ack.error_code, ack.note))
+            else:
+                await sender.ack(env, AckStage.FULFILLED)
+            done = sum(1 for s in stages.values() for st, _, _ in s if st in terminal)
+            if done >= final:
+                return
+
+    await asyncio.wait_for(read(), WAIT_S)
+    return stages
+
+
+async def test_handlers_are_acknowledged_through_every_stage(coordinator: Coordinator) -> None:
+    address = str(coordinator.grpc_address)
+    worker = Worker(coordinator=address)
+    async with _running(worker), Connection("sender", coordinator=address) as sender:
+        sent: dict[str, str] = {}
+        for kind in ("plain", "reject", "timeout", "crash"):
+            env = await sender.send("worker", {"kind": kind})
+            sent[kind] = env.message_id
+        control = await sender.send("worker", {"x": 1}, message_type=MessageType.CONTROL)
+        sent["control"] = control.message_id
+        stages = await _collect_acks(sender, set(sent.values()), final=len(sent))
+    received, read = AckStage.RECEIVED, AckStage.READ
+    assert stages[sent["plain"]] == [
+        (received, "", ""), (read, "", ""), (AckStage.FULFILLED, "", "did plain"),
+    ]  # fmt: skip
+    assert stages[sent["reject"]][-1] == (
+        AckStage.REJECTED, "validation_error", "kind reject is refused",
+    )  # fmt: skip
+    assert stages[sent["timeout"]][-1] == (AckStage.FAILED, "tool_timeout", "the tool hung")
+    assert stages[sent["crash"]][-1] == (AckStage.FAILED, "internal_error", "KeyError: 'boom'")
+    # No handler for CONTROL: refused without reading it.
+    assert stages[sent["control"]] == [
+        (received, "", ""),
+        (AckStage.REJECTED, "unsupported_message_type", "worker has no handler for CONTROL"),
+    ]
+    assert [body["kind"] for body in worker.seen] == ["plain", "reject", "timeout", "crash"]
+    store = coordinator.store.messages
+    states = {kind: (await store.get(mid)).state for kind, mid in sent.items()}  # type: ignore[union-attr]
+    assert states == {
+        "plain": MessageState.FULFILLED, "reject": MessageState.REJECTED,
+        "timeout": MessageState.FAILED, "crash": MessageState.FAILED,
+        "control": MessageState.REJECTED,
+    }  # fmt: skip
+
+
+async def test_replies_and_acknowledgements_reach_the_agent(coordinator: Coordinator) -> None:
+    address = str(coordinator.grpc_address)
+    worker = Worker(coordinator=address)
+    async with _running(worker), Connection("peer", coordinator=address) as peer:
+        await worker.send("peer", {"hello": 1})
+        request = await peer.send("worker", {"kind": "echo", "value": 42})
+        reply: Envelope | None = None
+        async for delivery in peer.deliveries():
+            env = delivery.envelope
+            if env.message_type is MessageType.ACKNOWLEDGEMENT:
+                continue
+            await peer.ack(env, AckStage.FULFILLED, note="thanks")
+            if env.correlation_id == request.correlation_id:
+                reply = env
+                break
+        assert reply is not None
+        assert reply.producer_id == "worker"
+        # The peer's FULFILLED ACK of the worker's first message goes to on_acknowledgement.
+        await _until(lambda: any(a.ack_stage is AckStage.FULFILLED for a in worker.acks))
+    assert json.loads(reply.payload) == {"echo": 42}
+    assert any(a.note == "thanks" for a in worker.acks)
+
+
+class Builder(apiary.Agent):
+    agent_id = "builder"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.entries_during: list[Any] = []
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def on_task(self, task: apiary.TaskContext) -> str:
+        reply = await self.client.activity_buffer.List(
+            pb.apiary_pb2.ListActivityRequest(agent_id=self.agent_id)
+        )
+        self.entries_during = [(e.task_id, e.repo_id, e.description) for e in reply.entries]
+        await self.progress(0.5, "half way")
+        self.started.set()
+        await self.release.wait()
+        await self.safe_point()
+        async with self.non_preemptible(max_duration=1.0):
+            pass
+        return "built"
+
+
+@pytest.mark.conformance(
+    "activity.entry.create-before-execution",
+    "activity.entry.remove-on-completion",
+    "lifecycle.running.progress-updates",
+)
+async def test_a_task_has_an_activity_entry_while_it_runs_and_reports_progress(
+    coordinator: Coordinator,
+) -> None:
+    address = str(coordinator.grpc_address)
+    builder = Builder(coordinator=address)
+    async with _running(builder), SchedulerClient(address) as scheduler:
+        params = {"repo_id": "shop", "description": "build the shop", "steps": 1}
+        accepted, reason = await scheduler.submit_task("builder", "t-1", params, scope=SCOPE)
+        assert accepted, reason
+        await asyncio.wait_for(builder.started.wait(), WAIT_S)
+        assert builder.entries_during == [("t-1", "shop", "build the shop")]
+        progress = await _event(coordinator, lambda e: e.event_type == "task.progress")
+        assert (progress.details["fraction"], progress.details["note"]) == (0.5, "half way")
+        builder.release.set()
+        await _event(coordinator, lambda e: e.event_type == "task.completed")
+        client = builder.client.activity_buffer
+        active = await client.List(pb.apiary_pb2.ListActivityRequest(agent_id="builder"))
+        history = await client.List(
+            pb.apiary_pb2.ListActivityRequest(agent_id="builder", history=True)
+        )
+    assert list(active.entries) == []
+    assert [(e.task_id, e.outcome) for e in history.entries] == [("t-1", "COMPLETED")]
+    assert coordinator.scheduler is not None
+    task = await coordinator.scheduler.find("t-1")
+    assert (task.state, task.note) == (TaskState.COMPLETED, "built")
+
+
+async def test_progress_outside_zero_to_one_is_refused(coordinator: Coordinator) -> None:
+    address = str(coordinator.grpc_address)
+    outcomes: list[str] = []
+
+    class Reporter(apiary.Agent):
+        agent_id = "reporter"
+
+        async def on_task(self, task: apiary.TaskContext) -> str:
+            with pytest.raises(ValueError, match="fraction"):
+                await task.progress(1.5)
+            raw = self.envelope(
+                {"command": "progress", "task_id": task.task_id, "fraction": 2},
+                message_type=MessageType.CONTROL, correlation_id=task.task_id,
+            )  # fmt: skip
+            try:
+                await self.send_envelope(raw, "scheduler")
+            except ApiaryError as exc:
+                outcomes.append(f"{exc.code} {exc.details.get('field')}")
+            return "ok"
+
+    async with _running(Reporter(coordinator=address)), SchedulerClient(address) as scheduler:
+        await scheduler.submit_task("reporter", "t-p", {"n": 1}, scope=SCOPE)
+        await _event(coordinator, lambda e: e.event_type == "task.completed")
+    assert outcomes == ["validation_error fraction"]
+
+
+@pytest.mark.conformance("activity.buffer.advisory-non-blocking")
+async def test_a_full_activity_buffer_does_not_stop_the_task(coordinator: Coordinator) -> None:
+    address = str(coordinator.grpc_address)
+    async with apiary.Client(address) as client:
+        for n in range(100):  # the per-agent limit (RFC 10.1 default)
+            entry = pb.apiary_pb2.ActivityRecord(agent_id="builder", task_id=f"other-{n}")
+            await client.activity_buffer.Register(
+                pb.apiary_pb2.RegisterActivityRequest(entry=entry)
+            )
+        with pytest.raises(ApiaryError) as refused:
+            entry = pb.apiary_pb2.ActivityRecord(agent_id="builder", task_id="one-more")
+            await client.activity_buffer.Register(
+                pb.apiary_pb2.RegisterActivityRequest(entry=entry)
+            )
+        assert refused.value.code == "activity_buffer_full"
+        builder = Builder(coordinator=address)
+        builder.release.set()
+        async with _running(builder), SchedulerClient(address) as scheduler:
+            await scheduler.submit_task("builder", "t-full", {"steps": 1}, scope=SCOPE)
+            done = await _event(
+                coordinator, lambda e: e.event_type in ("task.completed", "task.failed")
+            )
+    assert done.event_type == "task.completed"
+    assert ("t-full", "", "") not in builder.entries_during
+
+
+@pytest.mark.conformance("lifecycle.shutting-down.graceful")
+async def test_a_graceful_shutdown_finishes_the_running_task_then_deregisters(
+    coordinator: Coordinator,
+) -> None:
+    address = str(coordinator.grpc_address)
+    builder = Builder(coordinator=address)
+    async with SchedulerClient(address) as scheduler:
+        job = asyncio.create_task(builder.run())
+        await _until(lambda: builder._runner is not None)
+        await scheduler.submit_task("builder", "t-long", {"steps": 1}, scope=SCOPE)
+        await scheduler.submit_task("builder", "t-next", {"steps": 1}, scope=SCOPE)
+        await asyncio.wait_for(builder.started.wait(), WAIT_S)
+        await builder.shutdown()
+        await _event(
+            coordinator,
+            lambda e: e.event_type == "agent.lifecycle" and e.details.get("to") == "SHUTTING_DOWN",
+        )
+        builder.release.set()
+        await asyncio.wait_for(job, WAIT_S)
+    assert coordinator.scheduler is not None
+    finished = await coordinator.scheduler.find("t-long")
+    assert (finished.state, finished.note) == (TaskState.COMPLETED, "built")
+    # No new task went to the agent once it was shutting down.
+    waiting = await coordinator.scheduler.find("t-next")
+    assert waiting.state != TaskState.RUNNING
+    assert "builder" not in {a.agent_id for a in await coordinator.registry.list()}
+
+
+async def test_typed_clients_raise_apiary_errors(coordinator: Coordinator) -> None:
+    async with apiary.Client(str(coordinator.grpc_address)) as client:
+        with pytest.raises(NotFoundError, match="ghost"):
+            await client.registry.Heartbeat(pb.registry_pb2.HeartbeatRequest(agent_id="ghost"))
+        with pytest.raises(NotFoundError, match="ghost"):  # a stream translates too
+            request = pb.apiary_pb2.InboundRequest(agent_id="ghost")
+            async for _ in client.router_stream.Inbound(request):
+                pass
+        reply = await client.discovery.ListAgents(pb.apiary_pb2.ListAgentsRequest())
+        assert list(reply.agents) == []
+
+
+def test_an_agent_needs_an_id() -> None:
+    with pytest.raises(ValueError, match="agent_id"):
+        apiary.Agent(coordinator="127.0.0.1:1")
