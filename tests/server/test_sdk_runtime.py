@@ -335,3 +335,134 @@ async def test_typed_clients_raise_apiary_errors(coordinator: Coordinator) -> No
 def test_an_agent_needs_an_id() -> None:
     with pytest.raises(ValueError, match="agent_id"):
         apiary.Agent(coordinator="127.0.0.1:1")
+
+
+def _lifecycle(coordinator: Coordinator, agent_id: str) -> str | None:
+    assert coordinator.scheduler is not None
+    state = coordinator.scheduler.lifecycles.state(agent_id)
+    return None if state is None else state.value
+
+
+@pytest.mark.conformance(
+    "lifecycle.initializing.setup",
+    "lifecycle.initializing.register",
+    "lifecycle.scheduled.no-execution-before-running",
+)
+async def test_setup_runs_while_initializing_and_tasks_start_only_when_running(
+    coordinator: Coordinator,
+) -> None:
+    seen: dict[str, str | None] = {}
+
+    class Starter(apiary.Agent):
+        agent_id = "starter"
+
+        async def setup(self) -> None:
+            # Registered (the Scheduler knows it) but not yet taking work.
+            seen["setup"] = _lifecycle(coordinator, self.agent_id)
+
+        async def on_task(self, task: apiary.TaskContext) -> str:
+            seen["task"] = _lifecycle(coordinator, self.agent_id)
+            return "ok"
+
+    address = str(coordinator.grpc_address)
+    async with _running(Starter(coordinator=address)), SchedulerClient(address) as scheduler:
+        await scheduler.submit_task("starter", "t-s", {"n": 1}, scope=SCOPE)
+        await _event(coordinator, lambda e: e.event_type == "task.completed")
+    assert seen == {"setup": "INITIALIZING", "task": "RUNNING"}
+
+
+class Waiter(apiary.Agent):
+    agent_id = "waiter"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrived = asyncio.Event()
+        self.resources = False
+
+    async def on_task(self, task: apiary.TaskContext) -> str:
+        if task.task_id != "t-wait":
+            return "second"
+        async with task.waiting(resources=self.resources):
+            await self.arrived.wait()
+        return "woke"
+
+
+@pytest.mark.parametrize("resources", [False, True], ids=["event", "resources"])
+@pytest.mark.conformance(
+    "lifecycle.waiting.suspend",
+    "lifecycle.waiting.assignment-retained",
+    "lifecycle.waiting.resume-on-event",
+    "lifecycle.waiting-resources.suspend",
+)
+async def test_a_waiting_task_keeps_its_assignment_and_resumes_on_the_event(
+    coordinator: Coordinator, resources: bool
+) -> None:
+    address = str(coordinator.grpc_address)
+    waiter = Waiter(coordinator=address)
+    waiter.resources = resources
+    scheduler_engine = coordinator.scheduler
+    assert scheduler_engine is not None
+    expected = "WAITING_RESOURCES" if resources else "WAITING"
+    async with _running(waiter), SchedulerClient(address) as scheduler:
+        await scheduler.submit_task("waiter", "t-wait", {"n": 1}, scope=SCOPE)
+        await _until(lambda: _lifecycle(coordinator, "waiter") == expected)
+        await scheduler.submit_task("waiter", "t-after", {"n": 2}, scope=SCOPE)
+        await asyncio.sleep(0.1)
+        running = scheduler_engine.running("waiter")
+        assert running is not None and running.task_id == "t-wait"  # still assigned
+        assert (await scheduler_engine.find("t-after")).state == TaskState.QUEUED
+        waiter.arrived.set()
+        await _event(
+            coordinator,
+            lambda e: e.event_type == "task.completed" and e.details.get("task_id") == "t-after",
+        )
+    first = await scheduler_engine.find("t-wait")
+    assert (first.state, first.note) == (TaskState.COMPLETED, "woke")
+    moves = [
+        (e.details["from"], e.details["to"])
+        for e in await coordinator.events.read(limit=10_000)
+        if e.event_type == "agent.lifecycle" and e.agent_id == "waiter"
+    ]
+    assert ("RUNNING", expected) in moves
+    assert (expected, "RUNNING") in moves
+
+
+@pytest.mark.conformance("lifecycle.suspended.preserve-state")
+async def test_a_suspended_agent_keeps_its_task_state_and_goes_on_when_resumed(
+    coordinator: Coordinator,
+) -> None:
+    counted: list[int] = []
+    go_slow = asyncio.Event()
+
+    class Counter(apiary.Agent):
+        agent_id = "counter"
+
+        async def on_task(self, task: apiary.TaskContext) -> str:
+            total = 0
+            for n in range(40):
+                await self.safe_point()
+                total += n
+                counted.append(n)
+                if n == 5:
+                    go_slow.set()
+                await asyncio.sleep(0.005)
+            return f"total {total}"
+
+    address = str(coordinator.grpc_address)
+    scheduler_engine = coordinator.scheduler
+    assert scheduler_engine is not None
+    async with _running(Counter(coordinator=address)), SchedulerClient(address) as scheduler:
+        await scheduler.submit_task("counter", "t-count", {"n": 1}, scope=SCOPE)
+        await asyncio.wait_for(go_slow.wait(), WAIT_S)
+        await scheduler_engine.suspend_agent("counter")
+        await _until(lambda: _lifecycle(coordinator, "counter") == "SUSPENDED")
+        await asyncio.sleep(0.1)
+        held = len(counted)
+        await asyncio.sleep(0.2)
+        assert len(counted) == held < 40  # held at a safe point
+        await scheduler_engine.resume_agent("counter")
+        await _event(coordinator, lambda e: e.event_type == "task.completed")
+    task = await scheduler_engine.find("t-count")
+    assert (task.state, task.note) == (TaskState.COMPLETED, f"total {sum(range(40))}")
+    assert counted == list(range(40))  # went on from where it stood, not from the start
+    assert task.attempts == 1  # one dispatch: never yielded nor restarted

@@ -123,12 +123,20 @@ def step(state: S, event: I, now: float = T0 + 1, **kw: object) -> LifecycleStep
 # --- the table ------------------------------------------------------------------------------
 
 
+@pytest.mark.conformance("lifecycle.machine.required", "lifecycle.states.all-supported")
 def test_the_table_is_exactly_the_derived_table() -> None:
     found = {(s, e): row.state for s, rows in M.TABLE.items() for e, row in rows.items()}
     assert found == EXPECTED
+    assert {s.value for s in S} == {
+        "INITIALIZING", "RUNNABLE", "SCHEDULED", "RUNNING", "WAITING", "WAITING_RESOURCES",
+        "SUSPENDED", "RESUMED", "COMPLETED", "FAILED", "SHUTTING_DOWN", "RECOVERING",
+    }  # fmt: skip
+    reachable = {row.state for rows in M.TABLE.values() for row in rows.values()}
+    assert reachable | {S.INITIALIZING} == set(S)  # every state is entered by some row
 
 
 @pytest.mark.parametrize(("state", "event"), PAIRS)
+@pytest.mark.conformance("lifecycle.machine.predictable-transitions")
 def test_every_pair_has_a_row_or_is_illegal(state: S, event: I) -> None:
     before = copy.deepcopy(M.TABLE)
     if (state, event) in EXPECTED:

@@ -21,9 +21,14 @@ CONTROL envelopes from `scheduler` are handled while the handler runs, and each 
 FULFILLED: `preempt_request` flags the task (its next `safe_point()` raises `Preempted`),
 `terminate` cancels the handler (ACK FULFILLED `terminated` once it stopped), `kill` cancels
 it and ACKs FAILED `forced_preemption` at once, abandoning a handler that ignores
-cancellation; `shutdown` ends `run()` once no task is left; `recover` reports the agent
-RUNNABLE (heartbeat) once no task is left. Other messages go to `on_message`, or are ACKed
-FULFILLED when there is none.
+cancellation; `suspend` holds the task at its next `safe_point()` (its state stays in
+memory) until `resume`, which reports the agent RUNNING and lets it go on; `shutdown` ends
+`run()` once no task is left; `recover` reports the agent RUNNABLE (heartbeat) once no task is
+left. Other messages go to `on_message`, or are ACKed FULFILLED when there is none.
+
+Each task gets an activity entry before its handler starts, completed at its end (RFC 10;
+advisory: a refusal is logged and the task runs), and `current_task()` is the task inside
+its handler.
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ class TaskContext:
         """1 for the first dispatch; a yielded or retried task comes back with the next."""
         self._preempt_reason: str | None = None
         self._in_section = False
+        self._resumed = asyncio.Event()
+        self._resumed.set()
 
     def json(self) -> Any:
         """The params decoded as JSON (None when there are none)."""
@@ -103,8 +110,35 @@ class TaskContext:
         preemption was requested, unless inside a non-preemptible section (the request waits
         for the next safe point after it). Call it between discrete operations."""
         await asyncio.sleep(0)  # let the runner read the commands that arrived
+        if not self._resumed.is_set():  # SUSPENDED: wait here, state kept, until resumed
+            await self._resumed.wait()
         if self._preempt_reason is not None and not self._in_section:
             raise Preempted(self.task_id, self._preempt_reason)
+
+    @property
+    def suspended(self) -> bool:
+        """Whether the Scheduler suspended the agent (see `safe_point`)."""
+        return not self._resumed.is_set()
+
+    def waiting(self, *, resources: bool = False) -> AbstractAsyncContextManager[None]:
+        """Declare that the task waits for an external event (RFC 8.1 WAITING), or for
+        resources (WAITING_RESOURCES with `resources`), for the duration of the block:
+
+            async with task.waiting():
+                reply = await inbox.get()      # execution is suspended until it arrives
+
+        The agent keeps its task assignment; the Scheduler sees the agent's state change
+        and, for WAITING_RESOURCES, applies its 300 s resource timeout."""
+        return self._waiting("WAITING_RESOURCES" if resources else "WAITING")
+
+    @contextlib.asynccontextmanager
+    async def _waiting(self, state: str) -> AsyncIterator[None]:
+        await self.agent.heartbeat(state)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(ApiaryError):  # gone meanwhile: nothing to report
+                await self.agent.heartbeat("RUNNING")
 
     def non_preemptible(
         self, max_duration: float | None = None
@@ -164,6 +198,12 @@ class TaskContext:
             correlation_id=self.task_id,
         )
         await self.agent.send_envelope(env, SCHEDULER)
+
+    def _suspend(self) -> None:
+        self._resumed.clear()
+
+    def _resume(self) -> None:
+        self._resumed.set()
 
     def _request_preempt(self, reason: str) -> None:
         if self._preempt_reason is None:
@@ -372,13 +412,27 @@ class TaskRunner:
                 self._remember(task_id, command, str(body.get("reason", "")))
             elif running is not None:
                 self._force(running, command, str(body.get("reason", "")))
+        if command == "suspend":
+            for item in self._running.values():
+                item.context._suspend()
         await self._ack(env, AckStage.FULFILLED)
+        if command == "resume":
+            await self._resume_all()
         if command == "shutdown":
             self.shutdown_requested.set()
             await self._settled()
         elif command == "recover" and self._report_recovery:
             self._recover_pending = True
             await self._settled()
+
+    async def _resume_all(self) -> None:
+        """RESUMED: state restored (it never left memory); report RUNNING, then go on."""
+        try:
+            await self.agent.heartbeat("RUNNING")
+        except ApiaryError as exc:
+            log.warning("%s could not report its resumption: %s", self.agent.agent_id, exc)
+        for item in self._running.values():
+            item.context._resume()
 
     def _force(self, running: _Running, command: str, reason: str) -> None:
         if command == "preempt_request":
