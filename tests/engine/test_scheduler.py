@@ -12,6 +12,7 @@ import pytest
 from apiary.core.activity import ActivityEntry
 from apiary.core.conflicts import ConflictPolicy, ParallelMode
 from apiary.core.envelope import AckStage, MessageType
+from apiary.core.lanes import LanePolicy
 from apiary.core.preemption import PreemptionPolicy
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.notices import SCHEDULER
@@ -380,6 +381,48 @@ async def test_a_privileged_task_runs_next_without_preempting(h: EngineHarness) 
     assert _controls(await _inbox(h, "worker")) == []
     await _finish(h, "current")
     assert _sched(h).running("worker").task_id == "urgent"  # type: ignore[union-attr]
+
+
+@pytest.mark.conformance(
+    "scheduler.lanes.privileged-rate-limit",
+    "scheduler.lanes.privileged-overflow-to-standard",
+    "scheduler.lanes.rate-limit-configurable",
+)
+async def test_privileged_tasks_are_rate_limited_and_overflow_to_standard_share() -> None:
+    # An administrator's policy: bursts of 2 urgent tasks, then one token a day.
+    lanes = LanePolicy(privileged_rate=1 / 86_400, privileged_burst=2)
+    async with open_test_engine(scheduler=SchedulerSettings(lanes=lanes)) as h:
+        await _ready(h, "worker")
+        await _ready(h, "boss", communication_class="PRIVILEGED")
+        await _submit(h, "current")
+        for n in range(6):
+            await _submit(h, f"u{n}", scope=f"repo:app path:u{n}", submitter="boss")
+        for n in range(3):
+            await _submit(h, f"s{n}", scope=f"repo:app path:s{n}")
+        order: list[str] = []
+        await _finish(h, "current")
+        while (running := _sched(h).running("worker")) is not None:
+            order.append(running.task_id)
+            await _finish(h, running.task_id)
+        dispatched = {
+            e.details["task_id"]: e.details
+            for e in await h.engine.events.read(limit=10_000)
+            if e.event_type == "task.dispatched"
+        }
+    assert sorted(order) == sorted([*(f"u{n}" for n in range(6)), "s0", "s1", "s2"])
+    assert order[:2] == ["u0", "u1"]  # the burst goes urgent, ahead of STANDARD
+    assert all(dispatched[t]["urgent"] for t in order[:2])
+    # Past the burst no token is left: the rest is overflow with STANDARD's weight, so
+    # STANDARD is served before the privileged flood is through.
+    rest = order[2:]
+    assert all(dispatched[t]["overflowed"] and not dispatched[t]["urgent"]
+               for t in rest if t.startswith("u"))  # fmt: skip
+    assert rest.index("s0") < max(rest.index(f"u{n}") for n in range(2, 6))
+    runs = "".join(t[0] for t in rest).split("s")  # overflow picks between STANDARD ones
+    assert max(len(run) for run in runs) <= 2  # STANDARD's weight
+    with pytest.raises(ValidationError) as caught:
+        LanePolicy(privileged_rate=0)
+    assert caught.value.details["field"] == "lanes.privileged_rate"
 
 
 @pytest.mark.conformance(

@@ -37,7 +37,7 @@ from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.envelope_rules import check_modality
 from apiary.core.ids import IdGenerator
-from apiary.core.lanes import LANES, LaneScheduler
+from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
 from apiary.core.preemption import IllegalTransitionError as PreemptionIllegal
 from apiary.core.preemption import (
     PreemptionEffect,
@@ -450,9 +450,10 @@ class Scheduler:
         """Dispatch the agent's next task if everything allows it (lock held)."""
         if agent_id in self._running or not self.lifecycles.accepts_tasks(agent_id):
             return
-        head = self._head(agent_id)
-        if head is None:
+        picked = self._head(agent_id)
+        if picked is None:
             return
+        head, choice = picked
         task = self._tasks[head.task_id]
         limit = self.settings.instance_limit(task.agent_type)
         if self._active[task.agent_type] >= limit:
@@ -464,9 +465,9 @@ class Scheduler:
             await self._deferred(task, blockers)
             return
         self._take(head)
-        await self._dispatch(task)
+        await self._dispatch(task, choice)
 
-    def _head(self, agent_id: str) -> QueuedTask | None:
+    def _head(self, agent_id: str) -> tuple[QueuedTask, LaneChoice] | None:
         ready = {lane: self._queue.count(_key(agent_id, lane)) for lane in LANES}
         if not any(ready.values()):
             return None
@@ -475,7 +476,8 @@ class Scheduler:
             lanes = self._lanes[agent_id] = LaneScheduler(self.settings.lanes)
         choice = lanes.pick(ready, self._clock.now())
         assert choice is not None
-        return self._queue.peek(_key(agent_id, choice.lane))
+        head = self._queue.peek(_key(agent_id, choice.lane))
+        return None if head is None else (head, choice)
 
     def _take(self, head: QueuedTask) -> None:
         self._queue.remove(head.task_id)
@@ -498,7 +500,7 @@ class Scheduler:
             ),
         )  # fmt: skip
 
-    async def _dispatch(self, task: TaskRecord) -> None:
+    async def _dispatch(self, task: TaskRecord, choice: LaneChoice | None = None) -> None:
         attempt = task.attempts + 1
         env = self._envelopes.envelope(
             MessageType.DATA, task.params, task.content_type, correlation_id=task.task_id,
@@ -520,7 +522,9 @@ class Scheduler:
             updated_at=self._clock.now(), note="",
         )  # fmt: skip
         self._occupy(task)
-        await self._save(task, "task.dispatched", message_id=env.message_id, attempt=attempt)
+        flags = {"urgent": choice.urgent, "overflowed": choice.overflowed} if choice else {}
+        await self._save(task, "task.dispatched", message_id=env.message_id, attempt=attempt,
+                         lane=task.lane, **flags)  # fmt: skip
         await drive(self, task.agent_id, AgentInput.SCHEDULE)
 
     def _occupy(self, task: TaskRecord) -> None:
