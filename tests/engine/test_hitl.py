@@ -40,7 +40,7 @@ async def _open(h: EngineHarness, **options: object) -> str:
 @pytest.mark.conformance(
     "hitl.architecture.scheduler-interfaces", "hitl.escalation.supported",
     "hitl.decision.apply-immediately", "hitl.audit.log-all", "hitl.integration.audit-who-when-why",
-    "hitl.invocation.context",
+    "hitl.invocation.context", "concurrency.monitoring.decision-tracking",
 )  # fmt: skip
 async def test_an_operator_decision_wakes_the_waiting_party(h: EngineHarness) -> None:
     invocation = await _open(h)
@@ -60,6 +60,11 @@ async def test_an_operator_decision_wakes_the_waiting_party(h: EngineHarness) ->
     (opened,) = await h.events("hitl.opened")
     assert opened.details["reason_type"] == "SECURITY_APPROVAL"
     assert decided.context["risk_level"] == "HIGH"
+    # The decision and its outcome stay on record (RFC 9.3), not only in the log.
+    stored = await h.store.hitl.get(invocation)
+    assert stored is not None and stored.decision["decided_by"] == "alice"
+    listed = await h.engine.hitl.list(include_decided=True)
+    assert [(r.invocation_id, r.state) for r in listed] == [(invocation, "DECIDED")]
 
 
 @pytest.mark.conformance("hitl.integration.authenticate-authorize")

@@ -27,6 +27,7 @@ from apiary.errors import (
     UnsupportedMessageTypeError,
     ValidationError,
 )
+from apiary.server.metrics import Metrics
 from apiary.testing.engine import EngineHarness, open_test_engine
 
 ALICE = OperatorEntry("alice", token_digest("alice-token"), ("admin",))
@@ -326,6 +327,7 @@ async def _until(predicate: Any) -> None:
 @pytest.mark.conformance(
     "concurrency.scope.overlap-analysis", "concurrency.inference.below-threshold-hitl",
     "concurrency.safety.serialize-when-uncertain", "concurrency.safety.prioritize",
+    "concurrency.monitoring.patterns",
 )  # fmt: skip
 async def test_overlapping_scopes_escalate_conflict_and_a_denial_serializes() -> None:
     async with open_test_engine(hitl=HitlSettings(operators=(ALICE,))) as h:
@@ -347,6 +349,12 @@ async def test_overlapping_scopes_escalate_conflict_and_a_denial_serializes() ->
         await _finish(h, "tx")
         await _sched(h).fire_due()
         assert await _state(h, "ty") == "DISPATCHED"
+        # RFC 9.3 monitoring at /metrics: decisions, confidence scores, escalation outcomes.
+        scrape = Metrics(scheduler=_sched(h)).render().decode()
+    assert 'scheduler_conflict_decisions_total{outcome="escalated"} 1.0' in scrape
+    assert 'scheduler_conflict_hitl_decisions_total{outcome="serialize"} 1.0' in scrape
+    assert "scheduler_inference_confidence_count 1.0" in scrape
+    assert 'scheduler_tasks{state="DISPATCHED"} 1.0' in scrape
 
 
 async def test_disjoint_scopes_and_permitted_operations_run_in_parallel() -> None:

@@ -196,6 +196,13 @@ class Scheduler:
     def depth(self) -> int:
         return len(self._queue)
 
+    def counts(self) -> dict[str, int]:
+        """Tasks held in memory (not yet finished) by state, for monitoring."""
+        found: dict[str, int] = {}
+        for task in self._tasks.values():
+            found[task.state] = found.get(task.state, 0) + 1
+        return found
+
     # ------------------------------------------------------------------ start-up
 
     async def load(self) -> int:

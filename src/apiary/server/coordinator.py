@@ -197,7 +197,7 @@ async def open_coordinator(
         await engine.hitl.load()
         await engine.scheduler.load()
         recovered = await engine.router.recover()
-        metrics = Metrics(engine.router, engine.activity)
+        metrics = Metrics(engine.router, engine.activity, engine.scheduler)
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
         grpc_port = server.add_insecure_port(str(config.grpc))

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from apiary.engine.activity import Activity
 from apiary.engine.router import Router
 from apiary.engine.router_stats import Timing
+from apiary.engine.scheduler import Scheduler
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -124,8 +125,51 @@ class _ActivityCollector(Collector):
         )  # fmt: skip
 
 
+class _SchedulerCollector(Collector):
+    """RFC 9.3 monitoring: concurrency patterns (conflict decisions by outcome), Inference
+    Engine confidence scores and HITL escalation rates; task counts by state."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily]:
+        gate = self._scheduler.gate
+        outcomes = {k: v for k, v in gate.stats.items() if not k.startswith("hitl_")}
+        yield _counter(
+            "scheduler_conflict_decisions",
+            "Scope-conflict decisions between concurrent tasks, by outcome (PARALLEL, "
+            "SERIALIZE, ESCALATE; escalated and engine_unavailable counted apart).",
+            ["outcome"],
+            {(k,): v for k, v in outcomes.items()},
+        )
+        yield _counter(
+            "scheduler_conflict_hitl_decisions",
+            "Human decisions on CONFLICT escalations, by outcome.",
+            ["outcome"],
+            {(k.removeprefix("hitl_"),): v for k, v in gate.stats.items() if k.startswith("hitl_")},
+        )
+        scores = gate.confidences
+        confidence = SummaryMetricFamily(
+            "scheduler_inference_confidence",
+            "Confidence scores the Inference Engine returned (the last 1,000).",
+            count_value=len(scores), sum_value=sum(scores),
+        )  # fmt: skip
+        yield confidence
+        states = GaugeMetricFamily(
+            "scheduler_tasks", "Tasks the Scheduler holds, by state.", labels=["state"]
+        )
+        for state, count in sorted(self._scheduler.counts().items()):
+            states.add_metric([state], count)
+        yield states
+
+
 class Metrics:
-    def __init__(self, router: Router | None = None, activity: Activity | None = None) -> None:
+    def __init__(
+        self,
+        router: Router | None = None,
+        activity: Activity | None = None,
+        scheduler: Scheduler | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self._rpcs = Counter(
             "apiary_rpc_total",
@@ -137,6 +181,8 @@ class Metrics:
             self.registry.register(_RouterCollector(router))
         if activity is not None:
             self.registry.register(_ActivityCollector(activity))
+        if scheduler is not None:
+            self.registry.register(_SchedulerCollector(scheduler))
 
     def rpc_done(self, transport: str, method: str, code: str) -> None:
         self._rpcs.labels(transport, method, code).inc()
