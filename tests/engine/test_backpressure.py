@@ -12,6 +12,7 @@ from apiary.core.envelope import AckStage, MessageType
 from apiary.engine.notices import COORDINATOR
 from apiary.engine.settings import RouterSettings
 from apiary.errors import ValidationError
+from apiary.server.metrics import Metrics
 from apiary.testing.engine import EngineHarness, open_test_engine
 
 
@@ -265,3 +266,29 @@ async def test_a_privileged_flood_does_not_starve_standard_or_bulk(lanes: Engine
     # Weighted, not strict: PRIVILEGED leads, yet STANDARD outpaces BULK in the shared part.
     head = order[:40]
     assert head.count("vip") > head.count("std") > head.count("bulk") > 0
+
+
+@pytest.mark.conformance(
+    "observability.urgent.burst-usage", "observability.urgent.starvation-warning"
+)
+async def test_urgent_burst_usage_is_tracked_and_overflow_warns_of_starvation(
+    lanes: EngineHarness,
+) -> None:
+    h = lanes
+    await _fill(h, "vip", "bob", 30)  # more than the burst (10) at once: the rest overflows
+    await _fill(h, "std", "bob", 5)
+    batch = await h.take("bob")
+    stats = h.engine.router.stats
+    urgent = sum(1 for x in batch if x.urgent)
+    overflowed = sum(1 for x in batch if x.overflowed)
+    assert urgent == stats.urgent_dispatches["bob"] >= 10
+    assert overflowed == stats.urgent_overflows["bob"] > 0
+    assert urgent + overflowed == 30
+    inbox = h.engine.router.inbox("bob")
+    assert inbox.lanes.tokens < 1  # the burst is used up
+    (warning,) = await h.events("lane.starvation_risk")  # once, not per message
+    assert warning.agent_id == "bob" and warning.details["overflowed"] >= 1
+    scrape = Metrics(h.engine.router).render().decode()
+    assert f'router_urgent_dispatches_total{{agent_id="bob"}} {float(urgent)}' in scrape
+    assert f'router_urgent_overflows_total{{agent_id="bob"}} {float(overflowed)}' in scrape
+    assert 'router_urgent_burst_tokens{agent_id="bob"}' in scrape

@@ -79,7 +79,7 @@ async def test_a_long_description_is_refused_naming_the_field(coordinator: Coord
 
 @pytest.mark.conformance(
     "activity.limits.no-silent-drop", "activity.limits.reject-full",
-    "activity.limits.warn-80-percent",
+    "activity.limits.warn-80-percent", "activity.limits.operators-monitor",
 )  # fmt: skip
 async def test_a_full_buffer_rejects_and_warns(coordinator: Coordinator) -> None:
     # A small buffer for the test: 5 entries, 2 per agent.

@@ -6,6 +6,7 @@ re-registration, completion, reconciliation, purges, filtered reads, history evi
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -385,3 +386,15 @@ def test_len_never_exceeds_the_limits_and_rejections_change_nothing(
         for name in "abc":
             assert len(buffer.active(agent_id=name)) <= per_agent
         assert len(buffer.history()) <= 5
+
+
+@pytest.mark.conformance("activity.limits.unbounded-documented", "activity.limits.unbounded-warn")
+def test_the_buffer_cannot_be_made_unbounded() -> None:
+    # The RFC's rules for unbounded buffers do not arise: every limit must be a positive
+    # bound, and docs/decisions.md says so.
+    for field in ("max_entries", "per_agent"):
+        with pytest.raises(ValidationError) as info:
+            ActivityLimits(**{field: 0})
+        assert info.value.details["field"] == field
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "decisions.md").read_text()
+    assert "always bounded" in docs

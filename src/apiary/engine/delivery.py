@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import lru_cache
 
@@ -22,6 +23,11 @@ from apiary.engine.registry import Registry
 from apiary.engine.router import Router, is_notice
 from apiary.errors import AgentUnavailableError, ResumeExpiredError, ValidationError
 from apiary.store.protocols import MessageStore
+
+log = logging.getLogger("apiary.delivery")
+
+STARVATION_WARN_EVERY_S = 60.0
+"""At most one starvation-risk warning per agent in this many seconds."""
 
 
 def resume_token(agent_id: str, offset: int) -> str:
@@ -161,6 +167,8 @@ class Delivery:
             waited.observe(now - message.created_at)
             if not notice and handout.attempt > 1:
                 await self._router.apply(message, MessageInput.REDELIVER, now)
+            if handout.overflowed:
+                await self._overflowed(agent_id, now)
             if handout.urgent:
                 stats.urgent_dispatches[agent_id] += 1
                 await self._events.record(
@@ -182,7 +190,28 @@ class Delivery:
                 inbox.update(handout.message)
         return handed
 
+    async def _overflowed(self, agent_id: str, now: float) -> None:
+        """PRIVILEGED traffic over its rate limit (RFC 7.3 overflow): counted, and a
+        starvation-risk warning (RFC 19) at most once a minute per agent."""
+        stats = self._router.stats
+        stats.urgent_overflows[agent_id] += 1
+        last = stats.starvation_warned_at.get(agent_id)
+        if last is not None and now - last < STARVATION_WARN_EVERY_S:
+            return
+        stats.starvation_warned_at[agent_id] = now
+        inbox = self._router.inbox(agent_id)
+        log.warning(
+            "%s: PRIVILEGED traffic exceeds its rate limit; the overflow takes STANDARD's "
+            "share and other lanes risk starving", agent_id,
+        )  # fmt: skip
+        await self._events.record(
+            "lane.starvation_risk", COORDINATOR, agent_id=agent_id,
+            overflowed=stats.urgent_overflows[agent_id],
+            privileged_tokens=round(inbox.lanes.tokens, 3),
+            rate_per_s=inbox.lanes.policy.privileged_rate,
+        )  # fmt: skip
+
 
 def _delivered(handout: Handout, now: float) -> Handout:
     message = handed_out(handout.message, now, handout.attempt)
-    return Handout(message, handout.attempt, handout.urgent)
+    return Handout(message, handout.attempt, handout.urgent, handout.overflowed)

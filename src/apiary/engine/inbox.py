@@ -26,6 +26,8 @@ class Handout:
     message: StoredMessage
     attempt: int
     urgent: bool
+    overflowed: bool = False
+    """A PRIVILEGED message over the lane's rate limit, served in STANDARD's share."""
 
 
 class Inbox:
@@ -153,8 +155,13 @@ class Inbox:
             counts[choice.lane] = len(queue)
             self._queued.discard(message.message_id)
             self._unacked[message.message_id] = message
-            out.append(Handout(message, message.deliveries + 1, choice.urgent))
+            out.append(Handout(message, message.deliveries + 1, choice.urgent, choice.overflowed))
         return out
+
+    @property
+    def lanes(self) -> LaneScheduler:
+        """The lane scheduler of this inbox (its PRIVILEGED tokens and urgent credit)."""
+        return self._scheduler
 
     def has_pending(self) -> bool:
         self._heads()

@@ -25,6 +25,9 @@ class RouterStats:
     accepted: Counter[str] = field(default_factory=Counter)
     """agent_id -> messages admitted."""
     urgent_dispatches: Counter[str] = field(default_factory=Counter)
+    urgent_overflows: Counter[str] = field(default_factory=Counter)
+    """agent_id -> PRIVILEGED messages over the rate limit, served in STANDARD's share."""
+    starvation_warned_at: dict[str, float] = field(default_factory=dict)
     enqueue_latency: dict[str, Timing] = field(default_factory=dict)
     """Receive (envelope timestamp, else arrival) to durable enqueue, per recipient."""
     dequeue_latency: dict[str, Timing] = field(default_factory=dict)

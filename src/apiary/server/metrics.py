@@ -70,6 +70,20 @@ class _RouterCollector(Collector):
             {(k,): v for k, v in stats.urgent_dispatches.items()},
         )
         yield _counter(
+            "router_urgent_overflows",
+            "PRIVILEGED messages over the lane's rate limit, served in STANDARD's share.",
+            ["agent_id"],
+            {(k,): v for k, v in stats.urgent_overflows.items()},
+        )
+        tokens = GaugeMetricFamily(
+            "router_urgent_burst_tokens",
+            "PRIVILEGED burst tokens left per agent (refilled at the lane's rate).",
+            labels=["agent_id"],
+        )
+        for agent_id, inbox in sorted(router.inboxes().items()):
+            tokens.add_metric([agent_id], inbox.lanes.tokens)
+        yield tokens
+        yield _counter(
             "router_dead_lettered",
             "Messages moved to the DLQ.",
             ["error_code"],
