@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +33,7 @@ from apiary.testing.engine import EngineHarness, open_test_engine
 
 ALICE = OperatorEntry("alice", token_digest("alice-token"), ("admin",))
 SCOPE = "repo:app path:src/a.py"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "scheduler.md"
 
 
 @pytest.fixture
@@ -371,6 +373,23 @@ async def test_disjoint_scopes_and_permitted_operations_run_in_parallel() -> Non
         assert invocation.subject == {
             "task_id": "tz", "running_task_id": "tx", "agent_id": "z", "running_agent_id": "x"
         }  # fmt: skip
+
+
+@pytest.mark.conformance("concurrency.policy.overrides-documented")
+async def test_an_override_decision_is_recorded_as_the_policys() -> None:
+    policy = ConflictPolicy(overrides={"deploy": ParallelMode.SERIALIZE})
+    async with open_test_engine(scheduler=SchedulerSettings(conflicts=policy)) as h:
+        for agent in ("x", "y"):
+            await _ready(h, agent)
+        await _submit(h, "tx", agent_id="x", scope="repo:app path:docs/**")
+        await _submit(h, "ty", agent_id="y", scope="repo:app path:src/** op:deploy")
+        assert await _state(h, "ty") == "QUEUED"  # disjoint paths, yet the policy serializes
+        (event,) = [e for e in await h.engine.events.read(limit=1000)
+                    if e.event_type == "scheduler.conflict"]  # fmt: skip
+        assert event.details["outcome"] == "SERIALIZE"
+        assert event.details["reason"] == "policy: serialize for deploy / -"  # candidate first
+        assert await h.engine.hitl.list(include_decided=True) == []
+    assert "**Policy overrides** per operation type" in DOCS.read_text()
 
 
 # --- lanes and lifecycle --------------------------------------------------------------------
