@@ -250,6 +250,7 @@ async def _two_overlapping_tasks(h: EngineHarness) -> None:
     "concurrency.conflict.conservative-fallback",
     "concurrency.inference.unavailable-conservative",
     "concurrency.inference.unavailable-escalate",
+    "defaults.inference-unreachable.escalate-hitl",
 )
 async def test_an_unreachable_connector_escalates_the_conflict_to_hitl() -> None:
     settings = _openai(f"http://127.0.0.1:{_closed_port()}/v1")
@@ -302,7 +303,9 @@ async def test_the_endpoint_verdict_below_the_threshold_escalates(llm: FakeLLM) 
         assert invocation.context["notes"] == "api lives under src"
 
 
-@pytest.mark.conformance("concurrency.conflict.conservative-fallback")
+@pytest.mark.conformance(
+    "concurrency.conflict.conservative-fallback", "defaults.inference-unreachable.deny-parallelism"
+)
 async def test_without_a_hitl_operator_the_unavailable_engine_serializes() -> None:
     settings = _openai(f"http://127.0.0.1:{_closed_port()}/v1")
     async with open_test_engine(scheduler=settings) as h:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -315,3 +316,12 @@ def test_router_lanes_table(tmp_path: Path) -> None:
     lanes = load_config(file, {}, {}).router.lanes
     assert dict(lanes.weights) == {"PRIVILEGED": 4, "STANDARD": 3, "BULK": 1}
     assert lanes.privileged_burst == 3
+
+
+@pytest.mark.conformance("concurrency.instances.reasonable-defaults")
+def test_the_default_instance_limit_follows_the_machine() -> None:
+    cpus = os.cpu_count() or 1
+    assert SchedulerSettings().default_max_parallel == max(8, 4 * cpus)
+    assert SchedulerSettings().instance_limit("unconfigured-type") == max(8, 4 * cpus)
+    limited = SchedulerSettings(max_parallel_instances={"coder": 2})
+    assert limited.instance_limit("coder") == 2
