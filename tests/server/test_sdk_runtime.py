@@ -466,3 +466,45 @@ async def test_a_suspended_agent_keeps_its_task_state_and_goes_on_when_resumed(
     assert (task.state, task.note) == (TaskState.COMPLETED, f"total {sum(range(40))}")
     assert counted == list(range(40))  # went on from where it stood, not from the start
     assert task.attempts == 1  # one dispatch: never yielded nor restarted
+
+
+@pytest.mark.conformance("preemption.safepoint.placement")
+async def test_a_safe_point_inside_a_transaction_does_not_yield(coordinator: Coordinator) -> None:
+    """A safe point must sit where the state is consistent: inside a non-preemptible section
+    (a transaction) the SDK never yields, even when asked to; at the boundary it does."""
+    steps: list[str] = []
+
+    class Ledger(apiary.Agent):
+        agent_id = "ledger"
+
+        async def on_task(self, task: apiary.TaskContext) -> str:
+            if task.task_id == "urgent":
+                return "urgent done"
+            if task.attempt > 1:
+                return "resumed"
+            async with self.non_preemptible(max_duration=10.0):
+                steps.append("debit")
+                while not task.preempt_requested:  # noqa: ASYNC110 - waits for the request
+                    await asyncio.sleep(0.01)
+                await self.safe_point()  # inside the transaction: no yield
+                steps.append("credit")
+            try:
+                await self.safe_point()  # the transaction's boundary: yields
+            except apiary.Preempted:
+                steps.append("yielded")
+                raise
+            return "never preempted"
+
+    address = str(coordinator.grpc_address)
+    async with _running(Ledger(coordinator=address)), SchedulerClient(address) as scheduler:
+        await scheduler.submit_task("ledger", "transfer", {"n": 1}, priority=10, scope=SCOPE)
+        await _until(lambda: steps == ["debit"])
+        await scheduler.submit_task("ledger", "urgent", {"n": 2}, priority=-5, scope=SCOPE)
+        await _event(
+            coordinator,
+            lambda e: e.event_type == "task.completed" and e.details.get("task_id") == "transfer",
+        )
+    assert steps == ["debit", "credit", "yielded"]
+    assert coordinator.scheduler is not None
+    done = await coordinator.scheduler.find("transfer")
+    assert (done.note, done.attempts) == ("resumed", 2)
