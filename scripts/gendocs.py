@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from apiary.core import agent_lifecycle, hitl, message_machine, preemption
+from apiary.core import agent_lifecycle, hitl, message_machine, preemption, workflow_node
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
@@ -31,6 +31,11 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "HITL invocation lifecycle",
         "`apiary.core.hitl.HitlMachine`",
         hitl.mermaid,
+    ),
+    "workflow-node-lifecycle.md": (
+        "Workflow node lifecycle (RFC 17.7)",
+        "`apiary.core.workflow_node.NodeMachine`",
+        workflow_node.mermaid,
     ),
 }
 

@@ -27,7 +27,7 @@ import asyncio
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -163,7 +163,15 @@ class Scheduler:
         self._blocked_by: dict[str, set[str]] = {}
         """Running task -> agents whose next task waits for it to end (RFC 9.2)."""
         self._background: set[asyncio.Future[None]] = set()
+        self._end_listeners: list[Callable[[TaskRecord], None]] = []
         router.attach(SCHEDULER, self._on_envelope)
+
+    def add_end_listener(self, listener: Callable[[TaskRecord], None]) -> None:
+        """Call `listener` with every task that ends (COMPLETED or FAILED), once it is stored.
+
+        It runs inside the Scheduler's lock: it must not block or call back into the
+        Scheduler (queue the record and act on it later)."""
+        self._end_listeners.append(listener)
 
     # ------------------------------------------------------------------ reads
 
@@ -654,7 +662,7 @@ class Scheduler:
             if task is None:
                 return  # an ACK of a control message, or of a task that already ended
             stage = ack.ack_stage.name
-            note = ack.note.strip().lower()
+            note = ack.note.strip()
             if stage == "READ" and task.state == TaskState.DISPATCHED:
                 task = replace(task, state=TaskState.RUNNING.value, updated_at=self._clock.now())
                 await self._save(task, "task.running")
@@ -668,9 +676,10 @@ class Scheduler:
     async def _fulfilled(self, task: TaskRecord, note: str) -> None:
         record = self._preemptions[task.task_id]
         now = self._clock.now()
-        if note.startswith("yielded") and PreemptionMachine.allows(record.state, _YIELD):
+        said = note.lower()  # the note itself keeps its case: it may carry a result (JSON)
+        if said.startswith("yielded") and PreemptionMachine.allows(record.state, _YIELD):
             await self._perform(task, PreemptionMachine.safe_point_yield(record, now))
-        elif note.startswith("terminated") and PreemptionMachine.allows(record.state, _TERMINATED):
+        elif said.startswith("terminated") and PreemptionMachine.allows(record.state, _TERMINATED):
             await self._perform(task, PreemptionMachine.terminated(record, now))
             await finished(self, task.agent_id)
         else:
@@ -820,6 +829,8 @@ class Scheduler:
         await self._save(task, event, error_code=code, note=note)
         await self._activity.complete(task.agent_id, task.task_id, state.value)
         self.wake(task.agent_id)
+        for listener in self._end_listeners:
+            listener(task)
 
     async def _fail(self, task: TaskRecord, code: str, note: str) -> None:
         if task.state == TaskState.QUEUED:

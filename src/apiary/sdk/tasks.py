@@ -13,7 +13,8 @@
 
 The runner reads the agent's deliveries. A DATA envelope from producer `scheduler` is a task:
 it is acknowledged READ (the task becomes RUNNING), the handler runs as its own asyncio task,
-and its end is acknowledged: FULFILLED (note: the handler's return value when it is a str),
+and its end is acknowledged: FULFILLED (note: the handler's return value: a str as it is,
+any other value but None as JSON, the output of a workflow node),
 FULFILLED `yielded` when it raised `Preempted` at a safe point, FAILED with the ApiaryError's
 code (internal_error for any other exception) and the message as note.
 
@@ -45,11 +46,13 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from apiary.core.envelope import AckStage, Envelope, MessageType
-from apiary.errors import ApiaryError, ForcedPreemptionError
+from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
+from apiary.core.envelope_rules import PayloadLimits
+from apiary.errors import ApiaryError, ForcedPreemptionError, OversizePayloadError
 from apiary.sdk import errors
 from apiary.sdk.connection import Connection, Delivery
 from apiary.wire import pb
+from apiary.wire.convert import ack_to_json
 
 log = logging.getLogger("apiary.sdk.tasks")
 
@@ -486,8 +489,7 @@ def _outcome(running: _Running) -> tuple[AckStage, str, str]:
         return AckStage.FAILED, "internal_error", "the handler was cancelled"
     exc = handler.exception()
     if exc is None:
-        result = handler.result()
-        return AckStage.FULFILLED, "", result if isinstance(result, str) else ""
+        return _result_note(running.context, handler.result())
     if isinstance(exc, Preempted):
         return AckStage.FULFILLED, "", YIELDED
     if running.stop:  # it stopped after a forced preemption, however it ended
@@ -495,6 +497,32 @@ def _outcome(running: _Running) -> tuple[AckStage, str, str]:
     if isinstance(exc, ApiaryError):
         return AckStage.FAILED, exc.code, exc.message
     return AckStage.FAILED, "internal_error", f"{type(exc).__name__}: {exc}"
+
+
+def _result_note(context: TaskContext, result: object) -> tuple[AckStage, str, str]:
+    """The FULFILLED ACK of a handler's return value: a str is the note as it is, None no
+    note, anything else its JSON text (a workflow node's output, docs/workflows.md). A result
+    that is not JSON, or too large for an ACK, fails the task instead of being lost."""
+    if result is None:
+        return AckStage.FULFILLED, "", ""
+    if isinstance(result, str):
+        note = result
+    else:
+        try:
+            note = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            return AckStage.FAILED, "internal_error", f"the task's result is not JSON: {exc}"
+    size = len(ack_to_json(Ack(context.envelope.message_id, AckStage.FULFILLED, "", note)))
+    if size > PayloadLimits().acknowledgement:
+        return (
+            AckStage.FAILED,
+            OversizePayloadError.code,
+            (
+                f"the task's result makes a {size}-byte ACK; an ACK carries at most "
+                f"{PayloadLimits().acknowledgement} bytes: return a reference to larger results"
+            ),
+        )
+    return AckStage.FULFILLED, "", note
 
 
 def _attempt(token: str) -> int:

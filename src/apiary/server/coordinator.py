@@ -29,6 +29,7 @@ from apiary.engine.retention import run_retention
 from apiary.engine.router import Router
 from apiary.engine.scheduler import Scheduler
 from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.workflows import Workflows
 from apiary.server.config import Address, ServerConfig
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
@@ -43,6 +44,7 @@ from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
+from apiary.server.services.workflow import WorkflowHandler
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.system import SystemClock, UuidIds
@@ -81,6 +83,7 @@ class Coordinator:
     hitl: Hitl | None = None
     activity: Activity | None = None
     scheduler: Scheduler | None = None
+    workflows: Workflows | None = None
     ready: bool = False
 
 
@@ -94,6 +97,7 @@ class Engine:
     hitl: Hitl
     activity: Activity
     scheduler: Scheduler
+    workflows: Workflows
 
 
 def build_engine(
@@ -125,7 +129,10 @@ def build_engine(
         inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
     )  # fmt: skip
     delivery.opened = scheduler.agent_ready
-    return Engine(events, registry, router, delivery, presence, hitl, activity, scheduler)
+    workflows = Workflows(store.workflows, scheduler, router, events, clock, runtime.ids)
+    return Engine(
+        events, registry, router, delivery, presence, hitl, activity, scheduler, workflows
+    )
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
@@ -148,6 +155,7 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
         "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
+        "sw4rm.workflow.WorkflowService": WorkflowHandler(engine.workflows),
     }
 
 
@@ -171,6 +179,7 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
         asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
         asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
         asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
+        asyncio.create_task(engine.workflows.run(runtime.sleep), name="apiary-workflows"),
         asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
@@ -197,6 +206,7 @@ async def open_coordinator(
         await engine.hitl.load()
         await engine.scheduler.load()
         recovered = await engine.router.recover()
+        await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
         metrics = Metrics(engine.router, engine.activity, engine.scheduler)
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
@@ -210,6 +220,7 @@ async def open_coordinator(
         state.hitl = engine.hitl
         state.activity = engine.activity
         state.scheduler = engine.scheduler
+        state.workflows = engine.workflows
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(

@@ -46,6 +46,7 @@ from apiary.store.postgres_pool import (
     set_search_path,
 )
 from apiary.store.postgres_tasks import PostgresTaskStore
+from apiary.store.postgres_workflows import PostgresWorkflowStore
 from apiary.store.sql_rows import (
     AGENT_COLUMNS,
     EVENT_COLUMNS,
@@ -167,6 +168,7 @@ class PostgresStore:
         self.dlq = PostgresDlqStore(pool)
         self.hitl = PostgresHitlStore(pool)
         self.tasks = PostgresTaskStore(pool)
+        self.workflows = PostgresWorkflowStore(pool)
 
     @property
     def schema(self) -> str:

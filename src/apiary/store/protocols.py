@@ -21,6 +21,9 @@ from apiary.core.records import (
     StoredMessage,
     TaskRecord,
 )
+from apiary.core.workflow_definition import WorkflowSpec
+from apiary.core.workflow_node import NodeRun
+from apiary.core.workflow_run import StoredWorkflow, WorkflowRun
 from apiary.store.errors import DuplicateMessageError
 
 
@@ -224,6 +227,30 @@ class TaskStore(Protocol):
         ...
 
 
+class WorkflowStore(Protocol):
+    """DAG workflows (RFC 17.7): definitions and run state survive a restart."""
+
+    async def create(self, spec: WorkflowSpec, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
+        """Store a new workflow; DuplicateWorkflowError (a StoreError) when its id is taken."""
+        ...
+
+    async def get(self, workflow_id: str) -> StoredWorkflow | None:
+        """The workflow with every node's run (in definition order), or None."""
+        ...
+
+    async def save(self, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
+        """Replace the run and the runs of `nodes`, all in one transaction; StoreError when
+        the workflow or one of the nodes does not exist (nothing is changed then)."""
+        ...
+
+    async def list(
+        self, statuses: frozenset[str] | None = None, after_id: str = "", limit: int = 100
+    ) -> list[WorkflowRun]:
+        """Runs in `statuses` (all when None) with workflow_id above `after_id`, by
+        workflow_id, at most `limit`."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -247,6 +274,9 @@ class Store(Protocol):
 
     @property
     def tasks(self) -> TaskStore: ...
+
+    @property
+    def workflows(self) -> WorkflowStore: ...
 
     @property
     def backend(self) -> str:

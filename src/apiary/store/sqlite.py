@@ -39,6 +39,7 @@ from apiary.store.sqlite_hitl import SqliteHitlStore
 from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
 from apiary.store.sqlite_messages import SqliteMessageStore
 from apiary.store.sqlite_tasks import SqliteTaskStore
+from apiary.store.sqlite_workflows import SqliteWorkflowStore
 
 _INSERT_EVENTS = (
     "INSERT INTO events (event_type, actor, ts, correlation_id, agent_id, details, hlc) VALUES"
@@ -142,6 +143,7 @@ class SqliteStore:
         self.dlq = SqliteDlqStore(database)
         self.hitl = SqliteHitlStore(database)
         self.tasks = SqliteTaskStore(database)
+        self.workflows = SqliteWorkflowStore(database)
 
     @property
     def database(self) -> SqliteDatabase:

@@ -154,6 +154,7 @@ async def open_test_engine(
         await engine.hitl.load()
         await engine.scheduler.load()
         await engine.router.recover()
+        await engine.workflows.load()
         try:
             yield EngineHarness(engine, store, clock, ids)
         finally:

@@ -1,0 +1,473 @@
+"""DAG workflows that run (RFC 17.7; docs/workflows.md).
+
+CreateWorkflow validates a definition (core/workflow_definition.py, O(V + E)) and stores it.
+StartWorkflow sets workflow_data and activates the roots. A READY node becomes a Scheduler
+task (`Submission` to its agent, task id `workflow:<workflow>:<node>:<n>`, params: JSON
+`{"workflow_id", "node_id", "attempt", "input", "event"?}` with the input mapped from
+workflow_data); independent nodes are submitted together and run in parallel on their
+agents. The Scheduler tells of every task's end (`Scheduler.add_end_listener`); a COMPLETED
+task's FULFILLED note is the node's output, mapped into workflow_data by output_mapping; a
+FAILED one is retried or fails the node (core/workflow_node.py). EVENT nodes fire on a
+matching message addressed to the participant `workflow` (core/workflow_event.py), SCHEDULE
+nodes on their cron time (one timer heap, engine/timers.py), MANUAL nodes on ResumeWorkflow.
+
+Every change is stored (one write per operation: the run and the nodes it touched) before
+it is acted on, then logged (`workflow.*` events, correlation id = workflow id). After a
+restart `load` rebuilds the running workflows: RUNNING nodes re-attach to their tasks (an
+end that happened meanwhile is processed then), READY nodes are submitted (or found already
+submitted: task ids are deterministic), timers are re-armed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from apiary.core.clock import Clock
+from apiary.core.envelope import Envelope
+from apiary.core.ids import IdGenerator
+from apiary.core.records import TaskRecord, TaskState
+from apiary.core.workflow_data import apply_output, dump_data, node_input, parse_data, parse_output
+from apiary.core.workflow_definition import TriggerType, WorkflowSpec, validate_workflow
+from apiary.core.workflow_event import EventMessage, event_matches
+from apiary.core.workflow_node import (
+    NodeInput,
+    NodeRun,
+    NodeStatus,
+    after_failure,
+    descendants,
+    task_id_for,
+)
+from apiary.core.workflow_run import StoredWorkflow, WorkflowRun, WorkflowStatus
+from apiary.engine.deadlines import Sleep
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.router import Router
+from apiary.engine.scheduler import Scheduler, Submission
+from apiary.engine.timers import Timers
+from apiary.engine.workflow_live import Change, LiveWorkflow
+from apiary.errors import (
+    AlreadyCompletedError,
+    AlreadyExistsError,
+    AlreadyInProgressError,
+    ApiaryError,
+    NotFoundError,
+    ValidationError,
+)
+from apiary.store.protocols import WorkflowStore
+from apiary.store.workflow_rows import DuplicateWorkflowError
+
+WORKFLOW = "workflow"
+"""The coordinator-internal participant EVENT messages are addressed to."""
+_SEP = "\x1f"
+
+
+class Workflows:
+    """The workflow engine (module docstring). All changes happen under one lock."""
+
+    def __init__(
+        self,
+        store: WorkflowStore,
+        scheduler: Scheduler,
+        router: Router,
+        events: EventRecorder,
+        clock: Clock,
+        ids: IdGenerator,
+    ) -> None:
+        self._store = store
+        self._scheduler = scheduler
+        self._events = events
+        self._clock = clock
+        self._ids = ids
+        self._live: dict[str, LiveWorkflow] = {}
+        self._by_task: dict[str, tuple[str, str]] = {}
+        self._ended: deque[TaskRecord] = deque()
+        self._timers = Timers()
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        scheduler.add_end_listener(self._task_ended)
+        router.attach(WORKFLOW, self._on_event)
+
+    # ------------------------------------------------------------------ operations
+
+    async def create(self, spec: WorkflowSpec) -> WorkflowSpec:
+        """CreateWorkflow: validate, then store (nothing is stored when invalid). An empty
+        workflow_id gets a generated one."""
+        if not spec.workflow_id:
+            spec = replace(spec, workflow_id=self._ids.new_id())
+        report = validate_workflow(spec)
+        now = self._clock.now()
+        spec = replace(spec, created_at=spec.created_at or now)
+        run = WorkflowRun(spec.workflow_id, updated_at=now)
+        try:
+            await self._store.create(spec, run, [NodeRun(key) for key in spec.nodes])
+        except DuplicateWorkflowError:
+            raise AlreadyExistsError(
+                f"workflow {spec.workflow_id!r} already exists", {"workflow_id": spec.workflow_id}
+            ) from None
+        await self._events.record(
+            "workflow.created", WORKFLOW, correlation_id=spec.workflow_id,
+            workflow_id=spec.workflow_id, nodes=len(spec.nodes), roots=list(report.roots[:20]),
+        )  # fmt: skip
+        return spec
+
+    async def start(
+        self, workflow_id: str, data: str = "", metadata: Mapping[str, str] | None = None
+    ) -> StoredWorkflow:
+        """StartWorkflow: RUNNING with `data` (JSON object) as workflow_data; roots activate."""
+        initial = parse_data(data)
+        async with self._lock:
+            stored = await self._get(workflow_id)
+            if stored.run.status is WorkflowStatus.RUNNING:
+                raise AlreadyInProgressError(
+                    f"workflow {workflow_id!r} is already running", {"workflow_id": workflow_id}
+                )
+            if stored.run.status.finished:
+                raise AlreadyCompletedError(
+                    f"workflow {workflow_id!r} already ran ({stored.run.status}); "
+                    "ResumeWorkflow runs nodes again", {"workflow_id": workflow_id},
+                )  # fmt: skip
+            now = self._clock.now()
+            run = replace(
+                stored.run, status=WorkflowStatus.RUNNING, data=dump_data(initial),
+                started_at=now, updated_at=now, metadata=dict(metadata or {}),
+            )  # fmt: skip
+            live = LiveWorkflow(replace(stored, run=run))
+            self._live[workflow_id] = live
+            change = Change(events=[("workflow.started", {"roots": len(live.roots)})])
+            for root in live.roots:
+                live.apply(change, now, root)
+            await self._commit(live, change)
+            return live.snapshot()
+
+    async def state(self, workflow_id: str) -> StoredWorkflow:
+        """GetWorkflowState."""
+        live = self._live.get(workflow_id)
+        return live.snapshot() if live is not None else await self._get(workflow_id)
+
+    async def resume(
+        self, workflow_id: str, node_id: str = "", data: str = "",
+        metadata: Mapping[str, str] | None = None,
+    ) -> StoredWorkflow:  # fmt: skip
+        """ResumeWorkflow (docs/workflows.md): with `node_id`, fire a waiting node's trigger
+        or run a finished node (and what depends on it) again; without, run every FAILED and
+        SKIPPED node again. `data` (a JSON object) is merged into workflow_data first."""
+        update = parse_data(data)
+        async with self._lock:
+            live = self._live.get(workflow_id)
+            if live is None:
+                stored = await self._get(workflow_id)
+                if stored.run.status is WorkflowStatus.CREATED:
+                    raise ValidationError.for_field(
+                        "workflow_id", f"{workflow_id!r} was never started: StartWorkflow first"
+                    )
+                live = LiveWorkflow(stored)
+            if node_id and node_id not in live.spec.nodes:
+                raise NotFoundError(
+                    f"workflow {workflow_id!r} has no node {node_id!r}",
+                    {"workflow_id": workflow_id, "node_id": node_id},
+                )
+            now = self._clock.now()
+            targets = self._resume_targets(live, node_id)
+            live.data.update(update)
+            live.restart(now, metadata or {})
+            self._live[workflow_id] = live
+            change = Change(events=[("workflow.resumed", {"node_id": node_id, "reset": targets})])
+            for key in targets:
+                live.apply(change, now, key, NodeInput.RESET)
+            if (
+                node_id
+                and live.nodes[node_id].status is NodeStatus.PENDING
+                and live.spec.nodes[node_id].trigger is not TriggerType.DEPENDENCY
+            ):
+                live.apply(change, now, node_id, NodeInput.TRIGGER)
+            for key in live.nodes:
+                live.apply(change, now, key)
+            await self._commit(live, change)
+            return live.snapshot()
+
+    def _resume_targets(self, live: LiveWorkflow, node_id: str) -> list[str]:
+        """The finished nodes a resume starts over (refused while one of them is running)."""
+        if not node_id:
+            return [k for k, r in live.nodes.items() if r.status in _RERUN]
+        if not live.nodes[node_id].status.terminal:
+            if live.nodes[node_id].status is not NodeStatus.PENDING:
+                raise AlreadyInProgressError(
+                    f"node {node_id!r} is {live.nodes[node_id].status}",
+                    {"workflow_id": live.workflow_id, "node_id": node_id},
+                )
+            return []
+        below = descendants(node_id, live.dependents)
+        busy = [k for k in below if live.nodes[k].status in (NodeStatus.READY, NodeStatus.RUNNING)]
+        if busy:
+            raise AlreadyInProgressError(
+                f"node {busy[0]!r}, downstream of {node_id!r}, is running",
+                {"workflow_id": live.workflow_id, "node_id": busy[0]},
+            )
+        return [node_id, *(k for k in below if live.nodes[k].status.terminal)]
+
+    async def _get(self, workflow_id: str) -> StoredWorkflow:
+        if not workflow_id:
+            raise ValidationError.for_field("workflow_id", "is required")
+        stored = await self._store.get(workflow_id)
+        if stored is None:
+            raise NotFoundError(f"no workflow {workflow_id!r}", {"workflow_id": workflow_id})
+        return stored
+
+    # ------------------------------------------------------------------ carrying out changes
+
+    async def _commit(self, live: LiveWorkflow, change: Change) -> None:
+        """Store, log, arm timers, submit: what `change` asks, in that order; submissions
+        make further changes, committed in turn."""
+        while True:
+            now = self._clock.now()
+            finished = live.settle(now)
+            await self._store.save(live.stored_run(), list(change.dirty.values()))
+            for event_type, details in change.events:
+                await self._record(live, event_type, **details)
+            if finished is not None:
+                self._live.pop(live.workflow_id, None)
+                await self._record(live, f"workflow.{finished.value.lower()}",
+                                   status=finished.value)  # fmt: skip
+            for node_id, due in change.timers:
+                self._timers.arm(_key(live.workflow_id, node_id), due)
+            submit, change = change.submit, Change()
+            for node_id in submit:
+                await self._submit(live, node_id, change)
+            if not change.dirty:
+                return
+
+    async def _record(self, live: LiveWorkflow, event_type: str, **details: Any) -> None:
+        await self._events.record(
+            event_type, WORKFLOW, correlation_id=live.workflow_id,
+            workflow_id=live.workflow_id, **details,
+        )  # fmt: skip
+
+    async def _submit(self, live: LiveWorkflow, node_id: str, change: Change) -> None:
+        """Hand a READY node's next attempt to the Scheduler."""
+        run = live.nodes[node_id]
+        now = self._clock.now()
+        if run.status is not NodeStatus.READY or run.due_at > now:
+            return
+        spec, options = live.spec.nodes[node_id], live.options[node_id]
+        task_id = task_id_for(live.workflow_id, node_id, run.dispatches + 1)
+        try:
+            params = self._params(live, node_id, run)
+        except ValidationError as exc:  # missing input: another attempt would not find it
+            live.apply(change, now, node_id, NodeInput.FAIL, error=str(exc))
+            return
+        self._by_task[task_id] = (live.workflow_id, node_id)
+        try:
+            result = await self._scheduler.submit(
+                Submission(spec.agent_id, task_id, options.priority, params,
+                           "application/json", options.scope)
+            )  # fmt: skip
+            # Accepted, or held for a decision (then it may still run): either way its end
+            # comes through the listener, even an end inside `submit` itself.
+            accepted, why = result.accepted or result.task is not None, result.reason
+        except AlreadyExistsError:  # submitted before a restart: re-attach
+            accepted, why = True, "already submitted"
+            await self._reattach(task_id)
+        except ApiaryError as exc:
+            accepted, why = False, str(exc)
+        if accepted:
+            live.apply(change, now, node_id, NodeInput.DISPATCHED, task_id=task_id)
+            return
+        # Refused (unknown agent, agent shutting down, queue full...): no attempt ran, so
+        # retries do not apply; ResumeWorkflow runs the node again once the cause is fixed.
+        self._by_task.pop(task_id, None)
+        live.apply(change, now, node_id, NodeInput.FAIL, error=f"not submitted: {why}")
+
+    def _params(self, live: LiveWorkflow, node_id: str, run: NodeRun) -> bytes:
+        spec = live.spec.nodes[node_id]
+        body: dict[str, Any] = {
+            "workflow_id": live.workflow_id, "node_id": node_id, "attempt": run.attempts + 1,
+            "input": node_input(live.data, spec.input_mapping, f"nodes.{node_id}.input_mapping"),
+            "description": f"workflow {live.workflow_id} node {node_id}",
+        }  # fmt: skip
+        if run.event:
+            body["event"] = json.loads(run.event)
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+    async def _reattach(self, task_id: str) -> None:
+        """A task submitted earlier: if it already ended, process its end now."""
+        record = await self._scheduler.find(task_id)
+        if TaskState(record.state).terminal:
+            self._ended.append(record)
+            self._wake.set()
+
+    # ------------------------------------------------------------------ task ends
+
+    def _task_ended(self, task: TaskRecord) -> None:
+        """Scheduler listener (inside its lock): queue the end, act on it in `drain`."""
+        if task.task_id in self._by_task:
+            self._ended.append(task)
+            self._wake.set()
+
+    async def drain(self) -> int:
+        """Apply the task ends queued so far; returns how many were applied."""
+        applied = 0
+        async with self._lock:
+            while self._ended:
+                task = self._ended.popleft()
+                found = self._by_task.pop(task.task_id, None)
+                live = self._live.get(found[0]) if found else None
+                if found is None or live is None:
+                    continue
+                run = live.nodes[found[1]]
+                if run.status is not NodeStatus.RUNNING or run.task_id != task.task_id:
+                    continue
+                change = Change()
+                self._ended_task(live, run, task, change)
+                await self._commit(live, change)
+                applied += 1
+        return applied
+
+    def _ended_task(
+        self, live: LiveWorkflow, run: NodeRun, task: TaskRecord, change: Change
+    ) -> None:
+        now = self._clock.now()
+        node_id = run.node_id
+        error = f"{task.error_code}: {task.note}" if task.note else task.error_code
+        if task.state == TaskState.COMPLETED:
+            output = parse_output(task.note)
+            mapping = live.spec.nodes[node_id].output_mapping
+            try:
+                data = apply_output(live.data, output, mapping, f"nodes.{node_id}.output_mapping")
+            except ValidationError as exc:
+                error = str(exc)
+            else:
+                live.data = data
+                live.apply(change, now, node_id, NodeInput.COMPLETE, output=dump_data(output))
+                return
+        event, due = after_failure(run, live.options[node_id], now)
+        live.apply(change, now, node_id, event, error=error or "internal_error", due_at=due)
+
+    # ------------------------------------------------------------------ events and timers
+
+    async def _on_event(self, env: Envelope) -> None:
+        """Router endpoint: a message to `workflow` fires the EVENT nodes it matches."""
+        message = EventMessage(
+            env.message_id, env.message_type.name, env.producer_id, env.correlation_id,
+            env.content_type, env.payload,
+        )  # fmt: skip
+        async with self._lock:
+            fired = [
+                (live, key)
+                for live in list(self._live.values())
+                for key in live.event_nodes
+                if live.nodes[key].status is NodeStatus.PENDING and not live.nodes[key].triggered
+                and _matches(live, key, message)
+            ]  # fmt: skip
+            if not fired:
+                raise NotFoundError(
+                    "no EVENT node of a running workflow waits for this message",
+                    {"message_id": env.message_id},
+                )
+            payload = dump_data(message.summary())
+            for live, key in fired:
+                change = Change()
+                live.apply(change, self._clock.now(), key, NodeInput.TRIGGER, payload=payload)
+                live.apply(change, self._clock.now(), key)
+                await self._commit(live, change)
+
+    async def fire_due(self) -> int:
+        """Cron triggers and retry delays due now; returns how many fired."""
+        fired = 0
+        async with self._lock:
+            for key in self._timers.due(self._clock.now()):
+                workflow_id, _, node_id = key.partition(_SEP)
+                live = self._live.get(workflow_id)
+                if live is None:
+                    continue
+                fired += 1
+                await self._due(live, node_id)
+        return fired
+
+    async def _due(self, live: LiveWorkflow, node_id: str) -> None:
+        run, now = live.nodes[node_id], self._clock.now()
+        change = Change()
+        if run.status is NodeStatus.READY:
+            change.submit.append(node_id)
+        elif run.status is NodeStatus.PENDING and run.due_at and not run.triggered:
+            live.apply(change, now, node_id, NodeInput.TRIGGER)
+            live.apply(change, now, node_id)
+        await self._commit(live, change)
+
+    def next_deadline(self) -> float | None:
+        return self._timers.next()
+
+    async def run(self, sleep: Sleep) -> None:
+        """Forever: apply task ends as they come and fire timers when due."""
+        while True:
+            self._wake.clear()
+            self._timers.changed.clear()
+            await self.drain()
+            await self.fire_due()
+            if self._ended:
+                continue
+            at = self._timers.next()
+            waits: set[asyncio.Future[Any]] = {
+                asyncio.ensure_future(self._wake.wait()),
+                asyncio.ensure_future(self._timers.changed.wait()),
+            }
+            if at is not None:
+                waits.add(asyncio.ensure_future(sleep(max(0.0, at - self._clock.now()))))
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for item in waits:
+                    item.cancel()
+
+    # ------------------------------------------------------------------ restart
+
+    async def load(self) -> int:
+        """Rebuild the running workflows after a (re)start; returns how many."""
+        runs: list[WorkflowRun] = []
+        after = ""
+        while page := await self._store.list(frozenset({"RUNNING"}), after_id=after, limit=500):
+            runs.extend(page)
+            after = page[-1].workflow_id
+        async with self._lock:
+            for run in runs:
+                stored = await self._store.get(run.workflow_id)
+                if stored is not None:
+                    await self._reload(LiveWorkflow(stored))
+        return len(runs)
+
+    async def _reload(self, live: LiveWorkflow) -> None:
+        self._live[live.workflow_id] = live
+        change = Change()
+        for key, run in live.nodes.items():
+            if run.status is NodeStatus.RUNNING:
+                self._by_task[run.task_id] = (live.workflow_id, key)
+                try:
+                    await self._reattach(run.task_id)
+                except NotFoundError:  # the store lost it: count it as a failed attempt
+                    lost = TaskRecord(run.task_id, "", 0, 0.0, 0, TaskState.FAILED.value, 0.0,
+                                      error_code="internal_error", note="task lost")  # fmt: skip
+                    self._ended.append(lost)
+            elif run.status is NodeStatus.READY and run.due_at <= self._clock.now():
+                change.submit.append(key)
+            elif run.status is NodeStatus.READY or (
+                run.status is NodeStatus.PENDING and run.due_at and not run.triggered
+            ):
+                change.timers.append((key, run.due_at))  # a retry delay or a cron time
+            else:
+                live.apply(change, self._clock.now(), key)
+        await self._commit(live, change)
+
+
+_RERUN = frozenset({NodeStatus.FAILED, NodeStatus.SKIPPED})
+
+
+def _key(workflow_id: str, node_id: str) -> str:
+    return f"{workflow_id}{_SEP}{node_id}"
+
+
+def _matches(live: LiveWorkflow, node_id: str, message: EventMessage) -> bool:
+    match = live.options[node_id].event
+    return match is not None and event_matches(match, message, live.workflow_id, node_id)

@@ -1,0 +1,53 @@
+"""sw4rm.workflow.WorkflowService: DAG workflows (RFC 17.7; engine/workflows.py).
+
+Failures raise `apiary.errors` exceptions (workflow_cycle_detected, validation_error naming
+the field, NOT_FOUND, ...), which the transports map to a status with the error code; a
+successful call answers success=true.
+"""
+
+from __future__ import annotations
+
+from apiary.engine.workflows import Workflows
+from apiary.errors import ValidationError
+from apiary.server.context import CallContext
+from apiary.wire import pb
+from apiary.wire.workflow import definition_from_proto, state_to_proto
+
+w = pb.workflow_pb2
+
+
+class WorkflowHandler:
+    def __init__(self, workflows: Workflows) -> None:
+        self._workflows = workflows
+
+    async def create_workflow(
+        self, req: w.CreateWorkflowRequest, ctx: CallContext
+    ) -> w.CreateWorkflowResponse:
+        if not req.HasField("definition"):
+            raise ValidationError.for_field("definition", "is required")
+        spec = await self._workflows.create(definition_from_proto(req.definition))
+        return w.CreateWorkflowResponse(workflow_id=spec.workflow_id, success=True)
+
+    async def start_workflow(
+        self, req: w.StartWorkflowRequest, ctx: CallContext
+    ) -> w.StartWorkflowResponse:
+        stored = await self._workflows.start(req.workflow_id, req.workflow_data, req.metadata)
+        return w.StartWorkflowResponse(
+            workflow_id=req.workflow_id, state=state_to_proto(stored), success=True
+        )
+
+    async def get_workflow_state(
+        self, req: w.GetWorkflowStateRequest, ctx: CallContext
+    ) -> w.GetWorkflowStateResponse:
+        stored = await self._workflows.state(req.workflow_id)
+        return w.GetWorkflowStateResponse(state=state_to_proto(stored), success=True)
+
+    async def resume_workflow(
+        self, req: w.ResumeWorkflowRequest, ctx: CallContext
+    ) -> w.ResumeWorkflowResponse:
+        stored = await self._workflows.resume(
+            req.workflow_id, req.node_id, req.workflow_data, req.metadata
+        )
+        return w.ResumeWorkflowResponse(
+            workflow_id=req.workflow_id, state=state_to_proto(stored), success=True
+        )
