@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from apiary.core import agent_lifecycle, hitl, message_machine, preemption
+from apiary.core import agent_lifecycle, handoff, hitl, message_machine, preemption
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
@@ -31,6 +31,12 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "HITL invocation lifecycle",
         "`apiary.core.hitl.HitlMachine`",
         hitl.mermaid,
+    ),
+    "handoff-lifecycle.md": (
+        "Agent handoff lifecycle (RFC 17.6)",
+        "`apiary.core.handoff.HandoffMachine`; REROUTE offers a rejected or expired handoff "
+        "to an alternative agent (docs/handoff.md)",
+        handoff.mermaid,
     ),
 }
 

@@ -14,6 +14,7 @@ from apiary.core.records import (
     AgentRecord,
     DlqEntry,
     DlqFilter,
+    HandoffRecord,
     HitlRecord,
     IdempotencyRecord,
     MessageState,
@@ -224,6 +225,30 @@ class TaskStore(Protocol):
         ...
 
 
+class HandoffStore(Protocol):
+    """Agent handoffs (RFC 17.6): pending offers and their deadlines survive a restart."""
+
+    async def put(self, record: HandoffRecord) -> None:
+        """Insert or replace the record with this request_id."""
+        ...
+
+    async def get(self, request_id: str) -> HandoffRecord | None: ...
+
+    async def list(
+        self,
+        states: frozenset[str] | None = None,
+        *,
+        from_agent: str | None = None,
+        to_agent: str | None = None,
+        after_created: float = 0.0,
+        limit: int = 100,
+    ) -> list[HandoffRecord]:
+        """Records in `states` (all when None), from `from_agent` and to `to_agent` (any when
+        None), created after `after_created`, oldest first (by created_at, then
+        request_id), at most `limit`."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -247,6 +272,9 @@ class Store(Protocol):
 
     @property
     def tasks(self) -> TaskStore: ...
+
+    @property
+    def handoffs(self) -> HandoffStore: ...
 
     @property
     def backend(self) -> str:

@@ -18,6 +18,7 @@ from apiary.testing.store_suite import (
     agents,
     dlq,
     events,
+    handoffs,
     hitl,
     idempotency,
     message_deadlines,
@@ -39,6 +40,7 @@ CHECKS: list[Check] = [
     *dlq.CHECKS,
     *hitl.CHECKS,
     *tasks.CHECKS,
+    *handoffs.CHECKS,
 ]
 """Every check of the suite."""
 
