@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from apiary.core import agent_lifecycle, hitl, message_machine, preemption, workflow_node
+from apiary.core import agent_lifecycle, handoff, hitl, message_machine, preemption, workflow_node
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
@@ -36,6 +36,12 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "Workflow node lifecycle (RFC 17.7)",
         "`apiary.core.workflow_node.NodeMachine`",
         workflow_node.mermaid,
+    ),
+    "handoff-lifecycle.md": (
+        "Agent handoff lifecycle (RFC 17.6)",
+        "`apiary.core.handoff.HandoffMachine`; REROUTE offers a rejected or expired handoff "
+        "to an alternative agent (docs/handoff.md)",
+        handoff.mermaid,
     ),
 }
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from apiary.sdk.agent import Agent, Message, Rejected
     from apiary.sdk.client import Client
     from apiary.sdk.connection import Connection, Delivery
+    from apiary.sdk.handoff import Handoff, HandoffTicket
     from apiary.sdk.scheduler import SchedulerClient
     from apiary.sdk.tasks import Preempted, TaskContext, current_task
 
@@ -42,6 +43,8 @@ _EXPORTS = {
     "Client": "apiary.sdk.client",
     "Connection": "apiary.sdk.connection",
     "Delivery": "apiary.sdk.connection",
+    "Handoff": "apiary.sdk.handoff",
+    "HandoffTicket": "apiary.sdk.handoff",
     "SchedulerClient": "apiary.sdk.scheduler",
     "Preempted": "apiary.sdk.tasks",
     "TaskContext": "apiary.sdk.tasks",
@@ -57,6 +60,8 @@ __all__ = [
     "Connection",
     "Delivery",
     "Envelope",
+    "Handoff",
+    "HandoffTicket",
     "Message",
     "MessageType",
     "Preempted",

@@ -325,3 +325,36 @@ def test_the_default_instance_limit_follows_the_machine() -> None:
     assert SchedulerSettings().instance_limit("unconfigured-type") == max(8, 4 * cpus)
     limited = SchedulerSettings(max_parallel_instances={"coder": 2})
     assert limited.instance_limit("coder") == 2
+
+
+# --- [handoff] --------------------------------------------------------------------------------
+
+
+def test_handoff_table_sets_the_policy(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text("[handoff]\ndefault_timeout_s = 60\nmax_attempts = 5\nreroute = false\n")
+    policy = load_config(file, {}, {}).handoff
+    assert (policy.default_timeout_s, policy.max_attempts, policy.reroute) == (60, 5, False)
+    assert load_config(None, {}, {}).handoff.max_attempts == 3
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ("[handoff]\nretries = 3\n", "handoff.retries"),
+        ("[handoff]\nmax_attempts = 0\n", "handoff.max_attempts"),
+        ("[handoff]\nmax_attempts = '3'\n", "handoff.max_attempts"),
+        ("[handoff]\ndefault_timeout_s = 'soon'\n", "handoff.default_timeout_s"),
+        ("[handoff]\nreroute = 1\n", "handoff.reroute"),
+        ("handoff = 3\n", "handoff"),
+    ],
+)
+def test_bad_handoff_settings_are_named_with_their_file(
+    tmp_path: Path, table: str, field: str
+) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(table)
+    with pytest.raises(ValidationError) as caught:
+        load_config(file, {}, {})
+    assert caught.value.details["field"] == field
+    assert str(file) in caught.value.message

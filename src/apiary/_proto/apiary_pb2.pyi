@@ -13,6 +13,7 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 from . import common_pb2 as _common_pb2
+from . import handoff_pb2 as _handoff_pb2
 from . import registry_pb2 as _registry_pb2
 import sys
 import typing as _typing
@@ -1289,3 +1290,157 @@ class ListActivityResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListActivityResponse: _TypeAlias = ListActivityResponse  # noqa: Y015
+
+@_typing.final
+class HandoffView(_message.Message):
+    """---- Agent handoff (RFC 17.6): what the canonical HandoffService cannot carry ----
+    A RequestHandoff declares its snapshot's media type with the request metadata
+    `apiary-snapshot-content-type` (an HTTP header through the JSON gateway).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_SIZE_FIELD_NUMBER: _builtins.int
+    REQUESTED_TO_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    TRIED_FIELD_NUMBER: _builtins.int
+    ACCEPTING_AGENT_FIELD_NUMBER: _builtins.int
+    REJECTION_REASON_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    CONTEXT_HOLDERS_FIELD_NUMBER: _builtins.int
+    status: _handoff_pb2.HandoffStatus.ValueType
+    snapshot_content_type: _builtins.str
+    """empty: undeclared (opaque bytes)"""
+    snapshot_size: _builtins.int
+    requested_to: _builtins.str
+    """empty: routed by capability"""
+    attempt: _builtins.int
+    """offers so far, rerouting included"""
+    accepting_agent: _builtins.str
+    rejection_reason: _builtins.str
+    @_builtins.property
+    def request(self) -> _handoff_pb2.HandoffRequest:
+        """As requested, with to_agent the current target; context_snapshot is set only when asked
+        for by an agent that may read it (GetHandoffRequest.include_snapshot).
+        """
+
+    @_builtins.property
+    def tried(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the targets offered, in order"""
+
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """when the current offer expires"""
+
+    @_builtins.property
+    def context_holders(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """agents that may read the snapshot"""
+
+    def __init__(
+        self,
+        *,
+        request: _handoff_pb2.HandoffRequest | None = ...,
+        status: _handoff_pb2.HandoffStatus.ValueType = ...,
+        snapshot_content_type: _builtins.str = ...,
+        snapshot_size: _builtins.int = ...,
+        requested_to: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        tried: _abc.Iterable[_builtins.str] | None = ...,
+        accepting_agent: _builtins.str = ...,
+        rejection_reason: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
+        context_holders: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "request", b"request", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepting_agent", b"accepting_agent", "attempt", b"attempt", "context_holders", b"context_holders", "created_at", b"created_at", "deadline", b"deadline", "rejection_reason", b"rejection_reason", "request", b"request", "requested_to", b"requested_to", "snapshot_content_type", b"snapshot_content_type", "snapshot_size", b"snapshot_size", "status", b"status", "tried", b"tried", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HandoffView: _TypeAlias = HandoffView  # noqa: Y015
+
+@_typing.final
+class ListHandoffsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUSES_FIELD_NUMBER: _builtins.int
+    FROM_AGENT_FIELD_NUMBER: _builtins.int
+    TO_AGENT_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    from_agent: _builtins.str
+    """optional filters"""
+    to_agent: _builtins.str
+    limit: _builtins.int
+    """0 = 100"""
+    @_builtins.property
+    def statuses(self) -> _containers.RepeatedScalarFieldContainer[_handoff_pb2.HandoffStatus.ValueType]:
+        """empty: every status"""
+
+    def __init__(
+        self,
+        *,
+        statuses: _abc.Iterable[_handoff_pb2.HandoffStatus.ValueType] | None = ...,
+        from_agent: _builtins.str = ...,
+        to_agent: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["from_agent", b"from_agent", "limit", b"limit", "statuses", b"statuses", "to_agent", b"to_agent"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHandoffsRequest: _TypeAlias = ListHandoffsRequest  # noqa: Y015
+
+@_typing.final
+class ListHandoffsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HANDOFFS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def handoffs(self) -> _containers.RepeatedCompositeFieldContainer[Global___HandoffView]: ...
+    def __init__(
+        self,
+        *,
+        handoffs: _abc.Iterable[Global___HandoffView] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handoffs", b"handoffs"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListHandoffsResponse: _TypeAlias = ListHandoffsResponse  # noqa: Y015
+
+@_typing.final
+class GetHandoffRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_SNAPSHOT_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    include_snapshot: _builtins.bool
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        include_snapshot: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["include_snapshot", b"include_snapshot", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetHandoffRequest: _TypeAlias = GetHandoffRequest  # noqa: Y015

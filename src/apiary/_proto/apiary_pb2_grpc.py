@@ -981,3 +981,124 @@ class ActivityBufferService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class HandoffQueryServiceStub:
+    """Read access to handoffs, for operators (apiary handoff list|show) and agents that need a
+    snapshot's declared type; the caller is named by `sw4rm-agent-id` request metadata.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListHandoffs = channel.unary_unary(
+                '/apiary.v1.HandoffQueryService/ListHandoffs',
+                request_serializer=apiary__pb2.ListHandoffsRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListHandoffsResponse.FromString,
+                _registered_method=True)
+        self.GetHandoff = channel.unary_unary(
+                '/apiary.v1.HandoffQueryService/GetHandoff',
+                request_serializer=apiary__pb2.GetHandoffRequest.SerializeToString,
+                response_deserializer=apiary__pb2.HandoffView.FromString,
+                _registered_method=True)
+
+
+class HandoffQueryServiceServicer:
+    """Read access to handoffs, for operators (apiary handoff list|show) and agents that need a
+    snapshot's declared type; the caller is named by `sw4rm-agent-id` request metadata.
+    """
+
+    def ListHandoffs(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetHandoff(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_HandoffQueryServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListHandoffs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListHandoffs,
+                    request_deserializer=apiary__pb2.ListHandoffsRequest.FromString,
+                    response_serializer=apiary__pb2.ListHandoffsResponse.SerializeToString,
+            ),
+            'GetHandoff': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetHandoff,
+                    request_deserializer=apiary__pb2.GetHandoffRequest.FromString,
+                    response_serializer=apiary__pb2.HandoffView.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.HandoffQueryService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.HandoffQueryService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class HandoffQueryService:
+    """Read access to handoffs, for operators (apiary handoff list|show) and agents that need a
+    snapshot's declared type; the caller is named by `sw4rm-agent-id` request metadata.
+    """
+
+    @staticmethod
+    def ListHandoffs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.HandoffQueryService/ListHandoffs',
+            apiary__pb2.ListHandoffsRequest.SerializeToString,
+            apiary__pb2.ListHandoffsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetHandoff(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.HandoffQueryService/GetHandoff',
+            apiary__pb2.GetHandoffRequest.SerializeToString,
+            apiary__pb2.HandoffView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -286,3 +286,46 @@ class ActivityBufferServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.ListActivityResponse, _abc.Awaitable[_apiary_pb2.ListActivityResponse]]: ...
 
 def add_ActivityBufferServiceServicer_to_server(servicer: ActivityBufferServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class HandoffQueryServiceStub:
+    """Read access to handoffs, for operators (apiary handoff list|show) and agents that need a
+    snapshot's declared type; the caller is named by `sw4rm-agent-id` request metadata.
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> HandoffQueryServiceAsyncStub: ...
+    ListHandoffs: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListHandoffsRequest, _apiary_pb2.ListHandoffsResponse]
+    GetHandoff: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetHandoffRequest, _apiary_pb2.HandoffView]
+
+@_typing.type_check_only
+class HandoffQueryServiceAsyncStub(HandoffQueryServiceStub):
+    """Read access to handoffs, for operators (apiary handoff list|show) and agents that need a
+    snapshot's declared type; the caller is named by `sw4rm-agent-id` request metadata.
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ListHandoffs: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListHandoffsRequest, _apiary_pb2.ListHandoffsResponse]  # type: ignore[assignment]
+    GetHandoff: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetHandoffRequest, _apiary_pb2.HandoffView]  # type: ignore[assignment]
+
+class HandoffQueryServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Read access to handoffs, for operators (apiary handoff list|show) and agents that need a
+    snapshot's declared type; the caller is named by `sw4rm-agent-id` request metadata.
+    """
+
+    @_abc_1.abstractmethod
+    def ListHandoffs(
+        self,
+        request: _apiary_pb2.ListHandoffsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListHandoffsResponse, _abc.Awaitable[_apiary_pb2.ListHandoffsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetHandoff(
+        self,
+        request: _apiary_pb2.GetHandoffRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.HandoffView, _abc.Awaitable[_apiary_pb2.HandoffView]]: ...
+
+def add_HandoffQueryServiceServicer_to_server(servicer: HandoffQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

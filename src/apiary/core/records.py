@@ -297,3 +297,40 @@ class TaskRecord:
     note: str = ""
     lane: str = "STANDARD"
     """The communication-class lane it is dispatched in (RFC 7.3): its submitter's class."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffRecord:
+    """One agent handoff (RFC 17.6) as stored: the request, where it stands, and who may
+    read its context.
+
+    `state` is a HandoffState value (core/handoff.py). `to_agent` is the current target;
+    `requested_to` the target as requested ("" for capability-based routing). Each offer to
+    a target is an attempt: `attempt` counts them from 1 and `tried` lists their targets in
+    order (the current one last). `deadline` is when the current offer expires (UTC seconds).
+    `context_holders` are the agents allowed to read `context_snapshot`: the origin and the
+    current target while the handoff is open, the receiving agent alone once it completed.
+    """
+
+    request_id: str
+    from_agent: str
+    to_agent: str
+    state: str
+    created_at: float
+    updated_at: float
+    deadline: float
+    timeout_s: float
+    """The acceptance window of every attempt, in seconds."""
+    requested_to: str = ""
+    reason: str = ""
+    context_snapshot: bytes = b""
+    snapshot_content_type: str = ""
+    """The snapshot's declared media type; "" when the requester declared none (opaque)."""
+    capabilities_required: tuple[str, ...] = ()
+    priority: int = 0
+    attempt: int = 1
+    tried: tuple[str, ...] = ()
+    accepting_agent: str = ""
+    rejection_reason: str = ""
+    """Why the last target declined ("" unless the handoff is REJECTED)."""
+    context_holders: tuple[str, ...] = ()

@@ -32,6 +32,13 @@ the error code for any other `ApiaryError` and internal_error for anything else.
 with no handler is REJECTED unsupported_message_type. ACKs addressed to this agent go to
 `on_acknowledgement` when defined.
 
+Handoffs (RFC 17.6; sdk/handoff.py): an offer addressed to this agent goes to
+`on_handoff(offer)` (returning accepts it, raising `Rejected` or any error rejects it with that
+reason; without the method offers are left to expire), its completion to
+`on_handoff_completed(handoff)` with the transferred context; `handoff(...)` hands work off
+and returns a ticket to wait on and complete. Pending offers are also asked for with
+GetPendingHandoffs at start and every `handoff_poll_s`.
+
 Graceful shutdown (RFC 8.1 SHUTTING_DOWN): `shutdown()` (SIGTERM under `apiary agent run`) or
 the Scheduler's `shutdown` command stops the intake, lets running handlers finish within
 `shutdown_grace_s`, runs `teardown()` and deregisters.
@@ -61,6 +68,7 @@ from apiary.errors import (
 )
 from apiary.sdk.client import Client
 from apiary.sdk.connection import JSON, Connection, Delivery
+from apiary.sdk.handoff import HandoffClient, HandoffDesk, HandoffTicket
 from apiary.sdk.tasks import TaskContext, TaskRunner, current_task
 from apiary.wire import pb
 from apiary.wire.convert import ack_from_payload
@@ -160,6 +168,8 @@ class Agent(Connection):
     concurrency: ClassVar[int] = 1
     """Messages (not tasks) handled at once; 1 keeps their arrival order."""
     shutdown_grace_s: ClassVar[float] = 30.0
+    handoff_poll_s: ClassVar[float] = 30.0
+    """How often to ask for pending handoff offers (0: only at start)."""
 
     def __init__(
         self, agent_id: str | None = None, *, coordinator: str | None = None, **options: Any
@@ -183,6 +193,7 @@ class Agent(Connection):
         self._runner: TaskRunner | None = None
         self._stopping = asyncio.Event()
         self._client: Client | None = None
+        self._desk: HandoffDesk | None = None
 
     # ------------------------------------------------------------------ handlers
 
@@ -241,6 +252,39 @@ class Agent(Connection):
             self._client = Client(self.channel, agent_id=self.agent_id)
         return self._client
 
+    # ------------------------------------------------------------------ handoffs
+
+    @property
+    def handoffs(self) -> HandoffClient:
+        """The handoff calls (request, accept, reject, complete, pending, get) as this agent."""
+        return self._handoff_desk().client
+
+    async def handoff(self, to_agent: str = "", **request: Any) -> HandoffTicket:
+        """Hand work off (RFC 17.6): `request` as for `HandoffClient.request` (context,
+        content_type, reason, capabilities, priority, timeout_s, request_id). The ticket
+        follows the coordinator's notifications: `await ticket.outcome()`, then
+        `await ticket.complete()` once this agent stopped work on the context."""
+        desk = self._handoff_desk()
+        request_id = str(request.pop("request_id", "") or self._ids.new_id())
+        ticket = desk.ticket(request_id)  # before the call: its notices may come first
+        await desk.client.request(to_agent, request_id=request_id, **request)
+        return ticket
+
+    def _handoff_desk(self) -> HandoffDesk:
+        if self._desk is None:
+            self._desk = HandoffDesk(
+                HandoffClient(self.channel, self.agent_id),
+                getattr(self, "on_handoff", None),
+                getattr(self, "on_handoff_completed", None),
+                _reason,
+            )
+        return self._desk
+
+    def _apply_notice(self, body: dict[str, Any]) -> None:
+        super()._apply_notice(body)
+        if str(body.get("event", "")).startswith("handoff."):
+            self._handoff_desk().notice(body)
+
     # ------------------------------------------------------------------ running
 
     async def run(self) -> None:
@@ -264,6 +308,7 @@ class Agent(Connection):
 
     async def _serve(self, runner: TaskRunner) -> None:
         workers = [asyncio.ensure_future(self._work()) for _ in range(max(1, self.concurrency))]
+        workers.append(asyncio.ensure_future(self._handoff_desk().run(self.handoff_poll_s)))
         reader = asyncio.ensure_future(runner.run())
         stopper = asyncio.ensure_future(self._stopping.wait())
         try:
@@ -345,6 +390,15 @@ class Agent(Connection):
             log.warning(
                 "%s could not ACK %s %s: %s", self.agent_id, env.message_id, stage.name, exc
             )
+
+
+def _reason(exc: BaseException) -> str:
+    """The rejection reason of a refused handoff offer."""
+    if isinstance(exc, Rejected):
+        return exc.note or exc.code
+    if isinstance(exc, ApiaryError):
+        return f"{exc.code}: {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 async def _outcome(handler: MessageHandlerFn, message: Message) -> tuple[AckStage, str, str]:

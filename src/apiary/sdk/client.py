@@ -269,3 +269,9 @@ class Client:
         """apiary.v1.ActivityBufferService: in-flight work."""
         stub = self._stub("activity_buffer", pb.apiary_pb2_grpc.ActivityBufferServiceStub)
         return cast("apiary_pb2_grpc.ActivityBufferServiceAsyncStub", stub)
+
+    @property
+    def handoff_query(self) -> apiary_pb2_grpc.HandoffQueryServiceAsyncStub:
+        """apiary.v1.HandoffQueryService: list and read handoffs."""
+        stub = self._stub("handoff_query", pb.apiary_pb2_grpc.HandoffQueryServiceStub)
+        return cast("apiary_pb2_grpc.HandoffQueryServiceAsyncStub", stub)

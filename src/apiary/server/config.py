@@ -9,8 +9,8 @@ TOML (`--config FILE` or APIARY_CONFIG):
     store = "postgresql://..."      # optional; default SQLite under data_dir
     log_level = "INFO"
 
-Further tables: [router], [hitl] (+ [[hitl.operators]]) and [scheduler] (docs/scheduler.md,
-"Configuration").
+Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/scheduler.md,
+"Configuration") and [handoff] (docs/handoff.md).
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from apiary.core.agent_lifecycle import LifecycleTimeouts
 from apiary.core.conflicts import ConflictPolicy
+from apiary.core.handoff_request import HandoffPolicy
 from apiary.core.hitl import HitlPolicy
 from apiary.core.lanes import DEFAULT_WEIGHTS, LanePolicy
 from apiary.core.preemption import PreemptionPolicy
@@ -73,6 +74,8 @@ class ServerConfig:
     """Human-in-the-loop settings: TOML table [hitl] and [[hitl.operators]]."""
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     """Scheduler settings: TOML table [scheduler] (see docs/scheduler.md)."""
+    handoff: HandoffPolicy = field(default_factory=HandoffPolicy)
+    """Handoff policy: TOML table [handoff] (see docs/handoff.md)."""
 
 
 _ENV = {
@@ -434,7 +437,18 @@ def scheduler_settings(values: Mapping[str, Any], source: str) -> SchedulerSetti
     return _built(SchedulerSettings, source, **changes)
 
 
-_TABLES = ("server", "router", "hitl", "scheduler")
+_TABLES = ("server", "router", "hitl", "scheduler", "handoff")
+
+
+def handoff_policy(values: Any, path: str) -> HandoffPolicy:
+    """The [handoff] table (HandoffPolicy fields; see docs/handoff.md)."""
+    table = _table(values, "handoff", path)
+    try:
+        return HandoffPolicy.from_settings(table)
+    except ValidationError as exc:
+        raise ValidationError(f"{path} [handoff]: {exc.message}", exc.details) from None
+    except TypeError as exc:  # a value of the wrong type reaching the dataclass
+        raise ValidationError(f"{path} [handoff]: {exc}", {"field": "handoff"}) from None
 
 
 def load_config(
@@ -474,6 +488,7 @@ def load_config(
         if not isinstance(scheduler, dict):
             raise ValidationError(f"{path}: [scheduler] must be a table", {"field": "scheduler"})
         config = replace(config, scheduler=scheduler_settings(scheduler, f"{path} [scheduler]"))
+        config = replace(config, handoff=handoff_policy(doc.get("handoff", {}), str(path)))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

@@ -14,11 +14,13 @@ from pathlib import Path
 from aiohttp import web
 
 from apiary.core.clock import Clock
+from apiary.core.handoff_request import HandoffPolicy
 from apiary.core.ids import IdGenerator
 from apiary.engine.activity import Activity
 from apiary.engine.deadlines import Sleep, run_deadlines
 from apiary.engine.delivery import Delivery
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.handoffs import Handoffs
 from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
 from apiary.engine.inference_http import build_inference
 from apiary.engine.notices import NoticeFactory
@@ -38,6 +40,7 @@ from apiary.server.metrics import Metrics
 from apiary.server.services.activity import ActivityBufferHandler, ActivityHandler
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
+from apiary.server.services.handoff import HandoffHandler, HandoffQueryHandler
 from apiary.server.services.hitl import HitlActionHandler, HitlHandler, HitlOperatorHandler
 from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
@@ -65,6 +68,8 @@ class Runtime:
     presence: PresenceSettings = field(default_factory=PresenceSettings)
     hitl: HitlSettings | None = None
     """Overrides the configuration's [hitl] settings (tests)."""
+    handoff: HandoffPolicy | None = None
+    """Overrides the configuration's [handoff] policy (tests)."""
 
 
 @dataclass(slots=True)
@@ -84,6 +89,7 @@ class Coordinator:
     activity: Activity | None = None
     scheduler: Scheduler | None = None
     workflows: Workflows | None = None
+    handoffs: Handoffs | None = None
     ready: bool = False
 
 
@@ -98,6 +104,7 @@ class Engine:
     activity: Activity
     scheduler: Scheduler
     workflows: Workflows
+    handoffs: Handoffs
 
 
 def build_engine(
@@ -107,6 +114,7 @@ def build_engine(
     hitl_settings: HitlSettings | None = None,
     scheduler_settings: SchedulerSettings | None = None,
     data_dir: Path | None = None,
+    handoff_policy: HandoffPolicy | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -130,9 +138,14 @@ def build_engine(
     )  # fmt: skip
     delivery.opened = scheduler.agent_ready
     workflows = Workflows(store.workflows, scheduler, router, events, clock, runtime.ids)
+    handoffs = Handoffs(
+        store.handoffs, registry, router, notices, events, clock, runtime.ids,
+        runtime.handoff or handoff_policy,
+    )  # fmt: skip
     return Engine(
-        events, registry, router, delivery, presence, hitl, activity, scheduler, workflows
-    )
+        events, registry, router, delivery, presence, hitl, activity, scheduler, workflows,
+        handoffs,
+    )  # fmt: skip
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
@@ -156,6 +169,8 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
         "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
         "sw4rm.workflow.WorkflowService": WorkflowHandler(engine.workflows),
+        "sw4rm.handoff.HandoffService": HandoffHandler(engine.handoffs),
+        "apiary.v1.HandoffQueryService": HandoffQueryHandler(engine.handoffs),
     }
 
 
@@ -180,6 +195,7 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
         asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
         asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
         asyncio.create_task(engine.workflows.run(runtime.sleep), name="apiary-workflows"),
+        asyncio.create_task(engine.handoffs.run(runtime.sleep), name="apiary-handoffs"),
         asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
@@ -200,11 +216,13 @@ async def open_coordinator(
     settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
         engine = build_engine(
-            store, settings, runtime, config.hitl, config.scheduler, config.data_dir
-        )
+            store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
+            config.handoff,
+        )  # fmt: skip
         await engine.registry.load()
         await engine.hitl.load()
         await engine.scheduler.load()
+        await engine.handoffs.load()
         recovered = await engine.router.recover()
         await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
         metrics = Metrics(engine.router, engine.activity, engine.scheduler)
@@ -221,6 +239,7 @@ async def open_coordinator(
         state.activity = engine.activity
         state.scheduler = engine.scheduler
         state.workflows = engine.workflows
+        state.handoffs = engine.handoffs
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(

@@ -28,6 +28,7 @@ from apiary.core.records import (
 )
 from apiary.store.errors import DuplicateMessageError, StoreError
 from apiary.store.json_codec import dump_json, load_json_object
+from apiary.store.memory_handoffs import MemoryHandoffStore
 from apiary.store.memory_workflows import MemoryWorkflowStore
 from apiary.store.sql_rows import (
     check_limit,
@@ -495,6 +496,7 @@ class MemoryStore:
         self.hitl = MemoryHitlStore()
         self.tasks = MemoryTaskStore()
         self.workflows = MemoryWorkflowStore()
+        self.handoffs = MemoryHandoffStore()
 
 
 @asynccontextmanager

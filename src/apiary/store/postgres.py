@@ -10,8 +10,8 @@ the exception: an identity column, so they only grow but may skip numbers after 
 which the DLQ allows.
 
 The event log and the registry are here; the other aggregates are in `postgres_messages`,
-`postgres_idempotency`, `postgres_dlq`, `postgres_hitl` and `postgres_tasks`, the pool and
-query helpers in `postgres_pool`.
+`postgres_idempotency`, `postgres_dlq`, `postgres_hitl`, `postgres_tasks` and
+`postgres_handoffs`, the pool and query helpers in `postgres_pool`.
 
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
 themselves with a fresh schema each. The schema is chosen by the `schema` argument or an
@@ -34,6 +34,7 @@ from apiary.core.records import AgentRecord
 from apiary.store.json_codec import dump_json
 from apiary.store.migrations import load_migrations, pending_migrations
 from apiary.store.postgres_dlq import PostgresDlqStore
+from apiary.store.postgres_handoffs import PostgresHandoffStore
 from apiary.store.postgres_hitl import PostgresHitlStore
 from apiary.store.postgres_idempotency import PostgresIdempotencyStore
 from apiary.store.postgres_messages import PostgresMessageStore
@@ -169,6 +170,7 @@ class PostgresStore:
         self.hitl = PostgresHitlStore(pool)
         self.tasks = PostgresTaskStore(pool)
         self.workflows = PostgresWorkflowStore(pool)
+        self.handoffs = PostgresHandoffStore(pool)
 
     @property
     def schema(self) -> str:

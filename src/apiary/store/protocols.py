@@ -14,6 +14,7 @@ from apiary.core.records import (
     AgentRecord,
     DlqEntry,
     DlqFilter,
+    HandoffRecord,
     HitlRecord,
     IdempotencyRecord,
     MessageState,
@@ -248,6 +249,29 @@ class WorkflowStore(Protocol):
     ) -> list[WorkflowRun]:
         """Runs in `statuses` (all when None) with workflow_id above `after_id`, by
         workflow_id, at most `limit`."""
+
+
+class HandoffStore(Protocol):
+    """Agent handoffs (RFC 17.6): pending offers and their deadlines survive a restart."""
+
+    async def put(self, record: HandoffRecord) -> None:
+        """Insert or replace the record with this request_id."""
+        ...
+
+    async def get(self, request_id: str) -> HandoffRecord | None: ...
+
+    async def list(
+        self,
+        states: frozenset[str] | None = None,
+        *,
+        from_agent: str | None = None,
+        to_agent: str | None = None,
+        after_created: float = 0.0,
+        limit: int = 100,
+    ) -> list[HandoffRecord]:
+        """Records in `states` (all when None), from `from_agent` and to `to_agent` (any when
+        None), created after `after_created`, oldest first (by created_at, then
+        request_id), at most `limit`."""
         ...
 
 
@@ -277,6 +301,9 @@ class Store(Protocol):
 
     @property
     def workflows(self) -> WorkflowStore: ...
+
+    @property
+    def handoffs(self) -> HandoffStore: ...
 
     @property
     def backend(self) -> str:

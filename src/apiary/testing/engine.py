@@ -18,6 +18,7 @@ from typing import Any
 
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.events import Event
+from apiary.core.handoff_request import HandoffPolicy
 from apiary.core.records import AgentRecord, StoredMessage
 from apiary.engine.admission import Outbound, SendOutcome
 from apiary.engine.hitl import HitlSettings
@@ -135,6 +136,7 @@ async def open_test_engine(
     ids: SequentialIds | None = None,
     hitl: HitlSettings | None = None,
     scheduler: SchedulerSettings | None = None,
+    handoff: HandoffPolicy | None = None,
 ) -> AsyncIterator[EngineHarness]:
     """An engine over `store_url` (memory by default; `sqlite:///ABSOLUTE/PATH.db` to test
     restarts). To reopen the same store, pass the same `clock` and `ids`: ids must stay unique
@@ -142,8 +144,9 @@ async def open_test_engine(
     clock = clock or FakeClock()
     ids = ids or SequentialIds()
     runtime = Runtime(
-        clock=clock, ids=ids, sleep=clock.sleep, presence=PresenceSettings(), hitl=hitl
-    )
+        clock=clock, ids=ids, sleep=clock.sleep, presence=PresenceSettings(), hitl=hitl,
+        handoff=handoff,
+    )  # fmt: skip
     opener = open_memory_store() if store_url == "memory://" else open_store(store_url, data_dir)
     async with opener as store:
         engine = build_engine(
@@ -153,6 +156,7 @@ async def open_test_engine(
         await engine.registry.load()
         await engine.hitl.load()
         await engine.scheduler.load()
+        await engine.handoffs.load()
         await engine.router.recover()
         await engine.workflows.load()
         try:

@@ -18,6 +18,7 @@ from apiary.testing.store_suite import (
     agents,
     dlq,
     events,
+    handoffs,
     hitl,
     idempotency,
     message_deadlines,
@@ -41,6 +42,7 @@ CHECKS: list[Check] = [
     *hitl.CHECKS,
     *tasks.CHECKS,
     *workflows.CHECKS,
+    *handoffs.CHECKS,
 ]
 """Every check of the suite."""
 
