@@ -72,11 +72,11 @@ async def test_reflection_lists_all_canonical_services(channel: grpc.aio.Channel
 async def test_unbuilt_method_answers_unimplemented_naming_its_area(
     channel: grpc.aio.Channel,
 ) -> None:
-    stub = pb.worktree_pb2_grpc.WorktreeServiceStub(channel)
+    stub = pb.handoff_pb2_grpc.HandoffServiceStub(channel)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.Bind(pb.worktree_pb2.BindRequest())
+        await stub.RequestHandoff(pb.handoff_pb2.HandoffRequest())
     assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
-    assert "worktrees" in (caught.value.details() or "")
+    assert "handoff" in (caught.value.details() or "")
     assert error_detail(caught.value).error_code == "unimplemented"
 
 

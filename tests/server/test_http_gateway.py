@@ -136,9 +136,9 @@ async def test_gateway_unknown_method_is_404(http: aiohttp.ClientSession) -> Non
 
 
 async def test_gateway_unbuilt_method_is_501(http: aiohttp.ClientSession) -> None:
-    status, body = await _call(http, "sw4rm.worktree.WorktreeService/Status", {"agent_id": "a"})
+    status, body = await _call(http, "sw4rm.handoff.HandoffService/RequestHandoff", {})
     assert status == 501
-    assert "worktrees" in body["error"]["message"]  # type: ignore[index]
+    assert "handoff" in body["error"]["message"]  # type: ignore[index]
 
 
 async def test_gateway_lists_methods(http: aiohttp.ClientSession) -> None:
@@ -147,7 +147,8 @@ async def test_gateway_lists_methods(http: aiohttp.ClientSession) -> None:
     paths = {m["path"]: m["implemented"] for m in methods}
     assert paths["/v1/sw4rm.router.RouterService/SendMessage"] is True
     assert paths["/v1/sw4rm.scheduler.SchedulerService/SubmitTask"] is True
-    assert paths["/v1/sw4rm.worktree.WorktreeService/Bind"] is False
+    assert paths["/v1/sw4rm.worktree.WorktreeService/Bind"] is True
+    assert paths["/v1/sw4rm.handoff.HandoffService/RequestHandoff"] is False
 
 
 @pytest.mark.conformance("dlq.tools.inspection")

@@ -29,6 +29,9 @@ from apiary.engine.retention import run_retention
 from apiary.engine.router import Router
 from apiary.engine.scheduler import Scheduler
 from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.worktree_control import WorktreeControl
+from apiary.engine.worktree_settings import WorktreeSettings
+from apiary.engine.worktrees import Worktrees, build_worktrees
 from apiary.server.config import Address, ServerConfig
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
@@ -43,6 +46,7 @@ from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
+from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.system import SystemClock, UuidIds
@@ -81,6 +85,7 @@ class Coordinator:
     hitl: Hitl | None = None
     activity: Activity | None = None
     scheduler: Scheduler | None = None
+    worktrees: Worktrees | None = None
     ready: bool = False
 
 
@@ -94,6 +99,7 @@ class Engine:
     hitl: Hitl
     activity: Activity
     scheduler: Scheduler
+    worktrees: Worktrees
 
 
 def build_engine(
@@ -103,6 +109,7 @@ def build_engine(
     hitl_settings: HitlSettings | None = None,
     scheduler_settings: SchedulerSettings | None = None,
     data_dir: Path | None = None,
+    worktree_settings: WorktreeSettings | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -125,7 +132,13 @@ def build_engine(
         inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
     )  # fmt: skip
     delivery.opened = scheduler.agent_ready
-    return Engine(events, registry, router, delivery, presence, hitl, activity, scheduler)
+    worktrees = build_worktrees(
+        worktree_settings or WorktreeSettings(), store.worktrees, events, clock, hitl, data_dir
+    )
+    WorktreeControl(worktrees, router, registry, notices)
+    return Engine(
+        events, registry, router, delivery, presence, hitl, activity, scheduler, worktrees
+    )
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
@@ -148,6 +161,8 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
         "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
+        "sw4rm.worktree.WorktreeService": WorktreeHandler(engine.worktrees, engine.hitl.operators),
+        "apiary.v1.WorktreeBindingService": WorktreeBindingHandler(engine.worktrees),
     }
 
 
@@ -171,6 +186,7 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
         asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
         asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
         asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
+        asyncio.create_task(engine.worktrees.run(runtime.sleep), name="apiary-worktrees"),
         asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
@@ -191,11 +207,13 @@ async def open_coordinator(
     settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
         engine = build_engine(
-            store, settings, runtime, config.hitl, config.scheduler, config.data_dir
-        )
+            store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
+            config.worktrees,
+        )  # fmt: skip
         await engine.registry.load()
         await engine.hitl.load()
         await engine.scheduler.load()
+        await engine.worktrees.load()
         recovered = await engine.router.recover()
         metrics = Metrics(engine.router, engine.activity)
         dispatcher = Dispatcher(_handlers(engine, runtime))
@@ -210,6 +228,7 @@ async def open_coordinator(
         state.hitl = engine.hitl
         state.activity = engine.activity
         state.scheduler = engine.scheduler
+        state.worktrees = engine.worktrees
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(
@@ -240,5 +259,6 @@ async def open_coordinator(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await engine.scheduler.close()
+            await engine.worktrees.close()
             await engine.events.record("coordinator.stopped", "coordinator")
             await engine.events.flush()

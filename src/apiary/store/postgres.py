@@ -10,7 +10,8 @@ the exception: an identity column, so they only grow but may skip numbers after 
 which the DLQ allows.
 
 The event log and the registry are here; the other aggregates are in `postgres_messages`,
-`postgres_idempotency`, `postgres_dlq`, `postgres_hitl` and `postgres_tasks`, the pool and
+`postgres_idempotency`, `postgres_dlq`, `postgres_hitl`, `postgres_tasks` and
+`postgres_worktrees`, the pool and
 query helpers in `postgres_pool`.
 
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
@@ -46,6 +47,7 @@ from apiary.store.postgres_pool import (
     set_search_path,
 )
 from apiary.store.postgres_tasks import PostgresTaskStore
+from apiary.store.postgres_worktrees import PostgresWorktreeStore
 from apiary.store.sql_rows import (
     AGENT_COLUMNS,
     EVENT_COLUMNS,
@@ -167,6 +169,7 @@ class PostgresStore:
         self.dlq = PostgresDlqStore(pool)
         self.hitl = PostgresHitlStore(pool)
         self.tasks = PostgresTaskStore(pool)
+        self.worktrees = PostgresWorktreeStore(pool)
 
     @property
     def schema(self) -> str:

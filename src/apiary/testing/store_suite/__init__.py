@@ -25,6 +25,7 @@ from apiary.testing.store_suite import (
     messages,
     tasks,
     whole_store,
+    worktrees,
 )
 from apiary.testing.store_suite.base import Check, CheckNotApplicable, StoreFactory
 
@@ -39,6 +40,7 @@ CHECKS: list[Check] = [
     *dlq.CHECKS,
     *hitl.CHECKS,
     *tasks.CHECKS,
+    *worktrees.CHECKS,
 ]
 """Every check of the suite."""
 
