@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
@@ -12,6 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from apiary.server.coordinator import Coordinator
+from apiary.server.dispatch import Dispatcher
+from apiary.server.grpc.server import build_grpc_server
+from apiary.server.metrics import Metrics
 from apiary.wire import pb
 from apiary.wire.services import CANONICAL_SERVICES
 from tests.server.wire_client import envelope, error_detail, register
@@ -69,19 +73,34 @@ async def test_reflection_lists_all_canonical_services(channel: grpc.aio.Channel
     assert names >= CANONICAL | {"apiary.v1.EventLogService", "grpc.health.v1.Health"}
 
 
+@pytest.fixture
+async def bare_channel() -> AsyncIterator[grpc.aio.Channel]:
+    """A server whose dispatcher has no handler at all: every method is unbuilt."""
+    server, _ = build_grpc_server(Dispatcher({}), Metrics())
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel
+    finally:
+        await server.stop(0)
+
+
 async def test_unbuilt_method_answers_unimplemented_naming_its_area(
-    channel: grpc.aio.Channel,
+    bare_channel: grpc.aio.Channel,
 ) -> None:
-    stub = pb.worktree_pb2_grpc.WorktreeServiceStub(channel)
+    stub = pb.handoff_pb2_grpc.HandoffServiceStub(bare_channel)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.Bind(pb.worktree_pb2.BindRequest())
+        await stub.RequestHandoff(pb.handoff_pb2.HandoffRequest())
     assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
-    assert "worktrees" in (caught.value.details() or "")
+    assert "handoff" in (caught.value.details() or "")
     assert error_detail(caught.value).error_code == "unimplemented"
 
 
-async def test_unbuilt_streaming_method_answers_unimplemented(channel: grpc.aio.Channel) -> None:
-    stub = pb.tool_pb2_grpc.ToolServiceStub(channel)
+async def test_unbuilt_streaming_method_answers_unimplemented(
+    bare_channel: grpc.aio.Channel,
+) -> None:
+    stub = pb.tool_pb2_grpc.ToolServiceStub(bare_channel)
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         async for _ in stub.CallStream(pb.tool_pb2.ToolCall(call_id="c")):
             pass

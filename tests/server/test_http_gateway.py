@@ -9,8 +9,12 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from apiary.server.coordinator import Coordinator
+from apiary.server.dispatch import Dispatcher
+from apiary.server.http.app import build_http_app
+from apiary.server.metrics import Metrics
 
 
 @pytest.fixture
@@ -135,10 +139,16 @@ async def test_gateway_unknown_method_is_404(http: aiohttp.ClientSession) -> Non
     assert status == 404
 
 
-async def test_gateway_unbuilt_method_is_501(http: aiohttp.ClientSession) -> None:
-    status, body = await _call(http, "sw4rm.worktree.WorktreeService/Status", {"agent_id": "a"})
-    assert status == 501
-    assert "worktrees" in body["error"]["message"]  # type: ignore[index]
+async def test_gateway_unbuilt_method_is_501() -> None:
+    app = build_http_app(Dispatcher({}), Metrics(), lambda: True)  # no handler at all
+    async with TestServer(app) as server, TestClient(server) as client:
+        resp = await client.post("/v1/sw4rm.handoff.HandoffService/RequestHandoff", data="{}")
+        body = await resp.json()
+        listed = await (await client.get("/v1")).json()
+    assert resp.status == 501
+    assert "handoff" in body["error"]["message"]
+    paths = {m["path"]: m["implemented"] for m in listed["methods"]}
+    assert paths["/v1/sw4rm.handoff.HandoffService/RequestHandoff"] is False
 
 
 async def test_gateway_lists_methods(http: aiohttp.ClientSession) -> None:
@@ -147,7 +157,8 @@ async def test_gateway_lists_methods(http: aiohttp.ClientSession) -> None:
     paths = {m["path"]: m["implemented"] for m in methods}
     assert paths["/v1/sw4rm.router.RouterService/SendMessage"] is True
     assert paths["/v1/sw4rm.scheduler.SchedulerService/SubmitTask"] is True
-    assert paths["/v1/sw4rm.worktree.WorktreeService/Bind"] is False
+    assert paths["/v1/sw4rm.worktree.WorktreeService/Bind"] is True
+    assert paths["/v1/sw4rm.handoff.HandoffService/RequestHandoff"] is True
 
 
 @pytest.mark.conformance("dlq.tools.inspection")

@@ -358,3 +358,62 @@ def test_bad_handoff_settings_are_named_with_their_file(
         load_config(file, {}, {})
     assert caught.value.details["field"] == field
     assert str(file) in caught.value.message
+
+
+# --- [worktrees] -----------------------------------------------------------------------------
+
+
+def test_worktrees_table_round_trips_into_the_settings(tmp_path: Path) -> None:
+    file = tmp_path / "apiary.toml"
+    file.write_text(
+        "[worktrees]\nretry_base_s = 0.5\nmax_retries = 5\nrecovery_timeout_s = 120\n"
+        "default_ttl_s = 600\nmax_ttl_s = 3600\nhitl_timeout_s = 30\n"
+        '[[worktrees.repos]]\nid = "api"\npath = "/srv/git/api"\n'
+        '[[worktrees.repos]]\nid = "docs"\npath = "repos/docs"\n'
+    )
+    settings = load_config(file, {}, {}).worktrees
+    policy = settings.policy
+    assert (policy.retry_base_s, policy.max_retries, policy.recovery_timeout_s) == (0.5, 5, 120.0)
+    assert (policy.default_ttl_s, policy.max_ttl_s, settings.hitl_timeout_s) == (
+        600.0,
+        3600.0,
+        30.0,
+    )
+    # A relative path is taken from the configuration file's directory.
+    assert settings.repo_paths() == {
+        "api": Path("/srv/git/api"), "docs": (tmp_path / "repos" / "docs").resolve(),
+    }  # fmt: skip
+
+
+def test_worktrees_defaults_when_the_table_is_absent(tmp_path: Path) -> None:
+    settings = load_config(None, {}, {}).worktrees
+    assert settings.repos == ()
+    policy = settings.policy
+    assert (policy.retry_base_s, policy.max_retries, policy.recovery_timeout_s) == (1.0, 3, 60.0)
+    assert policy.default_ttl_s == 900.0
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ("max_retries = -1", "max_retries"),
+        ("max_retries = 1.5", "max_retries"),
+        ('recovery_timeout_s = "soon"', "recovery_timeout_s"),
+        ("recovery_timeout_s = 0", "recovery_timeout_s"),
+        ("teleport = true", "teleport"),
+        ("hitl_timeout_s = -1", "hitl_timeout_s"),
+        ('repos = "api"', "repos"),
+        ('[[worktrees.repos]]\nid = "../api"\npath = "/x"', "repos.id"),
+        ('[[worktrees.repos]]\nid = "api"', "repos.path"),
+        ('[[worktrees.repos]]\nid = "api"\npath = "/x"\nbranch = "main"', "repos.branch"),
+        ('[[worktrees.repos]]\nid = "a"\npath = "/x"\n[[worktrees.repos]]\nid = "a"\npath = "/y"',
+         "repos.id"),
+    ],
+)  # fmt: skip
+def test_bad_worktree_settings_name_the_field(tmp_path: Path, table: str, field: str) -> None:
+    file = tmp_path / "apiary.toml"
+    file.write_text(f"[worktrees]\n{table}\n")
+    with pytest.raises(ValidationError) as caught:
+        load_config(file, {}, {})
+    assert caught.value.details["field"] == field
+    assert "[worktrees]" in caught.value.message

@@ -1444,3 +1444,255 @@ class GetHandoffRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GetHandoffRequest: _TypeAlias = GetHandoffRequest  # noqa: Y015
+
+@_typing.final
+class WorktreeBinding(_message.Message):
+    """---- Worktree binding (RFC 16): what the canonical WorktreeService cannot carry ----
+
+    One agent's binding (apiary.core.worktree_binding.WorktreeBinding). Unset timestamps
+    mean "no such deadline".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    REPO_ID_FIELD_NUMBER: _builtins.int
+    WORKTREE_ID_FIELD_NUMBER: _builtins.int
+    BRANCH_FIELD_NUMBER: _builtins.int
+    COMMIT_SHA_FIELD_NUMBER: _builtins.int
+    CURRENT_REPO_ID_FIELD_NUMBER: _builtins.int
+    CURRENT_WORKTREE_ID_FIELD_NUMBER: _builtins.int
+    TARGET_REPO_ID_FIELD_NUMBER: _builtins.int
+    TARGET_WORKTREE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    RETRY_AT_FIELD_NUMBER: _builtins.int
+    RECOVERY_AT_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    PATH_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    state: _builtins.str
+    """UNBOUND|BOUND_HOME|SWITCH_PENDING|BOUND_NON_HOME|BIND_FAILED"""
+    repo_id: _builtins.str
+    """home (in BIND_FAILED: the one the BIND asked for)"""
+    worktree_id: _builtins.str
+    branch: _builtins.str
+    commit_sha: _builtins.str
+    current_repo_id: _builtins.str
+    """where the agent works when bound"""
+    current_worktree_id: _builtins.str
+    target_repo_id: _builtins.str
+    """a pending switch's target"""
+    target_worktree_id: _builtins.str
+    reason: _builtins.str
+    """BIND_FAILED: worktree_not_found, permission_denied, ..."""
+    note: _builtins.str
+    attempts: _builtins.int
+    invocation_id: _builtins.str
+    """the open HITL invocation about this binding"""
+    version: _builtins.int
+    path: _builtins.str
+    """the current worktree's directory on the coordinator"""
+    @_builtins.property
+    def retry_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def recovery_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """BOUND_NON_HOME: the TTL's end"""
+
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        repo_id: _builtins.str = ...,
+        worktree_id: _builtins.str = ...,
+        branch: _builtins.str = ...,
+        commit_sha: _builtins.str = ...,
+        current_repo_id: _builtins.str = ...,
+        current_worktree_id: _builtins.str = ...,
+        target_repo_id: _builtins.str = ...,
+        target_worktree_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        note: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        retry_at: _timestamp_pb2.Timestamp | None = ...,
+        recovery_at: _timestamp_pb2.Timestamp | None = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
+        invocation_id: _builtins.str = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        version: _builtins.int = ...,
+        path: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "recovery_at", b"recovery_at", "retry_at", b"retry_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "branch", b"branch", "commit_sha", b"commit_sha", "current_repo_id", b"current_repo_id", "current_worktree_id", b"current_worktree_id", "expires_at", b"expires_at", "invocation_id", b"invocation_id", "note", b"note", "path", b"path", "reason", b"reason", "recovery_at", b"recovery_at", "repo_id", b"repo_id", "retry_at", b"retry_at", "state", b"state", "target_repo_id", b"target_repo_id", "target_worktree_id", b"target_worktree_id", "updated_at", b"updated_at", "version", b"version", "worktree_id", b"worktree_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorktreeBinding: _TypeAlias = WorktreeBinding  # noqa: Y015
+
+@_typing.final
+class ListBindingsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATES_FIELD_NUMBER: _builtins.int
+    REPO_ID_FIELD_NUMBER: _builtins.int
+    repo_id: _builtins.str
+    """matches the home or the current repository"""
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every state"""
+
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[_builtins.str] | None = ...,
+        repo_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["repo_id", b"repo_id", "states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBindingsRequest: _TypeAlias = ListBindingsRequest  # noqa: Y015
+
+@_typing.final
+class ListBindingsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BINDINGS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def bindings(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorktreeBinding]: ...
+    def __init__(
+        self,
+        *,
+        bindings: _abc.Iterable[Global___WorktreeBinding] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bindings", b"bindings"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListBindingsResponse: _TypeAlias = ListBindingsResponse  # noqa: Y015
+
+@_typing.final
+class GetBindingRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetBindingRequest: _TypeAlias = GetBindingRequest  # noqa: Y015
+
+@_typing.final
+class BindWorktreeRequest(_message.Message):
+    """BIND with the message-types metadata the canonical BindRequest lacks."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    REPO_ID_FIELD_NUMBER: _builtins.int
+    WORKTREE_ID_FIELD_NUMBER: _builtins.int
+    BRANCH_FIELD_NUMBER: _builtins.int
+    COMMIT_SHA_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    repo_id: _builtins.str
+    worktree_id: _builtins.str
+    branch: _builtins.str
+    """default: the worktree id"""
+    commit_sha: _builtins.str
+    """where a new branch starts; default HEAD"""
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        repo_id: _builtins.str = ...,
+        worktree_id: _builtins.str = ...,
+        branch: _builtins.str = ...,
+        commit_sha: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "branch", b"branch", "commit_sha", b"commit_sha", "repo_id", b"repo_id", "worktree_id", b"worktree_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BindWorktreeRequest: _TypeAlias = BindWorktreeRequest  # noqa: Y015
+
+@_typing.final
+class SwitchWorktreeRequest(_message.Message):
+    """SWITCH_REQUEST to any repository's worktree, with a TTL."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    TARGET_REPO_ID_FIELD_NUMBER: _builtins.int
+    TARGET_WORKTREE_ID_FIELD_NUMBER: _builtins.int
+    TTL_MS_FIELD_NUMBER: _builtins.int
+    REQUIRES_HITL_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    target_repo_id: _builtins.str
+    """default: the home repository"""
+    target_worktree_id: _builtins.str
+    ttl_ms: _builtins.int
+    """0: the approval's, else the configured default"""
+    requires_hitl: _builtins.bool
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        target_repo_id: _builtins.str = ...,
+        target_worktree_id: _builtins.str = ...,
+        ttl_ms: _builtins.int = ...,
+        requires_hitl: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "requires_hitl", b"requires_hitl", "target_repo_id", b"target_repo_id", "target_worktree_id", b"target_worktree_id", "ttl_ms", b"ttl_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SwitchWorktreeRequest: _TypeAlias = SwitchWorktreeRequest  # noqa: Y015
+
+@_typing.final
+class RevokeSwitchRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RevokeSwitchRequest: _TypeAlias = RevokeSwitchRequest  # noqa: Y015

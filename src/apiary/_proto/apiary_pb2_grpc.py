@@ -1102,3 +1102,248 @@ class HandoffQueryService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class WorktreeBindingServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.List = channel.unary_unary(
+                '/apiary.v1.WorktreeBindingService/List',
+                request_serializer=apiary__pb2.ListBindingsRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListBindingsResponse.FromString,
+                _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/apiary.v1.WorktreeBindingService/Get',
+                request_serializer=apiary__pb2.GetBindingRequest.SerializeToString,
+                response_deserializer=apiary__pb2.WorktreeBinding.FromString,
+                _registered_method=True)
+        self.Bind = channel.unary_unary(
+                '/apiary.v1.WorktreeBindingService/Bind',
+                request_serializer=apiary__pb2.BindWorktreeRequest.SerializeToString,
+                response_deserializer=apiary__pb2.WorktreeBinding.FromString,
+                _registered_method=True)
+        self.RequestSwitch = channel.unary_unary(
+                '/apiary.v1.WorktreeBindingService/RequestSwitch',
+                request_serializer=apiary__pb2.SwitchWorktreeRequest.SerializeToString,
+                response_deserializer=apiary__pb2.WorktreeBinding.FromString,
+                _registered_method=True)
+        self.Revoke = channel.unary_unary(
+                '/apiary.v1.WorktreeBindingService/Revoke',
+                request_serializer=apiary__pb2.RevokeSwitchRequest.SerializeToString,
+                response_deserializer=apiary__pb2.WorktreeBinding.FromString,
+                _registered_method=True)
+
+
+class WorktreeBindingServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Bind(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RequestSwitch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Revoke(self, request, context):
+        """SWITCH_REVOKE
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorktreeBindingServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=apiary__pb2.ListBindingsRequest.FromString,
+                    response_serializer=apiary__pb2.ListBindingsResponse.SerializeToString,
+            ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=apiary__pb2.GetBindingRequest.FromString,
+                    response_serializer=apiary__pb2.WorktreeBinding.SerializeToString,
+            ),
+            'Bind': grpc.unary_unary_rpc_method_handler(
+                    servicer.Bind,
+                    request_deserializer=apiary__pb2.BindWorktreeRequest.FromString,
+                    response_serializer=apiary__pb2.WorktreeBinding.SerializeToString,
+            ),
+            'RequestSwitch': grpc.unary_unary_rpc_method_handler(
+                    servicer.RequestSwitch,
+                    request_deserializer=apiary__pb2.SwitchWorktreeRequest.FromString,
+                    response_serializer=apiary__pb2.WorktreeBinding.SerializeToString,
+            ),
+            'Revoke': grpc.unary_unary_rpc_method_handler(
+                    servicer.Revoke,
+                    request_deserializer=apiary__pb2.RevokeSwitchRequest.FromString,
+                    response_serializer=apiary__pb2.WorktreeBinding.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.WorktreeBindingService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.WorktreeBindingService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WorktreeBindingService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.WorktreeBindingService/List',
+            apiary__pb2.ListBindingsRequest.SerializeToString,
+            apiary__pb2.ListBindingsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.WorktreeBindingService/Get',
+            apiary__pb2.GetBindingRequest.SerializeToString,
+            apiary__pb2.WorktreeBinding.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Bind(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.WorktreeBindingService/Bind',
+            apiary__pb2.BindWorktreeRequest.SerializeToString,
+            apiary__pb2.WorktreeBinding.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RequestSwitch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.WorktreeBindingService/RequestSwitch',
+            apiary__pb2.SwitchWorktreeRequest.SerializeToString,
+            apiary__pb2.WorktreeBinding.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Revoke(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.WorktreeBindingService/Revoke',
+            apiary__pb2.RevokeSwitchRequest.SerializeToString,
+            apiary__pb2.WorktreeBinding.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -329,3 +329,64 @@ class HandoffQueryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.HandoffView, _abc.Awaitable[_apiary_pb2.HandoffView]]: ...
 
 def add_HandoffQueryServiceServicer_to_server(servicer: HandoffQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class WorktreeBindingServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> WorktreeBindingServiceAsyncStub: ...
+    List: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListBindingsRequest, _apiary_pb2.ListBindingsResponse]
+    Get: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetBindingRequest, _apiary_pb2.WorktreeBinding]
+    Bind: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.BindWorktreeRequest, _apiary_pb2.WorktreeBinding]
+    RequestSwitch: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.SwitchWorktreeRequest, _apiary_pb2.WorktreeBinding]
+    Revoke: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.RevokeSwitchRequest, _apiary_pb2.WorktreeBinding]
+    """SWITCH_REVOKE"""
+
+@_typing.type_check_only
+class WorktreeBindingServiceAsyncStub(WorktreeBindingServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    List: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListBindingsRequest, _apiary_pb2.ListBindingsResponse]  # type: ignore[assignment]
+    Get: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetBindingRequest, _apiary_pb2.WorktreeBinding]  # type: ignore[assignment]
+    Bind: _aio.UnaryUnaryMultiCallable[_apiary_pb2.BindWorktreeRequest, _apiary_pb2.WorktreeBinding]  # type: ignore[assignment]
+    RequestSwitch: _aio.UnaryUnaryMultiCallable[_apiary_pb2.SwitchWorktreeRequest, _apiary_pb2.WorktreeBinding]  # type: ignore[assignment]
+    Revoke: _aio.UnaryUnaryMultiCallable[_apiary_pb2.RevokeSwitchRequest, _apiary_pb2.WorktreeBinding]  # type: ignore[assignment]
+    """SWITCH_REVOKE"""
+
+class WorktreeBindingServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _apiary_pb2.ListBindingsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListBindingsResponse, _abc.Awaitable[_apiary_pb2.ListBindingsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Get(
+        self,
+        request: _apiary_pb2.GetBindingRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.WorktreeBinding, _abc.Awaitable[_apiary_pb2.WorktreeBinding]]: ...
+
+    @_abc_1.abstractmethod
+    def Bind(
+        self,
+        request: _apiary_pb2.BindWorktreeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.WorktreeBinding, _abc.Awaitable[_apiary_pb2.WorktreeBinding]]: ...
+
+    @_abc_1.abstractmethod
+    def RequestSwitch(
+        self,
+        request: _apiary_pb2.SwitchWorktreeRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.WorktreeBinding, _abc.Awaitable[_apiary_pb2.WorktreeBinding]]: ...
+
+    @_abc_1.abstractmethod
+    def Revoke(
+        self,
+        request: _apiary_pb2.RevokeSwitchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.WorktreeBinding, _abc.Awaitable[_apiary_pb2.WorktreeBinding]]:
+        """SWITCH_REVOKE"""
+
+def add_WorktreeBindingServiceServicer_to_server(servicer: WorktreeBindingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -17,7 +17,9 @@ COORDINATOR = "coordinator"
 SCHEDULER = "scheduler"
 """producer_id of the Scheduler's task and control envelopes (RFC Appendix C.3 names it so);
 unlike the coordinator's notices they are tracked messages that agents acknowledge."""
-RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER})
+WORKTREES = "worktrees"
+"""The coordinator endpoint agents send WORKTREE_CONTROL requests to (worktree_control.py)."""
+RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, WORKTREES})
 """Participant ids no agent may register under."""
 
 
@@ -80,6 +82,10 @@ class NoticeFactory:
 
     def notification(self, body: dict[str, Any], correlation_id: str = "") -> Envelope:
         return self._envelope(MessageType.NOTIFICATION, body, correlation_id)
+
+    def worktree_control(self, body: dict[str, Any], correlation_id: str = "") -> Envelope:
+        """A WORKTREE_CONTROL status for an agent (RFC 16; engine/worktree_control.py)."""
+        return self._envelope(MessageType.WORKTREE_CONTROL, body, correlation_id)
 
     def hitl_invocation(self, body: dict[str, Any], correlation_id: str = "") -> Envelope:
         """A HITL_INVOCATION (RFC 15.2 payload) for a HITL component."""

@@ -10,7 +10,8 @@ TOML (`--config FILE` or APIARY_CONFIG):
     log_level = "INFO"
 
 Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/scheduler.md,
-"Configuration") and [handoff] (docs/handoff.md).
+"Configuration"), [handoff] (docs/handoff.md) and [worktrees] (+ [[worktrees.repos]],
+docs/worktrees.md).
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
@@ -30,11 +31,13 @@ from apiary.core.handoff_request import HandoffPolicy
 from apiary.core.hitl import HitlPolicy
 from apiary.core.lanes import DEFAULT_WEIGHTS, LanePolicy
 from apiary.core.preemption import PreemptionPolicy
+from apiary.core.worktree_binding import BindingPolicy, valid_id
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
 from apiary.errors import ValidationError
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -76,6 +79,8 @@ class ServerConfig:
     """Scheduler settings: TOML table [scheduler] (see docs/scheduler.md)."""
     handoff: HandoffPolicy = field(default_factory=HandoffPolicy)
     """Handoff policy: TOML table [handoff] (see docs/handoff.md)."""
+    worktrees: WorktreeSettings = field(default_factory=WorktreeSettings)
+    """Worktree binding settings: TOML table [worktrees] and its [[worktrees.repos]]."""
 
 
 _ENV = {
@@ -437,9 +442,6 @@ def scheduler_settings(values: Mapping[str, Any], source: str) -> SchedulerSetti
     return _built(SchedulerSettings, source, **changes)
 
 
-_TABLES = ("server", "router", "hitl", "scheduler", "handoff")
-
-
 def handoff_policy(values: Any, path: str) -> HandoffPolicy:
     """The [handoff] table (HandoffPolicy fields; see docs/handoff.md)."""
     table = _table(values, "handoff", path)
@@ -449,6 +451,64 @@ def handoff_policy(values: Any, path: str) -> HandoffPolicy:
         raise ValidationError(f"{path} [handoff]: {exc.message}", exc.details) from None
     except TypeError as exc:  # a value of the wrong type reaching the dataclass
         raise ValidationError(f"{path} [handoff]: {exc}", {"field": "handoff"}) from None
+
+
+_WORKTREE_POLICY: dict[str, type] = {
+    "retry_base_s": float,
+    "max_retries": int,
+    "recovery_timeout_s": float,
+    "default_ttl_s": float,
+    "max_ttl_s": float,
+}
+
+
+def _repo_entries(values: Any, source: str, base: Path) -> tuple[RepoEntry, ...]:
+    if not isinstance(values, list):
+        raise ValidationError(
+            f"{source}: repos must be [[worktrees.repos]] tables", {"field": "repos"}
+        )
+    entries: dict[str, RepoEntry] = {}
+    for i, entry in enumerate(values):
+        where = f"{source} repos[{i}]"
+        if not isinstance(entry, dict):
+            raise ValidationError(f"{where}: must be a table", {"field": "repos"})
+        _check_known(entry, {"id", "path"}, "repos.", where)
+        repo_id, path = entry.get("id"), entry.get("path")
+        if not isinstance(repo_id, str) or not valid_id(repo_id):
+            raise ValidationError(
+                f"{where}: id must be 1-128 of A-Z a-z 0-9 . _ - (not {repo_id!r})",
+                {"field": "repos.id"},
+            )
+        if not isinstance(path, str) or not path:
+            raise ValidationError(f"{where}: path must be a string", {"field": "repos.path"})
+        if repo_id in entries:
+            raise ValidationError(f"{where}: repository {repo_id!r} is configured twice",
+                                  {"field": "repos.id"})  # fmt: skip
+        entries[repo_id] = RepoEntry(repo_id, (base / Path(path).expanduser()).resolve())
+    return tuple(entries.values())
+
+
+def worktree_settings(values: Mapping[str, Any], source: str, base: Path) -> WorktreeSettings:
+    """WorktreeSettings from the [worktrees] table: policy keys, `hitl_timeout_s` and the
+    [[worktrees.repos]] tables (`id`, `path`; a relative path is taken from `base`, the
+    configuration file's directory)."""
+    scalars = {k: v for k, v in values.items() if k not in ("repos", "hitl_timeout_s")}
+    policy = _typed_fields(scalars, _WORKTREE_POLICY, "", source)
+    changes: dict[str, Any] = {"policy": _built(BindingPolicy, source, **policy)}
+    if "hitl_timeout_s" in values:
+        timeout = _typed(values["hitl_timeout_s"], float, "hitl_timeout_s", source)
+        if timeout < 0:
+            raise ValidationError(
+                f"{source}: hitl_timeout_s must be >= 0 (0: the [hitl] default)",
+                {"field": "hitl_timeout_s"},
+            )
+        changes["hitl_timeout_s"] = timeout
+    if "repos" in values:
+        changes["repos"] = _repo_entries(values["repos"], source, base)
+    return WorktreeSettings(**changes)
+
+
+_TABLES = ("server", "router", "hitl", "scheduler", "handoff", "worktrees")
 
 
 def load_config(
@@ -489,6 +549,13 @@ def load_config(
             raise ValidationError(f"{path}: [scheduler] must be a table", {"field": "scheduler"})
         config = replace(config, scheduler=scheduler_settings(scheduler, f"{path} [scheduler]"))
         config = replace(config, handoff=handoff_policy(doc.get("handoff", {}), str(path)))
+        worktrees = doc.get("worktrees", {})
+        if not isinstance(worktrees, dict):
+            raise ValidationError(f"{path}: [worktrees] must be a table", {"field": "worktrees"})
+        config = replace(
+            config,
+            worktrees=worktree_settings(worktrees, f"{path} [worktrees]", path.parent),
+        )
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

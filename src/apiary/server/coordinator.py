@@ -32,6 +32,9 @@ from apiary.engine.router import Router
 from apiary.engine.scheduler import Scheduler
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.workflows import Workflows
+from apiary.engine.worktree_control import WorktreeControl
+from apiary.engine.worktree_settings import WorktreeSettings
+from apiary.engine.worktrees import Worktrees, build_worktrees
 from apiary.server.config import Address, ServerConfig
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
@@ -48,6 +51,7 @@ from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
 from apiary.server.services.workflow import WorkflowHandler
+from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.system import SystemClock, UuidIds
@@ -90,6 +94,7 @@ class Coordinator:
     scheduler: Scheduler | None = None
     workflows: Workflows | None = None
     handoffs: Handoffs | None = None
+    worktrees: Worktrees | None = None
     ready: bool = False
 
 
@@ -105,6 +110,7 @@ class Engine:
     scheduler: Scheduler
     workflows: Workflows
     handoffs: Handoffs
+    worktrees: Worktrees
 
 
 def build_engine(
@@ -115,6 +121,7 @@ def build_engine(
     scheduler_settings: SchedulerSettings | None = None,
     data_dir: Path | None = None,
     handoff_policy: HandoffPolicy | None = None,
+    worktree_settings: WorktreeSettings | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -142,9 +149,13 @@ def build_engine(
         store.handoffs, registry, router, notices, events, clock, runtime.ids,
         runtime.handoff or handoff_policy,
     )  # fmt: skip
+    worktrees = build_worktrees(
+        worktree_settings or WorktreeSettings(), store.worktrees, events, clock, hitl, data_dir
+    )
+    WorktreeControl(worktrees, router, registry, notices)
     return Engine(
         events, registry, router, delivery, presence, hitl, activity, scheduler, workflows,
-        handoffs,
+        handoffs, worktrees,
     )  # fmt: skip
 
 
@@ -171,6 +182,8 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.workflow.WorkflowService": WorkflowHandler(engine.workflows),
         "sw4rm.handoff.HandoffService": HandoffHandler(engine.handoffs),
         "apiary.v1.HandoffQueryService": HandoffQueryHandler(engine.handoffs),
+        "sw4rm.worktree.WorktreeService": WorktreeHandler(engine.worktrees, engine.hitl.operators),
+        "apiary.v1.WorktreeBindingService": WorktreeBindingHandler(engine.worktrees),
     }
 
 
@@ -196,6 +209,7 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
         asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
         asyncio.create_task(engine.workflows.run(runtime.sleep), name="apiary-workflows"),
         asyncio.create_task(engine.handoffs.run(runtime.sleep), name="apiary-handoffs"),
+        asyncio.create_task(engine.worktrees.run(runtime.sleep), name="apiary-worktrees"),
         asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
@@ -218,11 +232,13 @@ async def open_coordinator(
         engine = build_engine(
             store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
             config.handoff,
+            config.worktrees,
         )  # fmt: skip
         await engine.registry.load()
         await engine.hitl.load()
         await engine.scheduler.load()
         await engine.handoffs.load()
+        await engine.worktrees.load()
         recovered = await engine.router.recover()
         await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
         metrics = Metrics(engine.router, engine.activity, engine.scheduler)
@@ -240,6 +256,7 @@ async def open_coordinator(
         state.scheduler = engine.scheduler
         state.workflows = engine.workflows
         state.handoffs = engine.handoffs
+        state.worktrees = engine.worktrees
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(
@@ -270,5 +287,6 @@ async def open_coordinator(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await engine.scheduler.close()
+            await engine.worktrees.close()
             await engine.events.record("coordinator.stopped", "coordinator")
             await engine.events.flush()

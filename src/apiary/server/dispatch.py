@@ -48,6 +48,7 @@ OWNING_AREA: Mapping[str, str] = {
     "apiary.v1.HitlOperatorService": "human-in-the-loop (issue 4)",
     "apiary.v1.ActivityBufferService": "activity buffer (issue 5)",
     "apiary.v1.HandoffQueryService": "handoff (issue 7)",
+    "apiary.v1.WorktreeBindingService": "worktrees (issue 6)",
 }
 
 

@@ -11,3 +11,8 @@ class DuplicateMessageError(StoreError):
 
 class SchemaVersionError(StoreError):
     """The database schema is newer than this code knows how to use."""
+
+
+class VersionConflictError(StoreError):
+    """A write named a version that is not the one after the stored record's: someone else
+    changed the record first (optimistic concurrency). Nothing was written."""

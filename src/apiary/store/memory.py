@@ -26,7 +26,8 @@ from apiary.core.records import (
     TaskRecord,
     changed,
 )
-from apiary.store.errors import DuplicateMessageError, StoreError
+from apiary.core.worktree_binding import WorktreeBinding
+from apiary.store.errors import DuplicateMessageError, StoreError, VersionConflictError
 from apiary.store.json_codec import dump_json, load_json_object
 from apiary.store.memory_handoffs import MemoryHandoffStore
 from apiary.store.memory_workflows import MemoryWorkflowStore
@@ -39,6 +40,8 @@ from apiary.store.sql_rows import (
     message_values,
     task_from_row,
     task_row,
+    worktree_from_row,
+    worktree_row,
 )
 
 
@@ -481,6 +484,47 @@ class MemoryTaskStore:
         return max(self._task_by_seq, default=-1)
 
 
+class MemoryWorktreeStore:
+    """`WorktreeStore` over a dict keyed by agent_id."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, WorktreeBinding] = {}
+
+    async def put(self, binding: WorktreeBinding) -> None:
+        """Store `binding` when its version follows the stored one; VersionConflictError
+        otherwise (nothing changes)."""
+        # Through the SQL row and back: refuses and coerces as the SQL backends do.
+        stored = worktree_from_row(worktree_row(binding))
+        previous = self._records.get(stored.agent_id)
+        expected = 1 if previous is None else previous.version + 1
+        if stored.version != expected:
+            held = "none" if previous is None else previous.version
+            raise VersionConflictError(
+                f"binding of {stored.agent_id!r} is at version {held}; "
+                f"cannot write version {stored.version}"
+            )
+        self._records[stored.agent_id] = stored
+
+    async def get(self, agent_id: str) -> WorktreeBinding | None:
+        """The record, or None (records hold immutable values only: no copy needed)."""
+        return self._records.get(agent_id)
+
+    async def list(
+        self, states: frozenset[str] | None = None, repo_id: str | None = None
+    ) -> list[WorktreeBinding]:
+        """Bindings in `states` whose home or current repository is `repo_id`, by agent_id."""
+        return [
+            self._records[agent_id]
+            for agent_id in sorted(self._records)
+            if (states is None or self._records[agent_id].state in states)
+            and (repo_id is None or repo_id in _repos(self._records[agent_id]))
+        ]
+
+
+def _repos(binding: WorktreeBinding) -> tuple[str, str]:
+    return (binding.repo_id, binding.current_repo_id)
+
+
 class MemoryStore:
     """Every aggregate in process memory. Needs no closing; `open_memory_store` exists so
     that every backend is opened the same way."""
@@ -497,6 +541,7 @@ class MemoryStore:
         self.tasks = MemoryTaskStore()
         self.workflows = MemoryWorkflowStore()
         self.handoffs = MemoryHandoffStore()
+        self.worktrees = MemoryWorktreeStore()
 
 
 @asynccontextmanager

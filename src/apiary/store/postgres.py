@@ -11,7 +11,7 @@ which the DLQ allows.
 
 The event log and the registry are here; the other aggregates are in `postgres_messages`,
 `postgres_idempotency`, `postgres_dlq`, `postgres_hitl`, `postgres_tasks` and
-`postgres_handoffs`, the pool and query helpers in `postgres_pool`.
+`postgres_handoffs`, `postgres_worktrees`, the pool and query helpers in `postgres_pool`.
 
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
 themselves with a fresh schema each. The schema is chosen by the `schema` argument or an
@@ -48,6 +48,7 @@ from apiary.store.postgres_pool import (
 )
 from apiary.store.postgres_tasks import PostgresTaskStore
 from apiary.store.postgres_workflows import PostgresWorkflowStore
+from apiary.store.postgres_worktrees import PostgresWorktreeStore
 from apiary.store.sql_rows import (
     AGENT_COLUMNS,
     EVENT_COLUMNS,
@@ -171,6 +172,7 @@ class PostgresStore:
         self.tasks = PostgresTaskStore(pool)
         self.workflows = PostgresWorkflowStore(pool)
         self.handoffs = PostgresHandoffStore(pool)
+        self.worktrees = PostgresWorktreeStore(pool)
 
     @property
     def schema(self) -> str:

@@ -25,6 +25,7 @@ from apiary.core.records import (
 from apiary.core.workflow_definition import WorkflowSpec
 from apiary.core.workflow_node import NodeRun
 from apiary.core.workflow_run import StoredWorkflow, WorkflowRun
+from apiary.core.worktree_binding import WorktreeBinding
 from apiary.store.errors import DuplicateMessageError
 
 
@@ -275,6 +276,26 @@ class HandoffStore(Protocol):
         ...
 
 
+class WorktreeStore(Protocol):
+    """Worktree bindings (RFC 16), one per agent: homes, switches and bind failures survive
+    a restart."""
+
+    async def put(self, binding: WorktreeBinding) -> None:
+        """Store `binding` when its version is the stored one's plus one (1 for an agent with
+        no record yet); otherwise raise `apiary.store.errors.VersionConflictError` and change
+        nothing. ValueError for a record no backend can store (a bad state, version < 1)."""
+        ...
+
+    async def get(self, agent_id: str) -> WorktreeBinding | None: ...
+
+    async def list(
+        self, states: frozenset[str] | None = None, repo_id: str | None = None
+    ) -> list[WorktreeBinding]:
+        """Bindings in `states` (all when None) whose home or current repository is `repo_id`
+        (any when None), ordered by agent_id."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -304,6 +325,9 @@ class Store(Protocol):
 
     @property
     def handoffs(self) -> HandoffStore: ...
+
+    @property
+    def worktrees(self) -> WorktreeStore: ...
 
     @property
     def backend(self) -> str:

@@ -23,6 +23,7 @@ from apiary.core.records import (
     TaskRecord,
     TaskState,
 )
+from apiary.core.worktree_binding import BindingState, WorktreeBinding
 from apiary.store.errors import StoreError
 from apiary.store.json_codec import dump_json, dump_json_list, load_json_list, load_json_object
 
@@ -63,6 +64,14 @@ TASK_COLUMNS = (
     " params, content_type, agent_type, message_id, attempts, error_code, note, lane"
 )
 TASK_COLUMN_COUNT = 17
+WORKTREE_COLUMNS = (
+    "agent_id, state, repo_id, worktree_id, branch, commit_sha, current_repo_id,"
+    " current_worktree_id,"
+    " target_repo_id, target_worktree_id, reason, note, attempts, retry_at, recovery_at,"
+    " expires_at, ttl_s, invocation_id, entered_at, updated_at, version"
+)
+"""Every column of `worktrees`; agent_id first and version last (the write's key and guard)."""
+WORKTREE_COLUMN_COUNT = 21
 
 _UINT64 = 1 << 64
 _INT64_MAX = (1 << 63) - 1
@@ -456,6 +465,113 @@ def task_list_clauses(
         clauses.append(_in_list("state", values, placeholder))
         params.extend(values)
     return clauses, params
+
+
+def worktree_row(binding: WorktreeBinding) -> tuple[Any, ...]:
+    """The values of WORKTREE_COLUMNS for `binding`.
+
+    Raises ValueError when state is not a BindingState value, when version is below 1 (a
+    stored record has been written at least once), or when attempts or version does not fit
+    the 64-bit integer both databases store.
+    """
+    if int(binding.version) < 1:
+        raise ValueError(f"a stored binding has version 1 or more, not {binding.version}")
+    return (
+        binding.agent_id,
+        BindingState(binding.state).value,
+        binding.repo_id,
+        binding.worktree_id,
+        binding.branch,
+        binding.commit_sha,
+        binding.current_repo_id,
+        binding.current_worktree_id,
+        binding.target_repo_id,
+        binding.target_worktree_id,
+        binding.reason,
+        binding.note,
+        _int64("attempts", binding.attempts),
+        float(binding.retry_at),
+        float(binding.recovery_at),
+        float(binding.expires_at),
+        float(binding.ttl_s),
+        binding.invocation_id,
+        float(binding.entered_at),
+        float(binding.updated_at),
+        _int64("version", binding.version),
+    )
+
+
+def worktree_from_row(row: Sequence[Any]) -> WorktreeBinding:
+    """A `WorktreeBinding` from a row of WORKTREE_COLUMNS."""
+    agent_id, state, repo_id, worktree_id, branch, commit_sha, current_repo_id = row[:7]
+    current_worktree_id, target_repo_id, target_worktree_id, reason, note, attempts = row[7:13]
+    retry_at, recovery_at, expires_at, ttl_s, invocation_id, entered_at, updated_at = row[13:20]
+    version = row[20]
+    return WorktreeBinding(
+        agent_id=agent_id,
+        state=state,
+        repo_id=repo_id,
+        worktree_id=worktree_id,
+        branch=branch,
+        commit_sha=commit_sha,
+        current_repo_id=current_repo_id,
+        current_worktree_id=current_worktree_id,
+        target_repo_id=target_repo_id,
+        target_worktree_id=target_worktree_id,
+        reason=reason,
+        note=note,
+        attempts=attempts,
+        retry_at=retry_at,
+        recovery_at=recovery_at,
+        expires_at=expires_at,
+        ttl_s=ttl_s,
+        invocation_id=invocation_id,
+        entered_at=entered_at,
+        updated_at=updated_at,
+        version=version,
+    )
+
+
+def worktree_list_clauses(
+    states: frozenset[str] | None, repo_id: str | None, placeholder: str
+) -> tuple[list[str], list[Any]] | None:
+    """The WHERE terms and parameters of a binding listing; None when nothing can match (an
+    empty set of states). `repo_id` matches the home or the current repository."""
+    clauses = ["1 = 1"]
+    params: list[Any] = []
+    if repo_id is not None:
+        clauses.append(f"(repo_id = {placeholder} OR current_repo_id = {placeholder})")
+        params.extend([repo_id, repo_id])
+    if states is not None:
+        if not states:
+            return None
+        values = sorted(states)
+        clauses.append(_in_list("state", values, placeholder))
+        params.extend(values)
+    return clauses, params
+
+
+def worktree_write_sql(placeholder: str, version: int) -> str:
+    """The statement that stores a binding row (WORKTREE_COLUMNS order, the stored version
+    appended for an update): an insert that conflicts with nothing for version 1, else an
+    update of the row holding `version - 1`. Either changes one row or none (a conflict)."""
+    names = WORKTREE_COLUMNS.split(", ")
+    if version == 1:
+        return (
+            f"INSERT INTO worktrees ({WORKTREE_COLUMNS})"
+            f" VALUES ({', '.join([placeholder] * WORKTREE_COLUMN_COUNT)})"
+            " ON CONFLICT (agent_id) DO NOTHING"
+        )
+    sets = ", ".join(f"{c} = {placeholder}" for c in names[1:])
+    return f"UPDATE worktrees SET {sets} WHERE agent_id = {placeholder} AND version = {placeholder}"
+
+
+def worktree_write_params(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The parameters of `worktree_write_sql` for a row of `worktree_row`."""
+    version = row[-1]
+    if version == 1:
+        return row
+    return (*row[1:], row[0], version - 1)
 
 
 def _strings(name: str, values: Sequence[str]) -> list[str]:

@@ -1,7 +1,8 @@
 """The SQLite backend, the default: one file, WAL, one group-committing writer.
 
 The aggregates (here and in `sqlite_messages`, `sqlite_idempotency`, `sqlite_dlq`,
-`sqlite_hitl`, `sqlite_tasks`, `sqlite_handoffs`) only say what to read and write;
+`sqlite_hitl`, `sqlite_tasks`, `sqlite_handoffs`, `sqlite_worktrees`, ...) only say what to
+read and write;
 `sqlite_database` owns the connections, the writer thread (`sqlite_writer`), the
 checkpointer (`sqlite_checkpoint`) and the schema migrations. Values are encoded on the
 caller's side, so the writer thread, which holds up every commit, does as little Python work
@@ -42,6 +43,7 @@ from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
 from apiary.store.sqlite_messages import SqliteMessageStore
 from apiary.store.sqlite_tasks import SqliteTaskStore
 from apiary.store.sqlite_workflows import SqliteWorkflowStore
+from apiary.store.sqlite_worktrees import SqliteWorktreeStore
 
 _INSERT_EVENTS = (
     "INSERT INTO events (event_type, actor, ts, correlation_id, agent_id, details, hlc) VALUES"
@@ -147,6 +149,7 @@ class SqliteStore:
         self.tasks = SqliteTaskStore(database)
         self.workflows = SqliteWorkflowStore(database)
         self.handoffs = SqliteHandoffStore(database)
+        self.worktrees = SqliteWorktreeStore(database)
 
     @property
     def database(self) -> SqliteDatabase:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from apiary.core.clock import Clock
 from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.worktree_settings import WorktreeSettings
 from apiary.server.config import Address, ServerConfig
 from apiary.server.coordinator import Coordinator, Runtime, open_coordinator
 
@@ -21,6 +22,7 @@ async def open_test_coordinator(
     runtime: Runtime | None = None,
     router_settings: RouterSettings | None = None,
     scheduler_settings: SchedulerSettings | None = None,
+    worktrees: WorktreeSettings | None = None,
 ) -> AsyncIterator[Coordinator]:
     """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports."""
     config = ServerConfig(
@@ -29,6 +31,7 @@ async def open_test_coordinator(
         http=Address("127.0.0.1", 0),
         store=store,
         scheduler=scheduler_settings or SchedulerSettings(),
+        worktrees=worktrees or WorktreeSettings(),
     )
     async with open_coordinator(
         config, clock=clock, runtime=runtime, router_settings=router_settings

@@ -26,6 +26,7 @@ from apiary.engine.inbox import Handout
 from apiary.engine.presence import PresenceSettings
 from apiary.engine.router import is_notice
 from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.worktree_settings import WorktreeSettings
 from apiary.server.coordinator import Engine, Runtime, build_engine
 from apiary.store.memory import open_memory_store
 from apiary.store.open import open_store
@@ -137,6 +138,7 @@ async def open_test_engine(
     hitl: HitlSettings | None = None,
     scheduler: SchedulerSettings | None = None,
     handoff: HandoffPolicy | None = None,
+    worktrees: WorktreeSettings | None = None,
 ) -> AsyncIterator[EngineHarness]:
     """An engine over `store_url` (memory by default; `sqlite:///ABSOLUTE/PATH.db` to test
     restarts). To reopen the same store, pass the same `clock` and `ids`: ids must stay unique
@@ -151,15 +153,17 @@ async def open_test_engine(
     async with opener as store:
         engine = build_engine(
             store, settings or RouterSettings(), runtime, scheduler_settings=scheduler,
-            data_dir=data_dir,
+            data_dir=data_dir, worktree_settings=worktrees,
         )  # fmt: skip
         await engine.registry.load()
         await engine.hitl.load()
         await engine.scheduler.load()
         await engine.handoffs.load()
+        await engine.worktrees.load()
         await engine.router.recover()
         await engine.workflows.load()
         try:
             yield EngineHarness(engine, store, clock, ids)
         finally:
             await engine.scheduler.close()
+            await engine.worktrees.close()

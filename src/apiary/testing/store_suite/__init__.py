@@ -27,6 +27,7 @@ from apiary.testing.store_suite import (
     tasks,
     whole_store,
     workflows,
+    worktrees,
 )
 from apiary.testing.store_suite.base import Check, CheckNotApplicable, StoreFactory
 
@@ -43,6 +44,7 @@ CHECKS: list[Check] = [
     *tasks.CHECKS,
     *workflows.CHECKS,
     *handoffs.CHECKS,
+    *worktrees.CHECKS,
 ]
 """Every check of the suite."""
 
