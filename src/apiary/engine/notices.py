@@ -11,14 +11,16 @@ from apiary.core.dedup import iso_utc
 from apiary.core.envelope import Ack, Envelope, MessageType
 from apiary.core.hlc import HybridLogicalClock, format_hlc, physical_us
 from apiary.core.ids import IdGenerator
+from apiary.core.negotiation_room import ROOM_SERVICE
 
 COORDINATOR = "coordinator"
 """producer_id of every envelope the coordinator produces."""
 SCHEDULER = "scheduler"
 """producer_id of the Scheduler's task and control envelopes (RFC Appendix C.3 names it so);
 unlike the coordinator's notices they are tracked messages that agents acknowledge."""
-RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER})
-"""Participant ids no agent may register under."""
+RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, ROOM_SERVICE})
+"""Participant ids no agent may register under (ROOM_SERVICE: the negotiation-room service,
+producer of the rooms' notifications)."""
 
 
 class NoticeFactory:

@@ -9,8 +9,8 @@ TOML (`--config FILE` or APIARY_CONFIG):
     store = "postgresql://..."      # optional; default SQLite under data_dir
     log_level = "INFO"
 
-Further tables: [router], [hitl] (+ [[hitl.operators]]) and [scheduler] (docs/scheduler.md,
-"Configuration").
+Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/scheduler.md,
+"Configuration") and [rooms] (docs/negotiation-rooms.md, "Configuration").
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
@@ -32,6 +32,7 @@ from apiary.core.preemption import PreemptionPolicy
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
+from apiary.engine.negotiation_rooms import RoomSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.errors import ValidationError
@@ -73,6 +74,8 @@ class ServerConfig:
     """Human-in-the-loop settings: TOML table [hitl] and [[hitl.operators]]."""
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     """Scheduler settings: TOML table [scheduler] (see docs/scheduler.md)."""
+    rooms: RoomSettings = field(default_factory=RoomSettings)
+    """Negotiation-room settings and policy: TOML table [rooms]."""
 
 
 _ENV = {
@@ -205,10 +208,10 @@ def _typed_fields(
     return {k: _typed(v, types[k], f"{prefix}{k}", source) for k, v in values.items()}
 
 
-def _built(build: Callable[..., _T], source: str, /, **kwargs: Any) -> _T:
-    """`build(**kwargs)`, its ValidationError prefixed with `source`."""
+def _built(build: Callable[..., _T], source: str, /, *args: Any, **kwargs: Any) -> _T:
+    """`build(*args, **kwargs)`, its ValidationError prefixed with `source`."""
     try:
-        return build(**kwargs)
+        return build(*args, **kwargs)
     except ValidationError as exc:
         raise ValidationError(f"{source}: {exc.message}", exc.details) from None
 
@@ -434,7 +437,14 @@ def scheduler_settings(values: Mapping[str, Any], source: str) -> SchedulerSetti
     return _built(SchedulerSettings, source, **changes)
 
 
-_TABLES = ("server", "router", "hitl", "scheduler")
+_TABLES = ("server", "router", "hitl", "scheduler", "rooms")
+
+
+def room_settings(values: Any, source: str) -> RoomSettings:
+    """RoomSettings from the [rooms] table; errors name the setting and `source`."""
+    if not isinstance(values, dict):
+        raise ValidationError(f"{source}: [rooms] must be a table", {"field": "rooms"})
+    return _built(RoomSettings.from_settings, source, values)
 
 
 def load_config(
@@ -474,6 +484,7 @@ def load_config(
         if not isinstance(scheduler, dict):
             raise ValidationError(f"{path}: [scheduler] must be a table", {"field": "scheduler"})
         config = replace(config, scheduler=scheduler_settings(scheduler, f"{path} [scheduler]"))
+        config = replace(config, rooms=room_settings(doc.get("rooms", {}), f"{path} [rooms]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

@@ -21,6 +21,7 @@ from apiary.engine.delivery import Delivery
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
 from apiary.engine.inference_http import build_inference
+from apiary.engine.negotiation_rooms import NegotiationRooms, RoomSettings
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
@@ -40,6 +41,10 @@ from apiary.server.services.dlq import DlqHandler
 from apiary.server.services.hitl import HitlActionHandler, HitlHandler, HitlOperatorHandler
 from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
+from apiary.server.services.negotiation_room import (
+    NegotiationRoomHandler,
+    NegotiationRoomQueryHandler,
+)
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
@@ -63,6 +68,8 @@ class Runtime:
     presence: PresenceSettings = field(default_factory=PresenceSettings)
     hitl: HitlSettings | None = None
     """Overrides the configuration's [hitl] settings (tests)."""
+    rooms: RoomSettings | None = None
+    """Overrides the configuration's [rooms] settings (tests)."""
 
 
 @dataclass(slots=True)
@@ -81,6 +88,7 @@ class Coordinator:
     hitl: Hitl | None = None
     activity: Activity | None = None
     scheduler: Scheduler | None = None
+    rooms: NegotiationRooms | None = None
     ready: bool = False
 
 
@@ -94,6 +102,7 @@ class Engine:
     hitl: Hitl
     activity: Activity
     scheduler: Scheduler
+    rooms: NegotiationRooms
 
 
 def build_engine(
@@ -103,6 +112,7 @@ def build_engine(
     hitl_settings: HitlSettings | None = None,
     scheduler_settings: SchedulerSettings | None = None,
     data_dir: Path | None = None,
+    room_settings: RoomSettings | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -125,7 +135,11 @@ def build_engine(
         inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
     )  # fmt: skip
     delivery.opened = scheduler.agent_ready
-    return Engine(events, registry, router, delivery, presence, hitl, activity, scheduler)
+    rooms = NegotiationRooms(
+        store.rooms, router, events, clock, runtime.ids, hitl,
+        runtime.rooms or room_settings, sleep=runtime.sleep,
+    )  # fmt: skip
+    return Engine(events, registry, router, delivery, presence, hitl, activity, scheduler, rooms)
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
@@ -148,6 +162,8 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
         "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
+        "sw4rm.negotiation_room.NegotiationRoomService": NegotiationRoomHandler(engine.rooms),
+        "apiary.v1.NegotiationRoomQueryService": NegotiationRoomQueryHandler(engine.rooms),
     }
 
 
@@ -172,6 +188,10 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
         asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
         asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
         asyncio.create_task(
+            run_deadlines(engine.rooms.timers, runtime.clock, engine.rooms.fire_due, runtime.sleep),
+            name="apiary-rooms",
+        ),
+        asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
         ),
@@ -191,12 +211,14 @@ async def open_coordinator(
     settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
         engine = build_engine(
-            store, settings, runtime, config.hitl, config.scheduler, config.data_dir
-        )
+            store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
+            config.rooms,
+        )  # fmt: skip
         await engine.registry.load()
         await engine.hitl.load()
         await engine.scheduler.load()
         recovered = await engine.router.recover()
+        await engine.rooms.load()
         metrics = Metrics(engine.router, engine.activity, engine.scheduler)
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
@@ -210,6 +232,7 @@ async def open_coordinator(
         state.hitl = engine.hitl
         state.activity = engine.activity
         state.scheduler = engine.scheduler
+        state.rooms = engine.rooms
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(
@@ -240,5 +263,6 @@ async def open_coordinator(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await engine.scheduler.close()
+            await engine.rooms.close()
             await engine.events.record("coordinator.stopped", "coordinator")
             await engine.events.flush()

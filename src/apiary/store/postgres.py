@@ -45,6 +45,7 @@ from apiary.store.postgres_pool import (
     scalar,
     set_search_path,
 )
+from apiary.store.postgres_rooms import PostgresRoomStore
 from apiary.store.postgres_tasks import PostgresTaskStore
 from apiary.store.sql_rows import (
     AGENT_COLUMNS,
@@ -167,6 +168,7 @@ class PostgresStore:
         self.dlq = PostgresDlqStore(pool)
         self.hitl = PostgresHitlStore(pool)
         self.tasks = PostgresTaskStore(pool)
+        self.rooms = PostgresRoomStore(pool)
 
     @property
     def schema(self) -> str:
