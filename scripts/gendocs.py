@@ -16,6 +16,7 @@ from apiary.core import (
     handoff,
     hitl,
     message_machine,
+    negotiation_room,
     preemption,
     workflow_node,
     worktree_binding,
@@ -54,6 +55,11 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "`apiary.core.handoff.HandoffMachine`; REROUTE offers a rejected or expired handoff "
         "to an alternative agent (docs/handoff.md)",
         handoff.mermaid,
+    ),
+    "negotiation-room-lifecycle.md": (
+        "Negotiation room lifecycle (RFC 17.5)",
+        "`apiary.core.negotiation_room.RoomMachine`; see docs/negotiation-rooms.md",
+        negotiation_room.mermaid,
     ),
 }
 

@@ -56,3 +56,30 @@ def test_the_schema_knows_the_terminal_states_of_the_core(dialect: Dialect) -> N
 def test_a_target_version_stops_the_pending_list() -> None:
     assert [m.version for m in pending_migrations(SHIPPED, [], target=2)] == [1, 2]
     assert [m.version for m in pending_migrations(SHIPPED, [1], target=1)] == []
+
+
+GAPPED = (Migration(1, "initial", ""), Migration(2, "more", ""), Migration(5, "later", ""))
+
+
+@pytest.mark.parametrize(
+    ("applied", "expected"), [([], [1, 2, 5]), ([1, 2], [5]), ([1, 5], [2]), ([1, 2, 5], [])]
+)
+def test_versions_may_skip_numbers_reserved_by_features_not_landed_yet(
+    applied: list[int], expected: list[int]
+) -> None:
+    assert [m.version for m in pending_migrations(GAPPED, applied)] == expected
+
+
+@pytest.mark.parametrize("applied", [[1, 3], [1, 2, 4, 5], [6]])
+def test_a_version_inside_a_gap_is_unknown_too(applied: list[int]) -> None:
+    """A newer Apiary may have filled the gap: this code must not open that database."""
+    with pytest.raises(SchemaVersionError, match="upgrade Apiary"):
+        pending_migrations(GAPPED, applied)
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgres"])
+def test_shipped_versions_start_at_1_and_are_used_once(dialect: Dialect) -> None:
+    versions = [m.version for m in load_migrations(dialect)]
+    assert versions[0] == 1
+    assert versions == sorted(set(versions))
+    assert any("CREATE TABLE room_proposals" in m.sql for m in load_migrations(dialect))

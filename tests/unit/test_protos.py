@@ -86,6 +86,7 @@ def test_extensions_live_in_their_own_package() -> None:
         "apiary.v1.ActivityBufferService",
         "apiary.v1.HandoffQueryService",
         "apiary.v1.WorktreeBindingService",
+        "apiary.v1.NegotiationRoomQueryService",
     }
 
 

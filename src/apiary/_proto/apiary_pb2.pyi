@@ -14,6 +14,7 @@ from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 from . import common_pb2 as _common_pb2
 from . import handoff_pb2 as _handoff_pb2
+from . import negotiation_room_pb2 as _negotiation_room_pb2
 from . import registry_pb2 as _registry_pb2
 import sys
 import typing as _typing
@@ -1696,3 +1697,297 @@ class RevokeSwitchRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RevokeSwitchRequest: _TypeAlias = RevokeSwitchRequest  # noqa: Y015
+
+@_typing.final
+class RoomProposal(_message.Message):
+    """---- Negotiation rooms (RFC 17.5): the reads the canonical service does not offer ----
+
+    A proposal and where its review stands.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROPOSAL_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    VOTES_RECEIVED_FIELD_NUMBER: _builtins.int
+    VOTES_REQUIRED_FIELD_NUMBER: _builtins.int
+    PENDING_CRITICS_FIELD_NUMBER: _builtins.int
+    VOTE_DEADLINE_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    ARTIFACT_SIZE_FIELD_NUMBER: _builtins.int
+    state: _builtins.str
+    """OPEN, ESCALATED, APPROVED, REVISION_REQUESTED"""
+    votes_received: _builtins.int
+    votes_required: _builtins.int
+    policy_version: _builtins.str
+    invocation_id: _builtins.str
+    """the HITL invocation, once escalated"""
+    artifact_size: _builtins.int
+    @_builtins.property
+    def proposal(self) -> _negotiation_room_pb2.NegotiationProposal:
+        """artifact bytes only on request"""
+
+    @_builtins.property
+    def pending_critics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """requested critics that have not voted"""
+
+    @_builtins.property
+    def vote_deadline(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        proposal: _negotiation_room_pb2.NegotiationProposal | None = ...,
+        state: _builtins.str = ...,
+        votes_received: _builtins.int = ...,
+        votes_required: _builtins.int = ...,
+        pending_critics: _abc.Iterable[_builtins.str] | None = ...,
+        vote_deadline: _timestamp_pb2.Timestamp | None = ...,
+        policy_version: _builtins.str = ...,
+        invocation_id: _builtins.str = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        artifact_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["proposal", b"proposal", "updated_at", b"updated_at", "vote_deadline", b"vote_deadline"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifact_size", b"artifact_size", "invocation_id", b"invocation_id", "pending_critics", b"pending_critics", "policy_version", b"policy_version", "proposal", b"proposal", "state", b"state", "updated_at", b"updated_at", "vote_deadline", b"vote_deadline", "votes_received", b"votes_received", "votes_required", b"votes_required"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoomProposal: _TypeAlias = RoomProposal  # noqa: Y015
+
+@_typing.final
+class ListRoomProposalsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NEGOTIATION_ROOM_ID_FIELD_NUMBER: _builtins.int
+    STATES_FIELD_NUMBER: _builtins.int
+    CRITIC_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    negotiation_room_id: _builtins.str
+    """empty: every room"""
+    critic_id: _builtins.str
+    """set: the open proposals this critic has to review"""
+    limit: _builtins.int
+    """0: 100"""
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty: every state"""
+
+    def __init__(
+        self,
+        *,
+        negotiation_room_id: _builtins.str = ...,
+        states: _abc.Iterable[_builtins.str] | None = ...,
+        critic_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["critic_id", b"critic_id", "limit", b"limit", "negotiation_room_id", b"negotiation_room_id", "states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoomProposalsRequest: _TypeAlias = ListRoomProposalsRequest  # noqa: Y015
+
+@_typing.final
+class ListRoomProposalsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROPOSALS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def proposals(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoomProposal]: ...
+    def __init__(
+        self,
+        *,
+        proposals: _abc.Iterable[Global___RoomProposal] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["proposals", b"proposals"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoomProposalsResponse: _TypeAlias = ListRoomProposalsResponse  # noqa: Y015
+
+@_typing.final
+class GetRoomProposalRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARTIFACT_ID_FIELD_NUMBER: _builtins.int
+    NEGOTIATION_ROOM_ID_FIELD_NUMBER: _builtins.int
+    INCLUDE_ARTIFACT_FIELD_NUMBER: _builtins.int
+    artifact_id: _builtins.str
+    negotiation_room_id: _builtins.str
+    """optional; must match when given"""
+    include_artifact: _builtins.bool
+    def __init__(
+        self,
+        *,
+        artifact_id: _builtins.str = ...,
+        negotiation_room_id: _builtins.str = ...,
+        include_artifact: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifact_id", b"artifact_id", "include_artifact", b"include_artifact", "negotiation_room_id", b"negotiation_room_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetRoomProposalRequest: _TypeAlias = GetRoomProposalRequest  # noqa: Y015
+
+@_typing.final
+class RoomDecision(_message.Message):
+    """A decision with the audit fields the canonical NegotiationDecision has no place for."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DECISION_FIELD_NUMBER: _builtins.int
+    SEQUENCE_FIELD_NUMBER: _builtins.int
+    DECIDED_BY_FIELD_NUMBER: _builtins.int
+    VIA_FIELD_NUMBER: _builtins.int
+    TRIGGERS_FIELD_NUMBER: _builtins.int
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    DETAILS_JSON_FIELD_NUMBER: _builtins.int
+    sequence: _builtins.int
+    """1: the policy's; 2: the human's, after escalation"""
+    decided_by: _builtins.str
+    """negotiation_room, or the operator"""
+    via: _builtins.str
+    """policy, hitl, hitl_fallback"""
+    invocation_id: _builtins.str
+    details_json: _builtins.str
+    @_builtins.property
+    def decision(self) -> _negotiation_room_pb2.NegotiationDecision: ...
+    @_builtins.property
+    def triggers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """escalation conditions or missed thresholds"""
+
+    def __init__(
+        self,
+        *,
+        decision: _negotiation_room_pb2.NegotiationDecision | None = ...,
+        sequence: _builtins.int = ...,
+        decided_by: _builtins.str = ...,
+        via: _builtins.str = ...,
+        triggers: _abc.Iterable[_builtins.str] | None = ...,
+        invocation_id: _builtins.str = ...,
+        details_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decision", b"decision"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decided_by", b"decided_by", "decision", b"decision", "details_json", b"details_json", "invocation_id", b"invocation_id", "sequence", b"sequence", "triggers", b"triggers", "via", b"via"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoomDecision: _TypeAlias = RoomDecision  # noqa: Y015
+
+@_typing.final
+class ListRoomDecisionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ARTIFACT_ID_FIELD_NUMBER: _builtins.int
+    NEGOTIATION_ROOM_ID_FIELD_NUMBER: _builtins.int
+    artifact_id: _builtins.str
+    negotiation_room_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        artifact_id: _builtins.str = ...,
+        negotiation_room_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifact_id", b"artifact_id", "negotiation_room_id", b"negotiation_room_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoomDecisionsRequest: _TypeAlias = ListRoomDecisionsRequest  # noqa: Y015
+
+@_typing.final
+class ListRoomDecisionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DECISIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def decisions(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoomDecision]: ...
+    def __init__(
+        self,
+        *,
+        decisions: _abc.Iterable[Global___RoomDecision] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["decisions", b"decisions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoomDecisionsResponse: _TypeAlias = ListRoomDecisionsResponse  # noqa: Y015
+
+@_typing.final
+class RoomPolicyVersion(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    SETTINGS_JSON_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    CURRENT_FIELD_NUMBER: _builtins.int
+    version: _builtins.str
+    settings_json: _builtins.str
+    current: _builtins.bool
+    """the version new proposals are decided under"""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        version: _builtins.str = ...,
+        settings_json: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        current: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "current", b"current", "settings_json", b"settings_json", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RoomPolicyVersion: _TypeAlias = RoomPolicyVersion  # noqa: Y015
+
+@_typing.final
+class ListRoomPoliciesRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoomPoliciesRequest: _TypeAlias = ListRoomPoliciesRequest  # noqa: Y015
+
+@_typing.final
+class ListRoomPoliciesResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POLICIES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def policies(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoomPolicyVersion]: ...
+    def __init__(
+        self,
+        *,
+        policies: _abc.Iterable[Global___RoomPolicyVersion] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["policies", b"policies"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRoomPoliciesResponse: _TypeAlias = ListRoomPoliciesResponse  # noqa: Y015

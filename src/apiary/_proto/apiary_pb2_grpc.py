@@ -1347,3 +1347,204 @@ class WorktreeBindingService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class NegotiationRoomQueryServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListProposals = channel.unary_unary(
+                '/apiary.v1.NegotiationRoomQueryService/ListProposals',
+                request_serializer=apiary__pb2.ListRoomProposalsRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListRoomProposalsResponse.FromString,
+                _registered_method=True)
+        self.GetProposal = channel.unary_unary(
+                '/apiary.v1.NegotiationRoomQueryService/GetProposal',
+                request_serializer=apiary__pb2.GetRoomProposalRequest.SerializeToString,
+                response_deserializer=apiary__pb2.RoomProposal.FromString,
+                _registered_method=True)
+        self.ListDecisions = channel.unary_unary(
+                '/apiary.v1.NegotiationRoomQueryService/ListDecisions',
+                request_serializer=apiary__pb2.ListRoomDecisionsRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListRoomDecisionsResponse.FromString,
+                _registered_method=True)
+        self.ListPolicies = channel.unary_unary(
+                '/apiary.v1.NegotiationRoomQueryService/ListPolicies',
+                request_serializer=apiary__pb2.ListRoomPoliciesRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListRoomPoliciesResponse.FromString,
+                _registered_method=True)
+
+
+class NegotiationRoomQueryServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ListProposals(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetProposal(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDecisions(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPolicies(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_NegotiationRoomQueryServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListProposals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProposals,
+                    request_deserializer=apiary__pb2.ListRoomProposalsRequest.FromString,
+                    response_serializer=apiary__pb2.ListRoomProposalsResponse.SerializeToString,
+            ),
+            'GetProposal': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetProposal,
+                    request_deserializer=apiary__pb2.GetRoomProposalRequest.FromString,
+                    response_serializer=apiary__pb2.RoomProposal.SerializeToString,
+            ),
+            'ListDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDecisions,
+                    request_deserializer=apiary__pb2.ListRoomDecisionsRequest.FromString,
+                    response_serializer=apiary__pb2.ListRoomDecisionsResponse.SerializeToString,
+            ),
+            'ListPolicies': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPolicies,
+                    request_deserializer=apiary__pb2.ListRoomPoliciesRequest.FromString,
+                    response_serializer=apiary__pb2.ListRoomPoliciesResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.NegotiationRoomQueryService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.NegotiationRoomQueryService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class NegotiationRoomQueryService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListProposals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.NegotiationRoomQueryService/ListProposals',
+            apiary__pb2.ListRoomProposalsRequest.SerializeToString,
+            apiary__pb2.ListRoomProposalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetProposal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.NegotiationRoomQueryService/GetProposal',
+            apiary__pb2.GetRoomProposalRequest.SerializeToString,
+            apiary__pb2.RoomProposal.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.NegotiationRoomQueryService/ListDecisions',
+            apiary__pb2.ListRoomDecisionsRequest.SerializeToString,
+            apiary__pb2.ListRoomDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPolicies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.NegotiationRoomQueryService/ListPolicies',
+            apiary__pb2.ListRoomPoliciesRequest.SerializeToString,
+            apiary__pb2.ListRoomPoliciesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

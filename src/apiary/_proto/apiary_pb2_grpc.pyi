@@ -390,3 +390,52 @@ class WorktreeBindingServiceServicer(metaclass=_abc_1.ABCMeta):
         """SWITCH_REVOKE"""
 
 def add_WorktreeBindingServiceServicer_to_server(servicer: WorktreeBindingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class NegotiationRoomQueryServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> NegotiationRoomQueryServiceAsyncStub: ...
+    ListProposals: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListRoomProposalsRequest, _apiary_pb2.ListRoomProposalsResponse]
+    GetProposal: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetRoomProposalRequest, _apiary_pb2.RoomProposal]
+    ListDecisions: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListRoomDecisionsRequest, _apiary_pb2.ListRoomDecisionsResponse]
+    ListPolicies: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListRoomPoliciesRequest, _apiary_pb2.ListRoomPoliciesResponse]
+
+@_typing.type_check_only
+class NegotiationRoomQueryServiceAsyncStub(NegotiationRoomQueryServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ListProposals: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListRoomProposalsRequest, _apiary_pb2.ListRoomProposalsResponse]  # type: ignore[assignment]
+    GetProposal: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetRoomProposalRequest, _apiary_pb2.RoomProposal]  # type: ignore[assignment]
+    ListDecisions: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListRoomDecisionsRequest, _apiary_pb2.ListRoomDecisionsResponse]  # type: ignore[assignment]
+    ListPolicies: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListRoomPoliciesRequest, _apiary_pb2.ListRoomPoliciesResponse]  # type: ignore[assignment]
+
+class NegotiationRoomQueryServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def ListProposals(
+        self,
+        request: _apiary_pb2.ListRoomProposalsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListRoomProposalsResponse, _abc.Awaitable[_apiary_pb2.ListRoomProposalsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetProposal(
+        self,
+        request: _apiary_pb2.GetRoomProposalRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.RoomProposal, _abc.Awaitable[_apiary_pb2.RoomProposal]]: ...
+
+    @_abc_1.abstractmethod
+    def ListDecisions(
+        self,
+        request: _apiary_pb2.ListRoomDecisionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListRoomDecisionsResponse, _abc.Awaitable[_apiary_pb2.ListRoomDecisionsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def ListPolicies(
+        self,
+        request: _apiary_pb2.ListRoomPoliciesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListRoomPoliciesResponse, _abc.Awaitable[_apiary_pb2.ListRoomPoliciesResponse]]: ...
+
+def add_NegotiationRoomQueryServiceServicer_to_server(servicer: NegotiationRoomQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

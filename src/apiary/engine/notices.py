@@ -11,6 +11,7 @@ from apiary.core.dedup import iso_utc
 from apiary.core.envelope import Ack, Envelope, MessageType
 from apiary.core.hlc import HybridLogicalClock, format_hlc, physical_us
 from apiary.core.ids import IdGenerator
+from apiary.core.negotiation_room import ROOM_SERVICE
 
 COORDINATOR = "coordinator"
 """producer_id of every envelope the coordinator produces."""
@@ -19,8 +20,9 @@ SCHEDULER = "scheduler"
 unlike the coordinator's notices they are tracked messages that agents acknowledge."""
 WORKTREES = "worktrees"
 """The coordinator endpoint agents send WORKTREE_CONTROL requests to (worktree_control.py)."""
-RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, WORKTREES})
-"""Participant ids no agent may register under."""
+RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, WORKTREES, ROOM_SERVICE})
+"""Participant ids no agent may register under (ROOM_SERVICE: the negotiation-room service,
+producer of the rooms' notifications)."""
 
 
 class NoticeFactory:

@@ -265,6 +265,15 @@ class Client:
         return cast("apiary_pb2_grpc.HitlOperatorServiceAsyncStub", stub)
 
     @property
+    def negotiation_room_query(self) -> apiary_pb2_grpc.NegotiationRoomQueryServiceAsyncStub:
+        """apiary.v1.NegotiationRoomQueryService: list and read proposals, decisions and
+        policy versions."""
+        stub = self._stub(
+            "negotiation_room_query", pb.apiary_pb2_grpc.NegotiationRoomQueryServiceStub
+        )
+        return cast("apiary_pb2_grpc.NegotiationRoomQueryServiceAsyncStub", stub)
+
+    @property
     def activity_buffer(self) -> apiary_pb2_grpc.ActivityBufferServiceAsyncStub:
         """apiary.v1.ActivityBufferService: in-flight work."""
         stub = self._stub("activity_buffer", pb.apiary_pb2_grpc.ActivityBufferServiceStub)

@@ -10,8 +10,8 @@ TOML (`--config FILE` or APIARY_CONFIG):
     log_level = "INFO"
 
 Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/scheduler.md,
-"Configuration"), [handoff] (docs/handoff.md) and [worktrees] (+ [[worktrees.repos]],
-docs/worktrees.md).
+"Configuration"), [handoff] (docs/handoff.md), [worktrees] (+ [[worktrees.repos]],
+docs/worktrees.md) and [rooms] (docs/negotiation-rooms.md, "Configuration").
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
@@ -35,6 +35,7 @@ from apiary.core.worktree_binding import BindingPolicy, valid_id
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
+from apiary.engine.negotiation_rooms import RoomSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
@@ -81,6 +82,8 @@ class ServerConfig:
     """Handoff policy: TOML table [handoff] (see docs/handoff.md)."""
     worktrees: WorktreeSettings = field(default_factory=WorktreeSettings)
     """Worktree binding settings: TOML table [worktrees] and its [[worktrees.repos]]."""
+    rooms: RoomSettings = field(default_factory=RoomSettings)
+    """Negotiation-room settings and policy: TOML table [rooms]."""
 
 
 _ENV = {
@@ -213,10 +216,10 @@ def _typed_fields(
     return {k: _typed(v, types[k], f"{prefix}{k}", source) for k, v in values.items()}
 
 
-def _built(build: Callable[..., _T], source: str, /, **kwargs: Any) -> _T:
-    """`build(**kwargs)`, its ValidationError prefixed with `source`."""
+def _built(build: Callable[..., _T], source: str, /, *args: Any, **kwargs: Any) -> _T:
+    """`build(*args, **kwargs)`, its ValidationError prefixed with `source`."""
     try:
-        return build(**kwargs)
+        return build(*args, **kwargs)
     except ValidationError as exc:
         raise ValidationError(f"{source}: {exc.message}", exc.details) from None
 
@@ -508,7 +511,14 @@ def worktree_settings(values: Mapping[str, Any], source: str, base: Path) -> Wor
     return WorktreeSettings(**changes)
 
 
-_TABLES = ("server", "router", "hitl", "scheduler", "handoff", "worktrees")
+_TABLES = ("server", "router", "hitl", "scheduler", "handoff", "worktrees", "rooms")
+
+
+def room_settings(values: Any, source: str) -> RoomSettings:
+    """RoomSettings from the [rooms] table; errors name the setting and `source`."""
+    if not isinstance(values, dict):
+        raise ValidationError(f"{source}: [rooms] must be a table", {"field": "rooms"})
+    return _built(RoomSettings.from_settings, source, values)
 
 
 def load_config(
@@ -556,6 +566,7 @@ def load_config(
             config,
             worktrees=worktree_settings(worktrees, f"{path} [worktrees]", path.parent),
         )
+        config = replace(config, rooms=room_settings(doc.get("rooms", {}), f"{path} [rooms]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

@@ -23,6 +23,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.handoffs import Handoffs
 from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
 from apiary.engine.inference_http import build_inference
+from apiary.engine.negotiation_rooms import NegotiationRooms, RoomSettings
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
@@ -47,6 +48,10 @@ from apiary.server.services.handoff import HandoffHandler, HandoffQueryHandler
 from apiary.server.services.hitl import HitlActionHandler, HitlHandler, HitlOperatorHandler
 from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
+from apiary.server.services.negotiation_room import (
+    NegotiationRoomHandler,
+    NegotiationRoomQueryHandler,
+)
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
@@ -74,6 +79,8 @@ class Runtime:
     """Overrides the configuration's [hitl] settings (tests)."""
     handoff: HandoffPolicy | None = None
     """Overrides the configuration's [handoff] policy (tests)."""
+    rooms: RoomSettings | None = None
+    """Overrides the configuration's [rooms] settings (tests)."""
 
 
 @dataclass(slots=True)
@@ -95,6 +102,7 @@ class Coordinator:
     workflows: Workflows | None = None
     handoffs: Handoffs | None = None
     worktrees: Worktrees | None = None
+    rooms: NegotiationRooms | None = None
     ready: bool = False
 
 
@@ -111,6 +119,7 @@ class Engine:
     workflows: Workflows
     handoffs: Handoffs
     worktrees: Worktrees
+    rooms: NegotiationRooms
 
 
 def build_engine(
@@ -122,6 +131,7 @@ def build_engine(
     data_dir: Path | None = None,
     handoff_policy: HandoffPolicy | None = None,
     worktree_settings: WorktreeSettings | None = None,
+    room_settings: RoomSettings | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -153,9 +163,13 @@ def build_engine(
         worktree_settings or WorktreeSettings(), store.worktrees, events, clock, hitl, data_dir
     )
     WorktreeControl(worktrees, router, registry, notices)
+    rooms = NegotiationRooms(
+        store.rooms, router, events, clock, runtime.ids, hitl,
+        runtime.rooms or room_settings, sleep=runtime.sleep,
+    )  # fmt: skip
     return Engine(
         events, registry, router, delivery, presence, hitl, activity, scheduler, workflows,
-        handoffs, worktrees,
+        handoffs, worktrees, rooms,
     )  # fmt: skip
 
 
@@ -184,6 +198,8 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "apiary.v1.HandoffQueryService": HandoffQueryHandler(engine.handoffs),
         "sw4rm.worktree.WorktreeService": WorktreeHandler(engine.worktrees, engine.hitl.operators),
         "apiary.v1.WorktreeBindingService": WorktreeBindingHandler(engine.worktrees),
+        "sw4rm.negotiation_room.NegotiationRoomService": NegotiationRoomHandler(engine.rooms),
+        "apiary.v1.NegotiationRoomQueryService": NegotiationRoomQueryHandler(engine.rooms),
     }
 
 
@@ -211,10 +227,42 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
         asyncio.create_task(engine.handoffs.run(runtime.sleep), name="apiary-handoffs"),
         asyncio.create_task(engine.worktrees.run(runtime.sleep), name="apiary-worktrees"),
         asyncio.create_task(
+            run_deadlines(engine.rooms.timers, runtime.clock, engine.rooms.fire_due, runtime.sleep),
+            name="apiary-rooms",
+        ),
+        asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
         ),
     ]
+
+
+async def load_engine(engine: Engine) -> int:
+    """Every component's durable state, in dependency order; returns recovered messages."""
+    await engine.registry.load()
+    await engine.hitl.load()
+    await engine.scheduler.load()
+    await engine.handoffs.load()
+    await engine.worktrees.load()
+    recovered = await engine.router.recover()
+    await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
+    await engine.rooms.load()
+    return recovered
+
+
+async def close_engine(engine: Engine) -> None:
+    await engine.scheduler.close()
+    await engine.worktrees.close()
+    await engine.rooms.close()
+
+
+def _coordinator(config: ServerConfig, store: Store, engine: Engine, grpc: Address) -> Coordinator:
+    return Coordinator(
+        config, store, engine.events, engine.registry, engine.router, engine.delivery,
+        engine.presence, grpc, config.http, hitl=engine.hitl, activity=engine.activity,
+        scheduler=engine.scheduler, workflows=engine.workflows, handoffs=engine.handoffs,
+        worktrees=engine.worktrees, rooms=engine.rooms,
+    )  # fmt: skip
 
 
 @asynccontextmanager
@@ -231,32 +279,16 @@ async def open_coordinator(
     async with open_store(config.store or None, config.data_dir) as store:
         engine = build_engine(
             store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
-            config.handoff,
-            config.worktrees,
+            config.handoff, config.worktrees, config.rooms,
         )  # fmt: skip
-        await engine.registry.load()
-        await engine.hitl.load()
-        await engine.scheduler.load()
-        await engine.handoffs.load()
-        await engine.worktrees.load()
-        recovered = await engine.router.recover()
-        await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
+        recovered = await load_engine(engine)
         metrics = Metrics(engine.router, engine.activity, engine.scheduler)
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
         grpc_port = server.add_insecure_port(str(config.grpc))
         if grpc_port == 0:
             raise OSError(f"cannot bind the gRPC port {config.grpc}")
-        state = Coordinator(
-            config, store, engine.events, engine.registry, engine.router, engine.delivery,
-            engine.presence, Address(config.grpc.host, grpc_port), config.http,
-        )  # fmt: skip
-        state.hitl = engine.hitl
-        state.activity = engine.activity
-        state.scheduler = engine.scheduler
-        state.workflows = engine.workflows
-        state.handoffs = engine.handoffs
-        state.worktrees = engine.worktrees
+        state = _coordinator(config, store, engine, Address(config.grpc.host, grpc_port))
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(
@@ -286,7 +318,6 @@ async def open_coordinator(
             for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await engine.scheduler.close()
-            await engine.worktrees.close()
+            await close_engine(engine)
             await engine.events.record("coordinator.stopped", "coordinator")
             await engine.events.flush()

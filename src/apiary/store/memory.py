@@ -30,6 +30,7 @@ from apiary.core.worktree_binding import WorktreeBinding
 from apiary.store.errors import DuplicateMessageError, StoreError, VersionConflictError
 from apiary.store.json_codec import dump_json, load_json_object
 from apiary.store.memory_handoffs import MemoryHandoffStore
+from apiary.store.memory_rooms import MemoryRoomStore
 from apiary.store.memory_workflows import MemoryWorkflowStore
 from apiary.store.sql_rows import (
     check_limit,
@@ -542,6 +543,7 @@ class MemoryStore:
         self.workflows = MemoryWorkflowStore()
         self.handoffs = MemoryHandoffStore()
         self.worktrees = MemoryWorktreeStore()
+        self.rooms = MemoryRoomStore()
 
 
 @asynccontextmanager

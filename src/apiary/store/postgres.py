@@ -46,6 +46,7 @@ from apiary.store.postgres_pool import (
     scalar,
     set_search_path,
 )
+from apiary.store.postgres_rooms import PostgresRoomStore
 from apiary.store.postgres_tasks import PostgresTaskStore
 from apiary.store.postgres_workflows import PostgresWorkflowStore
 from apiary.store.postgres_worktrees import PostgresWorktreeStore
@@ -173,6 +174,7 @@ class PostgresStore:
         self.workflows = PostgresWorkflowStore(pool)
         self.handoffs = PostgresHandoffStore(pool)
         self.worktrees = PostgresWorktreeStore(pool)
+        self.rooms = PostgresRoomStore(pool)
 
     @property
     def schema(self) -> str:

@@ -22,6 +22,12 @@ from apiary.core.records import (
     StoredMessage,
     TaskRecord,
 )
+from apiary.core.room_records import (
+    DecisionRecord,
+    PolicyVersionRecord,
+    ProposalRecord,
+    VoteRecord,
+)
 from apiary.core.workflow_definition import WorkflowSpec
 from apiary.core.workflow_node import NodeRun
 from apiary.core.workflow_run import StoredWorkflow, WorkflowRun
@@ -296,6 +302,60 @@ class WorktreeStore(Protocol):
         ...
 
 
+class RoomStore(Protocol):
+    """Negotiation rooms (RFC 17.5): proposals, votes, decisions and policy versions; what
+    the room service needs to resume every room after a restart, and the audit record."""
+
+    async def put_policy(self, record: PolicyVersionRecord) -> bool:
+        """Record a policy version; True when it is new. A version already stored with the
+        same settings changes nothing (False); with other settings it raises StoreError and
+        changes nothing (a version always names the same settings)."""
+        ...
+
+    async def get_policy(self, version: str) -> PolicyVersionRecord | None: ...
+
+    async def list_policies(self) -> list[PolicyVersionRecord]:
+        """Every policy version, oldest first (by created_at, then version)."""
+        ...
+
+    async def put_proposal(self, record: ProposalRecord) -> None:
+        """Insert or replace the proposal with this artifact_id."""
+        ...
+
+    async def get_proposal(self, artifact_id: str) -> ProposalRecord | None: ...
+
+    async def list_proposals(
+        self,
+        states: frozenset[str] | None = None,
+        room_id: str | None = None,
+        after_created: float = 0.0,
+        limit: int = 100,
+    ) -> list[ProposalRecord]:
+        """Proposals in `states` (all when None) of room `room_id` (all when None) created
+        after `after_created`, oldest first (by created_at, then artifact_id), at most
+        `limit`."""
+        ...
+
+    async def add_vote(self, vote: VoteRecord) -> None:
+        """Record a vote; a second vote of the same critic on the same artifact raises
+        StoreError and changes nothing."""
+        ...
+
+    async def votes(self, artifact_id: str) -> list[VoteRecord]:
+        """The artifact's votes, oldest first (by voted_at, then critic_id)."""
+        ...
+
+    async def decide(self, proposal: ProposalRecord, decision: DecisionRecord) -> None:
+        """Replace the proposal and append the decision, atomically. A decision whose
+        (artifact_id, sequence) exists raises StoreError and changes nothing, the proposal
+        included."""
+        ...
+
+    async def decisions(self, artifact_id: str) -> list[DecisionRecord]:
+        """The artifact's decisions by sequence."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -328,6 +388,9 @@ class Store(Protocol):
 
     @property
     def worktrees(self) -> WorktreeStore: ...
+
+    @property
+    def rooms(self) -> RoomStore: ...
 
     @property
     def backend(self) -> str:

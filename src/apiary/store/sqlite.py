@@ -41,6 +41,7 @@ from apiary.store.sqlite_handoffs import SqliteHandoffStore
 from apiary.store.sqlite_hitl import SqliteHitlStore
 from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
 from apiary.store.sqlite_messages import SqliteMessageStore
+from apiary.store.sqlite_rooms import SqliteRoomStore
 from apiary.store.sqlite_tasks import SqliteTaskStore
 from apiary.store.sqlite_workflows import SqliteWorkflowStore
 from apiary.store.sqlite_worktrees import SqliteWorktreeStore
@@ -150,6 +151,7 @@ class SqliteStore:
         self.workflows = SqliteWorkflowStore(database)
         self.handoffs = SqliteHandoffStore(database)
         self.worktrees = SqliteWorktreeStore(database)
+        self.rooms = SqliteRoomStore(database)
 
     @property
     def database(self) -> SqliteDatabase:

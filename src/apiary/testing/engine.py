@@ -23,11 +23,12 @@ from apiary.core.records import AgentRecord, StoredMessage
 from apiary.engine.admission import Outbound, SendOutcome
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inbox import Handout
+from apiary.engine.negotiation_rooms import RoomSettings
 from apiary.engine.presence import PresenceSettings
 from apiary.engine.router import is_notice
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.worktree_settings import WorktreeSettings
-from apiary.server.coordinator import Engine, Runtime, build_engine
+from apiary.server.coordinator import Engine, Runtime, build_engine, close_engine, load_engine
 from apiary.store.memory import open_memory_store
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
@@ -139,6 +140,7 @@ async def open_test_engine(
     scheduler: SchedulerSettings | None = None,
     handoff: HandoffPolicy | None = None,
     worktrees: WorktreeSettings | None = None,
+    rooms: RoomSettings | None = None,
 ) -> AsyncIterator[EngineHarness]:
     """An engine over `store_url` (memory by default; `sqlite:///ABSOLUTE/PATH.db` to test
     restarts). To reopen the same store, pass the same `clock` and `ids`: ids must stay unique
@@ -147,7 +149,7 @@ async def open_test_engine(
     ids = ids or SequentialIds()
     runtime = Runtime(
         clock=clock, ids=ids, sleep=clock.sleep, presence=PresenceSettings(), hitl=hitl,
-        handoff=handoff,
+        handoff=handoff, rooms=rooms,
     )  # fmt: skip
     opener = open_memory_store() if store_url == "memory://" else open_store(store_url, data_dir)
     async with opener as store:
@@ -155,15 +157,8 @@ async def open_test_engine(
             store, settings or RouterSettings(), runtime, scheduler_settings=scheduler,
             data_dir=data_dir, worktree_settings=worktrees,
         )  # fmt: skip
-        await engine.registry.load()
-        await engine.hitl.load()
-        await engine.scheduler.load()
-        await engine.handoffs.load()
-        await engine.worktrees.load()
-        await engine.router.recover()
-        await engine.workflows.load()
+        await load_engine(engine)
         try:
             yield EngineHarness(engine, store, clock, ids)
         finally:
-            await engine.scheduler.close()
-            await engine.worktrees.close()
+            await close_engine(engine)

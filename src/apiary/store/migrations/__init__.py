@@ -1,9 +1,13 @@
 """Versioned schema migrations shared by the SQL backends.
 
 Each backend keeps its scripts in a subdirectory of this package (`sqlite/`, `postgres/`),
-named `NNNN_description.sql` with unique ascending versions 1, 2, 3... A backend records what it
-applied in a `schema_migrations` table (version, name, applied_at) and, inside one transaction,
-applies the scripts it has not applied yet, in order. The decisions that do not depend on the
+named `NNNN_description.sql` with versions starting at 1, each used once. Versions may skip
+numbers: features built side by side reserve their numbers ahead of time, and each lands on
+its own, so a schema can hold 1-4 and 8 before 5-7 arrive. A script therefore depends only on
+scripts with lower versions that have landed before it, never on a gap being filled. A backend
+records what it applied in a `schema_migrations` table (version, name, applied_at) and, inside
+one transaction, applies the scripts it has not applied yet, in version order (a filled gap
+is applied after higher versions applied earlier). The decisions that do not depend on the
 database (which scripts exist, which are pending, whether the database is newer than this
 code) live here so that every backend makes them the same way.
 """
@@ -37,8 +41,8 @@ class Migration:
 def load_migrations(dialect: Dialect) -> tuple[Migration, ...]:
     """The dialect's migration scripts shipped with the package, ascending by version.
 
-    Raises RuntimeError when the shipped scripts are malformed (a bad name, a gap in the
-    versions): that is a packaging bug, not a state of the database.
+    Raises RuntimeError when the shipped scripts are malformed (a bad name, a version used
+    twice, no version 1): that is a packaging bug, not a state of the database.
     """
     root = resources.files(__name__).joinpath(dialect)
     migrations: list[Migration] = []
@@ -53,10 +57,10 @@ def load_migrations(dialect: Dialect) -> tuple[Migration, ...]:
         )
     migrations.sort(key=lambda m: m.version)
     versions = [m.version for m in migrations]
-    # Ascending and unique; a gap is allowed, because versions are reserved per feature
-    # branch (a branch may ship 10 before 5-9 are merged).
-    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
-        raise RuntimeError(f"{dialect} migration versions must be unique and >= 1: {versions}")
+    if len(set(versions)) != len(versions) or (versions and versions[0] != 1):
+        raise RuntimeError(
+            f"{dialect} migration versions must start at 1 and be used once each: {versions}"
+        )
     return tuple(migrations)
 
 
@@ -70,12 +74,12 @@ def pending_migrations(
     a newer Apiary has migrated it, and running older code against it could corrupt it.
     """
     done = set(applied)
-    latest = available[-1].version if available else 0
-    unknown = sorted(v for v in done if v > latest or v < 1)
+    known = sorted(m.version for m in available)
+    unknown = sorted(done - set(known))
     if unknown:
         raise SchemaVersionError(
             f"the database schema is at version {max(done)}, but this Apiary knows versions "
-            f"up to {latest} only (unknown: {unknown}); upgrade Apiary to open it"
+            f"{known} only (unknown: {unknown}); upgrade Apiary to open it"
         )
     return tuple(
         m for m in available if m.version not in done and (target is None or m.version <= target)

@@ -24,6 +24,7 @@ from apiary.testing.store_suite import (
     message_deadlines,
     message_retention,
     messages,
+    rooms,
     tasks,
     whole_store,
     workflows,
@@ -45,6 +46,7 @@ CHECKS: list[Check] = [
     *workflows.CHECKS,
     *handoffs.CHECKS,
     *worktrees.CHECKS,
+    *rooms.CHECKS,
 ]
 """Every check of the suite."""
 
