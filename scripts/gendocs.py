@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from apiary.core import agent_lifecycle, hitl, message_machine, preemption
+from apiary.core import agent_lifecycle, hitl, message_machine, preemption, tool_calls
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
@@ -31,6 +31,12 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "HITL invocation lifecycle",
         "`apiary.core.hitl.HitlMachine`",
         hitl.mermaid,
+    ),
+    "tool-call-lifecycle.md": (
+        "Tool call lifecycle (RFC 18.2, 18.6)",
+        "`apiary.core.tool_calls.ToolCallMachine`; self-loops (FRAME, RETRY, a second "
+        "CANCEL) are left out",
+        tool_calls.mermaid,
     ),
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from apiary import __version__
-from apiary.cli import dlq, hitl
+from apiary.cli import dlq, hitl, tool
 from apiary.cli.demo import demo
 from apiary.cli.events import events
 from apiary.cli.serve import serve
@@ -21,7 +21,7 @@ app.command()(demo)
 app.command()(events)
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(hitl.app, name="hitl")
-app.add_typer(hitl.app, name="hitl")
+app.add_typer(tool.app, name="tool")
 
 
 @app.command()

@@ -17,7 +17,10 @@ COORDINATOR = "coordinator"
 SCHEDULER = "scheduler"
 """producer_id of the Scheduler's task and control envelopes (RFC Appendix C.3 names it so);
 unlike the coordinator's notices they are tracked messages that agents acknowledge."""
-RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER})
+TOOLS = "tools"
+"""The tool service's endpoint: producer of TOOL_CALL envelopes to agent providers, recipient
+of their TOOL_RESULT and TOOL_ERROR envelopes (docs/tools.md)."""
+RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, TOOLS})
 """Participant ids no agent may register under."""
 
 

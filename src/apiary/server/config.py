@@ -9,8 +9,8 @@ TOML (`--config FILE` or APIARY_CONFIG):
     store = "postgresql://..."      # optional; default SQLite under data_dir
     log_level = "INFO"
 
-Further tables: [router], [hitl] (+ [[hitl.operators]]) and [scheduler] (docs/scheduler.md,
-"Configuration").
+Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/scheduler.md,
+"Configuration") and [tools] (docs/tools.md, "Configuration"; parsed in tool_config.py).
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
@@ -34,7 +34,9 @@ from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.tool_settings import ToolSettings
 from apiary.errors import ValidationError
+from apiary.server.tool_config import tool_settings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _T = TypeVar("_T")
@@ -73,6 +75,8 @@ class ServerConfig:
     """Human-in-the-loop settings: TOML table [hitl] and [[hitl.operators]]."""
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     """Scheduler settings: TOML table [scheduler] (see docs/scheduler.md)."""
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    """Tool settings: TOML table [tools] (see docs/tools.md)."""
 
 
 _ENV = {
@@ -434,7 +438,7 @@ def scheduler_settings(values: Mapping[str, Any], source: str) -> SchedulerSetti
     return _built(SchedulerSettings, source, **changes)
 
 
-_TABLES = ("server", "router", "hitl", "scheduler")
+_TABLES = ("server", "router", "hitl", "scheduler", "tools")
 
 
 def load_config(
@@ -474,6 +478,10 @@ def load_config(
         if not isinstance(scheduler, dict):
             raise ValidationError(f"{path}: [scheduler] must be a table", {"field": "scheduler"})
         config = replace(config, scheduler=scheduler_settings(scheduler, f"{path} [scheduler]"))
+        tools = doc.get("tools", {})
+        if not isinstance(tools, dict):
+            raise ValidationError(f"{path}: [tools] must be a table", {"field": "tools"})
+        config = replace(config, tools=tool_settings(tools, f"{path} [tools]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

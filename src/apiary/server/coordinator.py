@@ -8,7 +8,7 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiohttp import web
@@ -29,6 +29,10 @@ from apiary.engine.retention import run_retention
 from apiary.engine.router import Router
 from apiary.engine.scheduler import Scheduler
 from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.tool_launch import Launcher
+from apiary.engine.tool_providers import WorktreeBindings
+from apiary.engine.tool_settings import ToolSettings
+from apiary.engine.tools import ToolService
 from apiary.server.config import Address, ServerConfig
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
@@ -43,6 +47,7 @@ from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
+from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.system import SystemClock, UuidIds
@@ -63,6 +68,13 @@ class Runtime:
     presence: PresenceSettings = field(default_factory=PresenceSettings)
     hitl: HitlSettings | None = None
     """Overrides the configuration's [hitl] settings (tests)."""
+    tools: ToolSettings | None = None
+    """Overrides the configuration's [tools] settings (tests)."""
+    worktrees: WorktreeBindings | None = None
+    """Where agents' bound worktrees are, for needs_worktree tools (tests; the engine's
+    worktree manager once it is wired)."""
+    launcher: Launcher | None = None
+    """Starts tool processes (default: the interim SubprocessLauncher; the sandbox)."""
 
 
 @dataclass(slots=True)
@@ -81,6 +93,7 @@ class Coordinator:
     hitl: Hitl | None = None
     activity: Activity | None = None
     scheduler: Scheduler | None = None
+    tools: ToolService | None = None
     ready: bool = False
 
 
@@ -94,6 +107,7 @@ class Engine:
     hitl: Hitl
     activity: Activity
     scheduler: Scheduler
+    tools: ToolService
 
 
 def build_engine(
@@ -103,6 +117,7 @@ def build_engine(
     hitl_settings: HitlSettings | None = None,
     scheduler_settings: SchedulerSettings | None = None,
     data_dir: Path | None = None,
+    tool_settings: ToolSettings | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -125,7 +140,14 @@ def build_engine(
         inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
     )  # fmt: skip
     delivery.opened = scheduler.agent_ready
-    return Engine(events, registry, router, delivery, presence, hitl, activity, scheduler)
+    tools_config = runtime.tools or tool_settings or ToolSettings()
+    if tools_config.log_dir is None and data_dir is not None:
+        tools_config = replace(tools_config, log_dir=data_dir / "logs")
+    tools = ToolService(
+        store.tools, router, registry, hitl, events, clock, runtime.ids, tools_config,
+        launcher=runtime.launcher, worktrees=runtime.worktrees,
+    )  # fmt: skip
+    return Engine(events, registry, router, delivery, presence, hitl, activity, scheduler, tools)
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
@@ -148,6 +170,9 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
         "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
+        "sw4rm.tool.ToolService": ToolHandler(engine.tools),
+        "sw4rm.connector.ConnectorService": ConnectorHandler(engine.tools),
+        "apiary.v1.ToolProviderService": ToolProviderHandler(engine.tools, engine.hitl.operators),
     }
 
 
@@ -191,11 +216,12 @@ async def open_coordinator(
     settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
         engine = build_engine(
-            store, settings, runtime, config.hitl, config.scheduler, config.data_dir
+            store, settings, runtime, config.hitl, config.scheduler, config.data_dir, config.tools
         )
         await engine.registry.load()
         await engine.hitl.load()
         await engine.scheduler.load()
+        await engine.tools.load()
         recovered = await engine.router.recover()
         metrics = Metrics(engine.router, engine.activity)
         dispatcher = Dispatcher(_handlers(engine, runtime))
@@ -210,6 +236,7 @@ async def open_coordinator(
         state.hitl = engine.hitl
         state.activity = engine.activity
         state.scheduler = engine.scheduler
+        state.tools = engine.tools
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(
@@ -221,6 +248,7 @@ async def open_coordinator(
         await server.start()
         await set_serving(health, True)
         tasks = await _background(store, engine, runtime)
+        engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,
@@ -232,6 +260,9 @@ async def open_coordinator(
         finally:
             state.ready = False
             await set_serving(health, False)
+            # Tool calls in progress are cancelled and their processes stopped first, so
+            # that their streams end with a final frame within the server's grace period.
+            await engine.tools.close()
             await server.stop(SHUTDOWN_GRACE_S)
             await runner.cleanup()
             for task in tasks:

@@ -21,6 +21,7 @@ from apiary.core.records import (
     StoredMessage,
     TaskRecord,
 )
+from apiary.core.tool_descriptor import ToolProviderRecord
 from apiary.store.errors import DuplicateMessageError
 
 
@@ -224,6 +225,27 @@ class TaskStore(Protocol):
         ...
 
 
+class ToolStore(Protocol):
+    """Tool providers and their descriptors (RFC 18.1): the catalogue survives a restart."""
+
+    async def put(self, record: ToolProviderRecord) -> None:
+        """Insert or replace the provider with this provider_id and all of its tools, at once
+        (no reader sees a mix of the old and the new tools)."""
+        ...
+
+    async def get(self, provider_id: str) -> ToolProviderRecord | None:
+        """The provider with its tools in the order it gave them, or None."""
+        ...
+
+    async def list(self) -> list[ToolProviderRecord]:
+        """Every provider, ordered by provider_id."""
+        ...
+
+    async def delete(self, provider_id: str) -> bool:
+        """Remove the provider and its tools; False when it was not there."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -247,6 +269,9 @@ class Store(Protocol):
 
     @property
     def tasks(self) -> TaskStore: ...
+
+    @property
+    def tools(self) -> ToolStore: ...
 
     @property
     def backend(self) -> str:

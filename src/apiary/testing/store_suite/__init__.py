@@ -24,6 +24,7 @@ from apiary.testing.store_suite import (
     message_retention,
     messages,
     tasks,
+    tools,
     whole_store,
 )
 from apiary.testing.store_suite.base import Check, CheckNotApplicable, StoreFactory
@@ -39,6 +40,7 @@ CHECKS: list[Check] = [
     *dlq.CHECKS,
     *hitl.CHECKS,
     *tasks.CHECKS,
+    *tools.CHECKS,
 ]
 """Every check of the suite."""
 
