@@ -18,6 +18,7 @@ from apiary.core import (
     message_machine,
     negotiation_room,
     preemption,
+    tool_calls,
     workflow_node,
     worktree_binding,
 )
@@ -60,6 +61,12 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "Negotiation room lifecycle (RFC 17.5)",
         "`apiary.core.negotiation_room.RoomMachine`; see docs/negotiation-rooms.md",
         negotiation_room.mermaid,
+    ),
+    "tool-call-lifecycle.md": (
+        "Tool call lifecycle (RFC 18.2, 18.6)",
+        "`apiary.core.tool_calls.ToolCallMachine`; self-loops (FRAME, RETRY, a second "
+        "CANCEL) are left out",
+        tool_calls.mermaid,
     ),
 }
 

@@ -294,6 +294,12 @@ class AlreadyCompletedError(ApiaryError):
     code = "ALREADY_COMPLETED"
 
 
+class ToolFailedError(ApiaryError):
+    """A tool ran and reported failure (non-zero exit, an MCP error result, a TOOL_ERROR)."""
+
+    code = "TOOL_FAILED"
+
+
 class ResumeExpiredError(ApiaryError):
     """A stream resume position is outside the retained window (RFC 5.5); the message
     says how to recover."""
@@ -413,6 +419,8 @@ _ROWS: Final = (
     _row(CallCancelledError, _G.CANCELLED, 499),
     _row(NotFoundError, _G.NOT_FOUND, 404),
     _row(AlreadyCompletedError, _G.FAILED_PRECONDITION, 409),
+    # The tool, behind the coordinator, failed: a proxy's 502 ("the upstream failed").
+    _row(ToolFailedError, _G.UNKNOWN, 502),
     _row(AlreadyExistsError, _G.ALREADY_EXISTS, 409),
     # 410 Gone: the position existed once and is no longer served.
     _row(ResumeExpiredError, _G.OUT_OF_RANGE, 410),

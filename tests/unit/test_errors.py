@@ -67,6 +67,7 @@ EXPECTED_TABLE = {
     "CANCELLED": ("CANCELLED", 499),
     "NOT_FOUND": ("NOT_FOUND", 404),
     "ALREADY_COMPLETED": ("FAILED_PRECONDITION", 409),
+    "TOOL_FAILED": ("UNKNOWN", 502),
     "already_exists": ("ALREADY_EXISTS", 409),
     "deadline_exceeded": ("DEADLINE_EXCEEDED", 504),
     "unavailable": ("UNAVAILABLE", 503),

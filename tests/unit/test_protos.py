@@ -83,6 +83,7 @@ def test_extensions_live_in_their_own_package() -> None:
         "apiary.v1.DiscoveryService",
         "apiary.v1.DlqService",
         "apiary.v1.HitlOperatorService",
+        "apiary.v1.ToolProviderService",
         "apiary.v1.ActivityBufferService",
         "apiary.v1.HandoffQueryService",
         "apiary.v1.WorktreeBindingService",

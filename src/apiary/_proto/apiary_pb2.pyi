@@ -13,10 +13,12 @@ from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 from . import common_pb2 as _common_pb2
+from . import connector_pb2 as _connector_pb2
 from . import handoff_pb2 as _handoff_pb2
 from . import negotiation_room_pb2 as _negotiation_room_pb2
 from . import registry_pb2 as _registry_pb2
 import sys
+from . import tool_pb2 as _tool_pb2
 import typing as _typing
 
 if sys.version_info >= (3, 11):
@@ -1991,3 +1993,221 @@ class ListRoomPoliciesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListRoomPoliciesResponse: _TypeAlias = ListRoomPoliciesResponse  # noqa: Y015
+
+@_typing.final
+class ToolInfo(_message.Message):
+    """---- Tools (RFC 18): what the canonical Connector and Tool services cannot say ----
+
+    One tool with what the canonical descriptor has no field for.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DESCRIPTOR_FIELD_NUMBER: _builtins.int
+    PROVIDER_ID_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    CAPABILITIES_FIELD_NUMBER: _builtins.int
+    provider_id: _builtins.str
+    description: _builtins.str
+    @_builtins.property
+    def descriptor(self) -> _connector_pb2.ToolDescriptor: ...
+    @_builtins.property
+    def capabilities(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """capability requirements: side-effect classes, "worktree" """
+
+    def __init__(
+        self,
+        *,
+        descriptor: _connector_pb2.ToolDescriptor | None = ...,
+        provider_id: _builtins.str = ...,
+        description: _builtins.str = ...,
+        capabilities: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["descriptor", b"descriptor"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capabilities", b"capabilities", "description", b"description", "descriptor", b"descriptor", "provider_id", b"provider_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolInfo: _TypeAlias = ToolInfo  # noqa: Y015
+
+@_typing.final
+class ToolProviderInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    REGISTERED_AT_FIELD_NUMBER: _builtins.int
+    REGISTERED_BY_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    provider_id: _builtins.str
+    kind: _builtins.str
+    """agent | command | mcp"""
+    state: _builtins.str
+    """READY, STARTING, RESTARTING, OFFLINE, STOPPED"""
+    registered_by: _builtins.str
+    detail: _builtins.str
+    """the MCP command line, the last failure, ..."""
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolInfo]: ...
+    @_builtins.property
+    def registered_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        provider_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        state: _builtins.str = ...,
+        tools: _abc.Iterable[Global___ToolInfo] | None = ...,
+        registered_at: _timestamp_pb2.Timestamp | None = ...,
+        registered_by: _builtins.str = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["registered_at", b"registered_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["detail", b"detail", "kind", b"kind", "provider_id", b"provider_id", "registered_at", b"registered_at", "registered_by", b"registered_by", "state", b"state", "tools", b"tools"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolProviderInfo: _TypeAlias = ToolProviderInfo  # noqa: Y015
+
+@_typing.final
+class ListToolProvidersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_ID_FIELD_NUMBER: _builtins.int
+    provider_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        provider_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["provider_id", b"provider_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListToolProvidersRequest: _TypeAlias = ListToolProvidersRequest  # noqa: Y015
+
+@_typing.final
+class ListToolProvidersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def providers(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolProviderInfo]: ...
+    def __init__(
+        self,
+        *,
+        providers: _abc.Iterable[Global___ToolProviderInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["providers", b"providers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListToolProvidersResponse: _TypeAlias = ListToolProvidersResponse  # noqa: Y015
+
+@_typing.final
+class RegisterMcpServerRequest(_message.Message):
+    """Start an MCP stdio server on the coordinator and bridge its tools (operators only)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class EnvEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    PROVIDER_ID_FIELD_NUMBER: _builtins.int
+    COMMAND_FIELD_NUMBER: _builtins.int
+    ARGS_FIELD_NUMBER: _builtins.int
+    ENV_FIELD_NUMBER: _builtins.int
+    POLICY_FIELD_NUMBER: _builtins.int
+    STARTUP_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    provider_id: _builtins.str
+    command: _builtins.str
+    startup_timeout_s: _builtins.int
+    """0 = the configured default"""
+    @_builtins.property
+    def args(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def env(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def policy(self) -> _tool_pb2.ExecutionPolicy:
+        """the server process's policy; its calls' defaults"""
+
+    def __init__(
+        self,
+        *,
+        provider_id: _builtins.str = ...,
+        command: _builtins.str = ...,
+        args: _abc.Iterable[_builtins.str] | None = ...,
+        env: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        policy: _tool_pb2.ExecutionPolicy | None = ...,
+        startup_timeout_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["policy", b"policy"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["args", b"args", "command", b"command", "env", b"env", "policy", b"policy", "provider_id", b"provider_id", "startup_timeout_s", b"startup_timeout_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RegisterMcpServerRequest: _TypeAlias = RegisterMcpServerRequest  # noqa: Y015
+
+@_typing.final
+class RemoveToolProviderRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PROVIDER_ID_FIELD_NUMBER: _builtins.int
+    provider_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        provider_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["provider_id", b"provider_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveToolProviderRequest: _TypeAlias = RemoveToolProviderRequest  # noqa: Y015
+
+@_typing.final
+class RemoveToolProviderResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    removed: _builtins.bool
+    def __init__(
+        self,
+        *,
+        removed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed", b"removed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveToolProviderResponse: _TypeAlias = RemoveToolProviderResponse  # noqa: Y015

@@ -1548,3 +1548,161 @@ class NegotiationRoomQueryService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ToolProviderServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListProviders = channel.unary_unary(
+                '/apiary.v1.ToolProviderService/ListProviders',
+                request_serializer=apiary__pb2.ListToolProvidersRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListToolProvidersResponse.FromString,
+                _registered_method=True)
+        self.RegisterMcpServer = channel.unary_unary(
+                '/apiary.v1.ToolProviderService/RegisterMcpServer',
+                request_serializer=apiary__pb2.RegisterMcpServerRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ToolProviderInfo.FromString,
+                _registered_method=True)
+        self.RemoveProvider = channel.unary_unary(
+                '/apiary.v1.ToolProviderService/RemoveProvider',
+                request_serializer=apiary__pb2.RemoveToolProviderRequest.SerializeToString,
+                response_deserializer=apiary__pb2.RemoveToolProviderResponse.FromString,
+                _registered_method=True)
+
+
+class ToolProviderServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ListProviders(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RegisterMcpServer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveProvider(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ToolProviderServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListProviders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListProviders,
+                    request_deserializer=apiary__pb2.ListToolProvidersRequest.FromString,
+                    response_serializer=apiary__pb2.ListToolProvidersResponse.SerializeToString,
+            ),
+            'RegisterMcpServer': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterMcpServer,
+                    request_deserializer=apiary__pb2.RegisterMcpServerRequest.FromString,
+                    response_serializer=apiary__pb2.ToolProviderInfo.SerializeToString,
+            ),
+            'RemoveProvider': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveProvider,
+                    request_deserializer=apiary__pb2.RemoveToolProviderRequest.FromString,
+                    response_serializer=apiary__pb2.RemoveToolProviderResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.ToolProviderService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.ToolProviderService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ToolProviderService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListProviders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.ToolProviderService/ListProviders',
+            apiary__pb2.ListToolProvidersRequest.SerializeToString,
+            apiary__pb2.ListToolProvidersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterMcpServer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.ToolProviderService/RegisterMcpServer',
+            apiary__pb2.RegisterMcpServerRequest.SerializeToString,
+            apiary__pb2.ToolProviderInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveProvider(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.ToolProviderService/RemoveProvider',
+            apiary__pb2.RemoveToolProviderRequest.SerializeToString,
+            apiary__pb2.RemoveToolProviderResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

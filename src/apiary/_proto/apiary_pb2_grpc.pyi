@@ -439,3 +439,43 @@ class NegotiationRoomQueryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.ListRoomPoliciesResponse, _abc.Awaitable[_apiary_pb2.ListRoomPoliciesResponse]]: ...
 
 def add_NegotiationRoomQueryServiceServicer_to_server(servicer: NegotiationRoomQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class ToolProviderServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> ToolProviderServiceAsyncStub: ...
+    ListProviders: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListToolProvidersRequest, _apiary_pb2.ListToolProvidersResponse]
+    RegisterMcpServer: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.RegisterMcpServerRequest, _apiary_pb2.ToolProviderInfo]
+    RemoveProvider: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.RemoveToolProviderRequest, _apiary_pb2.RemoveToolProviderResponse]
+
+@_typing.type_check_only
+class ToolProviderServiceAsyncStub(ToolProviderServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ListProviders: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListToolProvidersRequest, _apiary_pb2.ListToolProvidersResponse]  # type: ignore[assignment]
+    RegisterMcpServer: _aio.UnaryUnaryMultiCallable[_apiary_pb2.RegisterMcpServerRequest, _apiary_pb2.ToolProviderInfo]  # type: ignore[assignment]
+    RemoveProvider: _aio.UnaryUnaryMultiCallable[_apiary_pb2.RemoveToolProviderRequest, _apiary_pb2.RemoveToolProviderResponse]  # type: ignore[assignment]
+
+class ToolProviderServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def ListProviders(
+        self,
+        request: _apiary_pb2.ListToolProvidersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListToolProvidersResponse, _abc.Awaitable[_apiary_pb2.ListToolProvidersResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RegisterMcpServer(
+        self,
+        request: _apiary_pb2.RegisterMcpServerRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ToolProviderInfo, _abc.Awaitable[_apiary_pb2.ToolProviderInfo]]: ...
+
+    @_abc_1.abstractmethod
+    def RemoveProvider(
+        self,
+        request: _apiary_pb2.RemoveToolProviderRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.RemoveToolProviderResponse, _abc.Awaitable[_apiary_pb2.RemoveToolProviderResponse]]: ...
+
+def add_ToolProviderServiceServicer_to_server(servicer: ToolProviderServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

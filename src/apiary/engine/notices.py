@@ -20,7 +20,10 @@ SCHEDULER = "scheduler"
 unlike the coordinator's notices they are tracked messages that agents acknowledge."""
 WORKTREES = "worktrees"
 """The coordinator endpoint agents send WORKTREE_CONTROL requests to (worktree_control.py)."""
-RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, WORKTREES, ROOM_SERVICE})
+TOOLS = "tools"
+"""The tool service's endpoint: producer of TOOL_CALL envelopes to agent providers, recipient
+of their TOOL_RESULT and TOOL_ERROR envelopes (docs/tools.md)."""
+RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, WORKTREES, ROOM_SERVICE, TOOLS})
 """Participant ids no agent may register under (ROOM_SERVICE: the negotiation-room service,
 producer of the rooms' notifications)."""
 

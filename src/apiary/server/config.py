@@ -11,7 +11,8 @@ TOML (`--config FILE` or APIARY_CONFIG):
 
 Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/scheduler.md,
 "Configuration"), [handoff] (docs/handoff.md), [worktrees] (+ [[worktrees.repos]],
-docs/worktrees.md) and [rooms] (docs/negotiation-rooms.md, "Configuration").
+docs/worktrees.md), [rooms] (docs/negotiation-rooms.md, "Configuration") and [tools]
+(docs/tools.md, "Configuration"; parsed in tool_config.py).
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
@@ -38,8 +39,10 @@ from apiary.engine.lifecycle import LifecycleSettings
 from apiary.engine.negotiation_rooms import RoomSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.tool_settings import ToolSettings
 from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
 from apiary.errors import ValidationError
+from apiary.server.tool_config import tool_settings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _T = TypeVar("_T")
@@ -84,6 +87,8 @@ class ServerConfig:
     """Worktree binding settings: TOML table [worktrees] and its [[worktrees.repos]]."""
     rooms: RoomSettings = field(default_factory=RoomSettings)
     """Negotiation-room settings and policy: TOML table [rooms]."""
+    tools: ToolSettings = field(default_factory=ToolSettings)
+    """Tool settings: TOML table [tools] (see docs/tools.md)."""
 
 
 _ENV = {
@@ -511,14 +516,14 @@ def worktree_settings(values: Mapping[str, Any], source: str, base: Path) -> Wor
     return WorktreeSettings(**changes)
 
 
-_TABLES = ("server", "router", "hitl", "scheduler", "handoff", "worktrees", "rooms")
-
-
 def room_settings(values: Any, source: str) -> RoomSettings:
     """RoomSettings from the [rooms] table; errors name the setting and `source`."""
     if not isinstance(values, dict):
         raise ValidationError(f"{source}: [rooms] must be a table", {"field": "rooms"})
     return _built(RoomSettings.from_settings, source, values)
+
+
+_TABLES = ("server", "router", "hitl", "scheduler", "handoff", "worktrees", "rooms", "tools")
 
 
 def load_config(
@@ -567,6 +572,10 @@ def load_config(
             worktrees=worktree_settings(worktrees, f"{path} [worktrees]", path.parent),
         )
         config = replace(config, rooms=room_settings(doc.get("rooms", {}), f"{path} [rooms]"))
+        tools = doc.get("tools", {})
+        if not isinstance(tools, dict):
+            raise ValidationError(f"{path}: [tools] must be a table", {"field": "tools"})
+        config = replace(config, tools=tool_settings(tools, f"{path} [tools]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

@@ -8,7 +8,7 @@ import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aiohttp import web
@@ -32,6 +32,10 @@ from apiary.engine.retention import run_retention
 from apiary.engine.router import Router
 from apiary.engine.scheduler import Scheduler
 from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.tool_launch import Launcher
+from apiary.engine.tool_providers import WorktreeBindings
+from apiary.engine.tool_settings import ToolSettings
+from apiary.engine.tools import ToolService
 from apiary.engine.workflows import Workflows
 from apiary.engine.worktree_control import WorktreeControl
 from apiary.engine.worktree_settings import WorktreeSettings
@@ -55,6 +59,7 @@ from apiary.server.services.negotiation_room import (
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
+from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
 from apiary.store.open import open_store
@@ -81,6 +86,13 @@ class Runtime:
     """Overrides the configuration's [handoff] policy (tests)."""
     rooms: RoomSettings | None = None
     """Overrides the configuration's [rooms] settings (tests)."""
+    tools: ToolSettings | None = None
+    """Overrides the configuration's [tools] settings (tests)."""
+    worktrees: WorktreeBindings | None = None
+    """Where agents' bound worktrees are, for needs_worktree tools (tests; the engine's
+    worktree manager once it is wired)."""
+    launcher: Launcher | None = None
+    """Starts tool processes (default: the sandbox, apiary.sandbox)."""
 
 
 @dataclass(slots=True)
@@ -103,6 +115,7 @@ class Coordinator:
     handoffs: Handoffs | None = None
     worktrees: Worktrees | None = None
     rooms: NegotiationRooms | None = None
+    tools: ToolService | None = None
     ready: bool = False
 
 
@@ -120,6 +133,7 @@ class Engine:
     handoffs: Handoffs
     worktrees: Worktrees
     rooms: NegotiationRooms
+    tools: ToolService
 
 
 def build_engine(
@@ -132,6 +146,7 @@ def build_engine(
     handoff_policy: HandoffPolicy | None = None,
     worktree_settings: WorktreeSettings | None = None,
     room_settings: RoomSettings | None = None,
+    tool_settings: ToolSettings | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -167,9 +182,16 @@ def build_engine(
         store.rooms, router, events, clock, runtime.ids, hitl,
         runtime.rooms or room_settings, sleep=runtime.sleep,
     )  # fmt: skip
+    tools_config = runtime.tools or tool_settings or ToolSettings()
+    if tools_config.log_dir is None and data_dir is not None:
+        tools_config = replace(tools_config, log_dir=data_dir / "logs")
+    tools = ToolService(
+        store.tools, router, registry, hitl, events, clock, runtime.ids, tools_config,
+        launcher=runtime.launcher, worktrees=runtime.worktrees or worktrees,
+    )  # fmt: skip
     return Engine(
         events, registry, router, delivery, presence, hitl, activity, scheduler, workflows,
-        handoffs, worktrees, rooms,
+        handoffs, worktrees, rooms, tools,
     )  # fmt: skip
 
 
@@ -200,6 +222,9 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "apiary.v1.WorktreeBindingService": WorktreeBindingHandler(engine.worktrees),
         "sw4rm.negotiation_room.NegotiationRoomService": NegotiationRoomHandler(engine.rooms),
         "apiary.v1.NegotiationRoomQueryService": NegotiationRoomQueryHandler(engine.rooms),
+        "sw4rm.tool.ToolService": ToolHandler(engine.tools),
+        "sw4rm.connector.ConnectorService": ConnectorHandler(engine.tools),
+        "apiary.v1.ToolProviderService": ToolProviderHandler(engine.tools, engine.hitl.operators),
     }
 
 
@@ -244,6 +269,7 @@ async def load_engine(engine: Engine) -> int:
     await engine.scheduler.load()
     await engine.handoffs.load()
     await engine.worktrees.load()
+    await engine.tools.load()
     recovered = await engine.router.recover()
     await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
     await engine.rooms.load()
@@ -261,7 +287,7 @@ def _coordinator(config: ServerConfig, store: Store, engine: Engine, grpc: Addre
         config, store, engine.events, engine.registry, engine.router, engine.delivery,
         engine.presence, grpc, config.http, hitl=engine.hitl, activity=engine.activity,
         scheduler=engine.scheduler, workflows=engine.workflows, handoffs=engine.handoffs,
-        worktrees=engine.worktrees, rooms=engine.rooms,
+        worktrees=engine.worktrees, rooms=engine.rooms, tools=engine.tools,
     )  # fmt: skip
 
 
@@ -279,7 +305,7 @@ async def open_coordinator(
     async with open_store(config.store or None, config.data_dir) as store:
         engine = build_engine(
             store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
-            config.handoff, config.worktrees, config.rooms,
+            config.handoff, config.worktrees, config.rooms, config.tools,
         )  # fmt: skip
         recovered = await load_engine(engine)
         metrics = Metrics(engine.router, engine.activity, engine.scheduler)
@@ -300,6 +326,7 @@ async def open_coordinator(
         await server.start()
         await set_serving(health, True)
         tasks = await _background(store, engine, runtime)
+        engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,
@@ -311,6 +338,9 @@ async def open_coordinator(
         finally:
             state.ready = False
             await set_serving(health, False)
+            # Tool calls in progress are cancelled and their processes stopped first, so
+            # that their streams end with a final frame within the server's grace period.
+            await engine.tools.close()
             await server.stop(SHUTDOWN_GRACE_S)
             await runner.cleanup()
             for task in tasks:

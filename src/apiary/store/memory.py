@@ -26,6 +26,7 @@ from apiary.core.records import (
     TaskRecord,
     changed,
 )
+from apiary.core.tool_descriptor import ToolProviderRecord
 from apiary.core.worktree_binding import WorktreeBinding
 from apiary.store.errors import DuplicateMessageError, StoreError, VersionConflictError
 from apiary.store.json_codec import dump_json, load_json_object
@@ -44,6 +45,7 @@ from apiary.store.sql_rows import (
     worktree_from_row,
     worktree_row,
 )
+from apiary.store.tool_rows import provider_from_rows, provider_row, tool_rows
 
 
 def _json_copy(value: Mapping[str, Any]) -> dict[str, Any]:
@@ -526,6 +528,34 @@ def _repos(binding: WorktreeBinding) -> tuple[str, str]:
     return (binding.repo_id, binding.current_repo_id)
 
 
+class MemoryToolStore:
+    """`ToolStore` over a dict keyed by provider_id."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, ToolProviderRecord] = {}
+
+    async def put(self, record: ToolProviderRecord) -> None:
+        """Insert or replace the provider and all of its tools."""
+        # Through the SQL rows and back: refuses and coerces as the SQL backends do.
+        stored = provider_from_rows(provider_row(record), tool_rows(record))
+        self._records[stored.provider_id] = stored
+
+    async def get(self, provider_id: str) -> ToolProviderRecord | None:
+        found = self._records.get(provider_id)
+        return None if found is None else self._copy(found)
+
+    async def list(self) -> list[ToolProviderRecord]:
+        """Every provider, ordered by provider_id."""
+        return [self._copy(self._records[k]) for k in sorted(self._records)]
+
+    async def delete(self, provider_id: str) -> bool:
+        return self._records.pop(provider_id, None) is not None
+
+    @staticmethod
+    def _copy(record: ToolProviderRecord) -> ToolProviderRecord:
+        return dataclasses.replace(record, config=_json_copy(record.config))
+
+
 class MemoryStore:
     """Every aggregate in process memory. Needs no closing; `open_memory_store` exists so
     that every backend is opened the same way."""
@@ -544,6 +574,7 @@ class MemoryStore:
         self.handoffs = MemoryHandoffStore()
         self.worktrees = MemoryWorktreeStore()
         self.rooms = MemoryRoomStore()
+        self.tools = MemoryToolStore()
 
 
 @asynccontextmanager

@@ -12,6 +12,7 @@ which the DLQ allows.
 The event log and the registry are here; the other aggregates are in `postgres_messages`,
 `postgres_idempotency`, `postgres_dlq`, `postgres_hitl`, `postgres_tasks` and
 `postgres_handoffs`, `postgres_worktrees`, the pool and query helpers in `postgres_pool`.
+`postgres_tools`, the pool and query helpers in `postgres_pool`.
 
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
 themselves with a fresh schema each. The schema is chosen by the `schema` argument or an
@@ -48,6 +49,7 @@ from apiary.store.postgres_pool import (
 )
 from apiary.store.postgres_rooms import PostgresRoomStore
 from apiary.store.postgres_tasks import PostgresTaskStore
+from apiary.store.postgres_tools import PostgresToolStore
 from apiary.store.postgres_workflows import PostgresWorkflowStore
 from apiary.store.postgres_worktrees import PostgresWorktreeStore
 from apiary.store.sql_rows import (
@@ -175,6 +177,7 @@ class PostgresStore:
         self.handoffs = PostgresHandoffStore(pool)
         self.worktrees = PostgresWorktreeStore(pool)
         self.rooms = PostgresRoomStore(pool)
+        self.tools = PostgresToolStore(pool)
 
     @property
     def schema(self) -> str:

@@ -28,6 +28,7 @@ from apiary.core.room_records import (
     ProposalRecord,
     VoteRecord,
 )
+from apiary.core.tool_descriptor import ToolProviderRecord
 from apiary.core.workflow_definition import WorkflowSpec
 from apiary.core.workflow_node import NodeRun
 from apiary.core.workflow_run import StoredWorkflow, WorkflowRun
@@ -356,6 +357,27 @@ class RoomStore(Protocol):
         ...
 
 
+class ToolStore(Protocol):
+    """Tool providers and their descriptors (RFC 18.1): the catalogue survives a restart."""
+
+    async def put(self, record: ToolProviderRecord) -> None:
+        """Insert or replace the provider with this provider_id and all of its tools, at once
+        (no reader sees a mix of the old and the new tools)."""
+        ...
+
+    async def get(self, provider_id: str) -> ToolProviderRecord | None:
+        """The provider with its tools in the order it gave them, or None."""
+        ...
+
+    async def list(self) -> list[ToolProviderRecord]:
+        """Every provider, ordered by provider_id."""
+        ...
+
+    async def delete(self, provider_id: str) -> bool:
+        """Remove the provider and its tools; False when it was not there."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -391,6 +413,9 @@ class Store(Protocol):
 
     @property
     def rooms(self) -> RoomStore: ...
+
+    @property
+    def tools(self) -> ToolStore: ...
 
     @property
     def backend(self) -> str:

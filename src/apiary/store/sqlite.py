@@ -7,6 +7,10 @@ read and write;
 checkpointer (`sqlite_checkpoint`) and the schema migrations. Values are encoded on the
 caller's side, so the writer thread, which holds up every commit, does as little Python work
 as possible.
+`sqlite_hitl`, `sqlite_tasks`, `sqlite_tools`) only say what to read and write;
+`sqlite_database` owns the connections, the writer thread (`sqlite_writer`), the checkpointer
+(`sqlite_checkpoint`) and the schema migrations. Values are encoded on the caller's side, so
+the writer thread, which holds up every commit, does as little Python work as possible.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
 from apiary.store.sqlite_messages import SqliteMessageStore
 from apiary.store.sqlite_rooms import SqliteRoomStore
 from apiary.store.sqlite_tasks import SqliteTaskStore
+from apiary.store.sqlite_tools import SqliteToolStore
 from apiary.store.sqlite_workflows import SqliteWorkflowStore
 from apiary.store.sqlite_worktrees import SqliteWorktreeStore
 
@@ -152,6 +157,7 @@ class SqliteStore:
         self.handoffs = SqliteHandoffStore(database)
         self.worktrees = SqliteWorktreeStore(database)
         self.rooms = SqliteRoomStore(database)
+        self.tools = SqliteToolStore(database)
 
     @property
     def database(self) -> SqliteDatabase:

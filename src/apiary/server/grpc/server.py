@@ -59,12 +59,20 @@ def _streaming(route: Route, metrics: Metrics) -> Callable[..., Any]:
     )
 
     async def call(request: Any, ctx: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Message]:
+        items = fn(request, _context(ctx))
         try:
-            async for item in fn(request, _context(ctx)):
+            async for item in items:
                 yield item
         except Exception as exc:
             await _abort(ctx, exc, route, metrics)
             return
+        finally:
+            # A client that goes away cancels this task between items: close the handler's
+            # generator now, so that what it holds (a tool call's process) is released at
+            # once rather than whenever the generator is collected.
+            close = getattr(items, "aclose", None)
+            if close is not None:
+                await close()
         metrics.rpc_done("grpc", route.method.path, "ok")
 
     return call

@@ -26,6 +26,7 @@ from apiary.testing.store_suite import (
     messages,
     rooms,
     tasks,
+    tools,
     whole_store,
     workflows,
     worktrees,
@@ -47,6 +48,7 @@ CHECKS: list[Check] = [
     *handoffs.CHECKS,
     *worktrees.CHECKS,
     *rooms.CHECKS,
+    *tools.CHECKS,
 ]
 """Every check of the suite."""
 
