@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from apiary.core import agent_lifecycle, hitl, message_machine, preemption
+from apiary.core import agent_lifecycle, hitl, message_machine, negotiation_machine, preemption
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
@@ -31,6 +31,11 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "HITL invocation lifecycle",
         "`apiary.core.hitl.HitlMachine`",
         hitl.mermaid,
+    ),
+    "negotiation-lifecycle.md": (
+        "Negotiation rounds (RFC 17, 17.1-17.3)",
+        "`apiary.core.negotiation_machine.NegotiationMachine`; see docs/negotiation.md",
+        negotiation_machine.mermaid,
     ),
 }
 

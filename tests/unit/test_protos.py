@@ -84,6 +84,7 @@ def test_extensions_live_in_their_own_package() -> None:
         "apiary.v1.DlqService",
         "apiary.v1.HitlOperatorService",
         "apiary.v1.ActivityBufferService",
+        "apiary.v1.NegotiationOperatorService",
     }
 
 

@@ -269,3 +269,9 @@ class Client:
         """apiary.v1.ActivityBufferService: in-flight work."""
         stub = self._stub("activity_buffer", pb.apiary_pb2_grpc.ActivityBufferServiceStub)
         return cast("apiary_pb2_grpc.ActivityBufferServiceAsyncStub", stub)
+
+    @property
+    def negotiation_operator(self) -> apiary_pb2_grpc.NegotiationOperatorServiceAsyncStub:
+        """apiary.v1.NegotiationOperatorService: open with a profile, list and inspect."""
+        stub = self._stub("negotiation_operator", pb.apiary_pb2_grpc.NegotiationOperatorServiceStub)
+        return cast("apiary_pb2_grpc.NegotiationOperatorServiceAsyncStub", stub)

@@ -9,7 +9,8 @@ TOML (`--config FILE` or APIARY_CONFIG):
     store = "postgresql://..."      # optional; default SQLite under data_dir
     log_level = "INFO"
 
-Further tables: [router], [hitl] (+ [[hitl.operators]]) and [scheduler] (docs/scheduler.md,
+Further tables: [router], [hitl] (+ [[hitl.operators]]), [negotiation] (docs/negotiation.md)
+and [scheduler] (docs/scheduler.md,
 "Configuration").
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
@@ -32,9 +33,11 @@ from apiary.core.preemption import PreemptionPolicy
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
+from apiary.engine.negotiation_policies import NegotiationSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.errors import ValidationError
+from apiary.server.negotiation_config import negotiation_settings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _T = TypeVar("_T")
@@ -73,6 +76,8 @@ class ServerConfig:
     """Human-in-the-loop settings: TOML table [hitl] and [[hitl.operators]]."""
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     """Scheduler settings: TOML table [scheduler] (see docs/scheduler.md)."""
+    negotiation: NegotiationSettings = field(default_factory=NegotiationSettings)
+    """Negotiation settings: TOML table [negotiation] (see docs/negotiation.md)."""
 
 
 _ENV = {
@@ -434,7 +439,7 @@ def scheduler_settings(values: Mapping[str, Any], source: str) -> SchedulerSetti
     return _built(SchedulerSettings, source, **changes)
 
 
-_TABLES = ("server", "router", "hitl", "scheduler")
+_TABLES = ("server", "router", "hitl", "scheduler", "negotiation")
 
 
 def load_config(
@@ -474,6 +479,14 @@ def load_config(
         if not isinstance(scheduler, dict):
             raise ValidationError(f"{path}: [scheduler] must be a table", {"field": "scheduler"})
         config = replace(config, scheduler=scheduler_settings(scheduler, f"{path} [scheduler]"))
+        negotiation = doc.get("negotiation", {})
+        if not isinstance(negotiation, dict):
+            raise ValidationError(
+                f"{path}: [negotiation] must be a table", {"field": "negotiation"}
+            )
+        config = replace(
+            config, negotiation=negotiation_settings(negotiation, f"{path} [negotiation]")
+        )
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

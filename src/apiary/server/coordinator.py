@@ -21,6 +21,8 @@ from apiary.engine.delivery import Delivery
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
 from apiary.engine.inference_http import build_inference
+from apiary.engine.negotiation_policies import NegotiationSettings
+from apiary.engine.negotiations import Negotiations
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
@@ -35,14 +37,17 @@ from apiary.server.grpc.server import build_grpc_server, set_serving
 from apiary.server.http.app import build_http_app
 from apiary.server.metrics import Metrics
 from apiary.server.services.activity import ActivityBufferHandler, ActivityHandler
+from apiary.server.services.artifacts import ArtifactsHandler
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
-from apiary.server.services.hitl import HitlActionHandler, HitlHandler, HitlOperatorHandler
+from apiary.server.services.hitl import HitlHandler, HitlOperatorHandler
 from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
+from apiary.server.services.negotiation import NegotiationHandler, NegotiationOperatorHandler
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
+from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.system import SystemClock, UuidIds
@@ -63,6 +68,8 @@ class Runtime:
     presence: PresenceSettings = field(default_factory=PresenceSettings)
     hitl: HitlSettings | None = None
     """Overrides the configuration's [hitl] settings (tests)."""
+    negotiation: NegotiationSettings | None = None
+    """Overrides the configuration's [negotiation] settings (tests)."""
 
 
 @dataclass(slots=True)
@@ -81,6 +88,7 @@ class Coordinator:
     hitl: Hitl | None = None
     activity: Activity | None = None
     scheduler: Scheduler | None = None
+    negotiations: Negotiations | None = None
     ready: bool = False
 
 
@@ -94,6 +102,7 @@ class Engine:
     hitl: Hitl
     activity: Activity
     scheduler: Scheduler
+    negotiations: Negotiations
 
 
 def build_engine(
@@ -103,6 +112,7 @@ def build_engine(
     hitl_settings: HitlSettings | None = None,
     scheduler_settings: SchedulerSettings | None = None,
     data_dir: Path | None = None,
+    negotiation_settings: NegotiationSettings | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -125,7 +135,14 @@ def build_engine(
         inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
     )  # fmt: skip
     delivery.opened = scheduler.agent_ready
-    return Engine(events, registry, router, delivery, presence, hitl, activity, scheduler)
+    negotiations = Negotiations(
+        store, router, registry, notices, events, clock, hitl,
+        runtime.negotiation or negotiation_settings,
+    )  # fmt: skip
+    scheduler.on_negotiation = negotiations.on_envelope
+    return Engine(
+        events, registry, router, delivery, presence, hitl, activity, scheduler, negotiations
+    )
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
@@ -147,7 +164,16 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.reasoning.InferenceProxy": InferenceHandler(),
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
-        "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
+        "sw4rm.scheduler.SchedulerPolicyService": SchedulerPolicyHandler(
+            engine.negotiations, engine.hitl
+        ),
+        "sw4rm.negotiation.NegotiationService": NegotiationHandler(
+            engine.negotiations, engine.hitl
+        ),
+        "apiary.v1.NegotiationOperatorService": NegotiationOperatorHandler(
+            engine.negotiations, engine.hitl, runtime.ids
+        ),
+        "sw4rm.activity.ActivityService": ArtifactsHandler(engine.negotiations.artifacts),
     }
 
 
@@ -171,6 +197,7 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
         asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
         asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
         asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
+        asyncio.create_task(engine.negotiations.run(runtime.sleep), name="apiary-negotiations"),
         asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
@@ -191,12 +218,15 @@ async def open_coordinator(
     settings = router_settings or config.router
     async with open_store(config.store or None, config.data_dir) as store:
         engine = build_engine(
-            store, settings, runtime, config.hitl, config.scheduler, config.data_dir
-        )
+            store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
+            config.negotiation,
+        )  # fmt: skip
         await engine.registry.load()
         await engine.hitl.load()
         await engine.scheduler.load()
         recovered = await engine.router.recover()
+        # After the router's recovery: resuming may escalate, which delivers notices.
+        await engine.negotiations.load()
         metrics = Metrics(engine.router, engine.activity, engine.scheduler)
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
@@ -210,6 +240,7 @@ async def open_coordinator(
         state.hitl = engine.hitl
         state.activity = engine.activity
         state.scheduler = engine.scheduler
+        state.negotiations = engine.negotiations
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
         runner = web.AppRunner(
@@ -240,5 +271,6 @@ async def open_coordinator(
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await engine.scheduler.close()
+            await engine.negotiations.close()
             await engine.events.record("coordinator.stopped", "coordinator")
             await engine.events.flush()

@@ -37,6 +37,10 @@ from apiary.store.postgres_dlq import PostgresDlqStore
 from apiary.store.postgres_hitl import PostgresHitlStore
 from apiary.store.postgres_idempotency import PostgresIdempotencyStore
 from apiary.store.postgres_messages import PostgresMessageStore
+from apiary.store.postgres_negotiations import (
+    PostgresArtifactStore,
+    PostgresNegotiationStore,
+)
 from apiary.store.postgres_pool import (
     Connection,
     PostgresPool,
@@ -167,6 +171,8 @@ class PostgresStore:
         self.dlq = PostgresDlqStore(pool)
         self.hitl = PostgresHitlStore(pool)
         self.tasks = PostgresTaskStore(pool)
+        self.negotiations = PostgresNegotiationStore(pool)
+        self.artifacts = PostgresArtifactStore(pool)
 
     @property
     def schema(self) -> str:

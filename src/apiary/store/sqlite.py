@@ -38,6 +38,7 @@ from apiary.store.sqlite_dlq import SqliteDlqStore
 from apiary.store.sqlite_hitl import SqliteHitlStore
 from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
 from apiary.store.sqlite_messages import SqliteMessageStore
+from apiary.store.sqlite_negotiations import SqliteArtifactStore, SqliteNegotiationStore
 from apiary.store.sqlite_tasks import SqliteTaskStore
 
 _INSERT_EVENTS = (
@@ -142,6 +143,8 @@ class SqliteStore:
         self.dlq = SqliteDlqStore(database)
         self.hitl = SqliteHitlStore(database)
         self.tasks = SqliteTaskStore(database)
+        self.negotiations = SqliteNegotiationStore(database)
+        self.artifacts = SqliteArtifactStore(database)
 
     @property
     def database(self) -> SqliteDatabase:

@@ -22,6 +22,7 @@ from apiary.core.records import AgentRecord, StoredMessage
 from apiary.engine.admission import Outbound, SendOutcome
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inbox import Handout
+from apiary.engine.negotiation_policies import NegotiationSettings
 from apiary.engine.presence import PresenceSettings
 from apiary.engine.router import is_notice
 from apiary.engine.settings import RouterSettings, SchedulerSettings
@@ -135,6 +136,7 @@ async def open_test_engine(
     ids: SequentialIds | None = None,
     hitl: HitlSettings | None = None,
     scheduler: SchedulerSettings | None = None,
+    negotiation: NegotiationSettings | None = None,
 ) -> AsyncIterator[EngineHarness]:
     """An engine over `store_url` (memory by default; `sqlite:///ABSOLUTE/PATH.db` to test
     restarts). To reopen the same store, pass the same `clock` and `ids`: ids must stay unique
@@ -142,8 +144,9 @@ async def open_test_engine(
     clock = clock or FakeClock()
     ids = ids or SequentialIds()
     runtime = Runtime(
-        clock=clock, ids=ids, sleep=clock.sleep, presence=PresenceSettings(), hitl=hitl
-    )
+        clock=clock, ids=ids, sleep=clock.sleep, presence=PresenceSettings(), hitl=hitl,
+        negotiation=negotiation,
+    )  # fmt: skip
     opener = open_memory_store() if store_url == "memory://" else open_store(store_url, data_dir)
     async with opener as store:
         engine = build_engine(
@@ -154,7 +157,9 @@ async def open_test_engine(
         await engine.hitl.load()
         await engine.scheduler.load()
         await engine.router.recover()
+        await engine.negotiations.load()
         try:
             yield EngineHarness(engine, store, clock, ids)
         finally:
             await engine.scheduler.close()
+            await engine.negotiations.close()

@@ -23,6 +23,7 @@ from apiary.testing.store_suite import (
     message_deadlines,
     message_retention,
     messages,
+    negotiations,
     tasks,
     whole_store,
 )
@@ -39,6 +40,7 @@ CHECKS: list[Check] = [
     *dlq.CHECKS,
     *hitl.CHECKS,
     *tasks.CHECKS,
+    *negotiations.CHECKS,
 ]
 """Every check of the suite."""
 
