@@ -16,6 +16,7 @@ from apiary.core import (
     handoff,
     hitl,
     message_machine,
+    negotiation_machine,
     negotiation_room,
     preemption,
     tool_calls,
@@ -67,6 +68,11 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "`apiary.core.tool_calls.ToolCallMachine`; self-loops (FRAME, RETRY, a second "
         "CANCEL) are left out",
         tool_calls.mermaid,
+    ),
+    "negotiation-lifecycle.md": (
+        "Negotiation rounds (RFC 17, 17.1-17.3)",
+        "`apiary.core.negotiation_machine.NegotiationMachine`; see docs/negotiation.md",
+        negotiation_machine.mermaid,
     ),
 }
 

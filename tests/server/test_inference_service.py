@@ -51,8 +51,20 @@ async def test_a_missing_scope_is_invalid(channel: grpc.aio.Channel) -> None:
     assert "scope_b" in (caught.value.details() or "")
 
 
-async def test_debate_evaluation_is_not_built_yet(channel: grpc.aio.Channel) -> None:
+async def test_debate_evaluation_measures_the_agreement_of_two_proposals(
+    channel: grpc.aio.Channel,
+) -> None:
     stub = pb.reasoning_proxy_pb2_grpc.ReasoningProxyStub(channel)
+    a, b = '{"path": "/orders", "paging": "offset"}', '{"path": "/orders", "paging": "cursor"}'
+    close = await stub.EvaluateDebate(
+        r.DebateEvaluateRequest(negotiation_id="n", proposal_a=a, proposal_b=b)
+    )
+    assert close.confidence_score == 0.5 and "/paging" in close.notes
+    same = await pb.reasoning_pb2_grpc.InferenceProxyStub(channel).EvaluateDebate(
+        r.DebateEvaluateRequest(negotiation_id="n", proposal_a=a, proposal_b=a)
+    )
+    assert same.confidence_score == 1.0
     with pytest.raises(grpc.aio.AioRpcError) as caught:
-        await stub.EvaluateDebate(r.DebateEvaluateRequest(negotiation_id="n"))
-    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+        await stub.EvaluateDebate(r.DebateEvaluateRequest(negotiation_id="n", proposal_a=a))
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "proposal_b" in (caught.value.details() or "")

@@ -15,7 +15,9 @@ import builtins as _builtins
 from . import common_pb2 as _common_pb2
 from . import connector_pb2 as _connector_pb2
 from . import handoff_pb2 as _handoff_pb2
+from . import negotiation_pb2 as _negotiation_pb2
 from . import negotiation_room_pb2 as _negotiation_room_pb2
+from . import policy_pb2 as _policy_pb2
 from . import registry_pb2 as _registry_pb2
 import sys
 from . import tool_pb2 as _tool_pb2
@@ -2211,3 +2213,287 @@ class RemoveToolProviderResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveToolProviderResponse: _TypeAlias = RemoveToolProviderResponse  # noqa: Y015
+
+@_typing.final
+class OpenNegotiationRequest(_message.Message):
+    """---- Negotiations (RFC 17): what the canonical NegotiationService cannot carry ----
+    Open with a profile hint, agent preferences and validation rules; list and inspect rooms.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class PreferencesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        @_builtins.property
+        def value(self) -> _policy_pb2.AgentPreferences: ...
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _policy_pb2.AgentPreferences | None = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _typing.Literal["value", b"value"]  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    OPEN_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
+    PREFERENCES_FIELD_NUMBER: _builtins.int
+    VALIDATION_JSON_FIELD_NUMBER: _builtins.int
+    profile: _builtins.str
+    """policy profile hint (default: the intensity)"""
+    validation_json: _builtins.str
+    """{"schema": {...}, "examples": [...]}"""
+    @_builtins.property
+    def open(self) -> _negotiation_pb2.NegotiationOpen:
+        """negotiation_id may be empty: one is assigned"""
+
+    @_builtins.property
+    def preferences(self) -> _containers.MessageMap[_builtins.str, _policy_pb2.AgentPreferences]:
+        """per participant, clamped"""
+
+    def __init__(
+        self,
+        *,
+        open: _negotiation_pb2.NegotiationOpen | None = ...,
+        profile: _builtins.str = ...,
+        preferences: _abc.Mapping[_builtins.str, _policy_pb2.AgentPreferences] | None = ...,
+        validation_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["open", b"open"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["open", b"open", "preferences", b"preferences", "profile", b"profile", "validation_json", b"validation_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OpenNegotiationRequest: _TypeAlias = OpenNegotiationRequest  # noqa: Y015
+
+@_typing.final
+class NegotiationRound(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROUND_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    FROM_AGENT_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    PAYLOAD_FIELD_NUMBER: _builtins.int
+    SUBMITTED_AT_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    CHECKS_JSON_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
+    EVALUATIONS_FIELD_NUMBER: _builtins.int
+    SCORED_FIELD_NUMBER: _builtins.int
+    SCORE_FIELD_NUMBER: _builtins.int
+    round: _builtins.int
+    """draft vN"""
+    kind: _builtins.str
+    """propose | counter"""
+    from_agent: _builtins.str
+    content_type: _builtins.str
+    payload: _builtins.bytes
+    tokens: _builtins.int
+    checks_json: _builtins.str
+    """deterministic checks (schema, examples)"""
+    scored: _builtins.bool
+    """every evaluator voted"""
+    score: _builtins.float
+    """the unanimity score (lowest), when scored"""
+    @_builtins.property
+    def submitted_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def delta(self) -> _policy_pb2.DeltaSummary:
+        """from the previous draft"""
+
+    @_builtins.property
+    def evaluations(self) -> _containers.RepeatedCompositeFieldContainer[_policy_pb2.EvaluationReport]: ...
+    def __init__(
+        self,
+        *,
+        round: _builtins.int = ...,
+        kind: _builtins.str = ...,
+        from_agent: _builtins.str = ...,
+        content_type: _builtins.str = ...,
+        payload: _builtins.bytes = ...,
+        submitted_at: _timestamp_pb2.Timestamp | None = ...,
+        tokens: _builtins.int = ...,
+        checks_json: _builtins.str = ...,
+        delta: _policy_pb2.DeltaSummary | None = ...,
+        evaluations: _abc.Iterable[_policy_pb2.EvaluationReport] | None = ...,
+        scored: _builtins.bool = ...,
+        score: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "submitted_at", b"submitted_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["checks_json", b"checks_json", "content_type", b"content_type", "delta", b"delta", "evaluations", b"evaluations", "from_agent", b"from_agent", "kind", b"kind", "payload", b"payload", "round", b"round", "score", b"score", "scored", b"scored", "submitted_at", b"submitted_at", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NegotiationRound: _TypeAlias = NegotiationRound  # noqa: Y015
+
+@_typing.final
+class NegotiationView(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NEGOTIATION_ID_FIELD_NUMBER: _builtins.int
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTICIPANTS_FIELD_NUMBER: _builtins.int
+    INTENSITY_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    DEADLINE_FIELD_NUMBER: _builtins.int
+    ROUND_DEADLINE_FIELD_NUMBER: _builtins.int
+    OPENED_BY_FIELD_NUMBER: _builtins.int
+    PROFILE_FIELD_NUMBER: _builtins.int
+    EFFECTIVE_FIELD_NUMBER: _builtins.int
+    ROUND_FIELD_NUMBER: _builtins.int
+    TOKENS_SPENT_FIELD_NUMBER: _builtins.int
+    OSCILLATIONS_FIELD_NUMBER: _builtins.int
+    INVOCATION_ID_FIELD_NUMBER: _builtins.int
+    STOP_REASON_FIELD_NUMBER: _builtins.int
+    DECISION_FIELD_NUMBER: _builtins.int
+    DECISION_JSON_FIELD_NUMBER: _builtins.int
+    ROUNDS_FIELD_NUMBER: _builtins.int
+    VALIDATION_JSON_FIELD_NUMBER: _builtins.int
+    negotiation_id: _builtins.str
+    correlation_id: _builtins.str
+    topic: _builtins.str
+    intensity: _builtins.str
+    state: _builtins.str
+    """OPEN, DELIBERATING, AWAITING_COUNTER, PAUSED,"""
+    opened_by: _builtins.str
+    profile: _builtins.str
+    round: _builtins.int
+    tokens_spent: _builtins.int
+    oscillations: _builtins.int
+    invocation_id: _builtins.str
+    """the HITL invocation it waits for"""
+    stop_reason: _builtins.str
+    decision_json: _builtins.str
+    """the whole decision record"""
+    validation_json: _builtins.str
+    @_builtins.property
+    def participants(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp:
+        """AWAITING_HITL, DECIDED, ABORTED"""
+
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def deadline(self) -> _timestamp_pb2.Timestamp:
+        """the debate timeout"""
+
+    @_builtins.property
+    def round_deadline(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def effective(self) -> _policy_pb2.EffectivePolicy: ...
+    @_builtins.property
+    def decision(self) -> _policy_pb2.DecisionReport: ...
+    @_builtins.property
+    def rounds(self) -> _containers.RepeatedCompositeFieldContainer[Global___NegotiationRound]:
+        """Get only"""
+
+    def __init__(
+        self,
+        *,
+        negotiation_id: _builtins.str = ...,
+        correlation_id: _builtins.str = ...,
+        topic: _builtins.str = ...,
+        participants: _abc.Iterable[_builtins.str] | None = ...,
+        intensity: _builtins.str = ...,
+        state: _builtins.str = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        deadline: _timestamp_pb2.Timestamp | None = ...,
+        round_deadline: _timestamp_pb2.Timestamp | None = ...,
+        opened_by: _builtins.str = ...,
+        profile: _builtins.str = ...,
+        effective: _policy_pb2.EffectivePolicy | None = ...,
+        round: _builtins.int = ...,
+        tokens_spent: _builtins.int = ...,
+        oscillations: _builtins.int = ...,
+        invocation_id: _builtins.str = ...,
+        stop_reason: _builtins.str = ...,
+        decision: _policy_pb2.DecisionReport | None = ...,
+        decision_json: _builtins.str = ...,
+        rounds: _abc.Iterable[Global___NegotiationRound] | None = ...,
+        validation_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "deadline", b"deadline", "decision", b"decision", "effective", b"effective", "round_deadline", b"round_deadline", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "created_at", b"created_at", "deadline", b"deadline", "decision", b"decision", "decision_json", b"decision_json", "effective", b"effective", "intensity", b"intensity", "invocation_id", b"invocation_id", "negotiation_id", b"negotiation_id", "opened_by", b"opened_by", "oscillations", b"oscillations", "participants", b"participants", "profile", b"profile", "round", b"round", "round_deadline", b"round_deadline", "rounds", b"rounds", "state", b"state", "stop_reason", b"stop_reason", "tokens_spent", b"tokens_spent", "topic", b"topic", "updated_at", b"updated_at", "validation_json", b"validation_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NegotiationView: _TypeAlias = NegotiationView  # noqa: Y015
+
+@_typing.final
+class ListNegotiationsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATES_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    limit: _builtins.int
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[_builtins.str] | None = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNegotiationsRequest: _TypeAlias = ListNegotiationsRequest  # noqa: Y015
+
+@_typing.final
+class ListNegotiationsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NEGOTIATIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def negotiations(self) -> _containers.RepeatedCompositeFieldContainer[Global___NegotiationView]: ...
+    def __init__(
+        self,
+        *,
+        negotiations: _abc.Iterable[Global___NegotiationView] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["negotiations", b"negotiations"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListNegotiationsResponse: _TypeAlias = ListNegotiationsResponse  # noqa: Y015
+
+@_typing.final
+class GetNegotiationRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NEGOTIATION_ID_FIELD_NUMBER: _builtins.int
+    negotiation_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        negotiation_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["negotiation_id", b"negotiation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetNegotiationRequest: _TypeAlias = GetNegotiationRequest  # noqa: Y015

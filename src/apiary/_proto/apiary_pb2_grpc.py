@@ -1706,3 +1706,161 @@ class ToolProviderService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class NegotiationOperatorServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Open = channel.unary_unary(
+                '/apiary.v1.NegotiationOperatorService/Open',
+                request_serializer=apiary__pb2.OpenNegotiationRequest.SerializeToString,
+                response_deserializer=apiary__pb2.NegotiationView.FromString,
+                _registered_method=True)
+        self.List = channel.unary_unary(
+                '/apiary.v1.NegotiationOperatorService/List',
+                request_serializer=apiary__pb2.ListNegotiationsRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListNegotiationsResponse.FromString,
+                _registered_method=True)
+        self.Get = channel.unary_unary(
+                '/apiary.v1.NegotiationOperatorService/Get',
+                request_serializer=apiary__pb2.GetNegotiationRequest.SerializeToString,
+                response_deserializer=apiary__pb2.NegotiationView.FromString,
+                _registered_method=True)
+
+
+class NegotiationOperatorServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Open(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def List(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Get(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_NegotiationOperatorServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Open': grpc.unary_unary_rpc_method_handler(
+                    servicer.Open,
+                    request_deserializer=apiary__pb2.OpenNegotiationRequest.FromString,
+                    response_serializer=apiary__pb2.NegotiationView.SerializeToString,
+            ),
+            'List': grpc.unary_unary_rpc_method_handler(
+                    servicer.List,
+                    request_deserializer=apiary__pb2.ListNegotiationsRequest.FromString,
+                    response_serializer=apiary__pb2.ListNegotiationsResponse.SerializeToString,
+            ),
+            'Get': grpc.unary_unary_rpc_method_handler(
+                    servicer.Get,
+                    request_deserializer=apiary__pb2.GetNegotiationRequest.FromString,
+                    response_serializer=apiary__pb2.NegotiationView.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.NegotiationOperatorService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.NegotiationOperatorService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class NegotiationOperatorService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Open(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.NegotiationOperatorService/Open',
+            apiary__pb2.OpenNegotiationRequest.SerializeToString,
+            apiary__pb2.NegotiationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def List(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.NegotiationOperatorService/List',
+            apiary__pb2.ListNegotiationsRequest.SerializeToString,
+            apiary__pb2.ListNegotiationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Get(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.NegotiationOperatorService/Get',
+            apiary__pb2.GetNegotiationRequest.SerializeToString,
+            apiary__pb2.NegotiationView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -479,3 +479,43 @@ class ToolProviderServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.RemoveToolProviderResponse, _abc.Awaitable[_apiary_pb2.RemoveToolProviderResponse]]: ...
 
 def add_ToolProviderServiceServicer_to_server(servicer: ToolProviderServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class NegotiationOperatorServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> NegotiationOperatorServiceAsyncStub: ...
+    Open: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.OpenNegotiationRequest, _apiary_pb2.NegotiationView]
+    List: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListNegotiationsRequest, _apiary_pb2.ListNegotiationsResponse]
+    Get: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetNegotiationRequest, _apiary_pb2.NegotiationView]
+
+@_typing.type_check_only
+class NegotiationOperatorServiceAsyncStub(NegotiationOperatorServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Open: _aio.UnaryUnaryMultiCallable[_apiary_pb2.OpenNegotiationRequest, _apiary_pb2.NegotiationView]  # type: ignore[assignment]
+    List: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListNegotiationsRequest, _apiary_pb2.ListNegotiationsResponse]  # type: ignore[assignment]
+    Get: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetNegotiationRequest, _apiary_pb2.NegotiationView]  # type: ignore[assignment]
+
+class NegotiationOperatorServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def Open(
+        self,
+        request: _apiary_pb2.OpenNegotiationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.NegotiationView, _abc.Awaitable[_apiary_pb2.NegotiationView]]: ...
+
+    @_abc_1.abstractmethod
+    def List(
+        self,
+        request: _apiary_pb2.ListNegotiationsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListNegotiationsResponse, _abc.Awaitable[_apiary_pb2.ListNegotiationsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Get(
+        self,
+        request: _apiary_pb2.GetNegotiationRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.NegotiationView, _abc.Awaitable[_apiary_pb2.NegotiationView]]: ...
+
+def add_NegotiationOperatorServiceServicer_to_server(servicer: NegotiationOperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

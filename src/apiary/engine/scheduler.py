@@ -27,7 +27,7 @@ import asyncio
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -164,6 +164,8 @@ class Scheduler:
         """Running task -> agents whose next task waits for it to end (RFC 9.2)."""
         self._background: set[asyncio.Future[None]] = set()
         self._end_listeners: list[Callable[[TaskRecord], None]] = []
+        self.on_negotiation: Callable[[Envelope], Awaitable[None]] | None = None
+        """Takes NEGOTIATION envelopes addressed to the Scheduler (engine/negotiations.py)."""
         router.attach(SCHEDULER, self._on_envelope)
 
     def add_end_listener(self, listener: Callable[[TaskRecord], None]) -> None:
@@ -642,15 +644,18 @@ class Scheduler:
     # ------------------------------------------------------------------ agent envelopes
 
     async def _on_envelope(self, env: Envelope) -> None:
-        """Router endpoint: ACKs of the Scheduler's envelopes and agents' CONTROL commands."""
+        """Router endpoint: ACKs of the Scheduler's envelopes, agents' CONTROL commands and
+        NEGOTIATION events (RFC 17)."""
         if env.message_type is MessageType.ACKNOWLEDGEMENT:
             await self._on_ack(env)
         elif env.message_type is MessageType.CONTROL:
             await self._on_command(env)
+        elif env.message_type is MessageType.NEGOTIATION and self.on_negotiation is not None:
+            await self.on_negotiation(env)
         else:
             raise ValidationError.for_field(
                 "message_type",
-                f"the scheduler takes ACKNOWLEDGEMENT and CONTROL envelopes, not "
+                f"the scheduler takes ACKNOWLEDGEMENT, CONTROL and NEGOTIATION envelopes, not "
                 f"{env.message_type.name}",
             )
 

@@ -284,3 +284,9 @@ class Client:
         """apiary.v1.HandoffQueryService: list and read handoffs."""
         stub = self._stub("handoff_query", pb.apiary_pb2_grpc.HandoffQueryServiceStub)
         return cast("apiary_pb2_grpc.HandoffQueryServiceAsyncStub", stub)
+
+    @property
+    def negotiation_operator(self) -> apiary_pb2_grpc.NegotiationOperatorServiceAsyncStub:
+        """apiary.v1.NegotiationOperatorService: open with a profile, list and inspect."""
+        stub = self._stub("negotiation_operator", pb.apiary_pb2_grpc.NegotiationOperatorServiceStub)
+        return cast("apiary_pb2_grpc.NegotiationOperatorServiceAsyncStub", stub)

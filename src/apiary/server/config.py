@@ -11,8 +11,9 @@ TOML (`--config FILE` or APIARY_CONFIG):
 
 Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/scheduler.md,
 "Configuration"), [handoff] (docs/handoff.md), [worktrees] (+ [[worktrees.repos]],
-docs/worktrees.md), [rooms] (docs/negotiation-rooms.md, "Configuration") and [tools]
-(docs/tools.md, "Configuration"; parsed in tool_config.py).
+docs/worktrees.md), [rooms] (docs/negotiation-rooms.md, "Configuration"), [tools]
+(docs/tools.md, "Configuration"; parsed in tool_config.py) and [negotiation]
+(docs/negotiation.md).
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
@@ -36,12 +37,14 @@ from apiary.core.worktree_binding import BindingPolicy, valid_id
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
+from apiary.engine.negotiation_policies import NegotiationSettings
 from apiary.engine.negotiation_rooms import RoomSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.tool_settings import ToolSettings
 from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
 from apiary.errors import ValidationError
+from apiary.server.negotiation_config import negotiation_settings
 from apiary.server.tool_config import tool_settings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -89,6 +92,8 @@ class ServerConfig:
     """Negotiation-room settings and policy: TOML table [rooms]."""
     tools: ToolSettings = field(default_factory=ToolSettings)
     """Tool settings: TOML table [tools] (see docs/tools.md)."""
+    negotiation: NegotiationSettings = field(default_factory=NegotiationSettings)
+    """Negotiation settings: TOML table [negotiation] (see docs/negotiation.md)."""
 
 
 _ENV = {
@@ -523,7 +528,10 @@ def room_settings(values: Any, source: str) -> RoomSettings:
     return _built(RoomSettings.from_settings, source, values)
 
 
-_TABLES = ("server", "router", "hitl", "scheduler", "handoff", "worktrees", "rooms", "tools")
+_TABLES = (
+    "server", "router", "hitl", "scheduler", "handoff", "worktrees", "rooms", "tools",
+    "negotiation",
+)  # fmt: skip
 
 
 def load_config(
@@ -576,6 +584,14 @@ def load_config(
         if not isinstance(tools, dict):
             raise ValidationError(f"{path}: [tools] must be a table", {"field": "tools"})
         config = replace(config, tools=tool_settings(tools, f"{path} [tools]"))
+        negotiation = doc.get("negotiation", {})
+        if not isinstance(negotiation, dict):
+            raise ValidationError(
+                f"{path}: [negotiation] must be a table", {"field": "negotiation"}
+            )
+        config = replace(
+            config, negotiation=negotiation_settings(negotiation, f"{path} [negotiation]")
+        )
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

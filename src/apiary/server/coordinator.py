@@ -23,7 +23,9 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.handoffs import Handoffs
 from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
 from apiary.engine.inference_http import build_inference
+from apiary.engine.negotiation_policies import NegotiationSettings
 from apiary.engine.negotiation_rooms import NegotiationRooms, RoomSettings
+from apiary.engine.negotiations import Negotiations
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
@@ -46,12 +48,14 @@ from apiary.server.grpc.server import build_grpc_server, set_serving
 from apiary.server.http.app import build_http_app
 from apiary.server.metrics import Metrics
 from apiary.server.services.activity import ActivityBufferHandler, ActivityHandler
+from apiary.server.services.artifacts import ArtifactsHandler
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
 from apiary.server.services.handoff import HandoffHandler, HandoffQueryHandler
-from apiary.server.services.hitl import HitlActionHandler, HitlHandler, HitlOperatorHandler
+from apiary.server.services.hitl import HitlHandler, HitlOperatorHandler
 from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
+from apiary.server.services.negotiation import NegotiationHandler, NegotiationOperatorHandler
 from apiary.server.services.negotiation_room import (
     NegotiationRoomHandler,
     NegotiationRoomQueryHandler,
@@ -59,6 +63,7 @@ from apiary.server.services.negotiation_room import (
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
+from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
@@ -93,6 +98,8 @@ class Runtime:
     worktree manager once it is wired)."""
     launcher: Launcher | None = None
     """Starts tool processes (default: the sandbox, apiary.sandbox)."""
+    negotiation: NegotiationSettings | None = None
+    """Overrides the configuration's [negotiation] settings (tests)."""
 
 
 @dataclass(slots=True)
@@ -116,6 +123,7 @@ class Coordinator:
     worktrees: Worktrees | None = None
     rooms: NegotiationRooms | None = None
     tools: ToolService | None = None
+    negotiations: Negotiations | None = None
     ready: bool = False
 
 
@@ -134,6 +142,7 @@ class Engine:
     worktrees: Worktrees
     rooms: NegotiationRooms
     tools: ToolService
+    negotiations: Negotiations
 
 
 def build_engine(
@@ -147,6 +156,7 @@ def build_engine(
     worktree_settings: WorktreeSettings | None = None,
     room_settings: RoomSettings | None = None,
     tool_settings: ToolSettings | None = None,
+    negotiation_settings: NegotiationSettings | None = None,
 ) -> Engine:
     """The engine over `store`, without any transport."""
     clock = runtime.clock
@@ -189,9 +199,14 @@ def build_engine(
         store.tools, router, registry, hitl, events, clock, runtime.ids, tools_config,
         launcher=runtime.launcher, worktrees=runtime.worktrees or worktrees,
     )  # fmt: skip
+    negotiations = Negotiations(
+        store, router, registry, notices, events, clock, hitl,
+        runtime.negotiation or negotiation_settings,
+    )  # fmt: skip
+    scheduler.on_negotiation = negotiations.on_envelope
     return Engine(
         events, registry, router, delivery, presence, hitl, activity, scheduler, workflows,
-        handoffs, worktrees, rooms, tools,
+        handoffs, worktrees, rooms, tools, negotiations,
     )  # fmt: skip
 
 
@@ -214,7 +229,6 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.reasoning.InferenceProxy": InferenceHandler(),
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
-        "sw4rm.scheduler.SchedulerPolicyService": HitlActionHandler(engine.hitl),
         "sw4rm.workflow.WorkflowService": WorkflowHandler(engine.workflows),
         "sw4rm.handoff.HandoffService": HandoffHandler(engine.handoffs),
         "apiary.v1.HandoffQueryService": HandoffQueryHandler(engine.handoffs),
@@ -225,6 +239,16 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.tool.ToolService": ToolHandler(engine.tools),
         "sw4rm.connector.ConnectorService": ConnectorHandler(engine.tools),
         "apiary.v1.ToolProviderService": ToolProviderHandler(engine.tools, engine.hitl.operators),
+        "sw4rm.scheduler.SchedulerPolicyService": SchedulerPolicyHandler(
+            engine.negotiations, engine.hitl
+        ),
+        "sw4rm.negotiation.NegotiationService": NegotiationHandler(
+            engine.negotiations, engine.hitl
+        ),
+        "apiary.v1.NegotiationOperatorService": NegotiationOperatorHandler(
+            engine.negotiations, engine.hitl, runtime.ids
+        ),
+        "sw4rm.activity.ActivityService": ArtifactsHandler(engine.negotiations.artifacts),
     }
 
 
@@ -255,6 +279,7 @@ async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[as
             run_deadlines(engine.rooms.timers, runtime.clock, engine.rooms.fire_due, runtime.sleep),
             name="apiary-rooms",
         ),
+        asyncio.create_task(engine.negotiations.run(runtime.sleep), name="apiary-negotiations"),
         asyncio.create_task(
             run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
             name="apiary-retention",
@@ -273,6 +298,8 @@ async def load_engine(engine: Engine) -> int:
     recovered = await engine.router.recover()
     await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
     await engine.rooms.load()
+    # After the router's recovery: resuming may escalate, which delivers notices.
+    await engine.negotiations.load()
     return recovered
 
 
@@ -280,6 +307,7 @@ async def close_engine(engine: Engine) -> None:
     await engine.scheduler.close()
     await engine.worktrees.close()
     await engine.rooms.close()
+    await engine.negotiations.close()
 
 
 def _coordinator(config: ServerConfig, store: Store, engine: Engine, grpc: Address) -> Coordinator:
@@ -288,6 +316,7 @@ def _coordinator(config: ServerConfig, store: Store, engine: Engine, grpc: Addre
         engine.presence, grpc, config.http, hitl=engine.hitl, activity=engine.activity,
         scheduler=engine.scheduler, workflows=engine.workflows, handoffs=engine.handoffs,
         worktrees=engine.worktrees, rooms=engine.rooms, tools=engine.tools,
+        negotiations=engine.negotiations,
     )  # fmt: skip
 
 
@@ -305,7 +334,7 @@ async def open_coordinator(
     async with open_store(config.store or None, config.data_dir) as store:
         engine = build_engine(
             store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
-            config.handoff, config.worktrees, config.rooms, config.tools,
+            config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
         recovered = await load_engine(engine)
         metrics = Metrics(engine.router, engine.activity, engine.scheduler)

@@ -50,6 +50,7 @@ OWNING_AREA: Mapping[str, str] = {
     "apiary.v1.HandoffQueryService": "handoff (issue 7)",
     "apiary.v1.WorktreeBindingService": "worktrees (issue 6)",
     "apiary.v1.NegotiationRoomQueryService": "negotiation rooms (issue 7)",
+    "apiary.v1.NegotiationOperatorService": "negotiation (issue 7)",
 }
 
 

@@ -31,6 +31,7 @@ from apiary.core.worktree_binding import WorktreeBinding
 from apiary.store.errors import DuplicateMessageError, StoreError, VersionConflictError
 from apiary.store.json_codec import dump_json, load_json_object
 from apiary.store.memory_handoffs import MemoryHandoffStore
+from apiary.store.memory_negotiations import MemoryArtifactStore, MemoryNegotiationStore
 from apiary.store.memory_rooms import MemoryRoomStore
 from apiary.store.memory_workflows import MemoryWorkflowStore
 from apiary.store.sql_rows import (
@@ -575,6 +576,8 @@ class MemoryStore:
         self.worktrees = MemoryWorktreeStore()
         self.rooms = MemoryRoomStore()
         self.tools = MemoryToolStore()
+        self.negotiations = MemoryNegotiationStore()
+        self.artifacts = MemoryArtifactStore()
 
 
 @asynccontextmanager

@@ -39,6 +39,10 @@ from apiary.store.postgres_handoffs import PostgresHandoffStore
 from apiary.store.postgres_hitl import PostgresHitlStore
 from apiary.store.postgres_idempotency import PostgresIdempotencyStore
 from apiary.store.postgres_messages import PostgresMessageStore
+from apiary.store.postgres_negotiations import (
+    PostgresArtifactStore,
+    PostgresNegotiationStore,
+)
 from apiary.store.postgres_pool import (
     Connection,
     PostgresPool,
@@ -178,6 +182,8 @@ class PostgresStore:
         self.worktrees = PostgresWorktreeStore(pool)
         self.rooms = PostgresRoomStore(pool)
         self.tools = PostgresToolStore(pool)
+        self.negotiations = PostgresNegotiationStore(pool)
+        self.artifacts = PostgresArtifactStore(pool)
 
     @property
     def schema(self) -> str:

@@ -6,10 +6,11 @@ Each aggregate has a small async protocol; a `Store` bundles them. One conforman
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from apiary.core.events import Event, EventDraft, EventFilter
+from apiary.core.negotiation_records import ArtifactRecord, NegotiationRecord, RoundRecord
 from apiary.core.records import (
     AgentRecord,
     DlqEntry,
@@ -378,6 +379,57 @@ class ToolStore(Protocol):
         ...
 
 
+class NegotiationStore(Protocol):
+    """Negotiations (RFC 17): rooms with their EffectivePolicy, their rounds, and the
+    Scheduler's base policy and profiles; open negotiations survive a restart."""
+
+    async def save(self, record: NegotiationRecord, round_: RoundRecord | None = None) -> None:
+        """Insert or replace the record (by negotiation_id) and, when given, the round (by
+        negotiation_id and round), in one transaction."""
+        ...
+
+    async def get(self, negotiation_id: str) -> NegotiationRecord | None: ...
+
+    async def rounds(self, negotiation_id: str) -> list[RoundRecord]:
+        """The negotiation's rounds, ascending."""
+        ...
+
+    async def list(
+        self, states: frozenset[str] | None = None, after_created: float = 0.0, limit: int = 100
+    ) -> list[NegotiationRecord]:
+        """Records in `states` (all when None) created after `after_created`, oldest first
+        (by created_at, then negotiation_id), at most `limit`."""
+        ...
+
+    async def put_policy(self, name: str, policy: Mapping[str, Any], at: float) -> None:
+        """Insert or replace one policy: name '' is the base policy, any other a profile."""
+        ...
+
+    async def replace_profiles(self, profiles: Mapping[str, Mapping[str, Any]], at: float) -> None:
+        """Make `profiles` the whole set of profiles, in one transaction (the base policy
+        stays). A profile may not be named ''."""
+        ...
+
+    async def policies(self) -> dict[str, dict[str, Any]]:
+        """Every stored policy by name ('' for the base policy when one was set)."""
+        ...
+
+
+class ArtifactStore(Protocol):
+    """Negotiation artifacts (RFC 17.4, sw4rm.activity.ActivityService)."""
+
+    async def append(self, artifact: ArtifactRecord) -> bool:
+        """Record the artifact; False (and nothing changes) when one with the same
+        (negotiation_id, kind, version) exists."""
+        ...
+
+    async def get(self, negotiation_id: str, kind: str, version: str) -> ArtifactRecord | None: ...
+
+    async def list(self, negotiation_id: str, kind: str | None = None) -> list[ArtifactRecord]:
+        """The negotiation's artifacts (of `kind` when given) in the order appended."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -416,6 +468,12 @@ class Store(Protocol):
 
     @property
     def tools(self) -> ToolStore: ...
+
+    @property
+    def negotiations(self) -> NegotiationStore: ...
+
+    @property
+    def artifacts(self) -> ArtifactStore: ...
 
     @property
     def backend(self) -> str:

@@ -45,6 +45,7 @@ from apiary.store.sqlite_handoffs import SqliteHandoffStore
 from apiary.store.sqlite_hitl import SqliteHitlStore
 from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
 from apiary.store.sqlite_messages import SqliteMessageStore
+from apiary.store.sqlite_negotiations import SqliteArtifactStore, SqliteNegotiationStore
 from apiary.store.sqlite_rooms import SqliteRoomStore
 from apiary.store.sqlite_tasks import SqliteTaskStore
 from apiary.store.sqlite_tools import SqliteToolStore
@@ -158,6 +159,8 @@ class SqliteStore:
         self.worktrees = SqliteWorktreeStore(database)
         self.rooms = SqliteRoomStore(database)
         self.tools = SqliteToolStore(database)
+        self.negotiations = SqliteNegotiationStore(database)
+        self.artifacts = SqliteArtifactStore(database)
 
     @property
     def database(self) -> SqliteDatabase:

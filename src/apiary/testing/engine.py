@@ -23,6 +23,7 @@ from apiary.core.records import AgentRecord, StoredMessage
 from apiary.engine.admission import Outbound, SendOutcome
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inbox import Handout
+from apiary.engine.negotiation_policies import NegotiationSettings
 from apiary.engine.negotiation_rooms import RoomSettings
 from apiary.engine.presence import PresenceSettings
 from apiary.engine.router import is_notice
@@ -141,6 +142,7 @@ async def open_test_engine(
     handoff: HandoffPolicy | None = None,
     worktrees: WorktreeSettings | None = None,
     rooms: RoomSettings | None = None,
+    negotiation: NegotiationSettings | None = None,
 ) -> AsyncIterator[EngineHarness]:
     """An engine over `store_url` (memory by default; `sqlite:///ABSOLUTE/PATH.db` to test
     restarts). To reopen the same store, pass the same `clock` and `ids`: ids must stay unique
@@ -150,6 +152,7 @@ async def open_test_engine(
     runtime = Runtime(
         clock=clock, ids=ids, sleep=clock.sleep, presence=PresenceSettings(), hitl=hitl,
         handoff=handoff, rooms=rooms,
+        negotiation=negotiation,
     )  # fmt: skip
     opener = open_memory_store() if store_url == "memory://" else open_store(store_url, data_dir)
     async with opener as store:

@@ -1,5 +1,5 @@
-"""sw4rm.hitl.HitlService, apiary.v1.HitlOperatorService and the HITL part of
-sw4rm.scheduler.SchedulerPolicyService: thin adapters over engine/hitl.py."""
+"""sw4rm.hitl.HitlService and apiary.v1.HitlOperatorService: thin adapters over
+engine/hitl.py (SchedulerPolicyService.HitlAction is in scheduler_policy.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from apiary.core.envelope import Envelope, MessageType
 from apiary.core.records import HitlRecord
 from apiary.engine.hitl import Hitl
 from apiary.engine.operators import Operator
-from apiary.errors import NotFoundError, ValidationError
+from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp
@@ -144,33 +144,6 @@ class HitlHandler:
             action=str(decision.get("action", "")),
             decision_payload=json.dumps(decision).encode(),
             rationale=str(decision.get("rationale", "")),
-        )
-
-
-class HitlActionHandler:
-    """SchedulerPolicyService.HitlAction: an operator decides the pending invocation of a
-    negotiation (named by its negotiation id, or by the invocation id itself)."""
-
-    def __init__(self, hitl: Hitl) -> None:
-        self._hitl = hitl
-
-    async def hitl_action(
-        self, req: pb.scheduler_policy_pb2.HitlActionRequest, ctx: CallContext
-    ) -> pb.scheduler_policy_pb2.HitlActionResponse:
-        operator = _operator(self._hitl, ctx)
-        target = next(
-            (r for r in await self._hitl.list(limit=10_000)
-             if req.negotiation_id in (r.invocation_id, r.subject.get("negotiation_id"))),
-            None,
-        )  # fmt: skip
-        if target is None:
-            raise NotFoundError(
-                f"no pending HITL invocation for {req.negotiation_id!r}",
-                {"negotiation_id": req.negotiation_id},
-            )
-        record = await self._hitl.decide(target.invocation_id, req.action, operator, req.rationale)
-        return pb.scheduler_policy_pb2.HitlActionResponse(
-            ok=True, reason=f"{target.invocation_id} {record.state}"
         )
 
 

@@ -1,13 +1,14 @@
 """sw4rm.reasoning.InferenceProxy, also served as ReasoningProxy (INTEROP.md): one handler.
 
-CheckParallelism is answered by the built-in rule-based engine (core/scope_overlap.py);
-EvaluateDebate and Summarize belong to the negotiation area and answer UNIMPLEMENTED until
-it is built.
+CheckParallelism is answered by the built-in rule-based engine (core/scope_overlap.py),
+EvaluateDebate by the negotiation engine's rule-based debate inference (structural agreement of
+the two proposals, engine/negotiation_inference.py); Summarize answers UNIMPLEMENTED.
 """
 
 from __future__ import annotations
 
 from apiary.core.scope_overlap import check_parallelism
+from apiary.engine.negotiation_inference import RuleDebateInference
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.wire import pb
@@ -24,5 +25,18 @@ class InferenceHandler:
                 raise ValidationError.for_field(field, "is required")
         verdict = check_parallelism(req.scope_a, req.scope_b)
         return r.ParallelismCheckResponse(
+            confidence_score=verdict.confidence_score, notes=verdict.notes
+        )
+
+    async def evaluate_debate(
+        self, req: r.DebateEvaluateRequest, ctx: CallContext
+    ) -> r.DebateEvaluateResponse:
+        for field, value in (("proposal_a", req.proposal_a), ("proposal_b", req.proposal_b)):
+            if not value:
+                raise ValidationError.for_field(field, "is required")
+        verdict = await RuleDebateInference().evaluate_debate(
+            req.negotiation_id, req.proposal_a, req.proposal_b, req.intensity
+        )
+        return r.DebateEvaluateResponse(
             confidence_score=verdict.confidence_score, notes=verdict.notes
         )

@@ -24,6 +24,7 @@ from apiary.testing.store_suite import (
     message_deadlines,
     message_retention,
     messages,
+    negotiations,
     rooms,
     tasks,
     tools,
@@ -49,6 +50,7 @@ CHECKS: list[Check] = [
     *worktrees.CHECKS,
     *rooms.CHECKS,
     *tools.CHECKS,
+    *negotiations.CHECKS,
 ]
 """Every check of the suite."""
 

@@ -1,0 +1,143 @@
+"""The SQLite negotiation and artifact stores: `negotiations`, `negotiation_rounds`,
+`negotiation_policies` and `artifacts`."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from typing import Any
+
+from apiary.core.negotiation_records import ArtifactRecord, NegotiationRecord, RoundRecord
+from apiary.store.negotiation_rows import (
+    ARTIFACT_COLUMN_COUNT,
+    ARTIFACT_COLUMNS,
+    NEGOTIATION_COLUMN_COUNT,
+    NEGOTIATION_COLUMNS,
+    ROUND_COLUMN_COUNT,
+    ROUND_COLUMNS,
+    artifact_from_row,
+    artifact_row,
+    negotiation_from_row,
+    negotiation_list_clauses,
+    negotiation_row,
+    policy_from_column,
+    policy_text,
+    round_from_row,
+    round_row,
+)
+from apiary.store.sql_rows import check_limit
+from apiary.store.sqlite_database import SqliteDatabase, placeholders
+
+_PUT = (
+    f"INSERT OR REPLACE INTO negotiations ({NEGOTIATION_COLUMNS})"
+    f" VALUES ({placeholders(NEGOTIATION_COLUMN_COUNT)})"
+)
+_PUT_ROUND = (
+    f"INSERT OR REPLACE INTO negotiation_rounds ({ROUND_COLUMNS})"
+    f" VALUES ({placeholders(ROUND_COLUMN_COUNT)})"
+)
+_PUT_POLICY = (
+    "INSERT OR REPLACE INTO negotiation_policies (name, policy, updated_at) VALUES (?, ?, ?)"
+)
+_APPEND = (
+    f"INSERT INTO artifacts ({ARTIFACT_COLUMNS}) VALUES ({placeholders(ARTIFACT_COLUMN_COUNT)})"
+    " ON CONFLICT (negotiation_id, kind, version) DO NOTHING"
+)
+
+
+class SqliteNegotiationStore:
+    """`NegotiationStore`; JSON fields are JSON text, payloads BLOBs."""
+
+    def __init__(self, database: SqliteDatabase) -> None:
+        self._db = database
+
+    async def save(self, record: NegotiationRecord, round_: RoundRecord | None = None) -> None:
+        row = negotiation_row(record)
+        extra = None if round_ is None else round_row(round_)
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute(_PUT, row)
+            if extra is not None:
+                conn.execute(_PUT_ROUND, extra)
+
+        await self._db.write(job)
+
+    async def get(self, negotiation_id: str) -> NegotiationRecord | None:
+        sql = f"SELECT {NEGOTIATION_COLUMNS} FROM negotiations WHERE negotiation_id = ?"
+        row = await self._db.read(lambda conn: conn.execute(sql, (negotiation_id,)).fetchone())
+        return None if row is None else negotiation_from_row(row)
+
+    async def rounds(self, negotiation_id: str) -> list[RoundRecord]:
+        sql = (
+            f"SELECT {ROUND_COLUMNS} FROM negotiation_rounds WHERE negotiation_id = ?"
+            " ORDER BY round_number"
+        )
+        rows = await self._db.read(lambda conn: conn.execute(sql, (negotiation_id,)).fetchall())
+        return [round_from_row(row) for row in rows]
+
+    async def list(
+        self, states: frozenset[str] | None = None, after_created: float = 0.0, limit: int = 100
+    ) -> list[NegotiationRecord]:
+        check_limit(limit)
+        terms = negotiation_list_clauses(states, after_created, "?")
+        if terms is None:
+            return []
+        clauses, params = terms
+        sql = (
+            f"SELECT {NEGOTIATION_COLUMNS} FROM negotiations WHERE {' AND '.join(clauses)}"
+            " ORDER BY created_at, negotiation_id LIMIT ?"
+        )
+        params.append(limit)
+        rows = await self._db.read(lambda conn: conn.execute(sql, params).fetchall())
+        return [negotiation_from_row(row) for row in rows]
+
+    async def put_policy(self, name: str, policy: Mapping[str, Any], at: float) -> None:
+        values = (name, policy_text(policy), float(at))
+        await self._db.write(lambda conn: conn.execute(_PUT_POLICY, values).rowcount)
+
+    async def replace_profiles(self, profiles: Mapping[str, Mapping[str, Any]], at: float) -> None:
+        if "" in profiles:
+            raise ValueError("a profile needs a name ('' is the base policy)")
+        rows = [(name, policy_text(p), float(at)) for name, p in profiles.items()]
+
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM negotiation_policies WHERE name <> ''")
+            conn.executemany(_PUT_POLICY, rows)
+
+        await self._db.write(job)
+
+    async def policies(self) -> dict[str, dict[str, Any]]:
+        sql = "SELECT name, policy FROM negotiation_policies ORDER BY name"
+        rows = await self._db.read(lambda conn: conn.execute(sql).fetchall())
+        return {name: policy_from_column(text) for name, text in rows}
+
+
+class SqliteArtifactStore:
+    """`ArtifactStore` in the `artifacts` table; contents are BLOBs."""
+
+    def __init__(self, database: SqliteDatabase) -> None:
+        self._db = database
+
+    async def append(self, artifact: ArtifactRecord) -> bool:
+        row = artifact_row(artifact)
+        added: int = await self._db.write(lambda conn: conn.execute(_APPEND, row).rowcount)
+        return added == 1
+
+    async def get(self, negotiation_id: str, kind: str, version: str) -> ArtifactRecord | None:
+        sql = (
+            f"SELECT {ARTIFACT_COLUMNS} FROM artifacts"
+            " WHERE negotiation_id = ? AND kind = ? AND version = ?"
+        )
+        key = (negotiation_id, kind, version)
+        row = await self._db.read(lambda conn: conn.execute(sql, key).fetchone())
+        return None if row is None else artifact_from_row(row)
+
+    async def list(self, negotiation_id: str, kind: str | None = None) -> list[ArtifactRecord]:
+        sql = f"SELECT {ARTIFACT_COLUMNS} FROM artifacts WHERE negotiation_id = ?"
+        params: list[Any] = [negotiation_id]
+        if kind is not None:
+            sql += " AND kind = ?"
+            params.append(kind)
+        sql += " ORDER BY seq"
+        rows = await self._db.read(lambda conn: conn.execute(sql, params).fetchall())
+        return [artifact_from_row(row) for row in rows]
