@@ -33,7 +33,8 @@ V1_COLUMNS = (
     " state, created_at, updated_at, error_code"
 )
 V1_ROW = ("m-1", "b", 1, "a", "c-1", 2, b"\x00envelope\xff", "RECEIVED", 1.5, 2.5, "")
-LATEST = load_migrations("sqlite")[-1].version
+SHIPPED = [m.version for m in load_migrations("sqlite")]
+"""Every version shipped (a version still reserved for another aggregate may be missing)."""
 
 
 def expected_message() -> StoredMessage:
@@ -84,7 +85,7 @@ async def test_a_version_1_sqlite_file_is_upgraded_in_place(tmp_path: Path) -> N
         await check_upgraded(store)
     with sqlite3.connect(path) as raw:
         versions = [v for (v,) in raw.execute("SELECT version FROM schema_migrations")]
-    assert versions == list(range(1, LATEST + 1))
+    assert versions == SHIPPED
 
 
 @pytest.mark.postgres
@@ -106,7 +107,7 @@ async def test_a_version_1_postgres_schema_is_upgraded_in_place(
                 sql.Identifier(postgres_schema)
             )
         ).fetchall()
-    assert [v for (v,) in rows] == list(range(1, LATEST + 1))
+    assert [v for (v,) in rows] == SHIPPED
 
 
 # --- version 2 -> 3 (the hitl table) ----------------------------------------------------
@@ -174,7 +175,7 @@ async def test_a_version_2_sqlite_file_is_upgraded_in_place(tmp_path: Path) -> N
         assert await store.hitl.get("inv-1") == hitl_record("inv-1")
     with sqlite3.connect(path) as raw:
         versions = [v for (v,) in raw.execute("SELECT version FROM schema_migrations")]
-    assert versions == list(range(1, LATEST + 1))
+    assert versions == SHIPPED
 
 
 @pytest.mark.postgres
@@ -199,4 +200,4 @@ async def test_a_version_2_postgres_schema_is_upgraded_in_place(
                 sql.Identifier(postgres_schema)
             )
         ).fetchall()
-    assert [v for (v,) in rows] == list(range(1, LATEST + 1))
+    assert [v for (v,) in rows] == SHIPPED

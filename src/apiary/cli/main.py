@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from apiary import __version__
-from apiary.cli import agent, dlq, hitl
+from apiary.cli import agent, dlq, hitl, swarm
 from apiary.cli.demo import demo
 from apiary.cli.events import events
 from apiary.cli.serve import serve
@@ -22,6 +22,7 @@ app.command()(events)
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(hitl.app, name="hitl")
 app.add_typer(agent.app, name="agent")
+app.add_typer(swarm.app, name="swarm")
 
 
 @app.command()

@@ -17,7 +17,10 @@ COORDINATOR = "coordinator"
 SCHEDULER = "scheduler"
 """producer_id of the Scheduler's task and control envelopes (RFC Appendix C.3 names it so);
 unlike the coordinator's notices they are tracked messages that agents acknowledge."""
-RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER})
+SWARM_BRIDGE = "swarm"
+"""producer_id of the envelopes the Agent Swarm Protocol bridge delivers, and the endpoint its
+replies are sent to (apiary/swarm/bridge.py)."""
+RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, SWARM_BRIDGE})
 """Participant ids no agent may register under."""
 
 

@@ -9,8 +9,8 @@ TOML (`--config FILE` or APIARY_CONFIG):
     store = "postgresql://..."      # optional; default SQLite under data_dir
     log_level = "INFO"
 
-Further tables: [router], [hitl] (+ [[hitl.operators]]) and [scheduler] (docs/scheduler.md,
-"Configuration").
+Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/scheduler.md,
+"Configuration") and [swarm] (docs/swarm.md: a swarm peer inside the coordinator).
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
@@ -35,6 +35,7 @@ from apiary.engine.lifecycle import LifecycleSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.errors import ValidationError
+from apiary.swarm.settings import PeerSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _T = TypeVar("_T")
@@ -73,6 +74,8 @@ class ServerConfig:
     """Human-in-the-loop settings: TOML table [hitl] and [[hitl.operators]]."""
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     """Scheduler settings: TOML table [scheduler] (see docs/scheduler.md)."""
+    swarm: PeerSettings | None = None
+    """A swarm peer served by the coordinator: TOML table [swarm] (docs/swarm.md)."""
 
 
 _ENV = {
@@ -434,7 +437,21 @@ def scheduler_settings(values: Mapping[str, Any], source: str) -> SchedulerSetti
     return _built(SchedulerSettings, source, **changes)
 
 
-_TABLES = ("server", "router", "hitl", "scheduler")
+def swarm_settings(values: Mapping[str, Any], source: str) -> PeerSettings:
+    """PeerSettings from the [swarm] table: home (required), listen, cert, key, bridge_agent,
+    wake; relative paths are taken from the current directory."""
+    known = {f.name: str for f in fields(PeerSettings)}
+    changes = _typed_fields(values, known, "swarm.", source)
+    if not changes.get("home"):
+        raise ValidationError(f"{source}: swarm.home is required", {"field": "swarm.home"})
+    if changes.get("listen") and not (changes.get("cert") and changes.get("key")):
+        raise ValidationError(
+            f"{source}: swarm.listen needs swarm.cert and swarm.key (TLS)", {"field": "swarm.cert"}
+        )
+    return PeerSettings(**{**changes, "home": Path(changes["home"])})
+
+
+_TABLES = ("server", "router", "hitl", "scheduler", "swarm")
 
 
 def load_config(
@@ -474,6 +491,9 @@ def load_config(
         if not isinstance(scheduler, dict):
             raise ValidationError(f"{path}: [scheduler] must be a table", {"field": "scheduler"})
         config = replace(config, scheduler=scheduler_settings(scheduler, f"{path} [scheduler]"))
+        if "swarm" in doc:
+            swarm = _table(doc["swarm"], "swarm", str(path))
+            config = replace(config, swarm=swarm_settings(swarm, f"{path} [swarm]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +46,8 @@ from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import SchedulerHandler
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
+from apiary.swarm.peer import SwarmPeer, open_swarm_peer
+from apiary.swarm.transport import add_swarm_routes
 from apiary.system import SystemClock, UuidIds
 from apiary.wire.codec import ProtobufEnvelopeCodec
 
@@ -63,6 +66,9 @@ class Runtime:
     presence: PresenceSettings = field(default_factory=PresenceSettings)
     hitl: HitlSettings | None = None
     """Overrides the configuration's [hitl] settings (tests)."""
+    swarm_client_tls: ssl.SSLContext | None = None
+    """How the swarm peer verifies its peers' certificates (tests: a private CA); None: the
+    swarm home's ca_file, else the system's CAs."""
 
 
 @dataclass(slots=True)
@@ -81,6 +87,8 @@ class Coordinator:
     hitl: Hitl | None = None
     activity: Activity | None = None
     scheduler: Scheduler | None = None
+    swarm: SwarmPeer | None = None
+    """The swarm peer, when the configuration has a [swarm] table."""
     ready: bool = False
 
 
@@ -189,10 +197,25 @@ async def open_coordinator(
     """Run a coordinator for the duration of the block; shuts down gracefully on exit."""
     runtime = runtime or Runtime(clock=clock or SystemClock())
     settings = router_settings or config.router
-    async with open_store(config.store or None, config.data_dir) as store:
+    async with (
+        open_store(config.store or None, config.data_dir) as store,
+        AsyncExitStack() as optional,
+    ):
         engine = build_engine(
             store, settings, runtime, config.hitl, config.scheduler, config.data_dir
         )
+        swarm = None
+        if config.swarm is not None:
+            swarm = await optional.enter_async_context(
+                open_swarm_peer(
+                    config.swarm,
+                    store.swarm,
+                    engine.router,
+                    clock=runtime.clock,
+                    ids=runtime.ids,
+                    ssl_context=runtime.swarm_client_tls,
+                )
+            )
         await engine.registry.load()
         await engine.hitl.load()
         await engine.scheduler.load()
@@ -210,12 +233,13 @@ async def open_coordinator(
         state.hitl = engine.hitl
         state.activity = engine.activity
         state.scheduler = engine.scheduler
+        state.swarm = swarm
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
-        runner = web.AppRunner(
-            build_http_app(dispatcher, metrics, lambda: state.ready),
-            shutdown_timeout=SHUTDOWN_GRACE_S,
-        )
+        app = build_http_app(dispatcher, metrics, lambda: state.ready)
+        if swarm is not None:
+            add_swarm_routes(app, swarm.node)
+        runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         await web.SockSite(runner, http_socket).start()
         await server.start()

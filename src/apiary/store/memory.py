@@ -28,6 +28,7 @@ from apiary.core.records import (
 )
 from apiary.store.errors import DuplicateMessageError, StoreError
 from apiary.store.json_codec import dump_json, load_json_object
+from apiary.store.memory_swarm import MemorySwarmStore
 from apiary.store.sql_rows import (
     check_limit,
     dlq_insert_row,
@@ -493,6 +494,7 @@ class MemoryStore:
         self.dlq = MemoryDlqStore()
         self.hitl = MemoryHitlStore()
         self.tasks = MemoryTaskStore()
+        self.swarm = MemorySwarmStore()
 
 
 @asynccontextmanager

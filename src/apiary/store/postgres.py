@@ -10,8 +10,8 @@ the exception: an identity column, so they only grow but may skip numbers after 
 which the DLQ allows.
 
 The event log and the registry are here; the other aggregates are in `postgres_messages`,
-`postgres_idempotency`, `postgres_dlq`, `postgres_hitl` and `postgres_tasks`, the pool and
-query helpers in `postgres_pool`.
+`postgres_idempotency`, `postgres_dlq`, `postgres_hitl`, `postgres_tasks` and
+`postgres_swarm`, the pool and query helpers in `postgres_pool`.
 
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
 themselves with a fresh schema each. The schema is chosen by the `schema` argument or an
@@ -45,6 +45,7 @@ from apiary.store.postgres_pool import (
     scalar,
     set_search_path,
 )
+from apiary.store.postgres_swarm import PostgresSwarmStore
 from apiary.store.postgres_tasks import PostgresTaskStore
 from apiary.store.sql_rows import (
     AGENT_COLUMNS,
@@ -167,6 +168,7 @@ class PostgresStore:
         self.dlq = PostgresDlqStore(pool)
         self.hitl = PostgresHitlStore(pool)
         self.tasks = PostgresTaskStore(pool)
+        self.swarm = PostgresSwarmStore(pool)
 
     @property
     def schema(self) -> str:

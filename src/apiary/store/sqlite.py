@@ -1,10 +1,11 @@
 """The SQLite backend, the default: one file, WAL, one group-committing writer.
 
 The aggregates (here and in `sqlite_messages`, `sqlite_idempotency`, `sqlite_dlq`,
-`sqlite_hitl`, `sqlite_tasks`) only say what to read and write; `sqlite_database` owns the
-connections, the writer thread (`sqlite_writer`), the checkpointer (`sqlite_checkpoint`) and
-the schema migrations. Values are encoded on the caller's side, so the writer thread, which
-holds up every commit, does as little Python work as possible.
+`sqlite_hitl`, `sqlite_tasks`, `sqlite_swarm`) only say what to read and write;
+`sqlite_database` owns the connections, the writer thread (`sqlite_writer`), the
+checkpointer (`sqlite_checkpoint`) and the schema migrations. Values are encoded on the
+caller's side, so the writer thread, which holds up every commit, does as little Python work
+as possible.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from apiary.store.sqlite_dlq import SqliteDlqStore
 from apiary.store.sqlite_hitl import SqliteHitlStore
 from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
 from apiary.store.sqlite_messages import SqliteMessageStore
+from apiary.store.sqlite_swarm import SqliteSwarmStore
 from apiary.store.sqlite_tasks import SqliteTaskStore
 
 _INSERT_EVENTS = (
@@ -142,6 +144,7 @@ class SqliteStore:
         self.dlq = SqliteDlqStore(database)
         self.hitl = SqliteHitlStore(database)
         self.tasks = SqliteTaskStore(database)
+        self.swarm = SqliteSwarmStore(database)
 
     @property
     def database(self) -> SqliteDatabase:

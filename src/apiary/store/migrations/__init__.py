@@ -1,7 +1,8 @@
 """Versioned schema migrations shared by the SQL backends.
 
 Each backend keeps its scripts in a subdirectory of this package (`sqlite/`, `postgres/`),
-named `NNNN_description.sql` with versions 1, 2, 3... and no gaps. A backend records what it
+named `NNNN_description.sql` with unique versions from 1 (a version reserved for an aggregate
+still being written may be missing). A backend records what it
 applied in a `schema_migrations` table (version, name, applied_at) and, inside one transaction,
 applies the scripts it has not applied yet, in order. The decisions that do not depend on the
 database (which scripts exist, which are pending, whether the database is newer than this
@@ -53,8 +54,13 @@ def load_migrations(dialect: Dialect) -> tuple[Migration, ...]:
         )
     migrations.sort(key=lambda m: m.version)
     versions = [m.version for m in migrations]
-    if versions != list(range(1, len(migrations) + 1)):
-        raise RuntimeError(f"{dialect} migration versions must be 1..N without gaps: {versions}")
+    # Versions are handed out to aggregates as they are designed, so a build may ship, say,
+    # 1-4 and 11 while 5-10 are still being written; a database that applied 11 first gets
+    # 5-10 when they ship (they are independent tables). What is refused is a version twice.
+    if (versions and versions[0] != 1) or len(set(versions)) != len(versions):
+        raise RuntimeError(
+            f"{dialect} migration versions must start at 1 and be unique: {versions}"
+        )
     return tuple(migrations)
 
 

@@ -23,6 +23,7 @@ from apiary.testing.store_suite import (
     message_deadlines,
     message_retention,
     messages,
+    swarm,
     tasks,
     whole_store,
 )
@@ -39,6 +40,7 @@ CHECKS: list[Check] = [
     *dlq.CHECKS,
     *hitl.CHECKS,
     *tasks.CHECKS,
+    *swarm.CHECKS,
 ]
 """Every check of the suite."""
 
