@@ -3,6 +3,7 @@ whom, idempotent re-joins, approval, mutes, and the state file's JSON."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import jsonschema
@@ -201,3 +202,18 @@ def test_rate_limits_answer_retry_after_in_seconds() -> None:
     assert (JOINS_PER_IP.count, JOINS_PER_IP.window_s) == (10, 3600.0)
     with pytest.raises(ValueError):
         Limit(0, 60.0)
+
+
+def test_a_system_operation_is_read_from_the_signed_content_first() -> None:
+    master = _master_with("b", "c")
+    member_b = replace(master, agent_id="b")
+    signed = json.dumps({"action": "member_kicked", "agent_id": "c", "swarm_id": SWARM})
+    # Top-level fields are not covered by the signature: when the content carries the
+    # operation, an altered copy at the top level changes nothing.
+    message = replace(_message("a", action="member_kicked", agent_id="b"), content=signed)
+    assert message.system_body()["agent_id"] == "c"
+    after = m.apply_system(member_b, message)
+    assert [x.agent_id for x in after.swarm(SWARM).members] == ["a", "b"]
+    # Without an operation in the content, the top level is read (the existing implementation).
+    legacy = replace(_message("a", action="member_kicked", agent_id="c"), content="kicked c")
+    assert legacy.system_body()["agent_id"] == "c"

@@ -5,7 +5,18 @@ from __future__ import annotations
 import typer
 
 from apiary import __version__
-from apiary.cli import agent, dlq, handoff, hitl, negotiation, room, tool, workflow, worktree
+from apiary.cli import (
+    agent,
+    dlq,
+    handoff,
+    hitl,
+    negotiation,
+    room,
+    swarm,
+    tool,
+    workflow,
+    worktree,
+)
 from apiary.cli.demo import demo
 from apiary.cli.events import events
 from apiary.cli.serve import serve
@@ -28,6 +39,7 @@ app.add_typer(workflow.app, name="workflow")
 app.add_typer(worktree.app, name="worktree")
 app.add_typer(tool.app, name="tool")
 app.add_typer(negotiation.app, name="negotiation")
+app.add_typer(swarm.app, name="swarm")
 
 
 @app.command()

@@ -23,7 +23,10 @@ WORKTREES = "worktrees"
 TOOLS = "tools"
 """The tool service's endpoint: producer of TOOL_CALL envelopes to agent providers, recipient
 of their TOOL_RESULT and TOOL_ERROR envelopes (docs/tools.md)."""
-RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, WORKTREES, ROOM_SERVICE, TOOLS})
+SWARM_BRIDGE = "swarm"
+"""producer_id of the envelopes the Agent Swarm Protocol bridge delivers, and the endpoint its
+replies are sent to (apiary/swarm/bridge.py)."""
+RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, WORKTREES, ROOM_SERVICE, TOOLS, SWARM_BRIDGE})
 """Participant ids no agent may register under (ROOM_SERVICE: the negotiation-room service,
 producer of the rooms' notifications)."""
 

@@ -12,8 +12,8 @@ TOML (`--config FILE` or APIARY_CONFIG):
 Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/scheduler.md,
 "Configuration"), [handoff] (docs/handoff.md), [worktrees] (+ [[worktrees.repos]],
 docs/worktrees.md), [rooms] (docs/negotiation-rooms.md, "Configuration"), [tools]
-(docs/tools.md, "Configuration"; parsed in tool_config.py) and [negotiation]
-(docs/negotiation.md).
+(docs/tools.md, "Configuration"; parsed in tool_config.py), [negotiation]
+(docs/negotiation.md) and [swarm] (docs/swarm.md: a swarm peer inside the coordinator).
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """
@@ -46,6 +46,7 @@ from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
 from apiary.errors import ValidationError
 from apiary.server.negotiation_config import negotiation_settings
 from apiary.server.tool_config import tool_settings
+from apiary.swarm.settings import PeerSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _T = TypeVar("_T")
@@ -94,6 +95,8 @@ class ServerConfig:
     """Tool settings: TOML table [tools] (see docs/tools.md)."""
     negotiation: NegotiationSettings = field(default_factory=NegotiationSettings)
     """Negotiation settings: TOML table [negotiation] (see docs/negotiation.md)."""
+    swarm: PeerSettings | None = None
+    """A swarm peer served by the coordinator: TOML table [swarm] (docs/swarm.md)."""
 
 
 _ENV = {
@@ -528,9 +531,23 @@ def room_settings(values: Any, source: str) -> RoomSettings:
     return _built(RoomSettings.from_settings, source, values)
 
 
+def swarm_settings(values: Mapping[str, Any], source: str) -> PeerSettings:
+    """PeerSettings from the [swarm] table: home (required), listen, cert, key, bridge_agent,
+    wake; relative paths are taken from the current directory."""
+    known = {f.name: str for f in fields(PeerSettings)}
+    changes = _typed_fields(values, known, "swarm.", source)
+    if not changes.get("home"):
+        raise ValidationError(f"{source}: swarm.home is required", {"field": "swarm.home"})
+    if changes.get("listen") and not (changes.get("cert") and changes.get("key")):
+        raise ValidationError(
+            f"{source}: swarm.listen needs swarm.cert and swarm.key (TLS)", {"field": "swarm.cert"}
+        )
+    return PeerSettings(**{**changes, "home": Path(changes["home"])})
+
+
 _TABLES = (
     "server", "router", "hitl", "scheduler", "handoff", "worktrees", "rooms", "tools",
-    "negotiation",
+    "negotiation", "swarm",
 )  # fmt: skip
 
 
@@ -592,6 +609,9 @@ def load_config(
         config = replace(
             config, negotiation=negotiation_settings(negotiation, f"{path} [negotiation]")
         )
+        if "swarm" in doc:
+            swarm = _table(doc["swarm"], "swarm", str(path))
+            config = replace(config, swarm=swarm_settings(swarm, f"{path} [swarm]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
     return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")

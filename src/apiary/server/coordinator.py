@@ -6,8 +6,9 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -69,6 +70,8 @@ from apiary.server.services.workflow import WorkflowHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
+from apiary.swarm.peer import SwarmPeer, open_swarm_peer
+from apiary.swarm.transport import add_swarm_routes
 from apiary.system import SystemClock, UuidIds
 from apiary.wire.codec import ProtobufEnvelopeCodec
 
@@ -100,6 +103,9 @@ class Runtime:
     """Starts tool processes (default: the sandbox, apiary.sandbox)."""
     negotiation: NegotiationSettings | None = None
     """Overrides the configuration's [negotiation] settings (tests)."""
+    swarm_client_tls: ssl.SSLContext | None = None
+    """How the swarm peer verifies its peers' certificates (tests: a private CA); None: the
+    swarm home's ca_file, else the system's CAs."""
 
 
 @dataclass(slots=True)
@@ -124,6 +130,8 @@ class Coordinator:
     rooms: NegotiationRooms | None = None
     tools: ToolService | None = None
     negotiations: Negotiations | None = None
+    swarm: SwarmPeer | None = None
+    """The swarm peer, when the configuration has a [swarm] table."""
     ready: bool = False
 
 
@@ -331,11 +339,26 @@ async def open_coordinator(
     """Run a coordinator for the duration of the block; shuts down gracefully on exit."""
     runtime = runtime or Runtime(clock=clock or SystemClock())
     settings = router_settings or config.router
-    async with open_store(config.store or None, config.data_dir) as store:
+    async with (
+        open_store(config.store or None, config.data_dir) as store,
+        AsyncExitStack() as optional,
+    ):
         engine = build_engine(
             store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
             config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
+        swarm = None
+        if config.swarm is not None:
+            swarm = await optional.enter_async_context(
+                open_swarm_peer(
+                    config.swarm,
+                    store.swarm,
+                    engine.router,
+                    clock=runtime.clock,
+                    ids=runtime.ids,
+                    ssl_context=runtime.swarm_client_tls,
+                )
+            )
         recovered = await load_engine(engine)
         metrics = Metrics(engine.router, engine.activity, engine.scheduler)
         dispatcher = Dispatcher(_handlers(engine, runtime))
@@ -344,12 +367,13 @@ async def open_coordinator(
         if grpc_port == 0:
             raise OSError(f"cannot bind the gRPC port {config.grpc}")
         state = _coordinator(config, store, engine, Address(config.grpc.host, grpc_port))
+        state.swarm = swarm
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
-        runner = web.AppRunner(
-            build_http_app(dispatcher, metrics, lambda: state.ready),
-            shutdown_timeout=SHUTDOWN_GRACE_S,
-        )
+        app = build_http_app(dispatcher, metrics, lambda: state.ready)
+        if swarm is not None:
+            add_swarm_routes(app, swarm.node)
+        runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         await web.SockSite(runner, http_socket).start()
         await server.start()

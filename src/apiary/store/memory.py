@@ -33,6 +33,7 @@ from apiary.store.json_codec import dump_json, load_json_object
 from apiary.store.memory_handoffs import MemoryHandoffStore
 from apiary.store.memory_negotiations import MemoryArtifactStore, MemoryNegotiationStore
 from apiary.store.memory_rooms import MemoryRoomStore
+from apiary.store.memory_swarm import MemorySwarmStore
 from apiary.store.memory_workflows import MemoryWorkflowStore
 from apiary.store.sql_rows import (
     check_limit,
@@ -578,6 +579,7 @@ class MemoryStore:
         self.tools = MemoryToolStore()
         self.negotiations = MemoryNegotiationStore()
         self.artifacts = MemoryArtifactStore()
+        self.swarm = MemorySwarmStore()
 
 
 @asynccontextmanager

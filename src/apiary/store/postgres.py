@@ -13,6 +13,7 @@ The event log and the registry are here; the other aggregates are in `postgres_m
 `postgres_idempotency`, `postgres_dlq`, `postgres_hitl`, `postgres_tasks` and
 `postgres_handoffs`, `postgres_worktrees`, the pool and query helpers in `postgres_pool`.
 `postgres_tools`, the pool and query helpers in `postgres_pool`.
+`postgres_swarm`, the pool and query helpers in `postgres_pool`.
 
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
 themselves with a fresh schema each. The schema is chosen by the `schema` argument or an
@@ -52,6 +53,7 @@ from apiary.store.postgres_pool import (
     set_search_path,
 )
 from apiary.store.postgres_rooms import PostgresRoomStore
+from apiary.store.postgres_swarm import PostgresSwarmStore
 from apiary.store.postgres_tasks import PostgresTaskStore
 from apiary.store.postgres_tools import PostgresToolStore
 from apiary.store.postgres_workflows import PostgresWorkflowStore
@@ -184,6 +186,7 @@ class PostgresStore:
         self.tools = PostgresToolStore(pool)
         self.negotiations = PostgresNegotiationStore(pool)
         self.artifacts = PostgresArtifactStore(pool)
+        self.swarm = PostgresSwarmStore(pool)
 
     @property
     def schema(self) -> str:

@@ -29,6 +29,7 @@ from apiary.core.room_records import (
     ProposalRecord,
     VoteRecord,
 )
+from apiary.core.swarm_mail import InboxEntry, OutboxEntry
 from apiary.core.tool_descriptor import ToolProviderRecord
 from apiary.core.workflow_definition import WorkflowSpec
 from apiary.core.workflow_node import NodeRun
@@ -430,6 +431,55 @@ class ArtifactStore(Protocol):
         ...
 
 
+class SwarmStore(Protocol):
+    """The Agent Swarm Protocol's inbox and outbox (core/swarm_mail.py)."""
+
+    async def receive(self, entry: InboxEntry) -> bool:
+        """Add a received message; False, changing nothing, when its message_id is already
+        in the inbox (a re-post is ignored, whatever its content)."""
+        ...
+
+    async def inbox_get(self, message_id: str) -> InboxEntry | None: ...
+
+    async def list_recent(
+        self,
+        swarm_id: str | None = None,
+        limit: int = 50,
+        statuses: frozenset[str] | None = None,
+    ) -> list[InboxEntry]:
+        """Messages of `swarm_id` (all swarms when None) in `statuses` (when None: all but
+        deleted), newest received first (ties by message_id, descending), at most
+        min(limit, 100); ValueError for a negative limit or an unknown status."""
+        ...
+
+    async def set_status(self, message_id: str, status: str, at: float) -> InboxEntry | None:
+        """Record `status` (not checked against the current one: see `inbox_move`); the first
+        move to read sets read_at, a move to deleted sets deleted_at. None when unknown."""
+        ...
+
+    async def thread_latest(self, key: str) -> InboxEntry | None:
+        """The newest received message whose message_id or thread_id is `key`."""
+        ...
+
+    async def outbox_put(self, entry: OutboxEntry) -> None:
+        """Insert or replace the row of (message_id, destination)."""
+        ...
+
+    async def outbox_get(self, message_id: str) -> list[OutboxEntry]:
+        """Every destination's row of one message, by destination."""
+        ...
+
+    async def outbox_recent(
+        self,
+        swarm_id: str | None = None,
+        limit: int = 50,
+        statuses: frozenset[str] | None = None,
+    ) -> list[OutboxEntry]:
+        """Rows newest first (created_at, then message_id and destination descending), at
+        most min(limit, 100)."""
+        ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -474,6 +524,9 @@ class Store(Protocol):
 
     @property
     def artifacts(self) -> ArtifactStore: ...
+
+    @property
+    def swarm(self) -> SwarmStore: ...
 
     @property
     def backend(self) -> str:

@@ -3,6 +3,7 @@
 The aggregates (here and in `sqlite_messages`, `sqlite_idempotency`, `sqlite_dlq`,
 `sqlite_hitl`, `sqlite_tasks`, `sqlite_handoffs`, `sqlite_worktrees`, ...) only say what to
 read and write;
+`sqlite_hitl`, `sqlite_tasks`, `sqlite_swarm`) only say what to read and write;
 `sqlite_database` owns the connections, the writer thread (`sqlite_writer`), the
 checkpointer (`sqlite_checkpoint`) and the schema migrations. Values are encoded on the
 caller's side, so the writer thread, which holds up every commit, does as little Python work
@@ -47,6 +48,7 @@ from apiary.store.sqlite_idempotency import SqliteIdempotencyStore
 from apiary.store.sqlite_messages import SqliteMessageStore
 from apiary.store.sqlite_negotiations import SqliteArtifactStore, SqliteNegotiationStore
 from apiary.store.sqlite_rooms import SqliteRoomStore
+from apiary.store.sqlite_swarm import SqliteSwarmStore
 from apiary.store.sqlite_tasks import SqliteTaskStore
 from apiary.store.sqlite_tools import SqliteToolStore
 from apiary.store.sqlite_workflows import SqliteWorkflowStore
@@ -161,6 +163,7 @@ class SqliteStore:
         self.tools = SqliteToolStore(database)
         self.negotiations = SqliteNegotiationStore(database)
         self.artifacts = SqliteArtifactStore(database)
+        self.swarm = SqliteSwarmStore(database)
 
     @property
     def database(self) -> SqliteDatabase:

@@ -65,3 +65,15 @@ def rate_limited(scope: str, retry_after_s: int) -> SwarmError:
         429, "RATE_LIMITED", f"too many requests ({scope}); retry in {retry_after_s} s",
         retry_after_s=retry_after_s,
     )  # fmt: skip
+
+
+class SwarmFileError(Exception):
+    """A local file (identity key, state file, node configuration) that cannot be used: the
+    message names the file and, where there is one, the offending field."""
+
+    def __init__(self, path: object, problem: str, field: str = "") -> None:
+        where = f"{path}: {field}: " if field else f"{path}: "
+        super().__init__(where + problem)
+        self.path = str(path)
+        self.problem = problem
+        self.field = field

@@ -110,24 +110,31 @@ def decode_invite(token: object) -> InviteClaims:
     )  # fmt: skip
 
 
-def check_invite(
-    token: str, master_key: str, *, swarm_id: str, endpoint: str, now: float, uses: int
-) -> InviteClaims:
-    """Verify a token for a join at `endpoint` of `swarm_id`: signature by the master's key,
-    the swarm and endpoint claims, expiry and use count. 400 INVALID_TOKEN, TOKEN_EXPIRED or
-    TOKEN_EXHAUSTED otherwise."""
+def verify_invite(token: str, issuer_key: str, *, swarm_id: str, endpoint: str) -> InviteClaims:
+    """The claims of a token signed by `issuer_key` for a join at `endpoint` of `swarm_id`;
+    400 INVALID_TOKEN otherwise. Expiry and use count are `check_invite`'s."""
     claims = decode_invite(token)
     signing, _, signature = token.rpartition(".")
     try:
         raw = _unb64u(signature)
     except (ValueError, binascii.Error):
         raise _bad("signature is not base64url") from None
-    if not verify(master_key, signing.encode(), base64.b64encode(raw).decode()):
+    if not verify(issuer_key, signing.encode(), base64.b64encode(raw).decode()):
         raise _bad("signature does not verify for the swarm master")
     if claims.swarm_id != swarm_id:
         raise _bad(f"issued for swarm {claims.swarm_id}, not {swarm_id}")
     if claims.endpoint.rstrip("/") != endpoint.rstrip("/"):
         raise _bad(f"issued for endpoint {claims.endpoint}, not {endpoint}")
+    return claims
+
+
+def check_invite(
+    token: str, master_key: str, *, swarm_id: str, endpoint: str, now: float, uses: int
+) -> InviteClaims:
+    """Verify a token for a join at `endpoint` of `swarm_id`: signature by the master's key,
+    the swarm and endpoint claims, expiry and use count. 400 INVALID_TOKEN, TOKEN_EXPIRED or
+    TOKEN_EXHAUSTED otherwise."""
+    claims = verify_invite(token, master_key, swarm_id=swarm_id, endpoint=endpoint)
     if claims.expires_at is not None and parse_timestamp(claims.expires_at, "expires_at") <= now:
         raise SwarmError(400, "TOKEN_EXPIRED", f"invite token expired at {claims.expires_at}",
                          field="invite_token")  # fmt: skip
@@ -136,6 +143,11 @@ def check_invite(
                          f"invite token already used {uses} of {claims.max_uses} time(s)",
                          field="invite_token")  # fmt: skip
     return claims
+
+
+def token_key(token: str) -> str:
+    """What a token's uses are counted under: its signature (unique per token)."""
+    return token.rpartition(".")[2]
 
 
 def invite_url(claims: InviteClaims, token: str) -> str:

@@ -61,6 +61,11 @@ def public_key(text: object, name: str = "public_key") -> Ed25519PublicKey:
     return Ed25519PublicKey.from_public_bytes(raw)
 
 
+def normalize_key(text: object, name: str = "public_key") -> str:
+    """A public key in the state file's form: standard base64 of the raw 32 bytes."""
+    return base64.b64encode(public_key(text, name).public_bytes_raw()).decode()
+
+
 def verify(key: str, data: bytes, signature: str) -> bool:
     """Whether `signature` (base64) signs `data` under `key` (base64); False when malformed."""
     try:

@@ -115,6 +115,10 @@ class Outcome:
     status: str = "ok"
     """join: accepted, pending or already (a re-join)."""
 
+    def split(self) -> tuple[MembershipState, Outcome]:
+        """(new state, this outcome): the form a state file's update takes."""
+        return self.state, self
+
 
 def _lifecycle(swarm: Swarm, action: str, agent_id: str, recipients: Iterable[str],
                **fields: Any) -> Notice:  # fmt: skip
@@ -253,8 +257,10 @@ def approve(state: MembershipState, swarm_id: str, agent_id: str) -> Outcome:
 def _add(state: MembershipState, swarm: Swarm, joiner: Member) -> Outcome:
     before = swarm.others(state.agent_id)
     swarm = replace(swarm, members=(*swarm.members, joiner))
+    # Announced to the members there were; with none yet, the notice still goes to the
+    # master's own inbox (the protocol: the master persists member_joined).
     notice = _lifecycle(swarm, "member_joined", joiner.agent_id, before, member=joiner.to_json())
-    return Outcome(state.with_swarm(swarm), (notice,) if before else (), status="accepted")
+    return Outcome(state.with_swarm(swarm), (notice,), status="accepted")
 
 
 def joined(state: MembershipState, swarm_id: str, name: str, master: str,
@@ -342,11 +348,15 @@ def state_to_json(state: MembershipState) -> dict[str, Any]:
         "swarms": swarms,
         "muted_swarms": sorted(state.muted_swarms),
         "muted_agents": sorted(state.muted_agents),
-        "public_keys": {
-            agent: {"public_key": k.public_key, "fetched_at": k.fetched_at, "endpoint": k.endpoint}
-            for agent, k in sorted(state.public_keys.items())
-        },
+        "public_keys": {agent: _key_json(k) for agent, k in sorted(state.public_keys.items())},
     }
+
+
+def _key_json(entry: KeyEntry) -> dict[str, str]:
+    body = {"public_key": entry.public_key, "fetched_at": entry.fetched_at}
+    if entry.endpoint:  # optional, and an https:// URL when present
+        body["endpoint"] = entry.endpoint
+    return body
 
 
 def state_from_json(body: Mapping[str, Any]) -> MembershipState:

@@ -3,8 +3,9 @@ that name the field, the timestamp form, and the bytes a signature covers.
 
 Unknown fields are ignored, not refused, and kept in `extra` (a newer minor version may add
 some). System operations travel as ordinary signed messages of type "system"; their `action`
-and its fields are read from the top level of the body (what the existing implementation
-sends) or, when absent there, from `content` holding a JSON object.
+and its fields are read from `content` holding a JSON object (signed: what Apiary sends, with
+a copy at the top level) or, when it holds none, from the top level of the body (what the
+existing implementation sends).
 """
 
 from __future__ import annotations
@@ -108,14 +109,16 @@ class SwarmMessage:
         return str(self.system_body().get("action", "")) if self.type == "system" else ""
 
     def system_body(self) -> dict[str, Any]:
-        """The system operation's fields: the top-level extras, else `content` as JSON."""
-        if "action" in self.extra:
-            return dict(self.extra)
+        """The system operation's fields: `content` as a JSON object with an action (what
+        the signature covers: Apiary sends operations so), else the top-level extras (what
+        the existing implementation sends, unsigned)."""
         try:
             body = json.loads(self.content)
         except ValueError:
-            return {}
-        return body if isinstance(body, dict) else {}
+            body = None
+        if isinstance(body, dict) and "action" in body:
+            return body
+        return dict(self.extra) if "action" in self.extra else {}
 
     def unsigned(self) -> SwarmMessage:
         return replace(self, signature="")

@@ -26,6 +26,7 @@ from apiary.testing.store_suite import (
     messages,
     negotiations,
     rooms,
+    swarm,
     tasks,
     tools,
     whole_store,
@@ -51,6 +52,7 @@ CHECKS: list[Check] = [
     *rooms.CHECKS,
     *tools.CHECKS,
     *negotiations.CHECKS,
+    *swarm.CHECKS,
 ]
 """Every check of the suite."""
 
