@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from apiary.sdk.handoff import Handoff, HandoffTicket
     from apiary.sdk.scheduler import SchedulerClient
     from apiary.sdk.tasks import Preempted, TaskContext, current_task
+    from apiary.sdk.workspace import Workspace
 
 _EXPORTS = {
     "Ack": "apiary.core.envelope",
@@ -49,6 +50,7 @@ _EXPORTS = {
     "Preempted": "apiary.sdk.tasks",
     "TaskContext": "apiary.sdk.tasks",
     "current_task": "apiary.sdk.tasks",
+    "Workspace": "apiary.sdk.workspace",
 }
 
 __all__ = [
@@ -68,6 +70,7 @@ __all__ = [
     "Rejected",
     "SchedulerClient",
     "TaskContext",
+    "Workspace",
     "__version__",
     "current_task",
 ]

@@ -70,6 +70,8 @@ from apiary.sdk.client import Client
 from apiary.sdk.connection import JSON, Connection, Delivery
 from apiary.sdk.handoff import HandoffClient, HandoffDesk, HandoffTicket
 from apiary.sdk.tasks import TaskContext, TaskRunner, current_task
+from apiary.sdk.tools import ToolClient
+from apiary.sdk.workspace import Workspace, workspace_from
 from apiary.wire import pb
 from apiary.wire.convert import ack_from_payload
 
@@ -193,6 +195,8 @@ class Agent(Connection):
         self._runner: TaskRunner | None = None
         self._stopping = asyncio.Event()
         self._client: Client | None = None
+        self._tools: ToolClient | None = None
+        self._workspace: Workspace | None = None
         self._desk: HandoffDesk | None = None
 
     # ------------------------------------------------------------------ handlers
@@ -251,6 +255,44 @@ class Agent(Connection):
         if self._client is None:
             self._client = Client(self.channel, agent_id=self.agent_id)
         return self._client
+
+    @property
+    def tools(self) -> ToolClient:
+        """Tool calls as this agent (docs/tools.md): `await agent.tools.call(name, args)`."""
+        if self._tools is None:
+            self._tools = ToolClient(self.channel, self.agent_id)
+        return self._tools
+
+    # ------------------------------------------------------------------ worktree
+
+    @property
+    def workspace(self) -> Workspace | None:
+        """The worktree bound by `bind_worktree`, or None."""
+        return self._workspace
+
+    async def bind_worktree(
+        self, repo_id: str, worktree_id: str, *, branch: str = "", commit_sha: str = ""
+    ) -> Workspace:
+        """BIND this agent's home worktree (a real git worktree; RFC 16) and return it with
+        a confined file API. A failed bind raises its reason's error (worktree_not_found,
+        worktree_locked, permission_denied, filesystem_error)."""
+        request = pb.apiary_pb2.BindWorktreeRequest(
+            agent_id=self.agent_id, repo_id=repo_id, worktree_id=worktree_id, branch=branch,
+            commit_sha=commit_sha,
+        )  # fmt: skip
+        binding = await self.client.worktree_binding.Bind(request)
+        if self._workspace is not None:
+            self._workspace.close()
+        self._workspace = workspace_from(binding)
+        return self._workspace
+
+    async def unbind_worktree(self) -> None:
+        """UNBIND (the git worktree stays on disk for a later BIND)."""
+        request = pb.worktree_pb2.UnbindRequest(agent_id=self.agent_id)
+        await self.client.worktree.Unbind(request)
+        if self._workspace is not None:
+            self._workspace.close()
+            self._workspace = None
 
     # ------------------------------------------------------------------ handoffs
 

@@ -290,3 +290,15 @@ class Client:
         """apiary.v1.NegotiationOperatorService: open with a profile, list and inspect."""
         stub = self._stub("negotiation_operator", pb.apiary_pb2_grpc.NegotiationOperatorServiceStub)
         return cast("apiary_pb2_grpc.NegotiationOperatorServiceAsyncStub", stub)
+
+    @property
+    def worktree_binding(self) -> apiary_pb2_grpc.WorktreeBindingServiceAsyncStub:
+        """apiary.v1.WorktreeBindingService: bind with a branch, list, revoke switches."""
+        stub = self._stub("worktree_binding", pb.apiary_pb2_grpc.WorktreeBindingServiceStub)
+        return cast("apiary_pb2_grpc.WorktreeBindingServiceAsyncStub", stub)
+
+    @property
+    def tool_provider(self) -> apiary_pb2_grpc.ToolProviderServiceAsyncStub:
+        """apiary.v1.ToolProviderService: list providers, register MCP servers."""
+        stub = self._stub("tool_provider", pb.apiary_pb2_grpc.ToolProviderServiceStub)
+        return cast("apiary_pb2_grpc.ToolProviderServiceAsyncStub", stub)
