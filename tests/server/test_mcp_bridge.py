@@ -85,7 +85,9 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.conformance("tool.discovery.mcp-manifest", "tool.descriptors.mcp-like")
+@pytest.mark.conformance(
+    "tool.discovery.mcp-manifest", "tool.descriptors.mcp-like", "tool.descriptors.conformance"
+)
 async def test_the_servers_manifest_becomes_descriptors(client: ToolClient) -> None:
     described = {t.tool_name: t for t in await client.describe()}
     assert set(described) == {"get_current_time", "convert_time"}

@@ -153,7 +153,7 @@ async def test_callers_speak_only_for_themselves(coordinator: Coordinator) -> No
     assert (await coordinator.negotiations.get("neg-1")).state == "ABORTED"
 
 
-@pytest.mark.conformance("negotiation.policy.derive-effective")
+@pytest.mark.conformance("negotiation.policy.derive-effective", "negotiation.stubs.policy-service")
 async def test_policies_profiles_and_effective_policies(client: Client, operator: Client) -> None:
     with pytest.raises(UnauthenticatedError):
         await client.scheduler_policy.SetNegotiationPolicy(
@@ -229,6 +229,7 @@ async def test_policies_profiles_and_effective_policies(client: Client, operator
     assert prefs.value.details["field"] == "preferences.frontend.score_threshold"
 
 
+@pytest.mark.conformance("negotiation.stubs.evaluation-reports")
 async def test_evaluation_reports_and_hitl_actions(
     coordinator: Coordinator, client: Client, operator: Client
 ) -> None:
@@ -311,6 +312,7 @@ async def _settled(coordinator: Coordinator, nid: str) -> None:
     await asyncio.wait_for(wait(), 10)
 
 
+@pytest.mark.conformance("negotiation.stubs.artifact-service")
 async def test_artifacts_are_written_once_and_checked(client: Client) -> None:
     item = act.Artifact(negotiation_id="neg-9", kind="note", version="v1",
                         content_type="text/plain", content=b"agreed offline")  # fmt: skip

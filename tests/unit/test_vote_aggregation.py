@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from apiary.core.vote_aggregation import EMPTY_VOTES, AggregatedScore, aggregate
@@ -63,6 +64,7 @@ votes_strategy = st.lists(
 
 
 @given(votes_strategy, st.randoms(use_true_random=False))
+@example(votes=[Vote(0.5, 5e-324)], rng=random.Random(0))  # a subnormal weight underflowed
 def test_aggregates_are_bounded_and_order_free(votes: list[Vote], rng: Any) -> None:
     found = aggregate(votes)
     shuffled = list(votes)

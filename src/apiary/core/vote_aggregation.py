@@ -71,12 +71,17 @@ def aggregate(votes: Sequence[Scored]) -> AggregatedScore:
     count = len(scores)
     mean = math.fsum(scores) / count
     variance = math.fsum((s - mean) ** 2 for s in scores) / count
-    total_weight = math.fsum(weights)
+    # Weights are scaled by the largest first, so tiny (even subnormal) confidences do not
+    # underflow to zero in the products: the ratio is the same, and stays within the scores.
+    largest = max(weights)
+    scaled = [w / largest for w in weights] if largest > 0 else weights
+    total_weight = math.fsum(scaled)
     weighted = (
-        math.fsum(s * w for s, w in zip(scores, weights, strict=True)) / total_weight
+        math.fsum(s * w for s, w in zip(scores, scaled, strict=True)) / total_weight
         if total_weight > 0
         else mean
     )
+    weighted = min(max(weighted, min(scores)), max(scores))  # rounding never leaves the range
     return AggregatedScore(
         mean=mean,
         min_score=min(scores),
