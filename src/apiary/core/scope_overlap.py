@@ -22,6 +22,9 @@ JSON: an object with optional arrays of strings::
   global, not per repository, and dotted names nest: `db` covers `db.orders`.
 - `op:<type>` (JSON `"operation": "<type>"`): the task's operation type, at most one. It does
   not enter the verdict; the Scheduler's policy overrides are keyed by it (RFC 9.3).
+- `worktree:required` (JSON `"worktree": "required"`): the task needs its agent bound to a
+  worktree; the Scheduler holds it while the agent is UNBOUND or BIND_FAILED (RFC 16.3). It
+  does not enter the verdict either.
 
 `check_parallelism` returns a `ParallelismVerdict` whose `confidence_score` (0..1) is the
 confidence that running both in parallel is safe, from the first rule that applies:
@@ -61,7 +64,7 @@ MAX_SEGMENTS: Final = 64
 """Most segments in one glob: the glob tests are quadratic in pattern length."""
 MAX_SEGMENT_CHARS: Final = 255
 """Longest segment (the usual file name limit)."""
-_KINDS: Final = ("repo", "path", "resource", "op")
+_KINDS: Final = ("repo", "path", "resource", "op", "worktree")
 _JSON_KEYS: Final = {"repos": "repo", "paths": "path", "resources": "resource"}
 _UNSUPPORTED: Final = frozenset("[]{}\\")
 _FIELD: Final = "scope"
@@ -76,6 +79,8 @@ class Scope:
     paths: tuple[str, ...] = ()
     resources: tuple[str, ...] = ()
     operation: str = ""
+    needs_worktree: bool = False
+    """`worktree:required`: the task runs only on an agent with a bound worktree (RFC 16.3)."""
 
     @property
     def declared(self) -> bool:
@@ -89,6 +94,7 @@ class Scope:
             + [f"path:{p}" for p in self.paths]
             + [f"resource:{r}" for r in self.resources]
             + ([f"op:{self.operation}"] if self.operation else [])
+            + (["worktree:required"] if self.needs_worktree else [])
         )
 
 
@@ -125,7 +131,8 @@ def parse_scope(text: str) -> Scope:
         kind, sep, value = token.partition(":")
         if not sep or kind not in _KINDS:
             raise ValidationError.for_field(
-                _FIELD, f"{token!r} is not repo:, path:, resource: or op:", token=token
+                _FIELD, f"{token!r} is not repo:, path:, resource:, op: or worktree:",
+                token=token,
             )
         items.append((kind, value))
     return _build(items)
@@ -140,16 +147,16 @@ def _json_items(text: str) -> list[tuple[str, str]]:
         raise ValidationError.for_field(_FIELD, "JSON form must be an object")
     items: list[tuple[str, str]] = []
     for key, values in data.items():
-        if key == "operation":
+        if key in ("operation", "worktree"):
             if not isinstance(values, str):
-                raise ValidationError.for_field(_FIELD, "operation must be a string")
-            items.append(("op", values))
+                raise ValidationError.for_field(_FIELD, f"{key} must be a string")
+            items.append(("op" if key == "operation" else "worktree", values))
             continue
         kind = _JSON_KEYS.get(key)
         if kind is None:
             raise ValidationError.for_field(
                 _FIELD,
-                f"unknown key {key!r} (repos, paths, resources, operation)",
+                f"unknown key {key!r} (repos, paths, resources, operation, worktree)",
                 token=str(key),
             )
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
@@ -171,11 +178,14 @@ def _build(items: Iterable[tuple[str, str]]) -> Scope:
             raise ValidationError.for_field(_FIELD, f"at most {MAX_ITEMS} {kind}: entries")
     if len(found["op"]) > 1:
         raise ValidationError.for_field(_FIELD, "at most one op: (the task's operation type)")
+    if found["worktree"] - {"required"}:
+        raise ValidationError.for_field(_FIELD, "worktree: takes one value, required")
     return Scope(
         repos=tuple(sorted(found["repo"])),
         paths=tuple(sorted(found["path"])),
         resources=tuple(sorted(found["resource"])),
         operation=next(iter(found["op"]), ""),
+        needs_worktree=bool(found["worktree"]),
     )
 
 

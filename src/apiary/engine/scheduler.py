@@ -166,6 +166,10 @@ class Scheduler:
         self._end_listeners: list[Callable[[TaskRecord], None]] = []
         self.on_negotiation: Callable[[Envelope], Awaitable[None]] | None = None
         """Takes NEGOTIATION envelopes addressed to the Scheduler (engine/negotiations.py)."""
+        self.worktree_bound: Callable[[str], bool] = lambda agent_id: False
+        """Whether the agent has a bound worktree (the worktree manager; RFC 16.3): tasks
+        scoped `worktree:required` wait while it has none (UNBOUND or BIND_FAILED)."""
+        self._needs_worktree: dict[str, bool] = {}
         router.attach(SCHEDULER, self._on_envelope)
 
     def add_end_listener(self, listener: Callable[[TaskRecord], None]) -> None:
@@ -472,6 +476,9 @@ class Scheduler:
             return
         head, choice = picked
         task = self._tasks[head.task_id]
+        if self._waits_for_worktree(task):
+            await self._held_for_worktree(task)
+            return
         limit = self.settings.instance_limit(task.agent_type)
         if self._active[task.agent_type] >= limit:
             self._type_waiters.setdefault(task.agent_type, set()).add(agent_id)
@@ -483,6 +490,21 @@ class Scheduler:
             return
         self._take(head)
         await self._dispatch(task, choice)
+
+    def _waits_for_worktree(self, task: TaskRecord) -> bool:
+        needs = self._needs_worktree.get(task.task_id)
+        if needs is None:
+            needs = self._needs_worktree[task.task_id] = parse_scope(task.scope).needs_worktree
+        return needs and not self.worktree_bound(task.agent_id)
+
+    async def _held_for_worktree(self, task: TaskRecord) -> None:
+        """RFC 16.3: no worktree task for an agent without a bound worktree (BIND_FAILED is
+        treated like UNBOUND); the task waits until a BIND succeeds (`wake`)."""
+        note = "waiting for the agent to bind a worktree (worktree:required)"
+        if task.note == note:
+            return
+        task = replace(task, note=note, updated_at=self._clock.now())
+        await self._save(task, "task.waiting_worktree", reason=note)
 
     def _head(self, agent_id: str) -> tuple[QueuedTask, LaneChoice] | None:
         ready = {lane: self._queue.count(_key(agent_id, lane)) for lane in LANES}
@@ -828,6 +850,7 @@ class Scheduler:
 
     async def _finish(self, task: TaskRecord, state: TaskState, code: str, note: str) -> None:
         self._release(task)
+        self._needs_worktree.pop(task.task_id, None)
         task = replace(task, state=state.value, error_code=code, note=note,
                        updated_at=self._clock.now())  # fmt: skip
         event = "task.completed" if state is TaskState.COMPLETED else "task.failed"

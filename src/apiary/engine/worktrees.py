@@ -98,6 +98,9 @@ class Worktrees:
         self.settings = settings or WorktreeSettings()
         self.git = git
         self.notify: Notify | None = None
+        self.listeners: list[Callable[[str], None]] = []
+        """Called with the agent id whenever a binding is stored (the Scheduler wakes its
+        worktree tasks); must not block."""
         self._store = store
         self._events = events
         self._clock = clock
@@ -450,6 +453,8 @@ class Worktrees:
             elif effect is _F.PERSIST:
                 await self._store.put(record)
                 self._bindings[record.agent_id] = record
+                for listener in self.listeners:
+                    listener(record.agent_id)
             elif effect in (_F.START_TIMER, _F.CANCEL_TIMER):
                 self._arm(record)
             elif effect is _F.EMIT_EVENT:

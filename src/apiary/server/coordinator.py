@@ -196,6 +196,8 @@ def build_engine(
         worktree_settings or WorktreeSettings(), store.worktrees, events, clock, hitl, data_dir
     )
     WorktreeControl(worktrees, router, registry, notices)
+    scheduler.worktree_bound = lambda agent_id: worktrees.bound_root(agent_id) is not None
+    worktrees.listeners.append(scheduler.wake)
     rooms = NegotiationRooms(
         store.rooms, router, events, clock, runtime.ids, hitl,
         runtime.rooms or room_settings, sleep=runtime.sleep,
