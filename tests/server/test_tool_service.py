@@ -189,6 +189,7 @@ async def test_a_call_travels_as_a_tool_call_envelope_and_back(
             "action": "call", "tool_name": "add", "provider_id": "calc",
             "args": {"a": 2, "b": 3}, "stream": False,
         }  # fmt: skip
+        assert doc["invoked_by"] == "caller"  # so the provider can apply its own ACLs
         policy = doc["execution_policy"]
         assert (policy["timeout_ms"], policy["max_retries"]) == (4000, 1)
         assert (policy["network_policy"], policy["privilege_level"]) == ("DENY_ALL", "MINIMAL")

@@ -292,6 +292,7 @@ def _call_body(invocation: Invocation) -> dict[str, Any]:
         "execution_policy": policy_json(invocation.policy),
         "stream": invocation.stream,
         "attempt": invocation.attempt,
+        "invoked_by": invocation.caller,
     }
     if invocation.arguments is not None:
         body["args"] = invocation.arguments

@@ -38,9 +38,20 @@ class ToolSettings:
     """How long a cancelled call's provider has to stop before the stream ends anyway."""
     hitl_timeout_s: float = 0.0
     """Deadline of TOOL_PRIVILEGE_ESCALATION invocations; 0: the [hitl] default."""
+    acl: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Who may call what (RFC 18.2: providers run under the invoking agent's ACLs): agent id
+    (or "*" for every agent) -> provider ids (all their tools) and `provider/tool` names.
+    Empty: no ACL, every agent may call every tool (the development default)."""
     mcp_health_interval_s: float = 2.0
     log_dir: Path | None = None
     """Where MCP servers' standard error goes (mcp-<provider>.log); None: the coordinator's."""
+
+    def permits(self, caller: str, provider_id: str, tool_name: str) -> bool:
+        """Whether the ACL lets `caller` call `provider_id/tool_name` (always, without one)."""
+        if not self.acl:
+            return True
+        grants = self.acl.get(caller, frozenset()) | self.acl.get("*", frozenset())
+        return bool(grants & {provider_id, f"{provider_id}/{tool_name}"})
 
     def preapproves(self, policy: ExecutionPolicy, provider_id: str, tool_name: str) -> bool:
         """Whether configuration pre-approved every escalation `policy` asks for."""

@@ -282,6 +282,13 @@ class ToolService:
         """Everything checked before a call may run (module docstring, in that order)."""
         entry, tool = self.catalog.resolve(request.provider_id, request.tool_name)
         provider_id = entry.record.provider_id
+        if not self.settings.permits(request.caller, provider_id, tool.tool_name):
+            who = repr(request.caller) if request.caller else "an anonymous caller"
+            raise PermissionDeniedError(
+                f"the tool ACL does not let {who} call {provider_id}/{tool.tool_name}",
+                {"provider_id": provider_id, "tool_name": tool.tool_name,
+                 "agent_id": request.caller, "reason": "acl"},
+            )  # fmt: skip
         default = self._policies.get(
             (provider_id, tool.tool_name), self._policies.get((provider_id, ""))
         )

@@ -5,6 +5,10 @@
     cancel_grace_s = 5.0
     allowlist = ["api.example.com:443"]
 
+    [tools.acl]                   # who may call what; absent: everyone may call everything
+    coder = ["fs", "time/get_current_time"]
+    "*" = ["text"]
+
     [tools.preapproved]           # run without asking HITL: provider ids or provider/tool
     ELEVATED = ["fs"]
     PRIVILEGED = ["ops/reboot"]
@@ -230,7 +234,7 @@ def _entries(values: Any, name: str, where: _Where, parse: Callable[[Any, _Where
 def tool_settings(values: Mapping[str, Any], source: str) -> ToolSettings:
     """ToolSettings from the [tools] table; every error names the setting and `source`."""
     where = _Where(source)
-    tables = {"preapproved", "commands", "mcp", "allowlist"}
+    tables = {"preapproved", "commands", "mcp", "allowlist", "acl"}
     scalars = _fields({k: v for k, v in values.items() if k not in tables},
                       _SCALARS, where, "tools")  # fmt: skip
     changes: dict[str, Any] = dict(scalars)
@@ -238,6 +242,11 @@ def tool_settings(values: Mapping[str, Any], source: str) -> ToolSettings:
         changes["log_dir"] = Path(changes["log_dir"])
     if "preapproved" in values:
         changes["preapproved"] = _preapproved(values["preapproved"], where.under("preapproved"))
+    if "acl" in values:
+        acl = values["acl"]
+        if not isinstance(acl, dict):
+            raise where.error("acl", "must be a table of agent id = [provider or provider/tool]")
+        changes["acl"] = {str(k): frozenset(_strings(v, f"acl.{k}", where)) for k, v in acl.items()}
     if "allowlist" in values:
         entries = _strings(values["allowlist"], "allowlist", where)
         changes["allowlist"] = tuple(_checked(partial(parse_host_port, e), where) for e in entries)
