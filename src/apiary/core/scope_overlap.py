@@ -131,7 +131,8 @@ def parse_scope(text: str) -> Scope:
         kind, sep, value = token.partition(":")
         if not sep or kind not in _KINDS:
             raise ValidationError.for_field(
-                _FIELD, f"{token!r} is not repo:, path:, resource:, op: or worktree:",
+                _FIELD,
+                f"{token!r} is not repo:, path:, resource:, op: or worktree:",
                 token=token,
             )
         items.append((kind, value))
