@@ -350,6 +350,26 @@ async def test_only_idempotent_tools_are_retried_and_only_on_transient_errors(
     ]  # fmt: skip
 
 
+@pytest.mark.conformance("tool.invocation.idempotent-safe-retries")
+async def test_a_retry_is_recognisable_as_the_same_call(
+    coordinator: Coordinator, client: ToolClient
+) -> None:
+    """Retries keep the call_id and number their attempts, so an idempotent provider can tell
+    a retry from a new call and answer it safely (dedupe or compensate)."""
+    async with raw_provider(address(coordinator), "calc", CALC) as provider:
+        pending = asyncio.create_task(
+            client.call("add", {"a": 1, "b": 1}, policy={"max_retries": 2, "timeout_ms": 600})
+        )
+        first, first_doc = await provider.next_call()  # left unanswered: the attempt times out
+        second, second_doc = await provider.next_call()
+        assert second_doc["call_id"] == first_doc["call_id"]
+        assert (first_doc["attempt"], second_doc["attempt"]) == (1, 2)
+        assert second.message_id != first.message_id  # a new envelope for the same call
+        await provider.result(second, {"result": {"sum": 2}, "content_type": "application/json"})
+        done = await asyncio.wait_for(pending, 10)
+    assert (done.json(), done.summary["attempts"]) == ({"sum": 2}, 2)
+
+
 # ---------------------------------------------------------------- deadlines, errors
 
 
