@@ -22,6 +22,7 @@ from apiary.core.records import TaskState
 from apiary.errors import ApiaryError, NotFoundError, ToolTimeoutError
 from apiary.sdk.connection import Connection
 from apiary.sdk.scheduler import SchedulerClient
+from apiary.sdk.tool_provider import Tool, ToolCallContext, ToolHost
 from apiary.server.coordinator import Coordinator
 from apiary.testing.coordinator import open_test_coordinator
 from apiary.wire import pb
@@ -508,3 +509,35 @@ async def test_a_safe_point_inside_a_transaction_does_not_yield(coordinator: Coo
     assert coordinator.scheduler is not None
     done = await coordinator.scheduler.find("transfer")
     assert (done.note, done.attempts) == ("resumed", 2)
+
+
+@pytest.mark.conformance("registry.register.required-fields")
+async def test_an_agent_registers_its_descriptor_and_its_tool_descriptors(
+    coordinator: Coordinator,
+) -> None:
+    """RFC 14's registration: name, description, capabilities, communication class and
+    modalities in the descriptor; tool descriptors through ConnectorService (the canonical
+    AgentDescriptor has no field for them)."""
+    async def add(call: ToolCallContext) -> int:
+        return int(call.args["a"]) + int(call.args["b"])
+
+    class Calculator(apiary.Agent):
+        agent_id = "calc"
+        name = "Calculator"
+        description = "Adds numbers for other agents."
+        capabilities = ("arithmetic",)
+        modalities = ("application/json",)
+        communication_class = "BULK"
+
+    async with Calculator(coordinator=str(coordinator.grpc_address)) as calc:
+        await ToolHost(calc, [Tool("add", add, idempotent=True)]).register()
+        record = await coordinator.registry.get("calc")
+        described = await calc.tools.describe("calc")
+    descriptor = record.descriptor
+    assert (descriptor["name"], descriptor["description"]) == (
+        "Calculator", "Adds numbers for other agents.",
+    )  # fmt: skip
+    assert list(descriptor["capabilities"]) == ["arithmetic"]
+    assert descriptor["communication_class"] == "BULK"
+    assert list(descriptor["modalities_supported"]) == ["application/json"]
+    assert [(t.tool_name, t.idempotent) for t in described] == [("add", True)]
