@@ -518,6 +518,7 @@ async def test_an_agent_registers_its_descriptor_and_its_tool_descriptors(
     """RFC 14's registration: name, description, capabilities, communication class and
     modalities in the descriptor; tool descriptors through ConnectorService (the canonical
     AgentDescriptor has no field for them)."""
+
     async def add(call: ToolCallContext) -> int:
         return int(call.args["a"]) + int(call.args["b"])
 
