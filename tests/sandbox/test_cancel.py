@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from apiary.core.tool_policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import CallCancelledError
 from apiary.sandbox import Outcome, SandboxedProcess, SandboxSpec, error_for, run, start
+from apiary.sandbox.mounts import PRIVATE_WORKDIR
 from apiary.sandbox.proctree import descendants
 from tests.sandbox.conftest import alive, python, requires_root
 
@@ -62,7 +63,7 @@ async def test_cancel_keeps_partial_output_and_kills_the_tree() -> None:
 
     stdout = await _cancel_and_check(process, grace_s=2.0)
 
-    assert stdout.startswith(b"cwd /tmp\n")  # MINIMAL's private tmpfs: nothing on the host
+    assert stdout.startswith(f"cwd {PRIVATE_WORKDIR}\n".encode())  # in the private tmpfs
     assert _temp_dirs() == before
 
 

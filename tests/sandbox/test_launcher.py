@@ -17,6 +17,7 @@ import apiary.sandbox
 from apiary.core.tool_policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import ValidationError
 from apiary.sandbox import SandboxSpec, netns, process_cpu_ms, run, start, wrap_argv
+from apiary.sandbox.mounts import PRIVATE_WORKDIR
 from apiary.sandbox.plan import LaunchPlan
 from apiary.sandbox.seccomp import SeccompUnavailableError, build_filter
 from tests.sandbox.conftest import python, requires_root
@@ -174,7 +175,7 @@ async def test_the_default_environment_is_minimal() -> None:
 
     env = json.loads(result.stdout)
     assert set(env) == {"PATH", "LANG", "HOME"}
-    assert env["HOME"] == "/tmp"  # MINIMAL's private working directory
+    assert env["HOME"] == PRIVATE_WORKDIR  # MINIMAL's private working directory
 
 
 @requires_root

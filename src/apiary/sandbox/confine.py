@@ -110,12 +110,16 @@ class Child:
 
     def _mount_setup(self, env: dict[str, str]) -> mounts.MountSetup:
         expose: list[str] = []
+        program = shutil.which(self.argv[0], path=env.get("PATH", os.defpath))
+        candidates = [sys.base_prefix, sys.prefix]
+        if program:
+            candidates += [os.path.dirname(program), os.path.dirname(os.path.realpath(program))]
         if privilege.drops_uid(self.plan, root=self.root):
-            program = shutil.which(self.argv[0], path=env.get("PATH", os.defpath))
-            candidates = [sys.base_prefix, sys.prefix]
-            if program:
-                candidates.append(os.path.dirname(os.path.realpath(program)))
             expose = mounts.blocked_paths(candidates)
+        if self.plan.confine_fs:
+            # The private /tmp hides whatever lives under the host's /tmp (a checkout, a
+            # virtual environment): bring the interpreter and the program back, read-only.
+            expose += [p for p in mounts.under_private_tmp(candidates) if p not in expose]
         return mounts.MountSetup(
             confine=self.plan.confine_fs,
             cwd=self.plan.cwd,

@@ -7,7 +7,7 @@ For MINIMAL and DEFAULT (`confine`):
 3. /proc is a fresh proc for the tool's own PID namespace;
 4. the working directory (the worktree for DEFAULT) is re-attached writable with
    nosuid,nodev,noexec, and idmapped so that the unprivileged uid owns what the coordinator owns;
-   with no working directory the tool works in its private /tmp;
+   with no working directory the tool works in an empty directory of its private /tmp;
 5. directories the unprivileged uid cannot traverse (e.g. /root, when the Python interpreter lives
    under it) are covered by an empty read-only tmpfs in which only the interpreter's directories
    are re-attached, read-only: the tool can run Python without reading the rest.
@@ -29,6 +29,8 @@ from apiary.sandbox import linux
 from apiary.sandbox.plan import NOBODY
 
 TMP_SIZE: Final = "64m"
+PRIVATE_WORKDIR: Final = "/tmp/.apiary-work"
+"""A tool without a working directory works here, in the private /tmp."""
 _ATTR_PROTECT: Final = linux.MOUNT_ATTR_NOSUID | linux.MOUNT_ATTR_NODEV  # mount_setattr(2)
 _ATTR_WRITABLE: Final = _ATTR_PROTECT | linux.MOUNT_ATTR_NOEXEC
 _MS_PROTECT: Final = linux.MS_NOSUID | linux.MS_NODEV  # the same, for mount(2)
@@ -65,7 +67,7 @@ class MountSetup:
         workdir = self.cwd
         if self.confine:
             _confine(attachments, covers, new_proc=self.new_proc)
-            workdir = self.cwd or "/tmp"
+            workdir = self.cwd or _private_workdir()
         if hosts is not None:
             _attach(hosts, "/etc/hosts")
         return workdir
@@ -98,6 +100,22 @@ def _confine(attachments: list[tuple[str, int]], covers: set[str], *, new_proc: 
         _attach(tree, path)
     for ancestor in covers:
         linux.mount_setattr(ancestor, set_=linux.MOUNT_ATTR_RDONLY)
+
+
+def _private_workdir() -> str:
+    """An empty directory in the private /tmp (which may also hold exposed directories)."""
+    os.mkdir(PRIVATE_WORKDIR)
+    os.chmod(PRIVATE_WORKDIR, 0o1777)
+    return PRIVATE_WORKDIR
+
+
+def under_private_tmp(paths: list[str]) -> list[str]:
+    """The directories among `paths` that the sandbox's private /tmp would hide."""
+    out = []
+    for path in dict.fromkeys(os.path.realpath(p) for p in paths):
+        if os.path.isdir(path) and (path == "/tmp" or path.startswith("/tmp/")):
+            out.append(path)
+    return out
 
 
 def blocked_paths(paths: list[str]) -> list[str]:
