@@ -47,6 +47,7 @@ from apiary.server.config import Address, ServerConfig
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
 from apiary.server.http.app import build_http_app
+from apiary.server.http.console import ConsoleSources
 from apiary.server.metrics import Metrics
 from apiary.server.services.activity import ActivityBufferHandler, ActivityHandler
 from apiary.server.services.artifacts import ArtifactsHandler
@@ -372,7 +373,10 @@ async def open_coordinator(
         state.swarm = swarm
         http_socket = _bind_http(config.http)
         state.http_address = Address(config.http.host, http_socket.getsockname()[1])
-        app = build_http_app(dispatcher, metrics, lambda: state.ready)
+        app = build_http_app(
+            dispatcher, metrics, lambda: state.ready,
+            ConsoleSources(engine.events, engine.workflows),
+        )  # fmt: skip
         if swarm is not None:
             add_swarm_routes(app, swarm.node)
         runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)

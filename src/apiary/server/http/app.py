@@ -1,4 +1,5 @@
-"""The coordinator's HTTP application: /healthz, /readyz, /metrics and the JSON gateway."""
+"""The coordinator's HTTP application: /healthz, /readyz, /metrics, the JSON gateway and the
+operator console (console.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ from aiohttp import web
 
 from apiary import __version__
 from apiary.server.dispatch import Dispatcher
+from apiary.server.http.console import ConsoleSources, add_console_routes
 from apiary.server.http.gateway import MAX_BODY, JsonGateway
 from apiary.server.metrics import CONTENT_TYPE, Metrics
 
 
 def build_http_app(
-    dispatcher: Dispatcher, metrics: Metrics, is_ready: Callable[[], bool]
+    dispatcher: Dispatcher,
+    metrics: Metrics,
+    is_ready: Callable[[], bool],
+    console: ConsoleSources | None = None,
 ) -> web.Application:
+    """The HTTP app; the console reads `console` (without it, its data panels answer 503)."""
     app = web.Application(client_max_size=MAX_BODY)
 
     async def healthz(_: web.Request) -> web.Response:
@@ -33,4 +39,5 @@ def build_http_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
     JsonGateway(dispatcher, metrics).add_routes(app)
+    add_console_routes(app, console or ConsoleSources(None))
     return app

@@ -1,0 +1,290 @@
+"""The operator console (DESIGN.md section 10): one page on the HTTP port, and its live feed.
+
+GET /console serves a self-contained page (HTML, CSS and JavaScript modules shipped as
+package data in `console/`); the page reads every panel through the JSON gateway, so a
+panel shows exactly what `POST /v1/<service>/<Method>` answers. Two reads the gateway has
+no RPC for live here:
+
+- GET /v1/events/stream: the event log as server-sent events, one event per `data:` line
+  as JSON with `id:` its sequence; resumable with `Last-Event-ID` (which wins) or
+  `?after=N`; `: keep-alive` comments every `?keepalive=S` seconds (default 15) while idle.
+  Without either it starts at the end of the log. The streams end when the server shuts
+  down (the browser then reconnects by itself, from the last id it saw).
+- GET /console/api/workflows: the latest workflows (found by their `workflow.created`
+  events) with their definition and state, in the proto3 JSON the gateway uses; the
+  definition's dependencies are what the page lays the graph out by, and
+  WorkflowService.GetWorkflowState does not carry them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, TypeVar
+
+from aiohttp import web
+from google.protobuf import json_format
+
+from apiary.core.events import Event, EventFilter
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.workflows import Workflows
+from apiary.errors import NotFoundError, UnavailableError, ValidationError
+from apiary.server.errormap import answer_for
+from apiary.wire.workflow import definition_to_proto, state_to_proto
+
+log = logging.getLogger("apiary.server.console")
+
+STREAM_PATH = "/v1/events/stream"
+ASSET_TYPES: Mapping[str, str] = {
+    ".html": "text/html",
+    ".js": "text/javascript",
+    ".css": "text/css",
+    ".svg": "image/svg+xml",
+}
+# The page loads nothing from elsewhere and runs no inline script: even a bug that put
+# markup from data into the DOM could not run code.
+PAGE_HEADERS: Mapping[str, str] = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+KEEPALIVE_S = 15.0
+KEEPALIVE_RANGE = (0.05, 300.0)
+RETRY_MS = 3000
+BATCH = 200
+MAX_STREAMS = 64
+WORKFLOWS_SHOWN = 20
+WORKFLOWS_KNOWN = 1000
+CREATED = EventFilter(event_types=frozenset({"workflow.created"}))
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSources:
+    """The engine parts the console reads directly (None: that part answers 503)."""
+
+    events: EventRecorder | None
+    workflows: Workflows | None = None
+
+
+def _error(exc: Exception, where: str) -> web.Response:
+    """The gateway's error shape and status, so the page shows every error the same way."""
+    answer = answer_for(exc, where)
+    body = {"error": {"code": answer.code, "message": answer.message, "details": answer.details}}
+    return web.json_response(body, status=answer.spec.http_status)
+
+
+def _cursor(text: str, field: str) -> int:
+    if not text.strip().isdigit():
+        raise ValidationError.for_field(field, f"must be a non-negative integer, not {text!r}")
+    return int(text)
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """One event as the stream sends it."""
+    return {
+        "sequence": event.sequence, "ts": event.ts, "event_type": event.event_type,
+        "actor": event.actor, "correlation_id": event.correlation_id,
+        "agent_id": event.agent_id, "details": dict(event.details), "hlc": event.hlc,
+    }  # fmt: skip
+
+
+def sse_frame(event: Event) -> bytes:
+    # json.dumps escapes every line break, so the data is always one `data:` line.
+    data = json.dumps(event_json(event), separators=(",", ":"), default=str)
+    return f"id: {event.sequence}\ndata: {data}\n\n".encode()
+
+
+class EventStream:
+    """GET /v1/events/stream over EventRecorder.read and wait_after."""
+
+    def __init__(self, events: EventRecorder | None) -> None:
+        self._events = events
+        self._closing = asyncio.Event()
+        self._open = 0
+
+    async def close(self, _app: web.Application | None = None) -> None:
+        """End every stream (an on_shutdown hook: before the server waits for handlers)."""
+        self._closing.set()
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if self._events is None:
+                raise UnavailableError("this server has no event log to stream")
+            if self._open >= MAX_STREAMS:
+                raise UnavailableError(f"at most {MAX_STREAMS} event streams at once")
+            after, keepalive = await self._start(request, self._events)
+        except Exception as exc:
+            return _error(exc, STREAM_PATH)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        self._open += 1
+        try:
+            await response.prepare(request)
+            await response.write(f"retry: {RETRY_MS}\n: stream after {after}\n\n".encode())
+            await self._pump(response, self._events, after, keepalive)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client went away
+        finally:
+            self._open -= 1
+        return response
+
+    async def _start(self, request: web.Request, events: EventRecorder) -> tuple[int, float]:
+        resume = request.headers.get("Last-Event-ID", "")
+        after_text = request.query.get("after", "")
+        if resume.strip():
+            after = _cursor(resume, "Last-Event-ID")
+        elif after_text:
+            after = _cursor(after_text, "after")
+        else:
+            after = await events.last_sequence()
+        try:
+            keepalive = float(request.query.get("keepalive", KEEPALIVE_S))
+        except ValueError:
+            raise ValidationError.for_field("keepalive", "must be a number of seconds") from None
+        low, high = KEEPALIVE_RANGE
+        if not low <= keepalive <= high:
+            raise ValidationError.for_field("keepalive", f"must be within {low}..{high} seconds")
+        return after, keepalive
+
+    async def _pump(
+        self, response: web.StreamResponse, events: EventRecorder, after: int, keepalive: float
+    ) -> None:
+        cursor = after
+        while not self._closing.is_set():
+            batch = await events.read(after=cursor, limit=BATCH)
+            if batch:
+                await response.write(b"".join(sse_frame(e) for e in batch))
+                cursor = batch[-1].sequence
+            elif not await self._wait(events, cursor, keepalive):
+                await response.write(b": keep-alive\n\n")
+
+    async def _wait(self, events: EventRecorder, cursor: int, keepalive: float) -> bool:
+        """Until an event after `cursor` (True), shutdown or the keep-alive interval."""
+        recorded = asyncio.ensure_future(events.wait_after(cursor))
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {recorded, closing}, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in (recorded, closing):
+                waiter.cancel()
+            await asyncio.gather(recorded, closing, return_exceptions=True)
+        return recorded in done and not self._closing.is_set()
+
+
+class WorkflowIndex:
+    """GET /console/api/workflows: the latest workflows, found in the event log once each."""
+
+    def __init__(self, events: EventRecorder | None, workflows: Workflows | None) -> None:
+        self._events = events
+        self._workflows = workflows
+        self._known: dict[str, None] = {}  # insertion order: the order they were created
+        self._scanned = 0
+        self._lock = asyncio.Lock()
+
+    async def latest(self, limit: int) -> list[str]:
+        """The ids of the `limit` workflows created last, newest first."""
+        if self._events is None:
+            return []
+        async with self._lock:
+            top = await self._events.last_sequence()
+            while batch := await self._events.read(after=self._scanned, limit=500, where=CREATED):
+                for event in batch:
+                    workflow_id = str(event.details.get("workflow_id") or event.correlation_id)
+                    self._known.pop(workflow_id, None)
+                    self._known[workflow_id] = None
+                self._scanned = batch[-1].sequence
+            # Every event up to `top` was flushed before the reads: none is left to find.
+            self._scanned = max(self._scanned, top)
+            while len(self._known) > WORKFLOWS_KNOWN:
+                del self._known[next(iter(self._known))]
+            return list(reversed(self._known))[:limit]
+
+    async def handle(self, request: web.Request) -> web.Response:
+        try:
+            if self._workflows is None:
+                raise UnavailableError("this server runs no workflows")
+            limit = _cursor(request.query.get("limit", str(WORKFLOWS_SHOWN)), "limit")
+            if not 1 <= limit <= WORKFLOWS_KNOWN:
+                raise ValidationError.for_field("limit", f"must be within 1..{WORKFLOWS_KNOWN}")
+            shown = []
+            for workflow_id in await self.latest(limit):
+                try:
+                    stored = await self._workflows.state(workflow_id)
+                except NotFoundError:
+                    continue  # removed since it was created
+                shown.append(
+                    {
+                        "definition": _json(definition_to_proto(stored.spec)),
+                        "state": _json(state_to_proto(stored)),
+                    }
+                )
+        except Exception as exc:
+            return _error(exc, request.path)
+        return web.json_response({"workflows": shown})
+
+
+def _json(message: Any) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+class ConsoleAssets:
+    """The page and its files, read once from the package (nothing else can be served)."""
+
+    def __init__(self) -> None:
+        folder = resources.files("apiary.server.http").joinpath("console")
+        self._files: dict[str, tuple[bytes, str]] = {}
+        for item in folder.iterdir():
+            suffix = "." + item.name.rpartition(".")[2]
+            if item.is_file() and suffix in ASSET_TYPES:
+                self._files[item.name] = (item.read_bytes(), ASSET_TYPES[suffix])
+        if "index.html" not in self._files:
+            log.warning("the console's files are missing: GET /console answers 404")
+
+    def names(self) -> list[str]:
+        return sorted(self._files)
+
+    async def page(self, _request: web.Request) -> web.Response:
+        return self._serve("index.html")
+
+    async def asset(self, request: web.Request) -> web.Response:
+        return self._serve(request.match_info["name"])
+
+    def _serve(self, name: str) -> web.Response:
+        if name not in self._files:
+            return _error(NotFoundError(f"no console file {name!r}"), "/console")
+        body, content_type = self._files[name]
+        return web.Response(
+            body=body, content_type=content_type, charset="utf-8", headers=PAGE_HEADERS
+        )
+
+
+def add_console_routes(app: web.Application, sources: ConsoleSources) -> None:
+    """Mount the console's page, files, event stream and workflow reads on `app`."""
+    assets = ConsoleAssets()
+    stream = EventStream(sources.events)
+    workflows = WorkflowIndex(sources.events, sources.workflows)
+    app.router.add_get("/console", assets.page)
+    app.router.add_get("/console/", assets.page)
+    app.router.add_get("/console/api/workflows", workflows.handle)
+    app.router.add_get("/console/{name}", assets.asset)
+    app.router.add_get(STREAM_PATH, stream.stream)
+    app.on_shutdown.append(stream.close)
