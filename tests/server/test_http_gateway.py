@@ -181,3 +181,27 @@ async def test_dead_letters_are_listed_and_exported_over_the_gateway(
     assert entry["message_id"] == bad["message_id"]
     status, body = await _call(http, "apiary.v1.DlqService/Export", {})
     assert status == 200 and body["entries"] == 1
+
+
+async def test_a_cross_site_browser_request_is_refused(
+    http: aiohttp.ClientSession, coordinator: Coordinator
+) -> None:
+    """A page elsewhere cannot make an operator's browser call the gateway (no CSRF, no DNS
+    rebinding): a request whose Origin is not this coordinator is refused; the console's own
+    page (same origin) and clients without an Origin are served."""
+    path = "/v1/apiary.v1.DiscoveryService/ListAgents"
+    async with http.post(path, data="{}", headers={"Origin": "http://evil.example"}) as resp:
+        body = await resp.json()
+    assert resp.status == 403
+    assert (body["error"]["code"], body["error"]["details"]["reason"]) == (
+        "permission_denied", "cross_site",
+    )  # fmt: skip
+    host = str(coordinator.http_address)
+    async with http.post(path, data="{}", headers={"Origin": f"http://{host}"}) as same:
+        assert same.status == 200
+    async with http.post(path, data="{}") as plain:
+        assert plain.status == 200
+    rebound = {"Origin": "http://evil.example:8080", "Host": "evil.example:8080"}
+    async with http.post(path, data="{}", headers=rebound) as resp:
+        body = await resp.json()
+    assert (resp.status, body["error"]["details"]["reason"]) == (403, "not_loopback_host")

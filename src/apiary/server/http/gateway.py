@@ -9,7 +9,9 @@ with `{"error": {"code", "message", "details"}}`.
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,7 +19,7 @@ from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from apiary.errors import NotFoundError, ValidationError
+from apiary.errors import NotFoundError, PermissionDeniedError, ValidationError
 from apiary.server.context import RECIPIENT_KEY, CallContext
 from apiary.server.dispatch import Dispatcher, Route
 from apiary.server.errormap import answer_for
@@ -73,6 +75,7 @@ class JsonGateway:
     async def call(self, request: web.Request) -> web.StreamResponse:
         path = f"/{request.match_info['service']}/{request.match_info['method']}"
         try:
+            check_same_origin(request)
             route = self._dispatcher.route(path)
             if route is None:
                 raise NotFoundError(f"no RPC {path}", {"path": path})
@@ -153,3 +156,37 @@ class JsonGateway:
             await items.aclose()  # type: ignore[attr-defined]
         await response.write_eof()
         return response
+
+
+def check_same_origin(request: web.Request) -> None:
+    """Refuse a browser's cross-site request: a page on another site must not make an
+    operator's browser call the coordinator (CSRF), nor a rebound DNS name reach a loopback
+    one. Clients that are not browsers send no Origin and are unaffected."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return
+    host = request.headers.get("Host", "")
+    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    if _on_loopback(request) and name not in LOOPBACK_NAMES:
+        raise PermissionDeniedError(
+            f"a browser reached this loopback coordinator as {host!r} (DNS rebinding?)",
+            {"host": host, "reason": "not_loopback_host"},
+        )
+    if urllib.parse.urlsplit(origin).netloc != host:
+        raise PermissionDeniedError(
+            f"cross-site request from {origin} refused (this is {host})",
+            {"origin": origin, "reason": "cross_site"},
+        )
+
+
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _on_loopback(request: web.Request) -> bool:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if not sockname:
+        return False
+    try:
+        return ipaddress.ip_address(str(sockname[0])).is_loopback
+    except ValueError:
+        return False
