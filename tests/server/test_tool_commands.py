@@ -50,7 +50,7 @@ COMMANDS = (
     spec("fail", "import sys; print('no such file: x.txt', file=sys.stderr); sys.exit(3)"),
     spec("pwd", "import os; print(os.getcwd())", needs_worktree=True),
     spec("slow", TICK, "1000", "0.05", stdin="none",
-         policy=ExecutionPolicy(budget_wall_ms=300)),
+         policy=ExecutionPolicy(budget_wall_ms=1500)),
 )  # fmt: skip
 
 
@@ -74,7 +74,7 @@ async def client(coordinator: Coordinator) -> AsyncIterator[ToolClient]:
 async def gone(pid: int) -> bool:
     """No tick tool process is left anywhere. The tool runs in the sandbox's own PID
     namespace, so the pid it prints is not a host pid: look for its command line instead."""
-    assert pid > 0  # it did start
+    del pid  # a pid inside the sandbox's PID namespace: not one to look for on the host
     for _ in range(100):
         if not _tick_processes():
             return True
@@ -143,7 +143,7 @@ async def test_the_wall_budget_stops_the_command(client: ToolClient) -> None:
     assert await gone(pid)
     # A call's own budget overrides the tool's default.
     pid, error = await _pid_then_error(
-        client.stream("tick", {"n": 1000, "pause": 0.05}, policy={"budget_wall_ms": 200})
+        client.stream("tick", {"n": 1000, "pause": 0.05}, policy={"budget_wall_ms": 1000})
     )
     assert error.code == "WALL_TIMEOUT"
     assert await gone(pid)
