@@ -19,8 +19,8 @@ demo: $(STAMP)
 	$(BIN)/apiary demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests scripts bench
-	$(BIN)/ruff format --check src tests scripts bench
+	$(BIN)/ruff check src tests scripts bench examples
+	$(BIN)/ruff format --check src tests scripts bench examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/genproto.py --check
@@ -28,8 +28,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests scripts bench
-	$(BIN)/ruff format --check src tests scripts bench
+	$(BIN)/ruff check src tests scripts bench examples
+	$(BIN)/ruff format --check src tests scripts bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

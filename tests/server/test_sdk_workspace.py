@@ -8,17 +8,20 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import apiary
+from apiary.core.envelope import MessageType
 from apiary.core.tool_descriptor import ToolDescriptor
 from apiary.engine.command_tools import CommandToolSpec
 from apiary.engine.mcp_bridge import McpProvider, McpServerSpec
 from apiary.engine.tool_settings import ToolSettings
 from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
 from apiary.errors import ApiaryError, PermissionDeniedError
+from apiary.sdk.connection import Delivery
 from apiary.server.coordinator import Coordinator, Runtime
 from apiary.testing.coordinator import open_test_coordinator
 from tests.gitrepo import git, make_repo
@@ -83,4 +86,25 @@ async def test_a_failed_bind_raises_its_reason(coordinator: Coordinator) -> None
         with pytest.raises(ApiaryError) as missing:
             await coder.bind_worktree("no-such-repo", "home")
         assert missing.value.code == "worktree_not_found"
+        assert coder.workspace is None
+
+
+async def test_the_workspace_follows_the_coordinators_binding_notices(
+    coordinator: Coordinator,
+) -> None:
+    async with apiary.Agent("coder", coordinator=str(coordinator.grpc_address)) as coder:
+        await coder.bind_worktree("shop", "coder-home")
+
+        def notice(producer: str, state: str) -> apiary.Message:
+            env = coder.envelope(
+                {"action": "status", "state": state}, message_type=MessageType.WORKTREE_CONTROL
+            )
+            return apiary.Message(coder, Delivery(replace(env, producer_id=producer), 1, 1, False))
+
+        assert await coder.on_worktree_control(notice("coordinator", "BOUND_HOME"))
+        assert coder.workspace is not None
+        with pytest.raises(apiary.Rejected):
+            await coder.on_worktree_control(notice("mallory", "UNBOUND"))
+        assert coder.workspace is not None  # only the coordinator speaks for the binding
+        await coder.on_worktree_control(notice("coordinator", "UNBOUND"))
         assert coder.workspace is None

@@ -1,57 +1,64 @@
-"""`apiary demo`: run the main job and print what happened."""
+"""`apiary demo`: the job a new user runs first (docs/demo.md)."""
 
 from __future__ import annotations
 
 import asyncio
+import getpass
+import sys
+import tempfile
 from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from apiary.demo.job import DemoResult, run_demo
+from apiary.demo.configuration import DEMO_OPERATOR
+from apiary.demo.job import DemoError, DemoOptions, run_demo
+from apiary.demo.operator import auto_approve
+from apiary.demo.view import DemoView
 
 
 def demo(
+    yes: bool = typer.Option(
+        False, "--yes", "-y", help="Let the demo operator approve the merge (no prompt)"
+    ),
+    keep: bool = typer.Option(
+        False, "--keep", help="Keep the coordinator serving after the run, until Ctrl-C"
+    ),
     data_dir: Path | None = typer.Option(
-        None, "--data-dir", help="Keep the run's state here (default: a new temporary dir)"
+        None, "--data-dir", help="The run's directory, empty or new [a new temporary dir]"
     ),
 ) -> None:
-    """Run an embedded coordinator and two agent processes that exchange a message."""
+    """Six agent processes fix a failing test in a real git repository, through an embedded
+    coordinator: a workflow, worktrees, tools (and an MCP server), a review room, a HITL
+    approval and a preemption. Exits 0 only when the fix is merged and its tests pass."""
     console = Console()
-    with console.status("running the demo: coordinator + 2 agent processes ..."):
-        result = asyncio.run(run_demo(data_dir))
-    _summary(console, result)
+    run_dir = data_dir or Path(tempfile.mkdtemp(prefix="apiary-demo-"))
+    ask = not yes and sys.stdin.isatty() and console.is_terminal
+    view = DemoView(console, live=console.is_terminal)
+    options = DemoOptions(
+        data_dir=run_dir,
+        operator=_login() if ask else DEMO_OPERATOR,
+        decide=view.ask if ask else auto_approve,
+        observe=view.update,
+        linger=view.linger if keep else None,
+    )
+    try:
+        with view:
+            result = asyncio.run(run_demo(options))
+    except DemoError as exc:
+        typer.echo(f"apiary demo: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        typer.echo(f"apiary demo: interrupted; what it did is in {run_dir}", err=True)
+        raise typer.Exit(130) from None
+    view.summary(result)
     if not result.ok:
-        console.print(f"[bold red]demo failed:[/] {result.reason}")
-        for event in result.events[-15:]:
-            console.print(f"  #{event.sequence} {event.event_type} {dict(event.details)}")
         raise typer.Exit(1)
 
 
-def _summary(console: Console, result: DemoResult) -> None:
-    table = Table(title="apiary demo", show_header=True)
-    table.add_column("what")
-    table.add_column("result")
-    for report in result.reports:
-        table.add_row(f"agent {report.get('agent')}", _describe(report))
-    table.add_row("agents registered", str(result.count("agent.registered")))
-    table.add_row("messages routed", str(result.count("message.received")))
-    stages = result.ack_stages()
-    table.add_row("acks", ", ".join(f"{k} {v}" for k, v in sorted(stages.items())) or "none")
-    table.add_row("events logged", str(len(result.events)))
-    table.add_row("time", f"{result.seconds:.2f} s")
-    table.add_row("state", f"apiary serve --data-dir {result.data_dir}")
-    console.print(table)
-    if result.ok:
-        console.print(
-            "[bold green]demo ok[/]: the message was delivered, answered and acknowledged"
-        )
-
-
-def _describe(report: dict[str, object]) -> str:
-    if report.get("role") == "initiator":
-        stages = ", ".join(str(s) for s in report.get("ack_stages", []))  # type: ignore[attr-defined]
-        reply, ms = report.get("reply"), report.get("round_trip_ms")
-        return f"sent 'hello', acks [{stages}], got '{reply}' in {ms} ms"
-    return f"answered with message {report.get('replied')}"
+def _login() -> str:
+    """Who is at the terminal: the HITL operator the audit trail names."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "terminal-operator"

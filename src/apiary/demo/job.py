@@ -1,26 +1,78 @@
-"""The demo job: an embedded coordinator (SQLite in a temporary data directory) and two
-real agent processes that exchange a message, acknowledge it and report it.
+"""The demo job: an embedded coordinator (SQLite in the run's directory), a real git
+repository with a failing test, and six real agent processes that fix it.
 
-Success is judged from the coordinator's event log and the agents' reports, never assumed.
+    result = await run_demo(DemoOptions())       # never raises for a failed run
+    result.ok, result.reason, result.state, result.repo
+
+1. The run's directory gets the repository (`repo/`, one commit, two failing tests), its
+   configuration (`apiary.toml`, `operator-token`) and the coordinator's state
+   (`apiary.db`, `worktrees/`, `logs/`).
+2. The coordinator starts in this process; the agents start as `apiary agent run`
+   processes (examples/demo_agents). The job follows the event log for the live view.
+3. Once every agent is RUNNABLE, the job, as the agent `user`, sends the planner the brief.
+   The planner starts the indexer's background index and the workflow fix -> review ->
+   merge, and answers when the workflow ended. The merge waits for a HITL decision, which
+   the job's operator gives through HitlOperatorService (a prompt or the demo operator).
+4. Once the workflow ended and the background index finished, the agents shut down
+   gracefully, and the job judges the run from the event log and from the repository
+   itself (demo/verdict.py): it succeeds only when the fix is merged into main and main's
+   tests and lint pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import sys
 import tempfile
 import time
-from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from apiary.core.events import Event
-from apiary.server.config import Address, ServerConfig
-from apiary.server.coordinator import open_coordinator
+import aiohttp
 
-PROCESS_TIMEOUT_S = 60.0
+from apiary.core.envelope import AckStage, MessageType
+from apiary.core.events import Event
+from apiary.demo.configuration import DEMO_OPERATOR, missing_tools, write_config
+from apiary.demo.operator import Decide, Invocation, Operator, Verdict, auto_approve
+from apiary.demo.processes import AgentFleet
+from apiary.demo.sample_repo import ISSUE, REPO_ID, SYMBOL, TEST_FILE, RepoState, check, create
+from apiary.demo.timeline import RunState
+from apiary.demo.verdict import EXCERPT_MAX, judge
+from apiary.errors import ApiaryError
+from apiary.sdk.connection import Connection
+from apiary.server.config import ServerConfig, load_config
+from apiary.server.coordinator import Coordinator, open_coordinator
+
+USER = "user"
+"""The agent id the job sends the brief as."""
+
+
+class DemoError(Exception):
+    """The run cannot go on; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    data_dir: Path | None = None
+    """The run's directory (empty or absent); default: a new temporary directory."""
+    operator: str = DEMO_OPERATOR
+    """The configured HITL operator who decides the merge."""
+    decide: Decide = auto_approve
+    index_rate: float = 150.0
+    """Files per second the background index allows itself."""
+    observe: Callable[[RunState], None] | None = None
+    """Called whenever the run's state changed (the live view)."""
+    linger: Callable[[Coordinator, str], Awaitable[None]] | None = None
+    """Called with the coordinator and the console's path ('' if none) before the
+    coordinator stops: it keeps serving until this returns (--keep)."""
+    ready_timeout_s: float = 90.0
+    work_timeout_s: float = 300.0
+    """For the work after the brief, not counting the time the operator takes to decide."""
 
 
 @dataclass
@@ -28,77 +80,265 @@ class DemoResult:
     ok: bool
     reason: str
     data_dir: Path
+    config_file: Path
     seconds: float
-    reports: list[dict[str, Any]] = field(default_factory=list)
+    state: RunState
     events: list[Event] = field(default_factory=list)
+    repo: RepoState | None = None
+    report: dict[str, Any] = field(default_factory=dict)
+    excerpt: list[Event] = field(default_factory=list)
+    """The events that explain a failure."""
+    logs: dict[str, str] = field(default_factory=dict)
+    """The end of each agent's log, for a failure."""
+    http: str = ""
+    console: str = ""
+    """The operator console's address once the run's state is served again, if any."""
 
-    def count(self, event_type: str) -> int:
-        return sum(1 for e in self.events if e.event_type == event_type)
 
-    def ack_stages(self) -> Counter[str]:
-        """Acknowledged stages that moved a message, e.g. {'READ': 1, 'FULFILLED': 2}."""
-        return Counter(
-            str(e.details.get("input")).removeprefix("ACK_")
-            for e in self.events
-            if e.event_type == "message.state" and str(e.details.get("input")).startswith("ACK_")
+def _directory(given: Path | None) -> Path:
+    if given is None:
+        return Path(tempfile.mkdtemp(prefix="apiary-demo-"))
+    given.mkdir(parents=True, exist_ok=True)
+    if any(given.iterdir()):  # never mix two runs' state
+        raise DemoError(f"{given} is not empty: the demo needs a directory of its own")
+    return given
+
+
+class _Run:
+    """One run against a started coordinator."""
+
+    def __init__(self, coordinator: Coordinator, options: DemoOptions, state: RunState) -> None:
+        self.coordinator = coordinator
+        self.options = options
+        self.state = state
+        self.changed = asyncio.Event()
+        self.fleet = AgentFleet(
+            str(coordinator.grpc_address), coordinator.config.data_dir / "logs", self._line
         )
+        self.operator_busy_s = 0.0
+        self.helpers: list[asyncio.Task[None]] = []
+
+    def _line(self, agent_id: str, line: str) -> None:
+        self.state.agent_line(agent_id, line)
+        self._notify()
+
+    def _notify(self) -> None:
+        if self.options.observe is not None:
+            self.options.observe(self.state)
+        self.changed.set()
+
+    async def follow(self) -> None:
+        """Fold every event into the state as it is recorded."""
+        events, seen = self.coordinator.events, 0
+        while True:
+            batch = await events.read(after=seen, limit=1000)
+            for event in batch:
+                self.state.apply(event)
+            if batch:
+                seen = batch[-1].sequence
+                self.state.queues = _queues(self.coordinator, self.state)
+                self._notify()
+            else:
+                await events.wait_after(seen)
+
+    async def until(self, what: str, done: Callable[[], bool], timeout_s: float) -> None:
+        """Wait for `done()`; DemoError when an agent process ends, a helper fails, or the
+        time is up (the time the operator takes to decide does not count)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.changed.clear()
+            if done():
+                return
+            dead = self.fleet.dead()
+            if dead:
+                names = ", ".join(f"{p.spec.agent_id} (exit {p.proc.returncode})" for p in dead)
+                raise DemoError(f"agent process {names} ended while waiting for {what}")
+            for helper in self.helpers:
+                if helper.done() and not helper.cancelled() and helper.exception() is not None:
+                    error = helper.exception()
+                    raise DemoError(f"{helper.get_name()} failed: {error}") from error
+            left = deadline + self.operator_busy_s - time.monotonic()
+            if left <= 0:
+                raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(left, 1.0))
+
+    async def decide(self, invocation: Invocation) -> Verdict:
+        started = time.monotonic()
+        try:
+            return await self.options.decide(invocation)
+        finally:
+            self.operator_busy_s += time.monotonic() - started
+
+    async def work(self, token: str) -> dict[str, Any]:
+        """Start the agents, hand the planner the brief, wait for the end of the work."""
+        address = str(self.coordinator.grpc_address)
+        await self.fleet.start()
+        await self.until(
+            "the agents to register",
+            lambda: self.state.all_runnable(self.fleet.processes),
+            self.options.ready_timeout_s,
+        )
+        operator = Operator(address, token, self.decide)
+        report: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        async with Connection(USER, coordinator=address) as user:
+            self.helpers = [
+                asyncio.create_task(operator.run(), name="the HITL operator"),
+                asyncio.create_task(self._await_report(user, report), name="the user's inbox"),
+            ]
+            try:
+                brief = {
+                    "repo_id": REPO_ID,
+                    "issue": ISSUE,
+                    "symbol": SYMBOL,
+                    "test_file": TEST_FILE,
+                    "index_rate": self.options.index_rate,
+                }
+                sent = await user.send("planner", brief)
+                self.state.note("user", "sent the planner the brief")
+                failed = self.state.failed_messages
+                await self.until(
+                    "the planner's report",
+                    lambda: report.done() or sent.message_id in failed,
+                    self.options.work_timeout_s,
+                )
+                if not report.done():
+                    raise DemoError(f"the planner failed the brief: {failed[sent.message_id]}")
+                answer = report.result()
+                index_task = str(answer.get("index_task", ""))
+                await self.until(
+                    f"the background index {index_task}",
+                    lambda: self.state.task_ended(index_task),
+                    self.options.work_timeout_s,
+                )
+            finally:
+                for helper in self.helpers:
+                    helper.cancel()
+                await asyncio.gather(*self.helpers, return_exceptions=True)
+        return answer
+
+    async def _await_report(self, user: Connection, report: asyncio.Future[dict[str, Any]]) -> None:
+        async for env in user.messages():
+            if env.message_type is MessageType.DATA and env.producer_id == "planner":
+                await user.ack(env, AckStage.FULFILLED, note="report read")
+                if not report.done():
+                    report.set_result(json.loads(env.payload))
+            elif env.message_type is not MessageType.ACKNOWLEDGEMENT:
+                await user.ack(env, AckStage.FULFILLED)
 
 
-async def _spawn(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "apiary.demo.pingpong", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+def _queues(coordinator: Coordinator, state: RunState) -> dict[str, tuple[int, int]]:
+    """Per agent: (tasks queued at the Scheduler, messages in its inbound buffer)."""
+    scheduler = coordinator.scheduler
+    out = {}
+    for agent_id in state.agents:
+        tasks = len(scheduler.queued(agent_id)) if scheduler is not None else 0
+        inbox = coordinator.router.inboxes().get(agent_id)
+        out[agent_id] = (tasks, inbox.depth if inbox is not None else 0)
+    return out
 
 
-async def _finish(proc: asyncio.subprocess.Process, name: str) -> dict[str, Any]:
-    out, err = await asyncio.wait_for(proc.communicate(), PROCESS_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name} exited {proc.returncode}: {err.decode().strip()[-2000:]}")
-    lines = [ln for ln in out.decode().splitlines() if ln.startswith("{")]
-    if not lines:
-        raise RuntimeError(f"{name} printed no report")
-    report: dict[str, Any] = json.loads(lines[-1])
-    return report
+CONSOLE_PATHS = ("/console", "/")
 
 
-async def _exchange(grpc_address: str) -> list[dict[str, Any]]:
-    bob = await _spawn("responder", "bob", "alice", grpc_address)
-    assert bob.stdout is not None
-    line = await asyncio.wait_for(bob.stdout.readline(), PROCESS_TIMEOUT_S)
-    if line.strip() != b"ready":
-        bob.kill()
-        _, err = await bob.communicate()
-        raise RuntimeError(f"bob did not start: {err.decode().strip()[-2000:]}")
-    alice = await _spawn("initiator", "alice", "bob", grpc_address)
-    return list(await asyncio.gather(_finish(alice, "alice"), _finish(bob, "bob")))
-
-
-def _judge(reports: list[dict[str, Any]], events: list[Event]) -> str:
-    """'' when the log shows the full exchange, else what is missing."""
-    received = sum(1 for e in events if e.event_type == "message.received")
-    fulfilled = sum(
-        1 for e in events if e.event_type == "message.state" and e.details.get("to") == "FULFILLED"
-    )
-    alice = next((r for r in reports if r.get("agent") == "alice"), {})
-    if alice.get("reply") != "hello back":
-        return f"alice did not get the reply (report: {alice})"
-    if received < 2 or fulfilled < 2:
-        return f"event log shows {received} messages received, {fulfilled} fulfilled; expected 2+"
+async def _console_path(http: str) -> str:
+    """The path of the operator console on the HTTP port, or '' when it serves none."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+        for path in CONSOLE_PATHS:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.get(f"http://{http}{path}") as reply:
+                    if reply.status == 200 and reply.content_type == "text/html":
+                        return path
     return ""
 
 
-async def run_demo(data_dir: Path | None = None) -> DemoResult:
-    """Run the whole job; never raises for a failed exchange (the result says why)."""
-    base = data_dir or Path(tempfile.mkdtemp(prefix="apiary-demo-"))
-    config = ServerConfig(data_dir=base, grpc=Address("127.0.0.1", 0), http=Address("127.0.0.1", 0))
-    started = time.monotonic()
+async def _read_all(coordinator: Coordinator) -> list[Event]:
+    events: list[Event] = []
+    while True:
+        batch = await coordinator.events.read(
+            after=events[-1].sequence if events else 0, limit=5000
+        )
+        if not batch:
+            return events
+        events.extend(batch)
+
+
+async def _run_coordinated(
+    config: ServerConfig, options: DemoOptions, token: str, result: DemoResult
+) -> str:
+    """Run the work against a coordinator of `config`; the failure's reason or ''."""
+    reason = ""
+    state = result.state
     async with open_coordinator(config) as coordinator:
+        result.http = str(coordinator.http_address)
+        state.coordinator = str(coordinator.grpc_address)
+        run = _Run(coordinator, options, state)
+        follower = asyncio.ensure_future(run.follow())
         try:
-            reports = await _exchange(str(coordinator.grpc_address))
-            reason = ""
-        except (RuntimeError, TimeoutError) as exc:
-            reports, reason = [], str(exc) or type(exc).__name__
-        events = await coordinator.events.read(limit=5000)
-    reason = reason or _judge(reports, events)
-    return DemoResult(not reason, reason, base, time.monotonic() - started, reports, events)
+            result.report = await run.work(token)
+        except (DemoError, ApiaryError, OSError) as exc:
+            reason = str(exc) or type(exc).__name__
+        finally:
+            await run.fleet.stop()
+            result.console = await _console_path(str(coordinator.http_address))
+            result.logs = {k: p.log_tail() for k, p in run.fleet.processes.items()}
+            if options.linger is not None:
+                await options.linger(coordinator, result.console)
+            follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follower
+        result.events = await _read_all(coordinator)
+    return reason
+
+
+@contextlib.contextmanager
+def _log_to(path: Path) -> Iterator[None]:
+    """The coordinator's log lines go to the run's log file, not over the live view."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        handler.close()
+
+
+async def run_demo(options: DemoOptions | None = None) -> DemoResult:
+    """Run the whole job; never raises for a failed run (the result says why). DemoError
+    when the run cannot be set up (a directory that is not empty, git missing)."""
+    options = options or DemoOptions()
+    started = time.monotonic()
+    missing = missing_tools()
+    if missing:
+        raise DemoError(
+            f"the demo's tools need {', '.join(missing)} in {sys.executable}'s environment: "
+            "`make demo` installs them (pip install -e '.[dev]')"
+        )
+    base = _directory(options.data_dir)
+    repo = base / "repo"
+    try:
+        create(repo)
+        config_file, token = write_config(base, repo, options.operator)
+    except (OSError, RuntimeError) as exc:
+        raise DemoError(f"cannot set up the run in {base}: {exc}") from exc
+    config = load_config(config_file, {}, {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0"})
+    state = RunState(options.operator)
+    result = DemoResult(False, "", base, config_file, 0.0, state)
+    reason = ""
+    with _log_to(base / "logs" / "coordinator.log"):
+        reason = await _run_coordinated(config, options, token, result)
+    for event in result.events:
+        state.apply(event)
+    approved = str(result.report.get("data", {}).get("approved", {}).get("commit", ""))
+    result.repo = check(repo, approved)
+    verdict = judge(result.events, result.repo, options.operator)
+    result.reason = reason or verdict.reason
+    result.ok = not result.reason
+    result.excerpt = verdict.excerpt
+    if not result.ok and not result.excerpt:
+        result.excerpt = (verdict.errors or result.events)[-EXCERPT_MAX:]
+    result.seconds = time.monotonic() - started
+    return result

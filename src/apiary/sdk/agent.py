@@ -71,12 +71,14 @@ from apiary.sdk.connection import JSON, Connection, Delivery
 from apiary.sdk.handoff import HandoffClient, HandoffDesk, HandoffTicket
 from apiary.sdk.tasks import TaskContext, TaskRunner, current_task
 from apiary.sdk.tools import ToolClient
-from apiary.sdk.workspace import Workspace, workspace_from
+from apiary.sdk.workspace import BOUND_STATES, Workspace, workspace_from
 from apiary.wire import pb
 from apiary.wire.convert import ack_from_payload
 
 log = logging.getLogger("apiary.sdk.agent")
 
+COORDINATOR = "coordinator"
+"""The coordinator's own participant id (producer of its notices)."""
 COORDINATOR_ENV = "APIARY_COORDINATOR"
 DEFAULT_COORDINATOR = "127.0.0.1:50051"
 _REFUSALS = (
@@ -215,6 +217,21 @@ class Agent(Connection):
     async def on_task(self, task: TaskContext) -> object:
         """A Scheduler task; without an override, tasks fail unsupported_message_type."""
         raise UnsupportedMessageTypeError(f"{self.agent_id} runs no tasks (no on_task)")
+
+    async def on_worktree_control(self, msg: Message) -> str:
+        """The coordinator's notices about this agent's worktree binding (docs/worktrees.md):
+        `workspace` follows them (gone once the agent is no longer bound). Override to act
+        on them; requests from other agents are refused."""
+        if msg.producer_id != COORDINATOR:
+            raise Rejected(
+                UnsupportedMessageTypeError.code, "WORKTREE_CONTROL is the coordinator's"
+            )
+        body = msg.json() or {}
+        state = str(body.get("state", ""))
+        if self._workspace is not None and state and state not in BOUND_STATES:
+            self._workspace.close()
+            self._workspace = None
+        return f"binding {state or 'unchanged'}"
 
     async def setup(self) -> None:
         """Runs once registered, before any message is handled (RFC 8.1 INITIALIZING)."""
