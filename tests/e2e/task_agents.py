@@ -19,7 +19,7 @@ hold
 
 Every step of interest is one JSON line on stdout: {"event": "ready"} once registered, then
 "started", "yielding", "cancelled", "ignored_cancel", "released" and "notice" (coordinator
-NOTIFICATIONs such as task_deferred, which the SDK's Agent does not yield to its user).
+NOTIFICATIONs such as task_deferred, delivered marked as notices).
 """
 
 from __future__ import annotations
@@ -42,15 +42,6 @@ def say(event: str, **fields: Any) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
-class NoticeAgent(Agent):
-    """An Agent that also reports the coordinator's notifications on stdout."""
-
-    def _apply_notice(self, body: dict[str, Any]) -> None:
-        super()._apply_notice(body)
-        if body.get("event") not in ("directory", "agent_joined", "agent_left"):
-            say("notice", body=body)
-
-
 class Behaviours:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
@@ -61,6 +52,9 @@ class Behaviours:
 
     async def on_message(self, delivery: Delivery) -> None:
         env = delivery.envelope
+        if delivery.notice:  # a coordinator notice: reported, never acknowledged
+            say("notice", body=json.loads(env.payload or b"{}"))
+            return
         if env.message_type is MessageType.ACKNOWLEDGEMENT:
             return
         if env.message_type is MessageType.DATA:
@@ -117,7 +111,7 @@ class Behaviours:
 
 
 async def main(agent_id: str, coordinator: str) -> None:
-    async with NoticeAgent(agent_id, coordinator=coordinator) as agent:
+    async with Agent(agent_id, coordinator=coordinator) as agent:
         behaviours = Behaviours(agent)
         runner = TaskRunner(agent, behaviours.handle, on_message=behaviours.on_message)
         say("ready", agent=agent_id)

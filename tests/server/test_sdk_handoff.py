@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 import apiary
 from apiary.core.events import Event
 from apiary.errors import NoRouteError, ValidationError
+from apiary.sdk.connection import Delivery
 from apiary.sdk.handoff import HandoffClient
 from apiary.server.coordinator import Coordinator
 from apiary.wire import pb
@@ -74,9 +76,10 @@ class Deaf(apiary.Agent):
         super().__init__(agent_id, **options)
         self.offers: list[apiary.Handoff] = []
 
-    def _apply_notice(self, body: dict[str, Any]) -> None:
-        if not str(body.get("event", "")).startswith("handoff."):
-            super()._apply_notice(body)
+    async def _on_notice(self, delivery: Delivery) -> None:
+        body = json.loads(delivery.envelope.payload or b"{}")
+        if not str(body.get("event", "")).startswith("handoff."):  # lose handoff notices
+            await super()._on_notice(delivery)
 
     async def on_handoff(self, offer: apiary.Handoff) -> None:
         self.offers.append(offer)

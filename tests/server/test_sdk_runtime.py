@@ -19,11 +19,13 @@ from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.events import Event
 from apiary.core.message_machine import MessageState
 from apiary.core.records import TaskState
+from apiary.engine.notices import NoticeFactory
 from apiary.errors import ApiaryError, NotFoundError, ToolTimeoutError
 from apiary.sdk.connection import Connection
 from apiary.sdk.scheduler import SchedulerClient
 from apiary.sdk.tool_provider import Tool, ToolCallContext, ToolHost
 from apiary.server.coordinator import Coordinator
+from apiary.system import SystemClock, UuidIds
 from apiary.testing.coordinator import open_test_coordinator
 from apiary.wire import pb
 from apiary.wire.convert import ack_from_payload
@@ -542,3 +544,30 @@ async def test_an_agent_registers_its_descriptor_and_its_tool_descriptors(
     assert descriptor["communication_class"] == "BULK"
     assert list(descriptor["modalities_supported"]) == ["application/json"]
     assert [(t.tool_name, t.idempotent) for t in described] == [("add", True)]
+
+
+async def test_coordinator_notices_reach_on_notification_unacknowledged(
+    coordinator: Coordinator,
+) -> None:
+    seen: list[dict[str, Any]] = []
+
+    class Listener(apiary.Agent):
+        agent_id = "listener"
+
+        async def on_notification(self, msg: apiary.Message) -> None:
+            seen.append(msg.json())
+
+    listener = Listener(coordinator=str(coordinator.grpc_address))
+    async with _running(listener):
+        notices = NoticeFactory(SystemClock(), UuidIds())
+        env = notices.notification({"event": "task_deferred", "task_id": "t-9"}, "t-9")
+        outcome = await coordinator.router.notify("listener", env)
+        assert outcome.accepted
+        await _until(lambda: bool(seen))
+    assert seen == [{"event": "task_deferred", "task_id": "t-9"}]
+    # The directory notices stay the connection's own business.
+    assert all(s.get("event") not in ("directory", "agent_joined") for s in seen)
+    acks = [e for e in await coordinator.events.read(limit=10_000)
+            if e.event_type == "message.state" and e.details.get("message_id") == env.message_id
+            and str(e.details.get("input", "")).startswith("ACK_")]  # fmt: skip
+    assert acks == []  # a notice is never acknowledged

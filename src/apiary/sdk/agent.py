@@ -339,11 +339,6 @@ class Agent(Connection):
             )
         return self._desk
 
-    def _apply_notice(self, body: dict[str, Any]) -> None:
-        super()._apply_notice(body)
-        if str(body.get("event", "")).startswith("handoff."):
-            self._handoff_desk().notice(body)
-
     # ------------------------------------------------------------------ running
 
     async def run(self) -> None:
@@ -403,6 +398,9 @@ class Agent(Connection):
         if env.message_type is MessageType.ACKNOWLEDGEMENT:
             await self._on_ack(delivery)
             return
+        if delivery.notice:
+            await self._on_notice(delivery)
+            return
         if self.ack_received:
             await self._ack(env, AckStage.RECEIVED)
         self._queue.put_nowait(delivery)
@@ -429,6 +427,23 @@ class Agent(Connection):
         await self._ack(env, AckStage.READ)
         stage, code, note = await _outcome(handler, Message(self, delivery))
         await self._ack(env, stage, code, note)
+
+    async def _on_notice(self, delivery: Delivery) -> None:
+        """A coordinator notice: handoff events update the handoff desk; every notice goes to
+        `on_notification` (if any); notices are never acknowledged."""
+        try:
+            body = json.loads(delivery.envelope.payload or b"{}")
+        except ValueError:
+            body = {}
+        if isinstance(body, dict) and str(body.get("event", "")).startswith("handoff."):
+            self._handoff_desk().notice(body)
+        handler = self.handler_for(MessageType.NOTIFICATION)
+        if handler is None:
+            return
+        try:
+            await handler(Message(self, delivery))
+        except Exception:
+            log.exception("%s: on_notification failed", self.agent_id)
 
     async def _on_ack(self, delivery: Delivery) -> None:
         handler = getattr(self, "on_acknowledgement", None)

@@ -47,6 +47,9 @@ class Delivery:
     offset: int
     attempt: int
     urgent: bool
+    notice: bool = False
+    """A coordinator notice (NOTIFICATION from `coordinator`): informational, already
+    settled on hand-out, so it is not acknowledged."""
 
 
 class Connection:
@@ -269,17 +272,20 @@ class Connection:
                 env = envelope_from_proto(item.msg)
                 if await self._handled_notice(env):
                     continue
-                if env.message_type is not MessageType.ACKNOWLEDGEMENT:
+                notice = _is_notice(env)
+                if env.message_type is not MessageType.ACKNOWLEDGEMENT and not notice:
                     self._unacked[env.message_id] = item.offset
-                yield Delivery(env, item.offset, item.attempt, item.urgent)
+                yield Delivery(env, item.offset, item.attempt, item.urgent, notice)
 
     async def _handled_notice(self, env: Envelope) -> bool:
         if env.message_type is MessageType.HEARTBEAT:
             await self.heartbeat()
             return True
-        if env.message_type is MessageType.NOTIFICATION and env.producer_id == "coordinator":
-            self._apply_notice(json.loads(env.payload or b"{}"))
-            return True
+        if _is_notice(env):
+            body = json.loads(env.payload or b"{}")
+            if isinstance(body, dict) and body.get("event") in DIRECTORY_EVENTS:
+                self._apply_notice(body)
+                return True
         return False
 
     def _apply_notice(self, body: dict[str, Any]) -> None:
@@ -305,3 +311,12 @@ class Connection:
         """Inbound envelopes, in order, until the connection closes."""
         async for delivery in self.deliveries():
             yield delivery.envelope
+
+
+DIRECTORY_EVENTS = frozenset({"directory", "agent_joined", "agent_left"})
+"""Coordinator notices the connection applies to `directory` itself; the others (HITL,
+task deferrals, ...) are delivered, marked as notices."""
+
+
+def _is_notice(env: Envelope) -> bool:
+    return env.message_type is MessageType.NOTIFICATION and env.producer_id == "coordinator"

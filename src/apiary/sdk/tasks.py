@@ -295,7 +295,7 @@ class TaskRunner:
             await self._control(env)
         elif self._on_message is not None:
             await self._on_message(delivery)
-        elif env.message_type is not MessageType.ACKNOWLEDGEMENT:
+        elif env.message_type is not MessageType.ACKNOWLEDGEMENT and not delivery.notice:
             await self._ack(env, AckStage.FULFILLED, note="not a task")
 
     # ------------------------------------------------------------------ tasks
