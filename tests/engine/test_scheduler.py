@@ -318,6 +318,31 @@ async def test_a_duplicate_job_is_refused_unless_hitl_authorizes_it() -> None:
         assert await h.store.tasks.get("t2") is None
 
 
+async def test_a_held_job_waits_for_its_decision_across_a_restart(tmp_path: Path) -> None:
+    hitl = HitlSettings(operators=(ALICE,))
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with open_test_engine(hitl=hitl, store_url=url, data_dir=tmp_path) as first:
+        await _ready(first, "worker")
+        await _submit(first, "t1")
+        params = json.dumps({"task": "t1"}).encode()
+        await _sched(first).submit(Submission("worker", "t2", None, params, scope=SCOPE))
+        assert await _state(first, "t2") == "HELD"
+        clock, ids = first.clock, first.ids
+    async with open_test_engine(
+        hitl=hitl, store_url=url, data_dir=tmp_path, clock=clock, ids=ids
+    ) as again:
+        assert await _state(again, "t2") == "HELD"  # not failed: its invocation still stands
+        (invocation,) = await again.engine.hitl.list()
+        assert invocation.subject["task_id"] == "t2"
+        operator = again.engine.hitl.operators.authenticate("Bearer alice-token")
+        await again.engine.hitl.decide(invocation.invocation_id, "approve", operator, "go")
+        await _until(
+            lambda: (
+                _sched(again).get("t2") is not None and _sched(again).get("t2").state == "QUEUED"
+            )  # type: ignore[union-attr]
+        )
+
+
 async def _until(predicate: Any) -> None:
     for _ in range(200):
         if predicate():

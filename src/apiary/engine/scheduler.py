@@ -225,15 +225,25 @@ class Scheduler:
             await self.lifecycles.registered(agent.agent_id, agent.name)
         records = await self._store.list(OPEN_STATES, limit=1 << 62)
         self._seq = max(await self._store.max_seq() + 1, 0)
+        held_for: dict[str, str] = {}
+        if any(r.state == TaskState.HELD for r in records):  # their HITL invocations
+            held_for = {
+                str(r.subject.get("task_id")): r.invocation_id
+                for r in await self._hitl.list(include_decided=True, limit=1 << 30)
+                if r.reason_type == "TASK_ESCALATION" and r.requested_by == SCHEDULER
+            }
         for record in records:
             self._tasks[record.task_id] = record
             if record.job_key:
                 self._jobs[record.job_key] = record.task_id
-            if record.state in (TaskState.QUEUED, TaskState.HELD):
-                if record.state == TaskState.QUEUED:
-                    self._push(record)
-                else:
+            if record.state == TaskState.QUEUED:
+                self._push(record)
+            elif record.state == TaskState.HELD:
+                invocation = held_for.get(record.task_id)
+                if invocation is None:
                     await self._fail(record, "duplicate_detected", "held job lost its decision")
+                else:  # the decision may come (or have come) while the coordinator was down
+                    self._spawn(self._await_authorization(record.task_id, invocation))
             else:
                 self._occupy(record)
         return len(records)
