@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 import apiary
+from apiary.cli.main import app as main_app
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.events import Event
 from apiary.core.message_machine import MessageState
@@ -457,13 +459,16 @@ async def test_a_suspended_agent_keeps_its_task_state_and_goes_on_when_resumed(
     async with _running(Counter(coordinator=address)), SchedulerClient(address) as scheduler:
         await scheduler.submit_task("counter", "t-count", {"n": 1}, scope=SCOPE)
         await asyncio.wait_for(go_slow.wait(), WAIT_S)
-        await scheduler_engine.suspend_agent("counter")
+        control = apiary.Client(address).agent_control  # the operator's RPC
+        paused = await control.Suspend(pb.apiary_pb2.AgentControlRequest(agent_id="counter"))
+        assert paused.state == "SUSPENDED"
         await _until(lambda: _lifecycle(coordinator, "counter") == "SUSPENDED")
         await asyncio.sleep(0.1)
         held = len(counted)
         await asyncio.sleep(0.2)
         assert len(counted) == held < 40  # held at a safe point
-        await scheduler_engine.resume_agent("counter")
+        resumed = await control.Resume(pb.apiary_pb2.AgentControlRequest(agent_id="counter"))
+        assert resumed.state in ("RESUMED", "RUNNING")
         await _event(coordinator, lambda e: e.event_type == "task.completed")
     task = await scheduler_engine.find("t-count")
     assert (task.state, task.note) == (TaskState.COMPLETED, f"total {sum(range(40))}")
@@ -571,3 +576,27 @@ async def test_coordinator_notices_reach_on_notification_unacknowledged(
             if e.event_type == "message.state" and e.details.get("message_id") == env.message_id
             and str(e.details.get("input", "")).startswith("ACK_")]  # fmt: skip
     assert acks == []  # a notice is never acknowledged
+
+
+async def test_suspend_and_resume_refuse_what_does_not_apply(coordinator: Coordinator) -> None:
+    async with apiary.Client(str(coordinator.grpc_address)) as client:
+        with pytest.raises(ApiaryError) as unnamed:
+            await client.agent_control.Suspend(pb.apiary_pb2.AgentControlRequest())
+        assert (unnamed.value.code, unnamed.value.details["field"]) == (
+            "validation_error", "agent_id",
+        )  # fmt: skip
+        with pytest.raises(NotFoundError):
+            await client.agent_control.Suspend(pb.apiary_pb2.AgentControlRequest(agent_id="x"))
+        async with apiary.Agent("idle", coordinator=str(coordinator.grpc_address)):
+            with pytest.raises(ApiaryError) as idle:  # INITIALIZING: nothing to suspend
+                await client.agent_control.Suspend(
+                    pb.apiary_pb2.AgentControlRequest(agent_id="idle")
+                )
+            assert idle.value.code == "validation_error"
+            assert "does not apply" in idle.value.message
+            address = str(coordinator.grpc_address)
+            cli = await asyncio.to_thread(
+                CliRunner().invoke, main_app, ["agent", "suspend", "idle", "--grpc", address]
+            )
+    assert cli.exit_code == 1
+    assert "apiary agent suspend: validation_error" in cli.output

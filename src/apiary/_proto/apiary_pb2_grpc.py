@@ -1864,3 +1864,124 @@ class NegotiationOperatorService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class AgentControlServiceStub:
+    """Suspend holds the agent's task at its next safe point with its state (SUSPENDED, RFC 8.3
+    timeout 3600 s); Resume lets it go on (RESUMED, then RUNNING when the agent reports).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Suspend = channel.unary_unary(
+                '/apiary.v1.AgentControlService/Suspend',
+                request_serializer=apiary__pb2.AgentControlRequest.SerializeToString,
+                response_deserializer=apiary__pb2.AgentControlResponse.FromString,
+                _registered_method=True)
+        self.Resume = channel.unary_unary(
+                '/apiary.v1.AgentControlService/Resume',
+                request_serializer=apiary__pb2.AgentControlRequest.SerializeToString,
+                response_deserializer=apiary__pb2.AgentControlResponse.FromString,
+                _registered_method=True)
+
+
+class AgentControlServiceServicer:
+    """Suspend holds the agent's task at its next safe point with its state (SUSPENDED, RFC 8.3
+    timeout 3600 s); Resume lets it go on (RESUMED, then RUNNING when the agent reports).
+    """
+
+    def Suspend(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Resume(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_AgentControlServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Suspend': grpc.unary_unary_rpc_method_handler(
+                    servicer.Suspend,
+                    request_deserializer=apiary__pb2.AgentControlRequest.FromString,
+                    response_serializer=apiary__pb2.AgentControlResponse.SerializeToString,
+            ),
+            'Resume': grpc.unary_unary_rpc_method_handler(
+                    servicer.Resume,
+                    request_deserializer=apiary__pb2.AgentControlRequest.FromString,
+                    response_serializer=apiary__pb2.AgentControlResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.AgentControlService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.AgentControlService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class AgentControlService:
+    """Suspend holds the agent's task at its next safe point with its state (SUSPENDED, RFC 8.3
+    timeout 3600 s); Resume lets it go on (RESUMED, then RUNNING when the agent reports).
+    """
+
+    @staticmethod
+    def Suspend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.AgentControlService/Suspend',
+            apiary__pb2.AgentControlRequest.SerializeToString,
+            apiary__pb2.AgentControlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Resume(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.AgentControlService/Resume',
+            apiary__pb2.AgentControlRequest.SerializeToString,
+            apiary__pb2.AgentControlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -519,3 +519,46 @@ class NegotiationOperatorServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.NegotiationView, _abc.Awaitable[_apiary_pb2.NegotiationView]]: ...
 
 def add_NegotiationOperatorServiceServicer_to_server(servicer: NegotiationOperatorServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class AgentControlServiceStub:
+    """Suspend holds the agent's task at its next safe point with its state (SUSPENDED, RFC 8.3
+    timeout 3600 s); Resume lets it go on (RESUMED, then RUNNING when the agent reports).
+    """
+
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> AgentControlServiceAsyncStub: ...
+    Suspend: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.AgentControlRequest, _apiary_pb2.AgentControlResponse]
+    Resume: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.AgentControlRequest, _apiary_pb2.AgentControlResponse]
+
+@_typing.type_check_only
+class AgentControlServiceAsyncStub(AgentControlServiceStub):
+    """Suspend holds the agent's task at its next safe point with its state (SUSPENDED, RFC 8.3
+    timeout 3600 s); Resume lets it go on (RESUMED, then RUNNING when the agent reports).
+    """
+
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Suspend: _aio.UnaryUnaryMultiCallable[_apiary_pb2.AgentControlRequest, _apiary_pb2.AgentControlResponse]  # type: ignore[assignment]
+    Resume: _aio.UnaryUnaryMultiCallable[_apiary_pb2.AgentControlRequest, _apiary_pb2.AgentControlResponse]  # type: ignore[assignment]
+
+class AgentControlServiceServicer(metaclass=_abc_1.ABCMeta):
+    """Suspend holds the agent's task at its next safe point with its state (SUSPENDED, RFC 8.3
+    timeout 3600 s); Resume lets it go on (RESUMED, then RUNNING when the agent reports).
+    """
+
+    @_abc_1.abstractmethod
+    def Suspend(
+        self,
+        request: _apiary_pb2.AgentControlRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.AgentControlResponse, _abc.Awaitable[_apiary_pb2.AgentControlResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Resume(
+        self,
+        request: _apiary_pb2.AgentControlRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.AgentControlResponse, _abc.Awaitable[_apiary_pb2.AgentControlResponse]]: ...
+
+def add_AgentControlServiceServicer_to_server(servicer: AgentControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

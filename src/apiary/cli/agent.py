@@ -14,6 +14,8 @@ import typer
 
 from apiary.errors import ApiaryError
 from apiary.sdk.agent import COORDINATOR_ENV, Agent
+from apiary.sdk.client import Client
+from apiary.wire import pb
 
 app = typer.Typer(help="Run agents written with the SDK.", no_args_is_help=True)
 
@@ -74,3 +76,39 @@ def run(
     except ApiaryError as exc:
         typer.echo(f"apiary agent run: {agent.agent_id}: {exc.code}: {exc.message}", err=True)
         raise typer.Exit(1) from None
+
+
+def _control(action: str, agent_id: str, address: str) -> None:
+    async def go() -> str:
+        async with Client(address) as client:
+            request = pb.apiary_pb2.AgentControlRequest(agent_id=agent_id)
+            control = client.agent_control
+            reply = await (
+                control.Suspend(request) if action == "suspend" else control.Resume(request)
+            )
+            return str(reply.state)
+
+    try:
+        state = asyncio.run(go())
+    except ApiaryError as exc:
+        typer.echo(f"apiary agent {action}: {exc.code}: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"{agent_id}: {state}")
+
+
+@app.command("suspend")
+def suspend(
+    agent_id: str = typer.Argument(..., help="The agent to suspend"),
+    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
+) -> None:
+    """Suspend an agent (RFC 8.1): its task holds at its next safe point, state kept."""
+    _control("suspend", agent_id, grpc_address)
+
+
+@app.command("resume")
+def resume(
+    agent_id: str = typer.Argument(..., help="The agent to resume"),
+    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
+) -> None:
+    """Resume a suspended agent."""
+    _control("resume", agent_id, grpc_address)

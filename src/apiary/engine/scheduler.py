@@ -392,13 +392,22 @@ class Scheduler:
             await self._drain_wakeups()
 
     async def suspend_agent(self, agent_id: str) -> None:
-        """Pause a RUNNING agent (RFC 8.1 SUSPENDED): it keeps its task and state."""
-        async with self._lock:
-            await self.lifecycles.apply(agent_id, AgentInput.SUSPEND, note="requested")
+        """Pause a RUNNING agent (RFC 8.1 SUSPENDED): it keeps its task and state.
+        ValidationError naming `agent_id` when its state cannot be suspended."""
+        await self._operator_input(agent_id, AgentInput.SUSPEND)
 
     async def resume_agent(self, agent_id: str) -> None:
+        """Let a SUSPENDED agent go on (RESUMED, then RUNNING once it reports)."""
+        await self._operator_input(agent_id, AgentInput.RESUME)
+
+    async def _operator_input(self, agent_id: str, event: AgentInput) -> None:
         async with self._lock:
-            await self.lifecycles.apply(agent_id, AgentInput.RESUME, note="requested")
+            try:
+                await self.lifecycles.apply(agent_id, event, note="requested")
+            except LifecycleIllegal as exc:
+                raise ValidationError.for_field(
+                    "agent_id", f"{agent_id} is {exc.state}: {event.value.lower()} does not apply"
+                ) from None
 
     # ------------------------------------------------------------------ agents
 

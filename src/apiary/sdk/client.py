@@ -302,3 +302,9 @@ class Client:
         """apiary.v1.ToolProviderService: list providers, register MCP servers."""
         stub = self._stub("tool_provider", pb.apiary_pb2_grpc.ToolProviderServiceStub)
         return cast("apiary_pb2_grpc.ToolProviderServiceAsyncStub", stub)
+
+    @property
+    def agent_control(self) -> apiary_pb2_grpc.AgentControlServiceAsyncStub:
+        """apiary.v1.AgentControlService: suspend and resume agents."""
+        stub = self._stub("agent_control", pb.apiary_pb2_grpc.AgentControlServiceStub)
+        return cast("apiary_pb2_grpc.AgentControlServiceAsyncStub", stub)

@@ -64,7 +64,7 @@ from apiary.server.services.negotiation_room import (
 )
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
-from apiary.server.services.scheduler import SchedulerHandler
+from apiary.server.services.scheduler import AgentControlHandler, SchedulerHandler
 from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
@@ -237,6 +237,7 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.scheduler.SchedulerService": SchedulerHandler(
             engine.scheduler, ActivityHandler(engine.activity)
         ),
+        "apiary.v1.AgentControlService": AgentControlHandler(engine.scheduler),
         "sw4rm.reasoning.InferenceProxy": InferenceHandler(),
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),

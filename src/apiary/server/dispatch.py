@@ -47,6 +47,7 @@ OWNING_AREA: Mapping[str, str] = {
     "apiary.v1.DlqService": "dead letter queue (issue 3)",
     "apiary.v1.HitlOperatorService": "human-in-the-loop (issue 4)",
     "apiary.v1.ActivityBufferService": "activity buffer (issue 5)",
+    "apiary.v1.AgentControlService": "scheduler (issue 5)",
     "apiary.v1.HandoffQueryService": "handoff (issue 7)",
     "apiary.v1.WorktreeBindingService": "worktrees (issue 6)",
     "apiary.v1.NegotiationRoomQueryService": "negotiation rooms (issue 7)",

@@ -10,6 +10,7 @@ from apiary.server.services.activity import ActivityHandler
 from apiary.wire import pb
 
 s = pb.scheduler_pb2
+a = pb.apiary_pb2
 SUBMITTER_METADATA = "apiary-submitter"
 """Optional call metadata naming the submitting agent: its communication class is the
 task's lane (RFC 7.3)."""
@@ -49,3 +50,28 @@ class SchedulerHandler:
             grace = req.grace_period.seconds + req.grace_period.nanos / 1e9
         await self._scheduler.shutdown_agent(req.agent_id, grace)
         return s.ShutdownAgentResponse(ok=True)
+
+
+class AgentControlHandler:
+    """apiary.v1.AgentControlService: suspend and resume an agent (RFC 8.1)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    async def suspend(self, req: a.AgentControlRequest, ctx: CallContext) -> a.AgentControlResponse:
+        await self._scheduler.suspend_agent(_agent(req.agent_id))
+        return self._state(req.agent_id)
+
+    async def resume(self, req: a.AgentControlRequest, ctx: CallContext) -> a.AgentControlResponse:
+        await self._scheduler.resume_agent(_agent(req.agent_id))
+        return self._state(req.agent_id)
+
+    def _state(self, agent_id: str) -> a.AgentControlResponse:
+        state = self._scheduler.lifecycles.state(agent_id)
+        return a.AgentControlResponse(agent_id=agent_id, state=state.value if state else "")
+
+
+def _agent(agent_id: str) -> str:
+    if not agent_id:
+        raise ValidationError.for_field("agent_id", "is required")
+    return agent_id
