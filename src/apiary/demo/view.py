@@ -359,7 +359,8 @@ def summary_table(result: DemoResult) -> Table:
         "look again",
         f"apiary serve --config {result.config_file}\n"
         "then: apiary events | apiary workflow status "
-        f"{state.workflow_id} | apiary room list | apiary hitl list --all"
+        f"{state.workflow_id} | apiary room list | APIARY_TOKEN=$(cat "
+        f"{result.data_dir / 'operator-token'}) apiary hitl list --all"
         + (f"\nconsole: http://127.0.0.1:8080{result.console}" if result.console else ""),
     )
     return table
