@@ -76,6 +76,9 @@ async def test_metrics_count_rpcs(http: aiohttp.ClientSession) -> None:
     assert (
         'apiary_rpc_total{code="ok",method="/sw4rm.registry.RegistryService/RegisterAgent"' in text
     )
+    # Every kind of event is counted too (tool calls, handoffs, workflow nodes, ...).
+    assert 'apiary_events_total{event_type="agent.registered"} 1.0' in text
+    assert 'apiary_events_total{event_type="coordinator.started"} 1.0' in text
 
 
 @pytest.mark.conformance("transport.http.http1-fallback")

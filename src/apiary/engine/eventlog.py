@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 from typing import Any
 
 from apiary.core.clock import Clock
@@ -34,6 +35,8 @@ class EventRecorder:
         self._last = 0
         self._pending: list[EventDraft] = []
         self._flusher: asyncio.Task[None] | None = None
+        self.counts: Counter[str] = Counter()
+        """Events recorded by this process, by type (exported at /metrics)."""
 
     async def record(
         self,
@@ -56,6 +59,7 @@ class EventRecorder:
         **details: Any,
     ) -> None:
         """`record` for synchronous callers (recording never waits in either form)."""
+        self.counts[event_type] += 1
         self._pending.append(
             EventDraft(
                 event_type=event_type,

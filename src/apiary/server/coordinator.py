@@ -364,7 +364,7 @@ async def open_coordinator(
                 )
             )
         recovered = await load_engine(engine)
-        metrics = Metrics(engine.router, engine.activity, engine.scheduler)
+        metrics = Metrics(engine.router, engine.activity, engine.scheduler, engine.events)
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
         grpc_port = server.add_insecure_port(str(config.grpc))

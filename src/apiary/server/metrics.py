@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 
 from apiary.engine.activity import Activity
+from apiary.engine.eventlog import EventRecorder
 from apiary.engine.router import Router
 from apiary.engine.router_stats import Timing
 from apiary.engine.scheduler import Scheduler
@@ -177,12 +178,27 @@ class _SchedulerCollector(Collector):
         yield states
 
 
+class _EventCollector(Collector):
+    """Every kind of event this coordinator recorded (tool calls, handoffs, workflow nodes,
+    negotiation rounds, HITL decisions, ...): one counter family, labelled by type."""
+
+    def __init__(self, events: EventRecorder) -> None:
+        self._events = events
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield _counter(
+            "apiary_events", "Events recorded since start, by event type.", ["event_type"],
+            {(k,): v for k, v in self._events.counts.items()},
+        )  # fmt: skip
+
+
 class Metrics:
     def __init__(
         self,
         router: Router | None = None,
         activity: Activity | None = None,
         scheduler: Scheduler | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self._rpcs = Counter(
@@ -197,6 +213,8 @@ class Metrics:
             self.registry.register(_ActivityCollector(activity))
         if scheduler is not None:
             self.registry.register(_SchedulerCollector(scheduler))
+        if events is not None:
+            self.registry.register(_EventCollector(events))
 
     def rpc_done(self, transport: str, method: str, code: str) -> None:
         self._rpcs.labels(transport, method, code).inc()
