@@ -17,7 +17,7 @@ from apiary.sdk.agent import COORDINATOR_ENV, Agent
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
-app = typer.Typer(help="Run agents written with the SDK.", no_args_is_help=True)
+app = typer.Typer(help="Run SDK agents; suspend and resume agents (RFC 8.1).", no_args_is_help=True)
 
 
 def load_agent_class(target: str) -> type[Agent]:
