@@ -37,7 +37,7 @@ from apiary.confined import ConfinedRoot
 from apiary.errors import ValidationError
 from apiary.sdk.scheduler import SchedulerClient
 from apiary.wire import pb
-from demo_agents.common import CRITICS, INDEXER, REPO_ID, DemoAgent, git, run_tool, say
+from demo_agents.common import CRITICS, INDEXER, REPO_ID, git, run_tool, say
 
 nr = pb.negotiation_room_pb2
 BRANCH = "fix/apply-discount"
@@ -61,7 +61,7 @@ def pytest_counts(output: str) -> dict[str, int]:
     return {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|error)", output)}
 
 
-class Coder(DemoAgent):
+class Coder(apiary.Agent):
     agent_id = "coder"
     capabilities = ("code", "python")
     description = "Fixes bugs in its worktree and revises them until the critics approve."

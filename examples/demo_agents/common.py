@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import apiary
 from apiary.errors import ApiaryError
 from apiary.sdk.tools import ToolClient
 
@@ -16,15 +15,6 @@ REPO_ID = "shop"
 """The repository the demo configures ([[worktrees.repos]])."""
 CRITICS = ("critic-ruff", "critic-pytest")
 INDEXER = "indexer"
-
-
-class DemoAgent(apiary.Agent):
-    """An agent that takes the coordinator's notices about its worktree binding (every
-    change of it arrives as a WORKTREE_CONTROL envelope; docs/worktrees.md)."""
-
-    async def on_worktree_control(self, msg: apiary.Message) -> str:
-        body = msg.json() or {}
-        return f"binding {body.get('event', '')}: {body.get('state', '')}"
 
 
 def say(text: str) -> None:

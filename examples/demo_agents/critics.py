@@ -22,7 +22,7 @@ from typing import Any
 
 import apiary
 from apiary.wire import pb
-from demo_agents.common import DemoAgent, run_tool, say
+from demo_agents.common import run_tool, say
 
 nr = pb.negotiation_room_pb2
 
@@ -37,7 +37,7 @@ class Verdict:
     recommendations: list[str] = field(default_factory=list)
 
 
-class Critic(DemoAgent):
+class Critic(apiary.Agent):
     capabilities = ("review",)
 
     def __init__(self, agent_id: str | None = None, **options: Any) -> None:

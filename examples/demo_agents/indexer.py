@@ -31,7 +31,7 @@ from typing import Any
 import apiary
 from apiary.confined import ConfinedRoot
 from apiary.errors import ValidationError
-from demo_agents.common import REPO_ID, DemoAgent, say
+from demo_agents.common import REPO_ID, say
 
 SYMBOLS = re.compile(r"^[ \t]*(?:async[ \t]+)?(def|class)[ \t]+(\w+)", re.MULTILINE)
 PROGRESS_EVERY = 50
@@ -39,7 +39,7 @@ SKIPPED = frozenset({"site-packages", "test", "tests", "idlelib"})
 """Parts of the standard library's tree left out (installed packages, its own tests)."""
 
 
-class Indexer(DemoAgent):
+class Indexer(apiary.Agent):
     agent_id = "indexer"
     capabilities = ("index", "search")
     description = "Indexes code in the background; answers symbol lookups at once."

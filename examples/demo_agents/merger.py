@@ -16,10 +16,10 @@ from typing import Any
 
 import apiary
 from apiary.errors import ValidationError
-from demo_agents.common import DemoAgent, say
+from demo_agents.common import say
 
 
-class Merger(DemoAgent):
+class Merger(apiary.Agent):
     agent_id = "merger"
     capabilities = ("merge",)
     description = "Merges approved changes into main (a privileged tool, approved through HITL)."

@@ -23,7 +23,7 @@ from typing import Any
 import apiary
 from apiary.sdk.scheduler import SchedulerClient
 from apiary.wire import pb
-from demo_agents.common import INDEXER, REPO_ID, DemoAgent, say
+from demo_agents.common import INDEXER, REPO_ID, say
 
 w = pb.workflow_pb2
 POLL_S = 0.5
@@ -64,7 +64,7 @@ def definition(workflow_id: str, brief: dict[str, Any]) -> w.WorkflowDefinition:
     return built
 
 
-class Planner(DemoAgent):
+class Planner(apiary.Agent):
     agent_id = "planner"
     capabilities = ("planning",)
     description = "Plans a fix as a workflow and follows it to its end."

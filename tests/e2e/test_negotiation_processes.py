@@ -32,6 +32,7 @@ from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.sdk.client import Client
 from apiary.server.coordinator import Coordinator, Runtime
 from apiary.testing.coordinator import open_test_coordinator
+from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from tests.e2e.negotiation_agents import DRAFT_A, DRAFT_B
 
@@ -102,19 +103,7 @@ async def agent_process(
 
 
 async def _event(coordinator: Coordinator, where: Callable[[Event], bool]) -> Event:
-    async def scan() -> Event:
-        seen = 0
-        while True:
-            batch = await coordinator.events.read(after=seen, limit=1000)
-            for event in batch:
-                if where(event):
-                    return event
-            if batch:
-                seen = batch[-1].sequence
-            else:
-                await coordinator.events.wait_after(seen)
-
-    return await asyncio.wait_for(scan(), WAIT_S)
+    return await wait_for_event(coordinator.events, where, timeout_s=WAIT_S)
 
 
 @pytest.mark.conformance(

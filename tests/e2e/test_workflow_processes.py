@@ -23,6 +23,7 @@ from apiary.sdk.agent import Agent
 from apiary.sdk.client import Client
 from apiary.server.coordinator import Coordinator
 from apiary.testing.coordinator import open_test_coordinator
+from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,21 +92,7 @@ async def agents(
 
 
 async def _event(coordinator: Coordinator, where: Callable[[Event], bool]) -> Event:
-    """The first matching event of the log, waiting for new ones as they land."""
-
-    async def scan() -> Event:
-        seen = 0
-        while True:
-            batch = await coordinator.events.read(after=seen, limit=1000)
-            for event in batch:
-                if where(event):
-                    return event
-            if batch:
-                seen = batch[-1].sequence
-            else:
-                await coordinator.events.wait_after(seen)
-
-    return await asyncio.wait_for(scan(), WAIT_S)
+    return await wait_for_event(coordinator.events, where, timeout_s=WAIT_S)
 
 
 async def _finished(coordinator: Coordinator, workflow_id: str) -> Event:

@@ -29,6 +29,7 @@ from apiary.sdk.tool_provider import Tool, ToolCallContext, ToolHost
 from apiary.server.coordinator import Coordinator
 from apiary.system import SystemClock, UuidIds
 from apiary.testing.coordinator import open_test_coordinator
+from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from apiary.wire.convert import ack_from_payload
 
@@ -64,19 +65,7 @@ async def _until(check: Callable[[], bool]) -> None:
 
 
 async def _event(coordinator: Coordinator, where: Callable[[Event], bool]) -> Event:
-    async def scan() -> Event:
-        seen = 0
-        while True:
-            batch = await coordinator.events.read(after=seen, limit=1000)
-            for event in batch:
-                if where(event):
-                    return event
-            if batch:
-                seen = batch[-1].sequence
-            else:
-                await coordinator.events.wait_after(seen)
-
-    return await asyncio.wait_for(scan(), WAIT_S)
+    return await wait_for_event(coordinator.events, where, timeout_s=WAIT_S)
 
 
 class Worker(apiary.Agent):

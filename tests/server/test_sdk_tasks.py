@@ -22,6 +22,7 @@ from apiary.sdk.scheduler import SchedulerClient
 from apiary.sdk.tasks import SCHEDULER, Handler, TaskContext, TaskRunner
 from apiary.server.coordinator import Coordinator
 from apiary.testing.coordinator import open_test_coordinator
+from apiary.testing.events import wait_for_event
 
 SCOPE = "path:src/app/**"
 WAIT_S = 20.0
@@ -60,21 +61,7 @@ async def _running_agent(
 
 
 async def _event(coordinator: Coordinator, where: Callable[[Event], bool], after: int = 0) -> Event:
-    """The first event after `after` that matches, waiting for new ones as they land."""
-
-    async def scan() -> Event:
-        seen = after
-        while True:
-            batch = await coordinator.events.read(after=seen, limit=1000)
-            for event in batch:
-                if where(event):
-                    return event
-            if batch:
-                seen = batch[-1].sequence
-            else:
-                await coordinator.events.wait_after(seen)
-
-    return await asyncio.wait_for(scan(), WAIT_S)
+    return await wait_for_event(coordinator.events, where, after=after, timeout_s=WAIT_S)
 
 
 async def _ended(coordinator: Coordinator, task_id: str) -> Event:

@@ -16,9 +16,11 @@ coordinator does not know.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final
 
 
 class ToolCallState(StrEnum):
@@ -169,3 +171,28 @@ def mermaid() -> str:
         )
     lines.extend(f"    {s} --> [*]" for s in ToolCallState if s.terminal)
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFrame:
+    """One frame of a call's results (`sw4rm.tool.ToolFrame` as a domain value): a streamed
+    frame, or the final one with its summary. The engine yields them; the SDK hands them to
+    callers (as `apiary.sdk.tools.ToolResult`)."""
+
+    call_id: str
+    frame_no: int
+    final: bool
+    content_type: str
+    data: bytes
+    summary: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def cancelled(self) -> bool:
+        return bool(self.summary.get("cancelled"))
+
+    def json(self) -> Any:
+        """The data as JSON."""
+        return json.loads(self.data or b"null")
+
+    def text(self) -> str:
+        return self.data.decode("utf-8", "replace")

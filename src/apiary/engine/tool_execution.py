@@ -25,11 +25,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from apiary.core.tool_calls import ToolCallInput
+from apiary.core.tool_calls import ToolCallInput, ToolFrame
 from apiary.core.tool_descriptor import ProviderKind, ToolDescriptor
 from apiary.core.tool_policy import ExecutionPolicy
 from apiary.core.tool_retries import backoff_delay, may_retry
@@ -50,22 +50,6 @@ log = logging.getLogger("apiary.tools")
 SANDBOX_SLACK_S = 1.0
 """Extra time the coordinator's clock gives a sandboxed command to report its own wall
 timeout (with its partial output) before the coordinator ends the attempt itself."""
-
-
-@dataclass(frozen=True, slots=True)
-class CallFrame:
-    """A frame for the caller: `sw4rm.tool.ToolFrame` as a domain value."""
-
-    call_id: str
-    frame_no: int
-    final: bool
-    content_type: str
-    data: bytes
-    summary: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def cancelled(self) -> bool:
-        return bool(self.summary.get("cancelled"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +99,11 @@ class CallRunner:
     def _frame(
         call: PendingCall, content_type: str, data: bytes, *, final: bool = False,
         summary: Mapping[str, Any] | None = None,
-    ) -> CallFrame:  # fmt: skip
+    ) -> ToolFrame:  # fmt: skip
         call.frames += 1
-        return CallFrame(call.call_id, call.frames, final, content_type, data, summary or {})
+        return ToolFrame(call.call_id, call.frames, final, content_type, data, summary or {})
 
-    def cancelled_frame(self, call: PendingCall) -> CallFrame:
+    def cancelled_frame(self, call: PendingCall) -> ToolFrame:
         """The terminal frame of a cancelled call (RFC 18.6)."""
         summary = {
             "status": "CANCELLED",
@@ -134,7 +118,7 @@ class CallRunner:
 
     # ------------------------------------------------------------------ the run
 
-    async def run(self, call: PendingCall, prepared: Prepared) -> AsyncGenerator[CallFrame, None]:
+    async def run(self, call: PendingCall, prepared: Prepared) -> AsyncGenerator[ToolFrame, None]:
         """Attempts until one completes, the call is cancelled, or it fails for good."""
         retries = 0
         while True:
@@ -175,7 +159,7 @@ class CallRunner:
 
     async def _attempt(
         self, call: PendingCall, prepared: Prepared
-    ) -> AsyncGenerator[CallFrame, None]:
+    ) -> AsyncGenerator[ToolFrame, None]:
         invocation = Invocation(
             call_id=call.call_id, provider_id=prepared.provider_id, tool=prepared.tool,
             args=prepared.args, arguments=prepared.arguments,
@@ -236,7 +220,7 @@ class CallRunner:
 
     def _final(
         self, call: PendingCall, prepared: Prepared, frame: Frame, collected: bytes
-    ) -> CallFrame:
+    ) -> ToolFrame:
         content_type = frame.content_type or prepared.content_type
         check_result(prepared.tool.output_schema, content_type, collected)
         call.apply(ToolCallInput.FINISH)

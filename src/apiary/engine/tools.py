@@ -35,6 +35,7 @@ from apiary.core.tool_calls import (
     ToolCallEffect,
     ToolCallInput,
     ToolCallState,
+    ToolFrame,
     cancel_answer,
 )
 from apiary.core.tool_descriptor import (
@@ -57,7 +58,7 @@ from apiary.engine.registry import Registry
 from apiary.engine.router import Router
 from apiary.engine.tool_calls import CallTable, PendingCall
 from apiary.engine.tool_catalog import ProviderEntry, ToolCatalog
-from apiary.engine.tool_execution import CallFrame, CallRunner, Prepared, RetrySettings
+from apiary.engine.tool_execution import CallRunner, Prepared, RetrySettings
 from apiary.engine.tool_launch import Launcher, SandboxLauncher
 from apiary.engine.tool_providers import NoWorktrees, WorktreeBindings
 from apiary.engine.tool_settings import ToolSettings
@@ -312,7 +313,7 @@ class ToolService:
         return Prepared(entry, tool, policy, request.args, arguments,
                         request.content_type, cwd)  # fmt: skip
 
-    async def call(self, request: CallRequest) -> AsyncGenerator[CallFrame, None]:
+    async def call(self, request: CallRequest) -> AsyncGenerator[ToolFrame, None]:
         """Run a call: frames, ending with exactly one final frame (or an ApiaryError)."""
         prepared = self.prepare(request)
         call_id = request.call_id or f"call-{self._ids.new_id()}"

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import grpc
 
 from apiary.errors import ValidationError
-from apiary.sdk import errors
+from apiary.sdk.client import Client
 from apiary.sdk.connection import Connection
 from apiary.wire import pb
 
@@ -37,9 +37,8 @@ class SchedulerClient:
     """SchedulerService over a channel (its own when given an address)."""
 
     def __init__(self, target: grpc.aio.Channel | str, *, submitter: str = "") -> None:
-        self._owned = isinstance(target, str)
-        self._channel = grpc.aio.insecure_channel(target) if isinstance(target, str) else target
-        self._stub = pb.scheduler_pb2_grpc.SchedulerServiceStub(self._channel)
+        self._client = Client(target)
+        self._stub = self._client.scheduler
         self.submitter = submitter
         """The default submitting agent (apiary-submitter metadata); "" for none."""
 
@@ -58,8 +57,7 @@ class SchedulerClient:
 
     async def close(self) -> None:
         """Close the channel when this client opened it."""
-        if self._owned:
-            await self._channel.close()
+        await self._client.close()
 
     async def submit_task(
         self,
@@ -86,14 +84,14 @@ class SchedulerClient:
         )  # fmt: skip
         who = self.submitter if submitter is None else submitter
         metadata = ((SUBMITTER_METADATA, who),) if who else None
-        reply = await errors.call(lambda: self._stub.SubmitTask(request, metadata=metadata))
+        reply = await self._stub.SubmitTask(request, metadata=metadata)
         return SubmitOutcome(bool(reply.accepted), str(reply.reason))
 
     async def request_preemption(self, agent_id: str, task_id: str = "", reason: str = "") -> bool:
         """Start cooperative preemption of the agent's running task (of `task_id` when given);
         False when it runs no such task or a preemption is already under way."""
         request = pb.scheduler_pb2.PreemptRequest(agent_id=agent_id, task_id=task_id, reason=reason)
-        reply = await errors.call(lambda: self._stub.RequestPreemption(request))
+        reply = await self._stub.RequestPreemption(request)
         return bool(reply.enqueued)
 
     async def shutdown_agent(self, agent_id: str, grace_s: float | None = None) -> None:
@@ -106,7 +104,7 @@ class SchedulerClient:
             seconds = math.floor(grace_s)
             request.grace_period.seconds = seconds
             request.grace_period.nanos = round((grace_s - seconds) * 1e9)
-        await errors.call(lambda: self._stub.ShutdownAgent(request))
+        await self._stub.ShutdownAgent(request)
 
 
 __all__ = ["SUBMITTER_METADATA", "SchedulerClient", "SubmitOutcome"]

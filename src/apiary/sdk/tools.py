@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
+from apiary.core.tool_calls import ToolFrame as ToolResult  # the SDK names a frame a result
 from apiary.sdk import errors
 from apiary.wire import pb
 
@@ -28,29 +28,6 @@ _POLICY_FIELDS = frozenset({
     "timeout_ms", "max_retries", "backoff", "worktree_required", "network_policy",
     "privilege_level", "budget_cpu_ms", "budget_wall_ms",
 })  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class ToolResult:
-    """One ToolFrame: a streamed frame, or the final frame (with its summary)."""
-
-    call_id: str
-    frame_no: int
-    final: bool
-    content_type: str
-    data: bytes
-    summary: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def cancelled(self) -> bool:
-        return bool(self.summary.get("cancelled"))
-
-    def json(self) -> Any:
-        """The data as JSON."""
-        return json.loads(self.data or b"null")
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", "replace")
 
 
 def _result(frame: pb.tool_pb2.ToolFrame) -> ToolResult:
@@ -163,3 +140,6 @@ class ToolClient:
             lambda: self._providers.RemoveProvider(request, metadata=self._metadata)
         )
         return bool(reply.removed)
+
+
+__all__ = ["ToolClient", "ToolResult"]

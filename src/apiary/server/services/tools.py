@@ -12,12 +12,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from apiary.core.tool_calls import ToolFrame
 from apiary.core.tool_policy import ExecutionPolicy
 from apiary.core.tool_requests import effective_policy
 from apiary.engine.mcp_bridge import McpProvider, McpServerSpec
 from apiary.engine.operators import Operators
 from apiary.engine.tool_catalog import ProviderEntry
-from apiary.engine.tool_execution import CallFrame
 from apiary.engine.tools import CallRequest, ToolService
 from apiary.errors import CallCancelledError, InternalError, NotFoundError, ValidationError
 from apiary.server.context import CallContext
@@ -44,7 +44,7 @@ def _request(req: tool_pb2.ToolCall, ctx: CallContext, *, stream: bool) -> CallR
     )  # fmt: skip
 
 
-def _proto(frame: CallFrame) -> tool_pb2.ToolFrame:
+def _proto(frame: ToolFrame) -> tool_pb2.ToolFrame:
     return frame_to_proto(frame.call_id, frame.frame_no, frame.final, frame.content_type,
                           frame.data, frame.summary)  # fmt: skip
 
@@ -54,7 +54,7 @@ class ToolHandler:
         self._tools = tools
 
     async def call(self, req: tool_pb2.ToolCall, ctx: CallContext) -> tool_pb2.ToolFrame:
-        final: CallFrame | None = None
+        final: ToolFrame | None = None
         async with contextlib.aclosing(self._tools.call(_request(req, ctx, stream=False))) as it:
             async for frame in it:
                 final = frame
