@@ -9,6 +9,7 @@ from typing import Any
 from apiary.core.handoff import HandoffState
 from apiary.core.records import HandoffRecord
 from apiary.store.json_codec import dump_json_list, load_json_list
+from apiary.store.sql_rows import checked_int64, checked_strings
 
 HANDOFF_COLUMNS = (
     "request_id, from_agent, to_agent, state, created_at, updated_at, deadline, timeout_s,"
@@ -41,13 +42,13 @@ def handoff_row(record: HandoffRecord) -> tuple[Any, ...]:
         record.reason,
         bytes(record.context_snapshot),
         record.snapshot_content_type,
-        dump_json_list(_strings("capabilities_required", record.capabilities_required)),
-        _int64("priority", record.priority),
-        _int64("attempt", record.attempt),
-        dump_json_list(_strings("tried", record.tried)),
+        dump_json_list(checked_strings("capabilities_required", record.capabilities_required)),
+        checked_int64("priority", record.priority),
+        checked_int64("attempt", record.attempt),
+        dump_json_list(checked_strings("tried", record.tried)),
         record.accepting_agent,
         record.rejection_reason,
-        dump_json_list(_strings("context_holders", record.context_holders)),
+        dump_json_list(checked_strings("context_holders", record.context_holders)),
     )
 
 
@@ -106,16 +107,3 @@ def handoff_list_clauses(
 def _listed(value: Any) -> tuple[str, ...]:
     items = value if isinstance(value, list) else load_json_list(value)  # JSONB: parsed
     return tuple(str(item) for item in items)
-
-
-def _strings(name: str, values: Sequence[str]) -> list[str]:
-    if isinstance(values, str | bytes) or not all(isinstance(v, str) for v in values):
-        raise ValueError(f"{name} must be a sequence of str")
-    return list(values)
-
-
-def _int64(name: str, value: int) -> int:
-    number = int(value)
-    if not _INT64_MIN <= number <= _INT64_MAX:
-        raise ValueError(f"{name} must fit a signed 64-bit integer: {value}")
-    return number

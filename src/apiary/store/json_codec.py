@@ -41,6 +41,20 @@ def load_json_object(text: str | bytes) -> dict[str, Any]:
     return value
 
 
+def json_object_of(value: Any) -> dict[str, Any]:
+    """A stored JSON object: already parsed by the driver (JSONB), or text to parse."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    return load_json_object(value)
+
+
+def json_list_of(value: Any) -> list[Any]:
+    """A stored JSON array: already parsed by the driver (JSONB), or text to parse."""
+    if isinstance(value, list):
+        return value
+    return load_json_list(value)
+
+
 def load_json_list(text: str | bytes) -> list[Any]:
     """Parse text written by `dump_json_list` back into a list."""
     value = json.loads(text)

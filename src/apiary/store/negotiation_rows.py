@@ -7,7 +7,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apiary.core.negotiation_records import ArtifactRecord, NegotiationRecord, RoundRecord
-from apiary.store.json_codec import dump_json, dump_json_list, load_json_list, load_json_object
+from apiary.store.json_codec import (
+    dump_json,
+    dump_json_list,
+    json_list_of,
+    json_object_of,
+)
+from apiary.store.sql_rows import checked_strings
 
 NEGOTIATION_COLUMNS = (
     "negotiation_id, correlation_id, topic, participants, intensity, state, created_at,"
@@ -34,7 +40,7 @@ def negotiation_row(record: NegotiationRecord) -> tuple[Any, ...]:
         record.negotiation_id,
         record.correlation_id,
         record.topic,
-        dump_json_list(_strings("participants", record.participants)),
+        dump_json_list(checked_strings("participants", record.participants)),
         record.intensity,
         record.state,
         float(record.created_at),
@@ -62,7 +68,7 @@ def negotiation_from_row(row: Sequence[Any]) -> NegotiationRecord:
         negotiation_id=nid,
         correlation_id=corr,
         topic=topic,
-        participants=tuple(str(p) for p in _list(participants)),
+        participants=tuple(str(p) for p in json_list_of(participants)),
         intensity=intensity,
         state=state,
         created_at=created,
@@ -70,15 +76,15 @@ def negotiation_from_row(row: Sequence[Any]) -> NegotiationRecord:
         deadline=deadline,
         opened_by=opened_by,
         profile=profile,
-        policy=_object(policy),
-        validation=_object(validation),
+        policy=json_object_of(policy),
+        validation=json_object_of(validation),
         round=number,
         round_deadline=round_deadline,
         tokens_spent=tokens,
         oscillations=oscillations,
         invocation_id=invocation_id,
         stop_reason=stop_reason,
-        decision=_object(decision),
+        decision=json_object_of(decision),
     )
 
 
@@ -112,9 +118,9 @@ def round_from_row(row: Sequence[Any]) -> RoundRecord:
         payload=bytes(payload),
         submitted_at=submitted_at,
         tokens=tokens,
-        checks=_object(checks),
-        delta=_object(delta),
-        evaluations=_object(evaluations),
+        checks=json_object_of(checks),
+        delta=json_object_of(delta),
+        evaluations=json_object_of(evaluations),
         llm_confidence=llm_confidence,
         score=score,
     )
@@ -141,7 +147,7 @@ def policy_text(policy: Mapping[str, Any]) -> str:
 
 
 def policy_from_column(value: Any) -> dict[str, Any]:
-    return _object(value)
+    return json_object_of(value)
 
 
 def negotiation_list_clauses(
@@ -159,25 +165,7 @@ def negotiation_list_clauses(
     return clauses, params
 
 
-def _strings(name: str, values: Sequence[str]) -> list[str]:
-    if isinstance(values, str) or not all(isinstance(v, str) for v in values):
-        raise ValueError(f"{name} must be a sequence of str")
-    return list(values)
-
-
 def _int64(name: str, value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
         raise ValueError(f"{name} must be an integer in [0, 2**63), got {value!r}")
     return value
-
-
-def _object(value: Any) -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        return dict(value)  # JSONB, already parsed by the driver
-    return load_json_object(value)
-
-
-def _list(value: Any) -> list[Any]:
-    if isinstance(value, list):
-        return value
-    return load_json_list(value)

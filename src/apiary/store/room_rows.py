@@ -19,7 +19,13 @@ from apiary.core.room_records import (
 )
 from apiary.core.vote_aggregation import AggregatedScore
 from apiary.store.errors import StoreError
-from apiary.store.json_codec import dump_json, dump_json_list, load_json_list, load_json_object
+from apiary.store.json_codec import (
+    dump_json,
+    dump_json_list,
+    json_list_of,
+    json_object_of,
+)
+from apiary.store.sql_rows import checked_strings
 
 POLICY_COLUMNS = "version, settings, created_at"
 PROPOSAL_COLUMNS = (
@@ -63,7 +69,7 @@ def policy_row(record: PolicyVersionRecord) -> tuple[Any, ...]:
 
 def policy_from_row(row: Sequence[Any]) -> PolicyVersionRecord:
     version, settings, created_at = row
-    return PolicyVersionRecord(version, _object(settings), created_at)
+    return PolicyVersionRecord(version, json_object_of(settings), created_at)
 
 
 def proposal_row(record: ProposalRecord) -> tuple[Any, ...]:
@@ -75,7 +81,7 @@ def proposal_row(record: ProposalRecord) -> tuple[Any, ...]:
         record.producer_id,
         bytes(record.artifact),
         record.artifact_content_type,
-        dump_json_list(_strings("requested_critics", record.requested_critics)),
+        dump_json_list(checked_strings("requested_critics", record.requested_critics)),
         float(record.created_at),
         RoomState(record.state).value,
         float(record.updated_at),
@@ -95,7 +101,7 @@ def proposal_from_row(row: Sequence[Any]) -> ProposalRecord:
         producer_id=producer_id,
         artifact=bytes(artifact),
         artifact_content_type=content_type,
-        requested_critics=tuple(str(c) for c in _list(critics)),
+        requested_critics=tuple(str(c) for c in json_list_of(critics)),
         created_at=created_at,
         state=state,
         updated_at=updated_at,
@@ -112,9 +118,9 @@ def vote_row(vote: VoteRecord) -> tuple[Any, ...]:
         float(vote.score),
         float(vote.confidence),
         bool(vote.passed),
-        dump_json_list(_strings("strengths", vote.strengths)),
-        dump_json_list(_strings("weaknesses", vote.weaknesses)),
-        dump_json_list(_strings("recommendations", vote.recommendations)),
+        dump_json_list(checked_strings("strengths", vote.strengths)),
+        dump_json_list(checked_strings("weaknesses", vote.weaknesses)),
+        dump_json_list(checked_strings("recommendations", vote.recommendations)),
         vote.negotiation_room_id,
         float(vote.voted_at),
     )
@@ -129,9 +135,9 @@ def vote_from_row(row: Sequence[Any]) -> VoteRecord:
         score=score,
         confidence=confidence,
         passed=bool(passed),
-        strengths=tuple(str(s) for s in _list(strengths)),
-        weaknesses=tuple(str(s) for s in _list(weaknesses)),
-        recommendations=tuple(str(s) for s in _list(recommendations)),
+        strengths=tuple(str(s) for s in json_list_of(strengths)),
+        weaknesses=tuple(str(s) for s in json_list_of(weaknesses)),
+        recommendations=tuple(str(s) for s in json_list_of(recommendations)),
         negotiation_room_id=room_id,
         voted_at=voted_at,
     )
@@ -154,7 +160,7 @@ def decision_row(decision: DecisionRecord) -> tuple[Any, ...]:
         float(decision.decided_at),
         decision.decided_by,
         decision.via,
-        dump_json_list(_strings("triggers", decision.triggers)),
+        dump_json_list(checked_strings("triggers", decision.triggers)),
         decision.invocation_id,
         dump_json(decision.details),
     )
@@ -163,22 +169,22 @@ def decision_row(decision: DecisionRecord) -> tuple[Any, ...]:
 def decision_from_row(row: Sequence[Any]) -> DecisionRecord:
     artifact_id, sequence, room_id, outcome, votes, scores, version, reason = row[:8]
     decided_at, decided_by, via, triggers, invocation_id, details = row[8:]
-    found = _object(scores)
+    found = json_object_of(scores)
     return DecisionRecord(
         artifact_id=artifact_id,
         sequence=sequence,
         negotiation_room_id=room_id,
         outcome=outcome,
-        votes=tuple(_vote_from_json(v) for v in _list(votes)),
+        votes=tuple(_vote_from_json(v) for v in json_list_of(votes)),
         aggregated_score=_scores(found) if found else None,
         policy_version=version,
         reason=reason,
         decided_at=decided_at,
         decided_by=decided_by,
         via=via,
-        triggers=tuple(str(t) for t in _list(triggers)),
+        triggers=tuple(str(t) for t in json_list_of(triggers)),
         invocation_id=invocation_id,
-        details=_object(details),
+        details=json_object_of(details),
     )
 
 
@@ -218,9 +224,9 @@ def _vote_json(vote: VoteRecord) -> dict[str, Any]:
         "score": float(vote.score),
         "confidence": float(vote.confidence),
         "passed": bool(vote.passed),
-        "strengths": list(_strings("strengths", vote.strengths)),
-        "weaknesses": list(_strings("weaknesses", vote.weaknesses)),
-        "recommendations": list(_strings("recommendations", vote.recommendations)),
+        "strengths": list(checked_strings("strengths", vote.strengths)),
+        "weaknesses": list(checked_strings("weaknesses", vote.weaknesses)),
+        "recommendations": list(checked_strings("recommendations", vote.recommendations)),
         "negotiation_room_id": vote.negotiation_room_id,
         "voted_at": float(vote.voted_at),
     }
@@ -241,25 +247,3 @@ def _vote_from_json(value: Any) -> VoteRecord:
         negotiation_room_id=str(value["negotiation_room_id"]),
         voted_at=float(value["voted_at"]),
     )
-
-
-def _strings(name: str, values: Sequence[str]) -> list[str]:
-    if (
-        isinstance(values, str | bytes | bytearray)
-        or not isinstance(values, Sequence)
-        or not all(isinstance(v, str) for v in values)
-    ):
-        raise ValueError(f"{name} must be a sequence of str")
-    return list(values)
-
-
-def _object(value: Any) -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        return dict(value)  # already parsed by the driver (JSONB)
-    return load_json_object(value)
-
-
-def _list(value: Any) -> list[Any]:
-    if isinstance(value, list):
-        return value  # already parsed by the driver (JSONB)
-    return load_json_list(value)

@@ -25,7 +25,12 @@ from apiary.core.records import (
 )
 from apiary.core.worktree_binding import BindingState, WorktreeBinding
 from apiary.store.errors import StoreError
-from apiary.store.json_codec import dump_json, dump_json_list, load_json_list, load_json_object
+from apiary.store.json_codec import (
+    dump_json,
+    dump_json_list,
+    json_list_of,
+    json_object_of,
+)
 
 EVENT_COLUMNS = "sequence, event_type, actor, ts, correlation_id, agent_id, details, hlc"
 AGENT_COLUMNS = "agent_id, name, state, registered_at, last_heartbeat_at, descriptor"
@@ -130,7 +135,7 @@ def event_from_row(row: Sequence[Any]) -> Event:
         ts=ts,
         correlation_id=correlation_id,
         agent_id=agent_id,
-        details=_json_object(details),
+        details=json_object_of(details),
         hlc=hlc,
     )
 
@@ -156,7 +161,7 @@ def agent_from_row(row: Sequence[Any]) -> AgentRecord:
         state=state,
         registered_at=registered_at,
         last_heartbeat_at=last_heartbeat_at,
-        descriptor=_json_object(descriptor),
+        descriptor=json_object_of(descriptor),
     )
 
 
@@ -270,7 +275,7 @@ def idempotency_from_row(row: Sequence[Any]) -> IdempotencyRecord:
         outcome_at=outcome_at,
         error_code=error_code,
         result=result,
-        attempts=tuple(str(a) for a in _json_list(attempts)),
+        attempts=tuple(str(a) for a in json_list_of(attempts)),
     )
 
 
@@ -318,7 +323,7 @@ def dlq_from_row(row: Sequence[Any]) -> DlqEntry:
         content_type=content_type,
         payload_size=payload_size,
         envelope=bytes(envelope),
-        attempts=tuple(_attempt_object(a) for a in _json_list(attempts)),
+        attempts=tuple(_attempt_object(a) for a in json_list_of(attempts)),
         route=route,
         requeued_at=requeued_at,
         requeued_as=requeued_as,
@@ -344,11 +349,11 @@ def hitl_row(record: HitlRecord) -> tuple[Any, ...]:
         dump_json(record.subject),
         dump_json(record.context),
         record.suggested_action,
-        dump_json_list(_strings("proposed_actions", record.proposed_actions)),
-        dump_json_list(_strings("approver_roles", record.approver_roles)),
+        dump_json_list(checked_strings("proposed_actions", record.proposed_actions)),
+        dump_json_list(checked_strings("approver_roles", record.approver_roles)),
         record.timeout_action,
-        _int64("priority", record.priority),
-        _int64("extensions", record.extensions),
+        checked_int64("priority", record.priority),
+        checked_int64("extensions", record.extensions),
         dump_json(record.decision),
     )
 
@@ -367,15 +372,15 @@ def hitl_from_row(row: Sequence[Any]) -> HitlRecord:
         deadline=deadline,
         requested_by=requested_by,
         correlation_id=correlation_id,
-        subject=_json_object(subject),
-        context=_json_object(context),
+        subject=json_object_of(subject),
+        context=json_object_of(context),
         suggested_action=suggested_action,
-        proposed_actions=tuple(str(a) for a in _json_list(proposed)),
-        approver_roles=tuple(str(r) for r in _json_list(roles)),
+        proposed_actions=tuple(str(a) for a in json_list_of(proposed)),
+        approver_roles=tuple(str(r) for r in json_list_of(roles)),
         timeout_action=timeout_action,
         priority=priority,
         extensions=extensions,
-        decision=_json_object(decision),
+        decision=json_object_of(decision),
     )
 
 
@@ -405,9 +410,9 @@ def task_row(record: TaskRecord) -> tuple[Any, ...]:
     return (
         record.task_id,
         record.agent_id,
-        _int64("priority", record.priority),
+        checked_int64("priority", record.priority),
         float(record.submitted_at),
-        _int64("seq", record.seq),
+        checked_int64("seq", record.seq),
         TaskState(record.state).value,
         float(record.updated_at),
         record.scope,
@@ -416,7 +421,7 @@ def task_row(record: TaskRecord) -> tuple[Any, ...]:
         record.content_type,
         record.agent_type,
         record.message_id,
-        _int64("attempts", record.attempts),
+        checked_int64("attempts", record.attempts),
         record.error_code,
         record.note,
         record.lane,
@@ -489,7 +494,7 @@ def worktree_row(binding: WorktreeBinding) -> tuple[Any, ...]:
         binding.target_worktree_id,
         binding.reason,
         binding.note,
-        _int64("attempts", binding.attempts),
+        checked_int64("attempts", binding.attempts),
         float(binding.retry_at),
         float(binding.recovery_at),
         float(binding.expires_at),
@@ -497,7 +502,7 @@ def worktree_row(binding: WorktreeBinding) -> tuple[Any, ...]:
         binding.invocation_id,
         float(binding.entered_at),
         float(binding.updated_at),
-        _int64("version", binding.version),
+        checked_int64("version", binding.version),
     )
 
 
@@ -574,7 +579,8 @@ def worktree_write_params(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return (*row[1:], row[0], version - 1)
 
 
-def _strings(name: str, values: Sequence[str]) -> list[str]:
+def checked_strings(name: str, values: Sequence[str]) -> list[str]:
+    """`values` as a list of str for a JSON column; ValueError naming `name` otherwise."""
     if (
         isinstance(values, str | bytes | bytearray)
         or not isinstance(values, Sequence)
@@ -584,7 +590,8 @@ def _strings(name: str, values: Sequence[str]) -> list[str]:
     return list(values)
 
 
-def _int64(name: str, value: int) -> int:
+def checked_int64(name: str, value: int) -> int:
+    """`value` if it fits a signed 64-bit column; ValueError naming `name` otherwise."""
     number = int(value)
     if not _INT64_MIN <= number <= _INT64_MAX:
         raise ValueError(f"{name} must fit a signed 64-bit integer: {value}")
@@ -607,18 +614,6 @@ def _attempt_object(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise StoreError(f"a stored DLQ attempt is not a JSON object: {type(value).__name__}")
     return value
-
-
-def _json_object(value: Any) -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        return dict(value)  # already parsed by the driver (JSONB)
-    return load_json_object(value)
-
-
-def _json_list(value: Any) -> list[Any]:
-    if isinstance(value, list):
-        return value  # already parsed by the driver (JSONB)
-    return load_json_list(value)
 
 
 def dlq_filter_clauses(

@@ -19,7 +19,12 @@ from apiary.core.swarm_mail import (
     OutboxEntry,
     SwarmMail,
 )
-from apiary.store.json_codec import dump_json, dump_json_list, load_json_list, load_json_object
+from apiary.store.json_codec import (
+    dump_json,
+    dump_json_list,
+    json_list_of,
+    json_object_of,
+)
 
 MAIL_COLUMNS = (
     "message_id, swarm_id, sender_id, recipient_id, message_type, content, sent_at,"
@@ -78,14 +83,6 @@ def mail_row(mail: SwarmMail) -> tuple[Any, ...]:
     )  # fmt: skip
 
 
-def _json_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else load_json_list(value)
-
-
-def _json_object(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else load_json_object(value)
-
-
 def mail_from_row(row: Sequence[Any]) -> SwarmMail:
     (message_id, swarm_id, sender_id, recipient_id, message_type, content, sent_at,
      in_reply_to, thread_id, priority, expires_at, refs, attachments, metadata,
@@ -94,8 +91,8 @@ def mail_from_row(row: Sequence[Any]) -> SwarmMail:
         message_id=message_id, swarm_id=swarm_id, sender_id=sender_id,
         recipient_id=recipient_id, message_type=message_type, content=content, sent_at=sent_at,
         in_reply_to=in_reply_to, thread_id=thread_id, priority=priority, expires_at=expires_at,
-        references=tuple(_json_list(refs)), attachments=tuple(_json_list(attachments)),
-        metadata=_json_object(metadata), wire=_json_object(wire),
+        references=tuple(json_list_of(refs)), attachments=tuple(json_list_of(attachments)),
+        metadata=json_object_of(metadata), wire=json_object_of(wire),
     )  # fmt: skip
 
 
