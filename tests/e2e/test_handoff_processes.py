@@ -8,17 +8,16 @@ are driven by the agents' stdout lines and the coordinator's event log, each bou
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from apiary.server.coordinator import Coordinator
 from apiary.testing.coordinator import open_test_coordinator
+from tests.e2e.agent_process import AgentProcess
 from tests.e2e.handoff_agents import CONTEXT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,35 +30,6 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
         yield running
 
 
-class AgentProcess:
-    """One `python -m tests.e2e.handoff_agents` process and the JSON lines it printed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[dict[str, Any]] = []
-
-    async def expect(self, event: str) -> dict[str, Any]:
-        """The first line (printed so far or next) of `event`."""
-        for line in self.lines:
-            if line["event"] == event:
-                return line
-
-        async def read() -> dict[str, Any]:
-            assert self.proc.stdout is not None
-            while True:
-                raw = await self.proc.stdout.readline()
-                assert raw, f"the agent exited before printing {event}"
-                line = json.loads(raw)
-                self.lines.append(line)
-                if line["event"] == event:
-                    return line
-
-        return await asyncio.wait_for(read(), WAIT_S)
-
-    def events(self) -> list[str]:
-        return [line["event"] for line in self.lines]
-
-
 @asynccontextmanager
 async def agent_process(
     coordinator: Coordinator, logs: Path, role: str, agent_id: str, *args: str
@@ -70,7 +40,7 @@ async def agent_process(
             str(coordinator.grpc_address), *args, cwd=ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=stderr,
         )  # fmt: skip
-    agent = AgentProcess(proc)
+    agent = AgentProcess(proc, wait_s=WAIT_S)
     try:
         await agent.expect("ready")
         yield agent

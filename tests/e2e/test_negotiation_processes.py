@@ -19,7 +19,6 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 from google.protobuf.duration_pb2 import Duration
@@ -34,6 +33,7 @@ from apiary.server.coordinator import Coordinator, Runtime
 from apiary.testing.coordinator import open_test_coordinator
 from apiary.testing.events import wait_for_event
 from apiary.wire import pb
+from tests.e2e.agent_process import AgentProcess as SharedAgentProcess
 from tests.e2e.negotiation_agents import DRAFT_A, DRAFT_B
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,32 +51,8 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
         yield running
 
 
-class AgentProcess:
+class AgentProcess(SharedAgentProcess):
     """One `python -m tests.e2e.negotiation_agents ROLE` process and the lines it printed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[dict[str, Any]] = []
-
-    async def expect(self, event: str, **fields: Any) -> dict[str, Any]:
-        def matches(line: dict[str, Any]) -> bool:
-            return line["event"] == event and all(line.get(k) == v for k, v in fields.items())
-
-        for line in self.lines:
-            if matches(line):
-                return line
-
-        async def read() -> dict[str, Any]:
-            assert self.proc.stdout is not None
-            while True:
-                raw = await self.proc.stdout.readline()
-                assert raw, f"the agent exited before printing {event} {fields}"
-                line = json.loads(raw)
-                self.lines.append(line)
-                if matches(line):
-                    return line
-
-        return await asyncio.wait_for(read(), WAIT_S)
 
     def kinds(self) -> list[str]:
         return [line["kind"] for line in self.lines if line["event"] == "negotiation"]
@@ -92,7 +68,7 @@ async def agent_process(
             str(coordinator.grpc_address), cwd=ROOT, stdout=asyncio.subprocess.PIPE,
             stderr=stderr, env={**os.environ, "APIARY_TOKEN": TOKEN},
         )  # fmt: skip
-    agent = AgentProcess(proc)
+    agent = AgentProcess(proc, wait_s=WAIT_S)
     try:
         await agent.expect("ready")
         yield agent

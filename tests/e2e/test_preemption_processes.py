@@ -31,6 +31,7 @@ from apiary.server.coordinator import Coordinator, Runtime
 from apiary.testing.coordinator import open_test_coordinator
 from apiary.testing.events import wait_for_event
 from apiary.wire import pb
+from tests.e2e.agent_process import AgentProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
@@ -61,39 +62,6 @@ async def client(coordinator: Coordinator) -> AsyncIterator[SchedulerClient]:
         yield scheduler
 
 
-class AgentProcess:
-    """One `python -m tests.e2e.task_agents` process and the JSON lines it printed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[dict[str, Any]] = []
-
-    async def expect(self, event: str, **fields: Any) -> dict[str, Any]:
-        """The first line (printed so far or next) of `event` with these fields."""
-
-        def matches(line: dict[str, Any]) -> bool:
-            return line["event"] == event and all(line.get(k) == v for k, v in fields.items())
-
-        for line in self.lines:
-            if matches(line):
-                return line
-
-        async def read() -> dict[str, Any]:
-            assert self.proc.stdout is not None
-            while True:
-                raw = await self.proc.stdout.readline()
-                assert raw, f"the agent exited before printing {event} {fields}"
-                line = json.loads(raw)
-                self.lines.append(line)
-                if matches(line):
-                    return line
-
-        return await asyncio.wait_for(read(), WAIT_S)
-
-    def printed(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines if line["event"] == event]
-
-
 @asynccontextmanager
 async def agent_process(
     coordinator: Coordinator, agent_id: str, logs: Path
@@ -104,7 +72,7 @@ async def agent_process(
             str(coordinator.grpc_address), cwd=ROOT,
             stdout=asyncio.subprocess.PIPE, stderr=stderr,
         )  # fmt: skip
-    agent = AgentProcess(proc)
+    agent = AgentProcess(proc, wait_s=WAIT_S)
     try:
         await agent.expect("ready")
         yield agent

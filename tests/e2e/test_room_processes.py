@@ -15,7 +15,6 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -28,6 +27,7 @@ from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.server.coordinator import Coordinator, Runtime
 from apiary.testing.coordinator import open_test_coordinator
 from apiary.wire import pb
+from tests.e2e.agent_process import AgentProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
@@ -42,33 +42,6 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
         yield c
 
 
-class AgentProcess:
-    """One `apiary agent run` process and the JSON lines it printed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[dict[str, Any]] = []
-
-    async def expect(self, event: str) -> dict[str, Any]:
-        """The first line (printed so far or next) of `event`."""
-        for line in self.lines:
-            if line["event"] == event:
-                return line
-
-        async def read() -> dict[str, Any]:
-            assert self.proc.stdout is not None
-            while True:
-                raw = await self.proc.stdout.readline()
-                assert raw, f"the agent exited before printing {event}"
-                line = json.loads(raw)
-                self.lines.append(line)
-                assert line["event"] != "failed", line
-                if line["event"] == event:
-                    return line
-
-        return await asyncio.wait_for(read(), WAIT_S)
-
-
 @asynccontextmanager
 async def agent(
     coordinator: Coordinator, cls: str, agent_id: str, logs: Path, **env: str
@@ -80,7 +53,7 @@ async def agent(
             "--coordinator", str(coordinator.grpc_address), cwd=ROOT,
             env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE, stderr=stderr,
         )  # fmt: skip
-    running = AgentProcess(proc)
+    running = AgentProcess(proc, wait_s=WAIT_S, failure="failed")
     try:
         await running.expect("ready")
         yield running

@@ -25,6 +25,7 @@ from apiary.server.coordinator import Coordinator
 from apiary.testing.coordinator import open_test_coordinator
 from apiary.testing.events import wait_for_event
 from apiary.wire import pb
+from tests.e2e.agent_process import AgentProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
@@ -35,34 +36,6 @@ w = pb.workflow_pb2
 async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
     async with open_test_coordinator(tmp_path) as running:
         yield running
-
-
-class AgentProcess:
-    """One `python -m tests.e2e.workflow_agents` process and the JSON lines it printed."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.lines: list[dict[str, Any]] = []
-
-    async def expect(self, event: str, **fields: Any) -> dict[str, Any]:
-        def matches(line: dict[str, Any]) -> bool:
-            return line["event"] == event and all(line.get(k) == v for k, v in fields.items())
-
-        for line in self.lines:
-            if matches(line):
-                return line
-
-        async def read() -> dict[str, Any]:
-            assert self.proc.stdout is not None
-            while True:
-                raw = await self.proc.stdout.readline()
-                assert raw, f"the agent exited before printing {event} {fields}"
-                line = json.loads(raw)
-                self.lines.append(line)
-                if matches(line):
-                    return line
-
-        return await asyncio.wait_for(read(), WAIT_S)
 
 
 @asynccontextmanager
@@ -79,7 +52,7 @@ async def agents(
                     str(coordinator.grpc_address), role, cwd=ROOT,
                     stdout=asyncio.subprocess.PIPE, stderr=stderr,
                 )  # fmt: skip
-            started[agent_id] = AgentProcess(proc)
+            started[agent_id] = AgentProcess(proc, wait_s=WAIT_S)
         for process in started.values():
             await process.expect("ready")
         yield started
