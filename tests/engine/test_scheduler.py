@@ -336,11 +336,11 @@ async def test_a_held_job_waits_for_its_decision_across_a_restart(tmp_path: Path
         assert invocation.subject["task_id"] == "t2"
         operator = again.engine.hitl.operators.authenticate("Bearer alice-token")
         await again.engine.hitl.decide(invocation.invocation_id, "approve", operator, "go")
-        await _until(
-            lambda: (
-                _sched(again).get("t2") is not None and _sched(again).get("t2").state == "QUEUED"
-            )  # type: ignore[union-attr]
-        )
+        for _ in range(500):  # a background task applies it, through the SQLite writer thread
+            if await _state(again, "t2") != "HELD":
+                break
+            await asyncio.sleep(0.01)
+        assert await _state(again, "t2") == "QUEUED"
 
 
 async def _until(predicate: Any) -> None:
