@@ -80,10 +80,11 @@ def test_router_table_sets_messaging_settings(tmp_path: Path) -> None:
     file = tmp_path / "c.toml"
     file.write_text(
         "[router]\nbuffer_capacity = 500\nack_timeout_s = 30\nhlc_required = true\n"
-        "[router.limits]\nDATA = 1024\n"
+        "hand_over_wait_s = 0\n[router.limits]\nDATA = 1024\n"
     )
     router = load_config(file, {}, {}).router
     assert (router.buffer_capacity, router.ack_timeout_s, router.hlc_required) == (500, 30.0, True)
+    assert router.hand_over_wait_s == 0.0
     assert router.limits.data == 1024
 
 
@@ -93,6 +94,7 @@ def test_router_table_sets_messaging_settings(tmp_path: Path) -> None:
         ("buffer_capacity = 0", "buffer_capacity"),
         ("ack_timeout_s = 'soon'", "ack_timeout_s"),
         ("bufer_capacity = 5", "bufer_capacity"),
+        ("hand_over_wait_s = -1", "hand_over_wait_s"),
     ],
 )
 def test_bad_router_settings_name_the_field(tmp_path: Path, table: str, field: str) -> None:

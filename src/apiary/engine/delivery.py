@@ -123,6 +123,7 @@ class Delivery:
         """Batches of handouts for `agent_id`, forever (until superseded or cancelled)."""
         session = await self.open(agent_id, resume_after)
         inbox = self._router.inbox(agent_id)
+        inbox.streams += 1
         try:
             while True:
                 batch = await self.poll(agent_id, session, max_batch)
@@ -131,6 +132,7 @@ class Delivery:
                 else:
                     await inbox.arrived.wait()
         finally:
+            inbox.streams -= 1
             await self._events.record("stream.closed", agent_id, agent_id=agent_id, session=session)
 
     async def _exhausted(self, batch: list[Handout], now: float) -> list[Handout]:
@@ -177,12 +179,17 @@ class Delivery:
                     lane=message.lane,
                 )  # fmt: skip
         if len(kept) < len(batch):
-            # A notice is FULFILLED once handed out: delivery and state in one row update.
-            done = [h.message for h, notice in zip(batch, notices, strict=True) if notice]
-            await self._messages.finish_delivered([m.message_id for m in done], now)
+            # A notice is FULFILLED once handed out: delivery and state in one row update
+            # (a notice handed over from memory has no row and nothing to forget).
+            done = [
+                h.message for h, notice in zip(batch, notices, strict=True)
+                if notice and not h.direct
+            ]  # fmt: skip
+            if done:
+                await self._messages.finish_delivered([m.message_id for m in done], now)
             for message in done:
                 self._router.finish_notice(message)
-        handed = [_delivered(h, now) for h in batch]
+        handed = [h if h.direct else _delivered(h, now) for h in batch]
         inbox = self._router.inbox(agent_id)
         for handout, notice in zip(handed, notices, strict=True):
             if not notice:

@@ -28,6 +28,25 @@ class Handout:
     urgent: bool
     overflowed: bool = False
     """A PRIVILEGED message over the lane's rate limit, served in STANDARD's share."""
+    direct: bool = False
+    """A forwarded ACK handed over from memory (`Inbox.hand_over`): never stored, so it has
+    no offset and nothing to record once handed out."""
+
+
+class HandOver:
+    """Notices handed to a streaming agent from memory, and whether its stream took them
+    all (`done` resolves when the last one is taken)."""
+
+    __slots__ = ("done", "pending")
+
+    def __init__(self, count: int) -> None:
+        self.pending = count
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def took(self) -> None:
+        self.pending -= 1
+        if not self.pending and not self.done.done():
+            self.done.set_result(None)
 
 
 class Inbox:
@@ -42,9 +61,12 @@ class Inbox:
         self._queued: set[str] = set()
         self._dropped: set[str] = set()
         self._occupied: set[str] = set()
+        self._direct: deque[tuple[StoredMessage, HandOver]] = deque()
         self.arrived = asyncio.Event()
         self.session = 0
         """Incremented by every new stream; an older stream stops when it sees a newer one."""
+        self.streams = 0
+        """Streams reading this inbox right now (`Delivery.stream`)."""
 
     # ---- buffer accounting (RFC 13)
 
@@ -91,6 +113,22 @@ class Inbox:
         if occupies:
             self._occupied.add(message.message_id)
         self.arrived.set()
+
+    def hand_over(self, messages: list[StoredMessage]) -> HandOver:
+        """Queue notices for the agent's stream without storing them; they are taken before
+        any stored message. Whoever hands them over waits on the result's `done` and takes
+        back (`withdraw`) what the stream did not take in time."""
+        handing = HandOver(len(messages))
+        self._direct.extend((m, handing) for m in messages)
+        self.arrived.set()
+        return handing
+
+    def withdraw(self, handing: HandOver) -> list[StoredMessage]:
+        """Take back what is left of a hand-over (to store it instead)."""
+        left = [m for m, h in self._direct if h is handing]
+        if left:
+            self._direct = deque(e for e in self._direct if e[1] is not handing)
+        return left
 
     def dequeued(self, message_id: str) -> None:
         """The agent acknowledged READ (or beyond): the message leaves the buffer."""
@@ -140,6 +178,11 @@ class Inbox:
     def take(self, limit: int, now: float) -> list[Handout]:
         """Up to `limit` messages in lane order (weighted fair, PRIVILEGED urgent first)."""
         out: list[Handout] = []
+        direct = self._direct
+        while direct and len(out) < limit:
+            message, handing = direct.popleft()
+            handing.took()
+            out.append(Handout(message, 1, False, direct=True))
         pending, dropped = self._pending, self._dropped
         self._heads()
         counts = {lane: len(q) for lane, q in pending.items()}
@@ -165,4 +208,4 @@ class Inbox:
 
     def has_pending(self) -> bool:
         self._heads()
-        return any(self._pending.values())
+        return bool(self._direct) or any(self._pending.values())

@@ -47,7 +47,7 @@ from apiary.engine.dead_letters import DeadLetters
 from apiary.engine.deadlines import Deadlines
 from apiary.engine.dedup_gate import DedupGate
 from apiary.engine.eventlog import EventRecorder
-from apiary.engine.inbox import Inbox
+from apiary.engine.inbox import HandOver, Inbox
 from apiary.engine.notices import COORDINATOR, NoticeFactory
 from apiary.engine.registry import Registry
 from apiary.engine.router_stats import RouterStats
@@ -64,6 +64,7 @@ from apiary.store.errors import DuplicateMessageError
 from apiary.store.protocols import Store
 
 NOTICE_TYPES = frozenset({MessageType.ACKNOWLEDGEMENT, MessageType.HEARTBEAT})
+_ACK_TYPE = int(MessageType.ACKNOWLEDGEMENT)
 _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
 """The message state an ACK stage reports."""
@@ -192,26 +193,93 @@ class Router:
         """The second half of `send_many`: one durable write for the admitted members, then
         their inboxes and events, then the rejections' NACKs."""
         items, now, outcomes = batch.items, batch.now, batch.outcomes
-        if batch.admit:
-            results = await self._messages.admit_many([r for _, r in batch.admit])
-            pairs = list(zip(batch.admit, results, strict=True))
-            tokens = [p for p in pairs if items[p[0][0]].envelope.idempotency_token]
-            if tokens:
-                # Their idempotency records are written concurrently (shared commits).
-                done = await asyncio.gather(
-                    *(self._admitted(items[i], record, result, now)
-                      for (i, record), result in tokens)
-                )  # fmt: skip
-                for ((index, _), _), outcome in zip(tokens, done, strict=True):
-                    outcomes[index] = outcome
-            for (index, record), result in pairs:
-                if not items[index].envelope.idempotency_token:
-                    outcomes[index] = self._admitted_now(items[index], record, result, now)
+        admit = batch.admit
+        handing = self._hand_over(admit)
+        if handing:
+            handed = {index for _, _, pairs in handing for index, _ in pairs}
+            admit = [pair for pair in admit if pair[0] not in handed]
+        if admit:
+            await self._persist(admit, items, outcomes, now)
+        if handing:
+            await self._handed_over(handing, items, outcomes, now)
         await asyncio.gather(
             *(self._rejected(item, outcome, now)
               for outcome, item in zip(outcomes, items, strict=True) if outcome.error is not None)
         )  # fmt: skip
         return outcomes
+
+    async def _persist(
+        self, admit: list[tuple[int, StoredMessage]], items: Sequence[Outbound],
+        outcomes: list[SendOutcome], now: float,
+    ) -> None:  # fmt: skip
+        """One durable write for `admit`, then each member's outcome, inbox and event."""
+        results = await self._messages.admit_many([r for _, r in admit])
+        pairs = list(zip(admit, results, strict=True))
+        tokens = [p for p in pairs if items[p[0][0]].envelope.idempotency_token]
+        if tokens:
+            # Their idempotency records are written concurrently (shared commits).
+            done = await asyncio.gather(
+                *(self._admitted(items[i], record, result, now)
+                  for (i, record), result in tokens)
+            )  # fmt: skip
+            for ((index, _), _), outcome in zip(tokens, done, strict=True):
+                outcomes[index] = outcome
+        for (index, record), result in pairs:
+            if not items[index].envelope.idempotency_token:
+                outcomes[index] = self._admitted_now(items[index], record, result, now)
+
+    def _hand_over(
+        self, admit: list[tuple[int, StoredMessage]]
+    ) -> list[tuple[Inbox, HandOver, list[tuple[int, StoredMessage]]]]:
+        """Hand the batch's forwarded ACKs for producers that are streaming right now to
+        their streams from memory: per producer, its inbox, the hand-over and its members.
+
+        A forwarded ACK's lasting record is the acknowledged message's new state, stored
+        before this; the ACK itself is a notice, FULFILLED once handed out. Storing it as a
+        row of its own only to mark it delivered milliseconds later is most of what a
+        streamed message costs the store, so it is stored only when its producer's stream
+        does not take it within `hand_over_wait_s` (`_handed_over`)."""
+        if self.settings.hand_over_wait_s <= 0:
+            return []
+        groups: dict[str, list[tuple[int, StoredMessage]]] = {}
+        for pair in admit:
+            record = pair[1]
+            if (
+                record.message_type == _ACK_TYPE
+                and record.producer_id != COORDINATOR
+                and not record.idempotency_token
+            ):
+                inbox = self._inboxes.get(record.recipient)
+                if inbox is not None and inbox.streams:
+                    groups.setdefault(record.recipient, []).append(pair)
+        handing = []
+        for recipient, pairs in groups.items():
+            inbox = self._inboxes[recipient]
+            handing.append((inbox, inbox.hand_over([r for _, r in pairs]), pairs))
+        return handing
+
+    async def _handed_over(
+        self, handing: list[tuple[Inbox, HandOver, list[tuple[int, StoredMessage]]]],
+        items: Sequence[Outbound], outcomes: list[SendOutcome], now: float,
+    ) -> None:  # fmt: skip
+        """Wait (bounded) for the streams to take the hand-overs; store what is left, as any
+        notice is stored, so that an accepted ACK is always either handed out or stored."""
+        pending = [group.done for _, group, _ in handing if not group.done.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self.settings.hand_over_wait_s)
+        late: list[tuple[int, StoredMessage]] = []
+        for inbox, group, pairs in handing:
+            left = {m.message_id for m in inbox.withdraw(group)}
+            for index, record in pairs:
+                if record.message_id in left:
+                    late.append((index, record))
+                else:
+                    self.stats.accepted[record.recipient] += 1
+                    outcomes[index] = SendOutcome(
+                        record.message_id, True, stored=record, reason="handed over"
+                    )
+        if late:
+            await self._persist(late, items, outcomes, now)
 
     async def _prepare_member(
         self, item: Outbound, now: float, acked: str | ApiaryError | None

@@ -40,6 +40,9 @@ class RouterSettings:
     """Payload bytes per SendStream frame (RFC 5.4: batches bounded by size)."""
     max_batch: int = 256
     """Deliveries per stream batch, and the bound on backlog replayed per read (RFC 5.5)."""
+    hand_over_wait_s: float = 0.05
+    """How long a forwarded ACK for a streaming producer waits to be taken by its stream
+    from memory before it is stored like any other notice; 0 = always store it."""
     notice_ttl_s: float = 3600.0
     """Coordinator notices (NACKs, forwarded ACKs, join/leave) expire after this long."""
     retention_s: float = 7 * 24 * 3600.0

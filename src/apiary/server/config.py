@@ -147,6 +147,7 @@ _ROUTER_TYPES: dict[str, type] = {
     "max_deliveries": int,
     "max_frame_items": int,
     "max_frame_bytes": int,
+    "hand_over_wait_s": float,
     "notice_ttl_s": float,
     "retention_s": float,
 }
