@@ -138,3 +138,43 @@ async def test_only_registered_agents_have_a_stream(h: EngineHarness) -> None:
     with pytest.raises(ApiaryError) as caught:
         await h.take("ghost")
     assert caught.value.code == "NOT_FOUND"
+
+
+async def test_hand_out_counts_are_written_with_the_next_state_change(h: EngineHarness) -> None:
+    (sent,) = await _send(h, 1)
+    assert [x.attempt for x in await h.take("bob")] == [1]
+    # Written behind: not a row update of its own per hand-out...
+    assert (await h.store.messages.get(sent)).deliveries == 0  # type: ignore[union-attr]
+    await h.ack("bob", sent, AckStage.FULFILLED)
+    # ...but with the ACK's state change, which leaves nothing to write later.
+    stored = await h.store.messages.get(sent)
+    assert stored is not None
+    assert (stored.state, stored.deliveries, stored.last_delivered_at) == (
+        "FULFILLED", 1, h.clock.now(),
+    )  # fmt: skip
+
+
+async def test_hand_out_counts_without_a_state_change_are_written_within_a_second(
+    h: EngineHarness,
+) -> None:
+    sent = await _send(h, 3)
+    delivery = h.engine.delivery
+    session = await delivery.open("bob")
+
+    async def stored_counts() -> list[int]:
+        return [(await h.store.messages.get(m)).deliveries for m in sent]  # type: ignore[union-attr]
+
+    await delivery.poll("bob", session, max_batch=2)  # bob's directory notice and sent[0]
+    h.clock.advance(0.5)
+    await delivery.poll("bob", session, max_batch=1)
+    assert await stored_counts() == [0, 0, 0]
+    h.clock.advance(1.0)
+    # A later hand-out writes the counts that have waited a second or more.
+    await delivery.poll("bob", session, max_batch=1)
+    assert await stored_counts() == [1, 1, 0]
+    # Closing the engine writes whatever is left (the restart tests in test_recovery.py
+    # rely on it: a message handed out before a clean restart comes back as attempt 2).
+    again = await delivery.open("bob")
+    await delivery.poll("bob", again)
+    await h.engine.router.flush_deliveries()
+    assert await stored_counts() == [2, 2, 2]

@@ -199,7 +199,8 @@ async def test_replicas_applying_crossing_batches_do_not_deadlock(
         for round_ in range(10):
             work.append(one.messages.apply(changes(ids, float(round_))))
             work.append(two.messages.apply(changes(ids[::-1], float(round_))))
-            work.append(one.messages.mark_delivered(ids[::-1], float(round_)))
+            counts = [(i, round_ + 1, float(round_)) for i in ids[::-1]]
+            work.append(one.messages.record_deliveries(counts))
         await asyncio.wait_for(asyncio.gather(*work), WAIT_S)
         stored = await two.messages.get("m-00")
         assert stored is not None

@@ -225,13 +225,15 @@ async def test_a_batch_of_a_thousand_admissions_is_one_job_and_one_commit(
     assert sum(isinstance(o, StoredMessage) for o in outcomes) == 1000
 
 
-async def test_apply_and_mark_delivered_are_one_job_each(store: SqliteStore) -> None:
+async def test_apply_and_record_deliveries_are_one_job_each(store: SqliteStore) -> None:
     await store.messages.admit_many([message(f"m-{i}") for i in range(500)])
     before = store.stats.writer.jobs
     changes = [StateChange(f"m-{i}", MessageState.READ, 2.0) for i in range(500)]
     assert len(await store.messages.apply(changes)) == 500
-    await store.messages.mark_delivered([f"m-{i}" for i in range(500)], 3.0)
+    await store.messages.record_deliveries([(f"m-{i}", 1, 3.0) for i in range(500)])
     assert store.stats.writer.jobs - before == 2
+    stored = await store.messages.get("m-499")
+    assert stored is not None and (stored.deliveries, stored.last_delivered_at) == (1, 3.0)
 
 
 async def test_a_failed_apply_leaves_the_rest_of_its_group_commit_alone(

@@ -112,19 +112,26 @@ class StateChange:
     acked_stage: str = ""
     """When non-empty, also record the furthest acknowledged stage."""
     clear_ack_deadline: bool = False
+    deliveries: int = 0
+    """The hand-outs counted so far, which the router writes behind (with the message's
+    next change); a store keeps the larger of this and the count it has."""
+    last_delivered_at: float = 0.0
+    """The last hand-out's time, kept the same way."""
 
 
 def changed(message: StoredMessage, change: StateChange) -> StoredMessage:
     """`message` after `change`, as every store applies it: state, time and error code
     replaced, the acknowledged stage kept unless the change names one, the ACK deadline
-    cleared on request. Lets a caller that holds the current record skip reading it back."""
+    cleared on request, the delivery count and time the larger of the two. Lets a caller
+    that holds the current record skip reading it back."""
     m = message
     return StoredMessage(
         m.message_id, m.recipient, m.producer_id, m.correlation_id, m.message_type,
         m.envelope, change.state, m.created_at, change.at, m.offset, change.error_code,
         m.idempotency_token, m.sequence_number, m.lane,
-        0.0 if change.clear_ack_deadline else m.ack_deadline, m.expires_at, m.deliveries,
-        m.last_delivered_at, change.acked_stage or m.acked_stage,
+        0.0 if change.clear_ack_deadline else m.ack_deadline, m.expires_at,
+        max(m.deliveries, change.deliveries), max(m.last_delivered_at, change.last_delivered_at),
+        change.acked_stage or m.acked_stage,
     )  # fmt: skip
 
 

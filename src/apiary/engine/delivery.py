@@ -157,11 +157,6 @@ class Delivery:
         if not batch:
             return []
         notices = [is_notice(h.message) for h in batch]
-        kept = [
-            h.message.message_id for h, notice in zip(batch, notices, strict=True) if not notice
-        ]
-        if kept:
-            await self._messages.mark_delivered(kept, now)
         stats = self._router.stats
         waited = stats.timing(stats.dequeue_latency, agent_id)
         for handout, notice in zip(batch, notices, strict=True):
@@ -178,7 +173,7 @@ class Delivery:
                     correlation_id=message.correlation_id, message_id=message.message_id,
                     lane=message.lane,
                 )  # fmt: skip
-        if len(kept) < len(batch):
+        if any(notices):
             # A notice is FULFILLED once handed out: delivery and state in one row update
             # (a notice handed over from memory has no row and nothing to forget).
             done = [
@@ -191,10 +186,14 @@ class Delivery:
                 self._router.finish_notice(message)
         handed = [h if h.direct else _delivered(h, now) for h in batch]
         inbox = self._router.inbox(agent_id)
+        counted = []
         for handout, notice in zip(handed, notices, strict=True):
             if not notice:
                 self._router.refresh(handout.message)
                 inbox.update(handout.message)
+                counted.append(handout.message)
+        if counted:
+            await self._router.delivered(counted, now)
         return handed
 
     async def _overflowed(self, agent_id: str, now: float) -> None:

@@ -65,6 +65,8 @@ from apiary.store.protocols import Store
 
 NOTICE_TYPES = frozenset({MessageType.ACKNOWLEDGEMENT, MessageType.HEARTBEAT})
 _ACK_TYPE = int(MessageType.ACKNOWLEDGEMENT)
+DELIVERIES_WRITE_BEHIND_S = 1.0
+"""How long a hand-out count may wait for its message's next state change to be written."""
 _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
 """The message state an ACK stage reports."""
@@ -108,6 +110,9 @@ class Router:
         self._capacities: dict[str, int] = {}
         self._credits: dict[str, CreditLedger] = {}
         self._live: dict[str, StoredMessage] = {}
+        self._unwritten: dict[str, tuple[int, float]] = {}
+        """Hand-out counts not yet stored, by message id: (deliveries, last_delivered_at),
+        oldest hand-out first."""
         self._endpoints: dict[str, LocalEndpoint] = {}
         self._changes: Coalescer[StateChange, StoredMessage] = Coalescer(self._messages.apply)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -158,6 +163,36 @@ class Router:
         inbox.finished(message_id)
         self._live.pop(message_id, None)
         self.deadlines.cancel(message_id)
+
+    async def delivered(self, handed: Sequence[StoredMessage], now: float) -> None:
+        """Count hand-outs (`handed`: the messages as handed out, their delivery count and
+        time set). The counts are written behind: with each message's next state change,
+        which nearly every message has within moments (its ACK), or, for those still without
+        one `DELIVERIES_WRITE_BEHIND_S` after their hand-out, by a later hand-out, or at close
+        (`flush_deliveries`). A crash forgets at most the counts of that last second, which
+        only lets a message be handed out once more than its retry budget says."""
+        unwritten = self._unwritten
+        for message in handed:
+            message_id = message.message_id
+            unwritten.pop(message_id, None)  # to the end: the order is by hand-out time
+            unwritten[message_id] = (message.deliveries, message.last_delivered_at)
+        due = now - DELIVERIES_WRITE_BEHIND_S
+        stale = []
+        for message_id, (deliveries, at) in unwritten.items():
+            if at > due:
+                break
+            stale.append((message_id, deliveries, at))
+        if stale:
+            for message_id, _, _ in stale:
+                del unwritten[message_id]
+            await self._messages.record_deliveries(stale)
+
+    async def flush_deliveries(self) -> None:
+        """Store every hand-out count not yet written."""
+        if self._unwritten:
+            counts = [(i, n, at) for i, (n, at) in self._unwritten.items()]
+            self._unwritten = {}
+            await self._messages.record_deliveries(counts)
 
     # ------------------------------------------------------------------ sending
 
@@ -704,11 +739,16 @@ class Router:
         code = ack.error_code if ack else error_code
         stage = ack.ack_stage.name if ack else ""
         further = stage and _STAGE_ORDER[stage] > _STAGE_ORDER.get(message.acked_stage, 0)
+        message_id, deliveries = message.message_id, message.deliveries
         change = StateChange(
-            message.message_id, step.state, now, code,
+            message_id, step.state, now, code,
             acked_stage=stage if further else "",
             clear_ack_deadline=Effect.CANCEL_ACK_TIMER in step.effects,
+            deliveries=deliveries, last_delivered_at=message.last_delivered_at,
         )  # fmt: skip
+        unwritten = self._unwritten.get(message_id)
+        if unwritten is not None and unwritten[0] <= deliveries:
+            del self._unwritten[message_id]  # the change writes the count
         return step, change
 
     async def _follow(

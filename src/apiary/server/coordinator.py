@@ -320,6 +320,7 @@ async def close_engine(engine: Engine) -> None:
     await engine.worktrees.close()
     await engine.rooms.close()
     await engine.negotiations.close()
+    await engine.router.flush_deliveries()  # last: the others may still hand messages out
 
 
 def _coordinator(config: ServerConfig, store: Store, engine: Engine, grpc: Address) -> Coordinator:

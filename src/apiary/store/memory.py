@@ -213,20 +213,25 @@ class MemoryMessageStore:
         await self.apply(changes)
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
-        """`mark_delivered`, then FULFILLED at `at` (unknown ids are ignored)."""
-        await self.mark_delivered(message_ids, at)
-        known = [m for m in dict.fromkeys(message_ids) if m in self._messages]
-        await self.apply([StateChange(m, MessageState.FULFILLED, at) for m in known])
-
-    async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
-        """Count one more delivery of each message at `at` (unknown ids are ignored; an id
-        given twice counts once)."""
+        """One more delivery at `at`, then FULFILLED at `at` (unknown ids are ignored)."""
         for message_id in dict.fromkeys(message_ids):
             current = self._messages.get(message_id)
             if current is not None:
                 self._messages[message_id] = dataclasses.replace(
                     current, deliveries=current.deliveries + 1, last_delivered_at=at
                 )
+        known = [m for m in dict.fromkeys(message_ids) if m in self._messages]
+        await self.apply([StateChange(m, MessageState.FULFILLED, at) for m in known])
+
+    async def record_deliveries(self, counts: Sequence[tuple[str, int, float]]) -> None:
+        """Keep the larger delivery count and time of each (unknown ids are ignored)."""
+        for message_id, deliveries, at in counts:
+            current = self._messages.get(message_id)
+            if current is not None:
+                self._messages[message_id] = dataclasses.replace(
+                    current, deliveries=max(current.deliveries, deliveries),
+                    last_delivered_at=max(current.last_delivered_at, at),
+                )  # fmt: skip
 
     async def inbox(
         self,

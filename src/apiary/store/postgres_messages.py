@@ -21,6 +21,7 @@ from apiary.store.sql_rows import (
     MESSAGE_COLUMNS,
     check_limit,
     inbox_clauses,
+    latest_deliveries,
     max_sequence_from_row,
     message_from_row,
     message_values,
@@ -76,15 +77,19 @@ _SET_COUNTERS = (
 _APPLY = (
     "UPDATE messages SET state = %s, updated_at = %s, error_code = %s,"
     " acked_stage = COALESCE(NULLIF(%s, ''), acked_stage),"
-    " ack_deadline = CASE WHEN %s THEN 0 ELSE ack_deadline END"
+    " ack_deadline = CASE WHEN %s THEN 0 ELSE ack_deadline END,"
+    " deliveries = GREATEST(deliveries, %s), last_delivered_at = GREATEST(last_delivered_at, %s)"
     f" WHERE message_id = %s RETURNING {MESSAGE_COLUMNS}"
 )
 _APPLY_DISTINCT = (
     "UPDATE messages AS m SET state = t.state, updated_at = t.at, error_code = t.error_code,"
     " acked_stage = COALESCE(NULLIF(t.acked_stage, ''), m.acked_stage),"
-    " ack_deadline = CASE WHEN t.clear THEN 0 ELSE m.ack_deadline END"
-    " FROM unnest(%s::text[], %s::float8[], %s::text[], %s::text[], %s::bool[], %s::text[])"
-    " AS t(state, at, error_code, acked_stage, clear, message_id)"
+    " ack_deadline = CASE WHEN t.clear THEN 0 ELSE m.ack_deadline END,"
+    " deliveries = GREATEST(m.deliveries, t.deliveries),"
+    " last_delivered_at = GREATEST(m.last_delivered_at, t.delivered_at)"
+    " FROM unnest(%s::text[], %s::float8[], %s::text[], %s::text[], %s::bool[], %s::int8[],"
+    " %s::float8[], %s::text[])"
+    " AS t(state, at, error_code, acked_stage, clear, deliveries, delivered_at, message_id)"
     " WHERE m.message_id = t.message_id"
     f" RETURNING {', '.join(f'm.{c}' for c in MESSAGE_COLUMNS.split(', '))}"
 )
@@ -185,7 +190,7 @@ class PostgresMessageStore:
         self, message_id: str, state: MessageState, at: float, error_code: str = ""
     ) -> StoredMessage:
         """Record a state change; raises LookupError for an unknown message_id."""
-        params = [MessageState(state).value, float(at), error_code, "", False, message_id]
+        params = [MessageState(state).value, float(at), error_code, "", False, 0, 0.0, message_id]
         rows = await fetch_all(self._pool, _APPLY, params)
         if not rows:
             raise LookupError(f"no message {message_id!r}")
@@ -203,6 +208,8 @@ class PostgresMessageStore:
                 c.error_code,
                 c.acked_stage,
                 bool(c.clear_ack_deadline),
+                int(c.deliveries),
+                float(c.last_delivered_at),
                 c.message_id,
             )
             for c in changes
@@ -245,7 +252,7 @@ class PostgresMessageStore:
         await self.apply(changes)
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
-        """`mark_delivered`, then FULFILLED at `at`, in one statement (unknown ids are
+        """One more delivery, then FULFILLED at `at`, in one statement (unknown ids are
         ignored)."""
         if not message_ids:
             return
@@ -260,19 +267,24 @@ class PostgresMessageStore:
                 [sorted(set(message_ids)), float(at), MessageState.FULFILLED.value, float(at)],
             )
 
-    async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
-        """Count one more delivery of each message at `at` (unknown ids are ignored; an id
-        given twice counts once)."""
-        if not message_ids:
+    async def record_deliveries(self, counts: Sequence[tuple[str, int, float]]) -> None:
+        """Keep the larger delivery count and time of each (unknown ids are ignored), in one
+        statement."""
+        if not counts:
             return
+        latest = latest_deliveries(counts)
+        ids = sorted(latest)
         async with self._pool.connection() as conn:
-            # One statement; the CTE locks the rows in key order, as `apply` does.
+            # The CTE locks the rows in key order, as `apply` does.
             await conn.execute(
                 "WITH locked AS (SELECT message_id FROM messages WHERE message_id = ANY(%s)"
                 " ORDER BY message_id FOR UPDATE)"
-                " UPDATE messages AS m SET deliveries = m.deliveries + 1,"
-                " last_delivered_at = %s FROM locked WHERE m.message_id = locked.message_id",
-                [sorted(set(message_ids)), float(at)],
+                " UPDATE messages AS m SET deliveries = GREATEST(m.deliveries, t.deliveries),"
+                " last_delivered_at = GREATEST(m.last_delivered_at, t.at)"
+                " FROM locked, unnest(%s::text[], %s::int8[], %s::float8[])"
+                " AS t(message_id, deliveries, at)"
+                " WHERE m.message_id = locked.message_id AND t.message_id = locked.message_id",
+                [ids, ids, [latest[i][0] for i in ids], [latest[i][1] for i in ids]],
             )
 
     async def inbox(

@@ -122,13 +122,14 @@ class MessageStore(Protocol):
         caller that holds them already (`core.records.changed` gives the result)."""
         ...
 
-    async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
-        """Count one more delivery of each message at `at` (unknown ids are ignored)."""
+    async def record_deliveries(self, counts: Sequence[tuple[str, int, float]]) -> None:
+        """For each (message_id, deliveries, last_delivered_at): keep the larger of the given
+        and the stored count, and of the two times (unknown ids are ignored)."""
         ...
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
-        """`mark_delivered` and then `record` FULFILLED at `at` for each message, as one
-        write: what a notice goes through when it is handed out. Unknown ids are ignored."""
+        """One more delivery at `at` and then `record` FULFILLED at `at` for each message, as
+        one write: what a notice goes through when it is handed out. Unknown ids are ignored."""
         ...
 
     async def due(self, now: float, limit: int = 500) -> list[StoredMessage]:

@@ -192,6 +192,17 @@ def message_values(message: StoredMessage) -> tuple[Any, ...]:
     )
 
 
+def latest_deliveries(counts: Sequence[tuple[str, int, float]]) -> dict[str, tuple[int, float]]:
+    """By message id, the larger count and the later time of `counts` (an id may repeat)."""
+    latest: dict[str, tuple[int, float]] = {}
+    for message_id, n, at in counts:
+        seen = latest.get(message_id)
+        latest[message_id] = (
+            (int(n), float(at)) if seen is None else (max(seen[0], int(n)), max(seen[1], at))
+        )
+    return latest
+
+
 def message_row(message: StoredMessage, offset: int) -> tuple[Any, ...]:
     """The values of MESSAGE_COLUMNS for `message` admitted at `offset`."""
     return (*message_values(message), offset)

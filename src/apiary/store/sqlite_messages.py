@@ -21,6 +21,7 @@ from apiary.store.sql_rows import (
     MESSAGE_COLUMNS,
     check_limit,
     inbox_clauses,
+    latest_deliveries,
     max_sequence_from_row,
     message_from_row,
     message_values,
@@ -33,16 +34,20 @@ _INSERT = f"INSERT INTO messages ({MESSAGE_COLUMNS}) VALUES"
 _UPDATE = (
     "UPDATE messages SET state = ?, updated_at = ?, error_code = ?,"
     " acked_stage = COALESCE(NULLIF(?, ''), acked_stage),"
-    " ack_deadline = CASE WHEN ? THEN 0 ELSE ack_deadline END"
+    " ack_deadline = CASE WHEN ? THEN 0 ELSE ack_deadline END,"
+    " deliveries = MAX(deliveries, ?), last_delivered_at = MAX(last_delivered_at, ?)"
     " WHERE message_id = ?"
 )
 _UPDATE_RETURNING = f"{_UPDATE} RETURNING {MESSAGE_COLUMNS}"
-_UPDATE_WIDTH = 6
+_UPDATE_WIDTH = 8
 _BULK_UPDATE = (
-    "WITH c(new_state, new_at, new_code, new_stage, new_clear, new_id) AS (VALUES {rows})"
+    "WITH c(new_state, new_at, new_code, new_stage, new_clear, new_deliveries, new_delivered_at,"
+    " new_id) AS (VALUES {rows})"
     " UPDATE messages SET state = c.new_state, updated_at = c.new_at, error_code = c.new_code,"
     " acked_stage = COALESCE(NULLIF(c.new_stage, ''), messages.acked_stage),"
-    " ack_deadline = CASE WHEN c.new_clear THEN 0 ELSE messages.ack_deadline END"
+    " ack_deadline = CASE WHEN c.new_clear THEN 0 ELSE messages.ack_deadline END,"
+    " deliveries = MAX(messages.deliveries, c.new_deliveries),"
+    " last_delivered_at = MAX(messages.last_delivered_at, c.new_delivered_at)"
     f" FROM c WHERE messages.message_id = c.new_id RETURNING {MESSAGE_COLUMNS}"
 )
 """`_UPDATE` for many distinct messages in one statement, each row's values in `_UPDATE`'s
@@ -54,9 +59,12 @@ _FINISH_DELIVERED = (
     f" state = '{MessageState.FULFILLED.value}', updated_at = ?1, error_code = ''"
     " WHERE message_id IN ({ids})"
 )
-_MARK_DELIVERED = (
-    "UPDATE messages SET deliveries = deliveries + 1, last_delivered_at = ?"
-    " WHERE message_id IN ({ids})"
+_DELIVERIES_WIDTH = 3
+_RECORD_DELIVERIES = (
+    "WITH c(new_deliveries, new_delivered_at, new_id) AS (VALUES {rows})"
+    " UPDATE messages SET deliveries = MAX(messages.deliveries, c.new_deliveries),"
+    " last_delivered_at = MAX(messages.last_delivered_at, c.new_delivered_at)"
+    " FROM c WHERE messages.message_id = c.new_id"
 )
 _ID_CHUNK = 500
 """Message ids per `IN (...)` lookup, well under SQLite's limit on parameters."""
@@ -128,16 +136,24 @@ class SqliteMessageStore:
             await self._db.write(lambda conn: _apply_in_turn(conn, params))
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
-        """`mark_delivered`, then FULFILLED at `at`, in one statement per chunk: one row
-        update per notice instead of two (unknown ids are ignored)."""
+        """One more delivery, then FULFILLED at `at`, in one statement per chunk: one row
+        update per notice instead of two (unknown ids are ignored; an id given twice counts
+        once)."""
         await self._update_each(_FINISH_DELIVERED, message_ids, at)
 
-    async def mark_delivered(self, message_ids: Sequence[str], at: float) -> None:
-        """Count one more delivery of each message at `at` (unknown ids are ignored; an id
-        given twice counts once)."""
-        if not message_ids:
+    async def record_deliveries(self, counts: Sequence[tuple[str, int, float]]) -> None:
+        """Keep the larger delivery count and time of each (unknown ids are ignored), a chunk
+        of messages per statement."""
+        if not counts:
             return
-        await self._update_each(_MARK_DELIVERED, message_ids, at)
+        params = [(n, at, message_id) for message_id, (n, at) in latest_deliveries(counts).items()]
+
+        def update(conn: sqlite3.Connection) -> None:
+            for count, flat in chunks(conn, params, _DELIVERIES_WIDTH):
+                sql = _RECORD_DELIVERIES.format(rows=values_rows(count, _DELIVERIES_WIDTH))
+                conn.execute(sql, flat)
+
+        await self._db.write(update)
 
     async def _update_each(self, sql: str, message_ids: Sequence[str], at: float) -> None:
         """Run `sql` (parameters: `at`, then the ids) over each message once, one write."""
@@ -301,6 +317,8 @@ def _change_params(changes: Sequence[StateChange]) -> list[tuple[Any, ...]]:
             c.error_code,
             c.acked_stage,
             int(c.clear_ack_deadline),
+            int(c.deliveries),
+            float(c.last_delivered_at),
             c.message_id,
         )
         for c in changes

@@ -107,6 +107,9 @@ class EngineHarness:
         return [e for e in found if event_type is None or e.event_type == event_type]
 
     async def message(self, message_id: str) -> StoredMessage:
+        """The stored message, with the hand-out counts the router writes behind stored
+        first (as a clean shutdown would)."""
+        await self.engine.router.flush_deliveries()
         found = await self.store.messages.get(message_id)
         assert found is not None, f"no message {message_id}"
         return found

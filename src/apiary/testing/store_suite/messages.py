@@ -333,7 +333,7 @@ async def concurrent_batches_get_gap_free_offsets(factory: StoreFactory) -> None
             assert offsets == list(range(1, len(offsets) + 1))
 
 
-# --- apply and mark_delivered ---------------------------------------------------------
+# --- apply and record_deliveries -----------------------------------------------------
 
 
 @_check
@@ -473,23 +473,55 @@ async def set_state_leaves_the_delivery_fields_alone(factory: StoreFactory) -> N
 
 
 @_check
-async def mark_delivered_counts_each_delivery(factory: StoreFactory) -> None:
+async def record_deliveries_keeps_the_larger_count_and_time(factory: StoreFactory) -> None:
     async with factory.open() as store:
         one = await store.messages.admit(message("m-1"))
         two = await store.messages.admit(message("m-2", "c"))
         untouched = await store.messages.admit(message("m-3"))
-        await store.messages.mark_delivered([], T0 + 1)
-        await store.messages.mark_delivered(["m-1", "m-2", "nope"], T0 + 1)
-        # An id given twice in one call is one delivery.
-        await store.messages.mark_delivered(["m-1", "m-1"], T0 + 2.5)
+        await store.messages.record_deliveries([])
+        await store.messages.record_deliveries([("m-1", 2, T0 + 2.5), ("m-2", 1, T0 + 1)])
+        # Counts written behind may arrive late: an older count never lowers a newer one, and
+        # an id twice in one call keeps the larger of its values.
+        await store.messages.record_deliveries(
+            [("m-1", 1, T0 + 1), ("nope", 4, T0 + 4), ("m-2", 3, T0 + 3), ("m-2", 2, T0 + 2)]
+        )
         assert await store.messages.get("m-1") == replace(
             one, deliveries=2, last_delivered_at=T0 + 2.5
         )
         assert await store.messages.get("m-2") == replace(
-            two, deliveries=1, last_delivered_at=T0 + 1
+            two, deliveries=3, last_delivered_at=T0 + 3
         )
         assert await store.messages.get("m-3") == untouched
         assert await store.messages.get("nope") is None
+
+
+@_check
+async def state_changes_carry_the_larger_delivery_count(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        one = await store.messages.admit(message("m-1", deliveries=2, last_delivered_at=T0 + 2))
+        two = await store.messages.admit(message("m-2", "c"))
+        changes = [
+            StateChange("m-1", MessageState.READ, T0 + 3, deliveries=1, last_delivered_at=T0),
+            StateChange("m-2", MessageState.FULFILLED, T0 + 4, deliveries=1,
+                        last_delivered_at=T0 + 3.5),
+        ]  # fmt: skip
+        await store.messages.record(changes)
+        assert await store.messages.get("m-1") == replace(
+            one, state=MessageState.READ, updated_at=T0 + 3
+        )
+        assert await store.messages.get("m-2") == replace(
+            two, state=MessageState.FULFILLED, updated_at=T0 + 4, deliveries=1,
+            last_delivered_at=T0 + 3.5,
+        )  # fmt: skip
+        # The one-at-a-time path (a message changed twice) keeps them the same way.
+        (_, last) = await store.messages.apply(
+            [
+                StateChange("m-1", MessageState.FULFILLED, T0 + 5, deliveries=3,
+                            last_delivered_at=T0 + 4.5),
+                StateChange("m-1", MessageState.FULFILLED, T0 + 6),
+            ]
+        )  # fmt: skip
+        assert (last.deliveries, last.last_delivered_at, last.updated_at) == (3, T0 + 4.5, T0 + 6)
 
 
 # --- deduplication by producer sequence -----------------------------------------------

@@ -81,7 +81,7 @@ async def unicode_round_trips_in_the_router_records(factory: StoreFactory) -> No
         assert await store.messages.by_sequence(f"from {UNICODE}", 9) == stored
         (batched,) = await store.messages.admit_many([replace(unicode_message, message_id=UNICODE)])
         assert batched == replace(unicode_message, message_id=UNICODE, offset=2)
-        await store.messages.mark_delivered([UNICODE], T0 + 1)
+        await store.messages.record_deliveries([(UNICODE, 1, T0 + 1)])
         (applied,) = await store.messages.apply(
             [StateChange(UNICODE, MessageState.READ, T0 + 2, UNICODE, UNICODE)]
         )
@@ -133,7 +133,7 @@ async def everything_survives_closing_and_reopening(factory: StoreFactory) -> No
         await store.messages.admit(message("m-1", "b"))
         await store.messages.set_state("m-1", MessageState.READ, T0 + 3)
         await store.messages.admit_many([message("m-2", "b"), timed])
-        await store.messages.mark_delivered(["m-3"], T0 + 4)
+        await store.messages.record_deliveries([("m-3", 1, T0 + 4)])
         await store.messages.set_state("m-2", MessageState.FULFILLED, T0 + 5)
         await store.messages.purge_finished(T0 + 6)
         await store.idempotency.put(idempotency_record("tok-1"))
