@@ -5,8 +5,9 @@ Converted to and from the canonical protobuf messages in `apiary.wire.convert`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
+
+from apiary.core.value import value
 
 
 class MessageType(IntEnum):
@@ -34,7 +35,7 @@ class AckStage(IntEnum):
     TIMED_OUT = 6
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Envelope:
     """One message attempt (RFC section 11.3: message_id is unique per attempt)."""
 
@@ -56,7 +57,7 @@ class Envelope:
     """UTC seconds since the epoch; 0.0 when the producer left it unset."""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Ack:
     """An acknowledgement of one message at one lifecycle stage."""
 

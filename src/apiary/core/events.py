@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from apiary.core.value import value
+
 JsonObject = Mapping[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class EventDraft:
     """An event before the log has given it a sequence number."""
 
@@ -23,7 +25,7 @@ class EventDraft:
     hlc: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Event:
     """One appended event; `sequence` is gap-free and strictly increasing from 1."""
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from apiary.core.value import value
+
 
 class MessageState(StrEnum):
     """Message lifecycle states (RFC Appendix C; DESIGN.md section 2)."""
@@ -42,7 +44,7 @@ class AgentRecord:
     descriptor: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class StoredMessage:
     """A durably admitted envelope addressed to one recipient.
 
@@ -101,7 +103,7 @@ def handed_out(message: StoredMessage, at: float, deliveries: int) -> StoredMess
     )  # fmt: skip
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class StateChange:
     """One message state change, for batched updates."""
 

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 from apiary.core.envelope import Envelope
 from apiary.core.records import StoredMessage
+from apiary.core.value import value
 from apiary.errors import ApiaryError
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Outbound:
     """An envelope a producer (or the coordinator) wants delivered."""
 

@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import bisect
 from collections import deque
-from dataclasses import dataclass
 
 from apiary.core.lanes import LaneScheduler
 from apiary.core.records import MessageState, StoredMessage
+from apiary.core.value import value
 
 LANES = ("PRIVILEGED", "STANDARD", "BULK")
 _BUFFERED = frozenset({MessageState.RECEIVED, MessageState.RETRYING})
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Handout:
     """One message handed to the agent's stream."""
 
