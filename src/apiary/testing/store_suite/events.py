@@ -216,7 +216,9 @@ async def large_details_round_trip(factory: StoreFactory) -> None:
 
 @_check
 async def non_json_details_are_refused_and_nothing_is_appended(factory: StoreFactory) -> None:
-    bad_values: list[Any] = [math.nan, math.inf, {1, 2}, object(), b"bytes", "\ud800"]
+    cycle: dict[str, Any] = {}
+    cycle["self"] = cycle
+    bad_values: list[Any] = [math.nan, math.inf, {1, 2}, object(), b"bytes", "\ud800", cycle]
     async with factory.open() as store:
         for bad in bad_values:
             try:
