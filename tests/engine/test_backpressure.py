@@ -4,6 +4,7 @@ communication-class lanes at delivery (RFC 7.3, as the router applies them)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -201,6 +202,42 @@ async def test_a_freed_credit_goes_to_the_producer_below_its_fair_share() -> Non
         greedy = await h.send("alice", "bob")
         assert greedy.error_code == "buffer_full" and "fair_share" in greedy.reason
         assert (await h.send("carol", "bob")).accepted
+
+
+@pytest.mark.conformance(
+    "backpressure.credit.no-oscillation", "backpressure.credit.preserve-safety"
+)
+async def test_an_adaptive_window_shrinks_for_a_slow_receiver_and_revokes_nothing() -> None:
+    settings = replace(
+        _credit_settings(8), credit_adaptive=True, credit_target_latency_s=1.0,
+        credit_min_window=2,
+    )  # fmt: skip
+    async with open_test_engine(settings) as h:
+        await h.register("alice")
+        await h.register("bob")
+        assert h.engine.router.credit_window("bob") is None  # no ledger before any send
+        sent = await _fill(h, "alice", "bob", 8)
+        assert h.engine.router.credit_window("bob") == 8
+        await h.take("bob")
+        h.clock.advance(3.0)  # bob takes 3 s per message: three times the target
+        for message_id in sent[:4]:
+            await h.ack("bob", message_id, AckStage.FULFILLED)
+        # Four slow deliveries judged: the window halves once (then settles before judging
+        # again); the four credits still in flight stay valid above the new window of 4.
+        assert h.engine.router.credit_window("bob") == 4
+        over = await h.send("alice", "bob")
+        assert over.error_code == "buffer_full" and "window_exhausted" in over.reason
+        (changed,) = await h.events("credit.window_changed")
+        assert (changed.agent_id, changed.details["before"], changed.details["after"]) == (
+            "bob", 8, 4,
+        )  # fmt: skip
+        assert changed.details["reason"] == "latency_high"
+        for message_id in sent[4:]:
+            await h.ack("bob", message_id, AckStage.FULFILLED)
+        # Still three times too slow: halved again, down to the floor of 2 and no lower.
+        assert h.engine.router.credit_window("bob") == 2
+        await _fill(h, "alice", "bob", 2)  # the whole new window, no more
+        assert (await h.send("alice", "bob")).error_code == "buffer_full"
 
 
 # --- lanes at delivery (RFC 7.3) ------------------------------------------------------------------

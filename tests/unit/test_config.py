@@ -88,6 +88,18 @@ def test_router_table_sets_messaging_settings(tmp_path: Path) -> None:
     assert router.limits.data == 1024
 
 
+def test_router_table_turns_adaptive_credit_windows_on(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(
+        "[router]\ncredit_window = 16\ncredit_adaptive = true\ncredit_min_window = 2\n"
+        "credit_target_latency_s = 0.5\n"
+    )
+    router = load_config(file, {}, {}).router
+    assert (router.credit_adaptive, router.credit_min_window, router.credit_target_latency_s) == (
+        True, 2, 0.5,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("table", "field"),
     [
@@ -95,6 +107,13 @@ def test_router_table_sets_messaging_settings(tmp_path: Path) -> None:
         ("ack_timeout_s = 'soon'", "ack_timeout_s"),
         ("bufer_capacity = 5", "bufer_capacity"),
         ("hand_over_wait_s = -1", "hand_over_wait_s"),
+        ("credit_adaptive = true", "credit_adaptive"),  # no credit_window to adapt
+        ("credit_window = 4\ncredit_adaptive = true\ncredit_min_window = 5", "credit_min_window"),
+        (
+            "credit_window = 4\ncredit_adaptive = true\ncredit_target_latency_s = 0",
+            "credit_target_latency_s",
+        ),
+        ("credit_min_window = 0", "credit_min_window"),
     ],
 )
 def test_bad_router_settings_name_the_field(tmp_path: Path, table: str, field: str) -> None:

@@ -14,7 +14,9 @@ or a terminal error). On top of the window:
   they asked for: one with more queued is noted again) or through `cancel_waiting`. A
   waiting producer that goes away must be cancelled, or it keeps others at their share.
 
-The ledger is pure: no clock, no I/O. Adaptive windows (the RFC's MAY) are not done here.
+The ledger is pure: no clock, no I/O. Its window may be resized (`resize`, driven by
+`core.credit_adaptation` when windows adapt): a smaller window revokes no credit in flight, it
+only grants none until the credits in flight drop below it.
 """
 
 from __future__ import annotations
@@ -90,8 +92,17 @@ class CreditLedger:
         return self._total
 
     def available(self) -> int:
-        """Credits not in flight."""
-        return self._window - self._total
+        """Credits not in flight (0 while a shrunk window is still overcommitted)."""
+        return max(self._window - self._total, 0)
+
+    def resize(self, window: int) -> None:
+        """Advertise a new window (>= 1). Credits in flight stay valid: above a smaller
+        window, nothing is granted until enough of them are released."""
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise ValidationError.for_field(
+                "credits.window", f"must be an integer >= 1, got {window!r}"
+            )
+        self._window = window
 
     def fair_share(self, producer: str) -> int:
         """ceil(window / active producers), counting `producer` as active."""

@@ -17,6 +17,7 @@ from typing import TypeVar, cast
 from apiary.core.addressing import resolve_recipient
 from apiary.core.chunks import CHUNK_CONTENT_TYPE
 from apiary.core.clock import Clock
+from apiary.core.credit_adaptation import CreditAdapter
 from apiary.core.credits import CreditLedger
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.envelope_rules import (
@@ -51,7 +52,7 @@ from apiary.engine.inbox import HandOver, Inbox
 from apiary.engine.notices import COORDINATOR, NoticeFactory
 from apiary.engine.registry import Registry
 from apiary.engine.router_stats import RouterStats
-from apiary.engine.settings import RouterSettings
+from apiary.engine.settings import RouterSettings, adaptive_policy
 from apiary.engine.transfers import Transfers
 from apiary.errors import (
     ApiaryError,
@@ -109,6 +110,8 @@ class Router:
         self._inboxes: dict[str, Inbox] = {}
         self._capacities: dict[str, int] = {}
         self._credits: dict[str, CreditLedger] = {}
+        self._adapters: dict[str, CreditAdapter] = {}
+        self._adaptive = adaptive_policy(self.settings) if self.settings.credit_adaptive else None
         self._live: dict[str, StoredMessage] = {}
         self._unwritten: dict[str, tuple[int, float]] = {}
         """Hand-out counts not yet stored, by message id: (deliveries, last_delivered_at),
@@ -474,11 +477,33 @@ class Router:
                 )
         inbox.reserve(env.message_id)
 
+    def _adapt_credits(self, recipient: str, latency_s: float) -> None:
+        """Let the recipient's credit window follow its delivery latency (RFC 13.1)."""
+        ledger = self._credits.get(recipient)
+        adapter = self._adapters.get(recipient)
+        if ledger is None or adapter is None:
+            return
+        change = adapter.observe(latency_s)
+        if change is not None:
+            ledger.resize(change.after)
+            self._events.note(
+                "credit.window_changed", COORDINATOR, agent_id=recipient,
+                before=change.before, after=change.after, reason=change.reason,
+                smoothed_latency_s=round(change.smoothed_latency_s, 6),
+            )  # fmt: skip
+
+    def credit_window(self, recipient: str) -> int | None:
+        """The recipient's current credit window (None without credit-based flow control)."""
+        ledger = self._credits.get(recipient)
+        return None if ledger is None else ledger.window
+
     def _ledger(self, target: str) -> CreditLedger:
         ledger = self._credits.get(target)
         if ledger is None:
             cap = self.settings.per_producer_cap or None
             ledger = self._credits[target] = CreditLedger(self.settings.credit_window, cap)
+            if self._adaptive is not None:
+                self._adapters[target] = CreditAdapter(self.settings.credit_window, self._adaptive)
         return ledger
 
     async def _admitted(
@@ -785,7 +810,10 @@ class Router:
             # Service time is the agent's work on a message; notices need none.
             if message.last_delivered_at and not is_notice(message):
                 timing = self.stats.timing(self.stats.process_time, message.recipient)
-                timing.observe(message.updated_at - message.last_delivered_at)
+                latency = message.updated_at - message.last_delivered_at
+                timing.observe(latency)
+                if self._adaptive is not None:
+                    self._adapt_credits(message.recipient, latency)
         else:
             self._live[message.message_id] = message
             inbox.update(message)

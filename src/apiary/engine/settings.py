@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from apiary.core.conflicts import ConflictPolicy
+from apiary.core.credit_adaptation import AdaptivePolicy
 from apiary.core.envelope_rules import PayloadLimits
 from apiary.core.lanes import LanePolicy
 from apiary.core.preemption import PreemptionPolicy
@@ -30,6 +31,12 @@ class RouterSettings:
     """Credit-based flow control (RFC 13.1): in-flight deliveries per receiver; 0 = off."""
     per_producer_cap: int = 0
     """With credits on: at most this many in flight per producer and receiver; 0 = none."""
+    credit_adaptive: bool = False
+    """With credits on: each receiver's window follows its delivery latency (RFC 13.1 MAY;
+    `core.credit_adaptation`), between `credit_min_window` and `credit_window`."""
+    credit_min_window: int = 1
+    credit_target_latency_s: float = 1.0
+    """The hand-out to terminal ACK latency an adaptive window aims for."""
     lanes: LanePolicy = field(default_factory=LanePolicy)
     max_deliveries: int = 5
     """Retry budget: a message handed out this many times without any acknowledgement fails
@@ -47,6 +54,22 @@ class RouterSettings:
     """Coordinator notices (NACKs, forwarded ACKs, join/leave) expire after this long."""
     retention_s: float = 7 * 24 * 3600.0
     """Finished messages, idempotency records and DLQ entries are purged after this long."""
+
+
+def adaptive_policy(settings: RouterSettings) -> AdaptivePolicy:
+    """The adaptive credit policy of `settings`; ValidationError naming the field that makes
+    it impossible."""
+    if not settings.credit_window:
+        raise ValidationError.for_field(
+            "credit_adaptive", "needs credit_window: there is no window to adapt"
+        )
+    if settings.credit_min_window > settings.credit_window:
+        raise ValidationError.for_field(
+            "credit_min_window",
+            f"must not exceed credit_window ({settings.credit_window}),"
+            f" got {settings.credit_min_window}",
+        )
+    return AdaptivePolicy(settings.credit_target_latency_s, settings.credit_min_window)
 
 
 def default_max_parallel() -> int:

@@ -40,7 +40,7 @@ from apiary.engine.lifecycle import LifecycleSettings
 from apiary.engine.negotiation_policies import NegotiationSettings
 from apiary.engine.negotiation_rooms import RoomSettings
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.settings import RouterSettings, SchedulerSettings, adaptive_policy
 from apiary.engine.tool_settings import ToolSettings
 from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
 from apiary.errors import ValidationError
@@ -143,6 +143,9 @@ _ROUTER_TYPES: dict[str, type] = {
     "hlc_required": bool,
     "credit_window": int,
     "per_producer_cap": int,
+    "credit_adaptive": bool,
+    "credit_min_window": int,
+    "credit_target_latency_s": float,
     "max_batch": int,
     "max_deliveries": int,
     "max_frame_items": int,
@@ -177,10 +180,19 @@ def router_settings(values: Mapping[str, Any], source: str) -> RouterSettings:
         )
         if not (isinstance(value, kind) or (kind is float and numeric)):
             raise ValidationError(f"{source}: {key} must be {kind.__name__}", {"field": key})
-        if kind is not bool and value < (1 if key in ("buffer_capacity", "max_batch") else 0):
+        if kind is not bool and value < _ROUTER_MINIMUMS.get(key, 0):
             raise ValidationError(f"{source}: {key} must not be below its minimum", {"field": key})
         changes[key] = kind(value)
-    return replace(settings, **changes)
+    settings = replace(settings, **changes)
+    if settings.credit_adaptive:
+        try:
+            adaptive_policy(settings)
+        except ValidationError as exc:
+            raise ValidationError(f"{source}: {exc.message}", exc.details) from None
+    return settings
+
+
+_ROUTER_MINIMUMS = {"buffer_capacity": 1, "max_batch": 1, "credit_min_window": 1}
 
 
 # --- typed TOML values, shared by [router.lanes] and [scheduler] ------------------------------
