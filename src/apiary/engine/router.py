@@ -70,6 +70,7 @@ DELIVERIES_WRITE_BEHIND_S = 1.0
 """How long a hand-out count may wait for its message's next state change to be written."""
 _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
+_ACK_EVENTS = frozenset(ACK_INPUTS.values())
 """The message state an ACK stage reports."""
 _AWAITED_EFFECTS = frozenset({Effect.NACK, Effect.DEAD_LETTER, Effect.UPDATE_IDEMPOTENCY})
 """The effects `Router._perform` carries out (they may wait on the store); the router does
@@ -836,6 +837,15 @@ class Router:
                 agent_id=before.recipient, message_id=before.message_id,
                 **{"from": before.state.value, "to": after.state.value},
                 input=event, error_code=code,
+            )  # fmt: skip
+        elif event in _ACK_EVENTS:
+            # An ACK that moves no state (RECEIVED while RECEIVED, a repeated READ) is still
+            # an event of the message's life (RFC 19): its stage is recorded.
+            self._events.note(
+                "message.acknowledged", before.recipient, correlation_id=before.correlation_id,
+                agent_id=before.recipient, message_id=before.message_id,
+                state=after.state.value, input=event,
+                acked_stage=after.acked_stage or before.acked_stage,
             )  # fmt: skip
 
     async def _perform(
