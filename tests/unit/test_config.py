@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import ValidationError
-from apiary.server.config import Address, load_config
+from apiary.server.config import Address, exposure_problem, load_config
 
 
 def test_defaults() -> None:
@@ -438,3 +440,29 @@ def test_bad_worktree_settings_name_the_field(tmp_path: Path, table: str, field:
         load_config(file, {}, {})
     assert caught.value.details["field"] == field
     assert "[worktrees]" in caught.value.message
+
+
+@pytest.mark.conformance("security.signing.required-cross-network")
+def test_a_non_loopback_address_needs_signing_or_insecure(tmp_path: Path) -> None:
+    exposed = load_config(None, {}, {"grpc": "0.0.0.0:50051"})
+    problem = exposure_problem(exposed)
+    assert problem is not None
+    assert "grpc address 0.0.0.0:50051" in problem and "signing_required" in problem
+    assert "--insecure" in problem
+    assert exposure_problem(exposed, insecure=True) is None
+    file = tmp_path / "c.toml"
+    file.write_text('[server]\nhttp = "192.0.2.7:8080"\n[router]\nsigning_required = true\n')
+    assert exposure_problem(load_config(file, {}, {})) is None
+    for local in ("127.0.0.1:1", "[::1]:1", "localhost:1"):
+        assert exposure_problem(load_config(None, {}, {"grpc": local})) is None
+
+
+@pytest.mark.conformance("security.signing.required-cross-network")
+def test_serve_refuses_a_non_loopback_address_without_signing(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "apiary.cli.main", "serve", "--data-dir", str(tmp_path / "d"),
+         "--grpc", "0.0.0.0:0", "--http", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "not loopback" in done.stderr and "signing_required" in done.stderr

@@ -195,7 +195,13 @@ class OutboundEnvelope(_message.Message):
 
     MSG_FIELD_NUMBER: _builtins.int
     RECIPIENT_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     recipient: _builtins.str
+    signature: _builtins.bytes
+    """Ed25519 signature of msg's deterministic serialization by the producer's registered key;
+    required when the coordinator has message signing on (what `sw4rm-signature` metadata
+    carries for a unary SendMessage).
+    """
     @_builtins.property
     def msg(self) -> _common_pb2.Envelope: ...
     def __init__(
@@ -203,10 +209,11 @@ class OutboundEnvelope(_message.Message):
         *,
         msg: _common_pb2.Envelope | None = ...,
         recipient: _builtins.str = ...,
+        signature: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg", "recipient", b"recipient"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg", "recipient", b"recipient", "signature", b"signature"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

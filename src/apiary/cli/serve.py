@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from apiary.errors import ValidationError
-from apiary.server.config import ServerConfig, load_config
+from apiary.server.config import ServerConfig, exposure_problem, load_config
 from apiary.server.coordinator import open_coordinator
 from apiary.server.interpreter import tune_for_serving
 
@@ -24,6 +24,11 @@ def serve(
     store: str | None = typer.Option(None, "--store", help="Store URL (postgresql://...)"),
     config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
     log_level: str | None = typer.Option(None, "--log-level", help="DEBUG|INFO|WARNING|ERROR"),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        help="Serve a non-loopback address without message signing (a trusted network only)",
+    ),
 ) -> None:
     """Run the coordinator: every SW4RM service on one gRPC port, HTTP on another."""
     flags = {
@@ -38,6 +43,10 @@ def serve(
     except ValidationError as exc:
         typer.echo(f"apiary serve: {exc.message}", err=True)
         raise typer.Exit(2) from None
+    problem = exposure_problem(settings, insecure=insecure)
+    if problem is not None:
+        typer.echo(f"apiary serve: {problem}", err=True)
+        raise typer.Exit(2)
     logging.basicConfig(
         level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
     )

@@ -27,6 +27,11 @@ class Outbound:
     lane: str = ""
     """The communication-class lane (RFC 7.3) when the producer chooses it per message (the
     Scheduler dispatches each task in its submitter's lane); '' for the producer's class."""
+    signature: bytes = b""
+    """The producer's Ed25519 signature of `raw` (RFC 6.2), as it came with the envelope."""
+    remote: bool = False
+    """Arrived from an agent over the network (gRPC or the gateway), as opposed to produced
+    inside the coordinator: with signing on, only remote envelopes carry signatures."""
 
 
 @dataclass(slots=True)

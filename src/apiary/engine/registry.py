@@ -4,6 +4,8 @@ UNAVAILABLE (see engine/presence.py), never remove it."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -11,9 +13,10 @@ from typing import Any
 from apiary.core.clock import Clock
 from apiary.core.descriptor import AgentDescriptorFields, validate_descriptor
 from apiary.core.records import AgentRecord
+from apiary.core.signatures import SIGNATURE_KEY, verifies
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR, RESERVED_IDS
-from apiary.errors import NotFoundError, ValidationError
+from apiary.errors import NotFoundError, PermissionDeniedError, ValidationError
 from apiary.store.protocols import AgentStore
 
 AVAILABLE = "RUNNABLE"
@@ -41,6 +44,18 @@ def descriptor_fields(descriptor: Mapping[str, Any], public_key: bytes) -> Agent
     )
 
 
+def public_key_of(record: AgentRecord) -> bytes:
+    """The raw Ed25519 key the agent registered (b"" when none; the stored descriptor holds
+    it as base64, as the protobuf JSON mapping writes bytes)."""
+    text = record.descriptor.get("public_key") or ""
+    if not isinstance(text, str) or not text:
+        return b""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return b""
+
+
 class Registry:
     def __init__(
         self,
@@ -65,14 +80,36 @@ class Registry:
         await self._agents.put(record)
         self._cache[record.agent_id] = record
 
-    async def register(self, descriptor: Mapping[str, Any], public_key: bytes = b"") -> AgentRecord:
-        """Validate and register (or re-register) the agent the descriptor describes."""
+    @property
+    def signing_required(self) -> bool:
+        """Whether message signing is on: keys are required and prove identity."""
+        return self._signing_required
+
+    async def register(
+        self, descriptor: Mapping[str, Any], public_key: bytes = b"", *,
+        proof: bytes = b"", signed: bytes = b"",
+    ) -> AgentRecord:  # fmt: skip
+        """Validate and register (or re-register) the agent the descriptor describes.
+
+        With signing on, re-registering under another key (rotation) needs `proof`: the
+        signature of `signed` (the request's bytes) by the key registered now; else
+        PermissionDeniedError. A lost or compromised key is revoked by deregistering the
+        agent (`deregister`), after which any key may register."""
         fields = descriptor_fields(descriptor, public_key)
         validate_descriptor(fields, signing_required=self._signing_required)
         if fields.agent_id in RESERVED_IDS:
             raise ValidationError.for_field("agent.agent_id", f"{fields.agent_id!r} is reserved")
         now = self._clock.now()
         previous = await self._agents.get(fields.agent_id)
+        current = public_key_of(previous) if previous is not None else b""
+        rotated = bool(current) and current != fields.public_key
+        if self._signing_required and rotated and not verifies(current, signed, proof):
+            raise PermissionDeniedError(
+                f"{fields.agent_id} is registered with another public key: registering a new "
+                f"key must be signed by the current one ({SIGNATURE_KEY} metadata), or an "
+                "operator deregisters the agent first (revocation)",
+                {"field": "agent.public_key", "agent_id": fields.agent_id},
+            )
         stored = dict(descriptor)
         if stored.get("communication_class") in (None, "", "COMM_CLASS_UNSPECIFIED"):
             stored["communication_class"] = "STANDARD"
@@ -89,8 +126,21 @@ class Registry:
             "agent.registered", fields.agent_id, agent_id=fields.agent_id, name=record.name,
             reregistered=previous is not None, capabilities=list(fields.capabilities),
             communication_class=stored["communication_class"],
+            signing_key=bool(fields.public_key),
         )  # fmt: skip
+        if rotated:
+            await self._events.record(
+                "agent.key_rotated", fields.agent_id, agent_id=fields.agent_id,
+                proven=verifies(current, signed, proof),
+            )  # fmt: skip
         return record
+
+    def check_proof(self, agent_id: str, signed: bytes, proof: bytes) -> bool:
+        """Whether `proof` is the agent's signature of `signed` by its registered key (False
+        for an unknown agent or one without a key)."""
+        record = self._cache.get(agent_id)
+        key = public_key_of(record) if record is not None else b""
+        return bool(key) and verifies(key, signed, proof)
 
     async def heartbeat(self, agent_id: str, state: str, health: Mapping[str, str]) -> AgentRecord:
         """An agent's answer to a heartbeat; an UNAVAILABLE agent becomes available again."""

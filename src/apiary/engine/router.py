@@ -10,7 +10,7 @@ in `engine/delivery.py`; the deadline loop in `engine/deadlines.py`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar, cast
 
@@ -35,6 +35,7 @@ from apiary.core.message_machine import (
     Step,
 )
 from apiary.core.records import MessageState, StateChange, StoredMessage, changed
+from apiary.core.signatures import SIGNATURE_KEY, verifies
 from apiary.engine.admission import (
     DEAD_LETTER_CODES,
     SOFT_REJECTIONS,
@@ -50,7 +51,7 @@ from apiary.engine.dedup_gate import DedupGate
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.inbox import HandOver, Inbox
 from apiary.engine.notices import COORDINATOR, NoticeFactory
-from apiary.engine.registry import Registry
+from apiary.engine.registry import Registry, public_key_of
 from apiary.engine.router_stats import RouterStats
 from apiary.engine.settings import RouterSettings, adaptive_policy
 from apiary.engine.transfers import Transfers
@@ -216,10 +217,12 @@ class Router:
         space, without the durable write. `complete` must follow (a stream pipelines the two:
         it prepares the next frame while this one's write commits)."""
         now = self._clock.now()
+        unsigned = self._unsigned(items) if self.settings.signing_required else {}
         # Members are prepared concurrently so that their store work (ACK state changes,
         # lookups) shares group commits; buffer reservations are synchronous, so the
         # capacity check stays exact.
-        early = await self._acknowledge_frame(items, now)
+        early = await self._acknowledge_frame(items, now, unsigned)
+        early.update(unsigned)
         prepared = await _each(
             range(len(items)), lambda i: self._prepare_member(items[i], now, early.get(i)),
             lambda i: i not in early and _waits_on_store(items[i]),
@@ -660,8 +663,38 @@ class Router:
         self._locks.pop(ack.ack_for_message_id, None)
         return _forward_target(original, effects)
 
+    def _unsigned(self, items: Sequence[Outbound]) -> dict[int, ApiaryError]:
+        """With signing on (RFC 6.2): by member index, the refusal of each envelope from an
+        agent whose signature is missing or does not verify against the key its producer
+        registered. Envelopes produced inside the coordinator carry none."""
+        refused: dict[int, ApiaryError] = {}
+        for i, item in enumerate(items):
+            if not item.remote:
+                continue
+            env = item.envelope
+            producer = self._registry.known(env.producer_id)
+            key = public_key_of(producer) if producer is not None else b""
+            details = {"field": "signature", "message_id": env.message_id}
+            if not item.signature:
+                refused[i] = PermissionDeniedError(
+                    f"{env.message_id} from {env.producer_id} is not signed: message signing"
+                    f" is on ({SIGNATURE_KEY} metadata, or OutboundEnvelope.signature)",
+                    details,
+                )
+            elif not key:
+                refused[i] = PermissionDeniedError(
+                    f"{env.producer_id} has no registered public key to verify {env.message_id}"
+                    " by: register with one", details,
+                )  # fmt: skip
+            elif not verifies(key, item.raw, item.signature):
+                refused[i] = PermissionDeniedError(
+                    f"the signature of {env.message_id} does not verify against the key"
+                    f" {env.producer_id} registered", details,
+                )  # fmt: skip
+        return refused
+
     async def _acknowledge_frame(
-        self, items: Sequence[Outbound], now: float
+        self, items: Sequence[Outbound], now: float, refused: Mapping[int, ApiaryError]
     ) -> dict[int, str | ApiaryError]:
         """Apply a frame's agent ACKs together: one batch of state changes (one writer job)
         instead of a task, a lock wait and a store round trip per ACK.
@@ -685,7 +718,7 @@ class Router:
         limits, hlc = self.settings.limits, self.settings.hlc_required
         for i, item in enumerate(items):
             env = item.envelope
-            if not _agent_ack(env) or env.idempotency_token:
+            if not _agent_ack(env) or env.idempotency_token or i in refused:
                 continue
             if content_type_base(env.content_type) == CHUNK_CONTENT_TYPE:
                 continue

@@ -47,6 +47,9 @@ class RouterSettings:
     """Payload bytes per SendStream frame (RFC 5.4: batches bounded by size)."""
     max_batch: int = 256
     """Deliveries per stream batch, and the bound on backlog replayed per read (RFC 5.5)."""
+    signing_required: bool = False
+    """Message signing (RFC 6.2; DESIGN.md section 9): agents register an Ed25519 public key,
+    and every envelope they send must carry its signature (`core.signatures`)."""
     hand_over_wait_s: float = 0.05
     """How long a forwarded ACK for a streaming producer waits to be taken by its stream
     from memory before it is stored like any other notice; 0 = always store it."""

@@ -22,10 +22,12 @@ from types import TracebackType
 from typing import Any
 
 import grpc
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apiary.core.clock import Clock
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.ids import IdGenerator
+from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes
 from apiary.errors import ApiaryError, ValidationError, error_for_code
 from apiary.sdk import errors
 from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
@@ -68,9 +70,14 @@ class Connection:
         communication_class: str = "STANDARD",
         clock: Clock | None = None,
         ids: IdGenerator | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
+        """`signing_key`: the agent's Ed25519 key when the coordinator has message signing on
+        (RFC 6.2): its public half is registered, and every envelope, registration and
+        deregistration this connection sends is signed with it."""
         self.agent_id = agent_id
         self._coordinator = coordinator
+        self._signing_key = signing_key
         self._descriptor = pb.registry_pb2.AgentDescriptor(
             agent_id=agent_id,
             name=name or agent_id,
@@ -79,6 +86,7 @@ class Connection:
             modalities_supported=list(modalities),
             reasoning_connectors=list(reasoning_connectors),
             communication_class=pb.common_pb2.CommunicationClass.Value(communication_class),
+            public_key=public_bytes(signing_key) if signing_key is not None else b"",
         )
         self._clock = clock or SystemClock()
         self._ids = ids or UuidIds()
@@ -117,7 +125,8 @@ class Connection:
     async def register(self) -> None:
         stub = pb.registry_pb2_grpc.RegistryServiceStub(self.channel)
         request = pb.registry_pb2.RegisterAgentRequest(agent=self._descriptor)
-        reply = await errors.call(lambda: stub.RegisterAgent(request))
+        metadata = self._signed(request.SerializeToString(deterministic=True))
+        reply = await errors.call(lambda: stub.RegisterAgent(request, metadata=metadata))
         if not reply.accepted:
             raise ValidationError(f"registration of {self.agent_id} refused: {reply.reason}")
 
@@ -133,11 +142,19 @@ class Connection:
                 request = pb.registry_pb2.DeregisterAgentRequest(
                     agent_id=self.agent_id, reason=reason
                 )
-                await errors.call(lambda: stub.DeregisterAgent(request))
+                metadata = self._signed(request.SerializeToString(deterministic=True))
+                await errors.call(lambda: stub.DeregisterAgent(request, metadata=metadata))
         finally:
             await self._channel.close()
             self._channel = None
             self._sender = None
+
+    def _signed(self, data: bytes) -> tuple[tuple[str, str], ...]:
+        """The `sw4rm-signature` metadata for a request whose payload is `data` (none
+        without a signing key)."""
+        if self._signing_key is None:
+            return ()
+        return ((SIGNATURE_KEY, encode_signature(self._signing_key.sign(data))),)
 
     # ------------------------------------------------------------------ sending
 
@@ -178,7 +195,8 @@ class Connection:
         """Send one envelope; returns the router's reason. Refusals raise ApiaryError."""
         stub = pb.router_pb2_grpc.RouterServiceStub(self.channel)
         request = pb.router_pb2.SendMessageRequest(msg=envelope_to_proto(env))
-        metadata = ((RECIPIENT_KEY, to),) if to else None
+        signed = self._signed(request.msg.SerializeToString(deterministic=True))
+        metadata = (((RECIPIENT_KEY, to),) if to else ()) + signed
         reply = await errors.call(lambda: stub.SendMessage(request, metadata=metadata))
         if not reply.accepted:
             code, _, text = reply.reason.partition(": ")
@@ -206,7 +224,8 @@ class Connection:
     async def send_many(self, items: Sequence[tuple[Envelope, str]]) -> list[SendResult]:
         """Send many envelopes in one frame of the streaming sender; per-envelope results."""
         if self._sender is None:
-            self._sender = BatchSender(self.channel)
+            key = self._signing_key
+            self._sender = BatchSender(self.channel, key.sign if key is not None else None)
         return await self._sender.send(items)
 
     async def ack(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,18 +29,21 @@ class SendResult:
 class BatchSender:
     """One bidirectional SendStream; frames are answered in order, one at a time."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(
+        self, channel: grpc.aio.Channel, sign: Callable[[bytes], bytes] | None = None
+    ) -> None:
+        """`sign`: signs each envelope's deterministic bytes when message signing is on."""
         self._stub = pb.apiary_pb2_grpc.RouterStreamServiceStub(channel)
+        self._sign = sign
         self._call: Any = None
         self._lock = asyncio.Lock()
 
     async def send(self, items: Sequence[tuple[Envelope, str]]) -> list[SendResult]:
-        frame = pb.apiary_pb2.SendFrame(
-            items=[
-                pb.apiary_pb2.OutboundEnvelope(msg=envelope_to_proto(env), recipient=to)
-                for env, to in items
-            ]
-        )
+        frame = pb.apiary_pb2.SendFrame()
+        for env, to in items:
+            item = frame.items.add(msg=envelope_to_proto(env), recipient=to)
+            if self._sign is not None:
+                item.signature = self._sign(item.msg.SerializeToString(deterministic=True))
         async with self._lock:
             if self._call is None:
                 self._call = self._stub.SendStream()

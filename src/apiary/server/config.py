@@ -20,6 +20,7 @@ Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import tomllib
 from collections.abc import Callable, Mapping
@@ -151,6 +152,7 @@ _ROUTER_TYPES: dict[str, type] = {
     "max_frame_items": int,
     "max_frame_bytes": int,
     "hand_over_wait_s": float,
+    "signing_required": bool,
     "notice_ttl_s": float,
     "retention_s": float,
 }
@@ -562,6 +564,34 @@ _TABLES = (
     "server", "router", "hitl", "scheduler", "handoff", "worktrees", "rooms", "tools",
     "negotiation", "swarm",
 )  # fmt: skip
+
+
+def exposure_problem(config: ServerConfig, *, insecure: bool = False) -> str | None:
+    """Why `config` may not serve as it is, or None. Across a network boundary message
+    signing is required (RFC 6.2; DESIGN.md section 9): a gRPC or HTTP address that is not
+    loopback needs `[router] signing_required = true`, unless the operator says the network
+    is trusted (`insecure`)."""
+    if insecure or config.router.signing_required:
+        return None
+    for name, address in (("grpc", config.grpc), ("http", config.http)):
+        if not is_loopback_host(address.host):
+            return (
+                f"{name} address {address.host}:{address.port} is not loopback, and message "
+                "signing is off: set [router] signing_required = true (agents then register "
+                "public keys and sign what they send), or pass --insecure to serve unsigned "
+                "on a network you trust"
+            )
+    return None
+
+
+def is_loopback_host(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def load_config(

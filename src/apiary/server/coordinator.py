@@ -170,7 +170,7 @@ def build_engine(
     """The engine over `store`, without any transport."""
     clock = runtime.clock
     events = EventRecorder(store.events, clock)
-    registry = Registry(store.agents, events, clock)
+    registry = Registry(store.agents, events, clock, signing_required=settings.signing_required)
     notices = NoticeFactory(clock, runtime.ids)
     codec = ProtobufEnvelopeCodec()
     router = Router(store, registry, events, codec, clock, notices, settings)
@@ -224,7 +224,7 @@ def build_engine(
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
     return {
         "sw4rm.registry.RegistryService": RegistryHandler(
-            engine.registry, engine.presence, engine.scheduler
+            engine.registry, engine.presence, engine.scheduler, engine.hitl.operators
         ),
         "sw4rm.router.RouterService": RouterHandler(engine.router, engine.delivery, engine.hitl),
         "sw4rm.logging.LoggingService": LoggingHandler(engine.events),

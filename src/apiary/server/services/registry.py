@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from apiary.core.signatures import SIGNATURE_KEY
+from apiary.engine.operators import Operators
 from apiary.engine.presence import Presence
 from apiary.engine.registry import Registry
 from apiary.engine.scheduler import Scheduler
-from apiary.errors import ApiaryError
-from apiary.server.context import CallContext
+from apiary.errors import ApiaryError, PermissionDeniedError
+from apiary.server.context import CallContext, request_proof
 from apiary.wire import pb
 from apiary.wire.convert import descriptor_to_dict
 
@@ -14,18 +16,27 @@ registry_pb2 = pb.registry_pb2
 
 
 class RegistryHandler:
-    def __init__(self, registry: Registry, presence: Presence, scheduler: Scheduler) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        presence: Presence,
+        scheduler: Scheduler,
+        operators: Operators | None = None,
+    ) -> None:
         self._registry = registry
         self._presence = presence
         self._scheduler = scheduler
+        self._operators = operators
+        """With signing on, an authenticated operator may deregister (revoke) any agent."""
 
     async def register_agent(
         self, req: registry_pb2.RegisterAgentRequest, ctx: CallContext
     ) -> registry_pb2.RegisterAgentResponse:
         try:
             record = await self._registry.register(
-                descriptor_to_dict(req.agent), bytes(req.agent.public_key)
-            )
+                descriptor_to_dict(req.agent), bytes(req.agent.public_key),
+                proof=request_proof(ctx), signed=req.SerializeToString(deterministic=True),
+            )  # fmt: skip
         except ApiaryError as exc:
             if exc.code != "validation_error":
                 raise
@@ -49,8 +60,27 @@ class RegistryHandler:
     async def deregister_agent(
         self, req: registry_pb2.DeregisterAgentRequest, ctx: CallContext
     ) -> registry_pb2.DeregisterAgentResponse:
+        if self._registry.signing_required:
+            self._authorize_deregistration(req, ctx)
         ok = await self._registry.deregister(req.agent_id, req.reason)
         if ok:
             await self._presence.left(req.agent_id, req.reason)
             await self._scheduler.agent_deregistered(req.agent_id)
         return registry_pb2.DeregisterAgentResponse(ok=ok)
+
+    def _authorize_deregistration(
+        self, req: registry_pb2.DeregisterAgentRequest, ctx: CallContext
+    ) -> None:
+        """With signing on, only the agent (its key signs the request) or an authenticated
+        operator (revoking a lost or compromised key) may deregister it."""
+        signed = req.SerializeToString(deterministic=True)
+        if self._registry.check_proof(req.agent_id, signed, request_proof(ctx)):
+            return
+        if self._operators is not None and ctx.get("authorization"):
+            self._operators.authenticate(ctx.get("authorization"))  # raises when it is bad
+            return
+        raise PermissionDeniedError(
+            f"deregistering {req.agent_id} needs the request signed by its registered key "
+            f"({SIGNATURE_KEY} metadata) or an operator's token (authorization)",
+            {"field": SIGNATURE_KEY, "agent_id": req.agent_id},
+        )

@@ -11,7 +11,7 @@ from apiary.engine.inbox import Handout
 from apiary.engine.router import Router
 from apiary.engine.send_pipeline import SendPipeline
 from apiary.errors import ValidationError
-from apiary.server.context import RECIPIENT_KEY, RESUME_AFTER_KEY, CallContext
+from apiary.server.context import RECIPIENT_KEY, RESUME_AFTER_KEY, CallContext, request_proof
 from apiary.server.services.hitl import apply_decision_envelope, decision_in
 from apiary.wire import pb
 from apiary.wire.convert import envelope_from_proto
@@ -86,7 +86,10 @@ class RouterHandler:
         if decision is not None and self._hitl is not None:
             reason = await apply_decision_envelope(self._hitl, decision, ctx)
             return router_pb2.SendMessageResponse(accepted=True, reason=reason)
-        item = Outbound(env, ctx.get(RECIPIENT_KEY), raw=req.msg.SerializeToString())
+        item = Outbound(
+            env, ctx.get(RECIPIENT_KEY), raw=req.msg.SerializeToString(deterministic=True),
+            signature=request_proof(ctx), remote=True,
+        )  # fmt: skip
         outcome = await self._router.send(item)
         return router_pb2.SendMessageResponse(accepted=outcome.accepted, reason=outcome.reason)
 
@@ -136,7 +139,8 @@ class RouterStreamHandler:
                 msg = item.msg
                 batch.append(
                     Outbound(envelope_from_proto(msg), item.recipient or default,
-                             msg.SerializeToString())
+                             msg.SerializeToString(deterministic=True),
+                             signature=item.signature, remote=True)
                 )  # fmt: skip
             yield batch
 

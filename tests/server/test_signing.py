@@ -1,0 +1,202 @@
+"""Message signing over real gRPC (RFC 6.2, 14, 23; DESIGN.md section 9): with
+`signing_required`, agents register an Ed25519 public key, every envelope they send carries
+its signature (unary metadata or the stream item's field), keys rotate only with the current
+key's signature, and deregistration (revocation) needs the agent's key or an operator."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes
+from apiary.engine.hitl import HitlSettings
+from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.engine.settings import RouterSettings
+from apiary.sdk.connection import Connection
+from apiary.server.coordinator import Runtime
+from apiary.testing.clock import FakeClock
+from apiary.testing.coordinator import open_test_coordinator
+from apiary.wire import pb
+from tests.server.wire_client import Running, descriptor, envelope, error_detail, open_running
+
+registry_pb2 = pb.registry_pb2
+apiary_pb2 = pb.apiary_pb2
+
+
+@pytest.fixture
+async def running(tmp_path: Path) -> AsyncIterator[Running]:
+    async with open_running(tmp_path, RouterSettings(signing_required=True)) as r:
+        yield r
+
+
+def _signed(key: Ed25519PrivateKey, message: object) -> tuple[tuple[str, str], ...]:
+    data = message.SerializeToString(deterministic=True)  # type: ignore[attr-defined]
+    return ((SIGNATURE_KEY, encode_signature(key.sign(data))),)
+
+
+async def _register(
+    running: Running, agent_id: str, key: Ed25519PrivateKey | None, *, proof_by: object = None
+) -> registry_pb2.RegisterAgentResponse:
+    agent = descriptor(agent_id)
+    if key is not None:
+        agent.public_key = public_bytes(key)
+    request = registry_pb2.RegisterAgentRequest(agent=agent)
+    signer = proof_by if proof_by is not None else key
+    metadata = _signed(signer, request) if isinstance(signer, Ed25519PrivateKey) else ()
+    stub = pb.registry_pb2_grpc.RegistryServiceStub(running.channel)
+    reply: registry_pb2.RegisterAgentResponse = await stub.RegisterAgent(request, metadata=metadata)
+    return reply
+
+
+async def _send(
+    running: Running, msg: pb.common_pb2.Envelope, signer: Ed25519PrivateKey | None
+) -> pb.router_pb2.SendMessageResponse:
+    metadata = (("sw4rm-recipient", "bob"),)
+    if signer is not None:
+        metadata += _signed(signer, msg)
+    stub = pb.router_pb2_grpc.RouterServiceStub(running.channel)
+    reply: pb.router_pb2.SendMessageResponse = await stub.SendMessage(
+        pb.router_pb2.SendMessageRequest(msg=msg), metadata=metadata
+    )
+    return reply
+
+
+async def _refused(call: object) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call  # type: ignore[misc]
+    detail = error_detail(caught.value)
+    return caught.value.code(), detail.details.get("field", "")
+
+
+@pytest.mark.conformance("registry.register.public-key-when-signing")
+async def test_registering_without_a_public_key_is_refused(running: Running) -> None:
+    reply = await _register(running, "alice", None)
+    assert not reply.accepted
+    assert "public_key" in reply.reason and "signing" in reply.reason
+    short = descriptor("alice")
+    short.public_key = b"k" * 31
+    stub = pb.registry_pb2_grpc.RegistryServiceStub(running.channel)
+    reply = await stub.RegisterAgent(registry_pb2.RegisterAgentRequest(agent=short))
+    assert not reply.accepted and "32-byte Ed25519" in reply.reason
+
+
+async def test_signed_envelopes_are_admitted_and_others_refused(running: Running) -> None:
+    alice, mallory = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    assert (await _register(running, "alice", alice)).accepted
+    assert (await _register(running, "bob", Ed25519PrivateKey.generate())).accepted
+    good = envelope("alice", {"n": 1})
+    assert (await _send(running, good, alice)).accepted
+    unsigned = envelope("alice", {"n": 2})
+    assert await _refused(_send(running, unsigned, None)) == (
+        grpc.StatusCode.PERMISSION_DENIED, "signature",
+    )  # fmt: skip
+    forged = envelope("alice", {"n": 3})  # someone else claims to be alice
+    assert await _refused(_send(running, forged, mallory)) == (
+        grpc.StatusCode.PERMISSION_DENIED, "signature",
+    )  # fmt: skip
+    # A signature covers the bytes: a changed payload no longer verifies.
+    tampered = envelope("alice", {"n": 4})
+    proof = _signed(alice, tampered)
+    tampered.payload = b'{"n": 5}'
+    stub = pb.router_pb2_grpc.RouterServiceStub(running.channel)
+    call = stub.SendMessage(
+        pb.router_pb2.SendMessageRequest(msg=tampered),
+        metadata=(("sw4rm-recipient", "bob"), *proof),
+    )
+    assert (await _refused(call))[0] == grpc.StatusCode.PERMISSION_DENIED
+    # Refusals are not silent: each is in the DLQ with its reason.
+    dead = await running.coordinator.store.dlq.list()
+    assert {e.message_id for e in dead} == {
+        unsigned.message_id, forged.message_id, tampered.message_id,
+    }  # fmt: skip
+    assert {e.error_code for e in dead} == {"permission_denied"}
+
+
+async def test_each_streamed_envelope_carries_its_own_signature(running: Running) -> None:
+    alice = Ed25519PrivateKey.generate()
+    assert (await _register(running, "alice", alice)).accepted
+    assert (await _register(running, "bob", Ed25519PrivateKey.generate())).accepted
+    frame = apiary_pb2.SendFrame()
+    for n, sign in enumerate((True, False, True)):
+        item = frame.items.add(msg=envelope("alice", {"n": n}), recipient="bob")
+        if sign:
+            item.signature = alice.sign(item.msg.SerializeToString(deterministic=True))
+    stub = pb.apiary_pb2_grpc.RouterStreamServiceStub(running.channel)
+    call = stub.SendStream()
+    await call.write(frame)
+    reply = await call.read()
+    await call.done_writing()
+    assert [(r.accepted, r.error_code) for r in reply.results] == [
+        (True, ""), (False, "permission_denied"), (True, ""),
+    ]  # fmt: skip
+
+
+@pytest.mark.conformance("security.keys.rotation-revocation")
+async def test_a_key_rotates_only_with_the_current_key_and_is_revoked_by_deregistration(
+    running: Running,
+) -> None:
+    old, new, thief = (Ed25519PrivateKey.generate() for _ in range(3))
+    assert (await _register(running, "alice", old)).accepted
+    assert (await _register(running, "bob", Ed25519PrivateKey.generate())).accepted
+    # Someone with another key cannot take alice's name...
+    assert await _refused(_register(running, "alice", thief)) == (
+        grpc.StatusCode.PERMISSION_DENIED, "agent.public_key",
+    )  # fmt: skip
+    # ...but alice can rotate, proving the change with the key she holds now.
+    assert (await _register(running, "alice", new, proof_by=old)).accepted
+    assert await _refused(_send(running, envelope("alice"), old)) == (
+        grpc.StatusCode.PERMISSION_DENIED, "signature",
+    )  # fmt: skip
+    assert (await _send(running, envelope("alice"), new)).accepted
+    rotated = [
+        e for e in await running.coordinator.events.read() if e.event_type == "agent.key_rotated"
+    ]
+    assert [e.agent_id for e in rotated] == ["alice"]
+    # Revocation: deregistering needs alice's key (or an operator); then any key registers.
+    stub = pb.registry_pb2_grpc.RegistryServiceStub(running.channel)
+    request = registry_pb2.DeregisterAgentRequest(agent_id="alice", reason="key lost")
+    assert await _refused(stub.DeregisterAgent(request, metadata=_signed(thief, request))) == (
+        grpc.StatusCode.PERMISSION_DENIED, SIGNATURE_KEY,
+    )  # fmt: skip
+    assert (await stub.DeregisterAgent(request, metadata=_signed(new, request))).ok
+    assert (await _register(running, "alice", thief)).accepted  # a fresh registration
+
+
+async def test_an_sdk_connection_with_a_key_signs_what_it_sends(running: Running) -> None:
+    address = str(running.coordinator.grpc_address)
+    async with (
+        Connection("alice", coordinator=address, signing_key=Ed25519PrivateKey.generate()) as a,
+        Connection("bob", coordinator=address, signing_key=Ed25519PrivateKey.generate()),
+    ):
+        sent = await a.send("bob", {"hello": True})
+        (result,) = await a.send_many([(a.envelope({"n": 2}), "bob")])
+        assert result.accepted, result.reason
+        stored = await running.coordinator.store.messages.get(sent.message_id)
+        assert stored is not None and stored.recipient == "bob"
+    # Both deregistered on exit, which with signing on needs their signatures.
+    assert await running.coordinator.store.agents.list() == []
+
+
+async def test_an_operator_revokes_an_agent_whose_key_is_lost(tmp_path: Path) -> None:
+    clock = FakeClock()
+    hitl = HitlSettings(operators=(OperatorEntry("olivia", token_digest("tok"), ("admin",)),))
+    runtime = Runtime(clock=clock, sleep=clock.sleep, hitl=hitl)
+    settings = RouterSettings(signing_required=True)
+    async with (
+        open_test_coordinator(tmp_path, runtime=runtime, router_settings=settings) as c,
+        grpc.aio.insecure_channel(str(c.grpc_address)) as channel,
+    ):
+        running = Running(c, clock, channel)
+        assert (await _register(running, "alice", Ed25519PrivateKey.generate())).accepted
+        stub = pb.registry_pb2_grpc.RegistryServiceStub(channel)
+        request = registry_pb2.DeregisterAgentRequest(agent_id="alice", reason="key leaked")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.DeregisterAgent(request, metadata=(("authorization", "Bearer nope"),))
+        assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert await c.store.agents.get("alice") is not None
+        reply = await stub.DeregisterAgent(request, metadata=(("authorization", "Bearer tok"),))
+        assert reply.ok and await c.store.agents.get("alice") is None
