@@ -320,7 +320,8 @@ async def close_engine(engine: Engine) -> None:
     await engine.worktrees.close()
     await engine.rooms.close()
     await engine.negotiations.close()
-    await engine.router.flush_deliveries()  # last: the others may still hand messages out
+    await engine.router.flush_deliveries()  # after the others: they may still hand out
+    await engine.events.flush()  # last: every step above may have logged
 
 
 def _coordinator(config: ServerConfig, store: Store, engine: Engine, grpc: Address) -> Coordinator:
