@@ -443,18 +443,48 @@ def test_bad_worktree_settings_name_the_field(tmp_path: Path, table: str, field:
 
 
 @pytest.mark.conformance("security.signing.required-cross-network")
-def test_a_non_loopback_address_needs_signing_or_insecure(tmp_path: Path) -> None:
+def test_a_non_loopback_address_needs_tls_and_signing_or_insecure(tmp_path: Path) -> None:
     exposed = load_config(None, {}, {"grpc": "0.0.0.0:50051"})
     problem = exposure_problem(exposed)
     assert problem is not None
-    assert "grpc address 0.0.0.0:50051" in problem and "signing_required" in problem
-    assert "--insecure" in problem
+    assert "grpc address 0.0.0.0:50051" in problem and "--insecure" in problem
+    assert "tls_cert" in problem and "signing_required" in problem
     assert exposure_problem(exposed, insecure=True) is None
-    file = tmp_path / "c.toml"
-    file.write_text('[server]\nhttp = "192.0.2.7:8080"\n[router]\nsigning_required = true\n')
-    assert exposure_problem(load_config(file, {}, {})) is None
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("certificate")
+    key.write_text("key")
+    signed = tmp_path / "signed.toml"
+    signed.write_text('[server]\nhttp = "192.0.2.7:8080"\n[router]\nsigning_required = true\n')
+    only_signing = exposure_problem(load_config(signed, {}, {}))
+    assert only_signing is not None and "tls_cert" in only_signing
+    assert "signing_required" not in only_signing
+    tls = {"tls_cert": str(cert), "tls_key": str(key)}
+    only_tls = exposure_problem(load_config(None, {}, {"grpc": "0.0.0.0:1", **tls}))
+    assert only_tls is not None and "signing_required" in only_tls
+    assert exposure_problem(load_config(signed, {}, tls)) is None
     for local in ("127.0.0.1:1", "[::1]:1", "localhost:1"):
         assert exposure_problem(load_config(None, {}, {"grpc": local})) is None
+
+
+@pytest.mark.parametrize(
+    ("flags", "field"),
+    [
+        ({"tls_cert": "CERT"}, "tls_key"),
+        ({"tls_key": "KEY"}, "tls_cert"),
+        ({"tls_client_ca": "CERT"}, "tls_client_ca"),
+        ({"tls_cert": "CERT", "tls_key": "missing.pem"}, "tls_key"),
+    ],
+)
+def test_tls_settings_go_together_and_must_be_readable(
+    tmp_path: Path, flags: dict[str, str], field: str
+) -> None:
+    (tmp_path / "cert.pem").write_text("certificate")
+    (tmp_path / "key.pem").write_text("key")
+    paths = {"CERT": tmp_path / "cert.pem", "KEY": tmp_path / "key.pem"}
+    resolved = {k: str(paths.get(v, tmp_path / v)) for k, v in flags.items()}
+    with pytest.raises(ValidationError) as caught:
+        load_config(None, {}, resolved)
+    assert caught.value.details["field"] == field
 
 
 @pytest.mark.conformance("security.signing.required-cross-network")

@@ -9,7 +9,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-import grpc
 import typer
 from google.protobuf import json_format
 from rich.console import Console
@@ -17,6 +16,7 @@ from rich.table import Table
 
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
+from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 
 app = typer.Typer(help="Inspect, requeue and export dead letters (RFC 21.1).", no_args_is_help=True)
@@ -26,7 +26,7 @@ GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
 
 def _run(address: str, call: Callable[[pb.apiary_pb2_grpc.DlqServiceStub], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             stub = pb.apiary_pb2_grpc.DlqServiceStub(channel)
             return await errors.call(lambda: call(stub))
 

@@ -6,13 +6,13 @@ import asyncio
 import datetime as dt
 import json
 
-import grpc
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
+from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 
 
@@ -56,6 +56,6 @@ def events(
 async def _read(
     address: str, request: pb.apiary_pb2.ReadEventsRequest
 ) -> pb.apiary_pb2.ReadEventsResponse:
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:
         stub = pb.apiary_pb2_grpc.EventLogServiceStub(channel)
         return await errors.call(lambda: stub.ReadEvents(request, timeout=10))

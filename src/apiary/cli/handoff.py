@@ -23,6 +23,7 @@ from rich.table import Table
 from apiary.core.handoff import HandoffState
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
+from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 from apiary.wire.handoff import SNAPSHOT_CONTENT_TYPE_KEY, seconds_duration
 
@@ -46,7 +47,7 @@ class Stubs:
 
 def _run(address: str, call: Callable[[Stubs], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             return await errors.call(lambda: call(Stubs(channel)))
 
     try:

@@ -11,13 +11,13 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import grpc
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
+from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 
 app = typer.Typer(help="Decide human-in-the-loop invocations (RFC 15).", no_args_is_help=True)
@@ -38,7 +38,7 @@ def _run(
     metadata = (("authorization", f"Bearer {token}"),)
 
     async def go() -> T:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             return await errors.call(lambda: call(Stub(channel), metadata))
 
     try:

@@ -24,10 +24,15 @@ def serve(
     store: str | None = typer.Option(None, "--store", help="Store URL (postgresql://...)"),
     config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
     log_level: str | None = typer.Option(None, "--log-level", help="DEBUG|INFO|WARNING|ERROR"),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate: TLS on"),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM key of --tls-cert"),
+    tls_client_ca: Path | None = typer.Option(
+        None, "--tls-client-ca", help="Require client certificates from this CA (mTLS)"
+    ),
     insecure: bool = typer.Option(
         False,
         "--insecure",
-        help="Serve a non-loopback address without message signing (a trusted network only)",
+        help="Serve a non-loopback address without TLS and signing (a trusted network only)",
     ),
 ) -> None:
     """Run the coordinator: every SW4RM service on one gRPC port, HTTP on another."""
@@ -37,6 +42,9 @@ def serve(
         "http": http,
         "store": store,
         "log_level": log_level,
+        "tls_cert": str(tls_cert) if tls_cert else None,
+        "tls_key": str(tls_key) if tls_key else None,
+        "tls_client_ca": str(tls_client_ca) if tls_client_ca else None,
     }
     try:
         settings = load_config(config, os.environ, flags)

@@ -9,12 +9,12 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import grpc
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from apiary.errors import ApiaryError
+from apiary.sdk.channel import open_channel
 from apiary.sdk.tools import ToolClient, ToolResult
 from apiary.wire import pb
 
@@ -27,7 +27,7 @@ AS_JSON = typer.Option(False, "--json", help="JSON lines instead of a table")
 
 def _run(address: str, work: Callable[[ToolClient], Awaitable[T]], agent_id: str = "") -> T:
     async def go() -> T:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             return await work(ToolClient(channel, agent_id=agent_id))
 
     try:

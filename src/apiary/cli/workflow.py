@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
 import typer
 from google.protobuf import json_format
 from rich.console import Console, Group
@@ -26,6 +25,7 @@ from rich.text import Text
 from apiary.core.workflow_definition import spec_from_json
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
+from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 from apiary.wire.workflow import definition_to_proto
 
@@ -46,7 +46,7 @@ def _fail(text: str, code: int = 1) -> typer.Exit:
 
 def _run(address: str, call: Callable[[Stub], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             return await call(Stub(channel))
 
     try:
@@ -134,7 +134,7 @@ def _watch(address: str, workflow_id: str, interval: float, as_json: bool) -> No
 
     async def go() -> pb.workflow_pb2.WorkflowState:
         request = w.GetWorkflowStateRequest(workflow_id=workflow_id)
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             stub = Stub(channel)
             state: pb.workflow_pb2.WorkflowState = (
                 await errors.call(lambda: stub.GetWorkflowState(request))

@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
 import typer
 from google.protobuf import json_format
 from rich.console import Console
@@ -22,6 +21,7 @@ from rich.table import Table
 
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
+from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 
 app = typer.Typer(help="Bind agents to git worktrees and switch them (RFC 16).",
@@ -42,7 +42,7 @@ class _Stubs:
 
 def _run(address: str, call: Callable[[_Stubs], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with open_channel(address) as channel:
             stubs = _Stubs(
                 pb.worktree_pb2_grpc.WorktreeServiceStub(channel),
                 pb.apiary_pb2_grpc.WorktreeBindingServiceStub(channel),

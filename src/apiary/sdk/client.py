@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 
 from apiary.sdk import errors
+from apiary.sdk.channel import ClientTls, open_channel
 from apiary.wire import pb
 
 if TYPE_CHECKING:
@@ -106,9 +107,10 @@ class Client:
         *,
         agent_id: str = "",
         metadata: Mapping[str, str] | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         self._owned = isinstance(target, str)
-        self.channel = grpc.aio.insecure_channel(target) if isinstance(target, str) else target
+        self.channel = open_channel(target, tls) if isinstance(target, str) else target
         pairs = dict(metadata or {})
         if agent_id:
             pairs[AGENT_KEY] = agent_id

@@ -30,6 +30,7 @@ from apiary.core.ids import IdGenerator
 from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes
 from apiary.errors import ApiaryError, ValidationError, error_for_code
 from apiary.sdk import errors
+from apiary.sdk.channel import ClientTls, open_channel
 from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
 from apiary.sdk.sender import BatchSender, SendResult
 from apiary.system import SystemClock, UuidIds
@@ -71,6 +72,7 @@ class Connection:
         clock: Clock | None = None,
         ids: IdGenerator | None = None,
         signing_key: Ed25519PrivateKey | None = None,
+        tls: ClientTls | None = None,
     ) -> None:
         """`signing_key`: the agent's Ed25519 key when the coordinator has message signing on
         (RFC 6.2): its public half is registered, and every envelope, registration and
@@ -78,6 +80,8 @@ class Connection:
         self.agent_id = agent_id
         self._coordinator = coordinator
         self._signing_key = signing_key
+        self._tls = tls
+        """TLS towards the coordinator (None: from the environment, else plain)."""
         self._descriptor = pb.registry_pb2.AgentDescriptor(
             agent_id=agent_id,
             name=name or agent_id,
@@ -119,7 +123,7 @@ class Connection:
     async def start(self) -> None:
         """Connect and register with the coordinator."""
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self._coordinator)
+            self._channel = open_channel(self._coordinator, self._tls)
         await self.register()
 
     async def register(self) -> None:

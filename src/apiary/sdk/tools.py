@@ -1,7 +1,7 @@
 """Calling tools through a coordinator (RFC 18): ToolService, ConnectorService and
 apiary.v1.ToolProviderService behind one small client.
 
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with open_channel(address) as channel:  # apiary.sdk.channel
         tools = ToolClient(channel, agent_id="alice")
         frame = await tools.call("get_current_time", {"timezone": "UTC"}, provider_id="time")
         print(frame.json())

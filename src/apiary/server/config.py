@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -98,6 +99,11 @@ class ServerConfig:
     """Negotiation settings: TOML table [negotiation] (see docs/negotiation.md)."""
     swarm: PeerSettings | None = None
     """A swarm peer served by the coordinator: TOML table [swarm] (docs/swarm.md)."""
+    tls_cert: Path | None = None
+    """PEM certificate (chain) served on the gRPC and HTTP ports; with `tls_key`, TLS is on."""
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    """With TLS on: require client certificates signed by this CA (mTLS)."""
 
 
 _ENV = {
@@ -112,7 +118,7 @@ _ENV = {
 def _coerce(name: str, value: Any, source: str) -> Any:
     if not isinstance(value, str):
         raise ValidationError(f"{source}: {name} must be a string", {"field": name})
-    if name == "data_dir":
+    if name in ("data_dir", "tls_cert", "tls_key", "tls_client_ca"):
         return Path(value)
     if name in ("grpc", "http"):
         return Address.parse(value, f"{source}: {name}")
@@ -567,21 +573,49 @@ _TABLES = (
 
 
 def exposure_problem(config: ServerConfig, *, insecure: bool = False) -> str | None:
-    """Why `config` may not serve as it is, or None. Across a network boundary message
-    signing is required (RFC 6.2; DESIGN.md section 9): a gRPC or HTTP address that is not
-    loopback needs `[router] signing_required = true`, unless the operator says the network
-    is trusted (`insecure`)."""
-    if insecure or config.router.signing_required:
+    """Why `config` may not serve as it is, or None. Across a network boundary the secure
+    mode is required (RFC 6.2; DESIGN.md section 9): a gRPC or HTTP address that is not
+    loopback needs TLS (`tls_cert` and `tls_key`) and message signing (`[router]
+    signing_required = true`), unless the operator says the network is trusted (`insecure`)."""
+    if insecure:
+        return None
+    missing = [
+        what
+        for what, on in (
+            ("TLS (tls_cert and tls_key, or --tls-cert and --tls-key)", config.tls_cert),
+            ("message signing ([router] signing_required = true)", config.router.signing_required),
+        )
+        if not on
+    ]
+    if not missing:
         return None
     for name, address in (("grpc", config.grpc), ("http", config.http)):
         if not is_loopback_host(address.host):
             return (
-                f"{name} address {address.host}:{address.port} is not loopback, and message "
-                "signing is off: set [router] signing_required = true (agents then register "
-                "public keys and sign what they send), or pass --insecure to serve unsigned "
-                "on a network you trust"
+                f"{name} address {address.host}:{address.port} is not loopback and needs "
+                f"{' and '.join(missing)}; or pass --insecure to serve without them on a "
+                "network you trust"
             )
     return None
+
+
+def _checked_tls(config: ServerConfig) -> ServerConfig:
+    """`config`, once its TLS settings are known to go together and their files readable."""
+    if (config.tls_cert is None) != (config.tls_key is None):
+        missing = "tls_key" if config.tls_key is None else "tls_cert"
+        raise ValidationError(
+            f"{missing} is needed too: TLS takes a certificate and its key", {"field": missing}
+        )
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        raise ValidationError(
+            "tls_client_ca (mTLS) needs TLS on: set tls_cert and tls_key",
+            {"field": "tls_client_ca"},
+        )
+    for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(config, name)
+        if path is not None and not os.access(path, os.R_OK):
+            raise ValidationError(f"{name}: cannot read {path}", {"field": name})
+    return config
 
 
 def is_loopback_host(host: str) -> bool:
@@ -657,4 +691,4 @@ def load_config(
             config = replace(config, swarm=swarm_settings(swarm, f"{path} [swarm]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
-    return _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")
+    return _checked_tls(_apply(config, {k: v for k, v in flags.items() if v is not None}, "flag"))

@@ -69,6 +69,7 @@ from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
+from apiary.server.tls import grpc_credentials, http_context
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.swarm.peer import SwarmPeer, open_swarm_peer
@@ -369,7 +370,12 @@ async def open_coordinator(
         metrics = Metrics(engine.router, engine.activity, engine.scheduler, engine.events)
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
-        grpc_port = server.add_insecure_port(str(config.grpc))
+        credentials = grpc_credentials(config)
+        grpc_port = (
+            server.add_insecure_port(str(config.grpc))
+            if credentials is None
+            else server.add_secure_port(str(config.grpc), credentials)
+        )
         if grpc_port == 0:
             raise OSError(f"cannot bind the gRPC port {config.grpc}")
         state = _coordinator(config, store, engine, Address(config.grpc.host, grpc_port))
@@ -384,7 +390,7 @@ async def open_coordinator(
             add_swarm_routes(app, swarm.node)
         runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
-        await web.SockSite(runner, http_socket).start()
+        await web.SockSite(runner, http_socket, ssl_context=http_context(config)).start()
         await server.start()
         await set_serving(health, True)
         tasks = await _background(store, engine, runtime)

@@ -23,8 +23,12 @@ async def open_test_coordinator(
     router_settings: RouterSettings | None = None,
     scheduler_settings: SchedulerSettings | None = None,
     worktrees: WorktreeSettings | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    tls_client_ca: Path | None = None,
 ) -> AsyncIterator[Coordinator]:
-    """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports."""
+    """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports; with
+    `tls_cert` and `tls_key` both ports serve TLS (mTLS with `tls_client_ca`)."""
     config = ServerConfig(
         data_dir=data_dir,
         grpc=Address("127.0.0.1", 0),
@@ -32,6 +36,9 @@ async def open_test_coordinator(
         store=store,
         scheduler=scheduler_settings or SchedulerSettings(),
         worktrees=worktrees or WorktreeSettings(),
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_client_ca=tls_client_ca,
     )
     async with open_coordinator(
         config, clock=clock, runtime=runtime, router_settings=router_settings
