@@ -306,8 +306,9 @@ async def test_a_privileged_flood_does_not_starve_standard_or_bulk(lanes: Engine
 
 
 @pytest.mark.conformance(
-    "observability.urgent.burst-usage", "observability.urgent.starvation-warning"
-)
+    "observability.urgent.burst-usage", "observability.urgent.starvation-warning",
+    "security.privileged-lane.rate-limit-monitor",
+)  # fmt: skip
 async def test_urgent_burst_usage_is_tracked_and_overflow_warns_of_starvation(
     lanes: EngineHarness,
 ) -> None:

@@ -400,7 +400,9 @@ async def test_disjoint_scopes_and_permitted_operations_run_in_parallel() -> Non
         }  # fmt: skip
 
 
-@pytest.mark.conformance("concurrency.policy.overrides-documented")
+@pytest.mark.conformance(
+    "concurrency.policy.overrides-documented", "security.inference.bounded-by-policy"
+)
 async def test_an_override_decision_is_recorded_as_the_policys() -> None:
     policy = ConflictPolicy(overrides={"deploy": ParallelMode.SERIALIZE})
     async with open_test_engine(scheduler=SchedulerSettings(conflicts=policy)) as h:

@@ -471,6 +471,7 @@ def test_refusals_are_logged_and_reported_even_when_the_hook_fails(
 # --------------------------------------------------------------------------- the kernel's part
 
 
+@pytest.mark.conformance("security.worktree.syscall-boundaries")
 @pytest.mark.skipif(not openat2_available(), reason="this kernel has no usable openat2")
 def test_openat2_itself_refuses_escapes_and_links(tmp_path: Path) -> None:
     # Beneath the path checks, the kernel enforces the same boundary in the open call.

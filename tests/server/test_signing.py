@@ -200,3 +200,24 @@ async def test_an_operator_revokes_an_agent_whose_key_is_lost(tmp_path: Path) ->
         assert await c.store.agents.get("alice") is not None
         reply = await stub.DeregisterAgent(request, metadata=(("authorization", "Bearer tok"),))
         assert reply.ok and await c.store.agents.get("alice") is None
+
+
+@pytest.mark.conformance("security.idempotency.authenticated-derivation")
+async def test_idempotency_tokens_are_scoped_by_the_authenticated_producer(
+    running: Running,
+) -> None:
+    alice, mallory = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    for agent, key in (("alice", alice), ("mallory", mallory), ("bob", None)):
+        assert (await _register(running, agent, key or Ed25519PrivateKey.generate())).accepted
+    token = "alice:deploy:1"
+    assert (await _send(running, envelope("alice", idempotency_token=token), alice)).accepted
+    # Mallory cannot poison alice's entry: as alice her envelope does not verify...
+    assert await _refused(
+        _send(running, envelope("alice", idempotency_token=token), mallory)
+    ) == (grpc.StatusCode.PERMISSION_DENIED, "signature")  # fmt: skip
+    # ...and under her own name the same token is her own operation, not alice's.
+    mine = await _send(running, envelope("mallory", idempotency_token=token), mallory)
+    assert mine.accepted, mine.reason
+    # Alice's own retry meets her own operation, still in progress.
+    again = await _send(running, envelope("alice", idempotency_token=token), alice)
+    assert not again.accepted and again.reason.startswith("already_in_progress")
