@@ -5,6 +5,7 @@ talking to a real coordinator over gRPC sockets and shut down by SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -14,8 +15,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apiary.core.envelope import AckStage, MessageType
+from apiary.engine.settings import RouterSettings
 from apiary.sdk.connection import Connection
 from apiary.server.coordinator import Coordinator
 from apiary.testing.coordinator import open_test_coordinator
@@ -36,8 +39,11 @@ async def _registered(
     await asyncio.wait_for(poll(), WAIT_S)
 
 
-async def _round_trip(coordinator: Coordinator, agent_id: str) -> dict[str, object]:
-    async with Connection("asker", coordinator=str(coordinator.grpc_address)) as asker:
+async def _round_trip(
+    coordinator: Coordinator, agent_id: str, key: Ed25519PrivateKey | None = None
+) -> dict[str, object]:
+    address = str(coordinator.grpc_address)
+    async with Connection("asker", coordinator=address, signing_key=key) as asker:
         request = await asker.send(agent_id, {"n": 7})
 
         async def reply() -> dict[str, object]:
@@ -135,3 +141,55 @@ async def test_the_sdk_works_from_a_plain_pip_install(tmp_path: Path) -> None:
         )  # fmt: skip
     assert answer == {"echo": {"n": 7}, "by": "installed"}
     assert code == 0, stderr
+
+
+def _keygen(path: Path) -> subprocess.CompletedProcess[str]:
+    apiary_bin = str(Path(sys.executable).with_name("apiary"))
+    return subprocess.run(
+        [apiary_bin, "agent", "keygen", str(path)], capture_output=True, text=True,
+        check=False, timeout=60,
+    )  # fmt: skip
+
+
+def test_keygen_writes_an_owner_only_key_and_never_replaces_one(tmp_path: Path) -> None:
+    key_file = tmp_path / "agent.pem"
+    made = _keygen(key_file)
+    assert made.returncode == 0, made.stderr
+    assert len(base64.b64decode(made.stdout.strip())) == 32  # the raw public key
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    again = _keygen(key_file)
+    assert again.returncode == 2 and "exists" in again.stderr
+    assert "--force" in again.stderr
+
+
+async def test_an_agent_process_signs_with_a_key_from_apiary_agent_keygen(
+    tmp_path: Path,
+) -> None:
+    apiary_bin = str(Path(sys.executable).with_name("apiary"))
+    key_file = tmp_path / "echo.pem"
+    made = await asyncio.to_thread(_keygen, key_file)
+    assert made.returncode == 0, made.stderr
+    asker_key = Ed25519PrivateKey.generate()
+    settings = RouterSettings(signing_required=True)
+    async with open_test_coordinator(tmp_path / "c", router_settings=settings) as coordinator:
+        argv = [apiary_bin, "agent", "run", "tests.e2e.sdk_agents:Echo", "--signing-key",
+                str(key_file)]  # fmt: skip
+        process = await asyncio.create_subprocess_exec(
+            *argv, "--coordinator", str(coordinator.grpc_address),
+            cwd=ROOT, env=_clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            await _registered(coordinator, "echo", process)
+            echo = await coordinator.registry.get("echo")
+            assert echo.descriptor["public_key"] == made.stdout.strip()
+            answer = await _round_trip(coordinator, "echo", asker_key)
+            process.send_signal(signal.SIGTERM)
+            _, stderr = await asyncio.wait_for(process.communicate(), WAIT_S)
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        left = {a.agent_id for a in await coordinator.registry.list()}
+    assert answer == {"echo": {"n": 7}, "by": "echo"}
+    assert process.returncode == 0, stderr.decode(errors="replace")
+    assert "echo" not in left  # its signed deregistration was accepted

@@ -15,6 +15,7 @@ import typer
 from apiary.errors import ApiaryError
 from apiary.sdk.agent import COORDINATOR_ENV, Agent
 from apiary.sdk.client import Client
+from apiary.sdk.keys import SIGNING_KEY_ENV, load_signing_key, public_key_text, write_signing_key
 from apiary.wire import pb
 
 app = typer.Typer(help="Run SDK agents; suspend and resume agents (RFC 8.1).", no_args_is_help=True)
@@ -59,6 +60,12 @@ def run(
     ),
     agent_id: str = typer.Option("", "--id", help="Agent id (default: the class's agent_id)"),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING, ERROR"),
+    signing_key: Path | None = typer.Option(
+        None,
+        "--signing-key",
+        envvar=SIGNING_KEY_ENV,
+        help="Ed25519 key (apiary agent keygen) when the coordinator requires signing",
+    ),
 ) -> None:
     """Register the agent, run it until SIGTERM/SIGINT or a Scheduler shutdown, then
     shut it down gracefully (running work finishes within its grace period) and deregister."""
@@ -67,15 +74,33 @@ def run(
     )
     try:
         cls = load_agent_class(target)
-        agent = cls(agent_id or None, coordinator=coordinator or None)
+        options = {} if signing_key is None else {"signing_key": load_signing_key(signing_key)}
+        agent = cls(agent_id or None, coordinator=coordinator or None, **options)
     except ValueError as exc:
         typer.echo(f"apiary agent run: {exc}", err=True)
+        raise typer.Exit(2) from None
+    except ApiaryError as exc:
+        typer.echo(f"apiary agent run: {exc.message}", err=True)
         raise typer.Exit(2) from None
     try:
         asyncio.run(_run(agent))
     except ApiaryError as exc:
         typer.echo(f"apiary agent run: {agent.agent_id}: {exc.code}: {exc.message}", err=True)
         raise typer.Exit(1) from None
+
+
+@app.command("keygen")
+def keygen(
+    path: Path = typer.Argument(..., help="Where to write the private key (PEM, mode 0600)"),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file"),
+) -> None:
+    """Make an agent's Ed25519 signing key; prints its public key (base64)."""
+    try:
+        key = write_signing_key(path, overwrite=force)
+    except ApiaryError as exc:
+        typer.echo(f"apiary agent keygen: {exc.message} (--force to replace it)", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(public_key_text(key))
 
 
 def _control(action: str, agent_id: str, address: str) -> None:
