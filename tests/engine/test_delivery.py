@@ -178,3 +178,17 @@ async def test_hand_out_counts_without_a_state_change_are_written_within_a_secon
     await delivery.poll("bob", again)
     await h.engine.router.flush_deliveries()
     assert await stored_counts() == [2, 2, 2]
+
+
+async def test_a_redelivered_message_is_acknowledged_from_retrying(h: EngineHarness) -> None:
+    (sent,) = await _send(h, 1)
+    await h.take("bob")
+    (again,) = await h.take("bob")  # the first stream was lost before any ACK
+    assert (again.attempt, again.message.state) == (2, "RETRYING")
+    await h.ack("bob", sent, AckStage.FULFILLED)
+    moves = [
+        (e.details["from"], e.details["to"])
+        for e in await h.events("message.state")
+        if e.details["message_id"] == sent
+    ]
+    assert moves == [("RECEIVED", "RETRYING"), ("RETRYING", "FULFILLED")]

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import lru_cache
 
 from apiary.core.message_machine import MessageInput
-from apiary.core.records import handed_out
+from apiary.core.records import StoredMessage, handed_out
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.inbox import Handout
 from apiary.engine.notices import COORDINATOR
@@ -184,7 +184,10 @@ class Delivery:
                 await self._messages.finish_delivered([m.message_id for m in done], now)
             for message in done:
                 self._router.finish_notice(message)
-        handed = [h if h.direct else _delivered(h, now) for h in batch]
+        # A redelivery's REDELIVER step changed the live copy (RETRYING): hand out that one.
+        handed = [
+            h if h.direct else _delivered(h, now, self._router.current(h.message)) for h in batch
+        ]
         inbox = self._router.inbox(agent_id)
         counted = []
         for handout, notice in zip(handed, notices, strict=True):
@@ -218,6 +221,6 @@ class Delivery:
         )  # fmt: skip
 
 
-def _delivered(handout: Handout, now: float) -> Handout:
-    message = handed_out(handout.message, now, handout.attempt)
+def _delivered(handout: Handout, now: float, current: StoredMessage) -> Handout:
+    message = handed_out(current, now, handout.attempt)
     return Handout(message, handout.attempt, handout.urgent, handout.overflowed)

@@ -952,6 +952,11 @@ class Router:
                 after = page[-1].offset
         return recovered
 
+    def current(self, message: StoredMessage) -> StoredMessage:
+        """The live copy of `message` (what the store holds now), or `message` itself once
+        it is no longer live."""
+        return self._live.get(message.message_id, message)
+
     def refresh(self, message: StoredMessage) -> None:
         """Keep the live copy of an unfinished message in step with the store."""
         if message.message_id in self._live:
