@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -60,15 +61,21 @@ async def _round_trip(
 
 
 async def _run_agent(
-    coordinator: Coordinator, argv: list[str], cwd: Path, env: dict[str, str]
-) -> tuple[dict[str, object], int, str]:
+    coordinator: Coordinator, argv: list[str], cwd: Path, env: dict[str, str],
+    key: Ed25519PrivateKey | None = None,
+    registered: Callable[[], Awaitable[None]] | None = None,
+) -> tuple[dict[str, object], int, str]:  # fmt: skip
+    """Run the echo agent process, check it (`registered`), ask it once (signing with `key`
+    when given), stop it."""
     process = await asyncio.create_subprocess_exec(
         *argv, "--coordinator", str(coordinator.grpc_address),
         cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
         await _registered(coordinator, "echo", process)
-        answer = await _round_trip(coordinator, "echo")
+        if registered is not None:
+            await registered()
+        answer = await _round_trip(coordinator, "echo", key)
         process.send_signal(signal.SIGTERM)
         _, stderr = await asyncio.wait_for(process.communicate(), WAIT_S)
     finally:
@@ -169,27 +176,20 @@ async def test_an_agent_process_signs_with_a_key_from_apiary_agent_keygen(
     key_file = tmp_path / "echo.pem"
     made = await asyncio.to_thread(_keygen, key_file)
     assert made.returncode == 0, made.stderr
-    asker_key = Ed25519PrivateKey.generate()
     settings = RouterSettings(signing_required=True)
     async with open_test_coordinator(tmp_path / "c", router_settings=settings) as coordinator:
         argv = [apiary_bin, "agent", "run", "tests.e2e.sdk_agents:Echo", "--signing-key",
                 str(key_file)]  # fmt: skip
-        process = await asyncio.create_subprocess_exec(
-            *argv, "--coordinator", str(coordinator.grpc_address),
-            cwd=ROOT, env=_clean_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        try:
-            await _registered(coordinator, "echo", process)
+
+        async def with_the_key_from_keygen() -> None:
             echo = await coordinator.registry.get("echo")
             assert echo.descriptor["public_key"] == made.stdout.strip()
-            answer = await _round_trip(coordinator, "echo", asker_key)
-            process.send_signal(signal.SIGTERM)
-            _, stderr = await asyncio.wait_for(process.communicate(), WAIT_S)
-        finally:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+
+        answer, code, stderr = await _run_agent(
+            coordinator, argv, ROOT, _clean_env(), Ed25519PrivateKey.generate(),
+            with_the_key_from_keygen,
+        )  # fmt: skip
         left = {a.agent_id for a in await coordinator.registry.list()}
     assert answer == {"echo": {"n": 7}, "by": "echo"}
-    assert process.returncode == 0, stderr.decode(errors="replace")
+    assert code == 0, stderr
     assert "echo" not in left  # its signed deregistration was accepted

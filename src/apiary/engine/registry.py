@@ -71,14 +71,18 @@ class Registry:
         self._signing_required = signing_required
         # Lookups are on every message's path: serve them from memory, write through.
         self._cache: dict[str, AgentRecord] = {}
+        self._keys: dict[str, bytes] = {}
+        """Registered public keys by agent id, decoded from the descriptors."""
 
     async def load(self) -> None:
         """Fill the in-memory view from the store (at start-up)."""
         self._cache = {a.agent_id: a for a in await self._agents.list()}
+        self._keys = {a.agent_id: public_key_of(a) for a in self._cache.values()}
 
     async def _put(self, record: AgentRecord) -> None:
         await self._agents.put(record)
         self._cache[record.agent_id] = record
+        self._keys[record.agent_id] = public_key_of(record)
 
     @property
     def signing_required(self) -> bool:
@@ -138,9 +142,13 @@ class Registry:
     def check_proof(self, agent_id: str, signed: bytes, proof: bytes) -> bool:
         """Whether `proof` is the agent's signature of `signed` by its registered key (False
         for an unknown agent or one without a key)."""
-        record = self._cache.get(agent_id)
-        key = public_key_of(record) if record is not None else b""
+        key = self.public_key(agent_id)
         return bool(key) and verifies(key, signed, proof)
+
+    def public_key(self, agent_id: str) -> bytes:
+        """The raw Ed25519 key the agent registered; b"" for none or an unknown agent.
+        Decoded once per registration (the router asks once per signed message)."""
+        return self._keys.get(agent_id, b"")
 
     async def heartbeat(self, agent_id: str, state: str, health: Mapping[str, str]) -> AgentRecord:
         """An agent's answer to a heartbeat; an UNAVAILABLE agent becomes available again."""
@@ -171,6 +179,7 @@ class Registry:
     async def deregister(self, agent_id: str, reason: str) -> bool:
         removed = await self._agents.delete(agent_id)
         self._cache.pop(agent_id, None)
+        self._keys.pop(agent_id, None)
         if removed:
             await self._events.record(
                 "agent.deregistered", agent_id, agent_id=agent_id, reason=reason

@@ -51,7 +51,7 @@ from apiary.engine.dedup_gate import DedupGate
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.inbox import HandOver, Inbox
 from apiary.engine.notices import COORDINATOR, NoticeFactory
-from apiary.engine.registry import Registry, public_key_of
+from apiary.engine.registry import Registry
 from apiary.engine.router_stats import RouterStats
 from apiary.engine.settings import RouterSettings, adaptive_policy
 from apiary.engine.transfers import Transfers
@@ -72,6 +72,9 @@ DELIVERIES_WRITE_BEHIND_S = 1.0
 _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
 _ACK_EVENTS = frozenset(ACK_INPUTS.values())
+_Handing = list[tuple[Inbox, HandOver, list[tuple[int, StoredMessage]]]]
+"""Forwarded ACKs handed to producers' streams: per producer, its inbox, the hand-over and
+the members (index in the batch, record)."""
 """The message state an ACK stage reports."""
 _AWAITED_EFFECTS = frozenset({Effect.NACK, Effect.DEAD_LETTER, Effect.UPDATE_IDEMPOTENCY})
 """The effects `Router._perform` carries out (they may wait on the store); the router does
@@ -270,9 +273,7 @@ class Router:
             if not items[index].envelope.idempotency_token:
                 outcomes[index] = self._admitted_now(items[index], record, result, now)
 
-    def _hand_over(
-        self, admit: list[tuple[int, StoredMessage]]
-    ) -> list[tuple[Inbox, HandOver, list[tuple[int, StoredMessage]]]]:
+    def _hand_over(self, admit: list[tuple[int, StoredMessage]]) -> _Handing:
         """Hand the batch's forwarded ACKs for producers that are streaming right now to
         their streams from memory: per producer, its inbox, the hand-over and its members.
 
@@ -294,14 +295,14 @@ class Router:
                 inbox = self._inboxes.get(record.recipient)
                 if inbox is not None and inbox.streams:
                     groups.setdefault(record.recipient, []).append(pair)
-        handing = []
+        handing: _Handing = []
         for recipient, pairs in groups.items():
             inbox = self._inboxes[recipient]
             handing.append((inbox, inbox.hand_over([r for _, r in pairs]), pairs))
         return handing
 
     async def _handed_over(
-        self, handing: list[tuple[Inbox, HandOver, list[tuple[int, StoredMessage]]]],
+        self, handing: _Handing,
         items: Sequence[Outbound], outcomes: list[SendOutcome], now: float,
     ) -> None:  # fmt: skip
         """Wait (bounded) for the streams to take the hand-overs; store what is left, as any
@@ -672,8 +673,7 @@ class Router:
             if not item.remote:
                 continue
             env = item.envelope
-            producer = self._registry.known(env.producer_id)
-            key = public_key_of(producer) if producer is not None else b""
+            key = self._registry.public_key(env.producer_id)
             details = {"field": "signature", "message_id": env.message_id}
             if not item.signature:
                 refused[i] = PermissionDeniedError(

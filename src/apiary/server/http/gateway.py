@@ -9,7 +9,6 @@ with `{"error": {"code", "message", "details"}}`.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -20,6 +19,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from apiary.errors import NotFoundError, PermissionDeniedError, ValidationError
+from apiary.server.config import is_loopback_host
 from apiary.server.context import RECIPIENT_KEY, CallContext
 from apiary.server.dispatch import Dispatcher, Route
 from apiary.server.errormap import answer_for
@@ -186,7 +186,4 @@ def _on_loopback(request: web.Request) -> bool:
     sockname = request.transport.get_extra_info("sockname") if request.transport else None
     if not sockname:
         return False
-    try:
-        return ipaddress.ip_address(str(sockname[0])).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(str(sockname[0]))
