@@ -4,6 +4,7 @@ durability of every write that returned, checkpoints off the commit path."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sqlite3
 import sys
@@ -350,6 +351,44 @@ async def test_the_checkpointer_copies_the_wal_back_in_the_background(tmp_path: 
         assert await asyncio.to_thread(checkpointer.wait_for, 1, WAIT_S)
         assert store.stats.checkpoints >= 1
         assert await store.events.last_sequence() == 300
+
+
+async def _write_steadily(store: SqliteStore, rounds: int) -> None:
+    """Keep the writer busy: 8 writers appending 4 KiB events, so a job is always pending."""
+    body = "x" * 4096
+
+    async def writer(w: int) -> None:
+        for n in range(rounds):
+            await store.events.append(
+                [EventDraft(event_type="test.bulk", actor=f"w{w}", ts=1.0 + n, details={"b": body})]
+                * 4
+            )
+
+    await asyncio.gather(*(writer(w) for w in range(8)))
+
+
+@pytest.mark.parametrize("restart_frames", [64, 1 << 30])
+async def test_the_wal_starts_over_under_a_steady_load(tmp_path: Path, restart_frames: int) -> None:
+    # PASSIVE checkpoints alone never let the WAL start over while the writer keeps
+    # appending: without a restart the WAL holds every page written (the second case).
+    path = tmp_path / "apiary.db"
+    options = SqliteOptions(
+        checkpoint_every_changes=8,
+        wal_restart_frames=restart_frames,
+        journal_size_limit=64 * 4096,
+    )
+    async with open_sqlite_store(path, options) as store:
+        await _write_steadily(store, rounds=150)
+        wal_bytes = await asyncio.to_thread(os.path.getsize, f"{path}-wal")
+        restarts = store.stats.wal_restarts
+        assert await store.events.last_sequence() == 8 * 150 * 4
+    written = 8 * 150 * 4 * 4096
+    if restart_frames == 64:
+        assert restarts >= 1
+        assert wal_bytes < written / 4, (wal_bytes, written)
+    else:
+        assert restarts == 0
+        assert wal_bytes > written / 2, (wal_bytes, written)
 
 
 # --- migrations -----------------------------------------------------------------------

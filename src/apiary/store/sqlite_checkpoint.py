@@ -9,6 +9,15 @@ connection with PASSIVE checkpoints, which never wait for the writer or for read
 
 It is also where durability against power loss lands when `synchronous = NORMAL`: a
 checkpoint fsyncs the WAL and the database file.
+
+A PASSIVE checkpoint never lets the WAL start over under a steady load: the file can only be
+rewritten from its beginning once every frame is copied back, and the writer appends new ones
+while the copy runs. Left alone the WAL grows by every page written (about 12 KB per routed
+message, 1.3 GB after 100,000), and each page lookup probes one more wal-index table per
+4,096 frames, so every write gets slower the longer the load lasts. So once the WAL passes
+`restart_frames`, the writer runs one RESTART checkpoint between two of its batches
+(`restart_if_due`): only the frames not yet copied remain, it waits for readers to move to the
+database file, and the next transaction writes the WAL from its beginning again.
 """
 
 from __future__ import annotations
@@ -19,20 +28,34 @@ import threading
 
 _log = logging.getLogger(__name__)
 
+RESTART_WAIT_MS = 20
+"""How long the writer's RESTART checkpoint waits for readers before trying again later."""
+
 
 class WalCheckpointer:
-    """Checkpoints the WAL after every `every_changes` rows written by the writer.
+    """Checkpoints the WAL after every `every_changes` rows written by the writer, and has
+    the writer restart it once it holds `restart_frames` pages.
 
-    The writer reports its connection's `total_changes` after each commit (`note_commit`,
-    called on the writer thread, costs a subtraction); rows changed is a cheap proxy for WAL
-    pages written.
+    The writer reports each commit (`note_commit`, called on the writer thread, costs a
+    subtraction unless a restart is due); rows changed is a cheap proxy for WAL pages written.
     """
 
-    def __init__(self, connection: sqlite3.Connection, *, every_changes: int = 1000) -> None:
+    def __init__(
+        self,
+        connection: sqlite3.Connection,
+        *,
+        every_changes: int = 1000,
+        restart_frames: int = 16384,
+    ) -> None:
         if every_changes < 1:
             raise ValueError(f"every_changes must be at least 1: {every_changes}")
+        if restart_frames < 1:
+            raise ValueError(f"restart_frames must be at least 1: {restart_frames}")
         self._conn = connection
         self._every = every_changes
+        self._restart_frames = restart_frames
+        self._restart_due = False
+        self._restarts = 0
         self._signalled_at = 0
         self._wake = threading.Event()
         self._stopping = False
@@ -51,11 +74,43 @@ class WalCheckpointer:
         """Start the checkpointer thread; it owns the connection from now on."""
         self._thread.start()
 
-    def note_commit(self, total_changes: int) -> None:
-        """Called by the writer after a commit with its connection's total_changes."""
+    @property
+    def restarts(self) -> int:
+        """How many times the WAL was made to start over (`restart_if_due`)."""
+        return self._restarts
+
+    def note_commit(self, writer: sqlite3.Connection) -> None:
+        """Called on the writer thread after each commit, with the writer's connection."""
+        if self._restart_due:
+            self._restart(writer)
+        total_changes = writer.total_changes
         if total_changes - self._signalled_at >= self._every:
             self._signalled_at = total_changes
             self._wake.set()
+
+    def _restart(self, writer: sqlite3.Connection) -> None:
+        """A RESTART checkpoint on the writer's own connection, between two of its batches
+        (so no write is under way): copies what PASSIVE runs left and waits for readers to
+        leave the WAL, so that the next transaction writes it from its beginning.
+
+        It waits at most `RESTART_WAIT_MS` for readers (a long read must not stall every
+        write); when it gives way, or meets a PASSIVE run of the checkpointer thread, the
+        writer tries again after its next commit."""
+        try:
+            (saved,) = writer.execute("PRAGMA busy_timeout").fetchone()
+            writer.execute(f"PRAGMA busy_timeout = {RESTART_WAIT_MS}")
+            try:
+                busy, frames, copied = writer.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            finally:
+                writer.execute(f"PRAGMA busy_timeout = {int(saved)}")
+        except sqlite3.Error as exc:
+            self._restart_due = False
+            _log.warning("WAL restart checkpoint failed: %s", exc)
+            return
+        if not busy:
+            self._restart_due = False
+            self._restarts += 1
+            _log.debug("WAL restarted after %s frames (%s copied)", frames, copied)
 
     def request(self) -> None:
         """Run a checkpoint soon, whatever has been written."""
@@ -88,6 +143,8 @@ class WalCheckpointer:
                 _log.warning("WAL checkpoint failed: %s", exc)
                 continue
             _log.debug("WAL checkpoint: busy=%s frames=%s copied=%s", busy, wal_frames, copied)
+            if wal_frames >= self._restart_frames:
+                self._restart_due = True
             with self._done:
                 self._count += 1
                 self._done.notify_all()

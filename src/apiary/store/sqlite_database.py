@@ -47,6 +47,9 @@ class SqliteOptions:
     """Most jobs committed in one transaction; bounds the latency one batch adds."""
     checkpoint_every_changes: int = 1000
     """Rows written between background WAL checkpoints."""
+    wal_restart_frames: int = 4096
+    """WAL pages (4 KiB each) past which the writer makes the WAL start over (a RESTART
+    checkpoint between two batches; `sqlite_checkpoint`): bounds the WAL under steady load."""
     journal_size_limit: int = 64 * 1024 * 1024
     """Bytes the WAL file is truncated to after a checkpoint lets it restart."""
     busy_timeout_ms: int = 5000
@@ -65,6 +68,8 @@ class SqliteStats:
 
     writer: WriterStats
     checkpoints: int
+    wal_restarts: int
+    """RESTART checkpoints that let the WAL start over."""
 
 
 class SqliteReaders:
@@ -143,8 +148,9 @@ class SqliteDatabase:
 
     @property
     def stats(self) -> SqliteStats:
-        """Commits, jobs, largest batch, checkpoints so far."""
-        return SqliteStats(self._writer.stats, self._checkpointer.checkpoints)
+        """Commits, jobs, largest batch, checkpoints and WAL restarts so far."""
+        checkpointer = self._checkpointer
+        return SqliteStats(self._writer.stats, checkpointer.checkpoints, checkpointer.restarts)
 
     @property
     def checkpointer(self) -> WalCheckpointer:
@@ -211,7 +217,11 @@ def _open(path: Path, options: SqliteOptions) -> SqliteDatabase:
         checkpoint_conn = _connect(path, options)
         cleanup.callback(checkpoint_conn.close)
         cleanup.pop_all()
-    checkpointer = WalCheckpointer(checkpoint_conn, every_changes=options.checkpoint_every_changes)
+    checkpointer = WalCheckpointer(
+        checkpoint_conn,
+        every_changes=options.checkpoint_every_changes,
+        restart_frames=options.wal_restart_frames,
+    )
     writer = SqliteWriter(
         write_conn, max_batch=options.max_batch, on_commit=checkpointer.note_commit
     )

@@ -68,8 +68,9 @@ def as_store_error(exc: BaseException) -> BaseException:
 class SqliteWriter:
     """Runs write jobs on a dedicated thread, group-committing everything pending.
 
-    `on_commit` is called on the writer thread after every commit with the connection's
-    `total_changes` (the checkpointer uses it to decide when the WAL needs copying back).
+    `on_commit` is called on the writer thread after every commit, once its callers are
+    resolved, with the write connection (the checkpointer looks at its `total_changes` to
+    decide when the WAL needs copying back, and restarts the WAL there when it has grown).
     """
 
     def __init__(
@@ -77,7 +78,7 @@ class SqliteWriter:
         connection: sqlite3.Connection,
         *,
         max_batch: int = 1000,
-        on_commit: Callable[[int], None] | None = None,
+        on_commit: Callable[[sqlite3.Connection], None] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1: {max_batch}")
@@ -179,7 +180,7 @@ class SqliteWriter:
         self._largest_batch = max(self._largest_batch, len(outcomes))
         self._resolve(outcomes)
         if self._on_commit is not None:
-            self._on_commit(conn.total_changes)
+            self._on_commit(conn)
 
     def _run_job(self, job: _Job) -> _Outcome:
         conn = self._conn
