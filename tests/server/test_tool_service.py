@@ -13,6 +13,8 @@ import grpc
 import pytest
 
 from apiary.core.envelope import MessageType
+from apiary.core.ids import is_uuid4
+from apiary.engine.settings import RouterSettings
 from apiary.engine.tool_settings import ToolSettings
 from apiary.errors import ApiaryError, error_for_code
 from apiary.sdk.agent import Agent
@@ -199,6 +201,27 @@ async def test_a_call_travels_as_a_tool_call_envelope_and_back(
     assert frame.call_id == doc["call_id"]
     assert frame.json() == {"sum": 5}
     assert frame.summary["status"] == "OK"
+
+
+@pytest.mark.conformance("ids.correlation-id.uuid4")
+async def test_under_strict_correlation_ids_a_call_correlates_by_a_uuid4(tmp_path: Path) -> None:
+    # A call id need not be a UUIDv4 ("call-..." or the caller's own): with strict ids the
+    # TOOL_CALL envelopes carry a UUIDv4 of their own, which admission lets through.
+    strict = RouterSettings(strict_correlation_ids=True)
+    async with (
+        open_test_coordinator(tmp_path, runtime=_runtime(tmp_path), router_settings=strict) as c,
+        grpc.aio.insecure_channel(str(c.grpc_address)) as channel,
+        raw_provider(address(c), "calc", CALC) as provider,
+    ):
+        client = ToolClient(channel, agent_id="caller")
+        pending = asyncio.create_task(client.call("add", {"a": 2, "b": 3}, call_id="sum-1"))
+        env, doc = await provider.next_call()
+        assert doc["call_id"] == "sum-1"
+        assert is_uuid4(env.correlation_id)
+        await provider.result(env, {"result": {"sum": 5}, "content_type": "application/json"})
+        assert (await asyncio.wait_for(pending, 10)).json() == {"sum": 5}
+        (started,) = await events(c, "tool.call_started")
+    assert started["call_id"] == "sum-1"
 
 
 async def count(call: ToolCallContext) -> AsyncIterator[Any]:

@@ -82,11 +82,12 @@ def test_router_table_sets_messaging_settings(tmp_path: Path) -> None:
     file = tmp_path / "c.toml"
     file.write_text(
         "[router]\nbuffer_capacity = 500\nack_timeout_s = 30\nhlc_required = true\n"
-        "hand_over_wait_s = 0\n[router.limits]\nDATA = 1024\n"
+        "hand_over_wait_s = 0\nstrict_correlation_ids = true\n[router.limits]\nDATA = 1024\n"
     )
     router = load_config(file, {}, {}).router
     assert (router.buffer_capacity, router.ack_timeout_s, router.hlc_required) == (500, 30.0, True)
     assert router.hand_over_wait_s == 0.0
+    assert router.strict_correlation_ids is True
     assert router.limits.data == 1024
 
 
@@ -109,6 +110,7 @@ def test_router_table_turns_adaptive_credit_windows_on(tmp_path: Path) -> None:
         ("ack_timeout_s = 'soon'", "ack_timeout_s"),
         ("bufer_capacity = 5", "bufer_capacity"),
         ("hand_over_wait_s = -1", "hand_over_wait_s"),
+        ("strict_correlation_ids = 'yes'", "strict_correlation_ids"),
         ("credit_adaptive = true", "credit_adaptive"),  # no credit_window to adapt
         ("credit_window = 4\ncredit_adaptive = true\ncredit_min_window = 5", "credit_min_window"),
         (

@@ -54,9 +54,10 @@ def validate_ids(ids: EnvelopeIds, *, strict_correlation: bool = False) -> Envel
     retry_count (uint32). Optional: idempotency_token, whose `{producer}:{operation}:{hash}`
     format is only a SHOULD and so is not enforced.
 
-    correlation_id must be present, but it is held to UUIDv4 only with `strict_correlation`:
-    the RFC says "MUST be a UUIDv4" yet, in the same section, sets it to workflow_id and
-    negotiation_id, which the other SDKs send as free strings ("workflow-123", "wf123").
+    correlation_id must be present, but it is held to UUIDv4 only with `strict_correlation`
+    (`[router] strict_correlation_ids`): the RFC says "MUST be a UUIDv4" yet, in the same
+    section, sets it to workflow_id and negotiation_id, which the other SDKs send as free
+    strings ("workflow-123", "wf123"). docs/decisions.md, "Correlation ids".
     """
     _require_uuid4("message_id", ids.message_id)
     if not ids.producer_id:
@@ -68,6 +69,21 @@ def validate_ids(ids: EnvelopeIds, *, strict_correlation: bool = False) -> Envel
     _require_uint("sequence_number", ids.sequence_number, UINT64_MAX)
     _require_uint("retry_count", ids.retry_count, UINT32_MAX)
     return ids
+
+
+def check_flow_id(field: str, value: str, *, strict: bool) -> str:
+    """`value`, an id that becomes the correlation_id of the messages of a flow (a task,
+    workflow, negotiation, room or handoff id), unchanged; with strict correlation ids it
+    must be a UUIDv4 (ValidationError naming `field`). Empty passes: the caller generates a
+    UUIDv4 or falls back to one."""
+    if strict and value and not is_uuid4(value):
+        raise ValidationError.for_field(
+            field,
+            f"must be a UUIDv4, got {value[:64]!r}: it becomes the correlation_id of the flow's"
+            " messages, and strict correlation ids are on",
+            value=value[:64],
+        )
+    return value
 
 
 def for_retry(ids: EnvelopeIds, new_message_id: str) -> EnvelopeIds:

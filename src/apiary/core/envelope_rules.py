@@ -177,7 +177,12 @@ def ttl_deadline(env: Envelope, *, received_at: float = 0.0) -> float:
 
 
 def validate_envelope(
-    env: Envelope, *, limits: PayloadLimits, now: float, hlc_required: bool = False
+    env: Envelope,
+    *,
+    limits: PayloadLimits,
+    now: float,
+    hlc_required: bool = False,
+    strict_correlation: bool = False,
 ) -> None:
     """Admit or refuse `env` by the message-types Validation Rules (see the module docstring).
 
@@ -188,10 +193,11 @@ def validate_envelope(
     keeps `ttl_deadline(env, received_at=now)` to expire it later. HLC: an hlc_timestamp is
     only checked when HLC is enabled (`hlc_required`), because HLC is advisory (RFC 24) and a
     node that does not use it must not refuse messages over it. `now` is UTC seconds.
+    correlation_id must be a UUIDv4 only with `strict_correlation` (see `validate_ids`).
     """
     if not math.isfinite(now):
         raise ValueError(f"now must be finite, got {now!r}")
-    _check_required(env)
+    _check_required(env, strict_correlation)
     _check_payload_metadata(env)
     message_type = env.message_type
     _check_size(env, message_type, limits.limit_for(message_type))
@@ -274,9 +280,9 @@ def _modality_supported(content_type: str, modalities: tuple[str, ...]) -> bool:
 # --- the checks, in order ---------------------------------------------------------------------
 
 
-def _check_required(env: Envelope) -> None:
-    if not _ids_plainly_valid(env):
-        _check_ids(env)
+def _check_required(env: Envelope, strict_correlation: bool) -> None:
+    if not _ids_plainly_valid(env) or (strict_correlation and not is_uuid4(env.correlation_id)):
+        _check_ids(env, strict_correlation)
     if not isinstance(env.message_type, MessageType):
         raise ValidationError.for_field(
             "message_type", f"{env.message_type!r} is not a SW4RM message type"
@@ -301,7 +307,7 @@ def _ids_plainly_valid(env: Envelope) -> bool:
     )
 
 
-def _check_ids(env: Envelope) -> None:
+def _check_ids(env: Envelope, strict_correlation: bool) -> None:
     validate_ids(
         EnvelopeIds(
             message_id=env.message_id,
@@ -310,7 +316,8 @@ def _check_ids(env: Envelope) -> None:
             producer_id=env.producer_id,
             sequence_number=env.sequence_number,
             retry_count=env.retry_count,
-        )
+        ),
+        strict_correlation=strict_correlation,
     )
 
 

@@ -306,6 +306,14 @@ class TaskRecord:
     note: str = ""
     lane: str = "STANDARD"
     """The communication-class lane it is dispatched in (RFC 7.3): its submitter's class."""
+    correlation_id: str = ""
+    """The correlation id of the envelopes the task causes (`flow_id`): '' for the task_id;
+    a workflow's node tasks carry the workflow id."""
+
+    @property
+    def flow_id(self) -> str:
+        """The correlation id its dispatches, notices and control messages carry."""
+        return self.correlation_id or self.task_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,6 +118,7 @@ class Handoffs:
         """
         if not draft.request_id:
             draft = replace(draft, request_id=self._ids.new_id())
+        self._router.check_flow_id("request_id", draft.request_id)
         draft = validate_draft(draft, self.policy)
         _same_agent(caller, draft.from_agent, "from_agent", "hand off for")
         async with self._lock:

@@ -65,6 +65,9 @@ class Hitl:
         self._pending: dict[str, HitlRecord] = {}
         self._extended: set[str] = set()
         self.notify: Notify | None = None
+        self.check_flow_id: Callable[[str, str], str] = lambda _field, value: value
+        """Checks a requester's correlation_id, which the invocation's notices carry (the
+        coordinator sets the router's `check_flow_id`: strict correlation ids)."""
         self.changed = asyncio.Condition()
         """Notified on every new invocation and every decision (operator watch streams)."""
         self.version = 0
@@ -105,6 +108,7 @@ class Hitl:
         correlation_id: str = "",
         priority: int = 0,
     ) -> HitlRecord:
+        self.check_flow_id("correlation_id", correlation_id)
         now = self._clock.now()
         step = rules.HitlMachine.open(
             invocation_id=self._ids.new_id(), reason_type=reason_type, context=dict(context),

@@ -133,6 +133,7 @@ class NegotiationRooms:
         self._hitl = hitl
         self._sleep = sleep
         self._notifier = RoomNotifier(router, NoticeFactory(clock, ids, ROOM_SERVICE), events)
+        self._check_flow_id = router.check_flow_id
         self._policies: dict[str, RoomPolicy] = {}
         self._live: dict[str, ProposalRecord] = {}
         """OPEN and ESCALATED proposals by artifact_id, with their votes in `_votes`."""
@@ -185,6 +186,7 @@ class NegotiationRooms:
             artifact_id=draft.artifact_id or self._ids.new_id(),
             negotiation_room_id=draft.negotiation_room_id or self._ids.new_id(),
         )
+        self._check_flow_id("proposal.negotiation_room_id", filled.negotiation_room_id)
         checked = check_proposal(
             filled, caller=caller, max_artifact_bytes=self.settings.max_artifact_bytes
         )

@@ -83,6 +83,7 @@ class Negotiations:
         self.settings = settings or NegotiationSettings()
         self._store = store.negotiations
         self._registry = registry
+        self._check_flow_id = router.check_flow_id
         self._events = events
         self._clock = clock
         self._hitl = hitl
@@ -156,6 +157,7 @@ class Negotiations:
         validation: Mapping[str, Any] | None = None,
     ) -> NegotiationRecord:
         """Open a negotiation (RFC 17): derive, persist and broadcast its EffectivePolicy."""
+        self._check_flow_id("negotiation_id", negotiation_id)
         level = parse_intensity(intensity)
         name, base = self.policies.resolve(profile, level)
         prefs = dict(preferences or {})

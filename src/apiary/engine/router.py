@@ -20,12 +20,14 @@ from apiary.core.clock import Clock
 from apiary.core.credit_adaptation import CreditAdapter
 from apiary.core.credits import CreditLedger
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
+from apiary.core.envelope_ids import check_flow_id
 from apiary.core.envelope_rules import (
     check_modality,
     content_type_base,
     ttl_deadline,
     validate_envelope,
 )
+from apiary.core.ids import is_uuid4
 from apiary.core.lanes import LaneScheduler
 from apiary.core.message_machine import (
     ACK_INPUTS,
@@ -345,10 +347,7 @@ class Router:
             if isinstance(acked, ApiaryError):
                 raise acked
             if acked is None:
-                validate_envelope(
-                    env, limits=self.settings.limits, now=now,
-                    hlc_required=self.settings.hlc_required,
-                )  # fmt: skip
+                self._validate(env, now)
             target = resolve_recipient(env, item.recipient, acked or "")
             if target == COORDINATOR:
                 return SendOutcome(env.message_id, True, reason="acknowledged"), None
@@ -365,6 +364,20 @@ class Router:
         except ApiaryError as exc:
             return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
 
+    def check_flow_id(self, field: str, value: str) -> str:
+        """`value`, an id that becomes the correlation_id of a flow's messages, unchanged;
+        a ValidationError naming `field` when strict correlation ids are on and it is not a
+        UUIDv4 (`core.envelope_ids.check_flow_id`)."""
+        return check_flow_id(field, value, strict=self.settings.strict_correlation_ids)
+
+    def _validate(self, env: Envelope, now: float) -> None:
+        """The message-types validation rules with this router's settings (raises)."""
+        settings = self.settings
+        validate_envelope(
+            env, limits=settings.limits, now=now, hlc_required=settings.hlc_required,
+            strict_correlation=settings.strict_correlation_ids,
+        )  # fmt: skip
+
     async def _prepare(
         self, item: Outbound, now: float, acked: str | ApiaryError | None = None
     ) -> tuple[SendOutcome, StoredMessage | None]:
@@ -376,10 +389,7 @@ class Router:
                 raise acked
             acked_producer = acked or ""
             if acked is None:
-                validate_envelope(
-                    env, limits=self.settings.limits, now=now,
-                    hlc_required=self.settings.hlc_required,
-                )  # fmt: skip
+                self._validate(env, now)
             if acked is None and _agent_ack(env):
                 acked_producer = await self._on_ack(env, now)
             target = resolve_recipient(env, item.recipient, acked_producer)
@@ -389,10 +399,7 @@ class Router:
                 if assembled is None:
                     return SendOutcome(env.message_id, True, reason="chunk buffered"), None
                 env, raw = assembled, b""
-                validate_envelope(
-                    env, limits=self.settings.limits, now=now,
-                    hlc_required=self.settings.hlc_required,
-                )  # fmt: skip
+                self._validate(env, now)
             return await self._admissible(
                 env, target, now, requeue=item.requeue, raw=raw, lane=item.lane
             )
@@ -611,6 +618,10 @@ class Router:
         ):
             return
         self.stats.nacks[(producer, code)] += 1
+        if self.settings.strict_correlation_ids and not is_uuid4(correlation_id):
+            # The refused envelope's own correlation_id is what was wrong with it: the NACK
+            # cannot echo it and carries one of its own (its ack_for_message_id links them).
+            correlation_id = ""
         ack = Ack(message_id, stage, code, note)
         notice = self._notices.ack(ack, correlation_id, {"failed_stage": failed_stage})
         if endpoint is not None:
@@ -715,7 +726,6 @@ class Router:
         frame_lock = asyncio.Lock()
         await frame_lock.acquire()
         planned: list[tuple[int, StoredMessage, Ack, tuple[Step, StateChange | None] | None]] = []
-        limits, hlc = self.settings.limits, self.settings.hlc_required
         for i, item in enumerate(items):
             env = item.envelope
             if not _agent_ack(env) or env.idempotency_token or i in refused:
@@ -723,7 +733,7 @@ class Router:
             if content_type_base(env.content_type) == CHUNK_CONTENT_TYPE:
                 continue
             try:
-                validate_envelope(env, limits=limits, now=now, hlc_required=hlc)
+                self._validate(env, now)
                 ack = self._codec.decode_ack(env)
             except ApiaryError as exc:
                 early[i] = exc

@@ -85,6 +85,8 @@ class Submission:
     """The submitting agent, when known: its communication class is the task's lane."""
     job_key: str = ""
     """Explicit job identity; empty: derived (see `job_identity`)."""
+    correlation_id: str = ""
+    """The flow the task belongs to (its envelopes' correlation_id); empty: the task_id."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,7 +116,7 @@ class SchedulerDispatch:
             s._notices.notification(
                 {"event": "task_deferred", "task_id": task.task_id,
                  "blocked_by": [b.task_id for b in blockers], "reason": note},
-                task.task_id,
+                task.flow_id,
             ),
         )  # fmt: skip
 
@@ -124,7 +124,7 @@ class SchedulerDispatch:
         s = self._scheduler
         attempt = task.attempts + 1
         env = s._envelopes.envelope(
-            MessageType.DATA, task.params, task.content_type, correlation_id=task.task_id,
+            MessageType.DATA, task.params, task.content_type, correlation_id=task.flow_id,
             idempotency_token=f"task:{task.task_id}:{attempt}",
         )  # fmt: skip
         (outcome,) = await s._router.send_many([Outbound(env, task.agent_id, lane=task.lane)])

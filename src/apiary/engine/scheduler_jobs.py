@@ -50,6 +50,10 @@ class SchedulerJobs:
         for name in ("agent_id", "task_id"):
             if not getattr(sub, name):
                 raise ValidationError.for_field(name, "is required")
+        if sub.correlation_id:
+            s._router.check_flow_id("correlation_id", sub.correlation_id)
+        else:
+            s._router.check_flow_id("task_id", sub.task_id)
         priority = validate_priority(sub.priority)
         if not sub.scope.strip():
             raise ValidationError.for_field(
@@ -86,6 +90,7 @@ class SchedulerJobs:
             seq=0, state=TaskState.QUEUED.value, updated_at=now, scope=sub.scope,
             job_key=sub.job_key or job_identity(agent.name, content_type, sub.params, sub.scope),
             params=sub.params, content_type=content_type, agent_type=agent.name, lane=lane,
+            correlation_id=sub.correlation_id,
         )  # fmt: skip
 
     async def duplicate(

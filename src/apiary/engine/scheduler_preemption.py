@@ -132,7 +132,7 @@ class SchedulerPreemption:
 
     async def _control(self, task: TaskRecord, body: dict[str, Any]) -> None:
         s = self._scheduler
-        env = s._envelopes.control({**body, "task_id": task.task_id}, task.task_id)
+        env = s._envelopes.control({**body, "task_id": task.task_id}, task.flow_id)
         (outcome,) = await s._router.send_many([Outbound(env, task.agent_id, lane="PRIVILEGED")])
         await s._events.record(
             "task.control", SCHEDULER, correlation_id=task.task_id, task_id=task.task_id,

@@ -27,6 +27,12 @@ class RouterSettings:
     limits: PayloadLimits = field(default_factory=PayloadLimits)
     hlc_required: bool = False
     """When HLC is enabled every envelope must carry hlc_timestamp (RFC 11.1)."""
+    strict_correlation_ids: bool = False
+    """Every correlation_id must be a UUIDv4 (RFC 11.1, 11.3): envelopes with another one are
+    refused, and so are the ids that become the correlation ids of the coordinator's own
+    messages (task, workflow, negotiation, room and handoff ids, HITL and tool-call
+    correlation ids). Off by default: other SDKs send free strings ("wf123", the RFC's own
+    example), which the RFC also sets correlation_id to (docs/decisions.md)."""
     credit_window: int = 0
     """Credit-based flow control (RFC 13.1): in-flight deliveries per receiver; 0 = off."""
     per_producer_cap: int = 0

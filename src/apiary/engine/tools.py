@@ -126,6 +126,7 @@ class ToolService:
         self.launcher: Launcher = launcher or SandboxLauncher()
         self.worktrees: WorktreeBindings = worktrees or NoWorktrees()
         self.link = AgentToolLink(router, NoticeFactory(clock, ids, TOOLS), events)
+        self._router = router
         self.catalog = ToolCatalog(store, events, clock)
         self.calls = CallTable()
         self._runner = CallRunner(
@@ -316,12 +317,19 @@ class ToolService:
     async def call(self, request: CallRequest) -> AsyncGenerator[ToolFrame, None]:
         """Run a call: frames, ending with exactly one final frame (or an ApiaryError)."""
         prepared = self.prepare(request)
-        call_id = request.call_id or f"call-{self._ids.new_id()}"
+        generated = self._ids.new_id()
+        call_id = request.call_id or f"call-{generated}"
+        # The call's messages to an agent-provided tool carry its correlation id: with strict
+        # correlation ids a generated one is the bare UUIDv4 (a call id need not be one).
+        correlation_id = self._router.check_flow_id("correlation_id", request.correlation_id)
+        if not correlation_id:
+            strict = self._router.settings.strict_correlation_ids
+            correlation_id = generated if strict else call_id
         call = self.calls.open(
             PendingCall(
                 call_id=call_id, provider_id=prepared.provider_id,
                 tool_name=prepared.tool.tool_name, caller=request.caller,
-                stream=request.stream, correlation_id=request.correlation_id or call_id,
+                stream=request.stream, correlation_id=correlation_id,
                 started_at=self._clock.now(), provider=prepared.entry.provider,
             )
         )  # fmt: skip

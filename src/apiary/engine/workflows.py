@@ -79,6 +79,7 @@ class Workflows:
     ) -> None:
         self._store = store
         self._scheduler = scheduler
+        self._check_flow_id = router.check_flow_id
         self._events = events
         self._clock = clock
         self._ids = ids
@@ -98,6 +99,7 @@ class Workflows:
         workflow_id gets a generated one."""
         if not spec.workflow_id:
             spec = replace(spec, workflow_id=self._ids.new_id())
+        self._check_flow_id("workflow_id", spec.workflow_id)
         report = validate_workflow(spec)
         now = self._clock.now()
         spec = replace(spec, created_at=spec.created_at or now)
@@ -263,7 +265,7 @@ class Workflows:
         try:
             result = await self._scheduler.submit(
                 Submission(spec.agent_id, task_id, options.priority, params,
-                           "application/json", options.scope)
+                           "application/json", options.scope, correlation_id=live.workflow_id)
             )  # fmt: skip
             # Accepted, or held for a decision (then it may still run): either way its end
             # comes through the listener, even an end inside `submit` itself.

@@ -148,6 +148,7 @@ _ROUTER_TYPES: dict[str, type] = {
     "buffer_capacity": int,
     "dedup_window_s": float,
     "hlc_required": bool,
+    "strict_correlation_ids": bool,
     "credit_window": int,
     "per_producer_cap": int,
     "credit_adaptive": bool,

@@ -181,6 +181,7 @@ def build_engine(
         runtime.hitl or hitl_settings or HitlSettings(), store.hitl, events, clock, runtime.ids
     )
     hitl.notify = HitlBroadcast(registry, router, notices)
+    hitl.check_flow_id = router.check_flow_id
     activity = Activity(events, clock)
     resources = ResourceTracker(events, data_dir / "agents" if data_dir else None)
     scheduler = Scheduler(

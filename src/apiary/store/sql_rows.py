@@ -66,9 +66,10 @@ HITL_JSON_COLUMNS = frozenset(
 """The columns of `hitl` that hold JSON (text in SQLite, JSONB in PostgreSQL)."""
 TASK_COLUMNS = (
     "task_id, agent_id, priority, submitted_at, seq, state, updated_at, scope, job_key,"
-    " params, content_type, agent_type, message_id, attempts, error_code, note, lane"
+    " params, content_type, agent_type, message_id, attempts, error_code, note, lane,"
+    " correlation_id"
 )
-TASK_COLUMN_COUNT = 17
+TASK_COLUMN_COUNT = 18
 WORKTREE_COLUMNS = (
     "agent_id, state, repo_id, worktree_id, branch, commit_sha, current_repo_id,"
     " current_worktree_id,"
@@ -436,6 +437,7 @@ def task_row(record: TaskRecord) -> tuple[Any, ...]:
         record.error_code,
         record.note,
         record.lane,
+        record.correlation_id,
     )
 
 
@@ -461,6 +463,7 @@ def task_from_row(row: Sequence[Any]) -> TaskRecord:
         error_code=error_code,
         note=note,
         lane=row[16],
+        correlation_id=row[17],
     )
 
 

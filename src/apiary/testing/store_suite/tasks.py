@@ -82,6 +82,7 @@ async def tasks_are_put_and_read(factory: StoreFactory) -> None:
         error_code="agent_unavailable",
         note="redispatched after a restart",
         lane="PRIVILEGED",
+        correlation_id="workflow-7",
     )
     minimal = TaskRecord(
         task_id="task-2",
