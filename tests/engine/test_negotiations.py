@@ -92,7 +92,7 @@ def _types(events: list[Any], prefix: str = "negotiation.") -> list[str]:
     "negotiation.events.no-reorder", "patterns.events.no-reorder",
     "negotiation.events.preserve-payload", "patterns.events.preserve-payload",
     "negotiation.policy.persist-per-room", "patterns.policy.persist-per-room",
-    "negotiation.no-repo-mutation",
+    "negotiation.no-repo-mutation", "observability.log.repo-worktree-negotiation",
 )  # fmt: skip
 async def test_a_consensus_is_fanned_out_in_order_with_its_artifacts(h: EngineHarness) -> None:
     await _open(h)
@@ -112,10 +112,14 @@ async def test_a_consensus_is_fanned_out_in_order_with_its_artifacts(h: EngineHa
     assert await _fanout(h, "frontend") == await _fanout(h, "graphql")
     names = [a.name for a in await h.engine.negotiations.artifacts.list("neg-1")]
     assert names == ["contract_v1.json", "score_v1.graphql.json", "decision_final.json"]
-    assert _types(await h.events()) == [
+    logged = [e for e in await h.events() if e.event_type.startswith("negotiation.")]
+    assert [e.event_type for e in logged] == [
         "negotiation.opened", "negotiation.proposed", "negotiation.evaluated",
         "negotiation.decided",
     ]  # fmt: skip
+    # Each names its negotiation and correlates by it (as worktree events name repo and
+    # worktree: tests/engine/test_worktrees.py).
+    assert {(e.correlation_id, e.details["negotiation_id"]) for e in logged} == {("neg-1", "neg-1")}
     # The negotiation mutated nothing: no task, no message but its own NEGOTIATION events.
     assert h.engine.scheduler.depth() == 0 and not h.engine.scheduler.counts()
     types = {h.engine.router.codec.decode(m.envelope).message_type

@@ -92,7 +92,7 @@ async def settle(h: EngineHarness, agent_id: str, *states: S) -> WorktreeBinding
 
 @pytest.mark.conformance(
     "worktree.binding.single-home", "worktree.transition.unbound-to-bound-home",
-    "worktree.machine.log-transitions",
+    "worktree.machine.log-transitions", "observability.log.repo-worktree-negotiation",
 )  # fmt: skip
 async def test_bind_makes_a_real_worktree_with_the_repositorys_files(
     h: EngineHarness, tmp_path: Path
