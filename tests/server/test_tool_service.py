@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,36 @@ async def test_under_strict_correlation_ids_a_call_correlates_by_a_uuid4(tmp_pat
         assert (await asyncio.wait_for(pending, 10)).json() == {"sum": 5}
         (started,) = await events(c, "tool.call_started")
     assert started["call_id"] == "sum-1"
+
+
+async def test_calls_the_tool_acl_refuses_are_logged_as_access_decisions(
+    tmp_path: Path,
+) -> None:
+    runtime = _runtime(tmp_path)
+    assert runtime.tools is not None
+    acl = {"coder-1": frozenset({"calc/add"})}
+    runtime = replace(runtime, tools=replace(runtime.tools, acl=acl))
+    async with (
+        open_test_coordinator(tmp_path, runtime=runtime) as c,
+        grpc.aio.insecure_channel(str(c.grpc_address)) as channel,
+        raw_provider(address(c), "calc", CALC) as provider,
+    ):
+        granted = ToolClient(channel, agent_id="coder-1")
+        pending = asyncio.create_task(granted.call("add", {"a": 1, "b": 2}))
+        env, _ = await provider.next_call()
+        await provider.result(env, {"result": {"sum": 3}, "content_type": "application/json"})
+        assert (await asyncio.wait_for(pending, 10)).json() == {"sum": 3}
+        for caller, tool in (("coder-1", "note"), ("intruder", "add"), ("", "add")):
+            with pytest.raises(ApiaryError) as caught:
+                await ToolClient(channel, agent_id=caller).call(tool, {"a": 1, "b": 2})
+            assert caught.value.code == "permission_denied"
+            assert f"calc/{tool}" in caught.value.message
+        denied = await events(c, "acl.denied")
+        started = await events(c, "tool.call_started")
+    assert [(d["tool_name"], d["kind"]) for d in denied] == [("note", "tool")] + [
+        ("add", "tool")
+    ] * 2
+    assert len(started) == 1  # the refused calls never started
 
 
 async def count(call: ToolCallContext) -> AsyncIterator[Any]:

@@ -91,6 +91,19 @@ def test_router_table_sets_messaging_settings(tmp_path: Path) -> None:
     assert router.limits.data == 1024
 
 
+def test_router_acl_table_sets_message_grants(tmp_path: Path) -> None:
+    file = tmp_path / "c.toml"
+    file.write_text(
+        "[[router.acl.messages]]\nagents = ['planner']\ntypes = ['DATA']\nto = ['coder-*']\n"
+        "[[router.acl.messages]]\nagents = ['coder-*']\ntypes = ['*']\n"
+    )
+    acl = load_config(file, {}, {}).router.acl
+    assert [(g.agents, g.types, g.to) for g in acl.messages] == [
+        (("planner",), ("DATA",), ("coder-*",)),
+        (("coder-*",), ("*",), ("*",)),
+    ]
+
+
 def test_router_table_turns_adaptive_credit_windows_on(tmp_path: Path) -> None:
     file = tmp_path / "c.toml"
     file.write_text(
@@ -111,6 +124,8 @@ def test_router_table_turns_adaptive_credit_windows_on(tmp_path: Path) -> None:
         ("bufer_capacity = 5", "bufer_capacity"),
         ("hand_over_wait_s = -1", "hand_over_wait_s"),
         ("strict_correlation_ids = 'yes'", "strict_correlation_ids"),
+        ("acl = 1", "acl"),
+        ("[[router.acl.messages]]\nagents = ['a']\ntypes = ['DATUM']", "acl.messages[0].types"),
         ("credit_adaptive = true", "credit_adaptive"),  # no credit_window to adapt
         ("credit_window = 4\ncredit_adaptive = true\ncredit_min_window = 5", "credit_min_window"),
         (

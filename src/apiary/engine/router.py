@@ -222,12 +222,14 @@ class Router:
         space, without the durable write. `complete` must follow (a stream pipelines the two:
         it prepares the next frame while this one's write commits)."""
         now = self._clock.now()
-        unsigned = self._unsigned(items) if self.settings.signing_required else {}
+        refused = self._unsigned(items) if self.settings.signing_required else {}
+        if self.settings.acl.messages:
+            refused.update(self._not_allowed(items, refused))
         # Members are prepared concurrently so that their store work (ACK state changes,
         # lookups) shares group commits; buffer reservations are synchronous, so the
         # capacity check stays exact.
-        early = await self._acknowledge_frame(items, now, unsigned)
-        early.update(unsigned)
+        early = await self._acknowledge_frame(items, now, refused)
+        early.update(refused)
         prepared = await _each(
             range(len(items)), lambda i: self._prepare_member(items[i], now, early.get(i)),
             lambda i: i not in early and _waits_on_store(items[i]),
@@ -674,6 +676,34 @@ class Router:
             effects = await self.apply(original, ACK_INPUTS[ack.ack_stage], now, ack=ack)
         self._locks.pop(ack.ack_for_message_id, None)
         return _forward_target(original, effects)
+
+    def _not_allowed(
+        self, items: Sequence[Outbound], refused: Mapping[int, ApiaryError]
+    ) -> dict[int, ApiaryError]:
+        """With message ACLs (`core.acl`): by member index, the refusal of each agent's
+        envelope its producer may not send, each logged as `acl.denied` (the envelopes let
+        through are logged as `message.received`). A member without a recipient is left to
+        the normal path, which refuses it with no_route."""
+        denied: dict[int, ApiaryError] = {}
+        acl = self.settings.acl
+        for i, item in enumerate(items):
+            env = item.envelope
+            if not item.remote or i in refused or env.message_type is MessageType.ACKNOWLEDGEMENT:
+                continue
+            try:
+                target = resolve_recipient(env, item.recipient)
+                acl.check_message(env.producer_id, env.message_type, target)
+            except PermissionDeniedError as exc:
+                denied[i] = exc
+                self._events.note(
+                    "acl.denied", env.producer_id, correlation_id=env.correlation_id,
+                    agent_id=target, kind="message", message_id=env.message_id,
+                    message_type=env.message_type.name, recipient=target,
+                    field=exc.details.get("field", ""),
+                )  # fmt: skip
+            except ApiaryError:
+                continue
+        return denied
 
     def _unsigned(self, items: Sequence[Outbound]) -> dict[int, ApiaryError]:
         """With signing on (RFC 6.2): by member index, the refusal of each envelope from an

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from apiary.core.acl import AclPolicy
 from apiary.core.conflicts import ConflictPolicy
 from apiary.core.credit_adaptation import AdaptivePolicy
 from apiary.core.envelope_rules import PayloadLimits
@@ -53,6 +54,9 @@ class RouterSettings:
     """Payload bytes per SendStream frame (RFC 5.4: batches bounded by size)."""
     max_batch: int = 256
     """Deliveries per stream batch, and the bound on backlog replayed per read (RFC 5.5)."""
+    acl: AclPolicy = field(default_factory=AclPolicy)
+    """Message ACLs (`core.acl`; `[router.acl]`): which agents may send which message types
+    to whom. Empty: open (development mode). Tool ACLs are `[tools.acl]`."""
     signing_required: bool = False
     """Message signing (RFC 6.2; DESIGN.md section 9): agents register an Ed25519 public key,
     and every envelope they send must carry its signature (`core.signatures`)."""

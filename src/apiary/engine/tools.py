@@ -316,7 +316,17 @@ class ToolService:
 
     async def call(self, request: CallRequest) -> AsyncGenerator[ToolFrame, None]:
         """Run a call: frames, ending with exactly one final frame (or an ApiaryError)."""
-        prepared = self.prepare(request)
+        try:
+            prepared = self.prepare(request)
+        except PermissionDeniedError as exc:
+            if exc.details.get("reason") == "acl":
+                # An access decision: logged (the calls let through are tool.call_started).
+                await self._events.record(
+                    "acl.denied", request.caller or "anonymous", agent_id=request.caller,
+                    kind="tool", provider_id=exc.details["provider_id"],
+                    tool_name=exc.details["tool_name"], field="tool_name",
+                )  # fmt: skip
+            raise
         generated = self._ids.new_id()
         call_id = request.call_id or f"call-{generated}"
         # The call's messages to an agent-provided tool carry its correlation id: with strict

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+from apiary.core.acl import acl_policy
 from apiary.core.agent_lifecycle import LifecycleTimeouts
 from apiary.core.conflicts import ConflictPolicy
 from apiary.core.handoff_request import HandoffPolicy
@@ -178,9 +179,12 @@ def router_settings(values: Mapping[str, Any], source: str) -> RouterSettings:
         if key == "lanes":
             changes["lanes"] = lane_policy(_table(value, "lanes", source), source)
             continue
+        if key == "acl":
+            changes["acl"] = _built(acl_policy, source, _table(value, "acl", source))
+            continue
         kind = _ROUTER_TYPES.get(key)
         if kind is None:
-            known = ", ".join(sorted([*_ROUTER_TYPES, "lanes", "limits"]))
+            known = ", ".join(sorted([*_ROUTER_TYPES, "acl", "lanes", "limits"]))
             raise ValidationError(
                 f"{source}: unknown setting {key}; known: {known}", {"field": key}
             )
