@@ -15,7 +15,9 @@ from apiary.core.conflicts import ConflictPolicy, ParallelMode
 from apiary.core.envelope import AckStage, MessageType
 from apiary.core.lanes import LanePolicy
 from apiary.core.preemption import PreemptionPolicy
+from apiary.core.scope_overlap import ParallelismVerdict
 from apiary.engine.hitl import HitlSettings
+from apiary.engine.inference import RuleInference
 from apiary.engine.notices import SCHEDULER
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.scheduler import Scheduler, Submission
@@ -382,6 +384,57 @@ async def test_overlapping_scopes_escalate_conflict_and_a_denial_serializes() ->
     assert 'scheduler_conflict_hitl_decisions_total{outcome="serialize"} 1.0' in scrape
     assert "scheduler_inference_confidence_count 1.0" in scrape
     assert 'scheduler_tasks{state="DISPATCHED"} 1.0' in scrape
+
+
+class _CountingRules(RuleInference):
+    """The built-in engine, counting what it is asked (to see which pairs were assessed)."""
+
+    def __init__(self) -> None:
+        self.pairs: list[tuple[str, str]] = []
+
+    async def check_parallelism(self, scope_a: str, scope_b: str) -> ParallelismVerdict:
+        self.pairs.append((scope_a, scope_b))
+        return await super().check_parallelism(scope_a, scope_b)
+
+
+async def test_a_dispatch_assesses_only_the_running_tasks_its_scope_may_meet() -> None:
+    # 30 agents busy in repositories of their own: a candidate in repo "app" is compared
+    # with the running tasks in "app", those naming no repository and those sharing a
+    # resource, not with the rest (the rule-based engine calls those safe for certain).
+    policy = ConflictPolicy(threshold=0.4, serialize_below=0.2)
+    async with open_test_engine(scheduler=SchedulerSettings(conflicts=policy)) as h:
+        for n in range(30):
+            await _ready(h, f"busy-{n}")
+            await _submit(h, f"busy-{n}", agent_id=f"busy-{n}", scope=f"repo:r{n} path:src")
+        for agent, scope in (
+            ("same", "repo:app path:docs"), ("nowhere", "path:lib"),
+            ("db", "repo:other resource:db.orders"),
+        ):  # fmt: skip
+            await _ready(h, agent)
+            await _submit(h, f"t-{agent}", agent_id=agent, scope=scope)
+        running = [f"busy-{n}" for n in range(30)] + ["t-same", "t-nowhere", "t-db"]
+        assert {await _state(h, t) for t in running} == {"DISPATCHED"}
+        gate = _sched(h).gate
+        gate.inference = counting = _CountingRules()
+        await _ready(h, "candidate")
+        await _submit(h, "c", agent_id="candidate", scope="repo:app path:src resource:db")
+        assert sorted(b for _, b in counting.pairs) == sorted(
+            ["repo:app path:docs", "path:lib", "repo:other resource:db.orders"]
+        )
+        assert await _state(h, "c") == "QUEUED"
+        task = _sched(h).get("c")
+        assert task is not None
+        assert task.note.startswith("SERIALIZE behind t-db") and "busy-" not in task.note
+        # A candidate naming no repository may meet any running task: all are assessed.
+        counting.pairs.clear()
+        await _ready(h, "anywhere")
+        await _submit(h, "a", agent_id="anywhere", scope="path:tests")
+        assert len(counting.pairs) == len(running)
+        # When its blocker ends, the candidate runs; the index forgets ended tasks.
+        await _finish(h, "t-db")
+        await _sched(h).fire_due()
+        assert await _state(h, "c") == "DISPATCHED"
+        assert "t-db" not in gate._scopes
 
 
 async def test_disjoint_scopes_and_permitted_operations_run_in_parallel() -> None:

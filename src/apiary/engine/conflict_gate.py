@@ -7,13 +7,19 @@ candidate waits until the decision arrives, then `on_decided(task_id)` tells the
 to try again. Every decision is a `scheduler.conflict` event (engine, confidence, outcome,
 reason, invocation) and counted in `stats`, so concurrency patterns, confidence scores and
 HITL escalation rates can be monitored (RFC 9.3 SHOULD).
+
+With the built-in rule-based engine, a candidate is compared only with the running tasks its
+scope might meet (`core.scope_index`): a pair in different repositories with no shared
+resource is safe with full confidence and needs neither a consult nor an event, so a dispatch
+costs O(running tasks in its repositories), not O(running tasks). Pluggable engines are
+consulted for every pair, as are pairs whose operation types a policy override governs.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from apiary.core.conflicts import (
@@ -24,10 +30,11 @@ from apiary.core.conflicts import (
     hitl_outcome,
 )
 from apiary.core.records import HitlRecord, TaskRecord
-from apiary.core.scope_overlap import parse_scope
+from apiary.core.scope_index import RunningScopes
+from apiary.core.scope_overlap import Scope, parse_scope
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl
-from apiary.engine.inference import InferenceEngine, consult
+from apiary.engine.inference import InferenceEngine, RuleInference, consult
 from apiary.engine.notices import SCHEDULER
 
 PENDING = "PENDING"
@@ -67,18 +74,28 @@ class ConflictGate:
         self._pairs: dict[tuple[str, str], Blocker | None] = {}
         self._by_task: dict[str, set[tuple[str, str]]] = {}
         """Task -> the pairs it is in, so that forgetting a task is O(its pairs)."""
-        self._operations: dict[str, str] = {}
+        self._scopes: dict[str, Scope] = {}
+        self._running = RunningScopes()
         self._waiters: set[asyncio.Task[None]] = set()
         self.stats: Counter[str] = Counter()
         """Decisions by outcome, escalations, engine failures (not yet exported at /metrics)."""
         self.confidences: list[float] = []
         """The last 1,000 confidence scores the engine returned."""
 
-    async def blockers(self, task: TaskRecord, running: Iterable[TaskRecord]) -> list[Blocker]:
-        """What keeps `task` from starting now; empty when it may start."""
+    def started(self, task: TaskRecord) -> None:
+        """`task` runs now: index its scope for the candidates that come after it."""
+        scope = self._scope(task)
+        self._running.add(task.task_id, scope, always=scope.operation in self.policy.overrides)
+
+    async def blockers(
+        self, task: TaskRecord, running: Collection[str], tasks: Mapping[str, TaskRecord]
+    ) -> list[Blocker]:
+        """What keeps `task` from starting now; empty when it may start. `running` are the
+        running tasks' ids (each `started`), `tasks` the records by id."""
         found: list[Blocker] = []
-        for other in running:
-            if other.agent_id == task.agent_id or other.task_id == task.task_id:
+        for task_id in self._compared(task, running):
+            other = tasks.get(task_id)
+            if other is None or other.agent_id == task.agent_id or task_id == task.task_id:
                 continue
             key = (task.task_id, other.task_id)
             if key not in self._pairs:
@@ -92,7 +109,8 @@ class ConflictGate:
 
     def forget(self, task_id: str) -> None:
         """`task_id` ended: every pair it is in is moot."""
-        self._operations.pop(task_id, None)
+        self._scopes.pop(task_id, None)
+        self._running.remove(task_id)
         for key in self._by_task.pop(task_id, set()):
             self._pairs.pop(key, None)
             other = key[1] if key[0] == task_id else key[0]
@@ -157,11 +175,24 @@ class ConflictGate:
         self._watch(task.task_id, other.task_id, invocation_id)
         return blocker
 
-    def _operation(self, task: TaskRecord) -> str:
-        found = self._operations.get(task.task_id)
+    def _compared(self, task: TaskRecord, running: Collection[str]) -> Collection[str]:
+        """The running tasks `task` must be assessed against (module docstring)."""
+        if not isinstance(self.inference, RuleInference):
+            return running
+        scope = self._scope(task)
+        if scope.operation in self.policy.overrides:
+            return running
+        found = self._running.candidates(scope)
+        return running if found is None else found
+
+    def _scope(self, task: TaskRecord) -> Scope:
+        found = self._scopes.get(task.task_id)
         if found is None:
-            found = self._operations[task.task_id] = parse_scope(task.scope).operation
+            found = self._scopes[task.task_id] = parse_scope(task.scope)
         return found
+
+    def _operation(self, task: TaskRecord) -> str:
+        return self._scope(task).operation
 
     def _watch(self, task_id: str, other_id: str, invocation_id: str) -> None:
         waiter = asyncio.create_task(self._await_decision(task_id, other_id, invocation_id))

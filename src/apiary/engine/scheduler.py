@@ -370,6 +370,7 @@ class Scheduler:
 
     def _occupy(self, task: TaskRecord) -> None:
         self._running[task.agent_id] = task.task_id
+        self.gate.started(task)
         self._by_message[task.message_id] = task.task_id
         self._active[task.agent_type] += 1
         self._preemptions[task.task_id] = PreemptionMachine.start(task.task_id, self._clock.now())

@@ -63,8 +63,7 @@ class SchedulerDispatch:
         if s._active[task.agent_type] >= limit:
             s._type_waiters.setdefault(task.agent_type, set()).add(agent_id)
             return
-        running = [s._tasks[t] for t in s._running.values()]
-        blockers = await s.gate.blockers(task, running)
+        blockers = await s.gate.blockers(task, s._running.values(), s._tasks)
         if blockers:
             await self._deferred(task, blockers)
             return
