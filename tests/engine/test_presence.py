@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from apiary.engine.registry import UNAVAILABLE
+from apiary.store.sqlite import SqliteStore
 from apiary.testing.engine import EngineHarness, open_test_engine
 
 
@@ -162,3 +164,31 @@ async def test_a_heartbeat_revives_an_unavailable_agent(h: EngineHarness) -> Non
     assert record.state == "RUNNABLE"
     (available,) = await h.events("agent.available")
     assert (available.agent_id, available.details["health"]) == ("alice", {"load": "0.1"})
+
+
+async def test_a_join_and_a_heartbeat_round_are_one_write_however_many_agents(
+    tmp_path: Path,
+) -> None:
+    # Announcing to N agents is one admission (one writer job), not N in a row: a fleet's
+    # start-up registers every agent, each announced to all the others.
+    async with open_test_engine(store_url=f"sqlite:///{tmp_path}/a.db", data_dir=tmp_path) as h:
+        for n in range(40):
+            await h.register(f"agent-{n}")
+        assert isinstance(h.store, SqliteStore)
+        jobs = h.store.stats.writer.jobs
+        await h.register("late")
+        for n in range(40):
+            joined = [
+                note["agent"]["agent_id"]
+                for note in await _notifications(h, f"agent-{n}")
+                if note["event"] == "agent_joined"
+            ]
+            assert joined[-1] == "late"
+        (directory,) = await _notifications(h, "late")
+        assert len(directory["agents"]) == 41
+        # The registration itself, its event, and one write for the 41 notices.
+        assert h.store.stats.writer.jobs - jobs <= 4
+        jobs = h.store.stats.writer.jobs
+        await h.engine.presence.tick()
+        assert h.store.stats.writer.jobs - jobs <= 2
+        assert [len(await _heartbeats(h, f"agent-{n}")) for n in range(40)] == [1] * 40

@@ -15,6 +15,7 @@ from typing import Any
 
 from apiary.core.clock import Clock
 from apiary.core.records import AgentRecord
+from apiary.engine.admission import Outbound
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.registry import UNAVAILABLE, Registry
@@ -59,18 +60,26 @@ class Presence:
         self._clock = clock
         self._misses: dict[str, int] = {}
 
-    async def _broadcast(self, body: dict[str, Any], skip: str) -> None:
-        for agent in await self._registry.list():
-            if agent.agent_id != skip:
-                await self._router.notify(agent.agent_id, self._notices.notification(body))
+    async def _broadcast(self, body: dict[str, Any], skip: str, *extra: Outbound) -> None:
+        """`body` to every registered agent but `skip`, and `extra`: one admission (one
+        durable write) for all of them, not one per agent."""
+        notices = [
+            Outbound(self._notices.notification(body), agent.agent_id)
+            for agent in await self._registry.list()
+            if agent.agent_id != skip
+        ]
+        await self._router.send_many([*notices, *extra])
 
     async def joined(self, agent: AgentRecord) -> None:
         self._misses.pop(agent.agent_id, None)
-        await self._broadcast({"event": "agent_joined", "agent": _summary(agent)}, agent.agent_id)
-        directory = [_summary(a) for a in await self._registry.list()]
-        await self._router.notify(
-            agent.agent_id, self._notices.notification({"event": "directory", "agents": directory})
+        agents = await self._registry.list()
+        directory = self._notices.notification(
+            {"event": "directory", "agents": [_summary(a) for a in agents]}
         )
+        await self._broadcast(
+            {"event": "agent_joined", "agent": _summary(agent)}, agent.agent_id,
+            Outbound(directory, agent.agent_id),
+        )  # fmt: skip
 
     async def left(self, agent_id: str, reason: str) -> None:
         self._misses.pop(agent_id, None)
@@ -81,8 +90,11 @@ class Presence:
     async def tick(self) -> None:
         """One heartbeat round: send heartbeats, then judge who has gone quiet."""
         now = self._clock.now()
-        for agent in await self._registry.list():
-            await self._router.notify(agent.agent_id, self._notices.heartbeat(agent.agent_id))
+        agents = await self._registry.list()
+        await self._router.send_many(
+            [Outbound(self._notices.heartbeat(a.agent_id), a.agent_id) for a in agents]
+        )
+        for agent in agents:
             quiet = now - agent.last_heartbeat_at > self.settings.heartbeat_timeout_s
             if not quiet:
                 self._misses.pop(agent.agent_id, None)
