@@ -200,3 +200,58 @@ async def test_a_version_2_postgres_schema_is_upgraded_in_place(
             )
         ).fetchall()
     assert [v for (v,) in rows] == VERSIONS
+
+
+V12_OUTBOX = (
+    "message_id, swarm_id, sender_id, recipient_id, message_type, content, destination,"
+    " created_at, status, attempts, updated_at, error"
+)
+V12_OUTBOX_ROWS = [
+    ("m-1", "s-1", "me", "beta", "message", "hello", "beta", 1.5, "failed", 3, 2.5, "HTTP 503"),
+    ("m-2", "s-1", "me", "broadcast", "message", "all", "gamma", 3.5, "sent", 0, 3.5, ""),
+]
+
+
+async def check_outbox_upgraded(store: Store) -> None:
+    """Version-12 outbox rows survive the rebuild of version 13, due at once."""
+    (failed,) = await store.swarm.outbox_get("m-1")
+    assert (failed.destination, failed.status, failed.attempts, failed.error) == (
+        "beta", "failed", 3, "HTTP 503",
+    )  # fmt: skip
+    assert failed.next_attempt_at == 0.0
+    (pending,) = await store.swarm.outbox_pending()
+    assert (pending.mail.message_id, pending.status) == ("m-2", "sent")
+    await store.swarm.outbox_put(replace(pending, status="retrying", next_attempt_at=9.0))
+    (retrying,) = await store.swarm.outbox_pending()
+    assert (retrying.status, retrying.next_attempt_at) == ("retrying", 9.0)
+
+
+async def test_a_version_12_sqlite_outbox_is_rebuilt_with_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate_sqlite(raw, target=12)[-1] == 12
+        for row in V12_OUTBOX_ROWS:
+            raw.execute(
+                f"INSERT INTO swarm_outbox ({V12_OUTBOX}) VALUES ({', '.join('?' * 12)})", row
+            )
+    finally:
+        raw.close()
+    async with open_sqlite_store(path) as store:
+        await check_outbox_upgraded(store)
+    with sqlite3.connect(path) as raw:
+        indexes = {n for (n,) in raw.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"swarm_outbox_by_time", "swarm_outbox_by_swarm", "swarm_outbox_pending"} <= indexes
+
+
+@pytest.mark.postgres
+async def test_a_version_12_postgres_outbox_is_upgraded_with_its_rows(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+        assert (await migrate_postgres(conn, postgres_schema, target=12))[-1] == 12
+        marks = ", ".join(["%s"] * 12)
+        for row in V12_OUTBOX_ROWS:
+            await conn.execute(f"INSERT INTO swarm_outbox ({V12_OUTBOX}) VALUES ({marks})", row)
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await check_outbox_upgraded(store)

@@ -5,7 +5,9 @@ Inbox statuses move forward only: unread -> read -> archived -> deleted, any ste
 skipped, and a move to the current status changes nothing. A deleted message stays in the
 table (so that a replay of its message_id is still recognised) but is left out of listings.
 Outbox rows are per destination: a broadcast to three members is three rows with one
-message_id, each sent -> delivered or sent -> failed with its own attempt count.
+message_id, each sent -> delivered or sent -> failed with its own attempt count. A destination
+that could not be reached (no answer, 5xx, 429) is `retrying` until `next_attempt_at`, and
+tried again in the background until it answers or the courier gives up (failed).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 INBOX_STATUSES: Final = ("unread", "read", "archived", "deleted")
-OUTBOX_STATUSES: Final = ("sent", "delivered", "failed")
+OUTBOX_STATUSES: Final = ("sent", "retrying", "delivered", "failed")
+PENDING_STATUSES: Final = ("sent", "retrying")
+"""Outbox rows whose delivery has not ended."""
 RECENT_LIMIT: Final = 100
 """list_recent never returns more than this many messages (the protocol's cap)."""
 
@@ -87,3 +91,5 @@ class OutboxEntry:
     updated_at: float = 0.0
     error: str = ""
     """Why the last attempt failed."""
+    next_attempt_at: float = 0.0
+    """When a `retrying` row is tried again."""

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from apiary.core.swarm_mail import INBOX_STATUSES, OUTBOX_STATUSES, InboxEntry, OutboxEntry, capped
+from apiary.core.swarm_mail import (
+    INBOX_STATUSES,
+    OUTBOX_STATUSES,
+    PENDING_STATUSES,
+    InboxEntry,
+    OutboxEntry,
+    capped,
+)
 from apiary.store.swarm_rows import (
     check_inbox_status,
     inbox_from_row,
@@ -94,3 +101,10 @@ class MemorySwarmStore:
         ]  # fmt: skip
         found.sort(key=lambda e: (e.created_at, e.mail.message_id, e.destination), reverse=True)
         return found[:limit]
+
+    async def outbox_pending(self, limit: int = 100) -> list[OutboxEntry]:
+        found = [e for e in self._outbox.values() if e.status in PENDING_STATUSES]
+        found.sort(
+            key=lambda e: (e.next_attempt_at, e.created_at, e.mail.message_id, e.destination)
+        )
+        return found[: capped(limit)]

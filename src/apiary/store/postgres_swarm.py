@@ -74,6 +74,10 @@ class PostgresSwarmStore:
         rows = await self._rows("swarm_outbox", swarm_id, limit, statuses)
         return [outbox_from_row(row) for row in rows]
 
+    async def outbox_pending(self, limit: int = 100) -> list[OutboxEntry]:
+        rows = await fetch_all(self._pool, _SQL.outbox_pending, [capped(limit)])
+        return [outbox_from_row(row) for row in rows]
+
     async def _rows(
         self, table: str, swarm_id: str | None, limit: int, statuses: frozenset[str] | None
     ) -> list[Any]:

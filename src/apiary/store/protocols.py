@@ -480,6 +480,11 @@ class SwarmStore(Protocol):
         most min(limit, 100)."""
         ...
 
+    async def outbox_pending(self, limit: int = 100) -> list[OutboxEntry]:
+        """Rows whose delivery has not ended (`PENDING_STATUSES`), soonest `next_attempt_at`
+        first (then created_at, message_id, destination), at most `limit`."""
+        ...
+
 
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""

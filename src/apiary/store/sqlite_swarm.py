@@ -77,6 +77,12 @@ class SqliteSwarmStore:
         rows = await self._rows("swarm_outbox", swarm_id, limit, statuses)
         return [outbox_from_row(row) for row in rows]
 
+    async def outbox_pending(self, limit: int = 100) -> list[OutboxEntry]:
+        rows = await self._db.read(
+            lambda conn: conn.execute(_SQL.outbox_pending, (capped(limit),)).fetchall()
+        )
+        return [outbox_from_row(row) for row in rows]
+
     async def _rows(
         self, table: str, swarm_id: str | None, limit: int, statuses: frozenset[str] | None
     ) -> list[Any]:

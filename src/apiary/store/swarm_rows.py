@@ -34,8 +34,11 @@ MAIL_COLUMN_COUNT = 15
 MAIL_JSON_COLUMNS = frozenset({"refs", "attachments", "metadata", "wire"})
 INBOX_COLUMNS = f"{MAIL_COLUMNS}, received_at, status, read_at, deleted_at"
 INBOX_COLUMN_COUNT = MAIL_COLUMN_COUNT + 4
-OUTBOX_COLUMNS = f"{MAIL_COLUMNS}, destination, created_at, status, attempts, updated_at, error"
-OUTBOX_COLUMN_COUNT = MAIL_COLUMN_COUNT + 6
+OUTBOX_COLUMNS = (
+    f"{MAIL_COLUMNS}, destination, created_at, status, attempts, updated_at, error,"
+    " next_attempt_at"
+)
+OUTBOX_COLUMN_COUNT = MAIL_COLUMN_COUNT + 7
 
 
 def _text(value: object, name: str) -> str:
@@ -128,14 +131,15 @@ def outbox_row(entry: OutboxEntry) -> tuple[Any, ...]:
     return (
         *mail_row(entry.mail), entry.destination, float(entry.created_at), entry.status,
         int(entry.attempts), float(entry.updated_at), _text(entry.error, "error"),
+        float(entry.next_attempt_at),
     )  # fmt: skip
 
 
 def outbox_from_row(row: Sequence[Any]) -> OutboxEntry:
-    destination, created_at, status, attempts, updated_at, error = row[MAIL_COLUMN_COUNT:]
+    destination, created_at, status, attempts, updated_at, error, due = row[MAIL_COLUMN_COUNT:]
     return OutboxEntry(
         mail_from_row(row), destination, float(created_at), status, int(attempts),
-        float(updated_at), error,
+        float(updated_at), error, float(due),
     )  # fmt: skip
 
 

@@ -71,6 +71,15 @@ class SwarmQueries:
             " ORDER BY destination"
         )
 
+    @property
+    def outbox_pending(self) -> str:
+        """Parameters: limit."""
+        return (
+            f"SELECT {OUTBOX_COLUMNS} FROM swarm_outbox WHERE status IN ('sent', 'retrying')"
+            " ORDER BY next_attempt_at, created_at, message_id, destination"
+            f" LIMIT {self.p}"
+        )
+
     def recent(
         self, table: str, swarm_id: str | None, limit: int, statuses: frozenset[str] | None
     ) -> tuple[str, list[Any]] | None:

@@ -203,6 +203,42 @@ async def swarm_outbox_rows_are_per_destination(factory: StoreFactory) -> None:
 
 
 @_check
+async def swarm_outbox_pending_rows_come_soonest_first(factory: StoreFactory) -> None:
+    rows = [
+        OutboxEntry(mail(1), "agent-b", T0, "retrying", 3, T0 + 1, "503", T0 + 60),
+        OutboxEntry(mail(2), "agent-b", T0 + 5, "sent"),
+        OutboxEntry(mail(3), "agent-b", T0, "retrying", 4, T0 + 2, "timeout", T0 + 30),
+        OutboxEntry(mail(4), "agent-b", T0, "delivered", 1, T0 + 1),
+        OutboxEntry(mail(5), "agent-b", T0, "failed", 1, T0 + 1, "400"),
+        OutboxEntry(mail(6), "agent-c", T0 + 1, "sent"),
+    ]
+    async with factory.open() as store:
+        assert await store.swarm.outbox_pending() == []
+        for row in rows:
+            await store.swarm.outbox_put(row)
+        pending = await store.swarm.outbox_pending()
+        # Sent rows (due at 0: not yet tried, or orphaned by a crash) first, by age.
+        assert [(r.mail.message_id[-2:], r.destination) for r in pending] == [
+            ("06", "agent-c"), ("02", "agent-b"), ("03", "agent-b"), ("01", "agent-b"),
+        ]  # fmt: skip
+        assert pending[3] == rows[0]  # next_attempt_at survives the round trip
+        assert len(await store.swarm.outbox_pending(limit=2)) == 2
+        try:
+            await store.swarm.outbox_pending(limit=-1)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a negative limit must be refused")
+        await store.swarm.outbox_put(replace(rows[0], status="delivered", next_attempt_at=0))
+        assert len(await store.swarm.outbox_pending()) == 3
+    if factory.durable:
+        async with factory.open() as store:
+            assert [r.mail.message_id[-2:] for r in await store.swarm.outbox_pending()] == [
+                "06", "02", "03",
+            ]
+
+
+@_check
 async def swarm_store_refuses_what_no_backend_can_hold(factory: StoreFactory) -> None:
     bad_entries = [
         InboxEntry(mail(1, content="nul \x00 inside"), T0),
