@@ -50,9 +50,10 @@ class Peer:
 @asynccontextmanager
 async def open_peer(
     root: Path, agent_id: str, pki: Pki, *, clock: Clock | None = None,
-    settings: NodeSettings = FAST,
+    settings: NodeSettings = FAST, port: int = 0,
 ) -> AsyncIterator[Peer]:  # fmt: skip
-    sock = bind("127.0.0.1", 0)
+    """A peer; `port` brings one back where it was (its home, key and swarms are kept)."""
+    sock = bind("127.0.0.1", port)
     endpoint = f"https://127.0.0.1:{sock.getsockname()[1]}/swarm"
     home = SwarmHome(root / agent_id)
     home.init(NodeConfig(agent_id, endpoint, ca_file=str(pki.ca_file)))

@@ -17,10 +17,11 @@ import pytest
 from apiary.errors import ValidationError
 from apiary.server.config import load_config
 from apiary.store.memory import open_memory_store
+from apiary.swarm.courier import RetryPolicy
 from apiary.swarm.errors import SwarmFileError
 from apiary.swarm.home import NodeConfig, SwarmHome
 from apiary.swarm.peer import SwarmPeer, open_swarm_peer
-from apiary.swarm.settings import PeerSettings
+from apiary.swarm.settings import NodeSettings, PeerSettings
 from tests.swarm.peers import http, open_peer, until
 from tests.swarm.pki import Pki
 
@@ -32,14 +33,43 @@ def _free_port() -> int:
 
 
 @asynccontextmanager
-async def _service(tmp: Path, pki: Pki, wake: str = "") -> AsyncIterator[SwarmPeer]:
+async def _service(
+    tmp: Path, pki: Pki, wake: str = "", node_settings: NodeSettings | None = None
+) -> AsyncIterator[SwarmPeer]:
     port = _free_port()
     home = SwarmHome(tmp / "service")
     home.init(NodeConfig("service", f"https://127.0.0.1:{port}/swarm", ca_file=str(pki.ca_file)))
     settings = PeerSettings(home.path, f"127.0.0.1:{port}", str(pki.cert_file),
                             str(pki.key_file), wake=wake)  # fmt: skip
-    async with open_memory_store() as store, open_swarm_peer(settings, store.swarm) as peer:
+    async with (
+        open_memory_store() as store,
+        open_swarm_peer(settings, store.swarm, node_settings=node_settings) as peer,
+    ):
         yield peer
+
+
+async def test_a_serving_peer_delivers_to_a_member_once_it_is_back(
+    tmp_path: Path, pki: Pki
+) -> None:
+    # What `apiary swarm serve` (and a coordinator with [swarm]) runs retries in the
+    # background by itself: no command, no restart.
+    quick = NodeSettings(retry_delays=(), retry=RetryPolicy(interval_s=0.05, first_backoff_s=0.1))
+    async with _service(tmp_path, pki, node_settings=quick) as peer:
+        sid = peer.node.create("builders").swarm_id
+        async with open_peer(tmp_path, "away", pki) as away:
+            await away.node.join(peer.node.invite(sid).url)
+            port = int(away.endpoint.rsplit(":", 1)[1].split("/")[0])
+        message, (row,) = await peer.node.send(sid, "away", "ping")
+        assert row.status == "retrying"
+        async with open_peer(tmp_path, "away", pki, port=port) as back:
+
+            async def delivered() -> bool:
+                (now,) = await peer.node.store.outbox_get(message.message_id)
+                return now.status == "delivered"
+
+            await until(delivered)
+            inbox = await back.store.swarm.list_recent()
+            assert [e.mail.content for e in inbox] == ["ping"]
 
 
 async def test_health_and_info_over_tls(tmp_path: Path, pki: Pki) -> None:

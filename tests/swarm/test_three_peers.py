@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from apiary.swarm import membership as ms
+from apiary.swarm.courier import RetryPolicy
 from apiary.swarm.errors import SwarmError
 from apiary.swarm.mail import message_of
 from apiary.swarm.settings import NodeSettings
@@ -141,15 +142,58 @@ async def test_inbox_statuses_only_move_forward(tmp_path: Path, pki: Pki) -> Non
         assert caught.value.status == 404
 
 
-async def test_a_peer_that_is_gone_is_tried_again_then_marked_failed(
+async def test_a_peer_that_is_gone_gets_the_message_once_it_is_back(
     tmp_path: Path, pki: Pki
 ) -> None:
-    patient = NodeSettings(retry_delays=(0.0, 0.0))
+    # Nothing lost: a destination that does not answer is retrying, tried again in the
+    # background (here one round at a time, due at once), and delivered when it is back.
+    patient = NodeSettings(retry_delays=(0.0, 0.0), retry=RetryPolicy(first_backoff_s=0.0))
     async with open_peer(tmp_path, "alpha", pki, settings=patient) as alpha:
         sid = alpha.node.create("builders").swarm_id
         async with open_peer(tmp_path, "beta", pki) as beta:
             await beta.node.join(alpha.node.invite(sid).url)
+            port = int(beta.endpoint.split(":")[2].split("/")[0])
         message, (row,) = await alpha.node.send(sid, "beta", "are you there?")
-        assert (row.destination, row.status, row.attempts) == ("beta", "failed", 3)
+        assert (row.destination, row.status, row.attempts) == ("beta", "retrying", 3)
         assert "POST https://127.0.0.1:" in row.error
+        assert row.next_attempt_at >= row.updated_at
         assert await alpha.store.swarm.outbox_get(message.message_id) == [row]
+        courier, endpoint_of = alpha.node.courier, alpha.node.endpoint_of
+        (again,) = await courier.retry_due(endpoint_of)
+        assert (again.status, again.attempts) == ("retrying", 4)
+        async with open_peer(tmp_path, "beta", pki, port=port) as beta:
+            (delivered,) = await courier.retry_due(endpoint_of)
+            assert (delivered.status, delivered.attempts, delivered.error) == ("delivered", 5, "")
+            assert await _contents(beta, sid) == ["are you there?"]
+        assert await alpha.store.swarm.outbox_pending() == []
+        assert await courier.retry_due(endpoint_of) == []
+
+
+async def test_retries_end_when_the_member_leaves_or_after_give_up_after_s(
+    tmp_path: Path, pki: Pki
+) -> None:
+    patient = NodeSettings(retry_delays=(), retry=RetryPolicy(first_backoff_s=0.0))
+    async with open_peer(tmp_path, "alpha", pki, settings=patient) as alpha:
+        sid = alpha.node.create("builders").swarm_id
+        for agent in ("beta", "gamma"):
+            async with open_peer(tmp_path, agent, pki) as peer:
+                await peer.node.join(alpha.node.invite(sid).url)
+        _, rows = await alpha.node.send(sid, "broadcast", "anyone?")
+        assert [(r.destination, r.status) for r in rows] == [
+            ("beta", "retrying"), ("gamma", "retrying"),
+        ]  # fmt: skip
+        await alpha.node.kick(sid, "gamma", "gone for good")
+        courier = alpha.node.courier
+        courier.retry = RetryPolicy(first_backoff_s=0.0, give_up_after_s=0.0)
+        ended = {r.destination: r for r in await courier.retry_due(alpha.node.endpoint_of)}
+        assert ended["gamma"].status == "failed"
+        assert ended["gamma"].error == f"gamma is no longer a member of {sid}"
+        assert ended["beta"].status == "failed"
+        assert ended["beta"].error.startswith("gave up after 2 attempts: POST https://")
+        assert await alpha.store.swarm.outbox_pending() == []
+
+
+def test_the_background_waits_double_up_to_a_ceiling() -> None:
+    policy = RetryPolicy(first_backoff_s=5.0, max_backoff_s=300.0)
+    assert [policy.backoff(n) for n in range(8)] == [5, 10, 20, 40, 80, 160, 300, 300]
+    assert policy.backoff(10_000) == 300

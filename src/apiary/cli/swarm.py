@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from apiary.core.swarm_mail import INBOX_STATUSES, InboxEntry, OutboxEntry
+from apiary.core.swarm_mail import INBOX_STATUSES, OUTBOX_STATUSES, InboxEntry, OutboxEntry
 from apiary.swarm import membership as ms
 from apiary.swarm.errors import SwarmError, SwarmFileError
 from apiary.swarm.home import HOME_ENV, NodeConfig, SwarmHome
@@ -74,6 +74,11 @@ def _echo_json(value: Any) -> None:
 def _deliveries(rows: Iterable[OutboxEntry]) -> None:
     for row in rows:
         outcome = row.status if not row.error else f"{row.status}: {row.error}"
+        if row.status == "retrying":
+            outcome += (
+                f" (tried again from {format_timestamp(row.next_attempt_at)} by a serving peer:"
+                " apiary swarm serve, or a coordinator with [swarm])"
+            )
         typer.echo(f"  {row.destination}: {outcome}")
 
 
@@ -304,13 +309,20 @@ def _outbox_doc(entry: OutboxEntry) -> dict[str, Any]:
         "recipient": mail.recipient_id, "type": mail.message_type, "content": mail.content,
         "status": entry.status, "attempts": entry.attempts, "error": entry.error,
         "created_at": format_timestamp(entry.created_at),
+        "next_attempt_at": (
+            format_timestamp(entry.next_attempt_at) if entry.status == "retrying" else None
+        ),
     }  # fmt: skip
 
 
 @app.command()
 def messages(
     swarm_id: str = typer.Option("", "--swarm", help="Only this swarm"),
-    status: list[str] = typer.Option([], "--status", help=f"{', '.join(INBOX_STATUSES)}"),
+    status: list[str] = typer.Option(
+        [],
+        "--status",
+        help=f"{', '.join(INBOX_STATUSES)} (with --outbox: {', '.join(OUTBOX_STATUSES)})",
+    ),
     limit: int = typer.Option(50, "--limit", help="At most (100 at most)"),
     outbox: bool = typer.Option(False, "--outbox", help="What was sent, not received"),
     mark_read: bool = typer.Option(False, "--mark-read", help="Mark the listed unread read"),

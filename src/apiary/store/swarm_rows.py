@@ -35,8 +35,7 @@ MAIL_JSON_COLUMNS = frozenset({"refs", "attachments", "metadata", "wire"})
 INBOX_COLUMNS = f"{MAIL_COLUMNS}, received_at, status, read_at, deleted_at"
 INBOX_COLUMN_COUNT = MAIL_COLUMN_COUNT + 4
 OUTBOX_COLUMNS = (
-    f"{MAIL_COLUMNS}, destination, created_at, status, attempts, updated_at, error,"
-    " next_attempt_at"
+    f"{MAIL_COLUMNS}, destination, created_at, status, attempts, updated_at, error, next_attempt_at"
 )
 OUTBOX_COLUMN_COUNT = MAIL_COLUMN_COUNT + 7
 

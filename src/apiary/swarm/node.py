@@ -116,7 +116,10 @@ class SwarmNode:
         self.settings = settings
         self.client = client
         self.me = Sender(config.agent_id, config.endpoint)
-        self.courier = Courier(identity, self.me, store, client, clock, ids, settings.retry_delays)
+        self.courier = Courier(
+            identity, self.me, store, client, clock, ids, settings.retry_delays,
+            retry=settings.retry,
+        )  # fmt: skip
         self.keys = KeyCache(
             states, self._fetch_info, clock, settings.key_ttl_s, settings.key_cooldown_s
         )
@@ -333,6 +336,13 @@ class SwarmNode:
         updated = await self.store.set_status(message_id, status, self.clock.now())
         assert updated is not None
         return updated
+
+    def endpoint_of(self, swarm_id: str, agent_id: str) -> str | None:
+        """The endpoint `agent_id` has in `swarm_id` now; None when it is not a member (or
+        this node is in no such swarm)."""
+        swarm = self.state.swarms.get(swarm_id)
+        member = swarm.member(agent_id) if swarm is not None else None
+        return None if member is None else member.endpoint
 
     # ------------------------------------------------------------------ lifetime
 

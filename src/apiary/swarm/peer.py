@@ -7,6 +7,8 @@ with its router (the bridge) and also mounts the routes on its own HTTP app.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -85,6 +87,9 @@ async def open_swarm_peer(
             )
         )
         peer = SwarmPeer(node)
+        # Unreachable destinations are tried again for as long as the peer serves.
+        retries = asyncio.create_task(node.courier.run(node.endpoint_of), name="swarm-retries")
+        stack.push_async_callback(_stop, retries)
         if router is not None:
             notices = NoticeFactory(clock, ids, SWARM_BRIDGE)
             peer.bridge = SwarmBridge(node, router, notices, config.bridge_agent)
@@ -96,6 +101,12 @@ async def open_swarm_peer(
                 open_swarm_server(swarm_app(node), sock, context)
             )
         yield peer
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 @asynccontextmanager

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from apiary.swarm.courier import RetryPolicy
 from apiary.swarm.freshness import Window
 from apiary.swarm.keycache import KEY_TTL_S, REFRESH_COOLDOWN_S
 from apiary.swarm.ratelimit import JOINS_PER_IP, MESSAGES_PER_SENDER, MESSAGES_PER_SWARM, Limit
@@ -21,6 +22,8 @@ class NodeSettings:
     key_cooldown_s: float = REFRESH_COOLDOWN_S
     retry_delays: tuple[float, ...] = (0.5, 2.0)
     """Waits before the second and later attempts of a delivery."""
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Background retries of destinations still unreachable after those (swarm/courier.py)."""
     request_timeout_s: float = 10.0
     hook_grace_s: float = 5.0
     """How long closing the node waits for deliveries and hooks still running."""

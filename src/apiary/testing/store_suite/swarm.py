@@ -234,7 +234,9 @@ async def swarm_outbox_pending_rows_come_soonest_first(factory: StoreFactory) ->
     if factory.durable:
         async with factory.open() as store:
             assert [r.mail.message_id[-2:] for r in await store.swarm.outbox_pending()] == [
-                "06", "02", "03",
+                "06",
+                "02",
+                "03",
             ]
 
 
