@@ -45,7 +45,7 @@ class SqliteOptions:
     """Read connections, each on its own thread."""
     max_batch: int = 1000
     """Most jobs committed in one transaction; bounds the latency one batch adds."""
-    checkpoint_every_changes: int = 1000
+    checkpoint_every_changes: int = 4000
     """Rows written between background WAL checkpoints."""
     wal_restart_frames: int = 4096
     """WAL pages (4 KiB each) past which the writer makes the WAL start over (a RESTART
