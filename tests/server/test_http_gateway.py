@@ -6,6 +6,7 @@ import base64
 import json
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -15,6 +16,7 @@ from apiary.server.coordinator import Coordinator
 from apiary.server.dispatch import Dispatcher
 from apiary.server.http.app import build_http_app
 from apiary.server.metrics import Metrics
+from apiary.testing.coordinator import open_test_coordinator
 
 
 @pytest.fixture
@@ -79,6 +81,35 @@ async def test_metrics_count_rpcs(http: aiohttp.ClientSession) -> None:
     # Every kind of event is counted too (tool calls, handoffs, workflow nodes, ...).
     assert 'apiary_events_total{event_type="agent.registered"} 1.0' in text
     assert 'apiary_events_total{event_type="coordinator.started"} 1.0' in text
+
+
+def _sample(text: str, name: str) -> float:
+    (line,) = [line for line in text.splitlines() if line.startswith(f"{name} ")]
+    return float(line.split()[1])
+
+
+async def test_metrics_show_the_embedded_stores_writer(
+    tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    # The memory store (the `http` fixture's coordinator) has no writer to show.
+    async with http.get("/metrics") as resp:
+        assert "apiary_store_" not in await resp.text()
+    store = f"sqlite:///{tmp_path / 'apiary.db'}"
+    async with (
+        open_test_coordinator(tmp_path / "sqlite", store) as coordinator,
+        aiohttp.ClientSession(base_url=f"http://{coordinator.http_address}") as session,
+    ):
+        await _register(session, "alice")
+        async with session.get("/metrics") as resp:
+            text = await resp.text()
+    commits, jobs = (
+        _sample(text, "apiary_store_commits_total"),
+        _sample(text, "apiary_store_jobs_total"),
+    )
+    assert 1 <= commits <= jobs
+    assert _sample(text, "apiary_store_largest_batch") >= 1
+    assert _sample(text, "apiary_store_checkpoints_total") >= 0
+    assert _sample(text, "apiary_store_wal_restarts_total") == 0
 
 
 @pytest.mark.conformance("transport.http.http1-fallback")

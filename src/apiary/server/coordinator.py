@@ -72,6 +72,7 @@ from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHand
 from apiary.server.tls import grpc_credentials, http_context
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
+from apiary.store.sqlite import SqliteStore
 from apiary.swarm.peer import SwarmPeer, open_swarm_peer
 from apiary.swarm.transport import add_swarm_routes
 from apiary.system import SystemClock, UuidIds
@@ -368,7 +369,10 @@ async def open_coordinator(
                 )
             )
         recovered = await load_engine(engine)
-        metrics = Metrics(engine.router, engine.activity, engine.scheduler, engine.events)
+        metrics = Metrics(
+            engine.router, engine.activity, engine.scheduler, engine.events,
+            store_stats=(lambda: store.stats) if isinstance(store, SqliteStore) else None,
+        )  # fmt: skip
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
         credentials = grpc_credentials(config)

@@ -5,7 +5,7 @@ The back-pressure metrics of RFC 13 are read from the router at scrape time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -17,6 +17,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.router import Router
 from apiary.engine.router_stats import Timing
 from apiary.engine.scheduler import Scheduler
+from apiary.store.sqlite_database import SqliteStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -192,6 +193,31 @@ class _EventCollector(Collector):
         )  # fmt: skip
 
 
+class _SqliteCollector(Collector):
+    """The embedded store's single writer and WAL: group commits, jobs per commit (their
+    ratio is how well concurrent writes share commits), checkpoints and WAL restarts."""
+
+    def __init__(self, stats: Callable[[], SqliteStats]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        stats = self._stats()
+        writer = stats.writer
+        for name, doc, value in (
+            ("apiary_store_commits", "SQLite transactions committed by the writer.",
+             writer.commits),
+            ("apiary_store_jobs", "Write jobs committed (several share one commit).", writer.jobs),
+            ("apiary_store_checkpoints", "Background WAL checkpoints.", stats.checkpoints),
+            ("apiary_store_wal_restarts", "Times the WAL was made to start over.",
+             stats.wal_restarts),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, doc, value=value)
+        yield GaugeMetricFamily(
+            "apiary_store_largest_batch", "Most write jobs in one commit so far.",
+            value=writer.largest_batch,
+        )  # fmt: skip
+
+
 class Metrics:
     def __init__(
         self,
@@ -199,6 +225,7 @@ class Metrics:
         activity: Activity | None = None,
         scheduler: Scheduler | None = None,
         events: EventRecorder | None = None,
+        store_stats: Callable[[], SqliteStats] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self._rpcs = Counter(
@@ -215,6 +242,8 @@ class Metrics:
             self.registry.register(_SchedulerCollector(scheduler))
         if events is not None:
             self.registry.register(_EventCollector(events))
+        if store_stats is not None:
+            self.registry.register(_SqliteCollector(store_stats))
 
     def rpc_done(self, transport: str, method: str, code: str) -> None:
         self._rpcs.labels(transport, method, code).inc()
