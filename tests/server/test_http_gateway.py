@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import uuid
@@ -110,6 +111,28 @@ async def test_metrics_show_the_embedded_stores_writer(
     assert _sample(text, "apiary_store_largest_batch") >= 1
     assert _sample(text, "apiary_store_checkpoints_total") >= 0
     assert _sample(text, "apiary_store_wal_restarts_total") == 0
+
+
+@pytest.mark.conformance("transport.http.prefer-http2")
+async def test_the_grpc_port_speaks_http2_and_the_gateway_is_the_http1_fallback(
+    coordinator: Coordinator, http: aiohttp.ClientSession
+) -> None:
+    # The SDK, apiary.Client and every CLI command use the gRPC port, which is HTTP/2: the
+    # client preface is answered with a SETTINGS frame (type 4 on stream 0).
+    host, port = str(coordinator.grpc_address).rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+        await writer.drain()
+        header = await asyncio.wait_for(reader.readexactly(9), 10)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    length, frame_type, stream = int.from_bytes(header[:3], "big"), header[3], header[5:]
+    assert (frame_type, stream) == (4, b"\x00\x00\x00\x00") and length % 6 == 0
+    # HTTP/1.1 is the fallback, on the HTTP port: the JSON gateway answers it.
+    async with http.get("/healthz") as resp:
+        assert resp.status == 200 and resp.version == aiohttp.HttpVersion11
 
 
 @pytest.mark.conformance("transport.http.http1-fallback")
