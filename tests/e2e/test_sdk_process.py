@@ -178,8 +178,9 @@ async def test_an_agent_process_signs_with_a_key_from_apiary_agent_keygen(
     assert made.returncode == 0, made.stderr
     settings = RouterSettings(signing_required=True)
     async with open_test_coordinator(tmp_path / "c", router_settings=settings) as coordinator:
+        # --verify-signatures: the agent checks the asker's signature itself, end to end.
         argv = [apiary_bin, "agent", "run", "tests.e2e.sdk_agents:Echo", "--signing-key",
-                str(key_file)]  # fmt: skip
+                str(key_file), "--verify-signatures"]  # fmt: skip
 
         async def with_the_key_from_keygen() -> None:
             echo = await coordinator.registry.get("echo")

@@ -5,6 +5,9 @@ key's signature, and deregistration (revocation) needs the agent's key or an ope
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,11 +15,12 @@ import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from apiary.core.envelope import AckStage
 from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings
-from apiary.sdk.connection import Connection
+from apiary.sdk.connection import Connection, Delivery
 from apiary.server.coordinator import Runtime
 from apiary.testing.clock import FakeClock
 from apiary.testing.coordinator import open_test_coordinator
@@ -221,3 +225,116 @@ async def test_idempotency_tokens_are_scoped_by_the_authenticated_producer(
     # Alice's own retry meets her own operation, still in progress.
     again = await _send(running, envelope("alice", idempotency_token=token), alice)
     assert not again.accepted and again.reason.startswith("already_in_progress")
+
+
+async def _next(deliveries: AsyncIterator[Delivery]) -> Delivery:
+    return await asyncio.wait_for(deliveries.__anext__(), 10)
+
+
+async def _data(deliveries: AsyncIterator[Delivery]) -> Delivery:
+    """The next delivery that is not a coordinator notice."""
+    while (found := await _next(deliveries)).notice:
+        pass
+    return found
+
+
+async def test_a_recipient_verifies_the_producers_signature_end_to_end(tmp_path: Path) -> None:
+    # The signature admission verified is delivered with the message, so the recipient
+    # checks it too: here against a message changed at rest in the SQLite file.
+    store = f"sqlite:///{tmp_path / 'apiary.db'}"
+    keys = {"alice": Ed25519PrivateKey.generate(), "bob": Ed25519PrivateKey.generate()}
+    signing = RouterSettings(signing_required=True)
+
+    def connect(running: Running, agent: str) -> Connection:
+        return Connection(agent, coordinator=running.grpc, signing_key=keys[agent],
+                          verify_signatures=True)  # fmt: skip
+
+    async with open_running(tmp_path / "first", signing, store) as running:
+        alice, bob = connect(running, "alice"), connect(running, "bob")
+        await alice.start()
+        await bob.start()
+        kept = await alice.send("bob", {"n": 1})
+        changed = await alice.send("bob", {"n": 2})
+        stored = await running.coordinator.store.messages.get(kept.message_id)
+        assert stored is not None and len(stored.signature) == 64
+        await alice.stop(deregister=False)
+        await bob.stop(deregister=False)
+    with sqlite3.connect(tmp_path / "apiary.db") as raw:
+        (blob,) = raw.execute(
+            "SELECT envelope FROM messages WHERE message_id = ?", (changed.message_id,)
+        ).fetchone()
+        assert b'{"n": 2}' in blob
+        raw.execute(
+            "UPDATE messages SET envelope = ? WHERE message_id = ?",
+            (blob.replace(b'{"n": 2}', b'{"n": 3}'), changed.message_id),
+        )
+    async with open_running(tmp_path / "second", signing, store) as running:
+        alice, bob = connect(running, "alice"), connect(running, "bob")
+        await alice.start()
+        await bob.start()
+        handed_on: asyncio.Queue[Delivery] = asyncio.Queue()
+
+        async def receive() -> None:
+            async for delivery in bob.deliveries():
+                if not delivery.notice:
+                    await handed_on.put(delivery)
+
+        receiving = asyncio.create_task(receive())
+        try:
+            first = await asyncio.wait_for(handed_on.get(), 10)
+            assert (first.envelope.message_id, first.envelope.payload) == (
+                kept.message_id, b'{"n": 1}',
+            )  # fmt: skip
+            await bob.ack(first.envelope, AckStage.FULFILLED)
+            # The changed one is refused, not handed on: REJECTED with PERMISSION_DENIED.
+            answers = alice.deliveries()
+            acks = [json.loads((await _data(answers)).envelope.payload) for _ in range(2)]
+            outcomes = {
+                (a["ack_for_message_id"], a["ack_stage"], a.get("error_code", "")) for a in acks
+            }
+            assert outcomes == {
+                (kept.message_id, "FULFILLED", ""),
+                (changed.message_id, "REJECTED", "PERMISSION_DENIED"),
+            }  # fmt: skip
+            refused = await running.coordinator.store.messages.get(changed.message_id)
+            assert refused is not None and refused.state.value == "REJECTED"
+            assert handed_on.empty()
+        finally:
+            receiving.cancel()
+            await alice.stop()
+            await bob.stop()
+
+
+async def test_a_verifying_recipient_refuses_what_no_signature_vouches_for(
+    tmp_path: Path,
+) -> None:
+    # Without signing at the coordinator nothing is verified at admission and no signature
+    # is delivered: an agent that registered a key and verifies refuses its peers' messages,
+    # while the coordinator's own (the directory, heartbeats) come through.
+    async with (
+        open_running(tmp_path) as running,
+        Connection("alice", coordinator=running.grpc,
+                   signing_key=Ed25519PrivateKey.generate()) as alice,
+        Connection("bob", coordinator=running.grpc, verify_signatures=True) as bob,
+    ):  # fmt: skip
+        sent = await alice.send("bob", {"n": 1})
+        await running.coordinator.presence.tick()
+        handed_on: list[Delivery] = []
+
+        async def receive() -> None:
+            async for delivery in bob.deliveries():
+                handed_on.append(delivery)
+
+        receiving = asyncio.create_task(receive())
+        try:
+            for _ in range(500):  # bob's REJECTED ACK travels back through the router
+                found = await running.coordinator.store.messages.get(sent.message_id)
+                if found is not None and found.state.value == "REJECTED":
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise AssertionError("the unsigned message was not refused")
+        finally:
+            receiving.cancel()
+        assert [d for d in handed_on if d.envelope.producer_id == "alice"] == []
+        assert "alice" in bob.directory  # the coordinator's notices came through

@@ -341,12 +341,17 @@ class Delivery(_message.Message):
     ATTEMPT_FIELD_NUMBER: _builtins.int
     URGENT_FIELD_NUMBER: _builtins.int
     MSG_FIELD_NUMBER: _builtins.int
+    SIGNATURE_FIELD_NUMBER: _builtins.int
     offset: _builtins.int
     resume_token: _builtins.str
     attempt: _builtins.int
     """1 on first delivery, higher on redelivery"""
     urgent: _builtins.bool
     """served from the PRIVILEGED lane"""
+    signature: _builtins.bytes
+    """The producer's Ed25519 signature over msg's deterministic serialization, as verified at
+    admission (message signing on); empty without signing and for the coordinator's own.
+    """
     @_builtins.property
     def msg(self) -> _common_pb2.Envelope: ...
     def __init__(
@@ -357,10 +362,11 @@ class Delivery(_message.Message):
         attempt: _builtins.int = ...,
         urgent: _builtins.bool = ...,
         msg: _common_pb2.Envelope | None = ...,
+        signature: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "msg", b"msg", "offset", b"offset", "resume_token", b"resume_token", "urgent", b"urgent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "msg", b"msg", "offset", b"offset", "resume_token", b"resume_token", "signature", b"signature", "urgent", b"urgent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -66,6 +66,11 @@ def run(
         envvar=SIGNING_KEY_ENV,
         help="Ed25519 key (apiary agent keygen) when the coordinator requires signing",
     ),
+    verify_signatures: bool = typer.Option(
+        False,
+        "--verify-signatures",
+        help="Refuse messages from agents whose signature does not verify (docs/security.md)",
+    ),
 ) -> None:
     """Register the agent, run it until SIGTERM/SIGINT or a Scheduler shutdown, then
     shut it down gracefully (running work finishes within its grace period) and deregister."""
@@ -74,7 +79,9 @@ def run(
     )
     try:
         cls = load_agent_class(target)
-        options = {} if signing_key is None else {"signing_key": load_signing_key(signing_key)}
+        options: dict[str, object] = {"verify_signatures": verify_signatures}
+        if signing_key is not None:
+            options["signing_key"] = load_signing_key(signing_key)
         agent = cls(agent_id or None, coordinator=coordinator or None, **options)
     except ValueError as exc:
         typer.echo(f"apiary agent run: {exc}", err=True)

@@ -77,6 +77,9 @@ class StoredMessage:
     last_delivered_at: float = 0.0
     acked_stage: str = ""
     """The furthest AckStage name the recipient acknowledged ('' before any)."""
+    signature: bytes = b""
+    """The producer's Ed25519 signature over `envelope`, verified at admission (message
+    signing on; RFC 6.2) and delivered with it so that the recipient can verify it too."""
 
 
 def at_offset(message: StoredMessage, offset: int) -> StoredMessage:
@@ -87,7 +90,7 @@ def at_offset(message: StoredMessage, offset: int) -> StoredMessage:
         m.message_id, m.recipient, m.producer_id, m.correlation_id, m.message_type,
         m.envelope, m.state, m.created_at, m.updated_at, offset, m.error_code,
         m.idempotency_token, m.sequence_number, m.lane, m.ack_deadline, m.expires_at,
-        m.deliveries, m.last_delivered_at, m.acked_stage,
+        m.deliveries, m.last_delivered_at, m.acked_stage, m.signature,
     )  # fmt: skip
 
 
@@ -99,7 +102,7 @@ def handed_out(message: StoredMessage, at: float, deliveries: int) -> StoredMess
         m.message_id, m.recipient, m.producer_id, m.correlation_id, m.message_type,
         m.envelope, m.state, m.created_at, m.updated_at, m.offset, m.error_code,
         m.idempotency_token, m.sequence_number, m.lane, m.ack_deadline, m.expires_at,
-        deliveries, at, m.acked_stage,
+        deliveries, at, m.acked_stage, m.signature,
     )  # fmt: skip
 
 
@@ -133,7 +136,7 @@ def changed(message: StoredMessage, change: StateChange) -> StoredMessage:
         m.idempotency_token, m.sequence_number, m.lane,
         0.0 if change.clear_ack_deadline else m.ack_deadline, m.expires_at,
         max(m.deliveries, change.deliveries), max(m.last_delivered_at, change.last_delivered_at),
-        change.acked_stage or m.acked_stage,
+        change.acked_stage or m.acked_stage, m.signature,
     )  # fmt: skip
 
 

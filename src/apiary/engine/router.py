@@ -361,7 +361,7 @@ class Router:
                     return None
                 self._reserve_checked(target, env)
             return SendOutcome(env.message_id, True), self._record(
-                env, target, now, notice, item.raw, item.lane
+                env, target, now, notice, item.raw, item.lane, self._verified(item, item.raw)
             )
         except ApiaryError as exc:
             return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
@@ -403,14 +403,15 @@ class Router:
                 env, raw = assembled, b""
                 self._validate(env, now)
             return await self._admissible(
-                env, target, now, requeue=item.requeue, raw=raw, lane=item.lane
-            )
+                env, target, now, requeue=item.requeue, raw=raw, lane=item.lane,
+                signature=self._verified(item, raw),
+            )  # fmt: skip
         except ApiaryError as exc:
             return SendOutcome(env.message_id, False, exc, f"{exc.code}: {exc.message}"), None
 
     async def _admissible(
         self, env: Envelope, target: str, now: float, *, requeue: bool = False,
-        raw: bytes = b"", lane: str = "",
+        raw: bytes = b"", lane: str = "", signature: bytes = b"",
     ) -> tuple[SendOutcome, StoredMessage | None]:  # fmt: skip
         if target == COORDINATOR:
             # ACKs of coordinator notices end here: nothing to forward.
@@ -425,7 +426,9 @@ class Router:
             if duplicate is not None:
                 return duplicate, None
             self._reserve_checked(target, env)
-        return SendOutcome(env.message_id, True), self._record(env, target, now, notice, raw, lane)
+        return SendOutcome(env.message_id, True), self._record(
+            env, target, now, notice, raw, lane, signature
+        )
 
     def _routable(self, env: Envelope, target: str) -> bool:
         """Raise unless `target` is registered and takes `env`'s content type; whether `env`
@@ -449,9 +452,18 @@ class Router:
             self.dedup.abandon(env.message_id)
             raise
 
+    def _verified(self, item: Outbound, raw: bytes) -> bytes:
+        """The signature admission verified over `raw`, kept with the message for its
+        recipient; none without signing, for the coordinator's own envelopes, and for an
+        envelope assembled from chunks (signed chunk by chunk, not as a whole)."""
+        if self.settings.signing_required and item.remote and raw and raw is item.raw:
+            return item.signature
+        return b""
+
     def _record(
-        self, env: Envelope, target: str, now: float, notice: bool, raw: bytes, lane: str = ""
-    ) -> StoredMessage:
+        self, env: Envelope, target: str, now: float, notice: bool, raw: bytes, lane: str = "",
+        signature: bytes = b"",
+    ) -> StoredMessage:  # fmt: skip
         if not lane:
             producer = self._registry.known(env.producer_id)
             lane = _lane(producer.descriptor if producer else {})
@@ -471,6 +483,7 @@ class Router:
             ack_deadline=0.0 if notice else now + self.settings.ack_timeout_s,
             expires_at=ttl_deadline(env, received_at=now)
             or (now + self.settings.notice_ttl_s if notice else 0.0),
+            signature=signature,
         )
 
     def _reserve(self, target: str, env: Envelope) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -27,8 +28,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from apiary.core.clock import Clock
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.ids import IdGenerator
-from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes
-from apiary.errors import ApiaryError, ValidationError, error_for_code
+from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes, verifies
+from apiary.errors import ApiaryError, NotFoundError, ValidationError, error_for_code
 from apiary.sdk import errors
 from apiary.sdk.channel import ClientTls, open_channel
 from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
@@ -36,6 +37,8 @@ from apiary.sdk.sender import BatchSender, SendResult
 from apiary.system import SystemClock, UuidIds
 from apiary.wire import pb
 from apiary.wire.convert import ack_to_json, envelope_from_proto, envelope_to_proto
+
+log = logging.getLogger("apiary.sdk")
 
 RECIPIENT_KEY = "sw4rm-recipient"
 JSON = "application/json"
@@ -73,13 +76,26 @@ class Connection:
         ids: IdGenerator | None = None,
         signing_key: Ed25519PrivateKey | None = None,
         tls: ClientTls | None = None,
+        verify_signatures: bool = False,
     ) -> None:
         """`signing_key`: the agent's Ed25519 key when the coordinator has message signing on
         (RFC 6.2): its public half is registered, and every envelope, registration and
-        deregistration this connection sends is signed with it."""
+        deregistration this connection sends is signed with it.
+
+        `verify_signatures`: check, on arrival, that every message another agent produced
+        carries that agent's signature under the key it registered (fetched from the
+        coordinator's discovery service, again once when a signature fails, in case the key
+        was rotated). A message that fails is not handed on: it is acknowledged REJECTED with
+        PERMISSION_DENIED (an ACK is dropped) and logged. Messages whose producer is no
+        registered agent (the coordinator's own notices and task dispatches, or an agent
+        deregistered since) carry no signature to check and are taken as they come over the
+        (TLS) channel."""
         self.agent_id = agent_id
         self._coordinator = coordinator
         self._signing_key = signing_key
+        self._verify = verify_signatures
+        self._keys: dict[str, bytes | None] = {}
+        """Producers' registered public keys (b'' without one; None for a non-agent)."""
         self._tls = tls
         """TLS towards the coordinator (None: from the environment, else plain)."""
         self._descriptor = pb.registry_pb2.AgentDescriptor(
@@ -293,12 +309,48 @@ class Connection:
             for item in batch.deliveries:
                 self.last_offset = max(self.last_offset, item.offset)
                 env = envelope_from_proto(item.msg)
+                if self._verify and not await self._authentic(item, env):
+                    continue
                 if await self._handled_notice(env):
                     continue
                 notice = _is_notice(env)
                 if env.message_type is not MessageType.ACKNOWLEDGEMENT and not notice:
                     self._unacked[env.message_id] = item.offset
                 yield Delivery(env, item.offset, item.attempt, item.urgent, notice)
+
+    async def _authentic(self, item: pb.apiary_pb2.Delivery, env: Envelope) -> bool:
+        """Whether `item` may be handed on (see `verify_signatures`); refuses it if not."""
+        key = await self._producer_key(env.producer_id)
+        if key is None:
+            return True  # no registered agent: the coordinator's own message
+        data = item.msg.SerializeToString(deterministic=True)
+        if _signed_by(key, data, item.signature):
+            return True
+        key = await self._producer_key(env.producer_id, refresh=True)  # rotated since?
+        if key is None or _signed_by(key, data, item.signature):
+            return True
+        why = (
+            f"{env.message_id} from {env.producer_id} is not signed"
+            if not item.signature
+            else f"the signature of {env.message_id} does not verify against the key"
+            f" {env.producer_id} registered"
+        )
+        log.warning("refused: %s", why)
+        if env.message_type is not MessageType.ACKNOWLEDGEMENT:
+            await self.ack(env, AckStage.REJECTED, error_code="PERMISSION_DENIED", note=why)
+        return False
+
+    async def _producer_key(self, agent_id: str, *, refresh: bool = False) -> bytes | None:
+        if refresh or agent_id not in self._keys:
+            stub = pb.apiary_pb2_grpc.DiscoveryServiceStub(self.channel)
+            request = pb.apiary_pb2.GetAgentRequest(agent_id=agent_id)
+            try:
+                info = await errors.call(lambda: stub.GetAgent(request))
+            except NotFoundError:
+                self._keys[agent_id] = None
+            else:
+                self._keys[agent_id] = bytes(info.descriptor.public_key)
+        return self._keys[agent_id]
 
     async def _handled_notice(self, env: Envelope) -> bool:
         if env.message_type is MessageType.HEARTBEAT:
@@ -343,3 +395,7 @@ task deferrals, ...) are delivered, marked as notices."""
 
 def _is_notice(env: Envelope) -> bool:
     return env.message_type is MessageType.NOTIFICATION and env.producer_id == "coordinator"
+
+
+def _signed_by(key: bytes, data: bytes, signature: bytes) -> bool:
+    return bool(key) and bool(signature) and verifies(key, data, signature)

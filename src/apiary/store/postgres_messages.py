@@ -47,6 +47,7 @@ _COLUMN_TYPES = (
     "int8",  # deliveries
     "float8",  # last_delivered_at
     "text",  # acked_stage
+    "bytea",  # signature
     "int8",  # inbox_offset
 )
 assert len(_COLUMN_TYPES) == MESSAGE_COLUMN_COUNT

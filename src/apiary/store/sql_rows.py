@@ -37,10 +37,11 @@ AGENT_COLUMNS = "agent_id, name, state, registered_at, last_heartbeat_at, descri
 MESSAGE_COLUMNS = (
     "message_id, recipient, producer_id, correlation_id, message_type, envelope, state,"
     " created_at, updated_at, error_code, idempotency_token, sequence_number, lane,"
-    " ack_deadline, expires_at, deliveries, last_delivered_at, acked_stage, inbox_offset"
+    " ack_deadline, expires_at, deliveries, last_delivered_at, acked_stage, signature,"
+    " inbox_offset"
 )
 """Every stored column of `messages`; inbox_offset comes last (the store assigns it)."""
-MESSAGE_COLUMN_COUNT = 19
+MESSAGE_COLUMN_COUNT = 20
 IDEMPOTENCY_COLUMNS = (
     "token, producer_id, original_message_id, current_message_id, status, created_at,"
     " updated_at, outcome_at, error_code, result, attempts"
@@ -190,6 +191,7 @@ def message_values(message: StoredMessage) -> tuple[Any, ...]:
         int(message.deliveries),
         float(message.last_delivered_at),
         message.acked_stage,
+        bytes(message.signature),
     )
 
 
@@ -230,6 +232,7 @@ def message_from_row(row: Sequence[Any]) -> StoredMessage:
         deliveries,
         last_delivered_at,
         acked_stage,
+        signature,
         offset,
     ) = row
     return StoredMessage(
@@ -252,6 +255,7 @@ def message_from_row(row: Sequence[Any]) -> StoredMessage:
         deliveries=deliveries,
         last_delivered_at=last_delivered_at,
         acked_stage=acked_stage,
+        signature=bytes(signature),
     )
 
 

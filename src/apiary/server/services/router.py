@@ -40,6 +40,7 @@ def _deliveries(batch: list[Handout]) -> apiary_pb2.InboundBatch:
             resume_token=resume_token(message.recipient, message.offset),
             attempt=handout.attempt,
             urgent=handout.urgent,
+            signature=message.signature,
         )
         delivery.msg.MergeFromString(message.envelope)
     return reply

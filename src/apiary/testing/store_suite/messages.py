@@ -194,6 +194,7 @@ async def delivery_fields_round_trip(factory: StoreFactory) -> None:
         deliveries=3,
         last_delivered_at=T0 + 2.25,
         acked_stage="READ",
+        signature=bytes(range(64)),
     )
     async with factory.open() as store:
         admitted = await store.messages.admit(full)
@@ -210,7 +211,7 @@ async def delivery_fields_round_trip(factory: StoreFactory) -> None:
             "STANDARD",
         )
         assert (stored.ack_deadline, stored.expires_at, stored.deliveries) == (0.0, 0.0, 0)
-        assert (stored.last_delivered_at, stored.acked_stage) == (0.0, "")
+        assert (stored.last_delivered_at, stored.acked_stage, stored.signature) == (0.0, "", b"")
 
 
 @_check
