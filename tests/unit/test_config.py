@@ -459,7 +459,12 @@ def test_bad_worktree_settings_name_the_field(tmp_path: Path, table: str, field:
     assert "[worktrees]" in caught.value.message
 
 
-@pytest.mark.conformance("security.signing.required-cross-network")
+# The posture follows the deployment: development mode on loopback, TLS and signing once an
+# address is reachable from elsewhere (the baseline, validation and worktree confinement,
+# holds in both).
+@pytest.mark.conformance(
+    "security.signing.required-cross-network", "security.deployment.adapt-posture"
+)
 def test_a_non_loopback_address_needs_tls_and_signing_or_insecure(tmp_path: Path) -> None:
     exposed = load_config(None, {}, {"grpc": "0.0.0.0:50051"})
     problem = exposure_problem(exposed)
