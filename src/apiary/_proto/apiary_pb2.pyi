@@ -2557,3 +2557,154 @@ class AgentControlResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentControlResponse: _TypeAlias = AgentControlResponse  # noqa: Y015
+
+@_typing.final
+class TaskView(_message.Message):
+    """---- Scheduler tasks (RFC 7, 9): the reads SchedulerService lacks ----"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    LANE_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    MESSAGE_ID_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    NOTE_FIELD_NUMBER: _builtins.int
+    SUBMITTED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    PARAMS_SIZE_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    agent_id: _builtins.str
+    priority: _builtins.int
+    """-19 (most urgent) .. 20"""
+    state: _builtins.str
+    """QUEUED, HELD, DISPATCHED, RUNNING, ..., COMPLETED, FAILED"""
+    scope: _builtins.str
+    lane: _builtins.str
+    """PRIVILEGED, STANDARD, BULK"""
+    attempts: _builtins.int
+    message_id: _builtins.str
+    """the DATA envelope of the current dispatch"""
+    error_code: _builtins.str
+    note: _builtins.str
+    """why it waits, what happened last"""
+    seq: _builtins.int
+    """submission order"""
+    correlation_id: _builtins.str
+    """its messages' correlation id"""
+    content_type: _builtins.str
+    params_size: _builtins.int
+    params: _builtins.bytes
+    """GetTask only"""
+    @_builtins.property
+    def submitted_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        state: _builtins.str = ...,
+        scope: _builtins.str = ...,
+        lane: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        message_id: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        note: _builtins.str = ...,
+        submitted_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+        seq: _builtins.int = ...,
+        correlation_id: _builtins.str = ...,
+        content_type: _builtins.str = ...,
+        params_size: _builtins.int = ...,
+        params: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["submitted_at", b"submitted_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "content_type", b"content_type", "correlation_id", b"correlation_id", "error_code", b"error_code", "lane", b"lane", "message_id", b"message_id", "note", b"note", "params", b"params", "params_size", b"params_size", "priority", b"priority", "scope", b"scope", "seq", b"seq", "state", b"state", "submitted_at", b"submitted_at", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaskView: _TypeAlias = TaskView  # noqa: Y015
+
+@_typing.final
+class ListTasksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATES_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    AFTER_SEQ_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    after_seq: _builtins.int
+    """paging: the last seq of the previous page"""
+    limit: _builtins.int
+    """default 100, at most 1000"""
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """none: every state"""
+
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[_builtins.str] | None = ...,
+        agent_id: _builtins.str = ...,
+        after_seq: _builtins.int = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "agent_id", b"agent_id", "limit", b"limit", "states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
+
+@_typing.final
+class ListTasksResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASKS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tasks(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskView]: ...
+    def __init__(
+        self,
+        *,
+        tasks: _abc.Iterable[Global___TaskView] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tasks", b"tasks"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListTasksResponse: _TypeAlias = ListTasksResponse  # noqa: Y015
+
+@_typing.final
+class GetTaskRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTaskRequest: _TypeAlias = GetTaskRequest  # noqa: Y015

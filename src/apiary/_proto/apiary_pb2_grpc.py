@@ -1985,3 +1985,118 @@ class AgentControlService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class TaskQueryServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListTasks = channel.unary_unary(
+                '/apiary.v1.TaskQueryService/ListTasks',
+                request_serializer=apiary__pb2.ListTasksRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListTasksResponse.FromString,
+                _registered_method=True)
+        self.GetTask = channel.unary_unary(
+                '/apiary.v1.TaskQueryService/GetTask',
+                request_serializer=apiary__pb2.GetTaskRequest.SerializeToString,
+                response_deserializer=apiary__pb2.TaskView.FromString,
+                _registered_method=True)
+
+
+class TaskQueryServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ListTasks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetTask(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_TaskQueryServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTasks,
+                    request_deserializer=apiary__pb2.ListTasksRequest.FromString,
+                    response_serializer=apiary__pb2.ListTasksResponse.SerializeToString,
+            ),
+            'GetTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTask,
+                    request_deserializer=apiary__pb2.GetTaskRequest.FromString,
+                    response_serializer=apiary__pb2.TaskView.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.TaskQueryService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.TaskQueryService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class TaskQueryService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.TaskQueryService/ListTasks',
+            apiary__pb2.ListTasksRequest.SerializeToString,
+            apiary__pb2.ListTasksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.TaskQueryService/GetTask',
+            apiary__pb2.GetTaskRequest.SerializeToString,
+            apiary__pb2.TaskView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -562,3 +562,34 @@ class AgentControlServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.AgentControlResponse, _abc.Awaitable[_apiary_pb2.AgentControlResponse]]: ...
 
 def add_AgentControlServiceServicer_to_server(servicer: AgentControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class TaskQueryServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> TaskQueryServiceAsyncStub: ...
+    ListTasks: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListTasksRequest, _apiary_pb2.ListTasksResponse]
+    GetTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetTaskRequest, _apiary_pb2.TaskView]
+
+@_typing.type_check_only
+class TaskQueryServiceAsyncStub(TaskQueryServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ListTasks: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListTasksRequest, _apiary_pb2.ListTasksResponse]  # type: ignore[assignment]
+    GetTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetTaskRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
+
+class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def ListTasks(
+        self,
+        request: _apiary_pb2.ListTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListTasksResponse, _abc.Awaitable[_apiary_pb2.ListTasksResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def GetTask(
+        self,
+        request: _apiary_pb2.GetTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.TaskView, _abc.Awaitable[_apiary_pb2.TaskView]]: ...
+
+def add_TaskQueryServiceServicer_to_server(servicer: TaskQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -13,13 +13,16 @@ from apiary.cli import (
     negotiation,
     room,
     swarm,
+    task,
     tool,
     workflow,
     worktree,
 )
 from apiary.cli.demo import demo
 from apiary.cli.events import events
+from apiary.cli.send import send
 from apiary.cli.serve import serve
+from apiary.cli.status import status
 
 app = typer.Typer(
     name="apiary",
@@ -30,6 +33,8 @@ app = typer.Typer(
 app.command()(serve)
 app.command()(demo)
 app.command()(events)
+app.command()(send)
+app.command()(status)
 app.add_typer(dlq.app, name="dlq")
 app.add_typer(hitl.app, name="hitl")
 app.add_typer(handoff.app, name="handoff")
@@ -40,6 +45,7 @@ app.add_typer(worktree.app, name="worktree")
 app.add_typer(tool.app, name="tool")
 app.add_typer(negotiation.app, name="negotiation")
 app.add_typer(swarm.app, name="swarm")
+app.add_typer(task.app, name="task")
 
 
 @app.command()

@@ -177,6 +177,17 @@ class Scheduler:
             raise NotFoundError(f"no task {task_id!r}", {"task_id": task_id})
         return found
 
+    async def list_tasks(
+        self, states: frozenset[str] | None, agent_id: str | None, after_seq: int, limit: int
+    ) -> list[TaskRecord]:
+        """Stored tasks (every change is stored) in `states` of `agent_id`, by submission
+        order after `after_seq`; a state that does not exist is a ValidationError."""
+        for state in states or ():
+            if state not in TaskState.__members__:
+                names = ", ".join(TaskState)
+                raise ValidationError.for_field("states", f"must be among {names}, got {state!r}")
+        return await self._store.list(states, agent_id, after_seq, limit)
+
     def running(self, agent_id: str) -> TaskRecord | None:
         task_id = self._running.get(agent_id)
         return self._tasks.get(task_id) if task_id else None

@@ -310,3 +310,9 @@ class Client:
         """apiary.v1.AgentControlService: suspend and resume agents."""
         stub = self._stub("agent_control", pb.apiary_pb2_grpc.AgentControlServiceStub)
         return cast("apiary_pb2_grpc.AgentControlServiceAsyncStub", stub)
+
+    @property
+    def task_query(self) -> apiary_pb2_grpc.TaskQueryServiceAsyncStub:
+        """apiary.v1.TaskQueryService: list and read Scheduler tasks."""
+        stub = self._stub("task_query", pb.apiary_pb2_grpc.TaskQueryServiceStub)
+        return cast("apiary_pb2_grpc.TaskQueryServiceAsyncStub", stub)

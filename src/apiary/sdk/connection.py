@@ -138,9 +138,14 @@ class Connection:
 
     async def start(self) -> None:
         """Connect and register with the coordinator."""
+        self.connect()
+        await self.register()
+
+    def connect(self) -> None:
+        """Open the channel without registering: enough to send as an agent that is
+        registered elsewhere, or as a producer that needs no answer (`apiary send`)."""
         if self._channel is None:
             self._channel = open_channel(self._coordinator, self._tls)
-        await self.register()
 
     async def register(self) -> None:
         stub = pb.registry_pb2_grpc.RegistryServiceStub(self.channel)

@@ -64,7 +64,11 @@ from apiary.server.services.negotiation_room import (
 )
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
-from apiary.server.services.scheduler import AgentControlHandler, SchedulerHandler
+from apiary.server.services.scheduler import (
+    AgentControlHandler,
+    SchedulerHandler,
+    TaskQueryHandler,
+)
 from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
@@ -241,6 +245,7 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
             engine.scheduler, ActivityHandler(engine.activity)
         ),
         "apiary.v1.AgentControlService": AgentControlHandler(engine.scheduler),
+        "apiary.v1.TaskQueryService": TaskQueryHandler(engine.scheduler),
         "sw4rm.reasoning.InferenceProxy": InferenceHandler(),
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),

@@ -1,13 +1,16 @@
 """sw4rm.scheduler.SchedulerService: tasks, preemption and shutdown (engine/scheduler.py);
-PollActivityBuffer and PurgeActivity are the activity buffer's (services/activity.py)."""
+PollActivityBuffer and PurgeActivity are the activity buffer's (services/activity.py).
+apiary.v1.TaskQueryService: the task reads SchedulerService lacks."""
 
 from __future__ import annotations
 
+from apiary.core.records import TaskRecord
 from apiary.engine.scheduler import Scheduler, Submission
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.server.services.activity import ActivityHandler
 from apiary.wire import pb
+from apiary.wire.convert import float_to_timestamp
 
 s = pb.scheduler_pb2
 a = pb.apiary_pb2
@@ -75,3 +78,37 @@ def _agent(agent_id: str) -> str:
     if not agent_id:
         raise ValidationError.for_field("agent_id", "is required")
     return agent_id
+
+
+MAX_TASKS = 1000
+"""Tasks per ListTasks answer at most."""
+
+
+def task_view(task: TaskRecord, *, with_params: bool = False) -> a.TaskView:
+    return a.TaskView(
+        task_id=task.task_id, agent_id=task.agent_id, priority=task.priority, state=task.state,
+        scope=task.scope, lane=task.lane, attempts=task.attempts, message_id=task.message_id,
+        error_code=task.error_code, note=task.note,
+        submitted_at=float_to_timestamp(task.submitted_at),
+        updated_at=float_to_timestamp(task.updated_at), seq=task.seq,
+        correlation_id=task.flow_id, content_type=task.content_type,
+        params_size=len(task.params), params=task.params if with_params else b"",
+    )  # fmt: skip
+
+
+class TaskQueryHandler:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+
+    async def list_tasks(self, req: a.ListTasksRequest, ctx: CallContext) -> a.ListTasksResponse:
+        states = frozenset(s.strip().upper() for s in req.states) or None
+        tasks = await self._scheduler.list_tasks(
+            states, req.agent_id or None, int(req.after_seq) if req.after_seq else -1,
+            min(req.limit or 100, MAX_TASKS),
+        )  # fmt: skip
+        return a.ListTasksResponse(tasks=[task_view(t) for t in tasks])
+
+    async def get_task(self, req: a.GetTaskRequest, ctx: CallContext) -> a.TaskView:
+        if not req.task_id:
+            raise ValidationError.for_field("task_id", "is required")
+        return task_view(await self._scheduler.find(req.task_id), with_params=True)

@@ -1,0 +1,99 @@
+"""`apiary status`: one look at a running coordinator (agents, tasks, dead letters, HITL)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from apiary.core.records import TaskState
+from apiary.errors import ApiaryError
+from apiary.sdk.client import Client
+from apiary.wire import pb
+
+a = pb.apiary_pb2
+LIMIT = 1000
+"""Rows read per list; a count that reaches it is shown as "1000+"."""
+OPEN_TASK_STATES = [s.value for s in TaskState if not s.terminal]
+
+
+def status(
+    token: str = typer.Option("", "--token", envvar="APIARY_TOKEN",
+                              help="Operator token (or APIARY_TOKEN): adds the HITL inbox"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object"),
+    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
+) -> None:  # fmt: skip
+    """Agents with their inbound queues, open tasks by state, dead letters, pending HITL."""
+    try:
+        doc = asyncio.run(_status(grpc_address, token))
+    except ApiaryError as exc:
+        typer.echo(f"apiary status: {exc.code}: {exc.message}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    _print(doc)
+
+
+async def _status(address: str, token: str) -> dict[str, Any]:
+    metadata = {"authorization": f"Bearer {token}"} if token else None
+    async with Client(address, metadata=metadata) as client:
+        agents = (await client.discovery.ListAgents(a.ListAgentsRequest())).agents
+        tasks = (
+            await client.task_query.ListTasks(
+                a.ListTasksRequest(states=OPEN_TASK_STATES, limit=LIMIT)
+            )
+        ).tasks
+        dead = (await client.dlq.List(a.ListDlqRequest(limit=LIMIT))).entries
+        hitl: int | str = "needs an operator token (--token or APIARY_TOKEN)"
+        if token:
+            pending = await client.hitl_operator.List(a.ListInvocationsRequest(limit=LIMIT))
+            hitl = len(pending.invocations)
+    by_state = Counter(t.state for t in tasks)
+    return {
+        "agents": [
+            {"agent_id": i.descriptor.agent_id, "state": i.state,
+             "inbox": i.buffer_depth, "capacity": i.buffer_capacity,
+             "running": [t.task_id for t in tasks
+                         if t.agent_id == i.descriptor.agent_id and t.state == "RUNNING"]}
+            for i in agents
+        ],
+        "tasks": {state: by_state.get(state, 0) for state in OPEN_TASK_STATES},
+        "tasks_capped": len(tasks) >= LIMIT,
+        "dead_letters": sum(1 for e in dead if not e.requeued_as),
+        "dead_letters_capped": len(dead) >= LIMIT,
+        "hitl_pending": hitl,
+    }  # fmt: skip
+
+
+def _count(n: int, capped: bool) -> str:
+    return f"{n}+" if capped else str(n)
+
+
+def _print(doc: dict[str, Any]) -> None:
+    console = Console()
+    agents = Table(title=f"Agents ({len(doc['agents'])})")
+    for column in ("agent", "state", "inbox", "running"):
+        agents.add_column(column, overflow="fold")
+    for agent in doc["agents"]:
+        agents.add_row(
+            agent["agent_id"], agent["state"], f"{agent['inbox']}/{agent['capacity']}",
+            ", ".join(agent["running"]),
+        )  # fmt: skip
+    console.print(agents)
+    summary = Table(title="Work")
+    summary.add_column("what")
+    summary.add_column("count", justify="right")
+    capped = doc["tasks_capped"]
+    for state, n in doc["tasks"].items():
+        summary.add_row(f"tasks {state}", _count(n, capped))
+    summary.add_row(
+        "dead letters (not requeued)", _count(doc["dead_letters"], doc["dead_letters_capped"])
+    )
+    summary.add_row("HITL pending", str(doc["hitl_pending"]))
+    console.print(summary)

@@ -1,0 +1,153 @@
+"""`apiary task submit|list|show|preempt`: Scheduler tasks (RFC 7, 9)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from google.protobuf import json_format
+from rich.console import Console
+from rich.table import Table
+
+from apiary.errors import ApiaryError
+from apiary.sdk.client import Client
+from apiary.wire import pb
+
+app = typer.Typer(help="Submit, list and inspect Scheduler tasks (RFC 7, 9).", no_args_is_help=True)
+T = TypeVar("T")
+GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
+JSON_OUT = typer.Option(False, "--json", help="JSON instead of a table")
+a = pb.apiary_pb2
+s = pb.scheduler_pb2
+
+
+def _run(address: str, call: Callable[[Client], Awaitable[T]]) -> T:
+    async def go() -> T:
+        async with Client(address) as client:
+            return await call(client)
+
+    try:
+        return asyncio.run(go())
+    except ApiaryError as exc:
+        field = exc.details.get("field")
+        where = f" (field {field})" if field and not exc.message.startswith(f"{field}:") else ""
+        typer.echo(f"apiary task: {exc.code}: {exc.message}{where}", err=True)
+        raise typer.Exit(1) from None
+
+
+def task_doc(view: a.TaskView, *, params: bool = False) -> dict[str, Any]:
+    """A task as JSON (its params decoded when they are JSON or text)."""
+    doc = json_format.MessageToDict(
+        view, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    doc.pop("params", None)
+    for key in ("seq", "params_size"):  # 64-bit integers are strings in proto3 JSON
+        doc[key] = int(doc.get(key, 0))
+    if params:
+        data = bytes(view.params)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            doc["params_base64"] = base64.b64encode(data).decode()
+        else:
+            doc["params"] = json.loads(text) if view.content_type.endswith("json") else text
+    return doc
+
+
+def _when(ts: Any) -> str:
+    seconds = getattr(ts, "seconds", 0)
+    return (
+        dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if seconds else ""
+    )
+
+
+def _table(views: list[a.TaskView]) -> None:
+    table = Table(title=f"Tasks ({len(views)})")
+    for column in ("seq", "id", "agent", "state", "priority", "lane", "attempts", "updated (UTC)",
+                   "note"):  # fmt: skip
+        table.add_column(column, overflow="fold")
+    for v in views:
+        table.add_row(
+            str(v.seq), v.task_id, v.agent_id, v.state, str(v.priority), v.lane,
+            str(v.attempts), _when(v.updated_at), v.error_code or v.note,
+        )  # fmt: skip
+    Console().print(table)
+
+
+@app.command()
+def submit(
+    agent_id: str = typer.Argument(..., help="The agent that runs it"),
+    scope: str = typer.Option(..., "--scope", help="What it reads or changes: repo:app path:src"),
+    params: str = typer.Option("{}", "--params", help="Its payload (JSON unless --content-type)"),
+    params_file: Path | None = typer.Option(None, "--params-file", exists=True, dir_okay=False),
+    content_type: str = typer.Option("", "--content-type", help="Default application/json"),
+    priority: int = typer.Option(0, "--priority", help="-19 (most urgent) to 20"),
+    task_id: str = typer.Option("", "--id", help="Default: a new UUID"),
+    grpc_address: str = GRPC,
+) -> None:
+    """Submit a task; prints its id (exit 1 when refused, with the reason)."""
+    data = params_file.read_bytes() if params_file is not None else params.encode()
+    kind = content_type or ("application/json" if data else "")
+    if kind.endswith("json") and data:
+        try:
+            json.loads(data)
+        except ValueError as exc:
+            typer.echo(f"apiary task: --params is not JSON: {exc}", err=True)
+            raise typer.Exit(2) from None
+    chosen = task_id or str(uuid.uuid4())
+    request = s.SubmitTaskRequest(
+        agent_id=agent_id, task_id=chosen, priority=priority, params=data,
+        content_type=kind, scope=scope,
+    )  # fmt: skip
+    reply = _run(grpc_address, lambda c: c.scheduler.SubmitTask(request))
+    if not reply.accepted:
+        typer.echo(f"apiary task: not accepted: {reply.reason}", err=True)
+        raise typer.Exit(1)
+    typer.echo(chosen)
+    typer.echo(reply.reason, err=True)
+
+
+@app.command("list")
+def list_tasks(
+    state: list[str] = typer.Option([], "--state", "-s", help="QUEUED, RUNNING, ... (repeat)"),
+    agent_id: str = typer.Option("", "--agent", help="Only this agent's tasks"),
+    after: int = typer.Option(0, "--after", min=0, help="After this seq (paging)"),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000),
+    as_json: bool = JSON_OUT,
+    grpc_address: str = GRPC,
+) -> None:
+    """Tasks in submission order."""
+    request = a.ListTasksRequest(states=state, agent_id=agent_id, after_seq=after, limit=limit)
+    views = list(_run(grpc_address, lambda c: c.task_query.ListTasks(request)).tasks)
+    if as_json:
+        for v in views:
+            typer.echo(json.dumps(task_doc(v)))
+    else:
+        _table(views)
+
+
+@app.command()
+def show(task_id: str, grpc_address: str = GRPC) -> None:
+    """One task as JSON, its params included."""
+    view = _run(grpc_address, lambda c: c.task_query.GetTask(a.GetTaskRequest(task_id=task_id)))
+    typer.echo(json.dumps(task_doc(view, params=True), indent=2))
+
+
+@app.command()
+def preempt(
+    agent_id: str,
+    task_id: str = typer.Option("", "--task", help="Only if this task is the one running"),
+    reason: str = typer.Option("operator", "--reason"),
+    grpc_address: str = GRPC,
+) -> None:
+    """Ask the agent to yield its running task at its next safe point (RFC 7.2)."""
+    request = s.PreemptRequest(agent_id=agent_id, task_id=task_id, reason=reason)
+    reply = _run(grpc_address, lambda c: c.scheduler.RequestPreemption(request))
+    typer.echo("preemption requested" if reply.enqueued else "nothing to preempt")
