@@ -89,6 +89,12 @@ async def test_acks_and_the_coordinators_own_messages_are_never_refused(
     (outcome,) = await h.engine.router.send_many([Outbound(ack, remote=True)])
     assert outcome.accepted
     assert (await h.message(sent.message_id)).state.value == "FULFILLED"
+    # A request to one of the coordinator's own endpoints is its service's to authorize.
+    control = h.envelope(
+        "intruder", {"action": "status"}, message_type=MessageType.WORKTREE_CONTROL
+    )
+    (to_service,) = await h.engine.router.send_many([Outbound(control, "worktrees", remote=True)])
+    assert to_service.error is None or to_service.error.code != "permission_denied"
     # What the coordinator produces itself (remote=False) is not an agent's to grant.
     internal = await h.send("intruder", "coder", {"n": 2})
     assert internal.accepted

@@ -5,7 +5,9 @@ refused. (Which agents may call which tools is `[tools.acl]`, engine/tool_settin
 Off until it has a grant. With any, an agent's envelope is admitted only when a grant that
 matches its producer allows its message type and its recipient; an agent that no grant matches
 may send nothing (deny unless allowed). ACKNOWLEDGEMENTs are never refused (the protocol needs
-every recipient to answer), nor are the coordinator's own messages.
+every recipient to answer), nor are the coordinator's own messages; envelopes to the
+coordinator's own endpoints (the router decides which) are requests to its services, which
+authorize them themselves.
 
 Agents and recipients are shell-style patterns (`coder-*`, `*`), matched case-sensitively over
 the whole name; message types are names (`DATA`, `TOOL_CALL`) or `*`.

@@ -696,7 +696,9 @@ class Router:
         """With message ACLs (`core.acl`): by member index, the refusal of each agent's
         envelope its producer may not send, each logged as `acl.denied` (the envelopes let
         through are logged as `message.received`). A member without a recipient is left to
-        the normal path, which refuses it with no_route."""
+        the normal path, which refuses it with no_route. Envelopes to the coordinator's own
+        endpoints (tool results, worktree control, task and room answers, swarm replies)
+        are requests to those services, which authorize them themselves."""
         denied: dict[int, ApiaryError] = {}
         acl = self.settings.acl
         for i, item in enumerate(items):
@@ -705,6 +707,8 @@ class Router:
                 continue
             try:
                 target = resolve_recipient(env, item.recipient)
+                if target in self._endpoints or target == COORDINATOR:
+                    continue
                 acl.check_message(env.producer_id, env.message_type, target)
             except PermissionDeniedError as exc:
                 denied[i] = exc
