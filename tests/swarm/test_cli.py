@@ -24,7 +24,7 @@ from tests.swarm.pki import Pki
 SRC = Path(__file__).resolve().parents[2] / "src"
 COMMANDS = (
     "init", "create", "invite", "join", "leave", "kick", "mute", "unmute", "transfer", "send",
-    "messages", "members", "status", "export", "import", "serve",
+    "messages", "members", "status", "export", "import", "serve", "retry",
 )  # fmt: skip
 
 
@@ -135,6 +135,7 @@ def test_two_agents_federate_from_the_command_line(homes: dict[str, Path], tmp_p
         (alpha, ("send", "6ba7b810-9dad-41d1-80b4-00c04fd430c8", "beta", "x"), "SWARM_NOT_FOUND"),
         (alpha, ("invite", sid, "--expires-in", "5"), "field expires_in"),
         (alpha, ("mute",), "exactly one of --swarm or --agent"),
+        (alpha, ("retry", "6ba7b810-9dad-41d1-80b4-00c04fd430c8"), "MESSAGE_NOT_FOUND"),
     ):
         result = cli(home, *args, ok=False)
         assert result.exit_code != 0 and expected in result.stderr, (args, result.output)

@@ -193,6 +193,26 @@ async def test_retries_end_when_the_member_leaves_or_after_give_up_after_s(
         assert await alpha.store.swarm.outbox_pending() == []
 
 
+async def test_an_operator_retries_a_message_that_failed(tmp_path: Path, pki: Pki) -> None:
+    gives_up = NodeSettings(retry_delays=(), retry=RetryPolicy(give_up_after_s=0.0))
+    async with open_peer(tmp_path, "alpha", pki, settings=gives_up) as alpha:
+        sid = alpha.node.create("builders").swarm_id
+        async with open_peer(tmp_path, "beta", pki) as beta:
+            await beta.node.join(alpha.node.invite(sid).url)
+            port = int(beta.endpoint.split(":")[2].split("/")[0])
+        message, (row,) = await alpha.node.send(sid, "beta", "still there?")
+        assert row.status == "failed" and row.error.startswith("gave up after 1 attempts")
+        with pytest.raises(SwarmError) as caught:
+            await alpha.node.retry(message.message_id, "gamma")
+        assert (caught.value.status, caught.value.field) == (404, "destination")
+        async with open_peer(tmp_path, "beta", pki, port=port) as beta:
+            (again,) = await alpha.node.retry(message.message_id)
+            assert (again.status, again.attempts) == ("delivered", 2)
+            assert await _contents(beta, sid) == ["still there?"]
+        # Delivered rows are left as they are.
+        assert await alpha.node.retry(message.message_id) == [again]
+
+
 def test_the_background_waits_double_up_to_a_ceiling() -> None:
     policy = RetryPolicy(first_backoff_s=5.0, max_backoff_s=300.0)
     assert [policy.backoff(n) for n in range(8)] == [5, 10, 20, 40, 80, 160, 300, 300]

@@ -289,6 +289,19 @@ def send(
         raise typer.Exit(1)
 
 
+@app.command()
+def retry(
+    message_id: str,
+    to: str = typer.Option("", "--to", help="Only this destination"),
+    home: Path | None = HOME,
+) -> None:
+    """Deliver an outbox message again now (failed or retrying rows; one attempt each)."""
+    rows = _with_node(home, lambda node: node.retry(message_id, to))
+    _deliveries(rows)
+    if any(r.status != "delivered" for r in rows):
+        raise typer.Exit(1)
+
+
 def _inbox_doc(entry: InboxEntry) -> dict[str, Any]:
     mail = entry.mail
     return {

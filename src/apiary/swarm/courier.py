@@ -150,6 +150,27 @@ class Courier:
             )
         )  # fmt: skip
 
+    async def retry_now(
+        self, rows: Sequence[OutboxEntry], endpoint_of: EndpointOf
+    ) -> list[OutboxEntry]:
+        """An operator's retry: POST each row not yet delivered once, now, whatever its
+        status (a failed row included); delivered rows come back as they are."""
+        return list(await asyncio.gather(*(self._retry_one(row, endpoint_of) for row in rows)))
+
+    async def _retry_one(self, row: OutboxEntry, endpoint_of: EndpointOf) -> OutboxEntry:
+        if row.status == "delivered" or (row.mail.message_id, row.destination) in self._in_flight:
+            return row
+        endpoint = endpoint_of(row.mail.swarm_id, row.destination)
+        if endpoint is None:
+            gone = replace(
+                row, status="failed", updated_at=self._clock.now(), next_attempt_at=0.0,
+                error=f"{row.destination} is no longer a member of {row.mail.swarm_id}",
+            )  # fmt: skip
+            await self._store.outbox_put(gone)
+            return gone
+        # Counted from now: a row that had given up gets a fresh give-up period.
+        return await self._attempt(replace(row, created_at=self._clock.now()), endpoint, ())
+
     async def run(self, endpoint_of: EndpointOf) -> None:
         """`retry_due` every `retry.interval_s`, for as long as the peer serves."""
         while True:

@@ -337,6 +337,19 @@ class SwarmNode:
         assert updated is not None
         return updated
 
+    async def retry(self, message_id: str, destination: str = "") -> list[OutboxEntry]:
+        """Deliver an outbox message again now, to every destination it has not reached (or
+        only `destination`): one attempt each, a failed row included."""
+        rows = await self.store.outbox_get(message_id)
+        if destination:
+            rows = [r for r in rows if r.destination == destination]
+        if not rows:
+            what = f" to {destination}" if destination else ""
+            field = "destination" if destination else "message_id"
+            problem = f"no message {message_id}{what} in the outbox"
+            raise SwarmError(404, "MESSAGE_NOT_FOUND", problem, field=field)
+        return await self.courier.retry_now(rows, self.endpoint_of)
+
     def endpoint_of(self, swarm_id: str, agent_id: str) -> str | None:
         """The endpoint `agent_id` has in `swarm_id` now; None when it is not a member (or
         this node is in no such swarm)."""
