@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -114,3 +115,32 @@ async def test_status_shows_agents_queues_tasks_dead_letters_and_hitl(
     assert with_token["hitl_pending"] == 0
     table, _ = await _cli(coordinator, "status")
     assert "worker" in table and "tasks QUEUED" in table and "dead letters" in table
+
+
+async def test_events_are_followed_as_they_are_logged(coordinator: Coordinator) -> None:
+    start = await coordinator.events.last_sequence()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "apiary.cli.main", "events", "--follow", "--json",
+        "--type", "agent.", "--after", str(start),
+        "--grpc", str(coordinator.grpc_address),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        for agent in ("late-1", "late-2"):
+            await coordinator.registry.register({
+                "agent_id": agent, "name": agent, "reasoning_connectors": ["builtin://rules"],
+            })  # fmt: skip
+            await coordinator.events.record("test.noise", "test")  # filtered out
+        lines = [await asyncio.wait_for(proc.stdout.readline(), 30) for _ in range(2)]
+        followed = [json.loads(line) for line in lines]
+        assert [(e["type"], e["agent_id"]) for e in followed] == [
+            ("agent.registered", "late-1"), ("agent.registered", "late-2"),
+        ]  # fmt: skip
+        assert followed[0]["sequence"] < followed[1]["sequence"]
+        proc.send_signal(signal.SIGINT)  # Ctrl-C ends it quietly
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -142,7 +142,9 @@ class ReadEventsRequest(_message.Message):
     """optional filters; empty matches all"""
     agent_id: _builtins.str
     @_builtins.property
-    def event_types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def event_types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """a type ending with "." matches its family ("task.")"""
+
     def __init__(
         self,
         *,

@@ -54,7 +54,8 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class EventFilter:
-    """Conjunctive filter over events; a field left as None matches everything."""
+    """Conjunctive filter over events; a field left as None matches everything. An event type
+    that ends with a dot names a family: `task.` matches `task.submitted`, `task.failed`, ..."""
 
     correlation_id: str | None = None
     agent_id: str | None = None
@@ -65,4 +66,6 @@ class EventFilter:
             return False
         if self.agent_id is not None and event.agent_id != self.agent_id:
             return False
-        return self.event_types is None or event.event_type in self.event_types
+        if self.event_types is None or event.event_type in self.event_types:
+            return True
+        return any(t.endswith(".") and event.event_type.startswith(t) for t in self.event_types)

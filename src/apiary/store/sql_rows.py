@@ -681,10 +681,20 @@ def event_filter_clauses(
     if where.event_types is not None:
         if not where.event_types:
             return None
-        types = sorted(where.event_types)
-        clauses.append(_in_list("event_type", types, placeholder))
-        params.extend(types)
+        exact = sorted(t for t in where.event_types if not t.endswith("."))
+        families = sorted(t for t in where.event_types if t.endswith("."))
+        alternatives = [_in_list("event_type", exact, placeholder)] if exact else []
+        alternatives += [f"event_type LIKE {placeholder} ESCAPE '!'" for _ in families]
+        clauses.append(f"({' OR '.join(alternatives)})")
+        params.extend(exact)
+        params.extend(_like_prefix(f) for f in families)
     return clauses, params
+
+
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern for names starting with `prefix` (its own wildcards escaped)."""
+    escaped = prefix.replace("!", "!!").replace("%", "!%").replace("_", "!_")
+    return f"{escaped}%"
 
 
 def inbox_clauses(

@@ -136,6 +136,13 @@ async def read_filters_by_correlation_agent_and_type(factory: StoreFactory) -> N
         assert await _sequences(store, EventFilter(event_types=types)) == [1, 4]
         assert await _sequences(store, EventFilter(event_types=frozenset())) == []
         assert await _sequences(store, EventFilter(correlation_id="nope")) == []
+        # A type ending with a dot is a family; exact types and families combine.
+        family = frozenset({"message."})
+        assert await _sequences(store, EventFilter(event_types=family)) == [1, 2, 3, 5, 6]
+        mixed = frozenset({"agent.joined", "message.f"})  # no dot: an exact type, none such
+        assert await _sequences(store, EventFilter(event_types=mixed)) == [4]
+        both = frozenset({"agent.", "message.failed"})
+        assert await _sequences(store, EventFilter(event_types=both)) == [4, 5]
 
 
 @_check
