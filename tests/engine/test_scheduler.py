@@ -24,7 +24,9 @@ from apiary.engine.scheduler import Scheduler, Submission
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import (
     AgentShutdownError,
+    AlreadyCompletedError,
     AlreadyExistsError,
+    AlreadyInProgressError,
     NotFoundError,
     PermissionDeniedError,
     UnsupportedMessageTypeError,
@@ -583,3 +585,26 @@ async def test_activity_of_ended_or_unknown_tasks_is_reconciled_away(h: EngineHa
     h.clock.advance(61)  # an unknown task's entry gets a grace period, then goes too
     assert await _sched(h).reconcile_activity() == 1
     assert [e.task_id for e in activity.buffer.active()] == ["done"]
+
+
+async def test_an_operator_cancels_only_what_has_not_started(h: EngineHarness) -> None:
+    await _ready(h, "worker")
+    await _submit(h, "running")
+    await _submit(h, "waiting", scope="repo:other path:x")
+    await _submit(h, "next", scope="repo:other path:y")
+    assert (await _state(h, "running"), await _state(h, "waiting")) == ("DISPATCHED", "QUEUED")
+    with pytest.raises(AlreadyInProgressError) as caught:
+        await _sched(h).cancel("running", "too late", "olivia")
+    assert caught.value.details["state"] == "DISPATCHED"
+    cancelled = await _sched(h).cancel("waiting", "wrong repo", "olivia")
+    assert (cancelled.state, cancelled.error_code, cancelled.note) == (
+        "FAILED", "cancelled", "cancelled by olivia: wrong repo",
+    )  # fmt: skip
+    assert [t.task_id for t in _sched(h).queued("worker")] == ["next"]
+    with pytest.raises(AlreadyCompletedError):
+        await _sched(h).cancel("waiting", "", "olivia")
+    with pytest.raises(NotFoundError):
+        await _sched(h).cancel("never", "", "olivia")
+    await _finish(h, "running")
+    await _sched(h).fire_due()
+    assert await _state(h, "next") == "DISPATCHED"  # the queue moved on past the cancelled one

@@ -117,6 +117,22 @@ async def test_status_shows_agents_queues_tasks_dead_letters_and_hitl(
     assert "worker" in table and "tasks QUEUED" in table and "dead letters" in table
 
 
+async def test_an_operator_cancels_a_task_that_has_not_started(coordinator: Coordinator) -> None:
+    await _cli(coordinator, "task", "submit", "worker", "--scope", "repo:app", "--id", "t-c")
+    refused = (await _cli(coordinator, "task", "cancel", "t-c", code=1))[1]
+    assert "unauthenticated" in refused.lower() and "operator" in refused
+    out, _ = await _cli(coordinator, "task", "cancel", "t-c", "--reason", "wrong repo",
+                        "--token", TOKEN)  # fmt: skip
+    assert out.strip() == "t-c: FAILED (cancelled: cancelled by olivia: wrong repo)"
+    again = (await _cli(coordinator, "task", "cancel", "t-c", "--token", TOKEN, code=1))[1]
+    assert "ALREADY_COMPLETED" in again.upper() and "already ended (FAILED)" in again
+    missing = (await _cli(coordinator, "task", "cancel", "nope", "--token", TOKEN, code=1))[1]
+    assert "NOT_FOUND" in missing
+    (event,) = [e for e in await coordinator.events.read(limit=1000)
+                if e.event_type == "task.failed"]  # fmt: skip
+    assert event.details["error_code"] == "cancelled"
+
+
 async def test_events_are_followed_as_they_are_logged(coordinator: Coordinator) -> None:
     start = await coordinator.events.last_sequence()
     proc = await asyncio.create_subprocess_exec(

@@ -2006,6 +2006,11 @@ class TaskQueryServiceStub:
                 request_serializer=apiary__pb2.GetTaskRequest.SerializeToString,
                 response_deserializer=apiary__pb2.TaskView.FromString,
                 _registered_method=True)
+        self.CancelTask = channel.unary_unary(
+                '/apiary.v1.TaskQueryService/CancelTask',
+                request_serializer=apiary__pb2.CancelTaskRequest.SerializeToString,
+                response_deserializer=apiary__pb2.TaskView.FromString,
+                _registered_method=True)
 
 
 class TaskQueryServiceServicer:
@@ -2023,6 +2028,14 @@ class TaskQueryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTask(self, request, context):
+        """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
+        HITL operators configured it takes an operator's token (authorization: Bearer ...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskQueryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -2034,6 +2047,11 @@ def add_TaskQueryServiceServicer_to_server(servicer, server):
             'GetTask': grpc.unary_unary_rpc_method_handler(
                     servicer.GetTask,
                     request_deserializer=apiary__pb2.GetTaskRequest.FromString,
+                    response_serializer=apiary__pb2.TaskView.SerializeToString,
+            ),
+            'CancelTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTask,
+                    request_deserializer=apiary__pb2.CancelTaskRequest.FromString,
                     response_serializer=apiary__pb2.TaskView.SerializeToString,
             ),
     }
@@ -2090,6 +2108,33 @@ class TaskQueryService:
             target,
             '/apiary.v1.TaskQueryService/GetTask',
             apiary__pb2.GetTaskRequest.SerializeToString,
+            apiary__pb2.TaskView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.TaskQueryService/CancelTask',
+            apiary__pb2.CancelTaskRequest.SerializeToString,
             apiary__pb2.TaskView.FromString,
             options,
             channel_credentials,

@@ -570,12 +570,20 @@ class TaskQueryServiceStub:
     def __new__(cls, channel: _aio.Channel) -> TaskQueryServiceAsyncStub: ...
     ListTasks: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListTasksRequest, _apiary_pb2.ListTasksResponse]
     GetTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetTaskRequest, _apiary_pb2.TaskView]
+    CancelTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.CancelTaskRequest, _apiary_pb2.TaskView]
+    """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
+    HITL operators configured it takes an operator's token (authorization: Bearer ...).
+    """
 
 @_typing.type_check_only
 class TaskQueryServiceAsyncStub(TaskQueryServiceStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     ListTasks: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListTasksRequest, _apiary_pb2.ListTasksResponse]  # type: ignore[assignment]
     GetTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetTaskRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
+    CancelTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.CancelTaskRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
+    """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
+    HITL operators configured it takes an operator's token (authorization: Bearer ...).
+    """
 
 class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -591,5 +599,15 @@ class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _apiary_pb2.GetTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_apiary_pb2.TaskView, _abc.Awaitable[_apiary_pb2.TaskView]]: ...
+
+    @_abc_1.abstractmethod
+    def CancelTask(
+        self,
+        request: _apiary_pb2.CancelTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.TaskView, _abc.Awaitable[_apiary_pb2.TaskView]]:
+        """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
+        HITL operators configured it takes an operator's token (authorization: Bearer ...).
+        """
 
 def add_TaskQueryServiceServicer_to_server(servicer: TaskQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,4 +1,4 @@
-"""`apiary task submit|list|show|preempt`: Scheduler tasks (RFC 7, 9)."""
+"""`apiary task submit|list|show|cancel|preempt`: Scheduler tasks (RFC 7, 9)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ a = pb.apiary_pb2
 s = pb.scheduler_pb2
 
 
-def _run(address: str, call: Callable[[Client], Awaitable[T]]) -> T:
+def _run(address: str, call: Callable[[Client], Awaitable[T]], token: str = "") -> T:
+    metadata = {"authorization": f"Bearer {token}"} if token else None
+
     async def go() -> T:
-        async with Client(address) as client:
+        async with Client(address, metadata=metadata) as client:
             return await call(client)
 
     try:
@@ -138,6 +140,20 @@ def show(task_id: str, grpc_address: str = GRPC) -> None:
     """One task as JSON, its params included."""
     view = _run(grpc_address, lambda c: c.task_query.GetTask(a.GetTaskRequest(task_id=task_id)))
     typer.echo(json.dumps(task_doc(view, params=True), indent=2))
+
+
+@app.command()
+def cancel(
+    task_id: str,
+    reason: str = typer.Option("", "--reason", help="Why (kept in the task's note)"),
+    token: str = typer.Option("", "--token", envvar="APIARY_TOKEN",
+                              help="Operator token (or APIARY_TOKEN) when operators are set up"),
+    grpc_address: str = GRPC,
+) -> None:  # fmt: skip
+    """Cancel a task that has not started (QUEUED or HELD): it ends FAILED, `cancelled`."""
+    request = a.CancelTaskRequest(task_id=task_id, reason=reason)
+    view = _run(grpc_address, lambda c: c.task_query.CancelTask(request), token)
+    typer.echo(f"{view.task_id}: {view.state} ({view.error_code}: {view.note})")
 
 
 @app.command()

@@ -63,7 +63,12 @@ from apiary.engine.scheduler_jobs import SchedulerJobs
 from apiary.engine.scheduler_preemption import SchedulerPreemption, timer_key
 from apiary.engine.settings import SchedulerSettings
 from apiary.engine.timers import Timers
-from apiary.errors import NotFoundError, ValidationError
+from apiary.errors import (
+    AlreadyCompletedError,
+    AlreadyInProgressError,
+    NotFoundError,
+    ValidationError,
+)
 from apiary.store.protocols import TaskStore
 
 OPEN_STATES = frozenset(s.value for s in TaskState if not s.terminal)
@@ -263,6 +268,26 @@ class Scheduler:
             )
 
     # ------------------------------------------------------------------ operator requests
+
+    async def cancel(self, task_id: str, reason: str, by: str) -> TaskRecord:
+        """An operator's cancellation of a task that has not started (QUEUED or HELD): it
+        ends FAILED with error code `cancelled`. A dispatched or running task is refused
+        (already_in_progress: preempt it instead), an ended one is already_completed."""
+        async with self._lock:
+            task = self._tasks.get(task_id)
+            if task is None:
+                ended = await self.find(task_id)  # NotFoundError for an unknown one
+                raise AlreadyCompletedError(
+                    f"task {task_id} has already ended ({ended.state})",
+                    {"task_id": task_id, "state": ended.state},
+                )
+            if task.state not in (TaskState.QUEUED, TaskState.HELD):
+                raise AlreadyInProgressError(
+                    f"task {task_id} is {task.state}: preempt it instead of cancelling it",
+                    {"task_id": task_id, "state": task.state},
+                )
+            await self._fail(task, "cancelled", f"cancelled by {by}: {reason}".rstrip(": "))
+        return await self.find(task_id)
 
     async def request_preemption(self, agent_id: str, task_id: str, reason: str) -> bool:
         """RequestPreemption: start cooperative preemption of the agent's running task."""

@@ -245,7 +245,7 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
             engine.scheduler, ActivityHandler(engine.activity)
         ),
         "apiary.v1.AgentControlService": AgentControlHandler(engine.scheduler),
-        "apiary.v1.TaskQueryService": TaskQueryHandler(engine.scheduler),
+        "apiary.v1.TaskQueryService": TaskQueryHandler(engine.scheduler, engine.hitl),
         "sw4rm.reasoning.InferenceProxy": InferenceHandler(),
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),

@@ -5,10 +5,12 @@ apiary.v1.TaskQueryService: the task reads SchedulerService lacks."""
 from __future__ import annotations
 
 from apiary.core.records import TaskRecord
+from apiary.engine.hitl import Hitl
 from apiary.engine.scheduler import Scheduler, Submission
-from apiary.errors import ValidationError
+from apiary.errors import UnauthenticatedError, ValidationError
 from apiary.server.context import CallContext
 from apiary.server.services.activity import ActivityHandler
+from apiary.server.services.negotiation import caller_name
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp
 
@@ -97,8 +99,9 @@ def task_view(task: TaskRecord, *, with_params: bool = False) -> a.TaskView:
 
 
 class TaskQueryHandler:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, hitl: Hitl) -> None:
         self._scheduler = scheduler
+        self._hitl = hitl
 
     async def list_tasks(self, req: a.ListTasksRequest, ctx: CallContext) -> a.ListTasksResponse:
         states = frozenset(s.strip().upper() for s in req.states) or None
@@ -112,3 +115,13 @@ class TaskQueryHandler:
         if not req.task_id:
             raise ValidationError.for_field("task_id", "is required")
         return task_view(await self._scheduler.find(req.task_id), with_params=True)
+
+    async def cancel_task(self, req: a.CancelTaskRequest, ctx: CallContext) -> a.TaskView:
+        if not req.task_id:
+            raise ValidationError.for_field("task_id", "is required")
+        by, authenticated = caller_name(self._hitl, ctx)
+        if self._hitl.operators.configured and not authenticated:
+            raise UnauthenticatedError(
+                "cancelling a task needs an authenticated operator (authorization: Bearer <token>)"
+            )
+        return task_view(await self._scheduler.cancel(req.task_id, req.reason, by))
