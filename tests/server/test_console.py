@@ -23,6 +23,7 @@ import pytest
 
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.engine.scheduler import Submission
 from apiary.server.coordinator import SHUTDOWN_GRACE_S, Coordinator, Runtime
 from apiary.testing.coordinator import open_test_coordinator
 
@@ -376,7 +377,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 SHOWS_AGENT = """
 new Promise((resolve, reject) => {
   const agent = %s;
-  const body = () => document.getElementById("agents-body");
+  const body = () => document.getElementById(%s);
   const check = () => body() && body().textContent.includes(agent);
   if (check()) return resolve(body().textContent);
   const seen = new MutationObserver(() => {
@@ -411,10 +412,11 @@ class DevTools:
             message = await self._socket.receive_json()
             self.seen.append(str(message.get("method", "")))
 
-    async def shows_agent(self, agent_id: str) -> str:
+    async def shows_agent(self, agent_id: str, body: str = "agents-body") -> str:
+        """The text of table `body` once it mentions `agent_id` (any text, in fact)."""
         answer = await self.call(
             "Runtime.evaluate",
-            expression=SHOWS_AGENT % (json.dumps(agent_id), int(WAIT_S * 1000)),
+            expression=SHOWS_AGENT % (json.dumps(agent_id), json.dumps(body), int(WAIT_S * 1000)),
             awaitPromise=True,
             returnByValue=True,
         )
@@ -477,6 +479,13 @@ async def test_the_page_in_headless_chromium_shows_agents_live(
                     assert "scout-1" in await tools.shows_agent("scout-1")
                     await _register(http, "scout-2")  # shown through the live stream
                     assert "scout-2" in await tools.shows_agent("scout-2")
+                    # A task submitted now appears among the open tasks, live too.
+                    await coordinator.scheduler.submit(
+                        Submission("scout-2", "task-console-1", None, b"{}",
+                                   "application/json", "repo:app")
+                    )  # fmt: skip
+                    shown = await tools.shows_agent("task-console-1", "tasks-body")
+                    assert "scout-2" in shown and "QUEUED" in shown
     finally:
         if browser.returncode is None:
             browser.terminate()

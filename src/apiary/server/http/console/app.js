@@ -8,6 +8,7 @@ import {refreshDlq} from "./dlq.js";
 import {addEvent, initFeed} from "./feed.js";
 import {initHitl, refreshHitl} from "./hitl.js";
 import {refreshRooms} from "./rooms.js";
+import {refreshTasks} from "./tasks.js";
 import {refreshWorkflows} from "./workflows.js";
 
 const DEBOUNCE_MS = 250; // wait this long for the rest of a burst
@@ -21,13 +22,13 @@ const ROUTES = [
   ["message.", ["agents", "dlq"]],
   ["stream.", ["agents"]],
   ["dlq.", ["dlq", "agents"]],
-  ["task.", ["activity", "agents"]],
+  ["task.", ["tasks", "activity", "agents"]],
   ["activity.", ["activity"]],
   ["hitl.", ["hitl", "rooms"]],
   ["workflow.", ["workflows"]],
   ["room.", ["rooms"]],
   ["negotiation.", ["rooms"]],
-  ["coordinator.", ["agents", "activity", "hitl", "dlq", "workflows", "rooms"]],
+  ["coordinator.", ["agents", "activity", "tasks", "hitl", "dlq", "workflows", "rooms"]],
 ];
 
 class Panel {
@@ -76,6 +77,7 @@ class Panel {
 const panels = new Map([
   ["agents", new Panel("agents", refreshAgents)],
   ["activity", new Panel("activity", refreshActivity)],
+  ["tasks", new Panel("tasks", refreshTasks)],
   ["hitl", new Panel("hitl", refreshHitl)],
   ["dlq", new Panel("dlq", refreshDlq)],
   ["workflows", new Panel("workflows", refreshWorkflows)],
