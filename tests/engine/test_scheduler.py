@@ -251,6 +251,24 @@ async def test_a_section_without_a_maximum_duration_is_refused(h: EngineHarness)
         await _command(h, "other", "enter_section", "t1", max_duration_ms=100)
 
 
+@pytest.mark.conformance("preemption.nonpreemptible.sparingly")
+async def test_a_section_longer_than_the_policy_allows_is_refused_before_it_starts() -> None:
+    # Sections are for short critical work: the policy caps how long one may be declared.
+    policy = PreemptionPolicy(max_section_s=60.0)
+    async with open_test_engine(scheduler=SchedulerSettings(preemption=policy)) as h:
+        await _ready(h, "worker")
+        await _submit(h, "t1")
+        with pytest.raises(ValidationError) as caught:
+            await _command(h, "worker", "enter_section", "t1", max_duration_ms=61_000)
+        assert caught.value.details["field"] == "max_duration_ms"
+        assert "longer than the 60 s" in caught.value.message
+        await _command(h, "worker", "enter_section", "t1", max_duration_ms=60_000)
+        assert _sched(h).preemption("t1") is not None
+    with pytest.raises(ValidationError) as bad:
+        PreemptionPolicy(max_section_s=0)
+    assert bad.value.details["field"] == "preemption.max_section_s"
+
+
 async def _command(h: EngineHarness, agent: str, command: str, task_id: str, **extra: Any) -> None:
     body = {"command": command, "task_id": task_id, **extra}
     await h.send(agent, SCHEDULER, body, message_type=MessageType.CONTROL)

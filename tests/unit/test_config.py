@@ -207,6 +207,7 @@ deploy = "escalate"
 [scheduler.preemption]
 safe_point_timeout_s = 10
 grace_s = 1.5
+max_section_s = 120
 
 [scheduler.lanes]
 privileged_rate = 50
@@ -256,6 +257,7 @@ def test_scheduler_table_round_trips_into_the_settings(tmp_path: Path) -> None:
         "read-only": "parallel", "migration": "serialize", "deploy": "escalate",
     }  # fmt: skip
     assert (s.preemption.safe_point_timeout_s, s.preemption.grace_s) == (10.0, 1.5)
+    assert s.preemption.max_section_s == 120.0
     assert dict(s.lanes.weights) == {"PRIVILEGED": 8, "STANDARD": 2, "BULK": 2}
     assert (s.lanes.privileged_rate, s.lanes.privileged_burst) == (50.0, 5)
     life = s.lifecycle
@@ -324,6 +326,7 @@ def test_scheduler_defaults_when_the_table_is_absent(tmp_path: Path) -> None:
         ("[scheduler.conflicts]\nthreshold = 0.3\nserialize_below = 0.5\n", "serialize_below"),
         ("[scheduler.conflicts.overrides]\nmigration = 'sometimes'\n", "overrides.migration"),
         ("[scheduler.preemption]\ngrace_s = 0\n", "preemption.grace_s"),
+        ("[scheduler.preemption]\nmax_section_s = -1\n", "preemption.max_section_s"),
         ("[scheduler.lanes.weights]\nBULK = 0\n", "lanes.weights"),
         ("[scheduler.lanes]\nprivileged_rate = 0\n", "lanes.privileged_rate"),
         ("[scheduler.lifecycle]\nmax_auto_recoveries = -1\n", "max_auto_recoveries"),

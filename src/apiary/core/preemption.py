@@ -52,6 +52,8 @@ from apiary.errors import ForcedPreemptionError, ValidationError
 
 DEFAULT_SAFE_POINT_TIMEOUT_S: Final = 30.0
 DEFAULT_GRACE_S: Final = 3.0
+DEFAULT_MAX_SECTION_S: Final = 300.0
+"""Five minutes: room for a transaction or an atomic file operation, not for a whole task."""
 """Appendix C.5: TERMINATE{grace_ms:3000}."""
 FORCED_PREEMPTION: Final = ForcedPreemptionError.code
 
@@ -135,9 +137,12 @@ class PreemptionPolicy:
     """How long a PREEMPT_REQUEST waits for a safe point before forced preemption."""
     grace_s: float = DEFAULT_GRACE_S
     """The soft termination's grace period before hard termination."""
+    max_section_s: float = DEFAULT_MAX_SECTION_S
+    """The longest non-preemptible section an agent may declare: sections are for short
+    critical work (transactions, atomic file operations), to be used sparingly (RFC 7.2)."""
 
     def __post_init__(self) -> None:
-        for name in ("safe_point_timeout_s", "grace_s"):
+        for name in ("safe_point_timeout_s", "grace_s", "max_section_s"):
             _duration(getattr(self, name), f"preemption.{name}")
 
     @property

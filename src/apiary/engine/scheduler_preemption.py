@@ -199,6 +199,14 @@ class SchedulerPreemption:
                 raise ValidationError.for_field(
                     "max_duration_ms", "a non-preemptible section needs a maximum duration"
                 )
+            cap = s.settings.preemption.max_section_s
+            if command == "enter_section" and isinstance(max_ms, int) and max_ms > cap * 1000:
+                raise ValidationError.for_field(
+                    "max_duration_ms",
+                    f"{max_ms / 1000:g} s is longer than the {cap:g} s a non-preemptible"
+                    " section may last (sections are for short critical work, RFC 7.2;"
+                    " [scheduler.preemption] max_section_s)",
+                )
             if command not in ("enter_section", "leave_section"):
                 raise ValidationError.for_field(
                     "command", f"{command!r} is not enter_section, leave_section or progress"

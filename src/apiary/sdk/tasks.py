@@ -150,7 +150,10 @@ class TaskContext:
 
         The Scheduler defers preemption while the section lasts, and no longer than its
         maximum: past it, preemption proceeds (by force if the task does not yield). Sections
-        do not nest. ValueError unless `max_duration` is a positive, finite number.
+        do not nest, and are for short critical work: the coordinator refuses one declared
+        longer than its `preemption.max_section_s` (300 s by default) with a ValidationError
+        naming `max_duration_ms`. ValueError unless `max_duration` is a positive, finite
+        number.
         """
         if (
             isinstance(max_duration, bool)

@@ -449,7 +449,7 @@ _SCHEDULER_PARSERS: dict[str, Callable[[Any, str], Any]] = {
         s,
         **_typed_fields(
             _table(v, "preemption", s),
-            {"safe_point_timeout_s": float, "grace_s": float},
+            {"safe_point_timeout_s": float, "grace_s": float, "max_section_s": float},
             "preemption.",
             s,
         ),
