@@ -22,6 +22,7 @@ from apiary.store.errors import DuplicateMessageError, SchemaVersionError, Store
 from apiary.store.migrations import load_migrations
 from apiary.store.sql_rows import HITL_COLUMNS, MESSAGE_COLUMNS
 from apiary.store.sqlite import SqliteStore, open_sqlite_store
+from apiary.store.sqlite_checkpoint import RESTART_RETRY_COMMITS
 from apiary.store.sqlite_database import SqliteDatabase, SqliteOptions, split_statements
 
 WAIT_S = 30
@@ -382,6 +383,30 @@ async def test_the_wal_starts_over_under_a_steady_load(tmp_path: Path) -> None:
     written = 8 * 150 * 4 * 4096
     assert restarts >= 1
     assert wal_bytes < written / 4, (wal_bytes, written)
+
+
+async def test_a_long_read_does_not_cost_every_commit_a_restart_attempt(tmp_path: Path) -> None:
+    # While a reader holds an old snapshot the WAL cannot start over; the writer tries again
+    # only every RESTART_RETRY_COMMITS commits instead of waiting for it after each one.
+    path = tmp_path / "apiary.db"
+    options = SqliteOptions(checkpoint_every_changes=8, wal_restart_frames=64)
+    async with open_sqlite_store(path, options) as store:
+        await store.events.append([draft(0)])
+        reader = sqlite3.connect(path, check_same_thread=False)
+        try:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM events").fetchone()  # holds its snapshot
+            checkpointer = store.database.checkpointer
+            commits = store.stats.writer.commits
+            await _write_steadily(store, rounds=60)
+            commits = store.stats.writer.commits - commits
+            attempts = checkpointer.restart_attempts
+            assert store.stats.wal_restarts == 0  # the snapshot pins the WAL
+            assert 1 <= attempts <= commits // RESTART_RETRY_COMMITS + 2, (attempts, commits)
+        finally:
+            reader.close()
+        await _write_steadily(store, rounds=60)
+        assert store.stats.wal_restarts >= 1  # once the reader is gone
 
 
 # --- migrations -----------------------------------------------------------------------

@@ -30,6 +30,9 @@ _log = logging.getLogger(__name__)
 
 RESTART_WAIT_MS = 20
 """How long the writer's RESTART checkpoint waits for readers before trying again later."""
+RESTART_RETRY_COMMITS = 32
+"""Commits the writer lets pass after a RESTART that gave way before it tries again: a long
+read (an export, say) must not cost every commit the wait."""
 
 
 class WalCheckpointer:
@@ -56,6 +59,10 @@ class WalCheckpointer:
         self._restart_frames = restart_frames
         self._restart_due = False
         self._restarts = 0
+        self._restart_attempts = 0
+        self._restart_skip = 0
+        self._checkpointing = threading.Lock()
+        """Held by a PASSIVE run: the writer's RESTART never collides with one."""
         self._signalled_at = 0
         self._wake = threading.Event()
         self._stopping = False
@@ -79,10 +86,18 @@ class WalCheckpointer:
         """How many times the WAL was made to start over (`restart_if_due`)."""
         return self._restarts
 
+    @property
+    def restart_attempts(self) -> int:
+        """RESTART checkpoints tried, the ones that gave way to readers included."""
+        return self._restart_attempts
+
     def note_commit(self, writer: sqlite3.Connection) -> None:
         """Called on the writer thread after each commit, with the writer's connection."""
         if self._restart_due:
-            self._restart(writer)
+            if self._restart_skip:
+                self._restart_skip -= 1
+            else:
+                self._restart(writer)
         total_changes = writer.total_changes
         if total_changes - self._signalled_at >= self._every:
             self._signalled_at = total_changes
@@ -93,9 +108,19 @@ class WalCheckpointer:
         (so no write is under way): copies what PASSIVE runs left and waits for readers to
         leave the WAL, so that the next transaction writes it from its beginning.
 
-        It waits at most `RESTART_WAIT_MS` for readers (a long read must not stall every
-        write); when it gives way, or meets a PASSIVE run of the checkpointer thread, the
-        writer tries again after its next commit."""
+        It waits at most `RESTART_WAIT_MS` for a PASSIVE run of the checkpointer thread to end
+        (else it tries after the next commit), and as long for readers; when it gives way to
+        them, the writer tries again `RESTART_RETRY_COMMITS` commits later (a long read must
+        not cost every commit the wait)."""
+        if not self._checkpointing.acquire(timeout=RESTART_WAIT_MS / 1000):
+            return
+        self._restart_attempts += 1
+        try:
+            self._restart_checkpoint(writer)
+        finally:
+            self._checkpointing.release()
+
+    def _restart_checkpoint(self, writer: sqlite3.Connection) -> None:
         try:
             (saved,) = writer.execute("PRAGMA busy_timeout").fetchone()
             writer.execute(f"PRAGMA busy_timeout = {RESTART_WAIT_MS}")
@@ -107,10 +132,12 @@ class WalCheckpointer:
             self._restart_due = False
             _log.warning("WAL restart checkpoint failed: %s", exc)
             return
-        if not busy:
-            self._restart_due = False
-            self._restarts += 1
-            _log.debug("WAL restarted after %s frames (%s copied)", frames, copied)
+        if busy:
+            self._restart_skip = RESTART_RETRY_COMMITS
+            return
+        self._restart_due = False
+        self._restarts += 1
+        _log.debug("WAL restarted after %s frames (%s copied)", frames, copied)
 
     def request(self) -> None:
         """Run a checkpoint soon, whatever has been written."""
@@ -136,9 +163,10 @@ class WalCheckpointer:
             if self._stopping:
                 return
             try:
-                busy, wal_frames, copied = self._conn.execute(
-                    "PRAGMA wal_checkpoint(PASSIVE)"
-                ).fetchone()
+                with self._checkpointing:
+                    busy, wal_frames, copied = self._conn.execute(
+                        "PRAGMA wal_checkpoint(PASSIVE)"
+                    ).fetchone()
             except sqlite3.Error as exc:
                 _log.warning("WAL checkpoint failed: %s", exc)
                 continue
