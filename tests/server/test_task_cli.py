@@ -60,7 +60,12 @@ async def test_tasks_are_submitted_listed_and_shown(coordinator: Coordinator) ->
     )  # fmt: skip
     table, _ = await _cli(coordinator, "task", "list", "--state", "queued", "--agent", "worker")
     assert "t-1" in table and "QUEUED" in table
-    assert "t-1" not in (await _cli(coordinator, "task", "list", "--after", "1"))[0]
+    await _cli(coordinator, "task", "submit", "worker", "--scope", "repo:app", "--id", "t-2")
+    first, hint = await _cli(coordinator, "task", "list", "--limit", "1")
+    seq = listed[0]["seq"]
+    assert "t-1" in first and f"more may follow: --after {seq}" in hint
+    rest, _ = await _cli(coordinator, "task", "list", "--after", str(seq))
+    assert "t-2" in rest and "t-1" not in rest
     assert (await _cli(coordinator, "task", "preempt", "worker"))[0].strip() == (
         "nothing to preempt"
     )

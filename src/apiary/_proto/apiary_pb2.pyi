@@ -2649,7 +2649,7 @@ class ListTasksRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
     after_seq: _builtins.int
-    """paging: the last seq of the previous page"""
+    """paging: the last seq of the previous page (unset: from the first)"""
     limit: _builtins.int
     """default 100, at most 1000"""
     @_builtins.property
@@ -2661,14 +2661,16 @@ class ListTasksRequest(_message.Message):
         *,
         states: _abc.Iterable[_builtins.str] | None = ...,
         agent_id: _builtins.str = ...,
-        after_seq: _builtins.int = ...,
+        after_seq: _builtins.int | None = ...,
         limit: _builtins.int = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "after_seq", b"after_seq"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "agent_id", b"agent_id", "limit", b"limit", "states", b"states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "after_seq", b"after_seq", "agent_id", b"agent_id", "limit", b"limit", "states", b"states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__after_seq: _TypeAlias = _typing.Literal["after_seq"]  # noqa: Y015
+    _WhichOneofArgType__after_seq: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__after_seq) -> _WhichOneofReturnType__after_seq | None: ...
 
 Global___ListTasksRequest: _TypeAlias = ListTasksRequest  # noqa: Y015
 

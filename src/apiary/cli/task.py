@@ -120,19 +120,23 @@ def submit(
 def list_tasks(
     state: list[str] = typer.Option([], "--state", "-s", help="QUEUED, RUNNING, ... (repeat)"),
     agent_id: str = typer.Option("", "--agent", help="Only this agent's tasks"),
-    after: int = typer.Option(0, "--after", min=0, help="After this seq (paging)"),
+    after: int | None = typer.Option(None, "--after", min=0, help="After this seq (paging)"),
     limit: int = typer.Option(100, "--limit", min=1, max=1000),
     as_json: bool = JSON_OUT,
     grpc_address: str = GRPC,
 ) -> None:
     """Tasks in submission order."""
-    request = a.ListTasksRequest(states=state, agent_id=agent_id, after_seq=after, limit=limit)
+    request = a.ListTasksRequest(states=state, agent_id=agent_id, limit=limit)
+    if after is not None:
+        request.after_seq = after
     views = list(_run(grpc_address, lambda c: c.task_query.ListTasks(request)).tasks)
     if as_json:
         for v in views:
             typer.echo(json.dumps(task_doc(v)))
-    else:
-        _table(views)
+        return
+    _table(views)
+    if len(views) == limit:
+        typer.echo(f"more may follow: --after {views[-1].seq}", err=True)
 
 
 @app.command()

@@ -106,7 +106,8 @@ class TaskQueryHandler:
     async def list_tasks(self, req: a.ListTasksRequest, ctx: CallContext) -> a.ListTasksResponse:
         states = frozenset(s.strip().upper() for s in req.states) or None
         tasks = await self._scheduler.list_tasks(
-            states, req.agent_id or None, int(req.after_seq) if req.after_seq else -1,
+            states, req.agent_id or None,
+            int(req.after_seq) if req.HasField("after_seq") else -1,
             min(req.limit or 100, MAX_TASKS),
         )  # fmt: skip
         return a.ListTasksResponse(tasks=[task_view(t) for t in tasks])
