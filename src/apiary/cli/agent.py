@@ -12,10 +12,11 @@ from pathlib import Path
 
 import typer
 
+from apiary.cli.calls import SIGNING_KEY
 from apiary.errors import ApiaryError
 from apiary.sdk.agent import COORDINATOR_ENV, Agent
 from apiary.sdk.client import Client
-from apiary.sdk.keys import SIGNING_KEY_ENV, load_signing_key, public_key_text, write_signing_key
+from apiary.sdk.keys import load_signing_key, public_key_text, write_signing_key
 from apiary.wire import pb
 
 app = typer.Typer(help="Run SDK agents; suspend and resume agents (RFC 8.1).", no_args_is_help=True)
@@ -60,12 +61,7 @@ def run(
     ),
     agent_id: str = typer.Option("", "--id", help="Agent id (default: the class's agent_id)"),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING, ERROR"),
-    signing_key: Path | None = typer.Option(
-        None,
-        "--signing-key",
-        envvar=SIGNING_KEY_ENV,
-        help="Ed25519 key (apiary agent keygen) when the coordinator requires signing",
-    ),
+    signing_key: Path | None = SIGNING_KEY,
     verify_signatures: bool = typer.Option(
         False,
         "--verify-signatures",

@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.calls import refusal
 from apiary.core.handoff import HandoffState
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
@@ -53,9 +54,7 @@ def _run(address: str, call: Callable[[Stubs], Awaitable[T]]) -> T:
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        field = exc.details.get("field")
-        where = f" (field {field})" if field and not exc.message.startswith(f"{field}:") else ""
-        typer.echo(f"apiary handoff: {exc.code}: {exc.message}{where}", err=True)
+        typer.echo(refusal("handoff", exc), err=True)
         raise typer.Exit(1) from None
 
 

@@ -6,7 +6,6 @@ policy changes when operators are configured). Every command takes `--json`.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
@@ -20,7 +19,7 @@ from google.protobuf.message import Message
 from rich.console import Console
 from rich.table import Table
 
-from apiary.errors import ApiaryError
+from apiary.cli.calls import run_client
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
@@ -40,17 +39,7 @@ INTENSITIES = ("LOWEST", "LOW", "MEDIUM", "HIGH", "HIGHEST")
 
 
 def _run(address: str, token: str, call: Callable[[Client], Awaitable[T]]) -> T:
-    metadata = {"authorization": f"Bearer {token}"} if token else None
-
-    async def go() -> T:
-        async with Client(address, metadata=metadata) as client:
-            return await call(client)
-
-    try:
-        return asyncio.run(go())
-    except ApiaryError as exc:
-        typer.echo(f"apiary negotiation: {exc.code}: {exc.message}", err=True)
-        raise typer.Exit(1) from None
+    return run_client("negotiation", address, call, token=token, with_field=False)
 
 
 def _doc(message: Message) -> dict[str, Any]:

@@ -9,9 +9,10 @@ from pathlib import Path
 import typer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from apiary.cli.calls import SIGNING_KEY, refusal
 from apiary.errors import ApiaryError
 from apiary.sdk.connection import Connection
-from apiary.sdk.keys import SIGNING_KEY_ENV, load_signing_key
+from apiary.sdk.keys import load_signing_key
 
 
 def send(
@@ -28,12 +29,7 @@ def send(
     ),
     content_type: str = typer.Option("", "--content-type", help="The payload's media type"),
     correlation_id: str = typer.Option("", "--correlation", help="Default: the message_id"),
-    signing_key: Path | None = typer.Option(
-        None,
-        "--signing-key",
-        envvar=SIGNING_KEY_ENV,
-        help="The producer's Ed25519 key when the coordinator requires signing",
-    ),
+    signing_key: Path | None = SIGNING_KEY,
     grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
 ) -> None:
     """Send one DATA message; prints its message_id (exit 1 when refused, naming why)."""
@@ -58,9 +54,7 @@ def send(
         key = load_signing_key(signing_key) if signing_key is not None else None
         reason = asyncio.run(_send(grpc_address, producer, to, body, kind, correlation_id, key))
     except ApiaryError as exc:
-        field = exc.details.get("field")
-        where = f" (field {field})" if field and not exc.message.startswith(f"{field}:") else ""
-        typer.echo(f"apiary send: {exc.code}: {exc.message}{where}", err=True)
+        typer.echo(refusal("send", exc), err=True)
         raise typer.Exit(1) from None
     message_id, why = reason
     typer.echo(message_id)

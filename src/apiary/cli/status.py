@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import Counter
 from typing import Any
@@ -11,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.calls import run_client
 from apiary.core.records import TaskState
-from apiary.errors import ApiaryError
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
@@ -29,38 +28,33 @@ def status(
     grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
 ) -> None:  # fmt: skip
     """Agents with their inbound queues, open tasks by state, dead letters, pending HITL."""
-    try:
-        doc = asyncio.run(_status(grpc_address, token))
-    except ApiaryError as exc:
-        typer.echo(f"apiary status: {exc.code}: {exc.message}", err=True)
-        raise typer.Exit(1) from None
+    doc = run_client("status", grpc_address, lambda c: _status(c, bool(token)), token=token,
+                     with_field=False)  # fmt: skip
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
     _print(doc)
 
 
-async def _status(address: str, token: str) -> dict[str, Any]:
-    metadata = {"authorization": f"Bearer {token}"} if token else None
-    async with Client(address, metadata=metadata) as client:
-        agents = (await client.discovery.ListAgents(a.ListAgentsRequest())).agents
-        tasks = (
-            await client.task_query.ListTasks(
-                a.ListTasksRequest(states=OPEN_TASK_STATES, limit=LIMIT)
-            )
-        ).tasks
-        dead = (await client.dlq.List(a.ListDlqRequest(limit=LIMIT))).entries
-        hitl: int | str = "needs an operator token (--token or APIARY_TOKEN)"
-        if token:
-            pending = await client.hitl_operator.List(a.ListInvocationsRequest(limit=LIMIT))
-            hitl = len(pending.invocations)
+async def _status(client: Client, operator: bool) -> dict[str, Any]:
+    agents = (await client.discovery.ListAgents(a.ListAgentsRequest())).agents
+    request = a.ListTasksRequest(states=OPEN_TASK_STATES, limit=LIMIT)
+    tasks = (await client.task_query.ListTasks(request)).tasks
+    dead = (await client.dlq.List(a.ListDlqRequest(limit=LIMIT))).entries
+    hitl: int | str = "needs an operator token (--token or APIARY_TOKEN)"
+    if operator:
+        pending = await client.hitl_operator.List(a.ListInvocationsRequest(limit=LIMIT))
+        hitl = len(pending.invocations)
     by_state = Counter(t.state for t in tasks)
+    running: dict[str, list[str]] = {}
+    for t in tasks:
+        if t.state == "RUNNING":
+            running.setdefault(t.agent_id, []).append(t.task_id)
     return {
         "agents": [
             {"agent_id": i.descriptor.agent_id, "state": i.state,
              "inbox": i.buffer_depth, "capacity": i.buffer_capacity,
-             "running": [t.task_id for t in tasks
-                         if t.agent_id == i.descriptor.agent_id and t.state == "RUNNING"]}
+             "running": running.get(i.descriptor.agent_id, [])}
             for i in agents
         ],
         "tasks": {state: by_state.get(state, 0) for state in OPEN_TASK_STATES},

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime as dt
 import json
@@ -16,7 +15,7 @@ from google.protobuf import json_format
 from rich.console import Console
 from rich.table import Table
 
-from apiary.errors import ApiaryError
+from apiary.cli.calls import run_client
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
@@ -29,19 +28,7 @@ s = pb.scheduler_pb2
 
 
 def _run(address: str, call: Callable[[Client], Awaitable[T]], token: str = "") -> T:
-    metadata = {"authorization": f"Bearer {token}"} if token else None
-
-    async def go() -> T:
-        async with Client(address, metadata=metadata) as client:
-            return await call(client)
-
-    try:
-        return asyncio.run(go())
-    except ApiaryError as exc:
-        field = exc.details.get("field")
-        where = f" (field {field})" if field and not exc.message.startswith(f"{field}:") else ""
-        typer.echo(f"apiary task: {exc.code}: {exc.message}{where}", err=True)
-        raise typer.Exit(1) from None
+    return run_client("task", address, call, token=token)
 
 
 def task_doc(view: a.TaskView, *, params: bool = False) -> dict[str, Any]:

@@ -124,31 +124,16 @@ class Courier:
         """One background round: POST every pending row that is due again (once each); their
         rows as they end the round."""
         now = self._clock.now()
-        due: list[tuple[OutboxEntry, str]] = []
+        due: list[OutboxEntry] = []
         for row in await self._store.outbox_pending():
-            key = (row.mail.message_id, row.destination)
-            if key in self._in_flight:
+            if (row.mail.message_id, row.destination) in self._in_flight:
                 continue
             if row.status == "retrying" and row.next_attempt_at > now:
                 break  # soonest first: the rest are later still
             if row.status == "sent" and now - row.updated_at < self.retry.orphan_after_s:
                 continue  # a first delivery still under way, here or in another process
-            endpoint = endpoint_of(row.mail.swarm_id, row.destination)
-            if endpoint is None:
-                gone = replace(
-                    row, status="failed", updated_at=now, next_attempt_at=0.0,
-                    error=f"{row.destination} is no longer a member of {row.mail.swarm_id}",
-                )  # fmt: skip
-                await self._store.outbox_put(gone)
-                due.append((gone, ""))
-                continue
-            due.append((row, endpoint))
-        return list(
-            await asyncio.gather(
-                *(self._attempt(row, endpoint, ()) if endpoint else _done(row)
-                  for row, endpoint in due)
-            )
-        )  # fmt: skip
+            due.append(row)
+        return list(await asyncio.gather(*(self._once(row, endpoint_of) for row in due)))
 
     async def retry_now(
         self, rows: Sequence[OutboxEntry], endpoint_of: EndpointOf
@@ -160,6 +145,14 @@ class Courier:
     async def _retry_one(self, row: OutboxEntry, endpoint_of: EndpointOf) -> OutboxEntry:
         if row.status == "delivered" or (row.mail.message_id, row.destination) in self._in_flight:
             return row
+        # Counted from now: a row that had given up gets a fresh give-up period.
+        return await self._once(row, endpoint_of, fresh_period=True)
+
+    async def _once(
+        self, row: OutboxEntry, endpoint_of: EndpointOf, *, fresh_period: bool = False
+    ) -> OutboxEntry:
+        """One POST of `row` to its member's current endpoint; failed when it is no longer
+        a member."""
         endpoint = endpoint_of(row.mail.swarm_id, row.destination)
         if endpoint is None:
             gone = replace(
@@ -168,8 +161,9 @@ class Courier:
             )  # fmt: skip
             await self._store.outbox_put(gone)
             return gone
-        # Counted from now: a row that had given up gets a fresh give-up period.
-        return await self._attempt(replace(row, created_at=self._clock.now()), endpoint, ())
+        if fresh_period:
+            row = replace(row, created_at=self._clock.now())
+        return await self._attempt(row, endpoint, ())
 
     async def run(self, endpoint_of: EndpointOf) -> None:
         """`retry_due` every `retry.interval_s`, for as long as the peer serves."""
@@ -225,10 +219,6 @@ class Courier:
                         row.error)  # fmt: skip
         await self._store.outbox_put(row)
         return row
-
-
-async def _done(row: OutboxEntry) -> OutboxEntry:
-    return row
 
 
 def _retryable(reply: Reply) -> bool:
