@@ -122,6 +122,7 @@ async def test_an_envelope_without_producer_is_refused_and_dead_lettered(h: Engi
     "router.fields.producer-id",
 )  # fmt: skip
 async def test_the_coordinators_own_messages_carry_every_required_field(h: EngineHarness) -> None:
+    await h.connect("alice")  # presence notices and heartbeats reach connected agents
     await h.register("carol")
     bad = h.envelope("alice", {"n": 1}, content_length=1)
     with pytest.raises(ApiaryError):
@@ -304,6 +305,7 @@ async def test_a_message_expired_before_admission_is_ttl_expired(h: EngineHarnes
 async def test_hlc_timestamp_is_required_when_hlc_is_enabled() -> None:
     async with open_test_engine(RouterSettings(hlc_required=True)) as h:
         await h.register("alice")
+        await h.connect("alice")
         await h.register("bob")
         await refused(h, h.envelope("alice", {"n": 1}), "validation_error", "hlc_timestamp")
         garbled = h.envelope("alice", {"n": 1}, hlc_timestamp="yesterday")
@@ -436,6 +438,7 @@ def _is_iso_with_zone(text: object) -> bool:
 async def test_timestamps_the_coordinator_writes_are_iso8601_with_timezone(
     h: EngineHarness,
 ) -> None:
+    await h.connect("bob")
     await h.engine.presence.tick()
     heartbeats = [p for p in await h.inbox_payloads("bob") if p["type"] == "HEARTBEAT"]
     assert heartbeats and all(_is_iso_with_zone(p["at"]) for p in heartbeats)

@@ -134,6 +134,7 @@ async def test_lowering_capacity_keeps_what_is_buffered(h: EngineHarness) -> Non
 
 @pytest.mark.conformance("backpressure.no-silent-drop", "backpressure.overflow.nack-sender")
 async def test_notices_reach_an_agent_whose_buffer_is_full(h: EngineHarness) -> None:
+    await h.connect("alice")
     await h.register("carol")
     await _fill(h, "carol", "alice", 10)  # alice's own buffer is full
     overflow = await h.send("alice", "bob", {"n": 1})

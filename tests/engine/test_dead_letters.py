@@ -107,6 +107,8 @@ async def test_success_timeouts_and_back_pressure_are_not_dead_letters(h: Engine
 
 async def test_expired_coordinator_notices_are_not_dead_letters(h: EngineHarness) -> None:
     # Heartbeats and announcements to an agent that never reads them expire quietly.
+    await h.connect("alice")  # connected, but its stream reads no further
+    await h.register("carol")
     for _ in range(3):
         await h.engine.presence.tick()
     h.clock.advance(h.engine.router.settings.notice_ttl_s + 1)

@@ -101,7 +101,7 @@ async def test_an_ack_its_producer_stream_does_not_take_in_time_is_stored_once()
         await h.send("bob", "alice", {"first": True})
         stream = h.engine.delivery.stream("alice")
         first = await anext(stream)
-        assert [x.message.message_type for x in first][-1] == MessageType.DATA
+        assert MessageType.DATA in [x.message.message_type for x in first]
         _, ack_id = await _delivered_and_fulfilled(h)
         assert (await h.message(ack_id)).offset > 0
         # When the reader comes back it gets the stored ACK, once: the hand-over was

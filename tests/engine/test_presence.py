@@ -45,6 +45,8 @@ async def _state(h: EngineHarness, agent: str) -> str:
 
 @pytest.mark.conformance("registry.events.broadcast")
 async def test_joins_and_leaves_reach_every_other_participant(h: EngineHarness) -> None:
+    await h.connect("alice")
+    await h.connect("bob")
     await h.register("carol", capabilities=["translate"])
     for agent in ("alice", "bob"):
         joined = [n for n in await _notifications(h, agent) if n["event"] == "agent_joined"]
@@ -52,7 +54,10 @@ async def test_joins_and_leaves_reach_every_other_participant(h: EngineHarness) 
             "agent_id": "carol", "name": "carol", "capabilities": ["translate"],
             "state": "RUNNABLE",
         }  # fmt: skip
-    # The newcomer gets the directory (itself included), not an announcement of itself.
+    # The newcomer gets the directory (itself included) when its stream opens, not an
+    # announcement of itself.
+    assert await _notifications(h, "carol") == []
+    await h.connect("carol")
     carol = await _notifications(h, "carol")
     assert [n["event"] for n in carol] == ["directory"]
     assert [a["agent_id"] for a in carol[0]["agents"]] == ["alice", "bob", "carol"]
@@ -68,8 +73,42 @@ async def test_joins_and_leaves_reach_every_other_participant(h: EngineHarness) 
     assert {x.message.message_type for x in delivered} == {4}
 
 
+async def test_an_agent_away_is_sent_the_directory_when_it_connects_not_each_change(
+    h: EngineHarness,
+) -> None:
+    # dave registers and goes away; while it is away others come and go.
+    await h.register("dave")
+    await h.connect("alice")
+    await h.register("carol")
+    assert await h.engine.registry.deregister("bob", "maintenance")
+    await h.engine.presence.left("bob", "maintenance")
+    assert await _notifications(h, "dave") == []  # nothing piles up for it
+    assert [n["event"] for n in await _notifications(h, "alice")] == [
+        "directory", "agent_joined", "agent_left",
+    ]  # fmt: skip
+    # On connecting it learns the directory as it is now: carol in, bob out.
+    stream = await h.connect("dave")
+    (directory,) = await _notifications(h, "dave")
+    assert [a["agent_id"] for a in directory["agents"]] == ["alice", "carol", "dave"]
+    # Connected, it is told of each change as it happens, after that directory.
+    await h.register("erin")
+    batch = await asyncio.wait_for(anext(stream), 5)
+    (joined,) = [h.engine.router.codec.decode(x.message.envelope) for x in batch]
+    assert b'"agent_joined"' in joined.payload and b'"erin"' in joined.payload
+    # Each time its stream opens again it gets a fresh directory (the store of the
+    # notices it missed while away is not kept).
+    await stream.aclose()
+    await h.connect("dave")
+    assert [n["event"] for n in await _notifications(h, "dave")] == [
+        "directory", "agent_joined", "directory",
+    ]  # fmt: skip
+
+
 @pytest.mark.conformance("registry.heartbeat.emit")
 async def test_the_coordinator_emits_heartbeats_every_interval(h: EngineHarness) -> None:
+    await h.connect("alice")
+    await h.connect("bob")
+    await h.register("carol")  # registered, never connected: it could not read them
     interval = h.engine.presence.settings.heartbeat_interval_s
     runner = asyncio.create_task(h.engine.presence.run(h.clock.sleep))
     try:
@@ -86,6 +125,7 @@ async def test_the_coordinator_emits_heartbeats_every_interval(h: EngineHarness)
             await asyncio.wait_for(emitted(), 5)
             for agent in ("alice", "bob"):
                 assert len(await _heartbeats(h, agent)) == round_number
+            assert await _heartbeats(h, "carol") == []
     finally:
         runner.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -104,6 +144,7 @@ async def test_the_coordinator_emits_heartbeats_every_interval(h: EngineHarness)
 async def test_a_silent_agent_is_unavailable_only_after_debounce_and_never_removed(
     h: EngineHarness,
 ) -> None:
+    await h.connect("bob")  # alice is not even connected: judged all the same
     settings = h.engine.presence.settings
     assert (settings.heartbeat_timeout_s, settings.debounce) == (15.0, 3)
 
@@ -174,6 +215,7 @@ async def test_a_join_and_a_heartbeat_round_are_one_write_however_many_agents(
     async with open_test_engine(store_url=f"sqlite:///{tmp_path}/a.db", data_dir=tmp_path) as h:
         for n in range(40):
             await h.register(f"agent-{n}")
+            await h.connect(f"agent-{n}")
         assert isinstance(h.store, SqliteStore)
         jobs = h.store.stats.writer.jobs
         await h.register("late")
@@ -184,11 +226,31 @@ async def test_a_join_and_a_heartbeat_round_are_one_write_however_many_agents(
                 if note["event"] == "agent_joined"
             ]
             assert joined[-1] == "late"
+        # The registration itself, its event, and one write for the 40 notices.
+        assert h.store.stats.writer.jobs - jobs <= 4
+        await h.connect("late")
         (directory,) = await _notifications(h, "late")
         assert len(directory["agents"]) == 41
-        # The registration itself, its event, and one write for the 41 notices.
-        assert h.store.stats.writer.jobs - jobs <= 4
         jobs = h.store.stats.writer.jobs
         await h.engine.presence.tick()
         assert h.store.stats.writer.jobs - jobs <= 2
         assert [len(await _heartbeats(h, f"agent-{n}")) for n in range(40)] == [1] * 40
+        assert len(await _heartbeats(h, "late")) == 1
+
+
+async def test_a_fleet_starting_up_stores_no_notices_for_agents_not_yet_connected(
+    tmp_path: Path,
+) -> None:
+    # Each of N agents registering used to be announced to all the others: N^2/2 rows
+    # before anyone connected (50 million for 10,000 agents), expiring unread. Now only a
+    # directory per agent, when its stream opens.
+    async with open_test_engine(store_url=f"sqlite:///{tmp_path}/a.db", data_dir=tmp_path) as h:
+        for n in range(60):
+            await h.register(f"agent-{n}")
+        await h.engine.presence.tick()
+        assert [len(await h.inbox_payloads(f"agent-{n}")) for n in range(60)] == [0] * 60
+        for n in range(60):
+            await h.connect(f"agent-{n}")
+        first, last = (await _notifications(h, "agent-0")), await _notifications(h, "agent-59")
+        assert [n["event"] for n in first] == [n["event"] for n in last] == ["directory"]
+        assert len(first[0]["agents"]) == len(last[0]["agents"]) == 60

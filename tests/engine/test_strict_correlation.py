@@ -210,6 +210,7 @@ async def test_under_strict_ids_every_message_of_the_coordinator_carries_a_uuid4
         await h.send_env(refused, "bob")
     sent = await h.send("alice", "bob", {"n": 2})
     await h.ack("bob", sent.message_id, AckStage.FULFILLED)
+    await h.connect("bob")  # its directory, and heartbeats from now on
     await h.engine.presence.tick()
 
     own = [

@@ -315,7 +315,7 @@ async def test_back_pressure_metrics_are_exposed(running: Running) -> None:
     delivery = running.coordinator.delivery
     first = await delivery.poll("bob", await delivery.open("bob"), max_batch=3)
     fetched = [h.message.message_id for h in first if h.message.producer_id == "alice"]
-    assert fetched == [e.message_id for e in sent[:2]]
+    assert fetched == [e.message_id for e in sent[:3]]
     running.clock.advance(1)
     await _ack(running, "bob", fetched[0], AckStage.FULFILLED)
     async with (
@@ -336,5 +336,5 @@ async def test_back_pressure_metrics_are_exposed(running: Running) -> None:
     assert samples[f"agent_dequeue_latency_seconds_sum{bob}"] >= 4.0
     assert samples[f"agent_process_time_seconds_count{bob}"] == 1
     assert samples[f"agent_process_time_seconds_sum{bob}"] == 1.0
-    # Messages 3 to 10 were never fetched: the oldest of them has waited 5 s.
+    # Messages 4 to 10 were never fetched: the oldest of them has waited 5 s.
     assert samples[f"router_oldest_enqueued_age_seconds{bob}"] == 5.0

@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from functools import lru_cache
 
 from apiary.core.message_machine import MessageInput
@@ -68,6 +68,9 @@ class Delivery:
         self.opened: Callable[[str], Awaitable[None]] | None = None
         """Called with the agent id when a stream opens: the agent is ready for work (the
         Scheduler's readiness signal, RFC 8.1)."""
+        self.connected: Callable[[str], Awaitable[None]] | None = None
+        """Called with the agent id once its stream counts as open (`Router.streaming`),
+        before its first batch: Presence sends it the current directory."""
 
     async def _check_position(self, agent_id: str, resume_after: int) -> None:
         if resume_after <= 0:
@@ -119,12 +122,14 @@ class Delivery:
 
     async def stream(
         self, agent_id: str, resume_after: int = 0, max_batch: int = 0
-    ) -> AsyncIterator[list[Handout]]:
+    ) -> AsyncGenerator[list[Handout], None]:
         """Batches of handouts for `agent_id`, forever (until superseded or cancelled)."""
         session = await self.open(agent_id, resume_after)
         inbox = self._router.inbox(agent_id)
         inbox.streams += 1
         try:
+            if self.connected is not None:
+                await self.connected(agent_id)
             while True:
                 batch = await self.poll(agent_id, session, max_batch)
                 if batch:

@@ -1,19 +1,28 @@
 """Join/leave notifications and coordinator-emitted heartbeats (RFC 14).
 
-Every registration and deregistration is announced to all other registered agents, and a
-new agent receives the current directory, so participants can keep local discovery state.
-The coordinator sends each agent a HEARTBEAT notice every interval; an agent that has not
-answered (RegistryService.Heartbeat) within the timeout for `debounce` consecutive checks
-is marked UNAVAILABLE — never deregistered: deregistration is explicit only.
+Participants keep local discovery state from what they are sent: every agent receives the
+current directory each time its delivery stream opens, and, while the stream is open, every
+registration, deregistration and loss of availability as it happens. An agent that is not
+connected is sent nothing: it could not read the notices, which would pile up in its inbox
+(one per other agent's join, O(agents^2) rows for a fleet starting up) and expire after
+`notice_ttl_s` anyway; the directory it gets on connecting replaces them all, however long
+it was away (docs/decisions.md, "Presence").
+
+The coordinator sends each connected agent a HEARTBEAT notice every interval; an agent that
+has not answered (RegistryService.Heartbeat) within the timeout for `debounce` consecutive
+checks is marked UNAVAILABLE (connected or not) and never deregistered: deregistration is
+explicit only.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from apiary.core.clock import Clock
+from apiary.core.envelope import Envelope
 from apiary.core.records import AgentRecord
 from apiary.engine.admission import Outbound
 from apiary.engine.eventlog import EventRecorder
@@ -59,27 +68,44 @@ class Presence:
         self._events = events
         self._clock = clock
         self._misses: dict[str, int] = {}
+        self._order = asyncio.Lock()
+        """Held while an announcement or a directory is admitted (see `connected`)."""
 
     async def _broadcast(self, body: dict[str, Any], skip: str, *extra: Outbound) -> None:
-        """`body` to every registered agent but `skip`, and `extra`: one admission (one
+        """`body` to every connected agent but `skip`, and `extra`: one admission (one
         durable write) for all of them, not one per agent."""
-        notices = [
-            Outbound(self._notices.notification(body), agent.agent_id)
-            for agent in await self._registry.list()
-            if agent.agent_id != skip
-        ]
-        await self._router.send_many([*notices, *extra])
+        async with self._order:
+            notices = [
+                Outbound(self._notices.notification(body), agent.agent_id)
+                for agent in await self._registry.list()
+                if agent.agent_id != skip and self._router.streaming(agent.agent_id)
+            ]
+            if notices or extra:
+                await self._router.send_many([*notices, *extra])
 
-    async def joined(self, agent: AgentRecord) -> None:
-        self._misses.pop(agent.agent_id, None)
+    async def _directory(self) -> Envelope:
         agents = await self._registry.list()
-        directory = self._notices.notification(
+        return self._notices.notification(
             {"event": "directory", "agents": [_summary(a) for a in agents]}
         )
+
+    async def connected(self, agent_id: str) -> None:
+        """`agent_id`'s stream has opened: send it the current directory. Under the same
+        lock as the announcements, so that one made after this directory was read reaches
+        its stream after it (and one made before is in it)."""
+        async with self._order:
+            await self._router.send_many([Outbound(await self._directory(), agent_id)])
+
+    async def joined(self, agent: AgentRecord) -> None:
+        """Announce `agent` to the connected agents; it gets the directory itself when its
+        stream opens (now, if it re-registered while connected)."""
+        self._misses.pop(agent.agent_id, None)
+        extra = []
+        if self._router.streaming(agent.agent_id):
+            extra.append(Outbound(await self._directory(), agent.agent_id))
         await self._broadcast(
-            {"event": "agent_joined", "agent": _summary(agent)}, agent.agent_id,
-            Outbound(directory, agent.agent_id),
-        )  # fmt: skip
+            {"event": "agent_joined", "agent": _summary(agent)}, agent.agent_id, *extra
+        )
 
     async def left(self, agent_id: str, reason: str) -> None:
         self._misses.pop(agent_id, None)
@@ -91,9 +117,13 @@ class Presence:
         """One heartbeat round: send heartbeats, then judge who has gone quiet."""
         now = self._clock.now()
         agents = await self._registry.list()
-        await self._router.send_many(
-            [Outbound(self._notices.heartbeat(a.agent_id), a.agent_id) for a in agents]
-        )
+        beats = [
+            Outbound(self._notices.heartbeat(a.agent_id), a.agent_id)
+            for a in agents
+            if self._router.streaming(a.agent_id)
+        ]
+        if beats:
+            await self._router.send_many(beats)
         for agent in agents:
             quiet = now - agent.last_heartbeat_at > self.settings.heartbeat_timeout_s
             if not quiet:

@@ -146,6 +146,11 @@ class Router:
     def inboxes(self) -> dict[str, Inbox]:
         return dict(self._inboxes)
 
+    def streaming(self, agent_id: str) -> bool:
+        """Whether `agent_id` has a delivery stream open now."""
+        inbox = self._inboxes.get(agent_id)
+        return inbox is not None and inbox.streams > 0
+
     def set_capacity(self, agent_id: str, capacity: int) -> int:
         """Per-agent buffer capacity (RFC 13: configurable per agent)."""
         if capacity < 1:

@@ -195,6 +195,7 @@ def build_engine(
         inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
     )  # fmt: skip
     delivery.opened = scheduler.agent_ready
+    delivery.connected = presence.connected
     workflows = Workflows(store.workflows, scheduler, router, events, clock, runtime.ids)
     handoffs = Handoffs(
         store.handoffs, registry, router, notices, events, clock, runtime.ids,

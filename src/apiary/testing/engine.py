@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
@@ -44,6 +44,8 @@ class EngineHarness:
     store: Store
     clock: FakeClock
     ids: SequentialIds
+    streams: list[AsyncGenerator[list[Handout], None]] = field(default_factory=list)
+    """Delivery streams `connect` opened, closed with the harness."""
 
     async def register(
         self,
@@ -98,6 +100,16 @@ class EngineHarness:
         delivery = self.engine.delivery
         batch = await delivery.poll(agent, await delivery.open(agent, resume_after))
         return batch if notices else [h for h in batch if not is_notice(h.message)]
+
+    async def connect(self, agent: str) -> AsyncGenerator[list[Handout], None]:
+        """Open `agent`'s delivery stream as an agent does, and keep it open (the agent
+        counts as connected: presence notices and heartbeats reach it) until the stream is
+        closed or the harness is. Its first batch (the directory, at least) has been handed
+        out; read on with `anext`."""
+        stream = self.engine.delivery.stream(agent)
+        await anext(stream)
+        self.streams.append(stream)
+        return stream
 
     async def fire(self) -> int:
         return await self.engine.router.fire_due()
@@ -164,7 +176,10 @@ async def open_test_engine(
             data_dir=data_dir, worktree_settings=worktrees,
         )  # fmt: skip
         await load_engine(engine)
+        harness = EngineHarness(engine, store, clock, ids)
         try:
-            yield EngineHarness(engine, store, clock, ids)
+            yield harness
         finally:
+            for stream in harness.streams:
+                await stream.aclose()
             await close_engine(engine)
