@@ -19,6 +19,7 @@ from apiary.core.envelope import AckStage
 from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.engine.registry import RETIRED_KEY_GRACE_S
 from apiary.engine.settings import RouterSettings
 from apiary.sdk.connection import Connection, Delivery
 from apiary.server.coordinator import Runtime
@@ -343,3 +344,53 @@ async def test_a_verifying_recipient_refuses_what_no_signature_vouches_for(
             receiving.cancel()
         assert [d for d in handed_on if d.envelope.producer_id == "alice"] == []
         assert "alice" in bob.directory
+
+
+@pytest.mark.conformance("security.keys.rotation-revocation")
+async def test_a_message_signed_before_its_producer_rotated_still_verifies(
+    tmp_path: Path,
+) -> None:
+    # alice signs two messages with her old key, then rotates. Admission now takes only the
+    # new key, but what she signed before still verifies for a recipient within the grace
+    # period (the registry keeps the keys rotated away, apiary.v1 AgentInfo.retired_keys),
+    # and no longer after it.
+    old, new = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    async with (
+        # (No ack timeout within the day the clock jumps.)
+        open_running(tmp_path, RouterSettings(signing_required=True, ack_timeout_s=1e6))
+        as running,
+        Connection("bob", coordinator=running.grpc, signing_key=Ed25519PrivateKey.generate(),
+                   verify_signatures=True) as bob,
+    ):  # fmt: skip
+        alice = Connection("alice", coordinator=running.grpc, signing_key=old)
+        await alice.start()
+        within = await alice.send("bob", {"n": 1})
+        after = await alice.send("bob", {"n": 2})
+        await alice.stop(deregister=False)  # (its connection holds the old key)
+        assert (await _register(running, "alice", new, proof_by=old)).accepted
+        assert await _refused(_send(running, envelope("alice"), old)) == (
+            grpc.StatusCode.PERMISSION_DENIED, "signature",
+        )  # fmt: skip
+        stub = pb.apiary_pb2_grpc.DiscoveryServiceStub(running.channel)
+        info = await stub.GetAgent(apiary_pb2.GetAgentRequest(agent_id="alice"))
+        assert bytes(info.descriptor.public_key) == public_bytes(new)
+        assert [bytes(k.public_key) for k in info.retired_keys] == [public_bytes(old)]
+        deliveries = bob.deliveries()
+        first = await _data(deliveries)
+        assert first.envelope.message_id == within.message_id  # verified: handed on
+        await bob.ack(first.envelope, AckStage.FULFILLED)
+        # A day later the old key vouches for nothing any more: the second is refused.
+        running.clock.advance(RETIRED_KEY_GRACE_S + 1)
+        info = await stub.GetAgent(apiary_pb2.GetAgentRequest(agent_id="alice"))
+        assert list(info.retired_keys) == []
+        bob._keys.clear()  # as a recipient that never looked alice's keys up before
+        refused = asyncio.create_task(_data(deliveries))
+        for _ in range(500):
+            found = await running.coordinator.store.messages.get(after.message_id)
+            if found is not None and found.state.value == "REJECTED":
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the message signed by a key retired a day ago was accepted")
+        refused.cancel()
+        assert found.error_code == "permission_denied"

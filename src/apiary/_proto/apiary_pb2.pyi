@@ -406,6 +406,7 @@ class AgentInfo(_message.Message):
     LAST_HEARTBEAT_AT_FIELD_NUMBER: _builtins.int
     BUFFER_CAPACITY_FIELD_NUMBER: _builtins.int
     BUFFER_DEPTH_FIELD_NUMBER: _builtins.int
+    RETIRED_KEYS_FIELD_NUMBER: _builtins.int
     state: _builtins.str
     """RUNNABLE, UNAVAILABLE, ..."""
     buffer_capacity: _builtins.int
@@ -416,6 +417,12 @@ class AgentInfo(_message.Message):
     def registered_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
     def last_heartbeat_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def retired_keys(self) -> _containers.RepeatedCompositeFieldContainer[Global___RetiredKey]:
+        """Keys the agent rotated away within the grace period (24 h), newest first: a recipient
+        verifying signatures accepts them for messages signed before the rotation.
+        """
+
     def __init__(
         self,
         *,
@@ -425,14 +432,39 @@ class AgentInfo(_message.Message):
         last_heartbeat_at: _timestamp_pb2.Timestamp | None = ...,
         buffer_capacity: _builtins.int = ...,
         buffer_depth: _builtins.int = ...,
+        retired_keys: _abc.Iterable[Global___RetiredKey] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["descriptor", b"descriptor", "last_heartbeat_at", b"last_heartbeat_at", "registered_at", b"registered_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffer_capacity", b"buffer_capacity", "buffer_depth", b"buffer_depth", "descriptor", b"descriptor", "last_heartbeat_at", b"last_heartbeat_at", "registered_at", b"registered_at", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffer_capacity", b"buffer_capacity", "buffer_depth", b"buffer_depth", "descriptor", b"descriptor", "last_heartbeat_at", b"last_heartbeat_at", "registered_at", b"registered_at", "retired_keys", b"retired_keys", "state", b"state"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AgentInfo: _TypeAlias = AgentInfo  # noqa: Y015
+
+@_typing.final
+class RetiredKey(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    RETIRED_AT_FIELD_NUMBER: _builtins.int
+    public_key: _builtins.bytes
+    """raw Ed25519"""
+    @_builtins.property
+    def retired_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        public_key: _builtins.bytes = ...,
+        retired_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["retired_at", b"retired_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["public_key", b"public_key", "retired_at", b"retired_at"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RetiredKey: _TypeAlias = RetiredKey  # noqa: Y015
 
 @_typing.final
 class ListAgentsRequest(_message.Message):

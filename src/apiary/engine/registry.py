@@ -44,6 +44,15 @@ def descriptor_fields(descriptor: Mapping[str, Any], public_key: bytes) -> Agent
     )
 
 
+RETIRED_KEYS = "retired_keys"
+"""The stored descriptor's list of keys rotated away: {"public_key": base64, "retired_at":
+seconds}, newest first. The coordinator's record, never taken from a registration."""
+RETIRED_KEY_GRACE_S = 86_400.0
+"""How long a rotated-away key still vouches, for recipients, for messages signed before the
+rotation (admission only ever accepts the current key)."""
+MAX_RETIRED_KEYS = 4
+
+
 def public_key_of(record: AgentRecord) -> bytes:
     """The raw Ed25519 key the agent registered (b"" when none; the stored descriptor holds
     it as base64, as the protobuf JSON mapping writes bytes)."""
@@ -54,6 +63,37 @@ def public_key_of(record: AgentRecord) -> bytes:
         return base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         return b""
+
+
+def retired_keys_of(record: AgentRecord, now: float) -> list[tuple[bytes, float]]:
+    """The keys `record`'s agent rotated away less than `RETIRED_KEY_GRACE_S` ago, newest
+    first: (raw key, retired at)."""
+    found = []
+    entries = record.descriptor.get(RETIRED_KEYS)
+    for entry in entries if isinstance(entries, list) else ():
+        try:
+            key = base64.b64decode(str(entry["public_key"]), validate=True)
+            retired_at = float(entry["retired_at"])
+        except (KeyError, TypeError, ValueError, binascii.Error):
+            continue
+        if now - retired_at < RETIRED_KEY_GRACE_S:
+            found.append((key, retired_at))
+    return found
+
+
+def _retired(previous: AgentRecord | None, rotated_from: bytes, now: float, new_key: bytes) -> list[
+    dict[str, Any]
+]:
+    """The retired-key entries to store with a registration: the key rotated away now (if
+    any) before those still within their grace, without the key now registered."""
+    keys = [(rotated_from, now)] if rotated_from else []
+    if previous is not None:
+        keys += retired_keys_of(previous, now)
+    return [
+        {"public_key": base64.b64encode(key).decode(), "retired_at": at}
+        for key, at in keys[:MAX_RETIRED_KEYS]
+        if key != new_key
+    ]
 
 
 class Registry:
@@ -83,6 +123,9 @@ class Registry:
         await self._agents.put(record)
         self._cache[record.agent_id] = record
         self._keys[record.agent_id] = public_key_of(record)
+
+    def now(self) -> float:
+        return self._clock.now()
 
     @property
     def signing_required(self) -> bool:
@@ -115,6 +158,10 @@ class Registry:
                 {"field": "agent.public_key", "agent_id": fields.agent_id},
             )
         stored = dict(descriptor)
+        stored.pop(RETIRED_KEYS, None)
+        retired = _retired(previous, current if rotated else b"", now, fields.public_key)
+        if retired:
+            stored[RETIRED_KEYS] = retired
         if stored.get("communication_class") in (None, "", "COMM_CLASS_UNSPECIFIED"):
             stored["communication_class"] = "STANDARD"
         record = AgentRecord(

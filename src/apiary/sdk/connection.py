@@ -94,8 +94,9 @@ class Connection:
         self._coordinator = coordinator
         self._signing_key = signing_key
         self._verify = verify_signatures
-        self._keys: dict[str, bytes | None] = {}
-        """Producers' registered public keys (b'' without one; None for a non-agent)."""
+        self._keys: dict[str, tuple[bytes, ...] | None] = {}
+        """Producers' public keys: the registered one first (b'' without one), then those
+        rotated away within their grace; None for a non-agent."""
         self._tls = tls
         """TLS towards the coordinator (None: from the environment, else plain)."""
         self._descriptor = pb.registry_pb2.AgentDescriptor(
@@ -325,14 +326,14 @@ class Connection:
 
     async def _authentic(self, item: pb.apiary_pb2.Delivery, env: Envelope) -> bool:
         """Whether `item` may be handed on (see `verify_signatures`); refuses it if not."""
-        key = await self._producer_key(env.producer_id)
-        if key is None:
+        keys = await self._producer_keys(env.producer_id)
+        if keys is None:
             return True  # no registered agent: the coordinator's own message
         data = item.msg.SerializeToString(deterministic=True)
-        if _signed_by(key, data, item.signature):
+        if any(_signed_by(key, data, item.signature) for key in keys):
             return True
-        key = await self._producer_key(env.producer_id, refresh=True)  # rotated since?
-        if key is None or _signed_by(key, data, item.signature):
+        keys = await self._producer_keys(env.producer_id, refresh=True)  # rotated since?
+        if keys is None or any(_signed_by(key, data, item.signature) for key in keys):
             return True
         why = (
             f"{env.message_id} from {env.producer_id} is not signed"
@@ -345,7 +346,12 @@ class Connection:
             await self.ack(env, AckStage.REJECTED, error_code="PERMISSION_DENIED", note=why)
         return False
 
-    async def _producer_key(self, agent_id: str, *, refresh: bool = False) -> bytes | None:
+    async def _producer_keys(
+        self, agent_id: str, *, refresh: bool = False
+    ) -> tuple[bytes, ...] | None:
+        """The keys a message of `agent_id` may be signed with: its registered key, then
+        the keys it rotated away within their grace (a message signed before a rotation
+        and delivered after it still verifies; admission takes only the current key)."""
         if refresh or agent_id not in self._keys:
             stub = pb.apiary_pb2_grpc.DiscoveryServiceStub(self.channel)
             request = pb.apiary_pb2.GetAgentRequest(agent_id=agent_id)
@@ -354,7 +360,10 @@ class Connection:
             except NotFoundError:
                 self._keys[agent_id] = None
             else:
-                self._keys[agent_id] = bytes(info.descriptor.public_key)
+                self._keys[agent_id] = (
+                    bytes(info.descriptor.public_key),
+                    *(bytes(retired.public_key) for retired in info.retired_keys),
+                )
         return self._keys[agent_id]
 
     async def _handled_notice(self, env: Envelope) -> bool:

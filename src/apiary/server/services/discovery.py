@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from apiary.core.records import AgentRecord
-from apiary.engine.registry import Registry
+from apiary.engine.registry import Registry, retired_keys_of
 from apiary.engine.router import Router
 from apiary.server.context import CallContext
 from apiary.wire import pb
@@ -26,6 +26,10 @@ class DiscoveryHandler:
             last_heartbeat_at=float_to_timestamp(record.last_heartbeat_at),
             buffer_capacity=inbox.capacity,
             buffer_depth=inbox.depth,
+            retired_keys=[
+                apiary_pb2.RetiredKey(public_key=key, retired_at=float_to_timestamp(at))
+                for key, at in retired_keys_of(record, self._registry.now())
+            ],
         )
 
     async def list_agents(
