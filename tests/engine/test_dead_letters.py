@@ -29,8 +29,9 @@ async def h() -> AsyncIterator[EngineHarness]:
 async def _requeue(h: EngineHarness, entry_id: int) -> str:
     """What an operator's requeue does (apiary.v1.DlqService.Requeue)."""
 
-    async def send(env: Envelope, recipient: str) -> str:
-        outcome = await h.engine.router.send(Outbound(env, recipient, requeue=True))
+    async def send(env: Envelope, recipient: str, signature: bytes, origin: bytes) -> str:
+        item = Outbound(env, recipient, requeue=True, signature=signature, origin=origin)
+        outcome = await h.engine.router.send(item)
         if outcome.error is not None:
             raise outcome.error
         return outcome.message_id

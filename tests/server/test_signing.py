@@ -394,3 +394,96 @@ async def test_a_message_signed_before_its_producer_rotated_still_verifies(
             raise AssertionError("the message signed by a key retired a day ago was accepted")
         refused.cancel()
         assert found.error_code == "permission_denied"
+
+
+async def _refused_by(running: Running, message_id: str) -> str:
+    """The error code the message ended REJECTED with ('' while it has not)."""
+    for _ in range(300):
+        found = await running.coordinator.store.messages.get(message_id)
+        if found is not None and found.state.value == "REJECTED":
+            return found.error_code
+        await asyncio.sleep(0.01)
+    return ""
+
+
+async def test_what_the_coordinator_derives_from_a_signed_message_still_verifies(
+    tmp_path: Path,
+) -> None:
+    # A requeued dead letter gets a new message_id, retry_count and timestamp, and a message
+    # assembled from chunks was signed chunk by chunk: both come to the recipient with the
+    # signed envelope they follow from (Delivery.origin), and verify.
+    keys = {agent: Ed25519PrivateKey.generate() for agent in ("alice", "bob", "carol")}
+    async with (
+        open_running(tmp_path, RouterSettings(signing_required=True)) as running,
+        Connection("alice", coordinator=running.grpc, signing_key=keys["alice"]) as alice,
+        Connection("bob", coordinator=running.grpc, signing_key=keys["bob"],
+                   capabilities=["chunking"], verify_signatures=True) as bob,
+    ):  # fmt: skip
+        # Sent to carol before carol exists: no_route, a dead letter kept with its signature.
+        refused = await alice.send_many([(alice.envelope({"n": 1}), "carol")])
+        assert [r.error_code for r in refused] == ["no_route"]
+        (entry,) = await running.coordinator.store.dlq.list()
+        assert len(entry.signature) == 64
+        carol = Connection("carol", coordinator=running.grpc, signing_key=keys["carol"],
+                           verify_signatures=True)  # fmt: skip
+        await carol.start()
+        try:
+            stub = pb.apiary_pb2_grpc.DlqServiceStub(running.channel)
+            reply = await stub.Requeue(apiary_pb2.RequeueDlqRequest(entry_ids=[entry.entry_id]))
+            (result,) = reply.results
+            assert result.ok, result.error
+            got = await _data(carol.deliveries())
+            assert (got.envelope.message_id, got.envelope.retry_count) == (
+                result.new_message_id, 1,
+            )  # fmt: skip
+            assert json.loads(got.envelope.payload) == {"n": 1}
+            await carol.ack(got.envelope, AckStage.FULFILLED)
+        finally:
+            await carol.stop()
+        # A chunked transfer to bob, assembled by the coordinator.
+        payload = json.dumps({"text": "several chunks " * 1000}).encode()
+        transfer = await alice.send_chunked("bob", payload, "application/json", chunk_bytes=4096)
+        got = await _data(bob.deliveries())
+        assert (got.envelope.message_id, got.envelope.payload) == (transfer, payload)
+        stored = await running.coordinator.store.messages.get(transfer)
+        assert stored is not None and len(stored.signature) > 64  # with the final chunk
+
+
+async def test_a_derived_message_changed_at_rest_is_refused(tmp_path: Path) -> None:
+    # The origin vouches only for what follows from it: a requeued copy whose payload was
+    # changed in the database is refused by its verifying recipient.
+    store = f"sqlite:///{tmp_path / 'apiary.db'}"
+    keys = {agent: Ed25519PrivateKey.generate() for agent in ("alice", "carol")}
+    signing = RouterSettings(signing_required=True)
+    async with (
+        open_running(tmp_path / "first", signing, store) as running,
+        Connection("alice", coordinator=running.grpc, signing_key=keys["alice"]) as alice,
+    ):  # fmt: skip
+        await alice.send_many([(alice.envelope({"n": 1}), "carol")])
+        carol = Connection("carol", coordinator=running.grpc, signing_key=keys["carol"])
+        await carol.start()
+        stub = pb.apiary_pb2_grpc.DlqServiceStub(running.channel)
+        (entry,) = await running.coordinator.store.dlq.list()
+        (result,) = (await stub.Requeue(apiary_pb2.RequeueDlqRequest(
+            entry_ids=[entry.entry_id]))).results  # fmt: skip
+        copy_id = result.new_message_id
+        await carol.stop(deregister=False)
+        await alice.stop(deregister=False)
+    with sqlite3.connect(tmp_path / "apiary.db") as raw:
+        (blob,) = raw.execute(
+            "SELECT envelope FROM messages WHERE message_id = ?", (copy_id,)
+        ).fetchone()
+        raw.execute(
+            "UPDATE messages SET envelope = ? WHERE message_id = ?",
+            (blob.replace(b'{"n": 1}', b'{"n": 9}'), copy_id),
+        )
+    async with open_running(tmp_path / "second", signing, store) as running:
+        carol = Connection("carol", coordinator=running.grpc, signing_key=keys["carol"],
+                           verify_signatures=True)  # fmt: skip
+        await carol.start()
+        receiving = asyncio.create_task(_data(carol.deliveries()))
+        try:
+            assert await _refused_by(running, copy_id) == "permission_denied"
+        finally:
+            receiving.cancel()
+            await carol.stop(deregister=False)

@@ -255,3 +255,40 @@ async def test_a_version_12_postgres_outbox_is_upgraded_with_its_rows(
             await conn.execute(f"INSERT INTO swarm_outbox ({V12_OUTBOX}) VALUES ({marks})", row)
     async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
         await check_outbox_upgraded(store)
+
+
+V14_DLQ = (
+    "message_id, producer_id, recipient, correlation_id, message_type, error_code, reason,"
+    " created_at, failed_at, content_type, payload_size, envelope, attempts, route"
+)
+V14_DLQ_ROW = ("m-1", "alice", "bob", "c-1", 2, "internal_error", "crash", 1.0, 2.0,
+               "application/json", 2, b"{}", "[]", "alice -> coordinator -> bob")  # fmt: skip
+
+
+async def _check_dlq_upgraded(store: Store) -> None:
+    (entry,) = await store.dlq.list()
+    assert (entry.message_id, entry.envelope, entry.signature) == ("m-1", b"{}", b"")
+
+
+async def test_a_version_14_sqlite_dlq_keeps_its_entries(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate_sqlite(raw, target=14)[-1] == 14
+        raw.execute(f"INSERT INTO dlq ({V14_DLQ}) VALUES ({', '.join('?' * 14)})", V14_DLQ_ROW)
+    finally:
+        raw.close()
+    async with open_sqlite_store(path) as store:
+        await _check_dlq_upgraded(store)
+
+
+@pytest.mark.postgres
+async def test_a_version_14_postgres_dlq_keeps_its_entries(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+        assert (await migrate_postgres(conn, postgres_schema, target=14))[-1] == 14
+        marks = ", ".join(["%s"] * 12 + ["%s::jsonb", "%s"])  # attempts is JSONB
+        await conn.execute(f"INSERT INTO dlq ({V14_DLQ}) VALUES ({marks})", V14_DLQ_ROW)
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await _check_dlq_upgraded(store)

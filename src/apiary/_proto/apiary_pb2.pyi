@@ -344,6 +344,7 @@ class Delivery(_message.Message):
     URGENT_FIELD_NUMBER: _builtins.int
     MSG_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
     offset: _builtins.int
     resume_token: _builtins.str
     attempt: _builtins.int
@@ -353,7 +354,12 @@ class Delivery(_message.Message):
     signature: _builtins.bytes
     """The producer's Ed25519 signature over msg's deterministic serialization, as verified at
     admission (message signing on); empty without signing and for the coordinator's own.
+    For a message the coordinator derived from a signed envelope (a requeued dead letter:
+    new message_id, retry_count and timestamp; a message assembled from chunks) the
+    signature is over `origin`, that envelope's deterministic serialization, and the
+    recipient checks that msg follows from it.
     """
+    origin: _builtins.bytes
     @_builtins.property
     def msg(self) -> _common_pb2.Envelope: ...
     def __init__(
@@ -365,10 +371,11 @@ class Delivery(_message.Message):
         urgent: _builtins.bool = ...,
         msg: _common_pb2.Envelope | None = ...,
         signature: _builtins.bytes = ...,
+        origin: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "msg", b"msg", "offset", b"offset", "resume_token", b"resume_token", "signature", b"signature", "urgent", b"urgent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "msg", b"msg", "offset", b"offset", "origin", b"origin", "resume_token", b"resume_token", "signature", b"signature", "urgent", b"urgent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -79,7 +79,10 @@ class StoredMessage:
     """The furthest AckStage name the recipient acknowledged ('' before any)."""
     signature: bytes = b""
     """The producer's Ed25519 signature over `envelope`, verified at admission (message
-    signing on; RFC 6.2) and delivered with it so that the recipient can verify it too."""
+    signing on; RFC 6.2) and delivered with it so that the recipient can verify it too; for
+    a message the coordinator derived from a signed envelope (a requeued dead letter, a
+    message assembled from chunks), the signature over that origin followed by its bytes
+    (`core.signatures.with_origin`)."""
 
 
 def at_offset(message: StoredMessage, offset: int) -> StoredMessage:
@@ -194,6 +197,10 @@ class DlqEntry:
     requeued_at: float = 0.0
     requeued_as: str = ""
     """The message_id the requeued copy was admitted under."""
+    signature: bytes = b""
+    """What vouched for `envelope` (message signing on): the producer's signature, followed by
+    the signed origin envelope for a message the coordinator had derived
+    (`core.signatures.with_origin`); a requeue carries it on. Empty without signing."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,21 @@ def verifies(public_key: bytes, data: bytes, signature: bytes) -> bool:
     return True
 
 
+def with_origin(signature: bytes, origin: bytes = b"") -> bytes:
+    """What is stored and delivered to vouch for a message: the producer's signature over
+    the message itself, or, for a message the coordinator derived from a signed envelope
+    (a requeued dead letter, a message assembled from chunks), the signature over that
+    `origin` followed by the origin's bytes. Empty without a signature."""
+    if not signature:
+        return b""
+    return signature + origin if origin else signature
+
+
+def split_origin(proof: bytes) -> tuple[bytes, bytes]:
+    """`with_origin` undone: (signature, origin envelope or b"")."""
+    return proof[:SIGNATURE_BYTES], proof[SIGNATURE_BYTES:]
+
+
 def encode_signature(signature: bytes) -> str:
     """A signature as metadata text (standard base64, padded)."""
     return base64.b64encode(signature).decode()

@@ -32,6 +32,9 @@ class Outbound:
     remote: bool = False
     """Arrived from an agent over the network (gRPC or the gateway), as opposed to produced
     inside the coordinator: with signing on, only remote envelopes carry signatures."""
+    origin: bytes = b""
+    """For a requeued dead letter: the signed envelope it was derived from, which
+    `signature` covers (checked again before it is kept with the copy)."""
 
 
 @dataclass(slots=True)

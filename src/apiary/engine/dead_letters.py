@@ -14,15 +14,17 @@ from apiary.core.envelope import Envelope
 from apiary.core.events import EventFilter
 from apiary.core.ids import IdGenerator
 from apiary.core.records import DlqEntry, DlqFilter, StoredMessage
+from apiary.core.signatures import split_origin
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.eventlog import EventRecorder
 from apiary.errors import AlreadyCompletedError, ApiaryError, NotFoundError
 from apiary.store.protocols import DlqStore
 
 EXCERPT_BYTES = 512
-Requeue = Callable[[Envelope, str], Awaitable[str]]
+Requeue = Callable[[Envelope, str, bytes, bytes], Awaitable[str]]
 """Admits an envelope for a recipient again, as a requeue (`Outbound.requeue`: no
-deduplication); returns the new message_id."""
+deduplication), with the signature and the signed envelope it was derived from (both empty
+without signing); returns the new message_id."""
 
 
 def excerpt(entry: DlqEntry, codec: EnvelopeCodec) -> bytes:
@@ -43,8 +45,13 @@ class DeadLetters:
         self._codec = codec
         self._clock = clock
 
-    async def reject(self, env: Envelope, recipient: str, error: ApiaryError, now: float) -> None:
-        """An envelope refused at admission because it can never succeed."""
+    async def reject(
+        self, env: Envelope, recipient: str, error: ApiaryError, now: float, *,
+        raw: bytes = b"", signature: bytes = b"",
+    ) -> None:  # fmt: skip
+        """An envelope refused at admission because it can never succeed; `raw`, the bytes
+        it came as, are kept with the `signature` that came with them (checked again if it
+        is ever requeued)."""
         attempt = {"at": now, "what": "rejected at admission", "reason": error.message}
         await self._add(
             DlqEntry(
@@ -53,8 +60,9 @@ class DeadLetters:
                 message_type=int(env.message_type), error_code=error.code,
                 reason=error.message, created_at=now, failed_at=now,
                 content_type=env.content_type, payload_size=len(env.payload),
-                envelope=self._codec.encode(env), attempts=(attempt,),
+                envelope=raw or self._codec.encode(env), attempts=(attempt,),
                 route=f"{env.producer_id} -> coordinator -> {recipient or '(unresolved)'}",
+                signature=signature if raw else b"",
             )
         )  # fmt: skip
 
@@ -70,6 +78,7 @@ class DeadLetters:
                 content_type=env.content_type, payload_size=len(env.payload),
                 envelope=message.envelope, attempts=await self._history(message),
                 route=f"{message.producer_id} -> coordinator -> {message.recipient}",
+                signature=message.signature,
             )
         )  # fmt: skip
 
@@ -115,7 +124,10 @@ class DeadLetters:
             env, message_id=ids.new_id(), retry_count=env.retry_count + 1,
             timestamp=self._clock.now(),
         )  # fmt: skip
-        new_id = await send(retry, entry.recipient)
+        # What vouched for the dead letter vouches for the copy: the signature over the
+        # envelope the producer signed (this one, or the one it was derived from).
+        signature, origin = split_origin(entry.signature)
+        new_id = await send(retry, entry.recipient, signature, origin or entry.envelope)
         await self._dlq.mark_requeued(entry_id, self._clock.now(), new_id)
         await self._events.record(
             "dlq.requeued", "operator", correlation_id=entry.correlation_id,

@@ -81,9 +81,9 @@ def retired_keys_of(record: AgentRecord, now: float) -> list[tuple[bytes, float]
     return found
 
 
-def _retired(previous: AgentRecord | None, rotated_from: bytes, now: float, new_key: bytes) -> list[
-    dict[str, Any]
-]:
+def _retired(
+    previous: AgentRecord | None, rotated_from: bytes, now: float, new_key: bytes
+) -> list[dict[str, Any]]:
     """The retired-key entries to store with a registration: the key rotated away now (if
     any) before those still within their grace, without the key now registered."""
     keys = [(rotated_from, now)] if rotated_from else []
@@ -191,6 +191,15 @@ class Registry:
         for an unknown agent or one without a key)."""
         key = self.public_key(agent_id)
         return bool(key) and verifies(key, signed, proof)
+
+    def vouches(self, agent_id: str, data: bytes, signature: bytes) -> bool:
+        """Whether `signature` over `data` is the agent's, by its registered key or one it
+        rotated away within `RETIRED_KEY_GRACE_S` (what was signed before a rotation)."""
+        record = self._cache.get(agent_id)
+        if record is None or not data:
+            return False
+        keys = [self.public_key(agent_id), *(k for k, _ in retired_keys_of(record, self.now()))]
+        return any(key and verifies(key, data, signature) for key in keys)
 
     def public_key(self, agent_id: str) -> bytes:
         """The raw Ed25519 key the agent registered; b"" for none or an unknown agent.

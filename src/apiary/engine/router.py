@@ -37,7 +37,7 @@ from apiary.core.message_machine import (
     Step,
 )
 from apiary.core.records import MessageState, StateChange, StoredMessage, changed
-from apiary.core.signatures import SIGNATURE_KEY, verifies
+from apiary.core.signatures import SIGNATURE_KEY, verifies, with_origin
 from apiary.engine.admission import (
     DEAD_LETTER_CODES,
     SOFT_REJECTIONS,
@@ -458,11 +458,20 @@ class Router:
             raise
 
     def _verified(self, item: Outbound, raw: bytes) -> bytes:
-        """The signature admission verified over `raw`, kept with the message for its
-        recipient; none without signing, for the coordinator's own envelopes, and for an
-        envelope assembled from chunks (signed chunk by chunk, not as a whole)."""
-        if self.settings.signing_required and item.remote and raw and raw is item.raw:
-            return item.signature
+        """What vouches for the message admitted from `item` as `raw`, kept with it for its
+        recipient (`core.signatures.with_origin`). With signing on: the signature admission
+        verified over `raw`; for a message assembled from chunks (`raw` is not the item's
+        own bytes), the signature over the chunk that completed it, with that chunk; for a
+        requeued dead letter, the signature over the envelope it was derived from, with that
+        envelope, once the producer's keys verify it again. Nothing without signing and for
+        the coordinator's own envelopes."""
+        if not self.settings.signing_required or not item.signature:
+            return b""
+        if item.remote and item.raw:
+            return item.signature if raw is item.raw else with_origin(item.signature, item.raw)
+        producer = item.envelope.producer_id
+        if item.requeue and self._registry.vouches(producer, item.origin, item.signature):
+            return with_origin(item.signature, item.origin)
         return b""
 
     def _record(
@@ -616,7 +625,10 @@ class Router:
             await self._nack(env.producer_id, env.message_id, env.correlation_id,
                              AckStage.REJECTED, error.code, error.message, "SENT")  # fmt: skip
         if error.code in DEAD_LETTER_CODES and env.producer_id != COORDINATOR:
-            await self.dead_letters.reject(env, recipient, error, now)
+            signature = item.signature if self.settings.signing_required else b""
+            await self.dead_letters.reject(
+                env, recipient, error, now, raw=item.raw, signature=signature
+            )
             self.stats.dead_lettered[error.code] += 1
 
     async def _notify_duplicate(self, env: Envelope, outcome: SendOutcome) -> None:

@@ -33,6 +33,7 @@ from apiary.errors import ApiaryError, NotFoundError, ValidationError, error_for
 from apiary.sdk import errors
 from apiary.sdk.channel import ClientTls, open_channel
 from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
+from apiary.sdk.provenance import derived_from
 from apiary.sdk.sender import BatchSender, SendResult
 from apiary.system import SystemClock, UuidIds
 from apiary.wire import pb
@@ -329,18 +330,27 @@ class Connection:
         keys = await self._producer_keys(env.producer_id)
         if keys is None:
             return True  # no registered agent: the coordinator's own message
-        data = item.msg.SerializeToString(deterministic=True)
-        if any(_signed_by(key, data, item.signature) for key in keys):
+        # A message the coordinator derived (a requeued dead letter, an assembled transfer)
+        # comes with the signed envelope it follows from; the signature covers that one.
+        derived = not item.origin or derived_from(item.msg, item.origin)
+        data = item.origin or item.msg.SerializeToString(deterministic=True)
+        if derived and any(_signed_by(key, data, item.signature) for key in keys):
             return True
         keys = await self._producer_keys(env.producer_id, refresh=True)  # rotated since?
-        if keys is None or any(_signed_by(key, data, item.signature) for key in keys):
+        if keys is None or (derived and any(_signed_by(k, data, item.signature) for k in keys)):
             return True
-        why = (
-            f"{env.message_id} from {env.producer_id} is not signed"
-            if not item.signature
-            else f"the signature of {env.message_id} does not verify against the key"
-            f" {env.producer_id} registered"
-        )
+        if not item.signature:
+            why = f"{env.message_id} from {env.producer_id} is not signed"
+        elif not derived:
+            why = (
+                f"{env.message_id} from {env.producer_id} is not what the coordinator derives "
+                "from the signed envelope delivered with it"
+            )
+        else:
+            why = (
+                f"the signature of {env.message_id} does not verify against the key"
+                f" {env.producer_id} registered"
+            )
         log.warning("refused: %s", why)
         if env.message_type is not MessageType.ACKNOWLEDGEMENT:
             await self.ack(env, AckStage.REJECTED, error_code="PERMISSION_DENIED", note=why)

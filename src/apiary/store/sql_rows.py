@@ -50,11 +50,11 @@ IDEMPOTENCY_COLUMN_COUNT = 11
 DLQ_COLUMNS = (
     "entry_id, message_id, producer_id, recipient, correlation_id, message_type, error_code,"
     " reason, created_at, failed_at, content_type, payload_size, envelope, attempts, route,"
-    " requeued_at, requeued_as"
+    " requeued_at, requeued_as, signature"
 )
 """Every column of `dlq`; entry_id comes first (the store assigns it)."""
 DLQ_INSERT_COLUMNS = DLQ_COLUMNS.removeprefix("entry_id, ")
-DLQ_INSERT_COLUMN_COUNT = 16
+DLQ_INSERT_COLUMN_COUNT = 17
 HITL_COLUMNS = (
     "invocation_id, reason_type, state, created_at, updated_at, deadline, requested_by,"
     " correlation_id, subject, context, suggested_action, proposed_actions, approver_roles,"
@@ -317,6 +317,7 @@ def dlq_insert_row(entry: DlqEntry) -> tuple[Any, ...]:
         entry.route,
         float(entry.requeued_at),
         entry.requeued_as,
+        bytes(entry.signature),
     )
 
 
@@ -324,7 +325,7 @@ def dlq_from_row(row: Sequence[Any]) -> DlqEntry:
     """A `DlqEntry` from a row of DLQ_COLUMNS."""
     entry_id, message_id, producer_id, recipient, correlation_id, message_type = row[:6]
     error_code, reason, created_at, failed_at, content_type, payload_size = row[6:12]
-    envelope, attempts, route, requeued_at, requeued_as = row[12:]
+    envelope, attempts, route, requeued_at, requeued_as, signature = row[12:]
     return DlqEntry(
         entry_id=entry_id,
         message_id=message_id,
@@ -343,6 +344,7 @@ def dlq_from_row(row: Sequence[Any]) -> DlqEntry:
         route=route,
         requeued_at=requeued_at,
         requeued_as=requeued_as,
+        signature=bytes(signature),
     )
 
 

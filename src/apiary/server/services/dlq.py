@@ -90,8 +90,9 @@ class DlqHandler:
                 )
         return apiary_pb2.RequeueDlqResponse(results=results)
 
-    async def _send(self, env: Envelope, recipient: str) -> str:
-        outcome = await self._router.send(Outbound(env, recipient, requeue=True))
+    async def _send(self, env: Envelope, recipient: str, signature: bytes, origin: bytes) -> str:
+        item = Outbound(env, recipient, requeue=True, signature=signature, origin=origin)
+        outcome = await self._router.send(item)
         if not outcome.accepted:
             raise outcome.error or ValidationError(outcome.reason)
         return outcome.message_id

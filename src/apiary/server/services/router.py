@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from apiary.core.signatures import split_origin
 from apiary.engine.admission import Outbound, SendOutcome
 from apiary.engine.delivery import Delivery, parse_resume_token, resume_token
 from apiary.engine.hitl import Hitl
@@ -28,6 +29,9 @@ def _envelope_bytes_item(handout: Handout) -> router_pb2.StreamItem:
     return item
 
 
+_NONE = (b"", b"")
+
+
 def _deliveries(batch: list[Handout]) -> apiary_pb2.InboundBatch:
     """The batch's reply; each delivery is built in place in it (no copy into the list),
     its envelope parsed straight from the stored bytes."""
@@ -35,12 +39,14 @@ def _deliveries(batch: list[Handout]) -> apiary_pb2.InboundBatch:
     add = reply.deliveries.add
     for handout in batch:
         message = handout.message
+        signature, origin = split_origin(message.signature) if message.signature else _NONE
         delivery = add(
             offset=message.offset,
             resume_token=resume_token(message.recipient, message.offset),
             attempt=handout.attempt,
             urgent=handout.urgent,
-            signature=message.signature,
+            signature=signature,
+            origin=origin,
         )
         delivery.msg.MergeFromString(message.envelope)
     return reply

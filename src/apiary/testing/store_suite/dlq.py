@@ -177,6 +177,7 @@ async def dlq_entries_keep_unicode_json_and_large_envelopes(factory: StoreFactor
         envelope=envelope,
         payload_size=len(envelope),
         attempts=attempts,
+        signature=bytes(range(64)) + b"\x00origin\xff",  # a signature and its origin
     )
     async with factory.open() as store:
         added = await store.dlq.add(entry)
@@ -185,6 +186,7 @@ async def dlq_entries_keep_unicode_json_and_large_envelopes(factory: StoreFactor
         assert stored == added
         assert stored is not None
         assert stored.envelope == envelope
+        assert stored.signature == entry.signature
         assert [dict(a) for a in stored.attempts] == list(attempts)
         (listed,) = await store.dlq.list(DlqFilter(recipient=f"r {UNICODE}"))
         assert listed == added
