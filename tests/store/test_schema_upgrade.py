@@ -14,6 +14,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from apiary.core.events import EventFilter
 from apiary.core.records import (
     DlqEntry,
     IdempotencyRecord,
@@ -292,3 +293,33 @@ async def test_a_version_14_postgres_dlq_keeps_its_entries(
         await conn.execute(f"INSERT INTO dlq ({V14_DLQ}) VALUES ({marks})", V14_DLQ_ROW)
     async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
         await _check_dlq_upgraded(store)
+
+
+async def test_a_version_15_sqlite_event_log_is_keyed_by_correlation_on_upgrade(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "apiary.db"
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate_sqlite(raw, target=15)[-1] == 15
+        for n, correlation in enumerate(["plumless", "buckeroo", "plumless", ""], start=1):
+            raw.execute(
+                "INSERT INTO events (event_type, actor, ts, correlation_id) VALUES (?, ?, ?, ?)",
+                (f"e.{n}", "a", float(n), correlation),
+            )
+    finally:
+        raw.close()
+    async with open_sqlite_store(path) as store:
+        # The existing events were given their keys: reads by correlation find them.
+        plumless = await store.events.read(where=EventFilter(correlation_id="plumless"))
+        assert [e.event_type for e in plumless] == ["e.1", "e.3"]
+        (buckeroo,) = await store.events.read(where=EventFilter(correlation_id="buckeroo"))
+        assert buckeroo.event_type == "e.2"
+    with sqlite3.connect(path) as raw:
+        plan = " ".join(
+            str(row[-1]) for row in raw.execute(
+                "EXPLAIN QUERY PLAN SELECT sequence FROM events WHERE sequence > 0"
+                " AND correlation_key = 1 AND correlation_id = 'x' ORDER BY sequence"
+            )
+        )  # fmt: skip
+    assert "events_by_correlation_key" in plan

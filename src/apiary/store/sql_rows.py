@@ -8,7 +8,7 @@ a float), so that what a store returns does not depend on what the caller happen
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from apiary.core.events import Event, EventFilter
@@ -668,14 +668,19 @@ def _in_list(column: str, values: list[Any], placeholder: str) -> str:
 
 
 def event_filter_clauses(
-    where: EventFilter | None, after: int, placeholder: str
-) -> tuple[list[str], list[Any]] | None:
+    where: EventFilter | None, after: int, placeholder: str,
+    correlation_key: Callable[[str], int] | None = None,
+) -> tuple[list[str], list[Any]] | None:  # fmt: skip
     """The WHERE terms and parameters of an event-log read; None when nothing can match
-    (an empty set of event types)."""
+    (an empty set of event types). `correlation_key`: the function a `correlation_key`
+    column holds of correlation_id, for a schema that indexes that instead of the id."""
     clauses = [f"sequence > {placeholder}"]
     params: list[Any] = [after]
     if where is None:
         return clauses, params
+    if correlation_key is not None and where.correlation_id is not None:
+        clauses.append(f"correlation_key = {placeholder}")
+        params.append(correlation_key(where.correlation_id))
     for column, value in (("correlation_id", where.correlation_id), ("agent_id", where.agent_id)):
         if value is not None:
             clauses.append(f"{column} = {placeholder}")

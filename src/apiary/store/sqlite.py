@@ -38,6 +38,7 @@ from apiary.store.sqlite_database import (
     SqliteDatabase,
     SqliteOptions,
     SqliteStats,
+    correlation_key,
     open_sqlite_database,
     placeholders,
 )
@@ -55,7 +56,8 @@ from apiary.store.sqlite_workflows import SqliteWorkflowStore
 from apiary.store.sqlite_worktrees import SqliteWorktreeStore
 
 _INSERT_EVENTS = (
-    "INSERT INTO events (event_type, actor, ts, correlation_id, agent_id, details, hlc) VALUES"
+    "INSERT INTO events"
+    " (event_type, actor, ts, correlation_id, agent_id, details, hlc, correlation_key) VALUES"
 )
 
 
@@ -70,14 +72,15 @@ class SqliteEventLog:
         if not drafts:
             return []
         rows = [
-            (d.event_type, d.actor, d.ts, d.correlation_id, d.agent_id, dump_json(d.details), d.hlc)
+            (d.event_type, d.actor, d.ts, d.correlation_id, d.agent_id, dump_json(d.details), d.hlc,
+             correlation_key(d.correlation_id))
             for d in drafts
-        ]
+        ]  # fmt: skip
 
         def insert(conn: sqlite3.Connection) -> range:
             # One writer, so the AUTOINCREMENT rowids of one job are consecutive and nobody
             # interleaves: the last one tells them all (one statement for the whole burst).
-            insert_rows(conn, _INSERT_EVENTS, rows, 7)
+            insert_rows(conn, _INSERT_EVENTS, rows, 8)
             (last,) = conn.execute("SELECT last_insert_rowid()").fetchone()
             return range(int(last) - len(rows) + 1, int(last) + 1)
 
@@ -89,7 +92,7 @@ class SqliteEventLog:
     ) -> list[Event]:
         """Events with sequence > `after` that match `where`, ascending, at most `limit`."""
         check_limit(limit)
-        terms = event_filter_clauses(where, after, "?")
+        terms = event_filter_clauses(where, after, "?", correlation_key)
         if terms is None:
             return []
         clauses, params = terms

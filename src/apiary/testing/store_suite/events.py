@@ -146,6 +146,20 @@ async def read_filters_by_correlation_agent_and_type(factory: StoreFactory) -> N
 
 
 @_check
+async def correlation_ids_that_share_a_hash_stay_apart(factory: StoreFactory) -> None:
+    # "plumless" and "buckeroo" have the same CRC-32, the key SQLite indexes them by.
+    async with factory.open() as store:
+        await store.events.append(
+            [draft(1, correlation_id="plumless"), draft(2, correlation_id="buckeroo"),
+             draft(3, correlation_id="plumless"), draft(4, correlation_id="Plumless")]
+        )  # fmt: skip
+        assert await _sequences(store, EventFilter(correlation_id="plumless")) == [1, 3]
+        assert await _sequences(store, EventFilter(correlation_id="buckeroo")) == [2]
+        assert await _sequences(store, EventFilter(correlation_id="buckeroo"), after=2) == []
+        assert await _sequences(store, EventFilter(correlation_id="\u00e9t\u00e9 \U0001f41d")) == []
+
+
+@_check
 async def read_combines_correlation_id_and_event_types(factory: StoreFactory) -> None:
     acked_or_failed = frozenset({"message.acked", "message.failed"})
     async with factory.open() as store:

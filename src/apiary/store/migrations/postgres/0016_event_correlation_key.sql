@@ -1,0 +1,4 @@
+-- Schema version 16: nothing changes here. On SQLite this version keys the event log's
+-- correlation index by a CRC-32 of the id, because SQLite's B-tree inserts run on the
+-- coordinator's own interpreter (its writer thread); PostgreSQL does them in its own
+-- processes and keeps its index on (correlation_id, sequence).
