@@ -15,9 +15,10 @@ import pytest
 
 from apiary.core.envelope import Ack, AckStage, MessageType
 from apiary.core.records import MessageState
-from apiary.engine.admission import Outbound
+from apiary.engine.admission import Outbound, PreparedSend, SendOutcome
 from apiary.engine.send_pipeline import SendPipeline
 from apiary.errors import ValidationError
+from apiary.store.errors import StoreError
 from apiary.testing.engine import EngineHarness, open_test_engine
 from apiary.wire.convert import ack_to_json
 
@@ -127,3 +128,110 @@ async def test_a_stream_whose_frames_stop_short_never_hangs(h: EngineHarness) ->
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(consume(), 5)
     assert len(answered) == 1 and answered[0][0].accepted
+
+
+class _Counted:
+    """Counts the router's prepare and complete calls (and passes them on)."""
+
+    def __init__(self, h: EngineHarness) -> None:
+        self.prepares: list[int] = []
+        self.completes: list[int] = []
+        router = h.engine.router
+        prepare, complete = router.prepare, router.complete
+
+        async def counted_prepare(items: Sequence[Outbound]) -> PreparedSend:
+            self.prepares.append(len(items))
+            return await prepare(items)
+
+        async def counted_complete(batch: PreparedSend) -> list[SendOutcome]:
+            self.completes.append(len(batch.items))
+            return await complete(batch)
+
+        router.prepare = counted_prepare  # type: ignore[method-assign]
+        router.complete = counted_complete  # type: ignore[method-assign]
+
+
+async def test_frames_read_while_one_is_prepared_are_prepared_as_one(h: EngineHarness) -> None:
+    # Six frames arrive at once: they are prepared and written together, yet each is
+    # answered on its own, in order, and stored in order.
+    calls = _Counted(h)
+    frames = [
+        [Outbound(h.envelope("alice", {"n": f * 10 + i}), "bob") for i in range(10)]
+        for f in range(6)
+    ]
+    pipeline = SendPipeline(h.engine.router, depth=6)
+    answers = [outcomes async for outcomes in pipeline.run(_frames(frames))]
+    assert [[o.message_id for o in a] for a in answers] == [
+        [item.envelope.message_id for item in frame] for frame in frames
+    ]
+    assert all(o.accepted for a in answers for o in a)
+    assert sum(calls.prepares) == sum(calls.completes) == 60
+    assert len(calls.prepares) < 6 and len(calls.completes) < 6
+    stored = await h.store.messages.inbox("bob", 0, 1000)
+    sent = [item.envelope.message_id for frame in frames for item in frame]
+    assert [m.message_id for m in stored] == sent
+
+
+async def test_frames_prepared_while_a_write_commits_are_written_as_one(
+    h: EngineHarness,
+) -> None:
+    calls = _Counted(h)
+    router = h.engine.router
+    complete = router.complete
+    committing = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_first(batch: PreparedSend) -> list[SendOutcome]:
+        if not committing.is_set():
+            committing.set()
+            await release.wait()  # the first write takes its time
+        return await complete(batch)
+
+    router.complete = slow_first  # type: ignore[method-assign]
+    frames = [[Outbound(h.envelope("alice", {"n": f * 10 + i}), "bob") for i in range(10)]
+              for f in range(4)]  # fmt: skip
+
+    async def one_at_a_time() -> AsyncIterator[Sequence[Outbound]]:
+        yield frames[0]
+        await committing.wait()
+        for n, frame in enumerate(frames[1:], start=2):
+            yield frame
+            while len(calls.prepares) < n:  # noqa: ASYNC110 - until the pump has taken it
+                await asyncio.sleep(0)
+        release.set()
+
+    answers = [a async for a in SendPipeline(router, depth=4).run(one_at_a_time())]
+    assert [len(a) for a in answers] == [10, 10, 10, 10]
+    assert calls.prepares == [10, 10, 10, 10]
+    assert calls.completes == [10, 30]  # the three that waited, in one write
+    stored = await h.store.messages.inbox("bob", 0, 1000)
+    assert [m.message_id for m in stored] == [i.envelope.message_id for f in frames for i in f]
+
+
+async def test_frames_are_not_taken_together_beyond_merge_items(h: EngineHarness) -> None:
+    calls = _Counted(h)
+    frames = [[Outbound(h.envelope("alice", {"n": f}), "bob")] for f in range(5)]
+    pipeline = SendPipeline(h.engine.router, depth=5, merge_items=1)
+    answers = [outcomes async for outcomes in pipeline.run(_frames(frames))]
+    assert len(answers) == 5
+    assert calls.prepares == calls.completes == [1] * 5
+
+
+async def test_a_merged_write_that_fails_fails_each_of_its_frames(h: EngineHarness) -> None:
+    router = h.engine.router
+    complete = router.complete
+    failures = 0
+
+    async def failing_once(batch: PreparedSend) -> list[SendOutcome]:
+        nonlocal failures
+        if len(batch.items) > 1 and not failures:
+            failures += 1
+            raise StoreError("disk full")
+        return await complete(batch)
+
+    router.complete = failing_once  # type: ignore[method-assign]
+    frames = [[Outbound(h.envelope("alice", {"n": f}), "bob")] for f in range(4)]
+    with pytest.raises(StoreError, match="disk full"):
+        async for _ in SendPipeline(router, depth=4).run(_frames(frames)):
+            pass
+    assert failures == 1

@@ -68,6 +68,20 @@ class PreparedSend:
     admit: list[tuple[int, StoredMessage]]
 
 
+def merged(batches: Sequence[PreparedSend]) -> PreparedSend:
+    """Prepared batches as one, in order (completed with one durable write); the outcomes of
+    batch k are the slice of its items' length after those of the batches before it."""
+    items: list[Outbound] = []
+    outcomes: list[SendOutcome] = []
+    admit: list[tuple[int, StoredMessage]] = []
+    for batch in batches:
+        base = len(items)
+        items.extend(batch.items)
+        outcomes.extend(batch.outcomes)
+        admit.extend((base + index, record) for index, record in batch.admit)
+    return PreparedSend(items, batches[-1].now, outcomes, admit)
+
+
 # Rejections that are outcomes of a well-formed request rather than faults in it: the call
 # answers accepted=false (plus a NACK), instead of failing (DESIGN.md section 5).
 SOFT_REJECTIONS = frozenset({"buffer_full", "already_in_progress", "duplicate_detected"})
