@@ -80,9 +80,8 @@ class SqliteEventLog:
         def insert(conn: sqlite3.Connection) -> range:
             # One writer, so the AUTOINCREMENT rowids of one job are consecutive and nobody
             # interleaves: the last one tells them all (one statement for the whole burst).
-            insert_rows(conn, _INSERT_EVENTS, rows, 8)
-            (last,) = conn.execute("SELECT last_insert_rowid()").fetchone()
-            return range(int(last) - len(rows) + 1, int(last) + 1)
+            last = insert_rows(conn, _INSERT_EVENTS, rows, 8)
+            return range(last - len(rows) + 1, last + 1)
 
         sequences = await self._db.write(insert)
         return [Event.from_draft(seq, draft) for seq, draft in zip(sequences, drafts, strict=True)]

@@ -55,7 +55,10 @@ def markers(count: int) -> str:
 
 def insert_rows(
     conn: sqlite3.Connection, prefix: str, rows: Sequence[Sequence[Any]], width: int
-) -> None:
-    """Run `prefix` ("INSERT INTO t (a, b) VALUES") over `rows`, one statement per chunk."""
+) -> int:
+    """Run `prefix` ("INSERT INTO t (a, b) VALUES") over `rows`, one statement per chunk;
+    the rowid of the last row inserted (0 for none)."""
+    last = 0
     for count, params in chunks(conn, rows, width):
-        conn.execute(f"{prefix} {values_rows(count, width)}", params)
+        last = conn.execute(f"{prefix} {values_rows(count, width)}", params).lastrowid or 0
+    return last

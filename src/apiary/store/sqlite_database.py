@@ -231,12 +231,22 @@ def _open(path: Path, options: SqliteOptions) -> SqliteDatabase:
     return SqliteDatabase(path, options, writer, SqliteReaders(read_conns), checkpointer)
 
 
+STATEMENT_CACHE = 1024
+"""Prepared statements kept per connection (sqlite3's default is 128). The writer's
+multi-row statements differ in their row counts (`sqlite_bulk`), so a steady load cycles
+through a few hundred texts; preparing one again costs the writer a statement's worth of
+interpreter-lock hand-overs."""
+
+
 def _connect(path: Path, options: SqliteOptions, *, read_only: bool = False) -> sqlite3.Connection:
     # isolation_level=None: the sqlite3 module must not open transactions behind our back;
     # the writer issues BEGIN/COMMIT itself. check_same_thread=False: connections are made
     # here and then used by the thread that owns them.
     try:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(
+            path, isolation_level=None, check_same_thread=False,
+            cached_statements=STATEMENT_CACHE,
+        )  # fmt: skip
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open SQLite database {path}: {exc}") from exc
     conn.execute(f"PRAGMA busy_timeout = {int(options.busy_timeout_ms)}")
