@@ -40,11 +40,16 @@ async def _frames(
         yield frame
 
 
-async def test_frames_are_answered_and_stored_in_order(h: EngineHarness) -> None:
-    frames = [
-        [Outbound(h.envelope("alice", {"n": f * 10 + i}), "bob") for i in range(10)]
-        for f in range(6)
+def _frames_of(h: EngineHarness, count: int, size: int = 10) -> list[list[Outbound]]:
+    """`count` frames of `size` DATA envelopes from alice to bob."""
+    return [
+        [Outbound(h.envelope("alice", {"n": f * size + i}), "bob") for i in range(size)]
+        for f in range(count)
     ]
+
+
+async def test_frames_are_answered_and_stored_in_order(h: EngineHarness) -> None:
+    frames = _frames_of(h, 6)
     pipeline = SendPipeline(h.engine.router, depth=3)
     answers = [outcomes async for outcomes in pipeline.run(_frames(frames))]
     assert [[o.message_id for o in a] for a in answers] == [
@@ -155,10 +160,7 @@ async def test_frames_read_while_one_is_prepared_are_prepared_as_one(h: EngineHa
     # Six frames arrive at once: they are prepared and written together, yet each is
     # answered on its own, in order, and stored in order.
     calls = _Counted(h)
-    frames = [
-        [Outbound(h.envelope("alice", {"n": f * 10 + i}), "bob") for i in range(10)]
-        for f in range(6)
-    ]
+    frames = _frames_of(h, 6)
     pipeline = SendPipeline(h.engine.router, depth=6)
     answers = [outcomes async for outcomes in pipeline.run(_frames(frames))]
     assert [[o.message_id for o in a] for a in answers] == [
@@ -188,8 +190,7 @@ async def test_frames_prepared_while_a_write_commits_are_written_as_one(
         return await complete(batch)
 
     router.complete = slow_first  # type: ignore[method-assign]
-    frames = [[Outbound(h.envelope("alice", {"n": f * 10 + i}), "bob") for i in range(10)]
-              for f in range(4)]  # fmt: skip
+    frames = _frames_of(h, 4)
 
     async def one_at_a_time() -> AsyncIterator[Sequence[Outbound]]:
         yield frames[0]
