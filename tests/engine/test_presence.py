@@ -254,3 +254,17 @@ async def test_a_fleet_starting_up_stores_no_notices_for_agents_not_yet_connecte
         first, last = (await _notifications(h, "agent-0")), await _notifications(h, "agent-59")
         assert [n["event"] for n in first] == [n["event"] for n in last] == ["directory"]
         assert len(first[0]["agents"]) == len(last[0]["agents"]) == 60
+
+
+async def test_an_agent_that_registers_again_while_connected_gets_the_directory_again(
+    h: EngineHarness,
+) -> None:
+    stream = await h.connect("alice")
+    await h.connect("bob")
+    await h.register("alice", capabilities=["review"])  # a new descriptor, same stream
+    batch = await asyncio.wait_for(anext(stream), 5)
+    (again,) = [h.engine.router.codec.decode(x.message.envelope) for x in batch]
+    assert b'"directory"' in again.payload and b'"review"' in again.payload
+    # The others hear of it as a join, with the new descriptor.
+    (joined,) = [n for n in await _notifications(h, "bob") if n["event"] == "agent_joined"]
+    assert joined["agent"]["capabilities"] == ["review"]

@@ -71,17 +71,19 @@ class Presence:
         self._order = asyncio.Lock()
         """Held while an announcement or a directory is admitted (see `connected`)."""
 
-    async def _broadcast(self, body: dict[str, Any], skip: str, *extra: Outbound) -> None:
-        """`body` to every connected agent but `skip`, and `extra`: one admission (one
-        durable write) for all of them, not one per agent."""
+    async def _broadcast(self, body: dict[str, Any], skip: str, directory_to: str = "") -> None:
+        """`body` to every connected agent but `skip`, and the directory to `directory_to`
+        if given: one admission (one durable write) for all of them, not one per agent."""
         async with self._order:
             notices = [
                 Outbound(self._notices.notification(body), agent.agent_id)
                 for agent in await self._registry.list()
                 if agent.agent_id != skip and self._router.streaming(agent.agent_id)
             ]
-            if notices or extra:
-                await self._router.send_many([*notices, *extra])
+            if directory_to:
+                notices.append(Outbound(await self._directory(), directory_to))
+            if notices:
+                await self._router.send_many(notices)
 
     async def _directory(self) -> Envelope:
         agents = await self._registry.list()
@@ -100,12 +102,11 @@ class Presence:
         """Announce `agent` to the connected agents; it gets the directory itself when its
         stream opens (now, if it re-registered while connected)."""
         self._misses.pop(agent.agent_id, None)
-        extra = []
-        if self._router.streaming(agent.agent_id):
-            extra.append(Outbound(await self._directory(), agent.agent_id))
+        connected = self._router.streaming(agent.agent_id)
         await self._broadcast(
-            {"event": "agent_joined", "agent": _summary(agent)}, agent.agent_id, *extra
-        )
+            {"event": "agent_joined", "agent": _summary(agent)}, agent.agent_id,
+            agent.agent_id if connected else "",
+        )  # fmt: skip
 
     async def left(self, agent_id: str, reason: str) -> None:
         self._misses.pop(agent_id, None)
