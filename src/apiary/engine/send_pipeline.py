@@ -126,6 +126,7 @@ class SendPipeline:
                 _log.error("completing a send frame failed: %s", exc)
                 for item in group:
                     item.answer.set_exception(exc)
+                    item.answer.exception()  # logged above: not again if the stream is gone
             except BaseException:
                 for item in ready:  # the loop is going away: nobody is left to answer
                     item.answer.cancel()
