@@ -6,7 +6,8 @@ Runs the same message pattern twice, side by side: through `apiary serve` (durab
 state, full validation, event log) and through a bare grpc.aio relay that only moves bytes
 (the ceiling). Prints msgs/s and send-to-FULFILLED latency (p50/p99) for the canonical unary
 SendMessage (64 in flight) and for the streaming sender (envelopes batched per frame, batched
-delivery, batched ACKs), and the ratio of Apiary to the ceiling.
+delivery, batched ACKs), and the ratio of Apiary to the ceiling; then where the coordinator's
+CPU went per message, by thread (its /metrics), and how many write jobs shared a commit.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import socket
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,9 @@ async def _spawn(
     )
 
 
-async def _start_server(kind: str, port: int, data: Path) -> asyncio.subprocess.Process:
+async def _start_server(
+    kind: str, port: int, data: Path, http_port: int
+) -> asyncio.subprocess.Process:
     if kind == "bare":
         proc = await _spawn(__file__, "bare-server", str(port))
         assert proc.stdout is not None
@@ -51,7 +55,7 @@ async def _start_server(kind: str, port: int, data: Path) -> asyncio.subprocess.
     config.write_text("[router]\nbuffer_capacity = 1000000\nack_timeout_s = 300\n")
     proc = await _spawn(
         "-m", "apiary.cli.main", "serve", "--data-dir", str(data / "state"), "--grpc",
-        f"127.0.0.1:{port}", "--http", "127.0.0.1:0", "--config", str(config),
+        f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http_port}", "--config", str(config),
         "--log-level", "WARNING",
     )  # fmt: skip
     assert proc.stdout is not None
@@ -60,11 +64,41 @@ async def _start_server(kind: str, port: int, data: Path) -> asyncio.subprocess.
     return proc
 
 
+def _metrics(http_port: int) -> dict[str, float]:
+    """The coordinator's thread CPU seconds (by thread) and store writer counters."""
+    url = f"http://127.0.0.1:{http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line.startswith("apiary_thread_cpu_seconds_total{"):
+            found[line.split('"')[1]] = float(line.split()[-1])
+        elif line.startswith(("apiary_store_commits_total ", "apiary_store_jobs_total ")):
+            found[line.split()[0]] = float(line.split()[1])
+    return found
+
+
+def _costs(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
+    """Per message: each thread's CPU (us) over the phase; and the writer's jobs per commit."""
+    costs = {
+        f"{name}_us": round((after[name] - before.get(name, 0.0)) / n * 1e6, 1)
+        for name in after
+        if not name.startswith("apiary_store_")
+    }
+    commits = after.get("apiary_store_commits_total", 0) - before.get(
+        "apiary_store_commits_total", 0
+    )
+    jobs = after.get("apiary_store_jobs_total", 0) - before.get("apiary_store_jobs_total", 0)
+    if commits:
+        costs["writer_jobs_per_commit"] = round(jobs / commits, 2)
+    return {k: v for k, v in costs.items() if v}
+
+
 async def _run(kind: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        port = _port()
-        server = await _start_server(kind, port, Path(tmp))
+        port, http_port = _port(), _port()
+        server = await _start_server(kind, port, Path(tmp), http_port)
         address = f"127.0.0.1:{port}"
         consumer_proc = await _spawn(__file__, "consumer", address, "consumer")
         assert consumer_proc.stdout is not None
@@ -73,10 +107,14 @@ async def _run(kind: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]
             if n <= 0:
                 continue
             window = str(64 if mode == "unary" else args.window)
+            before = await asyncio.to_thread(_metrics, http_port) if kind == "apiary" else {}
             proc = await _spawn(__file__, "producer", address, f"producer-{mode}", "consumer",
                                 str(n), mode, window, str(args.frame))  # fmt: skip
             out, _ = await proc.communicate()
             results[mode] = json.loads(out.decode().strip().splitlines()[-1])
+            if kind == "apiary":
+                after = await asyncio.to_thread(_metrics, http_port)
+                results[mode]["coordinator"] = _costs(before, after, n)
         consumer_proc.kill()
         server.terminate()
         await server.wait()
@@ -94,6 +132,12 @@ def _print(bare: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]) -> 
             ratio = row["msgs_per_s"] / max(bare[mode]["msgs_per_s"], 1)
             print(f"{mode:<8}{label:<8}{row['messages']:>9}{row['msgs_per_s']:>9}"
                   f"{row['p50_ms']:>9}{row['p99_ms']:>9}{ratio:>7.2f}")  # fmt: skip
+    for mode, mine in ours.items():
+        costs = mine.get("coordinator") or {}
+        threads = ", ".join(f"{k[:-3]} {v:g}" for k, v in costs.items() if k.endswith("_us"))
+        jobs = costs.get("writer_jobs_per_commit")
+        print(f"apiary {mode}: coordinator CPU per message (us, by thread): {threads or 'n/a'}"
+              + (f"; store writer: {jobs:g} jobs per commit" if jobs else ""))  # fmt: skip
     print(json.dumps({"bare": bare, "apiary": ours}))
 
 

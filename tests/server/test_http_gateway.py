@@ -111,6 +111,14 @@ async def test_metrics_show_the_embedded_stores_writer(
     assert _sample(text, "apiary_store_largest_batch") >= 1
     assert _sample(text, "apiary_store_checkpoints_total") >= 0
     assert _sample(text, "apiary_store_wal_restarts_total") == 0
+    # Where the coordinator's threads spend their time (Linux: read from /proc).
+    threads = {
+        line.split('"')[1]: float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("apiary_thread_cpu_seconds_total{")
+    }
+    assert threads["MainThread"] > 0
+    assert threads["apiary-sqlite-writer"] >= 0  # the store's writer is a thread of its own
 
 
 @pytest.mark.conformance("transport.http.prefer-http2")

@@ -17,6 +17,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.router import Router
 from apiary.engine.router_stats import Timing
 from apiary.engine.scheduler import Scheduler
+from apiary.server.thread_cpu import thread_cpu_seconds
 from apiary.store.sqlite_database import SqliteStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -105,7 +106,7 @@ class _RouterCollector(Collector):
 
 
 def _counter(
-    name: str, doc: str, labels: list[str], values: Mapping[Any, int]
+    name: str, doc: str, labels: list[str], values: Mapping[Any, float]
 ) -> CounterMetricFamily:
     family = CounterMetricFamily(name, doc, labels=labels)
     for key, value in sorted(values.items()):
@@ -218,6 +219,17 @@ class _SqliteCollector(Collector):
         )  # fmt: skip
 
 
+class _ThreadCollector(Collector):
+    """CPU time of the coordinator's threads by name (Linux only: empty elsewhere)."""
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield _counter(
+            "apiary_thread_cpu_seconds",
+            "CPU seconds used by the coordinator's threads (the event loop is MainThread).",
+            ["thread"], {(name,): value for name, value in thread_cpu_seconds().items()},
+        )  # fmt: skip
+
+
 class Metrics:
     def __init__(
         self,
@@ -244,6 +256,7 @@ class Metrics:
             self.registry.register(_EventCollector(events))
         if store_stats is not None:
             self.registry.register(_SqliteCollector(store_stats))
+        self.registry.register(_ThreadCollector())
 
     def rpc_done(self, transport: str, method: str, code: str) -> None:
         self._rpcs.labels(transport, method, code).inc()
