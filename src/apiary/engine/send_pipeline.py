@@ -32,8 +32,14 @@ from apiary.engine.router import Router
 
 _log = logging.getLogger(__name__)
 
-_Frame = Sequence[Outbound] | BaseException | None
-"""A frame as read, the error that ended the stream, or None at its end."""
+
+class _End:
+    """The end of the stream's frames."""
+
+
+_END = _End()
+_Frame = Sequence[Outbound] | BaseException | _End
+"""A frame as read, the error that ended the stream, or its end."""
 _Entry = tuple[asyncio.Future[list[SendOutcome]], list[int]] | BaseException | None
 """The answer to come for a group of frames (and their sizes), the error that ended the
 stream, or None at its end."""
@@ -142,13 +148,6 @@ class SendPipeline:
                 ready.popleft()
 
 
-class _End:
-    """The end of the stream's frames."""
-
-
-_END = _End()
-
-
 async def _read(
     batches: AsyncIterator[Sequence[Outbound]],
     frames: asyncio.Queue[_Frame],
@@ -165,7 +164,7 @@ async def _read(
         if not isinstance(exc, Exception):
             raise
     else:
-        frames.put_nowait(None)
+        frames.put_nowait(_END)
 
 
 def _take(
@@ -177,9 +176,7 @@ def _take(
     item = first
     count = 0
     while True:
-        if item is None:
-            return group, _END
-        if isinstance(item, BaseException):
+        if isinstance(item, _End | BaseException):
             return group, item
         group.append(item)
         count += len(item)

@@ -327,18 +327,16 @@ class Connection:
 
     async def _authentic(self, item: pb.apiary_pb2.Delivery, env: Envelope) -> bool:
         """Whether `item` may be handed on (see `verify_signatures`); refuses it if not."""
-        keys = await self._producer_keys(env.producer_id)
-        if keys is None:
-            return True  # no registered agent: the coordinator's own message
         # A message the coordinator derived (a requeued dead letter, an assembled transfer)
         # comes with the signed envelope it follows from; the signature covers that one.
         derived = not item.origin or derived_from(item.msg, item.origin)
         data = item.origin or item.msg.SerializeToString(deterministic=True)
-        if derived and any(_signed_by(key, data, item.signature) for key in keys):
-            return True
-        keys = await self._producer_keys(env.producer_id, refresh=True)  # rotated since?
-        if keys is None or (derived and any(_signed_by(k, data, item.signature) for k in keys)):
-            return True
+        for refresh in (False, True):  # the keys as known, then again: rotated since?
+            keys = await self._producer_keys(env.producer_id, refresh=refresh)
+            if keys is None:
+                return True  # no registered agent: the coordinator's own message
+            if derived and any(_signed_by(key, data, item.signature) for key in keys):
+                return True
         if not item.signature:
             why = f"{env.message_id} from {env.producer_id} is not signed"
         elif not derived:

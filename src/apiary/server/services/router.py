@@ -29,9 +29,6 @@ def _envelope_bytes_item(handout: Handout) -> router_pb2.StreamItem:
     return item
 
 
-_NONE = (b"", b"")
-
-
 def _deliveries(batch: list[Handout]) -> apiary_pb2.InboundBatch:
     """The batch's reply; each delivery is built in place in it (no copy into the list),
     its envelope parsed straight from the stored bytes."""
@@ -39,7 +36,7 @@ def _deliveries(batch: list[Handout]) -> apiary_pb2.InboundBatch:
     add = reply.deliveries.add
     for handout in batch:
         message = handout.message
-        signature, origin = split_origin(message.signature) if message.signature else _NONE
+        signature, origin = split_origin(message.signature)
         delivery = add(
             offset=message.offset,
             resume_token=resume_token(message.recipient, message.offset),
