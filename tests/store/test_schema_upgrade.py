@@ -25,8 +25,8 @@ from apiary.core.records import (
 from apiary.store.migrations import load_migrations
 from apiary.store.postgres import migrate_postgres, open_postgres_store
 from apiary.store.protocols import Store
-from apiary.store.sqlite import open_sqlite_store
-from apiary.store.sqlite_database import migrate_sqlite
+from apiary.store.sqlite import correlation_read_sql, open_sqlite_store
+from apiary.store.sqlite_database import correlation_key, migrate_sqlite
 from apiary.testing.store_suite.base import dlq_entry, hitl_record
 
 V1_COLUMNS = (
@@ -315,11 +315,36 @@ async def test_a_version_15_sqlite_event_log_is_keyed_by_correlation_on_upgrade(
         assert [e.event_type for e in plumless] == ["e.1", "e.3"]
         (buckeroo,) = await store.events.read(where=EventFilter(correlation_id="buckeroo"))
         assert buckeroo.event_type == "e.2"
+
+
+async def test_a_version_16_sqlite_event_log_buckets_its_correlation_index_on_upgrade(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "apiary.db"
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate_sqlite(raw, target=16)[-1] == 16
+        raw.create_function("apiary_correlation_key", 1, correlation_key)
+        for sequence, correlation in ((1, "plumless"), (2, "buckeroo"), (9000, "plumless")):
+            raw.execute(
+                "INSERT INTO events (sequence, event_type, actor, ts, correlation_id,"
+                " correlation_key) VALUES (?, 'e', 'a', 1.0, ?, apiary_correlation_key(?))",
+                (sequence, correlation, correlation),
+            )
+    finally:
+        raw.close()
+    async with open_sqlite_store(path) as store:
+        plumless = await store.events.read(where=EventFilter(correlation_id="plumless"))
+        assert [e.sequence for e in plumless] == [1, 9000]
     with sqlite3.connect(path) as raw:
+        indexes = {row[0] for row in raw.execute("SELECT name FROM sqlite_master")}
         plan = " ".join(
             str(row[-1]) for row in raw.execute(
-                "EXPLAIN QUERY PLAN SELECT sequence FROM events WHERE sequence > 0"
-                " AND correlation_key = 1 AND correlation_id = 'x' ORDER BY sequence"
+                "EXPLAIN QUERY PLAN " + correlation_read_sql(
+                    ["sequence > ?", "correlation_key = ?", "correlation_id = ?"]
+                ), [0, 2, 0, 1, "x", 9000, 10],
             )
         )  # fmt: skip
-    assert "events_by_correlation_key" in plan
+    assert "events_by_correlation_bucket" in indexes
+    assert "events_by_correlation_key" not in indexes
+    assert "USING INDEX events_by_correlation_bucket" in plan

@@ -11,19 +11,25 @@ import sys
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from apiary.core.events import EventDraft
+from apiary.core.events import EventDraft, EventFilter
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, SchemaVersionError, StoreError
 from apiary.store.migrations import load_migrations
 from apiary.store.sql_rows import HITL_COLUMNS, MESSAGE_COLUMNS
 from apiary.store.sqlite import SqliteStore, open_sqlite_store
 from apiary.store.sqlite_checkpoint import RESTART_RETRY_COMMITS
-from apiary.store.sqlite_database import SqliteDatabase, SqliteOptions, split_statements
+from apiary.store.sqlite_database import (
+    SqliteDatabase,
+    SqliteOptions,
+    correlation_key,
+    split_statements,
+)
 
 WAIT_S = 30
 
@@ -513,3 +519,60 @@ async def test_what_was_committed_survives_a_hard_kill(tmp_path: Path) -> None:
         stored = await store.messages.get("m-1")
         assert stored is not None
         assert stored.offset == 1
+
+
+async def _events_at(store: SqliteStore, rows: list[tuple[int, str, str]]) -> None:
+    """Events at the given sequences (with gaps: buckets far apart without millions of
+    rows), each (sequence, correlation_id, agent_id)."""
+
+    def insert(conn: sqlite3.Connection) -> None:
+        conn.executemany(
+            "INSERT INTO events (sequence, event_type, actor, ts, correlation_id, agent_id,"
+            " correlation_key) VALUES (?, 'e', 'a', 1.0, ?, ?, ?)",
+            [(seq, corr, agent, correlation_key(corr)) for seq, corr, agent in rows],
+        )
+
+    await store.database.write(insert)
+
+
+@pytest.mark.parametrize("window", [1, 2, 256])
+async def test_reads_by_correlation_look_in_every_bucket_in_order(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch, window: int
+) -> None:
+    # Buckets of 4,096 events: 0, 1, 3 and 600 (past one window of 256 buckets); "plumless"
+    # and "buckeroo" share a CRC-32, so they share index keys and only the id tells them apart.
+    monkeypatch.setattr("apiary.store.sqlite._BUCKETS_PER_READ", window)
+    await _events_at(store, [
+        (1, "plumless", "x"), (2, "buckeroo", "x"), (4095, "plumless", "y"),
+        (4096, "other", "x"), (5000, "plumless", "x"), (13000, "buckeroo", "y"),
+        (13001, "plumless", "y"), (600 * 4096 + 7, "plumless", "x"),
+    ])  # fmt: skip
+    mine = EventFilter(correlation_id="plumless")
+
+    async def sequences(after: int = 0, limit: int = 500, where: EventFilter = mine) -> list[int]:
+        return [e.sequence for e in await store.events.read(after, limit, where)]
+
+    assert await sequences() == [1, 4095, 5000, 13001, 2457607]
+    assert await sequences(where=EventFilter(correlation_id="buckeroo")) == [2, 13000]
+    assert await sequences(limit=2) == [1, 4095]
+    assert await sequences(after=4095, limit=2) == [5000, 13001]
+    assert await sequences(after=13001) == [2457607]
+    assert await sequences(after=2457607) == []
+    assert await sequences(where=EventFilter(correlation_id="plumless", agent_id="y")) == [
+        4095, 13001,
+    ]  # fmt: skip
+    assert await sequences(where=EventFilter(correlation_id="nobody")) == []
+
+
+async def test_a_read_by_correlation_of_an_empty_log_finds_nothing(store: SqliteStore) -> None:
+    assert await store.events.read(where=EventFilter(correlation_id="c")) == []
+
+
+async def test_appended_events_are_found_by_correlation_in_the_newest_bucket(
+    store: SqliteStore,
+) -> None:
+    await _events_at(store, [(3 * 4096 - 1, "c", "a")])
+    appended = await store.events.append([replace(draft(1), correlation_id="c")])
+    found = await store.events.read(where=EventFilter(correlation_id="c"))
+    assert [e.sequence for e in found] == [3 * 4096 - 1, appended[0].sequence]
+    assert appended[0].sequence == 3 * 4096

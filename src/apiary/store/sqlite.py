@@ -20,6 +20,7 @@ import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from apiary.core.events import Event, EventDraft, EventFilter
 from apiary.core.records import AgentRecord
@@ -35,6 +36,7 @@ from apiary.store.sql_rows import (
 )
 from apiary.store.sqlite_bulk import insert_rows
 from apiary.store.sqlite_database import (
+    CORRELATION_BUCKET_BITS,
     SqliteDatabase,
     SqliteOptions,
     SqliteStats,
@@ -95,6 +97,9 @@ class SqliteEventLog:
         if terms is None:
             return []
         clauses, params = terms
+        if where is not None and where.correlation_id is not None:
+            rows = await self._db.read(lambda conn: _by_correlation(conn, clauses, params, limit))
+            return [event_from_row(row) for row in rows]
         sql = (
             f"SELECT {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}"
             " ORDER BY sequence LIMIT ?"
@@ -111,6 +116,42 @@ class SqliteEventLog:
             return int(last)
 
         return await self._db.read(query)
+
+
+_BUCKETS_PER_READ = 256
+"""Correlation buckets (of 4,096 events) one statement of `_by_correlation` looks in."""
+
+
+def correlation_read_sql(clauses: list[str]) -> str:
+    """The statement `_by_correlation` runs: the events matching `clauses` (and at most the
+    sequence of the next parameter) in the buckets from the first parameter to the second,
+    ascending, at most the last parameter of them."""
+    return (
+        "WITH RECURSIVE b(x) AS (SELECT ? UNION ALL SELECT x + 1 FROM b WHERE x < ?)"
+        f" SELECT {EVENT_COLUMNS} FROM b CROSS JOIN events"
+        f" ON (events.sequence >> {CORRELATION_BUCKET_BITS}) = b.x"
+        f" WHERE {' AND '.join(clauses)} AND sequence <= ? ORDER BY sequence LIMIT ?"
+    )
+
+
+def _by_correlation(
+    conn: sqlite3.Connection, clauses: list[str], params: list[Any], limit: int
+) -> list[tuple[Any, ...]]:
+    """An event-log read by correlation (`clauses` and `params` name the correlation key;
+    the first parameter is `after`): the key looked up through the index in each bucket of
+    events from `after`'s on (migration 17), a window of buckets per statement until `limit`
+    rows are found. Bounded by the last sequence when the read began, so that a later
+    window never shows events past ones an earlier window could not see yet."""
+    (last,) = conn.execute("SELECT COALESCE(MAX(sequence), 0) FROM events").fetchone()
+    sql = correlation_read_sql(clauses)
+    rows: list[tuple[Any, ...]] = []
+    bits = CORRELATION_BUCKET_BITS
+    bucket, end = int(params[0]) >> bits, int(last) >> bits
+    while bucket <= end and len(rows) < limit:
+        upto = min(end, bucket + _BUCKETS_PER_READ - 1)
+        rows += conn.execute(sql, [bucket, upto, *params, last, limit - len(rows)]).fetchall()
+        bucket = upto + 1
+    return rows
 
 
 class SqliteAgentStore:

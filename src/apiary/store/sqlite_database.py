@@ -268,12 +268,19 @@ def _enable_wal(conn: sqlite3.Connection, options: SqliteOptions) -> None:
 def correlation_key(correlation_id: str) -> int:
     """What `events.correlation_key` holds (migration 16): the CRC-32 of the id's UTF-8.
 
-    The event log's correlation index is on this and the sequence instead of the id: a flow's
-    id is random (a UUID), so every event inserts its index entry on a page of its own, and
-    36-character keys make that index three times the size of one on an integer (more pages
-    touched, written to the WAL and checkpointed per commit; docs/performance.md). A read by
-    correlation_id narrows by the key through the index and compares the id itself."""
+    The event log's correlation index is on this (after the sequence's bucket, migration 17)
+    instead of the id: 36-character keys made that index three times the size of one on an
+    integer (more pages touched, written to the WAL and checkpointed per commit;
+    docs/performance.md). A read by correlation_id narrows by the key through the index and
+    compares the id itself."""
     return zlib.crc32(correlation_id.encode("utf-8", "surrogatepass"))
+
+
+CORRELATION_BUCKET_BITS = 12
+"""The event log's correlation index (migration 17) leads with `sequence >> 12`: the
+bucket of 4,096 events an event belongs to. New events' entries all land in the newest
+bucket's pages however random their correlation keys; a read by correlation looks the key up
+in each bucket it needs (`SqliteEventLog.read`)."""
 
 
 def migrate_sqlite(conn: sqlite3.Connection, *, target: int | None = None) -> list[int]:

@@ -1,0 +1,5 @@
+-- Schema version 17: nothing changes here. On SQLite this version leads the event log's
+-- correlation index with the event's sequence bucket, because SQLite's B-tree inserts run on
+-- the coordinator's own interpreter (its writer thread) and a random key writes a page per
+-- event; PostgreSQL does its inserts in its own processes and keeps its index on
+-- (correlation_id, sequence).
