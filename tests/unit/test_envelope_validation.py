@@ -320,6 +320,10 @@ def test_unspecified_has_no_limit() -> None:
         (b"<a>\xff</a>", "application/xml"),
         (b"<a>\xff</a>", "image/svg+xml"),
         (b"\xc3", "application/x-ndjson"),
+        (b'{"a":1}x', "application/json"),
+        (b"{} {}", "application/json"),
+        (b"1 2", "application/json"),
+        (b" NaN ", "application/json"),
     ],
 )
 def test_payload_must_be_valid_for_its_content_type(payload: bytes, content_type: str) -> None:
@@ -327,6 +331,38 @@ def test_payload_must_be_valid_for_its_content_type(payload: bytes, content_type
     assert error.details["field"] == "payload"
     with pytest.raises(ValidationError):
         check_payload_type(content_type, payload)
+
+
+def _strict_json(payload: bytes) -> bool:
+    """The reference: UTF-8 JSON text without a BOM, NaN or the infinities (RFC 8259)."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(name)
+
+    try:
+        text = payload.decode("utf-8")
+        json.loads(text, parse_constant=refuse)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+@given(
+    st.binary(min_size=1, max_size=40)
+    | st.text(alphabet=' \t\n\ufeff{}[]":,0123456789.eE+-truefalsnNIiy\\', min_size=1,
+              max_size=40).map(str.encode)
+)  # fmt: skip
+def test_json_payloads_are_refused_exactly_when_they_are_not_strict_json(payload: bytes) -> None:
+    envelope = with_payload(payload, "application/json")
+    if _strict_json(payload):
+        validate_envelope(envelope, limits=LIMITS, now=NOW)
+    else:
+        assert refused(envelope).details["field"] == "payload"
+
+
+@pytest.mark.parametrize("payload", [b' {"a": 1}', b'{"a": 1}\n', b"\t[1, 2]\r\n", b'"x"', b"0"])
+def test_json_with_whitespace_around_it_is_accepted(payload: bytes) -> None:
+    validate_envelope(with_payload(payload, "application/json"), limits=LIMITS, now=NOW)
 
 
 def test_type_safety_comes_after_the_cheap_checks() -> None:
