@@ -35,6 +35,12 @@ class AckStage(IntEnum):
     TIMED_OUT = 6
 
 
+MESSAGE_TYPE_NAMES = {t: t.name for t in MessageType}
+"""Each message type's name (Enum.name is a property, several times slower to read)."""
+ACK_STAGE_NAMES = {s: s.name for s in AckStage}
+"""Each ACK stage's name, for the same reason."""
+
+
 @value
 class Envelope:
     """One message attempt (RFC section 11.3: message_id is unique per attempt)."""

@@ -32,6 +32,18 @@ _TERMINAL = frozenset(
 )
 
 
+_STATE_TEXT: dict[str, str] = {state: state.value for state in MessageState}
+"""Each state's text, keyed by the member (and so by its text: a StrEnum member hashes and
+compares as its value)."""
+
+
+def state_text(state: str) -> str:
+    """The text of a message state given as a member or its text; ValueError for anything
+    else. A dict lookup: `MessageState(state).value` costs several times as much, and every
+    admission, state change and state event asks."""
+    return _STATE_TEXT.get(state) or MessageState(state).value
+
+
 @dataclass(frozen=True, slots=True)
 class AgentRecord:
     """A registered agent. `descriptor` holds the AgentDescriptor fields as JSON values."""

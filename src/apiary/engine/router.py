@@ -19,7 +19,14 @@ from apiary.core.chunks import CHUNK_CONTENT_TYPE
 from apiary.core.clock import Clock
 from apiary.core.credit_adaptation import CreditAdapter
 from apiary.core.credits import CreditLedger
-from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
+from apiary.core.envelope import (
+    ACK_STAGE_NAMES,
+    MESSAGE_TYPE_NAMES,
+    Ack,
+    AckStage,
+    Envelope,
+    MessageType,
+)
 from apiary.core.envelope_ids import check_flow_id
 from apiary.core.envelope_rules import (
     check_modality,
@@ -36,7 +43,7 @@ from apiary.core.message_machine import (
     MessageMachine,
     Step,
 )
-from apiary.core.records import MessageState, StateChange, StoredMessage, changed
+from apiary.core.records import MessageState, StateChange, StoredMessage, changed, state_text
 from apiary.core.signatures import SIGNATURE_KEY, verifies, with_origin
 from apiary.engine.admission import (
     DEAD_LETTER_CODES,
@@ -597,7 +604,7 @@ class Router:
                 correlation_id=env.correlation_id,
                 agent_id=stored.recipient,
                 message_id=env.message_id,
-                message_type=env.message_type.name,
+                message_type=MESSAGE_TYPE_NAMES[env.message_type],
                 offset=stored.offset,
                 lane=stored.lane,
             )
@@ -829,7 +836,11 @@ class Router:
                     current = self._live.get(original.message_id, original)
                     updated = current if change is None else changed(current, change)
                     event = ACK_INPUTS[ack.ack_stage]
-                    await self._follow(original, updated, event, step, now, ack, "", "")
+                    awaited, updated = self._follow_now(
+                        original, updated, event, step, now, ack, ""
+                    )
+                    if awaited:
+                        await self._perform_all(awaited, original, updated, ack, "", "", now)
                     effects = step.effects
                 early[i] = _forward_target(original, effects)
         finally:
@@ -870,7 +881,7 @@ class Router:
         if Effect.PERSIST not in step.effects and Effect.CANCEL_ACK_TIMER not in step.effects:
             return step, None
         code = ack.error_code if ack else error_code
-        stage = ack.ack_stage.name if ack else ""
+        stage = ACK_STAGE_NAMES[ack.ack_stage] if ack else ""
         further = stage and _STAGE_ORDER[stage] > _STAGE_ORDER.get(message.acked_stage, 0)
         message_id, deliveries = message.message_id, message.deliveries
         change = StateChange(
@@ -890,14 +901,33 @@ class Router:
     ) -> None:  # fmt: skip
         """What follows a step once its state change (if any) is stored: the in-memory
         indexes, the event and the step's effects."""
+        awaited, updated = self._follow_now(message, updated, event, step, now, ack, error_code)
+        if awaited:
+            await self._perform_all(awaited, message, updated, ack, error_code, note, now)
+
+    async def _perform_all(
+        self, effects: list[Effect], before: StoredMessage, after: StoredMessage,
+        ack: Ack | None, error_code: str, note: str, now: float,
+    ) -> None:  # fmt: skip
         code = ack.error_code if ack else error_code
         note = ack.note if ack else note
+        for effect in effects:
+            await self._perform(effect, before, after, code, note, now)
+
+    def _follow_now(
+        self, message: StoredMessage, updated: StoredMessage, event: MessageInput, step: Step,
+        now: float, ack: Ack | None, error_code: str,
+    ) -> tuple[list[Effect], StoredMessage]:  # fmt: skip
+        """`_follow` but for the effects that may wait on the store, which it returns (in
+        order, with the message they apply to): an ACK frame awaits nothing for most ACKs."""
+        code = ack.error_code if ack else error_code
         self._track(updated, acked=ack is not None)
         self._record_step(message, updated, event, step.late, code, now)
         if step.late and ack is not None:
             # RFC 11.1 rule 4: a late ACK leaves the message's state alone but counts for the
             # idempotency cache at the stage it reports (the only late effect reading it).
             updated = replace(updated, state=_ACKED_STATE[ack.ack_stage])
+        awaited: list[Effect] = []
         for effect in step.effects:
             if effect is Effect.RELEASE_CREDIT:
                 self._release_credit(message)
@@ -905,7 +935,8 @@ class Router:
                 effect is not Effect.UPDATE_IDEMPOTENCY or updated.idempotency_token
             ):
                 # (Without a token there is no cache entry to update.)
-                await self._perform(effect, message, updated, code, note, now)
+                awaited.append(effect)
+        return awaited, updated
 
     def _track(self, message: StoredMessage, *, acked: bool) -> None:
         inbox = self.inbox(message.recipient)
@@ -942,7 +973,7 @@ class Router:
             self._events.note(
                 "message.state", before.recipient, correlation_id=before.correlation_id,
                 agent_id=before.recipient, message_id=before.message_id,
-                **{"from": before.state.value, "to": after.state.value},
+                **{"from": state_text(before.state), "to": state_text(after.state)},
                 input=event, error_code=code,
             )  # fmt: skip
         elif event in _ACK_EVENTS:
@@ -951,7 +982,7 @@ class Router:
             self._events.note(
                 "message.acknowledged", before.recipient, correlation_id=before.correlation_id,
                 agent_id=before.recipient, message_id=before.message_id,
-                state=after.state.value, input=event,
+                state=state_text(after.state), input=event,
                 acked_stage=after.acked_stage or before.acked_stage,
             )  # fmt: skip
 

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage, state_text
 from apiary.store.errors import DuplicateMessageError, StoreError
 from apiary.store.postgres_pool import Connection, PostgresPool, fetch_all, fetch_rows, scalar
 from apiary.store.sql_rows import (
@@ -191,7 +191,7 @@ class PostgresMessageStore:
         self, message_id: str, state: MessageState, at: float, error_code: str = ""
     ) -> StoredMessage:
         """Record a state change; raises LookupError for an unknown message_id."""
-        params = [MessageState(state).value, float(at), error_code, "", False, 0, 0.0, message_id]
+        params = [state_text(state), float(at), error_code, "", False, 0, 0.0, message_id]
         rows = await fetch_all(self._pool, _APPLY, params)
         if not rows:
             raise LookupError(f"no message {message_id!r}")
@@ -204,7 +204,7 @@ class PostgresMessageStore:
             return []
         params = [
             (
-                MessageState(c.state).value,
+                state_text(c.state),
                 float(c.at),
                 c.error_code,
                 c.acked_stage,

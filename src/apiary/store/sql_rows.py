@@ -22,6 +22,7 @@ from apiary.core.records import (
     StoredMessage,
     TaskRecord,
     TaskState,
+    state_text,
 )
 from apiary.core.worktree_binding import BindingState, WorktreeBinding
 from apiary.store.errors import StoreError
@@ -179,7 +180,7 @@ def message_values(message: StoredMessage) -> tuple[Any, ...]:
         message.correlation_id,
         int(message.message_type),
         bytes(message.envelope),
-        MessageState(message.state).value,
+        state_text(message.state),
         float(message.created_at),
         float(message.updated_at),
         message.error_code,

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from apiary.core.records import MessageState, StateChange, StoredMessage, at_offset
+from apiary.core.records import MessageState, StateChange, StoredMessage, at_offset, state_text
 from apiary.store.errors import DuplicateMessageError
 from apiary.store.sql_rows import (
     MAX_SEQUENCE_SQL,
@@ -312,7 +312,7 @@ def _change_params(changes: Sequence[StateChange]) -> list[tuple[Any, ...]]:
     """Each change's values in `_UPDATE`'s parameter order."""
     return [
         (
-            MessageState(c.state).value,
+            state_text(c.state),
             float(c.at),
             c.error_code,
             c.acked_stage,
