@@ -3,15 +3,20 @@ offset and token resumption, bounded batches, one stream per agent, expired posi
 
 from __future__ import annotations
 
+import string
 from collections.abc import AsyncIterator
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from apiary.core.envelope import AckStage
 from apiary.engine.delivery import parse_resume_token, resume_token
 from apiary.engine.settings import RouterSettings
 from apiary.errors import ApiaryError
 from apiary.testing.engine import EngineHarness, open_test_engine
+
+URL_SAFE = set(string.ascii_letters + string.digits + "-_")
 
 
 @pytest.fixture
@@ -64,6 +69,15 @@ async def test_a_resume_token_encodes_the_agent_and_position(h: EngineHarness) -
             "validation_error",
             "resume_token",
         )
+
+
+@given(st.text(max_size=40), st.integers(min_value=0, max_value=2**63 - 1))
+def test_every_agent_and_offset_make_a_url_safe_token_that_reads_back(
+    agent: str, offset: int
+) -> None:
+    token = resume_token(agent, offset)
+    assert set(token) <= URL_SAFE
+    assert parse_resume_token(token, agent) == offset
 
 
 @pytest.mark.conformance("transport.resume.bound-backlog")

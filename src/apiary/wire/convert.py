@@ -109,7 +109,9 @@ def _ack_from_protobuf(payload: bytes) -> Ack:
 
 def _ack_from_json(payload: bytes) -> Ack:
     try:
-        doc = json.loads(payload)
+        # As UTF-8 text, which JSON ACKs are (RFC 8259), without json.loads sniffing bytes
+        # for UTF-16 and UTF-32 first (every ACK of a stream comes through here).
+        doc = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ValidationError("ACK payload is not valid JSON", {"field": "payload"}) from None
     if not isinstance(doc, dict):
@@ -121,10 +123,10 @@ def _ack_from_json(payload: bytes) -> Ack:
         )
     stage = doc.get("ack_stage")
     if isinstance(stage, str):
-        try:
-            stage_value = AckStage[stage.upper()]
-        except KeyError:
-            raise ValidationError(f"unknown ack_stage {stage!r}", {"field": "ack_stage"}) from None
+        found = _STAGES_BY_NAME.get(stage.upper())
+        if found is None:
+            raise ValidationError(f"unknown ack_stage {stage!r}", {"field": "ack_stage"})
+        stage_value = found
     elif isinstance(stage, int):
         stage_value = _stage(stage)
     else:
@@ -134,6 +136,10 @@ def _ack_from_json(payload: bytes) -> Ack:
         error = from_proto_error_code(error)
     code = canonical_code(str(error)) if error else ""
     return Ack(target, stage_value, code, str(doc.get("note") or ""))
+
+
+_STAGES_BY_NAME = {stage.name: stage for stage in AckStage}
+"""AckStage[name] without the Enum machinery (a dict lookup)."""
 
 
 def _stage(value: int) -> AckStage:
