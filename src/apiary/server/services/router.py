@@ -36,15 +36,16 @@ def _deliveries(batch: list[Handout]) -> apiary_pb2.InboundBatch:
     add = reply.deliveries.add
     for handout in batch:
         message = handout.message
-        signature, origin = split_origin(message.signature)
+        offset = message.offset
+        # Only the fields that are set: each keyword costs a call into the message.
         delivery = add(
-            offset=message.offset,
-            resume_token=resume_token(message.recipient, message.offset),
+            offset=offset, resume_token=resume_token(message.recipient, offset),
             attempt=handout.attempt,
-            urgent=handout.urgent,
-            signature=signature,
-            origin=origin,
-        )
+        )  # fmt: skip
+        if handout.urgent:
+            delivery.urgent = True
+        if message.signature:
+            delivery.signature, delivery.origin = split_origin(message.signature)
         delivery.msg.MergeFromString(message.envelope)
     return reply
 
@@ -54,14 +55,21 @@ def _results(outcomes: list[SendOutcome]) -> apiary_pb2.SendResultFrame:
     reply = apiary_pb2.SendResultFrame()
     add = reply.results.add
     for outcome in outcomes:
-        add(
-            message_id=outcome.message_id,
-            accepted=outcome.accepted,
-            error_code=outcome.error_code,
-            reason=outcome.reason,
-            recipient=outcome.recipient,
-            offset=outcome.stored.offset if outcome.stored else 0,
-        )
+        stored = outcome.stored
+        if outcome.error is None and stored is not None:  # most of a frame: admitted
+            add(
+                message_id=outcome.message_id, accepted=outcome.accepted,
+                reason=outcome.reason, recipient=stored.recipient, offset=stored.offset,
+            )  # fmt: skip
+        else:
+            add(
+                message_id=outcome.message_id,
+                accepted=outcome.accepted,
+                error_code=outcome.error_code,
+                reason=outcome.reason,
+                recipient=outcome.recipient,
+                offset=stored.offset if stored else 0,
+            )
     return reply
 
 
