@@ -243,8 +243,9 @@ class Router:
         early = await self._acknowledge_frame(items, now, refused)
         early.update(refused)
         prepared = await _each(
-            range(len(items)), lambda i: self._prepare_member(items[i], now, early.get(i)),
+            range(len(items)), lambda i: self._prepare(items[i], now, early.get(i)),
             lambda i: i not in early and _waits_on_store(items[i]),
+            lambda i: self._prepare_now(items[i], now, early.get(i)),
         )  # fmt: skip
         outcomes = [outcome for outcome, _ in prepared]
         admit = [(i, record) for i, (_, record) in enumerate(prepared) if record]
@@ -339,12 +340,6 @@ class Router:
                     )
         if late:
             await self._persist(late, items, outcomes, now)
-
-    async def _prepare_member(
-        self, item: Outbound, now: float, acked: str | ApiaryError | None
-    ) -> tuple[SendOutcome, StoredMessage | None]:
-        """`_prepare`, done without suspending where the member needs nothing of the store."""
-        return self._prepare_now(item, now, acked) or await self._prepare(item, now, acked)
 
     def _prepare_now(
         self, item: Outbound, now: float, acked: str | ApiaryError | None
@@ -1080,11 +1075,15 @@ def _waits_on_store(item: Outbound) -> bool:
 
 
 async def _each(
-    items: Sequence[T], fn: Callable[[T], Awaitable[R]], overlap: Callable[[T], bool]
+    items: Sequence[T],
+    fn: Callable[[T], Awaitable[R]],
+    overlap: Callable[[T], bool],
+    quick: Callable[[T], R | None],
 ) -> list[R]:
     """`fn` over `items`, in order: concurrently where `overlap` says the work waits on the
     store (so it shares group commits), directly otherwise (a task per item costs more than
-    the work)."""
+    the work), and there `quick`'s answer instead where it has one (a coroutine per item
+    costs more than most of them need: `quick` answers from memory or says None)."""
     results: list[R | None] = [None] * len(items)
     waiting = [i for i, item in enumerate(items) if overlap(item)]
     if waiting:
@@ -1094,7 +1093,8 @@ async def _each(
             results[i] = result
     for i, item in enumerate(items):
         if not overlap(item):
-            results[i] = await fn(item)
+            found = quick(item)
+            results[i] = found if found is not None else await fn(item)
     return cast(list[R], results)
 
 
