@@ -294,3 +294,39 @@ def test_overflow_never_exceeds_standard_weight_per_cycle(p: LanePolicy, n: int)
     overflow = sum(c.overflowed for c in choices)
     standard = sum(c.lane == STANDARD for c in choices)
     assert overflow <= standard + p.weights[STANDARD]
+
+
+def _state(scheduler: LaneScheduler) -> tuple[Any, ...]:
+    return (
+        scheduler._position, scheduler.urgent_credit, scheduler._overflow_used, scheduler.tokens,
+    )  # fmt: skip
+
+
+@given(
+    p=policies,
+    lane=st.sampled_from([STANDARD, BULK]),
+    runs=st.lists(st.tuples(st.integers(0, 40), st.sampled_from([0.0, 0.01, 1.0])), max_size=8),
+    before=st.lists(st.sampled_from([0.0, 0.01, 1.0]), max_size=20),
+)
+def test_a_batch_of_plain_picks_leaves_the_state_that_many_picks_do(
+    p: LanePolicy, lane: str, runs: list[tuple[int, float]], before: list[float]
+) -> None:
+    one_by_one, batched = LaneScheduler(p), LaneScheduler(p)
+    now = 0.0
+    for delta in before:  # some history with every lane busy (tokens, credit, position)
+        now += delta
+        assert one_by_one.pick(ALL_BUSY, now) == batched.pick(ALL_BUSY, now)
+    for count, delta in runs:
+        now += delta
+        for _ in range(count):
+            assert one_by_one.pick({lane: 1}, now) == LaneChoice(lane)
+        if count:
+            batched.pick_plain(lane, count, now)
+        assert _state(batched) == _state(one_by_one)
+    # And they go on choosing alike.
+    assert picks(one_by_one, 30, ALL_BUSY, now + 0.5) == picks(batched, 30, ALL_BUSY, now + 0.5)
+
+
+def test_plain_picks_are_only_for_the_plain_lanes() -> None:
+    with pytest.raises(ValueError, match="PRIVILEGED"):
+        LaneScheduler(policy()).pick_plain(PRIVILEGED, 1, 0.0)

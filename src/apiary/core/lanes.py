@@ -206,6 +206,26 @@ class LaneScheduler:
         # Two cycles always reach a ready lane's slot or a fresh overflow quota.
         raise AssertionError("unreachable: the wheel has a slot for every lane")
 
+    def pick_plain(self, lane: str, count: int, now: float) -> None:
+        """`count` picks while `lane`, not PRIVILEGED, is the only lane with anything
+        queued: the state that many `pick_counted` calls leave, each of which would choose
+        `lane`'s own slot (an inbox takes a batch of one lane at once)."""
+        if lane == PRIVILEGED or lane not in self._policy.weights:
+            raise ValueError(f"pick_plain takes STANDARD or BULK, not {lane!r}")
+        self._refill(now)
+        wheel, size = self._wheel, len(self._wheel)
+        position, credit, cap = self._position, self._credit, self._credit_cap
+        while count > 0:
+            if position == 0:
+                self._overflow_used = 0  # a new cycle: a fresh overflow quota
+            slot = wheel[position]
+            position = position + 1 if position + 1 < size else 0
+            if slot == lane:
+                count -= 1
+            elif slot == PRIVILEGED:
+                credit = min(credit + 1, cap)  # an unused PRIVILEGED slot, as in pick
+        self._position, self._credit = position, credit
+
     def _has_token(self) -> bool:
         return self._tokens >= 1 - _TOKEN_EPSILON
 

@@ -11,7 +11,7 @@ import asyncio
 import bisect
 from collections import deque
 
-from apiary.core.lanes import LaneScheduler
+from apiary.core.lanes import PRIVILEGED, LaneScheduler
 from apiary.core.records import MessageState, StoredMessage
 from apiary.core.value import value
 
@@ -186,6 +186,12 @@ class Inbox:
         pending, dropped = self._pending, self._dropped
         self._heads()
         counts = {lane: len(q) for lane, q in pending.items()}
+        ready = [lane for lane, count in counts.items() if count]
+        if len(ready) == 1 and ready[0] != PRIVILEGED:
+            # One plain lane has all there is: every pick would choose it. Taken as a batch,
+            # the scheduler told once how many picks that was.
+            self._take_plain(ready[0], limit, now, out)
+            return out
         while len(out) < limit and any(counts.values()):
             choice = self._scheduler.pick_counted(counts, now)
             if choice is None:
@@ -200,6 +206,22 @@ class Inbox:
             self._unacked[message.message_id] = message
             out.append(Handout(message, message.deliveries + 1, choice.urgent, choice.overflowed))
         return out
+
+    def _take_plain(self, lane: str, limit: int, now: float, out: list[Handout]) -> None:
+        """`take`'s picks from `lane`, the only lane with messages, up to `limit` in `out`."""
+        queue, dropped = self._pending[lane], self._dropped
+        queued, unacked = self._queued, self._unacked
+        taken = 0
+        while queue and len(out) < limit:
+            message = queue.popleft()
+            while queue and queue[0].message_id in dropped:
+                dropped.discard(queue.popleft().message_id)
+            queued.discard(message.message_id)
+            unacked[message.message_id] = message
+            out.append(Handout(message, message.deliveries + 1, False, False))
+            taken += 1
+        if taken:
+            self._scheduler.pick_plain(lane, taken, now)
 
     @property
     def lanes(self) -> LaneScheduler:
