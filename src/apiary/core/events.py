@@ -40,15 +40,9 @@ class Event:
 
     @classmethod
     def from_draft(cls, sequence: int, draft: EventDraft) -> Event:
+        d = draft  # positional: keywords cost a lookup each, and every event comes here
         return cls(
-            sequence=sequence,
-            event_type=draft.event_type,
-            actor=draft.actor,
-            ts=draft.ts,
-            correlation_id=draft.correlation_id,
-            agent_id=draft.agent_id,
-            details=draft.details,
-            hlc=draft.hlc,
+            sequence, d.event_type, d.actor, d.ts, d.correlation_id, d.agent_id, d.details, d.hlc
         )
 
 

@@ -61,14 +61,7 @@ class EventRecorder:
         """`record` for synchronous callers (recording never waits in either form)."""
         self.counts[event_type] += 1
         self._pending.append(
-            EventDraft(
-                event_type=event_type,
-                actor=actor,
-                ts=self._clock.now(),
-                correlation_id=correlation_id,
-                agent_id=agent_id,
-                details=details,
-            )
+            EventDraft(event_type, actor, self._clock.now(), correlation_id, agent_id, details)
         )
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.ensure_future(self._flush_pending())

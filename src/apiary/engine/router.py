@@ -483,24 +483,18 @@ class Router:
         if not lane:
             producer = self._registry.known(env.producer_id)
             lane = _lane(producer.descriptor if producer else {})
+        # Positional, in StoredMessage's field order (a record per admitted envelope):
+        # message_id ... updated_at, offset, error_code, idempotency_token, sequence_number,
+        # lane, ack_deadline, expires_at, deliveries, last_delivered_at, acked_stage, signature.
         return StoredMessage(
-            message_id=env.message_id,
-            recipient=target,
-            producer_id=env.producer_id,
-            correlation_id=env.correlation_id,
-            message_type=int(env.message_type),
-            envelope=raw or self._codec.encode(env),
-            state=MessageState.RECEIVED,
-            created_at=now,
-            updated_at=now,
-            idempotency_token=env.idempotency_token,
-            sequence_number=env.sequence_number,
-            lane=lane,
-            ack_deadline=0.0 if notice else now + self.settings.ack_timeout_s,
-            expires_at=ttl_deadline(env, received_at=now)
+            env.message_id, target, env.producer_id, env.correlation_id, int(env.message_type),
+            raw or self._codec.encode(env), MessageState.RECEIVED, now, now, 0, "",
+            env.idempotency_token, env.sequence_number, lane,
+            0.0 if notice else now + self.settings.ack_timeout_s,
+            ttl_deadline(env, received_at=now)
             or (now + self.settings.notice_ttl_s if notice else 0.0),
-            signature=signature,
-        )
+            0, 0.0, "", signature,
+        )  # fmt: skip
 
     def _reserve(self, target: str, env: Envelope) -> None:
         inbox = self.inbox(target)
