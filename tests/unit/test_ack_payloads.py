@@ -25,6 +25,12 @@ def test_a_json_ack_names_its_stage_by_name_in_any_case_or_by_number(stage: obje
     assert ack == Ack(TARGET, AckStage.FULFILLED)
 
 
+@pytest.mark.parametrize("around", [("", ""), (" ", "\n"), ("\t", ""), ("", "  ")])
+def test_a_json_ack_may_have_whitespace_around_it(around: tuple[str, str]) -> None:
+    payload = around[0].encode() + _json(ack_stage="READ") + around[1].encode()
+    assert ack_from_payload("application/json", payload) == Ack(TARGET, AckStage.READ)
+
+
 def test_json_and_protobuf_acks_read_back_what_was_written() -> None:
     ack = Ack(TARGET, AckStage.FAILED, "validation_error", "bad input é")
     assert ack_from_payload("application/json", ack_to_json(ack)) == ack
@@ -46,6 +52,7 @@ def test_json_and_protobuf_acks_read_back_what_was_written() -> None:
         (json.dumps({"ack_stage": "READ"}).encode(), "ack_for_message_id"),
         (b"[1]", "payload"),
         (b"{", "payload"),
+        (_json(ack_stage="READ") + b"x", "payload"),
         (b'{"ack_stage": "READ", "ack_for_message_id": "\xff"}', "payload"),
         ('{"ack_stage": "READ"}'.encode("utf-16"), "payload"),
     ],

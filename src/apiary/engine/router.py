@@ -864,20 +864,19 @@ class Router:
     ) -> tuple[Step, StateChange | None] | None:  # fmt: skip
         """The machine step for `message` and the state change to persist (None: nothing to
         write), or None when the machine ignores `event` in the message's state."""
-        if not MessageMachine.allows(message.state, event):
+        step = MessageMachine.TABLE[message.state].get(event)  # allows() and step() at once
+        if step is None:
             return None
-        step = MessageMachine.step(message.state, event)
-        if Effect.PERSIST not in step.effects and Effect.CANCEL_ACK_TIMER not in step.effects:
+        effects = step.effects
+        if Effect.PERSIST not in effects and Effect.CANCEL_ACK_TIMER not in effects:
             return step, None
         code = ack.error_code if ack else error_code
         stage = ACK_STAGE_NAMES[ack.ack_stage] if ack else ""
         further = stage and _STAGE_ORDER[stage] > _STAGE_ORDER.get(message.acked_stage, 0)
         message_id, deliveries = message.message_id, message.deliveries
         change = StateChange(
-            message_id, step.state, now, code,
-            acked_stage=stage if further else "",
-            clear_ack_deadline=Effect.CANCEL_ACK_TIMER in step.effects,
-            deliveries=deliveries, last_delivered_at=message.last_delivered_at,
+            message_id, step.state, now, code, stage if further else "",
+            Effect.CANCEL_ACK_TIMER in effects, deliveries, message.last_delivered_at,
         )  # fmt: skip
         unwritten = self._unwritten.get(message_id)
         if unwritten is not None and unwritten[0] <= deliveries:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -109,9 +111,7 @@ def _ack_from_protobuf(payload: bytes) -> Ack:
 
 def _ack_from_json(payload: bytes) -> Ack:
     try:
-        # As UTF-8 text, which JSON ACKs are (RFC 8259), without json.loads sniffing bytes
-        # for UTF-16 and UTF-32 first (every ACK of a stream comes through here).
-        doc = json.loads(payload.decode("utf-8"))
+        doc = _json_text(payload)
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise ValidationError("ACK payload is not valid JSON", {"field": "payload"}) from None
     if not isinstance(doc, dict):
@@ -140,6 +140,29 @@ def _ack_from_json(payload: bytes) -> Ack:
 
 _STAGES_BY_NAME = {stage.name: stage for stage in AckStage}
 """AckStage[name] without the Enum machinery (a dict lookup)."""
+
+
+_SCAN_ONCE: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _json_text(payload: bytes) -> Any:
+    """The JSON value of a UTF-8 payload, as json.loads reads it: scanned at once when it is
+    one value from its first character to its last (every ACK of a stream is), through
+    json.loads otherwise (whitespace around it, errors). Not sniffed for UTF-16 and UTF-32
+    first: JSON payloads are UTF-8 (RFC 8259), as envelope validation requires."""
+    text = payload.decode("utf-8")
+    if text and text[0] not in _JSON_SPACE:
+        try:
+            value, end = _SCAN_ONCE(text, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(text):
+                return value
+    return json.loads(text)
+
+
+_JSON_SPACE = frozenset(" \t\n\r\ufeff")
 
 
 def _stage(value: int) -> AckStage:
