@@ -139,6 +139,15 @@ async def test_frames_are_bounded_by_count_and_size(tmp_path: Path) -> None:
                 await asyncio.wait_for(call.read(), WAIT_S)
             assert needle in (caught.value.details() or "")
             assert error_detail(caught.value).error_code == "validation_error"
+        # The limit is on payload bytes: a frame whose envelopes make it larger than 64 bytes
+        # in all, with payloads under that, is admitted.
+        fits = _frame((envelope("alice", {"n": 1}), "bob"), (envelope("alice", {"n": 2}), "bob"))
+        assert fits.ByteSize() > 64
+        call = stub.SendStream()
+        await call.write(fits)
+        reply = await asyncio.wait_for(call.read(), WAIT_S)
+        assert [r.accepted for r in reply.results] == [True, True]
+        await call.done_writing()
 
 
 # --- inbound delivery and resumption (RFC 5.5) --------------------------------------------

@@ -139,7 +139,10 @@ class RouterStreamHandler:
                 raise ValidationError.for_field(
                     "items", f"at most {settings.max_frame_items} envelopes per frame"
                 )
-            size = sum(len(item.msg.payload) for item in frame.items)
+            # The payload bytes are counted only when the whole frame is over the limit (they
+            # are part of it): a frame well under it needs no pass over its envelopes.
+            over = frame.ByteSize() > settings.max_frame_bytes
+            size = sum(len(item.msg.payload) for item in frame.items) if over else 0
             if size > settings.max_frame_bytes:
                 raise ValidationError.for_field(
                     "items",
