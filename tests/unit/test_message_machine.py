@@ -26,10 +26,12 @@ def test_every_pair_has_a_row_or_is_illegal(state: S, event: MessageInput) -> No
         step = MessageMachine.step(state, event)
         assert isinstance(step.state, S)
         assert all(isinstance(e, Effect) for e in step.effects)
+        assert MessageMachine.step_if_allowed(state, event) is step
     else:
         with pytest.raises(IllegalTransitionError) as caught:
             MessageMachine.step(state, event)
         assert (caught.value.state, caught.value.event) == (state, event)
+        assert MessageMachine.step_if_allowed(state, event) is None
 
 
 def test_only_admission_leaves_sent() -> None:

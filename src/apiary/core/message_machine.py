@@ -182,7 +182,8 @@ def _table() -> dict[MessageState, dict[MessageInput, Step]]:
 
 
 class MessageMachine:
-    """The transition table, with `step` as its only operation."""
+    """The transition table, with `step` as its operation (`allows` and `step_if_allowed`
+    ask it without raising)."""
 
     TABLE: dict[MessageState, dict[MessageInput, Step]] = _table()
 
@@ -196,6 +197,11 @@ class MessageMachine:
     @classmethod
     def allows(cls, state: MessageState, event: MessageInput) -> bool:
         return event in cls.TABLE[state]
+
+    @classmethod
+    def step_if_allowed(cls, state: MessageState, event: MessageInput) -> Step | None:
+        """`step` where `allows`, else None: one lookup for both (every ACK asks)."""
+        return cls.TABLE[state].get(event)
 
 
 def mermaid() -> str:

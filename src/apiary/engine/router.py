@@ -864,7 +864,7 @@ class Router:
     ) -> tuple[Step, StateChange | None] | None:  # fmt: skip
         """The machine step for `message` and the state change to persist (None: nothing to
         write), or None when the machine ignores `event` in the message's state."""
-        step = MessageMachine.TABLE[message.state].get(event)  # allows() and step() at once
+        step = MessageMachine.step_if_allowed(message.state, event)
         if step is None:
             return None
         effects = step.effects
@@ -897,6 +897,7 @@ class Router:
         self, effects: list[Effect], before: StoredMessage, after: StoredMessage,
         ack: Ack | None, error_code: str, note: str, now: float,
     ) -> None:  # fmt: skip
+        """Carry out the effects `_follow_now` left, in order (they may wait on the store)."""
         code = ack.error_code if ack else error_code
         note = ack.note if ack else note
         for effect in effects:
