@@ -7,6 +7,8 @@ writes rows with that version's columns only, then opens the store normally.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,6 +37,18 @@ V1_COLUMNS = (
 )
 V1_ROW = ("m-1", "b", 1, "a", "c-1", 2, b"\x00envelope\xff", "RECEIVED", 1.5, 2.5, "")
 VERSIONS = [m.version for m in load_migrations("sqlite")]
+
+
+@contextmanager
+def _sqlite_at(path: Path, version: int) -> Iterator[sqlite3.Connection]:
+    """A raw connection to a new SQLite database migrated up to `version` (every version up
+    to it applied), closed after the block."""
+    raw = sqlite3.connect(path, isolation_level=None)
+    try:
+        assert migrate_sqlite(raw, target=version) == [v for v in VERSIONS if v <= version]
+        yield raw
+    finally:
+        raw.close()
 
 
 def expected_message() -> StoredMessage:
@@ -73,13 +87,9 @@ async def check_upgraded(store: Store) -> None:
 
 async def test_a_version_1_sqlite_file_is_upgraded_in_place(tmp_path: Path) -> None:
     path = tmp_path / "apiary.db"
-    raw = sqlite3.connect(path, isolation_level=None)
-    try:
-        assert migrate_sqlite(raw, target=1) == [1]
+    with _sqlite_at(path, 1) as raw:
         raw.execute(f"INSERT INTO messages ({V1_COLUMNS}) VALUES ({', '.join('?' * 11)})", V1_ROW)
         raw.execute("INSERT INTO inbox_offsets (recipient, last_offset) VALUES ('b', 1)")
-    finally:
-        raw.close()
 
     async with open_sqlite_store(path) as store:
         await check_upgraded(store)
@@ -157,17 +167,13 @@ async def check_upgraded_from_2(store: Store) -> None:
 
 async def test_a_version_2_sqlite_file_is_upgraded_in_place(tmp_path: Path) -> None:
     path = tmp_path / "apiary.db"
-    raw = sqlite3.connect(path, isolation_level=None)
-    try:
-        assert migrate_sqlite(raw, target=2) == [1, 2]
+    with _sqlite_at(path, 2) as raw:
         for table, columns, row in V2_INSERTS:
             marks = ", ".join("?" * len(row))
             raw.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", row)
         tables = {name for (name,) in raw.execute("SELECT name FROM sqlite_master")}
         assert "dlq" in tables
         assert "hitl" not in tables
-    finally:
-        raw.close()
 
     async with open_sqlite_store(path) as store:
         await check_upgraded_from_2(store)
@@ -229,15 +235,11 @@ async def check_outbox_upgraded(store: Store) -> None:
 
 async def test_a_version_12_sqlite_outbox_is_rebuilt_with_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "apiary.db"
-    raw = sqlite3.connect(path, isolation_level=None)
-    try:
-        assert migrate_sqlite(raw, target=12)[-1] == 12
+    with _sqlite_at(path, 12) as raw:
         for row in V12_OUTBOX_ROWS:
             raw.execute(
                 f"INSERT INTO swarm_outbox ({V12_OUTBOX}) VALUES ({', '.join('?' * 12)})", row
             )
-    finally:
-        raw.close()
     async with open_sqlite_store(path) as store:
         await check_outbox_upgraded(store)
     with sqlite3.connect(path) as raw:
@@ -273,12 +275,8 @@ async def _check_dlq_upgraded(store: Store) -> None:
 
 async def test_a_version_14_sqlite_dlq_keeps_its_entries(tmp_path: Path) -> None:
     path = tmp_path / "apiary.db"
-    raw = sqlite3.connect(path, isolation_level=None)
-    try:
-        assert migrate_sqlite(raw, target=14)[-1] == 14
+    with _sqlite_at(path, 14) as raw:
         raw.execute(f"INSERT INTO dlq ({V14_DLQ}) VALUES ({', '.join('?' * 14)})", V14_DLQ_ROW)
-    finally:
-        raw.close()
     async with open_sqlite_store(path) as store:
         await _check_dlq_upgraded(store)
 
@@ -299,16 +297,12 @@ async def test_a_version_15_sqlite_event_log_is_keyed_by_correlation_on_upgrade(
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "apiary.db"
-    raw = sqlite3.connect(path, isolation_level=None)
-    try:
-        assert migrate_sqlite(raw, target=15)[-1] == 15
+    with _sqlite_at(path, 15) as raw:
         for n, correlation in enumerate(["plumless", "buckeroo", "plumless", ""], start=1):
             raw.execute(
                 "INSERT INTO events (event_type, actor, ts, correlation_id) VALUES (?, ?, ?, ?)",
                 (f"e.{n}", "a", float(n), correlation),
             )
-    finally:
-        raw.close()
     async with open_sqlite_store(path) as store:
         # The existing events were given their keys: reads by correlation find them.
         plumless = await store.events.read(where=EventFilter(correlation_id="plumless"))
@@ -321,9 +315,7 @@ async def test_a_version_16_sqlite_event_log_buckets_its_correlation_index_on_up
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "apiary.db"
-    raw = sqlite3.connect(path, isolation_level=None)
-    try:
-        assert migrate_sqlite(raw, target=16)[-1] == 16
+    with _sqlite_at(path, 16) as raw:
         raw.create_function("apiary_correlation_key", 1, correlation_key)
         for sequence, correlation in ((1, "plumless"), (2, "buckeroo"), (9000, "plumless")):
             raw.execute(
@@ -331,8 +323,6 @@ async def test_a_version_16_sqlite_event_log_buckets_its_correlation_index_on_up
                 " correlation_key) VALUES (?, 'e', 'a', 1.0, ?, apiary_correlation_key(?))",
                 (sequence, correlation, correlation),
             )
-    finally:
-        raw.close()
     async with open_sqlite_store(path) as store:
         plumless = await store.events.read(where=EventFilter(correlation_id="plumless"))
         assert [e.sequence for e in plumless] == [1, 9000]

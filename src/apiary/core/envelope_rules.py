@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from functools import lru_cache
 from typing import Final, NoReturn
@@ -36,6 +36,7 @@ from apiary.core.envelope import Envelope, MessageType
 from apiary.core.envelope_ids import UINT32_MAX, UINT64_MAX, EnvelopeIds, validate_ids
 from apiary.core.hlc import parse_hlc
 from apiary.core.ids import is_uuid4
+from apiary.core.json_scan import NOT_PLAIN, plain_value, scanner
 from apiary.errors import (
     OversizePayloadError,
     TtlExpiredError,
@@ -253,12 +254,9 @@ def _plainly_valid(
         return False
     try:
         text = payload.decode("utf-8")
-        if text[0] in _JSON_SPACE:
-            return False
-        _, end = _SCAN_ONCE(text, 0)
-    except (ValueError, StopIteration, RecursionError):
+    except UnicodeDecodeError:
         return False
-    return bool(end == len(text))
+    return plain_value(text, _STRICT_SCAN) is not NOT_PLAIN
 
 
 def _content_type_valid(content_type: str) -> bool:
@@ -460,14 +458,9 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-_JSON_SPACE: Final = frozenset(" \t\n\r\ufeff")
-"""What may start a JSON text that `_plainly_valid` leaves to the long way (whitespace is
-allowed around a value; a byte order mark is refused with its own message)."""
 _STRICT_JSON: Final = json.JSONDecoder(parse_constant=_reject_constant)
 """One decoder for every payload: json.loads with any option builds a new one per call."""
-_SCAN_ONCE: Final[Callable[[str, int], tuple[object, int]]] = _STRICT_JSON.scan_once  # type: ignore[attr-defined]
-"""The decoder's scanner: one JSON value from an index, and where it ended (raises
-StopIteration where no value starts)."""
+_STRICT_SCAN: Final = scanner(_STRICT_JSON)
 
 
 def _parse_strict_json(text: str) -> None:

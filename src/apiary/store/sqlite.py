@@ -98,7 +98,9 @@ class SqliteEventLog:
             return []
         clauses, params = terms
         if where is not None and where.correlation_id is not None:
-            rows = await self._db.read(lambda conn: _by_correlation(conn, clauses, params, limit))
+            rows = await self._db.read(
+                lambda conn: _by_correlation(conn, clauses, params, after, limit)
+            )
             return [event_from_row(row) for row in rows]
         sql = (
             f"SELECT {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}"
@@ -135,10 +137,10 @@ def correlation_read_sql(clauses: list[str]) -> str:
 
 
 def _by_correlation(
-    conn: sqlite3.Connection, clauses: list[str], params: list[Any], limit: int
+    conn: sqlite3.Connection, clauses: list[str], params: list[Any], after: int, limit: int
 ) -> list[tuple[Any, ...]]:
-    """An event-log read by correlation (`clauses` and `params` name the correlation key;
-    the first parameter is `after`): the key looked up through the index in each bucket of
+    """An event-log read by correlation (`clauses` and `params` name the correlation key):
+    the key looked up through the index in each bucket of
     events from `after`'s on (migration 17), a window of buckets per statement until `limit`
     rows are found. Bounded by the last sequence when the read began, so that a later
     window never shows events past ones an earlier window could not see yet."""
@@ -146,7 +148,7 @@ def _by_correlation(
     sql = correlation_read_sql(clauses)
     rows: list[tuple[Any, ...]] = []
     bits = CORRELATION_BUCKET_BITS
-    bucket, end = int(params[0]) >> bits, int(last) >> bits
+    bucket, end = after >> bits, int(last) >> bits
     while bucket <= end and len(rows) < limit:
         upto = min(end, bucket + _BUCKETS_PER_READ - 1)
         rows += conn.execute(sql, [bucket, upto, *params, last, limit - len(rows)]).fetchall()

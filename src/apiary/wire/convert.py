@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from google.protobuf import json_format
@@ -12,6 +11,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.events import Event
+from apiary.core.json_scan import NOT_PLAIN, plain_value, scanner
 from apiary.errors import (
     ValidationError,
     canonical_code,
@@ -142,27 +142,16 @@ _STAGES_BY_NAME = {stage.name: stage for stage in AckStage}
 """AckStage[name] without the Enum machinery (a dict lookup)."""
 
 
-_SCAN_ONCE: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_SCAN = scanner(json.JSONDecoder())
 
 
 def _json_text(payload: bytes) -> Any:
-    """The JSON value of a UTF-8 payload, as json.loads reads it: scanned at once when it is
-    one value from its first character to its last (every ACK of a stream is), through
-    json.loads otherwise (whitespace around it, errors). Not sniffed for UTF-16 and UTF-32
+    """The JSON value of a UTF-8 payload, as json.loads reads it (scanned at once when it
+    is plainly one value, as every ACK of a stream is). Not sniffed for UTF-16 and UTF-32
     first: JSON payloads are UTF-8 (RFC 8259), as envelope validation requires."""
     text = payload.decode("utf-8")
-    if text and text[0] not in _JSON_SPACE:
-        try:
-            value, end = _SCAN_ONCE(text, 0)
-        except StopIteration:
-            pass
-        else:
-            if end == len(text):
-                return value
-    return json.loads(text)
-
-
-_JSON_SPACE = frozenset(" \t\n\r\ufeff")
+    value = plain_value(text, _SCAN)
+    return json.loads(text) if value is NOT_PLAIN else value
 
 
 def _stage(value: int) -> AckStage:

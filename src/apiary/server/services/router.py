@@ -55,21 +55,14 @@ def _results(outcomes: list[SendOutcome]) -> apiary_pb2.SendResultFrame:
     reply = apiary_pb2.SendResultFrame()
     add = reply.results.add
     for outcome in outcomes:
-        stored = outcome.stored
-        if outcome.error is None and stored is not None:  # most of a frame: admitted
-            add(
-                message_id=outcome.message_id, accepted=outcome.accepted,
-                reason=outcome.reason, recipient=stored.recipient, offset=stored.offset,
-            )  # fmt: skip
-        else:
-            add(
-                message_id=outcome.message_id,
-                accepted=outcome.accepted,
-                error_code=outcome.error_code,
-                reason=outcome.reason,
-                recipient=outcome.recipient,
-                offset=stored.offset if stored else 0,
-            )
+        add(
+            message_id=outcome.message_id,
+            accepted=outcome.accepted,
+            error_code=outcome.error_code,
+            reason=outcome.reason,
+            recipient=outcome.recipient,
+            offset=outcome.stored.offset if outcome.stored else 0,
+        )
     return reply
 
 
