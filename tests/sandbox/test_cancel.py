@@ -5,8 +5,11 @@ from __future__ import annotations
 import asyncio
 import glob
 import os
+import signal
 import tempfile
 from collections.abc import Sequence
+
+import pytest
 
 from apiary.core.tool_policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import CallCancelledError
@@ -101,6 +104,41 @@ def _is_socket(pid: int, fd: str) -> bool:
         return os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
     except OSError:
         return False
+
+
+@pytest.mark.parametrize(
+    "network", [NetworkPolicy.DENY_ALL, NetworkPolicy.EGRESS_RESTRICTED], ids=["plain", "relay"]
+)
+async def test_a_cancel_right_after_start_reaches_the_tool(
+    network: NetworkPolicy, echo_ports: Sequence[int]
+) -> None:
+    # A cancel may come before the launcher has its forwarding in place (with the relay it
+    # still imports asyncio then). The launcher is stopped as soon as start() returns and
+    # resumed with the SIGTERM pending: the signal must reach the tool, not kill the launcher
+    # (which would leave the tool to a SIGKILL and its PID 1 exiting after the launcher).
+    allow = (
+        (HostPort("127.0.0.1", echo_ports[0]),)
+        if network is NetworkPolicy.EGRESS_RESTRICTED
+        else ()
+    )
+    graceful = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (print('graceful', flush=True), sys.exit(3)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    process = await start(
+        SandboxSpec(python(graceful), ExecutionPolicy(network=network, allowlist=allow))
+    )
+    os.kill(process.pid, signal.SIGSTOP)
+    await _read_until(process, b"ready\n")
+    os.kill(process.pid, signal.SIGTERM)  # what cancel() sends first
+    os.kill(process.pid, signal.SIGCONT)
+
+    result = await process.wait()
+
+    assert b"graceful" in result.stdout
+    assert result.exit_code == 3
 
 
 async def test_a_tool_that_ignores_sigterm_is_killed_after_the_grace_period() -> None:

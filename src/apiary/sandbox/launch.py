@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.stderr.write(f"apiary.sandbox: {exc}\n")
         sys.exit(2)
     reporter = Reporter(plan.report_fd)
+    # A signal meant for the tool may come as soon as it runs, before the forwarding is in
+    # place (the relay imports asyncio first): held until then, not the launcher's death. The
+    # child unblocks them before it executes the tool.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED_SIGNALS)
     try:
         running = _spawn(plan, args[2:], reporter)
     except SetupError as exc:
@@ -220,6 +224,7 @@ def _supervise(running: _Running, reporter: Reporter) -> NoReturn:
     else:
         for signum in FORWARDED_SIGNALS:
             signal.signal(signum, lambda s, _f: send_signal(child, s))
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED_SIGNALS)
         status = _reap_until(child)
     if running.result_fd is not None:
         raw = _read_all(running.result_fd)

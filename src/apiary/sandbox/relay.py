@@ -31,10 +31,14 @@ def relay_until_exit(
     forward: Callable[[int, int], None],
     signals: tuple[signal.Signals, ...],
 ) -> int:
-    """Relay until `child` exits; forward `signals` to it meanwhile; return its wait status."""
+    """Relay until `child` exits; forward `signals` to it meanwhile; return its wait status.
+
+    `signals` may be blocked on entry (held since the tool started): they are unblocked once
+    the forwarding is in place, which delivers any that are pending."""
     loop = asyncio.new_event_loop()
     for signum in signals:
         loop.add_signal_handler(signum, forward, child, signum)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
     loop.run_until_complete(_serve(child, routes, listeners))
     return os.waitpid(child, os.WNOHANG)[1]  # it has exited (its pidfd was readable)
 
