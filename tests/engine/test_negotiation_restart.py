@@ -12,9 +12,9 @@ from apiary.core.negotiation_policy import NegotiationPolicy
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.testing.clock import FakeClock
-from apiary.testing.engine import open_test_engine
+from apiary.testing.engine import EngineHarness, open_test_engine
 from apiary.testing.ids import SequentialIds
-from tests.engine.test_negotiations import A, B, _kinds, _open, _settings, _until
+from tests.engine.test_negotiations import A, B, _kinds, _open, _settings
 
 OLIVIA = OperatorEntry("olivia", token_digest("olivia-token"), ("admin",))
 HITL = HitlSettings(operators=(OLIVIA,))
@@ -60,7 +60,11 @@ async def test_a_negotiation_resumes_mid_round_after_a_restart(tmp_path: Path) -
         assert (await h.engine.negotiations.get("neg-1")).invocation_id == invocation
         operator = h.engine.hitl.operators.authenticate("Bearer olivia-token")
         await h.engine.hitl.decide(invocation, "approve", operator, "B it is")
-        decided = await _until(h, "neg-1", "DECIDED")
+        # The decision comes through HITL in the background: its event is recorded after
+        # its artifacts (the DECIDED state is stored before them).
+        await _event(h, "negotiation.decided", "neg-1")
+        decided = await h.engine.negotiations.get("neg-1")
+        assert decided.state == "DECIDED"
         assert (decided.decision["version"], decided.decision["decided_by"]) == ("v2", "hitl")
         names = [a.name for a in await h.engine.negotiations.artifacts.list("neg-1")]
         assert names == ["contract_v1.json", "contract_v2.json", "diff_v1_to_v2.json",
@@ -70,3 +74,16 @@ async def test_a_negotiation_resumes_mid_round_after_a_restart(tmp_path: Path) -
                 break
             await asyncio.sleep(0)
         assert (await _kinds(h, "graphql"))[-1] == "decide"
+
+
+async def _event(h: EngineHarness, event_type: str, correlation_id: str) -> None:
+    """Return once an event of `event_type` for `correlation_id` is recorded (bounded)."""
+
+    async def wait() -> None:
+        while True:
+            seen = await h.engine.events.last_sequence()
+            if any(e.correlation_id == correlation_id for e in await h.events(event_type)):
+                return
+            await h.engine.events.wait_after(seen)
+
+    await asyncio.wait_for(wait(), 5)

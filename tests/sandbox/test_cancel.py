@@ -121,9 +121,9 @@ async def test_a_cancel_right_after_start_reaches_the_tool(
         if network is NetworkPolicy.EGRESS_RESTRICTED
         else ()
     )
-    graceful = (
-        "import signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *_: (print('graceful', flush=True), sys.exit(3)))\n"
+    graceful = (  # the handler writes with os.write: print may be inside print already
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: (os.write(1, b'graceful\\n'), os._exit(3)))\n"
         "print('ready', flush=True)\n"
         "time.sleep(30)\n"
     )
