@@ -140,10 +140,17 @@ async def test_an_operator_cancels_a_task_that_has_not_started(coordinator: Coor
 
 async def test_events_are_followed_as_they_are_logged(coordinator: Coordinator) -> None:
     start = await coordinator.events.last_sequence()
+    argv = ["events", "--follow", "--json", "--type", "agent.", "--after", str(start),
+            "--grpc", str(coordinator.grpc_address)]  # fmt: skip
+    # Ctrl-C as a terminal delivers it: an ignored SIGINT is inherited, and a suite started
+    # as a background job of a script has it ignored, so the command gets Python's default.
+    with_ctrl_c = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler);"
+        f" sys.argv = ['apiary', *{argv!r}];"
+        " runpy.run_module('apiary.cli.main', run_name='__main__')"
+    )
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "apiary.cli.main", "events", "--follow", "--json",
-        "--type", "agent.", "--after", str(start),
-        "--grpc", str(coordinator.grpc_address),
+        sys.executable, "-c", with_ctrl_c,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None
