@@ -47,23 +47,16 @@ def envelope_from_proto(msg: pb.common_pb2.Envelope) -> Envelope:
             f"message_type {msg.message_type} is not a SW4RM message type",
             details={"field": "message_type"},
         )
+    # Positional, in Envelope's field order (every envelope received comes here; keywords
+    # cost a lookup each): message_id, producer_id, message_type, payload, content_type,
+    # content_length, idempotency_token, correlation_id, sequence_number, retry_count,
+    # repo_id, worktree_id, hlc_timestamp, ttl_ms, timestamp.
     return Envelope(
-        message_id=msg.message_id,
-        producer_id=msg.producer_id,
-        message_type=message_type,
-        payload=msg.payload,
-        content_type=msg.content_type,
-        content_length=msg.content_length,
-        idempotency_token=msg.idempotency_token,
-        correlation_id=msg.correlation_id,
-        sequence_number=msg.sequence_number,
-        retry_count=msg.retry_count,
-        repo_id=msg.repo_id,
-        worktree_id=msg.worktree_id,
-        hlc_timestamp=msg.hlc_timestamp,
-        ttl_ms=msg.ttl_ms,
-        timestamp=timestamp_to_float(msg.timestamp) if msg.HasField("timestamp") else 0.0,
-    )
+        msg.message_id, msg.producer_id, message_type, msg.payload, msg.content_type,
+        msg.content_length, msg.idempotency_token, msg.correlation_id, msg.sequence_number,
+        msg.retry_count, msg.repo_id, msg.worktree_id, msg.hlc_timestamp, msg.ttl_ms,
+        timestamp_to_float(msg.timestamp) if msg.HasField("timestamp") else 0.0,
+    )  # fmt: skip
 
 
 def envelope_to_proto(env: Envelope) -> pb.common_pb2.Envelope:
