@@ -26,6 +26,7 @@ from apiary.engine.negotiation_rooms import NegotiationRooms, RoomSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.server.coordinator import Coordinator, Runtime
 from apiary.testing.coordinator import open_test_coordinator
+from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from tests.e2e.agent_process import AgentProcess
 
@@ -83,20 +84,7 @@ async def start(
 
 async def event(coordinator: Coordinator, where: Callable[[Event], bool]) -> Event:
     """The first matching event of the log, waiting for new ones as they land."""
-
-    async def scan() -> Event:
-        seen = 0
-        while True:
-            batch = await coordinator.events.read(after=seen, limit=1000)
-            for found in batch:
-                if where(found):
-                    return found
-            if batch:
-                seen = batch[-1].sequence
-            else:
-                await coordinator.events.wait_after(seen)
-
-    return await asyncio.wait_for(scan(), WAIT_S)
+    return await wait_for_event(coordinator.events, where, timeout_s=WAIT_S)
 
 
 async def room_log(coordinator: Coordinator) -> list[Event]:

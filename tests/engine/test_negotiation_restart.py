@@ -12,7 +12,8 @@ from apiary.core.negotiation_policy import NegotiationPolicy
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.testing.clock import FakeClock
-from apiary.testing.engine import EngineHarness, open_test_engine
+from apiary.testing.engine import open_test_engine
+from apiary.testing.events import wait_for_event
 from apiary.testing.ids import SequentialIds
 from tests.engine.test_negotiations import A, B, _kinds, _open, _settings
 
@@ -62,7 +63,11 @@ async def test_a_negotiation_resumes_mid_round_after_a_restart(tmp_path: Path) -
         await h.engine.hitl.decide(invocation, "approve", operator, "B it is")
         # The decision comes through HITL in the background: its event is recorded after
         # its artifacts (the DECIDED state is stored before them).
-        await _event(h, "negotiation.decided", "neg-1")
+        await wait_for_event(
+            h.engine.events,
+            lambda e: e.event_type == "negotiation.decided" and e.correlation_id == "neg-1",
+            timeout_s=5,
+        )
         decided = await h.engine.negotiations.get("neg-1")
         assert decided.state == "DECIDED"
         assert (decided.decision["version"], decided.decision["decided_by"]) == ("v2", "hitl")
@@ -74,16 +79,3 @@ async def test_a_negotiation_resumes_mid_round_after_a_restart(tmp_path: Path) -
                 break
             await asyncio.sleep(0)
         assert (await _kinds(h, "graphql"))[-1] == "decide"
-
-
-async def _event(h: EngineHarness, event_type: str, correlation_id: str) -> None:
-    """Return once an event of `event_type` for `correlation_id` is recorded (bounded)."""
-
-    async def wait() -> None:
-        while True:
-            seen = await h.engine.events.last_sequence()
-            if any(e.correlation_id == correlation_id for e in await h.events(event_type)):
-                return
-            await h.engine.events.wait_after(seen)
-
-    await asyncio.wait_for(wait(), 5)

@@ -23,6 +23,7 @@ from apiary.core.events import Event
 from apiary.server.coordinator import Coordinator, Runtime
 from apiary.testing.clock import FakeClock
 from apiary.testing.coordinator import open_test_coordinator
+from apiary.testing.events import wait_for_event
 from apiary.testing.ids import SequentialIds
 from apiary.wire import pb
 from apiary.wire.handoff import SNAPSHOT_CONTENT_TYPE_KEY, seconds_duration
@@ -364,19 +365,9 @@ async def test_an_operator_drives_a_handoff_from_the_cli(
 
 
 async def _event(coordinator: Coordinator, event_type: str) -> Event:
-    async def scan() -> Event:
-        seen = 0
-        while True:
-            batch = await coordinator.events.read(after=seen, limit=1000)
-            for event in batch:
-                if event.event_type == event_type:
-                    return event
-            if batch:
-                seen = batch[-1].sequence
-            else:
-                await coordinator.events.wait_after(seen)
-
-    return await asyncio.wait_for(scan(), WAIT_S)
+    return await wait_for_event(
+        coordinator.events, lambda e: e.event_type == event_type, timeout_s=WAIT_S
+    )
 
 
 async def test_a_restarted_coordinator_still_expires_a_pending_offer(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.server.coordinator import Coordinator, Runtime
 from apiary.testing.clock import FakeClock
 from apiary.testing.coordinator import open_test_coordinator
+from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from tests.server.wire_client import WAIT_S, error_detail, register
 
@@ -280,20 +281,9 @@ async def test_the_coordinators_timer_loop_escalates_at_the_policy_timeout(rig: 
     await rig.propose("code-1", ["c1", "c2"])
     await rig.vote("code-1", "c1", 9, 0.9)
     rig.clock.advance(ROOMS.policy.vote_timeout_s)
-    events = rig.coordinator.events
-
-    async def escalated() -> Any:
-        seen = 0
-        while True:
-            batch = await events.read(after=seen, limit=1000)
-            for found in batch:
-                if found.event_type == "room.escalated":
-                    return found
-            seen = batch[-1].sequence if batch else seen
-            if not batch:
-                await events.wait_after(seen)
-
-    found = await asyncio.wait_for(escalated(), WAIT_S)
+    found = await wait_for_event(
+        rig.coordinator.events, lambda e: e.event_type == "room.escalated", timeout_s=WAIT_S
+    )
     assert found.details["triggers"] == ["vote_timeout"]
     assert found.details["hitl_reason"] == "DEBATE_DEADLOCK"
     reply = await rig.rooms.GetDecision(nr.GetDecisionRequest(artifact_id="code-1"))

@@ -21,6 +21,7 @@ from apiary.errors import NoRouteError, ValidationError
 from apiary.sdk.connection import Delivery
 from apiary.sdk.handoff import HandoffClient
 from apiary.server.coordinator import Coordinator
+from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from tests.server.wire_client import descriptor
 
@@ -50,19 +51,7 @@ async def until(check: Callable[[], bool]) -> None:
 
 
 async def event(coordinator: Coordinator, where: Callable[[Event], bool]) -> Event:
-    async def scan() -> Event:
-        seen = 0
-        while True:
-            batch = await coordinator.events.read(after=seen, limit=1000)
-            for found in batch:
-                if where(found):
-                    return found
-            if batch:
-                seen = batch[-1].sequence
-            else:
-                await coordinator.events.wait_after(seen)
-
-    return await asyncio.wait_for(scan(), WAIT_S)
+    return await wait_for_event(coordinator.events, where, timeout_s=WAIT_S)
 
 
 class Deaf(apiary.Agent):
