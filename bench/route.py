@@ -48,7 +48,7 @@ async def _spawn(
 
 
 async def _start_server(
-    kind: str, port: int, data: Path, http_port: int
+    kind: str, port: int, data: Path, http_port: int, store: str | None = None
 ) -> asyncio.subprocess.Process:
     if kind == "bare":
         proc = await _spawn(__file__, "bare-server", str(port))
@@ -60,7 +60,7 @@ async def _start_server(
     proc = await _spawn(
         "-m", "apiary.cli.main", "serve", "--data-dir", str(data / "state"), "--grpc",
         f"127.0.0.1:{port}", "--http", f"127.0.0.1:{http_port}", "--config", str(config),
-        "--log-level", "WARNING",
+        "--log-level", "WARNING", *(("--store", store) if store else ()),
     )  # fmt: skip
     assert proc.stdout is not None
     for _ in range(2):
@@ -79,6 +79,8 @@ def _metrics(http_port: int) -> dict[str, float]:
             found[line.split('"')[1]] = float(line.split()[-1])
         elif line.startswith(("apiary_store_commits_total ", "apiary_store_jobs_total ")):
             found[line.split()[0]] = float(line.split()[1])
+        elif line.startswith("apiary_store_writer_process_cpu_seconds_total "):
+            found["writer-process"] = float(line.split()[1])
     return found
 
 
@@ -102,7 +104,7 @@ async def _run(kind: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         port, http_port = _port(), _port()
-        server = await _start_server(kind, port, Path(tmp), http_port)
+        server = await _start_server(kind, port, Path(tmp), http_port, args.store)
         address = f"127.0.0.1:{port}"
         consumer_proc = await _spawn(__file__, "consumer", address, "consumer")
         assert consumer_proc.stdout is not None
@@ -170,6 +172,10 @@ def main() -> None:
     parser.add_argument("--stream", type=int, default=50000, help="messages on the streaming path")
     parser.add_argument("--frame", type=int, default=200, help="envelopes per SendStream frame")
     parser.add_argument("--window", type=int, default=8, help="frames in flight")
+    parser.add_argument(
+        "--store", default=None,
+        help="the coordinator's store URL (default: its own, SQLite in its data directory)",
+    )  # fmt: skip
     parser.add_argument(
         "--rounds", type=int, default=1,
         help="run the ceiling and Apiary in turns this many times; print the median runs",

@@ -39,9 +39,10 @@ async def _spawn(*args: str) -> asyncio.subprocess.Process:
 
 
 class Coordinator:
-    def __init__(self, data_dir: Path, config: Path) -> None:
+    def __init__(self, data_dir: Path, config: Path, store: str | None = None) -> None:
         self.data_dir = data_dir
         self.config = config
+        self.store = store
         self.grpc = f"127.0.0.1:{_free_port()}"
         self.http = f"127.0.0.1:{_free_port()}"
         self.proc: asyncio.subprocess.Process | None = None
@@ -53,6 +54,7 @@ class Coordinator:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "apiary.cli.main", "serve", "--data-dir", str(self.data_dir),
             "--grpc", self.grpc, "--http", self.http, "--config", str(self.config),
+            *(("--store", self.store) if self.store else ()),
             cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=log,
         )  # fmt: skip
         log.close()
@@ -72,12 +74,14 @@ class Coordinator:
         assert await asyncio.wait_for(self.proc.wait(), 30) == 0
 
 
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
+@pytest.fixture(params=[None, "sqlite:?writer=process"], ids=["writer-thread", "writer-process"])
+async def coordinator(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Coordinator]:
     config = tmp_path / "apiary.toml"
     # A generous ack timeout: the restart must not turn in-flight deliveries into timeouts.
     config.write_text("[router]\nack_timeout_s = 60\nbuffer_capacity = 50\n")
-    running = Coordinator(tmp_path / "state", config)
+    # The default SQLite file, its writer a thread of the coordinator or a process of its
+    # own (which must end with the coordinator it served before the next one writes).
+    running = Coordinator(tmp_path / "state", config, request.param)
     await running.start()
     yield running
     if running.proc is not None and running.proc.returncode is None:

@@ -17,7 +17,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.router import Router
 from apiary.engine.router_stats import Timing
 from apiary.engine.scheduler import Scheduler
-from apiary.server.thread_cpu import thread_cpu_seconds
+from apiary.server.thread_cpu import process_cpu_seconds, thread_cpu_seconds
 from apiary.store.sqlite_database import SqliteStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -217,6 +217,13 @@ class _SqliteCollector(Collector):
             "apiary_store_largest_batch", "Most write jobs in one commit so far.",
             value=writer.largest_batch,
         )  # fmt: skip
+        if stats.writer_pid is not None:
+            cpu = process_cpu_seconds(stats.writer_pid)
+            if cpu is not None:
+                yield CounterMetricFamily(
+                    "apiary_store_writer_process_cpu_seconds",
+                    "CPU seconds used by the SQLite writer process (writer=process).", value=cpu,
+                )  # fmt: skip
 
 
 class _ThreadCollector(Collector):

@@ -38,3 +38,13 @@ def thread_cpu_seconds() -> dict[str, float]:
             continue  # ended since it was listed
         seconds[thread.name] = seconds.get(thread.name, 0.0) + stat_cpu_ticks(stat) / per_second
     return seconds
+
+
+def process_cpu_seconds(pid: int) -> float | None:
+    """CPU seconds used so far by the process `pid` (all its threads), None when /proc has
+    no such process (it ended, or not Linux)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat_cpu_ticks(stat) / os.sysconf("SC_CLK_TCK")

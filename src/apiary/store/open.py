@@ -8,7 +8,11 @@
 | `postgresql://...` or `postgres://...` | PostgreSQL; `apiary_schema=NAME` picks the schema |
 
 SQLite URLs take `?synchronous=NORMAL|FULL` (default NORMAL: durable against process crashes;
-FULL: also against power loss, see `apiary.store.sqlite_database`).
+FULL: also against power loss, see `apiary.store.sqlite_database`) and `?writer=thread|process`
+(where the group commits run: a thread of the coordinator, the default, or a process of their
+own, `apiary.store.sqlite_writer_process`, which keeps SQLite's work off the interpreter lock
+the coordinator's event loop runs on). Both together: `sqlite:?synchronous=FULL&writer=process`
+for the default file.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from apiary.store.memory import open_memory_store
 from apiary.store.postgres import open_postgres_store
 from apiary.store.protocols import Store
 from apiary.store.sqlite import open_sqlite_store
-from apiary.store.sqlite_database import SqliteOptions, Synchronous
+from apiary.store.sqlite_database import SqliteOptions, Synchronous, WriterKind
 
 DEFAULT_SQLITE_FILE = "apiary.db"
 
@@ -80,16 +84,27 @@ def default_sqlite_path(data_dir: Path) -> Path:
 
 def _sqlite_options(url: str, query: str) -> SqliteOptions:
     synchronous: Synchronous = "NORMAL"
+    writer: WriterKind = "thread"
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
-        if key != "synchronous":
-            raise ValueError(f"unknown SQLite store option {key!r} in {url!r}")
-        if value.upper() == "NORMAL":
-            synchronous = "NORMAL"
-        elif value.upper() == "FULL":
-            synchronous = "FULL"
+        if key == "synchronous":
+            if value.upper() == "NORMAL":
+                synchronous = "NORMAL"
+            elif value.upper() == "FULL":
+                synchronous = "FULL"
+            else:
+                raise ValueError(f"synchronous must be NORMAL or FULL, not {value!r}")
+        elif key == "writer":
+            if value.lower() == "thread":
+                writer = "thread"
+            elif value.lower() == "process":
+                writer = "process"
+            else:
+                raise ValueError(f"writer must be thread or process, not {value!r}")
         else:
-            raise ValueError(f"synchronous must be NORMAL or FULL, not {value!r}")
-    return SqliteOptions(synchronous=synchronous)
+            raise ValueError(
+                f"unknown SQLite store option {key!r} in {url!r} (known: synchronous, writer)"
+            )
+    return SqliteOptions(synchronous=synchronous, writer=writer)
 
 
 def _unsupported(url: str) -> ValueError:

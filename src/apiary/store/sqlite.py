@@ -78,14 +78,7 @@ class SqliteEventLog:
              correlation_key(d.correlation_id))
             for d in drafts
         ]  # fmt: skip
-
-        def insert(conn: sqlite3.Connection) -> range:
-            # One writer, so the AUTOINCREMENT rowids of one job are consecutive and nobody
-            # interleaves: the last one tells them all (one statement for the whole burst).
-            last = insert_rows(conn, _INSERT_EVENTS, rows, 8)
-            return range(last - len(rows) + 1, last + 1)
-
-        sequences = await self._db.write(insert)
+        sequences = await self._db.call(_insert_events, rows)
         return [Event.from_draft(seq, draft) for seq, draft in zip(sequences, drafts, strict=True)]
 
     async def read(
@@ -118,6 +111,13 @@ class SqliteEventLog:
             return int(last)
 
         return await self._db.read(query)
+
+
+def _insert_events(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> range:
+    # One writer, so the AUTOINCREMENT rowids of one job are consecutive and nobody
+    # interleaves: the last one tells them all (one statement for the whole burst).
+    last = insert_rows(conn, _INSERT_EVENTS, rows, 8)
+    return range(last - len(rows) + 1, last + 1)
 
 
 _BUCKETS_PER_READ = 256
@@ -166,7 +166,7 @@ class SqliteAgentStore:
         """Insert or replace the agent with this agent_id."""
         row = agent_row(agent)
         sql = f"INSERT OR REPLACE INTO agents ({AGENT_COLUMNS}) VALUES ({placeholders(6)})"
-        await self._db.write(lambda conn: conn.execute(sql, row).rowcount)
+        await self._db.execute(sql, row)
 
     async def get(self, agent_id: str) -> AgentRecord | None:
         """The agent, or None."""
@@ -183,7 +183,7 @@ class SqliteAgentStore:
     async def delete(self, agent_id: str) -> bool:
         """Remove the agent; False when it was not there."""
         sql = "DELETE FROM agents WHERE agent_id = ?"
-        deleted = await self._db.write(lambda conn: conn.execute(sql, (agent_id,)).rowcount)
+        deleted = await self._db.execute(sql, (agent_id,))
         return deleted > 0
 
 

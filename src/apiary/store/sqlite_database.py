@@ -19,21 +19,29 @@ import queue
 import sqlite3
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar, get_args
+from typing import Any, Literal, TypeVar, get_args
 
 from apiary.store.errors import StoreError
 from apiary.store.migrations import load_migrations, pending_migrations
 from apiary.store.sqlite_checkpoint import WalCheckpointer
-from apiary.store.sqlite_writer import SqliteWriter, WriterStats, as_store_error
+from apiary.store.sqlite_writer import (
+    SqliteWriter,
+    WriterStats,
+    as_store_error,
+    execute_rowcount,
+    write_job,
+)
+from apiary.store.sqlite_writer_process import SqliteWriterProcess
 
 T = TypeVar("T")
 
 Synchronous = Literal["NORMAL", "FULL"]
+WriterKind = Literal["thread", "process"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,10 +63,16 @@ class SqliteOptions:
     """Bytes the WAL file is truncated to after a checkpoint lets it restart."""
     busy_timeout_ms: int = 5000
     """How long to wait for a lock held by another process before failing."""
+    writer: WriterKind = "thread"
+    """Where the group commits run: a thread of this process (`sqlite_writer`), or a process
+    of their own (`sqlite_writer_process`: faster under load, a moment more to open; every
+    write job must then be picklable)."""
 
     def __post_init__(self) -> None:
         if self.synchronous not in get_args(Synchronous):
             raise ValueError(f"synchronous must be one of {get_args(Synchronous)}")
+        if self.writer not in get_args(WriterKind):
+            raise ValueError(f"writer must be one of {get_args(WriterKind)}")
         if self.readers < 1:
             raise ValueError(f"readers must be at least 1: {self.readers}")
 
@@ -71,6 +85,8 @@ class SqliteStats:
     checkpoints: int
     wal_restarts: int
     """RESTART checkpoints that let the WAL start over."""
+    writer_pid: int | None = None
+    """The writer process's pid (writer="process"), None for a writer thread."""
 
 
 class SqliteReaders:
@@ -127,9 +143,9 @@ class SqliteDatabase:
         self,
         path: Path,
         options: SqliteOptions,
-        writer: SqliteWriter,
+        writer: SqliteWriter | SqliteWriterProcess,
         readers: SqliteReaders,
-        checkpointer: WalCheckpointer,
+        checkpointer: WalCheckpointer | None,
     ) -> None:
         self._path = path
         self._options = options
@@ -150,18 +166,39 @@ class SqliteDatabase:
     @property
     def stats(self) -> SqliteStats:
         """Commits, jobs, largest batch, checkpoints and WAL restarts so far."""
-        checkpointer = self._checkpointer
-        return SqliteStats(self._writer.stats, checkpointer.checkpoints, checkpointer.restarts)
+        writer, checkpointer = self._writer, self._checkpointer
+        if isinstance(writer, SqliteWriterProcess) or checkpointer is None:
+            assert isinstance(writer, SqliteWriterProcess)
+            return SqliteStats(writer.stats, *writer.checkpoints, writer_pid=writer.pid)
+        return SqliteStats(writer.stats, checkpointer.checkpoints, checkpointer.restarts)
 
     @property
     def checkpointer(self) -> WalCheckpointer:
-        """The background WAL checkpointer."""
+        """The background WAL checkpointer (of a writer thread; a writer process has its own,
+        and this raises StoreError)."""
+        if self._checkpointer is None:
+            raise StoreError("the WAL checkpointer runs in the SQLite writer process")
         return self._checkpointer
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The pid of the writer process, None for a writer thread."""
+        writer = self._writer
+        return writer.pid if isinstance(writer, SqliteWriterProcess) else None
 
     async def write(self, job: Callable[[sqlite3.Connection], T]) -> T:
         """Run `job` on the write connection in the next group commit; return its result
         once that transaction committed. See `SqliteWriter.submit`."""
         return await self._writer.submit(job)
+
+    async def call(self, function: Callable[..., T], *args: Any) -> T:
+        """`write` of the job `function(connection, *args)`, picklable for a writer process
+        when `function` is a module-level function and `args` plain values."""
+        return await self._writer.submit(write_job(function, *args))
+
+    async def execute(self, sql: str, params: Sequence[Any] = ()) -> int:
+        """`write` of one statement; the number of rows it changed."""
+        return await self._writer.submit(write_job(execute_rowcount, sql, params))
 
     async def read(self, query: Callable[[sqlite3.Connection], T]) -> T:
         """Run `query` on a read connection; it sees every write that has returned."""
@@ -173,7 +210,8 @@ class SqliteDatabase:
         await asyncio.to_thread(self._close_rest)
 
     def _close_rest(self) -> None:
-        self._checkpointer.stop()
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
         # The last connection to close checkpoints the WAL completely and removes it.
         self._readers.close()
 
@@ -198,24 +236,18 @@ def placeholders(count: int) -> str:
     return ", ".join("?" * count)
 
 
-def last_rowid(cursor: sqlite3.Cursor) -> int:
-    """The rowid the INSERT just run on `cursor` produced."""
-    rowid = cursor.lastrowid
-    if rowid is None:  # pragma: no cover - only for statements that insert nothing
-        raise RuntimeError("INSERT did not produce a rowid")
-    return rowid
-
-
 def _open(path: Path, options: SqliteOptions) -> SqliteDatabase:
+    if options.writer == "process":
+        return _open_with_process(path, options)
     with ExitStack() as cleanup:
-        write_conn = _connect(path, options)
+        write_conn = connect_sqlite(path, options)
         cleanup.callback(write_conn.close)
-        _enable_wal(write_conn, options)
+        enable_wal(write_conn, options)
         migrate_sqlite(write_conn)
-        read_conns = [_connect(path, options, read_only=True) for _ in range(options.readers)]
+        read_conns = [connect_sqlite(path, options, read_only=True) for _ in range(options.readers)]
         for conn in read_conns:
             cleanup.callback(conn.close)
-        checkpoint_conn = _connect(path, options)
+        checkpoint_conn = connect_sqlite(path, options)
         cleanup.callback(checkpoint_conn.close)
         cleanup.pop_all()
     checkpointer = WalCheckpointer(
@@ -231,6 +263,19 @@ def _open(path: Path, options: SqliteOptions) -> SqliteDatabase:
     return SqliteDatabase(path, options, writer, SqliteReaders(read_conns), checkpointer)
 
 
+def _open_with_process(path: Path, options: SqliteOptions) -> SqliteDatabase:
+    # The process opens and migrates the file first: the readers come after, and after the
+    # writer of any coordinator before this one has gone (`sqlite_writer_main`).
+    writer = SqliteWriterProcess(path, options)
+    writer.start()
+    try:
+        read_conns = [connect_sqlite(path, options, read_only=True) for _ in range(options.readers)]
+    except BaseException:
+        writer.stop_now()
+        raise
+    return SqliteDatabase(path, options, writer, SqliteReaders(read_conns), None)
+
+
 STATEMENT_CACHE = 1024
 """Prepared statements kept per connection (sqlite3's default is 128). The writer's
 multi-row statements differ in their row counts (`sqlite_bulk`), so a steady load cycles
@@ -238,7 +283,10 @@ through a few hundred texts; preparing one again costs the writer a statement's 
 interpreter-lock hand-overs."""
 
 
-def _connect(path: Path, options: SqliteOptions, *, read_only: bool = False) -> sqlite3.Connection:
+def connect_sqlite(
+    path: Path, options: SqliteOptions, *, read_only: bool = False
+) -> sqlite3.Connection:
+    """A connection to `path` with the options' pragmas (the writer process's too)."""
     # isolation_level=None: the sqlite3 module must not open transactions behind our back;
     # the writer issues BEGIN/COMMIT itself. check_same_thread=False: connections are made
     # here and then used by the thread that owns them.
@@ -258,7 +306,7 @@ def _connect(path: Path, options: SqliteOptions, *, read_only: bool = False) -> 
     return conn
 
 
-def _enable_wal(conn: sqlite3.Connection, options: SqliteOptions) -> None:
+def enable_wal(conn: sqlite3.Connection, options: SqliteOptions) -> None:
     (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
     if str(mode).lower() != "wal":
         raise StoreError(f"SQLite refused WAL mode (got {mode!r}); is the file on a network fs?")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import sqlite3
-from typing import Any
 
 from apiary.core.records import DlqEntry, DlqFilter
 from apiary.store.json_codec import load_json_list
@@ -17,7 +15,8 @@ from apiary.store.sql_rows import (
     dlq_from_row,
     dlq_insert_row,
 )
-from apiary.store.sqlite_database import SqliteDatabase, last_rowid, placeholders
+from apiary.store.sqlite_database import SqliteDatabase, placeholders
+from apiary.store.sqlite_writer import execute_fetchall, execute_lastrowid
 
 _ADD = f"INSERT INTO dlq ({DLQ_INSERT_COLUMNS}) VALUES ({placeholders(DLQ_INSERT_COLUMN_COUNT)})"
 _ATTEMPTS_INDEX = DLQ_INSERT_COLUMNS.split(", ").index("attempts")
@@ -32,7 +31,7 @@ class SqliteDlqStore:
     async def add(self, entry: DlqEntry) -> DlqEntry:
         """Record an entry; returns it with its entry_id assigned (the given one ignored)."""
         row = dlq_insert_row(entry)
-        entry_id = await self._db.write(lambda conn: last_rowid(conn.execute(_ADD, row)))
+        entry_id = await self._db.call(execute_lastrowid, _ADD, row)
         # The attempts as stored (detached from the caller's dicts), as `get` returns them.
         attempts = tuple(load_json_list(row[_ATTEMPTS_INDEX]))
         return dataclasses.replace(entry, entry_id=entry_id, attempts=attempts)
@@ -63,11 +62,7 @@ class SqliteDlqStore:
             f" RETURNING {DLQ_COLUMNS}"
         )
         params = (float(at), new_message_id, entry_id)
-
-        def update(conn: sqlite3.Connection) -> list[Any]:
-            return conn.execute(sql, params).fetchall()
-
-        rows = await self._db.write(update)
+        rows = await self._db.call(execute_fetchall, sql, params)
         if not rows:
             raise LookupError(f"no DLQ entry {entry_id}")
         return dlq_from_row(rows[0])
@@ -75,4 +70,4 @@ class SqliteDlqStore:
     async def purge(self, before: float) -> int:
         """Delete entries that failed before `before` (retention); returns how many."""
         sql = "DELETE FROM dlq WHERE failed_at < ?"
-        return await self._db.write(lambda conn: conn.execute(sql, (before,)).rowcount)
+        return await self._db.execute(sql, (before,))

@@ -28,7 +28,7 @@ class SqliteHandoffStore:
     async def put(self, record: HandoffRecord) -> None:
         """Insert or replace the record with this request_id."""
         row = handoff_row(record)
-        await self._db.write(lambda conn: conn.execute(_PUT, row).rowcount)
+        await self._db.execute(_PUT, row)
 
     async def get(self, request_id: str) -> HandoffRecord | None:
         """The record, or None."""

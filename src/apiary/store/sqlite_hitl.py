@@ -25,7 +25,7 @@ class SqliteHitlStore:
     async def put(self, record: HitlRecord) -> None:
         """Insert or replace the record with this invocation_id."""
         row = hitl_row(record)
-        await self._db.write(lambda conn: conn.execute(_PUT, row).rowcount)
+        await self._db.execute(_PUT, row)
 
     async def get(self, invocation_id: str) -> HitlRecord | None:
         """The record, or None."""

@@ -32,9 +32,9 @@ class SqliteIdempotencyStore:
     async def put(self, record: IdempotencyRecord) -> None:
         """Insert or replace the record for record.token."""
         row = idempotency_row(record)
-        await self._db.write(lambda conn: conn.execute(_PUT, row).rowcount)
+        await self._db.execute(_PUT, row)
 
     async def purge(self, before: float) -> int:
         """Delete records last updated before `before`; returns how many."""
         sql = "DELETE FROM idempotency WHERE updated_at < ?"
-        return await self._db.write(lambda conn: conn.execute(sql, (before,)).rowcount)
+        return await self._db.execute(sql, (before,))

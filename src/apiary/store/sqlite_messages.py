@@ -91,7 +91,7 @@ class SqliteMessageStore:
         if not messages:
             return []
         values = [message_values(m) for m in messages]
-        offsets = await self._db.write(lambda conn: _insert_new(conn, values))
+        offsets = await self._db.call(_insert_new, values)
         return [
             at_offset(m, o) if o else DuplicateMessageError(m.message_id)
             for m, o in zip(messages, offsets, strict=True)
@@ -118,9 +118,9 @@ class SqliteMessageStore:
         params = _change_params(changes)
         ids = [c.message_id for c in changes]
         if len(set(ids)) == len(ids):
-            rows = await self._db.write(lambda conn: _apply_unique(conn, params, ids))
+            rows = await self._db.call(_apply_unique, params, ids)
         else:
-            rows = await self._db.write(lambda conn: _apply_in_turn(conn, params))
+            rows = await self._db.call(_apply_in_turn, params)
         return [message_from_row(row) for row in rows]
 
     async def record(self, changes: Sequence[StateChange]) -> None:
@@ -131,9 +131,9 @@ class SqliteMessageStore:
         params = _change_params(changes)
         ids = [c.message_id for c in changes]
         if len(set(ids)) == len(ids):
-            await self._db.write(lambda conn: _record_unique(conn, params, ids))
+            await self._db.call(_record_unique, params, ids)
         else:
-            await self._db.write(lambda conn: _apply_in_turn(conn, params))
+            await self._db.call(_apply_in_turn, params)
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """One more delivery, then FULFILLED at `at`, in one statement per chunk: one row
@@ -147,26 +147,14 @@ class SqliteMessageStore:
         if not counts:
             return
         params = [(n, at, message_id) for message_id, (n, at) in latest_deliveries(counts).items()]
-
-        def update(conn: sqlite3.Connection) -> None:
-            for count, flat in chunks(conn, params, _DELIVERIES_WIDTH):
-                sql = _RECORD_DELIVERIES.format(rows=values_rows(count, _DELIVERIES_WIDTH))
-                conn.execute(sql, flat)
-
-        await self._db.write(update)
+        await self._db.call(_record_deliveries, params)
 
     async def _update_each(self, sql: str, message_ids: Sequence[str], at: float) -> None:
         """Run `sql` (parameters: `at`, then the ids) over each message once, one write."""
         if not message_ids:
             return
         unique = list(dict.fromkeys(message_ids))
-
-        def update(conn: sqlite3.Connection) -> None:
-            for start in range(0, len(unique), _ID_CHUNK):
-                chunk = unique[start : start + _ID_CHUNK]
-                conn.execute(sql.format(ids=markers(len(chunk))), [float(at), *chunk])
-
-        await self._db.write(update)
+        await self._db.call(_update_chunks, sql, unique, float(at))
 
     async def inbox(
         self,
@@ -254,7 +242,7 @@ class SqliteMessageStore:
         """
         # finished_at: the generated column of migration 0002, indexed where not NULL.
         sql = "DELETE FROM messages WHERE finished_at < ?"
-        return await self._db.write(lambda conn: conn.execute(sql, (before,)).rowcount)
+        return await self._db.execute(sql, (before,))
 
     async def _scalar(self, sql: str, params: Sequence[Any]) -> int:
         def query(conn: sqlite3.Connection) -> int:
@@ -262,6 +250,17 @@ class SqliteMessageStore:
             return int(value)
 
         return await self._db.read(query)
+
+
+def _record_deliveries(conn: sqlite3.Connection, params: list[tuple[Any, ...]]) -> None:
+    for count, flat in chunks(conn, params, _DELIVERIES_WIDTH):
+        conn.execute(_RECORD_DELIVERIES.format(rows=values_rows(count, _DELIVERIES_WIDTH)), flat)
+
+
+def _update_chunks(conn: sqlite3.Connection, sql: str, unique: list[str], at: float) -> None:
+    for start in range(0, len(unique), _ID_CHUNK):
+        chunk = unique[start : start + _ID_CHUNK]
+        conn.execute(sql.format(ids=markers(len(chunk))), [at, *chunk])
 
 
 def _insert_new(conn: sqlite3.Connection, values: list[tuple[Any, ...]]) -> list[int]:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apiary.core.negotiation_records import ArtifactRecord, NegotiationRecord, RoundRecord
@@ -54,13 +54,7 @@ class SqliteNegotiationStore:
     async def save(self, record: NegotiationRecord, round_: RoundRecord | None = None) -> None:
         row = negotiation_row(record)
         extra = None if round_ is None else round_row(round_)
-
-        def job(conn: sqlite3.Connection) -> None:
-            conn.execute(_PUT, row)
-            if extra is not None:
-                conn.execute(_PUT_ROUND, extra)
-
-        await self._db.write(job)
+        await self._db.call(_save, row, extra)
 
     async def get(self, negotiation_id: str) -> NegotiationRecord | None:
         sql = f"SELECT {NEGOTIATION_COLUMNS} FROM negotiations WHERE negotiation_id = ?"
@@ -93,18 +87,13 @@ class SqliteNegotiationStore:
 
     async def put_policy(self, name: str, policy: Mapping[str, Any], at: float) -> None:
         values = (name, policy_text(policy), float(at))
-        await self._db.write(lambda conn: conn.execute(_PUT_POLICY, values).rowcount)
+        await self._db.execute(_PUT_POLICY, values)
 
     async def replace_profiles(self, profiles: Mapping[str, Mapping[str, Any]], at: float) -> None:
         if "" in profiles:
             raise ValueError("a profile needs a name ('' is the base policy)")
         rows = [(name, policy_text(p), float(at)) for name, p in profiles.items()]
-
-        def job(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM negotiation_policies WHERE name <> ''")
-            conn.executemany(_PUT_POLICY, rows)
-
-        await self._db.write(job)
+        await self._db.call(_replace_profiles, rows)
 
     async def policies(self) -> dict[str, dict[str, Any]]:
         sql = "SELECT name, policy FROM negotiation_policies ORDER BY name"
@@ -120,7 +109,7 @@ class SqliteArtifactStore:
 
     async def append(self, artifact: ArtifactRecord) -> bool:
         row = artifact_row(artifact)
-        added: int = await self._db.write(lambda conn: conn.execute(_APPEND, row).rowcount)
+        added: int = await self._db.execute(_APPEND, row)
         return added == 1
 
     async def get(self, negotiation_id: str, kind: str, version: str) -> ArtifactRecord | None:
@@ -141,3 +130,14 @@ class SqliteArtifactStore:
         sql += " ORDER BY seq"
         rows = await self._db.read(lambda conn: conn.execute(sql, params).fetchall())
         return [artifact_from_row(row) for row in rows]
+
+
+def _save(conn: sqlite3.Connection, row: Sequence[Any], extra: Sequence[Any] | None) -> None:
+    conn.execute(_PUT, row)
+    if extra is not None:
+        conn.execute(_PUT_ROUND, extra)
+
+
+def _replace_profiles(conn: sqlite3.Connection, rows: list[tuple[str, str, float]]) -> None:
+    conn.execute("DELETE FROM negotiation_policies WHERE name <> ''")
+    conn.executemany(_PUT_POLICY, rows)

@@ -53,20 +53,7 @@ class SqliteRoomStore:
         self._db = database
 
     async def put_policy(self, record: PolicyVersionRecord) -> bool:
-        row = policy_row(record)
-
-        def put(conn: sqlite3.Connection) -> bool:
-            found = conn.execute(
-                "SELECT settings FROM room_policies WHERE version = ?", (row[0],)
-            ).fetchone()
-            if found is None:
-                conn.execute(f"INSERT INTO room_policies ({POLICY_COLUMNS}) VALUES (?, ?, ?)", row)
-                return True
-            if load_json_object(found[0]) != load_json_object(row[1]):
-                raise StoreError(f"policy version {row[0]!r} names other settings")
-            return False
-
-        return await self._db.write(put)
+        return await self._db.call(_put_policy, policy_row(record))
 
     async def get_policy(self, version: str) -> PolicyVersionRecord | None:
         sql = f"SELECT {POLICY_COLUMNS} FROM room_policies WHERE version = ?"
@@ -80,7 +67,7 @@ class SqliteRoomStore:
 
     async def put_proposal(self, record: ProposalRecord) -> None:
         row = proposal_row(record)
-        await self._db.write(lambda conn: conn.execute(_PUT_PROPOSAL, row).rowcount)
+        await self._db.execute(_PUT_PROPOSAL, row)
 
     async def get_proposal(self, artifact_id: str) -> ProposalRecord | None:
         sql = f"SELECT {PROPOSAL_COLUMNS} FROM room_proposals WHERE artifact_id = ?"
@@ -109,7 +96,7 @@ class SqliteRoomStore:
 
     async def add_vote(self, vote: VoteRecord) -> None:
         row = vote_row(vote)
-        await self._db.write(lambda conn: _insert(conn, _ADD_VOTE, row, "vote"))
+        await self._db.call(_insert, _ADD_VOTE, row, "vote")
 
     async def votes(self, artifact_id: str) -> list[VoteRecord]:
         sql = (
@@ -122,13 +109,7 @@ class SqliteRoomStore:
     async def decide(self, proposal: ProposalRecord, decision: DecisionRecord) -> None:
         proposal_values = proposal_row(proposal)
         decision_values = decision_row(decision)
-
-        def write(conn: sqlite3.Connection) -> None:
-            # One job is one savepoint: the refused decision undoes the proposal's change.
-            _insert(conn, _ADD_DECISION, decision_values, "decision")
-            conn.execute(_PUT_PROPOSAL, proposal_values)
-
-        await self._db.write(write)
+        await self._db.call(_decide, proposal_values, decision_values)
 
     async def decisions(self, artifact_id: str) -> list[DecisionRecord]:
         sql = (
@@ -136,6 +117,26 @@ class SqliteRoomStore:
         )
         rows = await self._db.read(lambda conn: conn.execute(sql, (artifact_id,)).fetchall())
         return [decision_from_row(row) for row in rows]
+
+
+def _put_policy(conn: sqlite3.Connection, row: Sequence[Any]) -> bool:
+    found = conn.execute(
+        "SELECT settings FROM room_policies WHERE version = ?", (row[0],)
+    ).fetchone()
+    if found is None:
+        conn.execute(f"INSERT INTO room_policies ({POLICY_COLUMNS}) VALUES (?, ?, ?)", row)
+        return True
+    if load_json_object(found[0]) != load_json_object(row[1]):
+        raise StoreError(f"policy version {row[0]!r} names other settings")
+    return False
+
+
+def _decide(
+    conn: sqlite3.Connection, proposal_values: Sequence[Any], decision_values: Sequence[Any]
+) -> None:
+    # One job is one savepoint: the refused decision undoes the proposal's change.
+    _insert(conn, _ADD_DECISION, decision_values, "decision")
+    conn.execute(_PUT_PROPOSAL, proposal_values)
 
 
 def _insert(conn: sqlite3.Connection, sql: str, row: Sequence[Any], what: str) -> int:

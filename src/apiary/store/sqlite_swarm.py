@@ -27,7 +27,7 @@ class SqliteSwarmStore:
 
     async def receive(self, entry: InboxEntry) -> bool:
         row = inbox_row(entry)
-        inserted = await self._db.write(lambda conn: conn.execute(_SQL.receive, row).rowcount)
+        inserted = await self._db.execute(_SQL.receive, row)
         return inserted > 0
 
     async def inbox_get(self, message_id: str) -> InboxEntry | None:
@@ -46,12 +46,7 @@ class SqliteSwarmStore:
     async def set_status(self, message_id: str, status: str, at: float) -> InboxEntry | None:
         check_inbox_status(status)
         params = (status, status, float(at), status, float(at), message_id)
-
-        def update(conn: sqlite3.Connection) -> Any:
-            conn.execute(_SQL.set_status, params)
-            return conn.execute(_SQL.inbox_get, (message_id,)).fetchone()
-
-        row = await self._db.write(update)
+        row = await self._db.call(_set_status, params, message_id)
         return None if row is None else inbox_from_row(row)
 
     async def thread_latest(self, key: str) -> InboxEntry | None:
@@ -60,7 +55,7 @@ class SqliteSwarmStore:
 
     async def outbox_put(self, entry: OutboxEntry) -> None:
         row = outbox_row(entry)
-        await self._db.write(lambda conn: conn.execute(_SQL.outbox_put, row).rowcount)
+        await self._db.execute(_SQL.outbox_put, row)
 
     async def outbox_get(self, message_id: str) -> list[OutboxEntry]:
         rows = await self._db.read(
@@ -91,3 +86,8 @@ class SqliteSwarmStore:
             return []
         sql, params = query
         return await self._db.read(lambda conn: conn.execute(sql, params).fetchall())
+
+
+def _set_status(conn: sqlite3.Connection, params: tuple[Any, ...], message_id: str) -> Any:
+    conn.execute(_SQL.set_status, params)
+    return conn.execute(_SQL.inbox_get, (message_id,)).fetchone()

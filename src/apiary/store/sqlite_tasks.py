@@ -38,7 +38,7 @@ class SqliteTaskStore:
     async def put(self, record: TaskRecord) -> None:
         """Insert or replace the record with this task_id."""
         row = task_row(record)
-        await self._db.write(lambda conn: conn.execute(_PUT, row).rowcount)
+        await self._db.execute(_PUT, row)
 
     async def get(self, task_id: str) -> TaskRecord | None:
         """The record, or None."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
+from typing import Any
 
 from apiary.core.tool_descriptor import ToolProviderRecord
 from apiary.store.sqlite_database import SqliteDatabase, placeholders
@@ -34,13 +36,7 @@ class SqliteToolStore:
     async def put(self, record: ToolProviderRecord) -> None:
         """Insert or replace the provider and all of its tools."""
         provider, tools = provider_row(record), tool_rows(record)
-
-        def job(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM tools WHERE provider_id = ?", (record.provider_id,))
-            conn.execute(_PUT_PROVIDER, provider)
-            conn.executemany(_PUT_TOOL, tools)
-
-        await self._db.write(job)
+        await self._db.call(_put, record.provider_id, provider, tools)
 
     async def get(self, provider_id: str) -> ToolProviderRecord | None:
         """The provider with its tools in registration order, or None."""
@@ -79,12 +75,18 @@ class SqliteToolStore:
 
     async def delete(self, provider_id: str) -> bool:
         """Remove the provider and its tools; False when it was not there."""
+        return await self._db.call(_delete, provider_id)
 
-        def job(conn: sqlite3.Connection) -> bool:
-            conn.execute("DELETE FROM tools WHERE provider_id = ?", (provider_id,))
-            cursor = conn.execute(
-                "DELETE FROM tool_providers WHERE provider_id = ?", (provider_id,)
-            )
-            return cursor.rowcount > 0
 
-        return await self._db.write(job)
+def _put(
+    conn: sqlite3.Connection, provider_id: str, provider: Sequence[Any], tools: list[Any]
+) -> None:
+    conn.execute("DELETE FROM tools WHERE provider_id = ?", (provider_id,))
+    conn.execute(_PUT_PROVIDER, provider)
+    conn.executemany(_PUT_TOOL, tools)
+
+
+def _delete(conn: sqlite3.Connection, provider_id: str) -> bool:
+    conn.execute("DELETE FROM tools WHERE provider_id = ?", (provider_id,))
+    cursor = conn.execute("DELETE FROM tool_providers WHERE provider_id = ?", (provider_id,))
+    return cursor.rowcount > 0

@@ -53,13 +53,7 @@ class SqliteWorkflowStore:
     async def create(self, spec: WorkflowSpec, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
         row = workflow_row(spec, run)
         rows = [node_row(spec.workflow_id, n) for n in nodes]
-
-        def job(conn: sqlite3.Connection) -> None:
-            if conn.execute(_CREATE, row).rowcount == 0:
-                raise DuplicateWorkflowError(f"workflow {spec.workflow_id!r} already exists")
-            conn.executemany(_INSERT_NODE, rows)
-
-        await self._db.write(job)
+        await self._db.call(_create, spec.workflow_id, row, rows)
 
     async def get(self, workflow_id: str) -> StoredWorkflow | None:
         def query(conn: sqlite3.Connection) -> StoredWorkflow | None:
@@ -78,15 +72,7 @@ class SqliteWorkflowStore:
     async def save(self, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
         values = (*run_values(run), run.workflow_id)
         rows = [_save_params(node_row(run.workflow_id, n)) for n in nodes]
-
-        def job(conn: sqlite3.Connection) -> None:
-            if conn.execute(_SAVE_RUN, values).rowcount == 0:
-                raise StoreError(f"no workflow {run.workflow_id!r}")
-            changed = conn.executemany(_SAVE_NODE, rows).rowcount if rows else 0
-            if changed != len(rows):
-                raise StoreError(f"workflow {run.workflow_id!r} lacks some of the nodes saved")
-
-        await self._db.write(job)
+        await self._db.call(_save, run.workflow_id, values, rows)
 
     async def list(
         self, statuses: frozenset[str] | None = None, after_id: str = "", limit: int = 100
@@ -99,6 +85,24 @@ class SqliteWorkflowStore:
         sql = f"SELECT {WORKFLOW_COLUMNS} FROM workflows WHERE {where} ORDER BY workflow_id LIMIT ?"
         rows = await self._db.read(lambda conn: conn.execute(sql, [*params, limit]).fetchall())
         return [run_from_row(row) for row in rows]
+
+
+def _create(
+    conn: sqlite3.Connection, workflow_id: str, row: Sequence[Any], rows: list[Any]
+) -> None:
+    if conn.execute(_CREATE, row).rowcount == 0:
+        raise DuplicateWorkflowError(f"workflow {workflow_id!r} already exists")
+    conn.executemany(_INSERT_NODE, rows)
+
+
+def _save(
+    conn: sqlite3.Connection, workflow_id: str, values: Sequence[Any], rows: list[Any]
+) -> None:
+    if conn.execute(_SAVE_RUN, values).rowcount == 0:
+        raise StoreError(f"no workflow {workflow_id!r}")
+    changed = conn.executemany(_SAVE_NODE, rows).rowcount if rows else 0
+    if changed != len(rows):
+        raise StoreError(f"workflow {workflow_id!r} lacks some of the nodes saved")
 
 
 def _save_params(row: tuple[Any, ...]) -> tuple[Any, ...]:

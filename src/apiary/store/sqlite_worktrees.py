@@ -30,7 +30,7 @@ class SqliteWorktreeStore:
         row = worktree_row(binding)
         sql = _INSERT if row[-1] == 1 else _UPDATE
         params = worktree_write_params(row)
-        written = await self._db.write(lambda conn: conn.execute(sql, params).rowcount)
+        written = await self._db.execute(sql, params)
         if written != 1:
             raise VersionConflictError(
                 f"binding of {binding.agent_id!r} is not at version {binding.version - 1}"

@@ -11,12 +11,18 @@ There is no timer. Committing whenever anything is pending costs a lone caller a
 commit (sub-millisecond), while under load the jobs that arrive during one commit form the
 next batch: the batch window grows by itself to the time a commit takes. A fixed window
 would instead cap a sequential caller at one write per window.
+
+`GroupCommit` is that transaction logic alone, a function of a connection and a batch of
+jobs; `SqliteWriter` runs it on a thread of the coordinator, `sqlite_writer_process` in a
+process of its own (jobs then cross a pipe, so they must be picklable: a module-level
+function, or `functools.partial` of one, see `write_job`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import queue
 import sqlite3
@@ -50,8 +56,131 @@ class _Job:
     future: asyncio.Future[Any]
 
 
-# (job, result, error): error is None when the job succeeded.
+Outcome = tuple[Any, BaseException | None]
+"""(result, error) of one job: error is None when the job succeeded."""
+
+# (job, result, error)
 _Outcome = tuple[_Job, Any, BaseException | None]
+
+
+def write_job(function: Callable[..., T], *args: Any) -> Callable[[sqlite3.Connection], T]:
+    """The job `function(connection, *args)`: picklable when `function` is a module-level
+    function and `args` are plain values, as a writer in its own process needs."""
+    return functools.partial(_call, function, args)
+
+
+def _call(function: Callable[..., T], args: tuple[Any, ...], conn: sqlite3.Connection) -> T:
+    return function(conn, *args)
+
+
+def execute_rowcount(conn: sqlite3.Connection, sql: str, params: Any) -> int:
+    """A job's body: run one statement, return the rows it changed."""
+    return conn.execute(sql, params).rowcount
+
+
+def execute_fetchall(conn: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+    """A job's body: run one statement (an UPDATE ... RETURNING, say), return its rows."""
+    return conn.execute(sql, params).fetchall()
+
+
+def execute_lastrowid(conn: sqlite3.Connection, sql: str, params: Any) -> int:
+    """A job's body: run one INSERT, return the rowid it produced."""
+    rowid = conn.execute(sql, params).lastrowid
+    if rowid is None:  # pragma: no cover - only for statements that insert nothing
+        raise RuntimeError("INSERT did not produce a rowid")
+    return rowid
+
+
+class GroupCommit:
+    """Runs a batch of jobs in one transaction on `connection`, each in its own savepoint so
+    that a failing job does not undo its neighbours, and commits once."""
+
+    def __init__(self, connection: sqlite3.Connection) -> None:
+        self._conn = connection
+        self._commits = 0
+        self._jobs = 0
+        self._largest_batch = 0
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        """The write connection."""
+        return self._conn
+
+    @property
+    def stats(self) -> WriterStats:
+        """A snapshot of the counters."""
+        return WriterStats(self._commits, self._jobs, self._largest_batch)
+
+    def run(self, jobs: list[Callable[[sqlite3.Connection], Any]]) -> tuple[list[Outcome], bool]:
+        """Each job's outcome, in order, and whether the transaction committed. When it
+        failed as a whole, no job of the batch is durable and every outcome is that error;
+        an exception that is not an Exception (SystemExit in a job) propagates after that
+        rollback."""
+        conn = self._conn
+        outcomes: list[Outcome] = []
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            if len(jobs) == 1:
+                outcomes.append(self._run_alone(jobs[0]))
+            else:
+                outcomes.extend(self._run_job(job) for job in jobs)
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+        except BaseException as exc:
+            self._roll_back()
+            _log.error("SQLite group commit of %d jobs failed: %s", len(jobs), exc)
+            if not isinstance(exc, Exception):
+                raise
+            error = as_store_error(exc)
+            return [(None, error)] * len(jobs), False
+        self._commits += 1
+        self._jobs += len(outcomes)
+        self._largest_batch = max(self._largest_batch, len(outcomes))
+        return outcomes, True
+
+    def _run_job(self, job: Callable[[sqlite3.Connection], Any]) -> Outcome:
+        conn = self._conn
+        conn.execute("SAVEPOINT job")
+        try:
+            result = job(conn)
+        except Exception as exc:
+            if not conn.in_transaction:
+                raise  # SQLite rolled back the whole transaction (e.g. disk full)
+            conn.execute("ROLLBACK TO job")
+            conn.execute("RELEASE job")
+            return (None, as_store_error(exc))
+        conn.execute("RELEASE job")
+        return (result, None)
+
+    def _run_alone(self, job: Callable[[sqlite3.Connection], Any]) -> Outcome:
+        """`_run_job` for the only job of a transaction, without a savepoint: undoing the
+        transaction undoes just this job. Each statement here costs a writer thread a wait
+        for the interpreter lock, which the busy event loop may hold for a switch interval."""
+        try:
+            result = job(self._conn)
+        except Exception as exc:
+            if not self._conn.in_transaction:
+                raise  # SQLite rolled back the whole transaction (e.g. disk full)
+            # The transaction ends empty, as a savepoint's rollback and a commit would end it.
+            self._conn.execute("ROLLBACK")
+            return (None, as_store_error(exc))
+        return (result, None)
+
+    def _roll_back(self) -> None:
+        if self._conn.in_transaction:
+            try:
+                self._conn.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                _log.error("SQLite rollback failed: %s", exc)
+
+    def close(self) -> None:
+        """`PRAGMA optimize`, then close the connection."""
+        try:
+            self._conn.execute("PRAGMA optimize")
+        except sqlite3.Error as exc:
+            _log.warning("PRAGMA optimize failed on close: %s", exc)
+        self._conn.close()
+
 
 _STOP: Final = object()
 
@@ -69,8 +198,7 @@ class SqliteWriter:
     """Runs write jobs on a dedicated thread, group-committing everything pending.
 
     `on_commit` is called on the writer thread after every commit, once its callers are
-    resolved, with the write connection (the checkpointer looks at its `total_changes` to
-    decide when the WAL needs copying back, and restarts the WAL there when it has grown).
+    resolved, with the write connection (see `GroupCommit`).
     """
 
     def __init__(
@@ -82,7 +210,7 @@ class SqliteWriter:
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1: {max_batch}")
-        self._conn = connection
+        self._group = GroupCommit(connection)
         self._max_batch = max_batch
         self._on_commit = on_commit
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -91,9 +219,6 @@ class SqliteWriter:
         self._lock = threading.Lock()
         self._closed = False
         self._stopping = False
-        self._commits = 0
-        self._jobs = 0
-        self._largest_batch = 0
         self._thread = threading.Thread(target=self._run, name="apiary-sqlite-writer", daemon=True)
 
     def start(self) -> None:
@@ -103,7 +228,7 @@ class SqliteWriter:
     @property
     def stats(self) -> WriterStats:
         """A snapshot of the counters."""
-        return WriterStats(self._commits, self._jobs, self._largest_batch)
+        return self._group.stats
 
     async def submit(self, job: Callable[[sqlite3.Connection], T]) -> T:
         """Run `job` in the next group transaction; return its result once committed.
@@ -154,68 +279,18 @@ class SqliteWriter:
         return batch or None
 
     def _commit(self, batch: list[_Job]) -> None:
-        conn = self._conn
-        outcomes: list[_Outcome] = []
+        # Benign race: cancellation is read from another thread; the worst case is running a
+        # job whose caller has just gone away.
+        live = [job for job in batch if not job.future.cancelled()]
         try:
-            conn.execute("BEGIN IMMEDIATE")
-            # Benign race: cancellation is read from another thread; the worst case is
-            # running a job whose caller has just gone away.
-            live = [job for job in batch if not job.future.cancelled()]
-            if len(live) == 1:
-                outcomes.append(self._run_alone(live[0]))
-            else:
-                outcomes.extend(self._run_job(job) for job in live)
-            if conn.in_transaction:
-                conn.execute("COMMIT")
+            outcomes, committed = self._group.run([job.run for job in live])
         except BaseException as exc:
-            # The transaction as a whole failed: no job of the batch is durable.
-            self._roll_back()
-            _log.error("SQLite group commit of %d jobs failed: %s", len(batch), exc)
+            # e.g. SystemExit in a job: the thread ends, _shut_down fails the rest.
             self._resolve([(job, None, _batch_error(exc)) for job in batch])
-            if not isinstance(exc, Exception):
-                raise  # e.g. SystemExit in a job: the thread ends, _shut_down fails the rest
-            return
-        self._commits += 1
-        self._jobs += len(outcomes)
-        self._largest_batch = max(self._largest_batch, len(outcomes))
-        self._resolve(outcomes)
-        if self._on_commit is not None:
-            self._on_commit(conn)
-
-    def _run_job(self, job: _Job) -> _Outcome:
-        conn = self._conn
-        conn.execute("SAVEPOINT job")
-        try:
-            result = job.run(conn)
-        except Exception as exc:
-            if not conn.in_transaction:
-                raise  # SQLite rolled back the whole transaction (e.g. disk full)
-            conn.execute("ROLLBACK TO job")
-            conn.execute("RELEASE job")
-            return (job, None, as_store_error(exc))
-        conn.execute("RELEASE job")
-        return (job, result, None)
-
-    def _run_alone(self, job: _Job) -> _Outcome:
-        """`_run_job` for the only job of a transaction, without a savepoint: undoing the
-        transaction undoes just this job. Each statement here costs the writer a wait for
-        the interpreter lock, which the busy event loop may hold for a switch interval."""
-        try:
-            result = job.run(self._conn)
-        except Exception as exc:
-            if not self._conn.in_transaction:
-                raise  # SQLite rolled back the whole transaction (e.g. disk full)
-            # The transaction ends empty, as a savepoint's rollback and a commit would end it.
-            self._conn.execute("ROLLBACK")
-            return (job, None, as_store_error(exc))
-        return (job, result, None)
-
-    def _roll_back(self) -> None:
-        if self._conn.in_transaction:
-            try:
-                self._conn.execute("ROLLBACK")
-            except sqlite3.Error as exc:
-                _log.error("SQLite rollback failed: %s", exc)
+            raise
+        self._resolve([(job, *outcome) for job, outcome in zip(live, outcomes, strict=True)])
+        if committed and self._on_commit is not None:
+            self._on_commit(self._group.connection)
 
     @staticmethod
     def _resolve(outcomes: list[_Outcome]) -> None:
@@ -240,11 +315,7 @@ class SqliteWriter:
             if isinstance(item, _Job):
                 orphans.append((item, None, StoreError("the SQLite writer stopped")))
         self._resolve(orphans)
-        try:
-            self._conn.execute("PRAGMA optimize")
-        except sqlite3.Error as exc:
-            _log.warning("PRAGMA optimize failed on close: %s", exc)
-        self._conn.close()
+        self._group.close()
 
 
 def _batch_error(exc: BaseException) -> BaseException:
