@@ -119,6 +119,31 @@ async def test_metrics_show_the_embedded_stores_writer(
     }
     assert threads["MainThread"] > 0
     assert threads["apiary-sqlite-writer"] >= 0  # the store's writer is a thread of its own
+    assert "apiary_store_writer_process_cpu_seconds_total" not in text
+
+
+async def test_metrics_show_the_writer_process_cpu(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path / 'apiary.db'}?writer=process"
+    async with (
+        open_test_coordinator(tmp_path / "sqlite", store) as coordinator,
+        aiohttp.ClientSession(base_url=f"http://{coordinator.http_address}") as session,
+    ):
+        for agent in ("alice", "bob", "carol"):
+            await _register(session, agent)
+        async with session.get("/metrics") as resp:
+            text = await resp.text()
+    assert 1 <= _sample(text, "apiary_store_commits_total") <= _sample(
+        text, "apiary_store_jobs_total"
+    )
+    # The writer's CPU is its process's, read from /proc; it ran the migrations and commits.
+    assert _sample(text, "apiary_store_writer_process_cpu_seconds_total") > 0
+    threads = {
+        line.split('"')[1]
+        for line in text.splitlines()
+        if line.startswith("apiary_thread_cpu_seconds_total{")
+    }
+    assert "MainThread" in threads
+    assert "apiary-sqlite-writer" not in threads
 
 
 @pytest.mark.conformance("transport.http.prefer-http2")
