@@ -132,8 +132,8 @@ async def test_metrics_show_the_writer_process_cpu(tmp_path: Path) -> None:
             await _register(session, agent)
         async with session.get("/metrics") as resp:
             text = await resp.text()
-    assert 1 <= _sample(text, "apiary_store_commits_total") <= _sample(
-        text, "apiary_store_jobs_total"
+    assert (
+        1 <= _sample(text, "apiary_store_commits_total") <= _sample(text, "apiary_store_jobs_total")
     )
     # The writer's CPU is its process's, read from /proc; it ran the migrations and commits.
     assert _sample(text, "apiary_store_writer_process_cpu_seconds_total") > 0

@@ -1,17 +1,12 @@
 """The SQLite backend, the default: one file, WAL, one group-committing writer.
 
 The aggregates (here and in `sqlite_messages`, `sqlite_idempotency`, `sqlite_dlq`,
-`sqlite_hitl`, `sqlite_tasks`, `sqlite_handoffs`, `sqlite_worktrees`, ...) only say what to
-read and write;
-`sqlite_hitl`, `sqlite_tasks`, `sqlite_swarm`) only say what to read and write;
-`sqlite_database` owns the connections, the writer thread (`sqlite_writer`), the
-checkpointer (`sqlite_checkpoint`) and the schema migrations. Values are encoded on the
-caller's side, so the writer thread, which holds up every commit, does as little Python work
-as possible.
-`sqlite_hitl`, `sqlite_tasks`, `sqlite_tools`) only say what to read and write;
-`sqlite_database` owns the connections, the writer thread (`sqlite_writer`), the checkpointer
-(`sqlite_checkpoint`) and the schema migrations. Values are encoded on the caller's side, so
-the writer thread, which holds up every commit, does as little Python work as possible.
+`sqlite_hitl`, `sqlite_tasks`, `sqlite_swarm`, `sqlite_tools`, ...) only say what to read
+and write; `sqlite_database` owns the connections, the writer (a thread, `sqlite_writer`, or
+a process of its own, `sqlite_writer_process`), the checkpointer (`sqlite_checkpoint`) and
+the schema migrations. Values are encoded on the caller's side, so the writer, which holds
+up every commit, does as little Python work as possible; a write job is a module-level
+function with plain arguments (`SqliteDatabase.call`), which a writer process can unpickle.
 """
 
 from __future__ import annotations
