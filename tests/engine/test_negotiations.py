@@ -87,6 +87,31 @@ def _types(events: list[Any], prefix: str = "negotiation.") -> list[str]:
     return [e.event_type for e in events if e.event_type.startswith(prefix)]
 
 
+async def test_a_reader_that_sees_the_decision_finds_its_report(
+    h: EngineHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decision and its artifacts are one write: there is no moment at which the stored
+    state says DECIDED and the decision report is not there yet."""
+    negotiations, seen = h.store.negotiations, []
+    save = negotiations.save
+
+    async def save_and_look(record: Any, round_: Any = None, artifacts: Any = ()) -> list[bool]:
+        added = await save(record, round_, artifacts)
+        listed = await h.store.artifacts.list(record.negotiation_id)
+        seen.append((record.state, [a.name for a in listed]))
+        return added
+
+    monkeypatch.setattr(negotiations, "save", save_and_look)
+    await _open(h)
+    await h.engine.negotiations.propose("neg-1", "frontend", "application/json", A)
+    await h.engine.negotiations.evaluate("neg-1", "graphql", 0.9, "matches our schema")
+    decided = [names for state, names in seen if state == "DECIDED"]
+    assert decided == [["contract_v1.json", "score_v1.graphql.json", "decision_final.json"]]
+    # Each artifact is logged once, after the write that holds it.
+    logged = [e.details["name"] for e in await h.events() if e.event_type == "artifact.appended"]
+    assert logged == decided[0]
+
+
 @pytest.mark.conformance(
     "negotiation.events.preserve-correlation", "patterns.events.preserve-correlation",
     "negotiation.events.no-reorder", "patterns.events.no-reorder",

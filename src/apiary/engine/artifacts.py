@@ -42,12 +42,7 @@ class Artifacts:
         ok=False when another artifact holds its version)."""
         check(artifact, self.max_bytes)
         if await self._store.append(artifact):
-            await self._events.record(
-                "artifact.appended", by, correlation_id=artifact.negotiation_id,
-                negotiation_id=artifact.negotiation_id, name=artifact.name, kind=artifact.kind,
-                version=artifact.version, content_type=artifact.content_type,
-                size=len(artifact.content),
-            )  # fmt: skip
+            await self.note_appended(artifact, by)
             return AppendOutcome(True)
         held = await self._store.get(artifact.negotiation_id, artifact.kind, artifact.version)
         if held is not None and (held.content, held.content_type) == (
@@ -57,6 +52,15 @@ class Artifacts:
         return AppendOutcome(
             False, f"already_exists: {artifact.name} of {artifact.negotiation_id} holds other "
             "content; artifacts are written once, append a new version",
+        )  # fmt: skip
+
+    async def note_appended(self, artifact: ArtifactRecord, by: str) -> None:
+        """Log an artifact appended (here, or with the negotiation state it came with)."""
+        await self._events.record(
+            "artifact.appended", by, correlation_id=artifact.negotiation_id,
+            negotiation_id=artifact.negotiation_id, name=artifact.name, kind=artifact.kind,
+            version=artifact.version, content_type=artifact.content_type,
+            size=len(artifact.content),
         )  # fmt: skip
 
     def now(self) -> float:

@@ -4,7 +4,8 @@ round machine of core/negotiation_machine.py.
 Every input (Open, Propose, Counter, Evaluate, SubmitEvaluation, Decide, Abort, a NEGOTIATION
 envelope addressed to the Scheduler, a round or debate timer, a HITL decision) is applied
 under the negotiation's lock: the machine decides, this module performs the effects in
-order (store, artifacts, timers, event log, fanout to the participants, HITL escalation).
+order (store with artifacts in one transaction, timers, event log, fanout to the participants,
+HITL escalation).
 Open negotiations live in memory and in the store; `load()` after a restart re-arms their
 timers and waits again for the HITL invocations they were waiting for.
 """
@@ -43,6 +44,7 @@ from apiary.core.negotiation_types import (
 )
 from apiary.core.negotiation_validation import ValidationRules
 from apiary.engine.artifacts import Artifacts
+from apiary.engine.artifacts import check as check_artifact
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl
 from apiary.engine.negotiation_fanout import Fanout
@@ -381,11 +383,17 @@ class Negotiations:
         record, effects = step.record, set(step.effects)
         nid = record.negotiation_id
         if _F.PERSIST in effects:
-            await self._store.save(record, step.round if _F.SAVE_ROUND in effects else None)
-            self._remember(record, step.round if _F.SAVE_ROUND in effects else None)
-        if _F.APPEND_ARTIFACTS in effects:
-            for artifact in step.artifacts:
-                await self.artifacts.append(artifact, SCHEDULER)
+            round_ = step.round if _F.SAVE_ROUND in effects else None
+            # The artifacts go with the state they came with, in one transaction: a reader
+            # that sees DECIDED finds the decision report too.
+            artifacts = step.artifacts if _F.APPEND_ARTIFACTS in effects else ()
+            for artifact in artifacts:
+                check_artifact(artifact, self.artifacts.max_bytes)
+            added = await self._store.save(record, round_, artifacts)
+            self._remember(record, round_)
+            for artifact, new in zip(artifacts, added, strict=True):
+                if new:
+                    await self.artifacts.note_appended(artifact, SCHEDULER)
         self._sync_timer(record)
         if _F.EMIT_EVENT in effects:
             event_type, details = step.event

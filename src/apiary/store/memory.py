@@ -582,8 +582,8 @@ class MemoryStore:
         self.worktrees = MemoryWorktreeStore()
         self.rooms = MemoryRoomStore()
         self.tools = MemoryToolStore()
-        self.negotiations = MemoryNegotiationStore()
         self.artifacts = MemoryArtifactStore()
+        self.negotiations = MemoryNegotiationStore(self.artifacts)
         self.swarm = MemorySwarmStore()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apiary.core.negotiation_records import ArtifactRecord, NegotiationRecord, RoundRecord
@@ -22,18 +22,27 @@ class MemoryNegotiationStore:
     """`NegotiationStore` over dicts. Records go through the SQL row and back: refused and
     coerced as the SQL backends do, and detached from the caller's mappings."""
 
-    def __init__(self) -> None:
+    def __init__(self, artifacts: MemoryArtifactStore) -> None:
+        self._artifacts = artifacts
         self._records: dict[str, NegotiationRecord] = {}
         self._rounds: dict[tuple[str, int], RoundRecord] = {}
         self._policies: dict[str, str] = {}
 
-    async def save(self, record: NegotiationRecord, round_: RoundRecord | None = None) -> None:
-        """Insert or replace the record and, when given, the round, together."""
+    async def save(
+        self,
+        record: NegotiationRecord,
+        round_: RoundRecord | None = None,
+        artifacts: Sequence[ArtifactRecord] = (),
+    ) -> list[bool]:
+        """Insert or replace the record and, when given, the round, and append the
+        artifacts, together (nothing here awaits, so nobody sees a part of it)."""
         stored = negotiation_from_row(negotiation_row(record))
         stored_round = None if round_ is None else round_from_row(round_row(round_))
+        stored_artifacts = [artifact_from_row(artifact_row(a)) for a in artifacts]
         self._records[stored.negotiation_id] = stored
         if stored_round is not None:
             self._rounds[(stored_round.negotiation_id, stored_round.round)] = stored_round
+        return [self._artifacts.add(a) for a in stored_artifacts]
 
     async def get(self, negotiation_id: str) -> NegotiationRecord | None:
         record = self._records.get(negotiation_id)
@@ -82,7 +91,10 @@ class MemoryArtifactStore:
         self._keys: set[tuple[str, str, str]] = set()
 
     async def append(self, artifact: ArtifactRecord) -> bool:
-        stored = artifact_from_row(artifact_row(artifact))
+        return self.add(artifact_from_row(artifact_row(artifact)))
+
+    def add(self, stored: ArtifactRecord) -> bool:
+        """Append an artifact already through its row (False when its key is held)."""
         key = (stored.negotiation_id, stored.kind, stored.version)
         if key in self._keys:
             return False

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from apiary.core.negotiation_records import ArtifactRecord, NegotiationRecord, RoundRecord
@@ -60,13 +60,23 @@ class PostgresNegotiationStore:
     def __init__(self, pool: PostgresPool) -> None:
         self._pool = pool
 
-    async def save(self, record: NegotiationRecord, round_: RoundRecord | None = None) -> None:
+    async def save(
+        self,
+        record: NegotiationRecord,
+        round_: RoundRecord | None = None,
+        artifacts: Sequence[ArtifactRecord] = (),
+    ) -> list[bool]:
         row = negotiation_row(record)
         extra = None if round_ is None else round_row(round_)
+        added: list[bool] = []
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute(_PUT, row)
             if extra is not None:
                 await conn.execute(_PUT_ROUND, extra)
+            for artifact in artifacts:
+                cursor = await conn.execute(_APPEND, artifact_row(artifact))
+                added.append(cursor.rowcount == 1)
+        return added
 
     async def get(self, negotiation_id: str) -> NegotiationRecord | None:
         query = f"SELECT {NEGOTIATION_COLUMNS} FROM negotiations WHERE negotiation_id = %s"

@@ -385,9 +385,17 @@ class NegotiationStore(Protocol):
     """Negotiations (RFC 17): rooms with their EffectivePolicy, their rounds, and the
     Scheduler's base policy and profiles; open negotiations survive a restart."""
 
-    async def save(self, record: NegotiationRecord, round_: RoundRecord | None = None) -> None:
+    async def save(
+        self,
+        record: NegotiationRecord,
+        round_: RoundRecord | None = None,
+        artifacts: Sequence[ArtifactRecord] = (),
+    ) -> list[bool]:
         """Insert or replace the record (by negotiation_id) and, when given, the round (by
-        negotiation_id and round), in one transaction."""
+        negotiation_id and round), and append the artifacts (as `ArtifactStore.append`:
+        False for one whose (negotiation_id, kind, version) exists, which stays as it was),
+        all in one transaction: a reader never sees a state without the artifacts that came
+        with it. Returns, per artifact, whether it was added."""
         ...
 
     async def get(self, negotiation_id: str) -> NegotiationRecord | None: ...

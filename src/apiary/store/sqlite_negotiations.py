@@ -51,10 +51,15 @@ class SqliteNegotiationStore:
     def __init__(self, database: SqliteDatabase) -> None:
         self._db = database
 
-    async def save(self, record: NegotiationRecord, round_: RoundRecord | None = None) -> None:
+    async def save(
+        self,
+        record: NegotiationRecord,
+        round_: RoundRecord | None = None,
+        artifacts: Sequence[ArtifactRecord] = (),
+    ) -> list[bool]:
         row = negotiation_row(record)
         extra = None if round_ is None else round_row(round_)
-        await self._db.call(_save, row, extra)
+        return await self._db.call(_save, row, extra, [artifact_row(a) for a in artifacts])
 
     async def get(self, negotiation_id: str) -> NegotiationRecord | None:
         sql = f"SELECT {NEGOTIATION_COLUMNS} FROM negotiations WHERE negotiation_id = ?"
@@ -132,10 +137,16 @@ class SqliteArtifactStore:
         return [artifact_from_row(row) for row in rows]
 
 
-def _save(conn: sqlite3.Connection, row: Sequence[Any], extra: Sequence[Any] | None) -> None:
+def _save(
+    conn: sqlite3.Connection,
+    row: Sequence[Any],
+    extra: Sequence[Any] | None,
+    artifacts: list[tuple[Any, ...]],
+) -> list[bool]:
     conn.execute(_PUT, row)
     if extra is not None:
         conn.execute(_PUT_ROUND, extra)
+    return [conn.execute(_APPEND, artifact).rowcount == 1 for artifact in artifacts]
 
 
 def _replace_profiles(conn: sqlite3.Connection, rows: list[tuple[str, str, float]]) -> None:

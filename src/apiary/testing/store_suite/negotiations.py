@@ -190,6 +190,25 @@ async def artifacts_append_once_per_version_in_order(factory: StoreFactory) -> N
 
 
 @_check
+async def a_state_is_saved_with_its_artifacts(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        contract = artifact("neg-1", "contract", "v1", content=BINARY)
+        assert await store.artifacts.append(contract)
+        record = negotiation("neg-1", state="DECIDED", round=1)
+        decision = artifact("neg-1", "decision", "final", content=b'{"accepted": true}')
+        other = replace(contract, content=b"other")
+        added = await store.negotiations.save(record, round_record("neg-1", 1), [other, decision])
+        # As ArtifactStore.append: a held key stays as it was, a new one is added.
+        assert added == [False, True]
+        stored = await store.negotiations.get("neg-1")
+        assert stored is not None and stored.state == "DECIDED"
+        assert await store.artifacts.list("neg-1") == [contract, decision]
+        assert [r.round for r in await store.negotiations.rounds("neg-1")] == [1]
+        assert await store.negotiations.save(replace(record, state="ABORTED")) == []
+        assert len(await store.artifacts.list("neg-1")) == 2
+
+
+@_check
 async def negotiations_and_artifacts_survive_reopening(factory: StoreFactory) -> None:
     if not factory.durable:
         raise CheckNotApplicable(f"the {factory.backend} backend is not durable")
