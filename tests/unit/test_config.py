@@ -521,3 +521,33 @@ def test_serve_refuses_a_non_loopback_address_without_signing(tmp_path: Path) ->
     )  # fmt: skip
     assert done.returncode == 2
     assert "not loopback" in done.stderr and "signing_required" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("sqlite:?writer=fork", "writer must be thread or process, not 'fork'"),
+        ("sqlite:///tmp/x.db?synchronous=off", "synchronous must be NORMAL or FULL"),
+        ("sqlite://host/x.db", "sqlite:///ABSOLUTE/PATH.db"),
+        ("mysql://db", "unsupported store URL (scheme 'mysql')"),
+    ],
+)
+def test_a_store_url_of_a_refused_form_is_a_configuration_error(url: str, problem: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        load_config(None, {"APIARY_STORE": url}, {})
+    assert caught.value.message.startswith("store: ") and problem in caught.value.message
+    assert caught.value.details == {"field": "store"}
+    for good in ("", "sqlite:?writer=process", "memory://", "postgresql://u@h/db"):
+        assert load_config(None, {}, {"store": good}).store == good
+
+
+def test_serve_refuses_a_bad_store_url_before_it_creates_anything(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "apiary.cli.main", "serve", "--data-dir", str(tmp_path / "d"),
+         "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--store", "sqlite:?writer=fork"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    problem = "writer must be thread or process, not 'fork'"
+    assert done.stderr.strip() == f"apiary serve: store: {problem}"
+    assert not (tmp_path / "d").exists()

@@ -16,12 +16,17 @@ from apiary.server.config import ServerConfig, exposure_problem, load_config
 from apiary.server.coordinator import open_coordinator
 from apiary.server.interpreter import tune_for_serving
 
+_STORE_HELP = (
+    "Store URL: memory://, sqlite:///PATH.db, postgresql://...; SQLite takes ?synchronous=FULL"
+    " and ?writer=process (sqlite:?writer=process for the data dir's file)"
+)
+
 
 def serve(
     data_dir: Path | None = typer.Option(None, "--data-dir", help="State directory [.apiary]"),
     grpc: str | None = typer.Option(None, "--grpc", help="gRPC HOST:PORT [127.0.0.1:50051]"),
     http: str | None = typer.Option(None, "--http", help="HTTP HOST:PORT [127.0.0.1:8080]"),
-    store: str | None = typer.Option(None, "--store", help="Store URL (postgresql://...)"),
+    store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
     log_level: str | None = typer.Option(None, "--log-level", help="DEBUG|INFO|WARNING|ERROR"),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate: TLS on"),

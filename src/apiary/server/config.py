@@ -49,6 +49,7 @@ from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
 from apiary.errors import ValidationError
 from apiary.server.negotiation_config import negotiation_settings
 from apiary.server.tool_config import tool_settings
+from apiary.store.open import check_store_url
 from apiary.swarm.settings import PeerSettings
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -696,4 +697,15 @@ def load_config(
             config = replace(config, swarm=swarm_settings(swarm, f"{path} [swarm]"))
     from_env = {k: env[v] for k, v in _ENV.items() if env.get(v)}
     config = _apply(config, from_env, "environment")
-    return _checked_tls(_apply(config, {k: v for k, v in flags.items() if v is not None}, "flag"))
+    config = _apply(config, {k: v for k, v in flags.items() if v is not None}, "flag")
+    return _checked_store(_checked_tls(config))
+
+
+def _checked_store(config: ServerConfig) -> ServerConfig:
+    """A store URL of a form the store refuses is a configuration error, before anything
+    starts (its message names the accepted forms)."""
+    try:
+        check_store_url(config.store or None)
+    except ValueError as exc:
+        raise ValidationError(f"store: {exc}", {"field": "store"}) from None
+    return config

@@ -29,6 +29,7 @@ from apiary.store.sqlite import open_sqlite_store
 from apiary.store.sqlite_database import SqliteOptions, Synchronous, WriterKind
 
 DEFAULT_SQLITE_FILE = "apiary.db"
+_MEMORY = ("memory", "memory://")
 
 ACCEPTED_FORMS = (
     "nothing or 'sqlite' (DATA_DIR/apiary.db), 'sqlite:///ABSOLUTE/PATH.db', 'memory://', "
@@ -47,7 +48,7 @@ async def open_store(url: str | None, data_dir: Path) -> AsyncIterator[Store]:
         assert url is not None
         async with open_postgres_store(url) as postgres:
             yield postgres
-    elif scheme == "memory" and url in ("memory", "memory://"):
+    elif scheme == "memory" and url in _MEMORY:
         async with open_memory_store() as memory:
             yield memory
     elif scheme in ("", "sqlite"):
@@ -58,10 +59,28 @@ async def open_store(url: str | None, data_dir: Path) -> AsyncIterator[Store]:
         raise _unsupported(url or "")
 
 
+def check_store_url(url: str | None) -> None:
+    """Raise the ValueError `open_store` would raise for the form of `url`, opening and
+    creating nothing (a PostgreSQL URL is checked when it connects)."""
+    scheme = (url or "").partition(":")[0].lower()
+    if scheme in ("postgresql", "postgres") or (scheme == "memory" and url in _MEMORY):
+        return
+    if scheme in ("", "sqlite"):
+        _parse_sqlite(url or "")
+        return
+    raise _unsupported(url or "")
+
+
 def sqlite_location(url: str, data_dir: Path) -> tuple[Path, SqliteOptions]:
     """The file and options a SQLite store URL names; creates `data_dir` for the default."""
+    path, options = _parse_sqlite(url)
+    return (default_sqlite_path(data_dir) if path is None else path), options
+
+
+def _parse_sqlite(url: str) -> tuple[Path | None, SqliteOptions]:
+    """The file (None: the data directory's) and options of a SQLite store URL."""
     if url in ("", "sqlite"):
-        return default_sqlite_path(data_dir), SqliteOptions()
+        return None, SqliteOptions()
     parts = urlsplit(url)
     if parts.scheme.lower() != "sqlite":
         raise _unsupported(url)
@@ -69,7 +88,7 @@ def sqlite_location(url: str, data_dir: Path) -> tuple[Path, SqliteOptions]:
         raise ValueError(f"a SQLite store URL is sqlite:///ABSOLUTE/PATH.db, not {url!r}")
     options = _sqlite_options(url, parts.query)
     if not parts.path:
-        return default_sqlite_path(data_dir), options
+        return None, options
     path = Path(unquote(parts.path))
     if not path.is_absolute() or parts.path.endswith("/"):
         raise ValueError(f"a SQLite store URL is sqlite:///ABSOLUTE/PATH.db, not {url!r}")
