@@ -101,6 +101,14 @@ class SubmitResult:
     task: TaskRecord | None = None
 
 
+@dataclass(eq=False, slots=True)
+class Arrival:
+    """An admitted submission waiting to be decided, and its outcome."""
+
+    record: TaskRecord
+    outcome: asyncio.Future[SubmitResult]
+
+
 class Scheduler:
     def __init__(
         self,
@@ -146,6 +154,8 @@ class Scheduler:
         self._wakeups: set[str] = set()
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._arrivals: list[Arrival] = []
+        """Submissions admitted and waiting for the lock (`submit`)."""
         self._type_waiters: dict[str, set[str]] = {}
         """Agents whose next task waits for a free instance of its type (RFC 9.1)."""
         self._blocked_by: dict[str, set[str]] = {}
@@ -244,28 +254,50 @@ class Scheduler:
 
     async def submit(self, sub: Submission) -> SubmitResult:
         """SubmitTask: refusals of well-formed requests answer accepted=false with the reason;
-        malformed ones raise (ValidationError naming the field, NotFoundError, ...)."""
+        malformed ones raise (ValidationError naming the field, NotFoundError, ...).
+
+        Submissions that arrive while the lock is taken are decided together by the first of
+        them to get it, in arrival order, their task records stored in one group commit
+        instead of one commit each (`SchedulerJobs.submit_together`)."""
         record = await self._submissions.admit(sub)
-        async with self._lock:
-            duplicate = self._jobs.get(record.job_key)
-            if duplicate is not None:
-                reason, held = await self._submissions.duplicate(record, duplicate)
-                return SubmitResult(False, reason, held)
-            if len(self._tasks) >= self.settings.max_queued:
-                return SubmitResult(
-                    False, f"buffer_full: {len(self._tasks)} tasks waiting "
-                    f"(max_queued {self.settings.max_queued})",
-                )  # fmt: skip
-            record = replace(record, seq=self._next_seq())
-            await self._save(record, "task.submitted", priority=record.priority,
-                             scope=record.scope, lane=record.lane)  # fmt: skip
-            self._push(record)
-            note = await self._preemptor.maybe_preempt(record)
-            await self._try_dispatch(record.agent_id)
-            await self._drain_wakeups()
-            return SubmitResult(
-                True, note or self._explain(record.task_id), self.get(record.task_id)
-            )
+        arrival = Arrival(record, asyncio.get_running_loop().create_future())
+        self._arrivals.append(arrival)
+        try:
+            async with self._lock:
+                if not arrival.outcome.done():
+                    arrivals, self._arrivals = self._arrivals, []
+                    # The others' outcomes depend on it: a cancelled caller still sees the
+                    # decision through before the lock goes (and is cancelled after it).
+                    await _to_the_end(self._submissions.submit_together(arrivals))
+        except asyncio.CancelledError:
+            if arrival in self._arrivals:
+                self._arrivals.remove(arrival)  # never decided: nothing was stored
+            raise
+        return arrival.outcome.result()
+
+    def _buffer_full(self, waiting: int) -> SubmitResult:
+        return SubmitResult(
+            False, f"buffer_full: {waiting} tasks waiting (max_queued {self.settings.max_queued})"
+        )
+
+    async def _submit_one(self, record: TaskRecord) -> SubmitResult:
+        """One submission, decided alone (under the lock): a duplicate job."""
+        duplicate = self._jobs[record.job_key]
+        reason, held = await self._submissions.duplicate(record, duplicate)
+        return SubmitResult(False, reason, held)
+
+    async def _queued(self, record: TaskRecord, stored: bool) -> SubmitResult:
+        """What follows a QUEUED task's write (under the lock): its queue, preemption and
+        dispatch. `stored`: written already (by `submit_together`); else written here."""
+        fields = {"priority": record.priority, "scope": record.scope, "lane": record.lane}
+        if stored:
+            self._stored(record, "task.submitted", **fields)
+        else:
+            await self._save(record, "task.submitted", **fields)
+        self._push(record)
+        note = await self._preemptor.maybe_preempt(record)
+        await self._try_dispatch(record.agent_id)
+        return SubmitResult(True, note or self._explain(record.task_id), self.get(record.task_id))
 
     # ------------------------------------------------------------------ operator requests
 
@@ -581,6 +613,10 @@ class Scheduler:
 
     async def _save(self, task: TaskRecord, event: str, **fields: Any) -> None:
         await self._store.put(task)
+        self._stored(task, event, **fields)
+
+    def _stored(self, task: TaskRecord, event: str, **fields: Any) -> None:
+        """`_save` once the record is stored: the live copy, the job index and the event."""
         if TaskState(task.state).terminal:
             self._tasks.pop(task.task_id, None)
             if self._jobs.get(task.job_key) == task.task_id:
@@ -589,7 +625,7 @@ class Scheduler:
             self._tasks[task.task_id] = task
             if task.state != TaskState.HELD:
                 self._jobs.setdefault(task.job_key, task.task_id)
-        await self._events.record(
+        self._events.note(
             event, SCHEDULER, correlation_id=task.task_id, task_id=task.task_id,
             agent_id=task.agent_id, state=task.state, **fields,
         )  # fmt: skip
@@ -621,3 +657,20 @@ class Scheduler:
         for job in list(self._background):
             job.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+
+async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:
+    """Run `work` to its end even if the caller is cancelled meanwhile; the cancellation is
+    raised once it has ended."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+    task.result()
+    if cancelled:
+        raise asyncio.CancelledError

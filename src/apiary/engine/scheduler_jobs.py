@@ -9,7 +9,9 @@ the decision outside it and then takes it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+from collections.abc import Awaitable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -22,9 +24,10 @@ from apiary.core.scope_overlap import parse_scope
 from apiary.core.task_queue import validate_priority
 from apiary.engine.notices import SCHEDULER
 from apiary.errors import AgentShutdownError, AlreadyExistsError, ValidationError
+from apiary.store.errors import StoreError
 
 if TYPE_CHECKING:
-    from apiary.engine.scheduler import Scheduler, Submission
+    from apiary.engine.scheduler import Arrival, Scheduler, Submission, SubmitResult
 
 
 def job_identity(agent_type: str, content_type: str, params: bytes, scope: str) -> str:
@@ -42,6 +45,76 @@ class SchedulerJobs:
 
     def __init__(self, scheduler: Scheduler) -> None:
         self._scheduler = scheduler
+
+    async def submit_together(self, arrivals: list[Arrival]) -> None:
+        """Decide admitted submissions in arrival order (under the lock), each outcome set on
+        its future, and then dispatch to the agents they woke.
+
+        A run of plain ones (accepted; or refused without a write: buffer_full, a task id
+        given twice) is decided without waiting, and its QUEUED records are written together,
+        one group commit for the run instead of one each; then each is queued, may preempt
+        and is dispatched, in order, as alone. A duplicate job (of an open task, or of one
+        earlier in the run) ends the run: it is decided alone once the run is stored."""
+        s = self._scheduler
+        rest = arrivals
+        try:
+            while rest:
+                run, rest = self._run_of(rest)
+                await self._queue_run(run)
+                if rest:
+                    head, rest = rest[0], rest[1:]
+                    await _settle(head, s._submit_one(head.record))
+        finally:
+            for arrival in rest:  # only when deciding failed midway (the store, say)
+                if not arrival.outcome.done():
+                    arrival.outcome.set_exception(
+                        StoreError("the submission could not be decided; submit it again")
+                    )
+            await s._drain_wakeups()
+
+    def _run_of(
+        self, arrivals: list[Arrival]
+    ) -> tuple[list[tuple[Arrival, TaskRecord]], list[Arrival]]:
+        """The leading run of `arrivals` decided without a write (refusals set now), with
+        their sequence numbers; and the rest, led by a duplicate job."""
+        s = self._scheduler
+        run: list[tuple[Arrival, TaskRecord]] = []
+        task_ids: set[str] = set()
+        job_keys: set[str] = set()
+        for i, arrival in enumerate(arrivals):
+            record = arrival.record
+            if record.task_id in s._tasks or record.task_id in task_ids:
+                arrival.outcome.set_exception(AlreadyExistsError(
+                    f"task {record.task_id!r} was already submitted", {"task_id": record.task_id}
+                ))  # fmt: skip
+            elif record.job_key in s._jobs or record.job_key in job_keys:
+                return run, arrivals[i:]
+            elif (waiting := len(s._tasks) + len(run)) >= s.settings.max_queued:
+                arrival.outcome.set_result(s._buffer_full(waiting))
+            else:
+                run.append((arrival, replace(record, seq=s._next_seq())))
+                task_ids.add(record.task_id)
+                job_keys.add(record.job_key)
+        return run, []
+
+    async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
+        s = self._scheduler
+        writes: list[BaseException | None]
+        if len(run) == 1:  # alone: no gather to wait through
+            try:
+                await s._store.put(run[0][1])
+                writes = [None]
+            except Exception as exc:
+                writes = [exc]
+        else:
+            writes = await asyncio.gather(
+                *(s._store.put(record) for _, record in run), return_exceptions=True
+            )
+        for (arrival, record), written in zip(run, writes, strict=True):
+            if isinstance(written, BaseException):
+                arrival.outcome.set_exception(written)
+            else:
+                await _settle(arrival, s._queued(record, stored=True))
 
     async def admit(self, sub: Submission) -> TaskRecord:
         """The QUEUED record a well-formed submission makes (seq still 0); raises on a
@@ -166,3 +239,12 @@ class SchedulerJobs:
             await s._fail(record, "duplicate_detected", "held job lost its decision")
         else:  # the decision may come (or have come) while the coordinator was down
             s._spawn(self.await_authorization(record.task_id, invocation))
+
+
+async def _settle(arrival: Arrival, deciding: Awaitable[SubmitResult]) -> None:
+    """Set the arrival's outcome to what `deciding` returns or raises (an Exception: a
+    BaseException, cancellation included, propagates and ends the whole decision)."""
+    try:
+        arrival.outcome.set_result(await deciding)
+    except Exception as exc:
+        arrival.outcome.set_exception(exc)
