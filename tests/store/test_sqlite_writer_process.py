@@ -7,6 +7,7 @@ that two coordinators' writers never write the same file at once."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import signal
 import sqlite3
@@ -23,7 +24,7 @@ from apiary.store.errors import SchemaVersionError, StoreError, VersionConflictE
 from apiary.store.open import sqlite_location
 from apiary.store.sqlite import open_sqlite_store
 from apiary.store.sqlite_database import SqliteOptions, migrate_sqlite
-from apiary.store.sqlite_writer_main import take_lock
+from apiary.store.sqlite_writer_main import lock_path, take_lock
 
 PROCESS = SqliteOptions(writer="process")
 WAIT_S = 30.0
@@ -132,16 +133,46 @@ async def test_ctrl_c_at_the_terminal_does_not_stop_the_writer(tmp_path: Path) -
         assert await store.database.call(_insert, "still") == 1
 
 
-async def test_a_second_writer_waits_for_the_first_and_says_who_holds_the_file(
-    tmp_path: Path,
-) -> None:
+async def test_two_live_users_of_one_file_share_it(tmp_path: Path) -> None:
+    # A second coordinator, or a command on a running swarm peer's store: both write.
     path = tmp_path / "apiary.db"
-    async with open_sqlite_store(path, PROCESS) as store:
-        pid = store.database.writer_pid
-        with pytest.raises(StoreError, match=f"another writer process \\(pid {pid}\\)"):
-            await asyncio.to_thread(take_lock, path, 0.2)
-    fd = await asyncio.to_thread(take_lock, path, 0.2)  # free once the store closed
+    async with (
+        open_sqlite_store(path, PROCESS) as first,
+        open_sqlite_store(path, PROCESS) as second,
+    ):
+        assert first.database.writer_pid != second.database.writer_pid
+        await asyncio.gather(
+            first.database.call(_insert, "one"), second.database.call(_insert, "two")
+        )
+    assert _names(path) == {"one", "two"}
+
+
+async def test_a_writer_left_by_a_gone_coordinator_is_waited_for(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    gone = _a_dead_pid()
+    held = os.open(lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a writer still committing after its coordinator
+        os.pwrite(held, f"4242 {gone}".encode(), 0)
+        started = time.monotonic()
+        with pytest.raises(StoreError, match=r"writer process \(pid 4242\) left by a coordinator"):
+            await asyncio.to_thread(take_lock, path, 0.3)
+        assert time.monotonic() - started >= 0.3  # it waited before giving up
+        waiting = asyncio.ensure_future(asyncio.to_thread(take_lock, path, WAIT_S))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+    finally:
+        os.close(held)  # the leftover exits: the lock is free
+    fd = await asyncio.wait_for(waiting, WAIT_S)
+    assert fd is not None
+    assert os.pread(fd, 64, 0).decode() == f"{os.getpid()} {os.getppid()}"
     os.close(fd)
+
+
+def _a_dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 async def test_opening_a_newer_file_raises_schema_version_error(tmp_path: Path) -> None:
@@ -154,7 +185,9 @@ async def test_opening_a_newer_file_raises_schema_version_error(tmp_path: Path) 
         async with open_sqlite_store(path, PROCESS):
             pass
     # The failed open left no writer holding the file.
-    os.close(await asyncio.to_thread(take_lock, path, 0.2))
+    fd = await asyncio.to_thread(take_lock, path, 0.2)
+    assert fd is not None
+    os.close(fd)
 
 
 _COORDINATOR = textwrap.dedent(
@@ -187,7 +220,9 @@ def test_the_writer_process_ends_with_a_killed_coordinator(tmp_path: Path) -> No
         parent.send_signal(signal.SIGKILL)
         parent.wait(WAIT_S)
         assert _gone(writer), "the writer process outlived its coordinator"
-        os.close(take_lock(path, 0.2))
+        fd = take_lock(path, 0.2)
+        assert fd is not None
+        os.close(fd)
     finally:
         parent.kill()
         parent.wait()

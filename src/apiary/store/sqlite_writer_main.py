@@ -24,7 +24,8 @@ included) stops it without committing what it has read and not yet begun, and a 
 way then finds no one to answer and ends it. Before it opens the file it takes an exclusive
 lock on `PATH.writer-lock`, which it holds until it exits: a coordinator restarted on the same
 file waits there until the writer of the one before has gone, so nothing that one still
-commits lands behind the new one's recovery.
+commits lands behind the new one's recovery (`take_lock`: a holder whose coordinator is
+alive is another user of the file, not a leftover, and is not waited for).
 """
 
 from __future__ import annotations
@@ -66,9 +67,16 @@ def lock_path(path: Path) -> Path:
     return path.with_name(path.name + ".writer-lock")
 
 
-def take_lock(path: Path, wait_s: float = LOCK_WAIT_S) -> int:
-    """An open descriptor holding the exclusive lock on `lock_path(path)`; waits up to
-    `wait_s` for another process to let it go. Raises StoreError, naming the holder."""
+def take_lock(path: Path, wait_s: float = LOCK_WAIT_S) -> int | None:
+    """The writer's hold on `lock_path(path)`: an open descriptor holding its exclusive lock,
+    or None when the holder serves a coordinator that is alive.
+
+    The lock is there for a restarted coordinator: the writer of the one before, whose
+    coordinator is gone, may still be committing, and the new one waits up to `wait_s` for
+    it to exit (StoreError naming it after that). A writer whose coordinator is alive is
+    not going away: another process using the same file (a second coordinator, a command
+    reading and writing a running swarm peer's store). Then the file is shared, the two
+    writers taking turns through SQLite's own locking, as two writer threads would."""
     fd = os.open(lock_path(path), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     deadline = time.monotonic() + wait_s
     while True:
@@ -76,17 +84,37 @@ def take_lock(path: Path, wait_s: float = LOCK_WAIT_S) -> int:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
+            holder, coordinator = _holder(fd)
+            if coordinator is not None and _alive(coordinator):
+                os.close(fd)
+                return None
             if time.monotonic() >= deadline:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
                 os.close(fd)
                 raise StoreError(
-                    f"the SQLite database {path} has another writer process (pid {holder}) "
-                    f"that did not exit within {wait_s:g} s; is another coordinator using it?"
+                    f"the SQLite database {path} has a writer process (pid {holder}) left "
+                    f"by a coordinator that has gone; it did not exit within {wait_s:g} s"
                 ) from None
             time.sleep(0.02)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    os.pwrite(fd, f"{os.getpid()} {os.getppid()}".encode(), 0)
     return fd
+
+
+def _holder(fd: int) -> tuple[str, int | None]:
+    """The holder's pid (as written) and its coordinator's, from the lock file."""
+    fields = os.pread(fd, 64, 0).decode(errors="replace").split()
+    coordinator = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return (fields[0] if fields else "unknown"), coordinator
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return pid > 1  # 1: the writer was adopted, its coordinator is gone
 
 
 def portable_error(error: BaseException) -> BaseException:
@@ -241,7 +269,8 @@ def main(argv: list[str]) -> int:
     except (BrokenPipeError, ConnectionResetError):
         pass  # the coordinator is gone: nobody to answer
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
     return 0
 
 
