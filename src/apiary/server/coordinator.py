@@ -355,7 +355,9 @@ async def open_coordinator(
     runtime = runtime or Runtime(clock=clock or SystemClock())
     settings = router_settings or config.router
     async with (
-        open_store(config.store or None, config.data_dir) as store,
+        # The embedded store's writer in a process of its own, off the interpreter lock the
+        # event loop runs on (docs/decisions.md, Storage), unless the URL says `writer=thread`.
+        open_store(config.store or None, config.data_dir, sqlite_writer="process") as store,
         AsyncExitStack() as optional,
     ):
         engine = build_engine(

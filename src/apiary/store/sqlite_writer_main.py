@@ -108,13 +108,15 @@ def _holder(fd: int) -> tuple[str, int | None]:
 
 
 def _alive(pid: int) -> bool:
+    # pid 1 too: a coordinator that is a container's first process (a writer adopted by
+    # init before it took the lock has had no job yet: sharing with it costs nothing).
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True  # another user's process
-    return pid > 1  # 1: the writer was adopted, its coordinator is gone
+    return True
 
 
 def portable_error(error: BaseException) -> BaseException:
