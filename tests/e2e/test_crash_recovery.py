@@ -74,14 +74,13 @@ class Coordinator:
         assert await asyncio.wait_for(self.proc.wait(), 30) == 0
 
 
-@pytest.fixture(params=["sqlite:?writer=thread", None], ids=["writer-thread", "writer-process"])
+@pytest.fixture(params=[None, "sqlite:?writer=process"], ids=["writer-thread", "writer-process"])
 async def coordinator(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Coordinator]:
     config = tmp_path / "apiary.toml"
     # A generous ack timeout: the restart must not turn in-flight deliveries into timeouts.
     config.write_text("[router]\nack_timeout_s = 60\nbuffer_capacity = 50\n")
-    # The default SQLite file, its writer a thread of the coordinator or (serve's default) a
-    # process of its own, which must end with the coordinator it served before the next
-    # one writes.
+    # The default SQLite file, its writer a thread of the coordinator or a process of its
+    # own (which must end with the coordinator it served before the next one writes).
     running = Coordinator(tmp_path / "state", config, request.param)
     await running.start()
     yield running

@@ -95,7 +95,7 @@ async def test_metrics_show_the_embedded_stores_writer(
     # The memory store (the `http` fixture's coordinator) has no writer to show.
     async with http.get("/metrics") as resp:
         assert "apiary_store_" not in await resp.text()
-    store = f"sqlite:///{tmp_path / 'apiary.db'}?writer=thread"
+    store = f"sqlite:///{tmp_path / 'apiary.db'}"
     async with (
         open_test_coordinator(tmp_path / "sqlite", store) as coordinator,
         aiohttp.ClientSession(base_url=f"http://{coordinator.http_address}") as session,
@@ -123,7 +123,7 @@ async def test_metrics_show_the_embedded_stores_writer(
 
 
 async def test_metrics_show_the_writer_process_cpu(tmp_path: Path) -> None:
-    store = f"sqlite:///{tmp_path / 'apiary.db'}"  # the coordinator's default: a process
+    store = f"sqlite:///{tmp_path / 'apiary.db'}?writer=process"
     async with (
         open_test_coordinator(tmp_path / "sqlite", store) as coordinator,
         aiohttp.ClientSession(base_url=f"http://{coordinator.http_address}") as session,

@@ -233,11 +233,6 @@ def test_the_store_url_names_the_writer(tmp_path: Path) -> None:
     url = "sqlite:///tmp/x.db?synchronous=FULL&writer=thread"
     assert sqlite_location(url, Path("/unused"))[1] == SqliteOptions("FULL", writer="thread")
     assert sqlite_location("sqlite:///tmp/x.db", Path("/unused"))[1].writer == "thread"
-    # What the URL leaves open, the opener decides (`apiary serve`: the process).
-    plain = sqlite_location("sqlite:///tmp/x.db", Path("/unused"), writer="process")
-    assert plain[1].writer == "process"
-    assert sqlite_location(url, Path("/unused"), writer="process")[1].writer == "thread"
-    assert sqlite_location("", tmp_path, writer="process")[1].writer == "process"
     with pytest.raises(ValueError, match="writer must be thread or process, not 'fork'"):
         sqlite_location("sqlite:///tmp/x.db?writer=fork", Path("/unused"))
     with pytest.raises(ValueError, match="known: synchronous, writer"):

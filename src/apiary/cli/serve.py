@@ -18,8 +18,7 @@ from apiary.server.interpreter import tune_for_serving
 
 _STORE_HELP = (
     "Store URL: memory://, sqlite:///PATH.db, postgresql://...; SQLite takes ?synchronous=FULL"
-    " and ?writer=thread (its writer in this process; sqlite:?writer=thread for the data dir's"
-    " file)"
+    " and ?writer=process (sqlite:?writer=process for the data dir's file)"
 )
 
 

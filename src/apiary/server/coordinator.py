@@ -355,9 +355,7 @@ async def open_coordinator(
     runtime = runtime or Runtime(clock=clock or SystemClock())
     settings = router_settings or config.router
     async with (
-        # The embedded store's writer in a process of its own, off the interpreter lock the
-        # event loop runs on (docs/decisions.md, Storage), unless the URL says `writer=thread`.
-        open_store(config.store or None, config.data_dir, sqlite_writer="process") as store,
+        open_store(config.store or None, config.data_dir) as store,
         AsyncExitStack() as optional,
     ):
         engine = build_engine(

@@ -15,8 +15,7 @@ steps and must take it back afterwards; while the event loop is busy, each retak
 the loop's switch interval (5 ms by default), and a commit takes a dozen or more. A shorter
 interval shortens every commit, and so every wait on a durable write, for a few more lock
 hand-overs per second on the loop's side (measured: 16 ms commits became 12 ms, and the
-route benchmark's streaming path gained about 8%). With the writer in a process of its own
-(`apiary serve`'s default) the interval matters for the gRPC and pipe threads only.
+route benchmark's streaming path gained about 8%).
 """
 
 from __future__ import annotations

@@ -9,10 +9,9 @@
 
 SQLite URLs take `?synchronous=NORMAL|FULL` (default NORMAL: durable against process crashes;
 FULL: also against power loss, see `apiary.store.sqlite_database`) and `?writer=thread|process`
-(where the group commits run: a thread of the process that opens the store, or a process of
-their own, `apiary.store.sqlite_writer_process`, which keeps SQLite's work off the interpreter
-lock the coordinator's event loop runs on; `apiary serve` takes the process unless the URL
-says otherwise, other openers the thread). Both together: `sqlite:?synchronous=FULL&writer=process`
+(where the group commits run: a thread of the coordinator, the default, or a process of their
+own, `apiary.store.sqlite_writer_process`, which keeps SQLite's work off the interpreter lock
+the coordinator's event loop runs on). Both together: `sqlite:?synchronous=FULL&writer=process`
 for the default file.
 """
 
@@ -39,11 +38,8 @@ ACCEPTED_FORMS = (
 
 
 @asynccontextmanager
-async def open_store(
-    url: str | None, data_dir: Path, *, sqlite_writer: WriterKind = "thread"
-) -> AsyncIterator[Store]:
-    """Open the store `url` names (see the module doc), closing it on exit. A SQLite store
-    whose URL names no `writer` gets `sqlite_writer` (`apiary serve` asks for "process").
+async def open_store(url: str | None, data_dir: Path) -> AsyncIterator[Store]:
+    """Open the store `url` names (see the module doc), closing it on exit.
 
     Raises ValueError for a URL of an unknown form, naming the accepted forms.
     """
@@ -56,7 +52,7 @@ async def open_store(
         async with open_memory_store() as memory:
             yield memory
     elif scheme in ("", "sqlite"):
-        path, options = sqlite_location(url or "", data_dir, writer=sqlite_writer)
+        path, options = sqlite_location(url or "", data_dir)
         async with open_sqlite_store(path, options) as sqlite:
             yield sqlite
     else:
@@ -75,25 +71,22 @@ def check_store_url(url: str | None) -> None:
     raise _unsupported(url or "")
 
 
-def sqlite_location(
-    url: str, data_dir: Path, *, writer: WriterKind = "thread"
-) -> tuple[Path, SqliteOptions]:
-    """The file and options a SQLite store URL names (`writer` where it names none);
-    creates `data_dir` for the default file."""
-    path, options = _parse_sqlite(url, writer)
+def sqlite_location(url: str, data_dir: Path) -> tuple[Path, SqliteOptions]:
+    """The file and options a SQLite store URL names; creates `data_dir` for the default."""
+    path, options = _parse_sqlite(url)
     return (default_sqlite_path(data_dir) if path is None else path), options
 
 
-def _parse_sqlite(url: str, writer: WriterKind = "thread") -> tuple[Path | None, SqliteOptions]:
+def _parse_sqlite(url: str) -> tuple[Path | None, SqliteOptions]:
     """The file (None: the data directory's) and options of a SQLite store URL."""
     if url in ("", "sqlite"):
-        return None, SqliteOptions(writer=writer)
+        return None, SqliteOptions()
     parts = urlsplit(url)
     if parts.scheme.lower() != "sqlite":
         raise _unsupported(url)
     if parts.netloc or parts.fragment:
         raise ValueError(f"a SQLite store URL is sqlite:///ABSOLUTE/PATH.db, not {url!r}")
-    options = _sqlite_options(url, parts.query, writer)
+    options = _sqlite_options(url, parts.query)
     if not parts.path:
         return None, options
     path = Path(unquote(parts.path))
@@ -108,8 +101,9 @@ def default_sqlite_path(data_dir: Path) -> Path:
     return data_dir / DEFAULT_SQLITE_FILE
 
 
-def _sqlite_options(url: str, query: str, writer: WriterKind) -> SqliteOptions:
+def _sqlite_options(url: str, query: str) -> SqliteOptions:
     synchronous: Synchronous = "NORMAL"
+    writer: WriterKind = "thread"
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
         if key == "synchronous":
             if value.upper() == "NORMAL":
