@@ -286,14 +286,11 @@ class Scheduler:
         reason, held = await self._submissions.duplicate(record, duplicate)
         return SubmitResult(False, reason, held)
 
-    async def _queued(self, record: TaskRecord, stored: bool) -> SubmitResult:
-        """What follows a QUEUED task's write (under the lock): its queue, preemption and
-        dispatch. `stored`: written already (by `submit_together`); else written here."""
-        fields = {"priority": record.priority, "scope": record.scope, "lane": record.lane}
-        if stored:
-            self._stored(record, "task.submitted", **fields)
-        else:
-            await self._save(record, "task.submitted", **fields)
+    async def _queued(self, record: TaskRecord) -> SubmitResult:
+        """What follows a QUEUED task's write (under the lock): its live copy and event, its
+        queue, preemption and dispatch."""
+        self._stored(record, "task.submitted", priority=record.priority, scope=record.scope,
+                     lane=record.lane)  # fmt: skip
         self._push(record)
         note = await self._preemptor.maybe_preempt(record)
         await self._try_dispatch(record.agent_id)

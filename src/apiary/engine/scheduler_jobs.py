@@ -99,22 +99,14 @@ class SchedulerJobs:
 
     async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
         s = self._scheduler
-        writes: list[BaseException | None]
-        if len(run) == 1:  # alone: no gather to wait through
-            try:
-                await s._store.put(run[0][1])
-                writes = [None]
-            except Exception as exc:
-                writes = [exc]
-        else:
-            writes = await asyncio.gather(
-                *(s._store.put(record) for _, record in run), return_exceptions=True
-            )
+        writes = await asyncio.gather(
+            *(s._store.put(record) for _, record in run), return_exceptions=True
+        )
         for (arrival, record), written in zip(run, writes, strict=True):
             if isinstance(written, BaseException):
                 arrival.outcome.set_exception(written)
             else:
-                await _settle(arrival, s._queued(record, stored=True))
+                await _settle(arrival, s._queued(record))
 
     async def admit(self, sub: Submission) -> TaskRecord:
         """The QUEUED record a well-formed submission makes (seq still 0); raises on a

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Literal, cast, get_args
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from apiary.store.memory import open_memory_store
@@ -29,7 +30,6 @@ from apiary.store.sqlite import open_sqlite_store
 from apiary.store.sqlite_database import SqliteOptions, Synchronous, WriterKind
 
 DEFAULT_SQLITE_FILE = "apiary.db"
-_MEMORY = ("memory", "memory://")
 
 ACCEPTED_FORMS = (
     "nothing or 'sqlite' (DATA_DIR/apiary.db), 'sqlite:///ABSOLUTE/PATH.db', 'memory://', "
@@ -43,32 +43,37 @@ async def open_store(url: str | None, data_dir: Path) -> AsyncIterator[Store]:
 
     Raises ValueError for a URL of an unknown form, naming the accepted forms.
     """
-    scheme = (url or "").partition(":")[0].lower()
-    if scheme in ("postgresql", "postgres"):
+    backend = _backend(url or "")
+    if backend == "postgresql":
         assert url is not None
         async with open_postgres_store(url) as postgres:
             yield postgres
-    elif scheme == "memory" and url in _MEMORY:
+    elif backend == "memory":
         async with open_memory_store() as memory:
             yield memory
-    elif scheme in ("", "sqlite"):
+    else:
         path, options = sqlite_location(url or "", data_dir)
         async with open_sqlite_store(path, options) as sqlite:
             yield sqlite
-    else:
-        raise _unsupported(url or "")
 
 
 def check_store_url(url: str | None) -> None:
     """Raise the ValueError `open_store` would raise for the form of `url`, opening and
     creating nothing (a PostgreSQL URL is checked when it connects)."""
-    scheme = (url or "").partition(":")[0].lower()
-    if scheme in ("postgresql", "postgres") or (scheme == "memory" and url in _MEMORY):
-        return
-    if scheme in ("", "sqlite"):
+    if _backend(url or "") == "sqlite":
         _parse_sqlite(url or "")
-        return
-    raise _unsupported(url or "")
+
+
+def _backend(url: str) -> Literal["postgresql", "memory", "sqlite"]:
+    """Which backend `url` names by its scheme; ValueError naming the accepted forms."""
+    scheme = url.partition(":")[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql"
+    if scheme == "memory" and url in ("memory", "memory://"):
+        return "memory"
+    if scheme in ("", "sqlite"):
+        return "sqlite"
+    raise _unsupported(url)
 
 
 def sqlite_location(url: str, data_dir: Path) -> tuple[Path, SqliteOptions]:
@@ -101,29 +106,28 @@ def default_sqlite_path(data_dir: Path) -> Path:
     return data_dir / DEFAULT_SQLITE_FILE
 
 
+_SQLITE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "synchronous": get_args(Synchronous),
+    "writer": get_args(WriterKind),
+}
+"""The options a SQLite store URL takes and their values (any letter case)."""
+
+
 def _sqlite_options(url: str, query: str) -> SqliteOptions:
-    synchronous: Synchronous = "NORMAL"
-    writer: WriterKind = "thread"
+    chosen: dict[str, str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
-        if key == "synchronous":
-            if value.upper() == "NORMAL":
-                synchronous = "NORMAL"
-            elif value.upper() == "FULL":
-                synchronous = "FULL"
-            else:
-                raise ValueError(f"synchronous must be NORMAL or FULL, not {value!r}")
-        elif key == "writer":
-            if value.lower() == "thread":
-                writer = "thread"
-            elif value.lower() == "process":
-                writer = "process"
-            else:
-                raise ValueError(f"writer must be thread or process, not {value!r}")
-        else:
-            raise ValueError(
-                f"unknown SQLite store option {key!r} in {url!r} (known: synchronous, writer)"
-            )
-    return SqliteOptions(synchronous=synchronous, writer=writer)
+        values = _SQLITE_OPTIONS.get(key)
+        if values is None:
+            known = ", ".join(_SQLITE_OPTIONS)
+            raise ValueError(f"unknown SQLite store option {key!r} in {url!r} (known: {known})")
+        match = [v for v in values if v.lower() == value.lower()]
+        if not match:
+            raise ValueError(f"{key} must be {' or '.join(values)}, not {value!r}")
+        chosen[key] = match[0]
+    return SqliteOptions(
+        synchronous=cast(Synchronous, chosen.get("synchronous", "NORMAL")),
+        writer=cast(WriterKind, chosen.get("writer", "thread")),
+    )
 
 
 def _unsupported(url: str) -> ValueError:

@@ -167,9 +167,9 @@ class SqliteDatabase:
     def stats(self) -> SqliteStats:
         """Commits, jobs, largest batch, checkpoints and WAL restarts so far."""
         writer, checkpointer = self._writer, self._checkpointer
-        if isinstance(writer, SqliteWriterProcess) or checkpointer is None:
-            assert isinstance(writer, SqliteWriterProcess)
+        if isinstance(writer, SqliteWriterProcess):
             return SqliteStats(writer.stats, *writer.checkpoints, writer_pid=writer.pid)
+        assert checkpointer is not None  # a writer thread's, opened with it
         return SqliteStats(writer.stats, checkpointer.checkpoints, checkpointer.restarts)
 
     @property

@@ -27,7 +27,7 @@ import logging
 import queue
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -50,17 +50,34 @@ class WriterStats:
 
 
 @dataclass(frozen=True, slots=True)
-class _Job:
-    run: Callable[[sqlite3.Connection], Any]
+class Waiter:
+    """A caller awaiting a write job's outcome, on its event loop."""
+
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class _Job(Waiter):
+    run: Callable[[sqlite3.Connection], Any]
 
 
 Outcome = tuple[Any, BaseException | None]
 """(result, error) of one job: error is None when the job succeeded."""
 
-# (job, result, error)
-_Outcome = tuple[_Job, Any, BaseException | None]
+Settled = tuple[Waiter, Any, BaseException | None]
+"""(waiter, result, error)."""
+
+
+def settle(outcomes: Iterable[Settled]) -> None:
+    """Hand each outcome to its waiter, from any thread: one wake-up per event loop, not
+    one per job. A closed loop is skipped: nobody is waiting there any more."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Settled]] = {}
+    for outcome in outcomes:
+        by_loop.setdefault(outcome[0].loop, []).append(outcome)
+    for loop, settled in by_loop.items():
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, settled)
 
 
 def write_job(function: Callable[..., T], *args: Any) -> Callable[[sqlite3.Connection], T]:
@@ -242,7 +259,7 @@ class SqliteWriter:
         with self._lock:
             if self._closed:
                 raise StoreError("the SQLite store is closed")
-            self._queue.put(_Job(job, loop, future))
+            self._queue.put(_Job(loop, future, job))
         return await future
 
     async def close(self) -> None:
@@ -286,27 +303,16 @@ class SqliteWriter:
             outcomes, committed = self._group.run([job.run for job in live])
         except BaseException as exc:
             # e.g. SystemExit in a job: the thread ends, _shut_down fails the rest.
-            self._resolve([(job, None, _batch_error(exc)) for job in batch])
+            settle([(job, None, _batch_error(exc)) for job in batch])
             raise
-        self._resolve([(job, *outcome) for job, outcome in zip(live, outcomes, strict=True)])
+        settle([(job, *outcome) for job, outcome in zip(live, outcomes, strict=True)])
         if committed and self._on_commit is not None:
             self._on_commit(self._group.connection)
-
-    @staticmethod
-    def _resolve(outcomes: list[_Outcome]) -> None:
-        # One wake-up per event loop per batch, not one per job.
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Outcome]] = {}
-        for outcome in outcomes:
-            by_loop.setdefault(outcome[0].loop, []).append(outcome)
-        for loop, settled in by_loop.items():
-            # A closed loop raises RuntimeError: nobody is waiting for these any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, settled)
 
     def _shut_down(self) -> None:
         with self._lock:
             self._closed = True
-        orphans: list[_Outcome] = []
+        orphans: list[Settled] = []
         while True:
             try:
                 item = self._queue.get_nowait()
@@ -314,7 +320,7 @@ class SqliteWriter:
                 break
             if isinstance(item, _Job):
                 orphans.append((item, None, StoreError("the SQLite writer stopped")))
-        self._resolve(orphans)
+        settle(orphans)
         self._group.close()
 
 
@@ -326,7 +332,7 @@ def _batch_error(exc: BaseException) -> BaseException:
     return error
 
 
-def _settle(outcomes: list[_Outcome]) -> None:
+def _settle(outcomes: list[Settled]) -> None:
     for job, result, error in outcomes:
         if job.future.done():
             continue  # cancelled while the batch ran

@@ -15,13 +15,12 @@ has to tell, it returns.
 
 Two threads of the coordinator carry the traffic, each blocked on the pipe most of the time:
 one sends the jobs pending (all of them in one message), one reads the outcomes and settles
-the callers' futures on their event loops, once per loop per batch.
+the callers' futures on their event loops, once per loop per batch (`sqlite_writer.settle`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import os
@@ -31,13 +30,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from apiary.store.errors import StoreError
-from apiary.store.sqlite_writer import WriterStats
+from apiary.store.sqlite_writer import Waiter, WriterStats, settle
 
 if TYPE_CHECKING:
     import sqlite3
@@ -55,12 +53,6 @@ up to `sqlite_writer_main.LOCK_WAIT_S`, for the writer of a coordinator before i
 _STOP: Final = object()
 
 
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-
-
 class SqliteWriterProcess:
     """Runs write jobs in a child process that group-commits everything pending."""
 
@@ -69,7 +61,7 @@ class SqliteWriterProcess:
         self._options = options
         self._ids = itertools.count(1)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, Waiter] = {}
         # Guards `_closed` and `_pending` together: no job is admitted once the process is
         # gone or stopping, so every admitted job is answered or failed.
         self._lock = threading.Lock()
@@ -178,7 +170,7 @@ class SqliteWriterProcess:
         with self._lock:
             if self._closed:
                 raise StoreError("the SQLite store is closed")
-            self._pending[job_id] = _Pending(loop, future)
+            self._pending[job_id] = Waiter(loop, future)
             self._queue.put((job_id, pickled))
         return await future
 
@@ -243,26 +235,15 @@ class SqliteWriterProcess:
         self._fail_pending(error)
 
     def _settle(self, outcomes: list[tuple[int, Any, BaseException | None]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Any, Any]]] = {}
         with self._lock:
-            for job_id, result, error in outcomes:
-                pending = self._pending.pop(job_id)
-                by_loop.setdefault(pending.loop, []).append((pending, result, error))
-        for loop, settled in by_loop.items():
-            # A closed loop raises RuntimeError: nobody is waiting for these any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, settled)
+            settled = [(self._pending.pop(i), result, error) for i, result, error in outcomes]
+        settle(settled)
 
     def _fail_pending(self, error: StoreError) -> None:
         with self._lock:
             self._closed = True
             orphans, self._pending = self._pending, {}
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, Any, Any]]] = {}
-        for pending in orphans.values():
-            by_loop.setdefault(pending.loop, []).append((pending, None, error))
-        for loop, settled in by_loop.items():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_settle, settled)
+        settle((waiter, None, error) for waiter in orphans.values())
 
     def _abandon_now(self) -> None:
         """Stop the process at once: after an answer that could not be read, which jobs
@@ -279,13 +260,3 @@ class SqliteWriterProcess:
         except subprocess.TimeoutExpired:
             return what
         return f"{what} (exit code {code})"
-
-
-def _settle(settled: list[tuple[_Pending, Any, BaseException | None]]) -> None:
-    for pending, result, error in settled:
-        if pending.future.done():
-            continue  # cancelled while the batch ran
-        if error is not None:
-            pending.future.set_exception(error)
-        else:
-            pending.future.set_result(result)
