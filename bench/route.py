@@ -8,7 +8,10 @@ state, full validation, event log) and through a bare grpc.aio relay that only m
 (the ceiling). Prints msgs/s and send-to-FULFILLED latency (p50/p99) for the canonical unary
 SendMessage (64 in flight) and for the streaming sender (envelopes batched per frame, batched
 delivery, batched ACKs), and the ratio of Apiary to the ceiling; then where the coordinator's
-CPU went per message, by thread (its /metrics), and how many write jobs shared a commit.
+CPU went per message, by thread (its /metrics), and how many write jobs shared a commit;
+and the CPU budget of each run: what the producer and consumer processes (the same in both
+runs) and each server spent per message, against what the machine's cores allow per message
+at the targets (25,000 msgs/s, and half the ceiling's rate).
 With `--rounds N` the two servers run in turns N times and the median runs are printed, with
 the ratio of each round: on a shared machine a neighbour's burst moves one run a lot.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import statistics
 import sys
@@ -84,6 +88,16 @@ def _metrics(http_port: int) -> dict[str, float]:
     return found
 
 
+TARGET_MSGS_PER_S = 25_000
+"""The streaming target of the route (docs/performance.md)."""
+
+
+def _process_cpu(pid: int) -> float:
+    """CPU seconds of a process so far, all its threads (user + system; Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _costs(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:
     """Per message: each thread's CPU (us) over the phase; and the writer's jobs per commit."""
     costs = {
@@ -114,13 +128,24 @@ async def _run(kind: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]
                 continue
             window = str(64 if mode == "unary" else args.window)
             before = await asyncio.to_thread(_metrics, http_port) if kind == "apiary" else {}
+            cpu_before = [_process_cpu(p.pid) for p in (server, consumer_proc)]
             proc = await _spawn(__file__, "producer", address, f"producer-{mode}", "consumer",
                                 str(n), mode, window, str(args.frame))  # fmt: skip
             out, _ = await proc.communicate()
-            results[mode] = json.loads(out.decode().strip().splitlines()[-1])
+            results[mode] = row = json.loads(out.decode().strip().splitlines()[-1])
+            server_cpu, consumer_cpu = (
+                _process_cpu(p.pid) - b
+                for p, b in zip((server, consumer_proc), cpu_before, strict=True)
+            )
             if kind == "apiary":
                 after = await asyncio.to_thread(_metrics, http_port)
-                results[mode]["coordinator"] = _costs(before, after, n)
+                row["coordinator"] = _costs(before, after, n)
+                server_cpu += after.get("writer-process", 0.0) - before.get("writer-process", 0.0)
+            row["cpu_us"] = {
+                "producer": round(row.pop("cpu_s") / n * 1e6, 1),
+                "consumer": round(consumer_cpu / n * 1e6, 1),
+                "server": round(server_cpu / n * 1e6, 1),
+            }
         consumer_proc.kill()
         server.terminate()
         await server.wait()
@@ -144,7 +169,34 @@ def _print(bare: dict[str, dict[str, Any]], ours: dict[str, dict[str, Any]]) -> 
         jobs = costs.get("writer_jobs_per_commit")
         print(f"apiary {mode}: coordinator CPU per message (us, by thread): {threads or 'n/a'}"
               + (f"; store writer: {jobs:g} jobs per commit" if jobs else ""))  # fmt: skip
+    for mode, mine in ours.items():
+        print(_budget(mode, bare[mode], mine))
     print(json.dumps({"bare": bare, "apiary": ours}))
+
+
+def _budget(mode: str, bare: dict[str, Any], ours: dict[str, Any]) -> str:
+    """Each run's CPU per message by process, and what the cores allow the coordinator per
+    message at the targets once the clients (the same processes in both runs) have theirs."""
+    cores = os.cpu_count() or 1
+    lines = [f"{mode}: CPU per message (us) on {cores} cores:"]
+    for label, row in (("bare", bare), ("apiary", ours)):
+        cpu = row["cpu_us"]
+        lines.append(
+            f"  {label:<7}producer {cpu['producer']:g}, consumer {cpu['consumer']:g},"
+            f" server {cpu['server']:g} (all threads and processes) at {row['msgs_per_s']} msgs/s"
+        )
+    clients = ours["cpu_us"]["producer"] + ours["cpu_us"]["consumer"]
+    targets = [("0.5x this run's ceiling", max(bare["msgs_per_s"] // 2, 1))]
+    if mode == "stream":  # the absolute target is the streaming path's
+        targets.insert(0, (f"{TARGET_MSGS_PER_S:,} msgs/s", TARGET_MSGS_PER_S))
+    for name, rate in targets:
+        per_message = cores / rate * 1e6
+        lines.append(
+            f"  at {name} ({rate}): {per_message:.0f} us per message in all, the clients' "
+            f"{clients:.0f} leave {per_message - clients:.0f} for the coordinator, which spent "
+            f"{ours['cpu_us']['server']:g}"
+        )
+    return "\n".join(lines)
 
 
 async def _consumer_main(address: str, agent_id: str) -> None:

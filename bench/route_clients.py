@@ -165,17 +165,17 @@ async def producer(
     async with grpc.aio.insecure_channel(address) as channel:
         await register(channel, me)
         watcher = asyncio.create_task(_watch_acks(channel, me, tracker))
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         if mode == "unary":
             await _unary(channel, me, to, n, inflight, tracker)
         else:
             await _stream(channel, me, to, n, frame, inflight, tracker)
         await asyncio.wait_for(tracker.done.wait(), 600)
-        elapsed = time.perf_counter() - started
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
         watcher.cancel()
     lat = sorted(tracker.latencies)
     return {
         "messages": len(lat), "rejected": tracker.rejected, "seconds": round(elapsed, 3),
         "msgs_per_s": round(len(lat) / elapsed), "p50_ms": round(lat[len(lat) // 2] * 1000, 2),
-        "p99_ms": round(lat[int(len(lat) * 0.99)] * 1000, 2),
+        "p99_ms": round(lat[int(len(lat) * 0.99)] * 1000, 2), "cpu_s": round(cpu, 3),
     }  # fmt: skip
