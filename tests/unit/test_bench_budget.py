@@ -66,9 +66,9 @@ def test_store_rows_prints_each_row_pattern() -> None:
     )  # fmt: skip
     lines = out.stdout.splitlines()
     assert lines[0] == "400 messages, 100 per transaction, median of 1 runs each"
-    names = [line[:20].strip() for line in lines[2:]]
-    assert names == ["routed (4 rows)", "one row", "one row per frame"]
-    floor = lines[3].split()
+    names = [line[:22].strip() for line in lines[2:]]
+    assert names == ["routed (4 rows)", "routed, ordered ids", "one row", "one row per frame"]
+    floor = lines[4].split()
     assert floor[-1] == "1.00"  # one row is the baseline of the ratios
 
 
