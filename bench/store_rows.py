@@ -51,10 +51,13 @@ Frame = Callable[[Connection], None]
 """Writes one frame's rows (the caller runs it in a transaction of its own)."""
 
 
-def _messages(n: int) -> list[StoredMessage]:
-    now = time.time()
+def _messages(n: int, frame: int) -> list[StoredMessage]:
+    """`n` admitted messages, a frame's sharing its admission time (as the router's do),
+    frames 10 ms apart, each with the default 10 s ACK deadline."""
+    start = time.time()
     made = []
     for i in range(n):
+        now = start + i // frame * 0.01
         message_id = str(uuid.uuid4())
         envelope = b"\n$" + message_id.encode() + b"\x12\x08producer" + b"x" * 120
         # Positional, in StoredMessage's field order (see Router._record).
@@ -202,7 +205,7 @@ def main() -> None:
         _schema(template)
         for round_ in range(args.rounds):
             for name, build in patterns.items():
-                messages = _messages(args.messages)
+                messages = _messages(args.messages, args.frame)
                 frames = build(messages, args.frame)
                 path = Path(tmp) / f"{round_}-{name}" / "apiary.db"
                 path.parent.mkdir()
