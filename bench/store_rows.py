@@ -2,14 +2,15 @@
 
     .venv/bin/python bench/store_rows.py [--messages 30000] [--frame 200] [--rounds 3]
 
-A streamed message that its consumer fulfils at once leaves the SQLite store four rows: its
+A streamed message that its consumer fulfils soon leaves the SQLite store four rows: its
 admission (a `messages` row and a `message.received` event) and its FULFILLED state change
 (the row's update and a `message.state` event). Here exactly those statements, the store's
 own write functions on its own schema (every migration applied), run on a connection with
 the store's settings and its WAL checkpointer, a transaction per frame as the writer's group
-commit makes them, with every row built before the clock starts: the CPU they take (the
-checkpointer's included) is SQLite's share of a routed message, without the event loop, the
-writer's job hand-over or gRPC.
+commit makes them (a frame's FULFILLED changes eight frames after its admission, as with
+route.py's window of eight frames in flight), with every row built before the clock starts:
+the CPU they take (the checkpointer's included) is SQLite's share of a routed message,
+without the event loop, the writer's job hand-over or gRPC.
 
 Side by side, in the same run, on the same disk:
 - `routed, ordered ids`: the same rows, but the message ids (UUIDv4s in form, as producers
@@ -33,6 +34,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from itertools import zip_longest
 from pathlib import Path
 from sqlite3 import Connection
 from typing import Any
@@ -97,8 +99,13 @@ def _fulfil(
     _insert_events(conn, events)
 
 
+FULFIL_LAG = 8
+"""Frames between a frame's admission and its FULFILLED changes (route.py's window)."""
+
+
 def _routed(messages: list[StoredMessage], frame: int) -> list[Frame]:
-    """The admission frames, then the FULFILLED frames, as the store writes them."""
+    """The admission frames and the FULFILLED frames as the store writes them, each frame's
+    changes `FULFIL_LAG` admissions after its own."""
     admits: list[Frame] = []
     fulfils: list[Frame] = []
     for start in range(0, len(messages), frame):
@@ -123,7 +130,9 @@ def _routed(messages: list[StoredMessage], frame: int) -> list[Frame]:
         ])  # fmt: skip
         ids = [m.message_id for m in part]
         fulfils.append(partial(_fulfil, _change_params(changes), ids, state))
-    return [*admits, *fulfils]
+    lagging = [*([None] * FULFIL_LAG), *fulfils]
+    interleaved = [w for pair in zip_longest(admits, lagging) for w in pair if w is not None]
+    return interleaved
 
 
 def _insert_bodies(rows: list[tuple[bytes]], conn: Connection) -> None:
@@ -131,7 +140,7 @@ def _insert_bodies(rows: list[tuple[bytes]], conn: Connection) -> None:
 
 
 def _one_row(messages: list[StoredMessage], frame: int) -> list[Frame]:
-    frames = []
+    frames: list[Frame] = []
     for start in range(0, len(messages), frame):
         frames.append(
             partial(_insert_bodies, [(m.envelope,) for m in messages[start : start + frame]])
@@ -140,7 +149,7 @@ def _one_row(messages: list[StoredMessage], frame: int) -> list[Frame]:
 
 
 def _frame_row(messages: list[StoredMessage], frame: int) -> list[Frame]:
-    frames = []
+    frames: list[Frame] = []
     for start in range(0, len(messages), frame):
         body = b"".join(m.envelope for m in messages[start : start + frame])
         frames.append(partial(_insert_bodies, [(body,)]))
