@@ -30,6 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from apiary.server.thread_cpu import process_cpu_seconds
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -93,9 +95,11 @@ TARGET_MSGS_PER_S = 25_000
 
 
 def _process_cpu(pid: int) -> float:
-    """CPU seconds of a process so far, all its threads (user + system; Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of a running process so far, all its threads (Linux /proc)."""
+    seconds = process_cpu_seconds(pid)
+    if seconds is None:
+        raise RuntimeError(f"no CPU time for process {pid}: it ended, or this is not Linux")
+    return seconds
 
 
 def _costs(before: dict[str, float], after: dict[str, float], n: int) -> dict[str, float]:

@@ -189,10 +189,6 @@ def _instructions(tree: Path, n: int, frame: int, window: int) -> int:
 def _instructions_per_message(trees: dict[str, Path], n: int, frame: int, window: int) -> None:
     """Each tree's instructions per routed message (its runs of n and 3n messages, two at a
     time), printed with the ratio of this tree's to the baseline's."""
-    if shutil.which("valgrind") is None:
-        raise SystemExit(
-            "route_cpu: --instructions needs valgrind (Debian: apt-get install valgrind)"
-        )
     runs = [(name, tree, count) for name, tree in trees.items() for count in (n, 3 * n)]
     with ThreadPoolExecutor(max_workers=2) as pool:
         counts = list(pool.map(lambda run: _instructions(run[1], run[2], frame, window), runs))
@@ -242,6 +238,8 @@ def main() -> None:
     if args.one:
         print(json.dumps(asyncio.run(_measure(args.messages, args.frame, args.window))))
         return
+    if args.instructions and shutil.which("valgrind") is None:
+        parser.error("--instructions needs valgrind (Debian: apt-get install valgrind)")
     n = args.messages
     with tempfile.TemporaryDirectory() as tmp:
         base = _worktree(args.against, Path(tmp) / "baseline")

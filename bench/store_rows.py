@@ -41,12 +41,11 @@ from typing import Any
 
 from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage
-from apiary.store.json_codec import dump_json
 from apiary.store.open import open_store
 from apiary.store.sql_rows import message_values
-from apiary.store.sqlite import _insert_events
+from apiary.store.sqlite import _insert_events, event_rows
 from apiary.store.sqlite_checkpoint import WalCheckpointer
-from apiary.store.sqlite_database import SqliteOptions, connect_sqlite, correlation_key, enable_wal
+from apiary.store.sqlite_database import SqliteOptions, connect_sqlite, enable_wal
 from apiary.store.sqlite_messages import _change_params, _insert_new, _record_unique
 
 Frame = Callable[[Connection], None]
@@ -78,15 +77,6 @@ def _ordered(messages: list[StoredMessage]) -> list[StoredMessage]:
     ]
 
 
-def _event_rows(drafts: list[EventDraft]) -> list[tuple[Any, ...]]:
-    """The rows `SqliteEventLog.append` writes for `drafts`."""
-    return [
-        (d.event_type, d.actor, d.ts, d.correlation_id, d.agent_id, dump_json(d.details), d.hlc,
-         correlation_key(d.correlation_id))
-        for d in drafts
-    ]  # fmt: skip
-
-
 def _admit(values: list[tuple[Any, ...]], events: list[tuple[Any, ...]], conn: Connection) -> None:
     _insert_new(conn, values)
     _insert_events(conn, events)
@@ -108,10 +98,9 @@ def _routed(messages: list[StoredMessage], frame: int) -> list[Frame]:
     changes `FULFIL_LAG` admissions after its own."""
     admits: list[Frame] = []
     fulfils: list[Frame] = []
-    for start in range(0, len(messages), frame):
-        part = messages[start : start + frame]
+    for start, part in zip(range(0, len(messages), frame), _parts(messages, frame), strict=True):
         now = part[0].created_at
-        received = _event_rows([
+        received = event_rows([
             EventDraft("message.received", m.producer_id, now, m.correlation_id, m.recipient,
                        {"message_id": m.message_id, "message_type": "DATA", "offset": i + 1,
                         "lane": m.lane})
@@ -122,7 +111,7 @@ def _routed(messages: list[StoredMessage], frame: int) -> list[Frame]:
             StateChange(m.message_id, MessageState.FULFILLED, now, "", "FULFILLED", True, 1, now)
             for m in part
         ]
-        state = _event_rows([
+        state = event_rows([
             EventDraft("message.state", m.recipient, now, m.correlation_id, m.recipient,
                        {"message_id": m.message_id, "from": "RECEIVED", "to": "FULFILLED",
                         "input": "ACK_FULFILLED", "error_code": ""})
@@ -131,29 +120,28 @@ def _routed(messages: list[StoredMessage], frame: int) -> list[Frame]:
         ids = [m.message_id for m in part]
         fulfils.append(partial(_fulfil, _change_params(changes), ids, state))
     lagging = [*([None] * FULFIL_LAG), *fulfils]
-    interleaved = [w for pair in zip_longest(admits, lagging) for w in pair if w is not None]
-    return interleaved
+    return [w for pair in zip_longest(admits, lagging) for w in pair if w is not None]
 
 
 def _insert_bodies(rows: list[tuple[bytes]], conn: Connection) -> None:
     conn.executemany("INSERT INTO journal (body) VALUES (?)", rows)
 
 
+def _parts(messages: list[StoredMessage], frame: int) -> list[list[StoredMessage]]:
+    return [messages[start : start + frame] for start in range(0, len(messages), frame)]
+
+
 def _one_row(messages: list[StoredMessage], frame: int) -> list[Frame]:
-    frames: list[Frame] = []
-    for start in range(0, len(messages), frame):
-        frames.append(
-            partial(_insert_bodies, [(m.envelope,) for m in messages[start : start + frame]])
-        )
-    return frames
+    return [
+        partial(_insert_bodies, [(m.envelope,) for m in part]) for part in _parts(messages, frame)
+    ]
 
 
 def _frame_row(messages: list[StoredMessage], frame: int) -> list[Frame]:
-    frames: list[Frame] = []
-    for start in range(0, len(messages), frame):
-        body = b"".join(m.envelope for m in messages[start : start + frame])
-        frames.append(partial(_insert_bodies, [(body,)]))
-    return frames
+    return [
+        partial(_insert_bodies, [(b"".join(m.envelope for m in part),)])
+        for part in _parts(messages, frame)
+    ]
 
 
 def _schema(path: Path) -> None:

@@ -68,12 +68,7 @@ class SqliteEventLog:
         """Append the drafts atomically, in order; return them with their sequences."""
         if not drafts:
             return []
-        rows = [
-            (d.event_type, d.actor, d.ts, d.correlation_id, d.agent_id, dump_json(d.details), d.hlc,
-             correlation_key(d.correlation_id))
-            for d in drafts
-        ]  # fmt: skip
-        sequences = await self._db.call(_insert_events, rows)
+        sequences = await self._db.call(_insert_events, event_rows(drafts))
         return [Event.from_draft(seq, draft) for seq, draft in zip(sequences, drafts, strict=True)]
 
     async def read(
@@ -106,6 +101,16 @@ class SqliteEventLog:
             return int(last)
 
         return await self._db.read(query)
+
+
+def event_rows(drafts: Sequence[EventDraft]) -> list[tuple[Any, ...]]:
+    """The `events` rows of `drafts`, in `_INSERT_EVENTS`' column order (encoded on the
+    caller's side, so that the writer does as little as possible)."""
+    return [
+        (d.event_type, d.actor, d.ts, d.correlation_id, d.agent_id, dump_json(d.details), d.hlc,
+         correlation_key(d.correlation_id))
+        for d in drafts
+    ]  # fmt: skip
 
 
 def _insert_events(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> range:
