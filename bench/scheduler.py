@@ -49,7 +49,7 @@ from typing import Any
 
 from apiary.core.envelope import AckStage
 from apiary.core.task_queue import QueuedTask, TaskQueue
-from apiary.engine.scheduler import Scheduler, Submission
+from apiary.engine.scheduler.scheduler import Scheduler, Submission
 from apiary.engine.settings import SchedulerSettings
 from apiary.testing.engine import EngineHarness, open_test_engine
 

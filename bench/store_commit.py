@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from apiary.core.events import EventDraft
-from apiary.store.sqlite import open_sqlite_store
+from apiary.store.sqlite.store import open_sqlite_store
 
 
 def _draft(i: int) -> EventDraft:

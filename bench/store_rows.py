@@ -43,10 +43,10 @@ from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.open import open_store
 from apiary.store.sql_rows import message_values
-from apiary.store.sqlite import _insert_events, event_rows
-from apiary.store.sqlite_checkpoint import WalCheckpointer
-from apiary.store.sqlite_database import SqliteOptions, connect_sqlite, enable_wal
-from apiary.store.sqlite_messages import _change_params, _insert_new, _record_unique
+from apiary.store.sqlite.checkpoint import WalCheckpointer
+from apiary.store.sqlite.database import SqliteOptions, connect_sqlite, enable_wal
+from apiary.store.sqlite.messages import _change_params, _insert_new, _record_unique
+from apiary.store.sqlite.store import _insert_events, event_rows
 
 Frame = Callable[[Connection], None]
 """Writes one frame's rows (the caller runs it in a transaction of its own)."""

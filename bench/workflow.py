@@ -36,13 +36,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from apiary.core.workflow_dag import validate_dag
-from apiary.core.workflow_definition import NodeSpec, WorkflowSpec, validate_workflow
-from apiary.engine.scheduler import Submission
+from apiary.core.workflow.dag import validate_dag
+from apiary.core.workflow.definition import NodeSpec, WorkflowSpec, validate_workflow
+from apiary.engine.scheduler.scheduler import Submission
 from apiary.sdk.agent import Agent
 from apiary.sdk.tasks import TaskContext
 from apiary.server.coordinator import Coordinator
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator
 
 ROOT = Path(__file__).resolve().parent.parent
 

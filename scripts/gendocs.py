@@ -16,13 +16,13 @@ from apiary.core import (
     handoff,
     hitl,
     message_machine,
-    negotiation_machine,
-    negotiation_room,
     preemption,
-    tool_calls,
-    workflow_node,
     worktree_binding,
 )
+from apiary.core.negotiation import machine as negotiation_machine
+from apiary.core.rooms import machine as negotiation_room
+from apiary.core.tools import calls as tool_calls
+from apiary.core.workflow import node as workflow_node
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
@@ -49,7 +49,7 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
     ),
     "workflow-node-lifecycle.md": (
         "Workflow node lifecycle (RFC 17.7)",
-        "`apiary.core.workflow_node.NodeMachine`",
+        "`apiary.core.workflow.node.NodeMachine`",
         workflow_node.mermaid,
     ),
     "handoff-lifecycle.md": (
@@ -60,18 +60,18 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
     ),
     "negotiation-room-lifecycle.md": (
         "Negotiation room lifecycle (RFC 17.5)",
-        "`apiary.core.negotiation_room.RoomMachine`; see docs/negotiation-rooms.md",
+        "`apiary.core.rooms.machine.RoomMachine`; see docs/negotiation-rooms.md",
         negotiation_room.mermaid,
     ),
     "tool-call-lifecycle.md": (
         "Tool call lifecycle (RFC 18.2, 18.6)",
-        "`apiary.core.tool_calls.ToolCallMachine`; self-loops (FRAME, RETRY, a second "
+        "`apiary.core.tools.calls.ToolCallMachine`; self-loops (FRAME, RETRY, a second "
         "CANCEL) are left out",
         tool_calls.mermaid,
     ),
     "negotiation-lifecycle.md": (
         "Negotiation rounds (RFC 17, 17.1-17.3)",
-        "`apiary.core.negotiation_machine.NegotiationMachine`; see docs/negotiation.md",
+        "`apiary.core.negotiation.machine.NegotiationMachine`; see docs/negotiation.md",
         negotiation_machine.mermaid,
     ),
 }

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from apiary.server.coordinator import Coordinator
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator
 from tests.e2e.agent_process import AgentProcess
 from tests.e2e.handoff_agents import CONTEXT
 

@@ -24,13 +24,14 @@ import pytest
 from google.protobuf.duration_pb2 import Duration
 
 from apiary.core.events import Event
-from apiary.core.negotiation_policy import NegotiationPolicy
+from apiary.core.negotiation.policy import NegotiationPolicy
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
-from apiary.engine.negotiation_policies import NegotiationSettings
+from apiary.engine.negotiation.policies import NegotiationSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.sdk.client import Client
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from tests.e2e.agent_process import AgentProcess as SharedAgentProcess

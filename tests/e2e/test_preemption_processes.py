@@ -21,14 +21,15 @@ import pytest
 from apiary.core.events import Event
 from apiary.core.preemption import PreemptionPolicy
 from apiary.core.records import TaskState
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.engine.scheduler import Scheduler
+from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.engine.settings import SchedulerSettings
 from apiary.sdk.agent import Agent
 from apiary.sdk.scheduler import SchedulerClient
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from tests.e2e.agent_process import AgentProcess

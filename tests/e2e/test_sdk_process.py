@@ -22,7 +22,7 @@ from apiary.core.envelope import AckStage, MessageType
 from apiary.engine.settings import RouterSettings
 from apiary.sdk.connection import Connection
 from apiary.server.coordinator import Coordinator
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator
 
 ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0

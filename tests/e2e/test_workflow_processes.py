@@ -22,7 +22,7 @@ from apiary.core.events import Event
 from apiary.sdk.agent import Agent
 from apiary.sdk.client import Client
 from apiary.server.coordinator import Coordinator
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from tests.e2e.agent_process import AgentProcess

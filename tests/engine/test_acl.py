@@ -11,7 +11,7 @@ import pytest
 
 from apiary.core.acl import AclPolicy, MessageGrant
 from apiary.core.envelope import AckStage, MessageType
-from apiary.engine.admission import Outbound
+from apiary.engine.router.admission import Outbound
 from apiary.engine.settings import RouterSettings
 from apiary.testing.engine import EngineHarness, open_test_engine
 

@@ -3,7 +3,7 @@ RFC 11 fields and TTL, RFC 12 addressing and modalities.
 
 Every refusal is shown to be loud: the error names the code and the field, nothing reaches
 the recipient, the producer finds a NACK in its inbox, and what can never succeed is in the
-DLQ (engine/admission.py DEAD_LETTER_CODES).
+DLQ (engine/router/admission.py DEAD_LETTER_CODES).
 """
 
 from __future__ import annotations

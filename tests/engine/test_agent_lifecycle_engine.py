@@ -21,7 +21,7 @@ from apiary.core.events import EventFilter
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.lifecycle import Lifecycles, LifecycleSettings
 from apiary.errors import NotFoundError, ValidationError
-from apiary.store.memory import MemoryStore
+from apiary.store.memory.store import MemoryStore
 from apiary.testing.clock import FakeClock
 
 S = AgentLifecycleState

@@ -11,8 +11,8 @@ import pytest
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
 from apiary.core.records import DlqEntry, DlqFilter
-from apiary.engine.admission import Outbound
 from apiary.engine.dead_letters import EXCERPT_BYTES
+from apiary.engine.router.admission import Outbound
 from apiary.errors import ApiaryError
 from apiary.testing.clock import DEFAULT_START
 from apiary.testing.engine import EngineHarness, open_test_engine

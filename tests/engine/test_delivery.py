@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from apiary.core.envelope import AckStage
-from apiary.engine.delivery import parse_resume_token, resume_token
+from apiary.engine.router.delivery import parse_resume_token, resume_token
 from apiary.engine.settings import RouterSettings
 from apiary.errors import ApiaryError
 from apiary.testing.engine import EngineHarness, open_test_engine

@@ -1,4 +1,4 @@
-"""Forwarded ACKs handed to a streaming producer from memory (engine/router.py `_hand_over`):
+"""Forwarded ACKs handed to a streaming producer from memory (engine/router/router.py `_hand_over`):
 not stored when the producer's stream takes them in time, stored like any notice when it
 does not, so that an accepted ACK is always either handed out or stored, and never both."""
 
@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from apiary.core.envelope import AckStage, MessageType
-from apiary.engine.inbox import Handout
+from apiary.engine.router.inbox import Handout
 from apiary.engine.settings import RouterSettings
 from apiary.testing.engine import EngineHarness, open_test_engine
 

@@ -15,8 +15,8 @@ import pytest
 
 from apiary.core.dedup import iso_utc
 from apiary.core.envelope import AckStage, MessageType
-from apiary.engine.dedup_gate import cache_key
 from apiary.engine.notices import COORDINATOR
+from apiary.engine.router.dedup_gate import cache_key
 from apiary.engine.settings import RouterSettings
 from apiary.testing.clock import FakeClock
 from apiary.testing.engine import EngineHarness, open_test_engine

@@ -27,7 +27,7 @@ from apiary.engine.inference_http import (
     parse_completion,
 )
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.engine.scheduler import Submission
+from apiary.engine.scheduler.scheduler import Submission
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import ValidationError
 from apiary.testing.engine import EngineHarness, open_test_engine

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from apiary.core.envelope import MessageType
-from apiary.core.negotiation_policy import HitlGate, NegotiationPolicy
+from apiary.core.negotiation.policy import HitlGate, NegotiationPolicy
 from apiary.engine.hitl import HitlSettings
-from apiary.engine.negotiation_inference import DebateVerdict
+from apiary.engine.negotiation.inference import DebateVerdict
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.errors import PermissionDeniedError, ValidationError
 from apiary.sdk import negotiation as sdk

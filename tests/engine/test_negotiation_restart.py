@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from apiary.core.negotiation_policy import NegotiationPolicy
+from apiary.core.negotiation.policy import NegotiationPolicy
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.testing.clock import FakeClock

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from apiary.core.room_policy import RoomPolicy
-from apiary.core.room_records import DecisionRecord
-from apiary.core.room_validation import ProposalDraft, VoteDraft
+from apiary.core.rooms.policy import RoomPolicy
+from apiary.core.rooms.records import DecisionRecord
+from apiary.core.rooms.validation import ProposalDraft, VoteDraft
 from apiary.engine.hitl import HitlSettings
-from apiary.engine.negotiation_rooms import RoomSettings
+from apiary.engine.negotiation.rooms import RoomSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.errors import (
     AlreadyCompletedError,

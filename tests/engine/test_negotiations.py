@@ -13,11 +13,11 @@ import pytest
 
 from apiary.core.envelope import MessageType
 from apiary.core.hitl import HitlPolicy, UnavailablePolicy
-from apiary.core.negotiation_events import decode_event
-from apiary.core.negotiation_policy import NegotiationPolicy
-from apiary.core.negotiation_records import NegotiationRecord
+from apiary.core.negotiation.events import decode_event
+from apiary.core.negotiation.policy import NegotiationPolicy
+from apiary.core.negotiation.records import NegotiationRecord
 from apiary.engine.hitl import HitlSettings
-from apiary.engine.negotiation_policies import NegotiationSettings
+from apiary.engine.negotiation.policies import NegotiationSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.errors import (
     AlreadyCompletedError,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from apiary.engine.registry import UNAVAILABLE
-from apiary.store.sqlite import SqliteStore
+from apiary.store.sqlite.store import SqliteStore
 from apiary.testing.engine import EngineHarness, open_test_engine
 
 

@@ -13,7 +13,7 @@ from apiary.core.events import EventFilter
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.resources import ReleaseFailure, ResourceKind, ResourceTracker
 from apiary.errors import ValidationError
-from apiary.store.memory import MemoryStore
+from apiary.store.memory.store import MemoryStore
 from apiary.testing.clock import FakeClock
 
 K = ResourceKind

@@ -20,7 +20,7 @@ from apiary.engine.hitl import HitlSettings
 from apiary.engine.inference import RuleInference
 from apiary.engine.notices import SCHEDULER
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.engine.scheduler import Scheduler, Submission
+from apiary.engine.scheduler.scheduler import Scheduler, Submission
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import (
     AgentShutdownError,

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from apiary.engine.scheduler import Scheduler, Submission, SubmitResult
+from apiary.engine.scheduler.scheduler import Scheduler, Submission, SubmitResult
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import AlreadyExistsError
-from apiary.store.sqlite import SqliteStore
+from apiary.store.sqlite.store import SqliteStore
 from apiary.testing.engine import EngineHarness, open_test_engine
 
 WAIT_S = 10.0

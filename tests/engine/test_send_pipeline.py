@@ -1,4 +1,4 @@
-"""Pipelined send streams (engine/send_pipeline.py) and frame-level ACKs (Router.prepare).
+"""Pipelined send streams (engine/router/send_pipeline.py) and frame-level ACKs (Router.prepare).
 
 A stream prepares its next frame while the previous one commits; what must hold anyway:
 answers come in frame order, a producer's messages keep their order in the inbox, an error
@@ -15,8 +15,8 @@ import pytest
 
 from apiary.core.envelope import Ack, AckStage, MessageType
 from apiary.core.records import MessageState
-from apiary.engine.admission import Outbound, PreparedSend, SendOutcome
-from apiary.engine.send_pipeline import SendPipeline
+from apiary.engine.router.admission import Outbound, PreparedSend, SendOutcome
+from apiary.engine.router.send_pipeline import SendPipeline
 from apiary.errors import ValidationError
 from apiary.store.errors import StoreError
 from apiary.testing.engine import EngineHarness, open_test_engine

@@ -20,11 +20,11 @@ import pytest
 from apiary.core.envelope import AckStage, Envelope, MessageType
 from apiary.core.handoff_request import HandoffDraft
 from apiary.core.ids import is_uuid4
-from apiary.core.room_validation import ProposalDraft
-from apiary.core.workflow_definition import NodeSpec, WorkflowSpec
-from apiary.engine.admission import Outbound
+from apiary.core.rooms.validation import ProposalDraft
+from apiary.core.workflow.definition import NodeSpec, WorkflowSpec
 from apiary.engine.hitl import HitlSettings
-from apiary.engine.scheduler import Submission
+from apiary.engine.router.admission import Outbound
+from apiary.engine.scheduler.scheduler import Submission
 from apiary.engine.settings import RouterSettings
 from apiary.errors import ApiaryError, ValidationError
 from apiary.store.protocols import Store

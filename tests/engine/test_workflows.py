@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from apiary.core.envelope import AckStage, MessageType
-from apiary.core.workflow_definition import NodeSpec, TriggerType, WorkflowSpec
-from apiary.core.workflow_node import NodeStatus
-from apiary.core.workflow_run import StoredWorkflow, WorkflowStatus
+from apiary.core.workflow.definition import NodeSpec, TriggerType, WorkflowSpec
+from apiary.core.workflow.node import NodeStatus
+from apiary.core.workflow.run import StoredWorkflow, WorkflowStatus
 from apiary.engine.workflows import WORKFLOW, Workflows
 from apiary.errors import (
     AlreadyCompletedError,

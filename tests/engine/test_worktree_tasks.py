@@ -10,7 +10,7 @@ import pytest
 
 from apiary.core.scope_overlap import parse_scope
 from apiary.core.worktree_binding import BindingState as S
-from apiary.engine.scheduler import Submission
+from apiary.engine.scheduler.scheduler import Submission
 from apiary.errors import ValidationError
 from tests.engine.test_worktrees import settle, world, wt
 

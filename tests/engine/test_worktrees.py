@@ -15,8 +15,8 @@ import pytest
 from apiary.core.worktree_binding import BindingPolicy, BindingState, WorktreeBinding
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import Operator, OperatorEntry, token_digest
-from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
-from apiary.engine.worktrees import Worktrees
+from apiary.engine.worktrees.settings import RepoEntry, WorktreeSettings
+from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.errors import (
     AlreadyExistsError,
     ApiaryError,

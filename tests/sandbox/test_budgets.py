@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from apiary.core.tool_policy import ExecutionPolicy, PrivilegeLevel
+from apiary.core.tools.policy import ExecutionPolicy, PrivilegeLevel
 from apiary.errors import CpuBudgetExceededError, WallTimeoutError
 from apiary.sandbox import Outcome, SandboxSpec, error_for, run, start
 from apiary.sandbox.proctree import descendants

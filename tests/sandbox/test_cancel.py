@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from apiary.core.tool_policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
+from apiary.core.tools.policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import CallCancelledError
 from apiary.sandbox import Outcome, SandboxedProcess, SandboxSpec, error_for, run, start
 from apiary.sandbox.mounts import PRIVATE_WORKDIR

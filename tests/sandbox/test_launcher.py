@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import apiary.sandbox
-from apiary.core.tool_policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
+from apiary.core.tools.policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import ValidationError
 from apiary.sandbox import SandboxSpec, netns, process_cpu_ms, run, start, wrap_argv
 from apiary.sandbox.mounts import PRIVATE_WORKDIR

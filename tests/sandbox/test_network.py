@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from apiary.core.tool_policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
+from apiary.core.tools.policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import PermissionDeniedError
 from apiary.sandbox import Outcome, SandboxSpec, run, start, wrap_argv
 from tests.sandbox.conftest import lines, python, requires_root

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from apiary.core.tool_policy import ExecutionPolicy, NetworkPolicy, PrivilegeLevel
+from apiary.core.tools.policy import ExecutionPolicy, NetworkPolicy, PrivilegeLevel
 from apiary.sandbox import Outcome, SandboxSpec, mounts, run
 from apiary.sandbox.plan import ELEVATED_CAPABILITIES, NOBODY
 from tests.sandbox.conftest import lines, python, requires_root

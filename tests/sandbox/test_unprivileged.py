@@ -39,7 +39,7 @@ os.execv(sys.executable, [sys.executable, "-c", *sys.argv[2:]])
 
 COORDINATOR = """
 import asyncio, json, subprocess, sys
-from apiary.core.tool_policy import ExecutionPolicy, NetworkPolicy, PrivilegeLevel
+from apiary.core.tools.policy import ExecutionPolicy, NetworkPolicy, PrivilegeLevel
 from apiary.errors import PermissionDeniedError
 from apiary.sandbox import SandboxSpec, run, wrap_argv
 

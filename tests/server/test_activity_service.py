@@ -12,7 +12,7 @@ import pytest
 
 from apiary.core.activity import ActivityBuffer, ActivityLimits
 from apiary.server.coordinator import Coordinator
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 
 a = pb.apiary_pb2

@@ -21,11 +21,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.engine.scheduler import Submission
-from apiary.server.coordinator import SHUTDOWN_GRACE_S, Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.engine.scheduler.scheduler import Submission
+from apiary.server.coordinator import SHUTDOWN_GRACE_S, Coordinator
+from apiary.server.inprocess import open_test_coordinator
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_DIR = ROOT / "src" / "apiary" / "server" / "http" / "console"

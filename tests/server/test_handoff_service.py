@@ -20,9 +20,10 @@ from typer.testing import CliRunner
 
 from apiary.cli.main import app
 from apiary.core.events import Event
-from apiary.server.coordinator import Coordinator, Runtime
+from apiary.engine.assembly import Runtime
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.clock import FakeClock
-from apiary.testing.coordinator import open_test_coordinator
 from apiary.testing.events import wait_for_event
 from apiary.testing.ids import SequentialIds
 from apiary.wire import pb

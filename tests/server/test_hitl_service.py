@@ -17,10 +17,11 @@ import aiohttp
 import grpc
 import pytest
 
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 
 TOKEN = "s3cret-operator-token"

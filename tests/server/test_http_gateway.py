@@ -16,8 +16,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from apiary.server.coordinator import Coordinator
 from apiary.server.dispatch import Dispatcher
 from apiary.server.http.app import build_http_app
+from apiary.server.inprocess import open_test_coordinator
 from apiary.server.metrics import Metrics
-from apiary.testing.coordinator import open_test_coordinator
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from apiary.server.coordinator import Coordinator
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 
 r = pb.reasoning_pb2

@@ -14,14 +14,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
-from apiary.engine.mcp_bridge import McpProvider, McpServerSpec
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.engine.tool_settings import ToolSettings
+from apiary.engine.tools.mcp_bridge import McpProvider, McpServerSpec
+from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import ApiaryError
 from apiary.sdk.tools import ToolClient
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 
 SERVER = (sys.executable, "-m", "mcp_server_time")
 TIME = McpServerSpec("time", SERVER[0], SERVER[1:], startup_timeout_s=30)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 
 TOKEN = "cli-operator-token"
 HITL = HitlSettings(operators=(OperatorEntry("olivia", token_digest(TOKEN), ("admin",)),))

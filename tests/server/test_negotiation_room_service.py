@@ -18,13 +18,14 @@ import aiohttp
 import grpc
 import pytest
 
-from apiary.core.room_policy import RoomPolicy
+from apiary.core.rooms.policy import RoomPolicy
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
-from apiary.engine.negotiation_rooms import RoomSettings
+from apiary.engine.negotiation.rooms import RoomSettings
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.server.coordinator import Coordinator, Runtime
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.clock import FakeClock
-from apiary.testing.coordinator import open_test_coordinator
 from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from tests.server.wire_client import WAIT_S, error_detail, register

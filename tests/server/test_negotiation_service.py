@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.duration_pb2 import Duration
 
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.errors import (
@@ -20,8 +21,8 @@ from apiary.errors import (
     ValidationError,
 )
 from apiary.sdk.client import Client
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 
 TOKEN = "negotiation-operator-token"

@@ -13,7 +13,7 @@ from apiary.errors import NoRouteError, ValidationError
 from apiary.sdk.agent import Agent
 from apiary.sdk.connection import Delivery
 from apiary.server.coordinator import Coordinator
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ from apiary.sdk.connection import Connection
 from apiary.sdk.scheduler import SchedulerClient
 from apiary.sdk.tool_provider import Tool, ToolCallContext, ToolHost
 from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.system import SystemClock, UuidIds
-from apiary.testing.coordinator import open_test_coordinator
 from apiary.testing.events import wait_for_event
 from apiary.wire import pb
 from apiary.wire.convert import ack_from_payload

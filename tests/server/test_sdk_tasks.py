@@ -15,13 +15,13 @@ import pytest
 from apiary.core.envelope import MessageType
 from apiary.core.events import Event
 from apiary.core.records import TaskState
-from apiary.engine.scheduler import Scheduler
+from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.errors import ToolTimeoutError, ValidationError
 from apiary.sdk.agent import Agent
 from apiary.sdk.scheduler import SchedulerClient
 from apiary.sdk.tasks import SCHEDULER, Handler, TaskContext, TaskRunner
 from apiary.server.coordinator import Coordinator
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.events import wait_for_event
 
 SCOPE = "path:src/app/**"

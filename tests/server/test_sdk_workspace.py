@@ -15,15 +15,16 @@ import pytest
 
 import apiary
 from apiary.core.envelope import MessageType
-from apiary.core.tool_descriptor import ToolDescriptor
-from apiary.engine.command_tools import CommandToolSpec
-from apiary.engine.mcp_bridge import McpProvider, McpServerSpec
-from apiary.engine.tool_settings import ToolSettings
-from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
+from apiary.core.tools.descriptor import ToolDescriptor
+from apiary.engine.assembly import Runtime
+from apiary.engine.tools.command_tools import CommandToolSpec
+from apiary.engine.tools.mcp_bridge import McpProvider, McpServerSpec
+from apiary.engine.tools.settings import ToolSettings
+from apiary.engine.worktrees.settings import RepoEntry, WorktreeSettings
 from apiary.errors import ApiaryError, PermissionDeniedError
 from apiary.sdk.connection import Delivery
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from tests.gitrepo import git, make_repo
 
 LINES = CommandToolSpec(

@@ -17,14 +17,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from apiary.core.envelope import AckStage
 from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.registry import RETIRED_KEY_GRACE_S
 from apiary.engine.settings import RouterSettings
 from apiary.sdk.connection import Connection, Delivery
-from apiary.server.coordinator import Runtime
+from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.clock import FakeClock
-from apiary.testing.coordinator import open_test_coordinator
 from apiary.wire import pb
 from tests.server.wire_client import Running, descriptor, envelope, error_detail, open_running
 

@@ -17,7 +17,7 @@ import pytest
 from apiary.errors import ValidationError
 from apiary.sdk.channel import ClientTls, open_channel
 from apiary.sdk.connection import Connection
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 from tests.server.wire_client import descriptor
 from tests.swarm.pki import Pki, make_pki

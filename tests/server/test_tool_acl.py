@@ -10,14 +10,15 @@ from pathlib import Path
 import grpc
 import pytest
 
-from apiary.core.tool_descriptor import ToolDescriptor
-from apiary.engine.command_tools import CommandToolSpec
-from apiary.engine.tool_settings import ToolSettings
+from apiary.core.tools.descriptor import ToolDescriptor
+from apiary.engine.assembly import Runtime
+from apiary.engine.tools.command_tools import CommandToolSpec
+from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import PermissionDeniedError
 from apiary.sdk.tools import ToolClient
 from apiary.server.config import load_config
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 
 
 def _say(provider: str, name: str, word: str) -> CommandToolSpec:

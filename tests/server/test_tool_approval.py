@@ -14,14 +14,15 @@ from typing import Any
 import grpc
 import pytest
 
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.engine.tool_settings import ToolSettings
+from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import ApiaryError
 from apiary.sdk.tool_provider import Tool, ToolCallContext
 from apiary.sdk.tools import ToolClient
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 from tests.server.tool_agents import tool_agent
 

@@ -12,12 +12,13 @@ from typing import Any
 import grpc
 import pytest
 
-from apiary.engine.tool_settings import ToolSettings
+from apiary.engine.assembly import Runtime
+from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import ApiaryError
 from apiary.sdk.tool_provider import Tool
 from apiary.sdk.tools import ToolClient, ToolResult
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from tests.server.tool_agents import never, raw_provider
 
 GRACE_S = 0.5

@@ -18,12 +18,13 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from apiary.cli.main import app
-from apiary.core.tool_descriptor import ToolDescriptor
-from apiary.engine.command_tools import CommandToolSpec
-from apiary.engine.tool_settings import ToolSettings
+from apiary.core.tools.descriptor import ToolDescriptor
+from apiary.engine.assembly import Runtime
+from apiary.engine.tools.command_tools import CommandToolSpec
+from apiary.engine.tools.settings import ToolSettings
 from apiary.sdk.tool_provider import Tool, ToolCallContext
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from tests.server.tool_agents import tool_agent
 
 UPPER = CommandToolSpec(

@@ -13,15 +13,16 @@ from pathlib import Path
 import grpc
 import pytest
 
-from apiary.core.tool_descriptor import ToolDescriptor
-from apiary.core.tool_policy import ExecutionPolicy
-from apiary.engine.command_tools import CommandToolSpec
-from apiary.engine.tool_settings import ToolSettings
+from apiary.core.tools.descriptor import ToolDescriptor
+from apiary.core.tools.policy import ExecutionPolicy
+from apiary.engine.assembly import Runtime
+from apiary.engine.tools.command_tools import CommandToolSpec
+from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import ApiaryError
 from apiary.sdk.tools import ToolClient, ToolResult
 from apiary.server.config import load_config
-from apiary.server.coordinator import Coordinator, Runtime, open_coordinator
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator, open_coordinator
+from apiary.server.inprocess import open_test_coordinator
 from tests.server.tool_agents import StaticWorktrees
 
 PY = sys.executable

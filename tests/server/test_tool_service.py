@@ -15,14 +15,15 @@ import pytest
 
 from apiary.core.envelope import MessageType
 from apiary.core.ids import is_uuid4
+from apiary.engine.assembly import Runtime
 from apiary.engine.settings import RouterSettings
-from apiary.engine.tool_settings import ToolSettings
+from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import ApiaryError, error_for_code
 from apiary.sdk.agent import Agent
 from apiary.sdk.tool_provider import Tool, ToolCallContext
 from apiary.sdk.tools import ToolClient
-from apiary.server.coordinator import Coordinator, Runtime
-from apiary.testing.coordinator import open_test_coordinator
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 from tests.server.tool_agents import StaticWorktrees, never, raw_provider, tool_agent
 

@@ -19,12 +19,13 @@ from typer.testing import CliRunner
 
 from apiary.cli.main import app
 from apiary.core.worktree_binding import BindingState
+from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
-from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
-from apiary.server.coordinator import Coordinator, Runtime
+from apiary.engine.worktrees.settings import RepoEntry, WorktreeSettings
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.clock import FakeClock
-from apiary.testing.coordinator import open_test_coordinator
 from apiary.wire import pb
 from tests.gitrepo import README, make_repo
 from tests.server.wire_client import WAIT_S, envelope, error_detail, register

@@ -14,11 +14,12 @@ from typing import Any
 
 import grpc
 
+from apiary.engine.assembly import Runtime
 from apiary.engine.presence import PresenceSettings
 from apiary.engine.settings import RouterSettings
-from apiary.server.coordinator import Coordinator, Runtime
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.clock import FakeClock
-from apiary.testing.coordinator import open_test_coordinator
 from apiary.wire import pb
 from apiary.wire.errordetail import ERROR_TRAILER
 

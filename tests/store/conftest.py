@@ -10,10 +10,10 @@ import pytest
 # Before the import below: the suite's plain asserts then explain themselves like a test's.
 pytest.register_assert_rewrite("apiary.testing.store_suite")
 
-from apiary.store.memory import open_memory_store  # noqa: E402
-from apiary.store.postgres import open_postgres_store  # noqa: E402
-from apiary.store.sqlite import open_sqlite_store  # noqa: E402
-from apiary.store.sqlite_database import SqliteOptions  # noqa: E402
+from apiary.store.memory.store import open_memory_store  # noqa: E402
+from apiary.store.postgres.store import open_postgres_store  # noqa: E402
+from apiary.store.sqlite.database import SqliteOptions  # noqa: E402
+from apiary.store.sqlite.store import open_sqlite_store  # noqa: E402
 from apiary.testing.store_suite import StoreFactory  # noqa: E402
 
 BACKENDS = [

@@ -9,8 +9,8 @@ import pytest
 
 from apiary.store.errors import StoreError
 from apiary.store.open import open_store, sqlite_location
-from apiary.store.postgres import PostgresStore
-from apiary.store.sqlite import SqliteStore
+from apiary.store.postgres.store import PostgresStore
+from apiary.store.sqlite.store import SqliteStore
 
 
 @pytest.mark.parametrize("url", [None, "", "sqlite", "sqlite://"])

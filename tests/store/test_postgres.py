@@ -15,7 +15,7 @@ from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, SchemaVersionError
 from apiary.store.migrations import load_migrations
-from apiary.store.postgres import open_postgres_store, split_schema_parameter
+from apiary.store.postgres.store import open_postgres_store, split_schema_parameter
 
 pytestmark = pytest.mark.postgres
 

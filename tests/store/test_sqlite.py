@@ -22,14 +22,14 @@ from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, SchemaVersionError, StoreError
 from apiary.store.migrations import load_migrations
 from apiary.store.sql_rows import HITL_COLUMNS, MESSAGE_COLUMNS
-from apiary.store.sqlite import SqliteStore, open_sqlite_store
-from apiary.store.sqlite_checkpoint import RESTART_RETRY_COMMITS
-from apiary.store.sqlite_database import (
+from apiary.store.sqlite.checkpoint import RESTART_RETRY_COMMITS
+from apiary.store.sqlite.database import (
     SqliteDatabase,
     SqliteOptions,
     correlation_key,
     split_statements,
 )
+from apiary.store.sqlite.store import SqliteStore, open_sqlite_store
 
 WAIT_S = 30
 
@@ -478,7 +478,7 @@ import asyncio, os, signal, sys
 from pathlib import Path
 from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage
-from apiary.store.sqlite import open_sqlite_store
+from apiary.store.sqlite.store import open_sqlite_store
 
 async def main(path):
     async with open_sqlite_store(Path(path)) as store:
@@ -541,7 +541,7 @@ async def test_reads_by_correlation_look_in_every_bucket_in_order(
 ) -> None:
     # Buckets of 4,096 events: 0, 1, 3 and 600 (past one window of 256 buckets); "plumless"
     # and "buckeroo" share a CRC-32, so they share index keys and only the id tells them apart.
-    monkeypatch.setattr("apiary.store.sqlite._BUCKETS_PER_READ", window)
+    monkeypatch.setattr("apiary.store.sqlite.store._BUCKETS_PER_READ", window)
     await _events_at(store, [
         (1, "plumless", "x"), (2, "buckeroo", "x"), (4095, "plumless", "y"),
         (4096, "other", "x"), (5000, "plumless", "x"), (13000, "buckeroo", "y"),

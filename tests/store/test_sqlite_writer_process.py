@@ -22,9 +22,9 @@ import pytest
 
 from apiary.store.errors import SchemaVersionError, StoreError, VersionConflictError
 from apiary.store.open import sqlite_location
-from apiary.store.sqlite import open_sqlite_store
-from apiary.store.sqlite_database import SqliteOptions, migrate_sqlite
-from apiary.store.sqlite_writer_main import lock_path, take_lock
+from apiary.store.sqlite.database import SqliteOptions, migrate_sqlite
+from apiary.store.sqlite.store import open_sqlite_store
+from apiary.store.sqlite.writer_main import lock_path, take_lock
 
 PROCESS = SqliteOptions(writer="process")
 WAIT_S = 30.0
@@ -194,8 +194,8 @@ _COORDINATOR = textwrap.dedent(
     """
     import asyncio, sys, time
     from pathlib import Path
-    from apiary.store.sqlite import open_sqlite_store
-    from apiary.store.sqlite_database import SqliteOptions
+    from apiary.store.sqlite.store import open_sqlite_store
+    from apiary.store.sqlite.database import SqliteOptions
 
     async def main() -> None:
         options = SqliteOptions(writer="process")

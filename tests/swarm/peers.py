@@ -14,7 +14,7 @@ from typing import Any
 import aiohttp
 
 from apiary.core.clock import Clock
-from apiary.store.memory import open_memory_store
+from apiary.store.memory.store import open_memory_store
 from apiary.store.protocols import Store
 from apiary.swarm.home import NodeConfig, SwarmHome
 from apiary.swarm.node import SwarmNode, open_swarm_node

@@ -22,7 +22,7 @@ import apiary
 from apiary.core.envelope import MessageType
 from apiary.errors import NotFoundError, UnsupportedMessageTypeError, ValidationError
 from apiary.server.config import Address, ServerConfig
-from apiary.server.coordinator import Coordinator, Runtime, open_coordinator
+from apiary.server.coordinator import Coordinator, open_coordinator
 from apiary.swarm.home import NodeConfig, SwarmHome
 from apiary.swarm.node import SwarmNode
 from apiary.swarm.settings import PeerSettings
@@ -49,7 +49,7 @@ async def _coordinator(tmp: Path, pki: Pki, bridge_agent: str) -> AsyncIterator[
         data_dir=tmp / "data", grpc=Address("127.0.0.1", 0), http=Address("127.0.0.1", 0),
         store="memory://", swarm=swarm,
     )  # fmt: skip
-    async with open_coordinator(config, runtime=Runtime(swarm_client_tls=pki.client())) as c:
+    async with open_coordinator(config, swarm_client_tls=pki.client()) as c:
         yield c
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from apiary.errors import ValidationError
 from apiary.server.config import load_config
-from apiary.store.memory import open_memory_store
+from apiary.store.memory.store import open_memory_store
 from apiary.swarm.courier import RetryPolicy
 from apiary.swarm.errors import SwarmFileError
 from apiary.swarm.home import NodeConfig, SwarmHome

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apiary.core.negotiation_machine import NegotiationMachine
-from apiary.core.negotiation_policy import EffectivePolicy, NegotiationPolicy
-from apiary.core.negotiation_records import NegotiationRecord, RoundRecord
-from apiary.core.negotiation_types import DeadlockRule, Draft, NegotiationStep
-from apiary.core.negotiation_validation import ValidationRules
+from apiary.core.negotiation.machine import NegotiationMachine
+from apiary.core.negotiation.policy import EffectivePolicy, NegotiationPolicy
+from apiary.core.negotiation.records import NegotiationRecord, RoundRecord
+from apiary.core.negotiation.validation import ValidationRules
+from apiary.core.negotiation.vocabulary import DeadlockRule, Draft, NegotiationStep
 
 T0 = 1_754_000_000.0
 JSON = "application/json"

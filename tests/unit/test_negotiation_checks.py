@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from apiary.core.negotiation_policy import NegotiationPolicy
-from apiary.core.negotiation_records import RoundRecord
-from apiary.core.negotiation_scoring import (
+from apiary.core.negotiation.policy import NegotiationPolicy
+from apiary.core.negotiation.records import RoundRecord
+from apiary.core.negotiation.scoring import (
     best_candidate,
     blend,
     estimate_tokens,
     reverses,
     unanimity_score,
 )
-from apiary.core.negotiation_validation import ValidationRules, check_draft, refusal
+from apiary.core.negotiation.validation import ValidationRules, check_draft, refusal
 from apiary.errors import ValidationError
 
 CONTRACT = b'{"type": "object", "required": ["id"], "properties": {"id": {"type": "integer"}}}'

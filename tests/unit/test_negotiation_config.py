@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from apiary.core.negotiation_policy import Bounds, HitlGate
-from apiary.core.negotiation_types import DeadlockRule
+from apiary.core.negotiation.policy import Bounds, HitlGate
+from apiary.core.negotiation.vocabulary import DeadlockRule
 from apiary.errors import ValidationError
 from apiary.server.config import load_config
 

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apiary.core.negotiation_delta import MAX_CHANGED_PATHS, diff, diff_document, json_diff
+from apiary.core.negotiation.delta import MAX_CHANGED_PATHS, diff, diff_document, json_diff
 
 JSON = "application/json"
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from apiary.core.negotiation_events import KINDS, b64, decode_event, encode, event
+from apiary.core.negotiation.events import KINDS, b64, decode_event, encode, event
 from apiary.errors import ValidationError
 from apiary.sdk import negotiation as sdk
 

@@ -10,17 +10,17 @@ from dataclasses import replace
 
 import pytest
 
-from apiary.core.negotiation_events import decode_event, encode
-from apiary.core.negotiation_machine import OPEN_ROW, NegotiationMachine, mermaid
-from apiary.core.negotiation_policy import EffectivePolicy, NegotiationPolicy
-from apiary.core.negotiation_types import (
+from apiary.core.negotiation.events import decode_event, encode
+from apiary.core.negotiation.machine import OPEN_ROW, NegotiationMachine, mermaid
+from apiary.core.negotiation.policy import EffectivePolicy, NegotiationPolicy
+from apiary.core.negotiation.validation import Example, ValidationRules
+from apiary.core.negotiation.vocabulary import (
     DeadlockRule,
     IllegalTransitionError,
     NegotiationEffect,
     NegotiationInput,
     NegotiationState,
 )
-from apiary.core.negotiation_validation import Example, ValidationRules
 from apiary.errors import (
     AlreadyExistsError,
     PermissionDeniedError,

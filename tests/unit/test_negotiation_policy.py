@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from apiary.core.negotiation_policy import (
+from apiary.core.negotiation.policy import (
     AgentPreferences,
     Bounds,
     EffectivePolicy,

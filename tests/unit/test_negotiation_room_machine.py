@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from apiary.core import negotiation_room
 from apiary.core.hitl import HitlReason
-from apiary.core.negotiation_room import (
+from apiary.core.rooms import machine as negotiation_room
+from apiary.core.rooms.machine import (
     OPEN_ROW,
     ROOM_SERVICE,
     IllegalTransitionError,
@@ -22,9 +22,9 @@ from apiary.core.negotiation_room import (
     RoomMachine,
     RoomStep,
 )
-from apiary.core.room_policy import RoomPolicy
-from apiary.core.room_records import ArtifactType, ProposalRecord, RoomState, VoteRecord
-from apiary.core.room_validation import ProposalDraft, VoteDraft, check_proposal
+from apiary.core.rooms.policy import RoomPolicy
+from apiary.core.rooms.records import ArtifactType, ProposalRecord, RoomState, VoteRecord
+from apiary.core.rooms.validation import ProposalDraft, VoteDraft, check_proposal
 from apiary.errors import (
     AlreadyCompletedError,
     AlreadyExistsError,

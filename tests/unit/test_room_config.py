@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from apiary.core.room_policy import RoomPolicy
-from apiary.engine.negotiation_rooms import RoomSettings
+from apiary.core.rooms.policy import RoomPolicy
+from apiary.engine.negotiation.rooms import RoomSettings
 from apiary.errors import ValidationError
 from apiary.server.config import load_config
 

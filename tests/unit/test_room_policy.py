@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from apiary.core.room_policy import (
+from apiary.core.rooms.policy import (
     ESCALATE_CONFIDENCE_BELOW,
     ESCALATE_STD_DEV_ABOVE,
     RoomPolicy,
@@ -17,7 +17,7 @@ from apiary.core.room_policy import (
     evaluate,
     requests_escalation,
 )
-from apiary.core.room_records import DecisionOutcome, VoteRecord
+from apiary.core.rooms.records import DecisionOutcome, VoteRecord
 from apiary.errors import ValidationError
 
 DEFAULT = RoomPolicy()

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from apiary.core.tool_calls import (
+from apiary.core.tools.calls import (
     IllegalTransitionError,
     ToolCallEffect,
     ToolCallInput,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from apiary.core.tool_policy import HostPort, NetworkPolicy, PrivilegeLevel
+from apiary.core.tools.policy import HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import ValidationError
 from apiary.server.config import load_config
 from apiary.server.tool_config import tool_settings

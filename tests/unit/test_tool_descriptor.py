@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from apiary.core.tool_descriptor import (
+from apiary.core.tools.descriptor import (
     ToolDescriptor,
     check_provider_id,
     descriptor_from_json,

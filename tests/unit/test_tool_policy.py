@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from apiary.core.tool_policy import (
+from apiary.core.tools.policy import (
     ExecutionPolicy,
     HostPort,
     NetworkPolicy,

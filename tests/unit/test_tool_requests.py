@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from apiary.core.tool_argv import render_argv, template_fields
-from apiary.core.tool_policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
-from apiary.core.tool_requests import RequestedPolicy, effective_policy
-from apiary.core.tool_retries import backoff_delay, is_transient, may_retry, parse_backoff
-from apiary.engine.tool_settings import ToolSettings
+from apiary.core.tools.argv import render_argv, template_fields
+from apiary.core.tools.policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
+from apiary.core.tools.requests import RequestedPolicy, effective_policy
+from apiary.core.tools.retries import backoff_delay, is_transient, may_retry, parse_backoff
+from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import ValidationError
 
 DEFAULT = ExecutionPolicy(

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from apiary.core.tool_schema import check_arguments, check_result, is_json
+from apiary.core.tools.schema import check_arguments, check_result, is_json
 from apiary.errors import ValidationError
 
 SCHEMA = json.dumps({

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apiary.core.workflow_dag import validate_dag
-from apiary.core.workflow_definition import (
+from apiary.core.workflow.dag import validate_dag
+from apiary.core.workflow.definition import (
     FailurePolicy,
     NodeSpec,
     TriggerType,

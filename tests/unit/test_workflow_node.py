@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from apiary.core.workflow_data import (
+from apiary.core.workflow.data import (
     MissingPathError,
     apply_output,
     assign,
@@ -19,9 +19,9 @@ from apiary.core.workflow_data import (
     parse_output,
     parse_path,
 )
-from apiary.core.workflow_definition import FailurePolicy, NodeOptions, NodeSpec, TriggerType
-from apiary.core.workflow_event import EventMessage, event_matches, parse_event_match
-from apiary.core.workflow_node import (
+from apiary.core.workflow.definition import FailurePolicy, NodeOptions, NodeSpec, TriggerType
+from apiary.core.workflow.event import EventMessage, event_matches, parse_event_match
+from apiary.core.workflow.node import (
     IllegalTransitionError,
     NodeEffect,
     NodeInput,
@@ -34,7 +34,7 @@ from apiary.core.workflow_node import (
     propagation,
     ready_to_activate,
 )
-from apiary.core.workflow_run import WorkflowStatus, derive_status
+from apiary.core.workflow.run import WorkflowStatus, derive_status
 from apiary.errors import ValidationError
 
 S, I, F = NodeStatus, NodeInput, NodeEffect  # noqa: E741

@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from apiary.core.workflow_definition import spec_from_json
+from apiary.core.workflow.definition import spec_from_json
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel

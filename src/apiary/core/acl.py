@@ -1,6 +1,6 @@
 """Message access control lists (RFC 6.3 "message type authorization"; DESIGN.md section 9):
 which agents may send which message types to whom. Pure: the router asks, and logs what is
-refused. (Which agents may call which tools is `[tools.acl]`, engine/tool_settings.py.)
+refused. (Which agents may call which tools is `[tools.acl]`, engine/tools/settings.py.)
 
 Off until it has a grant. With any, an agent's envelope is admitted only when a grant that
 matches its producer allows its message type and its recipient; an agent that no grant matches

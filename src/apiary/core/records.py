@@ -276,7 +276,7 @@ class HitlRecord:
 
 
 class TaskState(StrEnum):
-    """Where a scheduled task stands (RFC 7, 9; see engine/scheduler.py).
+    """Where a scheduled task stands (RFC 7, 9; see engine/scheduler/scheduler.py).
 
     QUEUED waits in its agent's queue (a yielded task returns here, keeping its place); HELD
     waits for a HITL decision before it may queue (a duplicate job, RFC 9.2); DISPATCHED was

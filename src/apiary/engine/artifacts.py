@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from apiary.core.clock import Clock
-from apiary.core.negotiation_records import ArtifactRecord
+from apiary.core.negotiation.records import ArtifactRecord
 from apiary.engine.eventlog import EventRecorder
 from apiary.errors import ValidationError
 from apiary.store.protocols import ArtifactStore

@@ -51,7 +51,7 @@ from apiary.engine.deadlines import Sleep, run_deadlines
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.registry import Registry
-from apiary.engine.router import Router
+from apiary.engine.router.router import Router
 from apiary.engine.timers import Timers
 from apiary.errors import (
     AlreadyExistsError,

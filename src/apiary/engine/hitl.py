@@ -24,7 +24,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.operators import Operator, OperatorEntry, Operators
 from apiary.engine.registry import Registry
-from apiary.engine.router import Router
+from apiary.engine.router.router import Router
 from apiary.errors import NotFoundError
 from apiary.store.protocols import HitlStore
 

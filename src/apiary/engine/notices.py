@@ -11,7 +11,7 @@ from apiary.core.dedup import iso_utc
 from apiary.core.envelope import Ack, Envelope, MessageType
 from apiary.core.hlc import HybridLogicalClock, format_hlc, physical_us
 from apiary.core.ids import IdGenerator
-from apiary.core.negotiation_room import ROOM_SERVICE
+from apiary.core.rooms.machine import ROOM_SERVICE
 
 COORDINATOR = "coordinator"
 """producer_id of every envelope the coordinator produces."""
@@ -92,7 +92,7 @@ class NoticeFactory:
         return self._envelope(MessageType.NOTIFICATION, body, correlation_id)
 
     def worktree_control(self, body: dict[str, Any], correlation_id: str = "") -> Envelope:
-        """A WORKTREE_CONTROL status for an agent (RFC 16; engine/worktree_control.py)."""
+        """A WORKTREE_CONTROL status for an agent (RFC 16; engine/worktrees/control.py)."""
         return self._envelope(MessageType.WORKTREE_CONTROL, body, correlation_id)
 
     def hitl_invocation(self, body: dict[str, Any], correlation_id: str = "") -> Envelope:

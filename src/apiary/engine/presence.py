@@ -24,11 +24,11 @@ from typing import Any
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope
 from apiary.core.records import AgentRecord
-from apiary.engine.admission import Outbound
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.registry import UNAVAILABLE, Registry
-from apiary.engine.router import Router
+from apiary.engine.router.admission import Outbound
+from apiary.engine.router.router import Router
 
 Sleep = Callable[[float], Awaitable[None]]
 

@@ -1,7 +1,7 @@
 """A running workflow in memory, and the changes one operation makes to it.
 
 `LiveWorkflow` holds a run with its definition's derived facts (node options, dependents,
-EVENT nodes). `apply` steps nodes with the pure machine (core/workflow_node.py) and follows
+EVENT nodes). `apply` steps nodes with the pure machine (core/workflow/node.py) and follows
 the effects it returns, breadth first with an explicit queue (a failure may skip a chain of
 100k nodes: no recursion): RELEASE_DEPENDENTS looks at each dependent, PROPAGATE steps the
 dependents that can no longer run. What must happen outside memory (store, event log, task
@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from apiary.core.workflow_dag import validate_dag
-from apiary.core.workflow_data import MissingPathError, dump_data, lookup, parse_data
-from apiary.core.workflow_definition import NodeOptions, TriggerType, node_options
-from apiary.core.workflow_node import (
+from apiary.core.workflow.dag import validate_dag
+from apiary.core.workflow.data import MissingPathError, dump_data, lookup, parse_data
+from apiary.core.workflow.definition import NodeOptions, TriggerType, node_options
+from apiary.core.workflow.node import (
     NodeEffect,
     NodeInput,
     NodeMachine,
@@ -28,7 +28,7 @@ from apiary.core.workflow_node import (
     propagation,
     ready_to_activate,
 )
-from apiary.core.workflow_run import StoredWorkflow, WorkflowRun, WorkflowStatus, derive_status
+from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus, derive_status
 
 _PROPAGATED = frozenset({NodeInput.SKIP, NodeInput.UPSTREAM_FAILED})
 

@@ -1,14 +1,14 @@
 """DAG workflows that run (RFC 17.7; docs/workflows.md).
 
-CreateWorkflow validates a definition (core/workflow_definition.py, O(V + E)) and stores it.
+CreateWorkflow validates a definition (core/workflow/definition.py, O(V + E)) and stores it.
 StartWorkflow sets workflow_data and activates the roots. A READY node becomes a Scheduler
 task (`Submission` to its agent, task id `workflow:<workflow>:<node>:<n>`, params: JSON
 `{"workflow_id", "node_id", "attempt", "input", "event"?}` with the input mapped from
 workflow_data); independent nodes are submitted together and run in parallel on their
 agents. The Scheduler tells of every task's end (`Scheduler.add_end_listener`); a COMPLETED
 task's FULFILLED note is the node's output, mapped into workflow_data by output_mapping; a
-FAILED one is retried or fails the node (core/workflow_node.py). EVENT nodes fire on a
-matching message addressed to the participant `workflow` (core/workflow_event.py), SCHEDULE
+FAILED one is retried or fails the node (core/workflow/node.py). EVENT nodes fire on a
+matching message addressed to the participant `workflow` (core/workflow/event.py), SCHEDULE
 nodes on their cron time (one timer heap, engine/timers.py), MANUAL nodes on ResumeWorkflow.
 
 Every change is stored (one write per operation: the run and the nodes it touched) before
@@ -31,10 +31,10 @@ from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope
 from apiary.core.ids import IdGenerator
 from apiary.core.records import TaskRecord, TaskState
-from apiary.core.workflow_data import apply_output, dump_data, node_input, parse_data, parse_output
-from apiary.core.workflow_definition import TriggerType, WorkflowSpec, validate_workflow
-from apiary.core.workflow_event import EventMessage, event_matches
-from apiary.core.workflow_node import (
+from apiary.core.workflow.data import apply_output, dump_data, node_input, parse_data, parse_output
+from apiary.core.workflow.definition import TriggerType, WorkflowSpec, validate_workflow
+from apiary.core.workflow.event import EventMessage, event_matches
+from apiary.core.workflow.node import (
     NodeInput,
     NodeRun,
     NodeStatus,
@@ -42,11 +42,11 @@ from apiary.core.workflow_node import (
     descendants,
     task_id_for,
 )
-from apiary.core.workflow_run import StoredWorkflow, WorkflowRun, WorkflowStatus
+from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus
 from apiary.engine.deadlines import Sleep
 from apiary.engine.eventlog import EventRecorder
-from apiary.engine.router import Router
-from apiary.engine.scheduler import Scheduler, Submission
+from apiary.engine.router.router import Router
+from apiary.engine.scheduler.scheduler import Scheduler, Submission
 from apiary.engine.timers import Timers
 from apiary.engine.workflow_live import Change, LiveWorkflow
 from apiary.errors import (

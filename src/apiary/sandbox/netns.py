@@ -18,7 +18,7 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from apiary.core.tool_policy import HostPort
+from apiary.core.tools.policy import HostPort
 
 _SIOCGIFFLAGS: Final = 0x8913
 _SIOCSIFFLAGS: Final = 0x8914

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Final
 
-from apiary.core.tool_policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
+from apiary.core.tools.policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import PermissionDeniedError, ValidationError
 
 _PREFIX: Final = "v1."

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Final, Self
 
 import apiary
-from apiary.core.tool_policy import ExecutionPolicy
+from apiary.core.tools.policy import ExecutionPolicy
 from apiary.errors import InternalError, PermissionDeniedError
 from apiary.sandbox.plan import LaunchPlan
 from apiary.sandbox.proctree import TreeCpuMeter, kill_tree

@@ -23,7 +23,7 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any
 
 from apiary.core.envelope import Envelope, MessageType
-from apiary.core.negotiation_events import NegotiationEvent, b64, decode_event, encode, event
+from apiary.core.negotiation.events import NegotiationEvent, b64, decode_event, encode, event
 
 if TYPE_CHECKING:
     from apiary.sdk.connection import Connection

@@ -18,7 +18,7 @@ from typing import Any
 
 import grpc
 
-from apiary.core.tool_calls import ToolFrame as ToolResult  # the SDK names a frame a result
+from apiary.core.tools.calls import ToolFrame as ToolResult  # the SDK names a frame a result
 from apiary.sdk import errors
 from apiary.wire import pb
 

@@ -40,12 +40,12 @@ from apiary.core.worktree_binding import BindingPolicy, valid_id
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
-from apiary.engine.negotiation_policies import NegotiationSettings
-from apiary.engine.negotiation_rooms import RoomSettings
+from apiary.engine.negotiation.policies import NegotiationSettings
+from apiary.engine.negotiation.rooms import RoomSettings
 from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.settings import RouterSettings, SchedulerSettings, adaptive_policy
-from apiary.engine.tool_settings import ToolSettings
-from apiary.engine.worktree_settings import RepoEntry, WorktreeSettings
+from apiary.engine.tools.settings import ToolSettings
+from apiary.engine.worktrees.settings import RepoEntry, WorktreeSettings
 from apiary.errors import ValidationError
 from apiary.server.negotiation_config import negotiation_settings
 from apiary.server.tool_config import tool_settings

@@ -9,40 +9,34 @@ import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass
 
 from aiohttp import web
 
 from apiary.core.clock import Clock
-from apiary.core.handoff_request import HandoffPolicy
-from apiary.core.ids import IdGenerator
 from apiary.engine.activity import Activity
-from apiary.engine.deadlines import Sleep, run_deadlines
-from apiary.engine.delivery import Delivery
+from apiary.engine.assembly import (
+    Engine,
+    Runtime,
+    build_engine,
+    close_engine,
+    load_engine,
+    start_engine_tasks,
+)
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.handoffs import Handoffs
-from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
-from apiary.engine.inference_http import build_inference
-from apiary.engine.negotiation_policies import NegotiationSettings
-from apiary.engine.negotiation_rooms import NegotiationRooms, RoomSettings
-from apiary.engine.negotiations import Negotiations
-from apiary.engine.notices import NoticeFactory
-from apiary.engine.presence import Presence, PresenceSettings
+from apiary.engine.hitl import Hitl
+from apiary.engine.negotiation.negotiations import Negotiations
+from apiary.engine.negotiation.rooms import NegotiationRooms
+from apiary.engine.presence import Presence
 from apiary.engine.registry import Registry
-from apiary.engine.resources import ResourceTracker
-from apiary.engine.retention import run_retention
-from apiary.engine.router import Router
-from apiary.engine.scheduler import Scheduler
-from apiary.engine.settings import RouterSettings, SchedulerSettings
-from apiary.engine.tool_launch import Launcher
-from apiary.engine.tool_providers import WorktreeBindings
-from apiary.engine.tool_settings import ToolSettings
-from apiary.engine.tools import ToolService
+from apiary.engine.router.delivery import Delivery
+from apiary.engine.router.router import Router
+from apiary.engine.scheduler.scheduler import Scheduler
+from apiary.engine.settings import RouterSettings
+from apiary.engine.tools.service import ToolService
 from apiary.engine.workflows import Workflows
-from apiary.engine.worktree_control import WorktreeControl
-from apiary.engine.worktree_settings import WorktreeSettings
-from apiary.engine.worktrees import Worktrees, build_worktrees
+from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.server.config import Address, ServerConfig
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
@@ -76,43 +70,14 @@ from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHand
 from apiary.server.tls import grpc_credentials, http_context
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
-from apiary.store.sqlite import SqliteStore
+from apiary.store.sqlite.store import SqliteStore
 from apiary.swarm.peer import SwarmPeer, open_swarm_peer
 from apiary.swarm.transport import add_swarm_routes
-from apiary.system import SystemClock, UuidIds
-from apiary.wire.codec import ProtobufEnvelopeCodec
+from apiary.system import SystemClock
 
 log = logging.getLogger("apiary.server")
 
 SHUTDOWN_GRACE_S = 5.0
-
-
-@dataclass(frozen=True, slots=True)
-class Runtime:
-    """Injected time, ids and waiting: real by default, fakes in tests."""
-
-    clock: Clock = field(default_factory=SystemClock)
-    ids: IdGenerator = field(default_factory=UuidIds)
-    sleep: Sleep = asyncio.sleep
-    presence: PresenceSettings = field(default_factory=PresenceSettings)
-    hitl: HitlSettings | None = None
-    """Overrides the configuration's [hitl] settings (tests)."""
-    handoff: HandoffPolicy | None = None
-    """Overrides the configuration's [handoff] policy (tests)."""
-    rooms: RoomSettings | None = None
-    """Overrides the configuration's [rooms] settings (tests)."""
-    tools: ToolSettings | None = None
-    """Overrides the configuration's [tools] settings (tests)."""
-    worktrees: WorktreeBindings | None = None
-    """Where agents' bound worktrees are, for needs_worktree tools (tests; the engine's
-    worktree manager once it is wired)."""
-    launcher: Launcher | None = None
-    """Starts tool processes (default: the sandbox, apiary.sandbox)."""
-    negotiation: NegotiationSettings | None = None
-    """Overrides the configuration's [negotiation] settings (tests)."""
-    swarm_client_tls: ssl.SSLContext | None = None
-    """How the swarm peer verifies its peers' certificates (tests: a private CA); None: the
-    swarm home's ca_file, else the system's CAs."""
 
 
 @dataclass(slots=True)
@@ -140,93 +105,6 @@ class Coordinator:
     swarm: SwarmPeer | None = None
     """The swarm peer, when the configuration has a [swarm] table."""
     ready: bool = False
-
-
-@dataclass(slots=True)
-class Engine:
-    events: EventRecorder
-    registry: Registry
-    router: Router
-    delivery: Delivery
-    presence: Presence
-    hitl: Hitl
-    activity: Activity
-    scheduler: Scheduler
-    workflows: Workflows
-    handoffs: Handoffs
-    worktrees: Worktrees
-    rooms: NegotiationRooms
-    tools: ToolService
-    negotiations: Negotiations
-
-
-def build_engine(
-    store: Store,
-    settings: RouterSettings,
-    runtime: Runtime,
-    hitl_settings: HitlSettings | None = None,
-    scheduler_settings: SchedulerSettings | None = None,
-    data_dir: Path | None = None,
-    handoff_policy: HandoffPolicy | None = None,
-    worktree_settings: WorktreeSettings | None = None,
-    room_settings: RoomSettings | None = None,
-    tool_settings: ToolSettings | None = None,
-    negotiation_settings: NegotiationSettings | None = None,
-) -> Engine:
-    """The engine over `store`, without any transport."""
-    clock = runtime.clock
-    events = EventRecorder(store.events, clock)
-    registry = Registry(store.agents, events, clock, signing_required=settings.signing_required)
-    notices = NoticeFactory(clock, runtime.ids)
-    codec = ProtobufEnvelopeCodec()
-    router = Router(store, registry, events, codec, clock, notices, settings)
-    delivery = Delivery(router, registry, store.messages, events)
-    presence = Presence(registry, router, notices, events, clock, runtime.presence)
-    hitl = build_hitl(
-        runtime.hitl or hitl_settings or HitlSettings(), store.hitl, events, clock, runtime.ids
-    )
-    hitl.notify = HitlBroadcast(registry, router, notices)
-    hitl.check_flow_id = router.check_flow_id
-    activity = Activity(events, clock)
-    resources = ResourceTracker(events, data_dir / "agents" if data_dir else None)
-    scheduler = Scheduler(
-        store.tasks, router, registry, events, clock, runtime.ids, hitl, activity,
-        scheduler_settings, resources=resources,
-        inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
-    )  # fmt: skip
-    delivery.opened = scheduler.agent_ready
-    delivery.connected = presence.connected
-    workflows = Workflows(store.workflows, scheduler, router, events, clock, runtime.ids)
-    handoffs = Handoffs(
-        store.handoffs, registry, router, notices, events, clock, runtime.ids,
-        runtime.handoff or handoff_policy,
-    )  # fmt: skip
-    worktrees = build_worktrees(
-        worktree_settings or WorktreeSettings(), store.worktrees, events, clock, hitl, data_dir
-    )
-    WorktreeControl(worktrees, router, registry, notices)
-    scheduler.worktree_bound = lambda agent_id: worktrees.bound_root(agent_id) is not None
-    worktrees.listeners.append(scheduler.wake)
-    rooms = NegotiationRooms(
-        store.rooms, router, events, clock, runtime.ids, hitl,
-        runtime.rooms or room_settings, sleep=runtime.sleep,
-    )  # fmt: skip
-    tools_config = runtime.tools or tool_settings or ToolSettings()
-    if tools_config.log_dir is None and data_dir is not None:
-        tools_config = replace(tools_config, log_dir=data_dir / "logs")
-    tools = ToolService(
-        store.tools, router, registry, hitl, events, clock, runtime.ids, tools_config,
-        launcher=runtime.launcher, worktrees=runtime.worktrees or worktrees,
-    )  # fmt: skip
-    negotiations = Negotiations(
-        store, router, registry, notices, events, clock, hitl,
-        runtime.negotiation or negotiation_settings,
-    )  # fmt: skip
-    scheduler.on_negotiation = negotiations.on_envelope
-    return Engine(
-        events, registry, router, delivery, presence, hitl, activity, scheduler, workflows,
-        handoffs, worktrees, rooms, tools, negotiations,
-    )  # fmt: skip
 
 
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
@@ -283,56 +161,6 @@ def _bind_http(address: Address) -> socket.socket:
     return sock
 
 
-async def _background(store: Store, engine: Engine, runtime: Runtime) -> list[asyncio.Task[None]]:
-    router = engine.router
-    return [
-        asyncio.create_task(
-            run_deadlines(router.deadlines, runtime.clock, router.fire_due, runtime.sleep),
-            name="apiary-deadlines",
-        ),
-        asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
-        asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
-        asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
-        asyncio.create_task(engine.workflows.run(runtime.sleep), name="apiary-workflows"),
-        asyncio.create_task(engine.handoffs.run(runtime.sleep), name="apiary-handoffs"),
-        asyncio.create_task(engine.worktrees.run(runtime.sleep), name="apiary-worktrees"),
-        asyncio.create_task(
-            run_deadlines(engine.rooms.timers, runtime.clock, engine.rooms.fire_due, runtime.sleep),
-            name="apiary-rooms",
-        ),
-        asyncio.create_task(engine.negotiations.run(runtime.sleep), name="apiary-negotiations"),
-        asyncio.create_task(
-            run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
-            name="apiary-retention",
-        ),
-    ]
-
-
-async def load_engine(engine: Engine) -> int:
-    """Every component's durable state, in dependency order; returns recovered messages."""
-    await engine.registry.load()
-    await engine.hitl.load()
-    await engine.scheduler.load()
-    await engine.handoffs.load()
-    await engine.worktrees.load()
-    await engine.tools.load()
-    recovered = await engine.router.recover()
-    await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
-    await engine.rooms.load()
-    # After the router's recovery: resuming may escalate, which delivers notices.
-    await engine.negotiations.load()
-    return recovered
-
-
-async def close_engine(engine: Engine) -> None:
-    await engine.scheduler.close()
-    await engine.worktrees.close()
-    await engine.rooms.close()
-    await engine.negotiations.close()
-    await engine.router.flush_deliveries()  # after the others: they may still hand out
-    await engine.events.flush()  # last: every step above may have logged
-
-
 def _coordinator(config: ServerConfig, store: Store, engine: Engine, grpc: Address) -> Coordinator:
     return Coordinator(
         config, store, engine.events, engine.registry, engine.router, engine.delivery,
@@ -350,8 +178,13 @@ async def open_coordinator(
     *,
     runtime: Runtime | None = None,
     router_settings: RouterSettings | None = None,
+    swarm_client_tls: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Coordinator]:
-    """Run a coordinator for the duration of the block; shuts down gracefully on exit."""
+    """Run a coordinator for the duration of the block; shuts down gracefully on exit.
+
+    `swarm_client_tls` is how the swarm peer verifies its peers' certificates (tests: a
+    private CA); None: the swarm home's ca_file, else the system's CAs.
+    """
     runtime = runtime or Runtime(clock=clock or SystemClock())
     settings = router_settings or config.router
     async with (
@@ -371,7 +204,7 @@ async def open_coordinator(
                     engine.router,
                     clock=runtime.clock,
                     ids=runtime.ids,
-                    ssl_context=runtime.swarm_client_tls,
+                    ssl_context=swarm_client_tls,
                 )
             )
         recovered = await load_engine(engine)
@@ -404,7 +237,7 @@ async def open_coordinator(
         await web.SockSite(runner, http_socket, ssl_context=http_context(config)).start()
         await server.start()
         await set_serving(health, True)
-        tasks = await _background(store, engine, runtime)
+        tasks = start_engine_tasks(store, engine, runtime)
         engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",

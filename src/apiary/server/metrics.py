@@ -14,11 +14,11 @@ from prometheus_client.registry import Collector
 
 from apiary.engine.activity import Activity
 from apiary.engine.eventlog import EventRecorder
-from apiary.engine.router import Router
-from apiary.engine.router_stats import Timing
-from apiary.engine.scheduler import Scheduler
+from apiary.engine.router.router import Router
+from apiary.engine.router.stats import Timing
+from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.server.thread_cpu import process_cpu_seconds, thread_cpu_seconds
-from apiary.store.sqlite_database import SqliteStats
+from apiary.store.sqlite.database import SqliteStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any
 
-from apiary.core.negotiation_policy import Bounds, Guardrails, NegotiationPolicy
-from apiary.engine.negotiation_policies import NegotiationSettings
+from apiary.core.negotiation.policy import Bounds, Guardrails, NegotiationPolicy
+from apiary.engine.negotiation.policies import NegotiationSettings
 from apiary.errors import ValidationError
 
 _SCALARS: dict[str, type] = {

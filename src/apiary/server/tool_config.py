@@ -41,13 +41,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from apiary.core.tool_argv import template_fields
-from apiary.core.tool_descriptor import ToolDescriptor, check_provider_id, validate_tool
-from apiary.core.tool_policy import ExecutionPolicy, parse_host_port
-from apiary.core.tool_requests import RequestedPolicy, effective_policy
-from apiary.engine.command_tools import CommandToolSpec
-from apiary.engine.mcp_bridge import McpServerSpec
-from apiary.engine.tool_settings import PREAPPROVAL_LEVELS, ToolSettings
+from apiary.core.tools.argv import template_fields
+from apiary.core.tools.descriptor import ToolDescriptor, check_provider_id, validate_tool
+from apiary.core.tools.policy import ExecutionPolicy, parse_host_port
+from apiary.core.tools.requests import RequestedPolicy, effective_policy
+from apiary.engine.tools.command_tools import CommandToolSpec
+from apiary.engine.tools.mcp_bridge import McpServerSpec
+from apiary.engine.tools.settings import PREAPPROVAL_LEVELS, ToolSettings
 from apiary.errors import ValidationError
 
 _T = TypeVar("_T")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apiary.core.negotiation_records import ArtifactRecord, NegotiationRecord, RoundRecord
+from apiary.core.negotiation.records import ArtifactRecord, NegotiationRecord, RoundRecord
 from apiary.store.json_codec import (
     dump_json,
     dump_json_list,

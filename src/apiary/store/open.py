@@ -8,9 +8,9 @@
 | `postgresql://...` or `postgres://...` | PostgreSQL; `apiary_schema=NAME` picks the schema |
 
 SQLite URLs take `?synchronous=NORMAL|FULL` (default NORMAL: durable against process crashes;
-FULL: also against power loss, see `apiary.store.sqlite_database`) and `?writer=thread|process`
+FULL: also against power loss, see `apiary.store.sqlite.database`) and `?writer=thread|process`
 (where the group commits run: a thread of the coordinator, the default, or a process of their
-own, `apiary.store.sqlite_writer_process`, which keeps SQLite's work off the interpreter lock
+own, `apiary.store.sqlite.writer_process`, which keeps SQLite's work off the interpreter lock
 the coordinator's event loop runs on). Both together: `sqlite:?synchronous=FULL&writer=process`
 for the default file.
 """
@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Literal, cast, get_args
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from apiary.store.memory import open_memory_store
-from apiary.store.postgres import open_postgres_store
+from apiary.store.memory.store import open_memory_store
+from apiary.store.postgres.store import open_postgres_store
 from apiary.store.protocols import Store
-from apiary.store.sqlite import open_sqlite_store
-from apiary.store.sqlite_database import SqliteOptions, Synchronous, WriterKind
+from apiary.store.sqlite.database import SqliteOptions, Synchronous, WriterKind
+from apiary.store.sqlite.store import open_sqlite_store
 
 DEFAULT_SQLITE_FILE = "apiary.db"
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from apiary.core.events import Event, EventDraft, EventFilter
-from apiary.core.negotiation_records import ArtifactRecord, NegotiationRecord, RoundRecord
+from apiary.core.negotiation.records import ArtifactRecord, NegotiationRecord, RoundRecord
 from apiary.core.records import (
     AgentRecord,
     DlqEntry,
@@ -23,17 +23,17 @@ from apiary.core.records import (
     StoredMessage,
     TaskRecord,
 )
-from apiary.core.room_records import (
+from apiary.core.rooms.records import (
     DecisionRecord,
     PolicyVersionRecord,
     ProposalRecord,
     VoteRecord,
 )
 from apiary.core.swarm_mail import InboxEntry, OutboxEntry
-from apiary.core.tool_descriptor import ToolProviderRecord
-from apiary.core.workflow_definition import WorkflowSpec
-from apiary.core.workflow_node import NodeRun
-from apiary.core.workflow_run import StoredWorkflow, WorkflowRun
+from apiary.core.tools.descriptor import ToolProviderRecord
+from apiary.core.workflow.definition import WorkflowSpec
+from apiary.core.workflow.node import NodeRun
+from apiary.core.workflow.run import StoredWorkflow, WorkflowRun
 from apiary.core.worktree_binding import WorktreeBinding
 from apiary.store.errors import DuplicateMessageError
 

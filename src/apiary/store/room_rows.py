@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apiary.core.room_records import (
+from apiary.core.rooms.records import (
     DecisionRecord,
     PolicyVersionRecord,
     ProposalRecord,

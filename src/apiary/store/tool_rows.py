@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from apiary.core.tool_descriptor import ToolDescriptor, ToolProviderRecord
+from apiary.core.tools.descriptor import ToolDescriptor, ToolProviderRecord
 from apiary.store.json_codec import dump_json, load_json_object
 
 PROVIDER_COLUMNS: Final = "provider_id, kind, registered_at, updated_at, registered_by, config"

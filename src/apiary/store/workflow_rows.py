@@ -8,9 +8,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apiary.core.workflow_definition import WorkflowSpec, spec_from_json, spec_to_json
-from apiary.core.workflow_node import NodeRun, NodeStatus
-from apiary.core.workflow_run import StoredWorkflow, WorkflowRun, WorkflowStatus
+from apiary.core.workflow.definition import WorkflowSpec, spec_from_json, spec_to_json
+from apiary.core.workflow.node import NodeRun, NodeStatus
+from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus
 from apiary.store.errors import StoreError
 
 WORKFLOW_COLUMNS = (

@@ -31,9 +31,9 @@ from collections import OrderedDict
 from typing import Any
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
-from apiary.engine.admission import Outbound
 from apiary.engine.notices import SWARM_BRIDGE, NoticeFactory
-from apiary.engine.router import Router
+from apiary.engine.router.admission import Outbound
+from apiary.engine.router.router import Router
 from apiary.errors import (
     ApiaryError,
     NotFoundError,

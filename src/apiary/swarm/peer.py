@@ -18,7 +18,7 @@ from pathlib import Path
 from apiary.core.clock import Clock
 from apiary.core.ids import IdGenerator
 from apiary.engine.notices import SWARM_BRIDGE, NoticeFactory
-from apiary.engine.router import Router
+from apiary.engine.router.router import Router
 from apiary.store.open import open_store
 from apiary.store.protocols import SwarmStore
 from apiary.swarm.bridge import SwarmBridge

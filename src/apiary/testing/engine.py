@@ -20,17 +20,17 @@ from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.events import Event
 from apiary.core.handoff_request import HandoffPolicy
 from apiary.core.records import AgentRecord, StoredMessage
-from apiary.engine.admission import Outbound, SendOutcome
+from apiary.engine.assembly import Engine, Runtime, build_engine, close_engine, load_engine
 from apiary.engine.hitl import HitlSettings
-from apiary.engine.inbox import Handout
-from apiary.engine.negotiation_policies import NegotiationSettings
-from apiary.engine.negotiation_rooms import RoomSettings
+from apiary.engine.negotiation.policies import NegotiationSettings
+from apiary.engine.negotiation.rooms import RoomSettings
 from apiary.engine.presence import PresenceSettings
-from apiary.engine.router import is_notice
+from apiary.engine.router.admission import Outbound, SendOutcome
+from apiary.engine.router.inbox import Handout
+from apiary.engine.router.router import is_notice
 from apiary.engine.settings import RouterSettings, SchedulerSettings
-from apiary.engine.worktree_settings import WorktreeSettings
-from apiary.server.coordinator import Engine, Runtime, build_engine, close_engine, load_engine
-from apiary.store.memory import open_memory_store
+from apiary.engine.worktrees.settings import WorktreeSettings
+from apiary.store.memory.store import open_memory_store
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.testing.clock import FakeClock

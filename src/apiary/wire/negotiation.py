@@ -11,14 +11,14 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from apiary.core.negotiation_policy import (
+from apiary.core.negotiation.policy import (
     PREFERENCE_FIELDS,
     AgentPreferences,
     EffectivePolicy,
     NegotiationPolicy,
     parse_gate,
 )
-from apiary.core.negotiation_records import NegotiationRecord, RoundRecord
+from apiary.core.negotiation.records import NegotiationRecord, RoundRecord
 from apiary.errors import ValidationError
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp

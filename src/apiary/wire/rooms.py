@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from apiary.core.room_records import (
+from apiary.core.rooms.records import (
     ARTIFACT_NUMBERS,
     OUTCOME_NUMBERS,
     ArtifactType,
@@ -14,7 +14,7 @@ from apiary.core.room_records import (
     ProposalRecord,
     VoteRecord,
 )
-from apiary.core.room_validation import ProposalDraft, VoteDraft
+from apiary.core.rooms.validation import ProposalDraft, VoteDraft
 from apiary.core.vote_aggregation import AggregatedScore
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp

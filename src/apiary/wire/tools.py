@@ -7,8 +7,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from apiary.core.tool_descriptor import ToolDescriptor, ToolProviderRecord
-from apiary.core.tool_requests import RequestedPolicy
+from apiary.core.tools.descriptor import ToolDescriptor, ToolProviderRecord
+from apiary.core.tools.requests import RequestedPolicy
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from apiary.core.workflow_definition import (
+from apiary.core.workflow.definition import (
     TRIGGER_NUMBERS,
     NodeSpec,
     WorkflowSpec,
     parse_trigger,
 )
-from apiary.core.workflow_node import STATUS_NUMBERS, NodeRun
-from apiary.core.workflow_run import StoredWorkflow
+from apiary.core.workflow.node import STATUS_NUMBERS, NodeRun
+from apiary.core.workflow.run import StoredWorkflow
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp, timestamp_to_float
 
@@ -65,7 +65,7 @@ def node_state_to_proto(run: NodeRun) -> w.NodeState:
 
 
 def state_to_proto(stored: StoredWorkflow) -> w.WorkflowState:
-    """`WorkflowState`; the run's status travels in metadata["status"] (core/workflow_run.py)."""
+    """`WorkflowState`; the run's status travels in metadata["status"] (core/workflow/run.py)."""
     run = stored.run
     message = w.WorkflowState(
         workflow_id=run.workflow_id, workflow_data=run.data,

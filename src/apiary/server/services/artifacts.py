@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from apiary.core.dedup import iso_utc
-from apiary.core.negotiation_records import ArtifactRecord
+from apiary.core.negotiation.records import ArtifactRecord
 from apiary.engine.artifacts import Artifacts
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext

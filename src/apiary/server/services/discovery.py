@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from apiary.core.records import AgentRecord
 from apiary.engine.registry import Registry, retired_keys_of
-from apiary.engine.router import Router
+from apiary.engine.router.router import Router
 from apiary.server.context import CallContext
 from apiary.wire import pb
 from apiary.wire.convert import descriptor_from_dict, float_to_timestamp

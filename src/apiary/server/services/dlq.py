@@ -5,9 +5,9 @@ from __future__ import annotations
 from apiary.core.envelope import Envelope
 from apiary.core.ids import IdGenerator
 from apiary.core.records import DlqEntry, DlqFilter
-from apiary.engine.admission import Outbound
 from apiary.engine.dead_letters import EXCERPT_BYTES
-from apiary.engine.router import Router
+from apiary.engine.router.admission import Outbound
+from apiary.engine.router.router import Router
 from apiary.errors import ApiaryError, ValidationError
 from apiary.server.context import CallContext
 from apiary.wire import pb

@@ -2,13 +2,13 @@
 
 CheckParallelism is answered by the built-in rule-based engine (core/scope_overlap.py),
 EvaluateDebate by the negotiation engine's rule-based debate inference (structural agreement of
-the two proposals, engine/negotiation_inference.py); Summarize answers UNIMPLEMENTED.
+the two proposals, engine/negotiation/inference.py); Summarize answers UNIMPLEMENTED.
 """
 
 from __future__ import annotations
 
 from apiary.core.scope_overlap import check_parallelism
-from apiary.engine.negotiation_inference import RuleDebateInference
+from apiary.engine.negotiation.inference import RuleDebateInference
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.wire import pb

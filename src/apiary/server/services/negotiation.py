@@ -1,5 +1,5 @@
 """sw4rm.negotiation.NegotiationService and apiary.v1.NegotiationOperatorService: thin
-adapters over engine/negotiations.py (RFC 17).
+adapters over engine/negotiation/negotiations.py (RFC 17).
 
 Who is calling: the `sw4rm-agent-id` call metadata names the agent; a field naming another
 agent (from_agent) is refused with permission_denied. An operator authenticates with
@@ -15,9 +15,9 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 
 from apiary.core.ids import IdGenerator
-from apiary.core.negotiation_types import NegotiationState
+from apiary.core.negotiation.vocabulary import NegotiationState
 from apiary.engine.hitl import Hitl
-from apiary.engine.negotiations import Negotiations
+from apiary.engine.negotiation.negotiations import Negotiations
 from apiary.engine.operators import Operator
 from apiary.errors import PermissionDeniedError, ValidationError
 from apiary.server.context import CallContext

@@ -1,5 +1,5 @@
 """sw4rm.negotiation_room.NegotiationRoomService and apiary.v1.NegotiationRoomQueryService:
-thin adapters over engine/negotiation_rooms.py (RFC 17.5).
+thin adapters over engine/negotiation/rooms.py (RFC 17.5).
 
 The caller is the `sw4rm-agent-id` of the call: a producer or critic may leave producer_id /
 critic_id empty and is refused when it names another agent. WaitForDecision blocks for at
@@ -9,7 +9,7 @@ decision came (spec/INTEROP.md).
 
 from __future__ import annotations
 
-from apiary.engine.negotiation_rooms import NegotiationRooms
+from apiary.engine.negotiation.rooms import NegotiationRooms
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.wire import pb

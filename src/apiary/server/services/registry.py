@@ -6,7 +6,7 @@ from apiary.core.signatures import SIGNATURE_KEY
 from apiary.engine.operators import Operators
 from apiary.engine.presence import Presence
 from apiary.engine.registry import Registry
-from apiary.engine.scheduler import Scheduler
+from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.errors import ApiaryError, PermissionDeniedError
 from apiary.server.context import CallContext, request_proof
 from apiary.wire import pb

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from apiary.core.signatures import split_origin
-from apiary.engine.admission import Outbound, SendOutcome
-from apiary.engine.delivery import Delivery, parse_resume_token, resume_token
 from apiary.engine.hitl import Hitl
-from apiary.engine.inbox import Handout
-from apiary.engine.router import Router
-from apiary.engine.send_pipeline import SendPipeline
+from apiary.engine.router.admission import Outbound, SendOutcome
+from apiary.engine.router.delivery import Delivery, parse_resume_token, resume_token
+from apiary.engine.router.inbox import Handout
+from apiary.engine.router.router import Router
+from apiary.engine.router.send_pipeline import SendPipeline
 from apiary.errors import ValidationError
 from apiary.server.context import RECIPIENT_KEY, RESUME_AFTER_KEY, CallContext, request_proof
 from apiary.server.services.hitl import apply_decision_envelope, decision_in

@@ -1,4 +1,4 @@
-"""sw4rm.scheduler.SchedulerService: tasks, preemption and shutdown (engine/scheduler.py);
+"""sw4rm.scheduler.SchedulerService: tasks, preemption and shutdown (engine/scheduler/scheduler.py);
 PollActivityBuffer and PurgeActivity are the activity buffer's (services/activity.py).
 apiary.v1.TaskQueryService: the task reads SchedulerService lacks."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from apiary.core.records import TaskRecord
 from apiary.engine.hitl import Hitl
-from apiary.engine.scheduler import Scheduler, Submission
+from apiary.engine.scheduler.scheduler import Scheduler, Submission
 from apiary.errors import UnauthenticatedError, ValidationError
 from apiary.server.context import CallContext
 from apiary.server.services.activity import ActivityHandler

@@ -10,7 +10,7 @@ policy or the profiles takes an authenticated operator (`authorization: Bearer <
 from __future__ import annotations
 
 from apiary.engine.hitl import Hitl
-from apiary.engine.negotiations import Negotiations
+from apiary.engine.negotiation.negotiations import Negotiations
 from apiary.errors import (
     AlreadyCompletedError,
     AlreadyExistsError,

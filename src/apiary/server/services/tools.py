@@ -1,5 +1,5 @@
 """sw4rm.tool.ToolService, sw4rm.connector.ConnectorService and apiary.v1.ToolProviderService:
-thin adapters over engine/tools.py.
+thin adapters over engine/tools/service.py.
 
 The caller's agent identity is the `sw4rm-agent-id` request metadata (as for HITL): the agent
 a needs_worktree tool runs for, and the only provider id an agent may register as.
@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
-from apiary.core.tool_calls import ToolFrame
-from apiary.core.tool_policy import ExecutionPolicy
-from apiary.core.tool_requests import effective_policy
-from apiary.engine.mcp_bridge import McpProvider, McpServerSpec
+from apiary.core.tools.calls import ToolFrame
+from apiary.core.tools.policy import ExecutionPolicy
+from apiary.core.tools.requests import effective_policy
 from apiary.engine.operators import Operators
-from apiary.engine.tool_catalog import ProviderEntry
-from apiary.engine.tools import CallRequest, ToolService
+from apiary.engine.tools.catalog import ProviderEntry
+from apiary.engine.tools.mcp_bridge import McpProvider, McpServerSpec
+from apiary.engine.tools.service import CallRequest, ToolService
 from apiary.errors import CallCancelledError, InternalError, NotFoundError, ValidationError
 from apiary.server.context import CallContext
 from apiary.wire import pb

@@ -1,5 +1,5 @@
 """sw4rm.worktree.WorktreeService and apiary.v1.WorktreeBindingService: thin adapters over
-engine/worktrees.py (RFC 16).
+engine/worktrees/worktrees.py (RFC 16).
 
 The caller named in the event log is the `sw4rm-agent-id` metadata, else the peer address.
 ApproveSwitch lets a switch happen: when HITL operators are configured it needs one of
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from apiary.core.worktree_binding import BindingState
 from apiary.engine.operators import Operators
-from apiary.engine.worktrees import Worktrees
+from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.wire import pb

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from apiary.core.negotiation_records import ArtifactRecord, NegotiationRecord, RoundRecord
+from apiary.core.negotiation.records import ArtifactRecord, NegotiationRecord, RoundRecord
 from apiary.testing.store_suite.base import (
     T0,
     UNICODE,

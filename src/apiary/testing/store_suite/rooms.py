@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from apiary.core.room_records import (
+from apiary.core.rooms.records import (
     DecisionRecord,
     PolicyVersionRecord,
     ProposalRecord,

@@ -9,7 +9,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from apiary.core.tool_descriptor import ToolDescriptor, ToolProviderRecord
+from apiary.core.tools.descriptor import ToolDescriptor, ToolProviderRecord
 from apiary.store.errors import StoreError
 from apiary.testing.store_suite.base import (
     T0,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 
-from apiary.core.workflow_definition import NodeSpec, TriggerType, WorkflowSpec
-from apiary.core.workflow_node import NodeRun, NodeStatus
-from apiary.core.workflow_run import WorkflowRun, WorkflowStatus
+from apiary.core.workflow.definition import NodeSpec, TriggerType, WorkflowSpec
+from apiary.core.workflow.node import NodeRun, NodeStatus
+from apiary.core.workflow.run import WorkflowRun, WorkflowStatus
 from apiary.store.errors import StoreError
 from apiary.store.protocols import Store
 from apiary.store.workflow_rows import DuplicateWorkflowError

@@ -1,5 +1,5 @@
 -- Schema version 1: the event log, the agent registry and the per-recipient message inboxes.
--- Applied by apiary.store.postgres inside one transaction, with search_path set to the
+-- Applied by apiary.store.postgres.store inside one transaction, with search_path set to the
 -- store's schema, so names here are unqualified.
 --
 -- Text keys use COLLATE "C": byte order is code point order, the order every backend

@@ -1,5 +1,5 @@
 -- Schema version 1: the event log, the agent registry and the per-recipient message inboxes.
--- Applied by apiary.store.sqlite_database inside one transaction with its schema_migrations row.
+-- Applied by apiary.store.sqlite.database inside one transaction with its schema_migrations row.
 
 -- AUTOINCREMENT (not a bare rowid) so that a sequence is never handed out twice, even if a
 -- future retention job deletes the newest events.

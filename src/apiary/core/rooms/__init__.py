@@ -1,0 +1,1 @@
+"""Negotiation rooms: the room machine, its policy, records and input validation."""

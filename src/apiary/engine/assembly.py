@@ -1,0 +1,204 @@
+"""Builds, loads and closes the engine: every component, wired to its collaborators at
+construction, over one store; no transport (server/ adapts it to gRPC and HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from apiary.core.clock import Clock
+from apiary.core.handoff_request import HandoffPolicy
+from apiary.core.ids import IdGenerator
+from apiary.engine.activity import Activity
+from apiary.engine.deadlines import Sleep, run_deadlines
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.handoffs import Handoffs
+from apiary.engine.hitl import Hitl, HitlBroadcast, HitlSettings, build_hitl
+from apiary.engine.inference_http import build_inference
+from apiary.engine.negotiation.negotiations import Negotiations
+from apiary.engine.negotiation.policies import NegotiationSettings
+from apiary.engine.negotiation.rooms import NegotiationRooms, RoomSettings
+from apiary.engine.notices import NoticeFactory
+from apiary.engine.presence import Presence, PresenceSettings
+from apiary.engine.registry import Registry
+from apiary.engine.resources import ResourceTracker
+from apiary.engine.retention import run_retention
+from apiary.engine.router.delivery import Delivery
+from apiary.engine.router.router import Router
+from apiary.engine.scheduler.scheduler import Scheduler
+from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.tools.launch import Launcher
+from apiary.engine.tools.providers import WorktreeBindings
+from apiary.engine.tools.service import ToolService
+from apiary.engine.tools.settings import ToolSettings
+from apiary.engine.workflows import Workflows
+from apiary.engine.worktrees.control import WorktreeControl
+from apiary.engine.worktrees.settings import WorktreeSettings
+from apiary.engine.worktrees.worktrees import Worktrees, build_worktrees
+from apiary.store.protocols import Store
+from apiary.system import SystemClock, UuidIds
+from apiary.wire.codec import ProtobufEnvelopeCodec
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """Injected time, ids and waiting: real by default, fakes in tests."""
+
+    clock: Clock = field(default_factory=SystemClock)
+    ids: IdGenerator = field(default_factory=UuidIds)
+    sleep: Sleep = asyncio.sleep
+    presence: PresenceSettings = field(default_factory=PresenceSettings)
+    hitl: HitlSettings | None = None
+    """Overrides the configuration's [hitl] settings (tests)."""
+    handoff: HandoffPolicy | None = None
+    """Overrides the configuration's [handoff] policy (tests)."""
+    rooms: RoomSettings | None = None
+    """Overrides the configuration's [rooms] settings (tests)."""
+    tools: ToolSettings | None = None
+    """Overrides the configuration's [tools] settings (tests)."""
+    worktrees: WorktreeBindings | None = None
+    """Where agents' bound worktrees are, for needs_worktree tools (tests; the engine's
+    worktree manager once it is wired)."""
+    launcher: Launcher | None = None
+    """Starts tool processes (default: the sandbox, apiary.sandbox)."""
+    negotiation: NegotiationSettings | None = None
+    """Overrides the configuration's [negotiation] settings (tests)."""
+
+
+@dataclass(slots=True)
+class Engine:
+    events: EventRecorder
+    registry: Registry
+    router: Router
+    delivery: Delivery
+    presence: Presence
+    hitl: Hitl
+    activity: Activity
+    scheduler: Scheduler
+    workflows: Workflows
+    handoffs: Handoffs
+    worktrees: Worktrees
+    rooms: NegotiationRooms
+    tools: ToolService
+    negotiations: Negotiations
+
+
+def build_engine(
+    store: Store,
+    settings: RouterSettings,
+    runtime: Runtime,
+    hitl_settings: HitlSettings | None = None,
+    scheduler_settings: SchedulerSettings | None = None,
+    data_dir: Path | None = None,
+    handoff_policy: HandoffPolicy | None = None,
+    worktree_settings: WorktreeSettings | None = None,
+    room_settings: RoomSettings | None = None,
+    tool_settings: ToolSettings | None = None,
+    negotiation_settings: NegotiationSettings | None = None,
+) -> Engine:
+    """The engine over `store`, without any transport."""
+    clock = runtime.clock
+    events = EventRecorder(store.events, clock)
+    registry = Registry(store.agents, events, clock, signing_required=settings.signing_required)
+    notices = NoticeFactory(clock, runtime.ids)
+    codec = ProtobufEnvelopeCodec()
+    router = Router(store, registry, events, codec, clock, notices, settings)
+    delivery = Delivery(router, registry, store.messages, events)
+    presence = Presence(registry, router, notices, events, clock, runtime.presence)
+    hitl = build_hitl(
+        runtime.hitl or hitl_settings or HitlSettings(), store.hitl, events, clock, runtime.ids
+    )
+    hitl.notify = HitlBroadcast(registry, router, notices)
+    hitl.check_flow_id = router.check_flow_id
+    activity = Activity(events, clock)
+    resources = ResourceTracker(events, data_dir / "agents" if data_dir else None)
+    scheduler = Scheduler(
+        store.tasks, router, registry, events, clock, runtime.ids, hitl, activity,
+        scheduler_settings, resources=resources,
+        inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
+    )  # fmt: skip
+    delivery.opened = scheduler.agent_ready
+    delivery.connected = presence.connected
+    workflows = Workflows(store.workflows, scheduler, router, events, clock, runtime.ids)
+    handoffs = Handoffs(
+        store.handoffs, registry, router, notices, events, clock, runtime.ids,
+        runtime.handoff or handoff_policy,
+    )  # fmt: skip
+    worktrees = build_worktrees(
+        worktree_settings or WorktreeSettings(), store.worktrees, events, clock, hitl, data_dir
+    )
+    WorktreeControl(worktrees, router, registry, notices)
+    scheduler.worktree_bound = lambda agent_id: worktrees.bound_root(agent_id) is not None
+    worktrees.listeners.append(scheduler.wake)
+    rooms = NegotiationRooms(
+        store.rooms, router, events, clock, runtime.ids, hitl,
+        runtime.rooms or room_settings, sleep=runtime.sleep,
+    )  # fmt: skip
+    tools_config = runtime.tools or tool_settings or ToolSettings()
+    if tools_config.log_dir is None and data_dir is not None:
+        tools_config = replace(tools_config, log_dir=data_dir / "logs")
+    tools = ToolService(
+        store.tools, router, registry, hitl, events, clock, runtime.ids, tools_config,
+        launcher=runtime.launcher, worktrees=runtime.worktrees or worktrees,
+    )  # fmt: skip
+    negotiations = Negotiations(
+        store, router, registry, notices, events, clock, hitl,
+        runtime.negotiation or negotiation_settings,
+    )  # fmt: skip
+    scheduler.on_negotiation = negotiations.on_envelope
+    return Engine(
+        events, registry, router, delivery, presence, hitl, activity, scheduler, workflows,
+        handoffs, worktrees, rooms, tools, negotiations,
+    )  # fmt: skip
+
+
+def start_engine_tasks(store: Store, engine: Engine, runtime: Runtime) -> list[asyncio.Task[None]]:
+    """The engine's timers and loops as tasks; the caller cancels them at shutdown."""
+    router = engine.router
+    return [
+        asyncio.create_task(
+            run_deadlines(router.deadlines, runtime.clock, router.fire_due, runtime.sleep),
+            name="apiary-deadlines",
+        ),
+        asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
+        asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
+        asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
+        asyncio.create_task(engine.workflows.run(runtime.sleep), name="apiary-workflows"),
+        asyncio.create_task(engine.handoffs.run(runtime.sleep), name="apiary-handoffs"),
+        asyncio.create_task(engine.worktrees.run(runtime.sleep), name="apiary-worktrees"),
+        asyncio.create_task(
+            run_deadlines(engine.rooms.timers, runtime.clock, engine.rooms.fire_due, runtime.sleep),
+            name="apiary-rooms",
+        ),
+        asyncio.create_task(engine.negotiations.run(runtime.sleep), name="apiary-negotiations"),
+        asyncio.create_task(
+            run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
+            name="apiary-retention",
+        ),
+    ]
+
+
+async def load_engine(engine: Engine) -> int:
+    """Every component's durable state, in dependency order; returns recovered messages."""
+    await engine.registry.load()
+    await engine.hitl.load()
+    await engine.scheduler.load()
+    await engine.handoffs.load()
+    await engine.worktrees.load()
+    await engine.tools.load()
+    recovered = await engine.router.recover()
+    await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
+    await engine.rooms.load()
+    # After the router's recovery: resuming may escalate, which delivers notices.
+    await engine.negotiations.load()
+    return recovered
+
+
+async def close_engine(engine: Engine) -> None:
+    await engine.scheduler.close()
+    await engine.worktrees.close()
+    await engine.rooms.close()
+    await engine.negotiations.close()
+    await engine.router.flush_deliveries()  # after the others: they may still hand out
+    await engine.events.flush()  # last: every step above may have logged

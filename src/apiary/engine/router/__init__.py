@@ -1,0 +1,1 @@
+"""The Router: admission of messages, their lifecycle, credits, delivery to live streams."""

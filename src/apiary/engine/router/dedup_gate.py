@@ -1,0 +1,218 @@
+"""Deduplication at admission (RFC 11.2): by idempotency token when present, else by
+(producer_id, sequence_number); and the cache updates that follow a message's fate.
+
+RFC 19 (cache decisions are logged, linked to the original attempt): every decision on a
+token, and every decision by sequence number other than "new", is an `idempotency.decision`
+event naming the arrival and the original attempt; every change of a token's cached outcome
+is an `idempotency.cached` event. Rejections are also logged by the router.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apiary.core import dedup
+from apiary.core.envelope import Envelope
+from apiary.core.idempotency import is_within_window
+from apiary.core.records import IdempotencyRecord, StoredMessage
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.router.admission import SendOutcome
+from apiary.errors import AlreadyInProgressError, ApiaryError, DuplicateDetectedError
+from apiary.store.protocols import IdempotencyStore, MessageStore
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    token: str
+    record: IdempotencyRecord | None
+    """The record a RETRY continues; None for a NEW operation."""
+    requeue: bool = False
+
+
+def _reject(env: Envelope, error: ApiaryError, details: dict[str, str]) -> SendOutcome:
+    return SendOutcome(
+        env.message_id, False, error, f"{error.code}: {error.message}", details=details
+    )
+
+
+def cache_key(producer_id: str, token: str) -> str:
+    """The cache key of a token: scoped by its producer, so that no other producer can read
+    a cached outcome or block an operation by reusing the token (RFC 23: no poisoning)."""
+    return f"{producer_id}\x1f{token}"
+
+
+class DedupGate:
+    def __init__(
+        self,
+        cache: IdempotencyStore,
+        messages: MessageStore,
+        window_s: float,
+        events: EventRecorder,
+    ) -> None:
+        self._cache = cache
+        self._messages = messages
+        self._window = window_s
+        self._events = events
+        self._reserved: set[str] = set()
+        # Per producer, the highest sequence number known to be in the store or admitted
+        # since: a number above it cannot be a duplicate (sequence numbers are monotonic per
+        # producer), so only numbers at or below it need a lookup.
+        self._high: dict[str, int] = {}
+        self._plans: dict[str, _Plan] = {}
+
+    async def check(
+        self, env: Envelope, now: float, *, requeue: bool = False
+    ) -> SendOutcome | None:
+        """None when `env` may be admitted (the token is then reserved until `admitted`).
+
+        A `requeue` (an operator's, from the DLQ) is always admitted; it joins its token's
+        record as a new attempt, so that its outcome is what later retries are answered.
+        """
+        token = env.idempotency_token
+        if requeue:
+            await self._requeue(env, cache_key(env.producer_id, token) if token else "")
+            return None
+        if token:
+            return await self._by_token(env, cache_key(env.producer_id, token), now)
+        if env.sequence_number > 0:
+            return await self._by_sequence(env, now)
+        return None
+
+    def fresh(self, env: Envelope) -> bool:
+        """Whether `check` would admit `env` without asking the store, counting it in if so:
+        no token, and no sequence number or one above the producer's known high-water mark
+        (the common case of a stream). False means `check` must decide."""
+        if env.idempotency_token:
+            return False
+        number = env.sequence_number
+        if number <= 0:
+            return True
+        high = self._high.get(env.producer_id)
+        if high is None or number <= high:
+            return False
+        self._high[env.producer_id] = number
+        return True
+
+    async def _log(self, env: Envelope, decision: str, original: str, **details: str) -> None:
+        await self._events.record(
+            "idempotency.decision", env.producer_id, correlation_id=env.correlation_id,
+            message_id=env.message_id, decision=decision, original_message_id=original,
+            **details,
+        )  # fmt: skip
+
+    async def _by_token(self, env: Envelope, key: str, now: float) -> SendOutcome | None:
+        token = env.idempotency_token
+        if key in self._reserved:
+            busy = AlreadyInProgressError(f"token {token} is being admitted right now")
+            await self._log(env, dedup.DedupKind.IN_PROGRESS, "", token=token)
+            return _reject(env, busy, {"token": token})
+        record = await self._cache.get(key)
+        decision = dedup.decide(record, now, self._window)
+        original = record.original_message_id if record else env.message_id
+        await self._log(env, decision.kind, original, token=token)
+        if decision.kind is dedup.DedupKind.DUPLICATE:
+            assert record is not None
+            payload = {k: str(v) for k, v in dedup.duplicate_payload(record).items()}
+            error = DuplicateDetectedError(
+                f"token {token} already completed as {decision.original_message_id} "
+                f"({decision.status}) at {payload.get('cached_at', '')}",
+                payload,
+            )
+            return _reject(env, error, payload)
+        if decision.kind is dedup.DedupKind.IN_PROGRESS:
+            assert record is not None
+            running = AlreadyInProgressError(
+                f"token {token} is in progress as {record.current_message_id} ({record.status})",
+                {"original_message_id": record.current_message_id, "status": record.status},
+            )
+            return _reject(env, running, {})
+        self._reserved.add(key)
+        keep = record if decision.kind is dedup.DedupKind.RETRY else None
+        self._plans[env.message_id] = _Plan(key, keep)
+        return None
+
+    async def _requeue(self, env: Envelope, key: str) -> None:
+        record = await self._cache.get(key) if key else None
+        original = record.original_message_id if record else env.message_id
+        await self._log(env, "REQUEUE", original, token=env.idempotency_token)
+        if record is not None:
+            self._reserved.add(key)
+            self._plans[env.message_id] = _Plan(key, record, requeue=True)
+
+    async def _by_sequence(self, env: Envelope, now: float) -> SendOutcome | None:
+        high = self._high.get(env.producer_id)
+        if high is None:
+            high = await self._messages.max_sequence(env.producer_id)
+        if env.sequence_number > high:
+            self._high[env.producer_id] = env.sequence_number
+            return None
+        self._high[env.producer_id] = high
+        prior = await self._messages.by_sequence(env.producer_id, env.sequence_number)
+        if prior is None or prior.message_id == env.message_id:
+            return None
+        if not is_within_window(prior.created_at, now, self._window):
+            return None
+        if prior.state.value == "TIMED_OUT":
+            return None  # a retry of an attempt that got no answer may proceed
+        where = f"({env.producer_id}, {env.sequence_number})"
+        kind = dedup.DedupKind.DUPLICATE if prior.state.terminal else dedup.DedupKind.IN_PROGRESS
+        await self._log(env, kind, prior.message_id, sequence_number=str(env.sequence_number))
+        if prior.state.terminal:
+            details = {
+                "status": dedup.DUPLICATE_DETECTED,
+                "original_message_id": prior.message_id,
+                "original_status": prior.state.value,
+                "cached_at": dedup.iso_utc(prior.updated_at),
+            }
+            error = DuplicateDetectedError(
+                f"{where} already completed as {prior.message_id} ({prior.state})", details
+            )
+            return _reject(env, error, details)
+        running = AlreadyInProgressError(
+            f"{where} is in progress as {prior.message_id} ({prior.state})",
+            {"original_message_id": prior.message_id, "status": prior.state.value},
+        )
+        return _reject(env, running, {})
+
+    async def admitted(self, stored: StoredMessage, now: float) -> None:
+        plan = self._plans.pop(stored.message_id, None)
+        if plan is None:
+            return
+        self._reserved.discard(plan.token)
+        if plan.record is None:
+            record = dedup.start(plan.token, stored.producer_id, stored.message_id, now)
+        elif plan.requeue:
+            current = await self._cache.get(plan.token) or plan.record
+            record = dedup.requeue_attempt(current, stored.message_id, now)
+        else:
+            record = dedup.attempt(plan.record, stored.message_id, now)
+        await self._cache.put(record)
+
+    def abandon(self, message_id: str) -> None:
+        """Admission failed after `check` passed: free the token's reservation."""
+        plan = self._plans.pop(message_id, None)
+        if plan is not None:
+            self._reserved.discard(plan.token)
+
+    async def progress(
+        self, message: StoredMessage, message_id: str, now: float, code: str, note: str
+    ) -> IdempotencyRecord | None:
+        """Reflect the message's new state in its token's record (RFC 11.1 rule 4)."""
+        token = message.idempotency_token
+        if not token:
+            return None
+        record = await self._cache.get(cache_key(message.producer_id, token))
+        if record is None or message_id not in record.attempts:
+            return None
+        updated = dedup.progress(
+            record, message_id, message.state, now, error_code=code, result=note
+        )
+        if updated != record:
+            await self._cache.put(updated)
+            if updated.outcome_at != record.outcome_at:
+                await self._events.record(
+                    "idempotency.cached", message.producer_id,
+                    correlation_id=message.correlation_id, token=token, message_id=message_id,
+                    original_message_id=updated.original_message_id, status=updated.status,
+                )  # fmt: skip
+        return updated

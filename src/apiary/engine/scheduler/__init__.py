@@ -1,0 +1,1 @@
+"""The Scheduler: task submission, queues, dispatch to agents, duplicate jobs, preemption."""

@@ -1,0 +1,1 @@
+"""Worktrees (RFC 16): bindings of agents to git worktrees, approvals, control and the git side."""

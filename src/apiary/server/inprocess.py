@@ -1,0 +1,47 @@
+"""An in-process coordinator on free loopback ports, for tests and embedding."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from apiary.core.clock import Clock
+from apiary.engine.assembly import Runtime
+from apiary.engine.settings import RouterSettings, SchedulerSettings
+from apiary.engine.worktrees.settings import WorktreeSettings
+from apiary.server.config import Address, ServerConfig
+from apiary.server.coordinator import Coordinator, open_coordinator
+
+
+@asynccontextmanager
+async def open_test_coordinator(
+    data_dir: Path,
+    store: str = "memory://",
+    clock: Clock | None = None,
+    *,
+    runtime: Runtime | None = None,
+    router_settings: RouterSettings | None = None,
+    scheduler_settings: SchedulerSettings | None = None,
+    worktrees: WorktreeSettings | None = None,
+    tls_cert: Path | None = None,
+    tls_key: Path | None = None,
+    tls_client_ca: Path | None = None,
+) -> AsyncIterator[Coordinator]:
+    """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports; with
+    `tls_cert` and `tls_key` both ports serve TLS (mTLS with `tls_client_ca`)."""
+    config = ServerConfig(
+        data_dir=data_dir,
+        grpc=Address("127.0.0.1", 0),
+        http=Address("127.0.0.1", 0),
+        store=store,
+        scheduler=scheduler_settings or SchedulerSettings(),
+        worktrees=worktrees or WorktreeSettings(),
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_client_ca=tls_client_ca,
+    )
+    async with open_coordinator(
+        config, clock=clock, runtime=runtime, router_settings=router_settings
+    ) as coordinator:
+        yield coordinator

@@ -1,0 +1,1 @@
+"""The in-memory backend (tests and throwaway runs): the stores, nothing durable."""

@@ -1,0 +1,67 @@
+"""The in-memory workflow store: what the SQL backends keep, in dicts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from apiary.core.workflow.definition import WorkflowSpec
+from apiary.core.workflow.node import NodeRun
+from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus
+from apiary.store.errors import StoreError
+from apiary.store.sql_rows import check_limit
+from apiary.store.workflow_rows import (
+    DuplicateWorkflowError,
+    assemble,
+    node_row,
+    run_from_row,
+    run_values,
+    workflow_row,
+)
+
+
+class MemoryWorkflowStore:
+    """`WorkflowStore` over rows kept in dicts (round-tripped as the SQL stores do, so that
+    every backend hands back the same values)."""
+
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[Any, ...]] = {}
+        self._nodes: dict[str, dict[str, tuple[Any, ...]]] = {}
+
+    async def create(self, spec: WorkflowSpec, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
+        row = workflow_row(spec, run)
+        if spec.workflow_id in self._rows:
+            raise DuplicateWorkflowError(f"workflow {spec.workflow_id!r} already exists")
+        self._rows[spec.workflow_id] = row
+        self._nodes[spec.workflow_id] = {n.node_id: node_row(spec.workflow_id, n) for n in nodes}
+
+    async def get(self, workflow_id: str) -> StoredWorkflow | None:
+        row = self._rows.get(workflow_id)
+        if row is None:
+            return None
+        return assemble(row, list(self._nodes[workflow_id].values()))
+
+    async def save(self, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
+        row = self._rows.get(run.workflow_id)
+        if row is None:
+            raise StoreError(f"no workflow {run.workflow_id!r}")
+        stored = self._nodes[run.workflow_id]
+        rows = [node_row(run.workflow_id, n) for n in nodes]
+        unknown = [r[1] for r in rows if r[1] not in stored]
+        if unknown:
+            raise StoreError(f"workflow {run.workflow_id!r} has no node {unknown[0]!r}")
+        self._rows[run.workflow_id] = (*row[:3], *run_values(run))
+        for node in rows:
+            stored[node[1]] = node
+
+    async def list(
+        self, statuses: frozenset[str] | None = None, after_id: str = "", limit: int = 100
+    ) -> list[WorkflowRun]:
+        check_limit(limit)
+        wanted = None if statuses is None else {WorkflowStatus(s) for s in statuses}
+        found = []
+        for workflow_id in sorted(k for k in self._rows if k > after_id):
+            run = run_from_row(self._rows[workflow_id])
+            if wanted is None or run.status in wanted:
+                found.append(run)
+        return found[:limit]

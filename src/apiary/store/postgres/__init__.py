@@ -1,0 +1,1 @@
+"""The PostgreSQL backend: a connection pool and the stores."""

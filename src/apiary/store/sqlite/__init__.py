@@ -1,0 +1,2 @@
+"""The SQLite backend (the default): the database and its writer (thread or process),
+checkpoints and the stores."""
