@@ -23,7 +23,7 @@ SQLite file in a temporary directory (durable task states), or the memory store 
    next task (`Scheduler.fire_due`, the body of `Scheduler.run`, is called right after the
    ACK instead of waiting for the loop task to be scheduled). A worker moves on to another
    agent with queued tasks when its agent's queue is empty. `--dispatches` tasks per W.
-5. Baseline: the pure `core.task_queue.TaskQueue` with the same N tasks over the same agents,
+5. Baseline: the pure `core.tasks.queue.TaskQueue` with the same N tasks over the same agents,
    doing what the Scheduler does per submit (push) and per dispatch (peek, then remove).
 
 The engine runs on the harness's FakeClock: every task has the same `submitted_at`, so the
@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from apiary.core.envelope import AckStage
-from apiary.core.task_queue import QueuedTask, TaskQueue
+from apiary.core.tasks.queue import QueuedTask, TaskQueue
 from apiary.engine.scheduler.scheduler import Scheduler, Submission
 from apiary.engine.settings import SchedulerSettings
 from apiary.testing.engine import EngineHarness, open_test_engine

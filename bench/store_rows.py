@@ -42,11 +42,12 @@ from typing import Any
 from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.open import open_store
-from apiary.store.sql_rows import message_values
+from apiary.store.sql.dialect import SQLITE
+from apiary.store.sql.events import append_events, event_rows
+from apiary.store.sql.messages import admit_new, apply_changes, change_params, message_values
+from apiary.store.sql.sqlite import run_transaction
 from apiary.store.sqlite.checkpoint import WalCheckpointer
 from apiary.store.sqlite.database import SqliteOptions, connect_sqlite, enable_wal
-from apiary.store.sqlite.messages import _change_params, _insert_new, _record_unique
-from apiary.store.sqlite.store import _insert_events, event_rows
 
 Frame = Callable[[Connection], None]
 """Writes one frame's rows (the caller runs it in a transaction of its own)."""
@@ -78,15 +79,13 @@ def _ordered(messages: list[StoredMessage]) -> list[StoredMessage]:
 
 
 def _admit(values: list[tuple[Any, ...]], events: list[tuple[Any, ...]], conn: Connection) -> None:
-    _insert_new(conn, values)
-    _insert_events(conn, events)
+    run_transaction(conn, admit_new, (values,))
+    run_transaction(conn, append_events, (events,))
 
 
-def _fulfil(
-    params: list[tuple[Any, ...]], ids: list[str], events: list[tuple[Any, ...]], conn: Connection
-) -> None:
-    _record_unique(conn, params, ids)
-    _insert_events(conn, events)
+def _fulfil(params: list[tuple[Any, ...]], events: list[tuple[Any, ...]], conn: Connection) -> None:
+    run_transaction(conn, apply_changes, (params, False))  # the store's `record`
+    run_transaction(conn, append_events, (events,))
 
 
 FULFIL_LAG = 8
@@ -100,7 +99,7 @@ def _routed(messages: list[StoredMessage], frame: int) -> list[Frame]:
     fulfils: list[Frame] = []
     for start, part in zip(range(0, len(messages), frame), _parts(messages, frame), strict=True):
         now = part[0].created_at
-        received = event_rows([
+        received = event_rows(SQLITE, [
             EventDraft("message.received", m.producer_id, now, m.correlation_id, m.recipient,
                        {"message_id": m.message_id, "message_type": "DATA", "offset": i + 1,
                         "lane": m.lane})
@@ -111,14 +110,13 @@ def _routed(messages: list[StoredMessage], frame: int) -> list[Frame]:
             StateChange(m.message_id, MessageState.FULFILLED, now, "", "FULFILLED", True, 1, now)
             for m in part
         ]
-        state = event_rows([
+        state = event_rows(SQLITE, [
             EventDraft("message.state", m.recipient, now, m.correlation_id, m.recipient,
                        {"message_id": m.message_id, "from": "RECEIVED", "to": "FULFILLED",
                         "input": "ACK_FULFILLED", "error_code": ""})
             for m in part
         ])  # fmt: skip
-        ids = [m.message_id for m in part]
-        fulfils.append(partial(_fulfil, _change_params(changes), ids, state))
+        fulfils.append(partial(_fulfil, change_params(changes), state))
     lagging = [*([None] * FULFIL_LAG), *fulfils]
     return [w for pair in zip_longest(admits, lagging) for w in pair if w is not None]
 

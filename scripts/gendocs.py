@@ -14,15 +14,16 @@ from pathlib import Path
 from apiary.core import (
     agent_lifecycle,
     handoff,
-    hitl,
     message_machine,
     preemption,
-    worktree_binding,
 )
+from apiary.core.hitl import machine as hitl
 from apiary.core.negotiation import machine as negotiation_machine
 from apiary.core.rooms import machine as negotiation_room
+from apiary.core.tasks import machine as task_machine
 from apiary.core.tools import calls as tool_calls
 from apiary.core.workflow import node as workflow_node
+from apiary.core.worktrees import machine as worktree_binding
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
@@ -31,6 +32,12 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
         "`apiary.core.message_machine.MessageMachine`; self-loops (DELIVER, late ACKs, "
         "redundant ACKs) are left out",
         message_machine.mermaid,
+    ),
+    "task-lifecycle.md": (
+        "Task lifecycle (RFC 7, 9)",
+        "`apiary.core.tasks.machine.TaskMachine`; self-loops (WAIT_WORKTREE, DEFER) are left "
+        "out; see docs/scheduler.md",
+        task_machine.mermaid,
     ),
     "agent-lifecycle.md": (
         "Agent lifecycle (RFC section 8)",
@@ -44,7 +51,7 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
     ),
     "hitl-lifecycle.md": (
         "HITL invocation lifecycle",
-        "`apiary.core.hitl.HitlMachine`",
+        "`apiary.core.hitl.machine.HitlMachine`",
         hitl.mermaid,
     ),
     "workflow-node-lifecycle.md": (
@@ -79,7 +86,7 @@ DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
 
 SECTIONS: dict[str, tuple[str, Callable[[], str]]] = {
     "worktrees.md": (
-        "`apiary.core.worktree_binding.BindingMachine`",
+        "`apiary.core.worktrees.machine.BindingMachine`",
         worktree_binding.mermaid,
     ),
 }

@@ -11,13 +11,9 @@ from typing import Any
 
 import pytest
 
-from apiary.core.agent_lifecycle import (
-    AgentInput,
-    AgentLifecycleState,
-    IllegalTransitionError,
-    LifecycleTimeouts,
-)
+from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleState, LifecycleTimeouts
 from apiary.core.events import EventFilter
+from apiary.core.machine import IllegalTransitionError
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.lifecycle import Lifecycles, LifecycleSettings
 from apiary.errors import NotFoundError, ValidationError

@@ -1,6 +1,7 @@
-"""Forwarded ACKs handed to a streaming producer from memory (engine/router/router.py `_hand_over`):
-not stored when the producer's stream takes them in time, stored like any notice when it
-does not, so that an accepted ACK is always either handed out or stored, and never both."""
+"""Forwarded ACKs handed to a streaming producer from memory (engine/router/batches.py
+`_hand_over`): not stored when the producer's stream takes them in time, stored like any
+notice when it does not, so that an accepted ACK is always either handed out or stored, and
+never both."""
 
 from __future__ import annotations
 

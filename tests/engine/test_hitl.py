@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from apiary.core.hitl import HitlPolicy, TimeoutAction, UnavailablePolicy
+from apiary.core.hitl.policy import HitlPolicy
+from apiary.core.hitl.vocabulary import TimeoutAction, UnavailablePolicy
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import Operator, OperatorEntry, token_digest
 from apiary.errors import PermissionDeniedError, UnauthenticatedError, ValidationError

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from apiary.core.envelope import MessageType
-from apiary.core.hitl import HitlPolicy, UnavailablePolicy
+from apiary.core.hitl.policy import HitlPolicy
+from apiary.core.hitl.vocabulary import UnavailablePolicy
 from apiary.core.negotiation.events import decode_event
 from apiary.core.negotiation.policy import NegotiationPolicy
 from apiary.core.negotiation.records import NegotiationRecord

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from apiary.core.scope_overlap import parse_scope
-from apiary.core.worktree_binding import BindingState as S
+from apiary.core.worktrees.records import BindingState as S
 from apiary.engine.scheduler.scheduler import Submission
 from apiary.errors import ValidationError
 from tests.engine.test_worktrees import settle, world, wt

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from apiary.core.worktree_binding import BindingPolicy, BindingState, WorktreeBinding
+from apiary.core.worktrees.machine import BindingPolicy
+from apiary.core.worktrees.records import BindingState, WorktreeBinding
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import Operator, OperatorEntry, token_digest
 from apiary.engine.worktrees.settings import RepoEntry, WorktreeSettings

@@ -16,7 +16,7 @@ from apiary.engine.tools.command_tools import CommandToolSpec
 from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import PermissionDeniedError
 from apiary.sdk.tools import ToolClient
-from apiary.server.config import load_config
+from apiary.server.config.loader import load_config
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 

@@ -20,7 +20,7 @@ from apiary.engine.tools.command_tools import CommandToolSpec
 from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import ApiaryError
 from apiary.sdk.tools import ToolClient, ToolResult
-from apiary.server.config import load_config
+from apiary.server.config.loader import load_config
 from apiary.server.coordinator import Coordinator, open_coordinator
 from apiary.server.inprocess import open_test_coordinator
 from tests.server.tool_agents import StaticWorktrees

@@ -18,7 +18,7 @@ from click.testing import Result
 from typer.testing import CliRunner
 
 from apiary.cli.main import app
-from apiary.core.worktree_binding import BindingState
+from apiary.core.worktrees.records import BindingState
 from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest

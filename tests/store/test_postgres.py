@@ -253,7 +253,7 @@ async def _wait_for_a_blocked_insert(dsn: str) -> None:
         for _ in range(WAIT_S * 100):
             cursor = await conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE 'INSERT INTO messages%%unnest%%'"
+                " AND query LIKE 'INSERT INTO messages%%ON CONFLICT%%'"
             )
             row = await cursor.fetchone()
             if row is not None and row[0] > 0:

@@ -27,8 +27,9 @@ from apiary.core.records import (
 from apiary.store.migrations import load_migrations
 from apiary.store.postgres.store import migrate_postgres, open_postgres_store
 from apiary.store.protocols import Store
+from apiary.store.sql.events import correlation_read_sql
 from apiary.store.sqlite.database import correlation_key, migrate_sqlite
-from apiary.store.sqlite.store import correlation_read_sql, open_sqlite_store
+from apiary.store.sqlite.store import open_sqlite_store
 from apiary.testing.store_suite.base import dlq_entry, hitl_record
 
 V1_COLUMNS = (

@@ -21,7 +21,8 @@ from apiary.core.events import EventDraft, EventFilter
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, SchemaVersionError, StoreError
 from apiary.store.migrations import load_migrations
-from apiary.store.sql_rows import HITL_COLUMNS, MESSAGE_COLUMNS
+from apiary.store.sql.hitl import HITL
+from apiary.store.sql.messages import MESSAGES
 from apiary.store.sqlite.checkpoint import RESTART_RETRY_COMMITS
 from apiary.store.sqlite.database import (
     SqliteDatabase,
@@ -275,7 +276,7 @@ async def test_a_failed_apply_leaves_the_rest_of_its_group_commit_alone(
     ("query", "params", "index"),
     [
         (
-            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE due_at <= ?"
+            f"SELECT {MESSAGES.sql} FROM messages WHERE due_at <= ?"
             " ORDER BY due_at, message_id LIMIT ?",
             (1.0, 10),
             "messages_due",
@@ -287,7 +288,7 @@ async def test_a_failed_apply_leaves_the_rest_of_its_group_commit_alone(
         ),
         ("DELETE FROM messages WHERE finished_at < ?", (1.0,), "messages_finished"),
         (
-            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE producer_id = ?"
+            f"SELECT {MESSAGES.sql} FROM messages WHERE producer_id = ?"
             " AND sequence_number = ?"
             " ORDER BY created_at DESC, inbox_offset DESC, message_id DESC LIMIT 1",
             ("a", 1),
@@ -314,19 +315,19 @@ async def test_a_failed_apply_leaves_the_rest_of_its_group_commit_alone(
         ),
         ("DELETE FROM idempotency WHERE updated_at < ?", (1.0,), "idempotency_by_updated"),
         (
-            f"SELECT {HITL_COLUMNS} FROM hitl WHERE created_at > ? AND state IN (?)"
+            f"SELECT {HITL.sql} FROM hitl WHERE created_at > ? AND state IN (?)"
             " ORDER BY created_at, invocation_id LIMIT ?",
             (0.0, "PENDING", 10),
             "hitl_by_state",
         ),
         (
-            f"SELECT {HITL_COLUMNS} FROM hitl WHERE created_at > ? AND state IN (?, ?)"
+            f"SELECT {HITL.sql} FROM hitl WHERE created_at > ? AND state IN (?, ?)"
             " ORDER BY created_at, invocation_id LIMIT ?",
             (0.0, "DECIDED", "PENDING", 10),
             "hitl_by_state",
         ),
         (
-            f"SELECT {HITL_COLUMNS} FROM hitl WHERE created_at > ?"
+            f"SELECT {HITL.sql} FROM hitl WHERE created_at > ?"
             " ORDER BY created_at, invocation_id LIMIT ?",
             (0.0, 10),
             "hitl_by_created",
@@ -541,7 +542,7 @@ async def test_reads_by_correlation_look_in_every_bucket_in_order(
 ) -> None:
     # Buckets of 4,096 events: 0, 1, 3 and 600 (past one window of 256 buckets); "plumless"
     # and "buckeroo" share a CRC-32, so they share index keys and only the id tells them apart.
-    monkeypatch.setattr("apiary.store.sqlite.store._BUCKETS_PER_READ", window)
+    monkeypatch.setattr("apiary.store.sql.events._BUCKETS_PER_READ", window)
     await _events_at(store, [
         (1, "plumless", "x"), (2, "buckeroo", "x"), (4095, "plumless", "y"),
         (4096, "other", "x"), (5000, "plumless", "x"), (13000, "buckeroo", "y"),

@@ -21,7 +21,8 @@ import pytest
 import apiary
 from apiary.core.envelope import MessageType
 from apiary.errors import NotFoundError, UnsupportedMessageTypeError, ValidationError
-from apiary.server.config import Address, ServerConfig
+from apiary.server.config.address import Address
+from apiary.server.config.server import ServerConfig
 from apiary.server.coordinator import Coordinator, open_coordinator
 from apiary.swarm.home import NodeConfig, SwarmHome
 from apiary.swarm.node import SwarmNode

@@ -166,7 +166,7 @@ async def test_a_replay_is_never_processed_twice(pair: Pair) -> None:
     async def hook(message: SwarmMessage) -> None:
         seen.append(message.message_id)
 
-    pair.alpha.node.hooks.append(hook)
+    pair.alpha.node.add_hook(hook)
     message = pair.signed()
     for _ in range(3):
         answer = await pair.post(message.to_json())

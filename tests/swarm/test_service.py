@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from apiary.errors import ValidationError
-from apiary.server.config import load_config
+from apiary.server.config.loader import load_config
 from apiary.store.memory.store import open_memory_store
 from apiary.swarm.courier import RetryPolicy
 from apiary.swarm.errors import SwarmFileError

@@ -24,7 +24,6 @@ from apiary.core.agent_lifecycle import (
     AgentInput,
     AgentLifecycleMachine,
     AgentLifecycleState,
-    IllegalTransitionError,
     LifecycleEffect,
     LifecycleStep,
     LifecycleTimeouts,
@@ -38,6 +37,7 @@ from apiary.core.agent_lifecycle import (
     shutdown_deadline,
     to_proto,
 )
+from apiary.core.machine import IllegalTransitionError
 from apiary.errors import ValidationError
 from apiary.wire import pb
 

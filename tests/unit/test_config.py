@@ -11,7 +11,9 @@ import pytest
 
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import ValidationError
-from apiary.server.config import Address, exposure_problem, load_config
+from apiary.server.config.address import Address
+from apiary.server.config.loader import load_config
+from apiary.server.config.server import exposure_problem
 
 
 def test_defaults() -> None:

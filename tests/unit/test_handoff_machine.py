@@ -20,7 +20,6 @@ from apiary.core.handoff import (
     HandoffMachine,
     HandoffState,
     HandoffStep,
-    IllegalTransitionError,
     check_read,
     from_proto,
     may_read,
@@ -30,6 +29,7 @@ from apiary.core.handoff import (
     to_proto,
 )
 from apiary.core.handoff_request import HandoffDraft, HandoffPolicy, validate_draft
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.records import HandoffRecord
 from apiary.errors import (
     AlreadyCompletedError,

@@ -17,30 +17,31 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apiary.core import hitl
-from apiary.core.hitl import (
+from apiary.core.hitl import machine as hitl
+from apiary.core.hitl.machine import (
     DECISION_KEYS,
     OPEN_ROW,
+    HitlMachine,
+    HitlStep,
+    mermaid,
+    original_window,
+)
+from apiary.core.hitl.payloads import decision_payload, invocation_payload
+from apiary.core.hitl.policy import HitlPolicy, authorize
+from apiary.core.hitl.vocabulary import (
     HitlAction,
     HitlEffect,
     HitlInput,
-    HitlMachine,
-    HitlPolicy,
     HitlReason,
     HitlState,
-    HitlStep,
-    IllegalTransitionError,
     TimeoutAction,
     UnavailablePolicy,
-    authorize,
-    mermaid,
-    original_window,
     parse_action,
     parse_reason,
     parse_timeout_action,
     parse_unavailable_policy,
 )
-from apiary.core.hitl_payloads import decision_payload, invocation_payload
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.records import HitlRecord
 from apiary.errors import (
     ApiaryError,

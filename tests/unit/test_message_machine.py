@@ -6,13 +6,8 @@ import itertools
 
 import pytest
 
-from apiary.core.message_machine import (
-    ACK_INPUTS,
-    Effect,
-    IllegalTransitionError,
-    MessageInput,
-    MessageMachine,
-)
+from apiary.core.machine import IllegalTransitionError
+from apiary.core.message_machine import ACK_INPUTS, Effect, MessageInput, MessageMachine
 from apiary.core.records import MessageState as S
 
 PAIRS = list(itertools.product(S, MessageInput))

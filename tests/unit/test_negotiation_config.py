@@ -9,7 +9,7 @@ import pytest
 from apiary.core.negotiation.policy import Bounds, HitlGate
 from apiary.core.negotiation.vocabulary import DeadlockRule
 from apiary.errors import ValidationError
-from apiary.server.config import load_config
+from apiary.server.config.loader import load_config
 
 
 def _load(tmp_path: Path, text: str):  # type: ignore[no-untyped-def]

@@ -10,13 +10,13 @@ from dataclasses import replace
 
 import pytest
 
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.negotiation.events import decode_event, encode
 from apiary.core.negotiation.machine import OPEN_ROW, NegotiationMachine, mermaid
 from apiary.core.negotiation.policy import EffectivePolicy, NegotiationPolicy
 from apiary.core.negotiation.validation import Example, ValidationRules
 from apiary.core.negotiation.vocabulary import (
     DeadlockRule,
-    IllegalTransitionError,
     NegotiationEffect,
     NegotiationInput,
     NegotiationState,

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from apiary.core.hitl import HitlReason
+from apiary.core.hitl.vocabulary import HitlReason
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.rooms import machine as negotiation_room
 from apiary.core.rooms.machine import (
     OPEN_ROW,
     ROOM_SERVICE,
-    IllegalTransitionError,
     RoomEffect,
     RoomInput,
     RoomMachine,

@@ -7,10 +7,11 @@ import base64
 
 import pytest
 
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.negotiation.hitl import escalation_for, pick_draft, translate_action
 from apiary.core.negotiation.machine import NegotiationMachine
 from apiary.core.negotiation.policy import HitlGate, NegotiationPolicy
-from apiary.core.negotiation.vocabulary import DeadlockRule, Draft, IllegalTransitionError
+from apiary.core.negotiation.vocabulary import DeadlockRule, Draft
 from apiary.errors import AlreadyCompletedError, ValidationError
 from tests.unit.negotiation_fixtures import T0, Room, doc, open_room
 

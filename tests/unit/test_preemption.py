@@ -19,11 +19,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.preemption import (
     DEFAULT_GRACE_S,
     DEFAULT_SAFE_POINT_TIMEOUT_S,
     FORCED_PREEMPTION,
-    IllegalTransitionError,
     PreemptionEffect,
     PreemptionInput,
     PreemptionMachine,

@@ -9,7 +9,7 @@ import pytest
 from apiary.core.rooms.policy import RoomPolicy
 from apiary.engine.negotiation.rooms import RoomSettings
 from apiary.errors import ValidationError
-from apiary.server.config import load_config
+from apiary.server.config.loader import load_config
 
 
 @pytest.mark.conformance(

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apiary.core.task_queue import (
+from apiary.core.tasks.queue import (
     DEFAULT_PRIORITY,
     PRIORITY_HIGHEST,
     PRIORITY_LOWEST,

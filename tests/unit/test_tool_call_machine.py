@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.tools.calls import (
-    IllegalTransitionError,
     ToolCallEffect,
     ToolCallInput,
     ToolCallMachine,

@@ -9,8 +9,8 @@ import pytest
 
 from apiary.core.tools.policy import HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import ValidationError
-from apiary.server.config import load_config
-from apiary.server.tool_config import tool_settings
+from apiary.server.config.loader import load_config
+from apiary.server.config.tools import tool_settings
 
 TOML = """
 [tools]

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.workflow.data import (
     MissingPathError,
     apply_output,
@@ -22,7 +23,6 @@ from apiary.core.workflow.data import (
 from apiary.core.workflow.definition import FailurePolicy, NodeOptions, NodeSpec, TriggerType
 from apiary.core.workflow.event import EventMessage, event_matches, parse_event_match
 from apiary.core.workflow.node import (
-    IllegalTransitionError,
     NodeEffect,
     NodeInput,
     NodeMachine,

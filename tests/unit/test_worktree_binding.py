@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apiary.core.worktree_binding import (
+from apiary.core.machine import IllegalTransitionError
+from apiary.core.worktrees.machine import (
     DEFAULT_POLICY,
     FAILURE_REASONS,
     RFC_16_3_ROWS,
@@ -20,14 +21,15 @@ from apiary.core.worktree_binding import (
     BindingInput,
     BindingMachine,
     BindingPolicy,
-    BindingState,
     BindingStep,
+    mermaid,
+)
+from apiary.core.worktrees.records import (
+    BindingState,
     BindingTimer,
-    IllegalTransitionError,
     Location,
     WorktreeBinding,
     is_bound,
-    mermaid,
     valid_id,
     working_location,
 )

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from apiary.core.worktree_binding import WorktreeBinding
-from apiary.core.worktree_control import ControlAction, ControlRequest, parse_control, status_body
+from apiary.core.worktrees.control import ControlAction, ControlRequest, parse_control, status_body
+from apiary.core.worktrees.records import WorktreeBinding
 from apiary.errors import ValidationError
 
 A = ControlAction

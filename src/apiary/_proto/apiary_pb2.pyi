@@ -1508,7 +1508,7 @@ Global___GetHandoffRequest: _TypeAlias = GetHandoffRequest  # noqa: Y015
 class WorktreeBinding(_message.Message):
     """---- Worktree binding (RFC 16): what the canonical WorktreeService cannot carry ----
 
-    One agent's binding (apiary.core.worktree_binding.WorktreeBinding). Unset timestamps
+    One agent's binding (apiary.core.worktrees.records.WorktreeBinding). Unset timestamps
     mean "no such deadline".
     """
 

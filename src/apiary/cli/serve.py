@@ -12,7 +12,8 @@ from pathlib import Path
 import typer
 
 from apiary.errors import ValidationError
-from apiary.server.config import ServerConfig, exposure_problem, load_config
+from apiary.server.config.loader import load_config
+from apiary.server.config.server import ServerConfig, exposure_problem
 from apiary.server.coordinator import open_coordinator
 from apiary.server.interpreter import tune_for_serving
 

@@ -48,6 +48,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
+from apiary.core.machine import TransitionTable
 from apiary.errors import (
     AgentShutdownTimeoutError,
     ApiaryError,
@@ -212,15 +213,6 @@ class LifecycleEffect(StrEnum):
 
 
 _F = LifecycleEffect
-
-
-class IllegalTransitionError(Exception):
-    """The table has no row for (state, input); nothing changed."""
-
-    def __init__(self, state: AgentLifecycleState, event: AgentInput) -> None:
-        super().__init__(f"no agent lifecycle transition from {state} on {event}")
-        self.state = state
-        self.event = event
 
 
 @dataclass(frozen=True, slots=True)
@@ -498,18 +490,18 @@ class AgentLifecycleMachine:
     """The agent lifecycle table with `step` and `timeout` as its operations."""
 
     TABLE: dict[AgentLifecycleState, dict[AgentInput, LifecycleRow]] = _table()
+    TRANSITIONS: TransitionTable[AgentLifecycleState, AgentInput, LifecycleRow] = TransitionTable(
+        TABLE, "agent lifecycle"
+    )
 
     @classmethod
     def row(cls, state: AgentLifecycleState, event: AgentInput) -> LifecycleRow:
         """The table's row for (state, event); IllegalTransitionError when there is none."""
-        found = cls.TABLE[state].get(event)
-        if found is None:
-            raise IllegalTransitionError(state, event)
-        return found
+        return cls.TRANSITIONS.step(state, event)
 
     @classmethod
     def allows(cls, state: AgentLifecycleState, event: AgentInput) -> bool:
-        return event in cls.TABLE[state]
+        return cls.TRANSITIONS.allows(state, event)
 
     @classmethod
     def step(
@@ -572,15 +564,19 @@ class AgentLifecycleMachine:
 
 
 def mermaid() -> str:
-    """The state diagram of the table, for the docs; derived rows are marked with "*"."""
-    lines = ["stateDiagram-v2", f"    [*] --> {_S.INITIALIZING}"]
-    for state, row in AgentLifecycleMachine.TABLE.items():
-        for event, found in row.items():
-            label = str(event)
-            if found.error_code:
-                label += f" ({found.error_code})"
-            if (state, event) in DERIVED_ROWS:
-                label += " *"
-            target = "[*]" if _F.DEREGISTER in found.effects else str(found.state)
-            lines.append(f"    {state} --> {target}: {label}")
-    return "\n".join(lines) + "\n"
+    """The state diagram of the table, for the docs; derived rows are marked with "*".
+
+    Every row is drawn, loops too; a row that deregisters the agent ends in `[*]`.
+    """
+    return AgentLifecycleMachine.TRANSITIONS.mermaid(
+        (_S.INITIALIZING,), (), _drawn_target, loops=True, mark=_drawn_mark
+    )
+
+
+def _drawn_target(row: LifecycleRow) -> str:
+    return "[*]" if _F.DEREGISTER in row.effects else str(row.state)
+
+
+def _drawn_mark(state: AgentLifecycleState, event: AgentInput, row: LifecycleRow) -> str:
+    code = f" ({row.error_code})" if row.error_code else ""
+    return code + (" *" if (state, event) in DERIVED_ROWS else "")

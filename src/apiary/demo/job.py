@@ -45,7 +45,8 @@ from apiary.demo.timeline import RunState
 from apiary.demo.verdict import EXCERPT_MAX, judge
 from apiary.errors import ApiaryError
 from apiary.sdk.connection import Connection
-from apiary.server.config import ServerConfig, load_config
+from apiary.server.config.loader import load_config
+from apiary.server.config.server import ServerConfig
 from apiary.server.coordinator import Coordinator, open_coordinator
 
 USER = "user"

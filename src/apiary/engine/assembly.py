@@ -19,7 +19,7 @@ from apiary.engine.inference_http import build_inference
 from apiary.engine.negotiation.negotiations import Negotiations
 from apiary.engine.negotiation.policies import NegotiationSettings
 from apiary.engine.negotiation.rooms import NegotiationRooms, RoomSettings
-from apiary.engine.notices import NoticeFactory
+from apiary.engine.notices import WORKTREES, NoticeFactory
 from apiary.engine.presence import Presence, PresenceSettings
 from apiary.engine.registry import Registry
 from apiary.engine.resources import ResourceTracker
@@ -33,7 +33,7 @@ from apiary.engine.tools.providers import WorktreeBindings
 from apiary.engine.tools.service import ToolService
 from apiary.engine.tools.settings import ToolSettings
 from apiary.engine.workflows import Workflows
-from apiary.engine.worktrees.control import WorktreeControl
+from apiary.engine.worktrees.control import WorktreeControl, WorktreeStatus
 from apiary.engine.worktrees.settings import WorktreeSettings
 from apiary.engine.worktrees.worktrees import Worktrees, build_worktrees
 from apiary.store.protocols import Store
@@ -104,53 +104,74 @@ def build_engine(
     notices = NoticeFactory(clock, runtime.ids)
     codec = ProtobufEnvelopeCodec()
     router = Router(store, registry, events, codec, clock, notices, settings)
-    delivery = Delivery(router, registry, store.messages, events)
     presence = Presence(registry, router, notices, events, clock, runtime.presence)
     hitl = build_hitl(
-        runtime.hitl or hitl_settings or HitlSettings(), store.hitl, events, clock, runtime.ids
-    )
-    hitl.notify = HitlBroadcast(registry, router, notices)
-    hitl.check_flow_id = router.check_flow_id
+        runtime.hitl or hitl_settings or HitlSettings(), store.hitl, events, clock, runtime.ids,
+        notify=HitlBroadcast(registry, router, notices), check_flow_id=router.check_flow_id,
+    )  # fmt: skip
+    worktrees = _worktrees(
+        worktree_settings or WorktreeSettings(), store, events, clock, hitl, data_dir, router,
+        registry, notices,
+    )  # fmt: skip
+    negotiations = Negotiations(
+        store, router, registry, notices, events, clock, hitl,
+        runtime.negotiation or negotiation_settings,
+    )  # fmt: skip
     activity = Activity(events, clock)
     resources = ResourceTracker(events, data_dir / "agents" if data_dir else None)
     scheduler = Scheduler(
         store.tasks, router, registry, events, clock, runtime.ids, hitl, activity,
         scheduler_settings, resources=resources,
         inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
+        worktrees=worktrees, on_negotiation=negotiations.on_envelope,
     )  # fmt: skip
-    delivery.opened = scheduler.agent_ready
-    delivery.connected = presence.connected
+    delivery = Delivery(
+        router, registry, store.messages, events, scheduler.agent_ready, presence.connected
+    )
     workflows = Workflows(store.workflows, scheduler, router, events, clock, runtime.ids)
     handoffs = Handoffs(
         store.handoffs, registry, router, notices, events, clock, runtime.ids,
         runtime.handoff or handoff_policy,
     )  # fmt: skip
-    worktrees = build_worktrees(
-        worktree_settings or WorktreeSettings(), store.worktrees, events, clock, hitl, data_dir
-    )
-    WorktreeControl(worktrees, router, registry, notices)
-    scheduler.worktree_bound = lambda agent_id: worktrees.bound_root(agent_id) is not None
-    worktrees.listeners.append(scheduler.wake)
     rooms = NegotiationRooms(
         store.rooms, router, events, clock, runtime.ids, hitl,
         runtime.rooms or room_settings, sleep=runtime.sleep,
     )  # fmt: skip
-    tools_config = runtime.tools or tool_settings or ToolSettings()
-    if tools_config.log_dir is None and data_dir is not None:
-        tools_config = replace(tools_config, log_dir=data_dir / "logs")
     tools = ToolService(
-        store.tools, router, registry, hitl, events, clock, runtime.ids, tools_config,
+        store.tools, router, registry, hitl, events, clock, runtime.ids,
+        _tool_settings(runtime.tools or tool_settings or ToolSettings(), data_dir),
         launcher=runtime.launcher, worktrees=runtime.worktrees or worktrees,
     )  # fmt: skip
-    negotiations = Negotiations(
-        store, router, registry, notices, events, clock, hitl,
-        runtime.negotiation or negotiation_settings,
-    )  # fmt: skip
-    scheduler.on_negotiation = negotiations.on_envelope
     return Engine(
         events, registry, router, delivery, presence, hitl, activity, scheduler, workflows,
         handoffs, worktrees, rooms, tools, negotiations,
     )  # fmt: skip
+
+
+def _worktrees(
+    settings: WorktreeSettings,
+    store: Store,
+    events: EventRecorder,
+    clock: Clock,
+    hitl: Hitl,
+    data_dir: Path | None,
+    router: Router,
+    registry: Registry,
+    notices: NoticeFactory,
+) -> Worktrees:
+    """The worktree manager, telling agents their status, with its WORKTREE_CONTROL endpoint
+    attached to the router."""
+    status = WorktreeStatus(router, registry, notices)
+    worktrees = build_worktrees(settings, store.worktrees, events, clock, hitl, data_dir, status)
+    router.attach(WORKTREES, WorktreeControl(worktrees, status).on_envelope)
+    return worktrees
+
+
+def _tool_settings(settings: ToolSettings, data_dir: Path | None) -> ToolSettings:
+    """`settings`, with tool logs under `<data_dir>/logs` unless they name a directory."""
+    if settings.log_dir is None and data_dir is not None:
+        return replace(settings, log_dir=data_dir / "logs")
+    return settings
 
 
 def start_engine_tasks(store: Store, engine: Engine, runtime: Runtime) -> list[asyncio.Task[None]]:

@@ -33,7 +33,6 @@ from apiary.core.handoff import (
     HandoffMachine,
     HandoffState,
     HandoffStep,
-    IllegalTransitionError,
     check_read,
     refusal,
 )
@@ -46,6 +45,7 @@ from apiary.core.handoff_request import (
     validate_draft,
 )
 from apiary.core.ids import IdGenerator
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.records import HandoffRecord
 from apiary.engine.deadlines import Sleep, run_deadlines
 from apiary.engine.eventlog import EventRecorder

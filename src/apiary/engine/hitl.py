@@ -15,9 +15,11 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from apiary.core import hitl as rules
 from apiary.core.clock import Clock
-from apiary.core.hitl_payloads import invocation_payload
+from apiary.core.hitl.machine import HitlMachine, HitlStep
+from apiary.core.hitl.payloads import invocation_payload
+from apiary.core.hitl.policy import HitlPolicy
+from apiary.core.hitl.vocabulary import HitlEffect, HitlState, parse_action
 from apiary.core.ids import IdGenerator
 from apiary.core.records import HitlRecord
 from apiary.engine.eventlog import EventRecorder
@@ -31,11 +33,13 @@ from apiary.store.protocols import HitlStore
 Sleep = Callable[[float], Awaitable[None]]
 Notify = Callable[[str, HitlRecord], Awaitable[None]]
 """(event type, record) -> tell the HITL components (see HitlBroadcast)."""
+CheckFlowId = Callable[[str, str], str]
+"""(field, value) -> the value, or raises when it is not an acceptable correlation id."""
 UNAVAILABLE_AFTER_S = 5.0
+"""RFC 15.4: HITL unavailability is detected within this bound."""
 HITL_CAPABILITY = "hitl"
 """Agents declaring this capability are HITL components: they receive HITL_INVOCATION
 envelopes for new invocations and notifications of timeouts, fallbacks and cancellations."""
-"""RFC 15.4: HITL unavailability is detected within this bound."""
 
 
 class Hitl:
@@ -46,12 +50,14 @@ class Hitl:
         clock: Clock,
         ids: IdGenerator,
         operators: Operators,
-        policy: rules.HitlPolicy | None = None,
+        policy: HitlPolicy | None = None,
         *,
         presence_required: bool = False,
         presence_window_s: float = 30.0,
+        notify: Notify | None = None,
+        check_flow_id: CheckFlowId | None = None,
     ) -> None:
-        self.policy = policy or rules.HitlPolicy()
+        self.policy = policy or HitlPolicy()
         self.presence_required = presence_required
         """When set, HITL counts as available only while an operator has been active (a
         watch stream, a list or a decision) within `presence_window_s`."""
@@ -64,10 +70,10 @@ class Hitl:
         self._waiters: dict[str, list[asyncio.Future[HitlRecord]]] = {}
         self._pending: dict[str, HitlRecord] = {}
         self._extended: set[str] = set()
-        self.notify: Notify | None = None
-        self.check_flow_id: Callable[[str, str], str] = lambda _field, value: value
+        self._notify = notify
+        self._check_flow_id: CheckFlowId = check_flow_id or _any_flow_id
         """Checks a requester's correlation_id, which the invocation's notices carry (the
-        coordinator sets the router's `check_flow_id`: strict correlation ids)."""
+        engine passes the router's `check_flow_id`: strict correlation ids)."""
         self.changed = asyncio.Condition()
         """Notified on every new invocation and every decision (operator watch streams)."""
         self.version = 0
@@ -76,7 +82,7 @@ class Hitl:
 
     async def load(self) -> int:
         """Re-arm every pending invocation after a (re)start; returns how many."""
-        pending = await self._store.list(frozenset({rules.HitlState.PENDING.value}), limit=10_000)
+        pending = await self._store.list(frozenset({HitlState.PENDING.value}), limit=10_000)
         self._pending = {r.invocation_id: r for r in pending}
         return len(pending)
 
@@ -108,9 +114,9 @@ class Hitl:
         correlation_id: str = "",
         priority: int = 0,
     ) -> HitlRecord:
-        self.check_flow_id("correlation_id", correlation_id)
+        self._check_flow_id("correlation_id", correlation_id)
         now = self._clock.now()
-        step = rules.HitlMachine.open(
+        step = HitlMachine.open(
             invocation_id=self._ids.new_id(), reason_type=reason_type, context=dict(context),
             requested_by=requested_by, subject=dict(subject or {}),
             suggested_action=suggested_action, proposed_actions=tuple(proposed_actions),
@@ -119,9 +125,9 @@ class Hitl:
             correlation_id=correlation_id, priority=priority, now=now,
         )  # fmt: skip
         await self._perform(step)
-        if step.record.state == rules.HitlState.PENDING.value and not self.operators.configured:
+        if step.record.state == HitlState.PENDING.value and not self.operators.configured:
             # RFC 15.3: with no HITL component, decide now by policy; never block.
-            await self._perform(rules.HitlMachine.absent(step.record, self.policy, now))
+            await self._perform(HitlMachine.absent(step.record, self.policy, now))
         return self._pending.get(step.record.invocation_id, step.record)
 
     async def escalate(
@@ -133,7 +139,7 @@ class Hitl:
 
     async def wait(self, invocation_id: str) -> HitlRecord:
         record = await self.get(invocation_id)
-        if record.state != rules.HitlState.PENDING.value:
+        if record.state != HitlState.PENDING.value:
             return record
         future: asyncio.Future[HitlRecord] = asyncio.get_running_loop().create_future()
         self._waiters.setdefault(invocation_id, []).append(future)
@@ -152,8 +158,8 @@ class Hitl:
         record = await self.get(invocation_id)
         now = self._clock.now()
         self.operators.seen(operator, now)
-        step = rules.HitlMachine.decide(
-            record, rules.parse_action(action), operator=operator.name,
+        step = HitlMachine.decide(
+            record, parse_action(action), operator=operator.name,
             operator_roles=operator.roles, rationale=rationale, patch=patch, now=now,
             policy=self.policy,
         )  # fmt: skip
@@ -162,7 +168,7 @@ class Hitl:
 
     async def cancel(self, invocation_id: str, by: str, reason: str) -> HitlRecord:
         record = await self.get(invocation_id)
-        step = rules.HitlMachine.cancel(record, by=by, reason=reason, now=self._clock.now())
+        step = HitlMachine.cancel(record, by=by, reason=reason, now=self._clock.now())
         await self._perform(step)
         return step.record
 
@@ -193,15 +199,15 @@ class Hitl:
             extended = record.invocation_id in self._extended
             if record.deadline <= now:
                 if extended and unavailable:
-                    step = rules.HitlMachine.unavailable(record, self.policy, now, _score(record))
+                    step = HitlMachine.unavailable(record, self.policy, now, _score(record))
                 else:
-                    step = rules.HitlMachine.deadline_passed(record, self.policy, now)
+                    step = HitlMachine.deadline_passed(record, self.policy, now)
             elif unavailable and not extended and now - record.created_at >= UNAVAILABLE_AFTER_S:
-                step = rules.HitlMachine.unavailable(record, self.policy, now, _score(record))
+                step = HitlMachine.unavailable(record, self.policy, now, _score(record))
             else:
                 continue
             await self._perform(step)
-            if step.record.state == rules.HitlState.PENDING.value:
+            if step.record.state == HitlState.PENDING.value:
                 self._extended.add(record.invocation_id)
             else:
                 self._extended.discard(record.invocation_id)
@@ -214,30 +220,34 @@ class Hitl:
 
     # ------------------------------------------------------------------ effects
 
-    async def _perform(self, step: rules.HitlStep) -> None:
+    async def _perform(self, step: HitlStep) -> None:
         record = step.record
         effects = set(step.effects)
-        if rules.HitlEffect.PERSIST in effects:
+        if HitlEffect.PERSIST in effects:
             await self._store.put(record)
-        if record.state == rules.HitlState.PENDING.value:
+        if record.state == HitlState.PENDING.value:
             self._pending[record.invocation_id] = record
         else:
             self._pending.pop(record.invocation_id, None)
-        if rules.HitlEffect.EMIT_EVENT in effects and step.event is not None:
+        if HitlEffect.EMIT_EVENT in effects and step.event is not None:
             event_type, details = step.event
             await self._events.record(
                 event_type, str(details.get("by") or "coordinator"),
                 correlation_id=record.correlation_id, agent_id=record.requested_by, **details,
             )  # fmt: skip
-        if rules.HitlEffect.NOTIFY_OPERATORS in effects and self.notify is not None:
-            await self.notify(step.event[0] if step.event else "hitl.changed", record)
-        if rules.HitlEffect.RESOLVE in effects:
+        if HitlEffect.NOTIFY_OPERATORS in effects and self._notify is not None:
+            await self._notify(step.event[0] if step.event else "hitl.changed", record)
+        if HitlEffect.RESOLVE in effects:
             for future in self._waiters.pop(record.invocation_id, []):
                 if not future.done():
                     future.set_result(record)
         async with self.changed:
             self.version += 1
             self.changed.notify_all()
+
+
+def _any_flow_id(_field: str, value: str) -> str:
+    return value
 
 
 def _score(record: HitlRecord) -> float | None:
@@ -249,19 +259,29 @@ def _score(record: HitlRecord) -> float | None:
 class HitlSettings:
     """HITL configuration: TOML table [hitl] and its [[hitl.operators]] entries."""
 
-    policy: rules.HitlPolicy = field(default_factory=rules.HitlPolicy)
+    policy: HitlPolicy = field(default_factory=HitlPolicy)
     operators: tuple[OperatorEntry, ...] = ()
     presence_required: bool = False
     presence_window_s: float = 30.0
 
 
 def build_hitl(
-    settings: HitlSettings, store: HitlStore, events: EventRecorder, clock: Clock, ids: IdGenerator
+    settings: HitlSettings,
+    store: HitlStore,
+    events: EventRecorder,
+    clock: Clock,
+    ids: IdGenerator,
+    *,
+    notify: Notify | None = None,
+    check_flow_id: CheckFlowId | None = None,
 ) -> Hitl:
+    """The HITL component of `settings`; `notify` tells the HITL components of changes,
+    `check_flow_id` checks requesters' correlation ids (both: none without them)."""
     return Hitl(
         store, events, clock, ids, Operators(settings.operators), settings.policy,
         presence_required=settings.presence_required,
-        presence_window_s=settings.presence_window_s,
+        presence_window_s=settings.presence_window_s, notify=notify,
+        check_flow_id=check_flow_id,
     )  # fmt: skip
 
 

@@ -19,7 +19,8 @@ SCHEDULER = "scheduler"
 """producer_id of the Scheduler's task and control envelopes (RFC Appendix C.3 names it so);
 unlike the coordinator's notices they are tracked messages that agents acknowledge."""
 WORKTREES = "worktrees"
-"""The coordinator endpoint agents send WORKTREE_CONTROL requests to (worktree_control.py)."""
+"""The coordinator endpoint agents send WORKTREE_CONTROL requests to
+(engine/worktrees/control.py)."""
 TOOLS = "tools"
 """The tool service's endpoint: producer of TOOL_CALL envelopes to agent providers, recipient
 of their TOOL_RESULT and TOOL_ERROR envelopes (docs/tools.md)."""

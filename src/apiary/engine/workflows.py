@@ -57,8 +57,8 @@ from apiary.errors import (
     NotFoundError,
     ValidationError,
 )
+from apiary.store.errors import DuplicateWorkflowError
 from apiary.store.protocols import WorkflowStore
-from apiary.store.workflow_rows import DuplicateWorkflowError
 
 WORKFLOW = "workflow"
 """The coordinator-internal participant EVENT messages are addressed to."""
@@ -449,7 +449,7 @@ class Workflows:
                 try:
                     await self._reattach(run.task_id)
                 except NotFoundError:  # the store lost it: count it as a failed attempt
-                    lost = TaskRecord(run.task_id, "", 0, 0.0, 0, TaskState.FAILED.value, 0.0,
+                    lost = TaskRecord(run.task_id, "", 0, 0.0, 0, TaskState.FAILED, 0.0,
                                       error_code="internal_error", note="task lost")  # fmt: skip
                     self._ended.append(lost)
             elif run.status is NodeStatus.READY and run.due_at <= self._clock.now():

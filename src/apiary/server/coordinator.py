@@ -11,7 +11,9 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 
+import grpc
 from aiohttp import web
+from grpc_health.v1 import health as grpc_health
 
 from apiary.core.clock import Clock
 from apiary.engine.activity import Activity
@@ -37,7 +39,8 @@ from apiary.engine.settings import RouterSettings
 from apiary.engine.tools.service import ToolService
 from apiary.engine.workflows import Workflows
 from apiary.engine.worktrees.worktrees import Worktrees
-from apiary.server.config import Address, ServerConfig
+from apiary.server.config.address import Address
+from apiary.server.config.server import ServerConfig
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
 from apiary.server.http.app import build_http_app
@@ -48,7 +51,7 @@ from apiary.server.services.artifacts import ArtifactsHandler
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
 from apiary.server.services.handoff import HandoffHandler, HandoffQueryHandler
-from apiary.server.services.hitl import HitlHandler, HitlOperatorHandler
+from apiary.server.services.hitl import HitlDecisions, HitlHandler, HitlOperatorHandler
 from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.negotiation import NegotiationHandler, NegotiationOperatorHandler
@@ -112,7 +115,9 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.registry.RegistryService": RegistryHandler(
             engine.registry, engine.presence, engine.scheduler, engine.hitl.operators
         ),
-        "sw4rm.router.RouterService": RouterHandler(engine.router, engine.delivery, engine.hitl),
+        "sw4rm.router.RouterService": RouterHandler(
+            engine.router, engine.delivery, HitlDecisions(engine.hitl)
+        ),
         "sw4rm.logging.LoggingService": LoggingHandler(engine.events),
         "apiary.v1.EventLogService": EventLogHandler(engine.events),
         "apiary.v1.RouterStreamService": RouterStreamHandler(engine.router, engine.delivery),
@@ -161,13 +166,20 @@ def _bind_http(address: Address) -> socket.socket:
     return sock
 
 
-def _coordinator(config: ServerConfig, store: Store, engine: Engine, grpc: Address) -> Coordinator:
+def _coordinator(
+    config: ServerConfig,
+    store: Store,
+    engine: Engine,
+    grpc: Address,
+    http: Address,
+    swarm: SwarmPeer | None,
+) -> Coordinator:
     return Coordinator(
         config, store, engine.events, engine.registry, engine.router, engine.delivery,
-        engine.presence, grpc, config.http, hitl=engine.hitl, activity=engine.activity,
+        engine.presence, grpc, http, hitl=engine.hitl, activity=engine.activity,
         scheduler=engine.scheduler, workflows=engine.workflows, handoffs=engine.handoffs,
         worktrees=engine.worktrees, rooms=engine.rooms, tools=engine.tools,
-        negotiations=engine.negotiations,
+        negotiations=engine.negotiations, swarm=swarm,
     )  # fmt: skip
 
 
@@ -195,18 +207,7 @@ async def open_coordinator(
             store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
             config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
-        swarm = None
-        if config.swarm is not None:
-            swarm = await optional.enter_async_context(
-                open_swarm_peer(
-                    config.swarm,
-                    store.swarm,
-                    engine.router,
-                    clock=runtime.clock,
-                    ids=runtime.ids,
-                    ssl_context=swarm_client_tls,
-                )
-            )
+        swarm = await _start_swarm(config, store, engine, runtime, swarm_client_tls, optional)
         recovered = await load_engine(engine)
         metrics = Metrics(
             engine.router, engine.activity, engine.scheduler, engine.events,
@@ -214,27 +215,19 @@ async def open_coordinator(
         )  # fmt: skip
         dispatcher = Dispatcher(_handlers(engine, runtime))
         server, health = build_grpc_server(dispatcher, metrics)
-        credentials = grpc_credentials(config)
-        grpc_port = (
-            server.add_insecure_port(str(config.grpc))
-            if credentials is None
-            else server.add_secure_port(str(config.grpc), credentials)
-        )
-        if grpc_port == 0:
-            raise OSError(f"cannot bind the gRPC port {config.grpc}")
-        state = _coordinator(config, store, engine, Address(config.grpc.host, grpc_port))
-        state.swarm = swarm
+        grpc_address = _bind_grpc(server, config)
         http_socket = _bind_http(config.http)
-        state.http_address = Address(config.http.host, http_socket.getsockname()[1])
+        state = _coordinator(
+            config, store, engine, grpc_address,
+            Address(config.http.host, http_socket.getsockname()[1]), swarm,
+        )  # fmt: skip
         app = build_http_app(
             dispatcher, metrics, lambda: state.ready,
             ConsoleSources(engine.events, engine.workflows),
         )  # fmt: skip
         if swarm is not None:
             add_swarm_routes(app, swarm.node)
-        runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
-        await runner.setup()
-        await web.SockSite(runner, http_socket, ssl_context=http_context(config)).start()
+        runner = await _serve_http(app, http_socket, config)
         await server.start()
         await set_serving(health, True)
         tasks = start_engine_tasks(store, engine, runtime)
@@ -249,17 +242,71 @@ async def open_coordinator(
             yield state
         finally:
             state.ready = False
-            await set_serving(health, False)
-            # Tool calls in progress are cancelled and their processes stopped first, so
-            # that their streams end with a final frame within the server's grace period.
-            await engine.tools.close()
-            await server.stop(SHUTDOWN_GRACE_S)
-            await runner.cleanup()
-            for task in tasks:
-                task.cancel()
-            for task in tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-            await close_engine(engine)
-            await engine.events.record("coordinator.stopped", "coordinator")
-            await engine.events.flush()
+            await _shut_down(engine, server, health, runner, tasks)
+
+
+async def _start_swarm(
+    config: ServerConfig,
+    store: Store,
+    engine: Engine,
+    runtime: Runtime,
+    client_tls: ssl.SSLContext | None,
+    stack: AsyncExitStack,
+) -> SwarmPeer | None:
+    """The swarm peer of the [swarm] table, bridged to the router, for the stack's lifetime."""
+    if config.swarm is None:
+        return None
+    return await stack.enter_async_context(
+        open_swarm_peer(
+            config.swarm,
+            store.swarm,
+            engine.router,
+            clock=runtime.clock,
+            ids=runtime.ids,
+            ssl_context=client_tls,
+        )
+    )
+
+
+def _bind_grpc(server: grpc.aio.Server, config: ServerConfig) -> Address:
+    credentials = grpc_credentials(config)
+    port = (
+        server.add_insecure_port(str(config.grpc))
+        if credentials is None
+        else server.add_secure_port(str(config.grpc), credentials)
+    )
+    if port == 0:
+        raise OSError(f"cannot bind the gRPC port {config.grpc}")
+    return Address(config.grpc.host, port)
+
+
+async def _serve_http(
+    app: web.Application, sock: socket.socket, config: ServerConfig
+) -> web.AppRunner:
+    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    await web.SockSite(runner, sock, ssl_context=http_context(config)).start()
+    return runner
+
+
+async def _shut_down(
+    engine: Engine,
+    server: grpc.aio.Server,
+    health: grpc_health.aio.HealthServicer,
+    runner: web.AppRunner,
+    tasks: list[asyncio.Task[None]],
+) -> None:
+    await set_serving(health, False)
+    # Tool calls in progress are cancelled and their processes stopped first, so that their
+    # streams end with a final frame within the server's grace period.
+    await engine.tools.close()
+    await server.stop(SHUTDOWN_GRACE_S)
+    await runner.cleanup()
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await close_engine(engine)
+    await engine.events.record("coordinator.stopped", "coordinator")
+    await engine.events.flush()

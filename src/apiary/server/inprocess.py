@@ -10,7 +10,8 @@ from apiary.core.clock import Clock
 from apiary.engine.assembly import Runtime
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.worktrees.settings import WorktreeSettings
-from apiary.server.config import Address, ServerConfig
+from apiary.server.config.address import Address
+from apiary.server.config.server import ServerConfig
 from apiary.server.coordinator import Coordinator, open_coordinator
 
 

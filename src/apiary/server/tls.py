@@ -7,7 +7,7 @@ import ssl
 
 import grpc
 
-from apiary.server.config import ServerConfig
+from apiary.server.config.server import ServerConfig
 
 
 def grpc_credentials(config: ServerConfig) -> grpc.ServerCredentials | None:

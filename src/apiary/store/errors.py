@@ -16,3 +16,7 @@ class SchemaVersionError(StoreError):
 class VersionConflictError(StoreError):
     """A write named a version that is not the one after the stored record's: someone else
     changed the record first (optimistic concurrency). Nothing was written."""
+
+
+class DuplicateWorkflowError(StoreError):
+    """A workflow with this workflow_id is already stored."""

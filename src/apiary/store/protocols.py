@@ -34,7 +34,7 @@ from apiary.core.tools.descriptor import ToolProviderRecord
 from apiary.core.workflow.definition import WorkflowSpec
 from apiary.core.workflow.node import NodeRun
 from apiary.core.workflow.run import StoredWorkflow, WorkflowRun
-from apiary.core.worktree_binding import WorktreeBinding
+from apiary.core.worktrees.records import WorktreeBinding
 from apiary.store.errors import DuplicateMessageError
 
 

@@ -83,7 +83,7 @@ class SwarmBridge:
         self.default_agent = default_agent
         self._bridged: OrderedDict[str, str] = OrderedDict()
         router.attach(SWARM_BRIDGE, self._on_envelope)
-        node.hooks.append(self.deliver)
+        node.add_hook(self.deliver)
 
     # ------------------------------------------------------------------ swarm -> SW4RM
 

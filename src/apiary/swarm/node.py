@@ -123,13 +123,23 @@ class SwarmNode:
         self.keys = KeyCache(
             states, self._fetch_info, clock, settings.key_ttl_s, settings.key_cooldown_s
         )
-        self.hooks: list[StoredHook] = []
+        self._hooks: list[StoredHook] = []
         self.reception = Reception(self)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
     def agent_id(self) -> str:
         return self.config.agent_id
+
+    @property
+    def hooks(self) -> tuple[StoredHook, ...]:
+        """What runs on every stored message, in the order added (a snapshot)."""
+        return tuple(self._hooks)
+
+    def add_hook(self, hook: StoredHook) -> None:
+        """Run `hook` on every message stored from now on (the SW4RM bridge, the wake
+        command); its failures are logged, never the sender's."""
+        self._hooks.append(hook)
 
     def rotate(self, identity: Identity) -> None:
         """Sign with `identity` from now on (its key file is the caller's to save). Peers

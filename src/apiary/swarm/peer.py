@@ -86,21 +86,22 @@ async def open_swarm_peer(
                 ssl_context=ssl_context,
             )
         )
-        peer = SwarmPeer(node)
         # Unreachable destinations are tried again for as long as the peer serves.
         retries = asyncio.create_task(node.courier.run(node.endpoint_of), name="swarm-retries")
         stack.push_async_callback(_stop, retries)
+        bridge = None
         if router is not None:
             notices = NoticeFactory(clock, ids, SWARM_BRIDGE)
-            peer.bridge = SwarmBridge(node, router, notices, config.bridge_agent)
+            bridge = SwarmBridge(node, router, notices, config.bridge_agent)
         if config.wake:
-            node.hooks.append(WakeHook(node, config.wake))
+            node.add_hook(WakeHook(node, config.wake))
+        address = None
         if context is not None:
             sock = bind(*parse_listen(settings.listen))
-            peer.address = await stack.enter_async_context(
+            address = await stack.enter_async_context(
                 open_swarm_server(swarm_app(node), sock, context)
             )
-        yield peer
+        yield SwarmPeer(node, bridge, address)
 
 
 async def _stop(task: asyncio.Task[None]) -> None:

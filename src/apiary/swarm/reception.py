@@ -104,7 +104,7 @@ class Reception:
             return queued(message.message_id)  # the same message, arrived concurrently
         if message.type == "system":
             node.states.update(lambda s: (_apply(s, message), None))
-        for hook in list(node.hooks):
+        for hook in node.hooks:
             try:
                 await hook(message)
             except Exception:  # the message is stored; a hook's failure is the hook's

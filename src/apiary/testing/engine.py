@@ -25,9 +25,8 @@ from apiary.engine.hitl import HitlSettings
 from apiary.engine.negotiation.policies import NegotiationSettings
 from apiary.engine.negotiation.rooms import RoomSettings
 from apiary.engine.presence import PresenceSettings
-from apiary.engine.router.admission import Outbound, SendOutcome
+from apiary.engine.router.admission import Outbound, SendOutcome, is_notice
 from apiary.engine.router.inbox import Handout
-from apiary.engine.router.router import is_notice
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.worktrees.settings import WorktreeSettings
 from apiary.store.memory.store import open_memory_store

@@ -1,11 +1,11 @@
-"""Converters between worktree bindings (core/worktree_binding.py) and their messages: the
+"""Converters between worktree bindings (core/worktrees/records.py) and their messages: the
 canonical `sw4rm.worktree` responses and `apiary.v1.WorktreeBinding`."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from apiary.core.worktree_binding import BindingState, WorktreeBinding, working_location
+from apiary.core.worktrees.records import BindingState, WorktreeBinding, working_location
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp
 

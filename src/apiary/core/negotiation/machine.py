@@ -25,8 +25,9 @@ from dataclasses import replace
 from typing import Any, Final
 
 from apiary.core.dedup import iso_utc
-from apiary.core.negotiation.delta import NO_CHANGE, diff, diff_document
-from apiary.core.negotiation.events import b64, encode, event
+from apiary.core.machine import TransitionTable
+from apiary.core.negotiation.delta import diff
+from apiary.core.negotiation.events import b64, event
 from apiary.core.negotiation.hitl import (
     deadlock_context,
     final_gate_step,
@@ -50,16 +51,13 @@ from apiary.core.negotiation.policy import (
     parse_intensity,
 )
 from apiary.core.negotiation.records import NegotiationRecord, RoundRecord
+from apiary.core.negotiation.rounds import admitted_step, evaluation_step
 from apiary.core.negotiation.scoring import (
     best_candidate,
-    blend,
     candidate_score,
     estimate_tokens,
-    evaluators,
     meets,
-    repeats,
     reverses,
-    unanimity_score,
 )
 from apiary.core.negotiation.validation import ValidationRules, check_draft, refusal
 from apiary.core.negotiation.vocabulary import (
@@ -67,14 +65,12 @@ from apiary.core.negotiation.vocabulary import (
     DeadlockRule,
     Draft,
     Escalation,
-    IllegalTransitionError,
     NegotiationEffect,
     NegotiationInput,
     NegotiationState,
     NegotiationStep,
     Row,
     StopReason,
-    artifact_record,
     member,
     policy_of,
     step_details,
@@ -138,17 +134,18 @@ class NegotiationMachine:
     """The transition table and the transitions that validate and apply it."""
 
     TABLE: dict[NegotiationState, dict[NegotiationInput, Row]] = _table()
+    TRANSITIONS: TransitionTable[NegotiationState, NegotiationInput, Row] = TransitionTable(
+        TABLE, "negotiation"
+    )
 
     @classmethod
     def row(cls, state: NegotiationState | str, event_: NegotiationInput) -> Row:
-        found = cls.TABLE[NegotiationState(state)].get(event_)
-        if found is None:
-            raise IllegalTransitionError(NegotiationState(state), event_)
-        return found
+        """The table's row for (state, event); IllegalTransitionError when there is none."""
+        return cls.TRANSITIONS.step(NegotiationState(state), event_)
 
     @classmethod
     def allows(cls, state: NegotiationState | str, event_: NegotiationInput) -> bool:
-        return event_ in cls.TABLE[NegotiationState(state)]
+        return cls.TRANSITIONS.allows(NegotiationState(state), event_)
 
     # ------------------------------------------------------------------ opening
 
@@ -256,49 +253,7 @@ class NegotiationMachine:
             )  # fmt: skip
             step = cls.stop(record, rounds, StopReason.BUDGET, now=now, rule=rule)
             return replace(step, refusal=error)
-        n = record.round + 1
-        oscillations = record.oscillations + repeats(rounds, draft.content_type, draft.payload)
-        summary = delta.summary if delta else NO_CHANGE
-        new_round = RoundRecord(
-            negotiation_id=record.negotiation_id, round=n,
-            kind="counter" if draft.counter else "propose", from_agent=draft.from_agent,
-            content_type=draft.content_type, payload=draft.payload, submitted_at=now,
-            tokens=tokens, checks=check.to_json(), delta=summary.to_json() if delta else {},
-        )  # fmt: skip
-        new = replace(
-            record, state=row.state.value, updated_at=now, round=n,
-            round_deadline=now + policy.round_timeout_ms / 1000,
-            tokens_spent=record.tokens_spent + tokens, oscillations=oscillations,
-        )  # fmt: skip
-        artifacts = [
-            artifact_record(new, "contract", version(n), draft.content_type, draft.payload, now)
-        ]
-        if previous is not None and delta is not None:
-            doc = diff_document(delta, version(n - 1), version(n))
-            artifacts.append(
-                artifact_record(new, "diff", f"{version(n - 1)}_to_{version(n)}",
-                                "application/json", encode(doc), now)
-            )  # fmt: skip
-        kind = new_round.kind
-        fan = event(
-            kind, iso_utc(now), **{"from": draft.from_agent}, ct=draft.content_type,
-            payload_b64=b64(draft.payload), negotiation_id=new.negotiation_id, round=n,
-            version=version(n), delta=new_round.delta, checks=new_round.checks,
-        )  # fmt: skip
-        details = step_details(
-            record,
-            new,
-            draft.from_agent,
-            round=n,
-            kind=kind,
-            version=version(n),
-            tokens=tokens,
-            delta=new_round.delta,
-            check_score=check.score,
-            repeated=oscillations > record.oscillations,
-        )
-        return NegotiationStep(new, row.effects, (row.event_type, details), new_round,
-                               tuple(artifacts), (fan,))  # fmt: skip
+        return admitted_step(row, record, rounds, draft, check, tokens, delta, now, policy)
 
     @classmethod
     def after_draft(
@@ -344,37 +299,7 @@ class NegotiationMachine:
             llm_confidence = _unit(llm_confidence, "llm_confidence")
         if not isinstance(notes, str):
             raise ValidationError.for_field("notes", "must be a string")
-        policy = policy_of(record)
-        check_score = float(current.checks.get("check_score", 1.0))
-        deterministic = round(own * check_score, 6)
-        confidence = llm_confidence if llm_confidence is not None else current.llm_confidence
-        blended = blend(deterministic, confidence, policy.llm_weight)
-        report = {
-            "from_agent": from_agent, "deterministic_score": deterministic,
-            "llm_confidence": confidence, "notes": notes, "delta": dict(current.delta),
-            "score": blended, "submitted_score": own, "check_score": check_score,
-            "at": now,
-        }  # fmt: skip
-        evaluations = {**current.evaluations, from_agent: report}
-        required = evaluators(record.participants, current.from_agent)
-        scored = replace(
-            current, evaluations=evaluations, score=unanimity_score(evaluations, required)
-        )
-        tokens = estimate_tokens(len(notes.encode("utf-8")))
-        new = replace(record, updated_at=now, tokens_spent=record.tokens_spent + tokens)
-        n = current.round
-        artifact = artifact_record(new, "score", f"{version(n)}.{from_agent}", "application/json",
-                             encode({"round": n, **report}), now)  # fmt: skip
-        fan = event(
-            "evaluate", iso_utc(now), **{"from": from_agent}, score=blended, notes=notes,
-            negotiation_id=record.negotiation_id, round=n, version=version(n),
-            deterministic_score=deterministic, llm_confidence=confidence,
-        )  # fmt: skip
-        details = step_details(record, new, from_agent, round=n, version=version(n), score=blended,
-                           deterministic_score=deterministic, llm_confidence=confidence,
-                           round_score=scored.score)  # fmt: skip
-        return NegotiationStep(new, row.effects, (row.event_type, details), scored,
-                               (artifact,), (fan,))  # fmt: skip
+        return evaluation_step(row, record, current, from_agent, own, llm_confidence, notes, now)
 
     @classmethod
     def close_round(
@@ -602,8 +527,7 @@ def _unit(value: object, name: str) -> float:
 
 def mermaid() -> str:
     """The state diagram of the table, for the docs."""
-    lines = ["stateDiagram-v2", f"    [*] --> {OPEN_ROW.state}: OPEN"]
-    for state, row in NegotiationMachine.TABLE.items():
-        lines.extend(f"    {state} --> {step.state}: {ev}" for ev, step in row.items())
-    lines.extend(f"    {s} --> [*]" for s in NegotiationState if s.terminal)
-    return "\n".join(lines) + "\n"
+    ended = (s for s in NegotiationState if s.terminal)
+    return NegotiationMachine.TRANSITIONS.mermaid(
+        (OPEN_ROW.state,), ended, lambda row: row.state, loops=True, entry="OPEN"
+    )

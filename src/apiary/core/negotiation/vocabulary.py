@@ -90,15 +90,6 @@ class DeadlockRule(StrEnum):
 DECIDED_BY: Final = ("consensus", "hitl", "policy")
 
 
-class IllegalTransitionError(Exception):
-    """The table has no row for (state, input); nothing changed."""
-
-    def __init__(self, state: NegotiationState, event: NegotiationInput) -> None:
-        super().__init__(f"no negotiation transition from {state} on {event}")
-        self.state = state
-        self.event = event
-
-
 @dataclass(frozen=True, slots=True)
 class Row:
     state: NegotiationState

@@ -37,7 +37,8 @@ from enum import StrEnum
 from typing import Any, Final
 
 from apiary.core.dedup import iso_utc
-from apiary.core.hitl import HitlReason
+from apiary.core.hitl.vocabulary import HitlReason
+from apiary.core.machine import TransitionTable
 from apiary.core.rooms.policy import RoomPolicy, Trigger, Verdict, evaluate
 from apiary.core.rooms.records import (
     DecisionOutcome,
@@ -90,15 +91,6 @@ class RoomEffect(StrEnum):
     RESOLVE = "RESOLVE"
     """Wake the producers waiting for the final decision (WaitForDecision)."""
     EMIT_EVENT = "EMIT_EVENT"
-
-
-class IllegalTransitionError(Exception):
-    """The table has no row for (state, input); nothing changed."""
-
-    def __init__(self, state: RoomState, event: RoomInput) -> None:
-        super().__init__(f"no negotiation-room transition from {state} on {event}")
-        self.state = state
-        self.event = event
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,18 +169,18 @@ class RoomMachine:
     """The room transition table and the transitions that validate and apply it."""
 
     TABLE: dict[RoomState, dict[RoomInput, RoomRow]] = _table()
+    TRANSITIONS: TransitionTable[RoomState, RoomInput, RoomRow] = TransitionTable(
+        TABLE, "negotiation-room"
+    )
 
     @classmethod
     def row(cls, state: RoomState | str, event: RoomInput) -> RoomRow:
         """The table's row for (state, event); IllegalTransitionError when there is none."""
-        found = cls.TABLE[RoomState(state)].get(event)
-        if found is None:
-            raise IllegalTransitionError(RoomState(state), event)
-        return found
+        return cls.TRANSITIONS.step(RoomState(state), event)
 
     @classmethod
     def allows(cls, state: RoomState | str, event: RoomInput) -> bool:
-        return event in cls.TABLE[RoomState(state)]
+        return cls.TRANSITIONS.allows(RoomState(state), event)
 
     @classmethod
     def open(cls, checked: CheckedProposal, *, now: float, policy: RoomPolicy) -> RoomStep:
@@ -346,11 +338,10 @@ class RoomMachine:
 
 def mermaid() -> str:
     """The state diagram of the table, for the docs."""
-    lines = ["stateDiagram-v2", f"    [*] --> {OPEN_ROW.state}: SUBMIT"]
-    for state, row in RoomMachine.TABLE.items():
-        lines.extend(f"    {state} --> {step.state}: {event}" for event, step in row.items())
-    lines.extend(f"    {s} --> [*]" for s in RoomState if s.terminal)
-    return "\n".join(lines) + "\n"
+    ended = (s for s in RoomState if s.terminal)
+    return RoomMachine.TRANSITIONS.mermaid(
+        (OPEN_ROW.state,), ended, lambda row: row.state, loops=True, entry="SUBMIT"
+    )
 
 
 # --- transitions ------------------------------------------------------------------------------

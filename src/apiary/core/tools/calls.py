@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
 
+from apiary.core.machine import TransitionTable
+
 
 class ToolCallState(StrEnum):
     ACCEPTED = "ACCEPTED"
@@ -67,15 +69,6 @@ class ToolCallEffect(StrEnum):
     """Ask the provider to stop the call (best effort), and start the grace period."""
     WITHDRAW_APPROVAL = "WITHDRAW_APPROVAL"
     """Cancel the pending HITL invocation."""
-
-
-class IllegalTransitionError(Exception):
-    """The table has no row for (state, input); nothing changed."""
-
-    def __init__(self, state: ToolCallState, event: ToolCallInput) -> None:
-        super().__init__(f"no tool call transition from {state} on {event}")
-        self.state = state
-        self.event = event
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,18 +125,18 @@ class ToolCallMachine:
     """The transition table of a tool call."""
 
     TABLE: dict[ToolCallState, dict[ToolCallInput, ToolCallRow]] = _table()
+    TRANSITIONS: TransitionTable[ToolCallState, ToolCallInput, ToolCallRow] = TransitionTable(
+        TABLE, "tool call"
+    )
 
     @classmethod
     def step(cls, state: ToolCallState, event: ToolCallInput) -> ToolCallRow:
         """The row for (state, event); IllegalTransitionError when there is none."""
-        row = cls.TABLE[state].get(event)
-        if row is None:
-            raise IllegalTransitionError(state, event)
-        return row
+        return cls.TRANSITIONS.step(state, event)
 
     @classmethod
     def allows(cls, state: ToolCallState, event: ToolCallInput) -> bool:
-        return event in cls.TABLE[state]
+        return cls.TRANSITIONS.allows(state, event)
 
 
 CANCELLED_CODE: Final = "CANCELLED"
@@ -162,15 +155,8 @@ def cancel_answer(state: ToolCallState | None) -> str:
 
 def mermaid() -> str:
     """The state diagram of the table (docs/tool-call-lifecycle.md is generated from it)."""
-    lines = ["stateDiagram-v2", f"    [*] --> {_S.ACCEPTED}"]
-    for state, row in ToolCallMachine.TABLE.items():
-        lines.extend(
-            f"    {state} --> {step.state}: {event}"
-            for event, step in row.items()
-            if step.state is not state
-        )
-    lines.extend(f"    {s} --> [*]" for s in ToolCallState if s.terminal)
-    return "\n".join(lines) + "\n"
+    terminal = (s for s in ToolCallState if s.terminal)
+    return ToolCallMachine.TRANSITIONS.mermaid((_S.ACCEPTED,), terminal, lambda row: row.state)
 
 
 @dataclass(frozen=True, slots=True)

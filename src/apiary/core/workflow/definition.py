@@ -40,7 +40,7 @@ from typing import Any, Final
 
 from apiary.core.cron import CronSchedule, parse_cron
 from apiary.core.scope_overlap import parse_scope
-from apiary.core.task_queue import PRIORITY_HIGHEST, PRIORITY_LOWEST
+from apiary.core.tasks.queue import PRIORITY_HIGHEST, PRIORITY_LOWEST
 from apiary.core.workflow.dag import DagReport, validate_dag
 from apiary.core.workflow.data import Path, check_mapping, parse_path
 from apiary.core.workflow.event import EventMatch, parse_event_match

@@ -35,6 +35,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
+from apiary.core.machine import TransitionTable
 from apiary.core.workflow.definition import FailurePolicy, NodeOptions, NodeSpec, TriggerType
 from apiary.errors import ValidationError
 
@@ -118,15 +119,6 @@ class NodeEffect(StrEnum):
 _F = NodeEffect
 
 
-class IllegalTransitionError(Exception):
-    """The table has no row for (status, input); nothing changed."""
-
-    def __init__(self, status: NodeStatus, event: NodeInput) -> None:
-        super().__init__(f"no workflow node transition from {status} on {event}")
-        self.status = status
-        self.event = event
-
-
 @dataclass(frozen=True, slots=True)
 class NodeRun:
     """The run state of one node, as stored (its part of `WorkflowState.node_states`).
@@ -202,17 +194,18 @@ class NodeMachine:
     """The node table with `step` as its operation."""
 
     TABLE: dict[NodeStatus, dict[NodeInput, NodeRow]] = _table()
+    TRANSITIONS: TransitionTable[NodeStatus, NodeInput, NodeRow] = TransitionTable(
+        TABLE, "workflow node"
+    )
 
     @classmethod
     def row(cls, status: NodeStatus, event: NodeInput) -> NodeRow:
-        found = cls.TABLE[status].get(event)
-        if found is None:
-            raise IllegalTransitionError(status, event)
-        return found
+        """The table's row for (status, event); IllegalTransitionError when there is none."""
+        return cls.TRANSITIONS.step(status, event)
 
     @classmethod
     def allows(cls, status: NodeStatus, event: NodeInput) -> bool:
-        return event in cls.TABLE[status]
+        return cls.TRANSITIONS.allows(status, event)
 
     @classmethod
     def step(
@@ -328,10 +321,5 @@ def task_id_for(workflow_id: str, node_id: str, dispatch: int) -> str:
 
 def mermaid() -> str:
     """The state diagram of the table, for the docs."""
-    lines = ["stateDiagram-v2", f"    [*] --> {_S.PENDING}"]
-    for status, row in NodeMachine.TABLE.items():
-        for event, found in row.items():
-            lines.append(f"    {status} --> {found.status}: {event}")
-    for status in (_S.COMPLETED, _S.FAILED, _S.SKIPPED):
-        lines.append(f"    {status} --> [*]")
-    return "\n".join(lines) + "\n"
+    ended = (_S.COMPLETED, _S.FAILED, _S.SKIPPED)
+    return NodeMachine.TRANSITIONS.mermaid((_S.PENDING,), ended, lambda row: row.status, loops=True)

@@ -21,6 +21,7 @@ from typing import Any
 from apiary.core.clock import Clock
 from apiary.core.dedup import iso_utc
 from apiary.core.envelope import Envelope, MessageType
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.negotiation.events import decode_event, event
 from apiary.core.negotiation.hitl import escalation_for, translate_action
 from apiary.core.negotiation.machine import NegotiationMachine
@@ -36,7 +37,6 @@ from apiary.core.negotiation.validation import ValidationRules
 from apiary.core.negotiation.vocabulary import (
     Draft,
     Escalation,
-    IllegalTransitionError,
     NegotiationEffect,
     NegotiationState,
     NegotiationStep,

@@ -17,7 +17,7 @@ from apiary.core.idempotency import is_within_window
 from apiary.core.records import IdempotencyRecord, StoredMessage
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.router.admission import SendOutcome
-from apiary.errors import AlreadyInProgressError, ApiaryError, DuplicateDetectedError
+from apiary.errors import AlreadyInProgressError, DuplicateDetectedError
 from apiary.store.protocols import IdempotencyStore, MessageStore
 
 
@@ -27,12 +27,6 @@ class _Plan:
     record: IdempotencyRecord | None
     """The record a RETRY continues; None for a NEW operation."""
     requeue: bool = False
-
-
-def _reject(env: Envelope, error: ApiaryError, details: dict[str, str]) -> SendOutcome:
-    return SendOutcome(
-        env.message_id, False, error, f"{error.code}: {error.message}", details=details
-    )
 
 
 def cache_key(producer_id: str, token: str) -> str:
@@ -78,6 +72,24 @@ class DedupGate:
             return await self._by_sequence(env, now)
         return None
 
+    def waits(self, env: Envelope) -> bool:
+        """Whether `check` of `env` always asks the store (it carries an idempotency token):
+        worth overlapping with the store work of other envelopes."""
+        return bool(env.idempotency_token)
+
+    def cached(self, message: StoredMessage) -> bool:
+        """Whether the cache follows `message`'s fate by its token (`progress` has a record
+        to update; a notice with one keeps its stored row, see `Enqueuer`)."""
+        return bool(message.idempotency_token)
+
+    def holding(self) -> bool:
+        """Whether any admission awaits `admitted` (a token reserved by `check`)."""
+        return bool(self._plans)
+
+    def holds(self, message_id: str) -> bool:
+        """Whether the admission of `message_id` awaits `admitted` to record its token."""
+        return message_id in self._plans
+
     def fresh(self, env: Envelope) -> bool:
         """Whether `check` would admit `env` without asking the store, counting it in if so:
         no token, and no sequence number or one above the producer's known high-water mark
@@ -105,7 +117,7 @@ class DedupGate:
         if key in self._reserved:
             busy = AlreadyInProgressError(f"token {token} is being admitted right now")
             await self._log(env, dedup.DedupKind.IN_PROGRESS, "", token=token)
-            return _reject(env, busy, {"token": token})
+            return SendOutcome.refusal(env.message_id, busy, {"token": token})
         record = await self._cache.get(key)
         decision = dedup.decide(record, now, self._window)
         original = record.original_message_id if record else env.message_id
@@ -118,14 +130,14 @@ class DedupGate:
                 f"({decision.status}) at {payload.get('cached_at', '')}",
                 payload,
             )
-            return _reject(env, error, payload)
+            return SendOutcome.refusal(env.message_id, error, payload)
         if decision.kind is dedup.DedupKind.IN_PROGRESS:
             assert record is not None
             running = AlreadyInProgressError(
                 f"token {token} is in progress as {record.current_message_id} ({record.status})",
                 {"original_message_id": record.current_message_id, "status": record.status},
             )
-            return _reject(env, running, {})
+            return SendOutcome.refusal(env.message_id, running, {})
         self._reserved.add(key)
         keep = record if decision.kind is dedup.DedupKind.RETRY else None
         self._plans[env.message_id] = _Plan(key, keep)
@@ -167,12 +179,12 @@ class DedupGate:
             error = DuplicateDetectedError(
                 f"{where} already completed as {prior.message_id} ({prior.state})", details
             )
-            return _reject(env, error, details)
+            return SendOutcome.refusal(env.message_id, error, details)
         running = AlreadyInProgressError(
             f"{where} is in progress as {prior.message_id} ({prior.state})",
             {"original_message_id": prior.message_id, "status": prior.state.value},
         )
-        return _reject(env, running, {})
+        return SendOutcome.refusal(env.message_id, running, {})
 
     async def admitted(self, stored: StoredMessage, now: float) -> None:
         plan = self._plans.pop(stored.message_id, None)

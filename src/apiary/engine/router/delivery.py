@@ -20,8 +20,9 @@ from apiary.core.records import StoredMessage, handed_out
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR
 from apiary.engine.registry import Registry
+from apiary.engine.router.admission import is_notice
 from apiary.engine.router.inbox import Handout
-from apiary.engine.router.router import Router, is_notice
+from apiary.engine.router.router import Router
 from apiary.errors import AgentUnavailableError, ResumeExpiredError, ValidationError
 from apiary.store.protocols import MessageStore
 
@@ -62,20 +63,27 @@ def parse_resume_token(token: str, agent_id: str) -> int:
     return offset
 
 
+AgentSignal = Callable[[str], Awaitable[None]]
+"""Called with an agent's id when its stream reaches a point (see `Delivery`)."""
+
+
 class Delivery:
     def __init__(
-        self, router: Router, registry: Registry, messages: MessageStore, events: EventRecorder
-    ) -> None:
+        self, router: Router, registry: Registry, messages: MessageStore, events: EventRecorder,
+        opened: AgentSignal, connected: AgentSignal,
+    ) -> None:  # fmt: skip
+        """`opened` is called when a stream opens: the agent is ready for work (the
+        Scheduler's readiness signal, RFC 8.1). `connected` is called once the stream counts
+        as open (`Router.streaming`), before its first batch: Presence sends the agent the
+        current directory."""
         self._router = router
+        self._live = router.live
+        self._lifecycle = router.lifecycle
         self._registry = registry
         self._messages = messages
         self._events = events
-        self.opened: Callable[[str], Awaitable[None]] | None = None
-        """Called with the agent id when a stream opens: the agent is ready for work (the
-        Scheduler's readiness signal, RFC 8.1)."""
-        self.connected: Callable[[str], Awaitable[None]] | None = None
-        """Called with the agent id once its stream counts as open (`Router.streaming`),
-        before its first batch: Presence sends it the current directory."""
+        self._opened = opened
+        self._connected = connected
 
     async def _check_position(self, agent_id: str, resume_after: int) -> None:
         if resume_after <= 0:
@@ -105,8 +113,7 @@ class Delivery:
             "stream.opened", agent_id, agent_id=agent_id, resume_after=resume_after,
             session=session,
         )  # fmt: skip
-        if self.opened is not None:
-            await self.opened(agent_id)
+        await self._opened(agent_id)
         return session
 
     async def poll(self, agent_id: str, session: int, max_batch: int = 0) -> list[Handout]:
@@ -133,8 +140,7 @@ class Delivery:
         inbox = self._router.inbox(agent_id)
         inbox.streams += 1
         try:
-            if self.connected is not None:
-                await self.connected(agent_id)
+            await self._connected(agent_id)
             while True:
                 batch = await self.poll(agent_id, session, max_batch)
                 if batch:
@@ -152,7 +158,7 @@ class Delivery:
         keep: list[Handout] = []
         for handout in batch:
             if budget and handout.attempt > budget and not is_notice(handout.message):
-                await self._router.apply(
+                await self._lifecycle.apply(
                     handout.message, MessageInput.DELIVERIES_EXHAUSTED, now,
                     error_code="agent_unavailable",
                     note=f"not acknowledged after {budget} deliveries",
@@ -173,7 +179,7 @@ class Delivery:
             message = handout.message
             waited.observe(now - message.created_at)
             if not notice and handout.attempt > 1:
-                await self._router.apply(message, MessageInput.REDELIVER, now)
+                await self._lifecycle.apply(message, MessageInput.REDELIVER, now)
             if handout.overflowed:
                 await self._overflowed(agent_id, now)
             if handout.urgent:
@@ -193,20 +199,19 @@ class Delivery:
             if done:
                 await self._messages.finish_delivered([m.message_id for m in done], now)
             for message in done:
-                self._router.finish_notice(message)
+                self._live.forget(message)
         # A redelivery's REDELIVER step changed the live copy (RETRYING): hand out that one.
-        handed = [
-            h if h.direct else _delivered(h, now, self._router.current(h.message)) for h in batch
-        ]
+        current = self._live.current
+        handed = [h if h.direct else _delivered(h, now, current(h.message)) for h in batch]
         inbox = self._router.inbox(agent_id)
         counted = []
         for handout, notice in zip(handed, notices, strict=True):
             if not notice:
-                self._router.refresh(handout.message)
+                self._live.refresh(handout.message)
                 inbox.update(handout.message)
                 counted.append(handout.message)
         if counted:
-            await self._router.delivered(counted, now)
+            await self._live.delivered(counted, now)
         return handed
 
     async def _overflowed(self, agent_id: str, now: float) -> None:

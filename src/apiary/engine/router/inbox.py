@@ -11,9 +11,10 @@ import asyncio
 import bisect
 from collections import deque
 
-from apiary.core.lanes import PRIVILEGED, LaneScheduler
+from apiary.core.lanes import PRIVILEGED, LanePolicy, LaneScheduler
 from apiary.core.records import MessageState, StoredMessage
 from apiary.core.value import value
+from apiary.errors import ValidationError
 
 LANES = ("PRIVILEGED", "STANDARD", "BULK")
 _BUFFERED = frozenset({MessageState.RECEIVED, MessageState.RETRYING})
@@ -231,3 +232,33 @@ class Inbox:
     def has_pending(self) -> bool:
         self._heads()
         return bool(self._direct) or any(self._pending.values())
+
+
+class Inboxes(dict[str, Inbox]):
+    """Every agent's Inbox by agent id; `inboxes[agent_id]` makes a missing one, with the
+    agent's buffer capacity (`get` does not). A dict, so that the lookup every admitted
+    message and every acknowledgement makes costs no Python call once the inbox exists."""
+
+    def __init__(self, capacity: int, lanes: LanePolicy) -> None:
+        super().__init__()
+        self._default = capacity
+        self._lanes = lanes
+        self._capacities: dict[str, int] = {}
+
+    def __missing__(self, agent_id: str) -> Inbox:
+        capacity = self._capacities.get(agent_id, self._default)
+        inbox = self[agent_id] = Inbox(agent_id, capacity, LaneScheduler(self._lanes))
+        return inbox
+
+    def streaming(self, agent_id: str) -> bool:
+        """Whether `agent_id` has a delivery stream open now."""
+        inbox = self.get(agent_id)
+        return inbox is not None and inbox.streams > 0
+
+    def set_capacity(self, agent_id: str, capacity: int) -> int:
+        """Per-agent buffer capacity (RFC 13: configurable per agent)."""
+        if capacity < 1:
+            raise ValidationError.for_field("capacity", f"must be at least 1, not {capacity}")
+        self._capacities[agent_id] = capacity
+        self[agent_id].capacity = capacity
+        return capacity

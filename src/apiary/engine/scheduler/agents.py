@@ -1,5 +1,6 @@
 """The Scheduler's side of the agent lifecycle (RFC 8): the effects engine/lifecycle.py asks
-for, performed on tasks, envelopes, the registry and the agent's resources.
+for, performed on tasks, envelopes, the registry and the agent's resources; and how task
+changes drive an agent's lifecycle (`drive`, `finished`).
 
 Lifecycle calls happen with the Scheduler's lock held (every entry point takes it first), so
 these hooks never take it themselves.
@@ -7,14 +8,19 @@ these hooks never take it themselves.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleMachine, AgentLifecycleState
-from apiary.engine.notices import SCHEDULER
+from apiary.engine.activity import Activity
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.hitl import Hitl
+from apiary.engine.lifecycle import Lifecycles
+from apiary.engine.notices import SCHEDULER, NoticeFactory
+from apiary.engine.registry import Registry
+from apiary.engine.resources import ResourceTracker
+from apiary.engine.router.admission import Outbound
+from apiary.engine.router.router import Router
 from apiary.errors import AgentShutdownError
-
-if TYPE_CHECKING:
-    from apiary.engine.scheduler.scheduler import Scheduler
 
 _S = AgentLifecycleState
 _I = AgentInput
@@ -32,41 +38,79 @@ FINISH_INPUTS: dict[AgentLifecycleState, tuple[AgentInput, ...]] = {
 COMPLETED) gets back to RUNNABLE from where it stood."""
 
 
+class AgentTasks(Protocol):
+    """Ending an agent's tasks, which the lifecycle asks for (the Scheduler does it)."""
+
+    async def fail_agent_tasks(
+        self, agent_id: str, code: str, *, queued: bool, running_too: bool = True
+    ) -> int:
+        """End the agent's running task (unless not `running_too`) and its queued ones (when
+        `queued`) with `code`; returns how many ended."""
+        ...
+
+
 class SchedulerAgents:
     """`LifecycleHooks` for the Scheduler."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._scheduler = scheduler
+    def __init__(
+        self,
+        tasks: AgentTasks,
+        router: Router,
+        envelopes: NoticeFactory,
+        events: EventRecorder,
+        registry: Registry,
+        hitl: Hitl,
+        activity: Activity,
+        resources: ResourceTracker,
+        hitl_timeout_s: float,
+    ) -> None:
+        self._tasks = tasks
+        self._router = router
+        self._envelopes = envelopes
+        self._events = events
+        self._registry = registry
+        self._hitl = hitl
+        self._activity = activity
+        self._resources = resources
+        self._hitl_timeout_s = hitl_timeout_s
 
     async def notify_agent(self, agent_id: str, command: str, body: dict[str, Any]) -> None:
-        await self._scheduler.send_control(agent_id, {**body, "command": command})
+        """A CONTROL command to the agent (lifecycle notices: shutdown, suspend, ...)."""
+        env = self._envelopes.control({**body, "command": command})
+        (outcome,) = await self._router.send_many([Outbound(env, agent_id, lane="PRIVILEGED")])
+        await self._events.record(
+            "agent.control", SCHEDULER, agent_id=agent_id, command=command,
+            message_id=env.message_id, accepted=outcome.accepted, reason=outcome.reason,
+        )  # fmt: skip
 
     async def stop_dispatch(self, agent_id: str) -> None:
         """RFC 8.4: no new task for a SHUTTING_DOWN agent; its queued ones cannot run. The
         running one may still complete within the grace period."""
-        await self._scheduler.fail_agent_tasks(
+        await self._tasks.fail_agent_tasks(
             agent_id, AgentShutdownError.code, queued=True, running_too=False
         )
 
     async def abandon_task(self, agent_id: str, error_code: str) -> None:
-        await self._scheduler.fail_agent_tasks(agent_id, error_code, queued=False)
+        await self._tasks.fail_agent_tasks(agent_id, error_code, queued=False)
 
     async def release_resources(self, agent_id: str, reason: str) -> None:
-        scheduler = self._scheduler
-        await scheduler.activity_purge(agent_id)
-        await scheduler.resources.release_all(agent_id, reason)
+        await self._activity.purge(agent_id, None)
+        await self._resources.release_all(agent_id, reason)
 
     async def deregister(self, agent_id: str, reason: str) -> None:
-        await self._scheduler.deregister(agent_id, reason)
+        await self._registry.deregister(agent_id, reason)
 
     async def escalate(self, agent_id: str, state: AgentLifecycleState, reason: str) -> None:
-        await self._scheduler.escalate_agent(agent_id, state.value, reason)
+        await self._hitl.open(
+            "TASK_ESCALATION", {"reason": reason, "state": state.value}, requested_by=SCHEDULER,
+            subject={"agent_id": agent_id}, suggested_action="deny",
+            proposed_actions=("approve", "deny"), timeout_s=self._hitl_timeout_s,
+        )  # fmt: skip
 
 
-async def drive(scheduler: Scheduler, agent_id: str, *inputs: AgentInput, code: str = "") -> None:
+async def drive(lifecycles: Lifecycles, agent_id: str, *inputs: AgentInput, code: str = "") -> None:
     """Apply the inputs the table allows from wherever the agent stands; skip the rest (the
     agent may have moved on by its own report, or be unknown to the lifecycle)."""
-    lifecycles = scheduler.lifecycles
     for event in inputs:
         state = lifecycles.state(agent_id)
         if state is None or not AgentLifecycleMachine.allows(state, event):
@@ -76,8 +120,8 @@ async def drive(scheduler: Scheduler, agent_id: str, *inputs: AgentInput, code: 
         )
 
 
-async def finished(scheduler: Scheduler, agent_id: str) -> None:
+async def finished(lifecycles: Lifecycles, agent_id: str) -> None:
     """The agent's task ended: back to RUNNABLE (or as far as its state allows)."""
-    state = scheduler.lifecycles.state(agent_id)
+    state = lifecycles.state(agent_id)
     if state is not None:
-        await drive(scheduler, agent_id, *FINISH_INPUTS.get(state, ()))
+        await drive(lifecycles, agent_id, *FINISH_INPUTS.get(state, ()))

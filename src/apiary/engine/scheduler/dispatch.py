@@ -10,139 +10,166 @@ Called with the Scheduler's lock held.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
-from apiary.core.agent_lifecycle import AgentInput
+from apiary.core.clock import Clock
 from apiary.core.envelope import MessageType
 from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
-from apiary.core.records import TaskRecord, TaskState
-from apiary.core.scope_overlap import parse_scope
-from apiary.core.task_queue import QueuedTask
-from apiary.engine.conflict_gate import Blocker
+from apiary.core.records import TaskRecord
+from apiary.core.tasks.machine import TaskInput
+from apiary.core.tasks.queue import QueuedTask
+from apiary.engine.conflict_gate import Blocker, ConflictGate
+from apiary.engine.lifecycle import Lifecycles
+from apiary.engine.notices import NoticeFactory
 from apiary.engine.router.admission import Outbound
-from apiary.engine.scheduler.agents import drive
-
-if TYPE_CHECKING:
-    from apiary.engine.scheduler.scheduler import Scheduler
-
-SEP = "\x1f"
-"""Joins the parts of the Scheduler's queue and timer keys."""
+from apiary.engine.router.router import Router
+from apiary.engine.scheduler.live import LiveTasks, queue_key
+from apiary.engine.scheduler.transitions import TaskTransitions
+from apiary.engine.scheduler.wakeups import Wakeups, retry_key
+from apiary.engine.settings import SchedulerSettings
 
 
-def queue_key(agent_id: str, lane: str) -> str:
-    """The TaskQueue key of the agent's lane."""
-    return f"{agent_id}{SEP}{lane}"
+class WorktreeView(Protocol):
+    """What the Scheduler needs of the worktree manager (engine/worktrees, RFC 16.3)."""
 
+    def bound_root(self, agent_id: str) -> Path | None:
+        """The agent's bound worktree; None while it has none (UNBOUND, BIND_FAILED)."""
+        ...
 
-def key_agent(key: str) -> str:
-    return key.partition(SEP)[0]
+    def subscribe(self, listener: Callable[[str], None]) -> None:
+        """Call `listener` with the agent id whenever a binding changes."""
+        ...
 
 
 class SchedulerDispatch:
     """Hands the Scheduler's queued tasks to their agents."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._scheduler = scheduler
+    def __init__(
+        self,
+        live: LiveTasks,
+        wakeups: Wakeups,
+        transitions: TaskTransitions,
+        lifecycles: Lifecycles,
+        gate: ConflictGate,
+        router: Router,
+        envelopes: NoticeFactory,
+        notices: NoticeFactory,
+        settings: SchedulerSettings,
+        clock: Clock,
+        worktrees: WorktreeView | None,
+    ) -> None:
+        self._live = live
+        self._wakeups = wakeups
+        self._transitions = transitions
+        self._lifecycles = lifecycles
+        self._gate = gate
+        self._router = router
+        self._envelopes = envelopes
+        self._notices = notices
+        self._settings = settings
+        self._clock = clock
+        self._worktrees = worktrees
         self._lanes: dict[str, LaneScheduler] = {}
+
+    async def drain(self) -> None:
+        """Dispatch to every agent woken so far (lock held)."""
+        agents = self._wakeups.agents
+        while agents:
+            await self.try_dispatch(agents.pop())
 
     async def try_dispatch(self, agent_id: str) -> None:
         """Dispatch the agent's next task if everything allows it (lock held)."""
-        s = self._scheduler
-        if agent_id in s._running or not s.lifecycles.accepts_tasks(agent_id):
+        live = self._live
+        if agent_id in live.running or not self._lifecycles.accepts_tasks(agent_id):
             return
         picked = self._head(agent_id)
         if picked is None:
             return
         head, choice = picked
-        task = s._tasks[head.task_id]
-        if self._waits_for_worktree(task):
+        task = live.tasks[head.task_id]
+        if live.needs_worktree(task) and not self._bound(task.agent_id):
             await self._held_for_worktree(task)
             return
-        limit = s.settings.instance_limit(task.agent_type)
-        if s._active[task.agent_type] >= limit:
-            s._type_waiters.setdefault(task.agent_type, set()).add(agent_id)
+        limit = self._settings.instance_limit(task.agent_type)
+        if live.active[task.agent_type] >= limit:
+            live.wait_for_type(task.agent_type, agent_id)
             return
-        blockers = await s.gate.blockers(task, s._running.values(), s._tasks)
+        blockers = await self._gate.blockers(task, live.running.values(), live.tasks)
         if blockers:
             await self._deferred(task, blockers)
             return
-        s._queue.remove(head.task_id)
+        live.queue.remove(head.task_id)
         await self._dispatch(task, choice)
 
-    def _waits_for_worktree(self, task: TaskRecord) -> bool:
-        s = self._scheduler
-        needs = s._needs_worktree.get(task.task_id)
-        if needs is None:
-            needs = s._needs_worktree[task.task_id] = parse_scope(task.scope).needs_worktree
-        return needs and not s.worktree_bound(task.agent_id)
+    def _bound(self, agent_id: str) -> bool:
+        return self._worktrees is not None and self._worktrees.bound_root(agent_id) is not None
 
     async def _held_for_worktree(self, task: TaskRecord) -> None:
         """RFC 16.3: no worktree task for an agent without a bound worktree (BIND_FAILED is
         treated like UNBOUND); the task waits until a BIND succeeds (`wake`)."""
-        s = self._scheduler
         note = "waiting for the agent to bind a worktree (worktree:required)"
         if task.note == note:
             return
-        task = replace(task, note=note, updated_at=s._clock.now())
-        await s._save(task, "task.waiting_worktree", reason=note)
+        changes = {"note": note, "updated_at": self._clock.now()}
+        await self._transitions.apply(task, TaskInput.WAIT_WORKTREE, changes, reason=note)
 
     def _head(self, agent_id: str) -> tuple[QueuedTask, LaneChoice] | None:
-        s = self._scheduler
-        ready = {lane: s._queue.count(queue_key(agent_id, lane)) for lane in LANES}
+        queue = self._live.queue
+        ready = {lane: queue.count(queue_key(agent_id, lane)) for lane in LANES}
         if not any(ready.values()):
             return None
         lanes = self._lanes.get(agent_id)
         if lanes is None:
-            lanes = self._lanes[agent_id] = LaneScheduler(s.settings.lanes)
-        choice = lanes.pick(ready, s._clock.now())
+            lanes = self._lanes[agent_id] = LaneScheduler(self._settings.lanes)
+        choice = lanes.pick(ready, self._clock.now())
         assert choice is not None
-        head = s._queue.peek(queue_key(agent_id, choice.lane))
+        head = queue.peek(queue_key(agent_id, choice.lane))
         return None if head is None else (head, choice)
 
     async def _deferred(self, task: TaskRecord, blockers: list[Blocker]) -> None:
-        s = self._scheduler
         for blocker in blockers:
-            s._blocked_by.setdefault(blocker.task_id, set()).add(task.agent_id)
+            self._live.wait_behind(blocker.task_id, task.agent_id)
         note = "; ".join(f"{b.outcome} behind {b.task_id}: {b.reason}" for b in blockers)
         if task.note == note:
             return
-        task = replace(task, note=note, updated_at=s._clock.now())
-        await s._save(task, "task.deferred", blocked_by=[b.task_id for b in blockers],
-                      reason=note)  # fmt: skip
-        await s._router.notify(
+        blocked_by = [b.task_id for b in blockers]
+        task = await self._transitions.apply(
+            task, TaskInput.DEFER, {"note": note, "updated_at": self._clock.now()},
+            blocked_by=blocked_by, reason=note,
+        )  # fmt: skip
+        await self._router.notify(
             task.agent_id,
-            s._notices.notification(
+            self._notices.notification(
                 {"event": "task_deferred", "task_id": task.task_id,
                  "blocked_by": [b.task_id for b in blockers], "reason": note},
                 task.flow_id,
             ),
         )  # fmt: skip
 
-    async def _dispatch(self, task: TaskRecord, choice: LaneChoice | None = None) -> None:
-        s = self._scheduler
+    async def _dispatch(self, task: TaskRecord, choice: LaneChoice) -> None:
         attempt = task.attempts + 1
-        env = s._envelopes.envelope(
+        env = self._envelopes.envelope(
             MessageType.DATA, task.params, task.content_type, correlation_id=task.flow_id,
             idempotency_token=f"task:{task.task_id}:{attempt}",
         )  # fmt: skip
-        (outcome,) = await s._router.send_many([Outbound(env, task.agent_id, lane=task.lane)])
+        (outcome,) = await self._router.send_many([Outbound(env, task.agent_id, lane=task.lane)])
         if not outcome.accepted:
             code = outcome.error_code
             if code == "buffer_full":
-                s._push(task)
-                s._timers.arm(f"retry{SEP}{task.agent_id}",
-                              s._clock.now() + s.settings.retry_after_s)  # fmt: skip
-                s._wake.set()
+                self._live.push(task)
+                self._wakeups.arm(
+                    retry_key(task.agent_id), self._clock.now() + self._settings.retry_after_s
+                )
                 return
-            await s._fail(task, code or "internal_error", outcome.reason)
+            await self._transitions.end(
+                task, TaskInput.REFUSE, code or "internal_error", outcome.reason
+            )
             return
-        task = replace(
-            task, state=TaskState.DISPATCHED.value, message_id=env.message_id, attempts=attempt,
-            updated_at=s._clock.now(), note="",
+        changes = {"message_id": env.message_id, "attempts": attempt,
+                   "updated_at": self._clock.now(), "note": ""}  # fmt: skip
+        await self._transitions.apply(
+            task, TaskInput.DISPATCH, changes, message_id=env.message_id, attempt=attempt,
+            lane=task.lane, urgent=choice.urgent, overflowed=choice.overflowed,
         )  # fmt: skip
-        s._occupy(task)
-        flags = {"urgent": choice.urgent, "overflowed": choice.overflowed} if choice else {}
-        await s._save(task, "task.dispatched", message_id=env.message_id, attempt=attempt,
-                      lane=task.lane, **flags)  # fmt: skip
-        await drive(s, task.agent_id, AgentInput.SCHEDULE)

@@ -11,23 +11,66 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Coroutine
+from dataclasses import dataclass, replace
+from typing import Any
 
 from apiary.core.agent_lifecycle import AgentLifecycleState
+from apiary.core.clock import Clock
 from apiary.core.envelope import MessageType
 from apiary.core.envelope_rules import check_modality
 from apiary.core.lanes import LANES
 from apiary.core.records import TaskRecord, TaskState
 from apiary.core.scope_overlap import parse_scope
-from apiary.core.task_queue import validate_priority
+from apiary.core.tasks.machine import TaskInput, TaskMachine
+from apiary.core.tasks.queue import validate_priority
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.hitl import Hitl
+from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import SCHEDULER
+from apiary.engine.registry import Registry
+from apiary.engine.router.router import Router
+from apiary.engine.scheduler.dispatch import SchedulerDispatch
+from apiary.engine.scheduler.live import LiveTasks
+from apiary.engine.scheduler.preemption import SchedulerPreemption
+from apiary.engine.scheduler.transitions import TaskTransitions
+from apiary.engine.settings import SchedulerSettings
 from apiary.errors import AgentShutdownError, AlreadyExistsError, ValidationError
 from apiary.store.errors import StoreError
+from apiary.store.protocols import TaskStore
 
-if TYPE_CHECKING:
-    from apiary.engine.scheduler.scheduler import Arrival, Scheduler, Submission, SubmitResult
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What SubmitTask asks for (RFC 7.1, 9.2)."""
+
+    agent_id: str
+    task_id: str
+    priority: object = None
+    params: bytes = b""
+    content_type: str = ""
+    scope: str = ""
+    submitter: str = ""
+    """The submitting agent, when known: its communication class is the task's lane."""
+    job_key: str = ""
+    """Explicit job identity; empty: derived (see `job_identity`)."""
+    correlation_id: str = ""
+    """The flow the task belongs to (its envelopes' correlation_id); empty: the task_id."""
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitResult:
+    accepted: bool
+    reason: str
+    task: TaskRecord | None = None
+
+
+@dataclass(eq=False, slots=True)
+class Arrival:
+    """An admitted submission waiting to be decided, and its outcome."""
+
+    record: TaskRecord
+    outcome: asyncio.Future[SubmitResult]
 
 
 def job_identity(agent_type: str, content_type: str, params: bytes, scope: str) -> str:
@@ -43,8 +86,37 @@ def job_identity(agent_type: str, content_type: str, params: bytes, scope: str) 
 class SchedulerJobs:
     """Admission and duplicate jobs for the Scheduler."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._scheduler = scheduler
+    def __init__(
+        self,
+        live: LiveTasks,
+        transitions: TaskTransitions,
+        dispatcher: SchedulerDispatch,
+        preemptor: SchedulerPreemption,
+        lifecycles: Lifecycles,
+        store: TaskStore,
+        router: Router,
+        registry: Registry,
+        events: EventRecorder,
+        hitl: Hitl,
+        settings: SchedulerSettings,
+        clock: Clock,
+        lock: asyncio.Lock,
+    ) -> None:
+        self._live = live
+        self._transitions = transitions
+        self._dispatcher = dispatcher
+        self._preemptor = preemptor
+        self._lifecycles = lifecycles
+        self._store = store
+        self._router = router
+        self._registry = registry
+        self._events = events
+        self._hitl = hitl
+        self._settings = settings
+        self._clock = clock
+        self._lock = lock
+        self._background: set[asyncio.Future[None]] = set()
+        """The HELD tasks' waits for their HITL decision."""
 
     async def submit_together(self, arrivals: list[Arrival]) -> None:
         """Decide admitted submissions in arrival order (under the lock), each outcome set on
@@ -55,7 +127,6 @@ class SchedulerJobs:
         one group commit for the run instead of one each; then each is queued, may preempt
         and is dispatched, in order, as alone. A duplicate job (of an open task, or of one
         earlier in the run) ends the run: it is decided alone once the run is stored."""
-        s = self._scheduler
         rest = arrivals
         try:
             while rest:
@@ -63,70 +134,100 @@ class SchedulerJobs:
                 await self._queue_run(run)
                 if rest:
                     head, rest = rest[0], rest[1:]
-                    await _settle(head, s._submit_one(head.record))
+                    await _settle(head, self._duplicate_of_open(head.record))
         finally:
             for arrival in rest:  # only when deciding failed midway (the store, say)
                 if not arrival.outcome.done():
                     arrival.outcome.set_exception(
                         StoreError("the submission could not be decided; submit it again")
                     )
-            await s._drain_wakeups()
+            await self._dispatcher.drain()
 
     def _run_of(
         self, arrivals: list[Arrival]
     ) -> tuple[list[tuple[Arrival, TaskRecord]], list[Arrival]]:
         """The leading run of `arrivals` decided without a write (refusals set now), with
         their sequence numbers; and the rest, led by a duplicate job."""
-        s = self._scheduler
+        live = self._live
         run: list[tuple[Arrival, TaskRecord]] = []
         task_ids: set[str] = set()
         job_keys: set[str] = set()
         for i, arrival in enumerate(arrivals):
             record = arrival.record
-            if record.task_id in s._tasks or record.task_id in task_ids:
+            if record.task_id in live.tasks or record.task_id in task_ids:
                 arrival.outcome.set_exception(AlreadyExistsError(
                     f"task {record.task_id!r} was already submitted", {"task_id": record.task_id}
                 ))  # fmt: skip
-            elif record.job_key in s._jobs or record.job_key in job_keys:
+            elif record.job_key in live.jobs or record.job_key in job_keys:
                 return run, arrivals[i:]
-            elif (waiting := len(s._tasks) + len(run)) >= s.settings.max_queued:
-                arrival.outcome.set_result(s._buffer_full(waiting))
+            elif (waiting := len(live.tasks) + len(run)) >= self._settings.max_queued:
+                arrival.outcome.set_result(SubmitResult(
+                    False,
+                    f"buffer_full: {waiting} tasks waiting "
+                    f"(max_queued {self._settings.max_queued})",
+                ))  # fmt: skip
             else:
-                run.append((arrival, replace(record, seq=s._next_seq())))
+                run.append((arrival, replace(record, seq=live.next_seq())))
                 task_ids.add(record.task_id)
                 job_keys.add(record.job_key)
         return run, []
 
     async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
-        s = self._scheduler
         writes = await asyncio.gather(
-            *(s._store.put(record) for _, record in run), return_exceptions=True
+            *(self._store.put(record) for _, record in run), return_exceptions=True
         )
         for (arrival, record), written in zip(run, writes, strict=True):
             if isinstance(written, BaseException):
                 arrival.outcome.set_exception(written)
             else:
-                await _settle(arrival, s._queued(record))
+                await _settle(arrival, self._queued(record))
+
+    async def _queued(self, record: TaskRecord) -> SubmitResult:
+        """What follows a QUEUED task's write: the rest of its SUBMITTED step, then
+        preemption and dispatch."""
+        await self._transitions.submitted(
+            record, priority=record.priority, scope=record.scope, lane=record.lane
+        )
+        note = await self._preemptor.maybe_preempt(record)
+        await self._dispatcher.try_dispatch(record.agent_id)
+        task = self._live.tasks.get(record.task_id)
+        return SubmitResult(True, note or self._explain(task), task)
+
+    def _explain(self, task: TaskRecord | None) -> str:
+        if task is None:
+            return "ended"
+        if task.state in (TaskState.DISPATCHED, TaskState.RUNNING):
+            return f"dispatched as message {task.message_id}"
+        active = self._live.active[task.agent_type]
+        limit = self._settings.instance_limit(task.agent_type)
+        if active >= limit:
+            return (
+                f"queued: agent type {task.agent_type!r} is at max_parallel_instances {limit} "
+                f"({active} running)"
+            )
+        running = self._live.running.get(task.agent_id)
+        if running:
+            return f"queued behind running task {running}"
+        return f"queued: {task.note}" if task.note else "queued"
 
     async def admit(self, sub: Submission) -> TaskRecord:
         """The QUEUED record a well-formed submission makes (seq still 0); raises on a
         malformed one."""
-        s = self._scheduler
         for name in ("agent_id", "task_id"):
             if not getattr(sub, name):
                 raise ValidationError.for_field(name, "is required")
         if sub.correlation_id:
-            s._router.check_flow_id("correlation_id", sub.correlation_id)
+            self._router.check_flow_id("correlation_id", sub.correlation_id)
         else:
-            s._router.check_flow_id("task_id", sub.task_id)
+            self._router.check_flow_id("task_id", sub.task_id)
         priority = validate_priority(sub.priority)
         if not sub.scope.strip():
             raise ValidationError.for_field(
                 "scope", "is required: name the repositories, paths or resources the task uses"
             )
         parse_scope(sub.scope)
-        agent = await s._registry.get(sub.agent_id)
-        if s.lifecycles.state(sub.agent_id) is AgentLifecycleState.SHUTTING_DOWN:
+        agent = await self._registry.get(sub.agent_id)
+        if self._lifecycles.state(sub.agent_id) is AgentLifecycleState.SHUTTING_DOWN:
             raise AgentShutdownError(
                 f"agent {sub.agent_id} is shutting down and takes no new tasks",
                 {"agent_id": sub.agent_id},
@@ -135,81 +236,83 @@ class SchedulerJobs:
         if not content_type:
             content_type = "application/octet-stream"
         check_modality(content_type, agent.descriptor.get("modalities_supported") or ())
-        limit = s._router.settings.limits.limit_for(MessageType.DATA)
+        limit = self._router.settings.limits.limit_for(MessageType.DATA)
         if len(sub.params) > limit:
             raise ValidationError.for_field(
                 "params", f"{len(sub.params)} bytes exceed the DATA limit of {limit}"
             )
-        if sub.task_id in s._tasks or await s._store.get(sub.task_id) is not None:
+        if sub.task_id in self._live.tasks or await self._store.get(sub.task_id) is not None:
             raise AlreadyExistsError(
                 f"task {sub.task_id!r} was already submitted", {"task_id": sub.task_id}
             )
         lane = "STANDARD"
         if sub.submitter:
-            submitter = await s._registry.find(sub.submitter)
+            submitter = await self._registry.find(sub.submitter)
             lane = str((submitter.descriptor if submitter else {}).get("communication_class"))
             lane = lane if lane in LANES else "STANDARD"
-        now = s._clock.now()
+        now = self._clock.now()
         return TaskRecord(
             task_id=sub.task_id, agent_id=sub.agent_id, priority=priority, submitted_at=now,
-            seq=0, state=TaskState.QUEUED.value, updated_at=now, scope=sub.scope,
+            seq=0, state=TaskMachine.INITIAL, updated_at=now, scope=sub.scope,
             job_key=sub.job_key or job_identity(agent.name, content_type, sub.params, sub.scope),
             params=sub.params, content_type=content_type, agent_type=agent.name, lane=lane,
             correlation_id=sub.correlation_id,
         )  # fmt: skip
 
-    async def duplicate(
-        self, record: TaskRecord, original_id: str
-    ) -> tuple[str, TaskRecord | None]:
-        """The same job as the open task `original_id`: rejected, or HELD for a HITL
-        authorization. Returns the refusal's reason and the HELD record (None if rejected)."""
-        s = self._scheduler
-        original = s._tasks[original_id]
+    async def _duplicate_of_open(self, record: TaskRecord) -> SubmitResult:
+        """The same job as an open task: rejected, or HELD for a HITL authorization (the
+        refusal carries the HELD record)."""
+        original_id = self._live.jobs[record.job_key]
+        original = self._live.tasks[original_id]
         why = f"same job as task {original_id} ({original.state})"
-        if s.settings.duplicate_jobs == "reject":
-            await s._events.record(
+        if self._settings.duplicate_jobs == "reject":
+            await self._events.record(
                 "task.duplicate_rejected", SCHEDULER, correlation_id=record.task_id,
                 task_id=record.task_id, original_task_id=original_id, job_key=record.job_key,
             )  # fmt: skip
-            return f"duplicate_detected: {why}", None
-        held = replace(record, seq=s._next_seq(), state=TaskState.HELD.value)
-        invocation = await s._hitl.open(
+            return SubmitResult(False, f"duplicate_detected: {why}")
+        seq = self._live.next_seq()
+        invocation = await self._hitl.open(
             "TASK_ESCALATION",
             {"reason": f"duplicate job: {why}", "job_key": record.job_key,
              "scope": record.scope, "original_task_id": original_id},
             requested_by=SCHEDULER,
             subject={"task_id": record.task_id, "agent_id": record.agent_id},
             suggested_action="deny", proposed_actions=("approve", "deny"),
-            timeout_s=s.settings.hitl_timeout_s, correlation_id=record.task_id,
+            timeout_s=self._settings.hitl_timeout_s, correlation_id=record.task_id,
             priority=record.priority,
         )  # fmt: skip
-        held = replace(held, note=f"held for HITL invocation {invocation.invocation_id}")
-        await s._save(held, "task.held", original_task_id=original_id,
-                      invocation_id=invocation.invocation_id)  # fmt: skip
-        s._spawn(self.await_authorization(held.task_id, invocation.invocation_id))
-        return (
-            f"duplicate_detected: {why}; held for HITL authorization "
-            f"(invocation {invocation.invocation_id})",
+        invocation_id = invocation.invocation_id
+        held = await self._transitions.apply(
+            record, TaskInput.HOLD,
+            {"seq": seq, "note": f"held for HITL invocation {invocation_id}"},
+            original_task_id=original_id, invocation_id=invocation_id,
+        )  # fmt: skip
+        self._spawn(self.await_authorization(held.task_id, invocation_id))
+        return SubmitResult(
+            False,
+            f"duplicate_detected: {why}; held for HITL authorization (invocation {invocation_id})",
             held,
         )
 
     async def await_authorization(self, task_id: str, invocation_id: str) -> None:
-        s = self._scheduler
-        decided = await s._hitl.wait(invocation_id)
+        decided = await self._hitl.wait(invocation_id)
         action = str(decided.decision.get("action", "deny")).lower()
-        async with s._lock:
-            task = s._tasks.get(task_id)
+        async with self._lock:
+            task = self._live.tasks.get(task_id)
             if task is None or task.state != TaskState.HELD:
                 return
             if action not in ("approve", "modify"):
-                await s._fail(task, "duplicate_detected", f"HITL {invocation_id}: {action}")
+                await self._transitions.end(
+                    task, TaskInput.DENY, "duplicate_detected", f"HITL {invocation_id}: {action}"
+                )
                 return
-            task = replace(task, state=TaskState.QUEUED.value, note="authorized")
-            await s._save(task, "task.authorized", invocation_id=invocation_id)
-            s._push(task)
-            await s._preemptor.maybe_preempt(task)
-            await s._try_dispatch(task.agent_id)
-            await s._drain_wakeups()
+            task = await self._transitions.apply(
+                task, TaskInput.AUTHORIZE, {"note": "authorized"}, invocation_id=invocation_id
+            )
+            await self._preemptor.maybe_preempt(task)
+            await self._dispatcher.try_dispatch(task.agent_id)
+            await self._dispatcher.drain()
 
     # ------------------------------------------------------------------ start-up
 
@@ -219,18 +322,30 @@ class SchedulerJobs:
             return {}
         return {
             str(r.subject.get("task_id")): r.invocation_id
-            for r in await self._scheduler._hitl.list(include_decided=True, limit=1 << 30)
+            for r in await self._hitl.list(include_decided=True, limit=1 << 30)
             if r.reason_type == "TASK_ESCALATION" and r.requested_by == SCHEDULER
         }
 
     async def reload_held(self, record: TaskRecord, held_for: dict[str, str]) -> None:
         """A HELD task found at start-up waits for its decision again, or fails without one."""
-        s = self._scheduler
         invocation = held_for.get(record.task_id)
         if invocation is None:
-            await s._fail(record, "duplicate_detected", "held job lost its decision")
+            await self._transitions.end(
+                record, TaskInput.DENY, "duplicate_detected", "held job lost its decision"
+            )
         else:  # the decision may come (or have come) while the coordinator was down
-            s._spawn(self.await_authorization(record.task_id, invocation))
+            self._spawn(self.await_authorization(record.task_id, invocation))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        job = asyncio.ensure_future(coro)
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        """Stop waiting for the HELD tasks' decisions."""
+        for job in list(self._background):
+            job.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
 
 
 async def _settle(arrival: Arrival, deciding: Awaitable[SubmitResult]) -> None:

@@ -10,13 +10,15 @@ Everything here runs with the Scheduler's lock held: the entry points (`request`
 
 from __future__ import annotations
 
+import asyncio
 import json
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from apiary.core.agent_lifecycle import AgentInput
+from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope
-from apiary.core.preemption import IllegalTransitionError as PreemptionIllegal
+from apiary.core.machine import IllegalTransitionError
 from apiary.core.preemption import (
     PreemptionEffect,
     PreemptionInput,
@@ -24,61 +26,85 @@ from apiary.core.preemption import (
     PreemptionStep,
     should_preempt,
 )
-from apiary.core.records import TaskRecord, TaskState
-from apiary.engine.notices import SCHEDULER
+from apiary.core.records import TaskRecord
+from apiary.core.tasks.machine import TaskInput
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.lifecycle import Lifecycles
+from apiary.engine.notices import SCHEDULER, NoticeFactory
 from apiary.engine.router.admission import Outbound
+from apiary.engine.router.router import Router
 from apiary.engine.scheduler.agents import drive, finished
-from apiary.engine.scheduler.dispatch import SEP
+from apiary.engine.scheduler.live import LiveTasks
+from apiary.engine.scheduler.transitions import TaskTransitions
+from apiary.engine.scheduler.wakeups import Wakeups, preempt_key
+from apiary.engine.settings import SchedulerSettings
 from apiary.errors import PermissionDeniedError, ValidationError
-
-if TYPE_CHECKING:
-    from apiary.engine.scheduler.scheduler import Scheduler
 
 _YIELD = PreemptionInput.SAFE_POINT_YIELD
 _TERMINATED = PreemptionInput.TERMINATED
-
-
-def timer_key(task_id: str) -> str:
-    """The task's preemption deadline on the Scheduler's timer heap."""
-    return f"preempt{SEP}{task_id}"
+_YIELDED = "yielded at a safe point"
+"""The note of a task requeued by its yield."""
 
 
 class SchedulerPreemption:
     """Cooperative preemption of the Scheduler's running tasks."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self._scheduler = scheduler
+    def __init__(
+        self,
+        live: LiveTasks,
+        wakeups: Wakeups,
+        transitions: TaskTransitions,
+        lifecycles: Lifecycles,
+        router: Router,
+        envelopes: NoticeFactory,
+        events: EventRecorder,
+        settings: SchedulerSettings,
+        clock: Clock,
+        lock: asyncio.Lock,
+        drain: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._live = live
+        self._wakeups = wakeups
+        self._transitions = transitions
+        self._lifecycles = lifecycles
+        self._router = router
+        self._envelopes = envelopes
+        self._events = events
+        self._settings = settings
+        self._clock = clock
+        self._lock = lock
+        self._drain = drain
+        """Dispatches to the agents woken meanwhile (`SchedulerDispatch.drain`)."""
 
     async def request(self, agent_id: str, task_id: str, reason: str) -> bool:
         """RequestPreemption: start cooperative preemption of the agent's running task."""
-        s = self._scheduler
-        async with s._lock:
-            running = s.running(agent_id)
+        async with self._lock:
+            running = self._live.held_by(agent_id)
             if running is None or (task_id and running.task_id != task_id):
                 return False
-            record = s._preemptions.get(running.task_id)
+            record = self._live.preemptions.get(running.task_id)
             if record is None or record.state.value != "RUNNING":
                 return False
             await self.preempt(running, reason or "operator request")
-            await s._drain_wakeups()
+            await self._drain()
             return True
 
     async def maybe_preempt(self, task: TaskRecord) -> str:
-        s = self._scheduler
-        running = s.running(task.agent_id)
+        running = self._live.held_by(task.agent_id)
         if running is None or not should_preempt(running.priority, task.priority):
             return ""
-        record = s._preemptions.get(running.task_id)
+        record = self._live.preemptions.get(running.task_id)
         if record is None or record.state.value not in ("RUNNING", "NON_PREEMPTIBLE"):
             return f"queued: task {running.task_id} is already being preempted"
         await self.preempt(running, f"higher-priority task {task.task_id} ({task.priority})")
         return f"queued: preempting task {running.task_id} (priority {running.priority})"
 
     async def preempt(self, running: TaskRecord, reason: str) -> None:
-        s = self._scheduler
-        record = s._preemptions[running.task_id]
-        step = PreemptionMachine.request_preempt(record, s._clock.now(), s.settings.preemption)
-        await s._events.record(
+        record = self._live.preemptions[running.task_id]
+        step = PreemptionMachine.request_preempt(
+            record, self._clock.now(), self._settings.preemption
+        )
+        await self._events.record(
             "task.preempt_requested", SCHEDULER, correlation_id=running.task_id,
             task_id=running.task_id, agent_id=running.agent_id, reason=reason,
         )  # fmt: skip
@@ -86,25 +112,24 @@ class SchedulerPreemption:
 
     async def deadline(self, task_id: str) -> None:
         """The task's preemption deadline passed (its timer fired)."""
-        s = self._scheduler
-        task = s._tasks.get(task_id)
-        record = s._preemptions.get(task_id)
+        task = self._live.tasks.get(task_id)
+        record = self._live.preemptions.get(task_id)
         if task is None or record is None:
             return
-        step = PreemptionMachine.deadline(record, s._clock.now(), s.settings.preemption)
+        step = PreemptionMachine.deadline(record, self._clock.now(), self._settings.preemption)
         await self.perform(task, step)
 
     async def perform(self, task: TaskRecord, step: PreemptionStep, reason: str = "") -> None:
-        s = self._scheduler
-        before = s._preemptions.get(task.task_id)
-        s._preemptions[task.task_id] = step.record
+        preemptions = self._live.preemptions
+        before = preemptions.get(task.task_id)
+        preemptions[task.task_id] = step.record
         if before is not None and before.state is not step.record.state:
-            await s._events.record(
+            await self._events.record(
                 "task.preemption", SCHEDULER, correlation_id=task.task_id, task_id=task.task_id,
                 agent_id=task.agent_id, **{"from": before.state.value,
                                            "to": step.record.state.value},
             )  # fmt: skip
-        key = timer_key(task.task_id)
+        key = preempt_key(task.task_id)
         for effect in step.effects:
             if effect is PreemptionEffect.SEND_PREEMPT_REQUEST:
                 await self._control(task, {"command": "preempt_request", "reason": reason})
@@ -112,65 +137,56 @@ class SchedulerPreemption:
                 await self._control(task, {"command": "terminate", "grace_ms": step.grace_ms})
             elif effect is PreemptionEffect.KILL:
                 await self._control(task, {"command": "kill"})
-                await drive(s, task.agent_id, AgentInput.FAIL, code="forced_preemption")
+                await drive(self._lifecycles, task.agent_id, AgentInput.FAIL,
+                            code="forced_preemption")  # fmt: skip
             elif effect is PreemptionEffect.MARK_FAILED:
                 # After KILL the agent's FAIL has already ended the task (ABANDON_TASK):
                 # ending the stale record again would log it twice and release it twice.
-                current = s._tasks.get(task.task_id)
+                current = self._live.tasks.get(task.task_id)
                 if current is not None:
-                    await s._fail(current, step.error_code or "forced_preemption",
-                                  "forced preemption")  # fmt: skip
+                    await self._transitions.end(
+                        current, TaskInput.TERMINATE, step.error_code or "forced_preemption",
+                        "forced preemption",
+                    )  # fmt: skip
             elif effect is PreemptionEffect.REQUEUE_TASK:
-                await self._requeue(task, "yielded at a safe point")
+                await self._transitions.apply(
+                    task, TaskInput.YIELD, {"updated_at": self._clock.now(), "note": _YIELDED},
+                    reason=_YIELDED,
+                )  # fmt: skip
             elif effect is PreemptionEffect.DISPATCH_HIGHER:
-                s.wake(task.agent_id)
+                self._wakeups.wake(task.agent_id)
             elif effect is PreemptionEffect.START_TIMER and step.record.deadline is not None:
-                s._timers.arm(key, step.record.deadline)
-                s._wake.set()
+                self._wakeups.arm(key, step.record.deadline)
             elif effect is PreemptionEffect.CANCEL_TIMER:
-                s._timers.cancel(key)
+                self._wakeups.timers.cancel(key)
 
     async def _control(self, task: TaskRecord, body: dict[str, Any]) -> None:
-        s = self._scheduler
-        env = s._envelopes.control({**body, "task_id": task.task_id}, task.flow_id)
-        (outcome,) = await s._router.send_many([Outbound(env, task.agent_id, lane="PRIVILEGED")])
-        await s._events.record(
+        env = self._envelopes.control({**body, "task_id": task.task_id}, task.flow_id)
+        (outcome,) = await self._router.send_many([Outbound(env, task.agent_id, lane="PRIVILEGED")])
+        await self._events.record(
             "task.control", SCHEDULER, correlation_id=task.task_id, task_id=task.task_id,
             agent_id=task.agent_id, command=body["command"], message_id=env.message_id,
             accepted=outcome.accepted, reason=outcome.reason,
         )  # fmt: skip
-
-    async def _requeue(self, task: TaskRecord, why: str) -> None:
-        s = self._scheduler
-        s._release(task)
-        task = replace(task, state=TaskState.QUEUED.value, updated_at=s._clock.now(),
-                       note=why)  # fmt: skip
-        await s._save(task, "task.requeued", reason=why)
-        s._push(task)
-        await finished(s, task.agent_id)
-        s.wake(task.agent_id)
 
     # ------------------------------------------------------------------ the agent's side
 
     async def fulfilled(self, task: TaskRecord, note: str) -> None:
         """A FULFILLED ACK: a yield at a safe point or a termination the preemption expects
         (by its note), else the task completed."""
-        s = self._scheduler
-        record = s._preemptions[task.task_id]
-        now = s._clock.now()
+        record = self._live.preemptions[task.task_id]
+        now = self._clock.now()
         said = note.lower()  # the note itself keeps its case: it may carry a result (JSON)
         if said.startswith("yielded") and PreemptionMachine.allows(record.state, _YIELD):
             await self.perform(task, PreemptionMachine.safe_point_yield(record, now))
         elif said.startswith("terminated") and PreemptionMachine.allows(record.state, _TERMINATED):
             await self.perform(task, PreemptionMachine.terminated(record, now))
-            await finished(s, task.agent_id)
+            await finished(self._lifecycles, task.agent_id)
         else:
-            await s._finish(task, TaskState.COMPLETED, "", note)
-            await finished(s, task.agent_id)
+            await self._transitions.end(task, TaskInput.FULFIL, "", note)
 
     async def on_command(self, env: Envelope) -> None:
         """A running agent's CONTROL command: enter_section, leave_section or progress."""
-        s = self._scheduler
         try:
             body = json.loads(env.payload)
         except ValueError:
@@ -178,9 +194,9 @@ class SchedulerPreemption:
         if not isinstance(body, dict):
             raise ValidationError.for_field("payload", "must be a JSON object")
         command = body.get("command")
-        async with s._lock:
-            task = s._tasks.get(str(body.get("task_id") or ""))
-            if task is None or s._running.get(task.agent_id) != task.task_id:
+        async with self._lock:
+            task = self._live.tasks.get(str(body.get("task_id") or ""))
+            if task is None or self._live.running.get(task.agent_id) != task.task_id:
                 raise ValidationError.for_field("task_id", "names no task running now")
             if env.producer_id != task.agent_id:
                 raise PermissionDeniedError(
@@ -190,8 +206,8 @@ class SchedulerPreemption:
             if command == "progress":
                 await self._progress(task, body)
                 return
-            record = s._preemptions[task.task_id]
-            now = s._clock.now()
+            record = self._live.preemptions[task.task_id]
+            now = self._clock.now()
             max_ms = body.get("max_duration_ms")
             if command == "enter_section" and (
                 isinstance(max_ms, bool) or not isinstance(max_ms, int) or max_ms <= 0
@@ -199,7 +215,7 @@ class SchedulerPreemption:
                 raise ValidationError.for_field(
                     "max_duration_ms", "a non-preemptible section needs a maximum duration"
                 )
-            cap = s.settings.preemption.max_section_s
+            cap = self._settings.preemption.max_section_s
             if command == "enter_section" and isinstance(max_ms, int) and max_ms > cap * 1000:
                 raise ValidationError.for_field(
                     "max_duration_ms",
@@ -215,11 +231,11 @@ class SchedulerPreemption:
                 if command == "enter_section":
                     step = PreemptionMachine.enter_section(record, int(max_ms or 0) / 1000, now)
                 else:
-                    step = PreemptionMachine.leave_section(record, now, s.settings.preemption)
-            except PreemptionIllegal as exc:
+                    step = PreemptionMachine.leave_section(record, now, self._settings.preemption)
+            except IllegalTransitionError as exc:
                 raise ValidationError.for_field("command", str(exc)) from None
             await self.perform(task, step)
-            await s._drain_wakeups()
+            await self._drain()
 
     async def _progress(self, task: TaskRecord, body: dict[str, Any]) -> None:
         """A running task's progress report (RFC 8.1), recorded in the event log."""
@@ -231,7 +247,7 @@ class SchedulerPreemption:
         note = body.get("note", "")
         if not isinstance(note, str):
             raise ValidationError.for_field("note", "must be a string")
-        await self._scheduler._events.record(
+        await self._events.record(
             "task.progress", task.agent_id, correlation_id=task.task_id, agent_id=task.agent_id,
             task_id=task.task_id, fraction=float(fraction), note=note[:1000],
         )  # fmt: skip

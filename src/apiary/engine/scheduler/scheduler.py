@@ -1,7 +1,7 @@
 """The Scheduler (RFC 7, 8, 9): task queues, dispatch, cooperative preemption, concurrency.
 
 A task (SubmitTask) is validated, stored QUEUED and put in its agent's queue: one queue per
-(agent, lane), priority -19 first and FIFO within a priority (core/task_queue.py). An agent
+(agent, lane), priority -19 first and FIFO within a priority (core/tasks/queue.py). An agent
 runs one task at a time. When it is free (lifecycle RUNNABLE, no task), its type is below
 max_parallel_instances and the head task has no unresolved scope conflict with a task
 running elsewhere (engine/conflict_gate.py), the head is dispatched: a DATA envelope from
@@ -18,11 +18,14 @@ preempts by its lane; only a strictly higher priority starts (cooperative) preem
 
 Preemption (RFC 7.1, 7.2; C.4, C.5) follows core/preemption.py; the wire protocol is in
 docs/scheduler.md. Agent lifecycle (RFC 8) is engine/lifecycle.py, driven from here.
-Every task transition is a `task.*` event and stored before it is acted on.
+Every task state change is a row of the task machine (core/tasks/machine.py, drawn in
+docs/task-lifecycle.md), stored and logged as a `task.*` event before it is acted on.
 
-This module holds the Scheduler's state (tasks, queues, running tasks, preemption records,
-the one lock and the one timer heap), its entry points, ACK handling, timers and endings.
-Helpers that take the Scheduler and work on that state, under its lock:
+This module is the Scheduler's face: its entry points, reads, ACK handling and the loop,
+each taking the one lock. Its parts, built here and given what they use:
+engine/scheduler/live.py (the live tasks, queues and what running tasks hold),
+engine/scheduler/wakeups.py (agents to dispatch to and the timer heap),
+engine/scheduler/transitions.py (the task machine's effects),
 engine/scheduler/jobs.py (admission, job identity, duplicate jobs: rejected or HELD for a
 HITL authorization), engine/scheduler/dispatch.py (picking and sending a free agent's next
 task), engine/scheduler/preemption.py (cooperative preemption and the running agent's
@@ -33,19 +36,17 @@ lifecycle's effects).
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleState
-from apiary.core.agent_lifecycle import IllegalTransitionError as LifecycleIllegal
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.ids import IdGenerator
-from apiary.core.preemption import PreemptionMachine, PreemptionRecord
+from apiary.core.machine import IllegalTransitionError
+from apiary.core.preemption import PreemptionRecord
 from apiary.core.records import TaskRecord, TaskState
-from apiary.core.task_queue import QueuedTask, TaskQueue
+from apiary.core.tasks.machine import TaskInput, TaskMachine
 from apiary.engine.activity import Activity
 from apiary.engine.conflict_gate import ConflictGate
 from apiary.engine.eventlog import EventRecorder
@@ -55,14 +56,15 @@ from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import SCHEDULER, NoticeFactory
 from apiary.engine.registry import Registry
 from apiary.engine.resources import ResourceTracker
-from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
-from apiary.engine.scheduler.agents import SchedulerAgents, drive, finished
-from apiary.engine.scheduler.dispatch import SEP, SchedulerDispatch, key_agent, queue_key
-from apiary.engine.scheduler.jobs import SchedulerJobs
-from apiary.engine.scheduler.preemption import SchedulerPreemption, timer_key
+from apiary.engine.scheduler.agents import SchedulerAgents
+from apiary.engine.scheduler.dispatch import SchedulerDispatch, WorktreeView
+from apiary.engine.scheduler.jobs import Arrival, SchedulerJobs, Submission, SubmitResult
+from apiary.engine.scheduler.live import LiveTasks
+from apiary.engine.scheduler.preemption import SchedulerPreemption
+from apiary.engine.scheduler.transitions import TaskTransitions
+from apiary.engine.scheduler.wakeups import RECONCILE_KEY, SEP, Wakeups
 from apiary.engine.settings import SchedulerSettings
-from apiary.engine.timers import Timers
 from apiary.errors import (
     AlreadyCompletedError,
     AlreadyInProgressError,
@@ -71,45 +73,22 @@ from apiary.errors import (
 )
 from apiary.store.protocols import TaskStore
 
+__all__ = ["Scheduler", "Submission", "SubmitResult"]
+
 OPEN_STATES = frozenset(s.value for s in TaskState if not s.terminal)
 RECONCILE_EVERY_S = 60.0
 """How often the activity buffer is reconciled with task states (RFC 10)."""
 
 
-@dataclass(frozen=True, slots=True)
-class Submission:
-    """What SubmitTask asks for (RFC 7.1, 9.2)."""
-
-    agent_id: str
-    task_id: str
-    priority: object = None
-    params: bytes = b""
-    content_type: str = ""
-    scope: str = ""
-    submitter: str = ""
-    """The submitting agent, when known: its communication class is the task's lane."""
-    job_key: str = ""
-    """Explicit job identity; empty: derived (see `job_identity`)."""
-    correlation_id: str = ""
-    """The flow the task belongs to (its envelopes' correlation_id); empty: the task_id."""
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitResult:
-    accepted: bool
-    reason: str
-    task: TaskRecord | None = None
-
-
-@dataclass(eq=False, slots=True)
-class Arrival:
-    """An admitted submission waiting to be decided, and its outcome."""
-
-    record: TaskRecord
-    outcome: asyncio.Future[SubmitResult]
-
-
 class Scheduler:
+    """Tasks from submission to their end, over the agents' lifecycles (module docstring).
+
+    `worktrees` says which agents have a bound worktree (RFC 16.3): tasks scoped
+    `worktree:required` wait while their agent has none (always, without it), and a new
+    binding wakes the agent. `on_negotiation` takes the NEGOTIATION envelopes addressed to
+    the Scheduler (engine/negotiation/negotiations.py).
+    """
+
     def __init__(
         self,
         tasks: TaskStore,
@@ -124,71 +103,68 @@ class Scheduler:
         *,
         inference: InferenceEngine | None = None,
         resources: ResourceTracker | None = None,
+        worktrees: WorktreeView | None = None,
+        on_negotiation: Callable[[Envelope], Awaitable[None]] | None = None,
     ) -> None:
-        self.settings = settings or SchedulerSettings()
+        self.settings = settings = settings or SchedulerSettings()
         self._store = tasks
         self._router = router
         self._registry = registry
-        self._events = events
         self._clock = clock
-        self._hitl = hitl
         self._activity = activity
-        self._envelopes = NoticeFactory(clock, ids, SCHEDULER)
-        self._notices = NoticeFactory(clock, ids)
+        self._on_negotiation = on_negotiation
         self.resources = resources or ResourceTracker(events, None)
-        self.lifecycles = Lifecycles(events, clock, SchedulerAgents(self), self.settings.lifecycle)
-        self.gate = ConflictGate(
-            self.settings.conflicts, inference or RuleInference(), hitl, events,
-            self._wake_task, inference_timeout_s=self.settings.inference_timeout_s,
-            hitl_timeout_s=self.settings.hitl_timeout_s,
-        )  # fmt: skip
-        self._tasks: dict[str, TaskRecord] = {}
-        self._queue = TaskQueue()
-        self._seq = 0
-        self._running: dict[str, str] = {}
-        self._by_message: dict[str, str] = {}
-        self._active: Counter[str] = Counter()
-        self._jobs: dict[str, str] = {}
-        self._preemptions: dict[str, PreemptionRecord] = {}
-        self._timers = Timers()
-        self._wakeups: set[str] = set()
-        self._wake = asyncio.Event()
+        envelopes = NoticeFactory(clock, ids, SCHEDULER)
+        self._wakeups = wakeups = Wakeups()
+        self._live = live = LiveTasks(clock, wakeups)
+        self._queue = live.queue
         self._lock = asyncio.Lock()
         self._arrivals: list[Arrival] = []
         """Submissions admitted and waiting for the lock (`submit`)."""
-        self._type_waiters: dict[str, set[str]] = {}
-        """Agents whose next task waits for a free instance of its type (RFC 9.1)."""
-        self._blocked_by: dict[str, set[str]] = {}
-        """Running task -> agents whose next task waits for it to end (RFC 9.2)."""
-        self._background: set[asyncio.Future[None]] = set()
-        self._end_listeners: list[Callable[[TaskRecord], None]] = []
-        self.on_negotiation: Callable[[Envelope], Awaitable[None]] | None = None
-        """Takes NEGOTIATION envelopes addressed to the Scheduler
-        (engine/negotiation/negotiations.py)."""
-        self.worktree_bound: Callable[[str], bool] = lambda agent_id: False
-        """Whether the agent has a bound worktree (the worktree manager; RFC 16.3): tasks
-        scoped `worktree:required` wait while it has none (UNBOUND or BIND_FAILED)."""
-        self._needs_worktree: dict[str, bool] = {}
-        self._submissions = SchedulerJobs(self)
-        self._preemptor = SchedulerPreemption(self)
-        self._dispatcher = SchedulerDispatch(self)
+        hooks = SchedulerAgents(
+            self, router, envelopes, events, registry, hitl, activity, self.resources,
+            settings.hitl_timeout_s,
+        )  # fmt: skip
+        self.lifecycles = Lifecycles(events, clock, hooks, settings.lifecycle)
+        self.gate = ConflictGate(
+            settings.conflicts, inference or RuleInference(), hitl, events, live.wake_task,
+            inference_timeout_s=settings.inference_timeout_s,
+            hitl_timeout_s=settings.hitl_timeout_s,
+        )  # fmt: skip
+        self._transitions = TaskTransitions(
+            live, wakeups, self.gate, tasks, events, activity, self.lifecycles, clock
+        )
+        self._dispatcher = SchedulerDispatch(
+            live, wakeups, self._transitions, self.lifecycles, self.gate, router, envelopes,
+            NoticeFactory(clock, ids), settings, clock, worktrees,
+        )  # fmt: skip
+        self._preemptor = SchedulerPreemption(
+            live, wakeups, self._transitions, self.lifecycles, router, envelopes, events,
+            settings, clock, self._lock, self._dispatcher.drain,
+        )  # fmt: skip
+        self._jobs = SchedulerJobs(
+            live, self._transitions, self._dispatcher, self._preemptor, self.lifecycles, tasks,
+            router, registry, events, hitl, settings, clock, self._lock,
+        )  # fmt: skip
         router.attach(SCHEDULER, self._on_envelope)
+        if worktrees is not None:
+            worktrees.subscribe(self.wake)
 
     def add_end_listener(self, listener: Callable[[TaskRecord], None]) -> None:
         """Call `listener` with every task that ends (COMPLETED or FAILED), once it is stored.
 
         It runs inside the Scheduler's lock: it must not block or call back into the
         Scheduler (queue the record and act on it later)."""
-        self._end_listeners.append(listener)
+        self._transitions.add_end_listener(listener)
 
     # ------------------------------------------------------------------ reads
 
     def get(self, task_id: str) -> TaskRecord | None:
         """A live (non-terminal) task."""
-        return self._tasks.get(task_id)
+        return self._live.tasks.get(task_id)
 
     async def find(self, task_id: str) -> TaskRecord:
-        found = self._tasks.get(task_id) or await self._store.get(task_id)
+        found = self._live.tasks.get(task_id) or await self._store.get(task_id)
         if found is None:
             raise NotFoundError(f"no task {task_id!r}", {"task_id": task_id})
         return found
@@ -205,20 +181,18 @@ class Scheduler:
         return await self._store.list(states, agent_id, after_seq, limit)
 
     def running(self, agent_id: str) -> TaskRecord | None:
-        task_id = self._running.get(agent_id)
-        return self._tasks.get(task_id) if task_id else None
+        return self._live.held_by(agent_id)
 
     def preemption(self, task_id: str) -> PreemptionRecord | None:
-        return self._preemptions.get(task_id)
+        return self._live.preemptions.get(task_id)
 
     def queued(self, agent_id: str | None = None) -> list[TaskRecord]:
         """Waiting tasks in service order per lane (all agents when None)."""
-        keys = [k for k in self._queue.agents() if agent_id is None or key_agent(k) == agent_id]
-        return [self._tasks[q.task_id] for k in sorted(keys) for q in self._queue.listing(k)]
+        return self._live.queued(agent_id)
 
     def active(self) -> Mapping[str, int]:
         """Tasks dispatched or running per agent type (RFC 9.1 tracking)."""
-        return dict(self._active)
+        return dict(self._live.active)
 
     def depth(self) -> int:
         return len(self._queue)
@@ -226,7 +200,7 @@ class Scheduler:
     def counts(self) -> dict[str, int]:
         """Tasks held in memory (not yet finished) by state, for monitoring."""
         found: dict[str, int] = {}
-        for task in self._tasks.values():
+        for task in self._live.tasks.values():
             found[task.state] = found.get(task.state, 0) + 1
         return found
 
@@ -237,18 +211,17 @@ class Scheduler:
         for agent in await self._registry.list():
             await self.lifecycles.registered(agent.agent_id, agent.name)
         records = await self._store.list(OPEN_STATES, limit=1 << 62)
-        self._seq = max(await self._store.max_seq() + 1, 0)
-        held_for = await self._submissions.held_invocations(records)
+        self._live.resume_seq(await self._store.max_seq() + 1)
+        held_for = await self._jobs.held_invocations(records)
         for record in records:
-            self._tasks[record.task_id] = record
-            if record.job_key:
-                self._jobs[record.job_key] = record.task_id
+            self._live.adopt(record)
             if record.state == TaskState.QUEUED:
-                self._push(record)
+                self._live.push(record)
             elif record.state == TaskState.HELD:
-                await self._submissions.reload_held(record, held_for)
+                await self._jobs.reload_held(record, held_for)
             else:
-                self._occupy(record)
+                self._live.occupy(record)
+                self.gate.started(record)
         return len(records)
 
     # ------------------------------------------------------------------ submission
@@ -260,7 +233,7 @@ class Scheduler:
         Submissions that arrive while the lock is taken are decided together by the first of
         them to get it, in arrival order, their task records stored in one group commit
         instead of one commit each (`SchedulerJobs.submit_together`)."""
-        record = await self._submissions.admit(sub)
+        record = await self._jobs.admit(sub)
         arrival = Arrival(record, asyncio.get_running_loop().create_future())
         self._arrivals.append(arrival)
         try:
@@ -269,33 +242,12 @@ class Scheduler:
                     arrivals, self._arrivals = self._arrivals, []
                     # The others' outcomes depend on it: a cancelled caller still sees the
                     # decision through before the lock goes (and is cancelled after it).
-                    await _to_the_end(self._submissions.submit_together(arrivals))
+                    await _to_the_end(self._jobs.submit_together(arrivals))
         except asyncio.CancelledError:
             if arrival in self._arrivals:
                 self._arrivals.remove(arrival)  # never decided: nothing was stored
             raise
         return arrival.outcome.result()
-
-    def _buffer_full(self, waiting: int) -> SubmitResult:
-        return SubmitResult(
-            False, f"buffer_full: {waiting} tasks waiting (max_queued {self.settings.max_queued})"
-        )
-
-    async def _submit_one(self, record: TaskRecord) -> SubmitResult:
-        """One submission, decided alone (under the lock): a duplicate job."""
-        duplicate = self._jobs[record.job_key]
-        reason, held = await self._submissions.duplicate(record, duplicate)
-        return SubmitResult(False, reason, held)
-
-    async def _queued(self, record: TaskRecord) -> SubmitResult:
-        """What follows a QUEUED task's write (under the lock): its live copy and event, its
-        queue, preemption and dispatch."""
-        self._stored(record, "task.submitted", priority=record.priority, scope=record.scope,
-                     lane=record.lane)  # fmt: skip
-        self._push(record)
-        note = await self._preemptor.maybe_preempt(record)
-        await self._try_dispatch(record.agent_id)
-        return SubmitResult(True, note or self._explain(record.task_id), self.get(record.task_id))
 
     # ------------------------------------------------------------------ operator requests
 
@@ -304,19 +256,20 @@ class Scheduler:
         ends FAILED with error code `cancelled`. A dispatched or running task is refused
         (already_in_progress: preempt it instead), an ended one is already_completed."""
         async with self._lock:
-            task = self._tasks.get(task_id)
+            task = self._live.tasks.get(task_id)
             if task is None:
                 ended = await self.find(task_id)  # NotFoundError for an unknown one
                 raise AlreadyCompletedError(
                     f"task {task_id} has already ended ({ended.state})",
                     {"task_id": task_id, "state": ended.state},
                 )
-            if task.state not in (TaskState.QUEUED, TaskState.HELD):
+            if not TaskMachine.allows(task.state, TaskInput.CANCEL):
                 raise AlreadyInProgressError(
                     f"task {task_id} is {task.state}: preempt it instead of cancelling it",
                     {"task_id": task_id, "state": task.state},
                 )
-            await self._fail(task, "cancelled", f"cancelled by {by}: {reason}".rstrip(": "))
+            note = f"cancelled by {by}: {reason}".rstrip(": ")
+            await self._transitions.end(task, TaskInput.CANCEL, "cancelled", note)
         return await self.find(task_id)
 
     async def request_preemption(self, agent_id: str, task_id: str, reason: str) -> bool:
@@ -329,11 +282,11 @@ class Scheduler:
         async with self._lock:
             try:
                 await self.lifecycles.shutdown(agent_id, grace_s)
-            except LifecycleIllegal as exc:
+            except IllegalTransitionError as exc:
                 raise ValidationError.for_field(
                     "agent_id", f"cannot shut down {agent_id} now: {exc}", state=str(exc.state)
                 ) from None
-            await self._drain_wakeups()
+            await self._dispatcher.drain()
 
     async def suspend_agent(self, agent_id: str) -> None:
         """Pause a RUNNING agent (RFC 8.1 SUSPENDED): it keeps its task and state.
@@ -348,7 +301,7 @@ class Scheduler:
         async with self._lock:
             try:
                 await self.lifecycles.apply(agent_id, event, note="requested")
-            except LifecycleIllegal as exc:
+            except IllegalTransitionError as exc:
                 raise ValidationError.for_field(
                     "agent_id", f"{agent_id} is {exc.state}: {event.value.lower()} does not apply"
                 ) from None
@@ -368,7 +321,7 @@ class Scheduler:
                     return
                 await self.lifecycles.registered(agent_id, agent.name)
             await self.lifecycles.ready(agent_id)
-            await self._try_dispatch(agent_id)
+            await self._dispatcher.try_dispatch(agent_id)
 
     async def agent_reported(self, agent_id: str, state: str) -> None:
         """The agent's own state in its Heartbeat (sw4rm.common.AgentState name)."""
@@ -382,79 +335,38 @@ class Scheduler:
             if reported is AgentLifecycleState.RUNNABLE:
                 await self.lifecycles.ready(agent_id)
             await self.lifecycles.report(agent_id, reported)
-            await self._try_dispatch(agent_id)
-            await self._drain_wakeups()
+            await self._dispatcher.try_dispatch(agent_id)
+            await self._dispatcher.drain()
 
     async def agent_deregistered(self, agent_id: str) -> None:
         async with self._lock:
-            running = self.running(agent_id)
+            running = self._live.held_by(agent_id)
             if running is not None:
-                await self._finish(running, TaskState.FAILED, "agent_unavailable",
-                                   "the agent deregistered")  # fmt: skip
+                await self._transitions.end(
+                    running, TaskInput.ABANDON, "agent_unavailable", "the agent deregistered"
+                )
             await self.lifecycles.deregistered(agent_id)
-            await self._drain_wakeups()
+            await self._dispatcher.drain()
 
-    # ------------------------------------------------------------------ lifecycle effects
-
-    async def send_control(self, agent_id: str, body: dict[str, Any]) -> None:
-        """A CONTROL command to the agent (lifecycle notices: shutdown, suspend, ...)."""
-        env = self._envelopes.control(body)
-        (outcome,) = await self._router.send_many([Outbound(env, agent_id, lane="PRIVILEGED")])
-        await self._events.record(
-            "agent.control", SCHEDULER, agent_id=agent_id, command=body.get("command", ""),
-            message_id=env.message_id, accepted=outcome.accepted, reason=outcome.reason,
-        )  # fmt: skip
-
-    async def activity_purge(self, agent_id: str) -> None:
-        await self._activity.purge(agent_id, None)
-
-    async def deregister(self, agent_id: str, reason: str) -> None:
-        await self._registry.deregister(agent_id, reason)
-
-    async def escalate_agent(self, agent_id: str, state: str, reason: str) -> None:
-        await self._hitl.open(
-            "TASK_ESCALATION", {"reason": reason, "state": state}, requested_by=SCHEDULER,
-            subject={"agent_id": agent_id}, suggested_action="deny",
-            proposed_actions=("approve", "deny"), timeout_s=self.settings.hitl_timeout_s,
-        )  # fmt: skip
+    async def fail_agent_tasks(
+        self, agent_id: str, code: str, *, queued: bool, running_too: bool = True
+    ) -> int:
+        """End the agent's running task (unless not `running_too`) and its queued ones (when
+        `queued`) with `code` (the lifecycle's hooks; the lock is held)."""
+        ended = 0
+        running = self._live.held_by(agent_id) if running_too else None
+        if running is not None:
+            await self._transitions.end(running, TaskInput.ABANDON, code, "agent lifecycle")
+            ended += 1
+        if queued:
+            for task in self._live.queued(agent_id):
+                await self._transitions.end(task, TaskInput.ABANDON, code, "agent lifecycle")
+                ended += 1
+        return ended
 
     def wake(self, agent_id: str) -> None:
         """Try to dispatch to `agent_id` from the background loop."""
-        self._wakeups.add(agent_id)
-        self._wake.set()
-
-    def _wake_task(self, task_id: str) -> None:
-        task = self._tasks.get(task_id)
-        if task is not None:
-            self.wake(task.agent_id)
-
-    # ------------------------------------------------------------------ dispatch
-
-    async def _try_dispatch(self, agent_id: str) -> None:
-        """Dispatch the agent's next task if everything allows it (lock held)."""
-        await self._dispatcher.try_dispatch(agent_id)
-
-    def _occupy(self, task: TaskRecord) -> None:
-        self._running[task.agent_id] = task.task_id
-        self.gate.started(task)
-        self._by_message[task.message_id] = task.task_id
-        self._active[task.agent_type] += 1
-        self._preemptions[task.task_id] = PreemptionMachine.start(task.task_id, self._clock.now())
-
-    def _release(self, task: TaskRecord) -> None:
-        """The task no longer holds its agent (ended, yielded or requeued)."""
-        if self._running.get(task.agent_id) == task.task_id:
-            del self._running[task.agent_id]
-        self._by_message.pop(task.message_id, None)
-        if self._active[task.agent_type] > 0:
-            self._active[task.agent_type] -= 1
-        self._preemptions.pop(task.task_id, None)
-        self._timers.cancel(timer_key(task.task_id))
-        self.gate.forget(task.task_id)
-        for agent_id in self._type_waiters.pop(task.agent_type, set()):
-            self.wake(agent_id)
-        for agent_id in self._blocked_by.pop(task.task_id, set()):
-            self.wake(agent_id)
+        self._wakeups.wake(agent_id)
 
     # ------------------------------------------------------------------ agent envelopes
 
@@ -465,8 +377,8 @@ class Scheduler:
             await self._on_ack(env)
         elif env.message_type is MessageType.CONTROL:
             await self._preemptor.on_command(env)
-        elif env.message_type is MessageType.NEGOTIATION and self.on_negotiation is not None:
-            await self.on_negotiation(env)
+        elif env.message_type is MessageType.NEGOTIATION and self._on_negotiation is not None:
+            await self._on_negotiation(env)
         else:
             raise ValidationError.for_field(
                 "message_type",
@@ -477,33 +389,27 @@ class Scheduler:
     async def _on_ack(self, env: Envelope) -> None:
         ack = self._router.codec.decode_ack(env)
         async with self._lock:
-            task_id = self._by_message.get(ack.ack_for_message_id)
-            task = self._tasks.get(task_id) if task_id else None
+            task_id = self._live.by_message.get(ack.ack_for_message_id)
+            task = self._live.tasks.get(task_id) if task_id else None
             if task is None:
                 return  # an ACK of a control message, or of a task that already ended
             stage = ack.ack_stage.name
-            note = ack.note.strip()
-            if stage == "READ" and task.state == TaskState.DISPATCHED:
-                task = replace(task, state=TaskState.RUNNING.value, updated_at=self._clock.now())
-                await self._save(task, "task.running")
-                await drive(self, task.agent_id, AgentInput.START)
+            if stage == "READ" and TaskMachine.allows(task.state, TaskInput.READ):
+                changes = {"updated_at": self._clock.now()}
+                await self._transitions.apply(task, TaskInput.READ, changes)
             elif stage == "FULFILLED":
-                await self._preemptor.fulfilled(task, note)
+                await self._preemptor.fulfilled(task, ack.note.strip())
             elif stage in ("REJECTED", "FAILED", "TIMED_OUT"):
                 await self._ack_failed(task, ack.error_code or "internal_error", ack.note, stage)
-            await self._drain_wakeups()
+            await self._dispatcher.drain()
 
     async def _ack_failed(self, task: TaskRecord, code: str, note: str, stage: str) -> None:
         if stage == "TIMED_OUT" and task.attempts < self.settings.dispatch_attempts:
             # The router gave up on an acknowledgement: hand the task out again.
-            self._release(task)
-            task = replace(task, state=TaskState.QUEUED.value, note=f"{code}: {note}")
-            await self._save(task, "task.requeued", reason=f"{code}: {note}")
-            self._push(task)
-            self.wake(task.agent_id)
+            why = f"{code}: {note}"
+            await self._transitions.apply(task, TaskInput.RETRY, {"note": why}, reason=why)
             return
-        await self._finish(task, TaskState.FAILED, code.lower(), note)
-        await finished(self, task.agent_id)
+        await self._transitions.end(task, TaskInput.FAIL, code.lower(), note)
 
     # ------------------------------------------------------------------ timers
 
@@ -511,47 +417,43 @@ class Scheduler:
         """Preemption deadlines and dispatch retries due now; returns how many fired."""
         fired = 0
         async with self._lock:
-            for key in self._timers.due(self._clock.now()):
+            for key in self._wakeups.timers.due(self._clock.now()):
                 fired += 1
                 kind, _, name = key.partition(SEP)
                 if kind == "reconcile":
                     await self.reconcile_activity()
-                    self._timers.arm(key, self._clock.now() + RECONCILE_EVERY_S)
+                    self._wakeups.timers.arm(key, self._clock.now() + RECONCILE_EVERY_S)
                     continue
                 if kind == "retry":
-                    self._wakeups.add(name)
+                    self._wakeups.agents.add(name)
                     continue
                 await self._preemptor.deadline(name)
             fired += await self.lifecycles.fire_due()
-            await self._drain_wakeups()
+            await self._dispatcher.drain()
         return fired
-
-    async def _drain_wakeups(self) -> None:
-        while self._wakeups:
-            agent_id = self._wakeups.pop()
-            await self._try_dispatch(agent_id)
 
     async def reconcile_activity(self) -> int:
         """Purge activity entries of ended or unknown tasks (RFC 10); returns how many."""
         return await self._activity.reconcile_with(self._task_state, RECONCILE_EVERY_S)
 
     async def _task_state(self, task_id: str) -> str | None:
-        task = self._tasks.get(task_id) or await self._store.get(task_id)
+        task = self._live.tasks.get(task_id) or await self._store.get(task_id)
         return task.state if task else None
 
     def next_deadline(self) -> float | None:
-        times = [t for t in (self._timers.next(), self.lifecycles.next_deadline()) if t]
+        times = [t for t in (self._wakeups.timers.next(), self.lifecycles.next_deadline()) if t]
         return min(times) if times else None
 
     async def run(self, sleep: Any) -> None:
         """Forever: fire timers when due and dispatch to woken agents."""
-        self._timers.arm(f"reconcile{SEP}", self._clock.now() + RECONCILE_EVERY_S)
+        self._wakeups.timers.arm(RECONCILE_KEY, self._clock.now() + RECONCILE_EVERY_S)
+        woken = self._wakeups.loop
         while True:
-            self._wake.clear()
+            woken.clear()
             self.lifecycles.changed.clear()
             await self.fire_due()
             at = self.next_deadline()
-            waiter = asyncio.ensure_future(self._wake.wait())
+            waiter = asyncio.ensure_future(woken.wait())
             changed = asyncio.ensure_future(self.lifecycles.changed.wait())
             timer = asyncio.ensure_future(sleep(max(0.0, at - self._clock.now()))) if at else None
             pending = {waiter, changed} | ({timer} if timer else set())
@@ -561,100 +463,9 @@ class Scheduler:
                 for item in pending:
                     item.cancel()
 
-    # ------------------------------------------------------------------ endings
-
-    async def _finish(self, task: TaskRecord, state: TaskState, code: str, note: str) -> None:
-        self._release(task)
-        self._needs_worktree.pop(task.task_id, None)
-        task = replace(task, state=state.value, error_code=code, note=note,
-                       updated_at=self._clock.now())  # fmt: skip
-        event = "task.completed" if state is TaskState.COMPLETED else "task.failed"
-        await self._save(task, event, error_code=code, note=note)
-        await self._activity.complete(task.agent_id, task.task_id, state.value)
-        self.wake(task.agent_id)
-        for listener in self._end_listeners:
-            listener(task)
-
-    async def _fail(self, task: TaskRecord, code: str, note: str) -> None:
-        if task.state == TaskState.QUEUED:
-            self._queue.remove(task.task_id)
-        await self._finish(task, TaskState.FAILED, code, note)
-
-    async def fail_agent_tasks(
-        self, agent_id: str, code: str, *, queued: bool, running_too: bool = True
-    ) -> int:
-        """End the agent's running task (unless not `running_too`) and its queued ones (when
-        `queued`) with `code`."""
-        ended = 0
-        running = self.running(agent_id) if running_too else None
-        if running is not None:
-            await self._finish(running, TaskState.FAILED, code, "agent lifecycle")
-            ended += 1
-        if queued:
-            for task in self.queued(agent_id):
-                await self._fail(task, code, "agent lifecycle")
-                ended += 1
-        return ended
-
-    # ------------------------------------------------------------------ helpers
-
-    def _push(self, task: TaskRecord) -> None:
-        self._queue.push(
-            QueuedTask(task.task_id, queue_key(task.agent_id, task.lane), task.priority,
-                       task.submitted_at, task.seq, task.scope, task.job_key)
-        )  # fmt: skip
-
-    def _next_seq(self) -> int:
-        seq = self._seq
-        self._seq += 1
-        return seq
-
-    async def _save(self, task: TaskRecord, event: str, **fields: Any) -> None:
-        await self._store.put(task)
-        self._stored(task, event, **fields)
-
-    def _stored(self, task: TaskRecord, event: str, **fields: Any) -> None:
-        """`_save` once the record is stored: the live copy, the job index and the event."""
-        if TaskState(task.state).terminal:
-            self._tasks.pop(task.task_id, None)
-            if self._jobs.get(task.job_key) == task.task_id:
-                del self._jobs[task.job_key]
-        else:
-            self._tasks[task.task_id] = task
-            if task.state != TaskState.HELD:
-                self._jobs.setdefault(task.job_key, task.task_id)
-        self._events.note(
-            event, SCHEDULER, correlation_id=task.task_id, task_id=task.task_id,
-            agent_id=task.agent_id, state=task.state, **fields,
-        )  # fmt: skip
-
-    def _explain(self, task_id: str) -> str:
-        task = self._tasks.get(task_id)
-        if task is None:
-            return "ended"
-        if task.state in (TaskState.DISPATCHED, TaskState.RUNNING):
-            return f"dispatched as message {task.message_id}"
-        limit = self.settings.instance_limit(task.agent_type)
-        if self._active[task.agent_type] >= limit:
-            return (
-                f"queued: agent type {task.agent_type!r} is at max_parallel_instances {limit} "
-                f"({self._active[task.agent_type]} running)"
-            )
-        running = self._running.get(task.agent_id)
-        if running:
-            return f"queued behind running task {running}"
-        return f"queued: {task.note}" if task.note else "queued"
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        job = asyncio.ensure_future(coro)
-        self._background.add(job)
-        job.add_done_callback(self._background.discard)
-
     async def close(self) -> None:
         await self.gate.close()
-        for job in list(self._background):
-            job.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._jobs.close()
 
 
 async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:

@@ -29,7 +29,7 @@ from itertools import groupby
 from typing import Any
 
 from apiary.core.clock import Clock
-from apiary.core.hitl import HitlReason
+from apiary.core.hitl.vocabulary import HitlReason
 from apiary.core.ids import IdGenerator
 from apiary.core.tools.calls import (
     ToolCallEffect,

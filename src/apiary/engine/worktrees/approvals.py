@@ -19,9 +19,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Final
 
 from apiary.core.dedup import iso_utc
-from apiary.core.hitl import HitlReason, HitlState
+from apiary.core.hitl.vocabulary import HitlReason, HitlState
 from apiary.core.records import HitlRecord
-from apiary.core.worktree_binding import BindingState, WorktreeBinding
+from apiary.core.worktrees.records import BindingState, WorktreeBinding
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl
 from apiary.engine.notices import WORKTREES

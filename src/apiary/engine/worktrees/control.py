@@ -3,7 +3,7 @@
 
 An agent sends a WORKTREE_CONTROL envelope to the reserved participant `worktrees` (by the
 `sw4rm-recipient` metadata or `"to": "worktrees"` in the payload) with a JSON payload
-(core/worktree_control.py). A request that is malformed, names another agent, or that the
+(core/worktrees/control.py). A request that is malformed, names another agent, or that the
 binding's state does not allow is rejected with its error (the sender's SendMessage answer
 and a NACK): validation_error naming the field, permission_denied, already_exists,
 worktree_not_bound, NOT_FOUND.
@@ -31,30 +31,54 @@ switch is for HITL or an operator (the ApproveSwitch RPC), never the agent itsel
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from apiary.core.envelope import Envelope, MessageType
-from apiary.core.worktree_binding import BindingState, WorktreeBinding
-from apiary.core.worktree_control import ControlAction, ControlRequest, parse_control, status_body
-from apiary.engine.notices import WORKTREES, NoticeFactory
+from apiary.core.worktrees.control import ControlAction, ControlRequest, parse_control, status_body
+from apiary.core.worktrees.records import BindingState, WorktreeBinding
+from apiary.engine.notices import NoticeFactory
 from apiary.engine.registry import Registry
 from apiary.engine.router.router import Router
-from apiary.engine.worktrees.worktrees import Worktrees
+from apiary.engine.worktrees.worktrees import Notify, Worktrees
 from apiary.errors import PermissionDeniedError, ValidationError
 
 _A = ControlAction
 
 
-class WorktreeControl:
-    def __init__(
-        self, worktrees: Worktrees, router: Router, registry: Registry, notices: NoticeFactory
-    ) -> None:
-        self._worktrees = worktrees
+class WorktreeStatus:
+    """Sends an agent its binding's status as a WORKTREE_CONTROL notice (the `Notify` of
+    `Worktrees`, and the answer to a STATUS request)."""
+
+    def __init__(self, router: Router, registry: Registry, notices: NoticeFactory) -> None:
         self._router = router
         self._registry = registry
         self._notices = notices
-        router.attach(WORKTREES, self.on_envelope)
-        worktrees.notify = self.notify
+
+    async def __call__(
+        self, record: WorktreeBinding, path: Path | None, event: str, reply_to: str
+    ) -> None:
+        """Send the agent its binding's status (a coordinator notice); an agent that is not
+        registered (bound by an operator ahead of its start) asks STATUS when it comes."""
+        if self._registry.known(record.agent_id) is None:
+            return
+        body = {
+            "action": "status",
+            "event": event,
+            "in_reply_to": reply_to,
+            "ok": record.state != BindingState.BIND_FAILED,
+            "error_code": record.reason,
+            **status_body(record, "" if path is None else str(path)),
+        }
+        await self._router.notify(record.agent_id, self._notices.worktree_control(body))
+
+
+class WorktreeControl:
+    """The router's `worktrees` endpoint (WORKTREES): agents' requests to `Worktrees`."""
+
+    def __init__(self, worktrees: Worktrees, notify: Notify) -> None:
+        self._worktrees = worktrees
+        self._notify = notify
 
     async def on_envelope(self, env: Envelope) -> None:
         """Router endpoint: one agent's WORKTREE_CONTROL request (raising rejects it)."""
@@ -101,20 +125,5 @@ class WorktreeControl:
         elif request.action is _A.SWITCH_REVOKE:
             await wt.revoke_switch(agent, request.reason or "given up by the agent", **common)
         else:
-            await self.notify(wt.binding(agent), "status", env.message_id)
-
-    async def notify(self, record: WorktreeBinding, event: str, reply_to: str) -> None:
-        """Send the agent its binding's status (a coordinator notice); an agent that is not
-        registered (bound by an operator ahead of its start) asks STATUS when it comes."""
-        if self._registry.known(record.agent_id) is None:
-            return
-        path = self._worktrees.path_of(record)
-        body = {
-            "action": "status",
-            "event": event,
-            "in_reply_to": reply_to,
-            "ok": record.state != BindingState.BIND_FAILED,
-            "error_code": record.reason,
-            **status_body(record, "" if path is None else str(path)),
-        }
-        await self._router.notify(record.agent_id, self._notices.worktree_control(body))
+            record = wt.binding(agent)
+            await self._notify(record, wt.path_of(record), "status", env.message_id)

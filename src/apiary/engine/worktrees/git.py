@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from apiary.core.worktree_binding import valid_id
+from apiary.core.worktrees.records import valid_id
 from apiary.errors import (
     ApiaryError,
     FilesystemError,

@@ -8,7 +8,8 @@ shared error vocabulary: one home per agent (already_exists), nothing bound
 
 from __future__ import annotations
 
-from apiary.core.worktree_binding import BindingInput, BindingState, WorktreeBinding
+from apiary.core.worktrees.machine import BindingInput
+from apiary.core.worktrees.records import BindingState, WorktreeBinding
 from apiary.errors import (
     AlreadyExistsError,
     ApiaryError,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from apiary.core.worktree_binding import DEFAULT_POLICY, BindingPolicy
+from apiary.core.worktrees.machine import DEFAULT_POLICY, BindingPolicy
 
 
 @dataclass(frozen=True, slots=True)

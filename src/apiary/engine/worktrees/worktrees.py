@@ -1,11 +1,12 @@
 """Worktree bindings (RFC 16) in the engine: the pure machine with memory, git, timers, HITL.
 
-`apiary.core.worktree_binding` decides; `Worktrees` keeps every agent's binding (stored, and
+`apiary.core.worktrees.machine` decides; `Worktrees` keeps every agent's binding (stored, and
 recovered by `load`), makes the real git worktrees (engine/worktrees/git.py), runs the retry,
 recovery and TTL timers (engine/timers.py, on the injected clock), asks HITL for switches
 and escalates bind failures (engine/hitl.py; engine/worktrees/approvals.py applies the
 decisions), logs every transition as a `worktree.binding` event with repo_id and worktree_id,
-and tells the agent its new status through `notify` (the WORKTREE_CONTROL endpoint).
+and tells the agent its new status through the `notify` it is given (WorktreeStatus,
+engine/worktrees/control.py).
 
 Other parts ask `bound_root(agent_id)` where an agent may work (None: unbound, and
 BIND_FAILED counts as unbound) and `binding(agent_id)` for the whole record.
@@ -35,16 +36,18 @@ from pathlib import Path
 from typing import Any, Final
 
 from apiary.core.clock import Clock
-from apiary.core.worktree_binding import (
+from apiary.core.machine import IllegalTransitionError
+from apiary.core.worktrees.machine import (
     FAILURE_REASONS,
     BindingEffect,
     BindingInput,
     BindingMachine,
     BindingPolicy,
-    BindingState,
     BindingStep,
+)
+from apiary.core.worktrees.records import (
+    BindingState,
     BindingTimer,
-    IllegalTransitionError,
     Location,
     WorktreeBinding,
     is_bound,
@@ -63,8 +66,9 @@ from apiary.store.protocols import WorktreeStore
 
 log = logging.getLogger(__name__)
 
-Notify = Callable[[WorktreeBinding, str, str], Awaitable[None]]
-"""(record, event, in_reply_to) -> tell the agent its status (engine/worktrees/control.py)."""
+Notify = Callable[[WorktreeBinding, Path | None, str, str], Awaitable[None]]
+"""(record, its directory, event, in_reply_to) -> tell the agent its status
+(engine/worktrees/control.py)."""
 
 _S = BindingState
 _I = BindingInput
@@ -93,14 +97,13 @@ class Worktrees:
         clock: Clock,
         hitl: Hitl,
         git: GitWorktrees,
+        notify: Notify,
         settings: WorktreeSettings | None = None,
     ) -> None:
         self.settings = settings or WorktreeSettings()
         self.git = git
-        self.notify: Notify | None = None
-        self.listeners: list[Callable[[str], None]] = []
-        """Called with the agent id whenever a binding is stored (the Scheduler wakes its
-        worktree tasks); must not block."""
+        self._notify_agent = notify
+        self._listeners: list[Callable[[str], None]] = []
         self._store = store
         self._events = events
         self._clock = clock
@@ -113,6 +116,11 @@ class Worktrees:
     @property
     def policy(self) -> BindingPolicy:
         return self.settings.policy
+
+    def subscribe(self, listener: Callable[[str], None]) -> None:
+        """Call `listener` with the agent id whenever a binding is stored (the Scheduler
+        wakes its worktree tasks); it must not block."""
+        self._listeners.append(listener)
 
     # ------------------------------------------------------------------ queries
 
@@ -453,22 +461,21 @@ class Worktrees:
             elif effect is _F.PERSIST:
                 await self._store.put(record)
                 self._bindings[record.agent_id] = record
-                for listener in self.listeners:
+                for listener in self._listeners:
                     listener(record.agent_id)
             elif effect in (_F.START_TIMER, _F.CANCEL_TIMER):
                 self._arm(record)
             elif effect is _F.EMIT_EVENT:
                 await self._record(step, record, context)
-            elif effect is _F.NOTIFY_AGENT and self.notify is not None:
+            elif effect is _F.NOTIFY_AGENT:
                 await self._notify(record, step.input, context.reply_to)
         async with self._changed:
             self._changed.notify_all()
         return await self.approvals.settle(record)
 
     async def _notify(self, record: WorktreeBinding, event: BindingInput, reply_to: str) -> None:
-        assert self.notify is not None
         try:
-            await self.notify(record, event.value.lower(), reply_to)
+            await self._notify_agent(record, self.path_of(record), event.value.lower(), reply_to)
         except Exception as exc:  # the transition stands; the agent asks STATUS when it must
             log.exception("WORKTREE_CONTROL notice to %s failed", record.agent_id)
             await self._events.record(
@@ -535,7 +542,9 @@ def build_worktrees(
     clock: Clock,
     hitl: Hitl,
     data_dir: Path | None,
+    notify: Notify,
 ) -> Worktrees:
-    """The manager with worktrees under `<data_dir>/worktrees` (none without a data dir)."""
+    """The manager with worktrees under `<data_dir>/worktrees` (none without a data dir),
+    telling agents their status through `notify`."""
     git = GitWorktrees(data_dir / "worktrees" if data_dir else None, settings.repo_paths())
-    return Worktrees(store, events, clock, hitl, git, settings)
+    return Worktrees(store, events, clock, hitl, git, notify, settings)

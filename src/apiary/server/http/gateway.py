@@ -19,7 +19,7 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from apiary.errors import NotFoundError, PermissionDeniedError, ValidationError
-from apiary.server.config import is_loopback_host
+from apiary.server.config.address import is_loopback_host
 from apiary.server.context import RECIPIENT_KEY, CallContext
 from apiary.server.dispatch import Dispatcher, Route
 from apiary.server.errormap import answer_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from apiary.core.envelope import Envelope, MessageType
@@ -145,6 +145,20 @@ class HitlHandler:
             decision_payload=json.dumps(decision).encode(),
             rationale=str(decision.get("rationale", "")),
         )
+
+
+class HitlDecisions:
+    """RFC 15.2 HITL_DECISION envelopes sent with RouterService.SendMessage: applied as the
+    decision of the operator the call authenticates, instead of being routed (the router
+    service's interceptor, `server.services.router.Interceptor`)."""
+
+    def __init__(self, hitl: Hitl) -> None:
+        self._hitl = hitl
+
+    def __call__(self, env: Envelope, ctx: CallContext) -> Awaitable[str] | None:
+        """None unless `env` is a decision; else its application, to await."""
+        doc = decision_in(env)
+        return None if doc is None else apply_decision_envelope(self._hitl, doc, ctx)
 
 
 def decision_in(env: Envelope) -> dict[str, Any] | None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+from apiary.core.envelope import Envelope
 from apiary.core.signatures import split_origin
-from apiary.engine.hitl import Hitl
 from apiary.engine.router.admission import Outbound, SendOutcome
 from apiary.engine.router.delivery import Delivery, parse_resume_token, resume_token
 from apiary.engine.router.inbox import Handout
@@ -13,13 +13,17 @@ from apiary.engine.router.router import Router
 from apiary.engine.router.send_pipeline import SendPipeline
 from apiary.errors import ValidationError
 from apiary.server.context import RECIPIENT_KEY, RESUME_AFTER_KEY, CallContext, request_proof
-from apiary.server.services.hitl import apply_decision_envelope, decision_in
 from apiary.wire import pb
 from apiary.wire.convert import envelope_from_proto
 
 router_pb2 = pb.router_pb2
 apiary_pb2 = pb.apiary_pb2
 RESUME_TOKEN_KEY = "sw4rm-resume-token"
+
+Interceptor = Callable[[Envelope, CallContext], Awaitable[str] | None]
+"""Claims an envelope sent with SendMessage before the router sees it: None to leave it to
+the router, else the handling to await, whose result is the reason of the accepted answer
+(the coordinator chooses it at construction)."""
 
 
 def _envelope_bytes_item(handout: Handout) -> router_pb2.StreamItem:
@@ -75,11 +79,12 @@ def _resume_after(agent_id: str, raw_offset: str, token: str) -> int:
 
 
 class RouterHandler:
-    def __init__(self, router: Router, delivery: Delivery, hitl: Hitl | None = None) -> None:
+    def __init__(
+        self, router: Router, delivery: Delivery, intercept: Interceptor | None = None
+    ) -> None:
         self._router = router
         self._delivery = delivery
-        self._hitl = hitl
-        """HITL_DECISION envelopes (RFC 15) are applied here, as the operator decision they are."""
+        self._intercept = intercept
 
     async def send_message(
         self, req: router_pb2.SendMessageRequest, ctx: CallContext
@@ -87,10 +92,9 @@ class RouterHandler:
         if not req.HasField("msg"):
             raise ValidationError.for_field("msg", "is required")
         env = envelope_from_proto(req.msg)
-        decision = decision_in(env) if self._hitl is not None else None
-        if decision is not None and self._hitl is not None:
-            reason = await apply_decision_envelope(self._hitl, decision, ctx)
-            return router_pb2.SendMessageResponse(accepted=True, reason=reason)
+        claimed = self._intercept(env, ctx) if self._intercept is not None else None
+        if claimed is not None:
+            return router_pb2.SendMessageResponse(accepted=True, reason=await claimed)
         item = Outbound(
             env, ctx.get(RECIPIENT_KEY), raw=req.msg.SerializeToString(deterministic=True),
             signature=request_proof(ctx), remote=True,

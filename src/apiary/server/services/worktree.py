@@ -9,7 +9,7 @@ the caller acts as the Scheduler's policy (dev mode, RFC 15.3).
 
 from __future__ import annotations
 
-from apiary.core.worktree_binding import BindingState
+from apiary.core.worktrees.records import BindingState
 from apiary.engine.operators import Operators
 from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.errors import ValidationError

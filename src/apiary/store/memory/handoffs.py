@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from apiary.core.records import HandoffRecord
-from apiary.store.handoff_rows import handoff_from_row, handoff_row
-from apiary.store.sql_rows import check_limit
+from apiary.store.sql.checks import check_limit
+from apiary.store.sql.handoffs import handoff_from_row, handoff_row
 
 
 class MemoryHandoffStore:

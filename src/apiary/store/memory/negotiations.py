@@ -7,7 +7,8 @@ from typing import Any
 
 from apiary.core.negotiation.records import ArtifactRecord, NegotiationRecord, RoundRecord
 from apiary.store.json_codec import dump_json, load_json_object
-from apiary.store.negotiation_rows import (
+from apiary.store.sql.checks import check_limit
+from apiary.store.sql.negotiations import (
     artifact_from_row,
     artifact_row,
     negotiation_from_row,
@@ -15,7 +16,6 @@ from apiary.store.negotiation_rows import (
     round_from_row,
     round_row,
 )
-from apiary.store.sql_rows import check_limit
 
 
 class MemoryNegotiationStore:

@@ -11,7 +11,8 @@ from apiary.core.rooms.records import (
     VoteRecord,
 )
 from apiary.store.errors import StoreError
-from apiary.store.room_rows import (
+from apiary.store.sql.checks import check_limit
+from apiary.store.sql.rooms import (
     decision_from_row,
     decision_row,
     policy_from_row,
@@ -21,7 +22,6 @@ from apiary.store.room_rows import (
     vote_from_row,
     vote_row,
 )
-from apiary.store.sql_rows import check_limit
 
 
 class MemoryRoomStore:

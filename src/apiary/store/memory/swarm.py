@@ -12,7 +12,7 @@ from apiary.core.swarm_mail import (
     OutboxEntry,
     capped,
 )
-from apiary.store.swarm_rows import (
+from apiary.store.sql.swarm import (
     check_inbox_status,
     inbox_from_row,
     inbox_row,
@@ -46,7 +46,7 @@ class MemorySwarmStore:
         statuses: frozenset[str] | None = None,
     ) -> list[InboxEntry]:
         limit = capped(limit)
-        if status_filter(statuses, INBOX_STATUSES, "?") is None:
+        if status_filter(statuses, INBOX_STATUSES).impossible:
             return []
         wanted = statuses if statuses is not None else frozenset(INBOX_STATUSES) - {"deleted"}
         found = [
@@ -92,7 +92,7 @@ class MemorySwarmStore:
         statuses: frozenset[str] | None = None,
     ) -> list[OutboxEntry]:
         limit = capped(limit)
-        if status_filter(statuses, OUTBOX_STATUSES, "?") is None:
+        if status_filter(statuses, OUTBOX_STATUSES).impossible:
             return []
         found = [
             e for e in self._outbox.values()

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from apiary.core.workflow.definition import WorkflowSpec
 from apiary.core.workflow.node import NodeRun
 from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus
-from apiary.store.errors import StoreError
-from apiary.store.sql_rows import check_limit
-from apiary.store.workflow_rows import (
-    DuplicateWorkflowError,
+from apiary.store.errors import DuplicateWorkflowError, StoreError
+from apiary.store.sql.checks import check_limit
+from apiary.store.sql.workflows import (
+    NodeRow,
+    WorkflowRow,
     assemble,
     node_row,
     run_from_row,
@@ -25,8 +25,8 @@ class MemoryWorkflowStore:
     every backend hands back the same values)."""
 
     def __init__(self) -> None:
-        self._rows: dict[str, tuple[Any, ...]] = {}
-        self._nodes: dict[str, dict[str, tuple[Any, ...]]] = {}
+        self._rows: dict[str, WorkflowRow] = {}
+        self._nodes: dict[str, dict[str, NodeRow]] = {}
 
     async def create(self, spec: WorkflowSpec, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
         row = workflow_row(spec, run)
@@ -47,12 +47,12 @@ class MemoryWorkflowStore:
             raise StoreError(f"no workflow {run.workflow_id!r}")
         stored = self._nodes[run.workflow_id]
         rows = [node_row(run.workflow_id, n) for n in nodes]
-        unknown = [r[1] for r in rows if r[1] not in stored]
+        unknown = [r.node_id for r in rows if r.node_id not in stored]
         if unknown:
             raise StoreError(f"workflow {run.workflow_id!r} has no node {unknown[0]!r}")
-        self._rows[run.workflow_id] = (*row[:3], *run_values(run))
+        self._rows[run.workflow_id] = row._replace(**run_values(run)._asdict())
         for node in rows:
-            stored[node[1]] = node
+            stored[node.node_id] = node
 
     async def list(
         self, statuses: frozenset[str] | None = None, after_id: str = "", limit: int = 100

@@ -9,11 +9,8 @@ what lets a reader resume "after N" without ever skipping a late commit. DLQ ent
 the exception: an identity column, so they only grow but may skip numbers after a rollback,
 which the DLQ allows.
 
-The event log and the registry are here; the other aggregates are in `postgres_messages`,
-`postgres_idempotency`, `postgres_dlq`, `postgres_hitl`, `postgres_tasks` and
-`postgres_handoffs`, `postgres_worktrees`, the pool and query helpers in `postgres_pool`.
-`postgres_tools`, the pool and query helpers in `postgres_pool`.
-`postgres_swarm`, the pool and query helpers in `postgres_pool`.
+The aggregates are the SQL stores of `store.sql`, written once for both databases over
+`store.sql.postgres.PostgresSqlDatabase`; the pool and query helpers are in `pool`.
 
 Each store lives in one schema (default `apiary`), created on first open; tests isolate
 themselves with a fresh schema each. The schema is chosen by the `schema` argument or an
@@ -25,168 +22,34 @@ such a value is refused here with StoreError while SQLite would keep it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import unquote
 
 from psycopg import sql
 
-from apiary.core.events import Event, EventDraft, EventFilter
-from apiary.core.records import AgentRecord
-from apiary.store.json_codec import dump_json
 from apiary.store.migrations import load_migrations, pending_migrations
-from apiary.store.postgres.dlq import PostgresDlqStore
-from apiary.store.postgres.handoffs import PostgresHandoffStore
-from apiary.store.postgres.hitl import PostgresHitlStore
-from apiary.store.postgres.idempotency import PostgresIdempotencyStore
-from apiary.store.postgres.messages import PostgresMessageStore
-from apiary.store.postgres.negotiations import (
-    PostgresArtifactStore,
-    PostgresNegotiationStore,
-)
 from apiary.store.postgres.pool import (
     Connection,
     PostgresPool,
-    fetch_all,
     fetch_rows,
-    scalar,
     set_search_path,
 )
-from apiary.store.postgres.rooms import PostgresRoomStore
-from apiary.store.postgres.swarm import PostgresSwarmStore
-from apiary.store.postgres.tasks import PostgresTaskStore
-from apiary.store.postgres.tools import PostgresToolStore
-from apiary.store.postgres.workflows import PostgresWorkflowStore
-from apiary.store.postgres.worktrees import PostgresWorktreeStore
-from apiary.store.sql_rows import (
-    AGENT_COLUMNS,
-    EVENT_COLUMNS,
-    agent_from_row,
-    agent_row,
-    check_limit,
-    event_filter_clauses,
-    event_from_row,
-)
+from apiary.store.sql.postgres import PostgresSqlDatabase
+from apiary.store.sql.store import SqlStore
 
 DEFAULT_SCHEMA = "apiary"
 SCHEMA_PARAMETER = "apiary_schema"
 
 
-class PostgresEventLog:
-    """`EventLog` in the `events` table, numbered through the `event_sequence` row."""
-
-    def __init__(self, pool: PostgresPool) -> None:
-        self._pool = pool
-
-    async def append(self, drafts: Sequence[EventDraft]) -> list[Event]:
-        """Append the drafts atomically, in order; return them with their sequences."""
-        if not drafts:
-            return []
-        details = [dump_json(d.details) for d in drafts]
-        async with self._pool.connection() as conn, conn.transaction():
-            cursor = await conn.execute(
-                "UPDATE event_sequence SET last_sequence = last_sequence + %s"
-                " RETURNING last_sequence",
-                [len(drafts)],
-            )
-            first = await scalar(cursor) - len(drafts) + 1
-            rows = [
-                (first + i, d.event_type, d.actor, d.ts, d.correlation_id, d.agent_id, text, d.hlc)
-                for i, (d, text) in enumerate(zip(drafts, details, strict=True))
-            ]
-            async with conn.cursor() as insert:
-                await insert.executemany(
-                    f"INSERT INTO events ({EVENT_COLUMNS})"
-                    " VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, %s)",
-                    rows,
-                )
-        return [Event.from_draft(first + i, draft) for i, draft in enumerate(drafts)]
-
-    async def read(
-        self, after: int = 0, limit: int = 500, where: EventFilter | None = None
-    ) -> list[Event]:
-        """Events with sequence > `after` that match `where`, ascending, at most `limit`."""
-        check_limit(limit)
-        terms = event_filter_clauses(where, after, "%s")
-        if terms is None:
-            return []
-        clauses, params = terms
-        query = (
-            f"SELECT {EVENT_COLUMNS} FROM events WHERE {' AND '.join(clauses)}"
-            " ORDER BY sequence LIMIT %s"
-        )
-        params.append(limit)
-        rows = await fetch_all(self._pool, query, params)
-        return [event_from_row(row) for row in rows]
-
-    async def last_sequence(self) -> int:
-        """The highest sequence appended so far (0 for an empty log)."""
-        async with self._pool.connection() as conn:
-            return await scalar(await conn.execute("SELECT last_sequence FROM event_sequence"))
-
-
-class PostgresAgentStore:
-    """`AgentStore` in the `agents` table."""
-
-    def __init__(self, pool: PostgresPool) -> None:
-        self._pool = pool
-
-    async def put(self, agent: AgentRecord) -> None:
-        """Insert or replace the agent with this agent_id."""
-        row = agent_row(agent)
-        async with self._pool.connection() as conn:
-            await conn.execute(
-                f"INSERT INTO agents ({AGENT_COLUMNS})"
-                " VALUES (%s, %s, %s, %s, %s, %s::jsonb)"
-                " ON CONFLICT (agent_id) DO UPDATE SET name = EXCLUDED.name,"
-                " state = EXCLUDED.state, registered_at = EXCLUDED.registered_at,"
-                " last_heartbeat_at = EXCLUDED.last_heartbeat_at,"
-                " descriptor = EXCLUDED.descriptor",
-                row,
-            )
-
-    async def get(self, agent_id: str) -> AgentRecord | None:
-        """The agent, or None."""
-        query = f"SELECT {AGENT_COLUMNS} FROM agents WHERE agent_id = %s"
-        rows = await fetch_all(self._pool, query, [agent_id])
-        return agent_from_row(rows[0]) if rows else None
-
-    async def list(self) -> list[AgentRecord]:
-        """All agents, ordered by agent_id (code point order: the column is COLLATE "C")."""
-        rows = await fetch_all(
-            self._pool, f"SELECT {AGENT_COLUMNS} FROM agents ORDER BY agent_id", []
-        )
-        return [agent_from_row(row) for row in rows]
-
-    async def delete(self, agent_id: str) -> bool:
-        """Remove the agent; False when it was not there."""
-        async with self._pool.connection() as conn:
-            cursor = await conn.execute("DELETE FROM agents WHERE agent_id = %s", [agent_id])
-            return cursor.rowcount > 0
-
-
-class PostgresStore:
+class PostgresStore(SqlStore):
     """Every aggregate in one PostgreSQL schema (see `open_postgres_store`)."""
 
     backend = "postgresql"
 
     def __init__(self, pool: PostgresPool) -> None:
         self._pool = pool
-        self.events = PostgresEventLog(pool)
-        self.agents = PostgresAgentStore(pool)
-        self.messages = PostgresMessageStore(pool)
-        self.idempotency = PostgresIdempotencyStore(pool)
-        self.dlq = PostgresDlqStore(pool)
-        self.hitl = PostgresHitlStore(pool)
-        self.tasks = PostgresTaskStore(pool)
-        self.workflows = PostgresWorkflowStore(pool)
-        self.handoffs = PostgresHandoffStore(pool)
-        self.worktrees = PostgresWorktreeStore(pool)
-        self.rooms = PostgresRoomStore(pool)
-        self.tools = PostgresToolStore(pool)
-        self.negotiations = PostgresNegotiationStore(pool)
-        self.artifacts = PostgresArtifactStore(pool)
-        self.swarm = PostgresSwarmStore(pool)
+        super().__init__(PostgresSqlDatabase(pool))
 
     @property
     def schema(self) -> str:

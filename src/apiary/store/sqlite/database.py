@@ -278,7 +278,7 @@ def _open_with_process(path: Path, options: SqliteOptions) -> SqliteDatabase:
 
 STATEMENT_CACHE = 1024
 """Prepared statements kept per connection (sqlite3's default is 128). The writer's
-multi-row statements differ in their row counts (`sqlite_bulk`), so a steady load cycles
+multi-row statements differ in their row counts (`store.sql.bulk`), so a steady load cycles
 through a few hundred texts; preparing one again costs the writer a statement's worth of
 interpreter-lock hand-overs."""
 

@@ -70,7 +70,7 @@ async def tasks_are_put_and_read(factory: StoreFactory) -> None:
         priority=-3,
         submitted_at=T0 + 0.25,
         seq=7,
-        state=TaskState.DISPATCHED.value,
+        state=TaskState.DISPATCHED,
         updated_at=T0 + 1.5,
         scope="repo-1/worktree-2",
         job_key="lint:repo-1",
@@ -90,7 +90,7 @@ async def tasks_are_put_and_read(factory: StoreFactory) -> None:
         priority=0,
         submitted_at=T0,
         seq=8,
-        state=TaskState.QUEUED.value,
+        state=TaskState.QUEUED,
         updated_at=T0,
     )
     async with factory.open() as store:
@@ -180,7 +180,7 @@ async def putting_a_task_again_replaces_its_record(factory: StoreFactory) -> Non
         await store.tasks.put(task_record("task-2", 2))
         dispatched = replace(
             queued,
-            state=TaskState.DISPATCHED.value,
+            state=TaskState.DISPATCHED,
             message_id="msg-1",
             attempts=1,
             updated_at=T0 + 10,
@@ -193,7 +193,7 @@ async def putting_a_task_again_replaces_its_record(factory: StoreFactory) -> Non
         # Replaced as a whole, not merged: emptied fields come back empty.
         failed = replace(
             dispatched,
-            state=TaskState.FAILED.value,
+            state=TaskState.FAILED,
             scope="",
             job_key="",
             params=b"",
@@ -386,7 +386,7 @@ async def many_concurrent_task_puts_are_all_stored(factory: StoreFactory) -> Non
             r.task_id for r in records if r.agent_id == "agent-3"
         ]
         # Concurrent replacements of every task land too.
-        running = [replace(r, state=TaskState.RUNNING.value, attempts=1) for r in records]
+        running = [replace(r, state=TaskState.RUNNING, attempts=1) for r in records]
         await asyncio.gather(*(store.tasks.put(r) for r in running))
         assert await store.tasks.list(frozenset({TaskState.RUNNING.value}), limit=count) == running
         assert await store.tasks.list(frozenset({TaskState.QUEUED.value})) == []
@@ -407,7 +407,7 @@ async def tasks_survive_closing_and_reopening(factory: StoreFactory) -> None:
         assert await store.tasks.get("t-2") == running
         assert await store.tasks.list() == [held, running]
         assert await store.tasks.max_seq() == 2
-        queued = replace(held, state=TaskState.QUEUED.value, updated_at=T0 + 60)
+        queued = replace(held, state=TaskState.QUEUED, updated_at=T0 + 60)
         await store.tasks.put(queued)
         await store.tasks.put(task_record("t-3", 3))
     async with factory.open() as store:

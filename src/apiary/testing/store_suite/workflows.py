@@ -9,9 +9,8 @@ from dataclasses import replace
 from apiary.core.workflow.definition import NodeSpec, TriggerType, WorkflowSpec
 from apiary.core.workflow.node import NodeRun, NodeStatus
 from apiary.core.workflow.run import WorkflowRun, WorkflowStatus
-from apiary.store.errors import StoreError
+from apiary.store.errors import DuplicateWorkflowError, StoreError
 from apiary.store.protocols import Store
-from apiary.store.workflow_rows import DuplicateWorkflowError
 from apiary.testing.store_suite.base import (
     T0,
     UNICODE,

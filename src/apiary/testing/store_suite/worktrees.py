@@ -9,7 +9,7 @@ import contextlib
 from dataclasses import replace
 from typing import Any
 
-from apiary.core.worktree_binding import BindingState, WorktreeBinding
+from apiary.core.worktrees.records import BindingState, WorktreeBinding
 from apiary.store.errors import VersionConflictError
 from apiary.store.protocols import Store
 from apiary.testing.store_suite.base import (

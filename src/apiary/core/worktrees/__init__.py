@@ -1,0 +1,2 @@
+"""Worktrees (RFC 16): the binding record, the binding machine and the WORKTREE_CONTROL
+payloads agents send and receive."""

@@ -1,0 +1,289 @@
+"""A batch of envelopes sent together (RFC 5.4: one frame of a send stream, or a single
+send): prepared, every member through the admission gates (`Admission`), then completed
+with one durable write for the admitted members, their inboxes, events and idempotency
+records, and the answers to the refused ones (`Rejections`).
+
+Forwarded ACKs for producers that are streaming right now are handed to their streams from
+memory instead of being stored (`_hand_over`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from apiary.core.clock import Clock
+from apiary.core.envelope import MESSAGE_TYPE_NAMES, Envelope, MessageType
+from apiary.core.records import StoredMessage
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.notices import COORDINATOR
+from apiary.engine.router.admission import (
+    ACK_FIRST,
+    Admission,
+    Admitted,
+    Decision,
+    Outbound,
+    PreparedSend,
+    SendOutcome,
+    Wait,
+    is_notice,
+)
+from apiary.engine.router.credit_control import CreditControl
+from apiary.engine.router.dedup_gate import DedupGate
+from apiary.engine.router.inbox import HandOver, Inbox, Inboxes
+from apiary.engine.router.lifecycle import MessageLifecycle
+from apiary.engine.router.live import LiveMessages
+from apiary.engine.router.rejections import Rejections
+from apiary.engine.router.stats import RouterStats
+from apiary.errors import ValidationError
+from apiary.store.errors import DuplicateMessageError
+from apiary.store.protocols import MessageStore
+
+_ACK = MessageType.ACKNOWLEDGEMENT
+_ACK_TYPE = int(MessageType.ACKNOWLEDGEMENT)
+_Handing = list[tuple[Inbox, HandOver, list[tuple[int, StoredMessage]]]]
+"""Forwarded ACKs handed to producers' streams: per producer, its inbox, the hand-over and
+the members (index in the batch, record)."""
+
+
+class Batches:
+    def __init__(
+        self, admission: Admission, lifecycle: MessageLifecycle, rejections: Rejections,
+        messages: MessageStore, inboxes: Inboxes, live: LiveMessages, dedup: DedupGate,
+        credits: CreditControl, events: EventRecorder, stats: RouterStats, clock: Clock,
+        hand_over_wait_s: float,
+    ) -> None:  # fmt: skip
+        self._admission = admission
+        self._lifecycle = lifecycle
+        self._rejections = rejections
+        self._messages = messages
+        self._inboxes = inboxes
+        self._live = live
+        self._dedup = dedup
+        self._credits = credits
+        self._events = events
+        self._stats = stats
+        self._clock = clock
+        self._hand_over_wait_s = hand_over_wait_s
+
+    async def prepare(self, items: Sequence[Outbound]) -> PreparedSend:
+        """Every member through the admission gates, without the durable write; `complete`
+        must follow (a stream pipelines the two: it prepares the next frame while this one's
+        write commits).
+
+        A frame's agent ACKs are applied together first (one batch of state changes), then
+        the members whose gates wait on the store run concurrently, so that their store work
+        shares group commits; then the rest, in order (answered from memory, most of them:
+        a task or a coroutine each would cost more than their gates). Buffer reservations
+        are synchronous, so the capacity check stays exact."""
+        now = self._clock.now()
+        admission = self._admission
+        decided: list[Admitted | None] = [None] * len(items)
+        acks, waiting = self._sorted(items)
+        acked: dict[int, str] = {}
+        first: dict[int, Decision] = {}
+        if acks:
+            acked, left = await self._acknowledge(items, acks, decided, now)
+            if left:
+                first = dict.fromkeys(left, ACK_FIRST)
+                waiting = sorted(waiting + left)
+        if waiting:
+            done = await asyncio.gather(
+                *(admission.admit(items[i], now, first.get(i)) for i in waiting)
+            )
+            for i, admitted in zip(waiting, done, strict=True):
+                decided[i] = admitted
+        outcomes: list[SendOutcome] = []
+        admit: list[tuple[int, StoredMessage]] = []
+        decide = admission.decide
+        for i, item in enumerate(items):
+            found = decided[i]
+            if found is None:
+                decision = decide(item, now, acked.get(i, ""))
+                if isinstance(decision, Wait):
+                    decision = await admission.admit(item, now, decision)
+                found = decision
+            outcome, record = found
+            outcomes.append(outcome)
+            if record is not None:
+                admit.append((i, record))
+        return PreparedSend(items, now, outcomes, admit)
+
+    def _sorted(self, items: Sequence[Outbound]) -> tuple[list[int], list[int]]:
+        """The indexes of the ACKs among `items`, and of the other members whose gates
+        always wait on the store (idempotency tokens)."""
+        acks: list[int] = []
+        waiting: list[int] = []
+        waits = self._dedup.waits
+        for i, item in enumerate(items):
+            env = item.envelope
+            if env.message_type is _ACK:
+                acks.append(i)
+            elif waits(env):
+                waiting.append(i)
+        return acks, waiting
+
+    async def _acknowledge(
+        self, items: Sequence[Outbound], acks: list[int], decided: list[Admitted | None],
+        now: float,
+    ) -> tuple[dict[int, str], list[int]]:  # fmt: skip
+        """The gates for a batch's ACKs (`acks`, by index) up to the agents' ACKs'
+        application, which follows for them all together (`MessageLifecycle.
+        acknowledge_frame`); what is decided goes into `decided` (the coordinator's own ACKs
+        acknowledge nothing it received: their gates end here). Returns where each applied
+        ACK is forwarded, by index (its gates go on from there), and the members the frame
+        left to wait on the store one by one."""
+        screened: list[tuple[int, Envelope]] = []
+        for i in acks:
+            decision = self._admission.decide(items[i], now)
+            if isinstance(decision, Wait):
+                screened.append((i, items[i].envelope))
+            else:
+                decided[i] = decision
+        if not screened:
+            return {}, []
+        applied = await self._lifecycle.acknowledge_frame(screened, now)
+        acked: dict[int, str] = {}
+        left: list[int] = []
+        for i, env in screened:
+            result = applied.get(i)
+            if result is None:
+                left.append(i)
+            elif isinstance(result, str):
+                acked[i] = result
+            else:
+                decided[i] = SendOutcome.refusal(env.message_id, result), None
+        return acked, left
+
+    async def complete(self, batch: PreparedSend) -> list[SendOutcome]:
+        """One durable write for the admitted members, then their inboxes and events, then
+        the rejections' answers."""
+        items, now, outcomes = batch.items, batch.now, batch.outcomes
+        admit = batch.admit
+        handing = self._hand_over(admit)
+        if handing:
+            handed = {index for _, _, pairs in handing for index, _ in pairs}
+            admit = [pair for pair in admit if pair[0] not in handed]
+        if admit:
+            await self._persist(admit, items, outcomes, now)
+        if handing:
+            await self._handed_over(handing, items, outcomes, now)
+        refused = [
+            (item, outcome)
+            for outcome, item in zip(outcomes, items, strict=True)
+            if outcome.error is not None
+        ]
+        if refused:
+            rejected = self._rejections.rejected
+            await asyncio.gather(*(rejected(item, outcome, now) for item, outcome in refused))
+        return outcomes
+
+    async def _persist(
+        self, admit: list[tuple[int, StoredMessage]], items: Sequence[Outbound],
+        outcomes: list[SendOutcome], now: float,
+    ) -> None:  # fmt: skip
+        """One durable write for `admit`, then each member's outcome, inbox and event, then
+        the idempotency records of those admitted under a token (written concurrently:
+        shared commits)."""
+        results = await self._messages.admit_many([r for _, r in admit])
+        dedup = self._dedup
+        holding = dedup.holding()
+        held: list[StoredMessage] = []
+        for (index, record), result in zip(admit, results, strict=True):
+            outcome = outcomes[index] = self._admitted(items[index], record, result, now)
+            stored = outcome.stored
+            if holding and stored is not None and dedup.holds(stored.message_id):
+                held.append(stored)
+        if held:
+            await asyncio.gather(*(dedup.admitted(stored, now) for stored in held))
+
+    def _admitted(
+        self, item: Outbound, record: StoredMessage, result: StoredMessage | DuplicateMessageError,
+        now: float,
+    ) -> SendOutcome:  # fmt: skip
+        """The outcome of `item`, whose `record` the store answered with `result`."""
+        env = item.envelope
+        if isinstance(result, DuplicateMessageError):
+            self._inboxes[record.recipient].release(env.message_id)
+            self._dedup.abandon(env.message_id)
+            self._credits.release(record)
+            # message_id is unique per attempt (RFC 11.3): reusing one is a malformed request,
+            # not a duplicate of a logical operation; the first message stays as it was.
+            error = ValidationError.for_field(
+                "message_id", f"{env.message_id} was already used by another message"
+            )
+            return SendOutcome.refusal(env.message_id, error)
+        stored = result
+        notice = is_notice(stored)
+        self._live.add(stored, occupies=not notice)
+        stats = self._stats
+        stats.accepted[stored.recipient] += 1
+        started = env.timestamp if 0 < env.timestamp <= now else now
+        stats.timing(stats.enqueue_latency, stored.recipient).observe(now - started)
+        if not notice:
+            # Notices are logged by their causes (message.state, agent.joined, ...); a
+            # received event for each would repeat those and every heartbeat.
+            self._events.note(
+                "message.received",
+                env.producer_id,
+                correlation_id=env.correlation_id,
+                agent_id=stored.recipient,
+                message_id=env.message_id,
+                message_type=MESSAGE_TYPE_NAMES[env.message_type],
+                offset=stored.offset,
+                lane=stored.lane,
+            )
+        return SendOutcome(env.message_id, True, stored=stored, reason=f"offset {stored.offset}")
+
+    def _hand_over(self, admit: list[tuple[int, StoredMessage]]) -> _Handing:
+        """Hand the batch's forwarded ACKs for producers that are streaming right now to
+        their streams from memory: per producer, its inbox, the hand-over and its members.
+
+        A forwarded ACK's lasting record is the acknowledged message's new state, stored
+        before this; the ACK itself is a notice, FULFILLED once handed out. Storing it as a
+        row of its own only to mark it delivered milliseconds later is most of what a
+        streamed message costs the store, so it is stored only when its producer's stream
+        does not take it within `hand_over_wait_s` (`_handed_over`). One the idempotency
+        cache follows is stored as it is."""
+        if self._hand_over_wait_s <= 0:
+            return []
+        groups: dict[str, list[tuple[int, StoredMessage]]] = {}
+        inboxes, cached = self._inboxes, self._dedup.cached
+        for pair in admit:
+            record = pair[1]
+            if (
+                record.message_type == _ACK_TYPE
+                and record.producer_id != COORDINATOR
+                and not cached(record)
+            ):
+                inbox = inboxes.get(record.recipient)
+                if inbox is not None and inbox.streams:
+                    groups.setdefault(record.recipient, []).append(pair)
+        handing: _Handing = []
+        for recipient, pairs in groups.items():
+            inbox = inboxes[recipient]
+            handing.append((inbox, inbox.hand_over([r for _, r in pairs]), pairs))
+        return handing
+
+    async def _handed_over(
+        self, handing: _Handing,
+        items: Sequence[Outbound], outcomes: list[SendOutcome], now: float,
+    ) -> None:  # fmt: skip
+        """Wait (bounded) for the streams to take the hand-overs; store what is left, as any
+        notice is stored, so that an accepted ACK is always either handed out or stored."""
+        pending = [group.done for _, group, _ in handing if not group.done.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=self._hand_over_wait_s)
+        late: list[tuple[int, StoredMessage]] = []
+        for inbox, group, pairs in handing:
+            left = {m.message_id for m in inbox.withdraw(group)}
+            for index, record in pairs:
+                if record.message_id in left:
+                    late.append((index, record))
+                else:
+                    self._stats.accepted[record.recipient] += 1
+                    outcomes[index] = SendOutcome(
+                        record.message_id, True, stored=record, reason="handed over"
+                    )
+        if late:
+            await self._persist(late, items, outcomes, now)

@@ -1,0 +1,360 @@
+"""The life of an admitted message (RFC 11, 21; DESIGN.md sections 4-5).
+
+The pure MessageMachine (core/message_machine.py) decides every transition; this module
+performs the effects: state writes, NACKs to the producer, DLQ entries, idempotency cache
+updates, credit release and events. Its inputs are agents' ACKs (one at a time, or a frame's
+together), the deadlines (ACK timeouts, TTL expiry) and delivery's redeliveries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+
+from apiary.core.clock import Clock
+from apiary.core.envelope import ACK_STAGE_NAMES, Ack, AckStage, Envelope
+from apiary.core.message_machine import ACK_INPUTS, Effect, MessageInput, MessageMachine, Step
+from apiary.core.records import MessageState, StateChange, StoredMessage, changed, state_text
+from apiary.engine.codec import EnvelopeCodec
+from apiary.engine.dead_letters import DeadLetters
+from apiary.engine.deadlines import Deadlines
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.notices import COORDINATOR
+from apiary.engine.router.admission import is_notice
+from apiary.engine.router.coalesce import Coalescer
+from apiary.engine.router.credit_control import CreditControl
+from apiary.engine.router.dedup_gate import DedupGate
+from apiary.engine.router.live import LiveMessages
+from apiary.engine.router.stats import RouterStats
+from apiary.engine.transfers import Transfers
+from apiary.errors import ApiaryError, PermissionDeniedError
+from apiary.store.protocols import MessageStore
+
+Nack = Callable[[str, str, str, AckStage, str, str, str], Awaitable[None]]
+"""Tells a producer its message failed: (producer, message_id, correlation_id, stage, code,
+note, failed_stage), as `Rejections.nack`."""
+Plan = tuple[Step, StateChange | None]
+"""A machine step and the state change to store for it (None: nothing to write)."""
+
+_STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
+_ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
+"""The message state an ACK stage reports."""
+_ACK_EVENTS = frozenset(ACK_INPUTS.values())
+_AWAITED_EFFECTS = frozenset({Effect.NACK, Effect.DEAD_LETTER, Effect.UPDATE_IDEMPOTENCY})
+"""The effects `_perform` carries out (they may wait on the store); `_settle` does
+RELEASE_CREDIT itself, and the rest need nothing after the step."""
+
+
+class MessageLifecycle:
+    def __init__(
+        self, messages: MessageStore, live: LiveMessages, deadlines: Deadlines,
+        codec: EnvelopeCodec, events: EventRecorder, clock: Clock, stats: RouterStats,
+        credits: CreditControl, dedup: DedupGate, dead_letters: DeadLetters,
+        transfers: Transfers, nack: Nack,
+    ) -> None:  # fmt: skip
+        self._messages = messages
+        self._live = live
+        self._copies = live.copies
+        self._deadlines = deadlines
+        self._codec = codec
+        self._events = events
+        self._clock = clock
+        self._stats = stats
+        self._credits = credits
+        self._dedup = dedup
+        self._dead_letters = dead_letters
+        self._transfers = transfers
+        self._nack = nack
+        self._changes: Coalescer[StateChange, StoredMessage] = Coalescer(messages.apply)
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def apply(
+        self,
+        message: StoredMessage,
+        event: MessageInput,
+        now: float,
+        *,
+        ack: Ack | None = None,
+        error_code: str = "",
+        note: str = "",
+    ) -> tuple[Effect, ...]:
+        """Run one machine step for `message` and perform its effects."""
+        plan = self._plan(message, event, now, ack, error_code)
+        return await self._carry_out(message, event, plan, now, ack, error_code, note)
+
+    async def _carry_out(
+        self, message: StoredMessage, event: MessageInput, plan: Plan | None, now: float,
+        ack: Ack | None, error_code: str, note: str,
+    ) -> tuple[Effect, ...]:  # fmt: skip
+        """`plan` for `message`: its state change stored, then what follows the step."""
+        if plan is None:
+            return ()
+        step, change = plan
+        updated = message if change is None else await self._changes.submit(change)
+        awaited, updated = self._settle(message, updated, event, step, now, ack, error_code)
+        if awaited:
+            await self._perform_all(awaited, message, updated, ack, error_code, note, now)
+        return step.effects
+
+    # ------------------------------------------------------------------ acknowledgements
+
+    async def acknowledge(self, env: Envelope, now: float) -> str:
+        """Apply an agent's ACK to the acknowledged message, under that message's lock;
+        returns where the ACK is forwarded (`_forward_target`)."""
+        ack = self._codec.decode_ack(env)
+        message_id = ack.ack_for_message_id
+        async with self._lock(message_id):
+            original = self._copies.get(message_id) or await self._messages.get(message_id)
+            if original is None:
+                await self._events.record(
+                    "message.ack_unknown", env.producer_id, correlation_id=env.correlation_id,
+                    ack_for_message_id=message_id, stage=ack.ack_stage.name,
+                )  # fmt: skip
+                return COORDINATOR
+            plan = self._judge(env, ack, original, now)
+            if isinstance(plan, ApiaryError):
+                raise plan
+            event = ACK_INPUTS[ack.ack_stage]
+            effects = await self._carry_out(original, event, plan, now, ack, "", "")
+        self._locks.pop(message_id, None)
+        return _forward_target(original, effects)
+
+    async def acknowledge_frame(
+        self, acks: Sequence[tuple[int, Envelope]], now: float
+    ) -> dict[int, str | ApiaryError]:
+        """Apply a frame's agent ACKs (`acks`: by the caller's key) together: one batch of
+        state changes (one writer job) instead of a task, a lock wait and a store round trip
+        per ACK. The changes are recorded without reading the messages back: the live
+        copies, changed as the store changes them, are the stored rows.
+
+        Returns, by key, what `acknowledge` would have: where the ACK is forwarded, or the
+        error that refuses it. ACKs left out must go through `acknowledge`: those of
+        messages not live (the store must be asked), of a message acknowledged twice in the
+        frame or being changed elsewhere right now (they wait for its lock).
+        """
+        early: dict[int, str | ApiaryError] = {}
+        # One lock, held until the frame's changes are applied, stands for every message the
+        # frame claims: a deadline or another stream's ACK of one of them waits for it, as it
+        # would for `acknowledge`. A fresh lock's acquire returns at once.
+        frame_lock = asyncio.Lock()
+        await frame_lock.acquire()
+        planned = self._claim(acks, now, frame_lock, early)
+        copies = self._copies
+        try:
+            changes = [plan[1] for _, _, _, plan in planned if plan and plan[1]]
+            if changes:
+                await self._messages.record(changes)
+            for key, original, ack, plan in planned:
+                effects: tuple[Effect, ...] = ()
+                if plan is not None:
+                    step, change = plan
+                    # The stored row is the live copy (held under the lock) with the change.
+                    current = copies.get(original.message_id, original)
+                    updated = current if change is None else changed(current, change)
+                    event = ACK_INPUTS[ack.ack_stage]
+                    awaited, updated = self._settle(original, updated, event, step, now, ack, "")
+                    if awaited:
+                        await self._perform_all(awaited, original, updated, ack, "", "", now)
+                    effects = step.effects
+                early[key] = _forward_target(original, effects)
+        finally:
+            frame_lock.release()
+            locks = self._locks
+            for _, original, _, _ in planned:
+                if locks.get(original.message_id) is frame_lock:
+                    del locks[original.message_id]
+        return early
+
+    def _claim(
+        self, acks: Sequence[tuple[int, Envelope]], now: float, frame_lock: asyncio.Lock,
+        early: dict[int, str | ApiaryError],
+    ) -> list[tuple[int, StoredMessage, Ack, Plan | None]]:  # fmt: skip
+        """The ACKs of `acks` that the frame applies, with the message each acknowledges
+        (claimed under `frame_lock`) and the step to take; refusals go into `early`."""
+        planned: list[tuple[int, StoredMessage, Ack, Plan | None]] = []
+        copies, locks = self._copies, self._locks
+        for key, env in acks:
+            try:
+                ack = self._codec.decode_ack(env)
+            except ApiaryError as exc:
+                early[key] = exc
+                continue
+            target = ack.ack_for_message_id
+            original = copies.get(target)
+            if original is None or target in locks:  # (claimed by this frame already, too)
+                continue
+            plan = self._judge(env, ack, original, now)
+            if isinstance(plan, ApiaryError):
+                early[key] = plan
+                continue
+            locks[target] = frame_lock
+            planned.append((key, original, ack, plan))
+        return planned
+
+    def _judge(
+        self, env: Envelope, ack: Ack, original: StoredMessage, now: float
+    ) -> Plan | PermissionDeniedError | None:
+        """What `env`, carrying `ack`, does to `original`: the error when it may not
+        acknowledge it (only its recipient may), else the step to take (`_plan`)."""
+        if env.producer_id != original.recipient:
+            return PermissionDeniedError(
+                f"{env.producer_id} may not acknowledge {original.message_id}: "
+                f"only its recipient {original.recipient} may",
+                {"ack_for_message_id": original.message_id},
+            )
+        return self._plan(original, ACK_INPUTS[ack.ack_stage], now, ack, "")
+
+    def _lock(self, message_id: str) -> asyncio.Lock:
+        lock = self._locks.get(message_id)
+        if lock is None:
+            lock = self._locks[message_id] = asyncio.Lock()
+        return lock
+
+    # ------------------------------------------------------------------ steps
+
+    def _plan(
+        self, message: StoredMessage, event: MessageInput, now: float, ack: Ack | None,
+        error_code: str,
+    ) -> Plan | None:  # fmt: skip
+        """The machine step for `message` and the state change to persist (None: nothing to
+        write), or None when the machine ignores `event` in the message's state."""
+        step = MessageMachine.step_if_allowed(message.state, event)
+        if step is None:
+            return None
+        effects = step.effects
+        if Effect.PERSIST not in effects and Effect.CANCEL_ACK_TIMER not in effects:
+            return step, None
+        code = ack.error_code if ack else error_code
+        stage = ACK_STAGE_NAMES[ack.ack_stage] if ack else ""
+        further = stage and _STAGE_ORDER[stage] > _STAGE_ORDER.get(message.acked_stage, 0)
+        message_id, deliveries = message.message_id, message.deliveries
+        change = StateChange(
+            message_id, step.state, now, code, stage if further else "",
+            Effect.CANCEL_ACK_TIMER in effects, deliveries, message.last_delivered_at,
+        )  # fmt: skip
+        self._live.writes_count(message_id, deliveries)
+        return step, change
+
+    def _settle(
+        self, message: StoredMessage, updated: StoredMessage, event: MessageInput, step: Step,
+        now: float, ack: Ack | None, error_code: str,
+    ) -> tuple[list[Effect], StoredMessage]:  # fmt: skip
+        """What follows a step once its state change (if any) is stored: the live copy, the
+        event, and the effects that need no store; returns those that may wait on it (in
+        order, for `_perform_all`) with the message they apply to. An ACK frame awaits
+        nothing for most ACKs."""
+        code = ack.error_code if ack else error_code
+        if self._live.changed(updated, acked=ack is not None):
+            self._finished(updated)
+        self._record_step(message, updated, event, step.late, code, now)
+        if step.late and ack is not None:
+            # RFC 11.1 rule 4: a late ACK leaves the message's state alone but counts for the
+            # idempotency cache at the stage it reports (the only late effect reading it).
+            updated = replace(updated, state=_ACKED_STATE[ack.ack_stage])
+        awaited: list[Effect] = []
+        for effect in step.effects:
+            if effect is Effect.RELEASE_CREDIT:
+                self._credits.release(message)
+            elif effect in _AWAITED_EFFECTS and (
+                effect is not Effect.UPDATE_IDEMPOTENCY or self._dedup.cached(updated)
+            ):
+                awaited.append(effect)
+        return awaited, updated
+
+    def _finished(self, message: StoredMessage) -> None:
+        """Observe the service time of a message that reached a terminal state: the
+        agent's work on it (a notice has none), which adaptive credits follow."""
+        if message.last_delivered_at and not is_notice(message):
+            latency = message.updated_at - message.last_delivered_at
+            self._stats.timing(self._stats.process_time, message.recipient).observe(latency)
+            if self._credits.adaptive:
+                self._credits.observe(message.recipient, latency)
+
+    def _record_step(
+        self, before: StoredMessage, after: StoredMessage, event: MessageInput,
+        late: bool, code: str, now: float,
+    ) -> None:  # fmt: skip
+        if late:
+            self._events.note(
+                "message.late_ack", before.recipient, correlation_id=before.correlation_id,
+                agent_id=before.recipient, message_id=before.message_id, state=before.state,
+                input=event, decided_at=before.updated_at, ack_at=now,
+            )  # fmt: skip
+        elif before.state is not after.state:
+            self._events.note(
+                "message.state", before.recipient, correlation_id=before.correlation_id,
+                agent_id=before.recipient, message_id=before.message_id,
+                **{"from": state_text(before.state), "to": state_text(after.state)},
+                input=event, error_code=code,
+            )  # fmt: skip
+        elif event in _ACK_EVENTS:
+            # An ACK that moves no state (RECEIVED while RECEIVED, a repeated READ) is still
+            # an event of the message's life (RFC 19): its stage is recorded.
+            self._events.note(
+                "message.acknowledged", before.recipient, correlation_id=before.correlation_id,
+                agent_id=before.recipient, message_id=before.message_id,
+                state=state_text(after.state), input=event,
+                acked_stage=after.acked_stage or before.acked_stage,
+            )  # fmt: skip
+
+    async def _perform_all(
+        self, effects: list[Effect], before: StoredMessage, after: StoredMessage,
+        ack: Ack | None, error_code: str, note: str, now: float,
+    ) -> None:  # fmt: skip
+        """Carry out the effects `_settle` left, in order (they may wait on the store)."""
+        code = ack.error_code if ack else error_code
+        note = ack.note if ack else note
+        for effect in effects:
+            await self._perform(effect, before, after, code, note, now)
+
+    async def _perform(
+        self, effect: Effect, before: StoredMessage, after: StoredMessage,
+        code: str, note: str, now: float,
+    ) -> None:  # fmt: skip
+        if effect is Effect.NACK:
+            stage = AckStage.FAILED if after.state is MessageState.FAILED else AckStage.TIMED_OUT
+            await self._nack(
+                before.producer_id, before.message_id, before.correlation_id, stage, code,
+                note or f"{code} in state {before.state}", before.acked_stage or "RECEIVED",
+            )  # fmt: skip
+        elif effect is Effect.DEAD_LETTER and before.producer_id != COORDINATOR:
+            # As at admission: the coordinator's own notices (heartbeats, NACKs, join/leave)
+            # that expire unread are not dead letters; an operator has nothing to triage.
+            await self._dead_letters.failed(after, code, note, now)
+            self._stats.dead_lettered[code] += 1
+        elif effect is Effect.UPDATE_IDEMPOTENCY:
+            await self._dedup.progress(after, before.message_id, now, code, note)
+
+    # ------------------------------------------------------------------ deadlines
+
+    async def fire_due(self) -> int:
+        """Apply every deadline that has passed (ack timeouts, TTL expiry, transfers)."""
+        await self._transfers.expire(self._clock.now())
+        fired = 0
+        for message_id in self._deadlines.due(self._clock.now()):
+            message = self._copies.get(message_id)
+            if message is None or message.state.terminal:
+                continue
+            now = self._clock.now()
+            async with self._lock(message_id):
+                if message.expires_at and message.expires_at <= now:
+                    await self.apply(
+                        message, MessageInput.TTL_EXPIRE, now, error_code="ttl_expired"
+                    )
+                elif message.ack_deadline and message.ack_deadline <= now:
+                    await self.apply(
+                        message, MessageInput.ACK_TIMEOUT, now, error_code="ack_timeout"
+                    )
+                else:
+                    self._deadlines.watch(message)
+            fired += 1
+        return fired
+
+
+def _forward_target(original: StoredMessage, effects: tuple[Effect, ...]) -> str:
+    """Where an ACK of `original` goes once applied: its producer, or the coordinator (which
+    ends it) when the step forwards nothing or `original` was the coordinator's notice."""
+    if Effect.FORWARD_ACK not in effects or is_notice(original):
+        return COORDINATOR
+    return original.producer_id

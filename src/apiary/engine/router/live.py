@@ -1,0 +1,135 @@
+"""The live copies of unfinished messages, shared by the message lifecycle and delivery.
+
+The store is the source of truth; the live copy of a message is what the store holds for it
+now, kept in step with every change the router makes, so that an ACK, a timer or a hand-out
+needs no read. Each live message is also indexed in its recipient's Inbox and watched by a
+deadline. Hand-out counts are written behind (`delivered`). Rebuilt from the store at start
+(`recover`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from apiary.core.records import MessageState, StoredMessage
+from apiary.engine.deadlines import Deadlines
+from apiary.engine.router.admission import is_notice
+from apiary.engine.router.inbox import Inboxes
+from apiary.store.protocols import MessageStore
+
+DELIVERIES_WRITE_BEHIND_S = 1.0
+"""How long a hand-out count may wait for its message's next state change to be written."""
+_RECOVERY_PAGE = 1000
+_UNFINISHED = frozenset(s for s in MessageState if not s.terminal)
+_BUFFERED = (MessageState.RECEIVED, MessageState.RETRYING)
+
+
+class LiveMessages:
+    def __init__(self, messages: MessageStore, inboxes: Inboxes, deadlines: Deadlines) -> None:
+        self._messages = messages
+        self._inboxes = inboxes
+        self._deadlines = deadlines
+        self._copies: dict[str, StoredMessage] = {}
+        self._unwritten: dict[str, tuple[int, float]] = {}
+        """Hand-out counts not yet stored, by message id: (deliveries, last_delivered_at),
+        oldest hand-out first."""
+
+    @property
+    def copies(self) -> Mapping[str, StoredMessage]:
+        """The live copy of each unfinished message, by id (changed only through this)."""
+        return self._copies
+
+    def current(self, message: StoredMessage) -> StoredMessage:
+        """The live copy of `message` (what the store holds now), or `message` itself once
+        it is no longer live."""
+        return self._copies.get(message.message_id, message)
+
+    def refresh(self, message: StoredMessage) -> None:
+        """Keep the live copy of an unfinished message in step with the store."""
+        if message.message_id in self._copies:
+            self._copies[message.message_id] = message
+
+    def add(self, message: StoredMessage, *, occupies: bool) -> None:
+        """A message admitted (or found unfinished at start): live, queued in its inbox
+        (taking buffer space if `occupies`), its deadline watched."""
+        self._copies[message.message_id] = message
+        self._inboxes[message.recipient].add(message, occupies=occupies)
+        self._deadlines.watch(message)
+
+    def changed(self, message: StoredMessage, *, acked: bool) -> bool:
+        """`message` as its state change left it (`acked`: by an acknowledgement); True when
+        that state is terminal, and the message forgotten."""
+        if message.state.terminal:
+            self.forget(message)
+            return True
+        message_id = message.message_id
+        inbox = self._inboxes[message.recipient]
+        if acked:
+            inbox.acknowledged(message_id)
+        self._copies[message_id] = message
+        inbox.update(message)
+        if message.state is MessageState.READ:
+            inbox.dequeued(message_id)
+        return False
+
+    def forget(self, message: StoredMessage) -> None:
+        """`message` finished (its terminal state is stored, or it is a notice handed out and
+        recorded FULFILLED): out of its inbox, not live, no deadline."""
+        message_id = message.message_id
+        self._inboxes[message.recipient].finished(message_id)
+        self._copies.pop(message_id, None)
+        self._deadlines.cancel(message_id)
+
+    def writes_count(self, message_id: str, deliveries: int) -> None:
+        """A state change about to be stored carries `deliveries` hand-outs of the message:
+        its count need not be written behind unless a later hand-out counted more."""
+        unwritten = self._unwritten.get(message_id)
+        if unwritten is not None and unwritten[0] <= deliveries:
+            del self._unwritten[message_id]
+
+    async def delivered(self, handed: Sequence[StoredMessage], now: float) -> None:
+        """Count hand-outs (`handed`: the messages as handed out, their delivery count and
+        time set). The counts are written behind: with each message's next state change,
+        which nearly every message has within moments (its ACK), or, for those still without
+        one `DELIVERIES_WRITE_BEHIND_S` after their hand-out, by a later hand-out, or at close
+        (`flush_deliveries`). A crash forgets at most the counts of that last second, which
+        only lets a message be handed out once more than its retry budget says."""
+        unwritten = self._unwritten
+        for message in handed:
+            message_id = message.message_id
+            unwritten.pop(message_id, None)  # to the end: the order is by hand-out time
+            unwritten[message_id] = (message.deliveries, message.last_delivered_at)
+        due = now - DELIVERIES_WRITE_BEHIND_S
+        stale = []
+        for message_id, (deliveries, at) in unwritten.items():
+            if at > due:
+                break
+            stale.append((message_id, deliveries, at))
+        if stale:
+            for message_id, _, _ in stale:
+                del unwritten[message_id]
+            await self._messages.record_deliveries(stale)
+
+    async def flush_deliveries(self) -> None:
+        """Store every hand-out count not yet written."""
+        if self._unwritten:
+            counts = [(i, n, at) for i, (n, at) in self._unwritten.items()]
+            self._unwritten = {}
+            await self._messages.record_deliveries(counts)
+
+    async def recover(self, agent_ids: Iterable[str]) -> int:
+        """Rebuild the live copies, inboxes and deadlines of `agent_ids`' unfinished
+        messages from the store after a (re)start; returns how many there are."""
+        recovered = 0
+        for agent_id in agent_ids:
+            after = 0
+            while True:
+                page = await self._messages.inbox(agent_id, after, _RECOVERY_PAGE, _UNFINISHED)
+                for message in page:
+                    occupies = not is_notice(message) and message.state in _BUFFERED
+                    self.add(message, occupies=occupies)
+                    recovered += 1
+                if len(page) < _RECOVERY_PAGE:
+                    break
+                after = page[-1].offset
+        return recovered

@@ -1,0 +1,133 @@
+"""The task machine's engine: every change of a task's state is `TaskTransitions.apply`,
+which steps core/tasks/machine.py and performs the row's effects in their order (the store,
+the live tasks, the event log, the activity buffer, the agent's lifecycle, end listeners).
+
+Called with the Scheduler's lock held.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, Final
+
+from apiary.core.agent_lifecycle import AgentInput
+from apiary.core.clock import Clock
+from apiary.core.records import TaskRecord, TaskState
+from apiary.core.tasks.machine import TaskEffect, TaskInput, TaskMachine, TaskStep
+from apiary.engine.activity import Activity
+from apiary.engine.conflict_gate import ConflictGate
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.lifecycle import Lifecycles
+from apiary.engine.notices import SCHEDULER
+from apiary.engine.scheduler.agents import drive, finished
+from apiary.engine.scheduler.live import LiveTasks
+from apiary.engine.scheduler.wakeups import Wakeups
+from apiary.store.protocols import TaskStore
+
+_E = TaskEffect
+_TEXT: Final = {state: state.value for state in TaskState}
+"""Each state's text: events and the activity buffer carry plain strings."""
+
+
+class TaskTransitions:
+    """Applies task inputs: the machine decides, this performs (see the module docstring)."""
+
+    def __init__(
+        self,
+        live: LiveTasks,
+        wakeups: Wakeups,
+        gate: ConflictGate,
+        store: TaskStore,
+        events: EventRecorder,
+        activity: Activity,
+        lifecycles: Lifecycles,
+        clock: Clock,
+    ) -> None:
+        self._live = live
+        self._wakeups = wakeups
+        self._gate = gate
+        self._store = store
+        self._events = events
+        self._activity = activity
+        self._lifecycles = lifecycles
+        self._clock = clock
+        self._end_listeners: list[Callable[[TaskRecord], None]] = []
+
+    def add_end_listener(self, listener: Callable[[TaskRecord], None]) -> None:
+        """Call `listener` with every task that ends (COMPLETED or FAILED), once it is stored.
+
+        It runs inside the Scheduler's lock: it must not block or call back into the
+        Scheduler (queue the record and act on it later)."""
+        self._end_listeners.append(listener)
+
+    async def apply(
+        self,
+        task: TaskRecord,
+        event: TaskInput,
+        changes: Mapping[str, Any],
+        **details: Any,
+    ) -> TaskRecord:
+        """Step `task` on `event` and perform the row's effects; `changes` are the record's
+        other new fields, `details` the logged event's. Returns the new record.
+        IllegalTransitionError (nothing done) when the table has no row."""
+        step = TaskMachine.step(task.state, event)
+        after = replace(task, state=step.state, **changes)
+        await self._perform(step, task, after, details)
+        return after
+
+    async def end(self, task: TaskRecord, event: TaskInput, code: str, note: str) -> TaskRecord:
+        """`apply` of an input that ends the task, with its error code (empty when it
+        completed) and note, logged with the event."""
+        changes = {"error_code": code, "note": note, "updated_at": self._clock.now()}
+        return await self.apply(task, event, changes, error_code=code, note=note)
+
+    async def submitted(self, record: TaskRecord, **details: Any) -> None:
+        """A new submission's record, already stored (with the rest of its run in one group
+        commit): the effects of `TaskMachine.SUBMITTED` after the write."""
+        await self._perform(TaskMachine.SUBMITTED, record, record, details, write=False)
+
+    async def _perform(
+        self,
+        step: TaskStep,
+        before: TaskRecord,
+        after: TaskRecord,
+        details: Mapping[str, Any],
+        *,
+        write: bool = True,
+    ) -> None:
+        # The branches go by how often rows ask for them: every row persists and logs.
+        live = self._live
+        for effect in step.effects:
+            if effect is _E.PERSIST:
+                if write:
+                    await self._store.put(after)
+                live.stored(after)
+            elif effect is _E.EMIT_EVENT:
+                self._events.note(
+                    step.event, SCHEDULER, correlation_id=after.task_id, task_id=after.task_id,
+                    agent_id=after.agent_id, state=_TEXT[after.state], **details,
+                )  # fmt: skip
+            elif effect is _E.RELEASE:
+                live.release(before)
+                self._gate.forget(before.task_id)
+            elif effect is _E.SCHEDULE_AGENT:
+                await drive(self._lifecycles, after.agent_id, AgentInput.SCHEDULE)
+            elif effect is _E.START_AGENT:
+                await drive(self._lifecycles, after.agent_id, AgentInput.START)
+            elif effect is _E.FREE_AGENT:
+                await finished(self._lifecycles, after.agent_id)
+            elif effect is _E.WAKE:
+                self._wakeups.wake(after.agent_id)
+            elif effect is _E.ENQUEUE:
+                live.push(after)
+            elif effect is _E.OCCUPY:
+                live.occupy(after)
+                self._gate.started(after)
+            elif effect is _E.COMPLETE_ACTIVITY:
+                await self._activity.complete(after.agent_id, after.task_id, _TEXT[after.state])
+            elif effect is _E.ANNOUNCE_END:
+                for listener in self._end_listeners:
+                    listener(after)
+            elif effect is _E.DEQUEUE:
+                live.queue.remove(after.task_id)

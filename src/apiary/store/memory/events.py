@@ -1,0 +1,45 @@
+"""The in-memory event log (part of `MemoryStore`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from apiary.core.events import Event, EventDraft, EventFilter
+from apiary.store.memory.copies import json_copy
+
+
+class MemoryEventLog:
+    """`EventLog` over a list: the event with sequence N is at index N - 1."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+
+    async def append(self, drafts: Sequence[EventDraft]) -> list[Event]:
+        """Append the drafts atomically, in order; return them with their sequences."""
+        details = [json_copy(d.details) for d in drafts]  # validate all before changing any
+        first = len(self._events) + 1
+        appended = [
+            dataclasses.replace(Event.from_draft(first + i, draft), details=details[i])
+            for i, draft in enumerate(drafts)
+        ]
+        self._events.extend(appended)
+        return [dataclasses.replace(e, details=json_copy(e.details)) for e in appended]
+
+    async def read(
+        self, after: int = 0, limit: int = 500, where: EventFilter | None = None
+    ) -> list[Event]:
+        """Events with sequence > `after` that match `where`, ascending, at most `limit`."""
+        if limit < 0:
+            raise ValueError(f"limit must not be negative: {limit}")
+        found: list[Event] = []
+        for event in self._events[max(after, 0) :]:
+            if len(found) >= limit:
+                break
+            if where is None or where.matches(event):
+                found.append(dataclasses.replace(event, details=json_copy(event.details)))
+        return found
+
+    async def last_sequence(self) -> int:
+        """The highest sequence appended so far (0 for an empty log)."""
+        return len(self._events)

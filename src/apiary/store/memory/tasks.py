@@ -1,0 +1,60 @@
+"""The in-memory task records (part of `MemoryStore`)."""
+
+from __future__ import annotations
+
+from apiary.core.records import TaskRecord
+from apiary.store.errors import StoreError
+from apiary.store.sql.checks import check_limit
+from apiary.store.sql.tasks import task_from_row, task_row
+
+
+class MemoryTaskStore:
+    """`TaskStore` over a dict keyed by task_id, and one keyed by seq (the unique index)."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, TaskRecord] = {}
+        self._task_by_seq: dict[int, str] = {}
+
+    async def put(self, record: TaskRecord) -> None:
+        """Insert or replace the record with this task_id; StoreError when its seq belongs
+        to another task (as the SQL backends' unique index refuses it)."""
+        # Through the SQL row and back: refuses what the SQL backends refuse and coerces as
+        # they do (bytearray params become bytes, an int submitted_at a float).
+        stored = task_from_row(task_row(record))
+        holder = self._task_by_seq.get(stored.seq)
+        if holder is not None and holder != stored.task_id:
+            raise StoreError(f"seq {stored.seq} already belongs to task {holder!r}")
+        previous = self._records.get(stored.task_id)
+        if previous is not None:
+            del self._task_by_seq[previous.seq]
+        self._records[stored.task_id] = stored
+        self._task_by_seq[stored.seq] = stored.task_id
+
+    async def get(self, task_id: str) -> TaskRecord | None:
+        """The record, or None (records hold immutable values only: no copy needed)."""
+        return self._records.get(task_id)
+
+    async def list(
+        self,
+        states: frozenset[str] | None = None,
+        agent_id: str | None = None,
+        after_seq: int = -1,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        """Records in `states` (all when None) for `agent_id` (all when None) with seq above
+        `after_seq`, in seq order, at most `limit`."""
+        check_limit(limit)
+        found: list[TaskRecord] = []
+        for seq in sorted(s for s in self._task_by_seq if s > after_seq):
+            if len(found) >= limit:
+                break
+            record = self._records[self._task_by_seq[seq]]
+            if (states is None or record.state in states) and (
+                agent_id is None or record.agent_id == agent_id
+            ):
+                found.append(record)
+        return found
+
+    async def max_seq(self) -> int:
+        """The highest seq stored, -1 when there are no tasks."""
+        return max(self._task_by_seq, default=-1)

@@ -1,0 +1,557 @@
+"""The message inboxes: the `messages` table, each recipient's offsets counted in its
+`inbox_offsets` row.
+
+Admissions and state changes are the router's hot path (a group commit per frame in
+SQLite): a batch is one transaction of a few multi-row statements (`bulk`), its rows
+encoded on the caller's side, so that the SQLite writer, which holds up every commit, does
+as little Python work as possible. A recipient's counter row is written in the admitting
+transaction, so offsets are gap-free and commit in order: in SQLite because its one writer
+runs one transaction at a time, in PostgreSQL because the counter stays row-locked until
+the transaction ends. There, transactions that lock several rows (counters, messages) lock
+them in key order (`Dialect.lock_rows`), so that two of them never wait for each other in a
+cycle; SQLite needs no lock.
+
+bench/store_rows.py replays these transactions as the router writes them (SQLite).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, Final, NamedTuple
+
+from apiary.core.records import MessageState, StateChange, StoredMessage, at_offset, state_text
+from apiary.store.errors import DuplicateMessageError, StoreError
+from apiary.store.sql.bulk import chunks, markers, values_rows
+from apiary.store.sql.checks import check_limit, sequence_from_sql, sequence_to_sql
+from apiary.store.sql.columns import Columns
+from apiary.store.sql.database import SqlDatabase
+from apiary.store.sql.dialect import Dialect, in_list
+from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Row, Transaction
+from apiary.store.sql.where import Where
+
+
+class MessageRow(NamedTuple):
+    """A row of `messages`; inbox_offset comes last (the store assigns it)."""
+
+    message_id: str
+    recipient: str
+    producer_id: str
+    correlation_id: str
+    message_type: int
+    envelope: bytes
+    state: str
+    created_at: float
+    updated_at: float
+    error_code: str
+    idempotency_token: str
+    sequence_number: int
+    lane: str
+    ack_deadline: float
+    expires_at: float
+    deliveries: int
+    last_delivered_at: float
+    acked_stage: str
+    signature: bytes
+    inbox_offset: int
+
+
+class ChangeParams(NamedTuple):
+    """The parameters of one state change, in the order of `_UPDATE`'s markers."""
+
+    state: str
+    at: float
+    error_code: str
+    acked_stage: str
+    clear_ack_deadline: bool
+    deliveries: int
+    last_delivered_at: float
+    message_id: str
+
+
+MESSAGES = Columns(MessageRow)
+_ID: Final = MESSAGES.names.index("message_id")
+_RECIPIENT: Final = MESSAGES.names.index("recipient")
+_ID_CHUNK: Final = 500
+"""Message ids per `IN (...)` list, well under either database's limit on parameters."""
+_ADMIT_ATTEMPTS: Final = 5
+"""How often a batch is retried when a concurrent admission took one of its ids."""
+
+
+def message_values(message: StoredMessage) -> tuple[Any, ...]:
+    """The values of `MessageRow` for `message` but the last, inbox_offset.
+
+    A plain tuple in `MessageRow`'s field order: built once per admitted message, on the
+    event loop, where a named tuple would cost half as much again. Raises ValueError for a
+    sequence number that is not a uint64.
+    """
+    return (
+        message.message_id,
+        message.recipient,
+        message.producer_id,
+        message.correlation_id,
+        int(message.message_type),
+        bytes(message.envelope),
+        state_text(message.state),
+        float(message.created_at),
+        float(message.updated_at),
+        message.error_code,
+        message.idempotency_token,
+        sequence_to_sql(message.sequence_number),
+        message.lane,
+        float(message.ack_deadline),
+        float(message.expires_at),
+        int(message.deliveries),
+        float(message.last_delivered_at),
+        message.acked_stage,
+        bytes(message.signature),
+    )
+
+
+def message_from_row(fetched: Row) -> StoredMessage:
+    """A `StoredMessage` from a fetched row of `MESSAGES`."""
+    row = MESSAGES.of(fetched)
+    return StoredMessage(
+        message_id=row.message_id,
+        recipient=row.recipient,
+        producer_id=row.producer_id,
+        correlation_id=row.correlation_id,
+        message_type=row.message_type,
+        envelope=bytes(row.envelope),
+        state=MessageState(row.state),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        offset=row.inbox_offset,
+        error_code=row.error_code,
+        idempotency_token=row.idempotency_token,
+        sequence_number=sequence_from_sql(row.sequence_number),
+        lane=row.lane,
+        ack_deadline=row.ack_deadline,
+        expires_at=row.expires_at,
+        deliveries=row.deliveries,
+        last_delivered_at=row.last_delivered_at,
+        acked_stage=row.acked_stage,
+        signature=bytes(row.signature),
+    )
+
+
+def change_params(changes: Sequence[StateChange]) -> list[tuple[Any, ...]]:
+    """Each change's `ChangeParams` (as plain tuples: built on the hot path)."""
+    return [
+        (
+            state_text(c.state),
+            float(c.at),
+            c.error_code,
+            c.acked_stage,
+            bool(c.clear_ack_deadline),
+            int(c.deliveries),
+            float(c.last_delivered_at),
+            c.message_id,
+        )
+        for c in changes
+    ]
+
+
+def latest_deliveries(counts: Sequence[tuple[str, int, float]]) -> dict[str, tuple[int, float]]:
+    """By message id, the larger count and the later time of `counts` (an id may repeat)."""
+    latest: dict[str, tuple[int, float]] = {}
+    for message_id, n, at in counts:
+        seen = latest.get(message_id)
+        latest[message_id] = (
+            (int(n), float(at)) if seen is None else (max(seen[0], int(n)), max(seen[1], at))
+        )
+    return latest
+
+
+class AdmissionRacedError(StoreError):
+    """Another transaction admitted one of the batch's ids after the duplicate check (only
+    PostgreSQL's concurrent writers can); the batch is tried again."""
+
+
+class SqlMessageStore:
+    """`MessageStore` in the `messages` table, offsets counted in `inbox_offsets`."""
+
+    def __init__(self, database: SqlDatabase) -> None:
+        self._db = database
+
+    async def admit(self, message: StoredMessage) -> StoredMessage:
+        """Durably record a new message with the recipient's next inbox offset."""
+        (outcome,) = await self.admit_many([message])
+        if isinstance(outcome, DuplicateMessageError):
+            raise outcome
+        return outcome
+
+    async def admit_many(
+        self, messages: Sequence[StoredMessage]
+    ) -> list[StoredMessage | DuplicateMessageError]:
+        """Admit each message as `admit` does, in one transaction; a duplicate (of a stored
+        message or of an earlier member) fails only its own member."""
+        if not messages:
+            return []
+        values = [message_values(m) for m in messages]
+        for _ in range(_ADMIT_ATTEMPTS):
+            try:
+                offsets = await self._db.write(admit_new, values)
+            except AdmissionRacedError:
+                continue
+            return [
+                at_offset(m, o) if o else DuplicateMessageError(m.message_id)
+                for m, o in zip(messages, offsets, strict=True)
+            ]
+        raise StoreError(
+            f"admitting {len(messages)} messages kept racing with concurrent admissions"
+        )
+
+    async def get(self, message_id: str) -> StoredMessage | None:
+        """The message, or None."""
+        row = await self._db.read(QueryOne(_GET, (message_id,)))
+        return None if row is None else message_from_row(row)
+
+    async def set_state(
+        self, message_id: str, state: MessageState, at: float, error_code: str = ""
+    ) -> StoredMessage:
+        """Record a state change; raises LookupError for an unknown message_id."""
+        (after,) = await self.apply([StateChange(message_id, state, at, error_code)])
+        return after
+
+    async def apply(self, changes: Sequence[StateChange]) -> list[StoredMessage]:
+        """Apply state changes in order, in one transaction; an unknown id raises LookupError
+        and nothing is applied."""
+        if not changes:
+            return []
+        rows = await self._db.write(apply_changes, change_params(changes), True)
+        return [message_from_row(row) for row in rows]
+
+    async def record(self, changes: Sequence[StateChange]) -> None:
+        """Apply state changes as `apply` does, without reading the messages back: about a
+        third of the statement's cost, and no rows to decode on the event loop."""
+        if changes:
+            await self._db.write(apply_changes, change_params(changes), False)
+
+    async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
+        """One more delivery, then FULFILLED at `at`, one row update per message (unknown
+        ids are ignored; an id given twice counts once)."""
+        unique = list(dict.fromkeys(message_ids))
+        if len(unique) <= _ID_CHUNK:  # one statement: PostgreSQL runs it in one round trip
+            if unique:
+                d = self._db.dialect
+                params = [float(at), float(at), *unique]
+                await self._db.write(Execute(_finish_sql(d, len(unique)), params))
+            return
+        await self._db.write(_finish_delivered, unique, float(at))
+
+    async def record_deliveries(self, counts: Sequence[tuple[str, int, float]]) -> None:
+        """Keep the larger delivery count and time of each (unknown ids are ignored), a chunk
+        of messages per statement."""
+        if counts:
+            latest = latest_deliveries(counts)
+            await self._db.write(_record_deliveries, [(n, at, i) for i, (n, at) in latest.items()])
+
+    async def inbox(
+        self,
+        recipient: str,
+        after_offset: int = 0,
+        limit: int = 100,
+        states: frozenset[MessageState] | None = None,
+    ) -> list[StoredMessage]:
+        """The recipient's messages with offset > after_offset (ascending), optionally
+        only those in `states`."""
+        check_limit(limit)
+        where = (
+            Where()
+            .term("recipient = ?", recipient)
+            .term("inbox_offset > ?", after_offset)
+            .among("state", None if states is None else {s.value for s in states})
+        )
+        if where.impossible:
+            return []
+        sql = f"SELECT {MESSAGES.sql} FROM messages WHERE {where.sql} ORDER BY inbox_offset LIMIT ?"
+        rows = await self._db.read(Query(sql, [*where.params, limit]))
+        return [message_from_row(row) for row in rows]
+
+    async def count(self, recipient: str, states: frozenset[MessageState]) -> int:
+        """How many of the recipient's messages are in one of `states`."""
+        where = Where().term("recipient = ?", recipient).among("state", {s.value for s in states})
+        if where.impossible:
+            return 0
+        return await self._scalar(f"SELECT COUNT(*) FROM messages WHERE {where.sql}", where.params)
+
+    async def due(self, now: float, limit: int = 500) -> list[StoredMessage]:
+        """Unfinished messages whose ack_deadline or expires_at is set and <= now,
+        ordered by the earlier of the two (then by message_id)."""
+        check_limit(limit)
+        rows = await self._db.read(Query(_DUE, (float(now), limit)))
+        return [message_from_row(row) for row in rows]
+
+    async def next_deadline(self) -> float | None:
+        """The earliest set ack_deadline/expires_at of any unfinished message, or None."""
+        row = await self._db.read(QueryOne(_NEXT_DEADLINE))
+        return None if row is None else float(row[0])
+
+    async def by_sequence(self, producer_id: str, sequence_number: int) -> StoredMessage | None:
+        """The newest (by created_at, then offset, then message_id) message of `producer_id`
+        with that sequence number."""
+        try:
+            stored_number = sequence_to_sql(sequence_number)
+        except ValueError:
+            return None  # no message can have it
+        row = await self._db.read(QueryOne(_BY_SEQUENCE, (producer_id, stored_number)))
+        return None if row is None else message_from_row(row)
+
+    async def max_sequence(self, producer_id: str) -> int:
+        """The highest sequence number `producer_id` has used (0 when none)."""
+        row = await self._db.read(QueryOne(_MAX_SEQUENCE, (producer_id,)))
+        if row is None:
+            return 0
+        negative, positive = row
+        if negative is not None:
+            return sequence_from_sql(int(negative))
+        return int(positive or 0)
+
+    async def oldest_offset(self, recipient: str) -> int:
+        """The lowest offset still retained in the recipient's inbox (0 when empty)."""
+        sql = "SELECT COALESCE(MIN(inbox_offset), 0) FROM messages WHERE recipient = ?"
+        return await self._scalar(sql, [recipient])
+
+    async def purge_finished(self, before: float) -> int:
+        """Delete terminal messages last updated before `before`; returns how many.
+
+        Offsets come from `inbox_offsets`, which this leaves alone: no offset is reused.
+        """
+        # finished_at: the generated column of migration 0002, indexed where not NULL.
+        return await self._db.write(Execute(_PURGE, (float(before),)))
+
+    async def _scalar(self, sql: str, params: Sequence[Any]) -> int:
+        row = await self._db.read(QueryOne(sql, params))
+        return 0 if row is None else int(row[0])
+
+
+_GET = f"SELECT {MESSAGES.sql} FROM messages WHERE message_id = ?"
+# due_at and finished_at: the generated columns of migration 0002, each with a partial
+# index; comparing them lets the database use it (the comparison implies NOT NULL), and
+# next_deadline's ORDER BY ... LIMIT 1 does where MIN(due_at) would not (SQLite).
+_DUE = f"SELECT {MESSAGES.sql} FROM messages WHERE due_at <= ? ORDER BY due_at, message_id LIMIT ?"
+_NEXT_DEADLINE = "SELECT due_at FROM messages WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
+_PURGE = "DELETE FROM messages WHERE finished_at < ?"
+_BY_SEQUENCE = (
+    f"SELECT {MESSAGES.sql} FROM messages WHERE producer_id = ? AND sequence_number = ?"
+    " ORDER BY created_at DESC, inbox_offset DESC, message_id DESC LIMIT 1"
+)
+# Sequence numbers at or above 2**63 are stored negative (sequence_to_sql), so the largest
+# one is the largest negative value if any is stored, else the largest non-negative value.
+_MAX_SEQUENCE = (
+    "SELECT MAX(CASE WHEN sequence_number < 0 THEN sequence_number END),"
+    " MAX(CASE WHEN sequence_number >= 0 THEN sequence_number END)"
+    " FROM messages WHERE producer_id = ?"
+)
+_INSERT = (
+    f"INSERT INTO messages ({MESSAGES.sql}) VALUES {{rows}} ON CONFLICT (message_id) DO NOTHING"
+)
+_MESSAGE_MARKERS = markers(MESSAGES.count)
+_UPDATE_WIDTH = len(ChangeParams._fields)
+_SET_COUNTER = "UPDATE inbox_offsets SET last_offset = ? WHERE recipient = ?"
+
+
+@lru_cache(maxsize=64)
+def _counters_sql(count: int) -> str:
+    """Creates the missing counters of `count` recipients (given in key order) and returns
+    every one's last offset; the no-op update is what row-locks an existing counter in
+    PostgreSQL."""
+    return (
+        "INSERT INTO inbox_offsets (recipient, last_offset)"
+        f" VALUES {values_rows(count, '?, 0')} ON CONFLICT (recipient)"
+        " DO UPDATE SET last_offset = inbox_offsets.last_offset RETURNING recipient, last_offset"
+    )
+
+
+@lru_cache(maxsize=1024)
+def _update_sql(d: Dialect, count: int, returning: bool) -> str:
+    """One statement applying `count` changes to distinct messages, each change's
+    `ChangeParams` a row of VALUES (named column1... in both dialects)."""
+    big = d.greatest
+    sql = (
+        "UPDATE messages SET state = c.column1, updated_at = c.column2,"
+        " error_code = c.column3, acked_stage = COALESCE(NULLIF(c.column4, ''), acked_stage),"
+        " ack_deadline = CASE WHEN c.column5 THEN 0 ELSE ack_deadline END,"
+        f" deliveries = {big}(deliveries, c.column6),"
+        f" last_delivered_at = {big}(last_delivered_at, c.column7)"
+        f" FROM (VALUES {values_rows(count, markers(_UPDATE_WIDTH))}) AS c"
+        " WHERE messages.message_id = c.column8"
+    )
+    return f"{sql} RETURNING {MESSAGES.sql}" if returning else sql
+
+
+@lru_cache(maxsize=16)
+def _update_one_sql(d: Dialect, returning: bool) -> str:
+    """`_update_sql` for one change."""
+    big = d.greatest
+    sql = (
+        "UPDATE messages SET state = ?, updated_at = ?, error_code = ?,"
+        " acked_stage = COALESCE(NULLIF(?, ''), acked_stage),"
+        " ack_deadline = CASE WHEN ? THEN 0 ELSE ack_deadline END,"
+        f" deliveries = {big}(deliveries, ?), last_delivered_at = {big}(last_delivered_at, ?)"
+        " WHERE message_id = ?"
+    )
+    return f"{sql} RETURNING {MESSAGES.sql}" if returning else sql
+
+
+@lru_cache(maxsize=64)
+def _finish_sql(d: Dialect, count: int) -> str:
+    """Finishes `count` delivered messages (parameters: the time twice, then the ids); in
+    PostgreSQL the ids' rows are locked in key order first, as `_lock` does."""
+    ids = in_list("message_id", count)
+    if d.lock_rows:
+        ids = f"message_id IN ({_lock_sql(d, count)})"
+    return (
+        "UPDATE messages SET deliveries = deliveries + 1, last_delivered_at = ?,"
+        f" state = '{MessageState.FULFILLED.value}', updated_at = ?, error_code = ''"
+        f" WHERE {ids}"
+    )
+
+
+def _lock_sql(d: Dialect, count: int) -> str:
+    return (
+        f"SELECT message_id FROM messages WHERE {in_list('message_id', count)}"
+        f" ORDER BY message_id{d.lock_rows}"
+    )
+
+
+@lru_cache(maxsize=256)
+def _deliveries_sql(d: Dialect, count: int) -> str:
+    big = d.greatest
+    return (
+        f"UPDATE messages SET deliveries = {big}(deliveries, c.column1),"
+        f" last_delivered_at = {big}(last_delivered_at, c.column2)"
+        f" FROM (VALUES {values_rows(count, '?, ?, ?')}) AS c"
+        " WHERE messages.message_id = c.column3"
+    )
+
+
+def admit_new(d: Dialect, values: list[tuple[Any, ...]]) -> Transaction[list[int]]:
+    """Insert the members (`message_values`) that are new; their offsets in input order, 0
+    for duplicates.
+
+    The recipients' counters are created and locked before the duplicate check, so
+    admissions to the same recipients wait for this one and cannot slip in between (in
+    PostgreSQL; SQLite runs one transaction at a time). Duplicates are found before
+    anything is written, so a duplicate never consumes an offset. An admission of one of
+    these ids to another recipient can still slip in (PostgreSQL): a row then turns out to
+    exist after all, which would leave a gap in the offsets, so the transaction is undone
+    and AdmissionRacedError raised, for the caller to try again.
+    """
+    recipients = sorted({v[_RECIPIENT] for v in values})
+    counters = yield from Query(_counters_sql(len(recipients)), recipients)
+    first = {recipient: int(offset) for recipient, offset in counters}
+    last = dict(first)
+    taken = yield from _existing_ids(d, [v[_ID] for v in values])
+    rows: list[tuple[Any, ...]] = []
+    offsets: list[int] = []
+    for value in values:
+        message_id, recipient = value[_ID], value[_RECIPIENT]
+        if message_id in taken:
+            offsets.append(0)
+            continue
+        taken.add(message_id)
+        last[recipient] = offset = last[recipient] + 1
+        offsets.append(offset)
+        rows.append((*value, offset))
+    inserted = 0
+    for count, params in chunks(d, rows, MESSAGES.count):
+        rows_sql = values_rows(count, _MESSAGE_MARKERS)
+        inserted += yield from Execute(_INSERT.format(rows=rows_sql), params)
+    if inserted != len(rows):
+        raise AdmissionRacedError("a concurrent admission took one of the ids")
+    yield from ExecuteMany(_SET_COUNTER, [(n, r) for r, n in last.items() if n != first[r]])
+    return offsets
+
+
+def apply_changes(
+    d: Dialect, params: list[tuple[Any, ...]], returning: bool
+) -> Transaction[list[Row]]:
+    """Apply state changes (`ChangeParams`) in order; the messages after, when `returning`.
+    An unknown id raises LookupError; the transaction's rollback undoes what was changed.
+
+    Changes to distinct messages go a chunk per statement; a message changed twice is
+    changed one change at a time, each returning the message as that change left it."""
+    ids = [p[-1] for p in params]
+    unique = list(dict.fromkeys(ids))
+    # PostgreSQL: every row locked first, in key order, which also finds unknown ids.
+    if d.lock_rows and (yield from _lock(d, unique)) != len(unique):
+        yield from _missing(d, ids)
+    if len(unique) != len(ids):
+        return (yield from _apply_in_turn(d, params, returning))
+    rows: dict[str, Row] = {}
+    changed = 0
+    for count, flat in chunks(d, params, _UPDATE_WIDTH):
+        sql = _update_sql(d, count, returning)
+        if returning:
+            found = yield from Query(sql, flat)
+            rows.update((row[0], row) for row in found)
+        else:
+            changed += yield from Execute(sql, flat)
+    if (len(rows) if returning else changed) != len(ids):
+        yield from _missing(d, ids)
+    return [rows[i] for i in ids] if returning else []
+
+
+def _apply_in_turn(
+    d: Dialect, params: list[tuple[Any, ...]], returning: bool
+) -> Transaction[list[Row]]:
+    """Apply the changes one at a time: a message changed twice is returned as each change
+    left it."""
+    if d.lock_rows and not returning:
+        # Every row is locked and known: the changes go pipelined (PostgreSQL).
+        yield from ExecuteMany(_update_one_sql(d, False), params)
+        return []
+    rows: list[Row] = []
+    for change in params:
+        if returning:
+            row = yield from QueryOne(_update_one_sql(d, True), change)
+            found = row is not None
+            rows.extend([] if row is None else [row])
+        else:
+            found = (yield from Execute(_update_one_sql(d, False), change)) == 1
+        if not found:
+            raise LookupError(f"no message {change[-1]!r}")
+    return rows
+
+
+def _missing(d: Dialect, ids: list[str]) -> Transaction[None]:
+    """Raise LookupError naming the first of `ids` that is not stored."""
+    known = yield from _existing_ids(d, ids)
+    missing = next((i for i in ids if i not in known), None)
+    raise LookupError(f"no message {missing!r}")
+
+
+def _existing_ids(d: Dialect, message_ids: list[str]) -> Transaction[set[str]]:
+    unique = list(dict.fromkeys(message_ids))
+    found: set[str] = set()
+    for start in range(0, len(unique), _ID_CHUNK):
+        chunk = unique[start : start + _ID_CHUNK]
+        sql = f"SELECT message_id FROM messages WHERE {in_list('message_id', len(chunk))}"
+        rows = yield from Query(sql, chunk)
+        found.update(row[0] for row in rows)
+    return found
+
+
+def _lock(d: Dialect, message_ids: list[str]) -> Transaction[int]:
+    """Row-lock the messages in key order (PostgreSQL); how many of them exist."""
+    ordered = sorted(set(message_ids))
+    found = 0
+    for start in range(0, len(ordered), _ID_CHUNK):
+        chunk = ordered[start : start + _ID_CHUNK]
+        found += len((yield from Query(_lock_sql(d, len(chunk)), chunk)))
+    return found
+
+
+def _finish_delivered(d: Dialect, unique: list[str], at: float) -> Transaction[None]:
+    for start in range(0, len(unique), _ID_CHUNK):
+        chunk = unique[start : start + _ID_CHUNK]
+        yield from Execute(_finish_sql(d, len(chunk)), [at, at, *chunk])
+
+
+def _record_deliveries(d: Dialect, params: list[tuple[Any, ...]]) -> Transaction[None]:
+    if d.lock_rows:
+        yield from _lock(d, [p[-1] for p in params])
+    for count, flat in chunks(d, params, 3):
+        yield from Execute(_deliveries_sql(d, count), flat)

@@ -1,0 +1,101 @@
+"""The PostgreSQL driver of transactions (`statements`), and `SqlDatabase` over a pool.
+
+A transaction runs on one pooled connection inside `conn.transaction()`; a lone statement
+runs on its own in autocommit mode, one round trip instead of three (BEGIN, it, COMMIT).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, TypeVarTuple
+
+import psycopg
+
+from apiary.store.errors import StoreError
+from apiary.store.postgres.pool import Connection, PostgresPool
+from apiary.store.sql.dialect import POSTGRESQL, Dialect
+from apiary.store.sql.statements import (
+    Execute,
+    ExecuteMany,
+    Query,
+    QueryOne,
+    Statement,
+    Transaction,
+)
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+
+async def run_statement(conn: Connection, statement: Statement[T]) -> T:
+    """Run one statement on `conn`; its result (psycopg errors as they come)."""
+    text = POSTGRESQL.render(statement.sql)
+    kind, params = statement.__class__, statement.params
+    result: Any
+    if kind is ExecuteMany:
+        if params:
+            async with conn.cursor() as cursor:
+                await cursor.executemany(text, params)
+        result = None
+    else:
+        cursor = await conn.execute(text, params)
+        if kind is Execute:
+            result = cursor.rowcount
+        elif kind is Query:
+            result = await cursor.fetchall()
+        else:
+            assert kind is QueryOne, kind
+            result = await cursor.fetchone()
+    return result  # type: ignore[no-any-return]
+
+
+async def run_transaction(
+    conn: Connection, function: Callable[..., Transaction[T]], args: tuple[Any, ...]
+) -> T:
+    """Run the transaction `function(POSTGRESQL, *args)` on `conn` (in a transaction the
+    caller opened); its result. A psycopg error is thrown into it as a StoreError."""
+    transaction = function(POSTGRESQL, *args)
+    try:
+        statement = next(transaction)
+        while True:
+            try:
+                result = await run_statement(conn, statement)
+            except psycopg.Error as exc:
+                error = StoreError(f"PostgreSQL: {exc}")
+                error.__cause__ = exc
+                statement = transaction.throw(error)
+            else:
+                statement = transaction.send(result)
+    except StopIteration as done:
+        value: T = done.value
+        return value
+
+
+class PostgresSqlDatabase:
+    """`SqlDatabase` over a `PostgresPool`."""
+
+    def __init__(self, pool: PostgresPool) -> None:
+        self._pool = pool
+
+    @property
+    def dialect(self) -> Dialect:
+        """PostgreSQL's."""
+        return POSTGRESQL
+
+    @property
+    def pool(self) -> PostgresPool:
+        """The pool underneath."""
+        return self._pool
+
+    async def write(
+        self, work: Statement[T] | Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
+    ) -> T:
+        """Run `work` in a transaction of its own (a lone statement in autocommit)."""
+        async with self._pool.connection() as conn:
+            if isinstance(work, Statement):
+                return await run_statement(conn, work)
+            async with conn.transaction():
+                return await run_transaction(conn, work, args)
+
+    read = write
+    """Reads run as writes do: the two differ only for SQLite."""

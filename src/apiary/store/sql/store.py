@@ -1,0 +1,41 @@
+"""`SqlStore`: every aggregate's SQL store over one `SqlDatabase`, what the SQLite and the
+PostgreSQL backends share (each adds what is its own: the file's counters, the pool)."""
+
+from __future__ import annotations
+
+from apiary.store.sql.agents import SqlAgentStore
+from apiary.store.sql.database import SqlDatabase
+from apiary.store.sql.dlq import SqlDlqStore
+from apiary.store.sql.events import SqlEventLog
+from apiary.store.sql.handoffs import SqlHandoffStore
+from apiary.store.sql.hitl import SqlHitlStore
+from apiary.store.sql.idempotency import SqlIdempotencyStore
+from apiary.store.sql.messages import SqlMessageStore
+from apiary.store.sql.negotiations import SqlArtifactStore, SqlNegotiationStore
+from apiary.store.sql.rooms import SqlRoomStore
+from apiary.store.sql.swarm import SqlSwarmStore
+from apiary.store.sql.tasks import SqlTaskStore
+from apiary.store.sql.tools import SqlToolStore
+from apiary.store.sql.workflows import SqlWorkflowStore
+from apiary.store.sql.worktrees import SqlWorktreeStore
+
+
+class SqlStore:
+    """Every aggregate in one SQL database."""
+
+    def __init__(self, database: SqlDatabase) -> None:
+        self.events = SqlEventLog(database)
+        self.agents = SqlAgentStore(database)
+        self.messages = SqlMessageStore(database)
+        self.idempotency = SqlIdempotencyStore(database)
+        self.dlq = SqlDlqStore(database)
+        self.hitl = SqlHitlStore(database)
+        self.tasks = SqlTaskStore(database)
+        self.workflows = SqlWorkflowStore(database)
+        self.handoffs = SqlHandoffStore(database)
+        self.worktrees = SqlWorktreeStore(database)
+        self.rooms = SqlRoomStore(database)
+        self.tools = SqlToolStore(database)
+        self.negotiations = SqlNegotiationStore(database)
+        self.artifacts = SqlArtifactStore(database)
+        self.swarm = SqlSwarmStore(database)

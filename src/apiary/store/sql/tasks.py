@@ -1,0 +1,148 @@
+"""The task store: the `tasks` table, one row per Scheduler task; params is a BLOB/BYTEA.
+
+A put whose seq belongs to another task fails with StoreError (the unique index on seq)
+and changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from apiary.core.records import TaskRecord, TaskState
+from apiary.store.sql.checks import check_limit, checked_int64
+from apiary.store.sql.columns import Columns
+from apiary.store.sql.database import SqlDatabase
+from apiary.store.sql.dialect import by_dialect
+from apiary.store.sql.statements import Execute, Query, QueryOne
+from apiary.store.sql.where import Where
+
+
+class TaskRow(NamedTuple):
+    """A row of `tasks`."""
+
+    task_id: str
+    agent_id: str
+    priority: int
+    submitted_at: float
+    seq: int
+    state: str
+    updated_at: float
+    scope: str
+    job_key: str
+    params: bytes
+    content_type: str
+    agent_type: str
+    message_id: str
+    attempts: int
+    error_code: str
+    note: str
+    lane: str
+    correlation_id: str
+
+
+TASKS = Columns(TaskRow)
+
+
+def task_row(record: TaskRecord) -> tuple[Any, ...]:
+    """The values of the TASKS columns for `record`, in their order.
+
+    Raises ValueError when state is not a TaskState value (every backend refuses it alike,
+    rather than a scheduler reading back a state it cannot act on), or when priority, seq
+    or attempts does not fit the 64-bit integer both databases store.
+    """
+    return (
+        record.task_id,
+        record.agent_id,
+        checked_int64("priority", record.priority),
+        float(record.submitted_at),
+        checked_int64("seq", record.seq),
+        TaskState(record.state).value,
+        float(record.updated_at),
+        record.scope,
+        record.job_key,
+        bytes(record.params),
+        record.content_type,
+        record.agent_type,
+        record.message_id,
+        checked_int64("attempts", record.attempts),
+        record.error_code,
+        record.note,
+        record.lane,
+        record.correlation_id,
+    )
+
+
+def task_from_row(fetched: Sequence[Any]) -> TaskRecord:
+    """A record from its row; its state the stored text, a TaskState value (`task_row`
+    refuses any other), as every backend returns it."""
+    row = TASKS.of(fetched)
+    return TaskRecord(
+        task_id=row.task_id,
+        agent_id=row.agent_id,
+        priority=row.priority,
+        submitted_at=row.submitted_at,
+        seq=row.seq,
+        state=row.state,  # type: ignore[arg-type]
+        updated_at=row.updated_at,
+        scope=row.scope,
+        job_key=row.job_key,
+        params=bytes(row.params),
+        content_type=row.content_type,
+        agent_type=row.agent_type,
+        message_id=row.message_id,
+        attempts=row.attempts,
+        error_code=row.error_code,
+        note=row.note,
+        lane=row.lane,
+        correlation_id=row.correlation_id,
+    )
+
+
+_PUT = by_dialect(lambda d: d.upsert("tasks", TASKS, "task_id"))
+_GET = f"SELECT {TASKS.sql} FROM tasks WHERE task_id = ?"
+_MAX_SEQ = "SELECT COALESCE(MAX(seq), -1) FROM tasks"
+
+
+class SqlTaskStore:
+    """`TaskStore` in the `tasks` table."""
+
+    def __init__(self, database: SqlDatabase) -> None:
+        self._db = database
+
+    async def put(self, record: TaskRecord) -> None:
+        """Insert or replace the record with this task_id."""
+        await self._db.write(Execute(_PUT, task_row(record)))
+
+    async def get(self, task_id: str) -> TaskRecord | None:
+        """The record, or None."""
+        row = await self._db.read(QueryOne(_GET, (task_id,)))
+        return None if row is None else task_from_row(row)
+
+    async def list(
+        self,
+        states: frozenset[str] | None = None,
+        agent_id: str | None = None,
+        after_seq: int = -1,
+        limit: int = 100,
+    ) -> list[TaskRecord]:
+        """Records in `states` (all when None) for `agent_id` (all when None) with seq above
+        `after_seq`, in seq order, at most `limit`."""
+        check_limit(limit)
+        where = (
+            Where()
+            .term("seq > ?", int(after_seq))
+            .compare("agent_id =", agent_id)
+            .among("state", states)
+        )
+        if where.impossible:
+            return []
+        sql = f"SELECT {TASKS.sql} FROM tasks WHERE {where.sql} ORDER BY seq LIMIT ?"
+        rows = await self._db.read(Query(sql, [*where.params, limit]))
+        return [task_from_row(row) for row in rows]
+
+    async def max_seq(self) -> int:
+        """The highest seq stored, -1 when there are no tasks."""
+        row = await self._db.read(QueryOne(_MAX_SEQ))
+        assert row is not None  # an aggregate without GROUP BY has one row
+        return int(row[0])
