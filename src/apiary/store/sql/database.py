@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar, TypeVarTuple, overload
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar, TypeVarTuple, overload
 
 from apiary.store.sql.dialect import Dialect
 from apiary.store.sql.statements import Statement, Transaction
@@ -30,14 +30,14 @@ class SqlDatabase(Protocol):
         ...
 
     @overload
-    def write(self, work: Statement[T], /) -> Awaitable[T]: ...
+    def write(self, work: Statement[T], /, *params: Sequence[Any]) -> Awaitable[T]: ...
     @overload
     def write(
         self, work: Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
     ) -> Awaitable[T]: ...
 
     @overload
-    def read(self, work: Statement[T], /) -> Awaitable[T]: ...
+    def read(self, work: Statement[T], /, *params: Sequence[Any]) -> Awaitable[T]: ...
     @overload
     def read(
         self, work: Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts

@@ -109,12 +109,12 @@ def _attempt_object(value: Any) -> dict[str, Any]:
     return value
 
 
-_ADD = by_dialect(lambda d: d.insert("dlq", DLQ, " RETURNING entry_id"))
-_GET = f"SELECT {DLQ.sql} FROM dlq WHERE entry_id = ?"
-_REQUEUED = (
+_ADD = Query(by_dialect(lambda d: d.insert("dlq", DLQ, " RETURNING entry_id")))
+_GET = QueryOne(f"SELECT {DLQ.sql} FROM dlq WHERE entry_id = ?")
+_REQUEUED = Query(
     f"UPDATE dlq SET requeued_at = ?, requeued_as = ? WHERE entry_id = ? RETURNING {DLQ.sql}"
 )
-_PURGE = "DELETE FROM dlq WHERE failed_at < ?"
+_PURGE = Execute("DELETE FROM dlq WHERE failed_at < ?")
 
 
 class SqlDlqStore:
@@ -126,14 +126,14 @@ class SqlDlqStore:
     async def add(self, entry: DlqEntry) -> DlqEntry:
         """Record an entry; returns it with its entry_id assigned (the given one ignored)."""
         row = DLQ.of(dlq_row(entry))
-        ((entry_id,),) = await self._db.write(Query(_ADD, DLQ.insert_values(row)))
+        ((entry_id,),) = await self._db.write(_ADD, DLQ.insert_values(row))
         # The attempts as stored (detached from the caller's dicts), as `get` returns them.
         attempts = tuple(load_json_list(row.attempts))
         return dataclasses.replace(entry, entry_id=int(entry_id), attempts=attempts)
 
     async def get(self, entry_id: int) -> DlqEntry | None:
         """The entry, or None."""
-        row = await self._db.read(QueryOne(_GET, (entry_id,)))
+        row = await self._db.read(_GET, (entry_id,))
         return None if row is None else dlq_from_row(row)
 
     async def list(
@@ -155,11 +155,11 @@ class SqlDlqStore:
     async def mark_requeued(self, entry_id: int, at: float, new_message_id: str) -> DlqEntry:
         """Record that the entry was requeued; LookupError for an unknown id."""
         params = (float(at), new_message_id, entry_id)
-        rows = await self._db.write(Query(_REQUEUED, params))
+        rows = await self._db.write(_REQUEUED, params)
         if not rows:
             raise LookupError(f"no DLQ entry {entry_id}")
         return dlq_from_row(rows[0])
 
     async def purge(self, before: float) -> int:
         """Delete entries that failed before `before` (retention); returns how many."""
-        return await self._db.write(Execute(_PURGE, (float(before),)))
+        return await self._db.write(_PURGE, (float(before),))

@@ -111,8 +111,8 @@ def _strings(value: Json) -> tuple[str, ...]:
     return tuple(str(item) for item in json_list_of(value))
 
 
-_PUT = by_dialect(lambda d: d.upsert("handoffs", HANDOFFS, "request_id"))
-_GET = f"SELECT {HANDOFFS.sql} FROM handoffs WHERE request_id = ?"
+_PUT = Execute(by_dialect(lambda d: d.upsert("handoffs", HANDOFFS, "request_id")))
+_GET = QueryOne(f"SELECT {HANDOFFS.sql} FROM handoffs WHERE request_id = ?")
 
 
 class SqlHandoffStore:
@@ -123,11 +123,11 @@ class SqlHandoffStore:
 
     async def put(self, record: HandoffRecord) -> None:
         """Insert or replace the record with this request_id."""
-        await self._db.write(Execute(_PUT, handoff_row(record)))
+        await self._db.write(_PUT, handoff_row(record))
 
     async def get(self, request_id: str) -> HandoffRecord | None:
         """The record, or None."""
-        row = await self._db.read(QueryOne(_GET, (request_id,)))
+        row = await self._db.read(_GET, (request_id,))
         return None if row is None else handoff_from_row(row)
 
     async def list(

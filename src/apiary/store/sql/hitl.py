@@ -95,8 +95,8 @@ def hitl_from_row(fetched: Sequence[Any]) -> HitlRecord:
     )
 
 
-_PUT = by_dialect(lambda d: d.upsert("hitl", HITL, "invocation_id"))
-_GET = f"SELECT {HITL.sql} FROM hitl WHERE invocation_id = ?"
+_PUT = Execute(by_dialect(lambda d: d.upsert("hitl", HITL, "invocation_id")))
+_GET = QueryOne(f"SELECT {HITL.sql} FROM hitl WHERE invocation_id = ?")
 
 
 class SqlHitlStore:
@@ -107,11 +107,11 @@ class SqlHitlStore:
 
     async def put(self, record: HitlRecord) -> None:
         """Insert or replace the record with this invocation_id."""
-        await self._db.write(Execute(_PUT, hitl_row(record)))
+        await self._db.write(_PUT, hitl_row(record))
 
     async def get(self, invocation_id: str) -> HitlRecord | None:
         """The record, or None."""
-        row = await self._db.read(QueryOne(_GET, (invocation_id,)))
+        row = await self._db.read(_GET, (invocation_id,))
         return None if row is None else hitl_from_row(row)
 
     async def list(

@@ -76,9 +76,9 @@ def _attempt_ids(attempts: Sequence[str]) -> list[str]:
     return list(attempts)
 
 
-_PUT = by_dialect(lambda d: d.upsert("idempotency", IDEMPOTENCY, "token"))
-_GET = f"SELECT {IDEMPOTENCY.sql} FROM idempotency WHERE token = ?"
-_PURGE = "DELETE FROM idempotency WHERE updated_at < ?"
+_PUT = Execute(by_dialect(lambda d: d.upsert("idempotency", IDEMPOTENCY, "token")))
+_GET = QueryOne(f"SELECT {IDEMPOTENCY.sql} FROM idempotency WHERE token = ?")
+_PURGE = Execute("DELETE FROM idempotency WHERE updated_at < ?")
 
 
 class SqlIdempotencyStore:
@@ -89,13 +89,13 @@ class SqlIdempotencyStore:
 
     async def get(self, token: str) -> IdempotencyRecord | None:
         """The record of `token`, or None."""
-        row = await self._db.read(QueryOne(_GET, (token,)))
+        row = await self._db.read(_GET, (token,))
         return None if row is None else idempotency_from_row(row)
 
     async def put(self, record: IdempotencyRecord) -> None:
         """Insert or replace the record for record.token."""
-        await self._db.write(Execute(_PUT, idempotency_row(record)))
+        await self._db.write(_PUT, idempotency_row(record))
 
     async def purge(self, before: float) -> int:
         """Delete records last updated before `before`; returns how many."""
-        return await self._db.write(Execute(_PURGE, (float(before),)))
+        return await self._db.write(_PURGE, (float(before),))

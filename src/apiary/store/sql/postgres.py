@@ -6,7 +6,7 @@ runs on its own in autocommit mode, one round trip instead of three (BEGIN, it, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, TypeVarTuple
 
 import psycopg
@@ -27,10 +27,15 @@ T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
 
-async def run_statement(conn: Connection, statement: Statement[T]) -> T:
-    """Run one statement on `conn`; its result (psycopg errors as they come)."""
+async def run_statement(
+    conn: Connection, statement: Statement[T], params: Sequence[Any] | None = None
+) -> T:
+    """Run one statement on `conn` with `params` (None: its own); its result (psycopg
+    errors as they come)."""
     text = POSTGRESQL.render(statement.sql)
-    kind, params = statement.__class__, statement.params
+    kind = statement.__class__
+    if params is None:
+        params = statement.params
     result: Any
     if kind is ExecuteMany:
         if params:
@@ -93,7 +98,8 @@ class PostgresSqlDatabase:
         """Run `work` in a transaction of its own (a lone statement in autocommit)."""
         async with self._pool.connection() as conn:
             if isinstance(work, Statement):
-                return await run_statement(conn, work)
+                params = args[0] if args else None
+                return await run_statement(conn, work, params)  # type: ignore[arg-type]
             async with conn.transaction():
                 return await run_transaction(conn, work, args)
 

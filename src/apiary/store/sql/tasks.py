@@ -99,9 +99,9 @@ def task_from_row(fetched: Sequence[Any]) -> TaskRecord:
     )
 
 
-_PUT = by_dialect(lambda d: d.upsert("tasks", TASKS, "task_id"))
-_GET = f"SELECT {TASKS.sql} FROM tasks WHERE task_id = ?"
-_MAX_SEQ = "SELECT COALESCE(MAX(seq), -1) FROM tasks"
+_PUT = Execute(by_dialect(lambda d: d.upsert("tasks", TASKS, "task_id")))
+_GET = QueryOne(f"SELECT {TASKS.sql} FROM tasks WHERE task_id = ?")
+_MAX_SEQ = QueryOne("SELECT COALESCE(MAX(seq), -1) FROM tasks")
 
 
 class SqlTaskStore:
@@ -112,11 +112,11 @@ class SqlTaskStore:
 
     async def put(self, record: TaskRecord) -> None:
         """Insert or replace the record with this task_id."""
-        await self._db.write(Execute(_PUT, task_row(record)))
+        await self._db.write(_PUT, task_row(record))
 
     async def get(self, task_id: str) -> TaskRecord | None:
         """The record, or None."""
-        row = await self._db.read(QueryOne(_GET, (task_id,)))
+        row = await self._db.read(_GET, (task_id,))
         return None if row is None else task_from_row(row)
 
     async def list(
@@ -143,6 +143,6 @@ class SqlTaskStore:
 
     async def max_seq(self) -> int:
         """The highest seq stored, -1 when there are no tasks."""
-        row = await self._db.read(QueryOne(_MAX_SEQ))
+        row = await self._db.read(_MAX_SEQ)
         assert row is not None  # an aggregate without GROUP BY has one row
         return int(row[0])

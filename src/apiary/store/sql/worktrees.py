@@ -96,7 +96,7 @@ _UPDATE = (
     f"UPDATE worktrees SET {', '.join(f'{name} = ?' for name in _UPDATED)}"
     " WHERE agent_id = ? AND version = ?"
 )
-_GET = f"SELECT {WORKTREES.sql} FROM worktrees WHERE agent_id = ?"
+_GET = QueryOne(f"SELECT {WORKTREES.sql} FROM worktrees WHERE agent_id = ?")
 
 
 def worktree_write(values: tuple[Any, ...]) -> Execute:
@@ -126,7 +126,7 @@ class SqlWorktreeStore:
 
     async def get(self, agent_id: str) -> WorktreeBinding | None:
         """The record, or None."""
-        row = await self._db.read(QueryOne(_GET, (agent_id,)))
+        row = await self._db.read(_GET, (agent_id,))
         return None if row is None else worktree_from_row(row)
 
     async def list(
