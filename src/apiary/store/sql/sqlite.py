@@ -138,7 +138,9 @@ class SqliteSqlDatabase:
         # No cast(): its Statement[T] would be subscripted at run time, at every write.
         sql, params = work.sql, args[0] if args else work.params  # type: ignore[union-attr]
         text = sql if isinstance(sql, str) else sql.sqlite
-        return self._db.call(perform, text, plain_params(kind, params))  # type: ignore[arg-type]
+        if kind is ExecuteMany or (params.__class__ is not tuple and params.__class__ is not list):
+            params = plain_params(kind, params)  # type: ignore[arg-type]
+        return self._db.call(perform, text, params)
 
     def read(
         self, work: Statement[T] | Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
@@ -150,5 +152,6 @@ class SqliteSqlDatabase:
             return self._db.read(lambda conn: read_transaction(conn, work, args))  # type: ignore[arg-type]
         sql, params = work.sql, args[0] if args else work.params  # type: ignore[union-attr]
         text = sql if isinstance(sql, str) else sql.sqlite
-        params = plain_params(kind, params)  # type: ignore[arg-type]
+        if kind is ExecuteMany or (params.__class__ is not tuple and params.__class__ is not list):
+            params = plain_params(kind, params)  # type: ignore[arg-type]
         return self._db.read(lambda conn: perform(conn, text, params))
