@@ -231,11 +231,6 @@ async def open_sqlite_database(
         await database.close()
 
 
-def placeholders(count: int) -> str:
-    """`count` comma-separated SQLite parameter markers."""
-    return ", ".join("?" * count)
-
-
 def _open(path: Path, options: SqliteOptions) -> SqliteDatabase:
     if options.writer == "process":
         return _open_with_process(path, options)
