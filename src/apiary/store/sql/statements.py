@@ -17,7 +17,9 @@ error reaches the generator as a StoreError thrown at the statement's `yield`; i
 catch it to raise a clearer error, but not go on (PostgreSQL has aborted the transaction).
 
 A lone statement is a transaction of its own (`SqlDatabase.write(Execute(...))`): the
-drivers run it without BEGIN and COMMIT around it where the database allows.
+drivers run it without BEGIN and COMMIT around it where the database allows. One that runs
+often is a module-level constant given its parameters where it runs
+(`db.write(_PUT, row)`), which saves allocating it per call.
 """
 
 from __future__ import annotations
