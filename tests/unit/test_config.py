@@ -13,7 +13,7 @@ from apiary.engine.settings import SchedulerSettings
 from apiary.errors import ValidationError
 from apiary.server.config.address import Address
 from apiary.server.config.loader import load_config
-from apiary.server.config.server import exposure_problem
+from apiary.server.config.server import exposure_problem, secured
 
 
 def test_defaults() -> None:
@@ -488,7 +488,9 @@ def test_a_non_loopback_address_needs_tls_and_signing_or_insecure(tmp_path: Path
     tls = {"tls_cert": str(cert), "tls_key": str(key)}
     only_tls = exposure_problem(load_config(None, {}, {"grpc": "0.0.0.0:1", **tls}))
     assert only_tls is not None and "signing_required" in only_tls
-    assert exposure_problem(load_config(signed, {}, tls)) is None
+    signed_only = exposure_problem(load_config(signed, {}, tls))
+    assert signed_only is not None and "[auth] secure" in signed_only and "--secure" in signed_only
+    assert exposure_problem(secured(load_config(signed, {}, tls))) is None
     for local in ("127.0.0.1:1", "[::1]:1", "localhost:1"):
         assert exposure_problem(load_config(None, {}, {"grpc": local})) is None
 
@@ -553,3 +555,50 @@ def test_serve_refuses_a_bad_store_url_before_it_creates_anything(tmp_path: Path
     problem = "writer must be thread or process, not 'fork'"
     assert done.stderr.strip() == f"apiary serve: store: {problem}"
     assert not (tmp_path / "d").exists()
+
+
+def test_secure_mode_needs_tls_and_turns_signing_and_authorization_on(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError) as caught:
+        secured(load_config(None, {}, {}))
+    assert caught.value.details["field"] == "tls_cert" and "apiary certs dev" in caught.value.message
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.write_text("certificate")
+    key.write_text("key")
+    plain = load_config(None, {}, {"tls_cert": str(cert), "tls_key": str(key)})
+    assert not plain.auth.secure and not plain.router.signing_required
+    secure = secured(plain)
+    assert secure.auth.secure and secure.router.signing_required
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ("secure = 1", "secure"),
+        ("proof_window_s = 0", "proof_window_s"),
+        ("proof_window_s = 3601", "proof_window_s"),
+        ("proof_window_s = true", "proof_window_s"),
+        ('audience = "a b"', "audience"),
+        ("keys_file = 3", "keys_file"),
+        ("colour = 1", "colour"),
+        ("certificates = 1", "certificates"),
+    ],
+)
+def test_the_auth_table_names_the_bad_setting(tmp_path: Path, table: str, field: str) -> None:
+    path = tmp_path / "apiary.toml"
+    path.write_text(f"[auth]\n{table}\n")
+    with pytest.raises(ValidationError) as caught:
+        load_config(path, {}, {})
+    assert caught.value.details["field"] == field
+    assert str(path) in caught.value.message
+
+
+def test_the_auth_table_reads_each_setting(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.toml"
+    path.write_text(
+        "[auth]\nsecure = true\nproof_window_s = 30\naudience = \"prod\"\nlog_allowed = false\n"
+        '[[auth.certificates]]\ncommon_name = "ci-runner"\nkind = "application"\nname = "ci"\n'
+    )
+    auth = load_config(path, {}, {}).auth
+    assert auth.secure and auth.proof_window_s == 30.0 and auth.audience == "prod"
+    assert auth.log_allowed is False
+    assert [(r.common_name, r.name) for r in auth.certificates] == [("ci-runner", "ci")]

@@ -7,6 +7,8 @@ import typer
 from apiary import __version__
 from apiary.cli import (
     agent,
+    auth,
+    certs,
     dlq,
     handoff,
     hitl,
@@ -46,6 +48,8 @@ app.add_typer(tool.app, name="tool")
 app.add_typer(negotiation.app, name="negotiation")
 app.add_typer(swarm.app, name="swarm")
 app.add_typer(task.app, name="task")
+app.add_typer(auth.app, name="auth")
+app.add_typer(certs.app, name="certs")
 
 
 @app.command()

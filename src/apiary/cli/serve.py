@@ -13,7 +13,7 @@ import typer
 
 from apiary.errors import ValidationError
 from apiary.server.config.loader import load_config
-from apiary.server.config.server import ServerConfig, exposure_problem
+from apiary.server.config.server import ServerConfig, exposure_problem, secured
 from apiary.server.coordinator import open_coordinator
 from apiary.server.interpreter import tune_for_serving
 
@@ -35,10 +35,17 @@ def serve(
     tls_client_ca: Path | None = typer.Option(
         None, "--tls-client-ca", help="Require client certificates from this CA (mTLS)"
     ),
+    secure: bool = typer.Option(
+        False,
+        "--secure",
+        help="Secure mode: TLS, authentication, default-deny authorization and message "
+        "signing together (docs/security.md)",
+    ),
     insecure: bool = typer.Option(
         False,
         "--insecure",
-        help="Serve a non-loopback address without TLS and signing (a trusted network only)",
+        help="Serve a non-loopback address without TLS, authentication and signing (a "
+        "trusted network only)",
     ),
 ) -> None:
     """Run the coordinator: every SW4RM service on one gRPC port, HTTP on another."""
@@ -54,6 +61,10 @@ def serve(
     }
     try:
         settings = load_config(config, os.environ, flags)
+        if secure and insecure:
+            raise ValidationError("--secure and --insecure contradict each other")
+        if secure or settings.auth.secure:
+            settings = secured(settings)
     except ValidationError as exc:
         typer.echo(f"apiary serve: {exc.message}", err=True)
         raise typer.Exit(2) from None

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from apiary.core.access.principal import ANONYMOUS, Principal, PrincipalKind
 from apiary.core.signatures import SIGNATURE_KEY, decode_signature
-from apiary.errors import ValidationError
+from apiary.engine.operators import Operator
+from apiary.errors import UnauthenticatedError, ValidationError
 
 RECIPIENT_KEY = "sw4rm-recipient"
 """Request metadata naming a message's recipient (DESIGN.md section 4)."""
 RESUME_AFTER_KEY = "sw4rm-resume-after"
 """StreamIncoming request metadata: resume delivery after this inbox offset (RFC 5.5)."""
+AGENT_KEY = "sw4rm-agent-id"
+"""Request metadata naming the calling agent: what identifies an anonymous caller in dev
+mode; an authenticated agent is its credential, and metadata naming another is refused."""
+
+
+def _no_certificate() -> bytes:
+    return b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,9 +30,47 @@ class CallContext:
     metadata: Mapping[str, str] = field(default_factory=dict)
     """Request metadata with lower-case keys (gRPC metadata or HTTP headers)."""
     peer: str = ""
+    peer_certificate: Callable[[], bytes] = _no_certificate
+    """The client certificate (PEM) the connection presented; b"" without mTLS."""
+    principal: Principal = ANONYMOUS
+    """Who the call acts as, set by the access guard before any handler runs."""
 
     def get(self, key: str, default: str = "") -> str:
         return self.metadata.get(key, default)
+
+    def agent_id(self) -> str:
+        """The agent the call acts as: the authenticated agent; for an anonymous caller (dev
+        mode) the agent its `sw4rm-agent-id` metadata names; else ''."""
+        kind = self.principal.kind
+        if kind is PrincipalKind.AGENT:
+            return self.principal.name
+        if kind is PrincipalKind.ANONYMOUS:
+            return self.metadata.get(AGENT_KEY, "")
+        return ""
+
+    def caller(self) -> str:
+        """How events name the caller: the agent it acts as, else the principal's name, else
+        the peer address."""
+        if self.principal.kind is PrincipalKind.ANONYMOUS:
+            return self.metadata.get(AGENT_KEY, "") or self.peer or "anonymous"
+        return self.principal.name
+
+    def operator(self) -> Operator:
+        """The authenticated operator making the call; UnauthenticatedError otherwise."""
+        principal = self.principal
+        if principal.kind is PrincipalKind.OPERATOR:
+            return Operator(principal.name, principal.roles)
+        raise UnauthenticatedError(
+            "this operation needs an operator: `authorization: Bearer <operator token or API "
+            f"key>` or an operator's client certificate (the call is {principal.label})",
+            {"field": "authorization"},
+        )
+
+    def operator_or_none(self) -> Operator | None:
+        principal = self.principal
+        if principal.kind is PrincipalKind.OPERATOR:
+            return Operator(principal.name, principal.roles)
+        return None
 
 
 def request_proof(ctx: CallContext) -> bytes:

@@ -10,6 +10,7 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -39,6 +40,9 @@ from apiary.engine.settings import RouterSettings
 from apiary.engine.tools.service import ToolService
 from apiary.engine.workflows import Workflows
 from apiary.engine.worktrees.worktrees import Worktrees
+from apiary.server.auth.authenticator import Authenticator
+from apiary.server.auth.guard import AccessGuard
+from apiary.server.auth.keys import KeyRing, credentials_path
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.dispatch import Dispatcher
@@ -156,6 +160,24 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
     }
 
 
+def _access_guard(
+    config: ServerConfig, engine: Engine, runtime: Runtime, metrics: Metrics
+) -> AccessGuard:
+    """The one access guard of every surface (docs/security.md)."""
+    auth = config.auth
+    authenticator = Authenticator(
+        operators=engine.hitl.operators,
+        keys=KeyRing(Path(auth.keys_file) if auth.keys_file else credentials_path(config.data_dir)),
+        certificates=auth.certificates, public_key=engine.registry.public_key,
+        now=runtime.clock.now, audience=auth.audience, window_s=auth.proof_window_s,
+        secure=auth.secure,
+    )  # fmt: skip
+    return AccessGuard(
+        authenticator, engine.events, secure=auth.secure, denied=metrics.access_denied,
+        owners={"tool_call": engine.tools.owner_of}, log_allowed=auth.log_allowed,
+    )  # fmt: skip
+
+
 def _bind_http(address: Address) -> socket.socket:
     family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -213,7 +235,8 @@ async def open_coordinator(
             engine.router, engine.activity, engine.scheduler, engine.events,
             store_stats=(lambda: store.stats) if isinstance(store, SqliteStore) else None,
         )  # fmt: skip
-        dispatcher = Dispatcher(_handlers(engine, runtime))
+        guard = _access_guard(config, engine, runtime, metrics)
+        dispatcher = Dispatcher(_handlers(engine, runtime), guard)
         server, health = build_grpc_server(dispatcher, metrics)
         grpc_address = _bind_grpc(server, config)
         http_socket = _bind_http(config.http)
@@ -223,7 +246,7 @@ async def open_coordinator(
         )  # fmt: skip
         app = build_http_app(
             dispatcher, metrics, lambda: state.ready,
-            ConsoleSources(engine.events, engine.workflows),
+            ConsoleSources(engine.events, engine.workflows), guard,
         )  # fmt: skip
         if swarm is not None:
             add_swarm_routes(app, swarm.node)

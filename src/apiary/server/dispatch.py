@@ -16,7 +16,10 @@ from typing import Any, cast
 
 from google.protobuf.message import Message
 
+from apiary.core.access.rules import Rule
+from apiary.core.access.table import METHOD_RULES
 from apiary.errors import UnimplementedError
+from apiary.server.auth.guard import AccessGuard
 from apiary.server.context import CallContext
 from apiary.wire.services import SERVICES, RpcMethod
 
@@ -96,21 +99,56 @@ def _unimplemented(method: RpcMethod) -> UnaryFn | StreamFn | BidiFn:
     return unary
 
 
-class Dispatcher:
-    """Routes every served method to its handler (or to an `unimplemented` answer)."""
+def _guarded(method: RpcMethod, rule: Rule, fn: Any, guard: AccessGuard) -> Any:
+    """`fn` behind the guard: the call is decided before the handler runs (a client stream
+    when it opens, then frame by frame), and the handler's context carries the principal."""
+    path = method.path
+    if method.client_streaming:
 
-    def __init__(self, handlers: Mapping[str, object]) -> None:
+        async def bidi(frames: AsyncIterator[Message], ctx: CallContext) -> AsyncIterator[Message]:
+            ctx = guard.admit(path, rule, None, ctx)
+            async for item in fn(guard.frames(path, rule, frames, ctx), ctx):
+                yield item
+
+        return bidi
+    if method.server_streaming:
+
+        async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:
+            ctx = guard.admit(path, rule, request, ctx)
+            async for item in fn(request, ctx):
+                yield item
+
+        return stream
+
+    async def unary(request: Message, ctx: CallContext) -> Message:
+        return await fn(request, guard.admit(path, rule, request, ctx))  # type: ignore[no-any-return]
+
+    return unary
+
+
+class Dispatcher:
+    """Routes every served method to its handler (or to an `unimplemented` answer), each
+    behind the access guard when there is one: every method has a rule in
+    core/access/table.py, or the dispatcher refuses to be built."""
+
+    def __init__(self, handlers: Mapping[str, object], guard: AccessGuard | None = None) -> None:
         unknown = set(handlers) - set(SERVICES)
         if unknown:
             raise ValueError(f"handlers for unknown services: {sorted(unknown)}")
+        unruled = [m.path for ms in SERVICES.values() for m in ms if m.path not in METHOD_RULES]
+        if unruled:
+            raise ValueError(f"methods without an authorization rule: {unruled}")
         self._routes: dict[str, Route] = {}
         for service, methods in SERVICES.items():
             handler = handlers.get(service)
             for method in methods:
                 fn: Any = getattr(handler, snake_case(method.name), None) if handler else None
                 implemented = fn is not None
-                route = Route(method, fn if implemented else _unimplemented(method), implemented)
-                self._routes[method.path] = route
+                if not implemented:
+                    fn = _unimplemented(method)
+                if guard is not None:
+                    fn = _guarded(method, METHOD_RULES[method.path], fn, guard)
+                self._routes[method.path] = Route(method, fn, implemented)
 
     def route(self, path: str) -> Route | None:
         """The route for '/package.Service/Method', or None if no such method exists."""

@@ -253,6 +253,13 @@ class Metrics:
             ("transport", "method", "code"),
             registry=self.registry,
         )
+        self._denied = Counter(
+            "apiary_access_denied_total",
+            "Calls refused by the authorizer, by action and refusal (unauthenticated or "
+            "permission_denied).",
+            ("action", "refusal"),
+            registry=self.registry,
+        )
         if router is not None:
             self.registry.register(_RouterCollector(router))
         if activity is not None:
@@ -267,6 +274,10 @@ class Metrics:
 
     def rpc_done(self, transport: str, method: str, code: str) -> None:
         self._rpcs.labels(transport, method, code).inc()
+
+    def access_denied(self, action: str, refusal: str) -> None:
+        """One refused call; `action` is a method path or route from the rule table only."""
+        self._denied.labels(action, refusal).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -471,6 +471,12 @@ class ToolService:
 
     # ------------------------------------------------------------------ cancel
 
+    def owner_of(self, call_id: str) -> str | None:
+        """Who made the call `call_id` while it runs (the access guard lets only it, or a
+        `tools` operator, cancel it); None when no such call runs."""
+        call = self.calls.get(call_id)
+        return None if call is None or call.state.terminal else call.caller
+
     async def cancel(self, call_id: str, by: str = "") -> CancelAnswer:
         """Cancel (RFC 18.6): best effort; the call's stream ends with its final frame."""
         if not call_id:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from apiary.engine.worktrees.settings import WorktreeSettings
 from apiary.errors import ValidationError
+from apiary.server.config.auth import auth_settings
 from apiary.server.config.handoff import handoff_policy
 from apiary.server.config.hitl import hitl_settings
 from apiary.server.config.negotiation import negotiation_settings
@@ -62,6 +63,7 @@ _PARSERS: dict[str, _Parse] = {
     "tools": _table_of(tool_settings, "tools"),
     "negotiation": _table_of(negotiation_settings, "negotiation"),
     "swarm": _swarm,
+    "auth": _table_of(auth_settings, "auth"),
 }
 """The parser of each table, keyed by its ServerConfig field, in the order the tables are
 checked (the first error is the one reported); [server] comes before them (apply_layer)."""

@@ -18,6 +18,7 @@ from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.tools.settings import ToolSettings
 from apiary.engine.worktrees.settings import WorktreeSettings
 from apiary.errors import ValidationError
+from apiary.server.auth.settings import AuthSettings
 from apiary.server.config.address import Address, is_loopback_host
 from apiary.store.open import check_store_url
 from apiary.swarm.settings import PeerSettings
@@ -53,6 +54,8 @@ class ServerConfig:
     """Tool settings: TOML table [tools] (see docs/tools.md)."""
     negotiation: NegotiationSettings = field(default_factory=NegotiationSettings)
     """Negotiation settings: TOML table [negotiation] (see docs/negotiation.md)."""
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    """Authentication and authorization: TOML table [auth] (docs/security.md)."""
     swarm: PeerSettings | None = None
     """A swarm peer served by the coordinator: TOML table [swarm] (docs/swarm.md)."""
     tls_cert: Path | None = None
@@ -102,11 +105,30 @@ def apply_layer(config: ServerConfig, values: Mapping[str, Any], source: str) ->
     return replace(config, **{k: _coerce(k, v, source) for k, v in values.items()})
 
 
+def secured(config: ServerConfig) -> ServerConfig:
+    """`config` in secure mode (`apiary serve --secure`, DESIGN.md section 9): TLS, which must
+    be configured, then authentication with default-deny authorization and message signing,
+    turned on together."""
+    if config.tls_cert is None or config.tls_key is None:
+        raise ValidationError(
+            "--secure needs TLS: set tls_cert and tls_key (or --tls-cert and --tls-key); "
+            "`apiary certs dev` makes a local CA and certificates to try it",
+            {"field": "tls_cert"},
+        )
+    return replace(
+        config,
+        auth=replace(config.auth, secure=True),
+        router=replace(config.router, signing_required=True),
+    )
+
+
 def exposure_problem(config: ServerConfig, *, insecure: bool = False) -> str | None:
     """Why `config` may not serve as it is, or None. Across a network boundary the secure
     mode is required (RFC 6.2; DESIGN.md section 9): a gRPC or HTTP address that is not
-    loopback needs TLS (`tls_cert` and `tls_key`) and message signing (`[router]
-    signing_required = true`), unless the operator says the network is trusted (`insecure`)."""
+    loopback needs TLS (`tls_cert` and `tls_key`), message signing (`[router]
+    signing_required = true`) and default-deny authorization (`[auth] secure = true`), which
+    `--secure` turns on together, unless the operator says the network is trusted
+    (`insecure`)."""
     if insecure:
         return None
     missing = [
@@ -114,6 +136,7 @@ def exposure_problem(config: ServerConfig, *, insecure: bool = False) -> str | N
         for what, on in (
             ("TLS (tls_cert and tls_key, or --tls-cert and --tls-key)", config.tls_cert),
             ("message signing ([router] signing_required = true)", config.router.signing_required),
+            ("authentication ([auth] secure = true)", config.auth.secure),
         )
         if not on
     ]
@@ -123,8 +146,8 @@ def exposure_problem(config: ServerConfig, *, insecure: bool = False) -> str | N
         if not is_loopback_host(address.host):
             return (
                 f"{name} address {address.host}:{address.port} is not loopback and needs "
-                f"{' and '.join(missing)}; or pass --insecure to serve without them on a "
-                "network you trust"
+                f"{' and '.join(missing)}: serve with --secure; or pass --insecure to serve "
+                "without them on a network you trust"
             )
     return None
 

@@ -17,10 +17,20 @@ from apiary.server.metrics import Metrics
 from apiary.wire.errordetail import ERROR_TRAILER, encode_error_detail
 from apiary.wire.services import SERVICES
 
+PEER_CERTIFICATE = "x509_pem_cert"
+"""The auth-context property carrying the client certificate of an mTLS connection."""
+
 
 def _context(ctx: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
     metadata = {k.lower(): v for k, v in (ctx.invocation_metadata() or ()) if isinstance(v, str)}
-    return CallContext(transport="grpc", metadata=metadata, peer=ctx.peer() or "")
+
+    def certificate() -> bytes:
+        found = ctx.auth_context().get(PEER_CERTIFICATE)
+        return found[0] if found else b""
+
+    return CallContext(
+        transport="grpc", metadata=metadata, peer=ctx.peer() or "", peer_certificate=certificate
+    )
 
 
 async def _abort(

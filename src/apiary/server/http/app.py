@@ -8,7 +8,9 @@ from collections.abc import Callable
 from aiohttp import web
 
 from apiary import __version__
+from apiary.server.auth.guard import AccessGuard
 from apiary.server.dispatch import Dispatcher
+from apiary.server.http.access import access_middleware
 from apiary.server.http.console import ConsoleSources, add_console_routes
 from apiary.server.http.gateway import MAX_BODY, JsonGateway
 from apiary.server.metrics import CONTENT_TYPE, Metrics
@@ -19,9 +21,11 @@ def build_http_app(
     metrics: Metrics,
     is_ready: Callable[[], bool],
     console: ConsoleSources | None = None,
+    guard: AccessGuard | None = None,
 ) -> web.Application:
-    """The HTTP app; the console reads `console` (without it, its data panels answer 503)."""
-    app = web.Application(client_max_size=MAX_BODY)
+    """The HTTP app; the console reads `console` (without it, its data panels answer 503).
+    Every route is behind the access middleware (same-origin checks, the route's rule)."""
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[access_middleware(guard, metrics)])
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "version": __version__})

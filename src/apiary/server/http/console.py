@@ -33,7 +33,7 @@ from apiary.core.events import Event, EventFilter
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.workflows import Workflows
 from apiary.errors import NotFoundError, UnavailableError, ValidationError
-from apiary.server.errormap import answer_for
+from apiary.server.http.errors import error_response
 from apiary.wire.workflow import definition_to_proto, state_to_proto
 
 log = logging.getLogger("apiary.server.console")
@@ -77,13 +77,6 @@ class ConsoleSources:
     workflows: Workflows | None = None
 
 
-def _error(exc: Exception, where: str) -> web.Response:
-    """The gateway's error shape and status, so the page shows every error the same way."""
-    answer = answer_for(exc, where)
-    body = {"error": {"code": answer.code, "message": answer.message, "details": answer.details}}
-    return web.json_response(body, status=answer.spec.http_status)
-
-
 def _cursor(text: str, field: str) -> int:
     if not text.strip().isdigit():
         raise ValidationError.for_field(field, f"must be a non-negative integer, not {text!r}")
@@ -125,7 +118,7 @@ class EventStream:
                 raise UnavailableError(f"at most {MAX_STREAMS} event streams at once")
             after, keepalive = await self._start(request, self._events)
         except Exception as exc:
-            return _error(exc, STREAM_PATH)
+            return error_response(exc, STREAM_PATH)
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream; charset=utf-8",
@@ -238,7 +231,7 @@ class WorkflowIndex:
                     }
                 )
         except Exception as exc:
-            return _error(exc, request.path)
+            return error_response(exc, request.path)
         return web.json_response({"workflows": shown})
 
 
@@ -270,7 +263,7 @@ class ConsoleAssets:
 
     def _serve(self, name: str) -> web.Response:
         if name not in self._files:
-            return _error(NotFoundError(f"no console file {name!r}"), "/console")
+            return error_response(NotFoundError(f"no console file {name!r}"), "/console")
         body, content_type = self._files[name]
         return web.Response(
             body=body, content_type=content_type, charset="utf-8", headers=PAGE_HEADERS

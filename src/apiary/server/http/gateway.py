@@ -10,7 +10,6 @@ with `{"error": {"code", "message", "details"}}`.
 from __future__ import annotations
 
 import json
-import urllib.parse
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,11 +17,12 @@ from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from apiary.errors import NotFoundError, PermissionDeniedError, ValidationError
-from apiary.server.config.address import is_loopback_host
+from apiary.errors import NotFoundError, ValidationError
 from apiary.server.context import RECIPIENT_KEY, CallContext
 from apiary.server.dispatch import Dispatcher, Route
 from apiary.server.errormap import answer_for
+from apiary.server.http.access import http_context
+from apiary.server.http.errors import error_response
 from apiary.server.metrics import Metrics
 
 MAX_BODY = 20 * 1024 * 1024
@@ -30,13 +30,6 @@ MAX_BODY = 20 * 1024 * 1024
 
 def _to_json(msg: Message) -> dict[str, Any]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
-
-
-def error_response(exc: BaseException, where: str, metrics: Metrics) -> web.Response:
-    answer = answer_for(exc, where)
-    metrics.rpc_done("http", where, answer.code)
-    body = {"error": {"code": answer.code, "message": answer.message, "details": answer.details}}
-    return web.json_response(body, status=answer.spec.http_status)
 
 
 def _message(route: Route, body: object, where: str) -> Message:
@@ -75,7 +68,6 @@ class JsonGateway:
     async def call(self, request: web.Request) -> web.StreamResponse:
         path = f"/{request.match_info['service']}/{request.match_info['method']}"
         try:
-            check_same_origin(request)
             route = self._dispatcher.route(path)
             if route is None:
                 raise NotFoundError(f"no RPC {path}", {"path": path})
@@ -113,10 +105,7 @@ class JsonGateway:
         return frames(), self._context(request, {})
 
     def _context(self, request: web.Request, metadata: dict[str, str]) -> CallContext:
-        headers = {k.lower(): v for k, v in request.headers.items()}
-        return CallContext(
-            transport="http", metadata={**headers, **metadata}, peer=request.remote or ""
-        )
+        return http_context(request, metadata)
 
     async def _parse(self, request: web.Request, route: Route) -> tuple[Message, CallContext]:
         raw = await request.read()
@@ -156,34 +145,3 @@ class JsonGateway:
             await items.aclose()  # type: ignore[attr-defined]
         await response.write_eof()
         return response
-
-
-def check_same_origin(request: web.Request) -> None:
-    """Refuse a browser's cross-site request: a page on another site must not make an
-    operator's browser call the coordinator (CSRF), nor a rebound DNS name reach a loopback
-    one. Clients that are not browsers send no Origin and are unaffected."""
-    origin = request.headers.get("Origin")
-    if origin is None:
-        return
-    host = request.headers.get("Host", "")
-    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
-    if _on_loopback(request) and name not in LOOPBACK_NAMES:
-        raise PermissionDeniedError(
-            f"a browser reached this loopback coordinator as {host!r} (DNS rebinding?)",
-            {"host": host, "reason": "not_loopback_host"},
-        )
-    if urllib.parse.urlsplit(origin).netloc != host:
-        raise PermissionDeniedError(
-            f"cross-site request from {origin} refused (this is {host})",
-            {"origin": origin, "reason": "cross_site"},
-        )
-
-
-LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
-
-
-def _on_loopback(request: web.Request) -> bool:
-    sockname = request.transport.get_extra_info("sockname") if request.transport else None
-    if not sockname:
-        return False
-    return is_loopback_host(str(sockname[0]))

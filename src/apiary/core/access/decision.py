@@ -1,0 +1,109 @@
+"""The one access decision (RFC 6.5, DESIGN.md section 9): a principal, a rule and what the
+request names in, allow or deny with the reason out. Pure: the edge resolves the principal,
+the subjects and the owner; it records every decision and raises the refusal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from apiary.core.access.principal import Principal, PrincipalKind
+from apiary.core.access.rules import Rule, Who
+
+UNAUTHENTICATED = "unauthenticated"
+PERMISSION_DENIED = "permission_denied"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    allowed: bool
+    reason: str
+    refusal: str = ""
+    """With a denial: UNAUTHENTICATED (no usable credential) or PERMISSION_DENIED."""
+
+
+def decide(
+    principal: Principal,
+    rule: Rule,
+    subjects: Sequence[str] = (),
+    *,
+    owner: str | None = None,
+    secure: bool,
+    claimed: str = "",
+) -> Decision:
+    """Whether `principal` may make a call under `rule`.
+
+    `subjects` are the agent ids the request names (rule.subjects); `owner` the owner of the
+    object an OWNER rule protects (None when there is no such object: the handler then
+    answers as for any missing object). In dev mode (`secure` false) an anonymous caller may
+    do what any principal may, except cancel what the agent it `claimed` to be does not own.
+    """
+    if rule.who is Who.PUBLIC:
+        return Decision(True, "public")
+    if principal.kind is PrincipalKind.ANONYMOUS:
+        return _anonymous(rule, owner, secure=secure, claimed=claimed)
+    if rule.who is Who.PRINCIPAL:
+        return Decision(True, f"any principal may ({principal.kind.value})")
+    if principal.kind is PrincipalKind.OPERATOR:
+        return _operator(principal, rule)
+    return _actor(principal, rule, subjects, owner)
+
+
+def _anonymous(rule: Rule, owner: str | None, *, secure: bool, claimed: str) -> Decision:
+    if secure:
+        return Decision(
+            False,
+            "this coordinator runs in secure mode: the call needs a credential (a client "
+            "certificate, an API key or an operator token as `authorization: Bearer ...`)",
+            UNAUTHENTICATED,
+        )
+    if rule.who is Who.OWNER and claimed and owner is not None and owner != claimed:
+        return Decision(False, f"{claimed} does not own it ({owner} does)", PERMISSION_DENIED)
+    return Decision(True, "dev mode: anonymous callers are trusted on loopback")
+
+
+def _operator(principal: Principal, rule: Rule) -> Decision:
+    if rule.who is Who.OPERATOR or rule.operators:
+        return Decision(True, "an operator may")
+    if rule.role is not None and principal.has_role(rule.role):
+        return Decision(True, f"holds the role {rule.role.value}")
+    if rule.role is None:
+        return Decision(
+            False, f"{principal.label} is an operator; only the agent itself may", PERMISSION_DENIED
+        )
+    held = ", ".join(sorted(principal.roles)) or "none"
+    return Decision(
+        False,
+        f"{principal.label} needs the operator role {rule.role.value!r} (holds: {held})",
+        PERMISSION_DENIED,
+    )
+
+
+def _actor(
+    principal: Principal, rule: Rule, subjects: Sequence[str], owner: str | None
+) -> Decision:
+    """An agent or an application: it acts as itself only."""
+    if rule.who in (Who.OPERATOR, Who.ROLE):
+        needed = f"the role {rule.role.value!r}" if rule.role is not None else "any role"
+        return Decision(
+            False, f"{principal.label} is not an operator ({needed} needed)", PERMISSION_DENIED
+        )
+    if rule.who is Who.OWNER:
+        if owner is None or owner == principal.name:
+            return Decision(True, "its owner" if owner else "no such object")
+        return Decision(False, f"{principal.label} does not own it", PERMISSION_DENIED)
+    agent_only = not rule.applications and principal.kind is not PrincipalKind.AGENT
+    if agent_only:
+        return Decision(
+            False,
+            f"{principal.label} is not an agent: only the agent itself may",
+            PERMISSION_DENIED,
+        )
+    others = sorted({s for s in subjects if s != principal.name})
+    if others:
+        return Decision(
+            False,
+            f"{principal.label} may act only as itself, not as {', '.join(others)}",
+            PERMISSION_DENIED,
+        )
+    return Decision(True, "acts as itself")

@@ -1,0 +1,178 @@
+"""The rule of every gRPC method and HTTP route: the one table the authorizer reads
+(docs/security.md explains each rule). A method or route missing here is refused, and a test
+fails for it (tests/security/test_rule_table.py), so no later surface can forget its rule."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from apiary.core.access.rules import Role, Rule, Who
+
+PUBLIC = Rule(Who.PUBLIC)
+ANYONE = Rule(Who.PRINCIPAL)
+OPERATOR = Rule(Who.OPERATOR)
+
+
+def _self(*fields: str, role: Role | None = Role.AGENTS) -> Rule:
+    """The agent the fields name acts only as itself; `role` lets an operator act for it."""
+    return Rule(Who.SELF, role, fields)
+
+
+def _producer(field: str) -> Rule:
+    """A message's producer: an agent or an application as itself, or an operator (whose
+    messages are HITL decisions, taken by the operator's authentication, not the name)."""
+    return Rule(Who.SELF, None, (field,), applications=True, operators=True)
+
+
+def _role(role: Role) -> Rule:
+    return Rule(Who.ROLE, role)
+
+
+_AGENT = _self("agent_id")
+
+METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
+    {
+        # Registry: an agent registers, beats and leaves as itself; operators with `agents`
+        # create agent ids for others and revoke them.
+        "/sw4rm.registry.RegistryService/RegisterAgent": _self("agent.agent_id"),
+        "/sw4rm.registry.RegistryService/Heartbeat": _AGENT,
+        "/sw4rm.registry.RegistryService/DeregisterAgent": _AGENT,
+        # Router: a producer sends only as itself; an inbox is read only by its agent.
+        "/sw4rm.router.RouterService/SendMessage": _producer("msg.producer_id"),
+        "/sw4rm.router.RouterService/StreamIncoming": _self("agent_id", role=None),
+        "/apiary.v1.RouterStreamService/SendStream": _producer("items[].msg.producer_id"),
+        "/apiary.v1.RouterStreamService/Inbound": _self("agent_id", role=None),
+        # Scheduler.
+        "/sw4rm.scheduler.SchedulerService/SubmitTask": ANYONE,
+        "/sw4rm.scheduler.SchedulerService/RequestPreemption": _self("agent_id", role=Role.TASKS),
+        "/sw4rm.scheduler.SchedulerService/ShutdownAgent": _AGENT,
+        "/sw4rm.scheduler.SchedulerService/PollActivityBuffer": _AGENT,
+        "/sw4rm.scheduler.SchedulerService/PurgeActivity": _AGENT,
+        "/apiary.v1.AgentControlService/Suspend": _role(Role.AGENTS),
+        "/apiary.v1.AgentControlService/Resume": _role(Role.AGENTS),
+        "/apiary.v1.TaskQueryService/ListTasks": ANYONE,
+        "/apiary.v1.TaskQueryService/GetTask": ANYONE,
+        "/apiary.v1.TaskQueryService/CancelTask": _role(Role.TASKS),
+        "/apiary.v1.ActivityBufferService/Register": _self("entry.agent_id"),
+        "/apiary.v1.ActivityBufferService/Complete": _AGENT,
+        "/apiary.v1.ActivityBufferService/List": ANYONE,
+        # Negotiation policy: reading for everyone, changing for `policy` operators.
+        "/sw4rm.scheduler.SchedulerPolicyService/SetNegotiationPolicy": _role(Role.POLICY),
+        "/sw4rm.scheduler.SchedulerPolicyService/GetNegotiationPolicy": ANYONE,
+        "/sw4rm.scheduler.SchedulerPolicyService/SetPolicyProfiles": _role(Role.POLICY),
+        "/sw4rm.scheduler.SchedulerPolicyService/ListPolicyProfiles": ANYONE,
+        "/sw4rm.scheduler.SchedulerPolicyService/GetEffectivePolicy": ANYONE,
+        "/sw4rm.scheduler.SchedulerPolicyService/SubmitEvaluation": ANYONE,
+        "/sw4rm.scheduler.SchedulerPolicyService/HitlAction": _role(Role.POLICY),
+        # HITL: agents ask, operators answer (the invocation's approver roles decide which).
+        "/sw4rm.hitl.HitlService/Decide": ANYONE,
+        "/apiary.v1.HitlOperatorService/List": OPERATOR,
+        "/apiary.v1.HitlOperatorService/Get": OPERATOR,
+        "/apiary.v1.HitlOperatorService/Decide": OPERATOR,
+        "/apiary.v1.HitlOperatorService/Watch": OPERATOR,
+        "/apiary.v1.HitlOperatorService/Escalate": ANYONE,
+        # Worktrees: an agent binds and switches its own; operators approve switches.
+        "/sw4rm.worktree.WorktreeService/Bind": _AGENT,
+        "/sw4rm.worktree.WorktreeService/Unbind": _AGENT,
+        "/sw4rm.worktree.WorktreeService/RequestSwitch": _AGENT,
+        "/sw4rm.worktree.WorktreeService/ApproveSwitch": _role(Role.WORKTREES),
+        "/sw4rm.worktree.WorktreeService/RejectSwitch": _self("agent_id", role=Role.WORKTREES),
+        "/sw4rm.worktree.WorktreeService/Status": ANYONE,
+        "/apiary.v1.WorktreeBindingService/List": ANYONE,
+        "/apiary.v1.WorktreeBindingService/Get": ANYONE,
+        "/apiary.v1.WorktreeBindingService/Bind": _AGENT,
+        "/apiary.v1.WorktreeBindingService/RequestSwitch": _AGENT,
+        "/apiary.v1.WorktreeBindingService/Revoke": _self("agent_id", role=Role.WORKTREES),
+        # Tools: a call is the caller's; only it (or a `tools` operator) cancels it.
+        "/sw4rm.tool.ToolService/Call": ANYONE,
+        "/sw4rm.tool.ToolService/CallStream": ANYONE,
+        "/sw4rm.tool.ToolService/Cancel": Rule(Who.OWNER, Role.TOOLS, ("call_id",), "tool_call"),
+        "/sw4rm.connector.ConnectorService/RegisterProvider": ANYONE,
+        "/sw4rm.connector.ConnectorService/DescribeTools": ANYONE,
+        "/apiary.v1.ToolProviderService/ListProviders": ANYONE,
+        "/apiary.v1.ToolProviderService/RegisterMcpServer": _role(Role.TOOLS),
+        "/apiary.v1.ToolProviderService/RemoveProvider": _role(Role.TOOLS),
+        # Negotiation: participants speak as themselves (from_agent).
+        "/sw4rm.negotiation.NegotiationService/Open": ANYONE,
+        "/sw4rm.negotiation.NegotiationService/Propose": _self("from_agent", role=None),
+        "/sw4rm.negotiation.NegotiationService/Counter": _self("from_agent", role=None),
+        "/sw4rm.negotiation.NegotiationService/Evaluate": _self("from_agent", role=None),
+        "/sw4rm.negotiation.NegotiationService/Decide": _self("decided_by", role=Role.POLICY),
+        "/sw4rm.negotiation.NegotiationService/Abort": ANYONE,
+        "/apiary.v1.NegotiationOperatorService/Open": _role(Role.POLICY),
+        "/apiary.v1.NegotiationOperatorService/List": ANYONE,
+        "/apiary.v1.NegotiationOperatorService/Get": ANYONE,
+        "/sw4rm.negotiation_room.NegotiationRoomService/SubmitProposal": _self(
+            "proposal.producer_id", role=None
+        ),
+        "/sw4rm.negotiation_room.NegotiationRoomService/SubmitVote": _self(
+            "vote.critic_id", role=None
+        ),
+        "/sw4rm.negotiation_room.NegotiationRoomService/GetVotes": ANYONE,
+        "/sw4rm.negotiation_room.NegotiationRoomService/GetDecision": ANYONE,
+        "/sw4rm.negotiation_room.NegotiationRoomService/WaitForDecision": ANYONE,
+        "/apiary.v1.NegotiationRoomQueryService/ListProposals": ANYONE,
+        "/apiary.v1.NegotiationRoomQueryService/GetProposal": ANYONE,
+        "/apiary.v1.NegotiationRoomQueryService/ListDecisions": ANYONE,
+        "/apiary.v1.NegotiationRoomQueryService/ListPolicies": ANYONE,
+        # Handoff: the origin requests, the target accepts or rejects.
+        "/sw4rm.handoff.HandoffService/RequestHandoff": _self("from_agent", role=None),
+        "/sw4rm.handoff.HandoffService/AcceptHandoff": _self("accepting_agent", role=None),
+        "/sw4rm.handoff.HandoffService/RejectHandoff": _self("accepting_agent", role=None),
+        "/sw4rm.handoff.HandoffService/GetPendingHandoffs": _self("agent_id", role=None),
+        "/sw4rm.handoff.HandoffService/CompleteHandoff": ANYONE,
+        "/apiary.v1.HandoffQueryService/ListHandoffs": ANYONE,
+        "/apiary.v1.HandoffQueryService/GetHandoff": ANYONE,
+        # Workflows: applications and operators drive them.
+        "/sw4rm.workflow.WorkflowService/CreateWorkflow": ANYONE,
+        "/sw4rm.workflow.WorkflowService/StartWorkflow": ANYONE,
+        "/sw4rm.workflow.WorkflowService/GetWorkflowState": ANYONE,
+        "/sw4rm.workflow.WorkflowService/ResumeWorkflow": ANYONE,
+        # Inference and activity artifacts.
+        "/sw4rm.reasoning.InferenceProxy/CheckParallelism": ANYONE,
+        "/sw4rm.reasoning.InferenceProxy/EvaluateDebate": ANYONE,
+        "/sw4rm.reasoning.ReasoningProxy/CheckParallelism": ANYONE,
+        "/sw4rm.reasoning.ReasoningProxy/EvaluateDebate": ANYONE,
+        "/sw4rm.reasoning.ReasoningProxy/Summarize": ANYONE,
+        "/sw4rm.activity.ActivityService/AppendArtifact": ANYONE,
+        "/sw4rm.activity.ActivityService/ListArtifacts": ANYONE,
+        # Logs and the event log: agents log as themselves; reading needs `events`.
+        "/sw4rm.logging.LoggingService/Ingest": _self("agent_id", role=Role.EVENTS),
+        "/apiary.v1.EventLogService/ReadEvents": _role(Role.EVENTS),
+        # Discovery: listing for everyone; an agent sets its own buffer.
+        "/apiary.v1.DiscoveryService/ListAgents": ANYONE,
+        "/apiary.v1.DiscoveryService/GetAgent": ANYONE,
+        "/apiary.v1.DiscoveryService/SetBufferCapacity": _AGENT,
+        # Dead letters hold other principals' messages: `dlq` operators only.
+        "/apiary.v1.DlqService/List": _role(Role.DLQ),
+        "/apiary.v1.DlqService/Get": _role(Role.DLQ),
+        "/apiary.v1.DlqService/Requeue": _role(Role.DLQ),
+        "/apiary.v1.DlqService/Export": _role(Role.DLQ),
+    }
+)
+
+HTTP_RULES: Mapping[str, Rule] = MappingProxyType(
+    {
+        # Probes and the console's own files carry no data.
+        "GET /healthz": PUBLIC,
+        "GET /readyz": PUBLIC,
+        "GET /console": PUBLIC,
+        "GET /console/": PUBLIC,
+        "GET /console/{name}": PUBLIC,
+        "GET /v1": PUBLIC,
+        "GET /metrics": _role(Role.METRICS),
+        # The console's data and live stream are the event log.
+        "GET /console/api/workflows": _role(Role.EVENTS),
+        "GET /v1/events/stream": _role(Role.EVENTS),
+        # Gateway calls are decided per method by METHOD_RULES.
+        "POST /v1/{service}/{method}": PUBLIC,
+        # The swarm endpoint authenticates every request by its own signatures
+        # (agent-swarm-protocol section 5): the swarm's members are not Apiary principals.
+        "POST /swarm/message": PUBLIC,
+        "POST /swarm/join": PUBLIC,
+        "GET /swarm/health": PUBLIC,
+        "GET /swarm/info": PUBLIC,
+    }
+)
+"""Rules of the HTTP routes, by 'METHOD canonical-path' (HEAD follows GET)."""

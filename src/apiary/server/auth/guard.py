@@ -1,0 +1,134 @@
+"""The access guard: the one place every call is decided (DESIGN.md section 9, RFC 6.5).
+
+Before any handler runs, the guard resolves the call's principal (authenticator.py), finds
+what the request names (the rule's subjects, the owner of the object), asks the pure
+decision (core/access/decision.py), records it as an `access.decided` event (every denial;
+allowed calls too in secure mode), counts denials at /metrics, and either refuses the call
+with the specific error or hands the handler a context that carries the principal."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
+
+from apiary.core.access.decision import UNAUTHENTICATED, Decision, decide
+from apiary.core.access.principal import Principal, PrincipalKind
+from apiary.core.access.rules import Rule, Who, subject_values
+from apiary.engine.eventlog import EventRecorder
+from apiary.errors import ApiaryError, PermissionDeniedError, UnauthenticatedError
+from apiary.server.auth.authenticator import Authenticator
+from apiary.server.context import AGENT_KEY, CallContext
+
+OwnerOf = Callable[[str], str | None]
+"""The owner of an object by id (the agent that made a tool call), None when there is none."""
+MAX_OBJECT_TEXT = 256
+
+
+class AccessGuard:
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        events: EventRecorder,
+        *,
+        secure: bool,
+        denied: Callable[[str, str], None] = lambda _action, _refusal: None,
+        owners: Mapping[str, OwnerOf] | None = None,
+        log_allowed: bool | None = None,
+    ) -> None:
+        self._authenticator = authenticator
+        self._events = events
+        self.secure = secure
+        self._denied = denied
+        self._owners = dict(owners or {})
+        self._log_allowed = secure if log_allowed is None else log_allowed
+
+    def admit(
+        self, action: str, rule: Rule, request: object | None, ctx: CallContext
+    ) -> CallContext:
+        """`ctx` with the call's principal once `rule` lets it make the call `action` with
+        `request` (None: decided on the principal alone, as when a stream opens); else the
+        refusal, recorded."""
+        try:
+            principal = self._authenticator.principal(ctx, action)
+        except UnauthenticatedError as exc:
+            self._record(action, ctx, None, "", Decision(False, exc.message, UNAUTHENTICATED))
+            raise
+        ctx = replace(ctx, principal=principal)
+        self.check(action, rule, request, ctx)
+        return ctx
+
+    def check(self, action: str, rule: Rule, request: object | None, ctx: CallContext) -> None:
+        """Decide one request of a call whose principal is known (each frame of a stream)."""
+        principal = ctx.principal
+        if rule.who is Who.PUBLIC or (
+            principal.kind is PrincipalKind.ANONYMOUS
+            and not self.secure
+            and rule.who is not Who.OWNER
+        ):
+            return  # nothing to decide or record: public, or a dev-mode caller
+        subjects = _subjects(rule, request)
+        owner = None
+        if rule.who is Who.OWNER and subjects:
+            owner = self._owners[rule.owner](subjects[0])
+        claimed = ctx.get(AGENT_KEY)
+        if principal.kind is PrincipalKind.AGENT and claimed and claimed != principal.name:
+            decision = Decision(
+                False,
+                f"{AGENT_KEY} names {claimed[:64]!r} but the call authenticates as "
+                f"{principal.label}",
+                "permission_denied",
+            )
+        else:
+            decision = decide(
+                principal, rule, subjects, owner=owner, secure=self.secure, claimed=claimed
+            )
+        if not decision.allowed or self._log_allowed:
+            self._record(action, ctx, principal, ", ".join(subjects), decision)
+        if not decision.allowed:
+            raise _refusal(action, principal, decision)
+
+    async def frames(
+        self, action: str, rule: Rule, frames: AsyncIterator[object], ctx: CallContext
+    ) -> AsyncIterator[object]:
+        """A client stream's frames, each decided before the handler sees it."""
+        checking = rule.subjects and not (
+            ctx.principal.kind is PrincipalKind.ANONYMOUS and not self.secure
+        )
+        async for frame in frames:
+            if checking:
+                self.check(action, rule, frame, ctx)
+            yield frame
+
+    def _record(
+        self,
+        action: str,
+        ctx: CallContext,
+        principal: Principal | None,
+        subject: str,
+        decision: Decision,
+    ) -> None:
+        if not decision.allowed:
+            self._denied(action, decision.refusal)
+        self._events.note(
+            "access.decided",
+            principal.label if principal is not None else f"unauthenticated:{ctx.peer}",
+            allowed=decision.allowed, action=action, object=subject[:MAX_OBJECT_TEXT],
+            reason=decision.reason, refusal=decision.refusal, transport=ctx.transport,
+            peer=ctx.peer, mechanism=principal.mechanism.value if principal else "",
+            tenant=principal.tenant if principal else "",
+        )  # fmt: skip
+
+
+def _subjects(rule: Rule, request: object | None) -> list[str]:
+    if request is None:
+        return []
+    return [value for path in rule.subjects for value in subject_values(request, path)]
+
+
+def _refusal(action: str, principal: Principal, decision: Decision) -> ApiaryError:
+    details = {"principal": principal.label, "action": action}
+    if decision.refusal == UNAUTHENTICATED:
+        return UnauthenticatedError(decision.reason, details)
+    return PermissionDeniedError(
+        f"{principal.label} may not call {action}: {decision.reason}", details
+    )

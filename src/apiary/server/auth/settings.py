@@ -1,0 +1,26 @@
+"""The [auth] settings (docs/security.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apiary.core.access.proof import DEFAULT_AUDIENCE
+from apiary.server.auth.certificates import CertificateRule
+
+
+@dataclass(frozen=True, slots=True)
+class AuthSettings:
+    secure: bool = False
+    """Secure mode: default-deny authorization, every call needs a principal (with TLS and
+    message signing, which `apiary serve --secure` turns on together)."""
+    certificates: tuple[CertificateRule, ...] = ()
+    """Client certificates mapped to principals, checked before the apiary:// URI convention."""
+    keys_file: str = ""
+    """The API key ring; empty: <data_dir>/credentials.json (`apiary auth` manages it)."""
+    audience: str = DEFAULT_AUDIENCE
+    """What agents' per-call proofs must name as their audience."""
+    proof_window_s: float = 60.0
+    """How far from the coordinator's clock a per-call proof's time may be."""
+    log_allowed: bool | None = None
+    """Record allowed decisions as `access.decided` events too (default: in secure mode;
+    denials are always recorded)."""

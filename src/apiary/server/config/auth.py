@@ -1,0 +1,58 @@
+"""The [auth] table (AuthSettings; docs/security.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from apiary.core.access.principal import check_name
+from apiary.errors import ValidationError
+from apiary.server.auth.certificates import certificate_rules
+from apiary.server.auth.settings import AuthSettings
+
+MAX_PROOF_WINDOW_S = 3600.0
+
+
+def auth_settings(values: Mapping[str, Any], source: str) -> AuthSettings:
+    """AuthSettings from the [auth] table; errors name the setting and `source`."""
+    known = {"secure", "certificates", "keys_file", "audience", "proof_window_s", "log_allowed"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValidationError(
+            f"{source}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}",
+            {"field": unknown[0]},
+        )
+    settings: dict[str, Any] = {}
+    for key in ("secure", "log_allowed"):
+        if key in values:
+            if not isinstance(values[key], bool):
+                raise ValidationError(f"{source}: {key} must be true or false", {"field": key})
+            settings[key] = values[key]
+    for key in ("keys_file", "audience"):
+        if key in values:
+            if not isinstance(values[key], str):
+                raise ValidationError(f"{source}: {key} must be a string", {"field": key})
+            settings[key] = values[key]
+    if "audience" in settings and (problem := check_name(settings["audience"], "audience")):
+        raise ValidationError(f"{source}: {problem}", {"field": "audience"})
+    if "proof_window_s" in values:
+        window = values["proof_window_s"]
+        if isinstance(window, bool) or not isinstance(window, int | float):
+            raise ValidationError(
+                f"{source}: proof_window_s must be a number", {"field": "proof_window_s"}
+            )
+        if not 0 < window <= MAX_PROOF_WINDOW_S:
+            raise ValidationError(
+                f"{source}: proof_window_s must be within (0, {MAX_PROOF_WINDOW_S:g}] seconds",
+                {"field": "proof_window_s"},
+            )
+        settings["proof_window_s"] = float(window)
+    if "certificates" in values:
+        entries = values["certificates"]
+        if not isinstance(entries, list):
+            raise ValidationError(
+                f"{source}: certificates must be [[auth.certificates]] tables",
+                {"field": "certificates"},
+            )
+        settings["certificates"] = certificate_rules(entries, source)
+    return AuthSettings(**settings)

@@ -1,0 +1,98 @@
+"""Every HTTP route behind the same checks (DESIGN.md section 9): a browser's cross-site or
+rebound-DNS request is refused on every route (GET and server-sent events included), and
+each route's rule (core/access/table.py HTTP_RULES) is decided by the access guard before its
+handler runs. Gateway calls are then decided per method by the dispatcher's guard."""
+
+from __future__ import annotations
+
+import ssl
+import urllib.parse
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from apiary.core.access.table import HTTP_RULES
+from apiary.errors import PermissionDeniedError
+from apiary.server.auth.guard import AccessGuard
+from apiary.server.config.address import is_loopback_host
+from apiary.server.context import CallContext
+from apiary.server.http.errors import error_response
+from apiary.server.metrics import Metrics
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def route_key(request: web.Request) -> str | None:
+    """'GET /console/{name}': the rule table's key of the route `request` matched."""
+    route = request.match_info.route
+    resource = route.resource
+    if resource is None:
+        return None
+    method = "GET" if request.method == "HEAD" else request.method
+    return f"{method} {resource.canonical}"
+
+
+def http_context(request: web.Request, metadata: dict[str, str] | None = None) -> CallContext:
+    """The call context of an HTTP request: headers as metadata, the client certificate."""
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    transport = request.transport
+
+    def certificate() -> bytes:
+        ssl_object = transport.get_extra_info("ssl_object") if transport else None
+        if not isinstance(ssl_object, ssl.SSLObject):
+            return b""
+        der = ssl_object.getpeercert(binary_form=True)
+        return ssl.DER_cert_to_PEM_cert(der).encode() if der else b""
+
+    return CallContext(
+        transport="http", metadata={**headers, **(metadata or {})}, peer=request.remote or "",
+        peer_certificate=certificate,
+    )  # fmt: skip
+
+
+def access_middleware(guard: AccessGuard | None, metrics: Metrics) -> Callable[..., object]:
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        key = route_key(request)
+        try:
+            check_same_origin(request)
+            if key is not None:
+                rule = HTTP_RULES.get(key)
+                if rule is None:
+                    raise PermissionDeniedError(f"{key} has no authorization rule", {"route": key})
+                if guard is not None:
+                    guard.admit(key, rule, None, http_context(request))
+        except Exception as exc:
+            return error_response(exc, key or request.path, metrics)
+        return await handler(request)
+
+    return middleware
+
+
+def check_same_origin(request: web.Request) -> None:
+    """Refuse a browser's cross-site request: a page on another site must not make an
+    operator's browser call the coordinator (CSRF) or read from it, nor a rebound DNS name
+    reach a loopback one. Clients that are not browsers send no Origin and are unaffected;
+    on loopback a Host that is not a loopback name is refused whatever the Origin."""
+    host = request.headers.get("Host", "")
+    name = urllib.parse.urlsplit(f"//{host}").hostname or ""
+    if _on_loopback(request) and host and name not in LOOPBACK_NAMES:
+        raise PermissionDeniedError(
+            f"this loopback coordinator was reached as {host!r} (DNS rebinding?); use "
+            "localhost or 127.0.0.1",
+            {"host": host, "reason": "not_loopback_host"},
+        )
+    origin = request.headers.get("Origin")
+    if origin is not None and urllib.parse.urlsplit(origin).netloc != host:
+        raise PermissionDeniedError(
+            f"cross-site request from {origin} refused (this is {host})",
+            {"origin": origin, "reason": "cross_site"},
+        )
+
+
+def _on_loopback(request: web.Request) -> bool:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    if not sockname:
+        return False
+    return is_loopback_host(str(sockname[0]))
