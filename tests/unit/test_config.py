@@ -560,7 +560,9 @@ def test_serve_refuses_a_bad_store_url_before_it_creates_anything(tmp_path: Path
 def test_secure_mode_needs_tls_and_turns_signing_and_authorization_on(tmp_path: Path) -> None:
     with pytest.raises(ValidationError) as caught:
         secured(load_config(None, {}, {}))
-    assert caught.value.details["field"] == "tls_cert" and "apiary certs dev" in caught.value.message
+    assert (
+        caught.value.details["field"] == "tls_cert" and "apiary certs dev" in caught.value.message
+    )
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     cert.write_text("certificate")
     key.write_text("key")
@@ -595,7 +597,7 @@ def test_the_auth_table_names_the_bad_setting(tmp_path: Path, table: str, field:
 def test_the_auth_table_reads_each_setting(tmp_path: Path) -> None:
     path = tmp_path / "apiary.toml"
     path.write_text(
-        "[auth]\nsecure = true\nproof_window_s = 30\naudience = \"prod\"\nlog_allowed = false\n"
+        '[auth]\nsecure = true\nproof_window_s = 30\naudience = "prod"\nlog_allowed = false\n'
         '[[auth.certificates]]\ncommon_name = "ci-runner"\nkind = "application"\nname = "ci"\n'
     )
     auth = load_config(path, {}, {}).auth
