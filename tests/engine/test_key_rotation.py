@@ -60,15 +60,16 @@ async def test_rotated_keys_are_kept_newest_first_for_a_grace_period(h: EngineHa
     # The newest first, and no more than MAX_RETIRED_KEYS of them.
     expected = [public_bytes(k) for k in reversed(keys[:-1])][:MAX_RETIRED_KEYS]
     assert await _retired(h) == expected
-    # Re-registering under the same key keeps them; admission uses the current key only.
-    await _register(h, keys[-1])
+    # Re-registering under the same key (signed by it) keeps them; admission uses the
+    # current key only.
+    await _register(h, keys[-1], proof_by=keys[-1])
     assert await _retired(h) == expected
     assert h.engine.registry.public_key("alice") == public_bytes(keys[-1])
     # Past the grace period they vouch for nothing, and are dropped at the next registration.
     h.clock.advance(RETIRED_KEY_GRACE_S - 100)
     assert await _retired(h) == [public_bytes(keys[-2])]  # the last one, 60 s after the rest
     h.clock.advance(60)
-    await _register(h, keys[-1])
+    await _register(h, keys[-1], proof_by=keys[-1])
     assert (await h.engine.registry.get("alice")).descriptor.get(RETIRED_KEYS) is None
 
 

@@ -134,14 +134,16 @@ class Registry:
 
     async def register(
         self, descriptor: Mapping[str, Any], public_key: bytes = b"", *,
-        proof: bytes = b"", signed: bytes = b"",
+        proof: bytes = b"", signed: bytes = b"", vouched: bool = False,
     ) -> AgentRecord:  # fmt: skip
         """Validate and register (or re-register) the agent the descriptor describes.
 
-        With signing on, re-registering under another key (rotation) needs `proof`: the
-        signature of `signed` (the request's bytes) by the key registered now; else
-        PermissionDeniedError. A lost or compromised key is revoked by deregistering the
-        agent (`deregister`), after which any key may register."""
+        An agent registered with a public key is re-registered (a changed descriptor, a new
+        key) only with `proof`, the signature of `signed` (the request's bytes) by the key
+        registered now, or when the call is `vouched` for (it authenticated as that agent or
+        as an operator allowed to act for it); else PermissionDeniedError. A lost or
+        compromised key is revoked by deregistering the agent (`deregister`), after which
+        any key may register."""
         fields = descriptor_fields(descriptor, public_key)
         validate_descriptor(fields, signing_required=self._signing_required)
         if fields.agent_id in RESERVED_IDS:
@@ -150,11 +152,12 @@ class Registry:
         previous = await self._agents.get(fields.agent_id)
         current = public_key_of(previous) if previous is not None else b""
         rotated = bool(current) and current != fields.public_key
-        if self._signing_required and rotated and not verifies(current, signed, proof):
+        if current and not vouched and not verifies(current, signed, proof):
             raise PermissionDeniedError(
-                f"{fields.agent_id} is registered with another public key: registering a new "
-                f"key must be signed by the current one ({SIGNATURE_KEY} metadata), or an "
-                "operator deregisters the agent first (revocation)",
+                f"{fields.agent_id} is registered with a public key: registering it again (a "
+                "changed descriptor or a new key) must be signed by that key "
+                f"({SIGNATURE_KEY} metadata) or made by the agent's own credential or an "
+                "operator's; a lost key is revoked by an operator deregistering the agent",
                 {"field": "agent.public_key", "agent_id": fields.agent_id},
             )
         stored = dict(descriptor)

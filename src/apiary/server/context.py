@@ -39,10 +39,11 @@ class CallContext:
         return self.metadata.get(key, default)
 
     def agent_id(self) -> str:
-        """The agent the call acts as: the authenticated agent; for an anonymous caller (dev
-        mode) the agent its `sw4rm-agent-id` metadata names; else ''."""
+        """The agent the call acts as: the authenticated agent (or application, which acts as
+        itself the same way); for an anonymous caller (dev mode) the agent its
+        `sw4rm-agent-id` metadata names; else '' (operators act as no agent)."""
         kind = self.principal.kind
-        if kind is PrincipalKind.AGENT:
+        if kind in (PrincipalKind.AGENT, PrincipalKind.APPLICATION):
             return self.principal.name
         if kind is PrincipalKind.ANONYMOUS:
             return self.metadata.get(AGENT_KEY, "")

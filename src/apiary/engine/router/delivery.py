@@ -23,7 +23,12 @@ from apiary.engine.registry import Registry
 from apiary.engine.router.admission import is_notice
 from apiary.engine.router.inbox import Handout
 from apiary.engine.router.router import Router
-from apiary.errors import AgentUnavailableError, ResumeExpiredError, ValidationError
+from apiary.errors import (
+    AgentUnavailableError,
+    AlreadyInProgressError,
+    ResumeExpiredError,
+    ValidationError,
+)
 from apiary.store.protocols import MessageStore
 
 log = logging.getLogger("apiary.delivery")
@@ -104,11 +109,23 @@ class Delivery:
                 {"resume_after": str(resume_after)},
             )
 
-    async def open(self, agent_id: str, resume_after: int = 0) -> int:
-        """Start a new stream session for the agent; returns its session number."""
+    async def open(self, agent_id: str, resume_after: int = 0, *, take_over: bool = True) -> int:
+        """Start a new stream session for the agent; returns its session number.
+
+        A live stream of the agent is superseded (the hand-over of a reconnecting agent) only
+        when `take_over`: the caller proved it is the agent; else the new stream is refused,
+        so that nobody else can read the agent's messages or spend its deliveries."""
         await self._registry.get(agent_id)
         await self._check_position(agent_id, resume_after)
-        session = self._router.inbox(agent_id).open_session(resume_after)
+        inbox = self._router.inbox(agent_id)
+        if inbox.streams and not take_over:
+            raise AlreadyInProgressError(
+                f"{agent_id} already has a live stream; a second one is refused. A "
+                "reconnecting agent takes the stream over by proving it is the agent (its "
+                "credential or an apiary-agent-proof), or once the old connection has closed",
+                {"agent_id": agent_id, "reason": "stream_live"},
+            )
+        session = inbox.open_session(resume_after)
         await self._events.record(
             "stream.opened", agent_id, agent_id=agent_id, resume_after=resume_after,
             session=session,
@@ -133,10 +150,11 @@ class Delivery:
         return []
 
     async def stream(
-        self, agent_id: str, resume_after: int = 0, max_batch: int = 0
+        self, agent_id: str, resume_after: int = 0, max_batch: int = 0, *, take_over: bool = True
     ) -> AsyncGenerator[list[Handout], None]:
-        """Batches of handouts for `agent_id`, forever (until superseded or cancelled)."""
-        session = await self.open(agent_id, resume_after)
+        """Batches of handouts for `agent_id`, forever (until superseded or cancelled); see
+        `open` for `take_over`."""
+        session = await self.open(agent_id, resume_after, take_over=take_over)
         inbox = self._router.inbox(agent_id)
         inbox.streams += 1
         try:

@@ -10,6 +10,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from apiary.core.access.table import HTTP_RULES
 from apiary.errors import PermissionDeniedError
@@ -51,7 +52,7 @@ def http_context(request: web.Request, metadata: dict[str, str] | None = None) -
     )  # fmt: skip
 
 
-def access_middleware(guard: AccessGuard | None, metrics: Metrics) -> Callable[..., object]:
+def access_middleware(guard: AccessGuard | None, metrics: Metrics) -> Middleware:
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         key = route_key(request)

@@ -9,7 +9,6 @@ from apiary.core.negotiation.records import ArtifactRecord
 from apiary.engine.artifacts import Artifacts
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
-from apiary.server.services.negotiation import AGENT_KEY
 from apiary.wire import pb
 
 act = pb.activity_pb2
@@ -50,7 +49,7 @@ class ArtifactsHandler:
             content_type=a.content_type or "application/octet-stream", content=a.content,
             created_at=_when(a.created_at, self._artifacts.now()),
         )  # fmt: skip
-        outcome = await self._artifacts.append(record, ctx.get(AGENT_KEY) or ctx.peer)
+        outcome = await self._artifacts.append(record, ctx.agent_id() or ctx.peer)
         return act.AppendArtifactResponse(ok=outcome.ok, reason=outcome.reason)
 
     async def list_artifacts(

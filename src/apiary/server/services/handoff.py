@@ -15,7 +15,6 @@ from apiary.wire.handoff import (
     request_to_proto,
 )
 
-AGENT_KEY = "sw4rm-agent-id"
 MAX_LIST = 1000
 h = pb.handoff_pb2
 a = pb.apiary_pb2
@@ -28,12 +27,12 @@ class HandoffHandler:
 
     async def request_handoff(self, req: h.HandoffRequest, ctx: CallContext) -> Empty:
         draft = draft_from_proto(req, ctx.get(SNAPSHOT_CONTENT_TYPE_KEY))
-        await self._handoffs.request(draft, caller=ctx.get(AGENT_KEY))
+        await self._handoffs.request(draft, caller=ctx.agent_id())
         return Empty()
 
     async def accept_handoff(self, req: h.HandoffResponse, ctx: CallContext) -> Empty:
         await self._handoffs.accept(
-            req.request_id, accepting_agent=req.accepting_agent, caller=ctx.get(AGENT_KEY)
+            req.request_id, accepting_agent=req.accepting_agent, caller=ctx.agent_id()
         )
         return Empty()
 
@@ -42,14 +41,14 @@ class HandoffHandler:
             raise ValidationError.for_field("accepted", "must be false on RejectHandoff")
         await self._handoffs.reject(
             req.request_id, req.rejection_reason, rejecting_agent=req.accepting_agent,
-            caller=ctx.get(AGENT_KEY),
+            caller=ctx.agent_id(),
         )  # fmt: skip
         return Empty()
 
     async def get_pending_handoffs(
         self, req: h.GetPendingHandoffsRequest, ctx: CallContext
     ) -> h.GetPendingHandoffsResponse:
-        records = await self._handoffs.pending(req.agent_id, caller=ctx.get(AGENT_KEY))
+        records = await self._handoffs.pending(req.agent_id, caller=ctx.agent_id())
         return h.GetPendingHandoffsResponse(
             pending_requests=[request_to_proto(r, include_snapshot=True) for r in records]
         )
@@ -58,7 +57,7 @@ class HandoffHandler:
         self, req: h.CompleteHandoffRequest, ctx: CallContext
     ) -> h.CompleteHandoffResponse:
         status = from_proto(req.status) if req.status else ""
-        record = await self._handoffs.complete(req.request_id, status, caller=ctx.get(AGENT_KEY))
+        record = await self._handoffs.complete(req.request_id, status, caller=ctx.agent_id())
         message = f"{record.request_id} {record.state}: the context is {record.to_agent}'s"
         return h.CompleteHandoffResponse(success=True, message=message)
 
@@ -81,6 +80,6 @@ class HandoffQueryHandler:
 
     async def get_handoff(self, req: a.GetHandoffRequest, ctx: CallContext) -> a.HandoffView:
         record = await self._handoffs.get(
-            req.request_id, caller=ctx.get(AGENT_KEY), include_snapshot=req.include_snapshot
+            req.request_id, caller=ctx.agent_id(), include_snapshot=req.include_snapshot
         )
         return handoff_view(record, include_snapshot=req.include_snapshot)

@@ -12,14 +12,12 @@ from typing import Any
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.records import HitlRecord
 from apiary.engine.hitl import Hitl
-from apiary.engine.operators import Operator
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp
 
 apiary_pb2 = pb.apiary_pb2
-AGENT_KEY = "sw4rm-agent-id"
 
 
 def view(record: HitlRecord) -> apiary_pb2.HitlInvocationView:
@@ -48,10 +46,6 @@ def _json_object(text: str, field: str) -> dict[str, Any]:
     return value
 
 
-def _operator(hitl: Hitl, ctx: CallContext) -> Operator:
-    return hitl.operators.authenticate(ctx.get("authorization"))
-
-
 class HitlOperatorHandler:
     def __init__(self, hitl: Hitl) -> None:
         self._hitl = hitl
@@ -59,7 +53,7 @@ class HitlOperatorHandler:
     async def list(
         self, req: apiary_pb2.ListInvocationsRequest, ctx: CallContext
     ) -> apiary_pb2.ListInvocationsResponse:
-        operator = _operator(self._hitl, ctx)
+        operator = ctx.operator()
         self._hitl.operators.seen(operator, self._hitl_now())
         records = await self._hitl.list(include_decided=req.include_decided, limit=req.limit or 100)
         return apiary_pb2.ListInvocationsResponse(invocations=[view(r) for r in records])
@@ -67,13 +61,13 @@ class HitlOperatorHandler:
     async def get(
         self, req: apiary_pb2.GetInvocationRequest, ctx: CallContext
     ) -> apiary_pb2.HitlInvocationView:
-        _operator(self._hitl, ctx)
+        ctx.operator()
         return view(await self._hitl.get(req.invocation_id))
 
     async def decide(
         self, req: apiary_pb2.DecideInvocationRequest, ctx: CallContext
     ) -> apiary_pb2.HitlInvocationView:
-        operator = _operator(self._hitl, ctx)
+        operator = ctx.operator()
         patch = _json_object(req.patch_json, "patch_json") if req.patch_json else None
         record = await self._hitl.decide(
             req.invocation_id, req.action, operator, req.rationale, patch
@@ -84,7 +78,7 @@ class HitlOperatorHandler:
         self, req: apiary_pb2.WatchInvocationsRequest, ctx: CallContext
     ) -> AsyncIterator[apiary_pb2.HitlInvocationView]:
         """New invocations (and, with include_pending, the ones already waiting) as they come."""
-        operator = _operator(self._hitl, ctx)
+        operator = ctx.operator()
         sent: set[str] = set()
         if not req.include_pending:
             sent = {r.invocation_id for r in await self._hitl.list()}
@@ -109,7 +103,7 @@ class HitlOperatorHandler:
 
 
 async def _escalate(hitl: Hitl, req: apiary_pb2.EscalateRequest, ctx: CallContext) -> HitlRecord:
-    requested_by = req.requested_by or ctx.get(AGENT_KEY) or ctx.peer
+    requested_by = req.requested_by or ctx.agent_id() or ctx.peer
     record = await hitl.open(
         req.reason_type, _json_object(req.context_json, "context_json"),
         requested_by=requested_by, subject=_json_object(req.subject_json, "subject_json"),
@@ -135,7 +129,7 @@ class HitlHandler:
         context = _json_object(req.context.decode("utf-8", "replace"), "context")
         record = await self._hitl.escalate(
             pb.common_pb2.HitlReasonType.Name(req.reason_type), context,
-            requested_by=ctx.get(AGENT_KEY) or ctx.peer,
+            requested_by=ctx.agent_id() or ctx.peer,
             proposed_actions=list(req.proposed_actions), priority=req.priority,
             suggested_action=str(context.get("suggested_action", "")),
         )  # fmt: skip
@@ -180,7 +174,7 @@ def decision_in(env: Envelope) -> dict[str, Any] | None:
 
 async def apply_decision_envelope(hitl: Hitl, doc: dict[str, Any], ctx: CallContext) -> str:
     """Apply a HITL_DECISION envelope's decision as the authenticated operator."""
-    operator = _operator(hitl, ctx)
+    operator = ctx.operator()
     patch: dict[str, Any] | None = None
     if doc.get("patch_b64"):
         try:

@@ -18,13 +18,11 @@ from apiary.core.ids import IdGenerator
 from apiary.core.negotiation.vocabulary import NegotiationState
 from apiary.engine.hitl import Hitl
 from apiary.engine.negotiation.negotiations import Negotiations
-from apiary.engine.operators import Operator
 from apiary.errors import PermissionDeniedError, ValidationError
 from apiary.server.context import CallContext
 from apiary.wire import pb
 from apiary.wire.negotiation import check_unit, preferences_from_proto, view
 
-AGENT_KEY = "sw4rm-agent-id"
 n = pb.negotiation_pb2
 a = pb.apiary_pb2
 EMPTY = pb.common_pb2.Empty
@@ -32,7 +30,7 @@ EMPTY = pb.common_pb2.Empty
 
 def speaker(ctx: CallContext, claimed: str, field: str) -> str:
     """The agent a call speaks for: the field, which must match the caller when known."""
-    caller = ctx.get(AGENT_KEY)
+    caller = ctx.agent_id()
     if caller and claimed and caller != claimed:
         raise PermissionDeniedError(
             f"{field}: the call comes from {caller}, which may not speak for {claimed}",
@@ -43,19 +41,12 @@ def speaker(ctx: CallContext, claimed: str, field: str) -> str:
     return claimed or caller
 
 
-def operator(hitl: Hitl, ctx: CallContext) -> Operator | None:
-    """The authenticated operator when the call carries a token (a bad one raises)."""
-    if not ctx.get("authorization"):
-        return None
-    return hitl.operators.authenticate(ctx.get("authorization"))
-
-
-def caller_name(hitl: Hitl, ctx: CallContext) -> tuple[str, bool]:
+def caller_name(ctx: CallContext) -> tuple[str, bool]:
     """(who calls, whether an authenticated operator)."""
-    found = operator(hitl, ctx)
+    found = ctx.operator_or_none()
     if found is not None:
         return found.name, True
-    return ctx.get(AGENT_KEY) or ctx.peer or "anonymous", False
+    return ctx.caller(), False
 
 
 def _seconds(duration: Duration) -> float:
@@ -72,7 +63,7 @@ class NegotiationHandler:
     async def open(self, req: n.NegotiationOpen, ctx: CallContext) -> pb.common_pb2.Empty:
         if not req.negotiation_id:
             raise ValidationError.for_field("negotiation_id", "is required")
-        who, _ = caller_name(self._hitl, ctx)
+        who, _ = caller_name(ctx)
         await self._n.open(
             negotiation_id=req.negotiation_id, topic=req.topic,
             participants=list(req.participants), intensity=int(req.intensity),
@@ -100,7 +91,7 @@ class NegotiationHandler:
         return EMPTY()
 
     async def decide(self, req: n.Decision, ctx: CallContext) -> pb.common_pb2.Empty:
-        who, authorized = caller_name(self._hitl, ctx)
+        who, authorized = caller_name(ctx)
         await self._n.decide(
             req.negotiation_id, by=who, decided_by=req.decided_by,
             content_type=req.content_type, result=req.result, authorized=authorized,
@@ -108,7 +99,7 @@ class NegotiationHandler:
         return EMPTY()
 
     async def abort(self, req: n.AbortRequest, ctx: CallContext) -> pb.common_pb2.Empty:
-        who, authorized = caller_name(self._hitl, ctx)
+        who, authorized = caller_name(ctx)
         await self._n.abort(req.negotiation_id, by=who, reason=req.reason, authorized=authorized)
         return EMPTY()
 
@@ -127,7 +118,7 @@ class NegotiationOperatorHandler:
             agent: preferences_from_proto(p, f"preferences.{agent}")
             for agent, p in req.preferences.items()
         }
-        who, _ = caller_name(self._hitl, ctx)
+        who, _ = caller_name(ctx)
         record = await self._n.open(
             negotiation_id=spec.negotiation_id or self._ids.new_id(), topic=spec.topic,
             participants=list(spec.participants), intensity=int(spec.intensity),

@@ -25,7 +25,6 @@ from apiary.wire.rooms import (
 
 nr = pb.negotiation_room_pb2
 a = pb.apiary_pb2
-AGENT_KEY = "sw4rm-agent-id"
 
 
 class NegotiationRoomHandler:
@@ -37,7 +36,7 @@ class NegotiationRoomHandler:
     ) -> nr.SubmitProposalResponse:
         if not req.HasField("proposal"):
             raise ValidationError.for_field("proposal", "is required")
-        record = await self._rooms.submit(proposal_draft(req.proposal), ctx.get(AGENT_KEY))
+        record = await self._rooms.submit(proposal_draft(req.proposal), ctx.agent_id())
         return nr.SubmitProposalResponse(
             artifact_id=record.artifact_id, negotiation_room_id=record.negotiation_room_id
         )
@@ -47,7 +46,7 @@ class NegotiationRoomHandler:
     ) -> nr.SubmitVoteResponse:
         if not req.HasField("vote"):
             raise ValidationError.for_field("vote", "is required")
-        vote = await self._rooms.vote(vote_draft(req.vote), ctx.get(AGENT_KEY))
+        vote = await self._rooms.vote(vote_draft(req.vote), ctx.agent_id())
         return nr.SubmitVoteResponse(artifact_id=vote.artifact_id, critic_id=vote.critic_id)
 
     async def get_votes(self, req: nr.GetVotesRequest, ctx: CallContext) -> nr.GetVotesResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from apiary.core.access.principal import PrincipalKind
 from apiary.core.signatures import SIGNATURE_KEY
 from apiary.engine.operators import Operators
 from apiary.engine.presence import Presence
@@ -13,6 +14,13 @@ from apiary.wire import pb
 from apiary.wire.convert import descriptor_to_dict
 
 registry_pb2 = pb.registry_pb2
+
+
+def _vouched(ctx: CallContext, agent_id: str) -> bool:
+    """Whether the call's credential speaks for `agent_id` (the agent itself, or an operator,
+    whom the access guard let act for it)."""
+    principal = ctx.principal
+    return principal.is_agent(agent_id) or principal.kind is PrincipalKind.OPERATOR
 
 
 class RegistryHandler:
@@ -36,6 +44,7 @@ class RegistryHandler:
             record = await self._registry.register(
                 descriptor_to_dict(req.agent), bytes(req.agent.public_key),
                 proof=request_proof(ctx), signed=req.SerializeToString(deterministic=True),
+                vouched=_vouched(ctx, req.agent.agent_id),
             )  # fmt: skip
         except ApiaryError as exc:
             if exc.code != "validation_error":
@@ -76,8 +85,7 @@ class RegistryHandler:
         signed = req.SerializeToString(deterministic=True)
         if self._registry.check_proof(req.agent_id, signed, request_proof(ctx)):
             return
-        if self._operators is not None and ctx.get("authorization"):
-            self._operators.authenticate(ctx.get("authorization"))  # raises when it is bad
+        if ctx.operator_or_none() is not None:
             return
         raise PermissionDeniedError(
             f"deregistering {req.agent_id} needs the request signed by its registered key "

@@ -110,7 +110,8 @@ class RouterHandler:
         after = _resume_after(
             req.agent_id, ctx.get(RESUME_AFTER_KEY, "0"), ctx.get(RESUME_TOKEN_KEY)
         )
-        async for batch in self._delivery.stream(req.agent_id, after):
+        take_over = ctx.principal.is_agent(req.agent_id)
+        async for batch in self._delivery.stream(req.agent_id, after, take_over=take_over):
             for handout in batch:
                 yield _envelope_bytes_item(handout)
 
@@ -162,5 +163,8 @@ class RouterStreamHandler:
         if not req.agent_id:
             raise ValidationError.for_field("agent_id", "is required")
         after = _resume_after(req.agent_id, str(req.resume_after), req.resume_token)
-        async for batch in self._delivery.stream(req.agent_id, after, req.max_batch):
+        take_over = ctx.principal.is_agent(req.agent_id)
+        async for batch in self._delivery.stream(
+            req.agent_id, after, req.max_batch, take_over=take_over
+        ):
             yield _deliveries(batch)

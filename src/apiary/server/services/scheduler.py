@@ -120,7 +120,7 @@ class TaskQueryHandler:
     async def cancel_task(self, req: a.CancelTaskRequest, ctx: CallContext) -> a.TaskView:
         if not req.task_id:
             raise ValidationError.for_field("task_id", "is required")
-        by, authenticated = caller_name(self._hitl, ctx)
+        by, authenticated = caller_name(ctx)
         if self._hitl.operators.configured and not authenticated:
             raise UnauthenticatedError(
                 "cancelling a task needs an authenticated operator (authorization: Bearer <token>)"

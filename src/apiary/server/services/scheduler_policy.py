@@ -20,7 +20,7 @@ from apiary.errors import (
     ValidationError,
 )
 from apiary.server.context import CallContext
-from apiary.server.services.negotiation import AGENT_KEY, operator, speaker
+from apiary.server.services.negotiation import speaker
 from apiary.wire import pb
 from apiary.wire.negotiation import (
     check_unit,
@@ -39,7 +39,7 @@ class SchedulerPolicyHandler:
         self._hitl = hitl
 
     def _editor(self, ctx: CallContext) -> str:
-        found = operator(self._hitl, ctx)
+        found = ctx.operator_or_none()
         if found is not None:
             return found.name
         if self._hitl.operators.configured:
@@ -47,7 +47,7 @@ class SchedulerPolicyHandler:
                 "changing the negotiation policy needs an authenticated operator "
                 "(authorization: Bearer <token>)"
             )
-        return ctx.get(AGENT_KEY) or ctx.peer or "anonymous"
+        return ctx.caller()
 
     async def set_negotiation_policy(
         self, req: s.SetNegotiationPolicyRequest, ctx: CallContext
@@ -119,9 +119,7 @@ class SchedulerPolicyHandler:
         """An operator decides the pending HITL invocation of a negotiation, named by its
         negotiation id (or by the invocation id itself). Besides approve, deny and defer,
         "decide=<version or agent>" accepts that draft (Appendix D C.9: decide=B)."""
-        who = operator(self._hitl, ctx)
-        if who is None:
-            raise UnauthenticatedError("a HITL action needs an operator token")
+        who = ctx.operator()
         try:
             invocation_id, action, patch = await self._n.hitl_action(req.negotiation_id, req.action)
         except NotFoundError:

@@ -30,7 +30,6 @@ from apiary.wire.tools import (
     requested_policy,
 )
 
-AGENT_KEY = "sw4rm-agent-id"
 tool_pb2 = pb.tool_pb2
 connector = pb.connector_pb2
 apiary_pb2 = pb.apiary_pb2
@@ -40,7 +39,7 @@ def _request(req: tool_pb2.ToolCall, ctx: CallContext, *, stream: bool) -> CallR
     return CallRequest(
         tool_name=req.tool_name, provider_id=req.provider_id, call_id=req.call_id,
         args=bytes(req.args), content_type=req.content_type,
-        policy=requested_policy(req.policy), stream=stream, caller=ctx.get(AGENT_KEY),
+        policy=requested_policy(req.policy), stream=stream, caller=ctx.agent_id(),
     )  # fmt: skip
 
 
@@ -74,7 +73,7 @@ class ToolHandler:
                 yield _proto(frame)
 
     async def cancel(self, req: tool_pb2.ToolCall, ctx: CallContext) -> tool_pb2.ToolError:
-        answer = await self._tools.cancel(req.call_id, ctx.get(AGENT_KEY))
+        answer = await self._tools.cancel(req.call_id, ctx.agent_id())
         return tool_pb2.ToolError(
             call_id=answer.call_id, error_code=answer.error_code, message=answer.message
         )
@@ -90,7 +89,7 @@ class ConnectorHandler:
         tools = [descriptor_from_proto(t) for t in req.tools]
         try:
             record = await self._tools.register_agent_provider(
-                req.provider_id, tools, ctx.get(AGENT_KEY)
+                req.provider_id, tools, ctx.agent_id()
             )
         except ValidationError as exc:
             # The canonical reply carries refusals: ok=false with the reason, which names
@@ -141,7 +140,7 @@ class ToolProviderHandler:
     async def register_mcp_server(
         self, req: apiary_pb2.RegisterMcpServerRequest, ctx: CallContext
     ) -> apiary_pb2.ToolProviderInfo:
-        operator = self._operators.authenticate(ctx.get("authorization"))
+        operator = ctx.operator()
         policy = effective_policy(requested_policy(req.policy), ExecutionPolicy())
         spec = McpServerSpec(
             provider_id=req.provider_id, command=req.command, args=tuple(req.args),
@@ -153,6 +152,6 @@ class ToolProviderHandler:
     async def remove_provider(
         self, req: apiary_pb2.RemoveToolProviderRequest, ctx: CallContext
     ) -> apiary_pb2.RemoveToolProviderResponse:
-        self._operators.authenticate(ctx.get("authorization"))
+        ctx.operator()
         removed = await self._tools.remove_provider(req.provider_id)
         return apiary_pb2.RemoveToolProviderResponse(removed=removed)

@@ -19,11 +19,10 @@ from apiary.wire.worktrees import bind_response, binding_to_proto, status_respon
 
 w = pb.worktree_pb2
 a = pb.apiary_pb2
-AGENT_KEY = "sw4rm-agent-id"
 
 
 def _caller(ctx: CallContext) -> str:
-    return ctx.get(AGENT_KEY) or ctx.peer or ctx.transport
+    return ctx.caller()
 
 
 def _agent(agent_id: str) -> str:
@@ -59,7 +58,7 @@ class WorktreeHandler:
     async def approve_switch(self, req: w.SwitchApprove, ctx: CallContext) -> w.StatusResponse:
         actor = _caller(ctx)
         if self._operators.configured:
-            actor = self._operators.authenticate(ctx.get("authorization")).name
+            actor = ctx.operator().name
         record = await self._worktrees.approve_switch(
             _agent(req.agent_id), worktree_id=req.target_worktree_id, ttl_s=req.ttl_ms / 1000,
             actor=actor,
