@@ -10,6 +10,7 @@ from apiary.core.clock import Clock
 from apiary.engine.assembly import Runtime
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.worktrees.settings import WorktreeSettings
+from apiary.server.auth.settings import AuthSettings
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.coordinator import Coordinator, open_coordinator
@@ -28,9 +29,11 @@ async def open_test_coordinator(
     tls_cert: Path | None = None,
     tls_key: Path | None = None,
     tls_client_ca: Path | None = None,
+    auth: AuthSettings | None = None,
 ) -> AsyncIterator[Coordinator]:
     """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports; with
-    `tls_cert` and `tls_key` both ports serve TLS (mTLS with `tls_client_ca`)."""
+    `tls_cert` and `tls_key` both ports serve TLS (mTLS with `tls_client_ca`); `auth` sets
+    authentication (AuthSettings(secure=True): default deny, every call a principal)."""
     config = ServerConfig(
         data_dir=data_dir,
         grpc=Address("127.0.0.1", 0),
@@ -41,6 +44,7 @@ async def open_test_coordinator(
         tls_cert=tls_cert,
         tls_key=tls_key,
         tls_client_ca=tls_client_ca,
+        auth=auth or AuthSettings(),
     )
     async with open_coordinator(
         config, clock=clock, runtime=runtime, router_settings=router_settings

@@ -1,17 +1,29 @@
-// The JSON gateway (POST /v1/<package.Service>/<Method>) and the operator's token.
+// The JSON gateway (POST /v1/<package.Service>/<Method>), the console's own reads, and the
+// credential this tab is signed in with.
 //
-// The token lives in sessionStorage: this tab only, gone when the tab closes. It is sent
-// only on operator calls, as `Authorization: Bearer <token>`, the way `apiary hitl` sends it.
+// The credential (an operator's API key or operator token) lives in sessionStorage: this tab
+// only, gone when the tab closes; never in localStorage, a cookie or a URL. Once it is set,
+// every request carries it as `Authorization: Bearer <credential>`, the way the CLI sends it.
+// Without one the requests carry nothing: dev mode needs nothing, and a browser's client
+// certificate (mTLS) authenticates below HTTP.
 
-const TOKEN_KEY = "apiary.console.operator-token";
+const CREDENTIAL_KEY = "apiary.console.credential";
 
 export function token() {
-  return sessionStorage.getItem(TOKEN_KEY) || "";
+  return sessionStorage.getItem(CREDENTIAL_KEY) || "";
 }
 
 export function setToken(value) {
-  if (value) sessionStorage.setItem(TOKEN_KEY, value);
-  else sessionStorage.removeItem(TOKEN_KEY);
+  if (value) sessionStorage.setItem(CREDENTIAL_KEY, value);
+  else sessionStorage.removeItem(CREDENTIAL_KEY);
+}
+
+/** The headers that authenticate a request: none until the tab signs in. */
+export function authHeaders() {
+  const headers = {};
+  const bearer = token();
+  if (bearer) headers.Authorization = `Bearer ${bearer}`;
+  return headers;
 }
 
 /** An error answered by the gateway: its code, message and details, as it sent them. */
@@ -24,14 +36,26 @@ export class GatewayError extends Error {
   }
 }
 
-/** Call one RPC through the gateway; `operator` adds the operator's bearer token. */
+/** The error a refused response carries (the one JSON error shape of every route). */
+export async function errorOf(resp) {
+  const doc = await resp.json().catch(() => null);
+  const e = (doc && doc.error) || {};
+  return new GatewayError(resp.status, e.code || `http_${resp.status}`,
+    e.message || resp.statusText, e.details);
+}
+
+/** Whether the coordinator refused the caller (401: who are you; 403: not you, not this). */
+export function isRefusal(err) {
+  return err instanceof GatewayError && (err.status === 401 || err.status === 403);
+}
+
+/** Call one RPC through the gateway; `operator`: the call cannot succeed unsigned in. */
 export async function call(service, method, body = {}, {operator = false} = {}) {
-  const headers = {"Content-Type": "application/json", Accept: "application/json"};
-  if (operator) {
-    const bearer = token();
-    if (!bearer) throw new GatewayError(0, "no_token", "enter your operator token first");
-    headers.Authorization = `Bearer ${bearer}`;
+  if (operator && !token()) {
+    throw new GatewayError(0, "no_token", "sign in as an operator first (top right)");
   }
+  const headers = {"Content-Type": "application/json", Accept: "application/json",
+    ...authHeaders()};
   let resp;
   try {
     resp = await fetch(`/v1/${service}/${method}`, {
@@ -41,30 +65,21 @@ export async function call(service, method, body = {}, {operator = false} = {}) 
   } catch (err) {
     throw new GatewayError(0, "unreachable", `the coordinator did not answer (${err.message})`);
   }
-  let doc = null;
-  try {
-    doc = await resp.json();
-  } catch {
-    doc = null;
-  }
-  if (!resp.ok) {
-    const e = (doc && doc.error) || {};
-    throw new GatewayError(resp.status, e.code || `http_${resp.status}`,
-      e.message || resp.statusText, e.details);
-  }
-  return doc || {};
+  if (!resp.ok) throw await errorOf(resp);
+  return (await resp.json().catch(() => null)) || {};
 }
 
 /** A console read that is not an RPC (GET /console/api/...). */
 export async function read(path) {
-  const resp = await fetch(path, {cache: "no-store", headers: {Accept: "application/json"}});
-  const doc = await resp.json().catch(() => null);
-  if (!resp.ok) {
-    const e = (doc && doc.error) || {};
-    throw new GatewayError(resp.status, e.code || `http_${resp.status}`,
-      e.message || resp.statusText, e.details);
+  let resp;
+  try {
+    resp = await fetch(path, {cache: "no-store", credentials: "same-origin",
+      headers: {Accept: "application/json", ...authHeaders()}});
+  } catch (err) {
+    throw new GatewayError(0, "unreachable", `the coordinator did not answer (${err.message})`);
   }
-  return doc || {};
+  if (!resp.ok) throw await errorOf(resp);
+  return (await resp.json().catch(() => null)) || {};
 }
 
 export const HITL = "apiary.v1.HitlOperatorService";

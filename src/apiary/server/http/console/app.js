@@ -1,19 +1,25 @@
 // The console's entry point: loads every panel, follows the event stream, and refreshes the
-// panels an event concerns, debounced, so a burst of events costs one read per panel.
+// panels an event concerns, debounced, so a burst of events costs one read per panel. A read
+// the coordinator refuses (401, 403) empties its panel and opens the sign-in panel; signing
+// in or out reads everything again with the new credential.
 
-import {call, describe, setToken, token} from "./api.js";
-import {panelError, setText} from "./dom.js";
+import {call, describe, isRefusal} from "./api.js";
+import {blank, panelError, setText} from "./dom.js";
 import {refreshActivity, refreshAgents} from "./agents.js";
 import {refreshDlq} from "./dlq.js";
-import {addEvent, initFeed} from "./feed.js";
+import {addEvent, clearFeed, initFeed} from "./feed.js";
 import {initHitl, refreshHitl} from "./hitl.js";
 import {refreshRooms} from "./rooms.js";
+import {accepted, initSignin, refused} from "./signin.js";
+import {LiveStream} from "./stream.js";
 import {refreshTasks} from "./tasks.js";
 import {refreshWorkflows} from "./workflows.js";
 
 const DEBOUNCE_MS = 250; // wait this long for the rest of a burst
 const MIN_GAP_MS = 1000; // and read a panel at most once a second
 const BACKLOG = 100; // events shown from before the page opened
+const EVENT_LOG = "event log"; // how the sign-in panel names the reads that are not panels
+const LIVE = "live events";
 
 /** Which panels an event type concerns: the first matching prefix decides. */
 const ROUTES = [
@@ -32,8 +38,9 @@ const ROUTES = [
 ];
 
 class Panel {
-  constructor(id, load) {
+  constructor(id, label, load) {
     this.id = id;
+    this.label = label;
     this.load = load;
     this.timer = null;
     this.running = false;
@@ -62,7 +69,12 @@ class Panel {
     try {
       await this.load();
       panelError(this.id, "");
+      accepted(this.label);
     } catch (err) {
+      if (isRefusal(err)) {
+        blank(this.id); // nothing read with an earlier credential stays on show
+        refused(this.label, err);
+      }
       panelError(this.id, describe(err));
     } finally {
       this.running = false;
@@ -75,13 +87,13 @@ class Panel {
 }
 
 const panels = new Map([
-  ["agents", new Panel("agents", refreshAgents)],
-  ["activity", new Panel("activity", refreshActivity)],
-  ["tasks", new Panel("tasks", refreshTasks)],
-  ["hitl", new Panel("hitl", refreshHitl)],
-  ["dlq", new Panel("dlq", refreshDlq)],
-  ["workflows", new Panel("workflows", refreshWorkflows)],
-  ["rooms", new Panel("rooms", refreshRooms)],
+  ["agents", new Panel("agents", "agents", refreshAgents)],
+  ["activity", new Panel("activity", "activity buffer", refreshActivity)],
+  ["tasks", new Panel("tasks", "open tasks", refreshTasks)],
+  ["hitl", new Panel("hitl", "HITL inbox", refreshHitl)],
+  ["dlq", new Panel("dlq", "dead letter queue", refreshDlq)],
+  ["workflows", new Panel("workflows", "workflows", refreshWorkflows)],
+  ["rooms", new Panel("rooms", "negotiation rooms", refreshRooms)],
 ]);
 const stale = new Set();
 
@@ -100,22 +112,33 @@ function affected(eventType) {
 
 // ---- the event stream
 
-function follow(liveFrom) {
+let liveFrom = 0; // the log's end when the panels were first read
+let dropped = false;
+
+function showStatus(text, className, title = "") {
   const status = document.getElementById("live-status");
-  const source = new EventSource(`/v1/events/stream?after=${Math.max(0, liveFrom - BACKLOG)}`);
-  let dropped = false;
-  source.addEventListener("open", () => {
-    status.textContent = "live";
-    status.className = "status status-live";
+  status.textContent = text;
+  status.className = `status ${className}`;
+  status.title = title || "The live event stream";
+}
+
+const live = new LiveStream({
+  onOpen() {
+    showStatus("live", "status-live");
+    accepted(LIVE);
     if (dropped) refreshAll(); // whatever changed while we were away
     dropped = false;
-  });
-  source.addEventListener("error", () => {
-    status.textContent = "reconnecting";
-    status.className = "status status-off";
-    dropped = true; // the browser reconnects by itself, sending Last-Event-ID
-  });
-  source.addEventListener("message", (message) => {
+  },
+  onDrop(err) {
+    showStatus("reconnecting", "status-off", err ? describe(err) : "");
+    dropped = true; // it reconnects by itself, sending Last-Event-ID
+  },
+  onRefused(err) {
+    showStatus("refused", "status-off", describe(err));
+    refused(LIVE, err);
+  },
+  onMessage(message) {
+    if (message.type !== "message") return;
     let event;
     try {
       event = JSON.parse(message.data);
@@ -125,37 +148,40 @@ function follow(liveFrom) {
     addEvent(event);
     setText("last-sequence", `event #${event.sequence}`);
     if (event.sequence > liveFrom) refresh(...affected(String(event.event_type || "")));
-  });
+  },
+});
+
+let generation = 0;
+
+/** Read everything with the tab's credential: at load, and whenever it signs in or out. */
+async function begin() {
+  const mine = ++generation;
+  live.stop();
+  clearFeed();
+  showStatus("connecting", "status-off");
+  setText("last-sequence", "");
+  // The log's end first, then the panels: whatever happens after `liveFrom` refreshes the
+  // panels it concerns, and whatever happened before is in the panels' first reads.
+  let from = 0;
+  let failed = null;
+  try {
+    const doc = await call("apiary.v1.EventLogService", "ReadEvents", {limit: 1});
+    from = Number(doc.last_sequence || 0);
+  } catch (err) {
+    failed = err;
+  }
+  if (mine !== generation) return; // signed in or out again meanwhile: that run reads
+  if (!failed) accepted(EVENT_LOG);
+  else if (isRefusal(failed)) refused(EVENT_LOG, failed);
+  else setText("last-sequence", describe(failed));
+  liveFrom = from;
+  dropped = false;
+  refreshAll();
+  live.start(Math.max(0, liveFrom - BACKLOG));
 }
 
-// ---- the operator token
-
-function showToken() {
-  const set = !!token();
-  document.getElementById("token-form").hidden = set;
-  document.getElementById("token-set").hidden = !set;
-}
-
-function initToken() {
-  const form = document.getElementById("token-form");
-  const input = document.getElementById("token-input");
-  form.addEventListener("submit", (event) => {
-    event.preventDefault();
-    setToken(input.value.trim());
-    input.value = "";
-    showToken();
-    refresh("hitl");
-  });
-  document.getElementById("token-forget").addEventListener("click", () => {
-    setToken("");
-    showToken();
-    refresh("hitl");
-  });
-  showToken();
-}
-
-async function start() {
-  initToken();
+function start() {
+  initSignin(begin);
   initFeed();
   initHitl(() => refresh("hitl", "rooms"));
   document.getElementById("activity-history").addEventListener("change", () => refresh("activity"));
@@ -165,17 +191,7 @@ async function start() {
     stale.clear();
     refresh(...ids);
   });
-  // The log's end first, then the panels: whatever happens after `liveFrom` refreshes the
-  // panels it concerns, and whatever happened before is in the panels' first reads.
-  let liveFrom = 0;
-  try {
-    const doc = await call("apiary.v1.EventLogService", "ReadEvents", {limit: 1});
-    liveFrom = Number(doc.last_sequence || 0);
-  } catch (err) {
-    setText("last-sequence", describe(err));
-  }
-  refreshAll();
-  follow(liveFrom);
+  begin();
 }
 
 start();

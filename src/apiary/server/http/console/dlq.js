@@ -1,6 +1,6 @@
 // The dead letter queue (DlqService.List) with a requeue button per entry (DlqService.Requeue).
 
-import {call, describe, token} from "./api.js";
+import {call, describe} from "./api.js";
 import {ago, clock, el, emptyRow, fill, setText, shortId} from "./dom.js";
 
 const DLQ = "apiary.v1.DlqService";
@@ -36,9 +36,8 @@ async function requeueEntry(entryId, button, result) {
   button.disabled = true;
   result.textContent = "";
   try {
-    // DlqService takes no operator token today; the console sends it when it has one.
-    const {results = []} = await call(DLQ, "Requeue", {entry_ids: [entryId]},
-      {operator: !!token()});
+    // In secure mode this needs an operator with the role `dlq`; a refusal shows here.
+    const {results = []} = await call(DLQ, "Requeue", {entry_ids: [entryId]});
     const outcome = results[0] || {};
     result.textContent = outcome.ok ? `requeued as ${shortId(outcome.new_message_id)}`
       : `not requeued: ${outcome.error || "unknown reason"}`;

@@ -48,6 +48,14 @@ export function panelError(panelId, message) {
   line.hidden = !message;
 }
 
+/** Empty a panel's tables, cards and counts: what a refused read may no longer show. */
+export function blank(panelId) {
+  for (const node of document.querySelectorAll(`#${panelId} tbody, #${panelId} [id$="-body"]`)) {
+    node.replaceChildren();
+  }
+  for (const node of document.querySelectorAll(`#${panelId} .count`)) node.textContent = "";
+}
+
 /** A row that says there is nothing to show, spanning `columns` cells. */
 export function emptyRow(columns, text) {
   return el("tr", {}, el("td", {colspan: columns, class: "muted", text}));

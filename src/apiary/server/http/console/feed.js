@@ -25,6 +25,12 @@ export function initFeed() {
   });
 }
 
+/** Forget every event shown and held (the tab signed out, or in as someone else). */
+export function clearFeed() {
+  held.length = 0;
+  document.getElementById("feed-body").replaceChildren();
+}
+
 function matches(search) {
   return !filter || (search || "").split(" ").some((word) => word.startsWith(filter));
 }

@@ -1,6 +1,6 @@
-// The HITL inbox (HitlOperatorService.List, which needs the operator's token) and the
+// The HITL inbox (HitlOperatorService.List, which needs a signed-in operator) and the
 // decision dialog: approve, deny, defer (and modify, with a patch) with a rationale, sent
-// with the token; whatever the gateway answers on refusal is shown as it came.
+// with the tab's credential; whatever the gateway answers on refusal is shown as it came.
 
 import {HITL, call, decide, describe, token} from "./api.js";
 import {badge, clock, countdown, el, fill, parseTime, pretty, setText, shortId} from "./dom.js";
@@ -114,7 +114,7 @@ async function sendDecision(event) {
     return;
   }
   if (!token()) {
-    showError("enter your operator token (top right) first: decisions are sent with it");
+    showError("sign in as an operator (top right) first: decisions are sent as the operator");
     return;
   }
   const send = document.getElementById("decide-send");
