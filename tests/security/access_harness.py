@@ -68,11 +68,11 @@ async def open_secure(tmp_path: Path, **auth: Any) -> AsyncIterator[Secure]:
         name: ring.create(kind, principal, roles=roles, now=time.time())[1]
         for name, (kind, principal, roles) in PRINCIPALS.items()
     }
-    async with open_test_coordinator(
-        tmp_path, auth=AuthSettings(secure=True, **auth)
-    ) as coordinator:
-        async with grpc.aio.insecure_channel(str(coordinator.grpc_address)) as channel:
-            yield Secure(coordinator, channel, keys)
+    async with (
+        open_test_coordinator(tmp_path, auth=AuthSettings(secure=True, **auth)) as coordinator,
+        grpc.aio.insecure_channel(str(coordinator.grpc_address)) as channel,
+    ):
+        yield Secure(coordinator, channel, keys)
 
 
 def set_path(message: Message, path: str, value: str) -> None:

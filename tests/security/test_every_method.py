@@ -9,7 +9,6 @@ from pathlib import Path
 
 import grpc
 import pytest
-from aiohttp import web
 
 from apiary.core.access.rules import Who
 from apiary.core.access.table import HTTP_RULES, METHOD_RULES

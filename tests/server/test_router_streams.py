@@ -5,20 +5,30 @@ and the back-pressure metrics (RFC 13)."""
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import grpc
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from apiary.core.access.proof import (
+    DEFAULT_AUDIENCE,
+    PROOF_KEY,
+    CallProof,
+    encode_proof,
+    proof_payload,
+)
 from apiary.core.envelope import AckStage
 from apiary.engine.settings import RouterSettings
 from apiary.wire import pb
 from tests.server.wire_client import (
     WAIT_S,
     Running,
+    descriptor,
     envelope,
     error_detail,
     next_batch,
@@ -249,17 +259,60 @@ async def test_a_resume_token_of_another_agent_is_refused(running: Running) -> N
     assert (detail.error_code, detail.details["field"]) == ("validation_error", "resume_token")
 
 
-async def test_a_second_stream_supersedes_the_first(running: Running) -> None:
+async def test_a_second_anonymous_stream_is_refused_and_the_first_keeps_reading(
+    running: Running,
+) -> None:
+    """Nobody but bob may read bob's messages: a second stream that does not prove it is bob
+    is refused while bob's is live, and bob still receives what comes next."""
     inbound = pb.apiary_pb2_grpc.RouterStreamServiceStub(running.channel)
     first = inbound.Inbound(apiary_pb2.InboundRequest(agent_id="bob"))
     await asyncio.wait_for(first.read(), WAIT_S)
     second = inbound.Inbound(apiary_pb2.InboundRequest(agent_id="bob"))
     with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await asyncio.wait_for(second.read(), WAIT_S)
+    detail = error_detail(caught.value)
+    assert (detail.error_code, detail.details["reason"]) == ("already_in_progress", "stream_live")
+    assert "bob already has a live stream" in detail.message
+    router = pb.router_pb2_grpc.RouterServiceStub(running.channel)
+    env = envelope("alice", {"to": "bob"})
+    await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
+    (delivery,) = await next_batch(first)
+    first.cancel()
+    assert delivery.msg.message_id == env.message_id
+
+
+def _proof(
+    key: Ed25519PrivateKey, agent_id: str, method: str, now: float
+) -> tuple[tuple[str, str], ...]:
+    unix_ms, nonce = int(now * 1000), os.urandom(16)
+    signature = key.sign(proof_payload(DEFAULT_AUDIENCE, method, agent_id, unix_ms, nonce))
+    return ((PROOF_KEY, encode_proof(CallProof(agent_id, unix_ms, nonce, signature))),)
+
+
+async def test_the_agent_proving_it_is_itself_takes_its_stream_over(running: Running) -> None:
+    """The hand-over of a reconnecting agent: a new stream with the agent's proof supersedes
+    the live one, which ends with agent_unavailable."""
+    key = Ed25519PrivateKey.generate()
+    registry = pb.registry_pb2_grpc.RegistryServiceStub(running.channel)
+    described = descriptor("carol")
+    described.public_key = key.public_key().public_bytes_raw()
+    reply = await registry.RegisterAgent(pb.registry_pb2.RegisterAgentRequest(agent=described))
+    assert reply.accepted, reply.reason
+    inbound = pb.apiary_pb2_grpc.RouterStreamServiceStub(running.channel)
+    method = "/apiary.v1.RouterStreamService/Inbound"
+    first = inbound.Inbound(apiary_pb2.InboundRequest(agent_id="carol"))
+    await asyncio.wait_for(first.read(), WAIT_S)
+    second = inbound.Inbound(
+        apiary_pb2.InboundRequest(agent_id="carol"),
+        metadata=_proof(key, "carol", method, running.clock.now()),
+    )
+    await asyncio.wait_for(second.read(), WAIT_S)  # open: the directory notice
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
         await asyncio.wait_for(first.read(), WAIT_S)
     assert caught.value.code() is grpc.StatusCode.UNAVAILABLE
     assert error_detail(caught.value).error_code == "agent_unavailable"
     router = pb.router_pb2_grpc.RouterServiceStub(running.channel)
-    env = envelope("alice", {"to": "bob"})
+    env = envelope("alice", {"to": "carol"})
     await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=env))
     (delivery,) = await next_batch(second)
     second.cancel()

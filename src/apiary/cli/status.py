@@ -1,4 +1,5 @@
-"""`apiary status`: one look at a running coordinator (agents, tasks, dead letters, HITL)."""
+"""`apiary status`: one look at a running coordinator (agents, tasks, dead letters, HITL),
+and what the command's calls present to it (the credentials every CLI command uses)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,40 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from apiary.cli.calls import run_client
+from apiary.cli.calls import Presented, refusal, run_client
 from apiary.core.records import TaskState
+from apiary.errors import ApiaryError
 from apiary.sdk.client import Client
+from apiary.sdk.credentials import ClientCredentials
 from apiary.wire import pb
 
 a = pb.apiary_pb2
 LIMIT = 1000
 """Rows read per list; a count that reaches it is shown as "1000+"."""
 OPEN_TASK_STATES = [s.value for s in TaskState if not s.terminal]
+DEFAULT_GRPC = "127.0.0.1:50051"
 
 
 def status(
     token: str = typer.Option("", "--token", envvar="APIARY_TOKEN",
                               help="Operator token (or APIARY_TOKEN): adds the HITL inbox"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object"),
-    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
+    grpc_address: str = typer.Option(
+        "", "--grpc", help="Coordinator HOST:PORT [APIARY_COORDINATOR, the client "
+        f"configuration's grpc, else {DEFAULT_GRPC}]"),
 ) -> None:  # fmt: skip
-    """Agents with their inbound queues, open tasks by state, dead letters, pending HITL."""
-    doc = run_client("status", grpc_address, lambda c: _status(c, bool(token)), token=token,
+    """Agents with their inbound queues, open tasks by state, dead letters, pending HITL, and
+    the credentials the CLI presents (API key, client certificate, operator token or none)."""
+    try:
+        credentials = ClientCredentials.load()
+    except ApiaryError as exc:
+        typer.echo(refusal("status", exc), err=True)
+        raise typer.Exit(2) from None
+    presented = Presented.of(credentials, token)
+    address = grpc_address or credentials.coordinator or DEFAULT_GRPC
+    doc = run_client("status", address, lambda c: _status(c, bool(token)), token=token,
                      with_field=False)  # fmt: skip
+    doc["credentials"] = presented.to_json()
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
         return
@@ -71,6 +86,7 @@ def _count(n: int, capped: bool) -> str:
 
 def _print(doc: dict[str, Any]) -> None:
     console = Console()
+    console.print(f"credentials: {doc['credentials']['text']}", markup=False, highlight=False)
     agents = Table(title=f"Agents ({len(doc['agents'])})")
     for column in ("agent", "state", "inbox", "running"):
         agents.add_column(column, overflow="fold")

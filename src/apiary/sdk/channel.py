@@ -1,81 +1,129 @@
 """How clients (agents, `apiary.Client`, every CLI command) reach a coordinator: one gRPC
-channel factory, plain or TLS.
+channel factory, plain or TLS, that presents the client's credentials on every call.
 
+What a client presents comes from one place, `ClientCredentials.load()` (sdk/credentials.py
+says where it looks: arguments, then the environment, then `~/.config/apiary/client.toml`).
 A coordinator serving TLS (`[server] tls_cert`/`tls_key`, DESIGN.md section 9) is reached
 with the CA that signed its certificate, and, when it requires client certificates (mTLS,
-`tls_client_ca`), with a certificate and key of the client's own. Either pass a `ClientTls`,
-or set the environment for every tool at once:
+`tls_client_ca`), with a certificate and key of the client's own:
 
     APIARY_TLS_CA=ca.pem                 # trust this CA (TLS on)
     APIARY_TLS_CERT=me.pem APIARY_TLS_KEY=me.key   # present this certificate (mTLS)
+    APIARY_API_KEY=apk_...               # every call: authorization: Bearer <key>
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import AsyncIterable, Callable, Sequence
+from typing import Any
 
 import grpc
 
-from apiary.errors import ValidationError
+from apiary.sdk.credentials import (
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    CallMetadata,
+    ClientCredentials,
+    ClientTls,
+)
 
-TLS_CA_ENV = "APIARY_TLS_CA"
-TLS_CERT_ENV = "APIARY_TLS_CERT"
-TLS_KEY_ENV = "APIARY_TLS_KEY"
-
-
-@dataclass(frozen=True, slots=True)
-class ClientTls:
-    """TLS towards the coordinator: the CA to trust (None: the system's roots) and, for
-    mTLS, this client's certificate and key (both or neither)."""
-
-    ca: Path | None = None
-    cert: Path | None = None
-    key: Path | None = None
-
-    def __post_init__(self) -> None:
-        if (self.cert is None) != (self.key is None):
-            raise ValidationError.for_field(
-                "cert" if self.cert is None else "key",
-                "a client certificate and its key go together (mTLS needs both)",
-            )
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> ClientTls | None:
-        """From APIARY_TLS_CA / APIARY_TLS_CERT / APIARY_TLS_KEY; None when none is set."""
-        env = os.environ if env is None else env
-        values = {name: env.get(name, "") for name in (TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV)}
-        if not any(values.values()):
-            return None
-        if bool(values[TLS_CERT_ENV]) != bool(values[TLS_KEY_ENV]):
-            missing = TLS_CERT_ENV if not values[TLS_CERT_ENV] else TLS_KEY_ENV
-            raise ValidationError.for_field(missing, "is needed too: mTLS takes both")
-        ca, cert, key = (Path(v) if v else None for v in values.values())
-        return cls(ca, cert, key)
-
-    def credentials(self) -> grpc.ChannelCredentials:
-        return grpc.ssl_channel_credentials(
-            root_certificates=_read(self.ca, TLS_CA_ENV),
-            private_key=_read(self.key, TLS_KEY_ENV),
-            certificate_chain=_read(self.cert, TLS_CERT_ENV),
-        )
+__all__ = [
+    "TLS_CA_ENV",
+    "TLS_CERT_ENV",
+    "TLS_KEY_ENV",
+    "CallMetadata",
+    "ClientCredentials",
+    "ClientTls",
+    "open_channel",
+]
 
 
-def open_channel(address: str, tls: ClientTls | None = None) -> grpc.aio.Channel:
-    """A channel to `address`: TLS with `tls`, else with the environment's TLS settings,
-    else plain."""
-    chosen = tls if tls is not None else ClientTls.from_env()
-    if chosen is None:
-        return grpc.aio.insecure_channel(address)
-    return grpc.aio.secure_channel(address, chosen.credentials())
+def open_channel(
+    address: str,
+    tls: ClientTls | None = None,
+    credentials: ClientCredentials | None = None,
+    *,
+    per_call: Sequence[CallMetadata] = (),
+) -> grpc.aio.Channel:
+    """A channel to `address` presenting `credentials` (default: `ClientCredentials.load()`):
+    TLS with `tls`, else the credentials' TLS settings, else plain; with an API key, every
+    call carries `authorization: Bearer <key>` unless it sets `authorization` itself.
+
+    `per_call` adds metadata to each call before the key is considered (an agent's per-call
+    proofs, `CallProver`): a call that carries a proof does not carry the key too."""
+    chosen = credentials if credentials is not None else ClientCredentials.load()
+    chosen_tls = tls if tls is not None else chosen.tls
+    sources = list(per_call)
+    bearer = chosen.bearer()
+    if bearer is not None:
+        sources.append(bearer)
+    interceptors = _interceptors(sources) if sources else None
+    if chosen_tls is None:
+        return grpc.aio.insecure_channel(address, interceptors=interceptors)
+    return grpc.aio.secure_channel(address, chosen_tls.credentials(), interceptors=interceptors)
 
 
-def _read(path: Path | None, field: str) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        return path.read_bytes()
-    except OSError as exc:
-        raise ValidationError.for_field(field, f"cannot read {path}: {exc.strerror}") from None
+class _Metadata:
+    """Adds what `sources` give to the metadata of a call, each source seeing what the ones
+    before it added."""
+
+    def __init__(self, sources: Sequence[CallMetadata]) -> None:
+        self._sources = tuple(sources)
+
+    def details(self, given: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+        method: Any = given.method
+        name = method.decode() if isinstance(method, bytes) else str(method)
+        pairs: list[tuple[str, str | bytes]] = list(given.metadata or ())
+        before = len(pairs)
+        for source in self._sources:
+            pairs.extend(source(name, pairs))
+        if len(pairs) == before:
+            return given
+        return grpc.aio.ClientCallDetails(
+            given.method, given.timeout, grpc.aio.Metadata(*pairs), given.credentials,
+            given.wait_for_ready,
+        )  # fmt: skip
+
+
+# grpc.aio files an interceptor under one call kind only, so each kind has its class (the
+# ignores: grpc ships no type hints, so its base classes are Any to mypy).
+
+
+class _UnaryUnary(_Metadata, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(
+        self, continuation: Callable[..., Any], client_call_details: Any, request: Any
+    ) -> Any:
+        return await continuation(self.details(client_call_details), request)
+
+
+class _UnaryStream(_Metadata, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(
+        self, continuation: Callable[..., Any], client_call_details: Any, request: Any
+    ) -> Any:
+        return await continuation(self.details(client_call_details), request)
+
+
+class _StreamUnary(_Metadata, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(
+        self,
+        continuation: Callable[..., Any],
+        client_call_details: Any,
+        request_iterator: AsyncIterable[Any] | None,
+    ) -> Any:
+        return await continuation(self.details(client_call_details), request_iterator)
+
+
+class _StreamStream(_Metadata, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(
+        self,
+        continuation: Callable[..., Any],
+        client_call_details: Any,
+        request_iterator: AsyncIterable[Any] | None,
+    ) -> Any:
+        return await continuation(self.details(client_call_details), request_iterator)
+
+
+def _interceptors(sources: Sequence[CallMetadata]) -> list[grpc.aio.ClientInterceptor]:
+    kinds: tuple[type[_Metadata], ...] = (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)
+    return [kind(sources) for kind in kinds]

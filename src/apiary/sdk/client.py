@@ -22,6 +22,7 @@ import grpc
 
 from apiary.sdk import errors
 from apiary.sdk.channel import ClientTls, open_channel
+from apiary.sdk.credentials import ClientCredentials
 from apiary.wire import pb
 
 if TYPE_CHECKING:
@@ -99,6 +100,10 @@ class Client:
 
     `agent_id` is sent as `sw4rm-agent-id` call metadata on every call, for the services that
     act on behalf of the calling agent (tools, HITL, worktrees); `metadata` adds more.
+
+    A channel it opens presents `credentials` (default: `ClientCredentials.load()`, so
+    `APIARY_API_KEY` or the client configuration file); `tls` overrides their TLS settings.
+    An `authorization` entry in `metadata` (an operator token) wins over their API key.
     """
 
     def __init__(
@@ -108,9 +113,10 @@ class Client:
         agent_id: str = "",
         metadata: Mapping[str, str] | None = None,
         tls: ClientTls | None = None,
+        credentials: ClientCredentials | None = None,
     ) -> None:
         self._owned = isinstance(target, str)
-        self.channel = open_channel(target, tls) if isinstance(target, str) else target
+        self.channel = open_channel(target, tls, credentials) if isinstance(target, str) else target
         pairs = dict(metadata or {})
         if agent_id:
             pairs[AGENT_KEY] = agent_id

@@ -33,6 +33,7 @@ from apiary.errors import ApiaryError, NotFoundError, ValidationError, error_for
 from apiary.sdk import errors
 from apiary.sdk.channel import ClientTls, open_channel
 from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
+from apiary.sdk.credentials import CallProver, ClientCredentials
 from apiary.sdk.provenance import derived_from
 from apiary.sdk.sender import BatchSender, SendResult
 from apiary.system import SystemClock, UuidIds
@@ -78,6 +79,8 @@ class Connection:
         signing_key: Ed25519PrivateKey | None = None,
         tls: ClientTls | None = None,
         verify_signatures: bool = False,
+        credentials: ClientCredentials | None = None,
+        prove_calls: bool | None = None,
     ) -> None:
         """`signing_key`: the agent's Ed25519 key when the coordinator has message signing on
         (RFC 6.2): its public half is registered, and every envelope, registration and
@@ -90,7 +93,22 @@ class Connection:
         PERMISSION_DENIED (an ACK is dropped) and logged. Messages whose producer is no
         registered agent (the coordinator's own notices and task dispatches, or an agent
         deregistered since) carry no signature to check and are taken as they come over the
-        (TLS) channel."""
+        (TLS) channel.
+
+        `credentials`: what the calls present (default: `ClientCredentials.load()`, see
+        sdk/credentials.py); `tls` overrides their TLS settings.
+
+        `prove_calls`: every call but RegisterAgent carries a per-call proof by
+        `signing_key` (`apiary-agent-proof`), which authenticates it as this agent (DESIGN.md
+        section 9); the coordinator checks it against the key the agent registered, so the
+        agent is registered first (by `start()`, or elsewhere before `connect()`). A call that
+        carries a proof does not carry the API key too: an API key then only registers the
+        agent. Default: on when there is a signing key and the credentials have neither an
+        API key nor a client certificate."""
+        if prove_calls and signing_key is None:
+            raise ValidationError.for_field(
+                "prove_calls", "per-call proofs are signed by the agent's key: give signing_key"
+            )
         self.agent_id = agent_id
         self._coordinator = coordinator
         self._signing_key = signing_key
@@ -99,7 +117,10 @@ class Connection:
         """Producers' public keys: the registered one first (b'' without one), then those
         rotated away within their grace; None for a non-agent."""
         self._tls = tls
-        """TLS towards the coordinator (None: from the environment, else plain)."""
+        """TLS towards the coordinator (None: from the credentials, else plain)."""
+        self._credentials = credentials
+        self._prove_calls = prove_calls
+        self._prover: CallProver | None = None
         self._descriptor = pb.registry_pb2.AgentDescriptor(
             agent_id=agent_id,
             name=name or agent_id,
@@ -147,7 +168,30 @@ class Connection:
         """Open the channel without registering: enough to send as an agent that is
         registered elsewhere, or as a producer that needs no answer (`apiary send`)."""
         if self._channel is None:
-            self._channel = open_channel(self._coordinator, self._tls)
+            credentials = self._credentials
+            if credentials is None:
+                credentials = ClientCredentials.load()
+            prover = self._prover = self._call_prover(credentials)
+            self._channel = open_channel(
+                self._coordinator, self._tls, credentials, per_call=(prover,) if prover else ()
+            )
+
+    @property
+    def proves_calls(self) -> bool:
+        """Whether the calls carry per-call proofs (see `prove_calls`; known once connected)."""
+        return self._prover is not None
+
+    def _call_prover(self, credentials: ClientCredentials) -> CallProver | None:
+        """What adds the per-call proofs (see `prove_calls`), None without them."""
+        key = self._signing_key
+        prove = self._prove_calls
+        if prove is None:
+            tls = self._tls if self._tls is not None else credentials.tls
+            certificate = tls is not None and tls.cert is not None
+            prove = key is not None and not credentials.api_key and not certificate
+        if not prove or key is None:
+            return None
+        return CallProver(self.agent_id, key, audience=credentials.audience, now=self._clock.now)
 
     async def register(self) -> None:
         stub = pb.registry_pb2_grpc.RegistryServiceStub(self.channel)

@@ -66,6 +66,9 @@ AUTHORIZATION: Final = "authorization"
 BEARER: Final = "Bearer "
 ARGUMENT: Final = "argument"
 """The source of a setting given explicitly by the program."""
+ENVIRONMENT: Final = "environment"
+"""The source of TLS settings taken from APIARY_TLS_CA / _CERT / _KEY."""
+ANONYMOUS_TEXT: Final = "none (anonymous; dev mode only)"
 REGISTER_METHOD: Final = "/sw4rm.registry.RegistryService/RegisterAgent"
 NONCE_BYTES: Final = 16
 MAX_KEY_CHARS: Final = 4096
@@ -172,19 +175,26 @@ class ClientCredentials:
         """The certificate mTLS presents, if any."""
         return self.tls.cert if self.tls is not None else None
 
-    def describe(self) -> str:
-        """What the calls present, for people (the secret never in it): `API key <key id>
-        (from APIARY_API_KEY)`, `client certificate <file> (from APIARY_TLS_CERT)`, or
-        `none (anonymous; dev mode only)`."""
+    def presented(self) -> tuple[str, str]:
+        """What the calls present and where it came from, for people (the secret never in
+        it): ("API key <key id>", "APIARY_API_KEY"), ("an operator token", "argument"),
+        ("client certificate <file>", "APIARY_TLS_CERT"), or ("none", "") for anonymous
+        calls. An API key is what the coordinator goes by when there is a certificate too."""
         if self.api_key:
             what = f"API key {self.key_id}" if self.key_id else "an operator token"
-            return f"{what} (from {self.sources.get('api_key', ARGUMENT)})"
+            return what, self.sources.get("api_key", ARGUMENT)
         if self.client_certificate is not None:
             where = self.sources.get("tls", ARGUMENT)
-            if where == "environment":
-                where = TLS_CERT_ENV
-            return f"client certificate {self.client_certificate} (from {where})"
-        return "none (anonymous; dev mode only)"
+            return f"client certificate {self.client_certificate}", (
+                TLS_CERT_ENV if where == ENVIRONMENT else where
+            )
+        return "none", ""
+
+    def describe(self) -> str:
+        """`presented()` as one phrase: `API key <key id> (from APIARY_API_KEY)`, ...,
+        `none (anonymous; dev mode only)`."""
+        what, source = self.presented()
+        return f"{what} (from {source})" if source else ANONYMOUS_TEXT
 
     def bearer(self) -> CallMetadata | None:
         """The per-call metadata that presents the API key, or None without one: every call
@@ -446,7 +456,7 @@ def _pick_tls(
         return given
     from_env = ClientTls.from_env(env)
     if from_env is not None:
-        sources["tls"] = "environment"
+        sources["tls"] = ENVIRONMENT
         return from_env
     from_file = config.tls()
     if from_file is not None:
@@ -480,7 +490,10 @@ def _key_problem(value: str) -> str | None:
 
 def _audience_problem(value: str) -> str | None:
     if not value or len(value) > 128 or not _PRINTABLE.match(value):
-        return "must be 1-128 printable ASCII characters without spaces (the coordinator's [auth] audience)"
+        return (
+            "must be 1-128 printable ASCII characters without spaces, as the coordinator's "
+            "[auth] audience says"
+        )
     return None
 
 

@@ -5,15 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from apiary.core.access.principal import ANONYMOUS, Principal, PrincipalKind
+from apiary.core.access.principal import ANONYMOUS, DEFAULT_TENANT, Principal, PrincipalKind
+from apiary.core.access.rules import Role
 from apiary.core.signatures import SIGNATURE_KEY, decode_signature
 from apiary.engine.operators import Operator
-from apiary.errors import UnauthenticatedError, ValidationError
+from apiary.errors import PermissionDeniedError, UnauthenticatedError, ValidationError
 
 RECIPIENT_KEY = "sw4rm-recipient"
 """Request metadata naming a message's recipient (DESIGN.md section 4)."""
 RESUME_AFTER_KEY = "sw4rm-resume-after"
 """StreamIncoming request metadata: resume delivery after this inbox offset (RFC 5.5)."""
+TENANT_KEY = "apiary-tenant"
+"""Request metadata naming the tenant a call acts in: a global operator's choice, and the
+tenant whose registry checks an agent's per-call proof (default: `default`)."""
 AGENT_KEY = "sw4rm-agent-id"
 """Request metadata naming the calling agent: what identifies an anonymous caller in dev
 mode; an authenticated agent is its credential, and metadata naming another is refused."""
@@ -66,6 +70,24 @@ class CallContext:
             f"key>` or an operator's client certificate (the call is {principal.label})",
             {"field": "authorization"},
         )
+
+    def tenant(self) -> str:
+        """The tenant the call acts in: its principal's, or a global operator's choice by the
+        `apiary-tenant` metadata; the default tenant for anonymous callers (dev mode)."""
+        principal = self.principal
+        if principal.kind is PrincipalKind.ANONYMOUS:
+            return DEFAULT_TENANT
+        chosen = self.metadata.get(TENANT_KEY, "")
+        if not chosen or chosen == principal.tenant:
+            return principal.tenant
+        if principal.tenant != DEFAULT_TENANT or not principal.has_role(Role.TENANTS):
+            raise PermissionDeniedError(
+                f"{principal.label} acts in its own tenant only; naming another with "
+                f"{TENANT_KEY} needs a global operator (role {Role.TENANTS.value!r} in the "
+                f"{DEFAULT_TENANT} tenant)",
+                {"field": TENANT_KEY, "principal": principal.label},
+            )
+        return chosen
 
     def operator_or_none(self) -> Operator | None:
         principal = self.principal

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +16,7 @@ import grpc
 from aiohttp import web
 from grpc_health.v1 import health as grpc_health
 
+from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.core.clock import Clock
 from apiary.engine.activity import Activity
 from apiary.engine.assembly import (
@@ -74,6 +75,7 @@ from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
+from apiary.server.tenancy import Tenancy, TenantEngine
 from apiary.server.tls import grpc_credentials, http_context
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
@@ -111,6 +113,8 @@ class Coordinator:
     negotiations: Negotiations | None = None
     swarm: SwarmPeer | None = None
     """The swarm peer, when the configuration has a [swarm] table."""
+    tenancy: Tenancy | None = None
+    """Every tenant's engine; the fields above are the default tenant's."""
     ready: bool = False
 
 
@@ -160,21 +164,35 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
     }
 
 
+def _key_ring(config: ServerConfig) -> KeyRing:
+    auth = config.auth
+    return KeyRing(Path(auth.keys_file) if auth.keys_file else credentials_path(config.data_dir))
+
+
+def _known_tenants(config: ServerConfig, keys: KeyRing) -> Callable[[], set[str]]:
+    """The tenants the configuration and the credentials name (read afresh: keys change)."""
+
+    def known() -> set[str]:
+        named = {entry.tenant for entry in keys.entries()}
+        return named | set(config.auth.tenants) | {r.tenant for r in config.auth.certificates}
+
+    return known
+
+
 def _access_guard(
-    config: ServerConfig, engine: Engine, runtime: Runtime, metrics: Metrics
+    config: ServerConfig, engine: Engine, runtime: Runtime, metrics: Metrics, tenancy: Tenancy
 ) -> AccessGuard:
     """The one access guard of every surface (docs/security.md)."""
     auth = config.auth
     authenticator = Authenticator(
-        operators=engine.hitl.operators,
-        keys=KeyRing(Path(auth.keys_file) if auth.keys_file else credentials_path(config.data_dir)),
-        certificates=auth.certificates, public_key=engine.registry.public_key,
+        operators=engine.hitl.operators, keys=_key_ring(config),
+        certificates=auth.certificates, public_key=tenancy.public_key,
         now=runtime.clock.now, audience=auth.audience, window_s=auth.proof_window_s,
         secure=auth.secure,
     )  # fmt: skip
     return AccessGuard(
-        authenticator, engine.events, secure=auth.secure, denied=metrics.access_denied,
-        owners={"tool_call": engine.tools.owner_of}, log_allowed=auth.log_allowed,
+        authenticator, tenancy.events, secure=auth.secure, denied=metrics.access_denied,
+        owners={"tool_call": tenancy.tool_call_owner}, log_allowed=auth.log_allowed,
     )  # fmt: skip
 
 
@@ -235,8 +253,14 @@ async def open_coordinator(
             engine.router, engine.activity, engine.scheduler, engine.events,
             store_stats=(lambda: store.stats) if isinstance(store, SqliteStore) else None,
         )  # fmt: skip
-        guard = _access_guard(config, engine, runtime, metrics)
-        dispatcher = Dispatcher(_handlers(engine, runtime), guard)
+        handlers = _handlers(engine, runtime)
+        tenancy = Tenancy(
+            config, runtime, TenantEngine(DEFAULT_TENANT, store, engine, handlers),
+            lambda tenant_engine: _handlers(tenant_engine, runtime),
+            _known_tenants(config, _key_ring(config)),
+        )  # fmt: skip
+        guard = _access_guard(config, engine, runtime, metrics, tenancy)
+        dispatcher = Dispatcher(handlers, guard, tenancy)
         server, health = build_grpc_server(dispatcher, metrics)
         grpc_address = _bind_grpc(server, config)
         http_socket = _bind_http(config.http)
@@ -250,6 +274,7 @@ async def open_coordinator(
         )  # fmt: skip
         if swarm is not None:
             add_swarm_routes(app, swarm.node)
+        state.tenancy = tenancy
         runner = await _serve_http(app, http_socket, config)
         await server.start()
         await set_serving(health, True)
@@ -260,12 +285,14 @@ async def open_coordinator(
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,
             recovered_messages=recovered,
         )  # fmt: skip
+        for tenant in sorted(_known_tenants(config, _key_ring(config))() - {DEFAULT_TENANT}):
+            await tenancy.engine(tenant)
         state.ready = True
         try:
             yield state
         finally:
             state.ready = False
-            await _shut_down(engine, server, health, runner, tasks)
+            await _shut_down(engine, server, health, runner, tasks, tenancy)
 
 
 async def _start_swarm(
@@ -318,6 +345,7 @@ async def _shut_down(
     health: grpc_health.aio.HealthServicer,
     runner: web.AppRunner,
     tasks: list[asyncio.Task[None]],
+    tenancy: Tenancy,
 ) -> None:
     await set_serving(health, False)
     # Tool calls in progress are cancelled and their processes stopped first, so that their
@@ -325,6 +353,7 @@ async def _shut_down(
     await engine.tools.close()
     await server.stop(SHUTDOWN_GRACE_S)
     await runner.cleanup()
+    await tenancy.close()
     for task in tasks:
         task.cancel()
     for task in tasks:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from google.protobuf.message import Message
 
@@ -99,15 +99,34 @@ def _unimplemented(method: RpcMethod) -> UnaryFn | StreamFn | BidiFn:
     return unary
 
 
-def _guarded(method: RpcMethod, rule: Rule, fn: Any, guard: AccessGuard) -> Any:
+class TenantHandlers(Protocol):
+    async def handlers(self, ctx: CallContext) -> Mapping[str, object] | None:
+        """The handlers of the tenant the call acts in; None for the default tenant's (the
+        dispatcher's own)."""
+        ...
+
+
+def _guarded(
+    method: RpcMethod, rule: Rule, fn: Any, guard: AccessGuard, tenants: TenantHandlers | None
+) -> Any:
     """`fn` behind the guard: the call is decided before the handler runs (a client stream
-    when it opens, then frame by frame), and the handler's context carries the principal."""
+    when it opens, then frame by frame), the handler's context carries the principal, and
+    the handler is that of the principal's tenant."""
     path = method.path
+    name = snake_case(method.name)
+
+    async def target(ctx: CallContext) -> Any:
+        handlers = await tenants.handlers(ctx) if tenants is not None else None
+        if handlers is None:
+            return fn
+        return getattr(handlers.get(method.service), name, None) or _unimplemented(method)
+
     if method.client_streaming:
 
         async def bidi(frames: AsyncIterator[Message], ctx: CallContext) -> AsyncIterator[Message]:
             ctx = guard.admit(path, rule, None, ctx)
-            async for item in fn(guard.frames(path, rule, frames, ctx), ctx):
+            handler = await target(ctx)
+            async for item in handler(guard.frames(path, rule, frames, ctx), ctx):
                 yield item
 
         return bidi
@@ -115,13 +134,16 @@ def _guarded(method: RpcMethod, rule: Rule, fn: Any, guard: AccessGuard) -> Any:
 
         async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:
             ctx = guard.admit(path, rule, request, ctx)
-            async for item in fn(request, ctx):
+            handler = await target(ctx)
+            async for item in handler(request, ctx):
                 yield item
 
         return stream
 
     async def unary(request: Message, ctx: CallContext) -> Message:
-        return await fn(request, guard.admit(path, rule, request, ctx))  # type: ignore[no-any-return]
+        ctx = guard.admit(path, rule, request, ctx)
+        handler = await target(ctx)
+        return await handler(request, ctx)  # type: ignore[no-any-return]
 
     return unary
 
@@ -131,7 +153,12 @@ class Dispatcher:
     behind the access guard when there is one: every method has a rule in
     core/access/table.py, or the dispatcher refuses to be built."""
 
-    def __init__(self, handlers: Mapping[str, object], guard: AccessGuard | None = None) -> None:
+    def __init__(
+        self,
+        handlers: Mapping[str, object],
+        guard: AccessGuard | None = None,
+        tenants: TenantHandlers | None = None,
+    ) -> None:
         unknown = set(handlers) - set(SERVICES)
         if unknown:
             raise ValueError(f"handlers for unknown services: {sorted(unknown)}")
@@ -147,7 +174,7 @@ class Dispatcher:
                 if not implemented:
                     fn = _unimplemented(method)
                 if guard is not None:
-                    fn = _guarded(method, METHOD_RULES[method.path], fn, guard)
+                    fn = _guarded(method, METHOD_RULES[method.path], fn, guard, tenants)
                 self._routes[method.path] = Route(method, fn, implemented)
 
     def route(self, path: str) -> Route | None:

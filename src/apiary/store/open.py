@@ -17,19 +17,26 @@ for the default file.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Literal, cast, get_args
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.store.memory.store import open_memory_store
-from apiary.store.postgres.store import open_postgres_store
+from apiary.store.postgres.store import (
+    DEFAULT_SCHEMA,
+    open_postgres_store,
+    split_schema_parameter,
+)
 from apiary.store.protocols import Store
 from apiary.store.sqlite.database import SqliteOptions, Synchronous, WriterKind
 from apiary.store.sqlite.store import open_sqlite_store
 
 DEFAULT_SQLITE_FILE = "apiary.db"
+POSTGRES_IDENTIFIER_BYTES = 63
 
 ACCEPTED_FORMS = (
     "nothing or 'sqlite' (DATA_DIR/apiary.db), 'sqlite:///ABSOLUTE/PATH.db', 'memory://', "
@@ -38,23 +45,54 @@ ACCEPTED_FORMS = (
 
 
 @asynccontextmanager
-async def open_store(url: str | None, data_dir: Path) -> AsyncIterator[Store]:
+async def open_store(url: str | None, data_dir: Path, tenant: str = "") -> AsyncIterator[Store]:
     """Open the store `url` names (see the module doc), closing it on exit.
+
+    A `tenant` other than the default ('' or 'default') gets a store of its own beside the
+    default one (DESIGN.md section 9: another tenant's objects are never within reach): the
+    SQLite file of `tenant_data_dir`, a PostgreSQL schema of its own (`tenant_schema`), a
+    memory store of its own.
 
     Raises ValueError for a URL of an unknown form, naming the accepted forms.
     """
     backend = _backend(url or "")
+    if tenant in ("", DEFAULT_TENANT):
+        tenant = ""
     if backend == "postgresql":
         assert url is not None
-        async with open_postgres_store(url) as postgres:
+        _, schema = split_schema_parameter(url)
+        named = tenant_schema(schema or DEFAULT_SCHEMA, tenant) if tenant else None
+        async with open_postgres_store(url, schema=named) as postgres:
             yield postgres
     elif backend == "memory":
         async with open_memory_store() as memory:
             yield memory
     else:
         path, options = sqlite_location(url or "", data_dir)
+        if tenant:
+            path = (
+                default_sqlite_path(tenant_data_dir(data_dir, tenant))
+                if path == data_dir / DEFAULT_SQLITE_FILE
+                else path.with_name(f"{path.stem}.tenant-{tenant}{path.suffix}")
+            )
         async with open_sqlite_store(path, options) as sqlite:
             yield sqlite
+
+
+def tenant_data_dir(data_dir: Path, tenant: str) -> Path:
+    """Where a tenant other than the default keeps its files: DATA_DIR/tenants/TENANT."""
+    if tenant in ("", DEFAULT_TENANT):
+        return data_dir
+    return data_dir / "tenants" / tenant
+
+
+def tenant_schema(schema: str, tenant: str) -> str:
+    """The PostgreSQL schema of a tenant other than the default (at most 63 bytes: a long
+    tenant name is replaced by its digest)."""
+    name = f"{schema}_t_{tenant}"
+    if len(name.encode()) <= POSTGRES_IDENTIFIER_BYTES:
+        return name
+    return f"{schema}_t_{hashlib.sha256(tenant.encode()).hexdigest()[:24]}"
 
 
 def check_store_url(url: str | None) -> None:

@@ -47,6 +47,9 @@ class Role(enum.StrEnum):
     WORKTREES = "worktrees"
     """Approve worktree switches."""
     METRICS = "metrics"
+    TENANTS = "tenants"
+    """A global operator (in the default tenant): acts in any tenant it names with the
+    `apiary-tenant` metadata."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from apiary.core.access.principal import ANONYMOUS, Mechanism, Principal, PrincipalKind
+from apiary.core.access.principal import (
+    ANONYMOUS,
+    DEFAULT_TENANT,
+    Mechanism,
+    Principal,
+    PrincipalKind,
+)
 from apiary.core.access.proof import DEFAULT_AUDIENCE, PROOF_KEY, parse_proof, proof_payload
 from apiary.core.signatures import verifies
 from apiary.engine.operators import BEARER, Operators
@@ -16,7 +22,7 @@ from apiary.errors import InternalError, UnauthenticatedError
 from apiary.server.auth.certificates import CertificateRule, principal_from_pem
 from apiary.server.auth.keys import KEY_PREFIX, CredentialsFileError, KeyRing
 from apiary.server.auth.replay import ReplayWindow
-from apiary.server.context import CallContext
+from apiary.server.context import TENANT_KEY, CallContext
 
 API_KEY_PREFIX = f"{KEY_PREFIX}_"
 log = logging.getLogger("apiary.auth")
@@ -29,7 +35,7 @@ class Authenticator:
         operators: Operators,
         keys: KeyRing | None,
         certificates: Sequence[CertificateRule],
-        public_key: Callable[[str], bytes],
+        public_key: Callable[[str, str], bytes],
         now: Callable[[], float],
         audience: str = DEFAULT_AUDIENCE,
         window_s: float = 60.0,
@@ -52,7 +58,7 @@ class Authenticator:
             return self._bearer(authorization)
         proof = ctx.get(PROOF_KEY)
         if proof:
-            return self._proof(proof, method)
+            return self._proof(proof, method, ctx.get(TENANT_KEY))
         pem = ctx.peer_certificate()
         if pem:
             found = principal_from_pem(pem, self._certificates)
@@ -90,11 +96,12 @@ class Authenticator:
             mechanism=Mechanism.OPERATOR_TOKEN,
         )  # fmt: skip
 
-    def _proof(self, text: str, method: str) -> Principal:
+    def _proof(self, text: str, method: str, ctx_tenant: str) -> Principal:
         proof = parse_proof(text)
         if isinstance(proof, str):
             raise UnauthenticatedError(proof, {"field": PROOF_KEY})
-        key = self._public_key(proof.agent_id)
+        tenant = ctx_tenant or DEFAULT_TENANT
+        key = self._public_key(tenant, proof.agent_id)
         payload = proof_payload(self._audience, method, proof.agent_id, proof.unix_ms, proof.nonce)
         if not key or not verifies(key, payload, proof.signature):
             raise UnauthenticatedError(
@@ -107,4 +114,6 @@ class Authenticator:
         )
         if refused is not None:
             raise UnauthenticatedError(f"{PROOF_KEY}: {refused}", {"field": PROOF_KEY})
-        return Principal(PrincipalKind.AGENT, proof.agent_id, mechanism=Mechanism.AGENT_PROOF)
+        return Principal(
+            PrincipalKind.AGENT, proof.agent_id, tenant, mechanism=Mechanism.AGENT_PROOF
+        )

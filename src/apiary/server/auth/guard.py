@@ -11,16 +11,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 
-from apiary.core.access.decision import UNAUTHENTICATED, Decision, decide
-from apiary.core.access.principal import Principal, PrincipalKind
+from apiary.core.access.decision import PERMISSION_DENIED, UNAUTHENTICATED, Decision, decide
+from apiary.core.access.principal import DEFAULT_TENANT, Principal, PrincipalKind
 from apiary.core.access.rules import Rule, Who, subject_values
 from apiary.engine.eventlog import EventRecorder
 from apiary.errors import ApiaryError, PermissionDeniedError, UnauthenticatedError
 from apiary.server.auth.authenticator import Authenticator
 from apiary.server.context import AGENT_KEY, CallContext
 
-OwnerOf = Callable[[str], str | None]
-"""The owner of an object by id (the agent that made a tool call), None when there is none."""
+OwnerOf = Callable[[str, str], str | None]
+"""The owner of an object by (tenant, id) (the agent that made a tool call), None when there
+is none."""
 MAX_OBJECT_TEXT = 256
 
 
@@ -28,7 +29,7 @@ class AccessGuard:
     def __init__(
         self,
         authenticator: Authenticator,
-        events: EventRecorder,
+        events: Callable[[str], EventRecorder],
         *,
         secure: bool,
         denied: Callable[[str, str], None] = lambda _action, _refusal: None,
@@ -54,10 +55,24 @@ class AccessGuard:
             self._record(action, ctx, None, "", Decision(False, exc.message, UNAUTHENTICATED))
             raise
         ctx = replace(ctx, principal=principal)
-        self.check(action, rule, request, ctx)
+        try:
+            tenant = ctx.tenant()
+        except PermissionDeniedError as exc:
+            self._record(
+                action, ctx, principal, "", Decision(False, exc.message, PERMISSION_DENIED)
+            )
+            raise
+        self.check(action, rule, request, ctx, tenant)
         return ctx
 
-    def check(self, action: str, rule: Rule, request: object | None, ctx: CallContext) -> None:
+    def check(
+        self,
+        action: str,
+        rule: Rule,
+        request: object | None,
+        ctx: CallContext,
+        tenant: str = DEFAULT_TENANT,
+    ) -> None:
         """Decide one request of a call whose principal is known (each frame of a stream)."""
         principal = ctx.principal
         if rule.who is Who.PUBLIC or (
@@ -69,7 +84,7 @@ class AccessGuard:
         subjects = _subjects(rule, request)
         owner = None
         if rule.who is Who.OWNER and subjects:
-            owner = self._owners[rule.owner](subjects[0])
+            owner = self._owners[rule.owner](tenant, subjects[0])
         claimed = ctx.get(AGENT_KEY)
         if principal.kind is PrincipalKind.AGENT and claimed and claimed != principal.name:
             decision = Decision(
@@ -83,7 +98,7 @@ class AccessGuard:
                 principal, rule, subjects, owner=owner, secure=self.secure, claimed=claimed
             )
         if not decision.allowed or self._log_allowed:
-            self._record(action, ctx, principal, ", ".join(subjects), decision)
+            self._record(action, ctx, principal, ", ".join(subjects), decision, tenant)
         if not decision.allowed:
             raise _refusal(action, principal, decision)
 
@@ -94,9 +109,10 @@ class AccessGuard:
         checking = rule.subjects and not (
             ctx.principal.kind is PrincipalKind.ANONYMOUS and not self.secure
         )
+        tenant = ctx.tenant()
         async for frame in frames:
             if checking:
-                self.check(action, rule, frame, ctx)
+                self.check(action, rule, frame, ctx, tenant)
             yield frame
 
     def _record(
@@ -106,16 +122,17 @@ class AccessGuard:
         principal: Principal | None,
         subject: str,
         decision: Decision,
+        tenant: str = DEFAULT_TENANT,
     ) -> None:
         if not decision.allowed:
             self._denied(action, decision.refusal)
-        self._events.note(
+        self._events(tenant).note(
             "access.decided",
             principal.label if principal is not None else f"unauthenticated:{ctx.peer}",
             allowed=decision.allowed, action=action, object=subject[:MAX_OBJECT_TEXT],
             reason=decision.reason, refusal=decision.refusal, transport=ctx.transport,
             peer=ctx.peer, mechanism=principal.mechanism.value if principal else "",
-            tenant=principal.tenant if principal else "",
+            tenant=tenant,
         )  # fmt: skip
 
 

@@ -21,6 +21,9 @@ class AuthSettings:
     """What agents' per-call proofs must name as their audience."""
     proof_window_s: float = 60.0
     """How far from the coordinator's clock a per-call proof's time may be."""
+    tenants: tuple[str, ...] = ()
+    """Tenants besides `default` whose engines open when the coordinator starts (so are the
+    tenants of the API keys); a certificate's tenant opens at its first call."""
     log_allowed: bool | None = None
     """Record allowed decisions as `access.decided` events too (default: in secure mode;
     denials are always recorded)."""

@@ -15,7 +15,10 @@ MAX_PROOF_WINDOW_S = 3600.0
 
 def auth_settings(values: Mapping[str, Any], source: str) -> AuthSettings:
     """AuthSettings from the [auth] table; errors name the setting and `source`."""
-    known = {"secure", "certificates", "keys_file", "audience", "proof_window_s", "log_allowed"}
+    known = {
+        "secure", "certificates", "keys_file", "audience", "proof_window_s", "log_allowed",
+        "tenants",
+    }  # fmt: skip
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValidationError(
@@ -47,6 +50,16 @@ def auth_settings(values: Mapping[str, Any], source: str) -> AuthSettings:
                 {"field": "proof_window_s"},
             )
         settings["proof_window_s"] = float(window)
+    if "tenants" in values:
+        tenants = values["tenants"]
+        if not isinstance(tenants, list) or not all(isinstance(t, str) for t in tenants):
+            raise ValidationError(
+                f"{source}: tenants must be a list of tenant names", {"field": "tenants"}
+            )
+        for tenant in tenants:
+            if problem := check_name(tenant, "tenant"):
+                raise ValidationError(f"{source}: tenants: {problem}", {"field": "tenants"})
+        settings["tenants"] = tuple(dict.fromkeys(tenants))
     if "certificates" in values:
         entries = values["certificates"]
         if not isinstance(entries, list):

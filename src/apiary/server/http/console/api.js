@@ -2,7 +2,7 @@
 // credential this tab is signed in with.
 //
 // The credential (an operator's API key or operator token) lives in sessionStorage: this tab
-// only, gone when the tab closes; never in localStorage, a cookie or a URL. Once it is set,
+// only, gone when the tab closes; never in lasting storage, a cookie or a URL. Once it is set,
 // every request carries it as `Authorization: Bearer <credential>`, the way the CLI sends it.
 // Without one the requests carry nothing: dev mode needs nothing, and a browser's client
 // certificate (mTLS) authenticates below HTTP.

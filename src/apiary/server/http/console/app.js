@@ -3,7 +3,7 @@
 // the coordinator refuses (401, 403) empties its panel and opens the sign-in panel; signing
 // in or out reads everything again with the new credential.
 
-import {call, describe, isRefusal} from "./api.js";
+import {call, describe, isRefusal, token} from "./api.js";
 import {blank, panelError, setText} from "./dom.js";
 import {refreshActivity, refreshAgents} from "./agents.js";
 import {refreshDlq} from "./dlq.js";
@@ -66,12 +66,13 @@ class Panel {
     }
     this.running = true;
     this.last = Date.now();
+    const asked = token(); // an answer speaks for the credential it was read with only
     try {
       await this.load();
       panelError(this.id, "");
-      accepted(this.label);
+      if (token() === asked) accepted(this.label);
     } catch (err) {
-      if (isRefusal(err)) {
+      if (isRefusal(err) && token() === asked) {
         blank(this.id); // nothing read with an earlier credential stays on show
         refused(this.label, err);
       }

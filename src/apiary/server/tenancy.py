@@ -1,0 +1,152 @@
+"""Tenants (RFC 6.5, DESIGN.md section 9): each tenant has an engine and a store of its own.
+
+The default tenant is the coordinator's engine, over the configured store, so that existing
+data is the `default` tenant's. Another tenant's engine is opened over a store of its own
+(a SQLite file under DATA_DIR/tenants/, a PostgreSQL schema, a memory store: see
+store/open.py) when the coordinator starts, for the tenants the configuration or the API
+keys name, or at its first call. Nothing is shared between tenants' engines, so a principal
+can never address, read, list or infer another tenant's objects: a lookup in another tenant
+answers exactly as for an object that does not exist, because in its engine it does not."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+from apiary.core.access.principal import DEFAULT_TENANT
+from apiary.engine.assembly import (
+    Engine,
+    Runtime,
+    build_engine,
+    close_engine,
+    load_engine,
+    start_engine_tasks,
+)
+from apiary.engine.eventlog import EventRecorder
+from apiary.errors import NotFoundError
+from apiary.server.config.server import ServerConfig
+from apiary.server.context import TENANT_KEY, CallContext
+from apiary.store.open import open_store, tenant_data_dir
+from apiary.store.protocols import Store
+
+log = logging.getLogger("apiary.tenancy")
+
+HandlersOf = Callable[[Engine], Mapping[str, object]]
+
+
+@dataclass
+class TenantEngine:
+    tenant: str
+    store: Store
+    engine: Engine
+    handlers: Mapping[str, object]
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class Tenancy:
+    """The tenants' engines, for the coordinator's lifetime (`close` ends them)."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        runtime: Runtime,
+        default: TenantEngine,
+        handlers_of: HandlersOf,
+        known: Callable[[], set[str]],
+    ) -> None:
+        self._config = config
+        self._runtime = runtime
+        self._handlers_of = handlers_of
+        self._known = known
+        """The tenants a global operator may name: configured, or named by a credential."""
+        self._tenants: dict[str, TenantEngine] = {DEFAULT_TENANT: default}
+        self._opening: dict[str, asyncio.Task[TenantEngine]] = {}
+        self._stack = AsyncExitStack()
+
+    def names(self) -> list[str]:
+        return sorted(self._tenants)
+
+    async def handlers(self, ctx: CallContext) -> Mapping[str, object] | None:
+        """The handlers of the tenant `ctx` acts in (None for the default tenant's)."""
+        tenant = ctx.tenant()
+        if tenant == DEFAULT_TENANT:
+            return None
+        found = self._tenants.get(tenant)
+        if found is None:
+            if ctx.principal.tenant != tenant and tenant not in self._known():
+                raise NotFoundError(f"no tenant {tenant[:64]!r}", {"field": TENANT_KEY})
+            found = await self.engine(tenant)
+        return found.handlers
+
+    def opened(self, tenant: str) -> TenantEngine | None:
+        """The tenant's engine when it is open (None: not yet, or no such tenant)."""
+        return self._tenants.get(tenant)
+
+    async def engine(self, tenant: str) -> TenantEngine:
+        """The tenant's engine, opened at its first use."""
+        found = self._tenants.get(tenant)
+        if found is not None:
+            return found
+        opening = self._opening.get(tenant)
+        if opening is None:
+            opening = self._opening[tenant] = asyncio.ensure_future(self._open(tenant))
+        try:
+            return await asyncio.shield(opening)
+        finally:
+            if opening.done():
+                self._opening.pop(tenant, None)
+
+    def events(self, tenant: str) -> EventRecorder:
+        """The event log access decisions of `tenant` are recorded in (the default tenant's
+        while the tenant's engine is not open)."""
+        found = self._tenants.get(tenant) or self._tenants[DEFAULT_TENANT]
+        return found.engine.events
+
+    def public_key(self, tenant: str, agent_id: str) -> bytes:
+        found = self._tenants.get(tenant)
+        return found.engine.registry.public_key(agent_id) if found is not None else b""
+
+    def tool_call_owner(self, tenant: str, call_id: str) -> str | None:
+        found = self._tenants.get(tenant)
+        return found.engine.tools.owner_of(call_id) if found is not None else None
+
+    async def _open(self, tenant: str) -> TenantEngine:
+        config = self._config
+        data_dir = tenant_data_dir(config.data_dir, tenant)
+        store = await self._stack.enter_async_context(
+            open_store(config.store or None, config.data_dir, tenant)
+        )
+        engine = build_engine(
+            store, config.router, self._runtime, config.hitl, config.scheduler, data_dir,
+            config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
+        )  # fmt: skip
+        recovered = await load_engine(engine)
+        opened = TenantEngine(tenant, store, engine, self._handlers_of(engine))
+        opened.tasks = start_engine_tasks(store, engine, self._runtime)
+        engine.tools.start()
+        await engine.events.record(
+            "tenant.opened", "coordinator", tenant=tenant, store=store.backend,
+            recovered_messages=recovered,
+        )  # fmt: skip
+        self._tenants[tenant] = opened
+        log.info("tenant %s opened (%s store)", tenant, store.backend)
+        return opened
+
+    async def close(self) -> None:
+        """Stop every tenant's engine but the default's (the coordinator stops that one)."""
+        for name, opened in list(self._tenants.items()):
+            if name == DEFAULT_TENANT:
+                continue
+            await opened.engine.tools.close()
+            for task in opened.tasks:
+                task.cancel()
+            for task in opened.tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await close_engine(opened.engine)
+            await opened.engine.events.flush()
+        await self._stack.aclose()

@@ -1,0 +1,528 @@
+"""Signing in to the operator console: the real page in headless Chromium against a
+coordinator in secure mode (refused reads open the sign-in panel with the coordinator's
+answer; an operator's API key, kept in sessionStorage only, is sent on every request
+including the live event stream; sign-out forgets it), the same page in dev mode (no panel),
+and the page's server-sent-events parser under Node."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from apiary.core.access.principal import PrincipalKind
+from apiary.engine.assembly import Runtime
+from apiary.engine.hitl import HitlSettings
+from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.server.auth.keys import KeyRing, credentials_path
+from apiary.server.auth.settings import AuthSettings
+from apiary.server.config.address import Address
+from apiary.server.config.server import ServerConfig
+from apiary.server.coordinator import Coordinator, open_coordinator
+from apiary.server.inprocess import open_test_coordinator
+
+ROOT = Path(__file__).resolve().parents[2]
+CONSOLE_DIR = ROOT / "src" / "apiary" / "server" / "http" / "console"
+CHROMIUM = Path("/usr/bin/chromium")
+NODE = shutil.which("node")
+WAIT_S = 10.0
+REGISTER = "sw4rm.registry.RegistryService/RegisterAgent"
+
+
+# ---------------------------------------------------------------- the browser
+
+
+# Resolves with the predicate's value once it is truthy, checked on every DOM change (a
+# MutationObserver, not polling); rejects after a bound.
+UNTIL = """
+new Promise((resolve, reject) => {
+  const probe = %s;
+  const seen = new MutationObserver(() => settle());
+  const timer = setTimeout(() => {
+    seen.disconnect();
+    reject(new Error("never seen: " + %s));
+  }, %d);
+  function settle() {
+    let value;
+    try { value = probe(); } catch (err) { value = null; }
+    if (!value) return false;
+    seen.disconnect();
+    clearTimeout(timer);
+    resolve(value);
+    return true;
+  }
+  if (!settle()) {
+    seen.observe(document.documentElement,
+      {subtree: true, childList: true, characterData: true, attributes: true});
+  }
+})
+"""
+
+
+@dataclass
+class Sent:
+    """One request the page sent, as Chromium's network domain reported it."""
+
+    url: str
+    headers: dict[str, str]
+
+
+class Page:
+    """The Chrome DevTools protocol calls these tests need, over one page's websocket."""
+
+    def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        self._socket = socket
+        self._next = 0
+        self.seen: list[dict[str, Any]] = []
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self._next += 1
+        await self._socket.send_json({"id": self._next, "method": method, "params": params})
+        while True:
+            message = await self._socket.receive_json()
+            if message.get("id") == self._next:
+                assert "error" not in message, message
+                return dict(message.get("result", {}))
+            self.seen.append(message)
+
+    async def until_event(self, method: str) -> None:
+        while not any(m.get("method") == method for m in self.seen):
+            self.seen.append(await self._socket.receive_json())
+
+    async def value(self, expression: str) -> Any:
+        """The value of a JavaScript expression (awaited when it is a promise)."""
+        answer = await self.call(
+            "Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True
+        )
+        assert "exceptionDetails" not in answer, answer["exceptionDetails"]
+        return answer["result"].get("value")
+
+    async def until(self, predicate: str, what: str) -> Any:
+        """The truthy value of `predicate` (a JavaScript arrow function) once it has one."""
+        return await self.value(UNTIL % (predicate, json.dumps(what), int(WAIT_S * 1000)))
+
+    async def text(self, element_id: str) -> str:
+        return str(
+            await self.value(f"document.getElementById({json.dumps(element_id)}).textContent")
+        )
+
+    async def hidden(self, element_id: str) -> bool:
+        return bool(await self.value(f"document.getElementById({json.dumps(element_id)}).hidden"))
+
+    async def shows(self, element_id: str, text: str) -> str:
+        """The text of `element_id` once it contains `text`."""
+        return str(
+            await self.until(
+                f"() => {{ const n = document.getElementById({json.dumps(element_id)});"
+                f" return n && n.textContent.includes({json.dumps(text)}) && n.textContent; }}",
+                f"{text!r} in #{element_id}",
+            )
+        )
+
+    async def refusals(self, *parts: str) -> str:
+        """The sign-in panel's list of refusals once it mentions every one of `parts`."""
+        wanted = json.dumps(parts)
+        return str(
+            await self.until(
+                "() => { const t = document.getElementById('signin-refusals').textContent;"
+                f" return {wanted}.every((part) => t.includes(part)) && t; }}",
+                f"refusals naming {parts}",
+            )
+        )
+
+    async def sign_in(self, credential: str) -> None:
+        """Type `credential` into the sign-in panel and press its button, as an operator would."""
+        await self.value("document.getElementById('signin-credential').focus()")
+        await self.call("Input.insertText", text=credential)
+        await self.value("document.querySelector('#signin-form button[type=submit]').click()")
+
+    def requests(self) -> list[Sent]:
+        """Every request the page sent so far (Network.enable must have been called)."""
+        return [
+            Sent(m["params"]["request"]["url"], dict(m["params"]["request"]["headers"]))
+            for m in self.seen
+            if m.get("method") == "Network.requestWillBeSent"
+        ]
+
+
+@pytest.fixture
+def chromium() -> Path:
+    """Debian's headless Chromium, or a skip (a failure under APIARY_REQUIRE_CHROMIUM=1)."""
+    if not CHROMIUM.exists():
+        reason = f"headless Chromium is not installed at {CHROMIUM}"
+        if os.environ.get("APIARY_REQUIRE_CHROMIUM") == "1":
+            pytest.fail(f"{reason} (APIARY_REQUIRE_CHROMIUM=1)")
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+@asynccontextmanager
+async def open_console(
+    chromium: Path, profile: Path, coordinator: Coordinator, *, watch: str = ""
+) -> AsyncIterator[Page]:
+    """The console of `coordinator` loaded in a fresh headless Chromium, network recorded;
+    `watch` is a script run in the page before its own."""
+    browser = await asyncio.create_subprocess_exec(
+        str(chromium), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        "--no-default-browser-check", f"--user-data-dir={profile}",
+        "--remote-debugging-port=0", "about:blank",
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert browser.stderr is not None
+    drain: asyncio.Task[bytes] | None = None
+    try:
+        async with asyncio.timeout(30):
+            while not (found := re.search(rb"ws://([^/\s]+)/", await browser.stderr.readline())):
+                assert browser.returncode is None, "chromium exited"
+        drain = asyncio.create_task(browser.stderr.read())  # never let the pipe fill up
+        async with aiohttp.ClientSession() as cdp:
+            async with cdp.get(f"http://{found.group(1).decode()}/json/list") as resp:
+                targets = await resp.json()
+            target = next(t for t in targets if t["type"] == "page")
+            async with cdp.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as socket:
+                page = Page(socket)
+                await page.call("Page.enable")
+                await page.call("Network.enable")
+                if watch:
+                    await page.call("Page.addScriptToEvaluateOnNewDocument", source=watch)
+                await page.call("Page.navigate", url=f"http://{coordinator.http_address}/console")
+                async with asyncio.timeout(WAIT_S * 2):
+                    await page.until_event("Page.loadEventFired")
+                async with asyncio.timeout(WAIT_S * 6):
+                    yield page
+    finally:
+        if browser.returncode is None:
+            browser.terminate()
+        await browser.wait()
+        if drain is not None:
+            await drain
+
+
+# ---------------------------------------------------------------- coordinators and keys
+
+
+@pytest.fixture
+async def secure(tmp_path: Path) -> AsyncIterator[Coordinator]:
+    config = ServerConfig(
+        data_dir=tmp_path / "data",
+        grpc=Address("127.0.0.1", 0),
+        http=Address("127.0.0.1", 0),
+        auth=AuthSettings(secure=True),
+    )
+    async with open_coordinator(config) as running:
+        yield running
+
+
+def _key(coordinator: Coordinator, name: str, *roles: str) -> str:
+    keys = KeyRing(credentials_path(coordinator.config.data_dir))
+    _, plain = keys.create(PrincipalKind.OPERATOR, name, roles=roles, now=time.time())
+    return plain
+
+
+async def _gateway(
+    coordinator: Coordinator, path: str, body: object, credential: str | None
+) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {credential}"} if credential else {}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"http://{coordinator.http_address}/v1/{path}", json=body, headers=headers
+        ) as resp,
+    ):
+        return resp.status, await resp.json()
+
+
+async def _register(coordinator: Coordinator, agent_id: str, credential: str | None) -> None:
+    agent = {
+        "agent_id": agent_id,
+        "name": agent_id,
+        "capabilities": ["scouting"],
+        "reasoning_connectors": ["builtin://rules"],
+    }
+    status, answer = await _gateway(coordinator, REGISTER, {"agent": agent}, credential)
+    assert (status, answer.get("accepted")) == (200, True), answer
+
+
+async def _refusal(coordinator: Coordinator, path: str, credential: str | None) -> str:
+    """The message the coordinator answers a read of `path` with (what the panel must show)."""
+    status, answer = await _gateway(coordinator, path, {}, credential)
+    assert status in (401, 403), answer
+    return f"{answer['error']['code']}: {answer['error']['message']}"
+
+
+# ---------------------------------------------------------------- secure mode
+
+
+async def test_a_secure_console_asks_for_a_key_then_reads_live_with_it_until_sign_out(
+    secure: Coordinator, tmp_path: Path, chromium: Path
+) -> None:
+    admin = _key(secure, "admin", "agents")
+    ops = _key(secure, "ops", "events", "dlq")
+    await _register(secure, "scout-1", admin)
+    unsigned = await _refusal(secure, "apiary.v1.DiscoveryService/ListAgents", None)
+    assert "secure mode" in unsigned
+
+    async with open_console(chromium, tmp_path / "profile", secure) as page:
+        # Unsigned: every read is refused; the panel says what the coordinator answered.
+        shown = await page.refusals(unsigned, "agents", "live events", "dead letter queue")
+        assert shown.count(unsigned) == 1, "one line per answer, naming what it refused"
+        assert not await page.hidden("signin")
+        assert await page.shows("live-status", "refused")
+        assert await page.text("agents-body") == ""
+        assert not await page.hidden("signin-open") and await page.hidden("signout")
+
+        await page.sign_in(ops)
+        await page.until("() => document.getElementById('signin').hidden", "the panel closes")
+        assert "scout-1" in await page.shows("agents-body", "scout-1")
+        assert await page.shows("live-status", "live")
+        assert "apk_" in await page.text("session")
+        # Live: a new agent and a new event arrive through the stream.
+        await _register(secure, "scout-2", admin)
+        assert "scout-2" in await page.shows("agents-body", "scout-2")
+        await secure.events.record("console.signin", "tester", agent_id="probe")
+        await page.shows("feed-body", "console.signin")
+        assert await page.text("signin-refusals") == ""
+
+        # Kept in this tab only, never in the page, lasting storage or a URL.
+        assert await page.value("sessionStorage.getItem('apiary.console.credential')") == ops
+        assert await page.value("localStorage.length") == 0
+        assert await page.value("document.getElementById('signin-credential').value") == ""
+        sent = page.requests()
+        secret = ops.split("_", 2)[2]
+        assert not [r.url for r in sent if secret in r.url]
+        signed = [r for r in sent if r.headers.get("Authorization") == f"Bearer {ops}"]
+        paths = {r.url.split(str(secure.http_address), 1)[1].split("?")[0] for r in signed}
+        assert {"/v1/events/stream", "/console/api/workflows"} <= paths
+        assert "/v1/apiary.v1.DiscoveryService/ListAgents" in paths
+        # The stream was authorized as the operator (secure mode records allowed decisions).
+        decided = [
+            e for e in await secure.events.read(limit=10_000)
+            if e.event_type == "access.decided" and e.details["action"] == "GET /v1/events/stream"
+        ]  # fmt: skip
+        assert {(e.actor, e.details["allowed"]) for e in decided} >= {
+            ("operator:ops@default", True)
+        }
+
+        # Sign-out forgets the key and what it showed; the panel is back.
+        await page.value("document.getElementById('signout').click()")
+        await page.refusals(unsigned, "agents", "live events")
+        assert not await page.hidden("signin")
+        assert await page.value("sessionStorage.length") == 0
+        await page.until(
+            "() => document.getElementById('agents-body').textContent === ''", "agents blanked"
+        )
+        assert await page.text("feed-body") == ""
+        assert await page.text("session") == ""
+        for path in ("/v1/events/stream", "/ListAgents", "/ReadEvents"):
+            last = [r for r in page.requests() if path in r.url][-1]
+            assert "Authorization" not in last.headers, path
+
+
+async def test_a_wrong_key_shows_the_refusal_and_a_missing_role_only_its_panel(
+    secure: Coordinator, tmp_path: Path, chromium: Path
+) -> None:
+    admin = _key(secure, "admin", "agents")
+    viewer = _key(secure, "viewer", "events")  # no `dlq`
+    await _register(secure, "scout-1", admin)
+    key_id = viewer.split("_")[1]
+    wrong = f"apk_{key_id}_{'A' * 43}"  # a real key id with a wrong secret
+    unknown = await _refusal(secure, "apiary.v1.DiscoveryService/ListAgents", wrong)
+    assert key_id in unknown and "A" * 43 not in unknown
+    lacking = await _refusal(secure, "apiary.v1.DlqService/List", viewer)
+    assert "operator:viewer@default" in lacking and "'dlq'" in lacking
+
+    async with open_console(chromium, tmp_path / "profile", secure) as page:
+        await page.refusals("secure mode", "agents", "live events")
+        await page.sign_in(wrong)
+        shown = await page.refusals(unknown, "agents", "live events")
+        assert "secure mode" not in shown  # the earlier answer was for no credential
+        assert "refused this tab's credential" in await page.text("signin-lead")
+        assert await page.text("agents-body") == ""
+        assert not await page.hidden("signout")  # a wrong key can be dropped too
+
+        await page.sign_in(viewer)
+        # Everything but the dead letter queue reads; the panel names what is missing.
+        assert "scout-1" in await page.shows("agents-body", "scout-1")
+        shown = await page.refusals(lacking, "dead letter queue")
+        assert unknown not in shown and "agents" not in shown
+        await page.shows("live-status", "live")
+        assert "'dlq'" in await page.value(
+            "document.querySelector('#dlq .panel-error').textContent"
+        )
+
+        # Closed, the panel stays closed until something else is refused.
+        await page.value("document.getElementById('signin-close').click()")
+        assert await page.hidden("signin")
+
+        # A typed value a header cannot carry is refused in the page, and not kept.
+        await page.value("document.getElementById('signout').click()")
+        await page.until("() => !document.getElementById('signin').hidden", "the panel opens")
+        await page.sign_in("ключ")
+        assert "printable" in await page.shows("signin-problem", "printable")
+        assert await page.value("sessionStorage.length") == 0
+
+
+# ---------------------------------------------------------------- dev mode
+
+TOKEN = "console-signin-token"
+# Notes whether the sign-in panel is ever shown, from before the page's own scripts run.
+WATCH_SIGNIN = """
+window.signinShown = false;
+document.addEventListener("DOMContentLoaded", () => {
+  const panel = document.getElementById("signin");
+  const note = () => { if (!panel.hidden) window.signinShown = true; };
+  note();
+  new MutationObserver(note).observe(panel, {attributes: true});
+});
+"""
+
+
+async def test_in_dev_mode_the_console_reads_without_a_panel_and_signs_in_on_request(
+    tmp_path: Path, chromium: Path
+) -> None:
+    settings = HitlSettings(operators=(OperatorEntry("olivia", token_digest(TOKEN), ("admin",)),))
+    async with open_test_coordinator(tmp_path / "data", runtime=Runtime(hitl=settings)) as dev:
+        await _register(dev, "scout-1", None)
+        profile = tmp_path / "profile"
+        async with open_console(chromium, profile, dev, watch=WATCH_SIGNIN) as page:
+            assert "scout-1" in await page.shows("agents-body", "scout-1")
+            await page.shows("live-status", "live")
+            await _register(dev, "scout-2", None)
+            assert "scout-2" in await page.shows("agents-body", "scout-2")
+            await dev.events.record("console.signin", "tester")
+            await page.shows("feed-body", "console.signin")
+            assert await page.value("window.signinShown") is False
+            assert await page.text("signin-refusals") == ""
+            assert not await page.hidden("hitl-locked")  # the inbox is an operator's
+            assert not [r for r in page.requests() if "Authorization" in r.headers]
+
+            # An operator signs in on purpose (the HITL operator token) and sees the inbox.
+            status, escalated = await _gateway(
+                dev, "apiary.v1.HitlOperatorService/Escalate",
+                {"reason_type": "TOOL_PRIVILEGE_ESCALATION", "requested_by": "scheduler"}, None,
+            )  # fmt: skip
+            assert status == 200
+            await page.value("document.getElementById('signin-open').click()")
+            await page.until("() => !document.getElementById('signin').hidden", "the panel")
+            await page.sign_in(TOKEN)
+            await page.shows("hitl-body", escalated["invocation_id"][:8])
+            assert "operator token" in await page.text("session")
+            assert await page.hidden("signin")
+
+
+# ---------------------------------------------------------------- reconnecting
+
+
+async def test_the_stream_resumes_after_a_restart_from_the_last_id_with_the_key(
+    tmp_path: Path, chromium: Path
+) -> None:
+    def config(http_port: int) -> ServerConfig:
+        return ServerConfig(
+            data_dir=tmp_path / "data",
+            grpc=Address("127.0.0.1", 0),
+            http=Address("127.0.0.1", http_port),
+            auth=AuthSettings(secure=True),
+        )
+
+    async with AsyncExitStack() as first:
+        coordinator = await first.enter_async_context(open_coordinator(config(0)))
+        port = coordinator.http_address.port
+        ops = _key(coordinator, "ops", "events", "dlq")
+        async with AsyncExitStack() as browser:
+            page = await browser.enter_async_context(
+                open_console(chromium, tmp_path / "profile", coordinator)
+            )
+            await page.refusals("secure mode", "live events")
+            await page.sign_in(ops)
+            await page.shows("live-status", "live")
+            await coordinator.events.record("console.before", "tester")
+            await page.shows("feed-body", "console.before")
+            seen = await page.value(
+                "Number([...document.querySelectorAll('#feed-body li')]"
+                ".find((li) => li.textContent.includes('console.before')).dataset.seq)"
+            )
+            before = len(page.requests())
+
+            # The coordinator stops (its streams end) and starts again on the same port; what
+            # it records meanwhile comes through the stream the page opens again.
+            await first.aclose()
+            await page.shows("live-status", "reconnecting")
+            async with open_coordinator(config(port)) as again:
+                for n in range(3):
+                    await again.events.record("console.missed", "tester", n=n)
+                await page.until(
+                    "() => [...document.querySelectorAll('#feed-body li')]"
+                    ".filter((li) => li.textContent.includes('console.missed')).length === 3",
+                    "the three events recorded while the page was away",
+                )
+                await page.shows("live-status", "live")
+                sequences = await page.value(
+                    "[...document.querySelectorAll('#feed-body li')]"
+                    ".map((li) => Number(li.dataset.seq))"
+                )
+            top = sequences[0]
+            assert sequences == list(range(top, top - len(sequences), -1)), "no repeat, no gap"
+            resumed = [r for r in page.requests()[before:] if "/v1/events/stream" in r.url]
+            assert resumed, "the stream was opened again"
+            assert {r.headers.get("Authorization") for r in resumed} == {f"Bearer {ops}"}
+            # From the last id it saw, not from the first request's ?after=.
+            assert int(resumed[-1].headers["Last-Event-ID"]) >= seen
+
+
+# ---------------------------------------------------------------- the parser
+
+
+@pytest.mark.skipif(NODE is None, reason="Node.js is not installed: the parser goes unchecked")
+def test_the_event_stream_parser_reads_frames_split_anywhere(tmp_path: Path) -> None:
+    assert NODE is not None
+    copy = tmp_path / "console"
+    shutil.copytree(CONSOLE_DIR, copy)
+    (copy / "package.json").write_text('{"type": "module"}')
+    stream = (
+        "retry: 2500\n: stream after 0\n\n"
+        'id: 7\ndata: {"sequence":7}\n\n'
+        ": keep-alive\n\n"
+        "id: 8\r\ndata: first\r\ndata: second\r\n\r\n"
+        "id: 9\rdata\rdata:  spaced\rbogus: x\r\r"
+        "id: 10\n\n"  # an id alone: no message, but the last id moves
+        "event: other\ndata: typed\nid: 1\x002\n\n"
+        "data: unfinished"
+    )
+    program = (
+        f"import {{SseParser}} from {json.dumps((copy / 'sse.js').as_uri())};\n"
+        f"const text = {json.dumps(stream)};\n"
+        "const run = (cuts) => { const p = new SseParser('3'); const out = []; let at = 0;\n"
+        "  for (const cut of [...cuts, text.length]) { out.push(...p.push(text.slice(at, cut)));"
+        " at = cut; }\n"
+        "  return {out, id: p.lastEventId, retry: p.retry}; };\n"
+        "const whole = run([]);\n"
+        "const differ = [];\n"
+        "for (let i = 0; i <= text.length; i++) for (let j = i; j <= text.length; j++) {\n"
+        "  if (JSON.stringify(run([i, j])) !== JSON.stringify(whole)) differ.push([i, j]); }\n"
+        "console.log(JSON.stringify({whole, differ: differ.slice(0, 5)}));\n"
+    )
+    ran = subprocess.run(
+        [NODE, "--input-type=module", "-e", program], capture_output=True, text=True, check=True
+    )
+    result = json.loads(ran.stdout)
+    assert result["differ"] == [], "the same messages whichever way the text is split"
+    whole = result["whole"]
+    assert whole["out"] == [
+        {"type": "message", "id": "7", "data": '{"sequence":7}'},
+        {"type": "message", "id": "8", "data": "first\nsecond"},
+        {"type": "message", "id": "9", "data": "\n spaced"},
+        {"type": "other", "id": "10", "data": "typed"},  # an id with NUL is ignored
+    ]
+    assert whole["id"] == "10" and whole["retry"] == 2500
