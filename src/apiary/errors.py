@@ -325,6 +325,12 @@ class UnavailableError(ApiaryError):
     code = "unavailable"
 
 
+class QuotaExceededError(ApiaryError):
+    """A tenant's quota (agents, queued messages, tasks, stored bytes) is used up (RFC 6.5)."""
+
+    code = "quota_exceeded"
+
+
 class UnauthenticatedError(ApiaryError):
     """The caller presented no valid credentials (operator tokens, secure mode)."""
 
@@ -426,6 +432,8 @@ _ROWS: Final = (
     _row(ResumeExpiredError, _G.OUT_OF_RANGE, 410),
     _row(DeadlineExceededError, _G.DEADLINE_EXCEEDED, 504),
     _row(UnavailableError, _G.UNAVAILABLE, 503),
+    # A quota, like a budget: google.rpc maps quota exhaustion to RESOURCE_EXHAUSTED, 429.
+    _row(QuotaExceededError, _G.RESOURCE_EXHAUSTED, 429),
     _row(UnauthenticatedError, _G.UNAUTHENTICATED, 401),
     _row(UnimplementedError, _G.UNIMPLEMENTED, 501),
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -322,7 +323,7 @@ async def test_an_agent_proves_its_calls_by_default_only_without_a_key_or_certif
     worker = Principal(PrincipalKind.AGENT, "bob")
     issued = issue_dev_certificates(tmp_path, [worker], now=dt.datetime.now(dt.UTC))
     cert = ClientTls(issued.ca_cert, issued.clients[0].cert, issued.clients[0].key)
-    cases = [
+    cases: list[tuple[dict[str, Any], bool]] = [
         ({"signing_key": key}, True),
         ({}, False),
         ({"signing_key": key, "credentials": ClientCredentials(api_key=KEY)}, False),
@@ -335,7 +336,7 @@ async def test_an_agent_proves_its_calls_by_default_only_without_a_key_or_certif
     for options, proving in cases:
         options.setdefault("credentials", ClientCredentials())
         # Port 9 (discard): nothing is called, so nothing needs to listen.
-        connection = Connection("bob", coordinator="127.0.0.1:9", **options)  # type: ignore[arg-type]
+        connection = Connection("bob", coordinator="127.0.0.1:9", **options)
         connection.connect()
         try:
             assert connection.proves_calls is proving, options

@@ -604,3 +604,33 @@ def test_the_auth_table_reads_each_setting(tmp_path: Path) -> None:
     assert auth.secure and auth.proof_window_s == 30.0 and auth.audience == "prod"
     assert auth.log_allowed is False
     assert [(r.common_name, r.name) for r in auth.certificates] == [("ci-runner", "ci")]
+
+
+def test_quotas_are_read_per_tenant_with_a_default_for_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.toml"
+    path.write_text(
+        '[auth.quotas.acme]\nagents = 3\nstored_bytes = 1000\n[auth.quotas."*"]\ntasks = 7\n'
+    )
+    auth = load_config(path, {}, {}).auth
+    assert (auth.quota("acme").agents, auth.quota("acme").stored_bytes) == (3, 1000)
+    assert auth.quota("acme").tasks is None
+    assert auth.quota("globex").tasks == 7
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ("[auth.quotas.acme]\nagents = -1\n", "quotas.agents"),
+        ("[auth.quotas.acme]\nagents = 1.5\n", "quotas.agents"),
+        ("[auth.quotas.acme]\nwidgets = 1\n", "quotas.widgets"),
+        ('[auth.quotas."a b"]\nagents = 1\n', "quotas"),
+        ("[auth]\nquotas = 3\n", "quotas"),
+        ('[auth]\ntenants = ["ok", "not ok"]\n', "tenants"),
+    ],
+)
+def test_bad_quotas_and_tenants_name_the_setting(tmp_path: Path, table: str, field: str) -> None:
+    path = tmp_path / "apiary.toml"
+    path.write_text(table)
+    with pytest.raises(ValidationError) as caught:
+        load_config(path, {}, {})
+    assert caught.value.details["field"] == field

@@ -71,6 +71,7 @@ EXPECTED_TABLE = {
     "already_exists": ("ALREADY_EXISTS", 409),
     "deadline_exceeded": ("DEADLINE_EXCEEDED", 504),
     "unavailable": ("UNAVAILABLE", 503),
+    "quota_exceeded": ("RESOURCE_EXHAUSTED", 429),
     "unauthenticated": ("UNAUTHENTICATED", 401),
     "unimplemented": ("UNIMPLEMENTED", 501),
     "resume_expired": ("OUT_OF_RANGE", 410),

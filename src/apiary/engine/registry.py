@@ -195,6 +195,10 @@ class Registry:
         key = self.public_key(agent_id)
         return bool(key) and verifies(key, signed, proof)
 
+    def count(self) -> int:
+        """Registered agents (a tenant's `agents` quota)."""
+        return len(self._cache)
+
     def vouches(self, agent_id: str, data: bytes, signature: bytes) -> bool:
         """Whether `signature` over `data` is the agent's, by its registered key or one it
         rotated away within `RETIRED_KEY_GRACE_S` (what was signed before a rotation)."""

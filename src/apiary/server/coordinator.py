@@ -75,7 +75,7 @@ from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
-from apiary.server.tenancy import Tenancy, TenantEngine
+from apiary.server.tenancy import Tenancy, tenant_engine
 from apiary.server.tls import grpc_credentials, http_context
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
@@ -254,8 +254,9 @@ async def open_coordinator(
             store_stats=(lambda: store.stats) if isinstance(store, SqliteStore) else None,
         )  # fmt: skip
         handlers = _handlers(engine, runtime)
+        default = config.auth.quota(DEFAULT_TENANT)
         tenancy = Tenancy(
-            config, runtime, TenantEngine(DEFAULT_TENANT, store, engine, handlers),
+            config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
             lambda tenant_engine: _handlers(tenant_engine, runtime),
             _known_tenants(config, _key_ring(config)),
         )  # fmt: skip

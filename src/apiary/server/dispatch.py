@@ -100,9 +100,11 @@ def _unimplemented(method: RpcMethod) -> UnaryFn | StreamFn | BidiFn:
 
 
 class TenantHandlers(Protocol):
-    async def handlers(self, ctx: CallContext) -> Mapping[str, object] | None:
-        """The handlers of the tenant the call acts in; None for the default tenant's (the
-        dispatcher's own)."""
+    async def route(
+        self, ctx: CallContext, method: str, request: object | None
+    ) -> Mapping[str, object] | None:
+        """The handlers of the tenant the call acts in, None for the default tenant's (the
+        dispatcher's own), once the tenant's quota allows the call."""
         ...
 
 
@@ -115,8 +117,8 @@ def _guarded(
     path = method.path
     name = snake_case(method.name)
 
-    async def target(ctx: CallContext) -> Any:
-        handlers = await tenants.handlers(ctx) if tenants is not None else None
+    async def target(ctx: CallContext, request: object | None) -> Any:
+        handlers = await tenants.route(ctx, path, request) if tenants is not None else None
         if handlers is None:
             return fn
         return getattr(handlers.get(method.service), name, None) or _unimplemented(method)
@@ -125,7 +127,7 @@ def _guarded(
 
         async def bidi(frames: AsyncIterator[Message], ctx: CallContext) -> AsyncIterator[Message]:
             ctx = guard.admit(path, rule, None, ctx)
-            handler = await target(ctx)
+            handler = await target(ctx, None)
             async for item in handler(guard.frames(path, rule, frames, ctx), ctx):
                 yield item
 
@@ -134,7 +136,7 @@ def _guarded(
 
         async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:
             ctx = guard.admit(path, rule, request, ctx)
-            handler = await target(ctx)
+            handler = await target(ctx, request)
             async for item in handler(request, ctx):
                 yield item
 
@@ -142,7 +144,7 @@ def _guarded(
 
     async def unary(request: Message, ctx: CallContext) -> Message:
         ctx = guard.admit(path, rule, request, ctx)
-        handler = await target(ctx)
+        handler = await target(ctx, request)
         return await handler(request, ctx)  # type: ignore[no-any-return]
 
     return unary

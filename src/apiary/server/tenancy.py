@@ -28,8 +28,10 @@ from apiary.engine.assembly import (
 )
 from apiary.engine.eventlog import EventRecorder
 from apiary.errors import NotFoundError
+from apiary.server.auth.settings import Quota
 from apiary.server.config.server import ServerConfig
 from apiary.server.context import TENANT_KEY, CallContext
+from apiary.server.quotas import TenantQuota
 from apiary.store.open import open_store, tenant_data_dir
 from apiary.store.protocols import Store
 
@@ -44,7 +46,14 @@ class TenantEngine:
     store: Store
     engine: Engine
     handlers: Mapping[str, object]
+    quota: TenantQuota
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+def tenant_engine(
+    tenant: str, store: Store, engine: Engine, handlers: Mapping[str, object], quota: Quota
+) -> TenantEngine:
+    return TenantEngine(tenant, store, engine, handlers, TenantQuota(tenant, quota, engine, store))
 
 
 class Tenancy:
@@ -70,17 +79,19 @@ class Tenancy:
     def names(self) -> list[str]:
         return sorted(self._tenants)
 
-    async def handlers(self, ctx: CallContext) -> Mapping[str, object] | None:
-        """The handlers of the tenant `ctx` acts in (None for the default tenant's)."""
+    async def route(
+        self, ctx: CallContext, method: str, request: object | None
+    ) -> Mapping[str, object] | None:
+        """The handlers of the tenant `ctx` acts in (None for the default tenant's), once the
+        call is within the tenant's quota."""
         tenant = ctx.tenant()
-        if tenant == DEFAULT_TENANT:
-            return None
         found = self._tenants.get(tenant)
         if found is None:
             if ctx.principal.tenant != tenant and tenant not in self._known():
                 raise NotFoundError(f"no tenant {tenant[:64]!r}", {"field": TENANT_KEY})
             found = await self.engine(tenant)
-        return found.handlers
+        await found.quota.check(method, request)
+        return None if tenant == DEFAULT_TENANT else found.handlers
 
     def opened(self, tenant: str) -> TenantEngine | None:
         """The tenant's engine when it is open (None: not yet, or no such tenant)."""
@@ -125,7 +136,9 @@ class Tenancy:
             config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
         recovered = await load_engine(engine)
-        opened = TenantEngine(tenant, store, engine, self._handlers_of(engine))
+        opened = tenant_engine(
+            tenant, store, engine, self._handlers_of(engine), config.auth.quota(tenant)
+        )
         opened.tasks = start_engine_tasks(store, engine, self._runtime)
         engine.tools.start()
         await engine.events.record(

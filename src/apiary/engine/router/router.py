@@ -95,6 +95,11 @@ class Router:
     def inboxes(self) -> dict[str, Inbox]:
         return dict(self._inboxes)
 
+    def queued(self) -> int:
+        """Messages admitted and not yet read or finished, over every inbox (a tenant's
+        `queued_messages` quota)."""
+        return sum(inbox.depth for inbox in self._inboxes.values())
+
     def streaming(self, agent_id: str) -> bool:
         """Whether `agent_id` has a delivery stream open now."""
         return self._inboxes.streaming(agent_id)

@@ -197,6 +197,10 @@ class Scheduler:
     def depth(self) -> int:
         return len(self._queue)
 
+    def open_tasks(self) -> int:
+        """Tasks not yet finished (a tenant's `tasks` quota)."""
+        return len(self._live.tasks)
+
     def counts(self) -> dict[str, int]:
         """Tasks held in memory (not yet finished) by state, for monitoring."""
         found: dict[str, int] = {}

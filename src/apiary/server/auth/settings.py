@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from apiary.core.access.proof import DEFAULT_AUDIENCE
 from apiary.server.auth.certificates import CertificateRule
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """A tenant's limits (None: unlimited). Checked when a call would add to them: a new
+    agent id, a message (a SendStream when it opens), a task; stored bytes are measured on
+    SQLite and PostgreSQL (the memory store is not measured)."""
+
+    agents: int | None = None
+    queued_messages: int | None = None
+    tasks: int | None = None
+    stored_bytes: int | None = None
+
+
+EVERY_TENANT = "*"
+"""The [auth.quotas] key of the quota of every tenant without one of its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +41,11 @@ class AuthSettings:
     tenants: tuple[str, ...] = ()
     """Tenants besides `default` whose engines open when the coordinator starts (so are the
     tenants of the API keys); a certificate's tenant opens at its first call."""
+    quotas: Mapping[str, Quota] = field(default_factory=dict)
+    """Per-tenant quotas by tenant name ([auth.quotas.NAME]; `*` for every other tenant)."""
     log_allowed: bool | None = None
     """Record allowed decisions as `access.decided` events too (default: in secure mode;
     denials are always recorded)."""
+
+    def quota(self, tenant: str) -> Quota:
+        return self.quotas.get(tenant) or self.quotas.get(EVERY_TENANT) or Quota()

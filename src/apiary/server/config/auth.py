@@ -8,7 +8,7 @@ from typing import Any
 from apiary.core.access.principal import check_name
 from apiary.errors import ValidationError
 from apiary.server.auth.certificates import certificate_rules
-from apiary.server.auth.settings import AuthSettings
+from apiary.server.auth.settings import EVERY_TENANT, AuthSettings, Quota
 
 MAX_PROOF_WINDOW_S = 3600.0
 
@@ -17,7 +17,7 @@ def auth_settings(values: Mapping[str, Any], source: str) -> AuthSettings:
     """AuthSettings from the [auth] table; errors name the setting and `source`."""
     known = {
         "secure", "certificates", "keys_file", "audience", "proof_window_s", "log_allowed",
-        "tenants",
+        "tenants", "quotas",
     }  # fmt: skip
     unknown = sorted(set(values) - known)
     if unknown:
@@ -60,6 +60,8 @@ def auth_settings(values: Mapping[str, Any], source: str) -> AuthSettings:
             if problem := check_name(tenant, "tenant"):
                 raise ValidationError(f"{source}: tenants: {problem}", {"field": "tenants"})
         settings["tenants"] = tuple(dict.fromkeys(tenants))
+    if "quotas" in values:
+        settings["quotas"] = _quotas(values["quotas"], source)
     if "certificates" in values:
         entries = values["certificates"]
         if not isinstance(entries, list):
@@ -69,3 +71,31 @@ def auth_settings(values: Mapping[str, Any], source: str) -> AuthSettings:
             )
         settings["certificates"] = certificate_rules(entries, source)
     return AuthSettings(**settings)
+
+
+def _quotas(values: Any, source: str) -> dict[str, Quota]:
+    """[auth.quotas.TENANT] tables of limits (`*`: every tenant without its own)."""
+    if not isinstance(values, dict):
+        raise ValidationError(
+            f"{source}: quotas must be [auth.quotas.TENANT] tables", {"field": "quotas"}
+        )
+    quotas = {}
+    for tenant, limits in values.items():
+        where = f"{source} quotas.{tenant}"
+        if tenant != EVERY_TENANT and (problem := check_name(tenant, "tenant")):
+            raise ValidationError(f"{where}: {problem}", {"field": "quotas"})
+        if not isinstance(limits, dict):
+            raise ValidationError(f"{where}: must be a table of limits", {"field": "quotas"})
+        known = set(Quota.__dataclass_fields__)
+        for key, limit in limits.items():
+            if key not in known:
+                raise ValidationError(
+                    f"{where}: unknown limit {key}; known: {', '.join(sorted(known))}",
+                    {"field": f"quotas.{key}"},
+                )
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                raise ValidationError(
+                    f"{where}: {key} must be a non-negative integer", {"field": f"quotas.{key}"}
+                )
+        quotas[tenant] = Quota(**limits)
+    return quotas

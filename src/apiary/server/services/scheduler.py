@@ -4,6 +4,7 @@ apiary.v1.TaskQueryService: the task reads SchedulerService lacks."""
 
 from __future__ import annotations
 
+from apiary.core.access.principal import PrincipalKind
 from apiary.core.records import TaskRecord
 from apiary.engine.hitl import Hitl
 from apiary.engine.scheduler.scheduler import Scheduler, Submission
@@ -21,6 +22,13 @@ SUBMITTER_METADATA = "apiary-submitter"
 task's lane (RFC 7.3)."""
 
 
+def _submitter(ctx: CallContext) -> str:
+    """Who submits: the authenticated principal; an anonymous caller's own say (dev mode)."""
+    if ctx.principal.kind is PrincipalKind.ANONYMOUS:
+        return ctx.metadata.get(SUBMITTER_METADATA, "")
+    return ctx.principal.name
+
+
 class SchedulerHandler:
     def __init__(self, scheduler: Scheduler, activity: ActivityHandler) -> None:
         self._scheduler = scheduler
@@ -32,7 +40,7 @@ class SchedulerHandler:
             Submission(
                 agent_id=req.agent_id, task_id=req.task_id, priority=req.priority,
                 params=bytes(req.params), content_type=req.content_type, scope=req.scope,
-                submitter=ctx.metadata.get(SUBMITTER_METADATA, ""),
+                submitter=_submitter(ctx),
             )
         )  # fmt: skip
         return s.SubmitTaskResponse(accepted=result.accepted, reason=result.reason)
