@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from apiary.core.access.principal import DEFAULT_TENANT
+from apiary.core.access.rules import Rule, Who
 from apiary.core.access.table import HTTP_RULES
 from apiary.errors import PermissionDeniedError
 from apiary.server.auth.guard import AccessGuard
@@ -63,12 +65,26 @@ def access_middleware(guard: AccessGuard | None, metrics: Metrics) -> Middleware
                 if rule is None:
                     raise PermissionDeniedError(f"{key} has no authorization rule", {"route": key})
                 if guard is not None:
-                    guard.admit(key, rule, None, http_context(request))
+                    ctx = guard.admit(key, rule, None, http_context(request))
+                    _default_tenant_only(key, rule, ctx)
         except Exception as exc:
             return error_response(exc, key or request.path, metrics)
         return await handler(request)
 
     return middleware
+
+
+def _default_tenant_only(key: str, rule: Rule, ctx: CallContext) -> None:
+    """The console's data, the event stream and /metrics read the default tenant's engine:
+    another tenant's operator is refused them (its data is reached per call, through the
+    gateway and gRPC, in its own tenant)."""
+    if rule.who is Who.PUBLIC or ctx.tenant() == DEFAULT_TENANT:
+        return
+    raise PermissionDeniedError(
+        f"{key} serves the {DEFAULT_TENANT} tenant; {ctx.principal.label} reads its own "
+        "tenant through the gateway (POST /v1/...) or gRPC",
+        {"route": key, "principal": ctx.principal.label},
+    )
 
 
 def check_same_origin(request: web.Request) -> None:
