@@ -176,3 +176,35 @@ HTTP_RULES: Mapping[str, Rule] = MappingProxyType(
     }
 )
 """Rules of the HTTP routes, by 'METHOD canonical-path' (HEAD follows GET)."""
+
+
+def describe(rule: Rule) -> str:
+    """Who a rule lets call, in words (the rule table in docs/security.md)."""
+    role = f"`{rule.role.value}`" if rule.role is not None else ""
+    if rule.who is Who.PUBLIC:
+        return "anyone (no credential needed)"
+    if rule.who is Who.PRINCIPAL:
+        return "any principal"
+    if rule.who is Who.OPERATOR:
+        return "any operator"
+    if rule.who is Who.ROLE:
+        return f"operators with {role}"
+    fields = ", ".join(f"`{s}`" for s in rule.subjects)
+    if rule.who is Who.OWNER:
+        return f"the owner of the {rule.owner} `{rule.subjects[0]}`, or operators with {role}"
+    kinds = "the agent or application" if rule.applications else "the agent"
+    text = f"{kinds} {fields} names, as itself"
+    if rule.operators:
+        text += "; any operator"
+    elif role:
+        text += f"; operators with {role}"
+    return text
+
+
+def markdown() -> str:
+    """The rule of every method and route as Markdown tables."""
+    lines = ["| gRPC method | who may call |", "|---|---|"]
+    lines += [f"| `{path}` | {describe(rule)} |" for path, rule in METHOD_RULES.items()]
+    lines += ["", "| HTTP route | who may call |", "|---|---|"]
+    lines += [f"| `{route}` | {describe(rule)} |" for route, rule in HTTP_RULES.items()]
+    return "\n".join(lines) + "\n"
