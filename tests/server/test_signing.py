@@ -184,8 +184,18 @@ async def test_a_key_rotates_only_with_the_current_key_and_is_revoked_by_deregis
 async def test_an_sdk_connection_with_a_key_signs_what_it_sends(running: Running) -> None:
     address = str(running.coordinator.grpc_address)
     async with (
-        Connection("alice", coordinator=address, signing_key=Ed25519PrivateKey.generate()) as a,
-        Connection("bob", coordinator=address, signing_key=Ed25519PrivateKey.generate()),
+        Connection(
+            "alice",
+            coordinator=address,
+            clock=running.clock,
+            signing_key=Ed25519PrivateKey.generate(),
+        ) as a,
+        Connection(
+            "bob",
+            coordinator=address,
+            clock=running.clock,
+            signing_key=Ed25519PrivateKey.generate(),
+        ),
     ):
         sent = await a.send("bob", {"hello": True})
         (result,) = await a.send_many([(a.envelope({"n": 2}), "bob")])
@@ -257,8 +267,13 @@ async def test_a_recipient_verifies_the_producers_signature_end_to_end(tmp_path:
     signing = RouterSettings(signing_required=True)
 
     def connect(running: Running, agent: str) -> Connection:
-        return Connection(agent, coordinator=running.grpc, signing_key=keys[agent],
-                          verify_signatures=True)  # fmt: skip
+        return Connection(
+            agent,
+            coordinator=running.grpc,
+            clock=running.clock,
+            signing_key=keys[agent],
+            verify_signatures=True,
+        )
 
     async with open_running(tmp_path / "first", signing, store) as running:
         alice, bob = connect(running, "alice"), connect(running, "bob")
@@ -325,7 +340,7 @@ async def test_a_verifying_recipient_refuses_what_no_signature_vouches_for(
     async with (
         open_running(tmp_path) as running,
         Connection("alice", coordinator=running.grpc,
-                   signing_key=Ed25519PrivateKey.generate()) as alice,
+                   clock=running.clock, signing_key=Ed25519PrivateKey.generate()) as alice,
         Connection("bob", coordinator=running.grpc, verify_signatures=True) as bob,
     ):  # fmt: skip
         sent = await alice.send("bob", {"n": 1})
@@ -362,12 +377,16 @@ async def test_a_message_signed_before_its_producer_rotated_still_verifies(
     old, new = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     async with (
         # (No ack timeout within the day the clock jumps.)
-        open_running(tmp_path, RouterSettings(signing_required=True, ack_timeout_s=1e6))
-        as running,
-        Connection("bob", coordinator=running.grpc, signing_key=Ed25519PrivateKey.generate(),
-                   verify_signatures=True) as bob,
-    ):  # fmt: skip
-        alice = Connection("alice", coordinator=running.grpc, signing_key=old)
+        open_running(tmp_path, RouterSettings(signing_required=True, ack_timeout_s=1e6)) as running,
+        Connection(
+            "bob",
+            coordinator=running.grpc,
+            clock=running.clock,
+            signing_key=Ed25519PrivateKey.generate(),
+            verify_signatures=True,
+        ) as bob,
+    ):
+        alice = Connection("alice", coordinator=running.grpc, clock=running.clock, signing_key=old)
         await alice.start()
         within = await alice.send("bob", {"n": 1})
         after = await alice.send("bob", {"n": 2})
@@ -405,17 +424,30 @@ async def test_what_the_coordinator_derives_from_a_signed_message_still_verifies
     keys = {agent: Ed25519PrivateKey.generate() for agent in ("alice", "bob", "carol")}
     async with (
         open_running(tmp_path, RouterSettings(signing_required=True)) as running,
-        Connection("alice", coordinator=running.grpc, signing_key=keys["alice"]) as alice,
-        Connection("bob", coordinator=running.grpc, signing_key=keys["bob"],
-                   capabilities=["chunking"], verify_signatures=True) as bob,
-    ):  # fmt: skip
+        Connection(
+            "alice", coordinator=running.grpc, clock=running.clock, signing_key=keys["alice"]
+        ) as alice,
+        Connection(
+            "bob",
+            coordinator=running.grpc,
+            clock=running.clock,
+            signing_key=keys["bob"],
+            capabilities=["chunking"],
+            verify_signatures=True,
+        ) as bob,
+    ):
         # Sent to carol before carol exists: no_route, a dead letter kept with its signature.
         refused = await alice.send_many([(alice.envelope({"n": 1}), "carol")])
         assert [r.error_code for r in refused] == ["no_route"]
         (entry,) = await running.coordinator.store.dlq.list()
         assert len(entry.signature) == 64
-        carol = Connection("carol", coordinator=running.grpc, signing_key=keys["carol"],
-                           verify_signatures=True)  # fmt: skip
+        carol = Connection(
+            "carol",
+            coordinator=running.grpc,
+            clock=running.clock,
+            signing_key=keys["carol"],
+            verify_signatures=True,
+        )
         await carol.start()
         try:
             stub = pb.apiary_pb2_grpc.DlqServiceStub(running.channel)
@@ -447,10 +479,14 @@ async def test_a_derived_message_changed_at_rest_is_refused(tmp_path: Path) -> N
     signing = RouterSettings(signing_required=True)
     async with (
         open_running(tmp_path / "first", signing, store) as running,
-        Connection("alice", coordinator=running.grpc, signing_key=keys["alice"]) as alice,
-    ):  # fmt: skip
+        Connection(
+            "alice", coordinator=running.grpc, clock=running.clock, signing_key=keys["alice"]
+        ) as alice,
+    ):
         await alice.send_many([(alice.envelope({"n": 1}), "carol")])
-        carol = Connection("carol", coordinator=running.grpc, signing_key=keys["carol"])
+        carol = Connection(
+            "carol", coordinator=running.grpc, clock=running.clock, signing_key=keys["carol"]
+        )
         await carol.start()
         stub = pb.apiary_pb2_grpc.DlqServiceStub(running.channel)
         (entry,) = await running.coordinator.store.dlq.list()
@@ -468,8 +504,13 @@ async def test_a_derived_message_changed_at_rest_is_refused(tmp_path: Path) -> N
             (blob.replace(b'{"n": 1}', b'{"n": 9}'), copy_id),
         )
     async with open_running(tmp_path / "second", signing, store) as running:
-        carol = Connection("carol", coordinator=running.grpc, signing_key=keys["carol"],
-                           verify_signatures=True)  # fmt: skip
+        carol = Connection(
+            "carol",
+            coordinator=running.grpc,
+            clock=running.clock,
+            signing_key=keys["carol"],
+            verify_signatures=True,
+        )
         await carol.start()
         receiving = asyncio.create_task(_data(carol.deliveries()))
         try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from apiary.errors import ValidationError
-from apiary.server.config.loader import load_config
+from apiary.server.config.loader import checked_serving, load_config
 from apiary.server.config.server import ServerConfig, exposure_problem, secured
 from apiary.server.coordinator import open_coordinator
 from apiary.server.interpreter import tune_for_serving
@@ -65,6 +65,7 @@ def serve(
             raise ValidationError("--secure and --insecure contradict each other")
         if secure or settings.auth.secure:
             settings = secured(settings)
+        settings = checked_serving(settings)
     except ValidationError as exc:
         typer.echo(f"apiary serve: {exc.message}", err=True)
         raise typer.Exit(2) from None

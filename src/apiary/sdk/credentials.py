@@ -336,11 +336,11 @@ class _Config:
         if inline is not None:
             _check(_key_problem(inline), "client.api_key", str(self.path))
             try:
-                mode = self.path.stat().st_mode
+                too_open = _shared(self.path.stat().st_mode, self.path)
             except OSError as exc:
-                why = f"cannot read {self.path}: {exc.strerror}"
-                raise ValidationError.for_field("client.api_key", why) from None
-            _check(_shared(mode, self.path), "client.api_key", ARGUMENT)  # names its file
+                too_open = f"cannot read {self.path}: {exc.strerror}"
+            if too_open is not None:
+                raise ValidationError.for_field("client.api_key", too_open)
             sources["api_key"] = str(self.path)
             return inline
         assert named is not None
@@ -504,11 +504,12 @@ def _address_problem(value: str) -> str | None:
 
 
 def _shared(mode: int, path: Path) -> str | None:
-    """Why a file holding a key with `mode` is too open, or None."""
+    """Why a file holding a key with `mode` is too open, or None: like an SSH key, it is
+    its owner's alone (a file others may write could have its key swapped, too)."""
     if not mode & 0o077:
         return None
     return (
-        f"{path} holds an API key and is readable by group or others "
+        f"{path} holds an API key and is open to group or others "
         f"(mode {stat.S_IMODE(mode):04o}); run `chmod 600 {path}`"
     )
 

@@ -286,8 +286,9 @@ async def open_coordinator(
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,
             recovered_messages=recovered,
         )  # fmt: skip
-        for tenant in sorted(_known_tenants(config, _key_ring(config))() - {DEFAULT_TENANT}):
-            await tenancy.engine(tenant)
+        if config.router.signing_required:
+            for tenant in sorted(_known_tenants(config, _key_ring(config))() - {DEFAULT_TENANT}):
+                await tenancy.engine(tenant)
         state.ready = True
         try:
             yield state

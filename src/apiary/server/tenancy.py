@@ -27,7 +27,7 @@ from apiary.engine.assembly import (
     start_engine_tasks,
 )
 from apiary.engine.eventlog import EventRecorder
-from apiary.errors import NotFoundError
+from apiary.errors import NotFoundError, UnavailableError
 from apiary.server.auth.settings import Quota
 from apiary.server.config.server import ServerConfig
 from apiary.server.context import TENANT_KEY, CallContext
@@ -127,6 +127,13 @@ class Tenancy:
 
     async def _open(self, tenant: str) -> TenantEngine:
         config = self._config
+        if not config.router.signing_required:
+            raise UnavailableError(
+                f"tenant {tenant[:64]!r} cannot be served: a coordinator serves tenants besides "
+                f"{DEFAULT_TENANT} only with message signing on (RFC 6.2; `apiary serve "
+                "--secure` or [router] signing_required = true)",
+                {"tenant": tenant[:64], "reason": "tenants_need_signing"},
+            )
         data_dir = tenant_data_dir(config.data_dir, tenant)
         store = await self._stack.enter_async_context(
             open_store(config.store or None, config.data_dir, tenant)

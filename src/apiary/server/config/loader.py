@@ -17,7 +17,14 @@ from apiary.server.config.negotiation import negotiation_settings
 from apiary.server.config.rooms import room_settings
 from apiary.server.config.router import router_settings
 from apiary.server.config.scheduler import scheduler_settings
-from apiary.server.config.server import ENV, ServerConfig, apply_layer, checked_store, checked_tls
+from apiary.server.config.server import (
+    ENV,
+    ServerConfig,
+    apply_layer,
+    checked_store,
+    checked_tenants,
+    checked_tls,
+)
 from apiary.server.config.swarm import swarm_settings
 from apiary.server.config.tools import tool_settings
 from apiary.server.config.values import as_table
@@ -84,6 +91,11 @@ def load_config(
     config = apply_layer(config, from_env, "environment")
     config = apply_layer(config, {k: v for k, v in flags.items() if v is not None}, "flag")
     return checked_store(checked_tls(config))
+
+
+def checked_serving(config: ServerConfig) -> ServerConfig:
+    """The checks of a configuration about to serve, once every flag is applied."""
+    return checked_tenants(config)
 
 
 def _file_layer(config: ServerConfig, path: Path) -> ServerConfig:

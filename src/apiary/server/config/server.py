@@ -152,6 +152,18 @@ def exposure_problem(config: ServerConfig, *, insecure: bool = False) -> str | N
     return None
 
 
+def checked_tenants(config: ServerConfig) -> ServerConfig:
+    """`config`, once tenants besides the default come with message signing (RFC 6.2: signing
+    MUST be on when the framework supports multiple tenants)."""
+    if config.auth.tenants and not config.router.signing_required:
+        raise ValidationError(
+            f"[auth] tenants ({', '.join(config.auth.tenants)}) need message signing: serve "
+            "with --secure or set [router] signing_required = true",
+            {"field": "tenants"},
+        )
+    return config
+
+
 def checked_tls(config: ServerConfig) -> ServerConfig:
     """`config`, once its TLS settings are known to go together and their files readable."""
     if (config.tls_cert is None) != (config.tls_key is None):
