@@ -75,7 +75,7 @@ from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
-from apiary.server.tenancy import Tenancy, tenant_engine
+from apiary.server.tenancy import Tenancy, serves_tenants, tenant_engine
 from apiary.server.tls import grpc_credentials, http_context
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
@@ -286,7 +286,7 @@ async def open_coordinator(
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,
             recovered_messages=recovered,
         )  # fmt: skip
-        if config.router.signing_required:
+        if serves_tenants(config):
             for tenant in sorted(_known_tenants(config, _key_ring(config))() - {DEFAULT_TENANT}):
                 await tenancy.engine(tenant)
         state.ready = True

@@ -56,6 +56,13 @@ def tenant_engine(
     return TenantEngine(tenant, store, engine, handlers, TenantQuota(tenant, quota, engine, store))
 
 
+def serves_tenants(config: ServerConfig) -> bool:
+    """Whether tenants besides the default may be served: with message signing on (RFC 6.2),
+    which `apiary serve --secure` turns on with authentication; an embedded coordinator in
+    secure mode (tests) may serve them unsigned."""
+    return config.router.signing_required or config.auth.secure
+
+
 class Tenancy:
     """The tenants' engines, for the coordinator's lifetime (`close` ends them)."""
 
@@ -127,11 +134,11 @@ class Tenancy:
 
     async def _open(self, tenant: str) -> TenantEngine:
         config = self._config
-        if not config.router.signing_required:
+        if not serves_tenants(config):
             raise UnavailableError(
                 f"tenant {tenant[:64]!r} cannot be served: a coordinator serves tenants besides "
-                f"{DEFAULT_TENANT} only with message signing on (RFC 6.2; `apiary serve "
-                "--secure` or [router] signing_required = true)",
+                f"{DEFAULT_TENANT} only in secure mode or with message signing on (RFC 6.2; "
+                "`apiary serve --secure` or [router] signing_required = true)",
                 {"tenant": tenant[:64], "reason": "tenants_need_signing"},
             )
         data_dir = tenant_data_dir(config.data_dir, tenant)
