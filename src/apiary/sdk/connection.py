@@ -356,18 +356,23 @@ class Connection:
             agent_id=self.agent_id, resume_after=self.resume_after
         )
         call = stub.Inbound(request)
-        async for batch in errors.stream(call.__aiter__()):
-            for item in batch.deliveries:
-                self.last_offset = max(self.last_offset, item.offset)
-                env = envelope_from_proto(item.msg)
-                if self._verify and not await self._authentic(item, env):
-                    continue
-                if await self._handled_notice(env):
-                    continue
-                notice = _is_notice(env)
-                if env.message_type is not MessageType.ACKNOWLEDGEMENT and not notice:
-                    self._unacked[env.message_id] = item.offset
-                yield Delivery(env, item.offset, item.attempt, item.urgent, notice)
+        try:
+            async for batch in errors.stream(call.__aiter__()):
+                for item in batch.deliveries:
+                    self.last_offset = max(self.last_offset, item.offset)
+                    env = envelope_from_proto(item.msg)
+                    if self._verify and not await self._authentic(item, env):
+                        continue
+                    if await self._handled_notice(env):
+                        continue
+                    notice = _is_notice(env)
+                    if env.message_type is not MessageType.ACKNOWLEDGEMENT and not notice:
+                        self._unacked[env.message_id] = item.offset
+                    yield Delivery(env, item.offset, item.attempt, item.urgent, notice)
+        finally:
+            # Closing the deliveries ends the stream on the coordinator now, not when the
+            # call is collected: the inbox is free for the next stream at once.
+            call.cancel()
 
     async def _authentic(self, item: pb.apiary_pb2.Delivery, env: Envelope) -> bool:
         """Whether `item` may be handed on (see `verify_signatures`); refuses it if not."""

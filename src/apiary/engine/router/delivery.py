@@ -8,6 +8,7 @@ backlog replay is bounded in memory and latency.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -21,7 +22,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR
 from apiary.engine.registry import Registry
 from apiary.engine.router.admission import is_notice
-from apiary.engine.router.inbox import Handout
+from apiary.engine.router.inbox import Handout, Inbox
 from apiary.engine.router.router import Router
 from apiary.errors import (
     AgentUnavailableError,
@@ -35,6 +36,22 @@ log = logging.getLogger("apiary.delivery")
 
 STARVATION_WARN_EVERY_S = 60.0
 """At most one starvation-risk warning per agent in this many seconds."""
+
+
+STREAM_RELEASE_WAIT_S = 2.0
+"""How long a new stream that cannot take over waits for the live one to end: a client that
+closes its stream and opens another at once is not refused for the moment its old one takes
+to be seen closed."""
+
+
+async def _released(inbox: Inbox) -> bool:
+    """Whether the inbox's live streams end within STREAM_RELEASE_WAIT_S."""
+    inbox.released.clear()
+    try:
+        await asyncio.wait_for(inbox.released.wait(), STREAM_RELEASE_WAIT_S)
+    except TimeoutError:
+        return False
+    return not inbox.streams
 
 
 def resume_token(agent_id: str, offset: int) -> str:
@@ -118,7 +135,7 @@ class Delivery:
         await self._registry.get(agent_id)
         await self._check_position(agent_id, resume_after)
         inbox = self._router.inbox(agent_id)
-        if inbox.streams and not take_over:
+        if inbox.streams and not take_over and not await _released(inbox):
             raise AlreadyInProgressError(
                 f"{agent_id} already has a live stream; a second one is refused. A "
                 "reconnecting agent takes the stream over by proving it is the agent (its "
@@ -167,6 +184,8 @@ class Delivery:
                     await inbox.arrived.wait()
         finally:
             inbox.streams -= 1
+            if not inbox.streams:
+                inbox.released.set()
             await self._events.record("stream.closed", agent_id, agent_id=agent_id, session=session)
 
     async def _exhausted(self, batch: list[Handout], now: float) -> list[Handout]:

@@ -68,6 +68,8 @@ class Inbox:
         """Incremented by every new stream; an older stream stops when it sees a newer one."""
         self.streams = 0
         """Streams reading this inbox right now (`Delivery.stream`)."""
+        self.released = asyncio.Event()
+        """Set when the last stream reading this inbox ends."""
 
     # ---- buffer accounting (RFC 13)
 
