@@ -362,7 +362,7 @@ async def test_status_names_the_client_certificates_principal(tmp_path: Path) ->
 
     async with open_test_coordinator(
         tmp_path / "data", tls_cert=certs.server_cert, tls_key=certs.server_key,
-        tls_client_ca=certs.ca_cert,
+        tls_client_ca=certs.ca_cert, auth=AuthSettings(secure=True),
     ) as coordinator:  # fmt: skip
         address = str(coordinator.grpc_address)
         out, _ = await _cli(address, env(0), "status", "--json", code=0)

@@ -22,6 +22,15 @@ class Decision:
     """With a denial: UNAUTHENTICATED (no usable credential) or PERMISSION_DENIED."""
 
 
+def unconditional(principal: Principal, rule: Rule, *, secure: bool) -> bool:
+    """Whether `rule` lets `principal` call whatever the request says, with nothing to look
+    up or record: a public rule, or an anonymous caller in dev mode under any rule but an
+    OWNER one (whose owner is looked up against the agent the caller claims to be)."""
+    if rule.who is Who.PUBLIC:
+        return True
+    return principal.kind is PrincipalKind.ANONYMOUS and not secure and rule.who is not Who.OWNER
+
+
 def decide(
     principal: Principal,
     rule: Rule,
@@ -36,10 +45,17 @@ def decide(
     `subjects` are the agent ids the request names (rule.subjects); `owner` the owner of the
     object an OWNER rule protects (None when there is no such object: the handler then
     answers as for any missing object). In dev mode (`secure` false) an anonymous caller may
-    do what any principal may, except cancel what the agent it `claimed` to be does not own.
+    do what any principal may, except cancel what the agent it `claimed` to be does not own;
+    an authenticated agent that claims to be another (`sw4rm-agent-id`) is refused.
     """
     if rule.who is Who.PUBLIC:
         return Decision(True, "public")
+    if principal.kind is PrincipalKind.AGENT and claimed and claimed != principal.name:
+        return Decision(
+            False,
+            f"the call claims to be agent {claimed[:64]!r} but authenticates as {principal.label}",
+            PERMISSION_DENIED,
+        )
     if principal.kind is PrincipalKind.ANONYMOUS:
         return _anonymous(rule, owner, secure=secure, claimed=claimed)
     if rule.who is Who.PRINCIPAL:

@@ -15,6 +15,7 @@ PROOF_KEY = "apiary-agent-proof"
 VERSION = "v1"
 DEFAULT_AUDIENCE = "apiary"
 MAX_NONCE_BYTES = 64
+SIGNATURE_BYTES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +47,12 @@ def parse_proof(text: str) -> CallProof | str:
     _, agent_id, unix_ms, nonce, signature = parts
     if not agent_id or not unix_ms.isdigit() or len(unix_ms) > 16:
         return f"{PROOF_KEY}: the agent id is empty or the time is not milliseconds"
-    decoded = [_unb64(nonce), _unb64(signature)]
-    if decoded[0] is None or decoded[1] is None or not 8 <= len(decoded[0]) <= MAX_NONCE_BYTES:
-        return f"{PROOF_KEY}: nonce (8-64 bytes) and signature must be URL-safe base64"
-    return CallProof(agent_id, int(unix_ms), decoded[0], decoded[1])
+    raw_nonce, raw_signature = _unb64(nonce), _unb64(signature)
+    if raw_nonce is None or not 8 <= len(raw_nonce) <= MAX_NONCE_BYTES:
+        return f"{PROOF_KEY}: the nonce must be 8-64 bytes in URL-safe base64"
+    if raw_signature is None or len(raw_signature) != SIGNATURE_BYTES:
+        return f"{PROOF_KEY}: the signature must be {SIGNATURE_BYTES} bytes in URL-safe base64"
+    return CallProof(agent_id, int(unix_ms), raw_nonce, raw_signature)
 
 
 def _b64(data: bytes) -> str:
@@ -57,7 +60,9 @@ def _b64(data: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes | None:
+    """Strict URL-safe base64 (unpadded): anything outside its alphabet is refused, not
+    skipped."""
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
     except (binascii.Error, ValueError):
         return None

@@ -11,8 +11,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import replace
 
-from apiary.core.access.decision import PERMISSION_DENIED, UNAUTHENTICATED, Decision, decide
-from apiary.core.access.principal import DEFAULT_TENANT, Principal, PrincipalKind
+from apiary.core.access.decision import (
+    PERMISSION_DENIED,
+    UNAUTHENTICATED,
+    Decision,
+    decide,
+    unconditional,
+)
+from apiary.core.access.principal import DEFAULT_TENANT, Principal
 from apiary.core.access.rules import Rule, Who, subject_values
 from apiary.engine.eventlog import EventRecorder
 from apiary.errors import ApiaryError, PermissionDeniedError, UnauthenticatedError
@@ -75,28 +81,15 @@ class AccessGuard:
     ) -> None:
         """Decide one request of a call whose principal is known (each frame of a stream)."""
         principal = ctx.principal
-        if rule.who is Who.PUBLIC or (
-            principal.kind is PrincipalKind.ANONYMOUS
-            and not self.secure
-            and rule.who is not Who.OWNER
-        ):
-            return  # nothing to decide or record: public, or a dev-mode caller
+        if unconditional(principal, rule, secure=self.secure):
+            return
         subjects = _subjects(rule, request)
         owner = None
         if rule.who is Who.OWNER and subjects:
             owner = self._owners[rule.owner](tenant, subjects[0])
-        claimed = ctx.get(AGENT_KEY)
-        if principal.kind is PrincipalKind.AGENT and claimed and claimed != principal.name:
-            decision = Decision(
-                False,
-                f"{AGENT_KEY} names {claimed[:64]!r} but the call authenticates as "
-                f"{principal.label}",
-                "permission_denied",
-            )
-        else:
-            decision = decide(
-                principal, rule, subjects, owner=owner, secure=self.secure, claimed=claimed
-            )
+        decision = decide(
+            principal, rule, subjects, owner=owner, secure=self.secure, claimed=ctx.get(AGENT_KEY)
+        )
         if not decision.allowed or self._log_allowed:
             self._record(action, ctx, principal, ", ".join(subjects), decision, tenant)
         if not decision.allowed:
@@ -106,9 +99,7 @@ class AccessGuard:
         self, action: str, rule: Rule, frames: AsyncIterator[object], ctx: CallContext
     ) -> AsyncIterator[object]:
         """A client stream's frames, each decided before the handler sees it."""
-        checking = rule.subjects and not (
-            ctx.principal.kind is PrincipalKind.ANONYMOUS and not self.secure
-        )
+        checking = rule.subjects and not unconditional(ctx.principal, rule, secure=self.secure)
         tenant = ctx.tenant()
         async for frame in frames:
             if checking:
