@@ -235,6 +235,8 @@ async def test_an_agent_registered_by_key_proves_its_calls_afterwards(
             # From now on the key is not needed: the proofs authenticate bob.
             ring.revoke(bob_key, now=time.time())
             await bob.heartbeat()
+            # A reconnecting agent registers again: its proof vouches for it, not the key.
+            await bob.register()
             sent = await bob.send("bob", {"n": 1})
             got = await _first_data(bob)
             assert got.envelope.message_id == sent.message_id
@@ -245,6 +247,7 @@ async def test_an_agent_registered_by_key_proves_its_calls_afterwards(
             decided = await _access(client, "agent:bob@default")
         mechanisms = {(d["action"].rsplit("/", 1)[1], d["mechanism"]) for d in decided}
         assert ("RegisterAgent", "api_key") in mechanisms
+        assert ("RegisterAgent", "agent_proof") in mechanisms
         for method in ("Heartbeat", "SendMessage", "Inbound", "DeregisterAgent"):
             assert (method, "agent_proof") in mechanisms, method
         assert all(d["allowed"] for d in decided)

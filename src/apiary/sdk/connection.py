@@ -25,15 +25,22 @@ from typing import Any
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from apiary.core.access.proof import PROOF_KEY
 from apiary.core.clock import Clock
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.ids import IdGenerator
 from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes, verifies
-from apiary.errors import ApiaryError, NotFoundError, ValidationError, error_for_code
+from apiary.errors import (
+    ApiaryError,
+    NotFoundError,
+    UnauthenticatedError,
+    ValidationError,
+    error_for_code,
+)
 from apiary.sdk import errors
 from apiary.sdk.channel import ClientTls, open_channel
 from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
-from apiary.sdk.credentials import CallProver, ClientCredentials
+from apiary.sdk.credentials import REGISTER_METHOD, CallProver, ClientCredentials
 from apiary.sdk.provenance import derived_from
 from apiary.sdk.sender import BatchSender, SendResult
 from apiary.system import SystemClock, UuidIds
@@ -121,6 +128,7 @@ class Connection:
         self._credentials = credentials
         self._prove_calls = prove_calls
         self._prover: CallProver | None = None
+        self._registered = False
         self._descriptor = pb.registry_pb2.AgentDescriptor(
             agent_id=agent_id,
             name=name or agent_id,
@@ -194,12 +202,25 @@ class Connection:
         return CallProver(self.agent_id, key, audience=credentials.audience, now=self._clock.now)
 
     async def register(self) -> None:
+        """Register (again, after a reconnect). A re-registration also proves the call when
+        the connection proves its calls, so that an agent whose only credential is its key
+        is recognised in secure mode; a coordinator that no longer knows the key (a memory
+        store restarted) refuses the proof, and the registration is made without it."""
         stub = pb.registry_pb2_grpc.RegistryServiceStub(self.channel)
         request = pb.registry_pb2.RegisterAgentRequest(agent=self._descriptor)
         metadata = self._signed(request.SerializeToString(deterministic=True))
-        reply = await errors.call(lambda: stub.RegisterAgent(request, metadata=metadata))
+        prover = self._prover
+        if prover is not None and self._registered:
+            proven = (*metadata, (PROOF_KEY, prover.proof(REGISTER_METHOD)))
+            try:
+                reply = await errors.call(lambda: stub.RegisterAgent(request, metadata=proven))
+            except UnauthenticatedError:
+                reply = await errors.call(lambda: stub.RegisterAgent(request, metadata=metadata))
+        else:
+            reply = await errors.call(lambda: stub.RegisterAgent(request, metadata=metadata))
         if not reply.accepted:
             raise ValidationError(f"registration of {self.agent_id} refused: {reply.reason}")
+        self._registered = True
 
     async def stop(self, reason: str = "shutdown", *, deregister: bool = True) -> None:
         """Deregister (unless told not to) and close the connection; idempotent."""
