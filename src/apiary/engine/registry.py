@@ -152,14 +152,10 @@ class Registry:
         previous = await self._agents.get(fields.agent_id)
         current = public_key_of(previous) if previous is not None else b""
         rotated = bool(current) and current != fields.public_key
-        if current and not vouched and not verifies(current, signed, proof):
-            raise PermissionDeniedError(
-                f"{fields.agent_id} is registered with a public key: registering it again (a "
-                "changed descriptor or a new key) must be signed by that key "
-                f"({SIGNATURE_KEY} metadata) or made by the agent's own credential or an "
-                "operator's; a lost key is revoked by an operator deregistering the agent",
-                {"field": "agent.public_key", "agent_id": fields.agent_id},
-            )
+        _check_vouched(
+            fields.agent_id, current, signed, proof, vouched,
+            "registering it again (a changed descriptor or a new key)", "agent.public_key",
+        )  # fmt: skip
         stored = dict(descriptor)
         stored.pop(RETIRED_KEYS, None)
         retired = _retired(previous, current if rotated else b"", now, fields.public_key)
@@ -239,6 +235,16 @@ class Registry:
         )  # fmt: skip
         return updated
 
+    def check_removal(self, agent_id: str, *, signed: bytes, proof: bytes, vouched: bool) -> None:
+        """Refuse a caller's deregistration of an agent registered with a key unless
+        `proof` is that key's signature of `signed` (the request's bytes) or the call is
+        `vouched` for (the agent's own credential, an operator revoking a lost key): the
+        same rule as re-registering it, so that nobody frees an agent's id to take it."""
+        _check_vouched(
+            agent_id, self.public_key(agent_id), signed, proof, vouched, "deregistering it",
+            SIGNATURE_KEY,
+        )  # fmt: skip
+
     async def deregister(self, agent_id: str, reason: str) -> bool:
         removed = await self._agents.delete(agent_id)
         self._cache.pop(agent_id, None)
@@ -265,3 +271,23 @@ class Registry:
 
     async def list(self) -> list[AgentRecord]:
         return [self._cache[k] for k in sorted(self._cache)]
+
+
+def _check_vouched(
+    agent_id: str,
+    key: bytes,
+    signed: bytes,
+    proof: bytes,
+    vouched: bool,
+    doing: str,
+    field: str,
+) -> None:
+    """The rule for changing an agent registered with `key`: its signature or a credential
+    that speaks for it."""
+    if key and not vouched and not verifies(key, signed, proof):
+        raise PermissionDeniedError(
+            f"{agent_id} is registered with a public key: {doing} must be signed by that key "
+            f"({SIGNATURE_KEY} metadata) or made with the agent's own credential or an "
+            "operator's; a lost key is revoked by an operator deregistering the agent",
+            {"field": field, "agent_id": agent_id},
+        )

@@ -121,7 +121,7 @@ class Coordinator:
 def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
     return {
         "sw4rm.registry.RegistryService": RegistryHandler(
-            engine.registry, engine.presence, engine.scheduler, engine.hitl.operators
+            engine.registry, engine.presence, engine.scheduler
         ),
         "sw4rm.router.RouterService": RouterHandler(
             engine.router, engine.delivery, HitlDecisions(engine.hitl)
@@ -144,13 +144,13 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
         "sw4rm.workflow.WorkflowService": WorkflowHandler(engine.workflows),
         "sw4rm.handoff.HandoffService": HandoffHandler(engine.handoffs),
         "apiary.v1.HandoffQueryService": HandoffQueryHandler(engine.handoffs),
-        "sw4rm.worktree.WorktreeService": WorktreeHandler(engine.worktrees, engine.hitl.operators),
+        "sw4rm.worktree.WorktreeService": WorktreeHandler(engine.worktrees),
         "apiary.v1.WorktreeBindingService": WorktreeBindingHandler(engine.worktrees),
         "sw4rm.negotiation_room.NegotiationRoomService": NegotiationRoomHandler(engine.rooms),
         "apiary.v1.NegotiationRoomQueryService": NegotiationRoomQueryHandler(engine.rooms),
         "sw4rm.tool.ToolService": ToolHandler(engine.tools),
         "sw4rm.connector.ConnectorService": ConnectorHandler(engine.tools),
-        "apiary.v1.ToolProviderService": ToolProviderHandler(engine.tools, engine.hitl.operators),
+        "apiary.v1.ToolProviderService": ToolProviderHandler(engine.tools),
         "sw4rm.scheduler.SchedulerPolicyService": SchedulerPolicyHandler(
             engine.negotiations, engine.hitl
         ),

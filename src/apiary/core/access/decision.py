@@ -22,13 +22,21 @@ class Decision:
     """With a denial: UNAUTHENTICATED (no usable credential) or PERMISSION_DENIED."""
 
 
-def unconditional(principal: Principal, rule: Rule, *, secure: bool) -> bool:
+def unconditional(
+    principal: Principal, rule: Rule, *, secure: bool, operators: bool = False
+) -> bool:
     """Whether `rule` lets `principal` call whatever the request says, with nothing to look
-    up or record: a public rule, or an anonymous caller in dev mode under any rule but an
-    OWNER one (whose owner is looked up against the agent the caller claims to be)."""
+    up or record: a public rule, or an anonymous caller in dev mode under a rule that trusts
+    it (not an OWNER one, whose owner is looked up against the agent the caller claims to
+    be, nor one that asks for an operator)."""
     if rule.who is Who.PUBLIC:
         return True
-    return principal.kind is PrincipalKind.ANONYMOUS and not secure and rule.who is not Who.OWNER
+    return (
+        principal.kind is PrincipalKind.ANONYMOUS
+        and not secure
+        and rule.who is not Who.OWNER
+        and not rule.dev_needs_operator(operators)
+    )
 
 
 def decide(
@@ -39,6 +47,7 @@ def decide(
     owner: str | None = None,
     secure: bool,
     claimed: str = "",
+    operators: bool = False,
 ) -> Decision:
     """Whether `principal` may make a call under `rule`.
 
@@ -46,7 +55,10 @@ def decide(
     object an OWNER rule protects (None when there is no such object: the handler then
     answers as for any missing object). In dev mode (`secure` false) an anonymous caller may
     do what any principal may, except cancel what the agent it `claimed` to be does not own;
-    an authenticated agent that claims to be another (`sw4rm-agent-id`) is refused.
+    an authenticated agent that claims to be another (`sw4rm-agent-id`) is refused, and a
+    rule may ask for an operator (`Rule.dev`; `operators`: the configuration has some). An
+    authenticated principal is never worse off in dev mode than an anonymous caller, but is
+    held to who it is: an agent still acts only as itself.
     """
     if rule.who is Who.PUBLIC:
         return Decision(True, "public")
@@ -57,7 +69,9 @@ def decide(
             PERMISSION_DENIED,
         )
     if principal.kind is PrincipalKind.ANONYMOUS:
-        return _anonymous(rule, owner, secure=secure, claimed=claimed)
+        return _anonymous(rule, owner, secure=secure, claimed=claimed, operators=operators)
+    if not secure and _dev_trusts(principal, rule, operators):
+        return Decision(True, f"dev mode: a {principal.kind.value} may")
     if rule.who is Who.PRINCIPAL:
         return Decision(True, f"any principal may ({principal.kind.value})")
     if principal.kind is PrincipalKind.OPERATOR:
@@ -65,12 +79,29 @@ def decide(
     return _actor(principal, rule, subjects, owner)
 
 
-def _anonymous(rule: Rule, owner: str | None, *, secure: bool, claimed: str) -> Decision:
+def _dev_trusts(principal: Principal, rule: Rule, operators: bool) -> bool:
+    """Dev mode: an operator may do anything; an agent or application what an anonymous
+    caller may, where the rule does not turn on who it is (SELF, OWNER)."""
+    if principal.kind is PrincipalKind.OPERATOR:
+        return True
+    return rule.who in (Who.ROLE, Who.OPERATOR) and not rule.dev_needs_operator(operators)
+
+
+def _anonymous(
+    rule: Rule, owner: str | None, *, secure: bool, claimed: str, operators: bool
+) -> Decision:
     if secure:
         return Decision(
             False,
             "this coordinator runs in secure mode: the call needs a credential (a client "
             "certificate, an API key or an operator token as `authorization: Bearer ...`)",
+            UNAUTHENTICATED,
+        )
+    if rule.dev_needs_operator(operators):
+        return Decision(
+            False,
+            "this call needs an operator, in dev mode too: `authorization: Bearer <operator "
+            "token or API key>` or an operator's client certificate",
             UNAUTHENTICATED,
         )
     if rule.who is Who.OWNER and claimed and owner is not None and owner != claimed:

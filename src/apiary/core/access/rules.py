@@ -52,6 +52,19 @@ class Role(enum.StrEnum):
     `apiary-tenant` metadata."""
 
 
+class DevMode(enum.StrEnum):
+    """What a rule asks of callers in dev mode, where anonymous callers are trusted."""
+
+    TRUSTED = "trusted"
+    """Anyone may (anonymous included)."""
+    OPERATOR = "operator"
+    """An operator even in dev mode: the call acts as a person (a HITL decision, starting a
+    tool provider)."""
+    OPERATOR_IF_CONFIGURED = "operator_if_configured"
+    """An operator once the configuration has operators (changing policies, cancelling
+    tasks, approving worktree switches), else anyone."""
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     who: Who
@@ -67,6 +80,15 @@ class Rule:
     operators: bool = False
     """With Who.SELF: any operator may make the call, under any name (an operator's HITL
     decision sent as a message names the console it came from)."""
+    dev: DevMode = DevMode.TRUSTED
+    """What the rule asks of callers in dev mode (in secure mode, `who` decides alone)."""
+
+    def dev_needs_operator(self, operators: bool) -> bool:
+        """Whether dev mode asks for an operator, `operators` telling whether the
+        configuration has any."""
+        return self.dev is DevMode.OPERATOR or (
+            self.dev is DevMode.OPERATOR_IF_CONFIGURED and operators
+        )
 
     def __post_init__(self) -> None:
         if self.who is Who.ROLE and self.role is None:

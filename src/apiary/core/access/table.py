@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from apiary.core.access.rules import Role, Rule, Who
+from apiary.core.access.rules import DevMode, Role, Rule, Who
 
 PUBLIC = Rule(Who.PUBLIC)
 ANYONE = Rule(Who.PRINCIPAL)
-OPERATOR = Rule(Who.OPERATOR)
+OPERATOR = Rule(Who.OPERATOR, dev=DevMode.OPERATOR)
+"""An operator in every mode: the call acts as a person (HITL decisions)."""
 
 
 def _self(*fields: str, role: Role | None = Role.AGENTS) -> Rule:
@@ -25,8 +26,11 @@ def _producer(field: str) -> Rule:
     return Rule(Who.SELF, None, (field,), applications=True, operators=True)
 
 
-def _role(role: Role) -> Rule:
-    return Rule(Who.ROLE, role)
+def _role(role: Role, dev: DevMode = DevMode.TRUSTED) -> Rule:
+    return Rule(Who.ROLE, role, dev=dev)
+
+
+_CONFIGURED = DevMode.OPERATOR_IF_CONFIGURED
 
 
 _AGENT = _self("agent_id")
@@ -53,18 +57,22 @@ METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
         "/apiary.v1.AgentControlService/Resume": _role(Role.AGENTS),
         "/apiary.v1.TaskQueryService/ListTasks": ANYONE,
         "/apiary.v1.TaskQueryService/GetTask": ANYONE,
-        "/apiary.v1.TaskQueryService/CancelTask": _role(Role.TASKS),
+        "/apiary.v1.TaskQueryService/CancelTask": _role(Role.TASKS, _CONFIGURED),
         "/apiary.v1.ActivityBufferService/Register": _self("entry.agent_id"),
         "/apiary.v1.ActivityBufferService/Complete": _AGENT,
         "/apiary.v1.ActivityBufferService/List": ANYONE,
         # Negotiation policy: reading for everyone, changing for `policy` operators.
-        "/sw4rm.scheduler.SchedulerPolicyService/SetNegotiationPolicy": _role(Role.POLICY),
+        "/sw4rm.scheduler.SchedulerPolicyService/SetNegotiationPolicy": _role(
+            Role.POLICY, _CONFIGURED
+        ),
         "/sw4rm.scheduler.SchedulerPolicyService/GetNegotiationPolicy": ANYONE,
-        "/sw4rm.scheduler.SchedulerPolicyService/SetPolicyProfiles": _role(Role.POLICY),
+        "/sw4rm.scheduler.SchedulerPolicyService/SetPolicyProfiles": _role(
+            Role.POLICY, _CONFIGURED
+        ),
         "/sw4rm.scheduler.SchedulerPolicyService/ListPolicyProfiles": ANYONE,
         "/sw4rm.scheduler.SchedulerPolicyService/GetEffectivePolicy": ANYONE,
         "/sw4rm.scheduler.SchedulerPolicyService/SubmitEvaluation": ANYONE,
-        "/sw4rm.scheduler.SchedulerPolicyService/HitlAction": _role(Role.POLICY),
+        "/sw4rm.scheduler.SchedulerPolicyService/HitlAction": _role(Role.POLICY, DevMode.OPERATOR),
         # HITL: agents ask, operators answer (the invocation's approver roles decide which).
         "/sw4rm.hitl.HitlService/Decide": ANYONE,
         "/apiary.v1.HitlOperatorService/List": OPERATOR,
@@ -76,7 +84,7 @@ METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
         "/sw4rm.worktree.WorktreeService/Bind": _AGENT,
         "/sw4rm.worktree.WorktreeService/Unbind": _AGENT,
         "/sw4rm.worktree.WorktreeService/RequestSwitch": _AGENT,
-        "/sw4rm.worktree.WorktreeService/ApproveSwitch": _role(Role.WORKTREES),
+        "/sw4rm.worktree.WorktreeService/ApproveSwitch": _role(Role.WORKTREES, _CONFIGURED),
         "/sw4rm.worktree.WorktreeService/RejectSwitch": _self("agent_id", role=Role.WORKTREES),
         "/sw4rm.worktree.WorktreeService/Status": ANYONE,
         "/apiary.v1.WorktreeBindingService/List": ANYONE,
@@ -91,8 +99,8 @@ METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
         "/sw4rm.connector.ConnectorService/RegisterProvider": ANYONE,
         "/sw4rm.connector.ConnectorService/DescribeTools": ANYONE,
         "/apiary.v1.ToolProviderService/ListProviders": ANYONE,
-        "/apiary.v1.ToolProviderService/RegisterMcpServer": _role(Role.TOOLS),
-        "/apiary.v1.ToolProviderService/RemoveProvider": _role(Role.TOOLS),
+        "/apiary.v1.ToolProviderService/RegisterMcpServer": _role(Role.TOOLS, DevMode.OPERATOR),
+        "/apiary.v1.ToolProviderService/RemoveProvider": _role(Role.TOOLS, DevMode.OPERATOR),
         # Negotiation: participants speak as themselves (from_agent).
         "/sw4rm.negotiation.NegotiationService/Open": ANYONE,
         "/sw4rm.negotiation.NegotiationService/Propose": _self("from_agent", role=None),
@@ -186,9 +194,9 @@ def describe(rule: Rule) -> str:
     if rule.who is Who.PRINCIPAL:
         return "any principal"
     if rule.who is Who.OPERATOR:
-        return "any operator"
+        return "any operator" + _dev_note(rule)
     if rule.who is Who.ROLE:
-        return f"operators with {role}"
+        return f"operators with {role}" + _dev_note(rule)
     fields = ", ".join(f"`{s}`" for s in rule.subjects)
     if rule.who is Who.OWNER:
         return f"the owner of the {rule.owner} `{rule.subjects[0]}`, or operators with {role}"
@@ -199,6 +207,14 @@ def describe(rule: Rule) -> str:
     elif role:
         text += f"; operators with {role}"
     return text
+
+
+def _dev_note(rule: Rule) -> str:
+    if rule.dev is DevMode.OPERATOR:
+        return " (an operator in dev mode too)"
+    if rule.dev is DevMode.OPERATOR_IF_CONFIGURED:
+        return " (in dev mode, an operator once operators are configured)"
+    return ""
 
 
 def markdown() -> str:

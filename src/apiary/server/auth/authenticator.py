@@ -51,6 +51,11 @@ class Authenticator:
         self._secure = secure
         """In dev mode a certificate that maps to no principal leaves the caller anonymous."""
 
+    @property
+    def operators_configured(self) -> bool:
+        """Whether the configuration has operators (dev-mode rules may then ask for one)."""
+        return self._operators.configured
+
     def principal(self, ctx: CallContext, method: str) -> Principal:
         """Who the call is; UnauthenticatedError for a credential that does not hold."""
         authorization = ctx.get("authorization")

@@ -81,15 +81,17 @@ class AccessGuard:
     ) -> None:
         """Decide one request of a call whose principal is known (each frame of a stream)."""
         principal = ctx.principal
-        if unconditional(principal, rule, secure=self.secure):
+        operators = self._authenticator.operators_configured
+        if unconditional(principal, rule, secure=self.secure, operators=operators):
             return
         subjects = _subjects(rule, request)
         owner = None
         if rule.who is Who.OWNER and subjects:
             owner = self._owners[rule.owner](tenant, subjects[0])
         decision = decide(
-            principal, rule, subjects, owner=owner, secure=self.secure, claimed=ctx.get(AGENT_KEY)
-        )
+            principal, rule, subjects, owner=owner, secure=self.secure,
+            claimed=ctx.get(AGENT_KEY), operators=operators,
+        )  # fmt: skip
         if not decision.allowed or self._log_allowed:
             self._record(action, ctx, principal, ", ".join(subjects), decision, tenant)
         if not decision.allowed:
@@ -99,7 +101,10 @@ class AccessGuard:
         self, action: str, rule: Rule, frames: AsyncIterator[object], ctx: CallContext
     ) -> AsyncIterator[object]:
         """A client stream's frames, each decided before the handler sees it."""
-        checking = rule.subjects and not unconditional(ctx.principal, rule, secure=self.secure)
+        checking = rule.subjects and not unconditional(
+            ctx.principal, rule, secure=self.secure,
+            operators=self._authenticator.operators_configured,
+        )  # fmt: skip
         tenant = ctx.tenant()
         async for frame in frames:
             if checking:

