@@ -3,6 +3,7 @@ offset and token resumption, bounded batches, one stream per agent, expired posi
 
 from __future__ import annotations
 
+import asyncio
 import string
 from collections.abc import AsyncIterator
 
@@ -108,6 +109,28 @@ async def test_a_new_stream_supersedes_the_old_one(h: EngineHarness) -> None:
     assert caught.value.code == "agent_unavailable"
     assert "superseded" in caught.value.message
     assert len(await delivery.poll("bob", new)) == 1
+
+
+async def test_of_the_streams_waiting_for_a_live_one_to_end_one_opens(h: EngineHarness) -> None:
+    """Streams that cannot take over wait for the live stream to end; when it does, the
+    first to wake opens and the others are refused, never superseding each other."""
+    await _send(h, 1)
+    delivery = h.engine.delivery
+    live = delivery.stream("bob")
+    assert len(await anext(live)) == 1
+    waiting = [
+        asyncio.ensure_future(delivery.open("bob", take_over=False)) for _ in range(3)
+    ]
+    await asyncio.sleep(0)  # each is waiting now
+    assert not any(task.done() for task in waiting)
+    await live.aclose()
+    results = await asyncio.gather(*waiting, return_exceptions=True)
+    opened = [r for r in results if isinstance(r, int)]
+    refused = [r for r in results if isinstance(r, ApiaryError)]
+    assert len(opened) == 1 and len(refused) == 2
+    assert {r.details["reason"] for r in refused} == {"stream_live"}
+    handed = await delivery.poll("bob", opened[0])
+    assert [h.message.producer_id for h in handed].count("alice") == 1
 
 
 @pytest.mark.conformance("transport.resume.expired-clear-error")

@@ -45,13 +45,15 @@ to be seen closed."""
 
 
 async def _released(inbox: Inbox) -> bool:
-    """Whether the inbox's live streams end within STREAM_RELEASE_WAIT_S."""
+    """Whether the inbox's live streams end within STREAM_RELEASE_WAIT_S and no other new
+    stream took the inbox first (of several waiting, one opens: the first to wake)."""
+    session = inbox.session
     inbox.released.clear()
     try:
         await asyncio.wait_for(inbox.released.wait(), STREAM_RELEASE_WAIT_S)
     except TimeoutError:
         return False
-    return not inbox.streams
+    return not inbox.streams and inbox.session == session
 
 
 def resume_token(agent_id: str, offset: int) -> str:
