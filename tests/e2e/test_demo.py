@@ -1,11 +1,14 @@
 """`apiary demo` end to end: the command a new user runs first, run here as CI runs it (no
-terminal, so the demo operator decides the merge). A real coordinator, six real agent
-processes, a real git repository, real tools in the sandbox and a real MCP server.
+terminal, so the demo operator decides the merge). A real coordinator in secure mode (TLS
+and mTLS on both ports, default-deny authorization, message signing), six real agent
+processes each with its own certificate and signing key, a real git repository, real tools
+in the sandbox and a real MCP server.
 
 The run happens once (module fixture); each test asserts one part of the outcome from what
 the run left behind: the event log (read back from the run's SQLite database, as
-`apiary serve --data-dir` would) and the repository itself. A second, in-process run shows
-that a denied merge fails the demo with the reason and the events that explain it.
+`apiary serve --data-dir` would), the repository itself, and the run's configuration,
+reopened in secure mode. A second, in-process run shows that a denied merge fails the demo
+with the reason and the events that explain it.
 """
 
 from __future__ import annotations
@@ -15,19 +18,30 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import grpc
 import pytest
 
 from apiary.core.events import Event
-from apiary.demo.job import DemoOptions, run_demo
+from apiary.demo.job import DemoError, DemoOptions, run_demo
 from apiary.demo.operator import Invocation, Verdict
+from apiary.errors import AgentUnavailableError, PermissionDeniedError
+from apiary.sdk.client import Client
+from apiary.sdk.credentials import ClientCredentials, ClientTls
+from apiary.server.config.address import Address
+from apiary.server.config.loader import load_config
+from apiary.server.config.server import exposure_problem, secured
+from apiary.server.coordinator import open_coordinator
 from apiary.store.open import open_store
+from apiary.wire import pb
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = {"planner", "coder", "critic-ruff", "critic-pytest", "merger", "indexer"}
 RUN_TIMEOUT_S = 240
+OPERATOR = "operator:demo-operator@default"
+DRIVER = "operator:demo-driver@default"
 
 
 @dataclass
@@ -75,6 +89,17 @@ def test_the_command_exits_0_and_says_where_to_look(run: DemoRun) -> None:
     assert f"apiary serve --config {run.data_dir / 'apiary.toml'}" in run.output
     # Without a terminal the progress is one line per notable event, not a live view.
     assert "asks a human: TOOL_PRIVILEGE_ESCALATION (git_merge)" in run.output
+    # The summary says the run was secure, and who took part with which roles.
+    assert "secure mode: TLS + mTLS on gRPC and HTTP, 9 principals" in run.output
+    assert "every envelope signed (Ed25519), default-deny authorization" in run.output
+    assert f"{OPERATOR}" in run.output and "roles: release_manager" in run.output
+    assert f"{DRIVER}" in run.output and "roles: events" in run.output
+    for agent in (*AGENTS, "user"):
+        assert f"agent:{agent}@default" in run.output
+    assert ", 0 refused" in run.output
+    assert f"APIARY_CLIENT_CONFIG={run.data_dir / 'certs' / 'operator-demo-driver.toml'}" in (
+        run.output
+    )
 
 
 def test_the_fix_is_merged_into_main_and_main_passes_its_tests(run: DemoRun) -> None:
@@ -203,6 +228,79 @@ def test_six_agent_processes_registered_and_left_gracefully(run: DemoRun) -> Non
     assert not run.of("dlq.added")
 
 
+def test_every_call_was_a_principals_over_mtls_and_none_was_refused(run: DemoRun) -> None:
+    decided = run.of("access.decided")
+    assert [e.details for e in decided if not e.details["allowed"]] == []
+    # In secure mode allowed calls are recorded too: every one authenticated by its client
+    # certificate, none anonymous.
+    assert {e.details["mechanism"] for e in decided} == {"mtls"}
+    by = {e.actor for e in decided}
+    assert by == {f"agent:{a}@default" for a in (*AGENTS, "user")} | {OPERATOR, DRIVER}
+    # Each principal did what it is there for, and the operators nothing else.
+    actions = {(e.actor, e.details["action"]) for e in decided}
+    assert {a for who, a in actions if who == OPERATOR} == {
+        "/apiary.v1.HitlOperatorService/Watch", "/apiary.v1.HitlOperatorService/Decide",
+    }  # fmt: skip
+    assert {a for who, a in actions if who == DRIVER} == {"GET /console/api/workflows"}
+    assert ("agent:user@default", "/sw4rm.router.RouterService/SendMessage") in actions
+    assert ("agent:planner@default", "/sw4rm.workflow.WorkflowService/CreateWorkflow") in actions
+    (decision,) = run.of("hitl.decided")
+    assert decision.actor == "demo-operator"
+
+
+def test_each_agent_registered_its_own_signing_key(run: DemoRun) -> None:
+    registered = {e.agent_id: e.details for e in run.of("agent.registered")}
+    assert {a: d["signing_key"] for a, d in registered.items()} == dict.fromkeys(
+        (*AGENTS, "user"), True
+    )
+    keys = sorted(p.name for p in (run.data_dir / "keys").iterdir())
+    assert keys == sorted(f"{a}.pem" for a in (*AGENTS, "user"))
+    assert all((run.data_dir / "keys" / k).stat().st_mode & 0o077 == 0 for k in keys)
+    # Signing is required: a message that was not signed would have been refused.
+    assert not run.of("dlq.added") and run.of("message.received")
+
+
+def _as(data_dir: Path, principal: str) -> ClientCredentials:
+    certs = data_dir / "certs"
+    return ClientCredentials(
+        tls=ClientTls(certs / "ca.pem", certs / f"{principal}.pem", certs / f"{principal}.key")
+    )
+
+
+async def test_the_runs_configuration_reopens_in_secure_mode(run: DemoRun) -> None:
+    """Last of the run's tests: it reopens the run's state (as `apiary serve --config`)."""
+    config = load_config(
+        run.data_dir / "apiary.toml", {}, {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0"}
+    )
+    assert config.auth.secure and config.router.signing_required
+    assert config.tls_client_ca == run.data_dir / "certs" / "ca.pem"
+    assert secured(config) == config
+    exposed = replace(config, grpc=Address("0.0.0.0", 50051))
+    assert exposure_problem(exposed) is None  # secure enough to serve beyond loopback
+    read = pb.apiary_pb2.ReadEventsRequest(event_types=["hitl.decided"])
+    async with open_coordinator(config) as coordinator:
+        address = str(coordinator.grpc_address)
+        async with Client(address, credentials=_as(run.data_dir, "operator-demo-driver")) as c:
+            page = await c.events.ReadEvents(read)  # the run's log, read as the driver
+            assert [e.actor for e in page.events] == ["demo-operator"]
+            assert page.last_sequence > run.events[-1].sequence
+        # An agent reads no event log: it is not an operator holding `events`.
+        async with Client(address, credentials=_as(run.data_dir, "agent-coder")) as c:
+            denied = r"agent:coder@default is not an operator \(the role 'events'"
+            with pytest.raises(PermissionDeniedError, match=denied):
+                await c.events.ReadEvents(read)
+        # Without a client certificate the TLS handshake itself fails: no call is made.
+        certs = run.data_dir / "certs"
+        bare = ClientCredentials(tls=ClientTls(certs / "ca.pem"))
+        async with Client(address, credentials=bare) as c:
+            with pytest.raises(AgentUnavailableError, match="coordinator unreachable"):
+                await c.events.ReadEvents(read, timeout=5)
+        plain = grpc.aio.insecure_channel(address)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await pb.apiary_pb2_grpc.EventLogServiceStub(plain).ReadEvents(read, timeout=5)
+        await plain.close()
+
+
 async def _deny(invocation: Invocation) -> Verdict:
     return Verdict("deny", "not before the release freeze ends")
 
@@ -224,6 +322,15 @@ async def test_a_denied_merge_fails_the_demo_with_the_reason_and_the_events(
     assert result.repo is not None and not result.repo.merged and not result.repo.tests_ok
     assert result.report["status"] == "FAILED"
     assert result.report["nodes"]["merge"]["error"].startswith("permission_denied")
+    # The merge was refused by the person, not by the access rules: no call was denied.
+    assert "access:" not in result.reason
+    assert result.state.denials == 0 and result.state.counts["access:allowed"] > 0
+
+
+async def test_an_operator_name_that_cannot_be_a_principal_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(DemoError, match=r"cannot set up the run .*name 'not a name' must be"):
+        await run_demo(DemoOptions(data_dir=tmp_path / "run", operator="not a name"))
+    assert not (tmp_path / "run" / "apiary.toml").exists()
 
 
 def test_a_directory_that_is_not_empty_is_refused(tmp_path: Path) -> None:

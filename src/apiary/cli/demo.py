@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import getpass
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -29,8 +30,9 @@ def demo(
     ),
 ) -> None:
     """Six agent processes fix a failing test in a real git repository, through an embedded
-    coordinator: a workflow, worktrees, tools (and an MCP server), a review room, a HITL
-    approval and a preemption. Exits 0 only when the fix is merged and its tests pass."""
+    coordinator in secure mode (mTLS, a certificate and a signing key per agent): a workflow,
+    worktrees, tools (and an MCP server), a review room, a HITL approval and a preemption.
+    Exits 0 only when the fix is merged, its tests pass and no call was refused."""
     console = Console()
     run_dir = data_dir or Path(tempfile.mkdtemp(prefix="apiary-demo-"))
     ask = not yes and sys.stdin.isatty() and console.is_terminal
@@ -57,8 +59,11 @@ def demo(
 
 
 def _login() -> str:
-    """Who is at the terminal: the HITL operator the audit trail names."""
+    """Who is at the terminal: the HITL operator the audit trail names, as a principal's name
+    (letters, digits and ._@:- only: the operator's certificate names it)."""
     try:
-        return getpass.getuser()
+        login = getpass.getuser()
     except (OSError, KeyError):
-        return "terminal-operator"
+        login = ""
+    name = re.sub(r"[^A-Za-z0-9._@:-]", "-", login).lstrip("._@:-")[:128]
+    return name or "terminal-operator"

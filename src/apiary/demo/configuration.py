@@ -13,7 +13,13 @@ What it declares:
 - `[[tools.mcp]]`: the MCP time server (`mcp_server_time`), started by the coordinator's
   MCP bridge;
 - `[[hitl.operators]]`: the one operator who decides the merge (the person at the terminal,
-  or `demo-operator`), by the SHA-256 of a token kept in `DIR/operator-token`.
+  or `demo-operator`), by the SHA-256 of a token kept in `DIR/operator-token` (the demo's
+  operator authenticates by its client certificate, which names the same roles);
+- the secure mode (DESIGN.md section 9): TLS on both ports with the run's own CA
+  (`tls_cert`, `tls_key`, and `tls_client_ca`: every client presents a certificate, mTLS),
+  `[auth] secure = true` (default-deny authorization, every call a principal's) and
+  `[router] signing_required = true` (every agent registers an Ed25519 key and signs every
+  envelope), so that `apiary serve --config` reopens the run in secure mode too.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import secrets
 import shutil
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -34,6 +41,8 @@ CONFIG_FILE = "apiary.toml"
 TOKEN_FILE = "operator-token"
 DEMO_OPERATOR = "demo-operator"
 ROOM_POLICY = "demo-review-v1"
+OPERATOR_ROLES = ("release_manager",)
+"""The roles of the operator who decides the merge."""
 
 
 def _q(value: str) -> str:
@@ -82,7 +91,17 @@ budget_wall_ms = 120000
 """
 
 
-def config_text(data_dir: Path, repo: Path, operator: str, token: str) -> str:
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    """The coordinator's TLS files: its certificate and key, and the CA its clients'
+    certificates must come from."""
+
+    cert: Path
+    key: Path
+    client_ca: Path
+
+
+def config_text(data_dir: Path, repo: Path, operator: str, token: str, tls: ServerTls) -> str:
     """The TOML configuration of one run."""
     python = sys.executable
     base_env = {
@@ -109,6 +128,15 @@ def config_text(data_dir: Path, repo: Path, operator: str, token: str) -> str:
 [server]
 data_dir = {_q(str(data_dir))}
 log_level = "WARNING"
+tls_cert = {_q(str(tls.cert))}
+tls_key = {_q(str(tls.key))}
+tls_client_ca = {_q(str(tls.client_ca))}   # mTLS: every client presents a certificate
+
+[auth]
+secure = true                     # default deny: every call needs a principal
+
+[router]
+signing_required = true           # every envelope carries its agent's Ed25519 signature
 
 [hitl]
 timeout_s = 1800                  # the merge waits for a person this long, then is denied
@@ -117,7 +145,7 @@ timeout_action = "DENY"
 [[hitl.operators]]
 name = {_q(operator)}
 token_sha256 = {_q(digest)}       # the token is in {TOKEN_FILE}
-roles = ["release_manager"]
+roles = {_list(OPERATOR_ROLES)}
 
 [rooms]
 version = {_q(ROOM_POLICY)}
@@ -189,12 +217,13 @@ def missing_tools() -> list[str]:
     return [dist for module, dist in NEEDED_MODULES.items() if find_spec(module) is None]
 
 
-def write_config(data_dir: Path, repo: Path, operator: str) -> tuple[Path, str]:
-    """Write the run's configuration and its operator's token; (config file, token)."""
+def write_config(data_dir: Path, repo: Path, operator: str, tls: ServerTls) -> Path:
+    """Write the run's configuration and its operator's token (for `apiary hitl --token`);
+    the configuration file."""
     token = secrets.token_urlsafe(24)
     token_file = data_dir / TOKEN_FILE
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
     config_file = data_dir / CONFIG_FILE
-    config_file.write_text(config_text(data_dir, repo, operator, token))
-    return config_file, token
+    config_file.write_text(config_text(data_dir, repo, operator, token, tls))
+    return config_file

@@ -4,25 +4,32 @@ repository with a failing test, and six real agent processes that fix it.
     result = await run_demo(DemoOptions())       # never raises for a failed run
     result.ok, result.reason, result.state, result.repo
 
-1. The run's directory gets the repository (`repo/`, one commit, two failing tests), its
+1. The run's directory gets the repository (`repo/`, one commit, two failing tests), the
+   run's principals (`certs/`: its own CA, the coordinator's certificate and a client
+   certificate per principal; `keys/`: the agents' signing keys; demo/principals.py), its
    configuration (`apiary.toml`, `operator-token`) and the coordinator's state
    (`apiary.db`, `worktrees/`, `logs/`).
-2. The coordinator starts in this process; the agents start as `apiary agent run`
-   processes (examples/demo_agents). The job follows the event log for the live view.
+2. The coordinator starts in this process in secure mode (TLS and mTLS on both ports,
+   default-deny authorization, message signing: `secured`, as `apiary serve --secure`);
+   the agents start as `apiary agent run` processes (examples/demo_agents), each with its
+   own certificate and signing key. The job follows the event log for the live view.
 3. Once every agent is RUNNABLE, the job, as the agent `user`, sends the planner the brief.
    The planner starts the indexer's background index and the workflow fix -> review ->
    merge, and answers when the workflow ended. The merge waits for a HITL decision, which
-   the job's operator gives through HitlOperatorService (a prompt or the demo operator).
+   the job's operator gives through HitlOperatorService (a prompt or the demo operator),
+   authenticated by its operator certificate.
 4. Once the workflow ended and the background index finished, the agents shut down
-   gracefully, and the job judges the run from the event log and from the repository
-   itself (demo/verdict.py): it succeeds only when the fix is merged into main and main's
-   tests and lint pass.
+   gracefully, the job's driver (`demo-driver`, role `events`) checks the operator console
+   and its data over HTTPS, and the job judges the run from the event log and from the
+   repository itself (demo/verdict.py): it succeeds only when the fix is merged into main,
+   main's tests and lint pass, and no call of the run was refused.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import json
 import logging
 import sys
@@ -37,20 +44,25 @@ import aiohttp
 
 from apiary.core.envelope import AckStage, MessageType
 from apiary.core.events import Event
-from apiary.demo.configuration import DEMO_OPERATOR, missing_tools, write_config
+from apiary.demo.configuration import (
+    DEMO_OPERATOR,
+    OPERATOR_ROLES,
+    ServerTls,
+    missing_tools,
+    write_config,
+)
 from apiary.demo.operator import Decide, Invocation, Operator, Verdict, auto_approve
-from apiary.demo.processes import AgentFleet
+from apiary.demo.principals import USER, Member, RunPrincipals, issue_principals
+from apiary.demo.processes import AGENTS, AgentFleet
 from apiary.demo.sample_repo import ISSUE, REPO_ID, SYMBOL, TEST_FILE, RepoState, check, create
 from apiary.demo.timeline import RunState
 from apiary.demo.verdict import EXCERPT_MAX, judge
 from apiary.errors import ApiaryError
 from apiary.sdk.connection import Connection
+from apiary.sdk.keys import load_signing_key
 from apiary.server.config.loader import load_config
-from apiary.server.config.server import ServerConfig
+from apiary.server.config.server import ServerConfig, secured
 from apiary.server.coordinator import Coordinator, open_coordinator
-
-USER = "user"
-"""The agent id the job sends the brief as."""
 
 
 class DemoError(Exception):
@@ -68,9 +80,9 @@ class DemoOptions:
     """Files per second the background index allows itself."""
     observe: Callable[[RunState], None] | None = None
     """Called whenever the run's state changed (the live view)."""
-    linger: Callable[[Coordinator, str], Awaitable[None]] | None = None
-    """Called with the coordinator and the console's path ('' if none) before the
-    coordinator stops: it keeps serving until this returns (--keep)."""
+    linger: Callable[[Coordinator, DemoResult], Awaitable[None]] | None = None
+    """Called with the coordinator and the result so far (its principals, the console's
+    path) before the coordinator stops: it keeps serving until this returns (--keep)."""
     ready_timeout_s: float = 90.0
     work_timeout_s: float = 300.0
     """For the work after the brief, not counting the time the operator takes to decide."""
@@ -93,7 +105,10 @@ class DemoResult:
     """The end of each agent's log, for a failure."""
     http: str = ""
     console: str = ""
-    """The operator console's address once the run's state is served again, if any."""
+    """The operator console's path ('' when the HTTP port served no console, or not its
+    data to the driver)."""
+    principals: RunPrincipals | None = None
+    """Who took part, with their certificates and keys (None before they were issued)."""
 
 
 def _directory(given: Path | None) -> Path:
@@ -108,13 +123,23 @@ def _directory(given: Path | None) -> Path:
 class _Run:
     """One run against a started coordinator."""
 
-    def __init__(self, coordinator: Coordinator, options: DemoOptions, state: RunState) -> None:
+    def __init__(
+        self,
+        coordinator: Coordinator,
+        options: DemoOptions,
+        state: RunState,
+        principals: RunPrincipals,
+    ) -> None:
         self.coordinator = coordinator
         self.options = options
         self.state = state
+        self.principals = principals
         self.changed = asyncio.Event()
         self.fleet = AgentFleet(
-            str(coordinator.grpc_address), coordinator.config.data_dir / "logs", self._line
+            str(coordinator.grpc_address),
+            coordinator.config.data_dir / "logs",
+            self._line,
+            principals,
         )
         self.operator_busy_s = 0.0
         self.helpers: list[asyncio.Task[None]] = []
@@ -171,7 +196,7 @@ class _Run:
         finally:
             self.operator_busy_s += time.monotonic() - started
 
-    async def work(self, token: str) -> dict[str, Any]:
+    async def work(self) -> dict[str, Any]:
         """Start the agents, hand the planner the brief, wait for the end of the work."""
         address = str(self.coordinator.grpc_address)
         await self.fleet.start()
@@ -180,9 +205,18 @@ class _Run:
             lambda: self.state.all_runnable(self.fleet.processes),
             self.options.ready_timeout_s,
         )
-        operator = Operator(address, token, self.decide)
+        decider = self.principals.operator(self.options.operator)
+        operator = Operator(address, decider.credentials, self.decide)
         report: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        async with Connection(USER, coordinator=address) as user:
+        me = self.principals.agent(USER)
+        assert me.signing_key is not None  # every agent principal has one
+        async with Connection(
+            USER,
+            coordinator=address,
+            signing_key=load_signing_key(me.signing_key),
+            credentials=me.credentials,
+            verify_signatures=True,
+        ) as user:
             self.helpers = [
                 asyncio.create_task(operator.run(), name="the HITL operator"),
                 asyncio.create_task(self._await_report(user, report), name="the user's inbox"),
@@ -239,18 +273,26 @@ def _queues(coordinator: Coordinator, state: RunState) -> dict[str, tuple[int, i
     return out
 
 
-CONSOLE_PATHS = ("/console", "/")
+CONSOLE_PATH = "/console"
+CONSOLE_DATA = "/console/api/workflows"
+"""The console's data (the event log's workflows): served to operators holding `events`."""
 
 
-async def _console_path(http: str) -> str:
-    """The path of the operator console on the HTTP port, or '' when it serves none."""
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
-        for path in CONSOLE_PATHS:
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with session.get(f"http://{http}{path}") as reply:
-                    if reply.status == 200 and reply.content_type == "text/html":
-                        return path
-    return ""
+async def _console_path(http: str, reader: Member) -> str:
+    """The operator console's path on the HTTP port, when it serves the page and, to
+    `reader` (over mTLS with its certificate), the page's data; '' otherwise."""
+    connector = aiohttp.TCPConnector(ssl=reader.ssl_context())
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=5)
+    ) as session:
+        for path, kind in ((CONSOLE_PATH, "text/html"), (CONSOLE_DATA, "application/json")):
+            try:
+                async with session.get(f"https://{http}{path}") as reply:
+                    if reply.status != 200 or reply.content_type != kind:
+                        return ""
+            except (aiohttp.ClientError, TimeoutError):
+                return ""
+    return CONSOLE_PATH
 
 
 async def _read_all(coordinator: Coordinator) -> list[Event]:
@@ -265,7 +307,7 @@ async def _read_all(coordinator: Coordinator) -> list[Event]:
 
 
 async def _run_coordinated(
-    config: ServerConfig, options: DemoOptions, token: str, result: DemoResult
+    config: ServerConfig, options: DemoOptions, principals: RunPrincipals, result: DemoResult
 ) -> str:
     """Run the work against a coordinator of `config`; the failure's reason or ''."""
     reason = ""
@@ -273,22 +315,24 @@ async def _run_coordinated(
     async with open_coordinator(config) as coordinator:
         result.http = str(coordinator.http_address)
         state.coordinator = str(coordinator.grpc_address)
-        run = _Run(coordinator, options, state)
+        run = _Run(coordinator, options, state, principals)
         follower = asyncio.ensure_future(run.follow())
         try:
-            result.report = await run.work(token)
+            result.report = await run.work()
         except (DemoError, ApiaryError, OSError) as exc:
             reason = str(exc) or type(exc).__name__
         finally:
             await run.fleet.stop()
-            result.console = await _console_path(str(coordinator.http_address))
+            result.console = await _console_path(result.http, principals.driver)
             result.logs = {k: p.log_tail() for k, p in run.fleet.processes.items()}
-            if options.linger is not None:
-                await options.linger(coordinator, result.console)
             follower.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await follower
-        result.events = await _read_all(coordinator)
+            # The run is judged by what happened until now, not by what a person does with
+            # the coordinator while it lingers (a refused call of theirs is no failure).
+            result.events = await _read_all(coordinator)
+            if options.linger is not None:
+                await options.linger(coordinator, result)
     return reason
 
 
@@ -322,15 +366,25 @@ async def run_demo(options: DemoOptions | None = None) -> DemoResult:
     repo = base / "repo"
     try:
         create(repo)
-        config_file, token = write_config(base, repo, options.operator)
-    except (OSError, RuntimeError) as exc:
+        principals = issue_principals(
+            base,
+            [(a.agent_id, a.role) for a in AGENTS],
+            options.operator,
+            OPERATOR_ROLES,
+            now=dt.datetime.now(dt.UTC),
+        )
+        tls = ServerTls(principals.server_cert, principals.server_key, principals.ca)
+        config_file = write_config(base, repo, options.operator, tls)
+        config = secured(
+            load_config(config_file, {}, {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0"})
+        )
+    except (OSError, RuntimeError, ApiaryError) as exc:
         raise DemoError(f"cannot set up the run in {base}: {exc}") from exc
-    config = load_config(config_file, {}, {"grpc": "127.0.0.1:0", "http": "127.0.0.1:0"})
-    state = RunState(options.operator)
-    result = DemoResult(False, "", base, config_file, 0.0, state)
+    state = RunState(options.operator, principals=len(principals.members))
+    result = DemoResult(False, "", base, config_file, 0.0, state, principals=principals)
     reason = ""
     with _log_to(base / "logs" / "coordinator.log"):
-        reason = await _run_coordinated(config, options, token, result)
+        reason = await _run_coordinated(config, options, principals, result)
     for event in result.events:
         state.apply(event)
     approved = str(result.report.get("data", {}).get("approved", {}).get("commit", ""))

@@ -1,7 +1,8 @@
 """The demo's HITL operator: watches the coordinator's invocations through
-apiary.v1.HitlOperatorService (authenticated by an operator token, as `apiary hitl` is) and
-decides them, through the same API a person's CLI or console uses. Who decides is the
-configured operator the token belongs to: the event log's `hitl.decided` names them.
+apiary.v1.HitlOperatorService and decides them, through the same API a person's CLI or
+console uses. It authenticates by its operator certificate (mTLS: the certificate's
+apiary://default/operator/<name>?roles=... SAN names it and its roles, demo/principals.py);
+the event log's `hitl.decided` names who decided.
 
 The decision itself comes from a `Decide` function: the terminal prompt of `apiary demo`,
 or `auto_approve` (with `--yes` or without a terminal), which approves the merge the demo
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from apiary.sdk.client import Client
+from apiary.sdk.credentials import ClientCredentials
 from apiary.wire import pb
 
 a = pb.apiary_pb2
@@ -63,10 +65,10 @@ async def auto_approve(invocation: Invocation) -> Verdict:
 
 
 class Operator:
-    """Decides invocations as the operator whose token it holds."""
+    """Decides invocations as the operator whose credentials it presents."""
 
-    def __init__(self, address: str, token: str, decide: Decide) -> None:
-        self._client = Client(address, metadata={"authorization": f"Bearer {token}"})
+    def __init__(self, address: str, credentials: ClientCredentials, decide: Decide) -> None:
+        self._client = Client(address, credentials=credentials)
         self._decide = decide
         self.decided: list[tuple[Invocation, Verdict]] = []
 

@@ -3,6 +3,12 @@
 The agents live in the checkout's `examples/demo_agents/` (written with the SDK only, as any
 user's agents would be). Each process's progress lines (stdout) are kept for the live view
 and, with its log (stderr), appended to `DIR/logs/<agent>.log`.
+
+Each process is its own principal (demo/principals.py): it is started with its client
+configuration (`APIARY_CLIENT_CONFIG`: the run's CA and its client certificate) and its
+signing key (`--signing-key`), and checks the signature of every message another agent
+sends it (`--verify-signatures`). The client settings of the environment the demo runs in
+are not passed on: an agent presents its own credentials and nobody else's.
 """
 
 from __future__ import annotations
@@ -17,10 +23,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import apiary
+from apiary.demo.principals import RunPrincipals
+from apiary.sdk.credentials import (
+    API_KEY_ENV,
+    AUDIENCE_ENV,
+    CONFIG_ENV,
+    COORDINATOR_ENV,
+    TLS_CA_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+)
+from apiary.sdk.keys import SIGNING_KEY_ENV
 
 EXAMPLES_ENV = "APIARY_DEMO_AGENTS"
 """Where the `demo_agents` package is (default: the checkout's examples/ directory)."""
 STOP_GRACE_S = 10.0
+CLIENT_ENV = frozenset(
+    (
+        API_KEY_ENV,
+        AUDIENCE_ENV,
+        CONFIG_ENV,
+        COORDINATOR_ENV,
+        SIGNING_KEY_ENV,
+        TLS_CA_ENV,
+        TLS_CERT_ENV,
+        TLS_KEY_ENV,
+    )
+)
+"""What would make an agent present other credentials than its own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,8 +110,11 @@ OnLine = Callable[[str, str], None]
 class AgentFleet:
     """The running agent processes; `start` them, watch `exited`, `stop` them gracefully."""
 
-    def __init__(self, coordinator: str, logs: Path, on_line: OnLine) -> None:
+    def __init__(
+        self, coordinator: str, logs: Path, on_line: OnLine, principals: RunPrincipals
+    ) -> None:
         self._coordinator = coordinator
+        self._principals = principals
         self._logs = logs
         self._on_line = on_line
         self.processes: dict[str, AgentProcess] = {}
@@ -93,7 +126,7 @@ class AgentFleet:
     async def start(self, specs: tuple[AgentSpec, ...] = AGENTS) -> None:
         examples = examples_dir()
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in CLIENT_ENV},
             "PYTHONPATH": os.pathsep.join(
                 [str(examples), *filter(None, [os.environ.get("PYTHONPATH")])]
             ),
@@ -101,6 +134,8 @@ class AgentFleet:
         }
         self._logs.mkdir(parents=True, exist_ok=True)
         for spec in specs:
+            member = self._principals.agent(spec.agent_id)
+            assert member.signing_key is not None  # every agent principal has one
             log = self._logs / f"{spec.agent_id}.log"
             with log.open("ab") as stderr:
                 proc = await asyncio.create_subprocess_exec(
@@ -114,10 +149,13 @@ class AgentFleet:
                     spec.agent_id,
                     "--coordinator",
                     self._coordinator,
+                    "--signing-key",
+                    str(member.signing_key),
+                    "--verify-signatures",
                     "--log-level",
                     "WARNING",
                     cwd=self._logs.parent,
-                    env=env,
+                    env={**env, CONFIG_ENV: str(member.client_config)},
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=asyncio.subprocess.PIPE,
                     stderr=stderr,

@@ -1,7 +1,8 @@
 """What the demo shows while it runs, folded from the coordinator's event log (and the agents'
 own progress lines): agents and their lifecycle states, the workflow's nodes, the review
-room's proposals and votes, HITL invocations, the Scheduler's tasks and a line per notable
-event. Nothing here is made up: every field comes from an event or an agent's output.
+room's proposals and votes, HITL invocations, the Scheduler's tasks, the access decisions
+(allowed and denied: the run is in secure mode) and a line per notable event. Nothing here
+is made up: every field comes from an event or an agent's output.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ class HitlView:
 @dataclass
 class RunState:
     operator: str
+    principals: int = 0
+    """How many principals the run issued certificates for."""
     agents: dict[str, AgentView] = field(
         default_factory=lambda: {a.agent_id: AgentView(a.agent_id, a.role) for a in AGENTS}
     )
@@ -141,6 +144,11 @@ class RunState:
     @property
     def messages_routed(self) -> int:
         return self.counts["message.received"]
+
+    @property
+    def denials(self) -> int:
+        """Calls the coordinator refused (`access.decided` with allowed false)."""
+        return self.counts["access:denied"]
 
 
 # -------------------------------------------------------------------------- per area
@@ -291,6 +299,17 @@ def _worktree(state: RunState, event: Event, kind: str, d: Any) -> None:
         state.note(event.agent_id, f"bound worktree {d.get('current')}")
 
 
+def _access(state: RunState, event: Event, kind: str, d: Any) -> None:
+    if kind != "access.decided":
+        return
+    if d.get("allowed"):
+        state.counts["access:allowed"] += 1
+        state.counts[f"access:by:{d.get('mechanism') or 'none'}"] += 1
+        return
+    state.counts["access:denied"] += 1
+    state.note("access", f"refused {event.actor} {d.get('action')}: {d.get('reason')}"[:160])
+
+
 def _message(state: RunState, event: Event, kind: str, d: Any) -> None:
     if kind != "message.state":
         return
@@ -310,4 +329,5 @@ _HANDLERS = {
     "tool": _tool,
     "worktree": _worktree,
     "message": _message,
+    "access": _access,
 }

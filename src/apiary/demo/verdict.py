@@ -58,6 +58,8 @@ def _is_error(event: Event) -> bool:
     kind, details = event.event_type, event.details
     if kind in ("task.failed", "workflow.node_failed", "workflow.failed", "dlq.added"):
         return True
+    if kind == "access.decided":
+        return not details.get("allowed")
     if kind == "worktree.binding":
         return details.get("input") in ("BIND_ERROR", "RETRY_ERROR")
     if kind == "tool.call_finished":
@@ -163,6 +165,25 @@ def check_preemption(events: list[Event]) -> Check:
     return Check("preemption", True, f"{task_id} yielded, resumed and completed", own)
 
 
+def check_access(events: list[Event]) -> Check:
+    """The run is in secure mode, where every call is decided and recorded: none may have
+    been refused (a refusal is a principal without the credential or the role it needs)."""
+    decided = _of(events, lambda e: e.event_type == "access.decided")
+    denied = [e for e in decided if not e.details.get("allowed")]
+    if denied:
+        first = denied[0].details
+        return Check(
+            "access",
+            False,
+            f"{len(denied)} call(s) refused, the first {first.get('action')} by "
+            f"{denied[0].actor}: {first.get('reason')}",
+            tuple(denied),
+        )
+    if not decided:
+        return Check("access", False, "no access decision recorded: was the run in secure mode?")
+    return Check("access", True, f"{len(decided)} calls authorized, none refused")
+
+
 def check_repository(repo: RepoState | None) -> Check:
     if repo is None:
         return Check("repository", False, "not checked")
@@ -188,6 +209,7 @@ def judge(events: list[Event], repo: RepoState | None, operator: str) -> Verdict
             check_room(events),
             check_merge(events, operator),
             check_preemption(events),
+            check_access(events),
             check_repository(repo),
         ],
         [e for e in events if _is_error(e)],

@@ -1,7 +1,8 @@
 """How `apiary demo` looks in a terminal: a live view while it runs (agents and their states,
-queues, the workflow's nodes, the room's votes, HITL, the background index, the latest
-events), the operator's prompt for the merge, and the summary at the end. Without a
-terminal it prints one line per notable event instead of the live view.
+queues, the workflow's nodes, the room's votes, HITL, the background index, the access
+decisions, the latest events), the operator's prompt for the merge, and the summary at the
+end (with the run's secure mode and its principals). Without a terminal it prints one line
+per notable event instead of the live view.
 """
 
 from __future__ import annotations
@@ -20,9 +21,13 @@ from rich.prompt import Prompt
 from rich.table import Table
 from rich.text import Text
 
-from apiary.demo.job import DemoResult
+from apiary.demo.configuration import TOKEN_FILE
+from apiary.demo.job import CONSOLE_DATA, DemoResult
 from apiary.demo.operator import Invocation, Verdict
+from apiary.demo.principals import Member, RunPrincipals
 from apiary.demo.timeline import RunState
+from apiary.sdk.credentials import CONFIG_ENV
+from apiary.server.config.server import DEFAULT_HTTP
 from apiary.server.coordinator import Coordinator
 
 STATE_STYLE = {
@@ -143,6 +148,14 @@ def _tasks(state: RunState) -> Table:
     return table
 
 
+def secure_mode(principals: int) -> str:
+    """What the run's secure mode is, in one line."""
+    return (
+        f"TLS + mTLS on gRPC and HTTP, {principals} principals with certificates of the "
+        "run's own CA, every envelope signed (Ed25519), default-deny authorization"
+    )
+
+
 def render(state: RunState) -> RenderableType:
     seconds = state.last_ts - state.started_ts if state.started_ts else 0.0
     header = Text.assemble(
@@ -150,6 +163,10 @@ def render(state: RunState) -> RenderableType:
         f"   coordinator {state.coordinator or '(starting)'}",
         f"   {seconds:.1f} s   {state.messages_routed} messages routed",
         f"   {state.counts['preemptions']} preemptions   {state.counts['tool_calls']} tool calls",
+        ("\nsecure", "bold green"),
+        f"   mTLS, {state.principals} principals, signing on   "
+        f"{state.counts['access:allowed']} calls authorized, ",
+        (f"{state.denials} refused", "bold red" if state.denials else ""),
     )
     recent = Panel(Text("\n".join(state.recent)), title="latest events", title_align="left")
     return Group(
@@ -248,28 +265,27 @@ class DemoView:
             self._live.start()
         return Verdict(action, reason)
 
-    async def linger(self, coordinator: Coordinator, console: str) -> None:
+    async def linger(self, coordinator: Coordinator, result: DemoResult) -> None:
         """Keep the coordinator serving until Ctrl-C (--keep)."""
         if self._live is not None:
             self._live.stop()
-        data_dir = coordinator.config.data_dir
-        grpc = coordinator.grpc_address
         workflow = self._state.workflow_id if self._state else "ID"
-        self.console.print(
-            Panel(
-                f"The coordinator keeps serving this run at grpc={grpc} http="
-                f"{coordinator.http_address}. In another terminal:\n"
-                f"  apiary events --grpc {grpc}\n"
-                f"  apiary workflow status {workflow} --grpc {grpc}\n"
-                f"  apiary room list --grpc {grpc}\n"
-                f"  export APIARY_TOKEN=$(cat {data_dir}/operator-token)\n"
-                f"  apiary hitl list --all --grpc {grpc}\n"
-                f"  curl -s http://{coordinator.http_address}/metrics\n"
-                + (f"or open http://{coordinator.http_address}{console}\n" if console else "")
-                + "Press Ctrl-C to stop it.",
-                title="--keep",
-                border_style="cyan",
+        text = (
+            f"The coordinator keeps serving this run at grpc={coordinator.grpc_address} "
+            f"http={coordinator.http_address}, in secure mode: a call needs a principal's "
+            "certificate. In another terminal:\n"
+        )
+        if result.principals is not None:
+            text += look_again(
+                result,
+                result.principals,
+                workflow,
+                str(coordinator.grpc_address),
+                str(coordinator.http_address),
             )
+            text += "\n"
+        self.console.print(
+            Panel(text + "Press Ctrl-C to stop it.", title="--keep", border_style="cyan")
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -299,6 +315,33 @@ class DemoView:
         for agent_id, tail in result.logs.items():
             if tail and agent_id in result.reason:
                 self.console.print(Panel(tail, title=f"{agent_id}'s log (end)"))
+
+
+def _as(member: Member) -> str:
+    return f"{CONFIG_ENV}={member.client_config}"
+
+
+def look_again(
+    result: DemoResult, principals: RunPrincipals, workflow: str, grpc: str = "", http: str = ""
+) -> str:
+    """The commands that read the run as its principals (each by its client configuration:
+    the run's CA and the principal's certificate), at `grpc` and `http` (default: the ports
+    `apiary serve` takes)."""
+    driver, operator = principals.driver, principals.operator(result.state.operator)
+    flag = f" --grpc {grpc}" if grpc else ""
+    https = f"https://{http or DEFAULT_HTTP}"
+    lines = [
+        f"{_as(driver)} apiary events{flag}",
+        f"{_as(driver)} apiary workflow status {workflow}{flag}",
+        f"{_as(driver)} apiary room list{flag}",
+        f"{_as(operator)} APIARY_TOKEN=$(cat {result.data_dir / TOKEN_FILE}) "
+        f"apiary hitl list --all{flag}",
+        f"curl --cacert {principals.ca} --cert {driver.tls.cert} --key {driver.tls.key} "
+        f"{https}{CONSOLE_DATA}",
+    ]
+    if result.console:
+        lines.append(f"console: {https}{result.console} (the browser presents a certificate)")
+    return "\n".join(lines)
 
 
 def summary_table(result: DemoResult) -> Table:
@@ -352,15 +395,31 @@ def summary_table(result: DemoResult) -> Table:
     table.add_row("acks", acks or "none")
     table.add_row("preemptions", str(state.counts["preemptions"]))
     table.add_row("HITL decisions", str(state.counts["hitl_decisions"]))
+    principals = result.principals
+    if principals is not None:
+        table.add_row("security", f"secure mode: {secure_mode(len(principals.members))}")
+        for member in principals.members:
+            table.add_row(
+                f"  {member.principal.label}",
+                f"roles: {member.roles}; {member.does}"
+                + ("; signs with its own key" if member.signing_key is not None else ""),
+            )
+    mechanisms = ", ".join(
+        f"{k.removeprefix('access:by:')} {v}"
+        for k, v in sorted(state.counts.items())
+        if k.startswith("access:by:")
+    )
+    table.add_row(
+        "access decisions",
+        f"{state.counts['access:allowed']} authorized"
+        + (f" ({mechanisms})" if mechanisms else "")
+        + f", {state.denials} refused",
+    )
     table.add_row("events logged", str(len(result.events)))
     table.add_row("time", f"{result.seconds:.1f} s")
     table.add_row("logs", f"{result.data_dir / 'logs'} (one per agent, and the coordinator's)")
-    table.add_row(
-        "look again",
-        f"apiary serve --config {result.config_file}\n"
-        "then: apiary events | apiary workflow status "
-        f"{state.workflow_id} | apiary room list | APIARY_TOKEN=$(cat "
-        f"{result.data_dir / 'operator-token'}) apiary hitl list --all"
-        + (f"\nconsole: http://127.0.0.1:8080{result.console}" if result.console else ""),
-    )
+    again = f"apiary serve --config {result.config_file}"
+    if principals is not None:
+        again += "\nthen:\n" + look_again(result, principals, state.workflow_id)
+    table.add_row("look again", again)
     return table
