@@ -124,8 +124,12 @@ async def test_operators_must_present_a_valid_token(coordinator: Coordinator) ->
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await stub.List(a.ListInvocationsRequest(), metadata=metadata)
             assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
-    denied = _cli("list", "--grpc", str(coordinator.grpc_address), "--token", "")
-    assert denied.returncode != 0
+    denied = await asyncio.to_thread(
+        _cli, "list", "--grpc", str(coordinator.grpc_address), "--token", ""
+    )
+    assert denied.returncode == 1
+    assert "unauthenticated: this call needs an operator" in denied.stderr
+    assert "(acting as " in denied.stderr
 
 
 async def test_hitl_action_decides_a_negotiations_invocation(coordinator: Coordinator) -> None:

@@ -214,3 +214,41 @@ async def test_cancel_withdraws_a_pending_approval(
     withdrawn = await stub.Get(a.GetInvocationRequest(invocation_id=view.invocation_id),
                                metadata=AUTH)  # fmt: skip
     assert withdrawn.state == "CANCELLED"
+
+
+async def test_only_operators_of_the_approver_roles_approve_an_escalation(tmp_path: Path) -> None:
+    """`[tools] hitl_approver_roles`: an escalation carries them, and an operator without one
+    of them is refused the decision (least privilege: not any operator may let a privileged
+    call run)."""
+    viewer = "viewer-token"
+    runtime = Runtime(
+        hitl=HitlSettings(
+            operators=(
+                OperatorEntry("olivia", token_digest(TOKEN), ("release_manager",)),
+                OperatorEntry("victor", token_digest(viewer), ("events",)),
+            )
+        ),
+        tools=ToolSettings(hitl_approver_roles=("release_manager",)),
+    )
+    ran = Ran()
+    async with (
+        open_test_coordinator(tmp_path, runtime=runtime) as running,
+        grpc.aio.insecure_channel(str(running.grpc_address)) as channel,
+        tool_agent(str(running.grpc_address), "ops", [ran.tool("reboot")]),
+    ):
+        client = ToolClient(channel, agent_id="alice")
+        pending = asyncio.create_task(
+            client.call("reboot", {}, call_id="r-1", policy={"privilege_level": "PRIVILEGED"})
+        )
+        view = await pending_invocation(channel)
+        assert list(view.approver_roles) == ["release_manager"]
+        stub = pb.apiary_pb2_grpc.HitlOperatorServiceStub(channel)
+        request = a.DecideInvocationRequest(invocation_id=view.invocation_id, action="approve")
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await stub.Decide(request, metadata=(("authorization", f"Bearer {viewer}"),))
+        assert caught.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "release_manager" in (caught.value.details() or "")
+        assert ran.runs == []
+        await decide(channel, view.invocation_id, "approve")
+        await asyncio.wait_for(pending, 10)
+    assert ran.runs == ["reboot"]

@@ -112,3 +112,11 @@ def test_errors_name_the_setting(table: dict[str, Any], field: str) -> None:
         tool_settings(table, "apiary.toml [tools]")
     assert caught.value.details["field"] == field
     assert caught.value.message.startswith(f"apiary.toml [tools]: {field}: ")
+
+
+def test_approver_roles_of_escalations_are_a_list_of_role_names() -> None:
+    settings = tool_settings({"hitl_approver_roles": ["release", "release", "ops"]}, "t")
+    assert settings.hitl_approver_roles == ("release", "ops")
+    with pytest.raises(ValidationError) as caught:
+        tool_settings({"hitl_approver_roles": "release"}, "t")
+    assert caught.value.details["field"] == "tools.hitl_approver_roles"

@@ -1,6 +1,8 @@
 """`apiary hitl list|show|approve|deny|modify|defer`: decide HITL invocations (RFC 15).
 
-Operators authenticate with their token: `--token` or the APIARY_TOKEN environment variable.
+Operators authenticate with their token (`--token` or the APIARY_TOKEN environment
+variable), or with the client's own credentials (an operator's API key or client
+certificate: APIARY_API_KEY, APIARY_TLS_CERT/KEY or the client configuration file).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.calls import refusal
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
@@ -23,7 +26,10 @@ from apiary.wire import pb
 app = typer.Typer(help="Decide human-in-the-loop invocations (RFC 15).", no_args_is_help=True)
 T = TypeVar("T")
 GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
-TOKEN = typer.Option("", "--token", envvar="APIARY_TOKEN", help="Operator token (or APIARY_TOKEN)")
+TOKEN = typer.Option(
+    "", "--token", envvar="APIARY_TOKEN",
+    help="Operator token (or APIARY_TOKEN); without one, the client's own credentials",
+)  # fmt: skip
 REASON = typer.Option(..., "--reason", "-r", help="Rationale recorded with the decision")
 Stub = pb.apiary_pb2_grpc.HitlOperatorServiceStub
 a = pb.apiary_pb2
@@ -32,10 +38,7 @@ a = pb.apiary_pb2
 def _run(
     address: str, token: str, call: Callable[[Stub, tuple[tuple[str, str], ...]], Awaitable[T]]
 ) -> T:
-    if not token:
-        typer.echo("apiary hitl: an operator token is needed: --token or APIARY_TOKEN", err=True)
-        raise typer.Exit(2)
-    metadata = (("authorization", f"Bearer {token}"),)
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     async def go() -> T:
         async with open_channel(address) as channel:
@@ -44,7 +47,7 @@ def _run(
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        typer.echo(f"apiary hitl: {exc.code}: {exc.message}", err=True)
+        typer.echo(refusal("hitl", exc, token=token), err=True)
         raise typer.Exit(1) from None
 
 

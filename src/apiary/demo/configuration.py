@@ -147,6 +147,9 @@ name = {_q(operator)}
 token_sha256 = {_q(digest)}       # the token is in {TOKEN_FILE}
 roles = {_list(OPERATOR_ROLES)}
 
+[tools]
+hitl_approver_roles = {_list(OPERATOR_ROLES)}   # only they approve a privileged tool call
+
 [rooms]
 version = {_q(ROOM_POLICY)}
 vote_timeout_s = 300

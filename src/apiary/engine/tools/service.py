@@ -395,7 +395,7 @@ class ToolService:
             subject={"call_id": call.call_id, "provider_id": call.provider_id,
                      "tool_name": call.tool_name},
             proposed_actions=("approve", "deny"), timeout_s=self.settings.hitl_timeout_s,
-            correlation_id=call.correlation_id,
+            approver_roles=self.settings.hitl_approver_roles, correlation_id=call.correlation_id,
         )  # fmt: skip
         call.approval_id = opened.invocation_id
         record = await self._hitl.wait(opened.invocation_id)

@@ -38,6 +38,9 @@ class ToolSettings:
     """How long a cancelled call's provider has to stop before the stream ends anyway."""
     hitl_timeout_s: float = 0.0
     """Deadline of TOOL_PRIVILEGE_ESCALATION invocations; 0: the [hitl] default."""
+    hitl_approver_roles: tuple[str, ...] = ()
+    """Who may approve a TOOL_PRIVILEGE_ESCALATION: operators holding one of these roles
+    (or `admin`); empty: any operator."""
     acl: Mapping[str, frozenset[str]] = field(default_factory=dict)
     """Who may call what (RFC 18.2: providers run under the invoking agent's ACLs): agent id
     (or "*" for every agent) -> provider ids (all their tools) and `provider/tool` names.

@@ -234,7 +234,7 @@ def _entries(values: Any, name: str, where: _Where, parse: Callable[[Any, _Where
 def tool_settings(values: Mapping[str, Any], source: str) -> ToolSettings:
     """ToolSettings from the [tools] table; every error names the setting and `source`."""
     where = _Where(source)
-    tables = {"preapproved", "commands", "mcp", "allowlist", "acl"}
+    tables = {"preapproved", "commands", "mcp", "allowlist", "acl", "hitl_approver_roles"}
     scalars = _fields({k: v for k, v in values.items() if k not in tables},
                       _SCALARS, where, "tools")  # fmt: skip
     changes: dict[str, Any] = dict(scalars)
@@ -247,6 +247,9 @@ def tool_settings(values: Mapping[str, Any], source: str) -> ToolSettings:
         if not isinstance(acl, dict):
             raise where.error("acl", "must be a table of agent id = [provider or provider/tool]")
         changes["acl"] = {str(k): frozenset(_strings(v, f"acl.{k}", where)) for k, v in acl.items()}
+    if "hitl_approver_roles" in values:
+        roles = _strings(values["hitl_approver_roles"], "hitl_approver_roles", where)
+        changes["hitl_approver_roles"] = tuple(dict.fromkeys(roles))
     if "allowlist" in values:
         entries = _strings(values["allowlist"], "allowlist", where)
         changes["allowlist"] = tuple(_checked(partial(parse_host_port, e), where) for e in entries)
