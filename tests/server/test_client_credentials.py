@@ -378,3 +378,35 @@ async def test_status_names_the_client_certificates_principal(tmp_path: Path) ->
     assert denied.strip().endswith(
         "(acting as client certificate apiary://team-a/agent/worker-1 from APIARY_TLS_CERT)"
     )
+
+
+async def test_an_agent_of_another_tenant_proves_its_calls_in_its_tenant(tmp_path: Path) -> None:
+    """`tenant` (APIARY_TENANT, `[client] tenant`) goes as `apiary-tenant` on every call: an
+    agent of acme registered with its key proves its later calls against acme's registry,
+    and is acme's agent, not the default tenant's."""
+    async with _secure(tmp_path) as (coordinator, ring):
+        address = str(coordinator.grpc_address)
+        key = ring.create(PrincipalKind.AGENT, "bob", tenant="acme", now=time.time())[1]
+        credentials = ClientCredentials(api_key=key, tenant="acme")
+        bob = Agent(
+            "bob", coordinator=address, signing_key=Ed25519PrivateKey.generate(),
+            credentials=credentials, prove_calls=True,
+        )  # fmt: skip
+        await bob.start()
+        try:
+            ring.revoke(key, now=time.time())  # from now on only the proofs speak for bob
+            await bob.heartbeat()
+        finally:
+            await bob.stop()
+        assert coordinator.tenancy is not None
+        acme = coordinator.tenancy.opened("acme")
+        assert acme is not None
+        events = await acme.engine.events.read(limit=10_000)
+        beats = [
+            e for e in events
+            if e.event_type == "access.decided" and e.details["action"].endswith("/Heartbeat")
+        ]  # fmt: skip
+        assert [(e.actor, e.details["mechanism"]) for e in beats] == [
+            ("agent:bob@acme", "agent_proof")
+        ]
+        assert [a.agent_id for a in await coordinator.store.agents.list()] == []

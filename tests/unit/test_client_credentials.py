@@ -407,3 +407,19 @@ def test_a_refusal_as_unauthenticated_or_denied_says_whom_the_cli_acted_as(
     monkeypatch.delenv("APIARY_API_KEY")
     assert refusal("status", denied).endswith("(acting as anonymous, with no credential)")
     assert "acting as" not in refusal("status", ValidationError("bad"))
+
+
+def test_the_tenant_comes_from_the_environment_or_the_file_and_is_checked(tmp_path: Path) -> None:
+    config = tmp_path / "client.toml"
+    config.write_text('[client]\ntenant = "acme"\n')
+    config.chmod(0o600)
+    assert ClientCredentials.load({}, config).tenant == "acme"
+    assert ClientCredentials.load({"APIARY_TENANT": "globex"}, config).tenant == "globex"
+    assert ClientCredentials(api_key="").tenant == ""
+    with pytest.raises(ValidationError) as caught:
+        ClientCredentials.load({"APIARY_TENANT": "not a tenant"}, config)
+    assert "APIARY_TENANT" in caught.value.message or caught.value.details["field"] == "tenant"
+    add = ClientCredentials(tenant="acme").tenant_metadata()
+    assert add is not None
+    assert list(add("/a.B/C", [])) == [("apiary-tenant", "acme")]
+    assert list(add("/a.B/C", [("apiary-tenant", "other")])) == []

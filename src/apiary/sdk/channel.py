@@ -55,9 +55,9 @@ def open_channel(
     chosen = credentials if credentials is not None else ClientCredentials.load()
     chosen_tls = tls if tls is not None else chosen.tls
     sources = list(per_call)
-    bearer = chosen.bearer()
-    if bearer is not None:
-        sources.append(bearer)
+    for source in (chosen.tenant_metadata(), chosen.bearer()):
+        if source is not None:
+            sources.append(source)
     interceptors = _interceptors(sources) if sources else None
     if chosen_tls is None:
         return grpc.aio.insecure_channel(address, interceptors=interceptors)

@@ -6,7 +6,7 @@ Agents, `apiary.Client` and every CLI command get their credentials from
 1. explicit arguments (`ClientCredentials.load(api_key=...)`, or `credentials=` given to
    `open_channel`, `Client`, `Connection`, `Agent`);
 2. the environment: `APIARY_API_KEY`, `APIARY_TLS_CA` / `APIARY_TLS_CERT` / `APIARY_TLS_KEY`,
-   `APIARY_AUDIENCE`, `APIARY_COORDINATOR`;
+   `APIARY_AUDIENCE`, `APIARY_COORDINATOR`, `APIARY_TENANT`;
 3. the client configuration file, `$APIARY_CLIENT_CONFIG`, else
    `$XDG_CONFIG_HOME/apiary/client.toml` (`~/.config/apiary/client.toml`):
 
@@ -17,6 +17,7 @@ Agents, `apiary.Client` and every CLI command get their credentials from
        tls_key = "me.key"
        audience = "apiary"                         # what agents' call proofs name
        grpc = "coordinator.example:50051"
+       tenant = "acme"                             # apiary-tenant on every call (optional)
 
 The TLS settings are one group, taken whole from the first place that sets any of them, so
 that a certificate is never paired with a key from somewhere else. A file that holds an API
@@ -42,6 +43,7 @@ from typing import Any, Final
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from apiary.core.access.principal import TENANT_KEY
 from apiary.core.access.proof import (
     DEFAULT_AUDIENCE,
     PROOF_KEY,
@@ -52,7 +54,9 @@ from apiary.core.access.proof import (
 from apiary.errors import ValidationError
 
 API_KEY_ENV: Final = "APIARY_API_KEY"
+_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
 AUDIENCE_ENV: Final = "APIARY_AUDIENCE"
+TENANT_ENV: Final = "APIARY_TENANT"
 COORDINATOR_ENV: Final = "APIARY_COORDINATOR"
 CONFIG_ENV: Final = "APIARY_CLIENT_CONFIG"
 TLS_CA_ENV: Final = "APIARY_TLS_CA"
@@ -60,7 +64,7 @@ TLS_CERT_ENV: Final = "APIARY_TLS_CERT"
 TLS_KEY_ENV: Final = "APIARY_TLS_KEY"
 CONFIG_TABLE: Final = "client"
 CONFIG_KEYS: Final = (
-    "api_key", "api_key_file", "tls_ca", "tls_cert", "tls_key", "audience", "grpc",
+    "api_key", "api_key_file", "tls_ca", "tls_cert", "tls_key", "audience", "grpc", "tenant",
 )  # fmt: skip
 AUTHORIZATION: Final = "authorization"
 BEARER: Final = "Bearer "
@@ -137,12 +141,16 @@ class ClientCredentials:
     audience: str = DEFAULT_AUDIENCE
     coordinator: str = ""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    tenant: str = ""
+    """The tenant the calls act in (`apiary-tenant`): a global operator's choice, and the
+    tenant whose registry checks an agent's per-call proofs; "" for the principal's own."""
 
     def __post_init__(self) -> None:
         for name, why in (
             ("api_key", _key_problem(self.api_key)),
             ("audience", _audience_problem(self.audience)),
             ("coordinator", _address_problem(self.coordinator)),
+            ("tenant", _tenant_problem(self.tenant)),
         ):
             if why is not None:
                 raise ValidationError.for_field(name, why)
@@ -150,7 +158,8 @@ class ClientCredentials:
     def __repr__(self) -> str:
         return (
             f"ClientCredentials(api_key={self.masked_key!r}, tls={self.tls!r}, "
-            f"audience={self.audience!r}, coordinator={self.coordinator!r})"
+            f"audience={self.audience!r}, coordinator={self.coordinator!r}, "
+            f"tenant={self.tenant!r})"
         )
 
     __str__ = __repr__
@@ -211,6 +220,20 @@ class ClientCredentials:
 
         return add
 
+    def tenant_metadata(self) -> CallMetadata | None:
+        """The per-call metadata naming the tenant (None without one), unless the call
+        names one itself."""
+        if not self.tenant:
+            return None
+        chosen = self.tenant
+
+        def add(method: str, present: Pairs) -> Sequence[tuple[str, str]]:
+            if any(key == TENANT_KEY for key, _ in present):
+                return ()
+            return ((TENANT_KEY, chosen),)
+
+        return add
+
     @classmethod
     def load(
         cls,
@@ -221,6 +244,7 @@ class ClientCredentials:
         tls: ClientTls | None = None,
         audience: str | None = None,
         coordinator: str | None = None,
+        tenant: str | None = None,
     ) -> ClientCredentials:
         """The credentials from the arguments, then `env` (default: the process
         environment), then the configuration file (`config_file`, else as the module
@@ -245,9 +269,15 @@ class ClientCredentials:
             address = config.text("grpc", _address_problem, sources, into="coordinator")
         else:
             _check(_address_problem(address), "coordinator", sources["coordinator"])
+        chosen_tenant = _pick(tenant, env, TENANT_ENV, "tenant", sources)
+        if chosen_tenant is None:
+            chosen_tenant = config.text("tenant", _tenant_problem, sources)
+        else:
+            _check(_tenant_problem(chosen_tenant), "tenant", sources["tenant"])
         return cls(
-            key or "", chosen_tls, chosen_audience or DEFAULT_AUDIENCE, address or "", sources
-        )
+            key or "", chosen_tls, chosen_audience or DEFAULT_AUDIENCE, address or "", sources,
+            chosen_tenant or "",
+        )  # fmt: skip
 
 
 class CallProver:
@@ -485,6 +515,12 @@ def _key_problem(value: str) -> str | None:
             f"must be up to {MAX_KEY_CHARS} printable ASCII characters without spaces, as "
             "`apiary auth create` printed it"
         )
+    return None
+
+
+def _tenant_problem(value: str) -> str | None:
+    if value and not _TENANT.match(value):
+        return "must be 1-128 letters, digits or ._@:- (a tenant's name)"
     return None
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from apiary.core.access.principal import ANONYMOUS, DEFAULT_TENANT, Principal, PrincipalKind
+from apiary.core.access.principal import (
+    ANONYMOUS,
+    DEFAULT_TENANT,
+    TENANT_KEY,
+    Principal,
+    PrincipalKind,
+)
 from apiary.core.access.rules import Role
 from apiary.core.signatures import SIGNATURE_KEY, decode_signature
 from apiary.engine.operators import Operator
@@ -15,9 +21,6 @@ RECIPIENT_KEY = "sw4rm-recipient"
 """Request metadata naming a message's recipient (DESIGN.md section 4)."""
 RESUME_AFTER_KEY = "sw4rm-resume-after"
 """StreamIncoming request metadata: resume delivery after this inbox offset (RFC 5.5)."""
-TENANT_KEY = "apiary-tenant"
-"""Request metadata naming the tenant a call acts in: a global operator's choice, and the
-tenant whose registry checks an agent's per-call proof (default: `default`)."""
 AGENT_KEY = "sw4rm-agent-id"
 """Request metadata naming the calling agent: what identifies an anonymous caller in dev
 mode; an authenticated agent is its credential, and metadata naming another is refused."""

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
-from apiary.core.access.principal import DEFAULT_TENANT
+from apiary.core.access.principal import DEFAULT_TENANT, TENANT_KEY
 from apiary.engine.assembly import (
     Engine,
     Runtime,
@@ -30,7 +30,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.errors import NotFoundError, UnavailableError
 from apiary.server.auth.settings import Quota
 from apiary.server.config.server import ServerConfig
-from apiary.server.context import TENANT_KEY, CallContext
+from apiary.server.context import CallContext
 from apiary.server.quotas import TenantQuota
 from apiary.store.open import open_store, tenant_data_dir
 from apiary.store.protocols import Store

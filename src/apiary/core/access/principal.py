@@ -7,6 +7,9 @@ import re
 from dataclasses import dataclass, field
 
 DEFAULT_TENANT = "default"
+TENANT_KEY = "apiary-tenant"
+"""Request metadata naming the tenant a call acts in: a global operator's choice, and the
+tenant whose registry checks an agent's per-call proof (default: `default`)."""
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
 """Principal names and tenants: 1-128 characters, no '/', spaces or control characters."""
 

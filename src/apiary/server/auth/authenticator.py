@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from apiary.core.access.principal import (
     ANONYMOUS,
     DEFAULT_TENANT,
+    TENANT_KEY,
     Mechanism,
     Principal,
     PrincipalKind,
@@ -22,7 +23,7 @@ from apiary.errors import InternalError, UnauthenticatedError
 from apiary.server.auth.certificates import CertificateRule, principal_from_pem
 from apiary.server.auth.keys import KEY_PREFIX, CredentialsFileError, KeyRing
 from apiary.server.auth.replay import ReplayWindow
-from apiary.server.context import TENANT_KEY, CallContext
+from apiary.server.context import CallContext
 
 API_KEY_PREFIX = f"{KEY_PREFIX}_"
 log = logging.getLogger("apiary.auth")
