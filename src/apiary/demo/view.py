@@ -21,7 +21,6 @@ from rich.prompt import Prompt
 from rich.table import Table
 from rich.text import Text
 
-from apiary.demo.configuration import TOKEN_FILE
 from apiary.demo.job import CONSOLE_DATA, DemoResult
 from apiary.demo.operator import Invocation, Verdict
 from apiary.demo.principals import Member, RunPrincipals
@@ -334,8 +333,7 @@ def look_again(
         f"{_as(driver)} apiary events{flag}",
         f"{_as(driver)} apiary workflow status {workflow}{flag}",
         f"{_as(driver)} apiary room list{flag}",
-        f"{_as(operator)} APIARY_TOKEN=$(cat {result.data_dir / TOKEN_FILE}) "
-        f"apiary hitl list --all{flag}",
+        f"{_as(operator)} apiary hitl list --all{flag}",
         f"curl --cacert {principals.ca} --cert {driver.tls.cert} --key {driver.tls.key} "
         f"{https}{CONSOLE_DATA}",
     ]
