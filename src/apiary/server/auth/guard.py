@@ -50,11 +50,19 @@ class AccessGuard:
         self._log_allowed = secure if log_allowed is None else log_allowed
 
     def admit(
-        self, action: str, rule: Rule, request: object | None, ctx: CallContext
+        self,
+        action: str,
+        rule: Rule,
+        request: object | None,
+        ctx: CallContext,
+        *,
+        again: bool = False,
     ) -> CallContext:
         """`ctx` with the call's principal once `rule` lets it make the call `action` with
         `request` (None: decided on the principal alone, as when a stream opens); else the
-        refusal, recorded."""
+        refusal, recorded. `again`: the call was admitted before and is decided anew (a
+        long-lived stream): only a refusal is recorded, so that deciding again makes no
+        events for the stream to carry."""
         try:
             principal = self._authenticator.principal(ctx, action)
         except UnauthenticatedError as exc:
@@ -68,7 +76,7 @@ class AccessGuard:
                 action, ctx, principal, "", Decision(False, exc.message, PERMISSION_DENIED)
             )
             raise
-        self.check(action, rule, request, ctx, tenant)
+        self.check(action, rule, request, ctx, tenant, again=again)
         return ctx
 
     def check(
@@ -78,6 +86,8 @@ class AccessGuard:
         request: object | None,
         ctx: CallContext,
         tenant: str = DEFAULT_TENANT,
+        *,
+        again: bool = False,
     ) -> None:
         """Decide one request of a call whose principal is known (each frame of a stream)."""
         principal = ctx.principal
@@ -92,7 +102,7 @@ class AccessGuard:
             principal, rule, subjects, owner=owner, secure=self.secure,
             claimed=ctx.get(AGENT_KEY), operators=operators,
         )  # fmt: skip
-        if not decision.allowed or self._log_allowed:
+        if not decision.allowed or (self._log_allowed and not again):
             self._record(action, ctx, principal, ", ".join(subjects), decision, tenant)
         if not decision.allowed:
             raise _refusal(action, principal, decision)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import ssl
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from apiary.core.access.principal import DEFAULT_TENANT
+from apiary.core.access.principal import DEFAULT_TENANT, Mechanism
 from apiary.core.access.rules import Rule, Who
 from apiary.core.access.table import HTTP_RULES
 from apiary.errors import PermissionDeniedError
@@ -23,6 +24,10 @@ from apiary.server.http.errors import error_response
 from apiary.server.metrics import Metrics
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Recheck = Callable[[], object]
+RECHECK: web.RequestKey[Recheck] = web.RequestKey("apiary.access.recheck")
+"""Decides the request again (raising its refusal): a long-lived response (the event
+stream) ends when the credential it was opened with is revoked or expires."""
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
@@ -65,8 +70,13 @@ def access_middleware(guard: AccessGuard | None, metrics: Metrics) -> Middleware
                 if rule is None:
                     raise PermissionDeniedError(f"{key} has no authorization rule", {"route": key})
                 if guard is not None:
-                    ctx = guard.admit(key, rule, None, http_context(request))
+                    opened = http_context(request)
+                    ctx = guard.admit(key, rule, None, opened)
                     _default_tenant_only(key, rule, ctx)
+                    if ctx.principal.mechanism is not Mechanism.AGENT_PROOF:
+                        # (a per-call proof is good once: it vouched for the opening)
+                        recheck: Recheck = partial(guard.admit, key, rule, None, opened, again=True)
+                        request[RECHECK] = recheck
         except Exception as exc:
             return error_response(exc, key or request.path, metrics)
         return await handler(request)

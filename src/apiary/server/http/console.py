@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar
@@ -32,7 +32,9 @@ from google.protobuf import json_format
 from apiary.core.events import Event, EventFilter
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.workflows import Workflows
-from apiary.errors import NotFoundError, UnavailableError, ValidationError
+from apiary.errors import ApiaryError, NotFoundError, UnavailableError, ValidationError
+from apiary.server.errormap import answer_for
+from apiary.server.http.access import RECHECK
 from apiary.server.http.errors import error_response
 from apiary.wire.workflow import definition_to_proto, state_to_proto
 
@@ -130,7 +132,7 @@ class EventStream:
         try:
             await response.prepare(request)
             await response.write(f"retry: {RETRY_MS}\n: stream after {after}\n\n".encode())
-            await self._pump(response, self._events, after, keepalive)
+            await self._pump(response, self._events, after, keepalive, request.get(RECHECK))
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away
@@ -157,11 +159,22 @@ class EventStream:
         return after, keepalive
 
     async def _pump(
-        self, response: web.StreamResponse, events: EventRecorder, after: int, keepalive: float
+        self,
+        response: web.StreamResponse,
+        events: EventRecorder,
+        after: int,
+        keepalive: float,
+        recheck: Callable[[], object] | None,
     ) -> None:
+        """Events after `after` until shutdown; before each write the caller is decided
+        again (`recheck`), and a refusal (a revoked or expired credential) ends the stream
+        with an `error` event carrying it."""
         cursor = after
         while not self._closing.is_set():
             batch = await events.read(after=cursor, limit=BATCH)
+            if recheck is not None and (refused := _refusal(recheck)) is not None:
+                await response.write(refused)
+                return
             if batch:
                 await response.write(b"".join(sse_frame(e) for e in batch))
                 cursor = batch[-1].sequence
@@ -181,6 +194,17 @@ class EventStream:
                 waiter.cancel()
             await asyncio.gather(recorded, closing, return_exceptions=True)
         return recorded in done and not self._closing.is_set()
+
+
+def _refusal(recheck: Callable[[], object]) -> bytes | None:
+    """The `error` event of a caller no longer allowed, or None while it is."""
+    try:
+        recheck()
+    except ApiaryError as exc:
+        answer = answer_for(exc, STREAM_PATH)
+        body = {"code": answer.code, "message": answer.message}
+        return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+    return None
 
 
 class WorkflowIndex:
