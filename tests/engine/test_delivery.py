@@ -119,9 +119,7 @@ async def test_of_the_streams_waiting_for_a_live_one_to_end_one_opens(h: EngineH
     live = delivery.stream("bob")
     first = await anext(live)
     assert [h.message.producer_id for h in first].count("alice") == 1
-    waiting = [
-        asyncio.ensure_future(delivery.open("bob", take_over=False)) for _ in range(3)
-    ]
+    waiting = [asyncio.ensure_future(delivery.open("bob", take_over=False)) for _ in range(3)]
     await asyncio.sleep(0)  # each is waiting now
     assert not any(task.done() for task in waiting)
     await live.aclose()

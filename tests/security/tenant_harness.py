@@ -6,6 +6,7 @@ section 9: another tenant's objects answer exactly like missing ones)."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -15,13 +16,16 @@ from typing import Any
 
 import grpc
 import psycopg
+from google.protobuf import text_format
 from google.protobuf.message import Message
 from psycopg import sql
 
-from apiary.core.access.principal import PrincipalKind
+from apiary.core.access.principal import TENANT_KEY, PrincipalKind
+from apiary.engine.assembly import Runtime
+from apiary.engine.hitl import HitlSettings
+from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.server.auth.keys import KeyRing, credentials_path
 from apiary.server.auth.settings import AuthSettings
-from apiary.server.context import TENANT_KEY
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.store.open import tenant_schema
@@ -45,9 +49,17 @@ PRINCIPALS: dict[str, tuple[PrincipalKind, str, str, tuple[str, ...]]] = {
     "alice@globex": (PrincipalKind.AGENT, "alice", GLOBEX, ()),
     "ops@globex": (PrincipalKind.OPERATOR, "ops", GLOBEX, ("admin",)),
     "root@default": (PrincipalKind.OPERATOR, "root", "default", ("admin", "tenants")),
+    "auditor@default": (PrincipalKind.OPERATOR, "auditor", "default", ("events",)),
 }
 """Who the tests act as, by 'name@tenant': kind, principal name, tenant, roles. The operators
-of acme and globex are admins of their own tenant only; root is the global operator."""
+of acme and globex are admins of their own tenant only; root is the global operator (an
+admin of the default tenant holds every role, `tenants` included); the auditor reads the
+default tenant's event log and acts in no other tenant."""
+
+HITL = HitlSettings(operators=(OperatorEntry("hitl", token_digest(secrets.token_hex(16))),))
+"""A HITL component exists (an operator is configured; its token is thrown away), so that an
+invocation waits for an operator's decision instead of being decided by policy at once
+(RFC 15.3)."""
 
 _METHODS = {m.path: m for methods in SERVICES.values() for m in methods}
 
@@ -69,15 +81,22 @@ class Refusal:
     message: str
     details: dict[str, str]
 
-    def naming(self, value: str) -> Refusal:
-        """The refusal with `value` (the id the request named) written as '<id>': the shape
-        a refusal for another id must have for the two to be indistinguishable."""
+    def naming(self, *values: str) -> Refusal:
+        """The refusal with each of `values` (the ids the request named) written as '<id>':
+        what a refusal naming other ids must equal for the two to be indistinguishable."""
         return Refusal(
             self.status,
             self.code,
-            self.message.replace(value, "<id>"),
-            {k: v.replace(value, "<id>") for k, v in self.details.items()},
+            without(self.message, values),
+            {key: without(value, values) for key, value in self.details.items()},
         )
+
+
+def without(text: str, values: Iterable[str]) -> str:
+    """`text` with each of `values` written as '<id>'."""
+    for value in values:
+        text = text.replace(value, "<id>")
+    return text
 
 
 def refusal_of(error: grpc.aio.AioRpcError) -> Refusal:
@@ -90,6 +109,8 @@ def refusal_of(error: grpc.aio.AioRpcError) -> Refusal:
 
 @dataclass
 class Tenants:
+    """A running secure coordinator, a channel to it, and every principal's key."""
+
     coordinator: Coordinator
     channel: grpc.aio.Channel
     keys: dict[str, str]
@@ -99,6 +120,13 @@ class Tenants:
         """`who`'s credential, and the tenant it names with `apiary-tenant` when `tenant`."""
         found = (("authorization", f"Bearer {self.keys[who]}"),)
         return (*found, (TENANT_KEY, tenant)) if tenant else found
+
+    def add_key(self, kind: PrincipalKind, who: str) -> None:
+        """A key made while the coordinator runs for the principal `who` ('name@tenant'), as
+        `apiary auth` makes one; the coordinator reads the key ring afresh."""
+        name, _, tenant = who.partition("@")
+        ring = KeyRing(credentials_path(self.coordinator.config.data_dir))
+        self.keys[who] = ring.create(kind, name, tenant=tenant, now=time.time())[1]
 
     async def call(self, name: str, request: Message, who: str, *, tenant: str = "") -> Any:
         """Call the method `name` names as `who` (acting in `tenant` when it is given); the
@@ -128,6 +156,18 @@ class Tenants:
             return refusal_of(exc)
         raise AssertionError(f"{name} as {who} answered {answer!r}, not an error")
 
+    async def shape(
+        self, name: str, request: Message, who: str, *ids: str, tenant: str = ""
+    ) -> Refusal | str:
+        """What the call answers with each of `ids` written as '<id>': the refusal, or the
+        answer's text. Two calls naming different objects are indistinguishable to the
+        caller exactly when their shapes are equal."""
+        try:
+            answer = await self.call(name, request, who, tenant=tenant)
+        except grpc.aio.AioRpcError as exc:
+            return refusal_of(exc).naming(*ids)
+        return without(text_format.MessageToString(answer), ids)
+
     def stream(self, name: str, request: Message, who: str) -> Any:
         """A server stream of `name` opened as `who` (cancel it when done)."""
         rpc = method(name)
@@ -153,7 +193,9 @@ async def open_tenants(
     key ring holds `keys`, made afresh when None (a restart passes the keys it made)."""
     keys = keys if keys is not None else create_keys(data_dir)
     async with (
-        open_test_coordinator(data_dir, store=store, auth=AuthSettings(secure=True)) as running,
+        open_test_coordinator(
+            data_dir, store=store, runtime=Runtime(hitl=HITL), auth=AuthSettings(secure=True)
+        ) as running,
         grpc.aio.insecure_channel(str(running.grpc_address)) as channel,
     ):
         yield Tenants(running, channel, keys)

@@ -113,7 +113,16 @@ def test_a_proof_round_trips_and_malformed_ones_say_why() -> None:
                  "v1;bob;1;bm9uY2Vub25jZQ;***"):  # fmt: skip
         assert isinstance(parse_proof(text), str), text
     payload = proof_payload("apiary", "/a.B/C", "bob", 5, b"n" * 16)
-    assert payload.split(b"\n")[:4] == [b"apiary-call-proof/v1", b"apiary", b"/a.B/C", b"bob"]
+    assert payload.split(b"\n")[:6] == [
+        b"apiary-call-proof/v1",
+        b"apiary",
+        b"/a.B/C",
+        b"bob",
+        b"default",
+        b"5",
+    ]
+    # The tenant is signed: a proof for acme is not one for globex.
+    assert proof_payload("apiary", "/a.B/C", "bob", 5, b"n" * 16, "acme") != payload
 
 
 def test_the_replay_window_takes_a_nonce_once_and_only_within_the_window() -> None:

@@ -127,7 +127,8 @@ class Hitl:
         await self._perform(step)
         if step.record.state == HitlState.PENDING.value and not self.operators.configured:
             # RFC 15.3: with no HITL component, decide now by policy; never block.
-            await self._perform(HitlMachine.absent(step.record, self.policy, now))
+            step = HitlMachine.absent(step.record, self.policy, now)
+            await self._perform(step)
         return self._pending.get(step.record.invocation_id, step.record)
 
     async def escalate(
@@ -261,6 +262,10 @@ class HitlSettings:
 
     policy: HitlPolicy = field(default_factory=HitlPolicy)
     operators: tuple[OperatorEntry, ...] = ()
+    operators_elsewhere: bool = False
+    """Operators authenticate by other means too (API keys, client certificates: the
+    coordinator says so in secure mode or when its key ring holds operator keys), so a HITL
+    component exists even without [[hitl.operators]]."""
     presence_required: bool = False
     presence_window_s: float = 30.0
 
@@ -278,7 +283,8 @@ def build_hitl(
     """The HITL component of `settings`; `notify` tells the HITL components of changes,
     `check_flow_id` checks requesters' correlation ids (both: none without them)."""
     return Hitl(
-        store, events, clock, ids, Operators(settings.operators), settings.policy,
+        store, events, clock, ids,
+        Operators(settings.operators, elsewhere=settings.operators_elsewhere), settings.policy,
         presence_required=settings.presence_required,
         presence_window_s=settings.presence_window_s, notify=notify,
         check_flow_id=check_flow_id,

@@ -34,14 +34,17 @@ def token_digest(token: str) -> str:
 
 
 class Operators:
-    def __init__(self, entries: Sequence[OperatorEntry] = ()) -> None:
+    def __init__(self, entries: Sequence[OperatorEntry] = (), *, elsewhere: bool = False) -> None:
         self._entries = tuple(entries)
+        self._elsewhere = elsewhere
+        """Operators also authenticate otherwise (API keys, client certificates)."""
         self._last_seen: dict[str, float] = {}
 
     @property
     def configured(self) -> bool:
-        """Whether any operator can authenticate (a HITL component exists, RFC 15.3)."""
-        return bool(self._entries)
+        """Whether any operator can authenticate (a HITL component exists, RFC 15.3): one
+        with a configured token, or any when operators authenticate otherwise."""
+        return bool(self._entries) or self._elsewhere
 
     def authenticate(self, authorization: str) -> Operator:
         """The operator behind an `authorization: Bearer <token>` header value."""

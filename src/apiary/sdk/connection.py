@@ -199,7 +199,10 @@ class Connection:
             prove = key is not None and not credentials.api_key and not certificate
         if not prove or key is None:
             return None
-        return CallProver(self.agent_id, key, audience=credentials.audience, now=self._clock.now)
+        return CallProver(
+            self.agent_id, key, audience=credentials.audience, tenant=credentials.tenant,
+            now=self._clock.now,
+        )  # fmt: skip
 
     async def register(self) -> None:
         """Register (again, after a reconnect). A re-registration also proves the call when

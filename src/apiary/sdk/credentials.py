@@ -43,7 +43,7 @@ from typing import Any, Final
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from apiary.core.access.principal import TENANT_KEY
+from apiary.core.access.principal import DEFAULT_TENANT, TENANT_KEY
 from apiary.core.access.proof import (
     DEFAULT_AUDIENCE,
     PROOF_KEY,
@@ -296,18 +296,23 @@ class CallProver:
         key: Ed25519PrivateKey,
         *,
         audience: str = DEFAULT_AUDIENCE,
+        tenant: str = "",
         now: Callable[[], float] = time.time,
     ) -> None:
         self._agent_id = agent_id
         self._key = key
         self._audience = audience
+        self._tenant = tenant or DEFAULT_TENANT
+        """The tenant the proofs are for (the calls' `apiary-tenant`; default `default`)."""
         self._now = now
 
     def proof(self, method: str) -> str:
         """The metadata value proving one call of `method`."""
         unix_ms = int(self._now() * 1000)
         nonce = secrets.token_bytes(NONCE_BYTES)
-        payload = proof_payload(self._audience, method, self._agent_id, unix_ms, nonce)
+        payload = proof_payload(
+            self._audience, method, self._agent_id, unix_ms, nonce, self._tenant
+        )
         signature = self._key.sign(payload)
         return encode_proof(CallProof(self._agent_id, unix_ms, nonce, signature))
 

@@ -10,7 +10,6 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -43,7 +42,7 @@ from apiary.engine.workflows import Workflows
 from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.server.auth.authenticator import Authenticator
 from apiary.server.auth.guard import AccessGuard
-from apiary.server.auth.keys import KeyRing, credentials_path
+from apiary.server.auth.keys import KeyRing
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.dispatch import Dispatcher
@@ -75,7 +74,13 @@ from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
-from apiary.server.tenancy import Tenancy, serves_tenants, tenant_engine
+from apiary.server.tenancy import (
+    Tenancy,
+    hitl_settings,
+    key_ring,
+    serves_tenants,
+    tenant_engine,
+)
 from apiary.server.tls import grpc_credentials, http_context
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
@@ -164,11 +169,6 @@ def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
     }
 
 
-def _key_ring(config: ServerConfig) -> KeyRing:
-    auth = config.auth
-    return KeyRing(Path(auth.keys_file) if auth.keys_file else credentials_path(config.data_dir))
-
-
 def _known_tenants(config: ServerConfig, keys: KeyRing) -> Callable[[], set[str]]:
     """The tenants the configuration and the credentials name (read afresh: keys change)."""
 
@@ -185,7 +185,7 @@ def _access_guard(
     """The one access guard of every surface (docs/security.md)."""
     auth = config.auth
     authenticator = Authenticator(
-        operators=engine.hitl.operators, keys=_key_ring(config),
+        operators=engine.hitl.operators, keys=key_ring(config),
         certificates=auth.certificates, public_key=tenancy.public_key,
         now=runtime.clock.now, audience=auth.audience, window_s=auth.proof_window_s,
         secure=auth.secure,
@@ -244,7 +244,7 @@ async def open_coordinator(
         AsyncExitStack() as optional,
     ):
         engine = build_engine(
-            store, settings, runtime, config.hitl, config.scheduler, config.data_dir,
+            store, settings, runtime, hitl_settings(config), config.scheduler, config.data_dir,
             config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
         swarm = await _start_swarm(config, store, engine, runtime, swarm_client_tls, optional)
@@ -258,7 +258,7 @@ async def open_coordinator(
         tenancy = Tenancy(
             config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
             lambda tenant_engine: _handlers(tenant_engine, runtime),
-            _known_tenants(config, _key_ring(config)),
+            _known_tenants(config, key_ring(config)),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy)
         dispatcher = Dispatcher(handlers, guard, tenancy)
@@ -287,7 +287,7 @@ async def open_coordinator(
             recovered_messages=recovered,
         )  # fmt: skip
         if serves_tenants(config):
-            for tenant in sorted(_known_tenants(config, _key_ring(config))() - {DEFAULT_TENANT}):
+            for tenant in sorted(_known_tenants(config, key_ring(config))() - {DEFAULT_TENANT}):
                 await tenancy.engine(tenant)
         state.ready = True
         try:

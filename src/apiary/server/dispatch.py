@@ -100,6 +100,11 @@ def _unimplemented(method: RpcMethod) -> UnaryFn | StreamFn | BidiFn:
 
 
 class TenantHandlers(Protocol):
+    async def open(self, ctx: CallContext, tenant: str) -> None:
+        """Open the engine of the tenant the call acts in (a tenant's first call), so that
+        its decision is recorded in its own log."""
+        ...
+
     async def route(
         self, ctx: CallContext, method: str, request: object | None
     ) -> Mapping[str, object] | None:
@@ -117,17 +122,21 @@ def _guarded(
     path = method.path
     name = snake_case(method.name)
 
-    async def target(ctx: CallContext, request: object | None) -> Any:
+    async def enter(ctx: CallContext, request: object | None) -> tuple[CallContext, Any]:
+        """Who calls, in which tenant, whether it may: the context and the handler."""
+        ctx, tenant = guard.authenticate(path, ctx)
+        if tenants is not None:
+            await tenants.open(ctx, tenant)
+        guard.check(path, rule, request, ctx, tenant)
         handlers = await tenants.route(ctx, path, request) if tenants is not None else None
         if handlers is None:
-            return fn
-        return getattr(handlers.get(method.service), name, None) or _unimplemented(method)
+            return ctx, fn
+        return ctx, getattr(handlers.get(method.service), name, None) or _unimplemented(method)
 
     if method.client_streaming:
 
         async def bidi(frames: AsyncIterator[Message], ctx: CallContext) -> AsyncIterator[Message]:
-            ctx = guard.admit(path, rule, None, ctx)
-            handler = await target(ctx, None)
+            ctx, handler = await enter(ctx, None)
             async for item in handler(guard.frames(path, rule, frames, ctx), ctx):
                 yield item
 
@@ -135,16 +144,14 @@ def _guarded(
     if method.server_streaming:
 
         async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:
-            ctx = guard.admit(path, rule, request, ctx)
-            handler = await target(ctx, request)
+            ctx, handler = await enter(ctx, request)
             async for item in handler(request, ctx):
                 yield item
 
         return stream
 
     async def unary(request: Message, ctx: CallContext) -> Message:
-        ctx = guard.admit(path, rule, request, ctx)
-        handler = await target(ctx, request)
+        ctx, handler = await enter(ctx, request)
         return await handler(request, ctx)  # type: ignore[no-any-return]
 
     return unary

@@ -15,9 +15,10 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from apiary.core.access.principal import DEFAULT_TENANT, TENANT_KEY
+from apiary.core.access.principal import DEFAULT_TENANT, TENANT_KEY, PrincipalKind
 from apiary.engine.assembly import (
     Engine,
     Runtime,
@@ -27,7 +28,9 @@ from apiary.engine.assembly import (
     start_engine_tasks,
 )
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.hitl import HitlSettings
 from apiary.errors import NotFoundError, UnavailableError
+from apiary.server.auth.keys import KeyRing, credentials_path
 from apiary.server.auth.settings import Quota
 from apiary.server.config.server import ServerConfig
 from apiary.server.context import CallContext
@@ -54,6 +57,21 @@ def tenant_engine(
     tenant: str, store: Store, engine: Engine, handlers: Mapping[str, object], quota: Quota
 ) -> TenantEngine:
     return TenantEngine(tenant, store, engine, handlers, TenantQuota(tenant, quota, engine, store))
+
+
+def key_ring(config: ServerConfig) -> KeyRing:
+    """The API key ring of the configuration ([auth] keys_file, else the data directory's)."""
+    auth = config.auth
+    return KeyRing(Path(auth.keys_file) if auth.keys_file else credentials_path(config.data_dir))
+
+
+def hitl_settings(config: ServerConfig) -> HitlSettings:
+    """The [hitl] settings of every tenant's engine: operators authenticate otherwise too
+    (a HITL component exists) in secure mode or when the key ring holds operator keys."""
+    elsewhere = config.auth.secure or any(
+        entry.kind is PrincipalKind.OPERATOR for entry in key_ring(config).entries()
+    )
+    return replace(config.hitl, operators_elsewhere=elsewhere)
 
 
 def serves_tenants(config: ServerConfig) -> bool:
@@ -86,17 +104,23 @@ class Tenancy:
     def names(self) -> list[str]:
         return sorted(self._tenants)
 
+    async def open(self, ctx: CallContext, tenant: str) -> None:
+        """Open the engine of `tenant`, the one `ctx` acts in: its principal's own (its
+        credential names it), or one a global operator named, which must be known."""
+        if tenant in self._tenants:
+            return
+        if ctx.principal.tenant != tenant and tenant not in self._known():
+            raise NotFoundError(f"no tenant {tenant[:64]!r}", {"field": TENANT_KEY})
+        await self.engine(tenant)
+
     async def route(
         self, ctx: CallContext, method: str, request: object | None
     ) -> Mapping[str, object] | None:
         """The handlers of the tenant `ctx` acts in (None for the default tenant's), once the
         call is within the tenant's quota."""
         tenant = ctx.tenant()
-        found = self._tenants.get(tenant)
-        if found is None:
-            if ctx.principal.tenant != tenant and tenant not in self._known():
-                raise NotFoundError(f"no tenant {tenant[:64]!r}", {"field": TENANT_KEY})
-            found = await self.engine(tenant)
+        await self.open(ctx, tenant)
+        found = self._tenants[tenant]
         await found.quota.check(method, request)
         return None if tenant == DEFAULT_TENANT else found.handlers
 
@@ -146,7 +170,7 @@ class Tenancy:
             open_store(config.store or None, config.data_dir, tenant)
         )
         engine = build_engine(
-            store, config.router, self._runtime, config.hitl, config.scheduler, data_dir,
+            store, config.router, self._runtime, hitl_settings(config), config.scheduler, data_dir,
             config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
         recovered = await load_engine(engine)

@@ -2,7 +2,8 @@
 it is making a call by signing the call's audience, method, its id, the time and a nonce.
 
 The metadata `apiary-agent-proof` is `v1;<agent_id>;<unix_ms>;<nonce>;<signature>` (nonce
-and signature in unpadded URL-safe base64). The coordinator accepts a proof within
+and signature in unpadded URL-safe base64); the tenant is the call's `apiary-tenant` (default
+`default`), signed with the rest. The coordinator accepts a proof within
 `window_s` of its clock, for its own audience and the method called, once (replay window)."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
+
+from apiary.core.access.principal import DEFAULT_TENANT
 
 PROOF_KEY = "apiary-agent-proof"
 VERSION = "v1"
@@ -26,11 +29,18 @@ class CallProof:
     signature: bytes
 
 
-def proof_payload(audience: str, method: str, agent_id: str, unix_ms: int, nonce: bytes) -> bytes:
-    """The bytes an agent signs for one call."""
-    return "\n".join(
-        ("apiary-call-proof/" + VERSION, audience, method, agent_id, str(unix_ms), _b64(nonce))
-    ).encode()
+def proof_payload(
+    audience: str,
+    method: str,
+    agent_id: str,
+    unix_ms: int,
+    nonce: bytes,
+    tenant: str = DEFAULT_TENANT,
+) -> bytes:
+    """The bytes an agent signs for one call: bound to the coordinator (audience), the
+    method, the agent, its tenant (`apiary-tenant`), the time and a nonce."""
+    fields = ("apiary-call-proof/" + VERSION, audience, method, agent_id, tenant, str(unix_ms))
+    return "\n".join((*fields, _b64(nonce))).encode()
 
 
 def encode_proof(proof: CallProof) -> str:

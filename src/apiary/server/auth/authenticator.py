@@ -108,7 +108,9 @@ class Authenticator:
             raise UnauthenticatedError(proof, {"field": PROOF_KEY})
         tenant = ctx_tenant or DEFAULT_TENANT
         key = self._public_key(tenant, proof.agent_id)
-        payload = proof_payload(self._audience, method, proof.agent_id, proof.unix_ms, proof.nonce)
+        payload = proof_payload(
+            self._audience, method, proof.agent_id, proof.unix_ms, proof.nonce, tenant
+        )
         if not key or not verifies(key, payload, proof.signature):
             raise UnauthenticatedError(
                 f"{PROOF_KEY}: not a signature of this call by {proof.agent_id}'s registered key "
@@ -116,7 +118,9 @@ class Authenticator:
                 {"field": PROOF_KEY},
             )
         refused = self._replays.accept(
-            proof.agent_id.encode() + b"\0" + proof.nonce, proof.unix_ms / 1000, self._now()
+            f"{tenant}\0{proof.agent_id}\0".encode() + proof.nonce,
+            proof.unix_ms / 1000,
+            self._now(),
         )
         if refused is not None:
             raise UnauthenticatedError(f"{PROOF_KEY}: {refused}", {"field": PROOF_KEY})

@@ -63,6 +63,14 @@ class AccessGuard:
         refusal, recorded. `again`: the call was admitted before and is decided anew (a
         long-lived stream): only a refusal is recorded, so that deciding again makes no
         events for the stream to carry."""
+        ctx, tenant = self.authenticate(action, ctx)
+        self.check(action, rule, request, ctx, tenant, again=again)
+        return ctx
+
+    def authenticate(self, action: str, ctx: CallContext) -> tuple[CallContext, str]:
+        """`ctx` with the call's principal, and the tenant it acts in; a credential that
+        does not hold, or a tenant the principal may not name, is refused and recorded (in
+        the principal's own tenant's log)."""
         try:
             principal = self._authenticator.principal(ctx, action)
         except UnauthenticatedError as exc:
@@ -72,12 +80,10 @@ class AccessGuard:
         try:
             tenant = ctx.tenant()
         except PermissionDeniedError as exc:
-            self._record(
-                action, ctx, principal, "", Decision(False, exc.message, PERMISSION_DENIED)
-            )
+            refused = Decision(False, exc.message, PERMISSION_DENIED)
+            self._record(action, ctx, principal, "", refused, principal.tenant)
             raise
-        self.check(action, rule, request, ctx, tenant, again=again)
-        return ctx
+        return ctx, tenant
 
     def check(
         self,
