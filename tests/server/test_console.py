@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.engine.scheduler.scheduler import Submission
 from apiary.server.coordinator import SHUTDOWN_GRACE_S, Coordinator
 from apiary.server.inprocess import open_test_coordinator
+from tests.server.chromium import installed_chromium, open_page
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_DIR = ROOT / "src" / "apiary" / "server" / "http" / "console"
@@ -372,7 +372,6 @@ def test_the_page_modules_parse_and_lay_out_a_graph_by_depth(tmp_path: Path) -> 
 
 # ---------------------------------------------------------------- headless Chromium
 
-CHROMIUM = Path("/usr/bin/chromium")
 # Resolves with the agents panel's text once it names the agent (a MutationObserver, not
 # polling); rejects after a bound.
 SHOWS_AGENT = """
@@ -440,56 +439,26 @@ async def _register(http: aiohttp.ClientSession, agent_id: str) -> None:
 
 @pytest.fixture
 def chromium() -> Path:
-    """Debian's headless Chromium, or a skip (a failure under APIARY_REQUIRE_CHROMIUM=1, which
-    .ci/run sets once it has installed the package)."""
-    if not CHROMIUM.exists():
-        reason = f"headless Chromium is not installed at {CHROMIUM}"
-        if os.environ.get("APIARY_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(f"{reason} (APIARY_REQUIRE_CHROMIUM=1)")
-        pytest.skip(reason)
-    return CHROMIUM
+    return installed_chromium()
 
 
 async def test_the_page_in_headless_chromium_shows_agents_live(
     coordinator: Coordinator, http: aiohttp.ClientSession, tmp_path: Path, chromium: Path
 ) -> None:
     await _register(http, "scout-1")
-    browser = await asyncio.create_subprocess_exec(
-        str(chromium), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--no-default-browser-check", f"--user-data-dir={tmp_path / 'profile'}",
-        "--remote-debugging-port=0", "about:blank",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert browser.stderr is not None
-    drain: asyncio.Task[bytes] | None = None
-    try:
-        async with asyncio.timeout(30):
-            while not (found := re.search(rb"ws://([^/\s]+)/", await browser.stderr.readline())):
-                assert browser.returncode is None, "chromium exited"
-        drain = asyncio.create_task(browser.stderr.read())  # never let the pipe fill up
-        async with aiohttp.ClientSession() as cdp:
-            async with cdp.get(f"http://{found.group(1).decode()}/json/list") as resp:
-                targets = await resp.json()
-            page = next(t for t in targets if t["type"] == "page")
-            async with cdp.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as socket:
-                tools = DevTools(socket)
-                await tools.call("Page.enable")
-                await tools.call("Page.navigate", url=f"http://{coordinator.http_address}/console")
-                async with asyncio.timeout(WAIT_S * 2):
-                    await tools.until("Page.loadEventFired")
-                    assert "scout-1" in await tools.shows_agent("scout-1")
-                    await _register(http, "scout-2")  # shown through the live stream
-                    assert "scout-2" in await tools.shows_agent("scout-2")
-                    # A task submitted now appears among the open tasks, live too.
-                    await coordinator.scheduler.submit(
-                        Submission("scout-2", "task-console-1", None, b"{}",
-                                   "application/json", "repo:app")
-                    )  # fmt: skip
-                    shown = await tools.shows_agent("task-console-1", "tasks-body")
-                    assert "scout-2" in shown and "QUEUED" in shown
-    finally:
-        if browser.returncode is None:
-            browser.terminate()
-        await browser.wait()
-        if drain is not None:
-            await drain
+    async with open_page(chromium, tmp_path / "profile") as socket:
+        tools = DevTools(socket)
+        await tools.call("Page.enable")
+        await tools.call("Page.navigate", url=f"http://{coordinator.http_address}/console")
+        async with asyncio.timeout(WAIT_S * 2):
+            await tools.until("Page.loadEventFired")
+            assert "scout-1" in await tools.shows_agent("scout-1")
+            await _register(http, "scout-2")  # shown through the live stream
+            assert "scout-2" in await tools.shows_agent("scout-2")
+            # A task submitted now appears among the open tasks, live too.
+            await coordinator.scheduler.submit(
+                Submission("scout-2", "task-console-1", None, b"{}",
+                           "application/json", "repo:app")
+            )  # fmt: skip
+            shown = await tools.shows_agent("task-console-1", "tasks-body")
+            assert "scout-2" in shown and "QUEUED" in shown

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import shutil
 import subprocess
 import time
@@ -32,10 +30,10 @@ from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.coordinator import Coordinator, open_coordinator
 from apiary.server.inprocess import open_test_coordinator
+from tests.server.chromium import installed_chromium, open_page
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_DIR = ROOT / "src" / "apiary" / "server" / "http" / "console"
-CHROMIUM = Path("/usr/bin/chromium")
 NODE = shutil.which("node")
 WAIT_S = 10.0
 REGISTER = "sw4rm.registry.RegistryService/RegisterAgent"
@@ -159,13 +157,7 @@ class Page:
 
 @pytest.fixture
 def chromium() -> Path:
-    """Debian's headless Chromium, or a skip (a failure under APIARY_REQUIRE_CHROMIUM=1)."""
-    if not CHROMIUM.exists():
-        reason = f"headless Chromium is not installed at {CHROMIUM}"
-        if os.environ.get("APIARY_REQUIRE_CHROMIUM") == "1":
-            pytest.fail(f"{reason} (APIARY_REQUIRE_CHROMIUM=1)")
-        pytest.skip(reason)
-    return CHROMIUM
+    return installed_chromium()
 
 
 @asynccontextmanager
@@ -174,40 +166,17 @@ async def open_console(
 ) -> AsyncIterator[Page]:
     """The console of `coordinator` loaded in a fresh headless Chromium, network recorded;
     `watch` is a script run in the page before its own."""
-    browser = await asyncio.create_subprocess_exec(
-        str(chromium), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        "--no-default-browser-check", f"--user-data-dir={profile}",
-        "--remote-debugging-port=0", "about:blank",
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    assert browser.stderr is not None
-    drain: asyncio.Task[bytes] | None = None
-    try:
-        async with asyncio.timeout(30):
-            while not (found := re.search(rb"ws://([^/\s]+)/", await browser.stderr.readline())):
-                assert browser.returncode is None, "chromium exited"
-        drain = asyncio.create_task(browser.stderr.read())  # never let the pipe fill up
-        async with aiohttp.ClientSession() as cdp:
-            async with cdp.get(f"http://{found.group(1).decode()}/json/list") as resp:
-                targets = await resp.json()
-            target = next(t for t in targets if t["type"] == "page")
-            async with cdp.ws_connect(target["webSocketDebuggerUrl"], max_msg_size=0) as socket:
-                page = Page(socket)
-                await page.call("Page.enable")
-                await page.call("Network.enable")
-                if watch:
-                    await page.call("Page.addScriptToEvaluateOnNewDocument", source=watch)
-                await page.call("Page.navigate", url=f"http://{coordinator.http_address}/console")
-                async with asyncio.timeout(WAIT_S * 2):
-                    await page.until_event("Page.loadEventFired")
-                async with asyncio.timeout(WAIT_S * 6):
-                    yield page
-    finally:
-        if browser.returncode is None:
-            browser.terminate()
-        await browser.wait()
-        if drain is not None:
-            await drain
+    async with open_page(chromium, profile) as socket:
+        page = Page(socket)
+        await page.call("Page.enable")
+        await page.call("Network.enable")
+        if watch:
+            await page.call("Page.addScriptToEvaluateOnNewDocument", source=watch)
+        await page.call("Page.navigate", url=f"http://{coordinator.http_address}/console")
+        async with asyncio.timeout(WAIT_S * 2):
+            await page.until_event("Page.loadEventFired")
+        async with asyncio.timeout(WAIT_S * 6):
+            yield page
 
 
 # ---------------------------------------------------------------- coordinators and keys
