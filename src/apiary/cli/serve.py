@@ -16,6 +16,7 @@ from apiary.server.config.loader import checked_serving, load_config
 from apiary.server.config.server import ServerConfig, exposure_problem, secured
 from apiary.server.coordinator import open_coordinator
 from apiary.server.interpreter import tune_for_serving
+from apiary.store.errors import SchemaVersionError, StoreOpenError
 
 _STORE_HELP = (
     "Store URL: memory://, sqlite:///PATH.db, postgresql://...; SQLite takes ?synchronous=FULL"
@@ -78,6 +79,10 @@ def serve(
     )
     try:
         asyncio.run(_run(settings))
+    except (StoreOpenError, SchemaVersionError) as exc:
+        # The store cannot be used as it is: one line naming the file, the cause and the fix.
+        typer.echo(f"apiary serve: {exc}", err=True)
+        raise typer.Exit(2) from None
     except OSError as exc:
         typer.echo(f"apiary serve: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -9,6 +9,16 @@ class DuplicateMessageError(StoreError):
     """A message with this message_id is already recorded."""
 
 
+class StoreOpenError(StoreError):
+    """The store could not be opened: which file, why, and what to do about it."""
+
+    def __init__(self, path: object, cause: str, fix: str) -> None:
+        super().__init__(f"cannot open the store {path}: {cause}; {fix}")
+        self.path = path
+        self.cause = cause
+        self.fix = fix
+
+
 class SchemaVersionError(StoreError):
     """The database schema is newer than this code knows how to use."""
 

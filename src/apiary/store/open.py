@@ -33,6 +33,7 @@ from apiary.store.postgres.store import (
 )
 from apiary.store.protocols import Store
 from apiary.store.sqlite.database import SqliteOptions, Synchronous, WriterKind
+from apiary.store.sqlite.opening import opening
 from apiary.store.sqlite.store import open_sqlite_store
 
 DEFAULT_SQLITE_FILE = "apiary.db"
@@ -140,8 +141,10 @@ def _parse_sqlite(url: str) -> tuple[Path | None, SqliteOptions]:
 
 def default_sqlite_path(data_dir: Path) -> Path:
     """DATA_DIR/apiary.db, creating DATA_DIR (mode 0700: it holds every message) if needed."""
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return data_dir / DEFAULT_SQLITE_FILE
+    path = data_dir / DEFAULT_SQLITE_FILE
+    with opening(path):
+        data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
 
 
 _SQLITE_OPTIONS: dict[str, tuple[str, ...]] = {

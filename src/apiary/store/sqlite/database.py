@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar, get_args
 from apiary.store.errors import StoreError
 from apiary.store.migrations import load_migrations, pending_migrations
 from apiary.store.sqlite.checkpoint import WalCheckpointer
+from apiary.store.sqlite.opening import diagnose, opening
 from apiary.store.sqlite.writer import (
     SqliteWriter,
     WriterStats,
@@ -233,8 +234,9 @@ async def open_sqlite_database(
 
 def _open(path: Path, options: SqliteOptions) -> SqliteDatabase:
     if options.writer == "process":
-        return _open_with_process(path, options)
-    with ExitStack() as cleanup:
+        with opening(path):
+            return _open_with_process(path, options)
+    with opening(path), ExitStack() as cleanup:
         write_conn = connect_sqlite(path, options)
         cleanup.callback(write_conn.close)
         enable_wal(write_conn, options)
@@ -291,7 +293,7 @@ def connect_sqlite(
             cached_statements=STATEMENT_CACHE,
         )  # fmt: skip
     except sqlite3.Error as exc:
-        raise StoreError(f"cannot open SQLite database {path}: {exc}") from exc
+        raise diagnose(path, exc) from exc
     conn.execute(f"PRAGMA busy_timeout = {int(options.busy_timeout_ms)}")
     conn.execute(f"PRAGMA synchronous = {options.synchronous}")
     # Checkpoints belong to the checkpointer thread only (sqlite_checkpoint).
