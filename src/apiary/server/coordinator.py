@@ -74,6 +74,7 @@ from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
 from apiary.server.services.workflow import WorkflowHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
+from apiary.server.store_health import StoreHealth
 from apiary.server.tenancy import (
     Tenancy,
     hitl_settings,
@@ -263,6 +264,7 @@ async def open_coordinator(
         guard = _access_guard(config, engine, runtime, metrics, tenancy)
         dispatcher = Dispatcher(handlers, guard, tenancy)
         server, health = build_grpc_server(dispatcher, metrics)
+        reach = StoreHealth(store, lambda ok: set_serving(health, ok), runtime.sleep)
         grpc_address = _bind_grpc(server, config)
         http_socket = _bind_http(config.http)
         state = _coordinator(
@@ -270,7 +272,7 @@ async def open_coordinator(
             Address(config.http.host, http_socket.getsockname()[1]), swarm,
         )  # fmt: skip
         app = build_http_app(
-            dispatcher, metrics, lambda: state.ready,
+            dispatcher, metrics, lambda: state.ready and reach.reachable,
             ConsoleSources(engine.events, engine.workflows), guard,
         )  # fmt: skip
         if swarm is not None:
@@ -280,6 +282,7 @@ async def open_coordinator(
         await server.start()
         await set_serving(health, True)
         tasks = start_engine_tasks(store, engine, runtime)
+        tasks.append(asyncio.create_task(reach.run(), name="apiary-store-health"))
         engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",

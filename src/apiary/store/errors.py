@@ -1,5 +1,9 @@
 """Errors the storage layer raises to the engine."""
 
+from __future__ import annotations
+
+from apiary.errors import UnavailableError
+
 
 class StoreError(Exception):
     """Base class of storage failures."""
@@ -7,6 +11,12 @@ class StoreError(Exception):
 
 class DuplicateMessageError(StoreError):
     """A message with this message_id is already recorded."""
+
+
+class StoreUnavailableError(StoreError, UnavailableError):
+    """The database cannot be reached now (connection refused, lost, or the server shut it
+    down): the operation did not happen, or its outcome is unknown, and a retry is the
+    answer (callers see `unavailable`; idempotency tokens make the retry safe)."""
 
 
 class StoreOpenError(StoreError):

@@ -546,3 +546,8 @@ class Store(Protocol):
     def backend(self) -> str:
         """'memory', 'sqlite' or 'postgresql'."""
         ...
+
+    async def ping(self) -> None:
+        """Reach the database once (a trivial read); StoreError when it cannot be reached.
+        The coordinator's health follows it."""
+        ...

@@ -33,6 +33,9 @@ class MemoryStore:
 
     backend = "memory"
 
+    async def ping(self) -> None:
+        """Process memory is always there (see Store.ping)."""
+
     def __init__(self) -> None:
         self.events = MemoryEventLog()
         self.agents = MemoryAgentStore()

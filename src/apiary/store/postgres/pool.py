@@ -19,7 +19,32 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.rows import TupleRow
 
-from apiary.store.errors import StoreError
+from apiary.store.errors import StoreError, StoreUnavailableError
+
+RECONNECT_FIRST_S = 0.1
+RECONNECT_MAX_S = 5.0
+
+
+class Backoff:
+    """When the next connection attempt may be made, after consecutive failures."""
+
+    def __init__(self) -> None:
+        self._next = 0.0
+        self._delay = 0.0
+        self.last_error = ""
+
+    def remaining(self, now: float) -> float:
+        return max(0.0, self._next - now)
+
+    def failed(self, now: float, error: str) -> None:
+        self._delay = min(RECONNECT_MAX_S, max(RECONNECT_FIRST_S, self._delay * 2))
+        self._next = now + self._delay
+        self.last_error = error
+
+    def succeeded(self) -> None:
+        self._delay = self._next = 0.0
+        self.last_error = ""
+
 
 Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
 
@@ -28,7 +53,11 @@ class PostgresPool:
     """Up to `size` connections to `conninfo`, with search_path set to `schema`.
 
     psycopg errors raised while a connection is lent out arrive as StoreError (the driver's
-    error kept as the cause); other exceptions pass through unchanged.
+    error kept as the cause): StoreUnavailableError when the server could not be reached or
+    the connection was lost (retry), other exceptions pass through unchanged. After a failed
+    connect, the next attempts wait out a backoff that doubles up to RECONNECT_MAX_S (each
+    refused at once with StoreUnavailableError until then), so that an outage is not met
+    with a connection attempt per request.
     """
 
     def __init__(self, conninfo: str, schema: str, *, size: int = 4) -> None:
@@ -39,6 +68,7 @@ class PostgresPool:
         self._slots = asyncio.Semaphore(size)
         self._idle: list[Connection] = []
         self._closed = False
+        self._backoff = Backoff()
 
     @property
     def schema(self) -> str:
@@ -54,6 +84,8 @@ class PostgresPool:
             conn = self._idle.pop() if self._idle else await self._connect()
             try:
                 yield conn
+            except psycopg.OperationalError as exc:
+                raise StoreUnavailableError(f"PostgreSQL: {exc}") from exc
             except psycopg.Error as exc:
                 raise StoreError(f"PostgreSQL: {exc}") from exc
             finally:
@@ -67,10 +99,19 @@ class PostgresPool:
             await conn.close()
 
     async def _connect(self) -> Connection:
+        loop = asyncio.get_running_loop()
+        wait = self._backoff.remaining(loop.time())
+        if wait > 0:
+            raise StoreUnavailableError(
+                f"PostgreSQL cannot be reached; the next attempt in {wait:.1f} s "
+                f"(last error: {self._backoff.last_error})"
+            )
         try:
             conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
         except psycopg.Error as exc:
-            raise StoreError(f"cannot connect to PostgreSQL: {exc}") from exc
+            self._backoff.failed(loop.time(), str(exc).strip().splitlines()[0][:200])
+            raise StoreUnavailableError(f"cannot connect to PostgreSQL: {exc}") from exc
+        self._backoff.succeeded()
         try:
             await set_search_path(conn, self._schema)
         except BaseException:

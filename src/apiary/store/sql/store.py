@@ -13,6 +13,7 @@ from apiary.store.sql.idempotency import SqlIdempotencyStore
 from apiary.store.sql.messages import SqlMessageStore
 from apiary.store.sql.negotiations import SqlArtifactStore, SqlNegotiationStore
 from apiary.store.sql.rooms import SqlRoomStore
+from apiary.store.sql.statements import QueryOne
 from apiary.store.sql.swarm import SqlSwarmStore
 from apiary.store.sql.tasks import SqlTaskStore
 from apiary.store.sql.tools import SqlToolStore
@@ -24,6 +25,7 @@ class SqlStore:
     """Every aggregate in one SQL database."""
 
     def __init__(self, database: SqlDatabase) -> None:
+        self._db = database
         self.events = SqlEventLog(database)
         self.agents = SqlAgentStore(database)
         self.messages = SqlMessageStore(database)
@@ -39,3 +41,10 @@ class SqlStore:
         self.negotiations = SqlNegotiationStore(database)
         self.artifacts = SqlArtifactStore(database)
         self.swarm = SqlSwarmStore(database)
+
+    async def ping(self) -> None:
+        """One trivial read (see Store.ping)."""
+        await self._db.read(_PING)
+
+
+_PING = QueryOne("SELECT 1")
