@@ -114,6 +114,17 @@ async def test_bodies_that_are_not_messages_and_contradicting_headers_are_400(pa
              "UNSUPPORTED_VERSION", "X-Swarm-Protocol")  # fmt: skip
 
 
+async def test_deep_huge_or_nul_bodies_are_400_not_500(pair: Pair) -> None:
+    """Bodies the one JSON reader refuses (deep nesting, numbers past a float, NUL) are the
+    protocol's 400, naming the body; they used to answer 500."""
+    for raw in (b"[" * 100_000, b'{"n": 1e999}', b'{"content": "a\\u0000b"}'):
+        _refused(await pair.post(None, raw=raw), 400, "INVALID_FORMAT", "body")
+    body = pair.signed().to_json()
+    body["content"] = "a\x00b"  # a NUL in a field of an otherwise valid message
+    _refused(await pair.post(body), 400, "INVALID_FORMAT", "body")
+    assert await pair.inbox_ids() == []
+
+
 async def test_another_major_version_is_refused_and_a_newer_minor_accepted(pair: Pair) -> None:
     _refused(await pair.post(pair.signed(protocol_version="1.0.0").to_json()), 400,
              "UNSUPPORTED_VERSION", "protocol_version")  # fmt: skip

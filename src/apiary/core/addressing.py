@@ -7,9 +7,9 @@ producer of the acknowledged message; else `no_route`.
 
 from __future__ import annotations
 
-import json
-
 from apiary.core.envelope import Envelope, MessageType
+from apiary.core.json_reader import JsonError, parse_json
+from apiary.core.limits import DEFAULT_LIMITS, check_id
 from apiary.errors import NoRouteError
 
 
@@ -24,11 +24,14 @@ def recipient_from_payload(env: Envelope) -> str:
         # reads, always has NUL bytes). Spares parsing every ACK's payload once more.
         return ""
     try:
-        doc = json.loads(env.payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return ""
+        doc = parse_json(env.payload)
+    except JsonError:
+        return ""  # validation refuses the payload, with its own message
     to = doc.get("to") if isinstance(doc, dict) else None
-    return to if isinstance(to, str) else ""
+    if not isinstance(to, str):
+        return ""
+    check_id(to, "payload.to", DEFAULT_LIMITS.agent_id_bytes)
+    return to
 
 
 def resolve_recipient(env: Envelope, explicit: str = "", acked_producer: str = "") -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from apiary.core.ids import is_uuid4
+from apiary.core.limits import DEFAULT_LIMITS, Limits, check_id, quote
 from apiary.errors import ValidationError
 
 UINT32_MAX: Final = (1 << 32) - 1
@@ -52,7 +53,8 @@ def validate_ids(ids: EnvelopeIds, *, strict_correlation: bool = False) -> Envel
 
     Required: message_id (a UUIDv4), producer_id, correlation_id, sequence_number (uint64),
     retry_count (uint32). Optional: idempotency_token, whose `{producer}:{operation}:{hash}`
-    format is only a SHOULD and so is not enforced.
+    format is only a SHOULD and so is not enforced. Their lengths and charsets are the
+    limits' (`core.limits`), which envelope validation applies after these rules.
 
     correlation_id must be present, but it is held to UUIDv4 only with `strict_correlation`
     (`[router] strict_correlation_ids`): the RFC says "MUST be a UUIDv4" yet, in the same
@@ -71,19 +73,20 @@ def validate_ids(ids: EnvelopeIds, *, strict_correlation: bool = False) -> Envel
     return ids
 
 
-def check_flow_id(field: str, value: str, *, strict: bool) -> str:
+def check_flow_id(field: str, value: str, *, strict: bool, limits: Limits = DEFAULT_LIMITS) -> str:
     """`value`, an id that becomes the correlation_id of the messages of a flow (a task,
     workflow, negotiation, room or handoff id), unchanged; with strict correlation ids it
-    must be a UUIDv4 (ValidationError naming `field`). Empty passes: the caller generates a
-    UUIDv4 or falls back to one."""
+    must be a UUIDv4 (ValidationError naming `field`), and always a valid correlation_id
+    (printable, within the limit). Empty passes: the caller generates a UUIDv4 or falls
+    back to one."""
     if strict and value and not is_uuid4(value):
         raise ValidationError.for_field(
             field,
-            f"must be a UUIDv4, got {value[:64]!r}: it becomes the correlation_id of the flow's"
-            " messages, and strict correlation ids are on",
+            f"must be a UUIDv4, got {quote(value)}: it becomes the correlation_id of the"
+            " flow's messages, and strict correlation ids are on",
             value=value[:64],
         )
-    return value
+    return check_id(value, field, limits.correlation_id_bytes)
 
 
 def for_retry(ids: EnvelopeIds, new_message_id: str) -> EnvelopeIds:
@@ -133,13 +136,14 @@ def for_ack(
     ack_for_message_id is the original's message_id exactly as received, even when that id
     is malformed: a NACK must name the precipitating message (RFC 21), and a validation
     failure is often the reason for the NACK. The ack echoes the original's correlation_id;
-    an original without one (itself invalid) gets the ack's own message_id as correlation, so
-    the NACK starts a traceable flow of its own instead of being unsendable.
+    an original without one (itself invalid), or with one beyond the limits, gets the ack's own
+    message_id as correlation, so the NACK starts a traceable flow of its own instead of
+    being unsendable.
     """
     envelope = EnvelopeIds(
         message_id=message_id,
         idempotency_token="",
-        correlation_id=original.correlation_id or message_id,
+        correlation_id=_echoable(original.correlation_id) or message_id,
         producer_id=producer_id,
         sequence_number=sequence_number,
         retry_count=0,
@@ -147,11 +151,20 @@ def for_ack(
     return AckIds(envelope=validate_ids(envelope), ack_for_message_id=original.message_id)
 
 
+def _echoable(correlation_id: str) -> str:
+    """`correlation_id` when an ack may echo it; '' when it breaks the limits (the ack of a
+    message refused for its correlation_id must not carry that id again)."""
+    try:
+        return check_id(correlation_id, "correlation_id", DEFAULT_LIMITS.correlation_id_bytes)
+    except ValidationError:
+        return ""
+
+
 def _require_uuid4(field: str, value: str) -> None:
     if not value:
         raise ValidationError.for_field(field, "is required")
     if not is_uuid4(value):
-        raise ValidationError.for_field(field, f"must be a UUIDv4, got {value[:64]!r}")
+        raise ValidationError.for_field(field, f"must be a UUIDv4, got {quote(value)}")
 
 
 def _require_uint(field: str, value: int, maximum: int) -> None:

@@ -5,18 +5,27 @@
 1. required fields (rule 1): message_id (UUIDv4), producer_id, correlation_id, message_type
    (not MESSAGE_TYPE_UNSPECIFIED); sequence_number and retry_count are proto3 scalars, so 0
    is indistinguishable from "unset" and is accepted, only their unsigned ranges are checked;
+   every id (producer_id, correlation_id, idempotency_token, repo_id, worktree_id,
+   hlc_timestamp) is printable text within its length limit (`core.limits`, `[limits]`);
 2. payload metadata (rule 2): a present payload needs content_type and content_length;
 3. content_type syntax (RFC 12 "standard MIME type conventions"): `type/subtype`, no
-   wildcards, and a declared charset must be UTF-8 (rule 8);
+   wildcards, and a declared charset must be UTF-8 (rule 8); printable, within its limit;
 4. size (RFC 5.4): a declared content_length or an actual payload over the per-type limit is
    `oversize_payload`; the declared length is looked at first, because declaring it exists
    so that a receiver can refuse before reading;
 5. consistency (rule 4, RFC 5.4): content_length == len(payload);
-6. TTL (RFC 11): an expired message is `ttl_expired`;
+6. TTL (RFC 11): an expired message is `ttl_expired`; ttl_ms is at most the longest
+   duration the limits allow, and the timestamp a time a Timestamp can show (up to the end
+   of year 9999: a later one could not be shown to the recipient again);
 7. HLC (RFC 11): when HLC is enabled, hlc_timestamp must be present and parse;
-8. type safety (rules 5 and 8), last because it is the only check that reads the payload.
+8. type safety (rules 5 and 8), last because it is the only check that reads the payload;
+   JSON is read by `core.json_reader` within the depth limit.
 
 Every error names the offending field in `details["field"]`.
+
+The timestamp's distance from the coordinator's clock is the service edge's check
+(`core.limits.check_timestamp`): an envelope the coordinator forwards or requeues keeps the
+timestamp its producer gave it, however old.
 
 `check_modality` is the separate RFC 12 check against the target agent's declared modalities:
 it needs the recipient, which envelope validation does not know.
@@ -24,7 +33,6 @@ it needs the recipient, which envelope validation does not know.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -36,7 +44,14 @@ from apiary.core.envelope import Envelope, MessageType
 from apiary.core.envelope_ids import UINT32_MAX, UINT64_MAX, EnvelopeIds, validate_ids
 from apiary.core.hlc import parse_hlc
 from apiary.core.ids import is_uuid4
-from apiary.core.json_scan import NOT_PLAIN, plain_value, scanner
+from apiary.core.json_reader import DEFAULT_DEPTH, JsonError, parse_json, plainly_json
+from apiary.core.limits import (
+    DEFAULT_LIMITS,
+    TIMESTAMP_MAX_S,
+    Limits,
+    check_id,
+    check_timestamp_range,
+)
 from apiary.errors import (
     OversizePayloadError,
     TtlExpiredError,
@@ -147,6 +162,12 @@ def content_type_base(ct: str) -> str:
     return ct.split(";", 1)[0].strip().lower()
 
 
+def is_json_type(content_type: str) -> bool:
+    """Whether `content_type` is JSON: application/json or a `+json` type (parameters and
+    case ignored)."""
+    return _is_json(content_type_base(content_type))
+
+
 def media_type_params(ct: str) -> dict[str, str]:
     """The parameters of a content type, names lower-cased, quotes removed; junk is ignored."""
     params: dict[str, str] = {}
@@ -184,6 +205,7 @@ def validate_envelope(
     now: float,
     hlc_required: bool = False,
     strict_correlation: bool = False,
+    fields: Limits = DEFAULT_LIMITS,
 ) -> None:
     """Admit or refuse `env` by the message-types Validation Rules (see the module docstring).
 
@@ -195,13 +217,14 @@ def validate_envelope(
     only checked when HLC is enabled (`hlc_required`), because HLC is advisory (RFC 24) and a
     node that does not use it must not refuse messages over it. `now` is UTC seconds.
     correlation_id must be a UUIDv4 only with `strict_correlation` (see `validate_ids`).
+    `fields` bounds the envelope's strings, its ttl_ms and the depth of a JSON payload.
     """
     if not math.isfinite(now):
         raise ValueError(f"now must be finite, got {now!r}")
-    if not hlc_required and _plainly_valid(env, limits, now, strict_correlation):
+    if not hlc_required and _plainly_valid(env, limits, now, strict_correlation, fields):
         return
-    _check_required(env, strict_correlation)
-    _check_payload_metadata(env)
+    _check_required(env, strict_correlation, fields)
+    _check_payload_metadata(env, fields)
     message_type = env.message_type
     _check_size(env, message_type, limits.limit_for(message_type))
     if env.content_length != len(env.payload):
@@ -211,17 +234,17 @@ def validate_envelope(
             declared=str(env.content_length),
             actual=str(len(env.payload)),
         )
-    _check_ttl(env, now)
+    _check_ttl(env, now, fields)
     if hlc_required:
         if not env.hlc_timestamp:
             raise ValidationError.for_field("hlc_timestamp", "is required when HLC is enabled")
         parse_hlc(env.hlc_timestamp)
     if env.payload:
-        check_payload_type(env.content_type, env.payload)
+        check_payload_type(env.content_type, env.payload, fields.json_depth)
 
 
 def _plainly_valid(
-    env: Envelope, limits: PayloadLimits, now: float, strict_correlation: bool
+    env: Envelope, limits: PayloadLimits, now: float, strict_correlation: bool, fields: Limits
 ) -> bool:
     """Whether `env` passes every check of `validate_envelope` but HLC's, decided in one
     pass for the envelopes nearly all traffic is (every admitted envelope asks, twice per
@@ -233,20 +256,21 @@ def _plainly_valid(
     ttl_ms, timestamp = env.ttl_ms, env.timestamp
     if not (
         _ids_plainly_valid(env)
+        and _strings_plainly_valid(env, fields)
         and (not strict_correlation or is_uuid4(env.correlation_id))
         and type(message_type) is MessageType
         and message_type is not MessageType.MESSAGE_TYPE_UNSPECIFIED
         and env.content_length == size
         and type(ttl_ms) is int
-        and ttl_ms >= 0
+        and 0 <= ttl_ms <= fields.max_duration_ms
         and type(timestamp) is float
-        and 0.0 <= timestamp < math.inf
+        and 0.0 <= timestamp <= TIMESTAMP_MAX_S
         and (ttl_ms == 0 or timestamp == 0.0 or timestamp + ttl_ms / 1000.0 > now)
     ):
         return False
     if not payload:
-        return not content_type or _content_type_valid(content_type)
-    if not content_type or not _content_type_valid(content_type):
+        return not content_type or _content_type_valid(content_type, fields.content_type_bytes)
+    if not content_type or not _content_type_valid(content_type, fields.content_type_bytes):
         return False
     if size > limits.limit_for(message_type):
         return False
@@ -256,32 +280,35 @@ def _plainly_valid(
         text = payload.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return plain_value(text, _STRICT_SCAN) is not NOT_PLAIN
+    return plainly_json(text, fields.json_depth)
 
 
-def _content_type_valid(content_type: str) -> bool:
-    """`_check_content_type` as a yes or no."""
+def _content_type_valid(content_type: str, limit: int) -> bool:
+    """`_check_content_type` as a yes or no (a text over the limit is not looked at)."""
+    if len(content_type) > limit:
+        return False
     try:
-        _check_content_type(content_type)
+        _check_content_type(content_type, limit)
     except ValidationError:
         return False
     return True
 
 
-def check_payload_type(content_type: str, payload: bytes) -> None:
+def check_payload_type(content_type: str, payload: bytes, max_depth: int = DEFAULT_DEPTH) -> None:
     """Rules 5 and 8: the payload must be valid for its declared content type.
 
     JSON types (application/json, */*+json) must be UTF-8 JSON text (RFC 8259), without the
-    non-standard NaN/Infinity constants; textual types (text/*, XML, YAML, NDJSON,
-    JavaScript) must be UTF-8; everything else (application/protobuf, octet-stream, images,
-    audio) is opaque bytes. Raises ValidationError naming `payload`.
+    non-standard NaN/Infinity constants, nesting at most `max_depth` arrays and objects
+    (`core.json_reader`); textual types (text/*, XML, YAML, NDJSON, JavaScript) must be
+    UTF-8; everything else (application/protobuf, octet-stream, images, audio) is opaque
+    bytes. Raises ValidationError naming `payload`.
     """
     base = content_type_base(content_type)
     if _is_json(base):
         text = _utf8(payload, base)
         try:
-            _parse_strict_json(text)
-        except (ValueError, RecursionError) as exc:
+            parse_json(text, max_depth)
+        except JsonError as exc:
             raise ValidationError.for_field(
                 "payload", f"is not valid JSON for {base}: {str(exc)[:120]}"
             ) from None
@@ -331,9 +358,14 @@ def _modality_supported(content_type: str, modalities: tuple[str, ...]) -> bool:
 # --- the checks, in order ---------------------------------------------------------------------
 
 
-def _check_required(env: Envelope, strict_correlation: bool) -> None:
-    if not _ids_plainly_valid(env) or (strict_correlation and not is_uuid4(env.correlation_id)):
-        _check_ids(env, strict_correlation)
+def _check_required(env: Envelope, strict_correlation: bool, fields: Limits) -> None:
+    _check_ids(env, strict_correlation)
+    check_id(env.producer_id, "producer_id", fields.producer_id_bytes)
+    check_id(env.correlation_id, "correlation_id", fields.correlation_id_bytes)
+    check_id(env.idempotency_token, "idempotency_token", fields.idempotency_token_bytes)
+    check_id(env.repo_id, "repo_id", fields.repo_id_bytes)
+    check_id(env.worktree_id, "worktree_id", fields.worktree_id_bytes)
+    check_id(env.hlc_timestamp, "hlc_timestamp", fields.hlc_bytes)
     if not isinstance(env.message_type, MessageType):
         raise ValidationError.for_field(
             "message_type", f"{env.message_type!r} is not a SW4RM message type"
@@ -358,6 +390,37 @@ def _ids_plainly_valid(env: Envelope) -> bool:
     )
 
 
+def _strings_plainly_valid(env: Envelope, fields: Limits) -> bool:
+    """The length and charset checks of the envelope's ids for one that passes them all
+    (printable ASCII within its limits), in one pass over them; False sends it the long way.
+    (content_type is `_content_type_valid`'s, cached.)"""
+    producer, correlation = env.producer_id, env.correlation_id
+    token, repo, worktree, hlc = (
+        env.idempotency_token,
+        env.repo_id,
+        env.worktree_id,
+        env.hlc_timestamp,
+    )
+    if not (
+        len(producer) <= fields.producer_id_bytes
+        and len(correlation) <= fields.correlation_id_bytes
+    ):
+        return False
+    if not (token or repo or worktree or hlc):
+        # One string: ASCII is a flag of it, printable one pass (each string alone costs a call).
+        joined = producer + correlation
+    elif (
+        len(token) <= fields.idempotency_token_bytes
+        and len(repo) <= fields.repo_id_bytes
+        and len(worktree) <= fields.worktree_id_bytes
+        and len(hlc) <= fields.hlc_bytes
+    ):
+        joined = producer + correlation + token + repo + worktree + hlc
+    else:
+        return False
+    return joined.isascii() and joined.isprintable()
+
+
 def _check_ids(env: Envelope, strict_correlation: bool) -> None:
     validate_ids(
         EnvelopeIds(
@@ -372,19 +435,23 @@ def _check_ids(env: Envelope, strict_correlation: bool) -> None:
     )
 
 
-def _check_payload_metadata(env: Envelope) -> None:
+def _check_payload_metadata(env: Envelope, fields: Limits) -> None:
     if env.payload and not env.content_type:
         raise ValidationError.for_field("content_type", "is required when a payload is present")
     if env.payload and env.content_length == 0:
         raise ValidationError.for_field("content_length", "is required when a payload is present")
     if env.content_type:
-        _check_content_type(env.content_type)
+        check_id(env.content_type, "content_type", fields.content_type_bytes)
+        _check_content_type(env.content_type, fields.content_type_bytes)
 
 
 @lru_cache(maxsize=1024)
-def _check_content_type(content_type: str) -> None:
-    """A well-formed media type with a UTF-8 charset if any. Cached (only successes are:
-    an error raises): it depends on the string alone, and a deployment uses a handful."""
+def _check_content_type(content_type: str, limit: int) -> None:
+    """A well-formed media type of printable text within `limit` bytes, with a UTF-8
+    charset if any. Cached (only successes are: an error raises): it depends on the
+    strings alone, and a deployment uses a handful (callers test the length first, so the
+    cache holds short strings only)."""
+    check_id(content_type, "content_type", limit)
     if _MEDIA_TYPE.fullmatch(content_type_base(content_type)) is None:
         _bad_content_type(content_type)
     charset = media_type_params(content_type).get("charset")
@@ -408,15 +475,22 @@ def _check_size(env: Envelope, message_type: MessageType, limit: int) -> None:
             )
 
 
-def _check_ttl(env: Envelope, now: float) -> None:
+def _check_ttl(env: Envelope, now: float, fields: Limits) -> None:
     if isinstance(env.ttl_ms, bool) or not isinstance(env.ttl_ms, int) or env.ttl_ms < 0:
         raise ValidationError.for_field(
             "ttl_ms", f"must be a non-negative integer, got {env.ttl_ms!r}"
+        )
+    if env.ttl_ms > fields.max_duration_ms:
+        raise ValidationError.for_field(
+            "ttl_ms",
+            f"must be at most {fields.max_duration_ms} ms ([limits] max_duration_s),"
+            f" got {env.ttl_ms}",
         )
     if not math.isfinite(env.timestamp) or env.timestamp < 0:
         raise ValidationError.for_field(
             "timestamp", f"must be finite, non-negative seconds, got {env.timestamp!r}"
         )
+    check_timestamp_range(env.timestamp, "timestamp")
     deadline = ttl_deadline(env)
     if deadline and deadline <= now:
         raise TtlExpiredError(
@@ -452,23 +526,6 @@ def _covers(modality: str, base: str) -> bool:
         return True
     kind, _, sub = modality.partition("/")
     return modality == base or (sub == "*" and base.startswith(kind + "/"))
-
-
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not JSON")
-
-
-_STRICT_JSON: Final = json.JSONDecoder(parse_constant=_reject_constant)
-"""One decoder for every payload: json.loads with any option builds a new one per call."""
-_STRICT_SCAN: Final = scanner(_STRICT_JSON)
-
-
-def _parse_strict_json(text: str) -> None:
-    """json.loads(text, parse_constant=_reject_constant), with its BOM check, minus the
-    decoder it would build."""
-    if text.startswith("\ufeff"):
-        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
-    _STRICT_JSON.decode(text)
 
 
 def _check_limit(name: str, value: object) -> None:

@@ -64,6 +64,7 @@ from apiary.server.services.negotiation_room import (
     NegotiationRoomQueryHandler,
 )
 from apiary.server.services.registry import RegistryHandler
+from apiary.server.services.request_checks import RequestChecks
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
 from apiary.server.services.scheduler import (
     AgentControlHandler,
@@ -124,49 +125,64 @@ class Coordinator:
     ready: bool = False
 
 
-def _handlers(engine: Engine, runtime: Runtime) -> dict[str, object]:
+def _handlers(engine: Engine, runtime: Runtime, checks: RequestChecks) -> dict[str, object]:
     return {
         "sw4rm.registry.RegistryService": RegistryHandler(
-            engine.registry, engine.presence, engine.scheduler
+            engine.registry, engine.presence, engine.scheduler, checks=checks
         ),
         "sw4rm.router.RouterService": RouterHandler(
-            engine.router, engine.delivery, HitlDecisions(engine.hitl)
+            engine.router,
+            engine.delivery,
+            HitlDecisions(engine.hitl, checks.limits),
+            checks=checks,
         ),
-        "sw4rm.logging.LoggingService": LoggingHandler(engine.events),
-        "apiary.v1.EventLogService": EventLogHandler(engine.events),
-        "apiary.v1.RouterStreamService": RouterStreamHandler(engine.router, engine.delivery),
-        "apiary.v1.DiscoveryService": DiscoveryHandler(engine.registry, engine.router),
-        "apiary.v1.DlqService": DlqHandler(engine.router, runtime.ids),
-        "apiary.v1.HitlOperatorService": HitlOperatorHandler(engine.hitl),
-        "apiary.v1.ActivityBufferService": ActivityBufferHandler(engine.activity),
+        "sw4rm.logging.LoggingService": LoggingHandler(engine.events, checks=checks),
+        "apiary.v1.EventLogService": EventLogHandler(engine.events, checks=checks),
+        "apiary.v1.RouterStreamService": RouterStreamHandler(
+            engine.router, engine.delivery, checks=checks
+        ),
+        "apiary.v1.DiscoveryService": DiscoveryHandler(
+            engine.registry, engine.router, checks=checks
+        ),
+        "apiary.v1.DlqService": DlqHandler(engine.router, runtime.ids, checks=checks),
+        "apiary.v1.HitlOperatorService": HitlOperatorHandler(engine.hitl, checks=checks),
+        "apiary.v1.ActivityBufferService": ActivityBufferHandler(engine.activity, checks=checks),
         "sw4rm.scheduler.SchedulerService": SchedulerHandler(
-            engine.scheduler, ActivityHandler(engine.activity)
+            engine.scheduler, ActivityHandler(engine.activity), checks=checks
         ),
-        "apiary.v1.AgentControlService": AgentControlHandler(engine.scheduler),
-        "apiary.v1.TaskQueryService": TaskQueryHandler(engine.scheduler, engine.hitl),
-        "sw4rm.reasoning.InferenceProxy": InferenceHandler(),
-        "sw4rm.reasoning.ReasoningProxy": InferenceHandler(),
-        "sw4rm.hitl.HitlService": HitlHandler(engine.hitl),
-        "sw4rm.workflow.WorkflowService": WorkflowHandler(engine.workflows),
-        "sw4rm.handoff.HandoffService": HandoffHandler(engine.handoffs),
-        "apiary.v1.HandoffQueryService": HandoffQueryHandler(engine.handoffs),
-        "sw4rm.worktree.WorktreeService": WorktreeHandler(engine.worktrees),
-        "apiary.v1.WorktreeBindingService": WorktreeBindingHandler(engine.worktrees),
-        "sw4rm.negotiation_room.NegotiationRoomService": NegotiationRoomHandler(engine.rooms),
-        "apiary.v1.NegotiationRoomQueryService": NegotiationRoomQueryHandler(engine.rooms),
-        "sw4rm.tool.ToolService": ToolHandler(engine.tools),
-        "sw4rm.connector.ConnectorService": ConnectorHandler(engine.tools),
-        "apiary.v1.ToolProviderService": ToolProviderHandler(engine.tools),
+        "apiary.v1.AgentControlService": AgentControlHandler(engine.scheduler, checks=checks),
+        "apiary.v1.TaskQueryService": TaskQueryHandler(
+            engine.scheduler, engine.hitl, checks=checks
+        ),
+        "sw4rm.reasoning.InferenceProxy": InferenceHandler(checks=checks),
+        "sw4rm.reasoning.ReasoningProxy": InferenceHandler(checks=checks),
+        "sw4rm.hitl.HitlService": HitlHandler(engine.hitl, checks=checks),
+        "sw4rm.workflow.WorkflowService": WorkflowHandler(engine.workflows, checks=checks),
+        "sw4rm.handoff.HandoffService": HandoffHandler(engine.handoffs, checks=checks),
+        "apiary.v1.HandoffQueryService": HandoffQueryHandler(engine.handoffs, checks=checks),
+        "sw4rm.worktree.WorktreeService": WorktreeHandler(engine.worktrees, checks=checks),
+        "apiary.v1.WorktreeBindingService": WorktreeBindingHandler(engine.worktrees, checks=checks),
+        "sw4rm.negotiation_room.NegotiationRoomService": NegotiationRoomHandler(
+            engine.rooms, checks=checks
+        ),
+        "apiary.v1.NegotiationRoomQueryService": NegotiationRoomQueryHandler(
+            engine.rooms, checks=checks
+        ),
+        "sw4rm.tool.ToolService": ToolHandler(engine.tools, checks=checks),
+        "sw4rm.connector.ConnectorService": ConnectorHandler(engine.tools, checks=checks),
+        "apiary.v1.ToolProviderService": ToolProviderHandler(engine.tools, checks=checks),
         "sw4rm.scheduler.SchedulerPolicyService": SchedulerPolicyHandler(
-            engine.negotiations, engine.hitl
+            engine.negotiations, engine.hitl, checks=checks
         ),
         "sw4rm.negotiation.NegotiationService": NegotiationHandler(
-            engine.negotiations, engine.hitl
+            engine.negotiations, engine.hitl, checks=checks
         ),
         "apiary.v1.NegotiationOperatorService": NegotiationOperatorHandler(
-            engine.negotiations, engine.hitl, runtime.ids
+            engine.negotiations, engine.hitl, runtime.ids, checks=checks
         ),
-        "sw4rm.activity.ActivityService": ArtifactsHandler(engine.negotiations.artifacts),
+        "sw4rm.activity.ActivityService": ArtifactsHandler(
+            engine.negotiations.artifacts, checks=checks
+        ),
     }
 
 
@@ -254,11 +270,12 @@ async def open_coordinator(
             engine.router, engine.activity, engine.scheduler, engine.events,
             store_stats=(lambda: store.stats) if isinstance(store, SqliteStore) else None,
         )  # fmt: skip
-        handlers = _handlers(engine, runtime)
+        checks = RequestChecks(config.limits)
+        handlers = _handlers(engine, runtime, checks)
         default = config.auth.quota(DEFAULT_TENANT)
         tenancy = Tenancy(
             config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
-            lambda tenant_engine: _handlers(tenant_engine, runtime),
+            lambda tenant_engine: _handlers(tenant_engine, runtime, checks),
             _known_tenants(config, key_ring(config)),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy)

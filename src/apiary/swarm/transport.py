@@ -17,7 +17,6 @@ and accepts HTTP/2, which a terminating proxy in front provides (docs/swarm.md).
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import ssl
@@ -28,6 +27,8 @@ from typing import Any
 
 from aiohttp import web
 
+from apiary.core.json_reader import read_json
+from apiary.errors import ValidationError
 from apiary.swarm.errors import SwarmError, invalid
 from apiary.swarm.node import SwarmNode
 
@@ -63,12 +64,11 @@ def _guarded(handler: Handler) -> Handler:
 async def _body(request: web.Request) -> Any:
     raw = await request.read()
     try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise invalid("body", f"is not UTF-8 JSON ({exc})") from None
-    if "\x00" in json.dumps(body, ensure_ascii=False):
-        raise invalid("body", "NUL characters are not accepted")
-    return body
+        # One reader for every JSON a client sends: UTF-8, bounded depth and size, no NUL,
+        # numbers that stay finite (a deep or huge document answered 500 before).
+        return read_json(raw, "body", max_bytes=MAX_BODY)
+    except ValidationError as exc:
+        raise invalid("body", exc.message) from None
 
 
 @dataclass(frozen=True, slots=True)

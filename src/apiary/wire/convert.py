@@ -1,9 +1,16 @@
-"""Converters between canonical protobuf messages and core domain values."""
+"""Converters between canonical protobuf messages and core domain values.
+
+Readers render defensively: whatever a stored value holds, converting it to a message for a
+reply cannot fail (a timestamp outside what a Timestamp can show is shown at the nearest end
+of its range; event details that are not JSON are shown as text), so that no stored value
+can make a later read fail.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import math
+from typing import Final
 
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
@@ -11,7 +18,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.events import Event
-from apiary.core.json_scan import NOT_PLAIN, plain_value, scanner
+from apiary.core.json_reader import JsonError, parse_json
+from apiary.core.limits import DEFAULT_LIMITS, TIMESTAMP_MAX_S, check_id, check_text
 from apiary.errors import (
     ValidationError,
     canonical_code,
@@ -21,6 +29,8 @@ from apiary.wire import pb
 
 JSON_CONTENT_TYPE = "application/json"
 PROTOBUF_CONTENT_TYPES = frozenset({"application/protobuf", "application/x-protobuf"})
+TIMESTAMP_MIN_S: Final = -62_135_596_800
+"""0001-01-01T00:00:00Z: the first second a protobuf Timestamp (and RFC 3339 text) can show."""
 
 
 def timestamp_to_float(ts: Timestamp) -> float:
@@ -28,10 +38,20 @@ def timestamp_to_float(ts: Timestamp) -> float:
 
 
 def float_to_timestamp(seconds: float) -> Timestamp:
+    """`seconds` as a Timestamp that every reader can show: NaN is the epoch, anything
+    before year 1 or after year 9999 the nearest end of that range (such a value was never
+    accepted from a client; this keeps a stored one from failing every read of it)."""
     ts = Timestamp()
-    whole = int(seconds)
+    if not seconds >= TIMESTAMP_MIN_S:  # also NaN
+        seconds = TIMESTAMP_MIN_S if seconds < 0 else 0.0
+    elif seconds > TIMESTAMP_MAX_S:
+        seconds = TIMESTAMP_MAX_S
+    whole = math.floor(seconds)
+    nanos = round((seconds - whole) * 1e9)
+    if nanos >= 1_000_000_000:  # rounding carried into the next second
+        whole, nanos = whole + 1, 0
     ts.seconds = whole
-    ts.nanos = round((seconds - whole) * 1e9)
+    ts.nanos = nanos
     return ts
 
 
@@ -95,18 +115,20 @@ def _ack_from_protobuf(payload: bytes) -> Ack:
     except DecodeError:
         raise ValidationError("ACK payload is not a protobuf Ack", {"field": "payload"}) from None
     return Ack(
-        ack_for_message_id=msg.ack_for_message_id,
+        ack_for_message_id=_ack_target(msg.ack_for_message_id),
         ack_stage=_stage(int(msg.ack_stage)),
         error_code=from_proto_error_code(int(msg.error_code)) if msg.error_code else "",
-        note=msg.note,
+        note=check_text(msg.note, "note", DEFAULT_LIMITS.text_bytes),
     )
 
 
 def _ack_from_json(payload: bytes) -> Ack:
     try:
-        doc = _json_text(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValidationError("ACK payload is not valid JSON", {"field": "payload"}) from None
+        doc = parse_json(payload, DEFAULT_LIMITS.json_depth)
+    except JsonError as exc:
+        raise ValidationError(
+            f"ACK payload is not valid JSON: {exc}", {"field": "payload"}
+        ) from None
     if not isinstance(doc, dict):
         raise ValidationError("ACK payload must be a JSON object", {"field": "payload"})
     target = doc.get("ack_for_message_id")
@@ -114,6 +136,7 @@ def _ack_from_json(payload: bytes) -> Ack:
         raise ValidationError(
             "ACK payload needs ack_for_message_id", {"field": "ack_for_message_id"}
         )
+    _ack_target(target)
     stage = doc.get("ack_stage")
     if isinstance(stage, str):
         found = _STAGES_BY_NAME.get(stage.upper())
@@ -127,24 +150,30 @@ def _ack_from_json(payload: bytes) -> Ack:
     error = doc.get("error_code") or ""
     if isinstance(error, int):
         error = from_proto_error_code(error)
-    code = canonical_code(str(error)) if error else ""
-    return Ack(target, stage_value, code, str(doc.get("note") or ""))
+    elif not isinstance(error, str):
+        raise ValidationError.for_field("error_code", "must be a string or a number")
+    code = canonical_code(check_id(error, "error_code", DEFAULT_LIMITS.name_bytes)) if error else ""
+    note = doc.get("note") or ""
+    if not isinstance(note, str):
+        raise ValidationError.for_field("note", f"must be a string, got {type(note).__name__}")
+    if note:
+        check_text(note, "note", DEFAULT_LIMITS.text_bytes)
+    return Ack(target, stage_value, code, note)
+
+
+_ID_BYTES: Final = DEFAULT_LIMITS.id_bytes
+
+
+def _ack_target(target: str) -> str:
+    """`target` when it is an id (printable, within the limit; checked plainly first: every
+    ACK asks)."""
+    if len(target) <= _ID_BYTES and target.isascii() and target.isprintable():
+        return target
+    return check_id(target, "ack_for_message_id", _ID_BYTES)
 
 
 _STAGES_BY_NAME = {stage.name: stage for stage in AckStage}
 """AckStage[name] without the Enum machinery (a dict lookup)."""
-
-
-_SCAN = scanner(json.JSONDecoder())
-
-
-def _json_text(payload: bytes) -> Any:
-    """The JSON value of a UTF-8 payload, as json.loads reads it (scanned at once when it
-    is plainly one value, as every ACK of a stream is). Not sniffed for UTF-16 and UTF-32
-    first: JSON payloads are UTF-8 (RFC 8259), as envelope validation requires."""
-    text = payload.decode("utf-8")
-    value = plain_value(text, _SCAN)
-    return json.loads(text) if value is NOT_PLAIN else value
 
 
 def _stage(value: int) -> AckStage:
@@ -173,9 +202,41 @@ def event_to_proto(event: Event) -> pb.apiary_pb2.Event:
         actor=event.actor,
         correlation_id=event.correlation_id,
         agent_id=event.agent_id,
-        details_json=json.dumps(event.details, separators=(",", ":"), sort_keys=True),
+        details_json=details_json(event.details),
         hlc=event.hlc,
     )
+
+
+def details_json(details: object, *, sort_keys: bool = True) -> str:
+    """Compact JSON of stored details (keys sorted unless `sort_keys` is false), whatever
+    they hold: a value JSON has no form for (NaN, infinity, bytes, other objects, nesting
+    past 64 levels) is written as text, so that the answer is JSON every client reads."""
+    try:
+        return json.dumps(details, separators=(",", ":"), sort_keys=sort_keys, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        return json.dumps(
+            _jsonable(details, 0), separators=(",", ":"), sort_keys=sort_keys, allow_nan=False
+        )
+
+
+_JSONABLE_DEPTH: Final = 64
+
+
+def _jsonable(value: object, depth: int) -> object:
+    """`value` with everything JSON cannot hold as text (bounded depth: deeper is text)."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, dict | list | tuple):
+        if depth >= _JSONABLE_DEPTH:
+            return f"<{type(value).__name__} nested deeper than {_JSONABLE_DEPTH}>"
+        if isinstance(value, dict):
+            return {str(k): _jsonable(v, depth + 1) for k, v in value.items()}
+        return [_jsonable(v, depth + 1) for v in value]
+    if isinstance(value, bytes | bytearray):
+        return repr(bytes(value[:1000]))
+    return f"<{type(value).__name__}>"
 
 
 def descriptor_to_dict(agent: pb.registry_pb2.AgentDescriptor) -> dict[str, object]:
@@ -186,5 +247,16 @@ def descriptor_to_dict(agent: pb.registry_pb2.AgentDescriptor) -> dict[str, obje
 
 
 def descriptor_from_dict(doc: dict[str, object]) -> pb.registry_pb2.AgentDescriptor:
-    """The AgentDescriptor back from its stored JSON form (unknown keys ignored)."""
-    return json_format.ParseDict(doc, pb.registry_pb2.AgentDescriptor(), ignore_unknown_fields=True)
+    """The AgentDescriptor back from its stored JSON form (unknown keys ignored). A stored
+    form the descriptor cannot take is shown as its id and name alone, rather than failing
+    every read of the agent."""
+    try:
+        return json_format.ParseDict(
+            doc, pb.registry_pb2.AgentDescriptor(), ignore_unknown_fields=True
+        )
+    except (json_format.ParseError, ValueError, TypeError, RecursionError):
+        agent_id, name = doc.get("agent_id"), doc.get("name")
+        return pb.registry_pb2.AgentDescriptor(
+            agent_id=agent_id if isinstance(agent_id, str) else "",
+            name=name if isinstance(name, str) else "",
+        )

@@ -13,6 +13,7 @@ from apiary.errors import ValidationError
 from apiary.server.config.auth import auth_settings
 from apiary.server.config.handoff import handoff_policy
 from apiary.server.config.hitl import hitl_settings
+from apiary.server.config.limits import limits_settings
 from apiary.server.config.negotiation import negotiation_settings
 from apiary.server.config.rooms import room_settings
 from apiary.server.config.router import router_settings
@@ -71,6 +72,7 @@ _PARSERS: dict[str, _Parse] = {
     "negotiation": _table_of(negotiation_settings, "negotiation"),
     "swarm": _swarm,
     "auth": _table_of(auth_settings, "auth"),
+    "limits": _table_of(limits_settings, "limits"),
 }
 """The parser of each table, keyed by its ServerConfig field, in the order the tables are
 checked (the first error is the one reported); [server] comes before them (apply_layer)."""

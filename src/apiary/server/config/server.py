@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from apiary.core.handoff_request import HandoffPolicy
+from apiary.core.limits import Limits
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.negotiation.policies import NegotiationSettings
 from apiary.engine.negotiation.rooms import RoomSettings
@@ -56,6 +57,8 @@ class ServerConfig:
     """Negotiation settings: TOML table [negotiation] (see docs/negotiation.md)."""
     auth: AuthSettings = field(default_factory=AuthSettings)
     """Authentication and authorization: TOML table [auth] (docs/security.md)."""
+    limits: Limits = field(default_factory=Limits)
+    """The limits on what clients send: TOML table [limits] (docs/decisions.md, "Limits")."""
     swarm: PeerSettings | None = None
     """A swarm peer served by the coordinator: TOML table [swarm] (docs/swarm.md)."""
     tls_cert: Path | None = None

@@ -1,4 +1,8 @@
-"""SchedulerService.PollActivityBuffer / PurgeActivity and apiary.v1.ActivityBufferService."""
+"""SchedulerService.PollActivityBuffer / PurgeActivity and apiary.v1.ActivityBufferService.
+
+Entries are checked where they enter (`request_checks`: started_at and finished_at within
+the clock-skew window, every id within its limit), and read back through
+`float_to_timestamp`, which shows any stored time, so that no entry can fail a read."""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from apiary.core.activity import ActivityEntry
 from apiary.engine.activity import Activity
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp, timestamp_to_float
 
@@ -24,11 +29,13 @@ def _record(entry: ActivityEntry) -> a.ActivityRecord:
     return out
 
 
+@checked
 class ActivityHandler:
     """The canonical reads and purges (SchedulerService)."""
 
-    def __init__(self, activity: Activity) -> None:
+    def __init__(self, activity: Activity, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._activity = activity
+        self._checks = checks
 
     async def poll_activity_buffer(
         self, req: s.PollActivityBufferRequest, ctx: CallContext
@@ -54,11 +61,13 @@ class ActivityHandler:
         return s.PurgeActivityResponse(purged=purged)
 
 
+@checked
 class ActivityBufferHandler:
     """Agents register and complete their in-flight work (apiary.v1)."""
 
-    def __init__(self, activity: Activity) -> None:
+    def __init__(self, activity: Activity, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._activity = activity
+        self._checks = checks
 
     async def register(self, req: a.RegisterActivityRequest, ctx: CallContext) -> a.ActivityRecord:
         e = req.entry

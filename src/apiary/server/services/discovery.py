@@ -6,16 +6,21 @@ from apiary.core.records import AgentRecord
 from apiary.engine.registry import Registry, retired_keys_of
 from apiary.engine.router.router import Router
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.convert import descriptor_from_dict, float_to_timestamp
 
 apiary_pb2 = pb.apiary_pb2
 
 
+@checked
 class DiscoveryHandler:
-    def __init__(self, registry: Registry, router: Router) -> None:
+    def __init__(
+        self, registry: Registry, router: Router, checks: RequestChecks = DEFAULT_CHECKS
+    ) -> None:
         self._registry = registry
         self._router = router
+        self._checks = checks
 
     def _info(self, record: AgentRecord) -> apiary_pb2.AgentInfo:
         inbox = self._router.inbox(record.agent_id)

@@ -1,6 +1,12 @@
-"""apiary.v1.DlqService: inspect, filter, requeue and export dead letters (RFC 21.1)."""
+"""apiary.v1.DlqService: inspect, filter, requeue and export dead letters (RFC 21.1).
+
+A dead letter keeps what its producer sent, valid or not; its view is built defensively
+(stored bytes that are not an Envelope show no excerpt, any stored time is shown), so that
+no entry can fail a listing."""
 
 from __future__ import annotations
+
+from google.protobuf.message import DecodeError
 
 from apiary.core.envelope import Envelope
 from apiary.core.ids import IdGenerator
@@ -10,6 +16,7 @@ from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
 from apiary.errors import ApiaryError, ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp, timestamp_to_float
 
@@ -28,8 +35,19 @@ def _filter(f: apiary_pb2.DlqFilter) -> DlqFilter:
     )
 
 
+def _excerpt(envelope: bytes) -> bytes:
+    """The first bytes of the stored envelope's payload; none when it does not parse."""
+    try:
+        return pb.common_pb2.Envelope.FromString(envelope).payload[:EXCERPT_BYTES]
+    except DecodeError:
+        return b""
+
+
+def _seconds(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
 def _entry(entry: DlqEntry) -> apiary_pb2.DlqEntry:
-    env = pb.common_pb2.Envelope.FromString(entry.envelope)
     out = apiary_pb2.DlqEntry(
         entry_id=entry.entry_id, message_id=entry.message_id, producer_id=entry.producer_id,
         recipient=entry.recipient, correlation_id=entry.correlation_id,
@@ -37,11 +55,11 @@ def _entry(entry: DlqEntry) -> apiary_pb2.DlqEntry:
         error_code=entry.error_code, reason=entry.reason,
         created_at=float_to_timestamp(entry.created_at),
         failed_at=float_to_timestamp(entry.failed_at), content_type=entry.content_type,
-        payload_size=entry.payload_size, payload_excerpt=env.payload[:EXCERPT_BYTES],
+        payload_size=entry.payload_size, payload_excerpt=_excerpt(entry.envelope),
         route=entry.route, requeued_as=entry.requeued_as,
         attempts=[
             apiary_pb2.DlqAttempt(
-                at=float_to_timestamp(float(a.get("at", 0))), what=str(a.get("what", "")),
+                at=float_to_timestamp(_seconds(a.get("at"))), what=str(a.get("what", "")),
                 reason=str(a.get("reason", "")),
             )
             for a in entry.attempts
@@ -52,11 +70,15 @@ def _entry(entry: DlqEntry) -> apiary_pb2.DlqEntry:
     return out
 
 
+@checked
 class DlqHandler:
-    def __init__(self, router: Router, ids: IdGenerator) -> None:
+    def __init__(
+        self, router: Router, ids: IdGenerator, checks: RequestChecks = DEFAULT_CHECKS
+    ) -> None:
         self._router = router
         self._letters = router.dead_letters
         self._ids = ids
+        self._checks = checks
 
     async def list(
         self, req: apiary_pb2.ListDlqRequest, ctx: CallContext

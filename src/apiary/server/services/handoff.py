@@ -7,6 +7,7 @@ from apiary.core.handoff import from_proto
 from apiary.engine.handoffs import Handoffs
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.handoff import (
     SNAPSHOT_CONTENT_TYPE_KEY,
@@ -21,9 +22,11 @@ a = pb.apiary_pb2
 Empty = pb.common_pb2.Empty
 
 
+@checked
 class HandoffHandler:
-    def __init__(self, handoffs: Handoffs) -> None:
+    def __init__(self, handoffs: Handoffs, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._handoffs = handoffs
+        self._checks = checks
 
     async def request_handoff(self, req: h.HandoffRequest, ctx: CallContext) -> Empty:
         draft = draft_from_proto(req, ctx.get(SNAPSHOT_CONTENT_TYPE_KEY))
@@ -62,9 +65,11 @@ class HandoffHandler:
         return h.CompleteHandoffResponse(success=True, message=message)
 
 
+@checked
 class HandoffQueryHandler:
-    def __init__(self, handoffs: Handoffs) -> None:
+    def __init__(self, handoffs: Handoffs, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._handoffs = handoffs
+        self._checks = checks
 
     async def list_handoffs(
         self, req: a.ListHandoffsRequest, ctx: CallContext

@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import json
-
 from apiary.core.events import EventFilter
+from apiary.core.json_reader import read_json_object
 from apiary.engine.eventlog import EventRecorder
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.convert import event_to_proto
 
 MAX_READ = 5000
 
 
+@checked
 class LoggingHandler:
     """Agents' own log events join the coordinator's event log as `agent.log` events."""
 
-    def __init__(self, events: EventRecorder) -> None:
+    def __init__(self, events: EventRecorder, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._events = events
+        self._checks = checks
 
     async def ingest(
         self, req: pb.logging_pb2.LogEvent, ctx: CallContext
@@ -30,14 +32,15 @@ class LoggingHandler:
             raise ValidationError(
                 f"level must be INFO, WARN or ERROR, not {level!r}", {"field": "level"}
             )
-        try:
-            details = json.loads(req.details_json) if req.details_json else {}
-        except json.JSONDecodeError as exc:
-            raise ValidationError(
-                f"details_json is not JSON: {exc.msg}", {"field": "details_json"}
-            ) from None
-        if not isinstance(details, dict):
-            raise ValidationError("details_json must be a JSON object", {"field": "details_json"})
+        limits = self._checks.limits
+        details = (
+            read_json_object(
+                req.details_json, "details_json", max_bytes=limits.document_bytes,
+                max_depth=limits.json_depth,
+            )
+            if req.details_json
+            else {}
+        )  # fmt: skip
         await self._events.record(
             "agent.log",
             req.agent_id or ctx.peer,
@@ -50,9 +53,11 @@ class LoggingHandler:
         return pb.logging_pb2.IngestResponse(ok=True)
 
 
+@checked
 class EventLogHandler:
-    def __init__(self, events: EventRecorder) -> None:
+    def __init__(self, events: EventRecorder, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._events = events
+        self._checks = checks
 
     async def read_events(
         self, req: pb.apiary_pb2.ReadEventsRequest, ctx: CallContext

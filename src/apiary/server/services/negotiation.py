@@ -9,17 +9,20 @@ opener's.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
 
+from apiary.core.envelope_rules import is_json_type
 from apiary.core.ids import IdGenerator
+from apiary.core.json_reader import check_nesting, read_json_object
+from apiary.core.limits import Limits
 from apiary.core.negotiation.vocabulary import NegotiationState
 from apiary.engine.hitl import Hitl
 from apiary.engine.negotiation.negotiations import Negotiations
 from apiary.errors import PermissionDeniedError, ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.negotiation import check_unit, preferences_from_proto, view
 
@@ -53,12 +56,16 @@ def _seconds(duration: Duration) -> float:
     return duration.seconds + duration.nanos / 1e9
 
 
+@checked
 class NegotiationHandler:
     """The canonical service: every method answers Empty or raises the protocol error."""
 
-    def __init__(self, negotiations: Negotiations, hitl: Hitl) -> None:
+    def __init__(
+        self, negotiations: Negotiations, hitl: Hitl, checks: RequestChecks = DEFAULT_CHECKS
+    ) -> None:
         self._n = negotiations
         self._hitl = hitl
+        self._checks = checks
 
     async def open(self, req: n.NegotiationOpen, ctx: CallContext) -> pb.common_pb2.Empty:
         if not req.negotiation_id:
@@ -73,11 +80,13 @@ class NegotiationHandler:
         return EMPTY()
 
     async def propose(self, req: n.Proposal, ctx: CallContext) -> pb.common_pb2.Empty:
+        self._nesting(req.content_type, req.payload, "payload")
         sender = speaker(ctx, req.from_agent, "from_agent")
         await self._n.propose(req.negotiation_id, sender, req.content_type, req.payload)
         return EMPTY()
 
     async def counter(self, req: n.CounterProposal, ctx: CallContext) -> pb.common_pb2.Empty:
+        self._nesting(req.content_type, req.payload, "payload")
         sender = speaker(ctx, req.from_agent, "from_agent")
         await self._n.propose(
             req.negotiation_id, sender, req.content_type, req.payload, counter=True
@@ -91,6 +100,7 @@ class NegotiationHandler:
         return EMPTY()
 
     async def decide(self, req: n.Decision, ctx: CallContext) -> pb.common_pb2.Empty:
+        self._nesting(req.content_type, req.result, "result")
         who, authorized = caller_name(ctx)
         await self._n.decide(
             req.negotiation_id, by=who, decided_by=req.decided_by,
@@ -103,14 +113,27 @@ class NegotiationHandler:
         await self._n.abort(req.negotiation_id, by=who, reason=req.reason, authorized=authorized)
         return EMPTY()
 
+    def _nesting(self, content_type: str, data: bytes, field: str) -> None:
+        """JSON drafts (the default type) within the depth the engine's readers survive."""
+        if data and is_json_type(content_type or "application/json"):
+            check_nesting(data, field, self._checks.limits.json_depth)
 
+
+@checked
 class NegotiationOperatorHandler:
     """apiary.v1: Open with a profile, preferences and validation rules; List; Get."""
 
-    def __init__(self, negotiations: Negotiations, hitl: Hitl, ids: IdGenerator) -> None:
+    def __init__(
+        self,
+        negotiations: Negotiations,
+        hitl: Hitl,
+        ids: IdGenerator,
+        checks: RequestChecks = DEFAULT_CHECKS,
+    ) -> None:
         self._n = negotiations
         self._hitl = hitl
         self._ids = ids
+        self._checks = checks
 
     async def open(self, req: a.OpenNegotiationRequest, ctx: CallContext) -> a.NegotiationView:
         spec = req.open
@@ -124,7 +147,7 @@ class NegotiationOperatorHandler:
             participants=list(spec.participants), intensity=int(spec.intensity),
             debate_timeout=_seconds(spec.debate_timeout), correlation_id=spec.correlation_id,
             opened_by=who, profile=req.profile, preferences=prefs,
-            validation=_json_object(req.validation_json, "validation_json"),
+            validation=_json_object(req.validation_json, "validation_json", self._checks.limits),
         )  # fmt: skip
         return view(record)
 
@@ -148,13 +171,9 @@ class NegotiationOperatorHandler:
         return view(record, await self._n.rounds(req.negotiation_id))
 
 
-def _json_object(text: str, field: str) -> dict[str, Any] | None:
+def _json_object(text: str, field: str, limits: Limits) -> dict[str, Any] | None:
     if not text:
         return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValidationError.for_field(field, f"is not JSON: {exc.msg}") from None
-    if not isinstance(value, dict):
-        raise ValidationError.for_field(field, "must be a JSON object")
-    return value
+    return read_json_object(
+        text, field, max_bytes=limits.document_bytes, max_depth=limits.json_depth
+    )

@@ -9,9 +9,12 @@ decision came (spec/INTEROP.md).
 
 from __future__ import annotations
 
+from apiary.core.envelope_rules import is_json_type
+from apiary.core.json_reader import check_nesting
 from apiary.engine.negotiation.rooms import NegotiationRooms
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.rooms import (
     decision_to_proto,
@@ -27,15 +30,21 @@ nr = pb.negotiation_room_pb2
 a = pb.apiary_pb2
 
 
+@checked
 class NegotiationRoomHandler:
-    def __init__(self, rooms: NegotiationRooms) -> None:
+    def __init__(self, rooms: NegotiationRooms, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._rooms = rooms
+        self._checks = checks
 
     async def submit_proposal(
         self, req: nr.SubmitProposalRequest, ctx: CallContext
     ) -> nr.SubmitProposalResponse:
         if not req.HasField("proposal"):
             raise ValidationError.for_field("proposal", "is required")
+        proposal = req.proposal
+        if proposal.artifact and is_json_type(proposal.artifact_content_type):
+            depth = self._checks.limits.json_depth
+            check_nesting(proposal.artifact, "proposal.artifact", depth)
         record = await self._rooms.submit(proposal_draft(req.proposal), ctx.agent_id())
         return nr.SubmitProposalResponse(
             artifact_id=record.artifact_id, negotiation_room_id=record.negotiation_room_id
@@ -71,9 +80,11 @@ class NegotiationRoomHandler:
         return nr.WaitForDecisionResponse(decision=decision_to_proto(found))
 
 
+@checked
 class NegotiationRoomQueryHandler:
-    def __init__(self, rooms: NegotiationRooms) -> None:
+    def __init__(self, rooms: NegotiationRooms, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._rooms = rooms
+        self._checks = checks
 
     async def list_proposals(
         self, req: a.ListRoomProposalsRequest, ctx: CallContext

@@ -8,6 +8,12 @@ from apiary.engine.registry import Registry
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.errors import ApiaryError
 from apiary.server.context import CallContext, request_proof
+from apiary.server.services.request_checks import (
+    DEFAULT_CHECKS,
+    RequestChecks,
+    checked,
+    checks_inside,
+)
 from apiary.wire import pb
 from apiary.wire.convert import descriptor_to_dict
 
@@ -21,21 +27,27 @@ def _vouched(ctx: CallContext, agent_id: str) -> bool:
     return principal.is_agent(agent_id) or principal.kind is PrincipalKind.OPERATOR
 
 
+@checked
 class RegistryHandler:
     def __init__(
         self,
         registry: Registry,
         presence: Presence,
         scheduler: Scheduler,
+        checks: RequestChecks = DEFAULT_CHECKS,
     ) -> None:
         self._registry = registry
         self._presence = presence
         self._scheduler = scheduler
+        self._checks = checks
 
+    @checks_inside
     async def register_agent(
         self, req: registry_pb2.RegisterAgentRequest, ctx: CallContext
     ) -> registry_pb2.RegisterAgentResponse:
         try:
+            self._checks.check_metadata(ctx)
+            self._checks.check(req)
             record = await self._registry.register(
                 descriptor_to_dict(req.agent), bytes(req.agent.public_key),
                 proof=request_proof(ctx), signed=req.SerializeToString(deterministic=True),

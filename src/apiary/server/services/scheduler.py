@@ -5,6 +5,7 @@ apiary.v1.TaskQueryService: the task reads SchedulerService lacks."""
 from __future__ import annotations
 
 from apiary.core.access.principal import PrincipalKind
+from apiary.core.json_reader import check_nesting
 from apiary.core.records import TaskRecord
 from apiary.engine.hitl import Hitl
 from apiary.engine.scheduler.scheduler import Scheduler, Submission
@@ -12,6 +13,7 @@ from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.server.services.activity import ActivityHandler
 from apiary.server.services.negotiation import caller_name
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp
 
@@ -29,13 +31,21 @@ def _submitter(ctx: CallContext) -> str:
     return ctx.principal.name
 
 
+@checked
 class SchedulerHandler:
-    def __init__(self, scheduler: Scheduler, activity: ActivityHandler) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        activity: ActivityHandler,
+        checks: RequestChecks = DEFAULT_CHECKS,
+    ) -> None:
         self._scheduler = scheduler
+        self._checks = checks
         self.poll_activity_buffer = activity.poll_activity_buffer
         self.purge_activity = activity.purge_activity
 
     async def submit_task(self, req: s.SubmitTaskRequest, ctx: CallContext) -> s.SubmitTaskResponse:
+        check_nesting(req.scope, "scope", self._checks.limits.json_depth)
         result = await self._scheduler.submit(
             Submission(
                 agent_id=req.agent_id, task_id=req.task_id, priority=req.priority,
@@ -65,11 +75,13 @@ class SchedulerHandler:
         return s.ShutdownAgentResponse(ok=True)
 
 
+@checked
 class AgentControlHandler:
     """apiary.v1.AgentControlService: suspend and resume an agent (RFC 8.1)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._scheduler = scheduler
+        self._checks = checks
 
     async def suspend(self, req: a.AgentControlRequest, ctx: CallContext) -> a.AgentControlResponse:
         await self._scheduler.suspend_agent(_agent(req.agent_id))
@@ -106,10 +118,14 @@ def task_view(task: TaskRecord, *, with_params: bool = False) -> a.TaskView:
     )  # fmt: skip
 
 
+@checked
 class TaskQueryHandler:
-    def __init__(self, scheduler: Scheduler, hitl: Hitl) -> None:
+    def __init__(
+        self, scheduler: Scheduler, hitl: Hitl, checks: RequestChecks = DEFAULT_CHECKS
+    ) -> None:
         self._scheduler = scheduler
         self._hitl = hitl
+        self._checks = checks
 
     async def list_tasks(self, req: a.ListTasksRequest, ctx: CallContext) -> a.ListTasksResponse:
         states = frozenset(s.strip().upper() for s in req.states) or None

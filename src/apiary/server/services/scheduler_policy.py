@@ -20,6 +20,7 @@ from apiary.errors import (
 )
 from apiary.server.context import CallContext
 from apiary.server.services.negotiation import speaker
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.negotiation import (
     check_unit,
@@ -32,10 +33,14 @@ s = pb.scheduler_policy_pb2
 _SOFT = frozenset({AlreadyExistsError.code, AlreadyCompletedError.code, ValidationError.code})
 
 
+@checked
 class SchedulerPolicyHandler:
-    def __init__(self, negotiations: Negotiations, hitl: Hitl) -> None:
+    def __init__(
+        self, negotiations: Negotiations, hitl: Hitl, checks: RequestChecks = DEFAULT_CHECKS
+    ) -> None:
         self._n = negotiations
         self._hitl = hitl
+        self._checks = checks
 
     def _editor(self, ctx: CallContext) -> str:
         """Who changes the policy (the access guard decided that they may)."""

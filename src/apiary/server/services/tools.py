@@ -12,14 +12,23 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from apiary.core.json_reader import check_nesting
+from apiary.core.limits import Limits
 from apiary.core.tools.calls import ToolFrame
 from apiary.core.tools.policy import ExecutionPolicy
 from apiary.core.tools.requests import effective_policy
+from apiary.core.tools.schema import JSON, is_json
 from apiary.engine.tools.catalog import ProviderEntry
 from apiary.engine.tools.mcp_bridge import McpProvider, McpServerSpec
 from apiary.engine.tools.service import CallRequest, ToolService
 from apiary.errors import CallCancelledError, InternalError, NotFoundError, ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import (
+    DEFAULT_CHECKS,
+    RequestChecks,
+    checked,
+    checks_inside,
+)
 from apiary.wire import pb
 from apiary.wire.tools import (
     descriptor_from_proto,
@@ -34,7 +43,11 @@ connector = pb.connector_pb2
 apiary_pb2 = pb.apiary_pb2
 
 
-def _request(req: tool_pb2.ToolCall, ctx: CallContext, *, stream: bool) -> CallRequest:
+def _request(
+    req: tool_pb2.ToolCall, ctx: CallContext, limits: Limits, *, stream: bool
+) -> CallRequest:
+    if req.args and is_json(req.content_type or JSON):
+        check_nesting(req.args, "args", limits.json_depth)
     return CallRequest(
         tool_name=req.tool_name, provider_id=req.provider_id, call_id=req.call_id,
         args=bytes(req.args), content_type=req.content_type,
@@ -47,13 +60,16 @@ def _proto(frame: ToolFrame) -> tool_pb2.ToolFrame:
                           frame.data, frame.summary)  # fmt: skip
 
 
+@checked
 class ToolHandler:
-    def __init__(self, tools: ToolService) -> None:
+    def __init__(self, tools: ToolService, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._tools = tools
+        self._checks = checks
 
     async def call(self, req: tool_pb2.ToolCall, ctx: CallContext) -> tool_pb2.ToolFrame:
         final: ToolFrame | None = None
-        async with contextlib.aclosing(self._tools.call(_request(req, ctx, stream=False))) as it:
+        request = _request(req, ctx, self._checks.limits, stream=False)
+        async with contextlib.aclosing(self._tools.call(request)) as it:
             async for frame in it:
                 final = frame
         if final is None:  # pragma: no cover - the service always ends with a final frame
@@ -67,7 +83,8 @@ class ToolHandler:
     async def call_stream(
         self, req: tool_pb2.ToolCall, ctx: CallContext
     ) -> AsyncIterator[tool_pb2.ToolFrame]:
-        async with contextlib.aclosing(self._tools.call(_request(req, ctx, stream=True))) as it:
+        request = _request(req, ctx, self._checks.limits, stream=True)
+        async with contextlib.aclosing(self._tools.call(request)) as it:
             async for frame in it:
                 yield _proto(frame)
 
@@ -78,15 +95,24 @@ class ToolHandler:
         )
 
 
+@checked
 class ConnectorHandler:
-    def __init__(self, tools: ToolService) -> None:
+    def __init__(self, tools: ToolService, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._tools = tools
+        self._checks = checks
 
+    @checks_inside
     async def register_provider(
         self, req: connector.ProviderRegisterRequest, ctx: CallContext
     ) -> connector.ProviderRegisterResponse:
-        tools = [descriptor_from_proto(t) for t in req.tools]
         try:
+            self._checks.check_metadata(ctx)
+            self._checks.check(req)
+            depth = self._checks.limits.json_depth
+            for index, tool in enumerate(req.tools):
+                check_nesting(tool.input_schema, f"tools[{index}].input_schema", depth)
+                check_nesting(tool.output_schema, f"tools[{index}].output_schema", depth)
+            tools = [descriptor_from_proto(t) for t in req.tools]
             record = await self._tools.register_agent_provider(
                 req.provider_id, tools, ctx.agent_id()
             )
@@ -122,12 +148,14 @@ def _info(entry: ProviderEntry) -> apiary_pb2.ToolProviderInfo:
     return provider_info(entry.record, provider.state, detail)
 
 
+@checked
 class ToolProviderHandler:
     """Listing for everyone; starting and removing providers for operators only (an MCP
     server is a process on the coordinator's host)."""
 
-    def __init__(self, tools: ToolService) -> None:
+    def __init__(self, tools: ToolService, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._tools = tools
+        self._checks = checks
 
     async def list_providers(
         self, req: apiary_pb2.ListToolProvidersRequest, ctx: CallContext

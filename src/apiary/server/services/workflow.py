@@ -7,18 +7,32 @@ successful call answers success=true.
 
 from __future__ import annotations
 
+from apiary.core.json_reader import read_json_object
 from apiary.engine.workflows import Workflows
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.workflow import definition_from_proto, state_to_proto
 
 w = pb.workflow_pb2
 
 
+@checked
 class WorkflowHandler:
-    def __init__(self, workflows: Workflows) -> None:
+    def __init__(self, workflows: Workflows, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._workflows = workflows
+        self._checks = checks
+
+    def _data(self, text: str) -> str:
+        """`text`, once it is JSON workflow data within the limits (the engine reads it)."""
+        if text.strip():
+            limits = self._checks.limits
+            read_json_object(
+                text, "workflow_data", max_bytes=limits.document_bytes,
+                max_depth=limits.json_depth,
+            )  # fmt: skip
+        return text
 
     async def create_workflow(
         self, req: w.CreateWorkflowRequest, ctx: CallContext
@@ -31,7 +45,9 @@ class WorkflowHandler:
     async def start_workflow(
         self, req: w.StartWorkflowRequest, ctx: CallContext
     ) -> w.StartWorkflowResponse:
-        stored = await self._workflows.start(req.workflow_id, req.workflow_data, req.metadata)
+        stored = await self._workflows.start(
+            req.workflow_id, self._data(req.workflow_data), req.metadata
+        )
         return w.StartWorkflowResponse(
             workflow_id=req.workflow_id, state=state_to_proto(stored), success=True
         )
@@ -46,7 +62,7 @@ class WorkflowHandler:
         self, req: w.ResumeWorkflowRequest, ctx: CallContext
     ) -> w.ResumeWorkflowResponse:
         stored = await self._workflows.resume(
-            req.workflow_id, req.node_id, req.workflow_data, req.metadata
+            req.workflow_id, req.node_id, self._data(req.workflow_data), req.metadata
         )
         return w.ResumeWorkflowResponse(
             workflow_id=req.workflow_id, state=state_to_proto(stored), success=True

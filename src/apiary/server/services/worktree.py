@@ -13,6 +13,7 @@ from apiary.core.worktrees.records import BindingState
 from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.worktrees import bind_response, binding_to_proto, status_response
 
@@ -30,11 +31,13 @@ def _agent(agent_id: str) -> str:
     return agent_id
 
 
+@checked
 class WorktreeHandler:
     """The canonical WorktreeService."""
 
-    def __init__(self, worktrees: Worktrees) -> None:
+    def __init__(self, worktrees: Worktrees, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._worktrees = worktrees
+        self._checks = checks
 
     async def bind(self, req: w.BindRequest, ctx: CallContext) -> w.BindResponse:
         record = await self._worktrees.bind(
@@ -72,12 +75,14 @@ class WorktreeHandler:
         return status_response(self._worktrees.binding(_agent(req.agent_id)))
 
 
+@checked
 class WorktreeBindingHandler:
     """apiary.v1.WorktreeBindingService: listings, whole records, BIND with metadata,
     switches to other repositories, SWITCH_REVOKE."""
 
-    def __init__(self, worktrees: Worktrees) -> None:
+    def __init__(self, worktrees: Worktrees, checks: RequestChecks = DEFAULT_CHECKS) -> None:
         self._worktrees = worktrees
+        self._checks = checks
 
     def _view(self, agent_id: str) -> a.WorktreeBinding:
         record = self._worktrees.binding(agent_id)
