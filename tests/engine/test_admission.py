@@ -407,6 +407,7 @@ async def test_the_coordinators_responses_echo_the_request_correlation_id(
     with pytest.raises(ApiaryError):
         await h.send_env(bad, "bob")
     timed = await h.send("alice", "bob", {"n": 2}, correlation_id="wf-timeout")
+    await h.take("bob")  # handed out: its ACK deadline runs
     h.clock.advance(10.5)
     await h.fire()
     token = "alice:op:echo"

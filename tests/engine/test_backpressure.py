@@ -97,6 +97,7 @@ async def test_a_read_acknowledgement_frees_a_slot(h: EngineHarness) -> None:
 
 async def test_a_timed_out_message_frees_its_slot(h: EngineHarness) -> None:
     await _fill(h, "alice", "bob", 10)
+    await h.take("bob")  # handed out and never acknowledged
     h.clock.advance(10.5)
     await h.fire()
     assert h.engine.router.inbox("bob").depth == 0
@@ -174,6 +175,7 @@ async def test_credits_bound_deliveries_in_flight_until_a_terminal_ack() -> None
         assert (await h.send("alice", "bob")).error_code == "buffer_full"
         await h.ack("bob", second, AckStage.FAILED, "internal_error")  # terminal error
         assert (await h.send("alice", "bob")).accepted
+        await h.take("bob")
         h.clock.advance(10.5)  # third and the two new ones time out: terminal too
         await h.fire()
         assert (await h.message(third)).state == "TIMED_OUT"

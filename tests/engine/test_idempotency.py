@@ -184,6 +184,7 @@ async def test_timeout_retry_and_late_ack_reconcile_to_the_earliest_success(
 
 async def test_a_late_failure_does_not_replace_a_cached_success(h: EngineHarness) -> None:
     m1 = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN)
+    await h.take("bob")
     h.clock.advance(10.5)
     await h.fire()
     m2 = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN, retry_count=1)
@@ -252,6 +253,7 @@ async def test_without_a_token_producer_and_sequence_number_deduplicate(h: Engin
 
 async def test_a_timed_out_sequence_may_be_retried(h: EngineHarness) -> None:
     first = await h.send("alice", "bob", {"n": 1}, sequence_number=9)
+    await h.take("bob")
     h.clock.advance(11)
     await h.fire()
     assert (await h.message(first.message_id)).state == "TIMED_OUT"
@@ -286,6 +288,7 @@ async def test_the_cache_survives_a_restart(tmp_path: Path) -> None:
 async def test_cache_decisions_are_logged_with_the_original_attempt(h: EngineHarness) -> None:
     m1 = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN)
     busy = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN)
+    await h.take("bob")
     h.clock.advance(10.5)
     await h.fire()
     m2 = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN)

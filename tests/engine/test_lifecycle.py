@@ -43,6 +43,9 @@ async def test_sent_received_read_fulfilled(h: EngineHarness) -> None:
 )  # fmt: skip
 async def test_no_ack_within_10s_times_out_and_nacks(h: EngineHarness) -> None:
     outcome = await h.send("alice", "bob", {"n": 1})
+    h.clock.advance(30)  # waiting for bob's stream: no ACK is due yet
+    await h.fire()
+    await h.take("bob")  # handed out: the 10 s start now
     h.clock.advance(9.9)
     await h.fire()
     assert (await h.message(outcome.message_id)).state == "RECEIVED"
@@ -58,6 +61,7 @@ async def test_no_ack_within_10s_times_out_and_nacks(h: EngineHarness) -> None:
 
 async def test_an_ack_before_the_deadline_stops_the_timer(h: EngineHarness) -> None:
     outcome = await h.send("alice", "bob")
+    await h.take("bob")
     h.clock.advance(5)
     await h.ack("bob", outcome.message_id, AckStage.RECEIVED)
     h.clock.advance(60)
@@ -71,6 +75,7 @@ async def test_an_ack_before_the_deadline_stops_the_timer(h: EngineHarness) -> N
 )  # fmt: skip
 async def test_late_ack_after_timeout_is_logged_and_keeps_state(h: EngineHarness) -> None:
     outcome = await h.send("alice", "bob")
+    await h.take("bob")
     h.clock.advance(10.5)
     await h.fire()
     timed_out_at = (await h.message(outcome.message_id)).updated_at

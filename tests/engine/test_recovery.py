@@ -1,5 +1,6 @@
 """Restart recovery (DESIGN.md section 5): what was accepted is durable, and after a restart
-every unfinished message is delivered again and its deadlines fire as if nothing happened."""
+every unfinished message is delivered again: its TTL as it was, its ACK deadline from the
+hand-out after the restart (tests/engine/test_outages.py has the long outages)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,13 @@ async def test_unfinished_messages_are_redelivered_and_their_deadlines_rearmed(
             (silent.message_id, 2),
             (fresh.message_id, 1),
         ]
-        # Ack deadlines survive: 10 s after admission, the unacknowledged ones time out.
-        clock.advance(8.5)
+        # The ACK deadline runs from the hand-out, not from admission: a whole 10 s after
+        # the restart's redelivery, however long ago the messages were admitted.
+        clock.advance(9.5)
+        await h.fire()
+        assert (await h.message(fresh.message_id)).state == "RECEIVED"
+        assert (await h.message(silent.message_id)).state == "RETRYING"
+        clock.advance(1)
         await h.fire()
         states = {
             m: (await h.message(m)).state
@@ -47,7 +53,7 @@ async def test_unfinished_messages_are_redelivered_and_their_deadlines_rearmed(
         }
         assert states == {
             done.message_id: "FULFILLED",
-            acked.message_id: "RETRYING",
+            acked.message_id: "RETRYING",  # acknowledged before: no ACK deadline again
             silent.message_id: "TIMED_OUT",
             fresh.message_id: "TIMED_OUT",
         }

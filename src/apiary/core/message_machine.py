@@ -5,6 +5,14 @@ with REJECTED, FAILED, TIMED_OUT and RETRYING (redelivery of an unacknowledged m
 `MessageMachine.step(state, event)` returns the next state and the effects the engine must
 perform; an input the table has no row for raises `IllegalTransitionError` and changes nothing.
 
+The acknowledgement deadline (RFC 11: 10 s to RECEIVED) runs from a hand-out to the
+recipient's stream, not from admission: DELIVER and REDELIVER start it, and STREAM_LOST stops
+it when the stream that held the message ends before any ACK. A message that no stream holds
+waits for its recipient, bounded by its TTL (TTL_EXPIRE) and the router's maximum age
+(AGE_EXPIRE); both fail it into the DLQ and NACK the producer. So an outage of the recipient
+or of the coordinator times nothing out; a connected recipient that does not acknowledge
+still does (ACK_TIMEOUT).
+
 Late acknowledgements (RFC 11.1):
 1. TIMED_OUT + ACK: recorded and logged with both timestamps; the state stays TIMED_OUT.
 2. RETRYING + ACK: the redelivery is cancelled and the message takes the ACK'd state.
@@ -20,6 +28,7 @@ from enum import StrEnum
 
 from apiary.core.envelope import AckStage
 from apiary.core.machine import TransitionTable
+from apiary.core.machine import mermaid as mermaid_of
 from apiary.core.records import MessageState
 
 S = MessageState
@@ -29,9 +38,13 @@ class MessageInput(StrEnum):
     ADMIT = "ADMIT"
     """Durably recorded for the recipient."""
     DELIVER = "DELIVER"
-    """Handed to the recipient's stream for the first time."""
+    """Handed to the recipient's stream for the first time: the ACK deadline starts."""
     REDELIVER = "REDELIVER"
-    """Handed again after the stream that carried it was lost before any ACK."""
+    """Handed again after the stream that carried it was lost before any ACK (or after a
+    restart): the ACK deadline starts afresh."""
+    STREAM_LOST = "STREAM_LOST"
+    """The recipient's last stream ended while holding the message, unacknowledged: the ACK
+    deadline stops and the message waits for the next stream."""
     ACK_RECEIVED = "ACK_RECEIVED"
     ACK_READ = "ACK_READ"
     ACK_FULFILLED = "ACK_FULFILLED"
@@ -41,6 +54,9 @@ class MessageInput(StrEnum):
     ACK_TIMEOUT = "ACK_TIMEOUT"
     """The acknowledgement deadline (10 s by default) passed with no ACK."""
     TTL_EXPIRE = "TTL_EXPIRE"
+    AGE_EXPIRE = "AGE_EXPIRE"
+    """Waited for its recipient longer than the router's maximum age (`max_age_s`) with no
+    stream holding it and no acknowledgement."""
     DELIVERIES_EXHAUSTED = "DELIVERIES_EXHAUSTED"
     """Handed out the maximum number of times without any acknowledgement (retry budget)."""
 
@@ -59,7 +75,9 @@ class Effect(StrEnum):
     PERSIST = "PERSIST"
     """Record the new state (with the error code and acknowledged stage)."""
     START_ACK_TIMER = "START_ACK_TIMER"
+    """Arm the ACK deadline (`ack_timeout_s` from now): a stream holds the message."""
     CANCEL_ACK_TIMER = "CANCEL_ACK_TIMER"
+    """No ACK is due any more: acknowledged, finished, or no stream holds the message."""
     FORWARD_ACK = "FORWARD_ACK"
     """Deliver the agent's ACK to the message's producer."""
     NACK = "NACK"
@@ -134,6 +152,17 @@ _EXHAUSTED = Step(
     (E.PERSIST, E.CANCEL_ACK_TIMER, E.NACK, E.DEAD_LETTER, E.UPDATE_IDEMPOTENCY,
      E.RELEASE_CREDIT),
 )  # fmt: skip
+"""Given up on as undeliverable: the retry budget spent, or the maximum age passed."""
+
+
+def _waiting(state: MessageState) -> dict[MessageInput, Step]:
+    """The rows of a message that no ACK has reached yet (RECEIVED or RETRYING, in `state`):
+    a stream losing it stops its deadline; waiting too long, or too many hand-outs, fail it."""
+    return {
+        MessageInput.STREAM_LOST: Step(state, (E.CANCEL_ACK_TIMER,)),
+        MessageInput.AGE_EXPIRE: _EXHAUSTED,
+        MessageInput.DELIVERIES_EXHAUSTED: _EXHAUSTED,
+    }
 
 
 def _late(state: MessageState, *, cache: bool) -> dict[MessageInput, Step]:
@@ -143,17 +172,18 @@ def _late(state: MessageState, *, cache: bool) -> dict[MessageInput, Step]:
 
 def _table() -> dict[MessageState, dict[MessageInput, Step]]:
     return {
-        S.SENT: {MessageInput.ADMIT: Step(S.RECEIVED, (E.PERSIST, E.START_ACK_TIMER))},
+        # Admitted, the message waits for a stream: no ACK is due before a hand-out.
+        S.SENT: {MessageInput.ADMIT: Step(S.RECEIVED, (E.PERSIST,))},
         S.RECEIVED: {
-            MessageInput.DELIVER: Step(S.RECEIVED, ()),
-            MessageInput.REDELIVER: Step(S.RETRYING, (E.PERSIST,)),
-            MessageInput.DELIVERIES_EXHAUSTED: _EXHAUSTED,
+            MessageInput.DELIVER: Step(S.RECEIVED, (E.START_ACK_TIMER,)),
+            MessageInput.REDELIVER: Step(S.RETRYING, (E.PERSIST, E.START_ACK_TIMER)),
+            **_waiting(S.RECEIVED),
             **_acks(S.RECEIVED, S.READ),
             **_expiry(),
         },
         S.RETRYING: {
-            MessageInput.REDELIVER: Step(S.RETRYING, ()),
-            MessageInput.DELIVERIES_EXHAUSTED: _EXHAUSTED,
+            MessageInput.REDELIVER: Step(S.RETRYING, (E.START_ACK_TIMER,)),
+            **_waiting(S.RETRYING),
             **_acks(S.RECEIVED, S.READ),
             **_expiry(),
         },
@@ -199,7 +229,31 @@ class MessageMachine:
         return cls.TABLE[state].get(event)
 
 
+_DEADLINE_INPUTS = (MessageInput.DELIVER, MessageInput.REDELIVER, MessageInput.STREAM_LOST)
+"""The inputs that start or stop the ACK deadline: drawn even where they keep the state."""
+
+
+def _deadline_note(state: MessageState, event: MessageInput, step: Step) -> str:
+    if event not in _DEADLINE_INPUTS:
+        return ""
+    if Effect.START_ACK_TIMER in step.effects:
+        return " (ACK deadline starts)"
+    return " (ACK deadline stops)" if Effect.CANCEL_ACK_TIMER in step.effects else ""
+
+
 def mermaid() -> str:
-    """The state diagram of the table (docs/message-lifecycle.md is generated from it)."""
+    """The state diagram of the table (docs/message-lifecycle.md is generated from it): every
+    row that changes the state, and the hand-out and stream rows that start or stop the ACK
+    deadline (self-loops that only log or repeat an ACK are left out)."""
+    rows = {
+        state: {
+            event: step
+            for event, step in inputs.items()
+            if step.state is not state or _deadline_note(state, event, step)
+        }
+        for state, inputs in MessageMachine.TABLE.items()
+    }
     terminal = (s for s in S if s.terminal)
-    return MessageMachine.TRANSITIONS.mermaid((S.SENT,), terminal, lambda step: step.state)
+    return mermaid_of(
+        rows, (S.SENT,), terminal, lambda step: step.state, loops=True, mark=_deadline_note
+    )

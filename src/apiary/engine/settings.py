@@ -20,7 +20,14 @@ from apiary.errors import ValidationError
 @dataclass(frozen=True, slots=True)
 class RouterSettings:
     ack_timeout_s: float = 10.0
-    """Time from admission to the recipient's first acknowledgement (RFC 11)."""
+    """Time from a hand-out to the recipient's stream to its first acknowledgement (RFC 11);
+    re-armed on every redelivery. A message no stream holds has no ACK due: see
+    `max_age_s`."""
+    max_age_s: float = 24 * 3600.0
+    """How long an unacknowledged message may wait for its recipient while no stream holds
+    it (the recipient offline, or the coordinator restarting), counted from admission; it
+    then fails into the DLQ (agent_unavailable, saying why) and its producer is NACKed. Its
+    TTL, when shorter, ends it first. 0 = no maximum: only the TTL bounds the wait."""
     buffer_capacity: int = 10
     """Default inbound buffer per agent (RFC 13); per-agent values override it."""
     dedup_window_s: float = 3600.0

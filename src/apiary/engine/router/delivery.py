@@ -4,6 +4,10 @@ At-least-once: a message handed out and not acknowledged is handed out again on 
 agent's next stream (after a reconnect or a coordinator restart). One stream per agent: a
 newer stream supersedes an older one. Each read hands out at most `max_batch` messages, so
 backlog replay is bounded in memory and latency.
+
+Each hand-out starts the message's ACK deadline (DELIVER, REDELIVER); when the agent's last
+stream ends, the deadlines of what it held unacknowledged stop (STREAM_LOST) and its
+messages wait for the next stream, bounded by their TTL and the maximum age.
 """
 
 from __future__ import annotations
@@ -188,6 +192,8 @@ class Delivery:
             inbox.streams -= 1
             if not inbox.streams:
                 inbox.released.set()
+                inbox.offline_since = now = self._router.clock_now()
+                self._lifecycle.streams_ended(agent_id, now)
             await self._events.record("stream.closed", agent_id, agent_id=agent_id, session=session)
 
     async def _exhausted(self, batch: list[Handout], now: float) -> list[Handout]:
@@ -243,12 +249,18 @@ class Delivery:
         current = self._live.current
         handed = [h if h.direct else _delivered(h, now, current(h.message)) for h in batch]
         inbox = self._router.inbox(agent_id)
-        counted = []
+        counted, first = [], []
         for handout, notice in zip(handed, notices, strict=True):
             if not notice:
-                self._live.refresh(handout.message)
-                inbox.update(handout.message)
-                counted.append(handout.message)
+                message = handout.message
+                self._live.refresh(message)
+                inbox.update(message)
+                counted.append(message)
+                if handout.attempt == 1:
+                    first.append(message)
+        if first:
+            # (A redelivery's REDELIVER step, above, started its deadline already.)
+            self._lifecycle.deliver(first, now)
         if counted:
             await self._live.delivered(counted, now)
         return handed

@@ -70,6 +70,8 @@ class Inbox:
         """Streams reading this inbox right now (`Delivery.stream`)."""
         self.released = asyncio.Event()
         """Set when the last stream reading this inbox ends."""
+        self.offline_since = 0.0
+        """When the last stream reading this inbox ended (0: none has, since start)."""
 
     # ---- buffer accounting (RFC 13)
 
@@ -177,6 +179,13 @@ class Inbox:
         self._dropped.clear()
         self.arrived.set()
         return self.session
+
+    def awaiting(self) -> list[str]:
+        """The ids of the messages queued for a stream or handed out and not acknowledged
+        (notices handed over from memory aside): what a stream could hold."""
+        dropped = self._dropped
+        queued = [m.message_id for q in self._pending.values() for m in q]
+        return [*(i for i in queued if i not in dropped), *self._unacked]
 
     def take(self, limit: int, now: float) -> list[Handout]:
         """Up to `limit` messages in lane order (weighted fair, PRIVILEGED urgent first)."""

@@ -3,7 +3,8 @@
 The pure MessageMachine (core/message_machine.py) decides every transition; this module
 performs the effects: state writes, NACKs to the producer, DLQ entries, idempotency cache
 updates, credit release and events. Its inputs are agents' ACKs (one at a time, or a frame's
-together), the deadlines (ACK timeouts, TTL expiry) and delivery's redeliveries.
+together), the deadlines (ACK timeouts, TTL expiry, maximum age) and delivery's hand-outs and
+lost streams, which start and stop the ACK deadlines.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from apiary.core.clock import Clock
+from apiary.core.dedup import iso_utc
 from apiary.core.envelope import ACK_STAGE_NAMES, Ack, AckStage, Envelope
 from apiary.core.message_machine import ACK_INPUTS, Effect, MessageInput, MessageMachine, Step
 from apiary.core.records import MessageState, StateChange, StoredMessage, changed, state_text
@@ -223,8 +225,8 @@ class MessageLifecycle:
         if step is None:
             return None
         effects = step.effects
-        if Effect.PERSIST not in effects and Effect.CANCEL_ACK_TIMER not in effects:
-            return step, None
+        if Effect.PERSIST not in effects:
+            return step, None  # a hand-out or a lost stream: timers only (`_settle`)
         code = ack.error_code if ack else error_code
         stage = ACK_STAGE_NAMES[ack.ack_stage] if ack else ""
         further = stage and _STAGE_ORDER[stage] > _STAGE_ORDER.get(message.acked_stage, 0)
@@ -245,7 +247,8 @@ class MessageLifecycle:
         order, for `_perform_all`) with the message they apply to. An ACK frame awaits
         nothing for most ACKs."""
         code = ack.error_code if ack else error_code
-        if self._live.changed(updated, acked=ack is not None):
+        finished = self._live.changed(updated, acked=ack is not None)
+        if finished:
             self._finished(updated)
         self._record_step(message, updated, event, step.late, code, now)
         if step.late and ack is not None:
@@ -256,6 +259,11 @@ class MessageLifecycle:
         for effect in step.effects:
             if effect is Effect.RELEASE_CREDIT:
                 self._credits.release(message)
+            elif effect is Effect.CANCEL_ACK_TIMER:
+                if not finished:  # (a finished message's deadlines are all gone)
+                    self._deadlines.stop_ack(message.message_id)
+            elif effect is Effect.START_ACK_TIMER:
+                self._deadlines.start_ack(updated, now)
             elif effect in _AWAITED_EFFECTS and (
                 effect is not Effect.UPDATE_IDEMPOTENCY or self._dedup.cached(updated)
             ):
@@ -326,30 +334,89 @@ class MessageLifecycle:
         elif effect is Effect.UPDATE_IDEMPOTENCY:
             await self._dedup.progress(after, before.message_id, now, code, note)
 
+    # ------------------------------------------------------------------ hand-outs, streams
+
+    def deliver(self, messages: Sequence[StoredMessage], now: float) -> None:
+        """DELIVER for `messages`, handed out to a stream for the first time at `now`: their
+        ACK deadlines start. The step changes no state and writes nothing (its row has timer
+        effects only), so a batch takes it here, without the store or the messages' locks."""
+        states = {message.state for message in messages}
+        starting = {state for state in states if _starts_ack(state, MessageInput.DELIVER)}
+        if starting == states:  # (nearly always: a batch of RECEIVED messages)
+            self._deadlines.start_acks(messages, now)
+        elif starting:
+            self._deadlines.start_acks([m for m in messages if m.state in starting], now)
+
+    def streams_ended(self, agent_id: str, now: float) -> None:
+        """The last stream of `agent_id` ended at `now`: STREAM_LOST for every message it
+        held unacknowledged (their ACK deadlines stop: nobody can acknowledge them now), and
+        each message waiting for the agent is watched for its maximum age. The step has
+        timer effects only, so it is taken here, as `deliver`'s."""
+        deadlines, live = self._deadlines, self._live
+        for message in live.awaiting(agent_id):
+            if deadlines.ack_due(message.message_id):
+                step = MessageMachine.step_if_allowed(message.state, MessageInput.STREAM_LOST)
+                if step is not None and Effect.CANCEL_ACK_TIMER in step.effects:
+                    deadlines.stop_ack(message.message_id)
+            live.watch(message)
+
     # ------------------------------------------------------------------ deadlines
 
     async def fire_due(self) -> int:
-        """Apply every deadline that has passed (ack timeouts, TTL expiry, transfers)."""
+        """Apply every deadline that has passed (ack timeouts, TTL expiry, maximum age,
+        transfers)."""
         await self._transfers.expire(self._clock.now())
         fired = 0
         for message_id in self._deadlines.due(self._clock.now()):
-            message = self._copies.get(message_id)
-            if message is None or message.state.terminal:
+            if message_id not in self._copies:
                 continue
-            now = self._clock.now()
             async with self._lock(message_id):
-                if message.expires_at and message.expires_at <= now:
-                    await self.apply(
-                        message, MessageInput.TTL_EXPIRE, now, error_code="ttl_expired"
-                    )
-                elif message.ack_deadline and message.ack_deadline <= now:
-                    await self.apply(
-                        message, MessageInput.ACK_TIMEOUT, now, error_code="ack_timeout"
-                    )
-                else:
-                    self._deadlines.watch(message)
-            fired += 1
+                # Read under the lock: an ACK that held it may have changed or ended it.
+                message = self._copies.get(message_id)
+                if message is not None and not message.state.terminal:
+                    await self._expire(message, self._clock.now())
+                    fired += 1
+            self._locks.pop(message_id, None)  # as `acknowledge`: no lock kept per message
         return fired
+
+    async def _expire(self, message: StoredMessage, now: float) -> None:
+        """The input of the deadline of `message` that passed at `now`: its TTL, its ACK
+        deadline, or its maximum age while it waits; with none passed (the ACK came, the
+        stream was lost, the recipient connected), the deadline it has left is watched."""
+        deadlines = self._deadlines
+        ack_due = deadlines.ack_due(message.message_id)
+        if 0 < message.expires_at <= now:
+            await self.apply(message, MessageInput.TTL_EXPIRE, now, error_code="ttl_expired")
+        elif 0 < ack_due <= now:
+            await self.apply(message, MessageInput.ACK_TIMEOUT, now, error_code="ack_timeout")
+        elif 0 < deadlines.age_limit(message) <= now and self._live.waiting(message):
+            await self.apply(
+                message, MessageInput.AGE_EXPIRE, now, error_code="agent_unavailable",
+                note=self._age_note(message),
+            )  # fmt: skip
+        else:
+            self._live.watch(message)
+
+    def _age_note(self, message: StoredMessage) -> str:
+        """Why `message` aged out, for its DLQ entry and its producer's NACK."""
+        limit = f"not acknowledged within max_age_s ({self._deadlines.max_age_s:g} s)"
+        if message.deliveries:
+            times = "time" if message.deliveries == 1 else "times"
+            held = (
+                f"handed out {message.deliveries} {times}, last at "
+                f"{iso_utc(message.last_delivered_at)}"
+            )
+        else:
+            held = "never handed out"
+        since = self._live.offline_since(message.recipient)
+        away = f"since {iso_utc(since)}" if since else "since the coordinator started"
+        return f"{limit}: {held}; {message.recipient} has had no live stream {away}"
+
+
+def _starts_ack(state: MessageState, event: MessageInput) -> bool:
+    """Whether the machine's row for (state, event) starts the ACK deadline."""
+    step = MessageMachine.step_if_allowed(state, event)
+    return step is not None and Effect.START_ACK_TIMER in step.effects
 
 
 def _forward_target(original: StoredMessage, effects: tuple[Effect, ...]) -> str:

@@ -3,8 +3,10 @@
 The store is the source of truth; the live copy of a message is what the store holds for it
 now, kept in step with every change the router makes, so that an ACK, a timer or a hand-out
 needs no read. Each live message is also indexed in its recipient's Inbox and watched by a
-deadline. Hand-out counts are written behind (`delivered`). Rebuilt from the store at start
-(`recover`).
+deadline (`engine/deadlines.py`): its ACK deadline while a stream holds it, its TTL, and its
+maximum age while it waits for a recipient with no stream. Hand-out counts are written behind
+(`delivered`). Rebuilt from the store at start (`recover`), with no ACK deadline: that starts
+again at the next hand-out.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class LiveMessages:
         self._unwritten: dict[str, tuple[int, float]] = {}
         """Hand-out counts not yet stored, by message id: (deliveries, last_delivered_at),
         oldest hand-out first."""
+        self.started_at = 0.0
+        """When this coordinator recovered its messages (`recover`): the start of an offline
+        recipient's wait when it has had no stream since."""
 
     @property
     def copies(self) -> Mapping[str, StoredMessage]:
@@ -53,8 +58,41 @@ class LiveMessages:
         """A message admitted (or found unfinished at start): live, queued in its inbox
         (taking buffer space if `occupies`), its deadline watched."""
         self._copies[message.message_id] = message
-        self._inboxes[message.recipient].add(message, occupies=occupies)
-        self._deadlines.watch(message)
+        inbox = self._inboxes[message.recipient]
+        inbox.add(message, occupies=occupies)
+        # What occupies a slot is what may await an ACK (not a notice, not READ; the age
+        # limit leaves out what was acknowledged); with a stream open it is handed out at
+        # once, and its ACK deadline starts then.
+        self._deadlines.watch(message, waiting=occupies and not inbox.streams)
+
+    def waiting(self, message: StoredMessage) -> bool:
+        """Whether `message` awaits an ACK with no stream holding it and none of its
+        recipient's open: what its maximum age bounds."""
+        return (
+            not message.acked_stage
+            and not is_notice(message)
+            and not self._deadlines.ack_due(message.message_id)
+            and not self._inboxes.streaming(message.recipient)
+        )
+
+    def watch(self, message: StoredMessage) -> None:
+        """(Re)arm the earliest deadline `message` has now."""
+        self._deadlines.watch(message, waiting=self.waiting(message))
+
+    def offline_since(self, agent_id: str) -> float:
+        """When `agent_id`'s last stream ended, or when this coordinator started if it has
+        had none since."""
+        inbox = self._inboxes.get(agent_id)
+        return (inbox.offline_since if inbox is not None else 0.0) or self.started_at
+
+    def awaiting(self, agent_id: str) -> list[StoredMessage]:
+        """The live copies of `agent_id`'s messages queued for its stream or handed out and
+        not acknowledged."""
+        inbox = self._inboxes.get(agent_id)
+        copies = self._copies
+        if inbox is None:
+            return []
+        return [copies[i] for i in inbox.awaiting() if i in copies]
 
     def changed(self, message: StoredMessage, *, acked: bool) -> bool:
         """`message` as its state change left it (`acked`: by an acknowledgement); True when
@@ -117,9 +155,15 @@ class LiveMessages:
             self._unwritten = {}
             await self._messages.record_deliveries(counts)
 
-    async def recover(self, agent_ids: Iterable[str]) -> int:
+    async def recover(self, agent_ids: Iterable[str], now: float) -> int:
         """Rebuild the live copies, inboxes and deadlines of `agent_ids`' unfinished
-        messages from the store after a (re)start; returns how many there are."""
+        messages from the store after a (re)start at `now`; returns how many there are.
+
+        No stream is open yet, so no ACK is due: whatever deadline a message had when the
+        coordinator stopped, the unacknowledged ones wait for their recipients' streams,
+        bounded by their TTL and maximum age, and the next hand-out starts a whole ACK
+        deadline (a restart, however long, times nothing out)."""
+        self.started_at = now
         recovered = 0
         for agent_id in agent_ids:
             after = 0

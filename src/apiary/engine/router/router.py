@@ -63,7 +63,7 @@ class Router:
         self._registry = registry
         self._endpoints: dict[str, LocalEndpoint] = {}
         self._inboxes = Inboxes(settings.buffer_capacity, settings.lanes)
-        self.deadlines = Deadlines()
+        self.deadlines = Deadlines(settings.ack_timeout_s, settings.max_age_s)
         self.live = LiveMessages(store.messages, self._inboxes, self.deadlines)
         """The live copies of unfinished messages, which delivery shares."""
         self.dedup = DedupGate(store.idempotency, store.messages, settings.dedup_window_s, events)
@@ -180,7 +180,8 @@ class Router:
         self.live.refresh(message)
 
     async def fire_due(self) -> int:
-        """Apply every deadline that has passed (ack timeouts, TTL expiry, transfers)."""
+        """Apply every deadline that has passed (ack timeouts, TTL expiry, maximum age,
+        transfers)."""
         return await self.lifecycle.fire_due()
 
     async def flush_deliveries(self) -> None:
@@ -188,5 +189,8 @@ class Router:
         await self.live.flush_deliveries()
 
     async def recover(self) -> int:
-        """Rebuild inboxes and re-arm deadlines from the store after a (re)start."""
-        return await self.live.recover([agent.agent_id for agent in await self._registry.list()])
+        """Rebuild inboxes and re-arm deadlines from the store after a (re)start: TTLs and
+        maximum ages as they were; no ACK deadline until the next hand-out starts a whole
+        one (`LiveMessages.recover`)."""
+        agent_ids = [agent.agent_id for agent in await self._registry.list()]
+        return await self.live.recover(agent_ids, self._clock.now())

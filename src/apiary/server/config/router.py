@@ -14,6 +14,7 @@ from apiary.server.config.values import as_table, built, typed, typed_fields
 
 _ROUTER_TYPES: dict[str, type] = {
     "ack_timeout_s": float,
+    "max_age_s": float,
     "buffer_capacity": int,
     "dedup_window_s": float,
     "hlc_required": bool,
