@@ -30,8 +30,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 DIAGRAMS: dict[str, tuple[str, str, Callable[[], str]]] = {
     "message-lifecycle.md": (
         "Message lifecycle",
-        "`apiary.core.message_machine.MessageMachine`; self-loops (DELIVER, late ACKs, "
-        "redundant ACKs) are left out",
+        "`apiary.core.message_machine.MessageMachine`; self-loops that only log or repeat an "
+        "ACK are left out, those that start or stop the ACK deadline are drawn",
         message_machine.mermaid,
     ),
     "task-lifecycle.md": (

@@ -245,11 +245,9 @@ async def _stream_producer(agent_id: str, address: str, accepted: dict[str, str]
         frame, pending = pending[:FRAME], pending[FRAME:]
         try:
             results = await agent.send_many(frame)
-        except (ApiaryError, asyncio.InvalidStateError) as exc:
-            # The coordinator is down: the whole frame again, on a new connection. (The
-            # SDK's sender answers a stream the coordinator's death ended with
-            # InvalidStateError, and keeps that stream, so only a new connection recovers.)
-            assert getattr(exc, "code", "agent_unavailable") in RETRYABLE, exc
+        except ApiaryError as exc:
+            # The coordinator is down: the whole frame again, on a new connection.
+            assert exc.code in RETRYABLE, exc
             assert loop.time() < give_up, "the streaming sender gave up"
             failed += 1
             with contextlib.suppress(Exception):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,13 @@ class BatchSender:
             except grpc.aio.AioRpcError as exc:
                 self._call = None
                 raise errors.translate(exc) from None
+            except asyncio.InvalidStateError:
+                # The stream already ended (the coordinator went away between frames):
+                # drop it, so that the next send opens a new one.
+                self._call = None
+                raise error_for_code(
+                    "agent_unavailable", "the send stream ended; send again to reconnect"
+                ) from None
         if reply is grpc.aio.EOF:
             self._call = None
             raise error_for_code("agent_unavailable", "the send stream closed")
@@ -63,5 +71,6 @@ class BatchSender:
 
     async def close(self) -> None:
         if self._call is not None:
-            await self._call.done_writing()
-            self._call = None
+            call, self._call = self._call, None
+            with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
+                await call.done_writing()
