@@ -1,8 +1,15 @@
-"""Builds the grpc.aio server over the dispatcher: one generic handler per service."""
+"""Builds the grpc.aio server over the dispatcher: one generic handler per service.
+
+Requests are decoded here rather than by grpc: bytes that are not the request message
+answer INVALID_ARGUMENT validation_error through the same `_abort` as every other error,
+with one log line, instead of grpc's UNKNOWN and a traceback per request.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -10,15 +17,62 @@ from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.server.dispatch import Dispatcher, Route
-from apiary.server.errormap import answer_for
+from apiary.server.errormap import answer_for, clip
 from apiary.server.metrics import Metrics
 from apiary.wire.errordetail import ERROR_TRAILER, encode_error_detail
 from apiary.wire.services import SERVICES
 
 PEER_CERTIFICATE = "x509_pem_cert"
 """The auth-context property carrying the client certificate of an mTLS connection."""
+
+log = logging.getLogger("apiary.server.grpc")
+
+
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """What the deserializer hands on for bytes that are not the request message: the
+    handler answers it as a validation_error instead of grpc failing the call itself."""
+
+    type_name: str
+    reason: str
+
+    def refusal(self, path: str) -> ValidationError:
+        """The refusal, logged once (one line, no traceback: the client is at fault)."""
+        log.warning("%s: undecodable %s refused (%s)", path, self.type_name, self.reason)
+        return ValidationError.for_field(
+            "request",
+            f"the bytes are not a valid {self.type_name} ({self.reason}); send the request "
+            "message serialized as protobuf",
+            type=self.type_name,
+        )
+
+
+def request_decoder(request_type: type[Message]) -> Callable[[bytes], Message | Undecodable]:
+    """A request deserializer that never raises: undecodable bytes become `Undecodable`."""
+    type_name = request_type.DESCRIPTOR.full_name
+
+    def decode(data: bytes) -> Message | Undecodable:
+        try:
+            return request_type.FromString(data)
+        except Exception as exc:  # DecodeError, and whatever else a hostile buffer finds
+            # "Error parsing message with type 'X': Wire format was corrupt": the cause only
+            _, quoted, cause = str(exc).rpartition("': ")
+            return Undecodable(type_name, clip(cause if quoted else type(exc).__name__, 120))
+
+    return decode
+
+
+async def _decoded(
+    frames: AsyncIterator[Message | Undecodable], path: str
+) -> AsyncIterator[Message]:
+    """A client stream's frames; an undecodable one ends the call with its validation_error."""
+    async for frame in frames:
+        if isinstance(frame, Undecodable):
+            raise frame.refusal(path)
+        yield frame
 
 
 def _context(ctx: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
@@ -49,8 +103,12 @@ async def _abort(
 def _unary(route: Route, metrics: Metrics) -> Callable[..., Any]:
     fn = route.unary()
 
-    async def call(request: Message, ctx: grpc.aio.ServicerContext[Any, Any]) -> Message:
+    async def call(
+        request: Message | Undecodable, ctx: grpc.aio.ServicerContext[Any, Any]
+    ) -> Message:
         try:
+            if isinstance(request, Undecodable):
+                raise request.refusal(route.method.path)
             response = await fn(request, _context(ctx))
         except Exception as exc:
             await _abort(ctx, exc, route, metrics)
@@ -64,12 +122,22 @@ def _unary(route: Route, metrics: Metrics) -> Callable[..., Any]:
 def _streaming(route: Route, metrics: Metrics) -> Callable[..., Any]:
     """Server-streaming and bidirectional methods: the handler takes the request (or the
     request iterator) as it comes and yields responses."""
+    path = route.method.path
     fn: Callable[[Any, CallContext], AsyncIterator[Message]] = (
         route.bidi() if route.method.client_streaming else route.streaming()
     )
 
+    async def refuse(undecodable: Undecodable) -> AsyncIterator[Message]:
+        raise undecodable.refusal(path)
+        yield  # pragma: no cover - makes this an async generator
+
     async def call(request: Any, ctx: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Message]:
-        items = fn(request, _context(ctx))
+        if route.method.client_streaming:
+            items = fn(_decoded(request, path), _context(ctx))
+        elif isinstance(request, Undecodable):
+            items = refuse(request)
+        else:
+            items = fn(request, _context(ctx))
         try:
             async for item in items:
                 yield item
@@ -103,7 +171,7 @@ def _generic_handlers(dispatcher: Dispatcher, metrics: Metrics) -> list[grpc.Gen
                 make, wrap = grpc.unary_unary_rpc_method_handler, _unary
             table[method.name] = make(
                 wrap(route, metrics),
-                request_deserializer=method.request_type.FromString,
+                request_deserializer=request_decoder(method.request_type),
                 response_serializer=method.response_type.SerializeToString,
             )
         handlers.append(grpc.method_handlers_generic_handler(service, table))

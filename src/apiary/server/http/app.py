@@ -12,8 +12,13 @@ from apiary.server.auth.guard import AccessGuard
 from apiary.server.dispatch import Dispatcher
 from apiary.server.http.access import access_middleware
 from apiary.server.http.console import ConsoleSources, add_console_routes
+from apiary.server.http.errors import error_middleware
 from apiary.server.http.gateway import MAX_BODY, JsonGateway
 from apiary.server.metrics import CONTENT_TYPE, Metrics
+
+OWN_ERROR_FORMAT = ("/swarm/",)
+"""Routes that answer in their own protocol's error object (the swarm endpoint, mounted
+under /swarm): the error middleware leaves their answers as they are."""
 
 
 def build_http_app(
@@ -24,8 +29,14 @@ def build_http_app(
     guard: AccessGuard | None = None,
 ) -> web.Application:
     """The HTTP app; the console reads `console` (without it, its data panels answer 503).
-    Every route is behind the access middleware (same-origin checks, the route's rule)."""
-    app = web.Application(client_max_size=MAX_BODY, middlewares=[access_middleware(guard, metrics)])
+    Every route is behind the access middleware (same-origin checks, the route's rule), and
+    every error, aiohttp's own refusals included (404, 405, 413), answers in the one JSON
+    error shape (errors.py)."""
+    middlewares = [
+        error_middleware(metrics, MAX_BODY, OWN_ERROR_FORMAT),
+        access_middleware(guard, metrics),
+    ]
+    app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "version": __version__})

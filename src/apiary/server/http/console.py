@@ -33,7 +33,7 @@ from apiary.core.events import Event, EventFilter
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.workflows import Workflows
 from apiary.errors import ApiaryError, NotFoundError, UnavailableError, ValidationError
-from apiary.server.errormap import answer_for
+from apiary.server.errormap import answer_for, clip
 from apiary.server.http.access import RECHECK
 from apiary.server.http.errors import error_response
 from apiary.wire.workflow import definition_to_proto, state_to_proto
@@ -79,10 +79,22 @@ class ConsoleSources:
     workflows: Workflows | None = None
 
 
+MAX_CURSOR = 2**63 - 1
+"""The largest sequence a store holds (a signed 64-bit integer)."""
+
+
 def _cursor(text: str, field: str) -> int:
-    if not text.strip().isdigit():
-        raise ValidationError.for_field(field, f"must be a non-negative integer, not {text!r}")
-    return int(text)
+    """A non-negative decimal integer of ASCII digits (str.isdigit alone would take '²',
+    which int() then refuses) that fits a store's 64-bit sequence."""
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > len(str(MAX_CURSOR)):
+        raise ValidationError.for_field(
+            field, f"must be a non-negative integer up to {MAX_CURSOR}, not {clip(text, 40)!r}"
+        )
+    value = int(digits)
+    if value > MAX_CURSOR:
+        raise ValidationError.for_field(field, f"must be at most {MAX_CURSOR}")
+    return value
 
 
 def event_json(event: Event) -> dict[str, Any]:
@@ -303,5 +315,6 @@ def add_console_routes(app: web.Application, sources: ConsoleSources) -> None:
     app.router.add_get("/console/", assets.page)
     app.router.add_get("/console/api/workflows", workflows.handle)
     app.router.add_get("/console/{name}", assets.asset)
-    app.router.add_get(STREAM_PATH, stream.stream)
+    # No HEAD: the stream's body would follow a HEAD answer and break the connection.
+    app.router.add_get(STREAM_PATH, stream.stream, allow_head=False)
     app.on_shutdown.append(stream.close)

@@ -5,42 +5,171 @@ The body is the request message in the proto3 JSON mapping (bytes as base64); a 
 section 4). Unary answers are the response message as JSON; server-streaming answers are
 newline-delimited JSON, one message per line. Errors answer the status of the error table
 with `{"error": {"code", "message", "details"}}`.
+
+Bodies are read strictly, so that nothing a client sends reaches a handler malformed or
+answers 500: over MAX_BODY is oversize_payload (413); a body that is not UTF-8 JSON, holds
+NaN, Infinity or a lone surrogate, or nests deeper than MAX_JSON_DEPTH is validation_error;
+bytes fields take base64 only (json_format alone drops characters outside the alphabet), and
+the error names the field.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
+import re
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NoReturn, cast
 
 from aiohttp import web
 from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
 from apiary.errors import NotFoundError, ValidationError
 from apiary.server.context import RECIPIENT_KEY, CallContext
 from apiary.server.dispatch import Dispatcher, Route
-from apiary.server.errormap import answer_for
+from apiary.server.errormap import answer_for, clip
 from apiary.server.http.access import http_context
-from apiary.server.http.errors import error_response
+from apiary.server.http.errors import error_body, error_response, oversize_error
 from apiary.server.metrics import Metrics
 
 MAX_BODY = 20 * 1024 * 1024
+MAX_JSON_DEPTH = 100
+"""Nesting of a request body at most (the proto3 JSON parser's own recursion limit)."""
+UNKNOWN_RPC = "/(unknown)"
+"""The metrics label of calls to methods that do not exist (what a client typed is never a
+label: labels are kept for the life of the process)."""
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_BASE64 = re.compile(r"[A-Za-z0-9+/_-]*")
+_DECODE_FAILURES = (json_format.ParseError, ValueError, TypeError, OverflowError)
 
 
 def _to_json(msg: Message) -> dict[str, Any]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
+def _refuse_constant(name: str) -> NoReturn:
+    raise ValidationError.for_field(
+        "body", f'{name} is not JSON; proto3 JSON writes it as the string "{name}"'
+    )
+
+
+def _json_body(raw: bytes, where: str) -> Any:
+    """A request body (or NDJSON line) as JSON: strict UTF-8, no NaN or Infinity, nesting
+    within MAX_JSON_DEPTH, no lone surrogates (which no protobuf string can hold)."""
+    try:
+        document = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except UnicodeDecodeError as exc:
+        raise ValidationError.for_field(where, f"is not UTF-8 (byte {exc.start})") from None
+    except RecursionError:
+        raise ValidationError.for_field(where, f"nests deeper than {MAX_JSON_DEPTH}") from None
+    except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
+        raise ValidationError.for_field(where, f"is not JSON: {clip(str(exc))}") from None
+    _check_strings(document, where)
+    return document
+
+
+def _check_strings(document: Any, where: str) -> None:
+    """Walk the document once (no recursion): depth, and every key and string valid text."""
+    stack: list[tuple[Any, str, int]] = [(document, where, 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValidationError.for_field(where, f"nests deeper than {MAX_JSON_DEPTH}")
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                raise ValidationError.for_field(
+                    clip(path), "holds a lone surrogate (half a UTF-16 pair); send valid Unicode"
+                )
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if _SURROGATE.search(key):
+                    raise ValidationError.for_field(clip(path), "has a key with a lone surrogate")
+                stack.append((item, f"{path}.{key}", depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+
+
+def _field(descriptor: Descriptor, key: str) -> FieldDescriptor | None:
+    found = descriptor.fields_by_name.get(key)
+    if found is not None:
+        return found
+    return next((f for f in descriptor.fields if f.json_name == key), None)
+
+
+def _check_base64(descriptor: Descriptor, body: object, path: str) -> None:
+    """Every bytes field of `body` (the proto3 JSON of a `descriptor` message) is base64,
+    standard or URL-safe, padded or not, and nothing else: json_format's own decoder drops
+    characters outside the alphabet, so a typo would otherwise arrive as other bytes."""
+    if not isinstance(body, dict):
+        return
+    for key, value in body.items():
+        field = _field(descriptor, key)
+        if field is None:
+            continue  # json_format names unknown fields itself
+        name = f"{path}.{field.name}" if path else field.name
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            target = field.message_type.fields_by_name["value"]
+            items = list(value.items()) if isinstance(value, dict) else []
+            for map_key, item in items:
+                _check_value(target, item, f"{name}[{clip(str(map_key), 40)!r}]")
+        elif field.is_repeated and isinstance(value, list):
+            for index, item in enumerate(value):
+                _check_value(field, item, f"{name}[{index}]")
+        else:
+            _check_value(field, value, name)
+
+
+def _check_value(field: FieldDescriptor, value: object, name: str) -> None:
+    if field.message_type is not None:
+        _check_base64(field.message_type, value, name)
+        return
+    if field.type != FieldDescriptor.TYPE_BYTES or not isinstance(value, str):
+        return  # not bytes, or not a string: json_format refuses the type itself
+    if not _is_base64(value):
+        raise ValidationError.for_field(
+            name,
+            f"is not base64 ({clip(value, 24)!r}); encode the bytes with the standard or "
+            "URL-safe base64 alphabet",
+        )
+
+
+def _is_base64(text: str) -> bool:
+    core = text.rstrip("=")
+    padding = len(text) - len(core)
+    if not _BASE64.fullmatch(core) or len(core) % 4 == 1 or padding > 2:
+        return False
+    if padding and (len(text) % 4 or padding != -len(core) % 4):
+        return False
+    standard = core.replace("-", "+").replace("_", "/")
+    try:
+        base64.b64decode(standard + "=" * (-len(core) % 4), validate=True)
+    except binascii.Error:
+        return False
+    return True
+
+
 def _message(route: Route, body: object, where: str) -> Message:
     if not isinstance(body, dict):
         raise ValidationError(f"{where} must be a JSON object", {"field": "body"})
     message = route.method.request_type()
+    _check_base64(cast(Descriptor, route.method.request_type.DESCRIPTOR), body, "")
     try:
         json_format.ParseDict(body, message)
-    except json_format.ParseError as exc:
-        raise ValidationError(f"{where}: {exc}", {"field": "body"}) from None
+    except _DECODE_FAILURES as exc:
+        raise ValidationError(f"{where}: {clip(str(exc), 400)}", {"field": "body"}) from None
     return message
+
+
+async def _read_body(request: web.Request) -> bytes:
+    """The request body; over MAX_BODY it is oversize_payload (413), not aiohttp's raise."""
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise oversize_error(MAX_BODY) from None
 
 
 class JsonGateway:
@@ -67,35 +196,34 @@ class JsonGateway:
 
     async def call(self, request: web.Request) -> web.StreamResponse:
         path = f"/{request.match_info['service']}/{request.match_info['method']}"
+        label = path
         try:
             route = self._dispatcher.route(path)
             if route is None:
-                raise NotFoundError(f"no RPC {path}", {"path": path})
+                label = UNKNOWN_RPC
+                raise NotFoundError(
+                    f"no RPC {clip(path)}; GET /v1 lists every method", {"path": clip(path)}
+                )
             if route.method.client_streaming:
                 frames, ctx = await self._parse_frames(request, route)
                 return await self._stream(request, route, route.bidi()(frames, ctx))
             message, ctx = await self._parse(request, route)
             if route.method.server_streaming:
                 return await self._stream(request, route, route.streaming()(message, ctx))
-            response = await route.unary()(message, ctx)
+            response = _to_json(await route.unary()(message, ctx))
         except Exception as exc:
-            return error_response(exc, path, self._metrics)
+            return error_response(exc, label, self._metrics)
         self._metrics.rpc_done("http", path, "ok")
-        return web.json_response(_to_json(response))
+        return web.json_response(response)
 
     async def _parse_frames(
         self, request: web.Request, route: Route
     ) -> tuple[AsyncIterator[Message], CallContext]:
         """A client-streaming call over HTTP/1.1: one request message per NDJSON line."""
-        lines = [ln for ln in (await request.read()).splitlines() if ln.strip()]
+        lines = [ln for ln in (await _read_body(request)).splitlines() if ln.strip()]
         messages = []
         for number, line in enumerate(lines, 1):
-            try:
-                body = json.loads(line)
-            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                raise ValidationError(
-                    f"line {number} is not JSON: {exc}", {"field": "body"}
-                ) from None
+            body = _json_body(line, f"line {number}")
             messages.append(_message(route, body, f"line {number}"))
 
         async def frames() -> AsyncIterator[Message]:
@@ -108,11 +236,8 @@ class JsonGateway:
         return http_context(request, metadata)
 
     async def _parse(self, request: web.Request, route: Route) -> tuple[Message, CallContext]:
-        raw = await request.read()
-        try:
-            body = json.loads(raw) if raw.strip() else {}
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValidationError(f"request body is not JSON: {exc}", {"field": "body"}) from None
+        raw = await _read_body(request)
+        body = _json_body(raw, "body") if raw.strip() else {}
         if not isinstance(body, dict):
             raise ValidationError("request body must be a JSON object", {"field": "body"})
         metadata: dict[str, str] = {}
@@ -139,8 +264,7 @@ class JsonGateway:
                 item = await anext(items, None)
         except Exception as exc:
             answer = answer_for(exc, route.method.path)
-            err = {"error": {"code": answer.code, "message": answer.message}}
-            await response.write((json.dumps(err) + "\n").encode())
+            await response.write((json.dumps(error_body(answer)) + "\n").encode())
         finally:
             await items.aclose()  # type: ignore[attr-defined]
         await response.write_eof()
