@@ -20,7 +20,7 @@ from apiary.errors import PermissionDeniedError
 from apiary.server.auth.guard import AccessGuard
 from apiary.server.config.address import is_loopback_host
 from apiary.server.context import CallContext
-from apiary.server.http.errors import error_response
+from apiary.server.http.errors import error_response, route_label
 from apiary.server.metrics import Metrics
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -78,7 +78,7 @@ def access_middleware(guard: AccessGuard | None, metrics: Metrics) -> Middleware
                         recheck: Recheck = partial(guard.admit, key, rule, None, opened, again=True)
                         request[RECHECK] = recheck
         except Exception as exc:
-            return error_response(exc, key or request.path, metrics)
+            return error_response(exc, key or route_label(request), metrics)
         return await handler(request)
 
     return middleware
