@@ -18,18 +18,10 @@ import pytest
 from apiary.wire.services import RpcMethod
 from tests.fuzz.cases import Fault
 
-DLQ_REQUEUE_RETRY_COUNT = (
-    "DlqService.Requeue answers internal_error for a dead letter whose envelope has "
-    "retry_count 2^32-1: the requeue adds one and wire/convert.py envelope_to_proto fails "
-    "(ValueError: Value out of range: 4294967296); see test_known_faults.py"
-)
-KNOWN_FAULTS: dict[tuple[str, str], str] = {
-    ("grpc", "/apiary.v1.DlqService/Requeue"): DLQ_REQUEUE_RETRY_COUNT,
-    ("http", "/apiary.v1.DlqService/Requeue"): DLQ_REQUEUE_RETRY_COUNT,
-}
-"""(transport, method path) -> the known fault of that method on that transport. The fault
-above depends on what earlier examples dead-lettered, not on the Requeue request alone,
-so the whole method is marked."""
+KNOWN_FAULTS: dict[tuple[str, str], str] = {}
+"""(transport, method path) -> the known fault of that method on that transport. A fault
+that depends on what earlier examples left behind, not on one request alone, marks the
+whole method."""
 KNOWN_INPUTS: dict[tuple[str, str], tuple[str, Callable[[Any], bool]]] = {}
 """(transport, method path) -> (the known fault, whether an input runs into it)."""
 

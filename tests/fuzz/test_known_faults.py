@@ -1,7 +1,7 @@
 """The faults the fuzzer found whose cause lies outside the transports, each reproduced
-deterministically and marked xfail (strict=False) until it is fixed; known.py marks the
-fuzz tests of the same methods. A fix turns its test here green (XPASS): then remove the
-mark here and the entry in known.py."""
+deterministically. An open fault is marked xfail (strict=False) here and in known.py, which
+marks the fuzz tests of the same methods; a fix removes both marks and its test here then
+asserts the answer the fault now gets."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 
 from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
-from tests.fuzz.known import DLQ_REQUEUE_RETRY_COUNT
 
 
 @pytest.fixture
@@ -34,7 +33,6 @@ async def channel(tmp_path: Path) -> AsyncIterator[grpc.aio.Channel]:
         yield channel
 
 
-@pytest.mark.xfail(strict=False, reason=DLQ_REQUEUE_RETRY_COUNT)
 async def test_requeue_of_a_dead_letter_at_the_largest_retry_count(
     channel: grpc.aio.Channel,
 ) -> None:
@@ -52,8 +50,12 @@ async def test_requeue_of_a_dead_letter_at_the_largest_retry_count(
     listed = await dlq.List(pb.apiary_pb2.ListDlqRequest())
     entry_ids = [entry.entry_id for entry in listed.entries]
     assert entry_ids
-    try:
-        await dlq.Requeue(pb.apiary_pb2.RequeueDlqRequest(entry_ids=entry_ids))
-    except grpc.aio.AioRpcError as exc:
-        # Refusing the requeue is fine; an internal error is the fault.
-        assert exc.code() is not grpc.StatusCode.INTERNAL, exc.details()
+    # The copy would need retry_count 2^32, which no Envelope can carry: the requeue of
+    # that entry is refused, naming the field, and the entry stays in the DLQ.
+    reply = await dlq.Requeue(pb.apiary_pb2.RequeueDlqRequest(entry_ids=entry_ids))
+    assert [r.ok for r in reply.results] == [False] * len(entry_ids)
+    assert all(r.error.startswith("validation_error: retry_count: ") for r in reply.results)
+    pending = await dlq.List(
+        pb.apiary_pb2.ListDlqRequest(filter=pb.apiary_pb2.DlqFilter(exclude_requeued=True))
+    )
+    assert [entry.entry_id for entry in pending.entries] == entry_ids

@@ -140,6 +140,40 @@ async def test_selected_entries_are_requeued_over_grpc(letters: Letters) -> None
     assert letters.failed not in [e.message_id for e in pending.entries]
 
 
+async def _dead_letter_at(letters: Letters, retry_count: int) -> int:
+    """The entry id of a message at `retry_count` that bob failed (requeueable otherwise)."""
+    r = letters.running
+    sent = envelope("alice", {"task": "resize"}, retry_count=retry_count)
+    await _send(r, sent, "bob")
+    ack = {"ack_for_message_id": sent.message_id, "ack_stage": "FAILED",
+           "error_code": "internal_error", "note": "out of memory"}  # fmt: skip
+    await _send(r, envelope("bob", ack, message_type=pb.common_pb2.ACKNOWLEDGEMENT), "")
+    listed = await _stub(letters).List(apiary_pb2.ListDlqRequest())
+    (entry_id,) = [e.entry_id for e in listed.entries if e.message_id == sent.message_id]
+    return entry_id
+
+
+@pytest.mark.conformance("dlq.ops.requeue")
+async def test_a_requeue_past_the_largest_retry_count_is_refused_naming_the_field(
+    letters: Letters,
+) -> None:
+    stub = _stub(letters)
+    last = await _dead_letter_at(letters, 2**32 - 2)
+    beyond = await _dead_letter_at(letters, 2**32 - 1)
+    reply = await stub.Requeue(apiary_pb2.RequeueDlqRequest(entry_ids=[beyond, last]))
+    refused, ok = reply.results
+    # The copy of `beyond` would need retry_count 2^32, which an Envelope (uint32) cannot
+    # carry: that entry alone is refused and stays pending; the other one is requeued.
+    assert (refused.entry_id, refused.ok, refused.new_message_id) == (beyond, False, "")
+    assert refused.error.startswith("validation_error: retry_count: is 4294967295")
+    assert (await stub.Get(apiary_pb2.GetDlqRequest(entry_id=beyond))).requeued_as == ""
+    assert ok.ok
+    stored = await letters.running.coordinator.store.messages.get(ok.new_message_id)
+    assert stored is not None
+    copy = pb.common_pb2.Envelope.FromString(stored.envelope)
+    assert copy.retry_count == 2**32 - 1
+
+
 @pytest.mark.conformance("dlq.ops.export")
 async def test_a_filtered_bundle_is_exported_over_grpc(letters: Letters) -> None:
     stub = _stub(letters)

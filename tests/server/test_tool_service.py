@@ -91,7 +91,7 @@ def _descriptor(name: str, **fields: Any) -> connector.ToolDescriptor:
 @pytest.mark.parametrize(
     ("tool", "field", "words"),
     [
-        (_descriptor("t", input_schema="{not json"), "input_schema", "is not JSON"),
+        (_descriptor("t", input_schema="{not json"), "input_schema", "is not valid JSON"),
         (_descriptor("t", input_schema='{"type": 12}'), "input_schema", "not a valid JSON Schema"),
         (_descriptor("t", output_schema='"text"'), "output_schema", "JSON Schema object"),
         (_descriptor("bad name!"), "tool_name", "letters, digits"),

@@ -9,13 +9,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from apiary.swarm.errors import SwarmError
 from apiary.swarm.invite import InviteClaims, encode_invite
 from apiary.swarm.keys import Identity, sign_message
 from apiary.swarm.ratelimit import Limit
 from apiary.swarm.settings import NodeSettings
+from apiary.swarm.transport import MAX_BODY, add_swarm_routes, bind, open_swarm_server
 from apiary.swarm.wire import Sender, SwarmMessage, format_timestamp
 from tests.swarm.peers import FAST, Answer, Peer, http, open_peer
 from tests.swarm.pki import Pki
@@ -122,6 +125,39 @@ async def test_deep_huge_or_nul_bodies_are_400_not_500(pair: Pair) -> None:
     body = pair.signed().to_json()
     body["content"] = "a\x00b"  # a NUL in a field of an otherwise valid message
     _refused(await pair.post(body), 400, "INVALID_FORMAT", "body")
+    assert await pair.inbox_ids() == []
+
+
+def _too_large(answer: Answer) -> None:
+    _refused(answer, 413, "PAYLOAD_TOO_LARGE", "body")
+    assert answer.body["error"]["details"]["limit"] == MAX_BODY
+    assert answer.body["error"]["message"].startswith(
+        f"body: larger than this peer's limit of {MAX_BODY}"
+    )
+
+
+async def test_a_body_over_the_limit_is_413_in_the_error_object(pair: Pair) -> None:
+    """aiohttp's own refusal (the peer's app reads at most MAX_BODY) answers the protocol's
+    error object, not aiohttp's plain text; a body at the limit is read (and refused for
+    what it holds)."""
+    _too_large(await pair.post(None, raw=b" " * (MAX_BODY + 1)))
+    _refused(await pair.post(None, raw=b" " * MAX_BODY), 400, "INVALID_FORMAT", "body")
+    assert await pair.inbox_ids() == []
+
+
+async def test_a_body_over_the_limit_is_413_where_the_app_takes_larger_ones(pair: Pair) -> None:
+    """Mounted on an app that reads larger bodies (the coordinator's HTTP port takes 20 MiB),
+    the swarm routes still hold theirs to MAX_BODY, with the same answer."""
+    app = web.Application(client_max_size=4 * MAX_BODY)
+    add_swarm_routes(app, pair.alpha.node)
+    async with open_swarm_server(app, bind("127.0.0.1", 0), None) as (host, port):
+        url = f"http://{host}:{port}/swarm/message"
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(url, data=b" " * (MAX_BODY + 1)) as response,
+        ):
+            answer = Answer(response.status, await response.json(), dict(response.headers))
+    _too_large(answer)
     assert await pair.inbox_ids() == []
 
 

@@ -37,7 +37,10 @@ def test_a_full_descriptor_is_accepted_and_its_side_effects_normalised() -> None
 @pytest.mark.parametrize(
     ("schema", "problem"),
     [
-        ("{", "is not JSON"),
+        ("{", "is not valid JSON: Expecting property name"),
+        # The JSON reader's limits: deeper than json_depth, larger than document_bytes.
+        ('{"not": ' * 65 + "{}" + "}" * 65, "is not valid JSON: nests arrays and objects"),
+        ('{"description": "' + "x" * (1 << 20) + '"}', "bytes of JSON, more than the 1048576"),
         ("[1]", "JSON Schema object or boolean"),
         ('{"type": "banana"}', "not a valid JSON Schema at type"),
         ('{"properties": {"a": {"minimum": "one"}}}', "at properties/a/minimum"),

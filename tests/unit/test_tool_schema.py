@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from apiary.core.tools.schema import check_arguments, check_result, is_json
+from apiary.core.tools.schema import (
+    MAX_ARGS_BYTES,
+    MAX_RESULT_BYTES,
+    check_arguments,
+    check_result,
+    is_json,
+)
 from apiary.errors import ValidationError
 
 SCHEMA = json.dumps({
@@ -51,6 +57,38 @@ def test_arguments_must_be_json_when_a_schema_applies() -> None:
     with pytest.raises(ValidationError) as wrong_type:
         check_arguments(SCHEMA, "text/plain", b"path=a")
     assert wrong_type.value.details["field"] == "content_type"
+
+
+def _nested(depth: int) -> bytes:
+    return (b"[" * depth) + (b"]" * depth)
+
+
+def _string_of(size: int) -> bytes:
+    return b'"' + b"x" * (size - 2) + b'"'
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (_nested(65), "is not valid JSON: nests arrays and objects deeper than 64 levels"),
+        (_string_of(MAX_ARGS_BYTES + 1), f"more than the {MAX_ARGS_BYTES}-byte limit"),
+    ],
+)
+def test_arguments_are_read_within_the_json_limits(text: bytes, words: str) -> None:
+    check_arguments("true", "application/json", _nested(64))  # at the limits: read
+    check_arguments("true", "application/json", _string_of(MAX_ARGS_BYTES))
+    with pytest.raises(ValidationError) as caught:
+        check_arguments("true", "application/json", text)
+    assert caught.value.details == {"field": "args", "path": "$"}
+    assert caught.value.message.startswith("args: ") and words in caught.value.message
+
+
+def test_results_are_read_within_the_json_limits() -> None:
+    check_result("true", "application/json", _string_of(MAX_RESULT_BYTES))
+    for text in (_nested(65), _string_of(MAX_RESULT_BYTES + 1)):
+        with pytest.raises(ValidationError) as caught:
+            check_result("true", "application/json", text)
+        assert caught.value.details == {"field": "result", "path": "$"}
 
 
 def test_results_are_checked_when_complete() -> None:

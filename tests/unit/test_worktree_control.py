@@ -99,6 +99,21 @@ def test_a_payload_that_is_not_a_json_object_is_refused(payload: bytes) -> None:
     assert caught.value.details["field"] == "payload"
 
 
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        (b'{"action": "status", "x": ' + b"[" * 64 + b"]" * 64 + b"}", "deeper than 64 levels"),
+        (b'{"action": "status", "x": "' + b"x" * (1 << 20) + b'"}', "bytes of JSON, more than"),
+        (b'{"action": "switch_reject", "reason": "\\u0000"}', "NUL character"),
+    ],
+)
+def test_a_payload_is_read_within_the_json_limits(payload: bytes, words: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_control(payload, "agent-a")
+    assert caught.value.details["field"] == "payload"
+    assert caught.value.message.startswith("payload: ") and words in caught.value.message
+
+
 def test_the_status_body_names_where_the_agent_works() -> None:
     record = WorktreeBinding(
         "a", state="BOUND_NON_HOME", repo_id="r", worktree_id="home", branch="home",

@@ -100,7 +100,9 @@ def for_retry(ids: EnvelopeIds, new_message_id: str) -> EnvelopeIds:
     if new_message_id.lower() == ids.message_id.lower():
         raise ValidationError.for_field("message_id", "a retry must use a new message_id")
     if ids.retry_count >= UINT32_MAX:
-        raise ValidationError.for_field("retry_count", "retry budget beyond uint32")
+        raise ValidationError.for_field(
+            "retry_count", f"is {ids.retry_count}, the uint32 maximum: no further attempt fits"
+        )
     return replace(ids, message_id=new_message_id, retry_count=ids.retry_count + 1)
 
 

@@ -4,7 +4,8 @@ Every JSON text that arrives from a client is read here, within two limits: its 
 its nesting depth (arrays and objects inside one another). It must be RFC 8259 JSON: UTF-8
 without a byte order mark, no NaN or Infinity, no integer longer than Python converts
 (4300 digits). Refusals are `JsonError` (a ValueError) saying what is wrong; `read_json`
-turns them into validation_error naming the field.
+turns them into validation_error naming the field, and `read_document` leaves that to a
+caller that names the field its own way.
 
 A value the coordinator keeps (`kept=True`: HITL context, negotiation validation rules,
 log details, workflow data) must also be one it can store and show again: no number that
@@ -81,6 +82,25 @@ def parse_json(text: str | bytes, max_depth: int = DEFAULT_DEPTH, *, kept: bool 
     return value
 
 
+def read_document(
+    text: str | bytes,
+    *,
+    max_bytes: int = DEFAULT_LIMITS.document_bytes,
+    max_depth: int = DEFAULT_DEPTH,
+    kept: bool = True,
+) -> Any:
+    """`parse_json` within a size limit too, for a caller that words its own error: the
+    JsonError's message follows a field's name ("is 2000000 bytes of JSON, more than the
+    1048576-byte limit ([limits])", "is not valid JSON: ...")."""
+    size = len(text) if isinstance(text, bytes) else utf8_size(text)
+    if size > max_bytes:
+        raise JsonError(f"is {size} bytes of JSON, more than the {max_bytes}-byte limit ([limits])")
+    try:
+        return parse_json(text, max_depth, kept=kept)
+    except JsonError as exc:
+        raise JsonError(f"is not valid JSON: {exc}") from None
+
+
 def read_json(
     text: str | bytes,
     field: str,
@@ -91,15 +111,10 @@ def read_json(
 ) -> Any:
     """`parse_json` for a request field: ValidationError naming `field` when `text` is over
     `max_bytes` or is not JSON the reader accepts."""
-    size = len(text) if isinstance(text, bytes) else utf8_size(text)
-    if size > max_bytes:
-        raise ValidationError.for_field(
-            field, f"is {size} bytes of JSON, more than the {max_bytes}-byte limit ([limits])"
-        )
     try:
-        return parse_json(text, max_depth, kept=kept)
+        return read_document(text, max_bytes=max_bytes, max_depth=max_depth, kept=kept)
     except JsonError as exc:
-        raise ValidationError.for_field(field, f"is not valid JSON: {exc}") from None
+        raise ValidationError.for_field(field, str(exc)) from None
 
 
 def read_json_object(

@@ -44,11 +44,11 @@ The verdict is symmetric: its notes and overlaps list each pair in sorted order.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
+from apiary.core.json_reader import read_json
 from apiary.errors import ValidationError
 
 SHARED_RESOURCE: Final = 0.0
@@ -140,10 +140,9 @@ def parse_scope(text: str) -> Scope:
 
 
 def _json_items(text: str) -> list[tuple[str, str]]:
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ValidationError.for_field(_FIELD, f"is not valid JSON: {exc}") from None
+    # Its strings become paths and ids that are compared, hashed and shown again: kept
+    # values (no NUL, no lone surrogate), like any JSON the coordinator keeps.
+    data = read_json(text, _FIELD)
     if not isinstance(data, dict):
         raise ValidationError.for_field(_FIELD, "JSON form must be an object")
     items: list[tuple[str, str]] = []

@@ -11,6 +11,7 @@ from typing import Any
 
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope
+from apiary.core.envelope_ids import EnvelopeIds, for_retry
 from apiary.core.events import EventFilter
 from apiary.core.ids import IdGenerator
 from apiary.core.records import DlqEntry, DlqFilter, StoredMessage
@@ -34,6 +35,22 @@ def excerpt(entry: DlqEntry, codec: EnvelopeCodec) -> bytes:
 
 def _iso(seconds: float) -> str:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _next_attempt(env: Envelope, new_message_id: str, now: float) -> Envelope:
+    """`env` as the next attempt of its message (`for_retry`: a new message_id, retry_count
+    + 1), stamped `now`: a TTL counts from the requeue, or an expired message could never be
+    requeued. ValidationError naming retry_count when the count is at the uint32 maximum:
+    the copy could not be encoded, so the dead letter stays where it is."""
+    ids = for_retry(
+        EnvelopeIds(
+            message_id=env.message_id, idempotency_token=env.idempotency_token,
+            correlation_id=env.correlation_id, producer_id=env.producer_id,
+            sequence_number=env.sequence_number, retry_count=env.retry_count,
+        ),
+        new_message_id,
+    )  # fmt: skip
+    return replace(env, message_id=ids.message_id, retry_count=ids.retry_count, timestamp=now)
 
 
 class DeadLetters:
@@ -117,13 +134,7 @@ class DeadLetters:
                 f"DLQ entry {entry_id} was already requeued as {entry.requeued_as}",
                 {"entry_id": str(entry_id), "requeued_as": entry.requeued_as},
             )
-        env = self._codec.decode(entry.envelope)
-        # Sent again now: a TTL counts from the requeue, or an expired message could never
-        # be requeued.
-        retry = replace(
-            env, message_id=ids.new_id(), retry_count=env.retry_count + 1,
-            timestamp=self._clock.now(),
-        )  # fmt: skip
+        retry = _next_attempt(self._codec.decode(entry.envelope), ids.new_id(), self._clock.now())
         # What vouched for the dead letter vouches for the copy: the signature over the
         # envelope the producer signed (this one, or the one it was derived from).
         signature, origin = split_origin(entry.signature)

@@ -1,8 +1,9 @@
 """Refusals of the Agent Swarm Protocol: an HTTP status, a machine-readable code, a message.
 
 The codes are the protocol's (schemas/types/error.json) plus INVALID_FORMAT for a malformed
-body (the OpenAPI examples use it) and RATE_LIMITED; `field` names the offending field of a
-malformed body. The JSON form is the protocol's error object.
+body (the OpenAPI examples use it), PAYLOAD_TOO_LARGE for a body over the transport's limit
+(413, which the protocol's status table leaves out) and RATE_LIMITED; `field` names the
+offending field of a malformed body. The JSON form is the protocol's error object.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ class SwarmError(Exception):
 def invalid(field: str, problem: str) -> SwarmError:
     """400 for a malformed body, naming the field."""
     return SwarmError(400, "INVALID_FORMAT", f"{field}: {problem}", field=field)
+
+
+def too_large(field: str, limit: int) -> SwarmError:
+    """413 for a body over `limit` bytes, naming the field and the limit."""
+    return SwarmError(
+        413, "PAYLOAD_TOO_LARGE", f"{field}: larger than this peer's limit of {limit} bytes",
+        field=field, details={"limit": limit},
+    )  # fmt: skip
 
 
 def unauthorized(problem: str, code: str = "NOT_AUTHORIZED") -> SwarmError:

@@ -7,9 +7,10 @@ Application (the coordinator's HTTP app, or a TLS listener of its own).
     GET  {prefix}/info      200 agent_id, endpoint, public_key, protocol_version, ...
 
 Refusals are the protocol's error object with its status: 400 naming the field of a
-malformed body (never 422), 401 bad signature, 403, 404 unknown swarm, 429 with Retry-After
-in seconds. This is the one place where exceptions become HTTP answers: anything that is not
-a SwarmError is logged and answered 500 INTERNAL_ERROR without details.
+malformed body (never 422), 401 bad signature, 403, 404 unknown swarm, 413 for a body over
+MAX_BODY (aiohttp's own refusal included), 429 with Retry-After in seconds. This is the one
+place where exceptions become HTTP answers: anything that is not a SwarmError is logged and
+answered 500 INTERNAL_ERROR without details.
 
 aiohttp serves HTTP/1.1 only (with TLS, ALPN offers http/1.1): the protocol prefers HTTP/3
 and accepts HTTP/2, which a terminating proxy in front provides (docs/swarm.md).
@@ -29,7 +30,7 @@ from aiohttp import web
 
 from apiary.core.json_reader import read_json
 from apiary.errors import ValidationError
-from apiary.swarm.errors import SwarmError, invalid
+from apiary.swarm.errors import SwarmError, invalid, too_large
 from apiary.swarm.node import SwarmNode
 
 log = logging.getLogger("apiary.swarm.transport")
@@ -62,7 +63,12 @@ def _guarded(handler: Handler) -> Handler:
 
 
 async def _body(request: web.Request) -> Any:
-    raw = await request.read()
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:  # over the app's client_max_size
+        raise too_large("body", MAX_BODY) from None
+    if len(raw) > MAX_BODY:  # mounted on an app that takes larger bodies (the coordinator's)
+        raise too_large("body", MAX_BODY)
     try:
         # One reader for every JSON a client sends: UTF-8, bounded depth and size, no NUL,
         # numbers that stay finite (a deep or huge document answered 500 before).

@@ -14,12 +14,17 @@ listed; `truncated` says when there were more (the magnitude still counts them a
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
+from apiary.core.envelope_rules import PayloadLimits
+from apiary.core.json_reader import JsonError, read_document
+
 MAX_CHANGED_PATHS: Final = 200
+MAX_DRAFT_BYTES: Final = PayloadLimits().negotiation
+"""A JSON draft is read as JSON up to the size of a NEGOTIATION payload (1 MiB); a larger
+one compares, and is validated, as opaque bytes."""
 _MISSING: Final = object()
 
 
@@ -69,14 +74,14 @@ class Delta:
 
 def parse_json(content_type: str, payload: bytes) -> tuple[bool, Any]:
     """(True, value) when the payload is JSON (by content type, or by parsing when the type
-    says nothing), else (False, None)."""
+    says nothing) within the JSON reader's limits, else (False, None)."""
     base = content_type.split(";", 1)[0].strip().lower()
     jsonish = base == "application/json" or base.endswith("+json")
     if base and not jsonish:
         return False, None
     try:
-        return True, json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return True, read_document(payload, max_bytes=MAX_DRAFT_BYTES, kept=False)
+    except JsonError:
         return False, None
 
 

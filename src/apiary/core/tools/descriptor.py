@@ -9,6 +9,7 @@ provider passes, whatever its kind:
 - `input_schema`, `output_schema`: empty, or a JSON Schema document (an object or a boolean)
   that the JSON Schema meta-schema it declares (`$schema`; draft 2020-12 by default) accepts.
   A URL is not a schema: the coordinator validates arguments itself and fetches nothing.
+  The text is read by `core.json_reader` (at most `document_bytes`, nesting `json_depth`).
 - `side_effects`: the side-effect classes, comma-separated (`none`, `read_only`, `filesystem`,
   `network`, `process`, `gpu`, or any other lower-case name); `none` stands alone.
 
@@ -21,7 +22,6 @@ process spawn, GPU...) are its side-effect classes and, for `needs_worktree`, `w
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ from typing import Any, Final
 from jsonschema import SchemaError
 from jsonschema.validators import validator_for
 
+from apiary.core.json_reader import read_document
 from apiary.errors import ValidationError
 
 MAX_TOOL_NAME_LENGTH: Final = 128
@@ -124,13 +125,13 @@ def check_provider_id(provider_id: str) -> str:
 
 
 def parse_schema(text: str) -> dict[str, Any] | bool | None:
-    """The schema document `text` holds, None when empty; ValueError says what is wrong."""
+    """The schema document `text` holds, None when empty; ValueError says what is wrong
+    (the JSON reader's limits on size and depth included)."""
     if not text.strip():
         return None
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"is not JSON ({exc.msg} at character {exc.pos})") from None
+    # Kept as the text it came as, never written back from the parsed value: syntax, depth
+    # and size are what matter here.
+    schema = read_document(text, kept=False)
     if isinstance(schema, bool):
         return schema  # true and false are schemas (any value, no value)
     if not isinstance(schema, dict):

@@ -4,11 +4,14 @@ Arguments are checked before anything runs, results before they are returned. A 
 VALIDATION_ERROR naming the field (`args` or `result`) and the JSON path of the offending
 value (`details["path"]`, e.g. `$.timezone`, `$` for the document itself), so that a caller
 can tell which argument to fix.
+
+Arguments and results are read by `core.json_reader`: nesting within `json_depth`, arguments
+within `document_bytes` (what a TOOL_CALL payload carries by default) and a result within the
+default TOOL_RESULT payload limit (16 MiB).
 """
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from typing import Any, Final
 
@@ -17,10 +20,15 @@ from jsonschema.exceptions import best_match
 from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
+from apiary.core.envelope_rules import PayloadLimits
+from apiary.core.json_reader import JsonError, read_document
+from apiary.core.limits import DEFAULT_LIMITS
 from apiary.core.tools.descriptor import parse_schema
 from apiary.errors import ValidationError
 
 JSON: Final = "application/json"
+MAX_ARGS_BYTES: Final = DEFAULT_LIMITS.document_bytes
+MAX_RESULT_BYTES: Final = PayloadLimits().tool_result
 
 
 def is_json(content_type: str) -> bool:
@@ -38,13 +46,14 @@ def _validator(schema_text: str) -> Validator | None:
     return validator
 
 
-def decode_json(data: bytes, field: str) -> Any:
-    """The JSON value `data` holds; VALIDATION_ERROR naming `field` when it is not JSON."""
+def decode_json(data: bytes, field: str, max_bytes: int) -> Any:
+    """The JSON value `data` holds; VALIDATION_ERROR naming `field` when it is not JSON
+    within `max_bytes` and the depth limit."""
     try:
-        return json.loads(data or b"null")
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        problem = exc.msg if isinstance(exc, json.JSONDecodeError) else "is not UTF-8"
-        raise ValidationError.for_field(field, f"is not JSON: {problem}", path="$") from None
+        # Passed on, not kept: syntax, depth and size are what matter.
+        return read_document(data or b"null", max_bytes=max_bytes, kept=False)
+    except JsonError as exc:
+        raise ValidationError.for_field(field, str(exc), path="$") from None
 
 
 def check_value(schema_text: str, value: Any, field: str) -> None:
@@ -69,7 +78,8 @@ def check_arguments(schema_text: str, content_type: str, args: bytes) -> Any:
                 f"{content_type!r}: this tool's arguments are JSON (application/json)",
             )
         return None
-    value = decode_json(args, "args") if args else {}  # no arguments: an empty object
+    # No arguments: an empty object.
+    value = decode_json(args, "args", MAX_ARGS_BYTES) if args else {}
     check_value(schema_text, value, "args")
     return value
 
@@ -83,4 +93,4 @@ def check_result(schema_text: str, content_type: str, data: bytes) -> None:
             "result", f"content type {content_type!r} is not JSON, but the tool declares an "
             "output schema",
         )  # fmt: skip
-    check_value(schema_text, decode_json(data, "result"), "result")
+    check_value(schema_text, decode_json(data, "result", MAX_RESULT_BYTES), "result")

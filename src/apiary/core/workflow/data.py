@@ -33,6 +33,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from apiary.core.json_reader import read_json, read_json_object
+from apiary.core.limits import DEFAULT_LIMITS, Limits
 from apiary.errors import ValidationError
 
 Segment = str | int
@@ -207,29 +209,30 @@ def apply_output(
 
 
 def parse_output(note: str) -> Any:
-    """A node's output from its FULFILLED note: the JSON value when the note is JSON, the
-    note as a string otherwise, None when empty."""
+    """A node's output from its FULFILLED note: the JSON value when the note is JSON the
+    coordinator can keep in workflow_data (`core.json_reader`, within its limits), the note
+    as a string otherwise, None when empty."""
     text = note.strip()
     if not text:
         return None
     try:
-        return json.loads(text)
-    except ValueError:
+        return read_json(text, "note")
+    except ValidationError:
         return note
 
 
-def parse_data(text: str, field: str = "workflow_data") -> dict[str, Any]:
-    """workflow_data from its JSON text (empty text: an empty object); ValidationError unless
-    it is a JSON object."""
+def parse_data(
+    text: str, field: str = "workflow_data", limits: Limits = DEFAULT_LIMITS
+) -> dict[str, Any]:
+    """workflow_data from a client's JSON text (empty text: an empty object), read within
+    `limits` (`document_bytes`, `json_depth`); ValidationError naming `field` unless it is
+    a JSON object the coordinator can keep. (The store's copy, which node outputs may have
+    grown past these limits, is read back by the store's codec.)"""
     if not text.strip():
         return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise ValidationError.for_field(field, f"is not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        raise ValidationError.for_field(field, "must be a JSON object")
-    return value
+    return read_json_object(
+        text, field, max_bytes=limits.document_bytes, max_depth=limits.json_depth
+    )
 
 
 def dump_data(value: Any) -> str:

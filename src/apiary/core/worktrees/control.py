@@ -20,7 +20,6 @@ the wrong type is a ValidationError naming it.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from apiary.core.dedup import iso_utc
+from apiary.core.json_reader import read_json_object
 from apiary.core.worktrees.records import WorktreeBinding, working_location
 from apiary.errors import ValidationError
 
@@ -65,13 +65,9 @@ class ControlRequest:
 
 
 def parse_control(payload: bytes, sender: str) -> ControlRequest:
-    """The request in a WORKTREE_CONTROL payload sent by `sender`."""
-    try:
-        doc = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValidationError.for_field("payload", "must be a JSON object") from None
-    if not isinstance(doc, dict):
-        raise ValidationError.for_field("payload", "must be a JSON object")
+    """The request in a WORKTREE_CONTROL payload sent by `sender`; a payload that is not a
+    JSON object within the JSON reader's limits is a ValidationError naming `payload`."""
+    doc = read_json_object(payload, "payload")
     action = _action(doc.get("action"))
     agent_id = _text(doc, "agent_id") or sender
     if action is ControlAction.BIND:

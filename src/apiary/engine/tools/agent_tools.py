@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
+from apiary.core.json_reader import JsonError, read_document
 from apiary.core.tools.descriptor import ProviderKind, ToolDescriptor
 from apiary.core.tools.policy import ExecutionPolicy
 from apiary.core.tools.schema import JSON, is_json
@@ -83,12 +84,15 @@ def policy_json(policy: ExecutionPolicy) -> dict[str, Any]:
     }
 
 
-def _payload(env: Envelope) -> dict[str, Any]:
+def _payload(env: Envelope, max_bytes: int) -> dict[str, Any]:
+    """The JSON object of a TOOL_RESULT or TOOL_ERROR payload (read by `core.json_reader`
+    within `max_bytes`, the message type's payload limit, and the depth limit)."""
     try:
-        doc = json.loads(env.payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        # Read as the router reads the payloads it passes on: syntax and depth (and size).
+        doc = read_document(env.payload, max_bytes=max_bytes, kept=False)
+    except JsonError as exc:
         raise ValidationError.for_field(
-            "payload", f"a {env.message_type.name} payload must be a JSON object"
+            "payload", f"a {env.message_type.name} payload {exc}"
         ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("call_id"), str) or not doc["call_id"]:
         raise ValidationError.for_field(
@@ -188,7 +192,7 @@ class AgentToolLink:
                 f"the tools endpoint takes TOOL_RESULT, TOOL_ERROR and ACKNOWLEDGEMENT "
                 f"envelopes, not {env.message_type.name}",
             )
-        doc = _payload(env)
+        doc = _payload(env, self._router.settings.limits.limit_for(env.message_type))
         call_id = doc["call_id"]
         channel = self._channels.get(call_id)
         if channel is None:

@@ -7,10 +7,11 @@ newline-delimited JSON, one message per line. Errors answer the status of the er
 with `{"error": {"code", "message", "details"}}`.
 
 Bodies are read strictly, so that nothing a client sends reaches a handler malformed or
-answers 500: over MAX_BODY is oversize_payload (413); a body that is not UTF-8 JSON, holds
-NaN, Infinity or a lone surrogate, or nests deeper than MAX_JSON_DEPTH is validation_error;
-bytes fields take base64 only (json_format alone drops characters outside the alphabet), and
-the error names the field.
+answers 500: over MAX_BODY is oversize_payload (413); a body that is not JSON as
+`core.json_reader` reads it (UTF-8, no NaN or Infinity, nesting within MAX_JSON_DEPTH, no
+integer of more than 4300 digits) or holds a lone surrogate is validation_error; bytes fields
+take base64 only (json_format alone drops characters outside the alphabet), and the error
+names the field. docs/decisions.md, "JSON gateway", lists these limits.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import binascii
 import json
 import re
 from collections.abc import AsyncIterator
-from typing import Any, NoReturn, cast
+from typing import Any, cast
 
 from aiohttp import web
 from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from apiary.core.json_reader import JsonError, read_document
 from apiary.errors import NotFoundError, ValidationError
 from apiary.server.context import RECIPIENT_KEY, CallContext
 from apiary.server.dispatch import Dispatcher, Route
@@ -37,12 +39,14 @@ from apiary.server.metrics import Metrics
 
 MAX_BODY = 20 * 1024 * 1024
 MAX_JSON_DEPTH = 100
-"""Nesting of a request body at most (the proto3 JSON parser's own recursion limit)."""
+"""Nesting of arrays and objects in a request body at most (the proto3 JSON parser's own
+recursion limit; JSON a request carries inside a field meets `[limits] json_depth`)."""
 UNKNOWN_RPC = "/(unknown)"
 """The metrics label of calls to methods that do not exist (what a client typed is never a
 label: labels are kept for the life of the process)."""
 
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_CONSTANT = re.compile(r"(-?Infinity|NaN) is not JSON")
 _BASE64 = re.compile(r"[A-Za-z0-9+/_-]*")
 _DECODE_FAILURES = (json_format.ParseError, ValueError, TypeError, OverflowError)
 
@@ -51,34 +55,29 @@ def _to_json(msg: Message) -> dict[str, Any]:
     return json_format.MessageToDict(msg, preserving_proto_field_name=True)
 
 
-def _refuse_constant(name: str) -> NoReturn:
-    raise ValidationError.for_field(
-        "body", f'{name} is not JSON; proto3 JSON writes it as the string "{name}"'
-    )
-
-
 def _json_body(raw: bytes, where: str) -> Any:
-    """A request body (or NDJSON line) as JSON: strict UTF-8, no NaN or Infinity, nesting
-    within MAX_JSON_DEPTH, no lone surrogates (which no protobuf string can hold)."""
+    """A request body (or NDJSON line) as JSON read by `core.json_reader` within MAX_BODY
+    and MAX_JSON_DEPTH, without lone surrogates (which no protobuf string can hold)."""
     try:
-        document = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except UnicodeDecodeError as exc:
-        raise ValidationError.for_field(where, f"is not UTF-8 (byte {exc.start})") from None
-    except RecursionError:
-        raise ValidationError.for_field(where, f"nests deeper than {MAX_JSON_DEPTH}") from None
-    except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
-        raise ValidationError.for_field(where, f"is not JSON: {clip(str(exc))}") from None
+        # Within MAX_BODY always (the read answers 413 first): the limit is stated for the
+        # reader, which refuses by it too.
+        document = read_document(raw, max_bytes=MAX_BODY, max_depth=MAX_JSON_DEPTH, kept=False)
+    except JsonError as exc:
+        problem = clip(str(exc))
+        constant = _CONSTANT.search(problem)
+        if constant:
+            problem += f'; proto3 JSON writes it as the string "{constant[1]}"'
+        raise ValidationError.for_field(where, problem) from None
     _check_strings(document, where)
     return document
 
 
 def _check_strings(document: Any, where: str) -> None:
-    """Walk the document once (no recursion): depth, and every key and string valid text."""
-    stack: list[tuple[Any, str, int]] = [(document, where, 0)]
+    """Walk the document once (no recursion; the reader bounded its depth): every key and
+    string valid text, the error naming the path of the first that is not."""
+    stack: list[tuple[Any, str]] = [(document, where)]
     while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            raise ValidationError.for_field(where, f"nests deeper than {MAX_JSON_DEPTH}")
+        value, path = stack.pop()
         if isinstance(value, str):
             if _SURROGATE.search(value):
                 raise ValidationError.for_field(
@@ -88,9 +87,9 @@ def _check_strings(document: Any, where: str) -> None:
             for key, item in value.items():
                 if _SURROGATE.search(key):
                     raise ValidationError.for_field(clip(path), "has a key with a lone surrogate")
-                stack.append((item, f"{path}.{key}", depth + 1))
+                stack.append((item, f"{path}.{key}"))
         elif isinstance(value, list):
-            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+            stack.extend((item, f"{path}[{i}]") for i, item in enumerate(value))
 
 
 def _field(descriptor: Descriptor, key: str) -> FieldDescriptor | None:
