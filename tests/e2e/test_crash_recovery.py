@@ -2,7 +2,9 @@
 same data directory, and check that no accepted message is lost, no operation with an
 idempotency token ran twice, nothing was delivered that had not been accepted, and every
 accepted message ended FULFILLED or in the DLQ: none TIMED_OUT for having waited while the
-coordinator was down (the ACK deadline runs from a hand-out to a live stream)."""
+coordinator was down (the ACK deadline runs from a hand-out to a live stream). And the audit
+holds: every committed message and task state has its event in the event log (`_audit`), a
+state and its event being committed together."""
 
 from __future__ import annotations
 
@@ -19,10 +21,13 @@ import grpc
 import pytest
 
 from apiary.core.envelope import Envelope
-from apiary.core.records import MessageState
+from apiary.core.events import EventFilter
+from apiary.core.records import MessageState, StoredMessage
 from apiary.errors import ApiaryError
 from apiary.sdk.agent import Agent
+from apiary.sdk.scheduler import SchedulerClient
 from apiary.store.open import open_store
+from apiary.store.protocols import Store
 from apiary.wire import pb
 
 PRODUCERS = ("p1", "p2", "p3")
@@ -188,6 +193,42 @@ async def _check_outcome(coordinator: Coordinator, work: Path, accepted: dict[st
     assert received <= set(states), "an agent received a message that was never accepted"
     dead_tokens = {s.idempotency_token for m, s in states.items() if m in dead}
     assert set(accepted.values()) <= set(tokens) | dead_tokens, "an accepted operation never ran"
+    async with open_store(None, coordinator.data_dir) as store:
+        await _audit(store, list(states.values()))
+
+
+async def _events_of(store: Store, types: frozenset[str]) -> list[dict[str, object]]:
+    """Every event of `types` in the log, as its details with its type."""
+    found: list[dict[str, object]] = []
+    after = 0
+    while batch := await store.events.read(after, 5000, EventFilter(event_types=types)):
+        found += [{**e.details, "type": e.event_type} for e in batch]
+        after = batch[-1].sequence
+    return found
+
+
+async def _audit(store: Store, messages: list[StoredMessage]) -> None:
+    """Every message of `messages` has its admission's event and, when its state moved on,
+    the event of the change to the state stored; every stored task has the event of its
+    state. (Before events committed with their changes, a SIGKILL left 1-4 committed
+    transitions per run without one.)"""
+    logged = await _events_of(store, frozenset({"message.received", "message.state"}))
+    received = {e["message_id"] for e in logged if e["type"] == "message.received"}
+    reached = {(e["message_id"], e["to"]) for e in logged if e["type"] == "message.state"}
+    unlogged = [m.message_id for m in messages if m.message_id not in received]
+    assert not unlogged, f"{len(unlogged)} admitted messages have no message.received event"
+    silent = [
+        (m.message_id, m.state.value)
+        for m in messages
+        if m.state is not MessageState.RECEIVED and (m.message_id, m.state.value) not in reached
+    ]
+    assert not silent, f"{len(silent)} message states have no event, e.g. {silent[:3]}"
+    tasks = await store.tasks.list(limit=1_000_000)
+    task_events = await _events_of(store, frozenset({"task."}))
+    stated = {(e.get("task_id"), e.get("state")) for e in task_events}
+    missing = [(t.task_id, str(t.state)) for t in tasks]
+    missing = [pair for pair in missing if pair not in stated]
+    assert not missing, f"{len(missing)} of {len(tasks)} task states have no event: {missing[:3]}"
 
 
 @pytest.mark.conformance("backpressure.no-silent-drop")
@@ -298,3 +339,56 @@ async def test_sigkill_and_an_outage_under_the_streaming_sender_time_nothing_out
     # were answered already_in_progress when sent again).
     assert len(accepted) >= STREAMED - FRAME
     await _check_outcome(coordinator, work, accepted)
+
+
+TASKS = 600
+"""Tasks the task test submits, IN_FLIGHT submissions at a time, to one quick worker."""
+IN_FLIGHT = 8
+
+
+async def _submit_tasks(address: str, submitted: list[str]) -> None:
+    """Submit TASKS quick tasks for the worker `w`, IN_FLIGHT at a time; a submission the
+    coordinator's death cut is given up (its task may or may not exist: the audit covers
+    whatever is stored)."""
+    async with SchedulerClient(address) as client:
+        queue = iter(range(TASKS))
+
+        async def submitter() -> None:
+            for i in queue:
+                with contextlib.suppress(ApiaryError, grpc.aio.AioRpcError):
+                    outcome = await client.submit_task(
+                        "w", f"t{i}", {"mode": "quick", "n": i}, scope=f"path:t/{i}/**"
+                    )
+                    if outcome.accepted:
+                        submitted.append(f"t{i}")
+
+        await asyncio.gather(*(submitter() for _ in range(IN_FLIGHT)))
+
+
+@pytest.mark.parametrize("coordinator", [None], ids=["writer-thread"], indirect=True)
+async def test_sigkill_under_tasks_leaves_every_task_state_with_its_event(
+    coordinator: Coordinator, tmp_path: Path
+) -> None:
+    worker = await _spawn("-m", "tests.e2e.task_agents", "w", coordinator.grpc)
+    try:
+        assert worker.stdout is not None
+        line = await asyncio.wait_for(worker.stdout.readline(), 30)
+        assert b"ready" in line, line
+        submitted: list[str] = []
+        submitting = asyncio.create_task(_submit_tasks(coordinator.grpc, submitted))
+        while len(submitted) < TASKS * 0.3:
+            assert not submitting.done(), "the submissions ended early"
+            await asyncio.sleep(0.02)
+        await coordinator.kill()  # mid-load: tasks being submitted, dispatched, completed
+        await asyncio.wait_for(submitting, 120)
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+        await worker.wait()
+    await coordinator.start()
+    await coordinator.stop()
+    async with open_store(None, coordinator.data_dir) as store:
+        tasks = await store.tasks.list(limit=1_000_000)
+        assert len(tasks) >= TASKS * 0.3
+        assert any(t.state == "COMPLETED" for t in tasks), "no task ran before the kill"
+        await _audit(store, [])

@@ -137,10 +137,10 @@ async def test_the_others_are_decided_when_the_first_caller_is_cancelled(
     started = asyncio.Event()
     put = scheduler._store.put
 
-    async def slow_put(record: Any) -> None:
+    async def slow_put(record: Any, events: Any = ()) -> None:
         started.set()
         await asyncio.sleep(0.05)
-        await put(record)
+        await put(record, events)
 
     scheduler._store.put = slow_put  # type: ignore[method-assign]
     async with scheduler._lock:

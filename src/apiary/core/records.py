@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from apiary.core.events import EventDraft
 from apiary.core.value import value
 
 
@@ -81,7 +82,9 @@ class StoredMessage:
     lane: str = "STANDARD"
     """Communication class lane of the producer: PRIVILEGED, STANDARD or BULK (RFC 7.3)."""
     ack_deadline: float = 0.0
-    """When the recipient's first acknowledgement is due (RFC 11: 10 s); 0 when none is."""
+    """Not written by the router any more (0.0): the ACK deadline runs from a hand-out to a
+    live stream and is kept in memory (`engine.deadlines`), restarted on every redelivery.
+    Kept for rows written before, and for stores' `due` queries."""
     expires_at: float = 0.0
     """TTL expiry (envelope timestamp + ttl_ms); 0 when the message has no TTL."""
     deliveries: int = 0
@@ -178,6 +181,17 @@ class IdempotencyRecord:
     """The cached result: the terminal ACK's note (JSON text when the agent sent JSON)."""
     attempts: tuple[str, ...] = ()
     """Every attempt's message_id, oldest first."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionWrites:
+    """What commits with one message's admission, in its transaction, when the message is
+    admitted (a duplicate member writes none of it): its events and, for a message sent
+    under an idempotency token, the token's record. A store that committed the message has
+    committed these; one that did not, neither."""
+
+    events: tuple[EventDraft, ...] = ()
+    idempotency: IdempotencyRecord | None = None
 
 
 @dataclass(frozen=True, slots=True)

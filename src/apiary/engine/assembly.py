@@ -4,8 +4,11 @@ construction, over one store; no transport (server/ adapts it to gRPC and HTTP).
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Final
 
 from apiary.core.clock import Clock
 from apiary.core.handoff_request import HandoffPolicy
@@ -39,6 +42,11 @@ from apiary.engine.worktrees.worktrees import Worktrees, build_worktrees
 from apiary.store.protocols import Store
 from apiary.system import SystemClock, UuidIds
 from apiary.wire.codec import ProtobufEnvelopeCodec
+
+_log = logging.getLogger(__name__)
+SUPERVISED_FIRST_S: Final = 0.1
+SUPERVISED_MAX_S: Final = 5.0
+"""A failed engine loop starts again after a pause doubling from the first to the largest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,29 +183,45 @@ def _tool_settings(settings: ToolSettings, data_dir: Path | None) -> ToolSetting
 
 
 def start_engine_tasks(store: Store, engine: Engine, runtime: Runtime) -> list[asyncio.Task[None]]:
-    """The engine's timers and loops as tasks; the caller cancels them at shutdown."""
-    router = engine.router
-    return [
-        asyncio.create_task(
-            run_deadlines(router.deadlines, runtime.clock, router.fire_due, runtime.sleep),
-            name="apiary-deadlines",
+    """The engine's timers and loops as tasks, each kept running through failures (a store
+    outage, say: `supervised`); the caller cancels them at shutdown."""
+    router, clock, sleep = engine.router, runtime.clock, runtime.sleep
+    loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+        "apiary-deadlines": lambda: run_deadlines(router.deadlines, clock, router.fire_due, sleep),
+        "apiary-heartbeats": lambda: engine.presence.run(sleep),
+        "apiary-hitl": lambda: engine.hitl.run(sleep),
+        "apiary-scheduler": lambda: engine.scheduler.run(sleep),
+        "apiary-workflows": lambda: engine.workflows.run(sleep),
+        "apiary-handoffs": lambda: engine.handoffs.run(sleep),
+        "apiary-worktrees": lambda: engine.worktrees.run(sleep),
+        "apiary-rooms": lambda: run_deadlines(
+            engine.rooms.timers, clock, engine.rooms.fire_due, sleep
         ),
-        asyncio.create_task(engine.presence.run(runtime.sleep), name="apiary-heartbeats"),
-        asyncio.create_task(engine.hitl.run(runtime.sleep), name="apiary-hitl"),
-        asyncio.create_task(engine.scheduler.run(runtime.sleep), name="apiary-scheduler"),
-        asyncio.create_task(engine.workflows.run(runtime.sleep), name="apiary-workflows"),
-        asyncio.create_task(engine.handoffs.run(runtime.sleep), name="apiary-handoffs"),
-        asyncio.create_task(engine.worktrees.run(runtime.sleep), name="apiary-worktrees"),
-        asyncio.create_task(
-            run_deadlines(engine.rooms.timers, runtime.clock, engine.rooms.fire_due, runtime.sleep),
-            name="apiary-rooms",
+        "apiary-negotiations": lambda: engine.negotiations.run(sleep),
+        "apiary-retention": lambda: run_retention(
+            store, clock, router.settings, engine.events, sleep
         ),
-        asyncio.create_task(engine.negotiations.run(runtime.sleep), name="apiary-negotiations"),
-        asyncio.create_task(
-            run_retention(store, runtime.clock, router.settings, engine.events, runtime.sleep),
-            name="apiary-retention",
-        ),
-    ]
+    }
+    return [asyncio.create_task(supervised(name, loop), name=name) for name, loop in loops.items()]
+
+
+async def supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run `loop()` forever: when it fails (its work is retried by its next pass: a store
+    error, say), log why and start it again after a pause that doubles up to
+    SUPERVISED_MAX_S (real time, whatever clock the loop runs on), so that a store outage
+    does not end the coordinator's timers."""
+    pause = SUPERVISED_FIRST_S
+    while True:
+        started = asyncio.get_running_loop().time()
+        try:
+            await loop()
+            return
+        except Exception as exc:
+            if asyncio.get_running_loop().time() - started > SUPERVISED_MAX_S:
+                pause = SUPERVISED_FIRST_S  # (it ran well for a while: a new failure)
+            _log.warning("%s failed, starting again in %.1f s: %s", name, pause, exc)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, SUPERVISED_MAX_S)
 
 
 async def load_engine(engine: Engine) -> int:
@@ -222,4 +246,4 @@ async def close_engine(engine: Engine) -> None:
     await engine.rooms.close()
     await engine.negotiations.close()
     await engine.router.flush_deliveries()  # after the others: they may still hand out
-    await engine.events.flush()  # last: every step above may have logged
+    await engine.events.close()  # last: every step above may have logged

@@ -383,4 +383,4 @@ async def _shut_down(
             await task
     await close_engine(engine)
     await engine.events.record("coordinator.stopped", "coordinator")
-    await engine.events.flush()
+    await engine.events.close()

@@ -199,5 +199,4 @@ class Tenancy:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await close_engine(opened.engine)
-            await opened.engine.events.flush()
         await self._stack.aclose()

@@ -6,12 +6,13 @@ Each aggregate has a small async protocol; a `Store` bundles them. One conforman
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from apiary.core.events import Event, EventDraft, EventFilter
 from apiary.core.negotiation.records import ArtifactRecord, NegotiationRecord, RoundRecord
 from apiary.core.records import (
+    AdmissionWrites,
     AgentRecord,
     DlqEntry,
     DlqFilter,
@@ -53,6 +54,12 @@ class EventLog(Protocol):
 
     async def last_sequence(self) -> int:
         """The highest sequence appended so far (0 for an empty log)."""
+        ...
+
+    def listen(self, listener: Callable[[Sequence[Event]], None]) -> None:
+        """Call `listener` with the events of every append through this store once they are
+        committed: by `append`, or with a state change of another aggregate that took
+        `events` (committed in that change's transaction)."""
         ...
 
 
@@ -106,18 +113,27 @@ class MessageStore(Protocol):
         ...
 
     async def admit_many(
-        self, messages: Sequence[StoredMessage]
+        self,
+        messages: Sequence[StoredMessage],
+        writes: Sequence[AdmissionWrites] = (),
+        events: Sequence[EventDraft] = (),
     ) -> list[StoredMessage | DuplicateMessageError]:
         """Admit each message as `admit` does, in one transaction where the backend has
-        them; a duplicate fails only its own member (per-message outcomes, RFC 5.4)."""
+        them; a duplicate fails only its own member (per-message outcomes, RFC 5.4).
+        `writes` (empty, or one per message) commit with the members admitted; `events`
+        are appended in the transaction in any case, ahead of the members' events."""
         ...
 
-    async def apply(self, changes: Sequence[StateChange]) -> list[StoredMessage]:
-        """Apply state changes in order (one transaction); unknown ids raise LookupError
-        and apply nothing."""
+    async def apply(
+        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+    ) -> list[StoredMessage]:
+        """Apply state changes in order (one transaction, which appends `events` to the event
+        log too); unknown ids raise LookupError and apply nothing."""
         ...
 
-    async def record(self, changes: Sequence[StateChange]) -> None:
+    async def record(
+        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+    ) -> None:
         """Apply state changes as `apply` does, without reading the messages back: for a
         caller that holds them already (`core.records.changed` gives the result)."""
         ...
@@ -217,8 +233,9 @@ class HitlStore(Protocol):
 class TaskStore(Protocol):
     """Scheduler tasks (RFC 7, 9): their state survives a restart."""
 
-    async def put(self, record: TaskRecord) -> None:
-        """Insert or replace the record with this task_id."""
+    async def put(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the record with this task_id, appending `events` to the event
+        log in the same transaction."""
         ...
 
     async def get(self, task_id: str) -> TaskRecord | None: ...

@@ -430,8 +430,7 @@ class Admission:
         return StoredMessage(
             env.message_id, target, env.producer_id, env.correlation_id, int(env.message_type),
             raw or self._codec.encode(env), MessageState.RECEIVED, now, now, 0, "",
-            env.idempotency_token, env.sequence_number, lane,
-            0.0 if notice else now + settings.ack_timeout_s,
+            env.idempotency_token, env.sequence_number, lane, 0.0,
             ttl_deadline(env, received_at=now)
             or (now + settings.notice_ttl_s if notice else 0.0),
             0, 0.0, "", signature,

@@ -10,11 +10,13 @@ memory instead of being stored (`_hand_over`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from functools import partial
+from typing import Any, Final
 
 from apiary.core.clock import Clock
 from apiary.core.envelope import MESSAGE_TYPE_NAMES, Envelope, MessageType
-from apiary.core.records import StoredMessage
+from apiary.core.records import AdmissionWrites, StoredMessage
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR
 from apiary.engine.router.admission import (
@@ -36,9 +38,13 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.rejections import Rejections
 from apiary.engine.router.stats import RouterStats
 from apiary.errors import ValidationError
-from apiary.store.errors import DuplicateMessageError
+from apiary.store.errors import DuplicateMessageError, StoreError, StoreUnavailableError
 from apiary.store.protocols import MessageStore
 
+IN_DOUBT_WAIT_S: Final = 2.0
+"""How long a send whose write the database cut waits to learn whether it committed: it is
+answered accepted when it did, `unavailable` when it did not or nobody can tell yet (safe to
+retry: the idempotency record commits with the admission)."""
 _ACK = MessageType.ACKNOWLEDGEMENT
 _ACK_TYPE = int(MessageType.ACKNOWLEDGEMENT)
 _Handing = list[tuple[Inbox, HandOver, list[tuple[int, StoredMessage]]]]
@@ -65,6 +71,7 @@ class Batches:
         self._stats = stats
         self._clock = clock
         self._hand_over_wait_s = hand_over_wait_s
+        self._background: set[asyncio.Future[None]] = set()
 
     async def prepare(self, items: Sequence[Outbound]) -> PreparedSend:
         """Every member through the admission gates, without the durable write; `complete`
@@ -182,31 +189,119 @@ class Batches:
         self, admit: list[tuple[int, StoredMessage]], items: Sequence[Outbound],
         outcomes: list[SendOutcome], now: float,
     ) -> None:  # fmt: skip
-        """One durable write for `admit`, then each member's outcome, inbox and event, then
-        the idempotency records of those admitted under a token (written concurrently:
-        shared commits)."""
-        results = await self._messages.admit_many([r for _, r in admit])
-        dedup = self._dedup
-        holding = dedup.holding()
-        held: list[StoredMessage] = []
+        """One durable write for `admit` with each member's event and token record
+        (`_writes`), then each member's outcome and inbox."""
+        records = [r for _, r in admit]
+        try:
+            writes = await self._writes(admit, items, now)
+        except BaseException:
+            self._release(admit, items)  # nothing written yet
+            raise
+        admit_many = partial(self._messages.admit_many, records, writes)
+        try:
+            results: Sequence[
+                StoredMessage | DuplicateMessageError | None
+            ] = await self._events.commit([], admit_many)
+        except StoreUnavailableError:
+            # The database went away during the write: it may have committed or not.
+            found = await self._in_doubt(records, IN_DOUBT_WAIT_S)
+            if found is None:
+                self._track(self._in_doubt_later(admit, items, now))
+                raise
+            if not any(found):
+                self._release(admit, items)
+                raise
+            results = found
+        except Exception:
+            self._release(admit, items)  # refused by the database: nothing committed
+            raise
+        except BaseException:
+            self._track(self._in_doubt_later(admit, items, now))  # (cancelled: it may commit)
+            raise
         for (index, record), result in zip(admit, results, strict=True):
-            outcome = outcomes[index] = self._admitted(items[index], record, result, now)
-            stored = outcome.stored
-            if holding and stored is not None and dedup.holds(stored.message_id):
-                held.append(stored)
-        if held:
-            await asyncio.gather(*(dedup.admitted(stored, now) for stored in held))
+            outcomes[index] = self._admitted(items[index], record, result, now)
+
+    async def _in_doubt(
+        self, records: list[StoredMessage], wait_s: float
+    ) -> list[StoredMessage | None] | None:
+        """Whether an admission whose outcome the store could not tell committed: each
+        member as stored (None: not stored by it), or None when the store does not answer
+        within `wait_s`."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        pause = 0.05
+        while True:
+            try:
+                stored = [await self._messages.get(r.message_id) for r in records]
+            except StoreError:
+                if asyncio.get_running_loop().time() + pause > deadline:
+                    return None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                continue
+            return [s if s is not None and s.envelope == r.envelope else None
+                    for s, r in zip(stored, records, strict=True)]  # fmt: skip
+
+    async def _in_doubt_later(
+        self, admit: list[tuple[int, StoredMessage]], items: Sequence[Outbound], now: float
+    ) -> None:
+        """An admission still in doubt when its caller was answered `unavailable`: its
+        reservations (buffer space, credit, the idempotency token: a retry is answered
+        already_in_progress meanwhile) stay until the store tells whether it committed; then
+        the members are delivered as admitted, or released."""
+        found = await self._in_doubt([r for _, r in admit], float("inf"))
+        assert found is not None
+        if not any(found):
+            self._release(admit, items)
+            return
+        for (index, record), stored in zip(admit, found, strict=True):
+            self._admitted(items[index], record, stored, now)
+
+    def _release(self, admit: list[tuple[int, StoredMessage]], items: Sequence[Outbound]) -> None:
+        """Free what the admission of `admit` reserved: it did not commit."""
+        for index, record in admit:
+            self._free(items[index].envelope, record)
+
+    def _free(self, env: Envelope, record: StoredMessage) -> None:
+        self._inboxes[record.recipient].release(env.message_id)
+        self._dedup.abandon(env.message_id)
+        self._credits.release(record)
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _writes(
+        self, admit: list[tuple[int, StoredMessage]], items: Sequence[Outbound], now: float
+    ) -> list[AdmissionWrites]:
+        """What commits with each member's admission: its event (notices are logged by their
+        causes: message.state, agent.joined, ...; a received event for each would repeat
+        those and every heartbeat) and its token's record (`DedupGate.record_for`; the
+        records are read concurrently: shared reads)."""
+        dedup, draft = self._dedup, self._events.draft
+        held = [r for _, r in admit if dedup.holds(r.message_id)] if dedup.holding() else []
+        tokens = await asyncio.gather(*(dedup.record_for(r, now) for r in held))
+        by_id = {r.message_id: t for r, t in zip(held, tokens, strict=True)}
+        writes: list[AdmissionWrites] = []
+        for index, record in admit:
+            env = items[index].envelope
+            event = () if is_notice(record) else (draft(
+                "message.received", env.producer_id, correlation_id=env.correlation_id,
+                agent_id=record.recipient, message_id=env.message_id,
+                message_type=MESSAGE_TYPE_NAMES[env.message_type], lane=record.lane,
+            ),)  # fmt: skip
+            writes.append(AdmissionWrites(event, by_id.get(record.message_id)))
+        return writes
 
     def _admitted(
-        self, item: Outbound, record: StoredMessage, result: StoredMessage | DuplicateMessageError,
-        now: float,
+        self, item: Outbound, record: StoredMessage,
+        result: StoredMessage | DuplicateMessageError | None, now: float,
     ) -> SendOutcome:  # fmt: skip
-        """The outcome of `item`, whose `record` the store answered with `result`."""
+        """The outcome of `item`, whose `record` the store answered with `result` (None: a
+        member found missing after an admission in doubt had committed: a duplicate)."""
         env = item.envelope
-        if isinstance(result, DuplicateMessageError):
-            self._inboxes[record.recipient].release(env.message_id)
-            self._dedup.abandon(env.message_id)
-            self._credits.release(record)
+        if not isinstance(result, StoredMessage):
+            self._free(env, record)
             # message_id is unique per attempt (RFC 11.3): reusing one is a malformed request,
             # not a duplicate of a logical operation; the first message stays as it was.
             error = ValidationError.for_field(
@@ -214,25 +309,12 @@ class Batches:
             )
             return SendOutcome.refusal(env.message_id, error)
         stored = result
-        notice = is_notice(stored)
-        self._live.add(stored, occupies=not notice)
+        self._dedup.admitted(stored.message_id)
+        self._live.add(stored, occupies=not is_notice(stored))
         stats = self._stats
         stats.accepted[stored.recipient] += 1
         started = env.timestamp if 0 < env.timestamp <= now else now
         stats.timing(stats.enqueue_latency, stored.recipient).observe(now - started)
-        if not notice:
-            # Notices are logged by their causes (message.state, agent.joined, ...); a
-            # received event for each would repeat those and every heartbeat.
-            self._events.note(
-                "message.received",
-                env.producer_id,
-                correlation_id=env.correlation_id,
-                agent_id=stored.recipient,
-                message_id=env.message_id,
-                message_type=MESSAGE_TYPE_NAMES[env.message_type],
-                offset=stored.offset,
-                lane=stored.lane,
-            )
         return SendOutcome(env.message_id, True, stored=stored, reason=f"offset {stored.offset}")
 
     def _hand_over(self, admit: list[tuple[int, StoredMessage]]) -> _Handing:

@@ -186,19 +186,23 @@ class DedupGate:
         )
         return SendOutcome.refusal(env.message_id, running, {})
 
-    async def admitted(self, stored: StoredMessage, now: float) -> None:
-        plan = self._plans.pop(stored.message_id, None)
+    async def record_for(self, message: StoredMessage, now: float) -> IdempotencyRecord | None:
+        """The token's record that commits with the admission of `message` (None: it was
+        admitted under no token); `admitted` or `abandon` follows the write."""
+        plan = self._plans.get(message.message_id)
         if plan is None:
-            return
-        self._reserved.discard(plan.token)
+            return None
         if plan.record is None:
-            record = dedup.start(plan.token, stored.producer_id, stored.message_id, now)
-        elif plan.requeue:
+            return dedup.start(plan.token, message.producer_id, message.message_id, now)
+        if plan.requeue:
             current = await self._cache.get(plan.token) or plan.record
-            record = dedup.requeue_attempt(current, stored.message_id, now)
-        else:
-            record = dedup.attempt(plan.record, stored.message_id, now)
-        await self._cache.put(record)
+            return dedup.requeue_attempt(current, message.message_id, now)
+        return dedup.attempt(plan.record, message.message_id, now)
+
+    def admitted(self, message_id: str) -> None:
+        """The admission of `message_id` committed with its token's record (`record_for`):
+        the token's reservation ends."""
+        self.abandon(message_id)
 
     def abandon(self, message_id: str) -> None:
         """Admission failed after `check` passed: free the token's reservation."""

@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
+from functools import partial
 
 from apiary.core.clock import Clock
 from apiary.core.dedup import iso_utc
 from apiary.core.envelope import ACK_STAGE_NAMES, Ack, AckStage, Envelope
+from apiary.core.events import EventDraft
 from apiary.core.message_machine import ACK_INPUTS, Effect, MessageInput, MessageMachine, Step
 from apiary.core.records import MessageState, StateChange, StoredMessage, changed, state_text
 from apiary.engine.codec import EnvelopeCodec
@@ -38,6 +40,8 @@ Nack = Callable[[str, str, str, AckStage, str, str, str], Awaitable[None]]
 note, failed_stage), as `Rejections.nack`."""
 Plan = tuple[Step, StateChange | None]
 """A machine step and the state change to store for it (None: nothing to write)."""
+Write = tuple[StateChange, EventDraft | None]
+"""A state change and the event that commits with it."""
 
 _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
@@ -68,7 +72,7 @@ class MessageLifecycle:
         self._dead_letters = dead_letters
         self._transfers = transfers
         self._nack = nack
-        self._changes: Coalescer[StateChange, StoredMessage] = Coalescer(messages.apply)
+        self._changes: Coalescer[Write, StoredMessage] = Coalescer(self._write)
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def apply(
@@ -93,8 +97,14 @@ class MessageLifecycle:
         if plan is None:
             return ()
         step, change = plan
-        updated = message if change is None else await self._changes.submit(change)
-        awaited, updated = self._settle(message, updated, event, step, now, ack, error_code)
+        code = ack.error_code if ack else error_code
+        if change is None:
+            updated = message
+            self._events.queue(self._step_event(message, message, event, step.late, code, now))
+        else:
+            draft = self._step_event(message, changed(message, change), event, step.late, code, now)
+            updated = await self._changes.submit((change, draft))
+        awaited, updated = self._settle(message, updated, event, step, now, ack)
         if awaited:
             await self._perform_all(awaited, message, updated, ack, error_code, note, now)
         return step.effects
@@ -144,9 +154,24 @@ class MessageLifecycle:
         planned = self._claim(acks, now, frame_lock, early)
         copies = self._copies
         try:
-            changes = [plan[1] for _, _, _, plan in planned if plan and plan[1]]
+            changes: list[StateChange] = []
+            drafts: list[EventDraft] = []
+            for _, original, ack, plan in planned:
+                if plan is None:
+                    continue
+                step, change = plan
+                before = copies.get(original.message_id, original)
+                after = before if change is None else changed(before, change)
+                draft = self._step_event(
+                    original, after, ACK_INPUTS[ack.ack_stage], step.late, ack.error_code, now
+                )
+                if change is None:
+                    self._events.queue(draft)
+                else:
+                    changes.append(change)
+                    drafts.extend([] if draft is None else [draft])
             if changes:
-                await self._messages.record(changes)
+                await self._events.commit(drafts, partial(self._messages.record, changes))
             for key, original, ack, plan in planned:
                 effects: tuple[Effect, ...] = ()
                 if plan is not None:
@@ -155,7 +180,7 @@ class MessageLifecycle:
                     current = copies.get(original.message_id, original)
                     updated = current if change is None else changed(current, change)
                     event = ACK_INPUTS[ack.ack_stage]
-                    awaited, updated = self._settle(original, updated, event, step, now, ack, "")
+                    awaited, updated = self._settle(original, updated, event, step, now, ack)
                     if awaited:
                         await self._perform_all(awaited, original, updated, ack, "", "", now)
                     effects = step.effects
@@ -240,17 +265,15 @@ class MessageLifecycle:
 
     def _settle(
         self, message: StoredMessage, updated: StoredMessage, event: MessageInput, step: Step,
-        now: float, ack: Ack | None, error_code: str,
+        now: float, ack: Ack | None,
     ) -> tuple[list[Effect], StoredMessage]:  # fmt: skip
-        """What follows a step once its state change (if any) is stored: the live copy, the
-        event, and the effects that need no store; returns those that may wait on it (in
+        """What follows a step once its state change and event (if any) are stored: the live
+        copy and the effects that need no store; returns those that may wait on it (in
         order, for `_perform_all`) with the message they apply to. An ACK frame awaits
         nothing for most ACKs."""
-        code = ack.error_code if ack else error_code
         finished = self._live.changed(updated, acked=ack is not None)
         if finished:
             self._finished(updated)
-        self._record_step(message, updated, event, step.late, code, now)
         if step.late and ack is not None:
             # RFC 11.1 rule 4: a late ACK leaves the message's state alone but counts for the
             # idempotency cache at the stage it reports (the only late effect reading it).
@@ -279,32 +302,41 @@ class MessageLifecycle:
             if self._credits.adaptive:
                 self._credits.observe(message.recipient, latency)
 
-    def _record_step(
+    async def _write(self, writes: Sequence[Write]) -> Sequence[StoredMessage]:
+        """Store state changes with their events, in one transaction (the Coalescer's batch:
+        each write alone when the batch fails)."""
+        drafts = [draft for _, draft in writes if draft is not None]
+        changes = [change for change, _ in writes]
+        return await self._events.commit(drafts, partial(self._messages.apply, changes))
+
+    def _step_event(
         self, before: StoredMessage, after: StoredMessage, event: MessageInput,
         late: bool, code: str, now: float,
-    ) -> None:  # fmt: skip
+    ) -> EventDraft | None:  # fmt: skip
+        """The event of a step from `before` to `after` (None: the step is not one)."""
         if late:
-            self._events.note(
+            return self._events.draft(
                 "message.late_ack", before.recipient, correlation_id=before.correlation_id,
                 agent_id=before.recipient, message_id=before.message_id, state=before.state,
                 input=event, decided_at=before.updated_at, ack_at=now,
             )  # fmt: skip
-        elif before.state is not after.state:
-            self._events.note(
+        if before.state is not after.state:
+            return self._events.draft(
                 "message.state", before.recipient, correlation_id=before.correlation_id,
                 agent_id=before.recipient, message_id=before.message_id,
                 **{"from": state_text(before.state), "to": state_text(after.state)},
                 input=event, error_code=code,
             )  # fmt: skip
-        elif event in _ACK_EVENTS:
+        if event in _ACK_EVENTS:
             # An ACK that moves no state (RECEIVED while RECEIVED, a repeated READ) is still
             # an event of the message's life (RFC 19): its stage is recorded.
-            self._events.note(
+            return self._events.draft(
                 "message.acknowledged", before.recipient, correlation_id=before.correlation_id,
                 agent_id=before.recipient, message_id=before.message_id,
                 state=state_text(after.state), input=event,
                 acked_stage=after.acked_stage or before.acked_stage,
             )  # fmt: skip
+        return None
 
     async def _perform_all(
         self, effects: list[Effect], before: StoredMessage, after: StoredMessage,

@@ -13,12 +13,14 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from apiary.core.agent_lifecycle import AgentLifecycleState
 from apiary.core.clock import Clock
 from apiary.core.envelope import MessageType
 from apiary.core.envelope_rules import check_modality
+from apiary.core.events import EventDraft
 from apiary.core.lanes import LANES
 from apiary.core.records import TaskRecord, TaskState
 from apiary.core.scope_overlap import parse_scope
@@ -173,8 +175,13 @@ class SchedulerJobs:
         return run, []
 
     async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
+        put = self._store.put
         writes = await asyncio.gather(
-            *(self._store.put(record) for _, record in run), return_exceptions=True
+            *(
+                self._events.commit(self._submission_events(record), partial(put, record))
+                for _, record in run
+            ),
+            return_exceptions=True,
         )
         for (arrival, record), written in zip(run, writes, strict=True):
             if isinstance(written, BaseException):
@@ -182,12 +189,18 @@ class SchedulerJobs:
             else:
                 await _settle(arrival, self._queued(record))
 
+    def _submission_events(self, record: TaskRecord) -> list[EventDraft]:
+        """The event that commits with a new submission's record."""
+        return [
+            self._transitions.submission_event(
+                record, priority=record.priority, scope=record.scope, lane=record.lane
+            )
+        ]
+
     async def _queued(self, record: TaskRecord) -> SubmitResult:
         """What follows a QUEUED task's write: the rest of its SUBMITTED step, then
         preemption and dispatch."""
-        await self._transitions.submitted(
-            record, priority=record.priority, scope=record.scope, lane=record.lane
-        )
+        await self._transitions.submitted(record)
         note = await self._preemptor.maybe_preempt(record)
         await self._dispatcher.try_dispatch(record.agent_id)
         task = self._live.tasks.get(record.task_id)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any, Final
 
 from apiary.core.agent_lifecycle import AgentInput
 from apiary.core.clock import Clock
+from apiary.core.events import EventDraft
 from apiary.core.records import TaskRecord, TaskState
 from apiary.core.tasks.machine import TaskEffect, TaskInput, TaskMachine, TaskStep
 from apiary.engine.activity import Activity
@@ -82,10 +84,21 @@ class TaskTransitions:
         changes = {"error_code": code, "note": note, "updated_at": self._clock.now()}
         return await self.apply(task, event, changes, error_code=code, note=note)
 
-    async def submitted(self, record: TaskRecord, **details: Any) -> None:
-        """A new submission's record, already stored (with the rest of its run in one group
-        commit): the effects of `TaskMachine.SUBMITTED` after the write."""
-        await self._perform(TaskMachine.SUBMITTED, record, record, details, write=False)
+    def submission_event(self, record: TaskRecord, **details: Any) -> EventDraft:
+        """The event of `TaskMachine.SUBMITTED` for a new submission's record, for the store
+        to commit with the record (`submitted` follows the write)."""
+        return self._event(TaskMachine.SUBMITTED, record, details)
+
+    async def submitted(self, record: TaskRecord) -> None:
+        """A new submission's record, already stored with its event (with the rest of its
+        run in one group commit): the other effects of `TaskMachine.SUBMITTED`."""
+        await self._perform(TaskMachine.SUBMITTED, record, record, {}, write=False)
+
+    def _event(self, step: TaskStep, after: TaskRecord, details: Mapping[str, Any]) -> EventDraft:
+        return self._events.draft(
+            step.event, SCHEDULER, correlation_id=after.task_id, task_id=after.task_id,
+            agent_id=after.agent_id, state=_TEXT[after.state], **details,
+        )  # fmt: skip
 
     async def _perform(
         self,
@@ -96,18 +109,21 @@ class TaskTransitions:
         *,
         write: bool = True,
     ) -> None:
-        # The branches go by how often rows ask for them: every row persists and logs.
+        # The branches go by how often rows ask for them: every row persists and logs. The
+        # event commits with the record (`TaskStore.put`); a row that logs without
+        # persisting appends its event by the recorder's flusher.
         live = self._live
-        for effect in step.effects:
+        effects = step.effects
+        logged = not write or (_E.PERSIST in effects and _E.EMIT_EVENT in effects)
+        for effect in effects:
             if effect is _E.PERSIST:
                 if write:
-                    await self._store.put(after)
+                    events = [self._event(step, after, details)] if logged else []
+                    await self._events.commit(events, partial(self._store.put, after))
                 live.stored(after)
             elif effect is _E.EMIT_EVENT:
-                self._events.note(
-                    step.event, SCHEDULER, correlation_id=after.task_id, task_id=after.task_id,
-                    agent_id=after.agent_id, state=_TEXT[after.state], **details,
-                )  # fmt: skip
+                if not logged:
+                    self._events.queue(self._event(step, after, details))
             elif effect is _E.RELEASE:
                 live.release(before)
                 self._gate.forget(before.task_id)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from apiary.core.events import Event, EventDraft, EventFilter
 from apiary.store.memory.copies import json_copy
@@ -14,16 +14,31 @@ class MemoryEventLog:
 
     def __init__(self) -> None:
         self._events: list[Event] = []
+        self._listeners: list[Callable[[Sequence[Event]], None]] = []
+
+    def listen(self, listener: Callable[[Sequence[Event]], None]) -> None:
+        """Call `listener` with every append's events (see EventLog)."""
+        self._listeners.append(listener)
 
     async def append(self, drafts: Sequence[EventDraft]) -> list[Event]:
         """Append the drafts atomically, in order; return them with their sequences."""
-        details = [json_copy(d.details) for d in drafts]  # validate all before changing any
+        return self.append_now(self.checked(drafts))
+
+    def checked(self, drafts: Sequence[EventDraft]) -> list[EventDraft]:
+        """The drafts with copies of their details; ValueError (nothing appended) when one
+        is not JSON: for a caller that must check before changing anything else."""
+        return [dataclasses.replace(d, details=json_copy(d.details)) for d in drafts]
+
+    def append_now(self, drafts: Sequence[EventDraft]) -> list[Event]:
+        """Append `checked` drafts, at once (another aggregate's change appends its events
+        this way, in the same step as the change)."""
+        if not drafts:
+            return []
         first = len(self._events) + 1
-        appended = [
-            dataclasses.replace(Event.from_draft(first + i, draft), details=details[i])
-            for i, draft in enumerate(drafts)
-        ]
+        appended = [Event.from_draft(first + i, draft) for i, draft in enumerate(drafts)]
         self._events.extend(appended)
+        for listener in self._listeners:
+            listener(appended)
         return [dataclasses.replace(e, details=json_copy(e.details)) for e in appended]
 
     async def read(

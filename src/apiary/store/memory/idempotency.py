@@ -20,8 +20,16 @@ class MemoryIdempotencyStore:
 
     async def put(self, record: IdempotencyRecord) -> None:
         """Insert or replace the record for record.token."""
-        idempotency_row(record)  # refuse what the SQL backends refuse
-        self._records[record.token] = dataclasses.replace(record, attempts=tuple(record.attempts))
+        self.put_now(self.checked(record))
+
+    def checked(self, record: IdempotencyRecord) -> IdempotencyRecord:
+        """`record` as stored; ValueError for what the SQL backends refuse."""
+        idempotency_row(record)
+        return dataclasses.replace(record, attempts=tuple(record.attempts))
+
+    def put_now(self, record: IdempotencyRecord) -> None:
+        """Store a `checked` record."""
+        self._records[record.token] = record
 
     async def purge(self, before: float) -> int:
         """Delete records last updated before `before`; returns how many."""

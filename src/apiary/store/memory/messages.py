@@ -6,8 +6,11 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from apiary.core.records import MessageState, StateChange, StoredMessage, changed
+from apiary.core.events import EventDraft
+from apiary.core.records import AdmissionWrites, MessageState, StateChange, StoredMessage, changed
 from apiary.store.errors import DuplicateMessageError
+from apiary.store.memory.events import MemoryEventLog
+from apiary.store.memory.idempotency import MemoryIdempotencyStore
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.messages import message_values
 
@@ -40,29 +43,49 @@ class _Inbox:
 
 
 class MemoryMessageStore:
-    """`MessageStore` over a dict of messages and one `_Inbox` per recipient."""
+    """`MessageStore` over a dict of messages and one `_Inbox` per recipient; what commits
+    with a change goes to `log` and `tokens` in the same step."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: MemoryEventLog, tokens: MemoryIdempotencyStore) -> None:
         self._messages: dict[str, StoredMessage] = {}
         self._inboxes: dict[str, _Inbox] = {}
+        self._log = log
+        self._tokens = tokens
 
     async def admit(self, message: StoredMessage) -> StoredMessage:
         """Record a new message with the recipient's next inbox offset."""
         return self._admit(message)
 
     async def admit_many(
-        self, messages: Sequence[StoredMessage]
+        self,
+        messages: Sequence[StoredMessage],
+        writes: Sequence[AdmissionWrites] = (),
+        events: Sequence[EventDraft] = (),
     ) -> list[StoredMessage | DuplicateMessageError]:
         """Admit each message as `admit` does; a duplicate (of a stored message or of an
-        earlier member) fails only its own member."""
+        earlier member) fails only its own member. `writes` go in with the members
+        admitted, after `events`, which go in any case."""
         for message in messages:
             message_values(message)  # validate every member before admitting any
+        lead = self._log.checked(events)
+        extras = [
+            (self._log.checked(w.events), w.idempotency and self._tokens.checked(w.idempotency))
+            for w in writes
+        ]  # (and every write)
         outcomes: list[StoredMessage | DuplicateMessageError] = []
-        for message in messages:
+        appended: list[EventDraft] = lead
+        for i, message in enumerate(messages):
             try:
                 outcomes.append(self._admit(message))
             except DuplicateMessageError as duplicate:
                 outcomes.append(duplicate)
+                continue
+            if extras:
+                drafts, token = extras[i]
+                appended.extend(drafts)
+                if token is not None:
+                    self._tokens.put_now(token)
+        self._log.append_now(appended)
         return outcomes
 
     def _admit(self, message: StoredMessage) -> StoredMessage:
@@ -85,22 +108,29 @@ class MemoryMessageStore:
         """Record a state change; raises LookupError for an unknown message_id."""
         return (await self.apply([StateChange(message_id, state, at, error_code)]))[0]
 
-    async def apply(self, changes: Sequence[StateChange]) -> list[StoredMessage]:
-        """Apply state changes in order; unknown ids raise LookupError and apply nothing."""
+    async def apply(
+        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+    ) -> list[StoredMessage]:
+        """Apply state changes in order, appending `events` with them; unknown ids raise
+        LookupError and apply nothing."""
         for change in changes:
             if change.message_id not in self._messages:
                 raise LookupError(f"no message {change.message_id!r}")
+        drafts = self._log.checked(events)
         applied: list[StoredMessage] = []
         for change in changes:
             current = self._messages[change.message_id]
             after = changed(current, change)
             self._messages[change.message_id] = after
             applied.append(after)
+        self._log.append_now(drafts)
         return applied
 
-    async def record(self, changes: Sequence[StateChange]) -> None:
+    async def record(
+        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+    ) -> None:
         """Apply state changes as `apply` does, without the answer."""
-        await self.apply(changes)
+        await self.apply(changes, events)
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """One more delivery at `at`, then FULFILLED at `at` (unknown ids are ignored)."""

@@ -39,11 +39,11 @@ class MemoryStore:
     def __init__(self) -> None:
         self.events = MemoryEventLog()
         self.agents = MemoryAgentStore()
-        self.messages = MemoryMessageStore()
         self.idempotency = MemoryIdempotencyStore()
+        self.messages = MemoryMessageStore(self.events, self.idempotency)
         self.dlq = MemoryDlqStore()
         self.hitl = MemoryHitlStore()
-        self.tasks = MemoryTaskStore()
+        self.tasks = MemoryTaskStore(self.events)
         self.workflows = MemoryWorkflowStore()
         self.handoffs = MemoryHandoffStore()
         self.worktrees = MemoryWorktreeStore()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from apiary.core.events import EventDraft
 from apiary.core.records import TaskRecord
 from apiary.store.errors import StoreError
+from apiary.store.memory.events import MemoryEventLog
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.tasks import task_from_row, task_row
 
@@ -11,24 +15,28 @@ from apiary.store.sql.tasks import task_from_row, task_row
 class MemoryTaskStore:
     """`TaskStore` over a dict keyed by task_id, and one keyed by seq (the unique index)."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: MemoryEventLog) -> None:
         self._records: dict[str, TaskRecord] = {}
         self._task_by_seq: dict[int, str] = {}
+        self._log = log
 
-    async def put(self, record: TaskRecord) -> None:
-        """Insert or replace the record with this task_id; StoreError when its seq belongs
-        to another task (as the SQL backends' unique index refuses it)."""
+    async def put(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the record with this task_id, appending `events` with it;
+        StoreError when its seq belongs to another task (as the SQL backends' unique index
+        refuses it)."""
         # Through the SQL row and back: refuses what the SQL backends refuse and coerces as
         # they do (bytearray params become bytes, an int submitted_at a float).
         stored = task_from_row(task_row(record))
         holder = self._task_by_seq.get(stored.seq)
         if holder is not None and holder != stored.task_id:
             raise StoreError(f"seq {stored.seq} already belongs to task {holder!r}")
+        drafts = self._log.checked(events)
         previous = self._records.get(stored.task_id)
         if previous is not None:
             del self._task_by_seq[previous.seq]
         self._records[stored.task_id] = stored
         self._task_by_seq[stored.seq] = stored.task_id
+        self._log.append_now(drafts)
 
     async def get(self, task_id: str) -> TaskRecord | None:
         """The record, or None (records hold immutable values only: no copy needed)."""

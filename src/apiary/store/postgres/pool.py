@@ -114,8 +114,10 @@ class PostgresPool:
         self._backoff.succeeded()
         try:
             await set_search_path(conn, self._schema)
-        except BaseException:
+        except BaseException as exc:
             await conn.close()
+            if isinstance(exc, psycopg.OperationalError):  # lost as soon as it was made
+                raise StoreUnavailableError(f"PostgreSQL: {exc}") from exc
             raise
         return conn
 

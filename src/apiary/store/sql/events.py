@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, NamedTuple, TypeVar, TypeVarTuple
 
 from apiary.core.events import Event, EventDraft, EventFilter
 from apiary.store.json_codec import dump_json, json_object_of
@@ -31,6 +31,9 @@ from apiary.store.sql.dialect import Dialect, by_dialect, in_list
 from apiary.store.sql.statements import Execute, Query, QueryOne, Row, Transaction
 from apiary.store.sql.where import Where
 from apiary.store.sqlite.database import CORRELATION_BUCKET_BITS, correlation_key
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
 
 
 class EventRow(NamedTuple):
@@ -122,18 +125,61 @@ def append_events(d: Dialect, rows: list[tuple[Any, ...]]) -> Transaction[int]:
     return first
 
 
+def with_events(
+    d: Dialect,
+    rows: list[tuple[Any, ...]],
+    work: Callable[[Dialect, *Ts], Transaction[T]],
+    args: tuple[*Ts],
+) -> Transaction[tuple[T, int]]:
+    """`work(d, *args)`, then the append of the events' `rows` (`event_rows`), in one
+    transaction: the state change and its events commit together or not at all. Returns
+    `work`'s result and the first event's sequence."""
+    result = yield from work(d, *args)
+    first = yield from append_events(d, rows)
+    return result, first
+
+
 class SqlEventLog:
-    """`EventLog` in the `events` table."""
+    """`EventLog` in the `events` table; the other aggregates' stores append through
+    `write_with` events that commit with their state changes."""
 
     def __init__(self, database: SqlDatabase) -> None:
         self._db = database
+        self._listeners: list[Callable[[Sequence[Event]], None]] = []
+
+    def listen(self, listener: Callable[[Sequence[Event]], None]) -> None:
+        """Call `listener` with every append's events once committed (see EventLog)."""
+        self._listeners.append(listener)
 
     async def append(self, drafts: Sequence[EventDraft]) -> list[Event]:
         """Append the drafts atomically, in order; return them with their sequences."""
         if not drafts:
             return []
         first = await self._db.write(append_events, event_rows(self._db.dialect, drafts))
-        return [Event.from_draft(first + i, draft) for i, draft in enumerate(drafts)]
+        return self.committed(first, drafts)
+
+    async def write_with(
+        self,
+        drafts: Sequence[EventDraft],
+        work: Callable[[Dialect, *Ts], Transaction[T]],
+        *args: *Ts,
+    ) -> T:
+        """Run the write transaction `work(d, *args)` with the drafts appended in it (just
+        `work` when there are none); its result once committed."""
+        if not drafts:
+            return await self._db.write(work, *args)
+        rows = event_rows(self._db.dialect, drafts)
+        result, first = await self._db.write(with_events, rows, work, args)
+        self.committed(first, drafts)
+        return result
+
+    def committed(self, first: int, drafts: Sequence[EventDraft]) -> list[Event]:
+        """The drafts as committed from sequence `first` on, told to the listeners: for a
+        store whose own transaction appended them (`append_events`)."""
+        events = [Event.from_draft(first + i, draft) for i, draft in enumerate(drafts)]
+        for listener in self._listeners:
+            listener(events)
+        return events
 
     async def read(
         self, after: int = 0, limit: int = 500, where: EventFilter | None = None

@@ -76,7 +76,8 @@ def _attempt_ids(attempts: Sequence[str]) -> list[str]:
     return list(attempts)
 
 
-_PUT = Execute(by_dialect(lambda d: d.upsert("idempotency", IDEMPOTENCY, "token")))
+PUT_IDEMPOTENCY = Execute(by_dialect(lambda d: d.upsert("idempotency", IDEMPOTENCY, "token")))
+"""Inserts or replaces one record (`idempotency_row`)."""
 _GET = QueryOne(f"SELECT {IDEMPOTENCY.sql} FROM idempotency WHERE token = ?")
 _PURGE = Execute("DELETE FROM idempotency WHERE updated_at < ?")
 
@@ -94,7 +95,7 @@ class SqlIdempotencyStore:
 
     async def put(self, record: IdempotencyRecord) -> None:
         """Insert or replace the record for record.token."""
-        await self._db.write(_PUT, idempotency_row(record))
+        await self._db.write(PUT_IDEMPOTENCY, idempotency_row(record))
 
     async def purge(self, before: float) -> int:
         """Delete records last updated before `before`; returns how many."""

@@ -20,13 +20,23 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any, Final, NamedTuple
 
-from apiary.core.records import MessageState, StateChange, StoredMessage, at_offset, state_text
+from apiary.core.events import EventDraft
+from apiary.core.records import (
+    AdmissionWrites,
+    MessageState,
+    StateChange,
+    StoredMessage,
+    at_offset,
+    state_text,
+)
 from apiary.store.errors import DuplicateMessageError, StoreError
 from apiary.store.sql.bulk import chunks, markers, values_rows
 from apiary.store.sql.checks import check_limit, sequence_from_sql, sequence_to_sql
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, in_list
+from apiary.store.sql.events import SqlEventLog, append_events, event_rows
+from apiary.store.sql.idempotency import PUT_IDEMPOTENCY, idempotency_row
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Row, Transaction
 from apiary.store.sql.where import Where
 
@@ -169,10 +179,12 @@ class AdmissionRacedError(StoreError):
 
 
 class SqlMessageStore:
-    """`MessageStore` in the `messages` table, offsets counted in `inbox_offsets`."""
+    """`MessageStore` in the `messages` table, offsets counted in `inbox_offsets`; events
+    that commit with a change go through `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
     async def admit(self, message: StoredMessage) -> StoredMessage:
         """Durably record a new message with the recipient's next inbox offset."""
@@ -182,16 +194,29 @@ class SqlMessageStore:
         return outcome
 
     async def admit_many(
-        self, messages: Sequence[StoredMessage]
+        self,
+        messages: Sequence[StoredMessage],
+        writes: Sequence[AdmissionWrites] = (),
+        events: Sequence[EventDraft] = (),
     ) -> list[StoredMessage | DuplicateMessageError]:
         """Admit each message as `admit` does, in one transaction; a duplicate (of a stored
-        message or of an earlier member) fails only its own member."""
+        message or of an earlier member) fails only its own member. `writes` (one per
+        message, or none) commit in the same transaction for the members admitted, after
+        `events`, which are appended in any case."""
         if not messages:
+            await self._log.append(events)
             return []
         values = [message_values(m) for m in messages]
+        d = self._db.dialect
+        lead = event_rows(d, events) if events else []
+        extras = _admission_extras(d, writes) if writes or lead else None
         for _ in range(_ADMIT_ATTEMPTS):
             try:
-                offsets = await self._db.write(admit_new, values)
+                if extras is None:
+                    offsets = await self._db.write(admit_new, values)
+                else:
+                    offsets, first = await self._db.write(admit_with, values, lead, extras)
+                    self._log.committed(first, [*events, *_admitted_events(writes, offsets)])
             except AdmissionRacedError:
                 continue
             return [
@@ -214,19 +239,24 @@ class SqlMessageStore:
         (after,) = await self.apply([StateChange(message_id, state, at, error_code)])
         return after
 
-    async def apply(self, changes: Sequence[StateChange]) -> list[StoredMessage]:
-        """Apply state changes in order, in one transaction; an unknown id raises LookupError
-        and nothing is applied."""
+    async def apply(
+        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+    ) -> list[StoredMessage]:
+        """Apply state changes in order, in one transaction with the append of `events`; an
+        unknown id raises LookupError and nothing is applied."""
         if not changes:
             return []
-        rows = await self._db.write(apply_changes, change_params(changes), True)
+        params = change_params(changes)
+        rows = await self._log.write_with(events, apply_changes, params, True)
         return [message_from_row(row) for row in rows]
 
-    async def record(self, changes: Sequence[StateChange]) -> None:
+    async def record(
+        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+    ) -> None:
         """Apply state changes as `apply` does, without reading the messages back: about a
         third of the statement's cost, and no rows to decode on the event loop."""
         if changes:
-            await self._db.write(apply_changes, change_params(changes), False)
+            await self._log.write_with(events, apply_changes, change_params(changes), False)
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """One more delivery, then FULFILLED at `at`, one row update per message (unknown
@@ -463,6 +493,42 @@ def admit_new(d: Dialect, values: list[tuple[Any, ...]]) -> Transaction[list[int
         raise AdmissionRacedError("a concurrent admission took one of the ids")
     yield from ExecuteMany(_SET_COUNTER, [(n, r) for r, n in last.items() if n != first[r]])
     return offsets
+
+
+AdmissionExtras = list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]]
+"""Per member of an admission: its events' rows (`event_rows`) and its idempotency row."""
+
+
+def _admission_extras(d: Dialect, writes: Sequence[AdmissionWrites]) -> AdmissionExtras:
+    return [
+        (event_rows(d, w.events) if w.events else [],
+         None if w.idempotency is None else idempotency_row(w.idempotency))
+        for w in writes
+    ]  # fmt: skip
+
+
+def _admitted_events(writes: Sequence[AdmissionWrites], offsets: list[int]) -> list[EventDraft]:
+    """The members' events `admit_with` appended: those of the members admitted, in order."""
+    if not writes:
+        return []
+    return [e for w, o in zip(writes, offsets, strict=True) if o for e in w.events]
+
+
+def admit_with(
+    d: Dialect, values: list[tuple[Any, ...]], lead: list[tuple[Any, ...]],
+    extras: AdmissionExtras,
+) -> Transaction[tuple[list[int], int]]:  # fmt: skip
+    """`admit_new`, then the events' rows `lead` and, for each member admitted (`extras`:
+    none, or one per member), its idempotency record and events (the first event's sequence
+    is returned with the offsets; 0 when there were none)."""
+    offsets = yield from admit_new(d, values)
+    admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
+    tokens = [row for _, row in admitted if row is not None]
+    if tokens:
+        yield from ExecuteMany(PUT_IDEMPOTENCY.sql, tokens)
+    rows = lead + [row for events, _ in admitted for row in events]
+    first = (yield from append_events(d, rows)) if rows else 0
+    return offsets, first
 
 
 def apply_changes(

@@ -11,7 +11,7 @@ from typing import Any, TypeVar, TypeVarTuple
 
 import psycopg
 
-from apiary.store.errors import StoreError
+from apiary.store.errors import StoreError, StoreUnavailableError
 from apiary.store.postgres.pool import Connection, PostgresPool
 from apiary.store.sql.dialect import POSTGRESQL, Dialect
 from apiary.store.sql.statements import (
@@ -58,7 +58,8 @@ async def run_transaction(
     conn: Connection, function: Callable[..., Transaction[T]], args: tuple[Any, ...]
 ) -> T:
     """Run the transaction `function(POSTGRESQL, *args)` on `conn` (in a transaction the
-    caller opened); its result. A psycopg error is thrown into it as a StoreError."""
+    caller opened); its result. A psycopg error is thrown into it as a StoreError
+    (StoreUnavailableError for a lost connection)."""
     transaction = function(POSTGRESQL, *args)
     try:
         statement = next(transaction)
@@ -66,7 +67,10 @@ async def run_transaction(
             try:
                 result = await run_statement(conn, statement)
             except psycopg.Error as exc:
-                error = StoreError(f"PostgreSQL: {exc}")
+                # A lost connection stays what it is (retry), as the pool says of one lost
+                # outside a transaction's statements.
+                lost = isinstance(exc, psycopg.OperationalError)
+                error = (StoreUnavailableError if lost else StoreError)(f"PostgreSQL: {exc}")
                 error.__cause__ = exc
                 statement = transaction.throw(error)
             else:

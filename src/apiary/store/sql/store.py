@@ -28,11 +28,11 @@ class SqlStore:
         self._db = database
         self.events = SqlEventLog(database)
         self.agents = SqlAgentStore(database)
-        self.messages = SqlMessageStore(database)
+        self.messages = SqlMessageStore(database, self.events)
         self.idempotency = SqlIdempotencyStore(database)
         self.dlq = SqlDlqStore(database)
         self.hitl = SqlHitlStore(database)
-        self.tasks = SqlTaskStore(database)
+        self.tasks = SqlTaskStore(database, self.events)
         self.workflows = SqlWorkflowStore(database)
         self.handoffs = SqlHandoffStore(database)
         self.worktrees = SqlWorktreeStore(database)

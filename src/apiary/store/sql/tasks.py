@@ -9,12 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from apiary.core.events import EventDraft
 from apiary.core.records import TaskRecord, TaskState
 from apiary.store.sql.checks import check_limit, checked_int64
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
-from apiary.store.sql.dialect import by_dialect
-from apiary.store.sql.statements import Execute, Query, QueryOne
+from apiary.store.sql.dialect import Dialect, by_dialect
+from apiary.store.sql.events import SqlEventLog
+from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
 
@@ -104,15 +106,26 @@ _GET = QueryOne(f"SELECT {TASKS.sql} FROM tasks WHERE task_id = ?")
 _MAX_SEQ = QueryOne("SELECT COALESCE(MAX(seq), -1) FROM tasks")
 
 
+def put_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
+    """Insert or replace one task (`task_row`)."""
+    yield from Execute(_PUT.sql, row)
+
+
 class SqlTaskStore:
-    """`TaskStore` in the `tasks` table."""
+    """`TaskStore` in the `tasks` table; events that commit with a record go through
+    `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
-    async def put(self, record: TaskRecord) -> None:
-        """Insert or replace the record with this task_id."""
-        await self._db.write(_PUT, task_row(record))
+    async def put(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the record with this task_id, with `events` appended in the
+        same transaction."""
+        if events:
+            await self._log.write_with(events, put_task, task_row(record))
+        else:
+            await self._db.write(_PUT, task_row(record))
 
     async def get(self, task_id: str) -> TaskRecord | None:
         """The record, or None."""
