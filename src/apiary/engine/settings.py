@@ -10,6 +10,7 @@ from apiary.core.acl import AclPolicy
 from apiary.core.conflicts import ConflictPolicy
 from apiary.core.credit_adaptation import AdaptivePolicy
 from apiary.core.envelope_rules import PayloadLimits
+from apiary.core.limits import DEFAULT_LIMITS, Limits
 from apiary.core.lanes import LanePolicy
 from apiary.core.preemption import PreemptionPolicy
 from apiary.engine.inference import InferenceSettings
@@ -33,6 +34,8 @@ class RouterSettings:
     dedup_window_s: float = 3600.0
     """Idempotency deduplication window (RFC 11.2)."""
     limits: PayloadLimits = field(default_factory=PayloadLimits)
+    fields: Limits = DEFAULT_LIMITS
+    """The bounds on envelope ids, names and times (the configuration's [limits] table)."""
     hlc_required: bool = False
     """When HLC is enabled every envelope must carry hlc_timestamp (RFC 11.1)."""
     strict_correlation_ids: bool = False

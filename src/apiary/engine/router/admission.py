@@ -345,7 +345,7 @@ class Admission:
         settings = self._settings
         validate_envelope(
             env, limits=settings.limits, now=now, hlc_required=settings.hlc_required,
-            strict_correlation=settings.strict_correlation_ids,
+            strict_correlation=settings.strict_correlation_ids, fields=settings.fields,
         )  # fmt: skip
 
     def _routed(

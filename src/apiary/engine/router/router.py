@@ -126,7 +126,10 @@ class Router:
         """`value`, an id that becomes the correlation_id of a flow's messages, unchanged;
         a ValidationError naming `field` when strict correlation ids are on and it is not a
         UUIDv4 (`core.envelope_ids.check_flow_id`)."""
-        return check_flow_id(field, value, strict=self.settings.strict_correlation_ids)
+        settings = self.settings
+        return check_flow_id(
+            field, value, strict=settings.strict_correlation_ids, limits=settings.fields
+        )
 
     # ------------------------------------------------------------------ sending
 

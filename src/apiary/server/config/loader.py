@@ -112,6 +112,8 @@ def _file_layer(config: ServerConfig, path: Path) -> ServerConfig:
         for name, parse in _PARSERS.items()
         if name in doc or name not in _OPTIONAL
     }
+    # The router checks envelopes with the same [limits] as every handler its requests.
+    changes["router"] = replace(changes["router"], fields=changes["limits"])
     return replace(config, **changes)
 
 
