@@ -10,8 +10,8 @@ from apiary.core.acl import AclPolicy
 from apiary.core.conflicts import ConflictPolicy
 from apiary.core.credit_adaptation import AdaptivePolicy
 from apiary.core.envelope_rules import PayloadLimits
-from apiary.core.limits import DEFAULT_LIMITS, Limits
 from apiary.core.lanes import LanePolicy
+from apiary.core.limits import DEFAULT_LIMITS, Limits
 from apiary.core.preemption import PreemptionPolicy
 from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
