@@ -4,11 +4,13 @@ and mTLS on both ports, default-deny authorization, message signing), six real a
 processes each with its own certificate and signing key, a real git repository, real tools
 in the sandbox and a real MCP server.
 
-The run happens once (module fixture); each test asserts one part of the outcome from what
-the run left behind: the event log (read back from the run's SQLite database, as
-`apiary serve --data-dir` would), the repository itself, and the run's configuration,
-reopened in secure mode. A second, in-process run shows that a denied merge fails the demo
-with the reason and the events that explain it.
+The run happens once (module fixture), with `--keep`: the console's address comes first, and
+once the run is over and judged the coordinator keeps serving (the fixture reads the console
+as the driver meanwhile) until SIGINT, which ends the demo cleanly. Each test asserts one part
+of the outcome from what the run left behind: its output, the event log (read back from the
+run's SQLite database, as `apiary serve --data-dir` would), the repository itself, and the
+run's configuration, reopened in secure mode. A second, in-process run shows that a denied
+merge fails the demo with the reason and the events that explain it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,17 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import signal
+import ssl
 import subprocess
 import sys
-from dataclasses import dataclass, replace
+import threading
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -44,12 +53,20 @@ OPERATOR = "operator:demo-operator@default"
 DRIVER = "operator:demo-driver@default"
 
 
+KEPT_READ = "GET /console/api/finished"
+"""The fixture's first read while the coordinator lingers: what the run did ends there."""
+
+
 @dataclass
 class DemoRun:
     returncode: int
     output: str
     data_dir: Path
     events: list[Event]
+    """What the run did (the fixture's reads while it lingered are `kept_events`)."""
+    kept: dict[str, Any] = field(default_factory=dict)
+    """What the console answered while the coordinator lingered."""
+    kept_events: list[Event] = field(default_factory=list)
 
     @property
     def repo(self) -> Path:
@@ -64,22 +81,84 @@ async def _read_log(data_dir: Path) -> list[Event]:
         return await store.events.read(after=0, limit=100_000)
 
 
+def _read_kept(data_dir: Path, output: str) -> dict[str, Any]:
+    """The console at the address the demo printed first, read as the driver (its client
+    certificate, trusting the run's CA): the page, the finished work, a workflow's history."""
+    found = re.search(r"console: (https://127\.0\.0\.1:\d+)/console", output)
+    assert found, output
+    certs = data_dir / "certs"
+    context = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+    context.load_cert_chain(certs / "operator-demo-driver.pem", certs / "operator-demo-driver.key")
+
+    def get(path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(f"{found.group(1)}{path}", context=context, timeout=30) as r:
+            return r.status, r.read().decode()
+
+    status, body = get("/console/api/finished?kind=workflow")
+    items = json.loads(body)["items"]
+    kept: dict[str, Any] = {"finished": (status, items), "page": get("/console")[0]}
+    if items:
+        query = urllib.parse.urlencode({"kind": "workflow", "id": items[0]["id"]})
+        status, body = get(f"/console/api/history?{query}")
+        kept["history"] = (status, [e["event_type"] for e in json.loads(body)["events"]])
+    return kept
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
     data_dir = tmp_path_factory.mktemp("demo") / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "apiary.cli.main", "demo", "--data-dir", str(data_dir)],
-        cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False,
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "apiary.cli.main", "demo", "--keep", "--data-dir", str(data_dir)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         stdin=subprocess.DEVNULL, env={**os.environ, "COLUMNS": "200"},
     )  # fmt: skip
+    watchdog = threading.Timer(RUN_TIMEOUT_S, demo.kill)
+    watchdog.start()
+    output, kept = "", {}
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            output += line
+            if "Press Ctrl-C to stop it." in line:
+                kept = _read_kept(data_dir, output)  # still serving after the run
+                demo.send_signal(signal.SIGINT)
+        demo.wait(timeout=60)
+    finally:
+        watchdog.cancel()
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
     events = asyncio.run(_read_log(data_dir)) if (data_dir / "apiary.db").exists() else []
-    return DemoRun(done.returncode, done.stdout + done.stderr, data_dir, events)
+    ended = next(
+        (i for i, e in enumerate(events)
+         if e.event_type == "access.decided" and e.details.get("action") == KEPT_READ),
+        len(events),
+    )  # fmt: skip
+    return DemoRun(demo.returncode, output, data_dir, events[:ended], kept, events[ended:])
 
 
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(
         ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, timeout=60
     ).stdout.strip()
+
+
+def test_the_console_comes_first_and_keep_serves_it_until_ctrl_c(run: DemoRun) -> None:
+    first = run.output.lstrip().splitlines()[0]
+    assert re.fullmatch(r"console: https://127\.0\.0\.1:\d+/console \(watch the run live\)", first)
+    # Printed before any agent started: the first lines of the run come after it.
+    assert run.output.index(first) < run.output.index("planner")
+    # --keep: the summary, then the coordinator kept serving until the SIGINT ended it (exit 0).
+    assert run.output.index("what happened") < run.output.index("Press Ctrl-C to stop it.")
+    assert run.returncode == 0, run.output
+    assert run.kept["page"] == 200
+    status, items = run.kept["finished"]
+    assert status == 200 and [(i["kind"], i["state"]) for i in items] == [("workflow", "COMPLETED")]
+    status, history = run.kept["history"]
+    assert status == 200 and history[0] == "workflow.completed" and "workflow.created" in history
+    # The reads while it lingered were allowed, and are not the run's.
+    kept = [e for e in run.kept_events if e.event_type == "access.decided"]
+    assert kept and all(e.details["allowed"] and e.actor == DRIVER for e in kept)
 
 
 def test_the_command_exits_0_and_says_where_to_look(run: DemoRun) -> None:
@@ -93,7 +172,7 @@ def test_the_command_exits_0_and_says_where_to_look(run: DemoRun) -> None:
     assert "secure mode: TLS + mTLS on gRPC and HTTP, 9 principals" in run.output
     assert "every envelope signed (Ed25519), default-deny authorization" in run.output
     assert f"{OPERATOR}" in run.output and "roles: release_manager" in run.output
-    assert f"{DRIVER}" in run.output and "roles: events" in run.output
+    assert f"{DRIVER}" in run.output and "roles: dlq, events" in run.output
     for agent in (*AGENTS, "user"):
         assert f"agent:{agent}@default" in run.output
     assert ", 0 refused" in run.output

@@ -1,4 +1,5 @@
-"""`apiary serve` as a real process: printed ports, health over gRPC, /healthz, SIGTERM."""
+"""`apiary serve` as a real process: printed ports, health over gRPC, /healthz, SIGTERM; the
+summary it prints, the log it writes, and the address it records for client commands."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import grpc
@@ -91,3 +93,145 @@ async def test_bad_flag_exits_2_naming_it(tmp_path: Path) -> None:
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2
     assert b"grpc must be HOST:PORT" in err
+
+
+# --- what `apiary serve` tells people, where it logs, and how clients find it -----------------
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT_VARIABLES = (
+    "APIARY_API_KEY", "APIARY_TLS_CA", "APIARY_TLS_CERT", "APIARY_TLS_KEY", "APIARY_COORDINATOR",
+    "APIARY_PROFILE", "APIARY_CLIENT_CONFIG", "APIARY_DATA_DIR", "APIARY_TOKEN", "APIARY_TENANT",
+    "XDG_CONFIG_HOME", "APIARY_GRPC", "APIARY_HTTP", "APIARY_CONFIG", "APIARY_STORE",
+)  # fmt: skip
+SUMMARY_END = "Ctrl-C stops it."
+
+
+def _clean_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The environment without client or server settings, with a home of its own."""
+    base = {k: v for k, v in os.environ.items() if k not in CLIENT_VARIABLES}
+    return {**base, "HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT), **extra}
+
+
+async def _client(cwd: Path, env: dict[str, str], *args: str) -> dict[str, object]:
+    proc = await asyncio.create_subprocess_exec(
+        *APIARY, *args, cwd=cwd, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    doc: dict[str, object] = json.loads(out)
+    return doc
+
+
+async def _first_line(proc: asyncio.subprocess.Process) -> str:
+    assert proc.stdout is not None
+    line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+    assert line, "the process ended before printing a line"
+    return line.rstrip("\n")
+
+
+async def _said(proc: asyncio.subprocess.Process, start: str) -> str:
+    """The first line on `proc`'s stderr that starts with `start`."""
+    assert proc.stderr is not None
+    while True:
+        line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
+        assert line, f"the process ended before saying {start!r}"
+        if line.startswith(start):
+            return line.rstrip("\n")
+
+
+async def test_status_in_the_same_data_directory_finds_the_coordinator_serve_chose(
+    tmp_path: Path,
+) -> None:
+    env = _clean_env(tmp_path)
+    proc = await asyncio.create_subprocess_exec(
+        *APIARY, "serve", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", cwd=tmp_path,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        lines = [await _first_line(proc)]
+        while not lines[-1].endswith(SUMMARY_END):
+            lines.append(await _first_line(proc))
+        grpc_at, http_at = lines[0].removeprefix("grpc="), lines[1].removeprefix("http=")
+        assert lines[:2] == [f"grpc={grpc_at}", f"http={http_at}"]
+        assert not grpc_at.endswith(":0") and not http_at.endswith(":0")
+        summary = "\n".join(lines[2:])
+        for shown in (
+            f"gRPC      {grpc_at}", f"HTTP      http://{http_at}",
+            f"console   http://{http_at}/console", "store     SQLite .apiary/apiary.db",
+            "mode      development: no TLS", "data dir  .apiary (address recorded in "
+            ".apiary/serving.json)", "log       .apiary/apiary.log",
+        ):  # fmt: skip
+            assert shown in summary, summary
+        record = json.loads((tmp_path / ".apiary" / "serving.json").read_text())
+        assert (record["grpc"], record["http"], record["pid"]) == (grpc_at, http_at, proc.pid)
+
+        # No address anywhere: the record in ./.apiary (and in APIARY_DATA_DIR elsewhere).
+        doc = await _client(tmp_path, env, "status", "--json")
+        called: Any = doc["coordinator"]
+        assert called["address"] == grpc_at
+        assert called["source"] == "the address `apiary serve` recorded in .apiary/serving.json"
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        moved = {**env, "APIARY_DATA_DIR": str(tmp_path / ".apiary")}
+        called = (await _client(elsewhere, moved, "status", "--json"))["coordinator"]
+        assert called["address"] == grpc_at
+
+        # `agent run` says where it connected and as whom (on stderr, beside its log).
+        agent = await asyncio.create_subprocess_exec(
+            *APIARY, "agent", "run", "tests.e2e.sdk_agents:Echo", cwd=tmp_path, env=env,
+            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert await _said(agent, "apiary agent run: ") == (
+                f"apiary agent run: echo connected to the coordinator at {grpc_at} (from the "
+                "address `apiary serve` recorded in .apiary/serving.json) as agent echo of "
+                "tenant default; credentials: none (anonymous; dev mode only)"
+            )
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(agent.communicate(), 60)
+        assert agent.returncode == 0
+
+        async with aiohttp.ClientSession() as http, http.get(f"http://{http_at}/healthz") as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    assert not (tmp_path / ".apiary" / "serving.json").exists()
+    # The terminal got the summary; the event log's JSON and the access lines went to the file.
+    assert err.decode() == "apiary: shutting down\n"
+    log = (tmp_path / ".apiary" / "apiary.log").read_text()
+    assert '"type":"coordinator.started"' in log and '"type":"coordinator.stopped"' in log
+    assert "aiohttp.access" in log and "/healthz" in log
+
+
+async def test_log_format_json_writes_every_log_line_on_stderr(tmp_path: Path) -> None:
+    data = tmp_path / "state"
+    proc = await asyncio.create_subprocess_exec(
+        *APIARY, "serve", "--data-dir", str(data), "--grpc", "127.0.0.1:0",
+        "--http", "127.0.0.1:0", "--log-format", "json", env=_clean_env(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert (await _first_line(proc)).startswith("grpc=")
+        assert (await _first_line(proc)).startswith("http=")
+        assert proc.stderr is not None
+        while b'"type":"coordinator.started"' not in await asyncio.wait_for(
+            proc.stderr.readline(), 60
+        ):
+            pass
+        assert json.loads((data / "serving.json").read_text())["pid"] == proc.pid
+        proc.send_signal(signal.SIGTERM)
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    assert out == b""  # no summary: the two address lines only
+    assert not (data / "apiary.log").exists() and not (data / "serving.json").exists()

@@ -28,13 +28,17 @@ async def gateway_case(target: FuzzTarget, method: RpcMethod, body: bytes) -> li
 
 
 async def read_case(target: FuzzTarget, values: Mapping[str, str]) -> list[Fault]:
-    """The event stream and the workflow list with fuzzed parameters."""
+    """The event stream, the workflow list and the console's reads with fuzzed parameters."""
     query = {k: v for k, v in values.items() if k in ("after", "keepalive")}
     headers = {"Last-Event-ID": values["Last-Event-ID"]} if "Last-Event-ID" in values else {}
-    limit = {"limit": values["limit"]} if "limit" in values else {}
+    workflows = {k: v for k, v in values.items() if k in ("limit", "workflow_id")}
+    history = {k: v for k, v in values.items() if k in ("kind", "id", "before", "limit")}
+    finished = {k: v for k, v in values.items() if k in ("kind", "q", "before", "limit")}
     return _faults(
         await target.request("GET", "/v1/events/stream", params=query, headers=headers),
-        await target.request("GET", "/console/api/workflows", params=limit),
+        await target.request("GET", "/console/api/workflows", params=workflows),
+        await target.request("GET", "/console/api/history", params=history),
+        await target.request("GET", "/console/api/finished", params=finished),
     )
 
 

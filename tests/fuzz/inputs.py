@@ -14,11 +14,13 @@ from tests.fuzz.strategies import SPECIAL_STRINGS, encodings, request_documents
 
 ROUTES = (
     "/healthz", "/readyz", "/metrics", "/v1", "/console", "/console/", "/console/index.html",
-    "/console/api/workflows", "/v1/events/stream", "/v1/sw4rm.router.RouterService/SendMessage",
+    "/console/api/workflows", "/console/api/history", "/console/api/finished",
+    "/v1/events/stream", "/v1/sw4rm.router.RouterService/SendMessage",
     "/v1/a/b", "/", "/swarm/info",
 )  # fmt: skip
 """Every route of the HTTP port but the gateway's methods (fuzzed by their bodies), and a
 few that do not exist."""
+SUBJECTS = ("agent", "task", "workflow", "room", "negotiation", "hitl")
 VERBS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 NUMBERS = (
     "0", "1", "-1", "²", "٣", "1.5", "1e3", " 7 ", "nan", "inf", str(2**63), str(2**64),
@@ -78,7 +80,13 @@ READ_QUERIES = st.fixed_dictionaries(
         "keepalive": query_values(),
         "limit": query_values(),
         "Last-Event-ID": header_values(),
+        "kind": st.one_of(st.sampled_from(SUBJECTS), query_values()),
+        "id": query_values(),
+        "before": query_values(),
+        "q": query_values(),
+        "workflow_id": query_values(),
     },
 )
 """The read routes' parameters: the event stream's query and Last-Event-ID header, the
-workflow list's limit."""
+workflow list's limit and id, the console's history and finished work (kind, id, before, q,
+limit)."""

@@ -216,7 +216,8 @@ async def test_another_tenants_agent_answers_like_one_that_does_not_exist(world:
     mine = await t.call(
         "DiscoveryService/GetAgent", a.GetAgentRequest(agent_id="alice"), "alice@acme"
     )
-    assert (mine.state, list(mine.descriptor.capabilities)) == ("RUNNABLE", ["acme-secret"])
+    # Registered, no stream opened yet: INITIALIZING, in its own tenant's lifecycle.
+    assert (mine.state, list(mine.descriptor.capabilities)) == ("INITIALIZING", ["acme-secret"])
 
 
 @pytest.mark.conformance(

@@ -6,14 +6,12 @@ and the page's server-sent-events parser under Node."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
 import time
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,7 @@ from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.coordinator import Coordinator, open_coordinator
 from apiary.server.inprocess import open_test_coordinator
-from tests.server.chromium import installed_chromium, open_page
+from tests.server.chromium import installed_chromium, open_console
 
 ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_DIR = ROOT / "src" / "apiary" / "server" / "http" / "console"
@@ -42,141 +40,9 @@ REGISTER = "sw4rm.registry.RegistryService/RegisterAgent"
 # ---------------------------------------------------------------- the browser
 
 
-# Resolves with the predicate's value once it is truthy, checked on every DOM change (a
-# MutationObserver, not polling); rejects after a bound.
-UNTIL = """
-new Promise((resolve, reject) => {
-  const probe = %s;
-  const seen = new MutationObserver(() => settle());
-  const timer = setTimeout(() => {
-    seen.disconnect();
-    reject(new Error("never seen: " + %s));
-  }, %d);
-  function settle() {
-    let value;
-    try { value = probe(); } catch (err) { value = null; }
-    if (!value) return false;
-    seen.disconnect();
-    clearTimeout(timer);
-    resolve(value);
-    return true;
-  }
-  if (!settle()) {
-    seen.observe(document.documentElement,
-      {subtree: true, childList: true, characterData: true, attributes: true});
-  }
-})
-"""
-
-
-@dataclass
-class Sent:
-    """One request the page sent, as Chromium's network domain reported it."""
-
-    url: str
-    headers: dict[str, str]
-
-
-class Page:
-    """The Chrome DevTools protocol calls these tests need, over one page's websocket."""
-
-    def __init__(self, socket: aiohttp.ClientWebSocketResponse) -> None:
-        self._socket = socket
-        self._next = 0
-        self.seen: list[dict[str, Any]] = []
-
-    async def call(self, method: str, **params: Any) -> dict[str, Any]:
-        self._next += 1
-        await self._socket.send_json({"id": self._next, "method": method, "params": params})
-        while True:
-            message = await self._socket.receive_json()
-            if message.get("id") == self._next:
-                assert "error" not in message, message
-                return dict(message.get("result", {}))
-            self.seen.append(message)
-
-    async def until_event(self, method: str) -> None:
-        while not any(m.get("method") == method for m in self.seen):
-            self.seen.append(await self._socket.receive_json())
-
-    async def value(self, expression: str) -> Any:
-        """The value of a JavaScript expression (awaited when it is a promise)."""
-        answer = await self.call(
-            "Runtime.evaluate", expression=expression, awaitPromise=True, returnByValue=True
-        )
-        assert "exceptionDetails" not in answer, answer["exceptionDetails"]
-        return answer["result"].get("value")
-
-    async def until(self, predicate: str, what: str) -> Any:
-        """The truthy value of `predicate` (a JavaScript arrow function) once it has one."""
-        return await self.value(UNTIL % (predicate, json.dumps(what), int(WAIT_S * 1000)))
-
-    async def text(self, element_id: str) -> str:
-        return str(
-            await self.value(f"document.getElementById({json.dumps(element_id)}).textContent")
-        )
-
-    async def hidden(self, element_id: str) -> bool:
-        return bool(await self.value(f"document.getElementById({json.dumps(element_id)}).hidden"))
-
-    async def shows(self, element_id: str, text: str) -> str:
-        """The text of `element_id` once it contains `text`."""
-        return str(
-            await self.until(
-                f"() => {{ const n = document.getElementById({json.dumps(element_id)});"
-                f" return n && n.textContent.includes({json.dumps(text)}) && n.textContent; }}",
-                f"{text!r} in #{element_id}",
-            )
-        )
-
-    async def refusals(self, *parts: str) -> str:
-        """The sign-in panel's list of refusals once it mentions every one of `parts`."""
-        wanted = json.dumps(parts)
-        return str(
-            await self.until(
-                "() => { const t = document.getElementById('signin-refusals').textContent;"
-                f" return {wanted}.every((part) => t.includes(part)) && t; }}",
-                f"refusals naming {parts}",
-            )
-        )
-
-    async def sign_in(self, credential: str) -> None:
-        """Type `credential` into the sign-in panel and press its button, as an operator would."""
-        await self.value("document.getElementById('signin-credential').focus()")
-        await self.call("Input.insertText", text=credential)
-        await self.value("document.querySelector('#signin-form button[type=submit]').click()")
-
-    def requests(self) -> list[Sent]:
-        """Every request the page sent so far (Network.enable must have been called)."""
-        return [
-            Sent(m["params"]["request"]["url"], dict(m["params"]["request"]["headers"]))
-            for m in self.seen
-            if m.get("method") == "Network.requestWillBeSent"
-        ]
-
-
 @pytest.fixture
 def chromium() -> Path:
     return installed_chromium()
-
-
-@asynccontextmanager
-async def open_console(
-    chromium: Path, profile: Path, coordinator: Coordinator, *, watch: str = ""
-) -> AsyncIterator[Page]:
-    """The console of `coordinator` loaded in a fresh headless Chromium, network recorded;
-    `watch` is a script run in the page before its own."""
-    async with open_page(chromium, profile) as socket:
-        page = Page(socket)
-        await page.call("Page.enable")
-        await page.call("Network.enable")
-        if watch:
-            await page.call("Page.addScriptToEvaluateOnNewDocument", source=watch)
-        await page.call("Page.navigate", url=f"http://{coordinator.http_address}/console")
-        async with asyncio.timeout(WAIT_S * 2):
-            await page.until_event("Page.loadEventFired")
-        async with asyncio.timeout(WAIT_S * 6):
-            yield page
 
 
 # ---------------------------------------------------------------- coordinators and keys
@@ -243,7 +109,7 @@ async def test_a_secure_console_asks_for_a_key_then_reads_live_with_it_until_sig
     unsigned = await _refusal(secure, "apiary.v1.DiscoveryService/ListAgents", None)
     assert "secure mode" in unsigned
 
-    async with open_console(chromium, tmp_path / "profile", secure) as page:
+    async with open_console(chromium, tmp_path / "profile", secure.http_address) as page:
         # Unsigned: every read is refused; the panel says what the coordinator answered.
         shown = await page.refusals(unsigned, "agents", "live events", "dead letter queue")
         assert shown.count(unsigned) == 1, "one line per answer, naming what it refused"
@@ -311,7 +177,7 @@ async def test_a_wrong_key_shows_the_refusal_and_a_missing_role_only_its_panel(
     lacking = await _refusal(secure, "apiary.v1.DlqService/List", viewer)
     assert "operator:viewer@default" in lacking and "'dlq'" in lacking
 
-    async with open_console(chromium, tmp_path / "profile", secure) as page:
+    async with open_console(chromium, tmp_path / "profile", secure.http_address) as page:
         await page.refusals("secure mode", "agents", "live events")
         await page.sign_in(wrong)
         shown = await page.refusals(unknown, "agents", "live events")
@@ -370,7 +236,7 @@ async def test_in_dev_mode_the_console_reads_without_a_panel_and_signs_in_on_req
     async with open_test_coordinator(tmp_path / "data", runtime=Runtime(hitl=settings)) as dev:
         await _register(dev, "scout-1", None)
         profile = tmp_path / "profile"
-        async with open_console(chromium, profile, dev, watch=WATCH_SIGNIN) as page:
+        async with open_console(chromium, profile, dev.http_address, watch=WATCH_SIGNIN) as page:
             assert "scout-1" in await page.shows("agents-body", "scout-1")
             await page.shows("live-status", "live")
             await _register(dev, "scout-2", None)
@@ -416,7 +282,7 @@ async def test_the_stream_resumes_after_a_restart_from_the_last_id_with_the_key(
         ops = _key(coordinator, "ops", "events", "dlq")
         async with AsyncExitStack() as browser:
             page = await browser.enter_async_context(
-                open_console(chromium, tmp_path / "profile", coordinator)
+                open_console(chromium, tmp_path / "profile", coordinator.http_address)
             )
             await page.refusals("secure mode", "live events")
             await page.sign_in(ops)

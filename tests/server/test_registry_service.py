@@ -133,7 +133,9 @@ async def test_a_heartbeat_brings_an_unavailable_agent_back(running: Running) ->
         await presence.tick()
         info = await discovery.GetAgent(apiary_pb2.GetAgentRequest(agent_id="alice"))
         states.append(info.state)
-    assert states == ["RUNNABLE", "RUNNABLE", "UNAVAILABLE"]
+    # Registered without opening its stream, alice has not said it is ready: INITIALIZING
+    # (RFC 8.1) until presence loses it (core/agent_state.py).
+    assert states == ["INITIALIZING", "INITIALIZING", "UNAVAILABLE"]
     listed = await discovery.ListAgents(apiary_pb2.ListAgentsRequest())
     assert [a.descriptor.agent_id for a in listed.agents] == ["alice"]  # still registered
     stub = pb.registry_pb2_grpc.RegistryServiceStub(running.channel)
@@ -142,7 +144,7 @@ async def test_a_heartbeat_brings_an_unavailable_agent_back(running: Running) ->
     )
     assert reply.ok
     info = await discovery.GetAgent(apiary_pb2.GetAgentRequest(agent_id="alice"))
-    assert info.state == "RUNNABLE"
+    assert info.state == "INITIALIZING"  # available again, and still not ready
     assert info.last_heartbeat_at.seconds == int(running.clock.now())
 
 

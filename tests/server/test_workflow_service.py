@@ -1,14 +1,18 @@
 """sw4rm.workflow.WorkflowService over real gRPC (127.0.0.1 sockets): the canonical messages,
-errors carried as protocol error codes naming the field, state with its status."""
+errors carried as protocol error codes naming the field, state with its status; and
+apiary.v1.WorkflowQueryService (list, cancel, history) over gRPC and the JSON gateway."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import aiohttp
 import pytest
 
 from apiary.errors import (
+    AlreadyCompletedError,
     AlreadyExistsError,
     NotFoundError,
     ValidationError,
@@ -16,9 +20,11 @@ from apiary.errors import (
 )
 from apiary.sdk.client import Client
 from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 
 w = pb.workflow_pb2
+a = pb.apiary_pb2
 
 
 @pytest.fixture
@@ -112,3 +118,120 @@ async def test_create_start_get_and_resume_over_the_wire(client: Client) -> None
     assert resumed.state.node_states["b"].status == w.SKIPPED
     assert resumed.state.metadata["status"] == "FAILED"
     assert json.loads(resumed.state.workflow_data) == {"src": "s3://b/k", "extra": 1}
+
+
+# --- apiary.v1.WorkflowQueryService: list, cancel, history --------------------------------
+
+
+@pytest.fixture
+async def on_sqlite(tmp_path: Path) -> AsyncIterator[Coordinator]:
+    store = f"sqlite:///{tmp_path / 'apiary.db'}"
+    async with open_test_coordinator(tmp_path, store) as running:
+        yield running
+
+
+async def _waiting(client: Client, workflow_id: str) -> None:
+    """A RUNNING workflow: its root is MANUAL, so nothing runs until a resume."""
+    manual = definition(workflow_id, a=node("a", trigger=w.MANUAL), b=node("b", "a"))
+    await client.workflow.CreateWorkflow(w.CreateWorkflowRequest(definition=manual))
+    await client.workflow.StartWorkflow(w.StartWorkflowRequest(workflow_id=workflow_id))
+
+
+async def test_list_cancel_and_history_over_grpc_on_sqlite(on_sqlite: Coordinator) -> None:
+    async with Client(str(on_sqlite.grpc_address)) as client:
+        query = client.workflow_query
+        for workflow_id in ("wf-1", "wf-2", "wf-3"):
+            await _waiting(client, workflow_id)
+        first = await query.ListWorkflows(a.ListWorkflowsRequest(limit=2))
+        assert [s.workflow_id for s in first.workflows] == ["wf-1", "wf-2"]
+        assert first.next_after_id == "wf-2"
+        summary = first.workflows[0]
+        assert (summary.state, summary.nodes_done, summary.nodes_total) == ("RUNNING", 0, 2)
+        assert summary.HasField("started_at") and not summary.HasField("completed_at")
+        rest = await query.ListWorkflows(a.ListWorkflowsRequest(after_id="wf-2", limit=2))
+        assert [s.workflow_id for s in rest.workflows] == ["wf-3"] and rest.next_after_id == ""
+
+        cancelled = await query.CancelWorkflow(
+            a.CancelWorkflowRequest(workflow_id="wf-2", reason="not needed")
+        )
+        assert cancelled.metadata["status"] == "CANCELLED"
+        why = cancelled.node_states["a"].error
+        assert why.startswith("cancelled by ") and why.endswith(": not needed")
+        assert {k: (n.status, n.error) for k, n in cancelled.node_states.items()} == {
+            "a": (w.SKIPPED, why), "b": (w.SKIPPED, why)
+        }  # fmt: skip
+        with pytest.raises(AlreadyCompletedError) as caught:
+            await query.CancelWorkflow(a.CancelWorkflowRequest(workflow_id="wf-2"))
+        assert caught.value.details["state"] == "CANCELLED"
+        with pytest.raises(AlreadyCompletedError):
+            await client.workflow.ResumeWorkflow(w.ResumeWorkflowRequest(workflow_id="wf-2"))
+        with pytest.raises(NotFoundError):
+            await query.CancelWorkflow(a.CancelWorkflowRequest(workflow_id="ghost"))
+
+        only = await query.ListWorkflows(a.ListWorkflowsRequest(states=["cancelled"]))
+        assert [(s.workflow_id, s.state, s.nodes_done) for s in only.workflows] == [
+            ("wf-2", "CANCELLED", 2)
+        ]
+        with pytest.raises(ValidationError) as bad:
+            await query.ListWorkflows(a.ListWorkflowsRequest(states=["FINISHED"]))
+        assert bad.value.details["field"] == "states"
+
+        history = await query.WorkflowHistory(a.WorkflowHistoryRequest(workflow_id="wf-2"))
+        types = [e.event_type for e in history.events]
+        assert types[0] == "workflow.created" and types[-1] == "workflow.cancelled"
+        assert {e.correlation_id for e in history.events} == {"wf-2"}
+        assert history.next_after_sequence == 0
+        paged = await query.WorkflowHistory(
+            a.WorkflowHistoryRequest(workflow_id="wf-2", limit=1, event_types=["workflow."])
+        )
+        assert [e.event_type for e in paged.events] == ["workflow.created"]
+        assert paged.next_after_sequence == paged.events[0].sequence
+        with pytest.raises(NotFoundError):
+            await query.WorkflowHistory(a.WorkflowHistoryRequest(workflow_id="ghost"))
+
+
+async def test_a_limit_above_the_bound_is_lowered_to_it(client: Client) -> None:
+    await _waiting(client, "wf")
+    reply = await client.workflow_query.ListWorkflows(a.ListWorkflowsRequest(limit=10**9))
+    assert [s.workflow_id for s in reply.workflows] == ["wf"]
+    history = await client.workflow_query.WorkflowHistory(
+        a.WorkflowHistoryRequest(workflow_id="wf", limit=10**9)
+    )
+    assert history.events and history.next_after_sequence == 0
+
+
+async def test_the_gateway_serves_the_workflow_queries(
+    coordinator: Coordinator, client: Client
+) -> None:
+    await _waiting(client, "wf")
+    base = f"http://{coordinator.http_address}/v1/apiary.v1.WorkflowQueryService"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/ListWorkflows", json={"states": ["RUNNING"]}) as resp:
+            assert resp.status == 200
+            listed = await resp.json()
+        assert [s["workflow_id"] for s in listed["workflows"]] == ["wf"]
+        assert listed["workflows"][0]["nodes_total"] == 2
+        async with http.post(f"{base}/CancelWorkflow", json={"workflow_id": "wf"}) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["metadata"]["status"] == "CANCELLED"
+        async with http.post(f"{base}/CancelWorkflow", json={"workflow_id": "wf"}) as resp:
+            assert resp.status == 409  # FAILED_PRECONDITION: it has finished
+            error = (await resp.json())["error"]
+        assert "CANCELLED" in error["message"]
+        async with http.post(f"{base}/WorkflowHistory", json={"workflow_id": "wf"}) as resp:
+            assert resp.status == 200
+            events = (await resp.json())["events"]
+        assert events[-1]["event_type"] == "workflow.cancelled"
+
+
+async def test_query_requests_meet_the_limits_naming_the_field(client: Client) -> None:
+    query = client.workflow_query
+    for call, field in (
+        (query.ListWorkflows(a.ListWorkflowsRequest(after_id="x" * 10_000)), "after_id"),
+        (query.CancelWorkflow(a.CancelWorkflowRequest(workflow_id="bad\nid")), "workflow_id"),
+        (query.WorkflowHistory(a.WorkflowHistoryRequest(workflow_id="wf", after_sequence=2**63)),
+         "after_sequence"),
+    ):  # fmt: skip
+        with pytest.raises(ValidationError) as caught:
+            await call
+        assert caught.value.details["field"] == field

@@ -151,6 +151,90 @@ def test_a_key_file_is_read_and_named_as_the_source(tmp_path: Path) -> None:
     assert loaded.describe() == f"API key abcdefghijkm (from {key_file})"
 
 
+# --- profiles: named sets of settings in the same file ----------------------------------------
+
+PROFILES = """
+[client]
+coordinator = "127.0.0.1:1001"
+tenant = "acme"
+
+[profiles.staging]
+coordinator = "staging.example:50051"
+api_key_file = "staging-key"
+
+[profiles.lab]
+grpc = "lab.example:50051"
+"""
+
+
+def test_a_profile_is_chosen_by_argument_or_apiary_profile_and_used_whole(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path, PROFILES)
+    (config.parent / "staging-key").write_text(KEY + "\n")
+    (config.parent / "staging-key").chmod(0o600)
+    env = _home(tmp_path)
+    plain = ClientCredentials.load(env)
+    assert (plain.coordinator, plain.tenant, plain.api_key, plain.profile) == (
+        "127.0.0.1:1001", "acme", "", "",
+    )  # fmt: skip
+    staging = f"{config} [profiles.staging]"
+    for chosen in (
+        ClientCredentials.load(env, profile="staging"),
+        ClientCredentials.load({**env, "APIARY_PROFILE": "staging"}),
+    ):
+        # Nothing of [client] is mixed in: no tenant.
+        assert (chosen.coordinator, chosen.tenant, chosen.api_key, chosen.profile) == (
+            "staging.example:50051", "", KEY, "staging",
+        )  # fmt: skip
+        assert chosen.sources["coordinator"] == staging
+        assert chosen.sources["api_key"] == str(config.parent / "staging-key")
+    # The environment and arguments still come first; an argument names the profile first.
+    over = ClientCredentials.load({**env, "APIARY_COORDINATOR": "env.example:2"}, profile="lab")
+    assert over.coordinator == "env.example:2"
+    assert over.sources["coordinator"] == "APIARY_COORDINATOR"
+    lab = ClientCredentials.load({**env, "APIARY_PROFILE": "staging"}, profile="lab")
+    assert (lab.coordinator, lab.profile) == ("lab.example:50051", "lab")
+    assert ClientCredentials.load({**env, "APIARY_PROFILE": "staging"}, profile="").profile == ""
+
+
+def test_an_unknown_profile_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError) as caught:
+        ClientCredentials.load(_home(tmp_path), profile="staging")
+    assert caught.value.details["field"] == "profile"
+    assert "no profile 'staging'" in caught.value.message
+    assert "there is no client configuration file" in caught.value.message
+    config = _config(tmp_path, PROFILES)
+    with pytest.raises(ValidationError) as caught:
+        ClientCredentials.load({**_home(tmp_path), "APIARY_PROFILE": "prod"})
+    assert f"{config} has lab, staging" in caught.value.message
+    with pytest.raises(ValidationError) as caught:
+        ClientCredentials.load(_home(tmp_path), profile="../etc")
+    assert caught.value.details["field"] == "profile"
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "says"),
+    [
+        ('[profiles.x]\ncoordinator = "no-port"\n', "profiles.x.coordinator", "HOST:PORT"),
+        ('[profiles.x]\napi_kee = "k"\n', "profiles.x.api_kee", "unknown setting"),
+        ('[profiles.x]\ntls_cert = "me.pem"\n', "profiles.x.tls_key", "mTLS takes both"),
+        ('[profiles.x]\ncoordinator = "a:1"\ngrpc = "b:2"\n', "profiles.x.coordinator",
+         "not both"),
+        ('profiles = "x"\n', "profiles", "[profiles.NAME] tables"),
+        ('[profiles."a b"]\n', "profiles.a b", "a profile's name"),
+    ],
+)  # fmt: skip
+def test_a_bad_profile_names_the_setting_the_profile_and_the_file(
+    tmp_path: Path, text: str, field: str, says: str
+) -> None:
+    config = _config(tmp_path, text)
+    with pytest.raises(ValidationError) as caught:
+        ClientCredentials.load(_home(tmp_path), profile="x")
+    assert caught.value.details["field"] == field
+    assert says in caught.value.message and str(config) in caught.value.message
+
+
 # --- refusals name the setting and where it came from -----------------------------------------
 
 

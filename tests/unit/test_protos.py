@@ -91,6 +91,7 @@ def test_extensions_live_in_their_own_package() -> None:
         "apiary.v1.NegotiationOperatorService",
         "apiary.v1.AgentControlService",
         "apiary.v1.TaskQueryService",
+        "apiary.v1.WorkflowQueryService",
     }
 
 

@@ -55,6 +55,9 @@ EXPECTED = {
     (S.COMPLETED, I.RESET): S.PENDING,
     (S.FAILED, I.RESET): S.PENDING,
     (S.SKIPPED, I.RESET): S.PENDING,
+    (S.PENDING, I.CANCEL): S.SKIPPED,
+    (S.READY, I.CANCEL): S.SKIPPED,
+    (S.RUNNING, I.CANCEL): S.FAILED,
 }
 """The whole table: every other pair is illegal."""
 
@@ -99,6 +102,26 @@ def test_each_transition_does_what_it_says() -> None:
         NodeMachine.step(ready.run, I.DISPATCHED, T0)  # a dispatch names its task
 
 
+def test_cancel_ends_an_unfinished_node_and_stops_only_a_running_nodes_task() -> None:
+    why = "cancelled by ops: wrong input"
+    waiting = NodeMachine.step(NodeRun("n", due_at=T0 + 60), I.CANCEL, T0, error=why)
+    assert (waiting.run.status, waiting.run.error, waiting.run.due_at) == (S.SKIPPED, why, 0.0)
+    assert waiting.run.completed_at == T0 and F.STOP_TASK not in waiting.effects
+    assert waiting.event_type == "workflow.node_cancelled"
+    retrying = NodeRun("n", S.READY, attempts=1, dispatches=1, task_id="t-1", due_at=T0 + 9)
+    assert NodeMachine.step(retrying, I.CANCEL, T0, error=why).effects == (
+        F.PERSIST, F.EMIT_EVENT
+    )  # fmt: skip
+    running = NodeRun("n", S.RUNNING, attempts=1, dispatches=1, task_id="t-1")
+    stopped = NodeMachine.step(running, I.CANCEL, T0, error=why)
+    assert (stopped.run.status, stopped.run.task_id, stopped.run.error) == (S.FAILED, "t-1", why)
+    assert stopped.effects == (F.PERSIST, F.EMIT_EVENT, F.STOP_TASK)
+    assert F.PROPAGATE not in stopped.effects  # every other unfinished node is cancelled too
+    for ended in (S.COMPLETED, S.FAILED, S.SKIPPED):
+        with pytest.raises(IllegalTransitionError):
+            NodeMachine.step(NodeRun("n", ended), I.CANCEL, T0)
+
+
 def test_readiness_needs_every_dependency_completed_and_the_trigger() -> None:
     node = NodeSpec("c", "x", ("a", "b"))
     pending = NodeRun("c")
@@ -131,6 +154,11 @@ def test_the_workflow_status_follows_its_nodes() -> None:
     assert derive_status(runs(S.COMPLETED, S.PENDING)) is WorkflowStatus.RUNNING
     assert derive_status(runs(S.COMPLETED, S.SKIPPED)) is WorkflowStatus.COMPLETED
     assert derive_status(runs(S.COMPLETED, S.FAILED, S.SKIPPED)) is WorkflowStatus.FAILED
+    # Only an unfinished run can be cancelled; a cancelled one is finished for good.
+    assert [w for w in WorkflowStatus if w.cancellable] == [
+        WorkflowStatus.CREATED, WorkflowStatus.RUNNING
+    ]  # fmt: skip
+    assert WorkflowStatus.CANCELLED.finished and not WorkflowStatus.RUNNING.finished
 
 
 def test_the_diagram_shows_every_row() -> None:

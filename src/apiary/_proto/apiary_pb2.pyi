@@ -2773,3 +2773,195 @@ class CancelTaskRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelTaskRequest: _TypeAlias = CancelTaskRequest  # noqa: Y015
+
+@_typing.final
+class WorkflowSummary(_message.Message):
+    """---- Workflows (RFC 17.7): what the canonical WorkflowService cannot do ----
+
+    One workflow run in a listing.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKFLOW_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    NODES_TOTAL_FIELD_NUMBER: _builtins.int
+    NODES_DONE_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    COMPLETED_AT_FIELD_NUMBER: _builtins.int
+    UPDATED_AT_FIELD_NUMBER: _builtins.int
+    workflow_id: _builtins.str
+    state: _builtins.str
+    """CREATED, RUNNING, COMPLETED, FAILED, CANCELLED"""
+    nodes_total: _builtins.int
+    nodes_done: _builtins.int
+    """COMPLETED, FAILED or SKIPPED"""
+    @_builtins.property
+    def created_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def started_at(self) -> _timestamp_pb2.Timestamp:
+        """unset: never started"""
+
+    @_builtins.property
+    def completed_at(self) -> _timestamp_pb2.Timestamp:
+        """unset: not finished"""
+
+    @_builtins.property
+    def updated_at(self) -> _timestamp_pb2.Timestamp: ...
+    def __init__(
+        self,
+        *,
+        workflow_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        nodes_total: _builtins.int = ...,
+        nodes_done: _builtins.int = ...,
+        created_at: _timestamp_pb2.Timestamp | None = ...,
+        started_at: _timestamp_pb2.Timestamp | None = ...,
+        completed_at: _timestamp_pb2.Timestamp | None = ...,
+        updated_at: _timestamp_pb2.Timestamp | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "created_at", b"created_at", "started_at", b"started_at", "updated_at", b"updated_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completed_at", b"completed_at", "created_at", b"created_at", "nodes_done", b"nodes_done", "nodes_total", b"nodes_total", "started_at", b"started_at", "state", b"state", "updated_at", b"updated_at", "workflow_id", b"workflow_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkflowSummary: _TypeAlias = WorkflowSummary  # noqa: Y015
+
+@_typing.final
+class ListWorkflowsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATES_FIELD_NUMBER: _builtins.int
+    AFTER_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    after_id: _builtins.str
+    """paging: the previous page's next_after_id"""
+    limit: _builtins.int
+    """default 100, at most 1000"""
+    @_builtins.property
+    def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """none: every state"""
+
+    def __init__(
+        self,
+        *,
+        states: _abc.Iterable[_builtins.str] | None = ...,
+        after_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_id", b"after_id", "limit", b"limit", "states", b"states"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkflowsRequest: _TypeAlias = ListWorkflowsRequest  # noqa: Y015
+
+@_typing.final
+class ListWorkflowsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKFLOWS_FIELD_NUMBER: _builtins.int
+    NEXT_AFTER_ID_FIELD_NUMBER: _builtins.int
+    next_after_id: _builtins.str
+    """empty: this was the last page"""
+    @_builtins.property
+    def workflows(self) -> _containers.RepeatedCompositeFieldContainer[Global___WorkflowSummary]:
+        """by workflow_id"""
+
+    def __init__(
+        self,
+        *,
+        workflows: _abc.Iterable[Global___WorkflowSummary] | None = ...,
+        next_after_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["next_after_id", b"next_after_id", "workflows", b"workflows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListWorkflowsResponse: _TypeAlias = ListWorkflowsResponse  # noqa: Y015
+
+@_typing.final
+class CancelWorkflowRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKFLOW_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    workflow_id: _builtins.str
+    reason: _builtins.str
+    def __init__(
+        self,
+        *,
+        workflow_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reason", b"reason", "workflow_id", b"workflow_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CancelWorkflowRequest: _TypeAlias = CancelWorkflowRequest  # noqa: Y015
+
+@_typing.final
+class WorkflowHistoryRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKFLOW_ID_FIELD_NUMBER: _builtins.int
+    AFTER_SEQUENCE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    EVENT_TYPES_FIELD_NUMBER: _builtins.int
+    workflow_id: _builtins.str
+    after_sequence: _builtins.int
+    """paging: the previous page's next_after_sequence"""
+    limit: _builtins.int
+    """default 100, at most 1000"""
+    @_builtins.property
+    def event_types(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """none: every type; "workflow." matches its family"""
+
+    def __init__(
+        self,
+        *,
+        workflow_id: _builtins.str = ...,
+        after_sequence: _builtins.int = ...,
+        limit: _builtins.int = ...,
+        event_types: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_sequence", b"after_sequence", "event_types", b"event_types", "limit", b"limit", "workflow_id", b"workflow_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkflowHistoryRequest: _TypeAlias = WorkflowHistoryRequest  # noqa: Y015
+
+@_typing.final
+class WorkflowHistoryResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    EVENTS_FIELD_NUMBER: _builtins.int
+    NEXT_AFTER_SEQUENCE_FIELD_NUMBER: _builtins.int
+    next_after_sequence: _builtins.int
+    """0: this was the last page"""
+    @_builtins.property
+    def events(self) -> _containers.RepeatedCompositeFieldContainer[Global___Event]:
+        """oldest first"""
+
+    def __init__(
+        self,
+        *,
+        events: _abc.Iterable[Global___Event] | None = ...,
+        next_after_sequence: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["events", b"events", "next_after_sequence", b"next_after_sequence"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkflowHistoryResponse: _TypeAlias = WorkflowHistoryResponse  # noqa: Y015

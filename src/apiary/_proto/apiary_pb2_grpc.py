@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from . import apiary_pb2 as apiary__pb2
+from . import workflow_pb2 as workflow__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -2136,6 +2137,169 @@ class TaskQueryService:
             '/apiary.v1.TaskQueryService/CancelTask',
             apiary__pb2.CancelTaskRequest.SerializeToString,
             apiary__pb2.TaskView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class WorkflowQueryServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.ListWorkflows = channel.unary_unary(
+                '/apiary.v1.WorkflowQueryService/ListWorkflows',
+                request_serializer=apiary__pb2.ListWorkflowsRequest.SerializeToString,
+                response_deserializer=apiary__pb2.ListWorkflowsResponse.FromString,
+                _registered_method=True)
+        self.CancelWorkflow = channel.unary_unary(
+                '/apiary.v1.WorkflowQueryService/CancelWorkflow',
+                request_serializer=apiary__pb2.CancelWorkflowRequest.SerializeToString,
+                response_deserializer=workflow__pb2.WorkflowState.FromString,
+                _registered_method=True)
+        self.WorkflowHistory = channel.unary_unary(
+                '/apiary.v1.WorkflowQueryService/WorkflowHistory',
+                request_serializer=apiary__pb2.WorkflowHistoryRequest.SerializeToString,
+                response_deserializer=apiary__pb2.WorkflowHistoryResponse.FromString,
+                _registered_method=True)
+
+
+class WorkflowQueryServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def ListWorkflows(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelWorkflow(self, request, context):
+        """The run ends CANCELLED for good: its unfinished nodes end (PENDING and READY ones
+        SKIPPED, RUNNING ones FAILED) with the cancellation as their error, and their tasks that
+        wait in a queue are cancelled. A COMPLETED, FAILED or CANCELLED run is refused
+        (ALREADY_COMPLETED, FAILED_PRECONDITION, naming its state).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WorkflowHistory(self, request, context):
+        """The run's events from the event log: those with the workflow id as correlation id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_WorkflowQueryServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'ListWorkflows': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListWorkflows,
+                    request_deserializer=apiary__pb2.ListWorkflowsRequest.FromString,
+                    response_serializer=apiary__pb2.ListWorkflowsResponse.SerializeToString,
+            ),
+            'CancelWorkflow': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelWorkflow,
+                    request_deserializer=apiary__pb2.CancelWorkflowRequest.FromString,
+                    response_serializer=workflow__pb2.WorkflowState.SerializeToString,
+            ),
+            'WorkflowHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.WorkflowHistory,
+                    request_deserializer=apiary__pb2.WorkflowHistoryRequest.FromString,
+                    response_serializer=apiary__pb2.WorkflowHistoryResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.WorkflowQueryService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.WorkflowQueryService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class WorkflowQueryService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def ListWorkflows(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.WorkflowQueryService/ListWorkflows',
+            apiary__pb2.ListWorkflowsRequest.SerializeToString,
+            apiary__pb2.ListWorkflowsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelWorkflow(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.WorkflowQueryService/CancelWorkflow',
+            apiary__pb2.CancelWorkflowRequest.SerializeToString,
+            workflow__pb2.WorkflowState.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WorkflowHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.WorkflowQueryService/WorkflowHistory',
+            apiary__pb2.WorkflowHistoryRequest.SerializeToString,
+            apiary__pb2.WorkflowHistoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

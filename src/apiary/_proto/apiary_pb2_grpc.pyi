@@ -13,6 +13,7 @@ from . import apiary_pb2 as _apiary_pb2
 import grpc as _grpc
 import sys
 import typing as _typing
+from . import workflow_pb2 as _workflow_pb2
 
 if sys.version_info >= (3, 11):
     from typing import Self as _Self
@@ -611,3 +612,61 @@ class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
         """
 
 def add_TaskQueryServiceServicer_to_server(servicer: TaskQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class WorkflowQueryServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> WorkflowQueryServiceAsyncStub: ...
+    ListWorkflows: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListWorkflowsRequest, _apiary_pb2.ListWorkflowsResponse]
+    CancelWorkflow: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.CancelWorkflowRequest, _workflow_pb2.WorkflowState]
+    """The run ends CANCELLED for good: its unfinished nodes end (PENDING and READY ones
+    SKIPPED, RUNNING ones FAILED) with the cancellation as their error, and their tasks that
+    wait in a queue are cancelled. A COMPLETED, FAILED or CANCELLED run is refused
+    (ALREADY_COMPLETED, FAILED_PRECONDITION, naming its state).
+    """
+    WorkflowHistory: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.WorkflowHistoryRequest, _apiary_pb2.WorkflowHistoryResponse]
+    """The run's events from the event log: those with the workflow id as correlation id."""
+
+@_typing.type_check_only
+class WorkflowQueryServiceAsyncStub(WorkflowQueryServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    ListWorkflows: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListWorkflowsRequest, _apiary_pb2.ListWorkflowsResponse]  # type: ignore[assignment]
+    CancelWorkflow: _aio.UnaryUnaryMultiCallable[_apiary_pb2.CancelWorkflowRequest, _workflow_pb2.WorkflowState]  # type: ignore[assignment]
+    """The run ends CANCELLED for good: its unfinished nodes end (PENDING and READY ones
+    SKIPPED, RUNNING ones FAILED) with the cancellation as their error, and their tasks that
+    wait in a queue are cancelled. A COMPLETED, FAILED or CANCELLED run is refused
+    (ALREADY_COMPLETED, FAILED_PRECONDITION, naming its state).
+    """
+    WorkflowHistory: _aio.UnaryUnaryMultiCallable[_apiary_pb2.WorkflowHistoryRequest, _apiary_pb2.WorkflowHistoryResponse]  # type: ignore[assignment]
+    """The run's events from the event log: those with the workflow id as correlation id."""
+
+class WorkflowQueryServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def ListWorkflows(
+        self,
+        request: _apiary_pb2.ListWorkflowsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.ListWorkflowsResponse, _abc.Awaitable[_apiary_pb2.ListWorkflowsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def CancelWorkflow(
+        self,
+        request: _apiary_pb2.CancelWorkflowRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_workflow_pb2.WorkflowState, _abc.Awaitable[_workflow_pb2.WorkflowState]]:
+        """The run ends CANCELLED for good: its unfinished nodes end (PENDING and READY ones
+        SKIPPED, RUNNING ones FAILED) with the cancellation as their error, and their tasks that
+        wait in a queue are cancelled. A COMPLETED, FAILED or CANCELLED run is refused
+        (ALREADY_COMPLETED, FAILED_PRECONDITION, naming its state).
+        """
+
+    @_abc_1.abstractmethod
+    def WorkflowHistory(
+        self,
+        request: _apiary_pb2.WorkflowHistoryRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.WorkflowHistoryResponse, _abc.Awaitable[_apiary_pb2.WorkflowHistoryResponse]]:
+        """The run's events from the event log: those with the workflow id as correlation id."""
+
+def add_WorkflowQueryServiceServicer_to_server(servicer: WorkflowQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -12,10 +12,13 @@ from pathlib import Path
 
 import typer
 
-from apiary.cli.calls import SIGNING_KEY
+from apiary.cli.calls import COORDINATOR, SIGNING_KEY, Presented, described, refusal, unreachable
+from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.errors import ApiaryError
-from apiary.sdk.agent import COORDINATOR_ENV, Agent
+from apiary.sdk.agent import Agent
 from apiary.sdk.client import Client
+from apiary.sdk.credentials import ClientCredentials
+from apiary.sdk.errors import CoordinatorUnreachableError
 from apiary.sdk.keys import load_signing_key, public_key_text, write_signing_key
 from apiary.wire import pb
 
@@ -41,24 +44,36 @@ def load_agent_class(target: str) -> type[Agent]:
     return found
 
 
-async def _run(agent: Agent) -> None:
+def connected_line(agent: Agent, address: str) -> str:
+    """What `agent run` says once registered: the coordinator (and where its address came
+    from), the agent and tenant it acts as, and the credentials its calls present."""
+    try:
+        credentials = ClientCredentials.load()
+    except ApiaryError:
+        credentials = ClientCredentials()
+    presented = Presented.of(credentials)
+    tenant = credentials.tenant or DEFAULT_TENANT
+    proofs = "; its calls are signed with its key" if agent.proves_calls else ""
+    return (
+        f"apiary agent run: {agent.agent_id} connected to the coordinator at "
+        f"{described(address)} as agent {agent.agent_id} of tenant {tenant}; "
+        f"credentials: {presented.text}{proofs}"
+    )
+
+
+async def _run(agent: Agent, address: str) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(agent.shutdown()))
-    await agent.run()
+    # stderr: an agent's stdout is its own (agents print what they do there).
+    await agent.run(on_registered=lambda: typer.echo(connected_line(agent, address), err=True))
 
 
 @app.command("run")
 def run(
     target: str = typer.Argument(..., help="The agent class: package.module:ClassName"),
-    coordinator: str = typer.Option(
-        "",
-        "--coordinator",
-        "-c",
-        envvar=COORDINATOR_ENV,
-        help="Coordinator HOST:PORT (default 127.0.0.1:50051)",
-    ),
+    coordinator: str = COORDINATOR,
     agent_id: str = typer.Option("", "--id", help="Agent id (default: the class's agent_id)"),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING, ERROR"),
     signing_key: Path | None = SIGNING_KEY,
@@ -78,7 +93,7 @@ def run(
         options: dict[str, object] = {"verify_signatures": verify_signatures}
         if signing_key is not None:
             options["signing_key"] = load_signing_key(signing_key)
-        agent = cls(agent_id or None, coordinator=coordinator or None, **options)
+        agent = cls(agent_id or None, coordinator=coordinator, **options)
     except ValueError as exc:
         typer.echo(f"apiary agent run: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -86,7 +101,10 @@ def run(
         typer.echo(f"apiary agent run: {exc.message}", err=True)
         raise typer.Exit(2) from None
     try:
-        asyncio.run(_run(agent))
+        asyncio.run(_run(agent, coordinator))
+    except CoordinatorUnreachableError:
+        typer.echo(unreachable("agent run", coordinator), err=True)
+        raise typer.Exit(1) from None
     except ApiaryError as exc:
         typer.echo(f"apiary agent run: {agent.agent_id}: {exc.code}: {exc.message}", err=True)
         raise typer.Exit(1) from None
@@ -119,7 +137,7 @@ def _control(action: str, agent_id: str, address: str) -> None:
     try:
         state = asyncio.run(go())
     except ApiaryError as exc:
-        typer.echo(f"apiary agent {action}: {exc.code}: {exc.message}", err=True)
+        typer.echo(refusal(f"agent {action}", exc, with_field=False, address=address), err=True)
         raise typer.Exit(1) from None
     typer.echo(f"{agent_id}: {state}")
 
@@ -127,7 +145,7 @@ def _control(action: str, agent_id: str, address: str) -> None:
 @app.command("suspend")
 def suspend(
     agent_id: str = typer.Argument(..., help="The agent to suspend"),
-    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Suspend an agent (RFC 8.1): its task holds at its next safe point, state kept."""
     _control("suspend", agent_id, grpc_address)
@@ -136,7 +154,7 @@ def suspend(
 @app.command("resume")
 def resume(
     agent_id: str = typer.Argument(..., help="The agent to resume"),
-    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Resume a suspended agent."""
     _control("resume", agent_id, grpc_address)

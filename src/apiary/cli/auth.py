@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from apiary.cli.calls import refusal
+from apiary.cli.output import console_for_output
 from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.errors import ApiaryError, ValidationError
 from apiary.server.auth.keys import KeyEntry, KeyRing, KeyState, credentials_path, iso_utc
@@ -146,7 +146,7 @@ def list_keys(
             e.key_id, e.kind.value, e.name, e.tenant, ",".join(e.roles), _when(e.created_at),
             _when(e.expires_at, "never"), e.state(now).value,
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command()

@@ -1,27 +1,147 @@
-"""What the CLI's commands share when they call a coordinator: a call through an
-`apiary.Client`, a refusal said the same way (`apiary <command>: <code>: <message>`), and
+"""What the CLI's commands share when they call a coordinator: one way to name it
+(`--coordinator`, `COORDINATOR`), a call through an `apiary.Client`, a refusal said the same
+way (`apiary <command>: <code>: <message>`, or `cannot reach the coordinator at X`), and
 what the calls present (`Presented`): every command takes its credentials from
 `ClientCredentials.load()` (sdk/credentials.py), and a refusal as unauthenticated or
-permission_denied says whom the command acted as."""
+permission_denied says whom the command acted as.
+
+The coordinator a command calls is the first of: `--coordinator HOST:PORT`;
+`APIARY_COORDINATOR`; the client configuration's profile (`--profile NAME` or
+`APIARY_PROFILE`, else its `[client]` table); the address a running `apiary serve` recorded
+in the data directory (`APIARY_DATA_DIR`, else `./.apiary`; cli/serving.py); else
+127.0.0.1:50051. Every command that takes `--coordinator` takes `--profile` too, and
+`--grpc`, the older spelling of `--coordinator`, hidden from help (cli/command_tree.py adds
+both)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import os
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import typer
 
+from apiary.cli.serving import SERVING_FILE, client_data_dir, recorded
 from apiary.core.access.principal import Principal
 from apiary.errors import ApiaryError
+from apiary.sdk.agent import DEFAULT_COORDINATOR
 from apiary.sdk.client import Client
-from apiary.sdk.credentials import ClientCredentials
+from apiary.sdk.credentials import ARGUMENT, PROFILE_ENV, ClientCredentials
+from apiary.sdk.errors import CoordinatorUnreachableError
 from apiary.sdk.keys import SIGNING_KEY_ENV
 from apiary.server.auth.certificates import principal_from_pem, principal_uri
 
 T = TypeVar("T")
+COORDINATOR_FLAG: Final = "--coordinator"
+OLD_COORDINATOR_FLAG: Final = "--grpc"
+PROFILE_FLAG: Final = "--profile"
+DEFAULT_SOURCE: Final = "the default"
+_OLD_FLAG_KEY: Final = "apiary.coordinator.old_flag"
+"""Where the hidden `--grpc` leaves its value for `--coordinator` (the context's meta)."""
+
+
+class CoordinatorAddress(str):
+    """HOST:PORT of the coordinator a command calls (a `str`), and where it came from:
+    `--coordinator`, `APIARY_COORDINATOR`, a configuration file (and profile), the record of
+    `apiary serve`, or the default."""
+
+    source: str
+
+    def __new__(cls, address: str, source: str) -> CoordinatorAddress:
+        made = super().__new__(cls, address)
+        made.source = source
+        return made
+
+
+def coordinator_address(
+    given: str = "", env: Mapping[str, str] | None = None
+) -> CoordinatorAddress:
+    """The coordinator to call: `given` (a flag), else the environment, the configuration
+    file's profile, the data directory's record of `apiary serve`, else the default. A bad
+    address or configuration raises ValidationError naming the setting and its source."""
+    credentials = ClientCredentials.load(env, coordinator=given or None)
+    if credentials.coordinator:
+        source = credentials.sources.get("coordinator", ARGUMENT)
+        return CoordinatorAddress(
+            credentials.coordinator, COORDINATOR_FLAG if source == ARGUMENT else source
+        )
+    data_dir = client_data_dir(env)
+    serving = recorded(data_dir)
+    if serving is not None:
+        where = data_dir / SERVING_FILE
+        return CoordinatorAddress(serving.grpc, f"the address `apiary serve` recorded in {where}")
+    return CoordinatorAddress(DEFAULT_COORDINATOR, DEFAULT_SOURCE)
+
+
+def _coordinator_chosen(ctx: typer.Context, value: str) -> str:
+    if ctx.resilient_parsing:
+        return value
+    try:
+        return coordinator_address(value or ctx.meta.get(_OLD_FLAG_KEY, ""))
+    except ApiaryError as exc:
+        # `apiary dlq list`, however the program was started (`python -m apiary.cli.main`).
+        root = ctx.find_root().command_path
+        typer.echo(f"apiary{ctx.command_path.removeprefix(root)}: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _old_flag(ctx: typer.Context, value: str) -> None:
+    if value:
+        ctx.meta[_OLD_FLAG_KEY] = value
+
+
+def _profile_chosen(ctx: typer.Context, value: str) -> None:
+    """`--profile NAME` is `APIARY_PROFILE=NAME` for the command: every credential it loads
+    (and any process it starts) takes that profile; the variable is restored after it."""
+    if not value or ctx.resilient_parsing:
+        return
+    before = os.environ.get(PROFILE_ENV)
+    os.environ[PROFILE_ENV] = value
+
+    def restore() -> None:
+        if before is None:
+            os.environ.pop(PROFILE_ENV, None)
+        else:
+            os.environ[PROFILE_ENV] = before
+
+    ctx.call_on_close(restore)
+
+
+COORDINATOR = typer.Option(
+    "",
+    COORDINATOR_FLAG,
+    metavar="HOST:PORT",
+    callback=_coordinator_chosen,
+    help="The coordinator to call [else APIARY_COORDINATOR, the client profile's coordinator, "
+    "the address `apiary serve` recorded in the data directory (APIARY_DATA_DIR or "
+    "./.apiary), else 127.0.0.1:50051]",
+)
+"""The `--coordinator` option of every command that calls a coordinator: its value is the
+`CoordinatorAddress` chosen."""
+PROFILE = typer.Option(
+    "",
+    PROFILE_FLAG,
+    metavar="NAME",
+    is_eager=True,
+    expose_value=False,
+    callback=_profile_chosen,
+    help="The client configuration's profile to use ([profiles.NAME] in "
+    "~/.config/apiary/client.toml) [else APIARY_PROFILE, else its [client] table]",
+)
+"""`--profile`: added beside `--coordinator` by cli/command_tree.py."""
+OLD_COORDINATOR = typer.Option(
+    "",
+    OLD_COORDINATOR_FLAG,
+    hidden=True,
+    is_eager=True,
+    expose_value=False,
+    callback=_old_flag,
+    help="Deprecated spelling of --coordinator",
+)
+"""`--grpc`: the older spelling of `--coordinator`, hidden from help."""
 SIGNING_KEY = typer.Option(
     None,
     "--signing-key",
@@ -118,10 +238,33 @@ def _certificate_principal(path: Path) -> tuple[Principal | None, str]:
     return principal, principal_uri(principal)
 
 
-def refusal(program: str, exc: ApiaryError, *, with_field: bool = True, token: str = "") -> str:
+def described(address: str) -> str:
+    """`address` and where it came from, when it is a `CoordinatorAddress`:
+    `127.0.0.1:50051 (the default)`, `10.0.0.5:50051 (from APIARY_COORDINATOR)`."""
+    source = getattr(address, "source", "")
+    if not source:
+        return str(address)
+    return f"{address} ({source})" if source == DEFAULT_SOURCE else f"{address} (from {source})"
+
+
+def unreachable(program: str, address: str) -> str:
+    """The line of a command whose coordinator did not answer at `address`."""
+    line = f"apiary {program}: cannot reach the coordinator at {described(address)}"
+    if getattr(address, "source", "") == DEFAULT_SOURCE:
+        line += f"; start one with `apiary serve`, or name one with {COORDINATOR_FLAG}"
+    return line
+
+
+def refusal(
+    program: str, exc: ApiaryError, *, with_field: bool = True, token: str = "",
+    address: str = "",
+) -> str:  # fmt: skip
     """The line a refused call prints; the field it names is added when the message does
     not start with it already, and whom the command acted as when it was refused as
-    unauthenticated or permission_denied (`token`: the operator token the calls carried)."""
+    unauthenticated or permission_denied (`token`: the operator token the calls carried).
+    A call that never reached the coordinator at `address` says so (`unreachable`)."""
+    if address and isinstance(exc, CoordinatorUnreachableError):
+        return unreachable(program, address)
     field = exc.details.get("field") if with_field else None
     where = f" (field {field})" if field and not exc.message.startswith(f"{field}:") else ""
     line = f"apiary {program}: {exc.code}: {exc.message}{where}"
@@ -145,5 +288,6 @@ def run_client(
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        typer.echo(refusal(program, exc, with_field=with_field, token=token), err=True)
+        line = refusal(program, exc, with_field=with_field, token=token, address=address)
+        typer.echo(line, err=True)
         raise typer.Exit(1) from None

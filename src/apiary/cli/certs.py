@@ -16,10 +16,10 @@ import shlex
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from apiary.cli.output import console_for_output
 from apiary.core.access.principal import DEFAULT_TENANT, Principal, PrincipalKind
 from apiary.errors import ValidationError
 from apiary.sdk.channel import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
@@ -100,7 +100,7 @@ def _operator(spec: str, tenant: str) -> Principal:
 
 
 def _report(issued: DevCertificates) -> None:
-    console = Console()
+    console = console_for_output()
     ca = "reused" if not issued.ca_created else "new"
     table = Table(title=escape(f"Certificates in {issued.directory} (CA: {ca})"))
     for column in ("file", "what", "identity"):

@@ -23,7 +23,9 @@ def demo(
         False, "--yes", "-y", help="Let the demo operator approve the merge (no prompt)"
     ),
     keep: bool = typer.Option(
-        False, "--keep", help="Keep the coordinator serving after the run, until Ctrl-C"
+        False,
+        "--keep",
+        help="Keep the coordinator (and its console) serving after the run, until Ctrl-C",
     ),
     data_dir: Path | None = typer.Option(
         None, "--data-dir", help="The run's directory, empty or new [a new temporary dir]"
@@ -42,6 +44,7 @@ def demo(
         operator=_login() if ask else DEMO_OPERATOR,
         decide=view.ask if ask else auto_approve,
         observe=view.update,
+        started=view.started,
         linger=view.linger if keep else None,
     )
     try:
@@ -53,7 +56,8 @@ def demo(
     except KeyboardInterrupt:
         typer.echo(f"apiary demo: interrupted; what it did is in {run_dir}", err=True)
         raise typer.Exit(130) from None
-    view.summary(result)
+    if not view.summarized:  # --keep printed it before lingering
+        view.summary(result)
     if not result.ok:
         raise typer.Exit(1)
 

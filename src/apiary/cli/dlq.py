@@ -11,9 +11,10 @@ from typing import TypeVar
 
 import typer
 from google.protobuf import json_format
-from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.calls import COORDINATOR, refusal
+from apiary.cli.output import console_for_output
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
@@ -21,7 +22,11 @@ from apiary.wire import pb
 
 app = typer.Typer(help="Inspect, requeue and export dead letters (RFC 21.1).", no_args_is_help=True)
 T = TypeVar("T")
-GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
+SINCE = typer.Option("", "--since", help="Failed at or after (ISO-8601)")
+UNTIL = typer.Option("", "--until", help="Failed at or before (ISO-8601)")
+ERROR = typer.Option("", "--error", help="Error class, e.g. ttl_expired")
+ROUTE = typer.Option("", "--route", help="Recipient agent")
+PRODUCER = typer.Option("", "--producer", help="Producer agent")
 
 
 def _run(address: str, call: Callable[[pb.apiary_pb2_grpc.DlqServiceStub], Awaitable[T]]) -> T:
@@ -33,7 +38,7 @@ def _run(address: str, call: Callable[[pb.apiary_pb2_grpc.DlqServiceStub], Await
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        typer.echo(f"apiary dlq: {exc.code}: {exc.message}", err=True)
+        typer.echo(refusal("dlq", exc, with_field=False, address=address), err=True)
         raise typer.Exit(1) from None
 
 
@@ -68,14 +73,14 @@ def _when(ts: object) -> str:
 
 @app.command("list")
 def list_entries(
-    grpc_address: str = GRPC,
-    since: str = typer.Option("", "--since", help="Failed at or after (ISO-8601)"),
-    until: str = typer.Option("", "--until", help="Failed at or before (ISO-8601)"),
-    error: str = typer.Option("", "--error", help="Error class, e.g. ttl_expired"),
-    recipient: str = typer.Option("", "--route", help="Recipient agent"),
-    producer: str = typer.Option("", "--producer", help="Producer agent"),
-    limit: int = typer.Option(100, "--limit"),
-    as_json: bool = typer.Option(False, "--json"),
+    grpc_address: str = COORDINATOR,
+    since: str = SINCE,
+    until: str = UNTIL,
+    error: str = ERROR,
+    recipient: str = ROUTE,
+    producer: str = PRODUCER,
+    limit: int = typer.Option(100, "--limit", help="At most this many dead letters"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line"),
 ) -> None:
     """List dead letters, newest last."""
     request = pb.apiary_pb2.ListDlqRequest(
@@ -105,11 +110,14 @@ def list_entries(
             str(e.entry_id), _when(e.failed_at), e.error_code, e.producer_id, e.recipient,
             pb.common_pb2.MessageType.Name(e.message_type), str(e.payload_size), e.requeued_as,
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command()
-def show(entry_id: int, grpc_address: str = GRPC) -> None:
+def show(
+    entry_id: int = typer.Argument(..., help="The dead letter's entry id (dlq list)"),
+    grpc_address: str = COORDINATOR,
+) -> None:
     """Show one dead letter with its attempt history and a payload excerpt."""
     entry = _run(
         grpc_address, lambda stub: stub.Get(pb.apiary_pb2.GetDlqRequest(entry_id=entry_id))
@@ -120,7 +128,10 @@ def show(entry_id: int, grpc_address: str = GRPC) -> None:
 
 
 @app.command()
-def requeue(entry_ids: list[int], grpc_address: str = GRPC) -> None:
+def requeue(
+    entry_ids: list[int] = typer.Argument(..., help="Entry ids of the dead letters to requeue"),
+    grpc_address: str = COORDINATOR,
+) -> None:
     """Admit the selected entries again as new attempts."""
     request = pb.apiary_pb2.RequeueDlqRequest(entry_ids=entry_ids)
     reply = _run(grpc_address, lambda stub: stub.Requeue(request))
@@ -138,12 +149,12 @@ def requeue(entry_ids: list[int], grpc_address: str = GRPC) -> None:
 @app.command()
 def export(
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the JSON bundle"),
-    grpc_address: str = GRPC,
-    since: str = typer.Option("", "--since"),
-    until: str = typer.Option("", "--until"),
-    error: str = typer.Option("", "--error"),
-    recipient: str = typer.Option("", "--route"),
-    producer: str = typer.Option("", "--producer"),
+    grpc_address: str = COORDINATOR,
+    since: str = SINCE,
+    until: str = UNTIL,
+    error: str = ERROR,
+    recipient: str = ROUTE,
+    producer: str = PRODUCER,
     payloads: bool = typer.Option(False, "--payloads", help="Include whole payloads"),
 ) -> None:
     """Export a diagnostic bundle of the matching dead letters."""

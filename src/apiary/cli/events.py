@@ -8,9 +8,10 @@ import json
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.calls import COORDINATOR, refusal
+from apiary.cli.output import console_for_output
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
@@ -21,7 +22,7 @@ FOLLOW_POLL_S = 0.5
 
 
 def events(
-    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
+    grpc_address: str = COORDINATOR,
     after: int = typer.Option(0, "--after", help="Only events with a higher sequence"),
     limit: int = typer.Option(100, "--limit", help="At most this many events"),
     correlation_id: str = typer.Option("", "--correlation-id", help="Filter by correlation id"),
@@ -48,7 +49,7 @@ def events(
             return
         response = asyncio.run(_read(grpc_address, request))
     except ApiaryError as exc:
-        typer.echo(f"apiary events: {exc.code}: {exc.message}", err=True)
+        typer.echo(refusal("events", exc, with_field=False, address=grpc_address), err=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         return
@@ -62,7 +63,7 @@ def events(
     for e in response.events:
         table.add_row(str(e.sequence), _when(e), e.event_type, e.actor, e.agent_id,
                       e.details_json[:80])  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 def _doc(e: pb.apiary_pb2.Event) -> dict[str, Any]:

@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 import grpc
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from apiary.cli.calls import refusal
+from apiary.cli.calls import COORDINATOR, refusal
+from apiary.cli.output import console_for_output
 from apiary.core.handoff import HandoffState
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
@@ -32,8 +32,8 @@ app = typer.Typer(
     help="Request, answer and inspect agent handoffs (RFC 17.6).", no_args_is_help=True
 )
 T = TypeVar("T")
-GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
 AS = typer.Option("", "--as", help="Call as this agent (sw4rm-agent-id)")
+REQUEST = typer.Argument(..., help="The handoff's request_id")
 AGENT_KEY = "sw4rm-agent-id"
 h = pb.handoff_pb2
 a = pb.apiary_pb2
@@ -54,7 +54,7 @@ def _run(address: str, call: Callable[[Stubs], Awaitable[T]]) -> T:
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        typer.echo(refusal("handoff", exc), err=True)
+        typer.echo(refusal("handoff", exc, address=address), err=True)
         raise typer.Exit(1) from None
 
 
@@ -116,7 +116,7 @@ def _table(views: list[a.HandoffView]) -> None:
             v.request.to_agent, str(v.attempt), ", ".join(v.request.capabilities_required),
             _when(v.deadline) if v.status == h.PENDING else "", v.request.reason,
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command("list")
@@ -124,9 +124,9 @@ def list_handoffs(
     status: list[str] = typer.Option([], "--status", "-s", help="PENDING, ACCEPTED, ... (repeat)"),
     from_agent: str = typer.Option("", "--from", help="Only handoffs from this agent"),
     to_agent: str = typer.Option("", "--to", help="Only handoffs to this agent"),
-    limit: int = typer.Option(100, "--limit", min=1, max=1000),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="At most this many"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per line"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """List handoffs, oldest first."""
     request = a.ListHandoffsRequest(
@@ -143,10 +143,10 @@ def list_handoffs(
 
 @app.command()
 def show(
-    request_id: str,
+    request_id: str = REQUEST,
     snapshot: bool = typer.Option(False, "--snapshot", help="Include the context snapshot"),
     agent: str = AS,
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Show one handoff as JSON (with --snapshot --as AGENT: its context too)."""
     request = a.GetHandoffRequest(request_id=request_id, include_snapshot=snapshot)
@@ -159,14 +159,16 @@ def request(
     from_agent: str = typer.Option(..., "--from", help="The originating agent"),
     to_agent: str = typer.Option("", "--to", help="The target (empty: route by capability)"),
     capability: list[str] = typer.Option([], "--capability", "-c", help="Required (repeat)"),
-    reason: str = typer.Option("", "--reason", "-r"),
+    reason: str = typer.Option("", "--reason", "-r", help="Why the work is handed off"),
     snapshot: str = typer.Option("", "--snapshot", help="The context snapshot, as text"),
-    snapshot_file: Path | None = typer.Option(None, "--snapshot-file", exists=True),
+    snapshot_file: Path | None = typer.Option(
+        None, "--snapshot-file", exists=True, help="The context snapshot, from a file"
+    ),
     content_type: str = typer.Option("", "--content-type", help="The snapshot's media type"),
     priority: int = typer.Option(0, "--priority", help="-19 (most urgent) to 20"),
     timeout: float = typer.Option(0.0, "--timeout", help="Seconds to wait for acceptance"),
     request_id: str = typer.Option("", "--id", help="Default: a new UUID"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Request a handoff as the originating agent; prints its request_id."""
     if snapshot and snapshot_file is not None:
@@ -188,7 +190,7 @@ def request(
 
 
 @app.command()
-def accept(request_id: str, agent: str = AS, grpc_address: str = GRPC) -> None:
+def accept(request_id: str = REQUEST, agent: str = AS, grpc_address: str = COORDINATOR) -> None:
     """Accept a handoff as its target."""
     message = h.HandoffResponse(request_id=request_id, accepted=True, accepting_agent=agent)
     _run(grpc_address, lambda s: s.handoff.AcceptHandoff(message, metadata=_as(agent)))
@@ -197,10 +199,10 @@ def accept(request_id: str, agent: str = AS, grpc_address: str = GRPC) -> None:
 
 @app.command()
 def reject(
-    request_id: str,
+    request_id: str = REQUEST,
     reason: str = typer.Option(..., "--reason", "-r", help="Why (sent to the origin)"),
     agent: str = AS,
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Reject a handoff as its target; it may be rerouted to another capable agent."""
     message = h.HandoffResponse(
@@ -211,7 +213,7 @@ def reject(
 
 
 @app.command()
-def complete(request_id: str, agent: str = AS, grpc_address: str = GRPC) -> None:
+def complete(request_id: str = REQUEST, agent: str = AS, grpc_address: str = COORDINATOR) -> None:
     """Report an accepted handoff COMPLETED (the context is transferred)."""
     message = h.CompleteHandoffRequest(request_id=request_id, status=h.COMPLETED)
     reply = _run(grpc_address, lambda s: s.handoff.CompleteHandoff(message, metadata=_as(agent)))

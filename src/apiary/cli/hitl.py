@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from apiary.cli.calls import refusal
+from apiary.cli.calls import COORDINATOR, refusal
+from apiary.cli.output import console_for_output
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
@@ -25,12 +25,12 @@ from apiary.wire import pb
 
 app = typer.Typer(help="Decide human-in-the-loop invocations (RFC 15).", no_args_is_help=True)
 T = TypeVar("T")
-GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
 TOKEN = typer.Option(
     "", "--token", envvar="APIARY_TOKEN",
     help="Operator token (or APIARY_TOKEN); without one, the client's own credentials",
 )  # fmt: skip
 REASON = typer.Option(..., "--reason", "-r", help="Rationale recorded with the decision")
+INVOCATION = typer.Argument(..., help="The invocation's id (hitl list)")
 Stub = pb.apiary_pb2_grpc.HitlOperatorServiceStub
 a = pb.apiary_pb2
 
@@ -47,7 +47,7 @@ def _run(
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        typer.echo(refusal("hitl", exc, token=token), err=True)
+        typer.echo(refusal("hitl", exc, token=token, address=address), err=True)
         raise typer.Exit(1) from None
 
 
@@ -65,7 +65,7 @@ def _table(views: list[a.HitlInvocationView]) -> None:
             v.invocation_id, v.reason_type, v.state, v.requested_by, v.suggested_action,
             _when(v.deadline), ", ".join(v.approver_roles),
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 def _doc(v: a.HitlInvocationView) -> dict[str, object]:
@@ -75,18 +75,19 @@ def _doc(v: a.HitlInvocationView) -> dict[str, object]:
         "subject": json.loads(v.subject_json or "{}"),
         "context": json.loads(v.context_json or "{}"),
         "suggested_action": v.suggested_action, "proposed_actions": list(v.proposed_actions),
-        "approver_roles": list(v.approver_roles), "deadline": v.deadline.ToJsonString(),
+        "approver_roles": list(v.approver_roles),
+        "deadline": v.deadline.ToJsonString() if v.HasField("deadline") else None,
         "extensions": v.extensions, "decision": json.loads(v.decision_json or "{}"),
     }  # fmt: skip
 
 
 @app.command("list")
 def list_invocations(
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     token: str = TOKEN,
     include_decided: bool = typer.Option(False, "--all", help="Include decided ones"),
     wait: bool = typer.Option(False, "--wait", help="Block until a new invocation arrives"),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line"),
 ) -> None:
     """List pending invocations (with --wait: wait for the next one and show it)."""
     if wait:
@@ -112,7 +113,9 @@ def list_invocations(
 
 
 @app.command()
-def show(invocation_id: str, grpc_address: str = GRPC, token: str = TOKEN) -> None:
+def show(
+    invocation_id: str = INVOCATION, grpc_address: str = COORDINATOR, token: str = TOKEN
+) -> None:
     """Show one invocation with its context and decision."""
     request = a.GetInvocationRequest(invocation_id=invocation_id)
     view = _run(grpc_address, token, lambda s, md: s.Get(request, metadata=md))
@@ -132,7 +135,10 @@ def _decide(
 
 @app.command()
 def approve(
-    invocation_id: str, reason: str = REASON, grpc_address: str = GRPC, token: str = TOKEN
+    invocation_id: str = INVOCATION,
+    reason: str = REASON,
+    grpc_address: str = COORDINATOR,
+    token: str = TOKEN,
 ) -> None:
     """Approve an invocation."""
     _decide(invocation_id, "approve", reason, grpc_address, token)
@@ -140,7 +146,10 @@ def approve(
 
 @app.command()
 def deny(
-    invocation_id: str, reason: str = REASON, grpc_address: str = GRPC, token: str = TOKEN
+    invocation_id: str = INVOCATION,
+    reason: str = REASON,
+    grpc_address: str = COORDINATOR,
+    token: str = TOKEN,
 ) -> None:
     """Deny an invocation."""
     _decide(invocation_id, "deny", reason, grpc_address, token)
@@ -148,10 +157,10 @@ def deny(
 
 @app.command()
 def modify(
-    invocation_id: str,
+    invocation_id: str = INVOCATION,
     patch: str = typer.Option(..., "--patch", help="JSON object applied to the proposal"),
     reason: str = REASON,
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     token: str = TOKEN,
 ) -> None:
     """Approve with changes (a JSON patch)."""
@@ -160,7 +169,10 @@ def modify(
 
 @app.command()
 def defer(
-    invocation_id: str, reason: str = REASON, grpc_address: str = GRPC, token: str = TOKEN
+    invocation_id: str = INVOCATION,
+    reason: str = REASON,
+    grpc_address: str = COORDINATOR,
+    token: str = TOKEN,
 ) -> None:
     """Postpone: the deadline moves out and the invocation stays pending."""
     _decide(invocation_id, "defer", reason, grpc_address, token)

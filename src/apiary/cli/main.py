@@ -20,6 +20,7 @@ from apiary.cli import (
     workflow,
     worktree,
 )
+from apiary.cli.command_tree import ApiaryGroup
 from apiary.cli.demo import demo
 from apiary.cli.events import events
 from apiary.cli.send import send
@@ -31,7 +32,26 @@ app = typer.Typer(
     help="Apiary: a coordination server for process-isolated agents (SW4RM).",
     no_args_is_help=True,
     add_completion=False,
+    cls=ApiaryGroup,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version,
+        help="Print the Apiary version and exit",
+    ),
+) -> None:  # fmt: skip
+    """Apiary: a coordination server for process-isolated agents (SW4RM)."""
+
+
 app.command()(serve)
 app.command()(demo)
 app.command()(events)

@@ -16,10 +16,10 @@ import typer
 from google.protobuf import json_format
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
-from rich.console import Console
 from rich.table import Table
 
-from apiary.cli.calls import run_client
+from apiary.cli.calls import COORDINATOR, run_client
+from apiary.cli.output import console_for_output
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
@@ -28,9 +28,10 @@ policy_app = typer.Typer(help="The Scheduler's negotiation policy and profiles (
                          no_args_is_help=True)  # fmt: skip
 app.add_typer(policy_app, name="policy")
 T = TypeVar("T")
-GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
 TOKEN = typer.Option("", "--token", envvar="APIARY_TOKEN", help="Operator token (or APIARY_TOKEN)")
 JSON_OUT = typer.Option(False, "--json", help="Print JSON")
+NEGOTIATION = typer.Argument(..., help="The negotiation's id")
+CONTENT_TYPE = typer.Option("application/json", "--content-type", help="The payload's media type")
 n = pb.negotiation_pb2
 s = pb.scheduler_policy_pb2
 a = pb.apiary_pb2
@@ -75,8 +76,8 @@ def _json_file(path: Path | None, name: str) -> Any:
 @app.command("list")
 def list_negotiations(
     state: list[str] = typer.Option([], "--state", help="Only these states (repeatable)"),
-    limit: int = typer.Option(100, "--limit"),
-    grpc_address: str = GRPC,
+    limit: int = typer.Option(100, "--limit", help="At most this many negotiations"),
+    grpc_address: str = COORDINATOR,
     as_json: bool = JSON_OUT,
 ) -> None:
     """List negotiations, oldest first."""
@@ -95,11 +96,13 @@ def list_negotiations(
             v.negotiation_id, v.topic, ", ".join(v.participants), v.intensity, v.state,
             str(v.round), v.stop_reason, v.decision.decided_by, _when(v.updated_at),
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command()
-def show(negotiation_id: str, grpc_address: str = GRPC, as_json: bool = JSON_OUT) -> None:
+def show(
+    negotiation_id: str = NEGOTIATION, grpc_address: str = COORDINATOR, as_json: bool = JSON_OUT
+) -> None:
     """Show one negotiation: its policy, rounds, evaluations, decision and artifacts."""
 
     async def both(c: Client) -> tuple[a.NegotiationView, act.ListArtifactsResponse]:
@@ -116,7 +119,7 @@ def show(negotiation_id: str, grpc_address: str = GRPC, as_json: bool = JSON_OUT
     if as_json:
         _echo_json({**_doc(view), "artifacts": names})
         return
-    console = Console()
+    console = console_for_output()
     policy = view.effective.policy
     console.print(
         f"[bold]{view.negotiation_id}[/bold] {view.topic!r} {view.state} "
@@ -162,8 +165,10 @@ def _preferences(items: list[str]) -> dict[str, pb.policy_pb2.AgentPreferences]:
 
 @app.command("open")
 def open_negotiation(
-    topic: str = typer.Option(..., "--topic"),
-    participant: list[str] = typer.Option(..., "--participant", "-p", help="Repeatable"),
+    topic: str = typer.Option(..., "--topic", help="What is negotiated"),
+    participant: list[str] = typer.Option(
+        ..., "--participant", "-p", help="An agent taking part (repeatable)"
+    ),
     intensity: str = typer.Option("MEDIUM", "--intensity", help=" | ".join(INTENSITIES)),
     negotiation_id: str = typer.Option("", "--id", help="Default: a new UUID"),
     profile: str = typer.Option("", "--profile", help="Policy profile hint"),
@@ -171,7 +176,7 @@ def open_negotiation(
     schema: Path | None = typer.Option(None, "--schema", help="JSON Schema file for drafts"),
     examples: Path | None = typer.Option(None, "--examples", help="JSON file of examples"),
     prefer: list[str] = typer.Option([], "--prefer", help="agent:field=value (repeatable)"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     token: str = TOKEN,
     as_json: bool = JSON_OUT,
 ) -> None:
@@ -203,13 +208,13 @@ def open_negotiation(
 
 @app.command()
 def propose(
-    negotiation_id: str,
+    negotiation_id: str = NEGOTIATION,
     from_agent: str = typer.Option(..., "--from", help="The participant proposing"),
     file: Path | None = typer.Option(None, "--file", help="The draft, read as bytes"),
     data: str = typer.Option("", "--data", help="The draft, inline"),
-    content_type: str = typer.Option("application/json", "--content-type"),
+    content_type: str = CONTENT_TYPE,
     counter: bool = typer.Option(False, "--counter", help="A counter-proposal"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Submit a proposal (or, with --counter, a counter-proposal)."""
     payload = _payload(file, data)
@@ -226,12 +231,12 @@ def propose(
 
 @app.command()
 def evaluate(
-    negotiation_id: str,
+    negotiation_id: str = NEGOTIATION,
     from_agent: str = typer.Option(..., "--from", help="The participant evaluating"),
     score: float = typer.Option(..., "--score", help="0..1"),
-    notes: str = typer.Option("", "--notes"),
+    notes: str = typer.Option("", "--notes", help="What the evaluator found"),
     llm_confidence: float = typer.Option(0.0, "--llm-confidence", help="0..1; 0: none"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Evaluate the current draft (an EvaluationReport when --llm-confidence is given)."""
     if llm_confidence:
@@ -253,15 +258,15 @@ def evaluate(
 
 @app.command()
 def decide(
-    negotiation_id: str,
+    negotiation_id: str = NEGOTIATION,
     action: str = typer.Option(
         "", "--action", help="HITL: approve | deny | defer | decide=<version or agent>"
     ),
     reason: str = typer.Option("", "--reason", "-r", help="Rationale (HITL actions)"),
     decided_by: str = typer.Option("hitl", "--decided-by", help="consensus | hitl | policy"),
     file: Path | None = typer.Option(None, "--file", help="The result (default: latest draft)"),
-    content_type: str = typer.Option("application/json", "--content-type"),
-    grpc_address: str = GRPC,
+    content_type: str = CONTENT_TYPE,
+    grpc_address: str = COORDINATOR,
     token: str = TOKEN,
 ) -> None:
     """Decide: with --action, the HITL decision the negotiation waits for (SchedulerPolicy
@@ -285,9 +290,9 @@ def decide(
 
 @app.command()
 def abort(
-    negotiation_id: str,
-    reason: str = typer.Option(..., "--reason", "-r"),
-    grpc_address: str = GRPC,
+    negotiation_id: str = NEGOTIATION,
+    reason: str = typer.Option(..., "--reason", "-r", help="Why, sent to the participants"),
+    grpc_address: str = COORDINATOR,
     token: str = TOKEN,
 ) -> None:
     """Abort a negotiation (a participant, the opener or an operator)."""
@@ -308,11 +313,11 @@ def _policy_table(title: str, rows: list[tuple[str, pb.policy_pb2.NegotiationPol
             str(p.total_token_budget or "-"), str(p.oscillation_limit), p.hitl.mode or "None",
             f"{p.scoring.llm_weight:.2f}",
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @policy_app.command("show")
-def policy_show(grpc_address: str = GRPC, as_json: bool = JSON_OUT) -> None:
+def policy_show(grpc_address: str = COORDINATOR, as_json: bool = JSON_OUT) -> None:
     """The base policy (SetNegotiationPolicy)."""
     request = s.GetNegotiationPolicyRequest()
     reply = _run(grpc_address, "", lambda c: c.scheduler_policy.GetNegotiationPolicy(request))
@@ -325,7 +330,7 @@ def policy_show(grpc_address: str = GRPC, as_json: bool = JSON_OUT) -> None:
 @policy_app.command("set")
 def policy_set(
     file: Path = typer.Argument(..., help="NegotiationPolicy as JSON"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     token: str = TOKEN,
 ) -> None:
     """Replace the base policy (checked against the guardrails)."""
@@ -339,7 +344,7 @@ def policy_set(
 
 
 @policy_app.command("profiles")
-def policy_profiles(grpc_address: str = GRPC, as_json: bool = JSON_OUT) -> None:
+def policy_profiles(grpc_address: str = COORDINATOR, as_json: bool = JSON_OUT) -> None:
     """Every profile: one per intensity, then the named ones."""
     request = s.ListPolicyProfilesRequest()
     reply = _run(grpc_address, "", lambda c: c.scheduler_policy.ListPolicyProfiles(request))
@@ -352,7 +357,7 @@ def policy_profiles(grpc_address: str = GRPC, as_json: bool = JSON_OUT) -> None:
 @policy_app.command("set-profiles")
 def policy_set_profiles(
     file: Path = typer.Argument(..., help='JSON list of {"name": ..., "policy": {...}}'),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     token: str = TOKEN,
 ) -> None:
     """Replace the named profiles."""
@@ -367,7 +372,7 @@ def policy_set_profiles(
 
 @policy_app.command("effective")
 def policy_effective(
-    negotiation_id: str, grpc_address: str = GRPC, as_json: bool = JSON_OUT
+    negotiation_id: str = NEGOTIATION, grpc_address: str = COORDINATOR, as_json: bool = JSON_OUT
 ) -> None:
     """The EffectivePolicy of one negotiation and the clamped preferences applied."""
     request = s.GetEffectivePolicyRequest(negotiation_id=negotiation_id)

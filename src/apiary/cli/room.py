@@ -18,9 +18,10 @@ from typing import Any, TypeVar
 import typer
 from google.protobuf import json_format
 from google.protobuf.message import Message
-from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.calls import COORDINATOR, refusal
+from apiary.cli.output import console_for_output
 from apiary.errors import ApiaryError
 from apiary.sdk.client import Client
 from apiary.wire import pb
@@ -28,10 +29,10 @@ from apiary.wire import pb
 app = typer.Typer(help="Negotiation rooms: proposals, votes, decisions (RFC 17.5).",
                   no_args_is_help=True)  # fmt: skip
 T = TypeVar("T")
-GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
 AGENT = typer.Option("", "--as", envvar="APIARY_AGENT_ID", help="Act as this agent")
 ROOM = typer.Option("", "--room", help="Negotiation room id (optional for reads)")
 JSON_OUT = typer.Option(False, "--json", help="JSON output for scripts")
+ARTIFACT = typer.Argument(..., help="The proposal's artifact id")
 nr = pb.negotiation_room_pb2
 a = pb.apiary_pb2
 ARTIFACT_TYPES = ("REQUIREMENTS", "PLAN", "CODE", "DEPLOYMENT")
@@ -45,7 +46,7 @@ def _run(address: str, agent: str, call: Callable[[Client], Awaitable[T]]) -> T:
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        typer.echo(f"apiary room: {exc.code}: {exc.message}", err=True)
+        typer.echo(refusal("room", exc, with_field=False, address=address), err=True)
         raise typer.Exit(1) from None
 
 
@@ -69,11 +70,11 @@ def _outcome(decision: nr.NegotiationDecision) -> str:
 
 @app.command("list")
 def list_proposals(
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     room: str = ROOM,
     state: list[str] = typer.Option([], "--state", help="OPEN, ESCALATED, APPROVED, ..."),
     critic: str = typer.Option("", "--critic", help="Only what this critic has to review"),
-    limit: int = typer.Option(100, "--limit"),
+    limit: int = typer.Option(100, "--limit", help="At most this many proposals"),
     as_json: bool = JSON_OUT,
 ) -> None:
     """List proposals, oldest first."""
@@ -96,12 +97,15 @@ def list_proposals(
             p.producer_id, item.state, f"{item.votes_received}/{item.votes_required}",
             ", ".join(item.pending_critics), _when(item.vote_deadline), item.policy_version,
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command()
 def show(
-    artifact_id: str, grpc_address: str = GRPC, room: str = ROOM, as_json: bool = JSON_OUT
+    artifact_id: str = ARTIFACT,
+    grpc_address: str = COORDINATOR,
+    room: str = ROOM,
+    as_json: bool = JSON_OUT,
 ) -> None:
     """Show a proposal with its votes and decisions."""
 
@@ -127,7 +131,7 @@ def show(
         typer.echo(json.dumps(doc, indent=2))
         return
     p = item.proposal
-    console = Console()
+    console = console_for_output()
     console.print(
         f"[bold]{p.artifact_id}[/bold] ({nr.ArtifactType.Name(p.artifact_type)}, "
         f"{p.artifact_content_type}, {item.artifact_size} bytes) in room {p.negotiation_room_id}"
@@ -155,7 +159,7 @@ def propose(
     artifact_id: str = typer.Option("", "--artifact-id", help="Default: a new UUID"),
     room: str = typer.Option("", "--room", help="Default: a new room"),
     agent: str = AGENT,
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Submit an artifact to critics (SubmitProposal)."""
     if (file is None) == (not text):
@@ -178,16 +182,16 @@ def propose(
 
 @app.command()
 def vote(
-    artifact_id: str,
+    artifact_id: str = ARTIFACT,
     score: float = typer.Option(..., "--score", help="0..10"),
     confidence: float = typer.Option(..., "--confidence", help="0..1"),
     passed: bool = typer.Option(True, "--pass/--fail", help="Meets the minimum criteria"),
-    strength: list[str] = typer.Option([], "--strength"),
-    weakness: list[str] = typer.Option([], "--weakness"),
+    strength: list[str] = typer.Option([], "--strength", help="A strength found (repeatable)"),
+    weakness: list[str] = typer.Option([], "--weakness", help="A weakness found (repeatable)"),
     recommend: list[str] = typer.Option([], "--recommend", help="ESCALATE asks for HITL"),
     room: str = ROOM,
     agent: str = AGENT,
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Vote on an artifact as a critic (SubmitVote)."""
     request = nr.SubmitVoteRequest(
@@ -215,7 +219,10 @@ def _print_decision(decision: nr.NegotiationDecision, as_json: bool) -> None:
 
 @app.command()
 def decision(
-    artifact_id: str, grpc_address: str = GRPC, room: str = ROOM, as_json: bool = JSON_OUT
+    artifact_id: str = ARTIFACT,
+    grpc_address: str = COORDINATOR,
+    room: str = ROOM,
+    as_json: bool = JSON_OUT,
 ) -> None:
     """Show the latest decision (GetDecision); exit 3 while votes are still being collected."""
     request = nr.GetDecisionRequest(artifact_id=artifact_id, negotiation_room_id=room)
@@ -228,9 +235,9 @@ def decision(
 
 @app.command()
 def wait(
-    artifact_id: str,
+    artifact_id: str = ARTIFACT,
     timeout: int = typer.Option(300, "--timeout", help="Seconds to wait (0: the server's default)"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     room: str = ROOM,
     as_json: bool = JSON_OUT,
 ) -> None:
@@ -243,7 +250,7 @@ def wait(
 
 
 @app.command()
-def policies(grpc_address: str = GRPC, as_json: bool = JSON_OUT) -> None:
+def policies(grpc_address: str = COORDINATOR, as_json: bool = JSON_OUT) -> None:
     """List the policy versions on record (the current one marked)."""
     request = a.ListRoomPoliciesRequest()
     reply = _run(grpc_address, "", lambda c: c.negotiation_room_query.ListPolicies(request))
@@ -257,4 +264,4 @@ def policies(grpc_address: str = GRPC, as_json: bool = JSON_OUT) -> None:
     for item in reply.policies:
         table.add_row(item.version, _when(item.created_at), "yes" if item.current else "",
                       item.settings_json)  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)

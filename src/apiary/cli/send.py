@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from apiary.cli.calls import SIGNING_KEY, refusal
+from apiary.cli.calls import COORDINATOR, SIGNING_KEY, refusal
 from apiary.errors import ApiaryError
 from apiary.sdk.connection import Connection
 from apiary.sdk.keys import load_signing_key
@@ -30,7 +30,7 @@ def send(
     content_type: str = typer.Option("", "--content-type", help="The payload's media type"),
     correlation_id: str = typer.Option("", "--correlation", help="Default: the message_id"),
     signing_key: Path | None = SIGNING_KEY,
-    grpc_address: str = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT"),
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Send one DATA message; prints its message_id (exit 1 when refused, naming why)."""
     given = [name for name, v in (("--json", data), ("--text", text), ("--file", file)) if v]
@@ -54,7 +54,7 @@ def send(
         key = load_signing_key(signing_key) if signing_key is not None else None
         reason = asyncio.run(_send(grpc_address, producer, to, body, kind, correlation_id, key))
     except ApiaryError as exc:
-        typer.echo(refusal("send", exc), err=True)
+        typer.echo(refusal("send", exc, address=grpc_address), err=True)
         raise typer.Exit(1) from None
     message_id, why = reason
     typer.echo(message_id)

@@ -1,22 +1,33 @@
-"""`apiary serve`: run the coordinator until SIGTERM or SIGINT."""
+"""`apiary serve`: run the coordinator until SIGTERM or SIGINT.
+
+Once both ports serve, it prints `grpc=HOST:PORT` and `http=HOST:PORT` (scripts wait for
+these lines), then a short summary for people (addresses, console, store, mode, data
+directory, log), and records the addresses in the data directory (cli/serving.py) so that
+client commands run there find the coordinator; the record is removed when it stops.
+Logging: cli/serve_log.py.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import signal
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import typer
 
+from apiary import __version__
+from apiary.cli.serve_log import LogFormat, LogTarget, configure_logging
+from apiary.cli.serving import Serving, forget, reachable_address, record
 from apiary.errors import ValidationError
 from apiary.server.config.loader import checked_serving, load_config
 from apiary.server.config.server import ServerConfig, exposure_problem, secured
-from apiary.server.coordinator import open_coordinator
+from apiary.server.coordinator import Coordinator, open_coordinator
 from apiary.server.interpreter import tune_for_serving
 from apiary.store.errors import SchemaVersionError, StoreOpenError
+from apiary.store.open import sqlite_location
 
 _STORE_HELP = (
     "Store URL: memory://, sqlite:///PATH.db, postgresql://...; SQLite takes ?synchronous=FULL"
@@ -30,7 +41,15 @@ def serve(
     http: str | None = typer.Option(None, "--http", help="HTTP HOST:PORT [127.0.0.1:8080]"),
     store: str | None = typer.Option(None, "--store", help=_STORE_HELP),
     config: Path | None = typer.Option(None, "--config", help="TOML configuration file"),
-    log_level: str | None = typer.Option(None, "--log-level", help="DEBUG|INFO|WARNING|ERROR"),
+    log_level: str | None = typer.Option(
+        None, "--log-level", metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR [INFO]"
+    ),
+    log_format: LogFormat = typer.Option(
+        LogFormat.TEXT,
+        "--log-format",
+        help="text: a summary on the terminal, the log in DATA_DIR/apiary.log; json: every "
+        "log line (events as JSON) on stderr",
+    ),
     tls_cert: Path | None = typer.Option(None, "--tls-cert", help="PEM certificate: TLS on"),
     tls_key: Path | None = typer.Option(None, "--tls-key", help="PEM key of --tls-cert"),
     tls_client_ca: Path | None = typer.Option(
@@ -74,11 +93,9 @@ def serve(
     if problem is not None:
         typer.echo(f"apiary serve: {problem}", err=True)
         raise typer.Exit(2)
-    logging.basicConfig(
-        level=settings.log_level, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s"
-    )
+    log = configure_logging(settings.log_level, settings.data_dir, log_format)
     try:
-        asyncio.run(_run(settings))
+        asyncio.run(_run(settings, log, summary=log_format is LogFormat.TEXT))
     except (StoreOpenError, SchemaVersionError) as exc:
         # The store cannot be used as it is: one line naming the file, the cause and the fix.
         typer.echo(f"apiary serve: {exc}", err=True)
@@ -88,7 +105,7 @@ def serve(
         raise typer.Exit(1) from None
 
 
-async def _run(settings: ServerConfig) -> None:
+async def _run(settings: ServerConfig, log: LogTarget, *, summary: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -98,5 +115,60 @@ async def _run(settings: ServerConfig) -> None:
         # Scripts wait for these lines: they are printed only once both ports serve.
         print(f"grpc={coordinator.grpc_address}", flush=True)
         print(f"http={coordinator.http_address}", flush=True)
-        await stop.wait()
+        grpc_at, http_at = coordinator.grpc_address, coordinator.http_address
+        serving = Serving(
+            reachable_address(grpc_at.host, grpc_at.port),
+            reachable_address(http_at.host, http_at.port),
+            os.getpid(),
+            settings.tls_cert is not None,
+        )
+        try:
+            recorded = f"address recorded in {record(settings.data_dir, serving)}"
+        except OSError as exc:
+            recorded = f"address not recorded: {exc.strerror or exc}"
+        if summary:
+            print("\n".join(summary_lines(coordinator, serving, log, recorded)), flush=True)
+        try:
+            await stop.wait()
+        finally:
+            forget(settings.data_dir, serving.pid)
         print("apiary: shutting down", file=sys.stderr, flush=True)
+
+
+def summary_lines(
+    coordinator: Coordinator, serving: Serving, log: LogTarget, recorded: str
+) -> list[str]:
+    """What `apiary serve` tells a person once it serves."""
+    settings = coordinator.config
+    where = f"{log.file}" if log.file is not None else f"stderr ({log.problem})"
+    return [
+        f"Apiary {__version__} is serving:",
+        f"  gRPC      {serving.grpc}",
+        f"  HTTP      {serving.http_url}",
+        f"  console   {serving.console_url}",
+        f"  store     {_store_text(settings, coordinator.store.backend)}",
+        f"  mode      {_mode_text(settings)}",
+        f"  data dir  {settings.data_dir} ({recorded})",
+        f"  log       {where}",
+        "Client commands run with this data directory find it (try `apiary status`). "
+        "Ctrl-C stops it.",
+    ]
+
+
+def _store_text(settings: ServerConfig, backend: str) -> str:
+    """The store, never with a password a URL may hold."""
+    if backend == "memory":
+        return "memory (nothing is kept after it stops)"
+    if backend == "postgresql":
+        parts = urlsplit(settings.store)
+        host = f"{parts.hostname or 'localhost'}" + (f":{parts.port}" if parts.port else "")
+        return f"PostgreSQL {host}{parts.path}"
+    path, _ = sqlite_location(settings.store, settings.data_dir)
+    return f"SQLite {path}"
+
+
+def _mode_text(settings: ServerConfig) -> str:
+    if settings.auth.secure:
+        return "secure: TLS, authentication, default-deny authorization, message signing"
+    tls = "TLS" if settings.tls_cert is not None else "no TLS"
+    return f"development: {tls}, calls without credentials are allowed"

@@ -1,5 +1,6 @@
 """`apiary status`: one look at a running coordinator (agents, tasks, dead letters, HITL),
-and what the command's calls present to it (the credentials every CLI command uses)."""
+which coordinator that is and why (cli/calls.py), and what the command's calls present to
+it (the credentials every CLI command uses)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from collections import Counter
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from apiary.cli.calls import Presented, refusal, run_client
+from apiary.cli.calls import COORDINATOR, Presented, described, refusal, run_client
+from apiary.cli.output import console_for_output
 from apiary.core.records import TaskState
 from apiary.errors import ApiaryError
 from apiary.sdk.client import Client
@@ -22,28 +23,29 @@ a = pb.apiary_pb2
 LIMIT = 1000
 """Rows read per list; a count that reaches it is shown as "1000+"."""
 OPEN_TASK_STATES = [s.value for s in TaskState if not s.terminal]
-DEFAULT_GRPC = "127.0.0.1:50051"
 
 
 def status(
     token: str = typer.Option("", "--token", envvar="APIARY_TOKEN",
                               help="Operator token (or APIARY_TOKEN): adds the HITL inbox"),
     as_json: bool = typer.Option(False, "--json", help="One JSON object"),
-    grpc_address: str = typer.Option(
-        "", "--grpc", help="Coordinator HOST:PORT [APIARY_COORDINATOR, the client "
-        f"configuration's grpc, else {DEFAULT_GRPC}]"),
+    grpc_address: str = COORDINATOR,
 ) -> None:  # fmt: skip
-    """Agents with their inbound queues, open tasks by state, dead letters, pending HITL, and
-    the credentials the CLI presents (API key, client certificate, operator token or none)."""
+    """Agents with their inbound queues, open tasks by state, dead letters, pending HITL, the
+    coordinator called (and where its address came from), and the credentials the CLI
+    presents (API key, client certificate, operator token or none)."""
     try:
         credentials = ClientCredentials.load()
     except ApiaryError as exc:
         typer.echo(refusal("status", exc), err=True)
         raise typer.Exit(2) from None
     presented = Presented.of(credentials, token)
-    address = grpc_address or credentials.coordinator or DEFAULT_GRPC
-    doc = run_client("status", address, lambda c: _status(c, bool(token)), token=token,
+    doc = run_client("status", grpc_address, lambda c: _status(c, bool(token)), token=token,
                      with_field=False)  # fmt: skip
+    doc["coordinator"] = {
+        "address": str(grpc_address), "source": getattr(grpc_address, "source", ""),
+        "text": described(grpc_address),
+    }  # fmt: skip
     doc["credentials"] = presented.to_json()
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
@@ -85,7 +87,8 @@ def _count(n: int, capped: bool) -> str:
 
 
 def _print(doc: dict[str, Any]) -> None:
-    console = Console()
+    console = console_for_output()
+    console.print(f"coordinator: {doc['coordinator']['text']}", markup=False, highlight=False)
     console.print(f"credentials: {doc['credentials']['text']}", markup=False, highlight=False)
     agents = Table(title=f"Agents ({len(doc['agents'])})")
     for column in ("agent", "state", "inbox", "running"):

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.output import console_for_output
 from apiary.core.swarm_mail import INBOX_STATUSES, OUTBOX_STATUSES, InboxEntry, OutboxEntry
 from apiary.swarm import membership as ms
 from apiary.swarm.errors import SwarmError, SwarmFileError
@@ -37,6 +37,8 @@ app = typer.Typer(
 T = TypeVar("T")
 HOME = typer.Option(None, "--home", envvar=HOME_ENV, help="Swarm home [~/.swarm]")
 JSON = typer.Option(False, "--json", help="Machine-readable output")
+SWARM = typer.Argument(..., help="The swarm's id")
+MEMBER = typer.Argument(..., help="The member's agent id")
 
 
 def _fail(problem: str, code: int = 1) -> typer.Exit:
@@ -109,9 +111,13 @@ def init(
 
 @app.command()
 def create(
-    name: str,
-    allow_member_invite: bool = typer.Option(False, "--allow-member-invite"),
-    require_approval: bool = typer.Option(False, "--require-approval"),
+    name: str = typer.Argument(..., help="The swarm's name"),
+    allow_member_invite: bool = typer.Option(
+        False, "--allow-member-invite", help="Members may invite others, not only the master"
+    ),
+    require_approval: bool = typer.Option(
+        False, "--require-approval", help="The master approves each join"
+    ),
     as_json: bool = JSON,
     home: Path | None = HOME,
 ) -> None:
@@ -130,7 +136,7 @@ def create(
 
 @app.command()
 def invite(
-    swarm_id: str,
+    swarm_id: str = SWARM,
     expires_in: int = typer.Option(86_400, "--expires-in", help="Seconds (60 to 2592000)"),
     max_uses: int | None = typer.Option(None, "--max-uses", help="Joins allowed [unlimited]"),
     as_json: bool = JSON,
@@ -150,7 +156,10 @@ def invite(
 
 
 @app.command()
-def join(invite_url: str, home: Path | None = HOME) -> None:
+def join(
+    invite_url: str = typer.Argument(..., help="The invite URL (swarm invite printed it)"),
+    home: Path | None = HOME,
+) -> None:
     """Join a swarm with an invite URL (swarm://<swarm_id>@<host:port>?token=...)."""
 
     async def work(node: SwarmNode) -> Any:
@@ -165,7 +174,7 @@ def join(invite_url: str, home: Path | None = HOME) -> None:
 
 
 @app.command()
-def leave(swarm_id: str, home: Path | None = HOME) -> None:
+def leave(swarm_id: str = SWARM, home: Path | None = HOME) -> None:
     """Leave a swarm (a master with members must transfer it first)."""
     rows = _with_node(home, lambda node: node.leave(swarm_id))
     typer.echo(f"left {swarm_id}")
@@ -174,9 +183,9 @@ def leave(swarm_id: str, home: Path | None = HOME) -> None:
 
 @app.command()
 def kick(
-    swarm_id: str,
-    agent_id: str,
-    reason: str = typer.Option("", "--reason", "-r"),
+    swarm_id: str = SWARM,
+    agent_id: str = MEMBER,
+    reason: str = typer.Option("", "--reason", "-r", help="Why, told to the members"),
     home: Path | None = HOME,
 ) -> None:
     """Remove a member (master only)."""
@@ -186,7 +195,7 @@ def kick(
 
 
 @app.command()
-def transfer(swarm_id: str, agent_id: str, home: Path | None = HOME) -> None:
+def transfer(swarm_id: str = SWARM, agent_id: str = MEMBER, home: Path | None = HOME) -> None:
     """Hand the master role to another member."""
     rows = _with_node(home, lambda node: node.transfer(swarm_id, agent_id))
     typer.echo(f"{agent_id} is now the master of {swarm_id}")
@@ -194,7 +203,7 @@ def transfer(swarm_id: str, agent_id: str, home: Path | None = HOME) -> None:
 
 
 @app.command()
-def approve(swarm_id: str, agent_id: str, home: Path | None = HOME) -> None:
+def approve(swarm_id: str = SWARM, agent_id: str = MEMBER, home: Path | None = HOME) -> None:
     """Approve a pending join (swarms created with --require-approval)."""
     rows = _with_node(home, lambda node: node.approve(swarm_id, agent_id))
     typer.echo(f"{agent_id} joined {swarm_id}")
@@ -223,7 +232,7 @@ def mute(
     swarm: str = typer.Option("", "--swarm", help="Drop every message of this swarm"),
     agent: str = typer.Option("", "--agent", help="Drop every message of this agent"),
     announce: str = typer.Option("", "--announce-in", help="Tell this swarm (member_muted)"),
-    reason: str = typer.Option("", "--reason", "-r"),
+    reason: str = typer.Option("", "--reason", "-r", help="Why, in the announcement"),
     home: Path | None = HOME,
 ) -> None:
     """Silently drop a swarm's or an agent's messages (answered 200, never recorded)."""
@@ -232,8 +241,8 @@ def mute(
 
 @app.command()
 def unmute(
-    swarm: str = typer.Option("", "--swarm"),
-    agent: str = typer.Option("", "--agent"),
+    swarm: str = typer.Option("", "--swarm", help="Hear this swarm again"),
+    agent: str = typer.Option("", "--agent", help="Hear this agent again"),
     announce: str = typer.Option("", "--announce-in", help="Tell this swarm (member_unmuted)"),
     home: Path | None = HOME,
 ) -> None:
@@ -253,7 +262,7 @@ def _metadata(pairs: list[str]) -> dict[str, str]:
 
 @app.command()
 def send(
-    swarm_id: str,
+    swarm_id: str = SWARM,
     recipient: str = typer.Argument(..., help=f"An agent_id, or {BROADCAST}"),
     content: str = typer.Argument(..., help="The text; - reads it from stdin"),
     kind: str = typer.Option("message", "--type", help="message or notification"),
@@ -291,7 +300,7 @@ def send(
 
 @app.command()
 def retry(
-    message_id: str,
+    message_id: str = typer.Argument(..., help="The outbox message to deliver again"),
     to: str = typer.Option("", "--to", help="Only this destination"),
     home: Path | None = HOME,
 ) -> None:
@@ -370,11 +379,11 @@ def messages(
         table.add_column(column, overflow="fold")
     for doc in docs:
         table.add_row(doc["message_id"][:8], *(str(doc[c]) for c in columns), doc["content"])
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command()
-def members(swarm_id: str, as_json: bool = JSON, home: Path | None = HOME) -> None:
+def members(swarm_id: str = SWARM, as_json: bool = JSON, home: Path | None = HOME) -> None:
     """A swarm's members (and joins pending approval)."""
     swarm = _guard(lambda: SwarmHome(home).states().load().swarm(swarm_id))
     rows = [(m, "member") for m in swarm.members] + [(m, "pending") for m in swarm.pending]
@@ -389,7 +398,7 @@ def members(swarm_id: str, as_json: bool = JSON, home: Path | None = HOME) -> No
     for member, kind in rows:
         role = "master" if member.agent_id == swarm.master else kind
         table.add_row(member.agent_id, role, member.endpoint, member.joined_at)
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command()
@@ -419,7 +428,7 @@ def status(as_json: bool = JSON, home: Path | None = HOME) -> None:
         table.add_column(column)
     for s in state.swarms.values():
         table.add_row(s.swarm_id, s.name, s.master, str(len(s.members)), str(len(s.pending)))
-    Console().print(table)
+    console_for_output().print(table)
     if state.muted_swarms or state.muted_agents:
         typer.echo(f"muted: {', '.join(sorted(state.muted_swarms | state.muted_agents))}")
 
@@ -441,7 +450,7 @@ def export_command(
 
 @app.command("import")
 def import_command(
-    source: Path,
+    source: Path = typer.Argument(..., help="The file `swarm export` wrote"),
     replace: bool = typer.Option(False, "--replace", help="Replace instead of merging"),
     home: Path | None = HOME,
 ) -> None:

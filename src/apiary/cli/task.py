@@ -12,16 +12,15 @@ from typing import Any, TypeVar
 
 import typer
 from google.protobuf import json_format
-from rich.console import Console
 from rich.table import Table
 
-from apiary.cli.calls import run_client
+from apiary.cli.calls import COORDINATOR, run_client
+from apiary.cli.output import console_for_output
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
 app = typer.Typer(help="Submit, list and inspect Scheduler tasks (RFC 7, 9).", no_args_is_help=True)
 T = TypeVar("T")
-GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
 JSON_OUT = typer.Option(False, "--json", help="JSON instead of a table")
 a = pb.apiary_pb2
 s = pb.scheduler_pb2
@@ -67,7 +66,7 @@ def _table(views: list[a.TaskView]) -> None:
             str(v.seq), v.task_id, v.agent_id, v.state, str(v.priority), v.lane,
             str(v.attempts), _when(v.updated_at), v.error_code or v.note,
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command()
@@ -75,11 +74,13 @@ def submit(
     agent_id: str = typer.Argument(..., help="The agent that runs it"),
     scope: str = typer.Option(..., "--scope", help="What it reads or changes: repo:app path:src"),
     params: str = typer.Option("{}", "--params", help="Its payload (JSON unless --content-type)"),
-    params_file: Path | None = typer.Option(None, "--params-file", exists=True, dir_okay=False),
+    params_file: Path | None = typer.Option(
+        None, "--params-file", exists=True, dir_okay=False, help="Its payload, from a file"
+    ),
     content_type: str = typer.Option("", "--content-type", help="Default application/json"),
     priority: int = typer.Option(0, "--priority", help="-19 (most urgent) to 20"),
     task_id: str = typer.Option("", "--id", help="Default: a new UUID"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Submit a task; prints its id (exit 1 when refused, with the reason)."""
     data = params_file.read_bytes() if params_file is not None else params.encode()
@@ -108,9 +109,9 @@ def list_tasks(
     state: list[str] = typer.Option([], "--state", "-s", help="QUEUED, RUNNING, ... (repeat)"),
     agent_id: str = typer.Option("", "--agent", help="Only this agent's tasks"),
     after: int | None = typer.Option(None, "--after", min=0, help="After this seq (paging)"),
-    limit: int = typer.Option(100, "--limit", min=1, max=1000),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Tasks per page"),
     as_json: bool = JSON_OUT,
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Tasks in submission order."""
     request = a.ListTasksRequest(states=state, agent_id=agent_id, limit=limit)
@@ -127,7 +128,9 @@ def list_tasks(
 
 
 @app.command()
-def show(task_id: str, grpc_address: str = GRPC) -> None:
+def show(
+    task_id: str = typer.Argument(..., help="The task's id"), grpc_address: str = COORDINATOR
+) -> None:
     """One task as JSON, its params included."""
     view = _run(grpc_address, lambda c: c.task_query.GetTask(a.GetTaskRequest(task_id=task_id)))
     typer.echo(json.dumps(task_doc(view, params=True), indent=2))
@@ -135,11 +138,11 @@ def show(task_id: str, grpc_address: str = GRPC) -> None:
 
 @app.command()
 def cancel(
-    task_id: str,
+    task_id: str = typer.Argument(..., help="The task to cancel"),
     reason: str = typer.Option("", "--reason", help="Why (kept in the task's note)"),
     token: str = typer.Option("", "--token", envvar="APIARY_TOKEN",
                               help="Operator token (or APIARY_TOKEN) when operators are set up"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
 ) -> None:  # fmt: skip
     """Cancel a task that has not started (QUEUED or HELD): it ends FAILED, `cancelled`."""
     request = a.CancelTaskRequest(task_id=task_id, reason=reason)
@@ -149,10 +152,10 @@ def cancel(
 
 @app.command()
 def preempt(
-    agent_id: str,
+    agent_id: str = typer.Argument(..., help="The agent whose running task should yield"),
     task_id: str = typer.Option("", "--task", help="Only if this task is the one running"),
-    reason: str = typer.Option("operator", "--reason"),
-    grpc_address: str = GRPC,
+    reason: str = typer.Option("operator", "--reason", help="Why, told to the agent"),
+    grpc_address: str = COORDINATOR,
 ) -> None:
     """Ask the agent to yield its running task at its next safe point (RFC 7.2)."""
     request = s.PreemptRequest(agent_id=agent_id, task_id=task_id, reason=reason)

@@ -10,9 +10,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.calls import COORDINATOR, refusal
+from apiary.cli.output import console_for_output
 from apiary.errors import ApiaryError
 from apiary.sdk.channel import open_channel
 from apiary.sdk.tools import ToolClient, ToolResult
@@ -20,7 +21,6 @@ from apiary.wire import pb
 
 app = typer.Typer(help="List, describe and call tools (RFC 18).", no_args_is_help=True)
 T = TypeVar("T")
-GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
 PROVIDER = typer.Option("", "--provider", "-p", help="Provider id")
 AS_JSON = typer.Option(False, "--json", help="JSON lines instead of a table")
 
@@ -33,7 +33,7 @@ def _run(address: str, work: Callable[[ToolClient], Awaitable[T]], agent_id: str
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        typer.echo(f"apiary tool: {exc.code}: {exc.message}", err=True)
+        typer.echo(refusal("tool", exc, with_field=False, address=address), err=True)
         raise typer.Exit(1) from None
 
 
@@ -56,7 +56,7 @@ def _tools(address: str, provider: str) -> list[pb.apiary_pb2.ToolInfo]:
 
 
 @app.command()
-def providers(grpc_address: str = GRPC, as_json: bool = AS_JSON) -> None:
+def providers(grpc_address: str = COORDINATOR, as_json: bool = AS_JSON) -> None:
     """List tool providers: agents, configured commands, MCP servers."""
     found = _run(grpc_address, lambda c: c.providers())
     if as_json:
@@ -75,11 +75,13 @@ def providers(grpc_address: str = GRPC, as_json: bool = AS_JSON) -> None:
         when = dt.datetime.fromtimestamp(p.registered_at.seconds, dt.UTC)
         table.add_row(p.provider_id, p.kind, p.state, str(len(p.tools)), p.registered_by,
                       when.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command("list")
-def list_tools(grpc_address: str = GRPC, provider: str = PROVIDER, as_json: bool = AS_JSON) -> None:
+def list_tools(
+    grpc_address: str = COORDINATOR, provider: str = PROVIDER, as_json: bool = AS_JSON
+) -> None:
     """List tools with their side effects and capability requirements."""
     tools = _tools(grpc_address, provider)
     if as_json:
@@ -98,11 +100,15 @@ def list_tools(grpc_address: str = GRPC, provider: str = PROVIDER, as_json: bool
             ", ".join(info.capabilities) or "-", str(d.default_timeout_s or "-"),
             info.description.splitlines()[0] if info.description else "",
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 @app.command()
-def describe(tool_name: str, grpc_address: str = GRPC, provider: str = PROVIDER) -> None:
+def describe(
+    tool_name: str = typer.Argument(..., help="The tool's name"),
+    grpc_address: str = COORDINATOR,
+    provider: str = PROVIDER,
+) -> None:
     """Show one tool's descriptor with its schemas."""
     found = [t for t in _tools(grpc_address, provider) if t.descriptor.tool_name == tool_name]
     if not found:
@@ -137,9 +143,9 @@ def _show(frame: ToolResult, as_json: bool) -> None:
 
 @app.command()
 def call(
-    tool_name: str,
+    tool_name: str = typer.Argument(..., help="The tool to call"),
     args: str = typer.Argument("{}", help="Arguments as JSON"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     provider: str = PROVIDER,
     stream: bool = typer.Option(False, "--stream", help="Print frames as they arrive"),
     agent_id: str = typer.Option("", "--agent-id", help="Call as this agent (worktree tools)"),

@@ -1,8 +1,11 @@
-"""`apiary workflow create|start|status|resume`: DAG workflows (RFC 17.7; docs/workflows.md).
+"""`apiary workflow create|start|status|resume|list|cancel|history`: DAG workflows (RFC 17.7;
+docs/workflows.md).
 
 A definition file is JSON or TOML (by its extension): the `WorkflowDefinition` fields, with
 `nodes` an object keyed by node id. `status --watch` (and `start --watch`) shows the nodes'
 states live until the workflow finishes, and then exits 0 when it COMPLETED, 1 otherwise.
+`list` and `history` page with `--after` (a page that is not the last says where the next one
+starts, on stderr; in `--json` as `next_after_id` / `next_after_sequence`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import typer
 from google.protobuf import json_format
 from rich.console import Console, Group
@@ -22,6 +26,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from apiary.cli.calls import COORDINATOR, refusal
+from apiary.cli.output import console_for_output
 from apiary.core.workflow.definition import spec_from_json
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
@@ -32,11 +38,15 @@ from apiary.wire.workflow import definition_to_proto
 app = typer.Typer(help="Define, run and watch DAG workflows (RFC 17.7).", no_args_is_help=True)
 T = TypeVar("T")
 w = pb.workflow_pb2
-GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
+GRPC = COORDINATOR  # the one --coordinator of every client command (cli/calls.py)
 AS_JSON = typer.Option(False, "--json", help="Print JSON for scripts")
 STYLE = {"PENDING": "dim", "READY": "cyan", "RUNNING": "yellow", "COMPLETED": "green",
-         "FAILED": "red", "SKIPPED": "magenta"}  # fmt: skip
+         "FAILED": "red", "SKIPPED": "magenta", "CANCELLED": "magenta",
+         "CREATED": "dim"}  # fmt: skip
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
 Stub = pb.workflow_pb2_grpc.WorkflowServiceStub
+QueryStub = pb.apiary_pb2_grpc.WorkflowQueryServiceStub
+a = pb.apiary_pb2
 
 
 def _fail(text: str, code: int = 1) -> typer.Exit:
@@ -45,15 +55,24 @@ def _fail(text: str, code: int = 1) -> typer.Exit:
 
 
 def _run(address: str, call: Callable[[Stub], Awaitable[T]]) -> T:
+    return _over(address, lambda channel: call(Stub(channel)))
+
+
+def _query(address: str, call: Callable[[QueryStub], Awaitable[T]]) -> T:
+    """A call of apiary.v1.WorkflowQueryService (list, cancel, history)."""
+    return _over(address, lambda channel: call(QueryStub(channel)))
+
+
+def _over(address: str, call: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
     async def go() -> T:
         async with open_channel(address) as channel:
-            return await call(Stub(channel))
+            return await call(channel)
 
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        field = f" (field {exc.details['field']})" if "field" in exc.details else ""
-        raise _fail(f"{exc.code}: {exc.message}{field}") from None
+        typer.echo(refusal("workflow", exc, address=address), err=True)
+        raise typer.Exit(1) from None
 
 
 def _load(path: Path) -> pb.workflow_pb2.WorkflowDefinition:
@@ -117,7 +136,7 @@ def render(state: pb.workflow_pb2.WorkflowState) -> Group:
         name = w.NodeStatus.Name(node.status)
         counts[name] = counts.get(name, 0) + 1
     summary = ", ".join(f"{n} {k.lower()}" for k, n in counts.items())
-    style = {"COMPLETED": "green", "FAILED": "red"}.get(status, "yellow")
+    style = {"COMPLETED": "green", "FAILED": "red", "CANCELLED": "magenta"}.get(status, "yellow")
     head = Text.assemble((f"{state.workflow_id} ", "bold"), (status, style), f"  {summary}")
     return Group(head, table)
 
@@ -126,7 +145,7 @@ def _finish(state: pb.workflow_pb2.WorkflowState, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(_as_dict(state), indent=2))
     else:
-        Console().print(render(state))
+        console_for_output().print(render(state))
 
 
 def _watch(address: str, workflow_id: str, interval: float, as_json: bool) -> None:
@@ -140,7 +159,7 @@ def _watch(address: str, workflow_id: str, interval: float, as_json: bool) -> No
                 await errors.call(lambda: stub.GetWorkflowState(request))
             ).state
             with Live(render(state), console=Console(stderr=as_json), transient=as_json) as live:
-                while state.metadata.get("status") not in ("COMPLETED", "FAILED"):
+                while state.metadata.get("status") not in FINISHED:
                     await asyncio.sleep(interval)
                     state = (await errors.call(lambda: stub.GetWorkflowState(request))).state
                     live.update(render(state))
@@ -177,7 +196,7 @@ def create(
 
 @app.command()
 def start(
-    workflow_id: str = typer.Argument(...),
+    workflow_id: str = typer.Argument(..., help="The workflow to start"),
     data: str = typer.Option("", "--data", help="Initial workflow_data: JSON, or @FILE"),
     meta: list[str] = typer.Option([], "--meta", help="KEY=VALUE run metadata (repeatable)"),
     watch: bool = typer.Option(False, "--watch", help="Show progress until it finishes"),
@@ -198,7 +217,7 @@ def start(
 
 @app.command()
 def status(
-    workflow_id: str = typer.Argument(...),
+    workflow_id: str = typer.Argument(..., help="The workflow whose state to show"),
     watch: bool = typer.Option(False, "--watch", help="Follow until the workflow finishes"),
     interval: float = typer.Option(0.5, "--interval", help="Seconds between refreshes"),
     grpc_address: str = GRPC,
@@ -215,7 +234,7 @@ def status(
 
 @app.command()
 def resume(
-    workflow_id: str = typer.Argument(...),
+    workflow_id: str = typer.Argument(..., help="The workflow to resume"),
     node: str = typer.Option(
         "", "--node", help="Fire or re-run this node (default: every failed and skipped node)"
     ),
@@ -230,3 +249,98 @@ def resume(
     )
     reply = _run(grpc_address, lambda stub: errors.call(lambda: stub.ResumeWorkflow(request)))
     _finish(reply.state, as_json)
+
+
+def _stamp(ts: Any) -> str:
+    """A Timestamp as UTC date and time; empty when unset."""
+    if not ts.seconds and not ts.nanos:
+        return ""
+    return dt.datetime.fromtimestamp(ts.seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _reply_doc(reply: Any) -> str:
+    doc = json_format.MessageToDict(
+        reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return json.dumps(doc, indent=2)
+
+
+@app.command("list")
+def list_workflows(
+    state: list[str] = typer.Option(
+        [], "--state", "-s", help="Only CREATED, RUNNING, COMPLETED, FAILED or CANCELLED (repeat)"
+    ),
+    after: str = typer.Option("", "--after", help="Start after this workflow id (paging)"),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Workflows per page"),
+    grpc_address: str = GRPC,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Workflows by id: state, nodes done of all, when started and last updated."""
+    request = a.ListWorkflowsRequest(states=state, after_id=after, limit=limit)
+    reply = _query(grpc_address, lambda stub: errors.call(lambda: stub.ListWorkflows(request)))
+    if as_json:
+        typer.echo(_reply_doc(reply))
+        return
+    table = Table(title=f"Workflows ({len(reply.workflows)})")
+    for column in ("id", "state", "nodes done", "started (UTC)", "updated (UTC)"):
+        table.add_column(column)
+    for item in reply.workflows:
+        table.add_row(
+            item.workflow_id, Text(item.state, style=STYLE.get(item.state, "")),
+            f"{item.nodes_done}/{item.nodes_total}", _stamp(item.started_at),
+            _stamp(item.updated_at),
+        )  # fmt: skip
+    console_for_output().print(table)
+    if reply.next_after_id:
+        typer.echo(f"more follow: --after {reply.next_after_id}", err=True)
+
+
+@app.command()
+def cancel(
+    workflow_id: str = typer.Argument(..., help="The workflow to cancel"),
+    reason: str = typer.Option("", "--reason", help="Why (kept in the cancelled nodes' errors)"),
+    grpc_address: str = GRPC,
+    as_json: bool = AS_JSON,
+) -> None:
+    """Cancel a workflow that has not finished (CancelWorkflow): its unfinished nodes end and
+    their queued tasks are cancelled; it can be neither started nor resumed afterwards."""
+    request = a.CancelWorkflowRequest(workflow_id=workflow_id, reason=reason)
+    state = _query(grpc_address, lambda stub: errors.call(lambda: stub.CancelWorkflow(request)))
+    _finish(state, as_json)
+
+
+@app.command()
+def history(
+    workflow_id: str = typer.Argument(..., help="The workflow whose run to show"),
+    after: int = typer.Option(0, "--after", min=0, help="After this event sequence (paging)"),
+    limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Events per page"),
+    event_type: list[str] = typer.Option(
+        [], "--type", help="Only this event type (repeat); `workflow.` means every workflow.*"
+    ),
+    grpc_address: str = GRPC,
+    as_json: bool = AS_JSON,
+) -> None:
+    """The run's events from the event log, oldest first (WorkflowHistory)."""
+    request = a.WorkflowHistoryRequest(
+        workflow_id=workflow_id, after_sequence=after, limit=limit, event_types=event_type
+    )
+    reply = _query(grpc_address, lambda stub: errors.call(lambda: stub.WorkflowHistory(request)))
+    if as_json:
+        typer.echo(_reply_doc(reply))
+        return
+    table = Table(title=f"{workflow_id}: {len(reply.events)} events")
+    for column in ("seq", "time (UTC)", "type", "node", "actor", "details"):
+        table.add_column(column)
+    for event in reply.events:
+        details = json.loads(event.details_json or "{}")
+        node = str(details.pop("node_id", "")) if isinstance(details, dict) else ""
+        if isinstance(details, dict):
+            details.pop("workflow_id", None)
+        text = json.dumps(details, separators=(",", ":"), ensure_ascii=False)
+        table.add_row(
+            str(event.sequence), _stamp(event.ts), event.event_type, node, event.actor,
+            text if len(text) <= 80 else text[:77] + "...",
+        )  # fmt: skip
+    console_for_output().print(table)
+    if reply.next_after_sequence:
+        typer.echo(f"more follow: --after {reply.next_after_sequence}", err=True)

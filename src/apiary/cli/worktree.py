@@ -16,9 +16,10 @@ from typing import Any, TypeVar
 
 import typer
 from google.protobuf import json_format
-from rich.console import Console
 from rich.table import Table
 
+from apiary.cli.calls import COORDINATOR, refusal
+from apiary.cli.output import console_for_output
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
@@ -27,9 +28,9 @@ from apiary.wire import pb
 app = typer.Typer(help="Bind agents to git worktrees and switch them (RFC 16).",
                   no_args_is_help=True)  # fmt: skip
 T = TypeVar("T")
-GRPC = typer.Option("127.0.0.1:50051", "--grpc", help="Coordinator HOST:PORT")
 JSON = typer.Option(False, "--json", help="Print JSON instead of a table")
 TOKEN = typer.Option("", "--token", envvar="APIARY_TOKEN", help="Operator token (or APIARY_TOKEN)")
+AGENT = typer.Argument(..., help="The agent whose binding it is")
 a = pb.apiary_pb2
 w = pb.worktree_pb2
 
@@ -52,7 +53,7 @@ def _run(address: str, call: Callable[[_Stubs], Awaitable[T]]) -> T:
     try:
         return asyncio.run(go())
     except ApiaryError as exc:
-        typer.echo(f"apiary worktree: {exc.code}: {exc.message}", err=True)
+        typer.echo(refusal("worktree", exc, with_field=False, address=address), err=True)
         raise typer.Exit(1) from None
 
 
@@ -83,7 +84,7 @@ def _table(bindings: list[a.WorktreeBinding], title: str) -> None:
             _where(b.current_repo_id, b.current_worktree_id),
             _where(b.target_repo_id, b.target_worktree_id), b.reason, _when(b.expires_at),
         )  # fmt: skip
-    Console().print(table)
+    console_for_output().print(table)
 
 
 def _show(binding: a.WorktreeBinding, as_json: bool) -> None:
@@ -107,7 +108,7 @@ def _show(binding: a.WorktreeBinding, as_json: bool) -> None:
     for name, value in rows:
         if value:
             table.add_row(name, value)
-    Console().print(table)
+    console_for_output().print(table)
 
 
 async def _get(stubs: _Stubs, agent_id: str) -> a.WorktreeBinding:
@@ -117,7 +118,7 @@ async def _get(stubs: _Stubs, agent_id: str) -> a.WorktreeBinding:
 
 @app.command("list")
 def list_bindings(
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     state: list[str] = typer.Option([], "--state", help="Only these states (repeatable)"),
     repo: str = typer.Option("", "--repo", help="Only bindings whose home or current repo is this"),
     as_json: bool = JSON,
@@ -132,19 +133,19 @@ def list_bindings(
 
 
 @app.command()
-def status(agent_id: str, grpc_address: str = GRPC, as_json: bool = JSON) -> None:
+def status(agent_id: str = AGENT, grpc_address: str = COORDINATOR, as_json: bool = JSON) -> None:
     """Show one agent's binding."""
     _show(_run(grpc_address, lambda s: _get(s, agent_id)), as_json)
 
 
 @app.command()
 def bind(
-    agent_id: str,
-    repo_id: str,
-    worktree_id: str,
+    agent_id: str = AGENT,
+    repo_id: str = typer.Argument(..., help="The repository ([[worktrees.repos]] id)"),
+    worktree_id: str = typer.Argument(..., help="The worktree (made when it does not exist)"),
     branch: str = typer.Option("", "--branch", help="Branch to check out (default: the id)"),
     commit: str = typer.Option("", "--commit", help="Start a new branch here (default HEAD)"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = JSON,
 ) -> None:
     """Bind the agent's home worktree (made with `git worktree add` unless it exists)."""
@@ -159,7 +160,7 @@ def bind(
 
 
 @app.command()
-def unbind(agent_id: str, grpc_address: str = GRPC, as_json: bool = JSON) -> None:
+def unbind(agent_id: str = AGENT, grpc_address: str = COORDINATOR, as_json: bool = JSON) -> None:
     """Unbind the agent (from its home, a non-home worktree or BIND_FAILED)."""
 
     async def call(s: _Stubs) -> a.WorktreeBinding:
@@ -171,11 +172,11 @@ def unbind(agent_id: str, grpc_address: str = GRPC, as_json: bool = JSON) -> Non
 
 @app.command()
 def switch(
-    agent_id: str,
-    worktree_id: str,
+    agent_id: str = AGENT,
+    worktree_id: str = typer.Argument(..., help="The worktree to switch to"),
     repo: str = typer.Option("", "--repo", help="Target repository (default: the home one)"),
     ttl: float = typer.Option(0.0, "--ttl", help="Seconds in the target (default: configured)"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = JSON,
 ) -> None:
     """Request a switch to a non-home worktree; HITL (or `approve`) decides."""
@@ -188,10 +189,10 @@ def switch(
 
 @app.command()
 def approve(
-    agent_id: str,
+    agent_id: str = AGENT,
     ttl: float = typer.Option(0.0, "--ttl", help="Seconds in the target (default: as requested)"),
     token: str = TOKEN,
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = JSON,
 ) -> None:
     """Approve the agent's pending switch (an operator's decision)."""
@@ -207,9 +208,9 @@ def approve(
 
 @app.command()
 def reject(
-    agent_id: str,
+    agent_id: str = AGENT,
     reason: str = typer.Option("", "--reason", "-r", help="Why, for the record"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = JSON,
 ) -> None:
     """Reject the agent's pending switch: it stays home."""
@@ -223,9 +224,9 @@ def reject(
 
 @app.command()
 def revoke(
-    agent_id: str,
+    agent_id: str = AGENT,
     reason: str = typer.Option("", "--reason", "-r", help="Why, for the record"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = JSON,
 ) -> None:
     """End the agent's non-home binding now: it returns home."""

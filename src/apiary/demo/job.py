@@ -11,18 +11,22 @@ repository with a failing test, and six real agent processes that fix it.
    (`apiary.db`, `worktrees/`, `logs/`).
 2. The coordinator starts in this process in secure mode (TLS and mTLS on both ports,
    default-deny authorization, message signing: `secured`, as `apiary serve --secure`);
-   the agents start as `apiary agent run` processes (examples/demo_agents), each with its
-   own certificate and signing key. The job follows the event log for the live view.
+   once it serves, `DemoOptions.started` is told (the view prints the operator console's
+   address, to watch the run live), then the agents start as `apiary agent run` processes
+   (examples/demo_agents), each with its own certificate and signing key. The job follows
+   the event log for the live view.
 3. Once every agent is RUNNABLE, the job, as the agent `user`, sends the planner the brief.
    The planner starts the indexer's background index and the workflow fix -> review ->
    merge, and answers when the workflow ended. The merge waits for a HITL decision, which
    the job's operator gives through HitlOperatorService (a prompt or the demo operator),
    authenticated by its operator certificate.
 4. Once the workflow ended and the background index finished, the agents shut down
-   gracefully, the job's driver (`demo-driver`, role `events`) checks the operator console
-   and its data over HTTPS, and the job judges the run from the event log and from the
-   repository itself (demo/verdict.py): it succeeds only when the fix is merged into main,
-   main's tests and lint pass, and no call of the run was refused.
+   gracefully, the job's driver (`demo-driver`, roles `events` and `dlq`) checks the
+   operator console and its data over HTTPS, and the job judges the run from the event log
+   and from the repository itself (demo/verdict.py): it succeeds only when the fix is merged
+   into main, main's tests and lint pass, and no call of the run was refused.
+5. With `DemoOptions.linger` (--keep) the coordinator then keeps serving, judged result in
+   hand, until `linger` returns.
 """
 
 from __future__ import annotations
@@ -80,9 +84,12 @@ class DemoOptions:
     """Files per second the background index allows itself."""
     observe: Callable[[RunState], None] | None = None
     """Called whenever the run's state changed (the live view)."""
+    started: Callable[[Coordinator, RunPrincipals], None] | None = None
+    """Called once the coordinator serves, before any agent starts (the view prints where
+    the operator console is, to watch the run live)."""
     linger: Callable[[Coordinator, DemoResult], Awaitable[None]] | None = None
-    """Called with the coordinator and the result so far (its principals, the console's
-    path) before the coordinator stops: it keeps serving until this returns (--keep)."""
+    """Called with the coordinator and the judged result once the run is over, before the
+    coordinator stops: it keeps serving until this returns (--keep)."""
     ready_timeout_s: float = 90.0
     work_timeout_s: float = 300.0
     """For the work after the brief, not counting the time the operator takes to decide."""
@@ -307,14 +314,21 @@ async def _read_all(coordinator: Coordinator) -> list[Event]:
 
 
 async def _run_coordinated(
-    config: ServerConfig, options: DemoOptions, principals: RunPrincipals, result: DemoResult
-) -> str:
-    """Run the work against a coordinator of `config`; the failure's reason or ''."""
+    config: ServerConfig,
+    options: DemoOptions,
+    principals: RunPrincipals,
+    result: DemoResult,
+    began: float,
+) -> None:
+    """Run the work against a coordinator of `config`, judge it, and linger (--keep);
+    `began` is when the run began (time.monotonic)."""
     reason = ""
     state = result.state
     async with open_coordinator(config) as coordinator:
         result.http = str(coordinator.http_address)
         state.coordinator = str(coordinator.grpc_address)
+        if options.started is not None:
+            options.started(coordinator, principals)
         run = _Run(coordinator, options, state, principals)
         follower = asyncio.ensure_future(run.follow())
         try:
@@ -331,9 +345,26 @@ async def _run_coordinated(
             # The run is judged by what happened until now, not by what a person does with
             # the coordinator while it lingers (a refused call of theirs is no failure).
             result.events = await _read_all(coordinator)
-            if options.linger is not None:
-                await options.linger(coordinator, result)
-    return reason
+        await _judge(result, reason, options.operator)
+        result.seconds = time.monotonic() - began
+        if options.linger is not None:
+            await options.linger(coordinator, result)
+
+
+async def _judge(result: DemoResult, reason: str, operator: str) -> None:
+    """The run's verdict from its events and its repository (`reason`: why the work
+    stopped, '' when it ran to its end)."""
+    for event in result.events:
+        result.state.apply(event)
+    approved = str(result.report.get("data", {}).get("approved", {}).get("commit", ""))
+    # pytest and ruff run on main meanwhile: the coordinator keeps answering.
+    result.repo = await asyncio.to_thread(check, result.data_dir / "repo", approved)
+    verdict = judge(result.events, result.repo, operator)
+    result.reason = reason or verdict.reason
+    result.ok = not result.reason
+    result.excerpt = verdict.excerpt
+    if not result.ok and not result.excerpt:
+        result.excerpt = (verdict.errors or result.events)[-EXCERPT_MAX:]
 
 
 @contextlib.contextmanager
@@ -382,18 +413,6 @@ async def run_demo(options: DemoOptions | None = None) -> DemoResult:
         raise DemoError(f"cannot set up the run in {base}: {exc}") from exc
     state = RunState(options.operator, principals=len(principals.members))
     result = DemoResult(False, "", base, config_file, 0.0, state, principals=principals)
-    reason = ""
     with _log_to(base / "logs" / "coordinator.log"):
-        reason = await _run_coordinated(config, options, principals, result)
-    for event in result.events:
-        state.apply(event)
-    approved = str(result.report.get("data", {}).get("approved", {}).get("commit", ""))
-    result.repo = check(repo, approved)
-    verdict = judge(result.events, result.repo, options.operator)
-    result.reason = reason or verdict.reason
-    result.ok = not result.reason
-    result.excerpt = verdict.excerpt
-    if not result.ok and not result.excerpt:
-        result.excerpt = (verdict.errors or result.events)[-EXCERPT_MAX:]
-    result.seconds = time.monotonic() - started
+        await _run_coordinated(config, options, principals, result, started)
     return result

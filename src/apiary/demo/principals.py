@@ -18,8 +18,9 @@ The principals, each with what it needs and no more:
 - `user`, the agent the job sends the brief as and reads the planner's report with;
 - the operator who decides the merge (the person at the terminal or `demo-operator`), with
   the roles of its `[[hitl.operators]]` entry: deciding an invocation needs an operator;
-- `demo-driver`, the job's reader: an operator holding `events` alone, what the operator
-  console's data needs.
+- `demo-driver`, the job's reader and the browser's: an operator holding `events` and `dlq`,
+  what the operator console reads (the event log, the dead letters), so that a person
+  watching the run in the console is refused nothing.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ KEYS_DIR = "keys"
 USER = "user"
 """The agent id the job sends the brief as."""
 DRIVER = "demo-driver"
-DRIVER_ROLES = (Role.EVENTS.value,)
-"""The console's data is the event log: reading it needs `events`, and nothing else does."""
+DRIVER_ROLES = (Role.DLQ.value, Role.EVENTS.value)
+"""The console's reads: the event log (`events`) and its dead letter panel (`dlq`)."""
 CERTIFICATE_DAYS = 30
 """Long enough to reopen the run with `apiary serve --config` for a while, no longer."""
 
@@ -128,7 +129,7 @@ def issue_principals(
         ),
         (
             Principal(PrincipalKind.OPERATOR, DRIVER, roles=frozenset(DRIVER_ROLES)),
-            "the job's reader: checks the operator console and its data",
+            "the job's reader: checks the operator console and its data (a browser's too)",
         ),
     ]
     certs = directory / CERTS_DIR

@@ -1,8 +1,9 @@
-"""How `apiary demo` looks in a terminal: a live view while it runs (agents and their states,
-queues, the workflow's nodes, the room's votes, HITL, the background index, the access
-decisions, the latest events), the operator's prompt for the merge, and the summary at the
-end (with the run's secure mode and its principals). Without a terminal it prints one line
-per notable event instead of the live view.
+"""How `apiary demo` looks in a terminal: first where the operator console is (to watch the
+run live in a browser), then a live view while it runs (agents and their states, queues, the
+workflow's nodes, the room's votes, HITL, the background index, the access decisions, the
+latest events), the operator's prompt for the merge, and the summary at the end (with the
+run's secure mode and its principals). Without a terminal it prints one line per notable
+event instead of the live view.
 """
 
 from __future__ import annotations
@@ -216,6 +217,8 @@ class DemoView:
         self._rendered_at = 0.0
         self._state: RunState | None = None
         self._deferred: asyncio.TimerHandle | None = None
+        self.summarized = False
+        """Whether the summary was printed (--keep prints it before lingering)."""
 
     def __enter__(self) -> DemoView:
         if self._live is not None:
@@ -264,10 +267,29 @@ class DemoView:
             self._live.start()
         return Verdict(action, reason)
 
+    def started(self, coordinator: Coordinator, principals: RunPrincipals) -> None:
+        """The coordinator serves: say where its console is, before any agent starts."""
+        self.console.print(
+            console_line(str(coordinator.http_address), principals),
+            highlight=False, markup=False, soft_wrap=True,
+        )  # fmt: skip
+
     async def linger(self, coordinator: Coordinator, result: DemoResult) -> None:
-        """Keep the coordinator serving until Ctrl-C (--keep)."""
-        if self._live is not None:
-            self._live.stop()
+        """Print the summary, then keep the coordinator serving until Ctrl-C (--keep)."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # First: from here on a Ctrl-C ends the wait (and the demo) cleanly.
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        try:
+            if self._live is not None:
+                self._live.stop()
+            self.summary(result)
+            self._keep_panel(coordinator, result)
+            await stop.wait()
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    def _keep_panel(self, coordinator: Coordinator, result: DemoResult) -> None:
         workflow = self._state.workflow_id if self._state else "ID"
         text = (
             f"The coordinator keeps serving this run at grpc={coordinator.grpc_address} "
@@ -286,15 +308,9 @@ class DemoView:
         self.console.print(
             Panel(text + "Press Ctrl-C to stop it.", title="--keep", border_style="cyan")
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGINT, stop.set)
-        try:
-            await stop.wait()
-        finally:
-            loop.remove_signal_handler(signal.SIGINT)
 
     def summary(self, result: DemoResult) -> None:
+        self.summarized = True
         self.console.print(summary_table(result))
         if result.ok:
             self.console.print(
@@ -316,6 +332,17 @@ class DemoView:
                 self.console.print(Panel(tail, title=f"{agent_id}'s log (end)"))
 
 
+def console_line(http: str, principals: RunPrincipals) -> str:
+    """Where the operator console is, and what a browser needs to open it (the run is in
+    secure mode: mTLS on the HTTP port too)."""
+    driver = principals.driver
+    return (
+        f"console: https://{http}/console (watch the run live)\n"
+        f"  a browser presents {driver.principal.label}'s certificate {driver.tls.cert} and key "
+        f"{driver.tls.key}, and trusts {principals.ca} (docs/demo.md)"
+    )
+
+
 def _as(member: Member) -> str:
     return f"{CONFIG_ENV}={member.client_config}"
 
@@ -327,7 +354,7 @@ def look_again(
     the run's CA and the principal's certificate), at `grpc` and `http` (default: the ports
     `apiary serve` takes)."""
     driver, operator = principals.driver, principals.operator(result.state.operator)
-    flag = f" --grpc {grpc}" if grpc else ""
+    flag = f" --coordinator {grpc}" if grpc else ""
     https = f"https://{http or DEFAULT_HTTP}"
     lines = [
         f"{_as(driver)} apiary events{flag}",

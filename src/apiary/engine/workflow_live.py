@@ -5,7 +5,8 @@ EVENT nodes). `apply` steps nodes with the pure machine (core/workflow/node.py) 
 the effects it returns, breadth first with an explicit queue (a failure may skip a chain of
 100k nodes: no recursion): RELEASE_DEPENDENTS looks at each dependent, PROPAGATE steps the
 dependents that can no longer run. What must happen outside memory (store, event log, task
-submissions, timers) is collected in a `Change`, which engine/workflows.py carries out.
+submissions and stops, timers) is collected in a `Change`, which engine/workflows.py
+carries out.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from apiary.core.workflow.dag import validate_dag
-from apiary.core.workflow.data import MissingPathError, dump_data, lookup, parse_data
+from apiary.core.workflow.data import MissingPathError, dump_data, lookup
 from apiary.core.workflow.definition import NodeOptions, TriggerType, node_options
 from apiary.core.workflow.node import (
     NodeEffect,
@@ -29,6 +30,7 @@ from apiary.core.workflow.node import (
     ready_to_activate,
 )
 from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus, derive_status
+from apiary.store.json_codec import load_json_object
 
 _PROPAGATED = frozenset({NodeInput.SKIP, NodeInput.UPSTREAM_FAILED})
 
@@ -41,6 +43,8 @@ class Change:
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     submit: list[str] = field(default_factory=list)
     timers: list[tuple[str, float]] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)
+    """Cancelled nodes whose task is to be stopped."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +75,8 @@ class LiveWorkflow:
         self.event_nodes = tuple(
             key for key, node in stored.spec.nodes.items() if node.trigger is TriggerType.EVENT
         )
-        self.data: dict[str, Any] = parse_data(stored.run.data)
+        # What the store kept: node outputs may have grown it past a client's limits.
+        self.data: dict[str, Any] = load_json_object(stored.run.data) if stored.run.data else {}
 
     @property
     def workflow_id(self) -> str:
@@ -118,6 +123,8 @@ class LiveWorkflow:
             change.submit.append(node_id)
         elif effect is NodeEffect.START_TIMER:
             change.timers.append((node_id, run.due_at))
+        elif effect is NodeEffect.STOP_TASK:
+            change.stop.append(node_id)
         elif effect is NodeEffect.RELEASE_DEPENDENTS:
             queue.extend(_Advance(d) for d in self.dependents[node_id])
         elif effect is NodeEffect.PROPAGATE:
@@ -179,6 +186,15 @@ class LiveWorkflow:
             self.run, status=WorkflowStatus.RUNNING, completed_at=0.0, updated_at=now,
             metadata={**self.run.metadata, **metadata},
         )  # fmt: skip
+
+    def cancel(self, change: Change, now: float, why: str) -> None:
+        """CANCELLED (CancelWorkflow): every unfinished node is cancelled with `why`."""
+        for key, run in self.nodes.items():
+            if not run.status.terminal:
+                self.apply(change, now, key, NodeInput.CANCEL, error=why)
+        self.run = replace(
+            self.run, status=WorkflowStatus.CANCELLED, completed_at=now, updated_at=now
+        )
 
     def stored_run(self) -> WorkflowRun:
         return replace(self.run, data=dump_data(self.data))

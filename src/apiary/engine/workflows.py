@@ -10,6 +10,8 @@ task's FULFILLED note is the node's output, mapped into workflow_data by output_
 FAILED one is retried or fails the node (core/workflow/node.py). EVENT nodes fire on a
 matching message addressed to the participant `workflow` (core/workflow/event.py), SCHEDULE
 nodes on their cron time (one timer heap, engine/timers.py), MANUAL nodes on ResumeWorkflow.
+CancelWorkflow ends a run for good (`cancel`). ListWorkflows and a run's history are reads
+of the store and the event log (engine/workflow_reads.py, `Workflows.reads`).
 
 Every change is stored (one write per operation: the run and the nodes it touched) before
 it is acted on, then logged (`workflow.*` events, correlation id = workflow id). After a
@@ -31,6 +33,7 @@ from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope
 from apiary.core.ids import IdGenerator
 from apiary.core.records import TaskRecord, TaskState
+from apiary.core.tasks.machine import TaskInput, TaskMachine
 from apiary.core.workflow.data import apply_output, dump_data, node_input, parse_data, parse_output
 from apiary.core.workflow.definition import TriggerType, WorkflowSpec, validate_workflow
 from apiary.core.workflow.event import EventMessage, event_matches
@@ -49,6 +52,7 @@ from apiary.engine.router.router import Router
 from apiary.engine.scheduler.scheduler import Scheduler, Submission
 from apiary.engine.timers import Timers
 from apiary.engine.workflow_live import Change, LiveWorkflow
+from apiary.engine.workflow_reads import WorkflowReads
 from apiary.errors import (
     AlreadyCompletedError,
     AlreadyExistsError,
@@ -89,6 +93,7 @@ class Workflows:
         self._timers = Timers()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self.reads = WorkflowReads(store, events)
         scheduler.add_end_listener(self._task_ended)
         router.attach(WORKFLOW, self._on_event)
 
@@ -127,6 +132,7 @@ class Workflows:
                 raise AlreadyInProgressError(
                     f"workflow {workflow_id!r} is already running", {"workflow_id": workflow_id}
                 )
+            _refuse_cancelled(stored.run, "started")
             if stored.run.status.finished:
                 raise AlreadyCompletedError(
                     f"workflow {workflow_id!r} already ran ({stored.run.status}); "
@@ -166,6 +172,7 @@ class Workflows:
                     raise ValidationError.for_field(
                         "workflow_id", f"{workflow_id!r} was never started: StartWorkflow first"
                     )
+                _refuse_cancelled(stored.run, "resumed")
                 live = LiveWorkflow(stored)
             if node_id and node_id not in live.spec.nodes:
                 raise NotFoundError(
@@ -190,6 +197,63 @@ class Workflows:
                 live.apply(change, now, key)
             await self._commit(live, change)
             return live.snapshot()
+
+    async def cancel(self, workflow_id: str, reason: str = "", by: str = "") -> StoredWorkflow:
+        """CancelWorkflow (docs/workflows.md): the run becomes CANCELLED for good and every
+        unfinished node is cancelled (core/workflow/node.py, CANCEL). A cancelled node's task
+        that waits in a queue is cancelled through the Scheduler (FAILED, `cancelled`); one
+        its agent already holds cannot be ended by the Scheduler without requeueing it, so it
+        is left to end and its result is not used. A finished run is refused
+        (already_completed naming its status)."""
+        async with self._lock:
+            live = self._live.get(workflow_id)
+            if live is None:
+                stored = await self._get(workflow_id)
+                if not stored.run.status.cancellable:
+                    status = stored.run.status.value
+                    raise AlreadyCompletedError(
+                        f"workflow {workflow_id!r} is {status}: only a CREATED or RUNNING "
+                        "workflow can be cancelled", {"workflow_id": workflow_id, "state": status},
+                    )  # fmt: skip
+                live = LiveWorkflow(stored)
+            now = self._clock.now()
+            why = f"cancelled by {by or 'an anonymous caller'}" + (f": {reason}" if reason else "")
+            change = Change()
+            live.cancel(change, now, why)
+            self._live.pop(workflow_id, None)
+            for key in live.nodes:
+                self._timers.cancel(_key(workflow_id, key))
+            await self._commit(live, change)
+            note = f"workflow {workflow_id} was cancelled" + (f": {reason}" if reason else "")
+            outcomes: dict[str, list[str]] = {_CANCELLED: [], _LEFT_RUNNING: [], _ENDED: []}
+            for node_id in change.stop:
+                task_id = live.nodes[node_id].task_id
+                outcomes[await self._stop(task_id, note, by or WORKFLOW)].append(task_id)
+            await self._record(
+                live, "workflow.cancelled", status=WorkflowStatus.CANCELLED.value, by=by,
+                reason=reason, tasks_cancelled=outcomes[_CANCELLED][:20],
+                tasks_left_running=outcomes[_LEFT_RUNNING][:20],
+            )  # fmt: skip
+            return live.snapshot()
+
+    async def _stop(self, task_id: str, note: str, by: str) -> str:
+        """Stop a cancelled node's task: cancelled when it waits in a queue, else left to
+        its agent (or already ended). Its end, when it comes, is not the node's any more."""
+        self._by_task.pop(task_id, None)
+        try:
+            task = await self._scheduler.find(task_id)
+        except NotFoundError:
+            return _ENDED
+        state = TaskState(task.state)
+        if not TaskMachine.allows(state, TaskInput.CANCEL):
+            return _ENDED if state.terminal else _LEFT_RUNNING
+        try:
+            await self._scheduler.cancel(task_id, note, by)
+        except AlreadyInProgressError:
+            return _LEFT_RUNNING
+        except AlreadyCompletedError:
+            return _ENDED
+        return _CANCELLED
 
     def _resume_targets(self, live: LiveWorkflow, node_id: str) -> list[str]:
         """The finished nodes a resume starts over (refused while one of them is running)."""
@@ -438,7 +502,24 @@ class Workflows:
                 stored = await self._store.get(run.workflow_id)
                 if stored is not None:
                     await self._reload(LiveWorkflow(stored))
+            await self._cancel_orphans()
         return len(runs)
+
+    async def _cancel_orphans(self) -> None:
+        """Cancel the queued tasks of cancelled workflows: a stop a crash interrupted (the
+        run is stored CANCELLED before its tasks are stopped)."""
+        cancelled: dict[str, bool] = {}
+        for task in self._scheduler.queued():
+            workflow_id = task.flow_id
+            if not task.task_id.startswith(f"{WORKFLOW}:") or workflow_id in self._live:
+                continue
+            if workflow_id not in cancelled:
+                found = await self._store.summary(workflow_id)
+                cancelled[workflow_id] = (
+                    found is not None and found.status is WorkflowStatus.CANCELLED
+                )
+            if cancelled[workflow_id]:
+                await self._stop(task.task_id, f"workflow {workflow_id} was cancelled", WORKFLOW)
 
     async def _reload(self, live: LiveWorkflow) -> None:
         self._live[live.workflow_id] = live
@@ -464,6 +545,16 @@ class Workflows:
 
 
 _RERUN = frozenset({NodeStatus.FAILED, NodeStatus.SKIPPED})
+_CANCELLED, _LEFT_RUNNING, _ENDED = "cancelled", "left running", "ended"
+"""What stopping a cancelled node's task did."""
+
+
+def _refuse_cancelled(run: WorkflowRun, verb: str) -> None:
+    if run.status is WorkflowStatus.CANCELLED:
+        raise AlreadyCompletedError(
+            f"workflow {run.workflow_id!r} was cancelled: a cancelled workflow cannot be {verb}",
+            {"workflow_id": run.workflow_id, "state": run.status.value},
+        )
 
 
 def _key(workflow_id: str, node_id: str) -> str:

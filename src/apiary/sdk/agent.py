@@ -341,9 +341,12 @@ class Agent(Connection):
 
     # ------------------------------------------------------------------ running
 
-    async def run(self) -> None:
-        """Register, set up, handle messages and tasks until shut down; then deregister."""
+    async def run(self, *, on_registered: Callable[[], object] | None = None) -> None:
+        """Register, set up, handle messages and tasks until shut down; then deregister.
+        `on_registered` is called once the agent is registered, before `setup()`."""
         await self.start()
+        if on_registered is not None:
+            on_registered()
         reason = "shutdown"
         try:
             await self.setup()

@@ -322,3 +322,9 @@ class Client:
         """apiary.v1.TaskQueryService: list and read Scheduler tasks."""
         stub = self._stub("task_query", pb.apiary_pb2_grpc.TaskQueryServiceStub)
         return cast("apiary_pb2_grpc.TaskQueryServiceAsyncStub", stub)
+
+    @property
+    def workflow_query(self) -> apiary_pb2_grpc.WorkflowQueryServiceAsyncStub:
+        """apiary.v1.WorkflowQueryService: list workflows, cancel one, read a run's history."""
+        stub = self._stub("workflow_query", pb.apiary_pb2_grpc.WorkflowQueryServiceStub)
+        return cast("apiary_pb2_grpc.WorkflowQueryServiceAsyncStub", stub)

@@ -8,7 +8,9 @@ Agents, `apiary.Client` and every CLI command get their credentials from
 2. the environment: `APIARY_API_KEY`, `APIARY_TLS_CA` / `APIARY_TLS_CERT` / `APIARY_TLS_KEY`,
    `APIARY_AUDIENCE`, `APIARY_COORDINATOR`, `APIARY_TENANT`;
 3. the client configuration file, `$APIARY_CLIENT_CONFIG`, else
-   `$XDG_CONFIG_HOME/apiary/client.toml` (`~/.config/apiary/client.toml`):
+   `$XDG_CONFIG_HOME/apiary/client.toml` (`~/.config/apiary/client.toml`): its `[client]`
+   table, or, when a profile is chosen (`load(profile=...)`, else `APIARY_PROFILE`; the CLI's
+   `--profile`), that profile's table instead:
 
        [client]
        api_key_file = "~/.config/apiary/api-key"  # or api_key = "apk_..."
@@ -16,8 +18,15 @@ Agents, `apiary.Client` and every CLI command get their credentials from
        tls_cert = "me.pem"                         # mTLS: a certificate and its key
        tls_key = "me.key"
        audience = "apiary"                         # what agents' call proofs name
-       grpc = "coordinator.example:50051"
+       coordinator = "coordinator.example:50051"   # (older files: grpc = ...)
        tenant = "acme"                             # apiary-tenant on every call (optional)
+
+       [profiles.staging]                          # the same settings, used whole
+       coordinator = "staging.example:50051"
+       tls_ca = "staging-ca.pem"
+       api_key_file = "staging-key"
+
+A profile is a complete set of settings: nothing of `[client]` is mixed into it.
 
 The TLS settings are one group, taken whole from the first place that sets any of them, so
 that a certificate is never paired with a key from somewhere else. A file that holds an API
@@ -58,14 +67,19 @@ _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
 AUDIENCE_ENV: Final = "APIARY_AUDIENCE"
 TENANT_ENV: Final = "APIARY_TENANT"
 COORDINATOR_ENV: Final = "APIARY_COORDINATOR"
+PROFILE_ENV: Final = "APIARY_PROFILE"
 CONFIG_ENV: Final = "APIARY_CLIENT_CONFIG"
 TLS_CA_ENV: Final = "APIARY_TLS_CA"
 TLS_CERT_ENV: Final = "APIARY_TLS_CERT"
 TLS_KEY_ENV: Final = "APIARY_TLS_KEY"
 CONFIG_TABLE: Final = "client"
+PROFILES_TABLE: Final = "profiles"
 CONFIG_KEYS: Final = (
-    "api_key", "api_key_file", "tls_ca", "tls_cert", "tls_key", "audience", "grpc", "tenant",
+    "api_key", "api_key_file", "tls_ca", "tls_cert", "tls_key", "audience", "coordinator",
+    "grpc", "tenant",
 )  # fmt: skip
+OLD_COORDINATOR_KEY: Final = "grpc"
+"""The older name of a table's `coordinator` setting, still read."""
 AUTHORIZATION: Final = "authorization"
 BEARER: Final = "Bearer "
 ARGUMENT: Final = "argument"
@@ -81,6 +95,7 @@ MAX_CONFIG_BYTES: Final = 64 * 1024
 _API_KEY_ID = re.compile(r"^apk_([a-z2-7]+)_")
 _PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:\[\]]+):[0-9]{1,5}$")
+_PROFILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 Pairs = Sequence[tuple[str, str | bytes]]
 CallMetadata = Callable[[str, Pairs], Sequence[tuple[str, str]]]
@@ -144,6 +159,8 @@ class ClientCredentials:
     tenant: str = ""
     """The tenant the calls act in (`apiary-tenant`): a global operator's choice, and the
     tenant whose registry checks an agent's per-call proofs; "" for the principal's own."""
+    profile: str = ""
+    """The configuration file's profile the settings were taken from ("" for `[client]`)."""
 
     def __post_init__(self) -> None:
         for name, why in (
@@ -159,7 +176,7 @@ class ClientCredentials:
         return (
             f"ClientCredentials(api_key={self.masked_key!r}, tls={self.tls!r}, "
             f"audience={self.audience!r}, coordinator={self.coordinator!r}, "
-            f"tenant={self.tenant!r})"
+            f"tenant={self.tenant!r}, profile={self.profile!r})"
         )
 
     __str__ = __repr__
@@ -245,14 +262,19 @@ class ClientCredentials:
         audience: str | None = None,
         coordinator: str | None = None,
         tenant: str | None = None,
+        profile: str | None = None,
     ) -> ClientCredentials:
         """The credentials from the arguments, then `env` (default: the process
         environment), then the configuration file (`config_file`, else as the module
-        docstring says). A bad value raises ValidationError naming the setting and the
-        variable or file it came from."""
+        docstring says): its `[client]` table, or the `[profiles.NAME]` table of `profile`
+        (else `APIARY_PROFILE`). A bad value raises ValidationError naming the setting and
+        the variable or file it came from; so does a profile the file does not have."""
         env = os.environ if env is None else env
-        config = _Config.read(config_file, env)
         sources: dict[str, str] = {}
+        chosen_profile = _pick(profile, env, PROFILE_ENV, "profile", sources) or ""
+        if chosen_profile:
+            _check(_profile_problem(chosen_profile), "profile", sources["profile"])
+        config = _Config.read(config_file, env, chosen_profile)
         key = _pick(api_key, env, API_KEY_ENV, "api_key", sources)
         if key is None:
             key = config.api_key(sources)
@@ -266,7 +288,7 @@ class ClientCredentials:
             _check(_audience_problem(chosen_audience), "audience", sources["audience"])
         address = _pick(coordinator, env, COORDINATOR_ENV, "coordinator", sources)
         if address is None:
-            address = config.text("grpc", _address_problem, sources, into="coordinator")
+            address = config.coordinator(sources)
         else:
             _check(_address_problem(address), "coordinator", sources["coordinator"])
         chosen_tenant = _pick(tenant, env, TENANT_ENV, "tenant", sources)
@@ -276,7 +298,7 @@ class ClientCredentials:
             _check(_tenant_problem(chosen_tenant), "tenant", sources["tenant"])
         return cls(
             key or "", chosen_tls, chosen_audience or DEFAULT_AUDIENCE, address or "", sources,
-            chosen_tenant or "",
+            chosen_tenant or "", chosen_profile,
         )  # fmt: skip
 
 
@@ -329,13 +351,18 @@ class CallProver:
 
 @dataclass(frozen=True, slots=True)
 class _Config:
-    """The `[client]` table of a configuration file, its values checked for type."""
+    """The table a configuration file gives the client (`[client]`, or the chosen profile's),
+    its values checked for type; `where` names it in messages and sources."""
 
     path: Path | None
     values: Mapping[str, str]
+    where: str = ""
+    table: str = CONFIG_TABLE
+    """`client`, or `profiles.NAME`: settings are named `<table>.<setting>` in refusals."""
 
     @classmethod
-    def read(cls, given: Path | None, env: Mapping[str, str]) -> _Config:
+    def read(cls, given: Path | None, env: Mapping[str, str], profile: str = "") -> _Config:
+        """The file's `[client]` table, or `profile`'s."""
         path, named_by = _config_path(given, env)
         try:
             with path.open("rb") as source:
@@ -345,6 +372,8 @@ class _Config:
                 raise ValidationError.for_field(
                     named_by, f"{path} does not exist; create it or name another file"
                 ) from None
+            if profile:
+                raise _unknown_profile(profile, path, ()) from None
             return cls(None, {})
         except OSError as exc:
             raise ValidationError.for_field(
@@ -355,7 +384,13 @@ class _Config:
                 named_by or "config_file",
                 f"{path} is over {MAX_CONFIG_BYTES} bytes: not a client configuration",
             )
-        return cls(path, _table(path, data))
+        client, profiles = _tables(path, data)
+        if not profile:
+            return cls(path, client, str(path))
+        if profile not in profiles:
+            raise _unknown_profile(profile, path, sorted(profiles))
+        table = f"{PROFILES_TABLE}.{profile}"
+        return cls(path, profiles[profile], f"{path} [{table}]", table)
 
     def api_key(self, sources: dict[str, str]) -> str | None:
         """The key the file gives, inline or in `api_key_file`; both files checked to be
@@ -366,21 +401,21 @@ class _Config:
         assert self.path is not None
         if inline is not None and named is not None:
             raise ValidationError.for_field(
-                "client.api_key", f"give api_key or api_key_file in {self.path}, not both"
+                f"{self.table}.api_key", f"give api_key or api_key_file in {self.where}, not both"
             )
         if inline is not None:
-            _check(_key_problem(inline), "client.api_key", str(self.path))
+            _check(_key_problem(inline), f"{self.table}.api_key", self.where)
             try:
                 too_open = _shared(self.path.stat().st_mode, self.path)
             except OSError as exc:
                 too_open = f"cannot read {self.path}: {exc.strerror}"
             if too_open is not None:
-                raise ValidationError.for_field("client.api_key", too_open)
-            sources["api_key"] = str(self.path)
+                raise ValidationError.for_field(f"{self.table}.api_key", too_open)
+            sources["api_key"] = self.where
             return inline
         assert named is not None
         key_file = self._path_of(named)
-        key = _read_key_file(key_file, self.path)
+        key = _read_key_file(key_file, self.where, self.table)
         sources["api_key"] = str(key_file)
         return key
 
@@ -395,9 +430,19 @@ class _Config:
         value = self.values.get(name)
         if value is None:
             return None
-        _check(problem(value), f"client.{name}", str(self.path))
-        sources[into or name] = str(self.path)
+        _check(problem(value), f"{self.table}.{name}", self.where)
+        sources[into or name] = self.where
         return value
+
+    def coordinator(self, sources: dict[str, str]) -> str | None:
+        """The table's `coordinator`, or its older name `grpc` (not both)."""
+        if "coordinator" in self.values and OLD_COORDINATOR_KEY in self.values:
+            raise ValidationError.for_field(
+                f"{self.table}.coordinator",
+                f"give coordinator or {OLD_COORDINATOR_KEY} in {self.where}, not both",
+            )
+        name = OLD_COORDINATOR_KEY if OLD_COORDINATOR_KEY in self.values else "coordinator"
+        return self.text(name, _address_problem, sources, into="coordinator")
 
     def tls(self) -> ClientTls | None:
         given = {k: self.values[k] for k in ("tls_ca", "tls_cert", "tls_key") if k in self.values}
@@ -406,14 +451,14 @@ class _Config:
         if ("tls_cert" in given) != ("tls_key" in given):
             missing = "tls_key" if "tls_cert" in given else "tls_cert"
             raise ValidationError.for_field(
-                f"client.{missing}", f"is needed too in {self.path}: mTLS takes both"
+                f"{self.table}.{missing}", f"is needed too in {self.where}: mTLS takes both"
             )
         paths: dict[str, Path] = {}
         for name, value in given.items():
             path = self._path_of(value)
             if not path.is_file():
                 raise ValidationError.for_field(
-                    f"client.{name}", f"{path} (in {self.path}) is not a readable file"
+                    f"{self.table}.{name}", f"{path} (in {self.where}) is not a readable file"
                 )
             paths[name] = path
         return ClientTls(paths.get("tls_ca"), paths.get("tls_cert"), paths.get("tls_key"))
@@ -440,30 +485,60 @@ def _config_path(given: Path | None, env: Mapping[str, str]) -> tuple[Path, str]
     return (Path(home) if home else Path.home()) / ".config" / "apiary" / "client.toml", ""
 
 
-def _table(path: Path, data: bytes) -> dict[str, str]:
+def _tables(path: Path, data: bytes) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+    """The file's `[client]` table and its profiles (`[profiles.NAME]`), checked."""
     try:
         doc = tomllib.loads(data.decode())
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ValidationError.for_field("config_file", f"{path} is not TOML: {exc}") from None
-    known = ", ".join(CONFIG_KEYS)
     for name in doc:
-        if name != CONFIG_TABLE:
+        if name not in (CONFIG_TABLE, PROFILES_TABLE):
             raise ValidationError.for_field(
-                name, f"unknown setting in {path}: client settings go in a [client] table ({known})"
+                name,
+                f"unknown setting in {path}: client settings go in a [{CONFIG_TABLE}] table "
+                f"or a [{PROFILES_TABLE}.NAME] table ({', '.join(CONFIG_KEYS)})",
             )
-    table: Any = doc.get(CONFIG_TABLE, {})
+    client = _values(doc.get(CONFIG_TABLE, {}), CONFIG_TABLE, path)
+    named: Any = doc.get(PROFILES_TABLE, {})
+    if not isinstance(named, dict):
+        raise ValidationError.for_field(
+            PROFILES_TABLE, f"must hold [{PROFILES_TABLE}.NAME] tables in {path}"
+        )
+    profiles: dict[str, dict[str, str]] = {}
+    for name, table in named.items():
+        where = f"{PROFILES_TABLE}.{name}"
+        why = _profile_problem(name)
+        if why is not None:
+            raise ValidationError.for_field(where, f"{why} (in {path})")
+        profiles[name] = _values(table, where, path)
+    return client, profiles
+
+
+def _values(table: Any, where: str, path: Path) -> dict[str, str]:
+    """The settings of one table (`where`: its name), known and strings."""
     if not isinstance(table, dict):
-        raise ValidationError.for_field(CONFIG_TABLE, f"must be a [client] table in {path}")
+        raise ValidationError.for_field(where, f"must be a [{where}] table in {path}")
     values: dict[str, str] = {}
     for name, value in table.items():
         if name not in CONFIG_KEYS:
             raise ValidationError.for_field(
-                f"client.{name}", f"unknown setting in {path}; known: {known}"
+                f"{where}.{name}", f"unknown setting in {path}; known: {', '.join(CONFIG_KEYS)}"
             )
         if not isinstance(value, str):
-            raise ValidationError.for_field(f"client.{name}", f"must be a string in {path}")
+            raise ValidationError.for_field(f"{where}.{name}", f"must be a string in {path}")
         values[name] = value
     return values
+
+
+def _unknown_profile(profile: str, path: Path, known: Sequence[str]) -> ValidationError:
+    """The refusal of a profile `path` does not have."""
+    if known:
+        has = f"{path} has {', '.join(known)}"
+    elif path.exists():
+        has = f"{path} has no [{PROFILES_TABLE}.NAME] tables"
+    else:
+        has = f"there is no client configuration file {path}"
+    return ValidationError.for_field("profile", f"no profile {profile!r}: {has}")
 
 
 # --- picking and checking ---------------------------------------------------------------------
@@ -495,7 +570,7 @@ def _pick_tls(
         return from_env
     from_file = config.tls()
     if from_file is not None:
-        sources["tls"] = str(config.path)
+        sources["tls"] = config.where
     return from_file
 
 
@@ -520,6 +595,12 @@ def _key_problem(value: str) -> str | None:
             f"must be up to {MAX_KEY_CHARS} printable ASCII characters without spaces, as "
             "`apiary auth create` printed it"
         )
+    return None
+
+
+def _profile_problem(value: str) -> str | None:
+    if not _PROFILE.match(value):
+        return "a profile's name is 1-64 letters, digits or ._- (a [profiles.NAME] table)"
     return None
 
 
@@ -555,12 +636,12 @@ def _shared(mode: int, path: Path) -> str | None:
     )
 
 
-def _read_key_file(path: Path, config: Path) -> str:
+def _read_key_file(path: Path, config: str, table: str = CONFIG_TABLE) -> str:
     """The key in `path` (named by `api_key_file` in `config`), its mode checked on the open
     file, so that nothing can swap the file between the check and the read."""
 
     def refuse(why: str) -> ValidationError:
-        return ValidationError.for_field("client.api_key_file", f"{why} (in {config})")
+        return ValidationError.for_field(f"{table}.api_key_file", f"{why} (in {config})")
 
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -7,10 +7,17 @@ from typing import TypeVar
 
 import grpc
 
-from apiary.errors import ApiaryError, UnimplementedError, error_for_code
+from apiary.errors import AgentUnavailableError, ApiaryError, UnimplementedError, error_for_code
 from apiary.wire.errordetail import error_from_trailers
 
 T = TypeVar("T")
+
+
+class CoordinatorUnreachableError(AgentUnavailableError):
+    """The call never reached a coordinator (nothing answers at the address, the name does
+    not resolve, the connection broke): `agent_unavailable` to code that retries on it, and
+    told apart from the coordinator's own `agent_unavailable` answers, which carry an error
+    trailer, so that a command line can say "cannot reach the coordinator at X"."""
 
 
 def translate(exc: grpc.aio.AioRpcError) -> ApiaryError:
@@ -23,7 +30,7 @@ def translate(exc: grpc.aio.AioRpcError) -> ApiaryError:
     if status is grpc.StatusCode.UNIMPLEMENTED:
         return UnimplementedError(text)
     if status is grpc.StatusCode.UNAVAILABLE:
-        return error_for_code("agent_unavailable", f"coordinator unreachable: {text}")
+        return CoordinatorUnreachableError(f"coordinator unreachable: {text}")
     return error_for_code("internal_error", text)
 
 

@@ -73,7 +73,7 @@ from apiary.server.services.scheduler import (
 )
 from apiary.server.services.scheduler_policy import SchedulerPolicyHandler
 from apiary.server.services.tools import ConnectorHandler, ToolHandler, ToolProviderHandler
-from apiary.server.services.workflow import WorkflowHandler
+from apiary.server.services.workflow import WorkflowHandler, WorkflowQueryHandler
 from apiary.server.services.worktree import WorktreeBindingHandler, WorktreeHandler
 from apiary.server.store_health import StoreHealth
 from apiary.server.tenancy import (
@@ -142,7 +142,10 @@ def _handlers(engine: Engine, runtime: Runtime, checks: RequestChecks) -> dict[s
             engine.router, engine.delivery, checks=checks
         ),
         "apiary.v1.DiscoveryService": DiscoveryHandler(
-            engine.registry, engine.router, checks=checks
+            engine.registry,
+            engine.router,
+            checks=checks,
+            lifecycle=engine.scheduler.lifecycles.state,
         ),
         "apiary.v1.DlqService": DlqHandler(engine.router, runtime.ids, checks=checks),
         "apiary.v1.HitlOperatorService": HitlOperatorHandler(engine.hitl, checks=checks),
@@ -158,6 +161,7 @@ def _handlers(engine: Engine, runtime: Runtime, checks: RequestChecks) -> dict[s
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(checks=checks),
         "sw4rm.hitl.HitlService": HitlHandler(engine.hitl, checks=checks),
         "sw4rm.workflow.WorkflowService": WorkflowHandler(engine.workflows, checks=checks),
+        "apiary.v1.WorkflowQueryService": WorkflowQueryHandler(engine.workflows, checks=checks),
         "sw4rm.handoff.HandoffService": HandoffHandler(engine.handoffs, checks=checks),
         "apiary.v1.HandoffQueryService": HandoffQueryHandler(engine.handoffs, checks=checks),
         "sw4rm.worktree.WorktreeService": WorktreeHandler(engine.worktrees, checks=checks),
@@ -290,7 +294,7 @@ async def open_coordinator(
         )  # fmt: skip
         app = build_http_app(
             dispatcher, metrics, lambda: state.ready and reach.reachable,
-            ConsoleSources(engine.events, engine.workflows), guard,
+            ConsoleSources(engine.events, engine.workflows, engine.hitl), guard,
         )  # fmt: skip
         if swarm is not None:
             add_swarm_routes(app, swarm.node)

@@ -27,36 +27,6 @@ UnaryFn = Callable[[Message, CallContext], Awaitable[Message]]
 StreamFn = Callable[[Message, CallContext], AsyncIterator[Message]]
 BidiFn = Callable[[AsyncIterator[Message], CallContext], AsyncIterator[Message]]
 
-OWNING_AREA: Mapping[str, str] = {
-    "sw4rm.registry.RegistryService": "registry (issue 3)",
-    "sw4rm.router.RouterService": "router (issue 3)",
-    "sw4rm.scheduler.SchedulerService": "scheduler (issue 5)",
-    "sw4rm.scheduler.SchedulerPolicyService": "negotiation policy (issue 7)",
-    "sw4rm.hitl.HitlService": "human-in-the-loop (issue 4)",
-    "sw4rm.worktree.WorktreeService": "worktrees (issue 6)",
-    "sw4rm.tool.ToolService": "tool calling (issue 6)",
-    "sw4rm.connector.ConnectorService": "tool connectors (issue 6)",
-    "sw4rm.negotiation.NegotiationService": "negotiation (issue 7)",
-    "sw4rm.negotiation_room.NegotiationRoomService": "negotiation rooms (issue 7)",
-    "sw4rm.handoff.HandoffService": "handoff (issue 7)",
-    "sw4rm.workflow.WorkflowService": "workflows (issue 7)",
-    "sw4rm.reasoning.InferenceProxy": "inference engine (issue 5)",
-    "sw4rm.reasoning.ReasoningProxy": "inference engine (issue 5)",
-    "sw4rm.activity.ActivityService": "activity artifacts (issue 7)",
-    "sw4rm.logging.LoggingService": "logging",
-    "apiary.v1.EventLogService": "event log",
-    "apiary.v1.RouterStreamService": "router (issue 3)",
-    "apiary.v1.DiscoveryService": "registry (issue 3)",
-    "apiary.v1.DlqService": "dead letter queue (issue 3)",
-    "apiary.v1.HitlOperatorService": "human-in-the-loop (issue 4)",
-    "apiary.v1.ActivityBufferService": "activity buffer (issue 5)",
-    "apiary.v1.AgentControlService": "scheduler (issue 5)",
-    "apiary.v1.HandoffQueryService": "handoff (issue 7)",
-    "apiary.v1.WorktreeBindingService": "worktrees (issue 6)",
-    "apiary.v1.NegotiationRoomQueryService": "negotiation rooms (issue 7)",
-    "apiary.v1.NegotiationOperatorService": "negotiation (issue 7)",
-}
-
 
 def snake_case(name: str) -> str:
     """'SendMessage' -> 'send_message'."""
@@ -82,8 +52,7 @@ class Route:
 
 
 def _unimplemented(method: RpcMethod) -> UnaryFn | StreamFn | BidiFn:
-    area = OWNING_AREA.get(method.service, "a later release")
-    text = f"{method.service}/{method.name} is not implemented yet; it belongs to {area}"
+    text = f"{method.service}/{method.name} is not implemented by this coordinator"
 
     if method.server_streaming:
 

@@ -1,7 +1,7 @@
 """Whether the coordinator's store can be reached, followed by a light probe: gRPC health
 and /readyz say NOT_SERVING / not ready while it cannot (load balancers then send calls to
-another replica, clients back off), and SERVING again once it can (issue 22: honest answers
-under store faults)."""
+another replica, clients back off), and SERVING again once it can: honest answers under
+store faults."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from apiary.core.swarm_mail import InboxEntry, OutboxEntry
 from apiary.core.tools.descriptor import ToolProviderRecord
 from apiary.core.workflow.definition import WorkflowSpec
 from apiary.core.workflow.node import NodeRun
-from apiary.core.workflow.run import StoredWorkflow, WorkflowRun
+from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowSummary
 from apiary.core.worktrees.records import WorktreeBinding
 from apiary.store.errors import DuplicateMessageError
 
@@ -277,6 +277,18 @@ class WorkflowStore(Protocol):
     ) -> list[WorkflowRun]:
         """Runs in `statuses` (all when None) with workflow_id above `after_id`, by
         workflow_id, at most `limit`."""
+        ...
+
+    async def summaries(
+        self, statuses: frozenset[str] | None = None, after_id: str = "", limit: int = 100
+    ) -> Sequence[WorkflowSummary]:
+        """As `list`, each run without its data and with its nodes counted (all, and those
+        COMPLETED, FAILED or SKIPPED)."""
+        ...
+
+    async def summary(self, workflow_id: str) -> WorkflowSummary | None:
+        """The summary of one workflow (as `summaries`), or None."""
+        ...
 
 
 class HandoffStore(Protocol):

@@ -19,6 +19,7 @@ from apiary.core.negotiation.policy import (
     parse_gate,
 )
 from apiary.core.negotiation.records import NegotiationRecord, RoundRecord
+from apiary.core.negotiation.vocabulary import NegotiationState
 from apiary.errors import ValidationError
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp
@@ -137,6 +138,9 @@ def round_to_proto(round_: RoundRecord) -> pb.apiary_pb2.NegotiationRound:
     )  # fmt: skip
 
 
+_ENDED = frozenset(s.value for s in NegotiationState if s.terminal)
+
+
 def view(
     record: NegotiationRecord, rounds: list[RoundRecord] | None = None
 ) -> pb.apiary_pb2.NegotiationView:
@@ -147,7 +151,7 @@ def view(
         intensity=record.intensity, state=record.state,
         created_at=float_to_timestamp(record.created_at),
         updated_at=float_to_timestamp(record.updated_at),
-        deadline=float_to_timestamp(record.deadline), opened_by=record.opened_by,
+        opened_by=record.opened_by,
         profile=record.profile, effective=effective_to_proto(effective),
         round=record.round, tokens_spent=record.tokens_spent,
         oscillations=record.oscillations, invocation_id=record.invocation_id,
@@ -156,8 +160,10 @@ def view(
         validation_json=_json(record.validation) if record.validation else "",
         rounds=[round_to_proto(r) for r in rounds or []],
     )  # fmt: skip
-    if record.round_deadline:
-        out.round_deadline.CopyFrom(float_to_timestamp(record.round_deadline))
+    if record.state not in _ENDED:  # a decided or aborted negotiation waits for nothing
+        out.deadline.CopyFrom(float_to_timestamp(record.deadline))
+        if record.round_deadline:
+            out.round_deadline.CopyFrom(float_to_timestamp(record.round_deadline))
     if record.decision:
         out.decision.CopyFrom(decision_to_proto(record.decision))
     return out

@@ -12,6 +12,7 @@ from apiary.core.rooms.records import (
     DecisionRecord,
     PolicyVersionRecord,
     ProposalRecord,
+    RoomState,
     VoteRecord,
 )
 from apiary.core.rooms.validation import ProposalDraft, VoteDraft
@@ -107,23 +108,29 @@ def decision_to_proto(decision: DecisionRecord) -> nr.NegotiationDecision:
     return msg
 
 
+_DECIDED = frozenset(s.value for s in RoomState if s.terminal)
+
+
 def room_proposal(
     record: ProposalRecord, votes: list[VoteRecord], *, include_artifact: bool = False
 ) -> a.RoomProposal:
-    """The apiary.v1 view of a proposal and where its review stands."""
+    """The apiary.v1 view of a proposal and where its review stands. A decided proposal has
+    no vote deadline: nothing can come of it any more."""
     voted = {v.critic_id for v in votes}
-    return a.RoomProposal(
+    view = a.RoomProposal(
         proposal=proposal_to_proto(record, include_artifact=include_artifact),
         state=record.state,
         votes_received=len(votes),
         votes_required=len(record.requested_critics),
         pending_critics=[c for c in record.requested_critics if c not in voted],
-        vote_deadline=float_to_timestamp(record.vote_deadline),
         policy_version=record.policy_version,
         invocation_id=record.invocation_id,
         updated_at=float_to_timestamp(record.updated_at),
         artifact_size=len(record.artifact),
     )
+    if record.state not in _DECIDED:
+        view.vote_deadline.CopyFrom(float_to_timestamp(record.vote_deadline))
+    return view
 
 
 def room_decision(decision: DecisionRecord) -> a.RoomDecision:

@@ -1,4 +1,5 @@
-"""`sw4rm.workflow` messages <-> the workflow domain types (core/workflow_*.py)."""
+"""`sw4rm.workflow` messages (and apiary.v1's `WorkflowSummary`) <-> the workflow domain types
+(core/workflow/)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from apiary.core.workflow.definition import (
     parse_trigger,
 )
 from apiary.core.workflow.node import STATUS_NUMBERS, NodeRun
-from apiary.core.workflow.run import StoredWorkflow
+from apiary.core.workflow.run import StoredWorkflow, WorkflowSummary
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp, timestamp_to_float
 
@@ -77,4 +78,17 @@ def state_to_proto(stored: StoredWorkflow) -> w.WorkflowState:
         message.started_at.CopyFrom(float_to_timestamp(run.started_at))
     if run.completed_at:
         message.completed_at.CopyFrom(float_to_timestamp(run.completed_at))
+    return message
+
+
+def summary_to_proto(summary: WorkflowSummary) -> pb.apiary_pb2.WorkflowSummary:
+    """A listing's line; times that are not set (never started, not finished) stay unset."""
+    message = pb.apiary_pb2.WorkflowSummary(
+        workflow_id=summary.workflow_id, state=summary.status.value,
+        nodes_total=summary.nodes_total, nodes_done=summary.nodes_done,
+    )  # fmt: skip
+    for name in ("created_at", "started_at", "completed_at", "updated_at"):
+        seconds = getattr(summary, name)
+        if seconds:
+            getattr(message, name).CopyFrom(float_to_timestamp(seconds))
     return message

@@ -137,6 +137,11 @@ METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
         "/sw4rm.workflow.WorkflowService/StartWorkflow": ANYONE,
         "/sw4rm.workflow.WorkflowService/GetWorkflowState": ANYONE,
         "/sw4rm.workflow.WorkflowService/ResumeWorkflow": ANYONE,
+        "/apiary.v1.WorkflowQueryService/ListWorkflows": ANYONE,
+        # Cancelling ends the workflow's tasks, as CancelTask does; a run's history is the
+        # event log's (its nodes' messages included), as the console's workflow data is.
+        "/apiary.v1.WorkflowQueryService/CancelWorkflow": _role(Role.TASKS, _CONFIGURED),
+        "/apiary.v1.WorkflowQueryService/WorkflowHistory": _role(Role.EVENTS),
         # Inference and activity artifacts.
         "/sw4rm.reasoning.InferenceProxy/CheckParallelism": ANYONE,
         "/sw4rm.reasoning.InferenceProxy/EvaluateDebate": ANYONE,
@@ -172,6 +177,8 @@ HTTP_RULES: Mapping[str, Rule] = MappingProxyType(
         "GET /metrics": _role(Role.METRICS),
         # The console's data and live stream are the event log.
         "GET /console/api/workflows": _role(Role.EVENTS),
+        "GET /console/api/history": _role(Role.EVENTS),
+        "GET /console/api/finished": _role(Role.EVENTS),
         "GET /v1/events/stream": _role(Role.EVENTS),
         # Gateway calls are decided per method by METHOD_RULES.
         "POST /v1/{service}/{method}": PUBLIC,

@@ -10,6 +10,7 @@ has no row for raises `IllegalTransitionError` and changes nothing.
     PENDING --SKIP--> SKIPPED      PENDING --UPSTREAM_FAILED--> FAILED
     PENDING --TRIGGER / ARM--> PENDING (the trigger fired / a schedule was armed)
     COMPLETED/FAILED/SKIPPED --RESET--> PENDING (ResumeWorkflow)
+    PENDING/READY --CANCEL--> SKIPPED    RUNNING --CANCEL--> FAILED (CancelWorkflow)
 
 Decisions where the RFC is silent:
 - A node is activated (`ready_to_activate`) when it is PENDING, every dependency is COMPLETED
@@ -25,6 +26,9 @@ Decisions where the RFC is silent:
   (`propagation`); independent nodes go on.
 - RESET (ResumeWorkflow of a finished node) starts the node over: attempts, output, error and
   trigger are cleared; `dispatches` is kept, so its next task id is new.
+- CANCEL (CancelWorkflow) ends every unfinished node: one with no attempt under way (PENDING,
+  READY) is SKIPPED, a RUNNING one FAILED with the cancellation as its error, and its task is
+  stopped (STOP_TASK). Nothing propagates: every other unfinished node is cancelled as well.
 """
 
 from __future__ import annotations
@@ -94,6 +98,8 @@ class NodeInput(StrEnum):
     """A SCHEDULE node's dependencies completed: its next cron time is due_at."""
     RESET = "RESET"
     """ResumeWorkflow starts a finished node over."""
+    CANCEL = "CANCEL"
+    """CancelWorkflow ends the node where it is."""
 
 
 _I = NodeInput
@@ -114,6 +120,9 @@ class NodeEffect(StrEnum):
     """Activate the dependents that became ready."""
     PROPAGATE = "PROPAGATE"
     """The dependents can never run: step each with `propagation(...)`."""
+    STOP_TASK = "STOP_TASK"
+    """End the node's task where the Scheduler can: cancel it while it waits in its agent's
+    queue (one the agent holds is left to end, and its result is not used)."""
 
 
 _F = NodeEffect
@@ -164,6 +173,7 @@ def _table() -> dict[NodeStatus, dict[NodeInput, NodeRow]]:
     retry = NodeRow(_S.READY, (*logged, _F.SUBMIT_TASK, _F.START_TIMER), "workflow.node_retrying")
     fail = NodeRow(_S.FAILED, (*logged, _F.PROPAGATE), "workflow.node_failed")
     ended = {_I.RESET: NodeRow(_S.PENDING, logged, "workflow.node_reset")}
+    skipped = NodeRow(_S.SKIPPED, logged, "workflow.node_cancelled")
     return {
         _S.PENDING: {
             _I.ACTIVATE: NodeRow(_S.READY, (*logged, _F.SUBMIT_TASK), "workflow.node_ready"),
@@ -171,11 +181,13 @@ def _table() -> dict[NodeStatus, dict[NodeInput, NodeRow]]:
             _I.UPSTREAM_FAILED: fail,
             _I.TRIGGER: NodeRow(_S.PENDING, logged, "workflow.node_triggered"),
             _I.ARM: NodeRow(_S.PENDING, (*logged, _F.START_TIMER), "workflow.node_scheduled"),
+            _I.CANCEL: skipped,
         },
         _S.READY: {
             _I.DISPATCHED: NodeRow(_S.RUNNING, logged, "workflow.node_running"),
             _I.RETRY: retry,
             _I.FAIL: fail,
+            _I.CANCEL: skipped,
         },
         _S.RUNNING: {
             _I.COMPLETE: NodeRow(
@@ -183,6 +195,7 @@ def _table() -> dict[NodeStatus, dict[NodeInput, NodeRow]]:
             ),
             _I.RETRY: retry,
             _I.FAIL: fail,
+            _I.CANCEL: NodeRow(_S.FAILED, (*logged, _F.STOP_TASK), "workflow.node_cancelled"),
         },
         _S.COMPLETED: dict(ended),
         _S.FAILED: dict(ended),
@@ -222,8 +235,8 @@ class NodeMachine:
     ) -> NodeStep:
         """Apply `event` to `run` at `now`.
 
-        DISPATCHED takes the `task_id`; COMPLETE the `output` (JSON text); FAIL, RETRY, SKIP
-        and UPSTREAM_FAILED the `error`; RETRY and ARM the `due_at` (RETRY: 0 or a past
+        DISPATCHED takes the `task_id`; COMPLETE the `output` (JSON text); FAIL, RETRY, SKIP,
+        UPSTREAM_FAILED and CANCEL the `error`; RETRY and ARM the `due_at` (RETRY: 0 or a past
         time dispatches at once, SUBMIT_TASK; a later one arms a timer, START_TIMER); TRIGGER
         the event `payload` (JSON, for EVENT nodes).
         """
@@ -255,7 +268,7 @@ def _apply(
         )  # fmt: skip
     if event is _I.COMPLETE:
         return replace(run, output=output, error="", completed_at=now)
-    if event in (_I.FAIL, _I.SKIP, _I.UPSTREAM_FAILED):
+    if event in (_I.FAIL, _I.SKIP, _I.UPSTREAM_FAILED, _I.CANCEL):
         return replace(run, error=error, completed_at=now, due_at=0.0)
     if event is _I.RETRY:
         return replace(run, error=error, due_at=due_at)

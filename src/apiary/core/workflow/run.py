@@ -7,9 +7,12 @@ metadata (`status`) and derives it from the nodes (`derive_status`):
 - RUNNING: started, and some node is not finished (PENDING, READY or RUNNING), including
   nodes that wait for an event, a cron time or a ResumeWorkflow;
 - COMPLETED: every node COMPLETED or SKIPPED (by a condition), none FAILED;
-- FAILED: every node finished and at least one FAILED.
+- FAILED: every node finished and at least one FAILED;
+- CANCELLED: CancelWorkflow stopped it (from CREATED or RUNNING): its unfinished nodes were
+  ended (core/workflow/node.py, CANCEL) and their tasks stopped. It is final: the status is
+  set, never derived, and neither StartWorkflow nor ResumeWorkflow applies to it.
 
-ResumeWorkflow puts a finished run back to RUNNING.
+ResumeWorkflow puts a COMPLETED or FAILED run back to RUNNING.
 """
 
 from __future__ import annotations
@@ -27,10 +30,19 @@ class WorkflowStatus(StrEnum):
     RUNNING = "RUNNING"
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
 
     @property
     def finished(self) -> bool:
-        return self in (WorkflowStatus.COMPLETED, WorkflowStatus.FAILED)
+        return self in _FINISHED
+
+    @property
+    def cancellable(self) -> bool:
+        """Whether CancelWorkflow applies: the run has not finished (CREATED or RUNNING)."""
+        return self not in _FINISHED
+
+
+_FINISHED = frozenset({WorkflowStatus.COMPLETED, WorkflowStatus.FAILED, WorkflowStatus.CANCELLED})
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +57,21 @@ class WorkflowRun:
     completed_at: float = 0.0
     updated_at: float = 0.0
     metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkflowSummary:
+    """One line of a workflow listing: the run without its data, and how far its nodes got
+    (`nodes_done`: COMPLETED, FAILED or SKIPPED)."""
+
+    workflow_id: str
+    status: WorkflowStatus
+    nodes_total: int
+    nodes_done: int
+    created_at: float = 0.0
+    started_at: float = 0.0
+    completed_at: float = 0.0
+    updated_at: float = 0.0
 
 
 def derive_status(nodes: Iterable[NodeRun]) -> WorkflowStatus:

@@ -11,9 +11,11 @@ no RPC for live here:
   Without either it starts at the end of the log. The streams end when the server shuts
   down (the browser then reconnects by itself, from the last id it saw).
 - GET /console/api/workflows: the latest workflows (found by their `workflow.created`
-  events) with their definition and state, in the proto3 JSON the gateway uses; the
-  definition's dependencies are what the page lays the graph out by, and
-  WorkflowService.GetWorkflowState does not carry them.
+  events), or with `?workflow_id=` that one, with their definition and state, in the proto3
+  JSON the gateway uses; the definition's dependencies are what the page lays the graph out
+  by, and WorkflowService.GetWorkflowState does not carry them.
+- GET /console/api/history and /console/api/finished: a page's history and the list of
+  finished work, from the event log (history.py).
 """
 
 from __future__ import annotations
@@ -31,11 +33,14 @@ from google.protobuf import json_format
 
 from apiary.core.events import Event, EventFilter
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.hitl import Hitl
 from apiary.engine.workflows import Workflows
 from apiary.errors import ApiaryError, NotFoundError, UnavailableError, ValidationError
-from apiary.server.errormap import answer_for, clip
+from apiary.server.errormap import answer_for
 from apiary.server.http.access import RECHECK
 from apiary.server.http.errors import error_response
+from apiary.server.http.history import WorkReads, event_json
+from apiary.server.http.query import cursor_param, id_param, limit_param
 from apiary.wire.workflow import definition_to_proto, state_to_proto
 
 log = logging.getLogger("apiary.server.console")
@@ -77,33 +82,7 @@ class ConsoleSources:
 
     events: EventRecorder | None
     workflows: Workflows | None = None
-
-
-MAX_CURSOR = 2**63 - 1
-"""The largest sequence a store holds (a signed 64-bit integer)."""
-
-
-def _cursor(text: str, field: str) -> int:
-    """A non-negative decimal integer of ASCII digits (str.isdigit alone would take '²',
-    which int() then refuses) that fits a store's 64-bit sequence."""
-    digits = text.strip()
-    if not (digits.isascii() and digits.isdigit()) or len(digits) > len(str(MAX_CURSOR)):
-        raise ValidationError.for_field(
-            field, f"must be a non-negative integer up to {MAX_CURSOR}, not {clip(text, 40)!r}"
-        )
-    value = int(digits)
-    if value > MAX_CURSOR:
-        raise ValidationError.for_field(field, f"must be at most {MAX_CURSOR}")
-    return value
-
-
-def event_json(event: Event) -> dict[str, Any]:
-    """One event as the stream sends it."""
-    return {
-        "sequence": event.sequence, "ts": event.ts, "event_type": event.event_type,
-        "actor": event.actor, "correlation_id": event.correlation_id,
-        "agent_id": event.agent_id, "details": dict(event.details), "hlc": event.hlc,
-    }  # fmt: skip
+    hitl: Hitl | None = None
 
 
 def sse_frame(event: Event) -> bytes:
@@ -156,9 +135,9 @@ class EventStream:
         resume = request.headers.get("Last-Event-ID", "")
         after_text = request.query.get("after", "")
         if resume.strip():
-            after = _cursor(resume, "Last-Event-ID")
+            after = cursor_param(resume, "Last-Event-ID")
         elif after_text:
-            after = _cursor(after_text, "after")
+            after = cursor_param(after_text, "after")
         else:
             after = await events.last_sequence()
         try:
@@ -251,14 +230,19 @@ class WorkflowIndex:
         try:
             if self._workflows is None:
                 raise UnavailableError("this server runs no workflows")
-            limit = _cursor(request.query.get("limit", str(WORKFLOWS_SHOWN)), "limit")
-            if not 1 <= limit <= WORKFLOWS_KNOWN:
-                raise ValidationError.for_field("limit", f"must be within 1..{WORKFLOWS_KNOWN}")
+            limit = limit_param(request.query, WORKFLOWS_SHOWN, WORKFLOWS_KNOWN)
+            wanted = request.query.get("workflow_id", "")
+            if wanted:
+                found = [id_param(request.query, "workflow_id")]
+            else:
+                found = await self.latest(limit)
             shown = []
-            for workflow_id in await self.latest(limit):
+            for workflow_id in found:
                 try:
                     stored = await self._workflows.state(workflow_id)
                 except NotFoundError:
+                    if wanted:
+                        raise
                     continue  # removed since it was created
                 shown.append(
                     {
@@ -307,13 +291,16 @@ class ConsoleAssets:
 
 
 def add_console_routes(app: web.Application, sources: ConsoleSources) -> None:
-    """Mount the console's page, files, event stream and workflow reads on `app`."""
+    """Mount the console's page, files, event stream and reads on `app`."""
     assets = ConsoleAssets()
     stream = EventStream(sources.events)
     workflows = WorkflowIndex(sources.events, sources.workflows)
+    work = WorkReads(sources.events, sources.hitl)
     app.router.add_get("/console", assets.page)
     app.router.add_get("/console/", assets.page)
     app.router.add_get("/console/api/workflows", workflows.handle)
+    app.router.add_get("/console/api/history", work.history)
+    app.router.add_get("/console/api/finished", work.finished)
     app.router.add_get("/console/{name}", assets.asset)
     # No HEAD: the stream's body would follow a HEAD answer and break the connection.
     app.router.add_get(STREAM_PATH, stream.stream, allow_head=False)

@@ -1,7 +1,13 @@
-"""apiary.v1.DiscoveryService: registry reads and per-agent buffer capacity."""
+"""apiary.v1.DiscoveryService: registry reads and per-agent buffer capacity. An agent's
+`state` is the one `core.agent_state.shown_state` decides from the registry's record and the
+Scheduler's lifecycle, so that every reader (the console, `apiary status`) shows the same."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from apiary.core.agent_lifecycle import AgentLifecycleState
+from apiary.core.agent_state import shown_state
 from apiary.core.records import AgentRecord
 from apiary.engine.registry import Registry, retired_keys_of
 from apiary.engine.router.router import Router
@@ -11,22 +17,31 @@ from apiary.wire import pb
 from apiary.wire.convert import descriptor_from_dict, float_to_timestamp
 
 apiary_pb2 = pb.apiary_pb2
+Lifecycle = Callable[[str], AgentLifecycleState | None]
+"""An agent's lifecycle state as the Scheduler holds it (None: not tracked)."""
 
 
 @checked
 class DiscoveryHandler:
     def __init__(
-        self, registry: Registry, router: Router, checks: RequestChecks = DEFAULT_CHECKS
+        self,
+        registry: Registry,
+        router: Router,
+        checks: RequestChecks = DEFAULT_CHECKS,
+        lifecycle: Lifecycle | None = None,
     ) -> None:
         self._registry = registry
         self._router = router
         self._checks = checks
+        self._lifecycle = lifecycle
 
     def _info(self, record: AgentRecord) -> apiary_pb2.AgentInfo:
         inbox = self._router.inbox(record.agent_id)
         return apiary_pb2.AgentInfo(
             descriptor=descriptor_from_dict(dict(record.descriptor)),
-            state=record.state,
+            state=shown_state(
+                record.state, self._lifecycle(record.agent_id) if self._lifecycle else None
+            ),
             registered_at=float_to_timestamp(record.registered_at),
             last_heartbeat_at=float_to_timestamp(record.last_heartbeat_at),
             buffer_capacity=inbox.capacity,

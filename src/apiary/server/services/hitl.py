@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from apiary.core.envelope import Envelope, MessageType
+from apiary.core.hitl.vocabulary import HitlState
 from apiary.core.json_reader import read_json, read_json_object
 from apiary.core.limits import DEFAULT_LIMITS, Limits, check_id, check_text
 from apiary.core.records import HitlRecord
@@ -27,10 +28,11 @@ apiary_pb2 = pb.apiary_pb2
 
 
 def view(record: HitlRecord) -> apiary_pb2.HitlInvocationView:
-    return apiary_pb2.HitlInvocationView(
+    """An invocation as operators see it; only a pending one has a deadline (a decided,
+    timed-out or cancelled one waits for nothing)."""
+    shown = apiary_pb2.HitlInvocationView(
         invocation_id=record.invocation_id, reason_type=record.reason_type, state=record.state,
-        created_at=float_to_timestamp(record.created_at),
-        deadline=float_to_timestamp(record.deadline), requested_by=record.requested_by,
+        created_at=float_to_timestamp(record.created_at), requested_by=record.requested_by,
         correlation_id=record.correlation_id, subject_json=_shown(record.subject),
         context_json=_shown(record.context),
         suggested_action=record.suggested_action, proposed_actions=list(record.proposed_actions),
@@ -38,6 +40,9 @@ def view(record: HitlRecord) -> apiary_pb2.HitlInvocationView:
         extensions=record.extensions,
         decision_json=_shown(record.decision) if record.decision else "",
     )  # fmt: skip
+    if record.state == HitlState.PENDING.value:
+        shown.deadline.CopyFrom(float_to_timestamp(record.deadline))
+    return shown
 
 
 def _shown(document: Mapping[str, Any]) -> str:

@@ -6,16 +6,19 @@ from collections.abc import Sequence
 
 from apiary.core.workflow.definition import WorkflowSpec
 from apiary.core.workflow.node import NodeRun
-from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus
+from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus, WorkflowSummary
 from apiary.store.errors import DuplicateWorkflowError, StoreError
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.workflows import (
+    ENDED_NODES,
     NodeRow,
+    SummaryRow,
     WorkflowRow,
     assemble,
     node_row,
     run_from_row,
     run_values,
+    summary_from_row,
     workflow_row,
 )
 
@@ -65,3 +68,22 @@ class MemoryWorkflowStore:
             if wanted is None or run.status in wanted:
                 found.append(run)
         return found[:limit]
+
+    async def summaries(
+        self, statuses: frozenset[str] | None = None, after_id: str = "", limit: int = 100
+    ) -> Sequence[WorkflowSummary]:
+        runs = await self.list(statuses, after_id, limit)
+        return [self._summary(run.workflow_id) for run in runs]
+
+    async def summary(self, workflow_id: str) -> WorkflowSummary | None:
+        return self._summary(workflow_id) if workflow_id in self._rows else None
+
+    def _summary(self, workflow_id: str) -> WorkflowSummary:
+        row, nodes = self._rows[workflow_id], self._nodes[workflow_id].values()
+        return summary_from_row(
+            SummaryRow(
+                row.workflow_id, row.status, len(nodes),
+                sum(1 for n in nodes if n.status in ENDED_NODES), row.created_at,
+                row.started_at, row.completed_at, row.updated_at,
+            )
+        )  # fmt: skip

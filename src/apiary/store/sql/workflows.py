@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from apiary.core.workflow.definition import WorkflowSpec, spec_from_json, spec_to_json
 from apiary.core.workflow.node import NodeRun, NodeStatus
-from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus
+from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus, WorkflowSummary
 from apiary.store.errors import DuplicateWorkflowError, StoreError
 from apiary.store.sql.bulk import chunks, values_rows
 from apiary.store.sql.checks import check_limit
@@ -69,9 +69,25 @@ class NodeRow(NamedTuple):
     updated_at: float
 
 
+class SummaryRow(NamedTuple):
+    """A workflow listing's line: the run's columns but its data, and its nodes counted."""
+
+    workflow_id: str
+    status: str
+    nodes_total: int
+    nodes_done: int
+    created_at: float
+    started_at: float
+    completed_at: float
+    updated_at: float
+
+
 WORKFLOWS = Columns(WorkflowRow)
 RUNS = Columns(RunRow)
 NODES = Columns(NodeRow)
+SUMMARIES = Columns(SummaryRow)
+ENDED_NODES = tuple(sorted(s.value for s in NodeStatus if s.terminal))
+"""The node statuses a summary counts as done."""
 
 
 def workflow_row(spec: WorkflowSpec, run: WorkflowRun) -> WorkflowRow:
@@ -130,6 +146,16 @@ def node_from_row(row: NodeRow) -> NodeRun:
     )  # fmt: skip
 
 
+def summary_from_row(row: SummaryRow) -> WorkflowSummary:
+    """The summary of a listing's row."""
+    return WorkflowSummary(
+        workflow_id=row.workflow_id, status=WorkflowStatus(row.status),
+        nodes_total=int(row.nodes_total), nodes_done=int(row.nodes_done),
+        created_at=float(row.created_at), started_at=float(row.started_at),
+        completed_at=float(row.completed_at), updated_at=float(row.updated_at),
+    )  # fmt: skip
+
+
 def assemble(row: WorkflowRow, node_rows: Sequence[NodeRow]) -> StoredWorkflow:
     """A `StoredWorkflow` from its row and its nodes' rows, nodes in definition order."""
     spec = spec_from_json(json.loads(row.definition))
@@ -148,6 +174,13 @@ _SAVE_RUN = (
 _GET = f"SELECT {WORKFLOWS.sql} FROM workflows WHERE workflow_id = ?"
 _NODES_OF = f"SELECT {NODES.sql} FROM workflow_nodes WHERE workflow_id = ?"
 _NODE_MARKERS = ", ".join("?" * NODES.count)
+_COUNT_NODES = "(SELECT COUNT(*) FROM workflow_nodes n WHERE n.workflow_id = w.workflow_id{})"
+_ENDED_LIST = ", ".join(f"'{status}'" for status in ENDED_NODES)
+_SUMMARY = (
+    f"SELECT w.workflow_id, w.status, {_COUNT_NODES.format('')}, "
+    f"{_COUNT_NODES.format(f' AND n.status IN ({_ENDED_LIST})')}, "
+    "w.created_at, w.started_at, w.completed_at, w.updated_at FROM workflows w"
+)
 # A VALUES list names its columns column1, column2, ... in both dialects.
 _SAVE_NODES = (
     "UPDATE workflow_nodes SET "
@@ -194,6 +227,24 @@ class SqlWorkflowStore:
         )
         rows = await self._db.read(Query(sql, [*where.params, limit]))
         return [run_from_row(WORKFLOWS.of(row)) for row in rows]
+
+    async def summaries(
+        self, statuses: frozenset[str] | None = None, after_id: str = "", limit: int = 100
+    ) -> Sequence[WorkflowSummary]:
+        """As `list`, each run summarized with its nodes counted."""
+        check_limit(limit)
+        values = None if statuses is None else {WorkflowStatus(s).value for s in statuses}
+        where = Where().term("w.workflow_id > ?", after_id).among("w.status", values)
+        if where.impossible:
+            return []
+        sql = f"{_SUMMARY} WHERE {where.sql} ORDER BY w.workflow_id LIMIT ?"
+        rows = await self._db.read(Query(sql, [*where.params, limit]))
+        return [summary_from_row(SUMMARIES.of(row)) for row in rows]
+
+    async def summary(self, workflow_id: str) -> WorkflowSummary | None:
+        """The summary of one workflow, or None."""
+        row = await self._db.read(QueryOne(f"{_SUMMARY} WHERE w.workflow_id = ?", (workflow_id,)))
+        return None if row is None else summary_from_row(SUMMARIES.of(row))
 
 
 def _create(d: Dialect, row: WorkflowRow, nodes: list[NodeRow]) -> Transaction[None]:

@@ -1,5 +1,5 @@
-"""What went wrong opening a SQLite store, said once: the file, the cause and the fix
-(issue 22: a read-only or corrupted data directory is a one-line error, not a traceback)."""
+"""What went wrong opening a SQLite store, said once: the file, the cause and the fix (a
+read-only or corrupted data directory is a one-line error, not a traceback)."""
 
 from __future__ import annotations
 

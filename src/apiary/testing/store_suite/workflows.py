@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from apiary.core.workflow.definition import NodeSpec, TriggerType, WorkflowSpec
 from apiary.core.workflow.node import NodeRun, NodeStatus
-from apiary.core.workflow.run import WorkflowRun, WorkflowStatus
+from apiary.core.workflow.run import WorkflowRun, WorkflowStatus, WorkflowSummary
 from apiary.store.errors import DuplicateWorkflowError, StoreError
 from apiary.store.protocols import Store
 from apiary.testing.store_suite.base import (
@@ -149,6 +149,44 @@ async def workflows_are_listed_by_status_in_id_order(factory: StoreFactory) -> N
         with contextlib.suppress(ValueError):
             await store.workflows.list(limit=-1)
             raise AssertionError("a negative limit was accepted")
+
+
+@_check
+async def workflows_are_summarized_with_their_nodes_counted(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        assert await store.workflows.summary("wf-0") is None
+        assert await store.workflows.summaries() == []
+        for n in range(3):
+            await _create(store, diamond(f"wf-{n}"))
+        running = WorkflowRun(
+            "wf-1", WorkflowStatus.RUNNING, data='{"big":"' + "x" * 1000 + '"}', started_at=T0 + 1,
+            updated_at=T0 + 5, metadata={"by": "suite"},
+        )  # fmt: skip
+        await store.workflows.save(
+            running,
+            [NodeRun("a", NodeStatus.COMPLETED), NodeRun("b", NodeStatus.FAILED),
+             NodeRun("c", NodeStatus.SKIPPED), NodeRun("d", NodeStatus.RUNNING)],
+        )  # fmt: skip
+        cancelled = WorkflowRun(
+            "wf-2", WorkflowStatus.CANCELLED, completed_at=T0 + 7, updated_at=T0 + 7
+        )
+        await store.workflows.save(cancelled, [NodeRun("a", NodeStatus.SKIPPED)])
+        one = await store.workflows.summary("wf-1")
+        assert one == WorkflowSummary(
+            "wf-1", WorkflowStatus.RUNNING, nodes_total=4, nodes_done=3, created_at=T0,
+            started_at=T0 + 1, completed_at=0.0, updated_at=T0 + 5,
+        )  # fmt: skip
+        every = await store.workflows.summaries()
+        assert [(s.workflow_id, s.status, s.nodes_done) for s in every] == [
+            ("wf-0", WorkflowStatus.CREATED, 0), ("wf-1", WorkflowStatus.RUNNING, 3),
+            ("wf-2", WorkflowStatus.CANCELLED, 1),
+        ]  # fmt: skip
+        assert every[1] == one and all(s.nodes_total == 4 for s in every)
+        # The same filter and paging as `list`.
+        assert await store.workflows.summaries(frozenset({"CANCELLED"})) == [every[2]]
+        assert await store.workflows.summaries(after_id="wf-0", limit=1) == [one]
+        assert await store.workflows.summaries(frozenset()) == []
+        assert await store.workflows.summaries(limit=0) == []
 
 
 @_check

@@ -3,6 +3,7 @@
 
 import {call} from "./api.js";
 import {ago, badge, clock, el, emptyRow, fill, setText, shortId} from "./dom.js";
+import {link} from "./router.js";
 
 export async function refreshAgents() {
   const {agents = []} = await call("apiary.v1.DiscoveryService", "ListAgents", {});
@@ -21,7 +22,7 @@ function agentRow(info) {
   const capacity = Number(info.buffer_capacity || 0);
   const name = d.name && d.name !== d.agent_id ? el("div", {class: "muted", text: d.name}) : null;
   return el("tr", {"data-agent": d.agent_id},
-    el("td", {}, el("span", {class: "mono", text: d.agent_id}), name),
+    el("td", {}, link("agent", d.agent_id), name),
     el("td", {}, badge(info.state)),
     el("td", {title: `${depth} of ${capacity} messages`},
       el("meter", {min: 0, max: Math.max(capacity, 1), value: depth,
@@ -45,8 +46,8 @@ export async function refreshActivity() {
 function activityRow(e) {
   const where = [e.repo_id, e.worktree_id].filter(Boolean).join(" / ");
   return el("tr", {},
-    el("td", {class: "mono", text: e.agent_id}),
-    el("td", {class: "mono", title: e.task_id, text: shortId(e.task_id)}),
+    el("td", {}, link("agent", e.agent_id)),
+    el("td", {}, link("task", e.task_id, shortId(e.task_id))),
     el("td", {}, where, e.branch ? el("div", {class: "muted", text: e.branch}) : null),
     el("td", {text: e.description}),
     el("td", {title: clock(e.started_at), text: ago(e.started_at)}),

@@ -1,15 +1,20 @@
-// The console's entry point: loads every panel, follows the event stream, and refreshes the
-// panels an event concerns, debounced, so a burst of events costs one read per panel. A read
-// the coordinator refuses (401, 403) empties its panel and opens the sign-in panel; signing
-// in or out reads everything again with the new credential.
+// The console's entry point: shows the view the address names (the dashboard, a subject's
+// page, the finished work; router.js), loads its panels, follows the event stream, and
+// refreshes the panels an event concerns, debounced, so a burst of events costs one read per
+// panel. Panels not on show are read when they are shown again. A read the coordinator
+// refuses (401, 403) empties its panel and opens the sign-in panel; signing in or out reads
+// everything again with the new credential.
 
 import {call, describe, isRefusal, token} from "./api.js";
 import {blank, panelError, setText} from "./dom.js";
 import {refreshActivity, refreshAgents} from "./agents.js";
 import {refreshDlq} from "./dlq.js";
 import {addEvent, clearFeed, initFeed} from "./feed.js";
+import {initFinished, refreshFinished} from "./finished.js";
 import {initHitl, refreshHitl} from "./hitl.js";
+import {closePage, openPage, pageConcerns, refreshPage} from "./pages.js";
 import {refreshRooms} from "./rooms.js";
+import {parse} from "./router.js";
 import {accepted, initSignin, refused} from "./signin.js";
 import {LiveStream} from "./stream.js";
 import {refreshTasks} from "./tasks.js";
@@ -60,8 +65,8 @@ class Panel {
 
   async run() {
     this.timer = null;
-    if (document.hidden) {
-      stale.add(this.id); // read when the tab is visible again
+    if (document.hidden || !onShow(this.id)) {
+      stale.add(this.id); // read when it is shown again
       return;
     }
     this.running = true;
@@ -95,20 +100,51 @@ const panels = new Map([
   ["dlq", new Panel("dlq", "dead letter queue", refreshDlq)],
   ["workflows", new Panel("workflows", "workflows", refreshWorkflows)],
   ["rooms", new Panel("rooms", "negotiation rooms", refreshRooms)],
+  ["page", new Panel("page", "this page", refreshPage)],
+  ["finished", new Panel("finished", "finished work", () => refreshFinished(route.params))],
 ]);
+const DASHBOARD = ["agents", "activity", "tasks", "hitl", "dlq", "workflows", "rooms"];
+const VIEWS = ["dashboard", "page", "finished"]; // each the id of its <main>
 const stale = new Set();
+let route = parse(location.hash);
+
+function onShow(id) {
+  if (id === "page" || id === "finished") return route.view === id;
+  return route.view === "dashboard";
+}
+
+/** Show the view the address names and read what it shows. */
+function navigate() {
+  route = parse(location.hash);
+  for (const view of VIEWS) document.getElementById(view).hidden = view !== route.view;
+  for (const link of document.querySelectorAll(".views a")) {
+    link.classList.toggle("current", link.dataset.view === route.view);
+  }
+  if (route.view === "page") {
+    openPage(route.kind, route.id);
+    refresh("page");
+  } else {
+    closePage();
+    if (route.view === "finished") refresh("finished");
+  }
+  const shown = [...stale].filter(onShow);
+  shown.forEach((id) => stale.delete(id));
+  refresh(...shown);
+  window.scrollTo(0, 0);
+}
 
 function refresh(...ids) {
-  for (const id of ids) panels.get(id).request();
+  for (const id of ids) if (id) panels.get(id).request();
 }
 
 function refreshAll() {
-  refresh(...panels.keys());
+  refresh(...DASHBOARD, route.view === "page" ? "page" : null, route.view === "finished"
+    ? "finished" : null);
 }
 
 function affected(eventType) {
-  const route = ROUTES.find(([prefix]) => eventType.startsWith(prefix));
-  return route ? route[1] : [];
+  const found = ROUTES.find(([prefix]) => eventType.startsWith(prefix));
+  return found ? found[1] : [];
 }
 
 // ---- the event stream
@@ -148,7 +184,10 @@ const live = new LiveStream({
     }
     addEvent(event);
     setText("last-sequence", `event #${event.sequence}`);
-    if (event.sequence > liveFrom) refresh(...affected(String(event.event_type || "")));
+    if (event.sequence > liveFrom) {
+      refresh(...affected(String(event.event_type || "")));
+      if (pageConcerns(event)) refresh("page");
+    }
   },
 });
 
@@ -184,14 +223,17 @@ async function begin() {
 function start() {
   initSignin(begin);
   initFeed();
-  initHitl(() => refresh("hitl", "rooms"));
+  initFinished();
+  initHitl(() => refresh("hitl", "rooms", "page"));
   document.getElementById("activity-history").addEventListener("change", () => refresh("activity"));
   document.addEventListener("visibilitychange", () => {
     if (document.hidden || !stale.size) return;
-    const ids = [...stale];
-    stale.clear();
+    const ids = [...stale].filter(onShow);
+    ids.forEach((id) => stale.delete(id));
     refresh(...ids);
   });
+  window.addEventListener("hashchange", navigate);
+  navigate();
   begin();
 }
 

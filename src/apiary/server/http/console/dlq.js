@@ -2,6 +2,7 @@
 
 import {call, describe} from "./api.js";
 import {ago, clock, el, emptyRow, fill, setText, shortId} from "./dom.js";
+import {link} from "./router.js";
 
 const DLQ = "apiary.v1.DlqService";
 const SHOWN = 100;
@@ -21,8 +22,8 @@ function row(e) {
     el("td", {},
       el("span", {class: "mono", text: `#${e.entry_id}`}),
       el("div", {class: "muted mono", title: e.message_id, text: shortId(e.message_id)})),
-    el("td", {class: "mono", text: e.recipient}),
-    el("td", {class: "mono", text: e.producer_id}),
+    el("td", {}, link("agent", e.recipient)),
+    el("td", {}, link("agent", e.producer_id)),
     el("td", {},
       el("strong", {text: e.error_code}),
       el("div", {class: "muted", text: e.reason}),

@@ -4,6 +4,7 @@
 
 import {HITL, call, decide, describe, token} from "./api.js";
 import {badge, clock, countdown, el, fill, parseTime, pretty, setText, shortId} from "./dom.js";
+import {link} from "./router.js";
 
 const ACTIONS = [
   ["approve", "Approve", "approve"],
@@ -38,12 +39,14 @@ export async function refreshHitl() {
     : el("p", {class: "muted", text: "nothing waits for a decision"}));
 }
 
-function card(v) {
+/** An invocation's card; only a pending one has a deadline and decision buttons. */
+export function card(v) {
+  const pending = v.state === "PENDING";
   const proposed = v.proposed_actions || [];
-  const buttons = ACTIONS.map(([action, label, style]) => el("button", {
+  const buttons = pending ? ACTIONS.map(([action, label, style]) => el("button", {
     type: "button", class: style, text: label, onclick: () => openDialog(v, action),
-  }));
-  if (proposed.some((a) => a.toLowerCase() === "modify")) {
+  })) : [];
+  if (pending && proposed.some((a) => a.toLowerCase() === "modify")) {
     buttons.push(el("button", {type: "button", text: "Modify…",
       onclick: () => openDialog(v, "modify")}));
   }
@@ -51,10 +54,10 @@ function card(v) {
     el("header", {},
       badge(v.state),
       el("strong", {text: v.reason_type}),
-      el("span", {class: "mono", title: v.invocation_id, text: shortId(v.invocation_id)}),
+      link("hitl", v.invocation_id, shortId(v.invocation_id)),
       el("span", {class: "muted", text: `from ${v.requested_by || "?"}`}),
-      el("span", {class: "deadline", "data-deadline": v.deadline || "",
-        title: `deadline ${clock(v.deadline)}`, text: countdown(v.deadline)}),
+      pending && v.deadline ? el("span", {class: "deadline", "data-deadline": v.deadline,
+        title: `deadline ${clock(v.deadline)}`, text: countdown(v.deadline)}) : null,
     ),
     el("div", {},
       v.suggested_action ? `suggested: ${v.suggested_action}` : "",
@@ -70,12 +73,12 @@ function card(v) {
       el("pre", {text: pretty(v.subject_json)}),
       el("pre", {text: pretty(v.context_json)}),
     ),
-    el("div", {class: "actions"}, buttons),
+    buttons.length ? el("div", {class: "actions"}, buttons) : null,
   );
 }
 
 function tickDeadlines() {
-  for (const node of document.querySelectorAll("#hitl-body .deadline")) {
+  for (const node of document.querySelectorAll(".card .deadline[data-deadline]")) {
     const at = parseTime(node.dataset.deadline);
     node.textContent = countdown(node.dataset.deadline);
     node.classList.toggle("deadline-soon", !!at && at.getTime() - Date.now() < SOON_S * 1000);

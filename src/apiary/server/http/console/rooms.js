@@ -3,6 +3,7 @@
 
 import {call} from "./api.js";
 import {badge, clock, countdown, el, emptyRow, fill, setText, shortId} from "./dom.js";
+import {link} from "./router.js";
 
 const QUERY = "apiary.v1.NegotiationRoomQueryService";
 const ROOMS = "sw4rm.negotiation_room.NegotiationRoomService";
@@ -21,7 +22,11 @@ export async function refreshRooms() {
     : emptyRow(6, "no negotiations"));
 }
 
-async function roomCard(p) {
+const OPEN_STATES = ["OPEN", "ESCALATED"]; // a decided proposal has no vote deadline
+const ENDED = ["DECIDED", "ABORTED"]; // nor a decided or aborted negotiation a deadline
+
+/** A proposal's card: its review, votes and latest decision. */
+export async function roomCard(p) {
   const proposal = p.proposal || {};
   const ids = {artifact_id: proposal.artifact_id, negotiation_room_id: proposal.negotiation_room_id};
   const [{votes = []}, {decisions = []}] = await Promise.all([
@@ -34,11 +39,12 @@ async function roomCard(p) {
       badge(p.state),
       el("strong", {text: proposal.artifact_type || "ARTIFACT"}),
       el("span", {class: "mono", title: proposal.artifact_id, text: shortId(proposal.artifact_id)}),
-      el("span", {class: "muted", text: `room ${proposal.negotiation_room_id || "?"}`}),
-      el("span", {class: "muted", text: `by ${proposal.producer_id || "?"}`}),
+      el("span", {class: "muted"}, "room ", link("room", proposal.negotiation_room_id)),
+      el("span", {class: "muted"}, "by ", link("agent", proposal.producer_id)),
       el("span", {text: `${Number(p.votes_received || 0)} / ${Number(p.votes_required || 0)} votes`}),
-      p.vote_deadline ? el("span", {class: "muted", title: clock(p.vote_deadline),
-        text: `vote deadline ${countdown(p.vote_deadline)}`}) : null,
+      p.vote_deadline && OPEN_STATES.includes(p.state) ? el("span", {class: "muted vote-deadline",
+        title: clock(p.vote_deadline), text: `vote deadline ${countdown(p.vote_deadline)}`}) : null,
+      p.invocation_id ? link("hitl", p.invocation_id, "HITL invocation", "") : null,
     ),
     (p.pending_critics || []).length
       ? el("div", {class: "muted", text: `waiting for: ${p.pending_critics.join(", ")}`}) : null,
@@ -52,7 +58,7 @@ function voteTable(votes) {
     el("thead", {}, el("tr", {}, ["critic", "score", "confidence", "passed", "notes"]
       .map((h) => el("th", {text: h})))),
     el("tbody", {}, votes.map((v) => el("tr", {},
-      el("td", {class: "mono", text: v.critic_id}),
+      el("td", {}, link("agent", v.critic_id)),
       el("td", {class: "num", text: Number(v.score || 0).toFixed(1)}),
       el("td", {class: "num", text: Number(v.confidence || 0).toFixed(2)}),
       el("td", {text: v.passed ? "yes" : "no"}),
@@ -78,12 +84,13 @@ function decisionLine(room) {
 
 function negotiationRow(n) {
   return el("tr", {"data-negotiation": n.negotiation_id},
-    el("td", {class: "mono", title: n.negotiation_id, text: shortId(n.negotiation_id)}),
+    el("td", {}, link("negotiation", n.negotiation_id, shortId(n.negotiation_id))),
     el("td", {text: n.topic}),
     el("td", {class: "muted", text: (n.participants || []).join(", ")}),
     el("td", {}, badge(n.state), n.stop_reason ? el("div", {class: "muted", text: n.stop_reason})
       : null),
     el("td", {class: "num", text: Number(n.round || 0)}),
-    el("td", {title: clock(n.deadline), text: n.deadline ? countdown(n.deadline) : ""}),
+    el("td", {title: clock(n.deadline),
+      text: n.deadline && !ENDED.includes(n.state) ? countdown(n.deadline) : ""}),
   );
 }

@@ -2,6 +2,7 @@
 
 import {call} from "./api.js";
 import {ago, badge, clock, el, emptyRow, fill, setText, shortId} from "./dom.js";
+import {link} from "./router.js";
 
 const OPEN = ["QUEUED", "HELD", "DISPATCHED", "RUNNING"];
 const LIMIT = 200;
@@ -15,8 +16,8 @@ export async function refreshTasks() {
 
 function taskRow(t) {
   return el("tr", {"data-task": t.task_id},
-    el("td", {class: "mono", title: t.task_id, text: shortId(t.task_id)}),
-    el("td", {class: "mono", text: t.agent_id}),
+    el("td", {}, link("task", t.task_id, shortId(t.task_id))),
+    el("td", {}, link("agent", t.agent_id)),
     el("td", {}, badge(t.state)),
     el("td", {text: String(t.priority || 0)}),
     el("td", {text: t.lane || "STANDARD"}),

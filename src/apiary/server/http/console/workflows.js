@@ -3,6 +3,7 @@
 import {read} from "./api.js";
 import {ago, badge, clock, el, fill, setText} from "./dom.js";
 import {workflowGraph} from "./graph.js";
+import {link} from "./router.js";
 
 const SHOWN = 10;
 const MAX_DRAWN = 300; // nodes; a bigger workflow is summarised instead of drawn
@@ -23,7 +24,8 @@ function counts(states) {
   return Object.entries(by).map(([status, n]) => `${n} ${status.toLowerCase()}`).join(", ");
 }
 
-function block({definition, state}) {
+/** A workflow run: its id, status, node counts and times, and its graph. */
+export function block({definition, state}) {
   const nodes = definition.nodes || {};
   const states = state.node_states || {};
   const status = (state.metadata && state.metadata.status) || "CREATED";
@@ -31,7 +33,7 @@ function block({definition, state}) {
   const size = Object.keys(nodes).length;
   return el("div", {class: "workflow", "data-workflow": definition.workflow_id},
     el("h3", {},
-      el("span", {class: "mono", text: definition.workflow_id}), " ", badge(status),
+      link("workflow", definition.workflow_id), " ", badge(status),
       el("span", {class: "muted", text: ` ${size} nodes: ${counts(states)}`}),
       state.started_at ? el("span", {class: "muted", title: clock(state.started_at),
         text: ` · started ${ago(state.started_at)}`}) : null,
