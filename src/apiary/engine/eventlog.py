@@ -102,7 +102,9 @@ class EventRecorder:
         """`write` (a store write that appends the events it is given in its transaction)
         with the events noted so far and not yet appended, then `drafts`. When it fails, those
         noted events go back to the flusher; when one of them is malformed (ValueError: it
-        can never be stored), `write` runs again with `drafts` alone."""
+        can never be stored), `write` runs again with `drafts` alone. A write whose outcome
+        is unknown (a lost connection, a cancelled caller) may still have committed them:
+        they are kept rather than risk losing them, so such a write may log them twice."""
         taken, self._pending = self._pending, []
         if not taken:
             return await write(list(drafts))
@@ -117,14 +119,16 @@ class EventRecorder:
 
     def _give_back(self, taken: list[EventDraft]) -> None:
         self._pending[:0] = taken
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.ensure_future(self._flush_pending())
+        self._wake_flusher()
 
     def queue(self, draft: EventDraft | None) -> None:
         """Append a `draft` by the flusher (None: nothing), as `note` does."""
         if draft is None:
             return
         self._pending.append(draft)
+        self._wake_flusher()
+
+    def _wake_flusher(self) -> None:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.ensure_future(self._flush_pending())
 
@@ -176,7 +180,8 @@ class EventRecorder:
         while self._flusher is not None and not self._flusher.done():
             await asyncio.shield(self._flusher)
         if self._pending:
-            self._flusher = asyncio.ensure_future(self._flush_pending())
+            self._wake_flusher()
+            assert self._flusher is not None
             await self._flusher
 
     async def close(self, timeout_s: float = 10.0) -> None:

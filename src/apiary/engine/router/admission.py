@@ -381,7 +381,7 @@ class Admission:
             try:
                 self._reserve(target, env)
             except ApiaryError:
-                self._dedup.abandon(env.message_id)  # frees what deduplication reserved
+                self._dedup.release(env.message_id)  # frees what deduplication reserved
                 raise
         return SendOutcome(env.message_id, True), self._record(
             env, target, now, notice, raw, item.lane, self._verified(item, raw)

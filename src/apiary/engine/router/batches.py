@@ -263,7 +263,7 @@ class Batches:
 
     def _free(self, env: Envelope, record: StoredMessage) -> None:
         self._inboxes[record.recipient].release(env.message_id)
-        self._dedup.abandon(env.message_id)
+        self._dedup.release(env.message_id)
         self._credits.release(record)
 
     def _track(self, work: Coroutine[Any, Any, None]) -> None:
@@ -309,7 +309,7 @@ class Batches:
             )
             return SendOutcome.refusal(env.message_id, error)
         stored = result
-        self._dedup.admitted(stored.message_id)
+        self._dedup.release(stored.message_id)
         self._live.add(stored, occupies=not is_notice(stored))
         stats = self._stats
         stats.accepted[stored.recipient] += 1

@@ -188,7 +188,7 @@ class DedupGate:
 
     async def record_for(self, message: StoredMessage, now: float) -> IdempotencyRecord | None:
         """The token's record that commits with the admission of `message` (None: it was
-        admitted under no token); `admitted` or `abandon` follows the write."""
+        admitted under no token); `release` follows the write."""
         plan = self._plans.get(message.message_id)
         if plan is None:
             return None
@@ -199,13 +199,9 @@ class DedupGate:
             return dedup.requeue_attempt(current, message.message_id, now)
         return dedup.attempt(plan.record, message.message_id, now)
 
-    def admitted(self, message_id: str) -> None:
-        """The admission of `message_id` committed with its token's record (`record_for`):
-        the token's reservation ends."""
-        self.abandon(message_id)
-
-    def abandon(self, message_id: str) -> None:
-        """Admission failed after `check` passed: free the token's reservation."""
+    def release(self, message_id: str) -> None:
+        """The admission of `message_id` ended after `check` passed (committed with its
+        token's record, or failed): the token's reservation ends."""
         plan = self._plans.pop(message_id, None)
         if plan is not None:
             self._reserved.discard(plan.token)

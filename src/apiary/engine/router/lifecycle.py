@@ -100,9 +100,9 @@ class MessageLifecycle:
         code = ack.error_code if ack else error_code
         if change is None:
             updated = message
-            self._events.queue(self._step_event(message, message, event, step.late, code, now))
+            self._event_of(plan, message, message, event, code, now)
         else:
-            draft = self._step_event(message, changed(message, change), event, step.late, code, now)
+            draft = self._event_of(plan, message, changed(message, change), event, code, now)
             updated = await self._changes.submit((change, draft))
         awaited, updated = self._settle(message, updated, event, step, now, ack)
         if awaited:
@@ -156,18 +156,19 @@ class MessageLifecycle:
         try:
             changes: list[StateChange] = []
             drafts: list[EventDraft] = []
+            stored: dict[str, StoredMessage] = {}
             for _, original, ack, plan in planned:
                 if plan is None:
                     continue
-                step, change = plan
-                before = copies.get(original.message_id, original)
-                after = before if change is None else changed(before, change)
-                draft = self._step_event(
-                    original, after, ACK_INPUTS[ack.ack_stage], step.late, ack.error_code, now
+                change = plan[1]
+                # The stored row is the live copy (held under the lock) with the change.
+                current = copies.get(original.message_id, original)
+                after = stored[original.message_id] = (
+                    current if change is None else changed(current, change)
                 )
-                if change is None:
-                    self._events.queue(draft)
-                else:
+                event = ACK_INPUTS[ack.ack_stage]
+                draft = self._event_of(plan, original, after, event, ack.error_code, now)
+                if change is not None:
                     changes.append(change)
                     drafts.extend([] if draft is None else [draft])
             if changes:
@@ -175,10 +176,8 @@ class MessageLifecycle:
             for key, original, ack, plan in planned:
                 effects: tuple[Effect, ...] = ()
                 if plan is not None:
-                    step, change = plan
-                    # The stored row is the live copy (held under the lock) with the change.
-                    current = copies.get(original.message_id, original)
-                    updated = current if change is None else changed(current, change)
+                    step = plan[0]
+                    updated = stored[original.message_id]
                     event = ACK_INPUTS[ack.ack_stage]
                     awaited, updated = self._settle(original, updated, event, step, now, ack)
                     if awaited:
@@ -308,6 +307,19 @@ class MessageLifecycle:
         drafts = [draft for _, draft in writes if draft is not None]
         changes = [change for change, _ in writes]
         return await self._events.commit(drafts, partial(self._messages.apply, changes))
+
+    def _event_of(
+        self, plan: Plan, before: StoredMessage, after: StoredMessage, event: MessageInput,
+        code: str, now: float,
+    ) -> EventDraft | None:  # fmt: skip
+        """The event of `plan`'s step: returned when it commits with the step's state change,
+        appended by the recorder's flusher when the step changes no stored state."""
+        step, change = plan
+        draft = self._step_event(before, after, event, step.late, code, now)
+        if change is not None:
+            return draft
+        self._events.queue(draft)
+        return None
 
     def _step_event(
         self, before: StoredMessage, after: StoredMessage, event: MessageInput,

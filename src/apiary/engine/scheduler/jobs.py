@@ -20,7 +20,6 @@ from apiary.core.agent_lifecycle import AgentLifecycleState
 from apiary.core.clock import Clock
 from apiary.core.envelope import MessageType
 from apiary.core.envelope_rules import check_modality
-from apiary.core.events import EventDraft
 from apiary.core.lanes import LANES
 from apiary.core.records import TaskRecord, TaskState
 from apiary.core.scope_overlap import parse_scope
@@ -175,12 +174,9 @@ class SchedulerJobs:
         return run, []
 
     async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
-        put = self._store.put
+        put, event = self._store.put, self._transitions.submission_event
         writes = await asyncio.gather(
-            *(
-                self._events.commit(self._submission_events(record), partial(put, record))
-                for _, record in run
-            ),
+            *(self._events.commit([event(record)], partial(put, record)) for _, record in run),
             return_exceptions=True,
         )
         for (arrival, record), written in zip(run, writes, strict=True):
@@ -188,14 +184,6 @@ class SchedulerJobs:
                 arrival.outcome.set_exception(written)
             else:
                 await _settle(arrival, self._queued(record))
-
-    def _submission_events(self, record: TaskRecord) -> list[EventDraft]:
-        """The event that commits with a new submission's record."""
-        return [
-            self._transitions.submission_event(
-                record, priority=record.priority, scope=record.scope, lane=record.lane
-            )
-        ]
 
     async def _queued(self, record: TaskRecord) -> SubmitResult:
         """What follows a QUEUED task's write: the rest of its SUBMITTED step, then

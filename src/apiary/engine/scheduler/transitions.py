@@ -84,9 +84,10 @@ class TaskTransitions:
         changes = {"error_code": code, "note": note, "updated_at": self._clock.now()}
         return await self.apply(task, event, changes, error_code=code, note=note)
 
-    def submission_event(self, record: TaskRecord, **details: Any) -> EventDraft:
-        """The event of `TaskMachine.SUBMITTED` for a new submission's record, for the store
-        to commit with the record (`submitted` follows the write)."""
+    def submission_event(self, record: TaskRecord) -> EventDraft:
+        """The event of `TaskMachine.SUBMITTED` for a new submission's record (its priority,
+        scope and lane), for the store to commit with the record (`submitted` follows)."""
+        details = {"priority": record.priority, "scope": record.scope, "lane": record.lane}
         return self._event(TaskMachine.SUBMITTED, record, details)
 
     async def submitted(self, record: TaskRecord) -> None:

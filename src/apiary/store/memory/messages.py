@@ -68,10 +68,13 @@ class MemoryMessageStore:
         for message in messages:
             message_values(message)  # validate every member before admitting any
         lead = self._log.checked(events)
-        extras = [
-            (self._log.checked(w.events), w.idempotency and self._tokens.checked(w.idempotency))
+        extras = [  # (every write checked too)
+            (
+                self._log.checked(w.events),
+                None if w.idempotency is None else self._tokens.checked(w.idempotency),
+            )
             for w in writes
-        ]  # (and every write)
+        ]
         outcomes: list[StoredMessage | DuplicateMessageError] = []
         appended: list[EventDraft] = lead
         for i, message in enumerate(messages):
