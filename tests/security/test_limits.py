@@ -21,6 +21,7 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
+from apiary.core.events import MAX_EVENT_TYPES
 from apiary.core.limits import DEFAULT_LIMITS
 from apiary.server.config.address import Address
 from apiary.server.config.loader import load_config
@@ -272,6 +273,19 @@ async def test_the_largest_integer_sql_keeps_is_a_plain_answer(running: Running)
     events = running.stub(pb.apiary_pb2_grpc, "EventLogService")
     reply = await events.ReadEvents(apiary_pb2.ReadEventsRequest(after_sequence=2**63 - 1))
     assert list(reply.events) == []
+
+
+async def test_a_read_naming_more_event_types_than_a_query_holds_is_refused(
+    running: Running,
+) -> None:
+    """1,100 type families made SQLite's expression tree too large: internal_error. At most
+    MAX_EVENT_TYPES per read, the limit itself answered as usual."""
+    events = running.stub(pb.apiary_pb2_grpc, "EventLogService")
+    families = [f"t{n}." for n in range(MAX_EVENT_TYPES + 1)]
+    await refused(events.ReadEvents(apiary_pb2.ReadEventsRequest(event_types=families)),
+                  "event_types")  # fmt: skip
+    at_limit = apiary_pb2.ReadEventsRequest(event_types=families[:MAX_EVENT_TYPES])
+    assert list((await events.ReadEvents(at_limit)).events) == []
 
 
 async def test_an_unknown_heartbeat_state_is_a_validation_error(running: Running) -> None:

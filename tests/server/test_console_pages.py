@@ -22,11 +22,14 @@ import pytest
 
 from apiary.core.access.principal import PrincipalKind
 from apiary.core.events import Event, EventFilter
+from apiary.engine.eventlog import EventRecorder
 from apiary.server.auth.keys import KeyRing, credentials_path
 from apiary.server.auth.settings import AuthSettings
 from apiary.server.coordinator import Coordinator
 from apiary.server.http.history import read_back
 from apiary.server.inprocess import open_test_coordinator
+from apiary.store.memory.store import MemoryStore
+from apiary.testing.clock import FakeClock
 from tests.server.console_scenario import OPERATOR_HEADERS, open_world
 
 HISTORY = "/console/api/history"
@@ -108,6 +111,45 @@ async def test_a_sparse_search_reads_within_its_budget_and_goes_on_from_where_it
         found += [e.details["n"] for e in page.events]
         before = page.next
     assert found == [0]  # the rest, nothing twice
+
+
+class CountingReads:
+    """An event log reader that counts the events its reads return."""
+
+    def __init__(self, events: EventRecorder) -> None:
+        self._events = events
+        self.returned = 0
+
+    async def last_sequence(self) -> int:
+        return await self._events.last_sequence()
+
+    async def read(self, after: int, limit: int, where: EventFilter) -> list[Event]:
+        found = await self._events.read(after=after, limit=limit, where=where)
+        self.returned += len(found)
+        return found
+
+
+async def test_a_dense_window_is_narrowed_to_the_budget_and_no_read_goes_past_before() -> None:
+    events = EventRecorder(MemoryStore().events, FakeClock())
+    for n in range(2000):  # old and dense: every one selected
+        await events.record("console.probe", "tester", agent_id="busy", n=n)
+    for n in range(3000):  # newer, none selected: the windows grow wide across them
+        await events.record("console.other", "tester", n=n)
+    where = EventFilter(event_types=frozenset({"console.probe"}))
+    reads = CountingReads(events)
+
+    def never(e: Event) -> bool:
+        return False
+
+    page = await read_back(reads, where, never, None, 5, budget=100)  # type: ignore[arg-type]
+    assert page.events == []
+    assert page.next is not None and page.next > 1  # the budget ran out, older ones remain
+    # The window that reaches the dense part is narrowed instead of read whole (2,000
+    # events): each try gives up one read past the budget left.
+    assert reads.returned < 1000, reads.returned
+    # A `before` past the log's end is the end.
+    far = await read_back(events, where, lambda e: True, 2**62, 3, budget=100)
+    assert [e.details["n"] for e in far.events] == [1999, 1998, 1997]
 
 
 async def test_a_hitl_invocations_history_is_its_own_events_and_a_missing_one_is_404(

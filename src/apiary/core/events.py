@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from apiary.core.value import value
+from apiary.errors import ValidationError
+
+MAX_EVENT_TYPES: Final = 100
+"""The most event types (or families) one filter may name: a read names a few; each is a
+term of the store's query, which a database bounds (SQLite's expression depth)."""
 
 JsonObject = Mapping[str, Any]
 
@@ -54,8 +59,19 @@ class EventFilter:
     correlation_id: str | None = None
     agent_id: str | None = None
     event_types: frozenset[str] | None = None
+    before: int | None = None
+    """Only events with a sequence below this one (a read backwards in windows)."""
+
+    def __post_init__(self) -> None:
+        if self.event_types is not None and len(self.event_types) > MAX_EVENT_TYPES:
+            raise ValidationError.for_field(
+                "event_types",
+                f"names {len(self.event_types)} types; at most {MAX_EVENT_TYPES} per read",
+            )
 
     def matches(self, event: Event) -> bool:
+        if self.before is not None and event.sequence >= self.before:
+            return False
         if self.correlation_id is not None and event.correlation_id != self.correlation_id:
             return False
         if self.agent_id is not None and event.agent_id != self.agent_id:

@@ -18,7 +18,7 @@ with the `next` to continue from.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 from aiohttp import web
@@ -78,41 +78,45 @@ async def read_back(
     budget: int = SCAN_BUDGET,
 ) -> Page:
     """The `limit` newest events below sequence `before` (the log's end: None) that `where`
-    selects and `keep` keeps, reading at most about `budget` selected events."""
-    high = (before - 1) if before is not None else await events.last_sequence()
+    selects and `keep` keeps, reading at most about `budget` selected events: windows of
+    the log read backwards, each twice as wide as the one before, and half as wide again
+    when one would select more than the budget left."""
+    last = await events.last_sequence()
+    high = last if before is None else min(before - 1, last)
     found: list[Event] = []
-    window, read = limit, 0
-    while high > 0:
+    window, left = limit, budget
+    while high > 0 and left > 0:
         low = max(0, high - window)
-        kept, seen = await _window(events, where, keep, low, high)
-        read += seen
-        found.extend(reversed(kept))
+        selected = await _window(events, where, low, high, left)
+        if selected is None:
+            window = max(1, (high - low) // 2)
+            continue
+        left -= len(selected)
+        found.extend(reversed([e for e in selected if keep(e)]))
         if len(found) >= limit:
             page = found[:limit]
             return Page(page, page[-1].sequence)
         high = low
-        if read >= budget:
-            break
         window *= 2
     return Page(found, high + 1 if high > 0 else None)
 
 
 async def _window(
-    events: EventRecorder, where: EventFilter, keep: Callable[[Event], bool], low: int, high: int
-) -> tuple[list[Event], int]:
-    """The kept events in (low, high], ascending, and how many `where` selected there."""
-    kept: list[Event] = []
-    seen, cursor = 0, low
+    events: EventRecorder, where: EventFilter, low: int, high: int, budget: int
+) -> list[Event] | None:
+    """The events in (low, high] that `where` selects, ascending; None as soon as they are
+    more than `budget` (a window of one event never is: `budget` is at least 1)."""
+    bounded = replace(where, before=high + 1)
+    selected: list[Event] = []
+    cursor = low
     while True:
-        batch = await events.read(after=cursor, limit=BATCH, where=where)
-        for event in batch:
-            if event.sequence > high:
-                return kept, seen
-            seen += 1
-            if keep(event):
-                kept.append(event)
-        if len(batch) < BATCH:
-            return kept, seen
+        want = min(BATCH, budget + 1 - len(selected))
+        batch = await events.read(after=cursor, limit=want, where=bounded)
+        selected.extend(batch)
+        if len(selected) > budget:
+            return None
+        if len(batch) < want:
+            return selected
         cursor = batch[-1].sequence
 
 

@@ -48,7 +48,8 @@ class MemoryEventLog:
         if limit < 0:
             raise ValueError(f"limit must not be negative: {limit}")
         found: list[Event] = []
-        for event in self._events[max(after, 0) :]:
+        end = len(self._events) if where is None or where.before is None else where.before - 1
+        for event in self._events[max(after, 0) : max(end, 0)]:
             if len(found) >= limit:
                 break
             if where is None or where.matches(event):

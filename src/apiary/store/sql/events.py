@@ -215,6 +215,7 @@ def event_filter(
     if correlation_key is not None and where.correlation_id is not None:
         terms.term("correlation_key = ?", correlation_key(where.correlation_id))
     terms.compare("correlation_id =", where.correlation_id).compare("agent_id =", where.agent_id)
+    terms.compare("sequence <", where.before)
     if where.event_types is not None and not where.event_types:
         terms.impossible = True
     elif where.event_types is not None:

@@ -175,6 +175,21 @@ async def read_combines_correlation_id_and_event_types(factory: StoreFactory) ->
 
 
 @_check
+async def read_stops_below_before(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        await _filter_fixture(store)
+        assert await _sequences(store, EventFilter(before=4)) == [1, 2, 3]
+        assert await _sequences(store, EventFilter(before=4), after=2) == [3]
+        assert await _sequences(store, EventFilter(before=1)) == []
+        assert await _sequences(store, EventFilter(before=99)) == [1, 2, 3, 4, 5, 6]
+        # With the other terms, the correlation path (SQLite's buckets) included.
+        by_correlation = EventFilter(correlation_id="c-1", before=6)
+        assert await _sequences(store, by_correlation) == [1, 3, 5]
+        acked = EventFilter(event_types=frozenset({"message."}), agent_id="a-1", before=6)
+        assert await _sequences(store, acked) == [1, 2, 5]
+
+
+@_check
 async def concurrent_appends_get_gap_free_contiguous_sequences(factory: StoreFactory) -> None:
     callers = 100
     async with factory.open() as store:
