@@ -113,6 +113,12 @@ class FuzzTarget:
         self.baseline_rss = resident_bytes()
         """The process's RSS before fuzzing (reset once the fixture has set up)."""
 
+    async def assert_still_serving(self, rss_growth_limit: int) -> None:
+        """After fuzzing: health is SERVING and the process grew by less than the limit."""
+        assert await self.serving()
+        growth = resident_bytes() - self.baseline_rss
+        assert growth < rss_growth_limit, f"RSS grew by {growth / 2**20:.0f} MiB"
+
     # ------------------------------------------------------------------------------ gRPC
 
     async def grpc(self, method: RpcMethod, frames: Sequence[bytes]) -> Answer:

@@ -16,7 +16,7 @@ from tests.fuzz.cases import describe, gateway_case, read_case, route_case
 from tests.fuzz.conftest import FUZZ_SETTINGS, RSS_GROWTH_LIMIT
 from tests.fuzz.inputs import READ_QUERIES, VERBS, gateway_bodies, paths
 from tests.fuzz.known import params, unexpected
-from tests.fuzz.target import METHODS, FuzzTarget, resident_bytes
+from tests.fuzz.target import METHODS, FuzzTarget
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -51,6 +51,4 @@ async def test_no_method_on_any_path_makes_a_500(
 async def test_the_coordinator_still_serves_with_bounded_memory(target: FuzzTarget) -> None:
     """Runs last in this module (pytest keeps the file's order): after every route was
     fuzzed, health is SERVING and the process grew by less than RSS_GROWTH_LIMIT."""
-    assert await target.serving()
-    growth = resident_bytes() - target.baseline_rss
-    assert growth < RSS_GROWTH_LIMIT, f"RSS grew by {growth / 2**20:.0f} MiB"
+    await target.assert_still_serving(RSS_GROWTH_LIMIT)

@@ -69,14 +69,14 @@ async def test_mtls_requires_a_client_certificate(tmp_path: Path, pki: Pki) -> N
             async with open_channel(address, anonymous) as channel:
                 await _register(channel, "alice")
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
-        known = ClientTls(ca=pki.ca_file, cert=pki.cert_file, key=pki.key_file)
+        known = ClientTls(ca=pki.ca_file, cert=pki.client_cert, key=pki.client_key)
         async with open_channel(address, known) as channel:
             assert await _register(channel, "alice")
         https = f"https://localhost:{c.http_address.port}/healthz"
         with pytest.raises(aiohttp.ClientError):
             await _healthz(https, pki.client())
         with_cert = pki.client()
-        with_cert.load_cert_chain(pki.cert_file, pki.key_file)
+        with_cert.load_cert_chain(pki.client_cert, pki.client_key)
         assert await _healthz(https, with_cert) == 200
 
 
