@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from apiary.engine.registry import UNAVAILABLE
+from apiary.core.agent_state import UNAVAILABLE
 from apiary.store.sqlite.store import SqliteStore
 from apiary.testing.engine import EngineHarness, open_test_engine
 

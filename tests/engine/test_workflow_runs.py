@@ -5,7 +5,7 @@ across a restart) and a run's history from the event log."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -14,10 +14,11 @@ import pytest
 
 from apiary.core.envelope import AckStage
 from apiary.core.workflow.definition import NodeSpec, WorkflowSpec
-from apiary.core.workflow.node import NodeStatus
-from apiary.core.workflow.run import WorkflowStatus
+from apiary.core.workflow.node import NodeRun, NodeStatus
+from apiary.core.workflow.run import WorkflowRun, WorkflowStatus
 from apiary.engine.workflows import Workflows
 from apiary.errors import AlreadyCompletedError, NotFoundError, ValidationError
+from apiary.store.errors import StoreUnavailableError
 from apiary.testing.clock import FakeClock
 from apiary.testing.engine import EngineHarness, open_test_engine
 from apiary.testing.ids import SequentialIds
@@ -170,6 +171,53 @@ async def test_cancelling_a_running_workflow_ends_its_nodes_and_cancels_its_queu
             await _wf(h).resume("wf")
 
 
+async def test_a_cancel_the_store_failed_to_write_leaves_the_run_going(
+    h: EngineHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _wf(h).create(two_on_one_agent())
+    await _wf(h).start("wf")
+    before = await _wf(h).state("wf")
+    nodes_before = dict(before.nodes)  # a snapshot shares the live run's node map
+    store = h.store.workflows
+    save = store.save
+    failures = [StoreUnavailableError("the database went away")]
+
+    async def save_failing_once(run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
+        if failures:
+            raise failures.pop()
+        await save(run, nodes)
+
+    monkeypatch.setattr(store, "save", save_failing_once)
+
+    with pytest.raises(StoreUnavailableError):
+        await _wf(h).cancel("wf", "wrong input", "ops")
+
+    # Nothing happened: the run is as stored, RUNNING, its tasks untouched, nothing logged.
+    after = await _wf(h).state("wf")
+    assert (after.run, after.nodes) == (before.run, nodes_before)
+    stored = await store.get("wf")
+    assert stored is not None and stored.run.status is W.RUNNING
+    assert await _task_state(h, _task("y")) == ("QUEUED", "")
+    assert await h.events("workflow.cancelled") == []
+    assert await h.events("workflow.node_cancelled") == []
+    # Still driven: x's end completes the node and releases z.
+    await _finish(h, _task("x"))
+    assert (await _wf(h).state("wf")).nodes["x"].status is S.COMPLETED
+    assert await _task_state(h, _task("z")) == ("DISPATCHED", "")
+
+    # Cancelling again does it, once.
+    state = await _wf(h).cancel("wf", "wrong input", "ops")
+    assert state.run.status is W.CANCELLED
+    stored = await store.get("wf")
+    assert stored is not None and stored.run.status is W.CANCELLED
+    assert await _nodes(h) == {
+        "x": ("COMPLETED", ""), "y": ("FAILED", WHY), "z": ("FAILED", WHY)
+    }  # fmt: skip
+    [done] = await h.events("workflow.cancelled")
+    assert done.details["tasks_left_running"] == [_task("y"), _task("z")]
+    assert len(await h.events("workflow.node_cancelled")) == 2
+
+
 async def test_a_finished_workflow_is_refused_naming_its_state(h: EngineHarness) -> None:
     await _wf(h).create(one_node("done"))
     await _wf(h).start("done")
@@ -187,9 +235,9 @@ async def test_a_finished_workflow_is_refused_naming_its_state(h: EngineHarness)
     assert await h.events("workflow.cancelled") == []
     with pytest.raises(NotFoundError):
         await _wf(h).cancel("ghost")
-    with pytest.raises(ValidationError) as caught:
+    with pytest.raises(ValidationError) as invalid:
         await _wf(h).cancel("")
-    assert caught.value.details["field"] == "workflow_id"
+    assert invalid.value.details["field"] == "workflow_id"
 
 
 async def test_a_created_workflow_is_cancelled_before_it_ever_runs(h: EngineHarness) -> None:

@@ -1,8 +1,9 @@
 """Signing in to the operator console: the real page in headless Chromium against a
 coordinator in secure mode (refused reads open the sign-in panel with the coordinator's
-answer; an operator's API key, kept in sessionStorage only, is sent on every request
-including the live event stream; sign-out forgets it), the same page in dev mode (no panel),
-and the page's server-sent-events parser under Node."""
+answer, a search of the finished work read again included; an operator's API key, kept in
+sessionStorage only, is sent on every request including the live event stream; sign-out
+forgets it), the same page in dev mode (no panel), and the page's server-sent-events parser
+under Node."""
 
 from __future__ import annotations
 
@@ -212,6 +213,27 @@ async def test_a_wrong_key_shows_the_refusal_and_a_missing_role_only_its_panel(
         await page.sign_in("ключ")
         assert "printable" in await page.shows("signin-problem", "printable")
         assert await page.value("sessionStorage.length") == 0
+
+
+async def test_searching_the_finished_work_again_with_a_revoked_key_asks_to_sign_in(
+    secure: Coordinator, tmp_path: Path, chromium: Path
+) -> None:
+    ops = _key(secure, "ops", "events", "dlq")
+    key_id = ops.split("_")[1]
+    async with open_console(chromium, tmp_path / "profile", secure.http_address) as page:
+        await page.refusals("secure mode", "agents")
+        await page.sign_in(ops)
+        await page.until("() => document.getElementById('signin').hidden", "the panel closes")
+        await page.value("location.hash = '#/finished?q=nothing'")
+        await page.shows("finished-body", 'nothing finished matches "nothing"')
+
+        KeyRing(credentials_path(secure.config.data_dir)).revoke(key_id, now=time.time())
+        # The same search again (the address does not change): read as its panel is read,
+        # so the refusal opens the sign-in panel and shows in the panel.
+        await page.value("document.querySelector('#finished-form button[type=submit]').click()")
+        await page.refusals(f"API key {key_id} was revoked", "finished work")
+        assert not await page.hidden("signin")
+        assert "was revoked" in await page.shows("finished", "was revoked")
 
 
 # ---------------------------------------------------------------- dev mode

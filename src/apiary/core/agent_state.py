@@ -23,20 +23,20 @@ from __future__ import annotations
 
 from typing import Final
 
-from apiary.core.agent_lifecycle import AgentLifecycleState
+from apiary.core.agent_lifecycle import PROTO_NAMES, AgentLifecycleState
 
 UNAVAILABLE: Final = "UNAVAILABLE"
 """The registry's state for an agent that stopped answering heartbeats (presence)."""
 _S = AgentLifecycleState
 _DECIDED: Final = frozenset({_S.FAILED, _S.SHUTTING_DOWN})
-_PROTO_NAMES: Final = {"FAILED_STATE": _S.FAILED.value}
+_BY_PROTO_NAME: Final = {name: state.value for state, name in PROTO_NAMES.items()}
 
 
 def shown_state(registered: str, lifecycle: AgentLifecycleState | None) -> str:
     """The state to show for an agent whose registry record says `registered` and whose
     lifecycle (None: not tracked) is `lifecycle`."""
     if lifecycle is None:
-        return _PROTO_NAMES.get(registered, registered)
+        return _BY_PROTO_NAME.get(registered, registered)
     if lifecycle in _DECIDED:
         return lifecycle.value
     if registered == UNAVAILABLE:

@@ -116,8 +116,8 @@ class FinishedItem:
     summary: str = ""
 
     def matches(self, query: str) -> bool:
-        """Whether a search for `query` finds it: an id that starts with it, or text that
-        contains it, ignoring case (an empty query finds everything)."""
+        """Whether a search for `query` finds it: its id, detail, agent, state, summary or
+        kind contains it anywhere, ignoring case (an empty query finds everything)."""
         wanted = query.strip().casefold()
         if not wanted:
             return True

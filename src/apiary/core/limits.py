@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields
+from enum import StrEnum
 from typing import Final
 
 from apiary.errors import ValidationError
@@ -415,3 +416,14 @@ def check_member(value: int, field: str, known: Mapping[int, str] | Collection[i
             field, f"{value} is not one of the values the proto defines ({names})"
         )
     return value
+
+
+def check_members(values: Iterable[str], kind: type[StrEnum], field: str) -> frozenset[str]:
+    """`values` as a set when each names a member of `kind` (a filter's states); else a
+    ValidationError naming `field`, the names there are and the first unknown one."""
+    wanted = frozenset(values)
+    for value in sorted(wanted):
+        if value not in kind.__members__:
+            names = ", ".join(kind.__members__)
+            raise ValidationError.for_field(field, f"must be among {names}, not {quote(value)}")
+    return wanted

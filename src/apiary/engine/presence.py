@@ -21,12 +21,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from apiary.core.agent_state import UNAVAILABLE
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope
 from apiary.core.records import AgentRecord
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import NoticeFactory
-from apiary.engine.registry import UNAVAILABLE, Registry
+from apiary.engine.registry import Registry
 from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from apiary.core.agent_state import UNAVAILABLE
 from apiary.core.clock import Clock
 from apiary.core.descriptor import AgentDescriptorFields, validate_descriptor
 from apiary.core.records import AgentRecord
@@ -20,7 +21,6 @@ from apiary.errors import NotFoundError, PermissionDeniedError, ValidationError
 from apiary.store.protocols import AgentStore
 
 AVAILABLE = "RUNNABLE"
-UNAVAILABLE = "UNAVAILABLE"
 
 
 def _strings(value: Any) -> tuple[str, ...]:

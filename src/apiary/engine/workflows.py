@@ -33,7 +33,6 @@ from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope
 from apiary.core.ids import IdGenerator
 from apiary.core.records import TaskRecord, TaskState
-from apiary.core.tasks.machine import TaskInput, TaskMachine
 from apiary.core.workflow.data import apply_output, dump_data, node_input, parse_data, parse_output
 from apiary.core.workflow.definition import TriggerType, WorkflowSpec, validate_workflow
 from apiary.core.workflow.event import EventMessage, event_matches
@@ -216,15 +215,21 @@ class Workflows:
                         "workflow can be cancelled", {"workflow_id": workflow_id, "state": status},
                     )  # fmt: skip
                 live = LiveWorkflow(stored)
-            now = self._clock.now()
-            why = f"cancelled by {by or 'an anonymous caller'}" + (f": {reason}" if reason else "")
+            suffix = f": {reason}" if reason else ""
             change = Change()
-            live.cancel(change, now, why)
+            before = live.run, dict(live.nodes)
+            why = f"cancelled by {by or 'an anonymous caller'}{suffix}"
+            live.cancel(change, self._clock.now(), why)
+            try:
+                await self._commit(live, change)
+            except BaseException:
+                # Not stored: the run goes on as stored, still driven, and can be cancelled again.
+                live.run, live.nodes = before
+                raise
             self._live.pop(workflow_id, None)
             for key in live.nodes:
                 self._timers.cancel(_key(workflow_id, key))
-            await self._commit(live, change)
-            note = f"workflow {workflow_id} was cancelled" + (f": {reason}" if reason else "")
+            note = f"workflow {workflow_id} was cancelled{suffix}"
             outcomes: dict[str, list[str]] = {_CANCELLED: [], _LEFT_RUNNING: [], _ENDED: []}
             for node_id in change.stop:
                 task_id = live.nodes[node_id].task_id
@@ -241,17 +246,10 @@ class Workflows:
         its agent (or already ended). Its end, when it comes, is not the node's any more."""
         self._by_task.pop(task_id, None)
         try:
-            task = await self._scheduler.find(task_id)
-        except NotFoundError:
-            return _ENDED
-        state = TaskState(task.state)
-        if not TaskMachine.allows(state, TaskInput.CANCEL):
-            return _ENDED if state.terminal else _LEFT_RUNNING
-        try:
             await self._scheduler.cancel(task_id, note, by)
-        except AlreadyInProgressError:
+        except AlreadyInProgressError:  # dispatched or running
             return _LEFT_RUNNING
-        except AlreadyCompletedError:
+        except (AlreadyCompletedError, NotFoundError):  # ended, or no longer stored
             return _ENDED
         return _CANCELLED
 

@@ -43,6 +43,7 @@ from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleState
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.ids import IdGenerator
+from apiary.core.limits import check_members
 from apiary.core.machine import IllegalTransitionError
 from apiary.core.preemption import PreemptionRecord
 from apiary.core.records import TaskRecord, TaskState
@@ -174,10 +175,7 @@ class Scheduler:
     ) -> list[TaskRecord]:
         """Stored tasks (every change is stored) in `states` of `agent_id`, by submission
         order after `after_seq`; a state that does not exist is a ValidationError."""
-        for state in states or ():
-            if state not in TaskState.__members__:
-                names = ", ".join(TaskState)
-                raise ValidationError.for_field("states", f"must be among {names}, got {state!r}")
+        check_members(states or (), TaskState, "states")
         return await self._store.list(states, agent_id, after_seq, limit)
 
     def running(self, agent_id: str) -> TaskRecord | None:

@@ -32,6 +32,7 @@ from aiohttp import web
 from google.protobuf import json_format
 
 from apiary.core.events import Event, EventFilter
+from apiary.core.limits import DEFAULT_LIMITS, check_id
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl
 from apiary.engine.workflows import Workflows
@@ -40,7 +41,7 @@ from apiary.server.errormap import answer_for
 from apiary.server.http.access import RECHECK
 from apiary.server.http.errors import error_response
 from apiary.server.http.history import WorkReads, event_json
-from apiary.server.http.query import cursor_param, id_param, limit_param
+from apiary.server.http.query import cursor_param, limit_param
 from apiary.wire.workflow import definition_to_proto, state_to_proto
 
 log = logging.getLogger("apiary.server.console")
@@ -230,12 +231,13 @@ class WorkflowIndex:
         try:
             if self._workflows is None:
                 raise UnavailableError("this server runs no workflows")
-            limit = limit_param(request.query, WORKFLOWS_SHOWN, WORKFLOWS_KNOWN)
             wanted = request.query.get("workflow_id", "")
             if wanted:
-                found = [id_param(request.query, "workflow_id")]
+                found = [check_id(wanted, "workflow_id", DEFAULT_LIMITS.id_bytes)]
             else:
-                found = await self.latest(limit)
+                found = await self.latest(
+                    limit_param(request.query, WORKFLOWS_SHOWN, WORKFLOWS_KNOWN)
+                )
             shown = []
             for workflow_id in found:
                 try:

@@ -6,8 +6,7 @@ import {call} from "./api.js";
 import {ago, badge, clock, el, emptyRow} from "./dom.js";
 import {attempt, facts, section, when} from "./page.js";
 import {finishedHref, link} from "./router.js";
-
-const OPEN = ["QUEUED", "HELD", "DISPATCHED", "RUNNING"];
+import {OPEN} from "./tasks.js";
 
 export async function load(id) {
   const [agent, open] = await Promise.all([

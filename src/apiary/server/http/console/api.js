@@ -69,6 +69,15 @@ export async function call(service, method, body = {}, {operator = false} = {}) 
   return (await resp.json().catch(() => null)) || {};
 }
 
+/** The address of a console read: `path` with the `params` that hold a value, and `before`
+ * (a page's cursor) when there is one. */
+export function readPath(path, params, before = null) {
+  const query = new URLSearchParams();
+  for (const [name, value] of Object.entries(params)) if (value) query.set(name, String(value));
+  if (before !== null && before !== undefined) query.set("before", String(before));
+  return `${path}?${query}`;
+}
+
 /** A console read that is not an RPC (GET /console/api/...). */
 export async function read(path) {
   let resp;

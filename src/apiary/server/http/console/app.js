@@ -103,7 +103,6 @@ const panels = new Map([
   ["page", new Panel("page", "this page", refreshPage)],
   ["finished", new Panel("finished", "finished work", () => refreshFinished(route.params))],
 ]);
-const DASHBOARD = ["agents", "activity", "tasks", "hitl", "dlq", "workflows", "rooms"];
 const VIEWS = ["dashboard", "page", "finished"]; // each the id of its <main>
 const stale = new Set();
 let route = parse(location.hash);
@@ -134,12 +133,12 @@ function navigate() {
 }
 
 function refresh(...ids) {
-  for (const id of ids) if (id) panels.get(id).request();
+  for (const id of ids) panels.get(id).request();
 }
 
+/** Every panel: those not on show are only marked stale (Panel.run), read once shown. */
 function refreshAll() {
-  refresh(...DASHBOARD, route.view === "page" ? "page" : null, route.view === "finished"
-    ? "finished" : null);
+  refresh(...panels.keys());
 }
 
 function affected(eventType) {
@@ -223,7 +222,7 @@ async function begin() {
 function start() {
   initSignin(begin);
   initFeed();
-  initFinished();
+  initFinished(() => refresh("finished"));
   initHitl(() => refresh("hitl", "rooms", "page"));
   document.getElementById("activity-history").addEventListener("change", () => refresh("activity"));
   document.addEventListener("visibilitychange", () => {

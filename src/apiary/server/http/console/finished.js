@@ -1,8 +1,8 @@
 // Finished work (GET /console/api/finished): tasks, workflow runs, room decisions,
-// negotiations and HITL invocations that ended, newest first; a kind and a search (an id's
-// start or any text of the item) kept in the page's address, **More** for the next page.
+// negotiations and HITL invocations that ended, newest first; a kind and a search (text any
+// field of the item contains) kept in the page's address, **More** for the next page.
 
-import {read} from "./api.js";
+import {describe, read, readPath} from "./api.js";
 import {ago, badge, clock, el, emptyRow, fill, setText} from "./dom.js";
 import {KIND_NAMES, finishedHref, link} from "./router.js";
 
@@ -12,15 +12,12 @@ const WORK = ["task", "workflow", "room", "negotiation", "hitl"];
 let shown = {kind: "", q: "", items: [], next: null};
 
 function url(kind, q, before) {
-  const params = new URLSearchParams({limit: String(PAGE)});
-  if (kind) params.set("kind", kind);
-  if (q) params.set("q", q);
-  if (before !== null && before !== undefined) params.set("before", String(before));
-  return `/console/api/finished?${params}`;
+  return readPath("/console/api/finished", {limit: PAGE, kind, q}, before);
 }
 
-/** Wire the search form (once): submitting it moves to its address, which reads. */
-export function initFinished() {
+/** Wire the search form (once): submitting it moves to its address, which reads;
+ * `reread` reads the address on show again (its panel's refresh, in app.js). */
+export function initFinished(reread) {
   const select = document.getElementById("finished-kind");
   select.replaceChildren(el("option", {value: "", text: "all kinds"}),
     ...WORK.map((k) => el("option", {value: k, text: KIND_NAMES[k]})));
@@ -28,7 +25,7 @@ export function initFinished() {
     event.preventDefault();
     const q = document.getElementById("finished-q").value.trim();
     const target = finishedHref(select.value, q);
-    if (location.hash === target) refreshFinished(new URLSearchParams(target.split("?")[1]));
+    if (location.hash === target) reread();
     else location.hash = target;
   });
   document.getElementById("finished-more").addEventListener("click", more);
@@ -54,7 +51,7 @@ async function more() {
     shown.next = page.next;
     render();
   } catch (err) {
-    setText("finished-count", String(err.message || err));
+    setText("finished-count", describe(err));
   } finally {
     button.disabled = false;
   }

@@ -2,7 +2,7 @@
 // newest first, a page at a time (**Older events** reads the next one), and refreshed by the
 // page as events concerning the subject arrive.
 
-import {describe, isRefusal, read} from "./api.js";
+import {describe, isRefusal, read, readPath} from "./api.js";
 import {clock, el, emptyRow} from "./dom.js";
 import {link} from "./router.js";
 import {accepted, refused} from "./signin.js";
@@ -13,9 +13,7 @@ const PAGE = 50;
 const DETAILS_CHARS = 200;
 
 function url(kind, id, before) {
-  const params = new URLSearchParams({kind, id, limit: String(PAGE)});
-  if (before !== null && before !== undefined) params.set("before", String(before));
-  return `/console/api/history?${params}`;
+  return readPath("/console/api/history", {kind, id, limit: PAGE}, before);
 }
 
 export class HistoryView {

@@ -6,8 +6,7 @@ import {call} from "./api.js";
 import {badge, countdown, el, emptyRow, pretty} from "./dom.js";
 import {attempt, facts, section, when} from "./page.js";
 import {link} from "./router.js";
-
-export const ENDED = ["DECIDED", "ABORTED"];
+import {ENDED} from "./rooms.js";
 
 export async function load(id) {
   const found = await attempt(() => call("apiary.v1.NegotiationOperatorService", "Get",

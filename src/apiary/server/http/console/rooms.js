@@ -23,7 +23,8 @@ export async function refreshRooms() {
 }
 
 const OPEN_STATES = ["OPEN", "ESCALATED"]; // a decided proposal has no vote deadline
-const ENDED = ["DECIDED", "ABORTED"]; // nor a decided or aborted negotiation a deadline
+/** A decided or aborted negotiation has no deadline either (its page shows none). */
+export const ENDED = ["DECIDED", "ABORTED"];
 
 /** A proposal's card: its review, votes and latest decision. */
 export async function roomCard(p) {

@@ -4,7 +4,8 @@ import {call} from "./api.js";
 import {ago, badge, clock, el, emptyRow, fill, setText, shortId} from "./dom.js";
 import {link} from "./router.js";
 
-const OPEN = ["QUEUED", "HELD", "DISPATCHED", "RUNNING"];
+/** The states of a task not yet ended (the agent page lists them too). */
+export const OPEN = ["QUEUED", "HELD", "DISPATCHED", "RUNNING"];
 const LIMIT = 200;
 
 export async function refreshTasks() {
