@@ -45,11 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from against import last_json
+
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("apiary", "celery", "procrastinate")
 PEERS = ("celery==5.7.0", "redis==8.1.0", "procrastinate==3.10.0", "psycopg[binary]==3.3.9")
 """What the peers' drivers need, installed into the benchmark's own virtual environment."""
 QUICK_N = 300
+DRIVER_TIMEOUT_S = 1800.0
+"""How long one driver run may take before it is killed and counts as failed."""
 
 
 def peer_python(venv: Path) -> Path:
@@ -101,18 +105,34 @@ def _is_postgres(store: str | None) -> bool:
 
 def _run(run: Run, args: argparse.Namespace, peers: Path | None) -> dict[str, Any] | None:
     started = time.perf_counter()
-    proc = subprocess.run(
-        run.command(args, peers), cwd=HERE, capture_output=True, text=True, check=False
-    )
+    what = f"{run.label}, {run.workers} worker(s)"
+    try:
+        proc = subprocess.run(
+            run.command(args, peers), cwd=HERE, capture_output=True, text=True, check=False,
+            timeout=DRIVER_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        tail = (exc.stderr or b"")[-3000:]
+        text = tail.decode(errors="replace") if isinstance(tail, bytes) else tail
+        print(f"{what}: killed after {DRIVER_TIMEOUT_S:g} s:\n{text}", file=sys.stderr,
+              flush=True)  # fmt: skip
+        return None
     took = time.perf_counter() - started
     if proc.returncode != 0:
-        print(f"{run.label}, {run.workers} worker(s): failed ({proc.returncode}) after"
-              f" {took:.0f} s:\n{proc.stderr[-3000:]}", file=sys.stderr, flush=True)  # fmt: skip
+        print(f"{what}: failed ({proc.returncode}) after {took:.0f} s:\n{proc.stderr[-3000:]}",
+              file=sys.stderr, flush=True)  # fmt: skip
         return None
-    row: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    try:
+        row = last_json(proc.stdout)
+        if not isinstance(row, dict):
+            raise ValueError("its last line is not a JSON object")
+    except ValueError as exc:  # nothing printed, or not JSON (json.JSONDecodeError)
+        print(f"{what}: no result after {took:.0f} s ({exc}):\n{proc.stderr[-3000:]}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None
     row["system"] = run.label
     row["mode"] = f"{run.label}/{run.workers}"
-    print(f"{run.label}, {run.workers} worker(s): {took:.0f} s", file=sys.stderr, flush=True)
+    print(f"{what}: {took:.0f} s", file=sys.stderr, flush=True)
     return row
 
 

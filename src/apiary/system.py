@@ -1,7 +1,9 @@
-"""The real clock and id source, for production wiring; tests use `apiary.testing` instead."""
+"""The real clock and id source, for production wiring (tests use `apiary.testing`
+instead), and whether a process of the host is alive."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -24,3 +26,18 @@ class UuidIds:
     def new_id(self) -> str:
         """A fresh random UUIDv4 string."""
         return str(uuid.uuid4())
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process `pid` exists on this host, another user's included. pid 1 does (a
+    coordinator may be a container's first process); 0 and below name no one process
+    (`kill` would signal a process group), so they are not alive."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

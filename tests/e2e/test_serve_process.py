@@ -18,6 +18,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from apiary.cli.serve import _store_text
+from apiary.server.config.server import ServerConfig
 from apiary.store.open import open_store
 
 APIARY = [sys.executable, "-m", "apiary.cli.main"]
@@ -130,13 +132,14 @@ async def _first_line(proc: asyncio.subprocess.Process) -> str:
     return line.rstrip("\n")
 
 
-async def _said(proc: asyncio.subprocess.Process, start: str) -> str:
-    """The first line on `proc`'s stderr that starts with `start`."""
+async def _said(proc: asyncio.subprocess.Process, start: str, *, anywhere: bool = False) -> str:
+    """The first line on `proc`'s stderr that starts with `start` (`anywhere`: holds it); the
+    process ending first fails the test."""
     assert proc.stderr is not None
     while True:
         line = (await asyncio.wait_for(proc.stderr.readline(), 60)).decode()
         assert line, f"the process ended before saying {start!r}"
-        if line.startswith(start):
+        if start in line if anywhere else line.startswith(start):
             return line.rstrip("\n")
 
 
@@ -219,13 +222,10 @@ async def test_log_format_json_writes_every_log_line_on_stderr(tmp_path: Path) -
     )  # fmt: skip
     try:
         assert (await _first_line(proc)).startswith("grpc=")
-        assert (await _first_line(proc)).startswith("http=")
-        assert proc.stderr is not None
-        while b'"type":"coordinator.started"' not in await asyncio.wait_for(
-            proc.stderr.readline(), 60
-        ):
-            pass
+        # A client started on the address line finds the record: it is written before.
         assert json.loads((data / "serving.json").read_text())["pid"] == proc.pid
+        assert (await _first_line(proc)).startswith("http=")
+        await _said(proc, '"type":"coordinator.started"', anywhere=True)
         proc.send_signal(signal.SIGTERM)
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
     finally:
@@ -235,3 +235,16 @@ async def test_log_format_json_writes_every_log_line_on_stderr(tmp_path: Path) -
     assert proc.returncode == 0
     assert out == b""  # no summary: the two address lines only
     assert not (data / "apiary.log").exists() and not (data / "serving.json").exists()
+
+
+def test_the_summary_names_a_postgresql_store_by_its_hosts_never_its_password() -> None:
+    def shown(url: str) -> str:
+        return _store_text(ServerConfig(store=url), "postgresql")
+
+    # Several hosts (libpq tries them in turn): no port of its own to parse.
+    assert shown("postgresql://u:s3cret@h1:5432,h2:5433/db") == "PostgreSQL h1:5432,h2:5433/db"
+    assert shown("postgresql://u:s3cret@db.example/app?sslmode=require") == (
+        "PostgreSQL db.example/app"
+    )
+    assert shown("postgresql://[::1]:5433/test") == "PostgreSQL [::1]:5433/test"
+    assert shown("postgresql:///test") == "PostgreSQL localhost/test"

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from apiary.cli.calls import coordinator_address, refusal, unreachable
+from apiary.cli.calls import coordinator_address, credentials_of, refusal, unreachable
 from apiary.cli.serving import (
     SERVING_FILE,
     Serving,
@@ -24,8 +25,13 @@ from apiary.cli.serving import (
     record,
     recorded,
 )
-from apiary.errors import AgentUnavailableError, ValidationError
+from apiary.errors import AgentUnavailableError, ApiaryError, ValidationError
+from apiary.sdk.client import Client
+from apiary.sdk.credentials import ClientCredentials
 from apiary.sdk.errors import CoordinatorUnreachableError
+from apiary.server.config.loader import load_config
+from apiary.system import process_alive
+from apiary.wire import pb
 
 
 def _gone_pid() -> int:
@@ -86,6 +92,9 @@ def test_a_record_whose_process_is_gone_or_unreadable_is_ignored(tmp_path: Path)
     data = tmp_path / "data"
     record(data, Serving("127.0.0.1:41001", "127.0.0.1:41002", _gone_pid()))
     assert recorded(data) is None
+    for no_one in (0, -1):  # a process group to kill(), not a process
+        record(data, Serving("127.0.0.1:41001", "127.0.0.1:41002", no_one))
+        assert recorded(data) is None
     assert coordinator_address("", _env(tmp_path)).source == "the default"
     (data / SERVING_FILE).write_text("not json")
     assert recorded(data) is None
@@ -120,10 +129,35 @@ def test_the_data_directory_is_apiary_data_dir_else_dot_apiary() -> None:
     assert client_data_dir({"APIARY_DATA_DIR": "/srv/apiary"}) == Path("/srv/apiary")
 
 
+@pytest.mark.parametrize("named", ["", "/srv/apiary", "~/state", "~nosuchuser/x"])
+def test_clients_take_the_data_directory_as_the_server_does(named: str, tmp_path: Path) -> None:
+    env = _env(tmp_path, APIARY_DATA_DIR=named)
+    assert client_data_dir(env) == load_config(None, env, {}).data_dir
+    # `~` is not expanded (neither does the server): an unknown user is a relative path,
+    # with no record in it, not an error.
+    assert coordinator_address("", env).source == "the default"
+
+
+def test_process_alive_is_true_for_a_running_process_and_pid_1_only() -> None:
+    assert process_alive(os.getpid()) and process_alive(1)
+    assert not process_alive(_gone_pid())
+    assert not process_alive(0) and not process_alive(-1)
+
+
+def test_the_address_keeps_the_credentials_read_to_choose_it(tmp_path: Path) -> None:
+    env = _env(tmp_path)
+    _client_config(tmp_path, '[client]\ntenant = "acme"\n')
+    for given in ("", "flag.example:4"):
+        chosen = coordinator_address(given, env)
+        known = credentials_of(chosen)
+        assert known is not None and known.tenant == "acme"
+        assert known == ClientCredentials.load(env, coordinator=given or None)
+    assert credentials_of("127.0.0.1:50051") is None  # a plain address: the client reads them
+
+
 def test_a_call_that_never_reached_the_coordinator_says_so_in_one_line(tmp_path: Path) -> None:
     address = coordinator_address("", _env(tmp_path, APIARY_COORDINATOR="10.9.9.9:50051"))
     lost = CoordinatorUnreachableError("coordinator unreachable: UNAVAILABLE: refused")
-    assert lost.code == "agent_unavailable"  # what code that retries on it sees
     assert refusal("dlq", lost, address=address) == (
         "apiary dlq: cannot reach the coordinator at 10.9.9.9:50051 (from APIARY_COORDINATOR)"
     )
@@ -137,3 +171,16 @@ def test_a_call_that_never_reached_the_coordinator_says_so_in_one_line(tmp_path:
     assert refusal("send", answered, address=address) == (
         "apiary send: agent_unavailable: bob is offline"
     )
+
+
+async def test_a_lost_connection_is_agent_unavailable_to_code_that_retries_on_it() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{probe.getsockname()[1]}"  # released below: nothing listens
+    with pytest.raises(ApiaryError) as caught:
+        async with Client(closed, credentials=ClientCredentials()) as client:
+            await client.discovery.ListAgents(pb.apiary_pb2.ListAgentsRequest())
+    # Code that retries on agent_unavailable (the SDK's reconnecting agents) retries it; a
+    # command line tells it apart from the coordinator's own agent_unavailable answer.
+    assert caught.value.code == "agent_unavailable"
+    assert isinstance(caught.value, CoordinatorUnreachableError)

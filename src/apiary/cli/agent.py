@@ -12,7 +12,18 @@ from pathlib import Path
 
 import typer
 
-from apiary.cli.calls import COORDINATOR, SIGNING_KEY, Presented, described, refusal, unreachable
+from apiary.cli.calls import (
+    COORDINATOR,
+    COORDINATOR_FLAG,
+    COORDINATOR_HELP,
+    SIGNING_KEY,
+    Presented,
+    coordinator_chosen,
+    credentials_of,
+    described,
+    run_client,
+    unreachable,
+)
 from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.errors import ApiaryError
 from apiary.sdk.agent import Agent
@@ -46,11 +57,14 @@ def load_agent_class(target: str) -> type[Agent]:
 
 def connected_line(agent: Agent, address: str) -> str:
     """What `agent run` says once registered: the coordinator (and where its address came
-    from), the agent and tenant it acts as, and the credentials its calls present."""
-    try:
-        credentials = ClientCredentials.load()
-    except ApiaryError:
-        credentials = ClientCredentials()
+    from), the agent and tenant it acts as, and the credentials its calls present (those
+    read when the address was chosen, else `ClientCredentials.load()`)."""
+    credentials = credentials_of(address)
+    if credentials is None:
+        try:
+            credentials = ClientCredentials.load()
+        except ApiaryError:
+            credentials = ClientCredentials()
     presented = Presented.of(credentials)
     tenant = credentials.tenant or DEFAULT_TENANT
     proofs = "; its calls are signed with its key" if agent.proves_calls else ""
@@ -73,7 +87,14 @@ async def _run(agent: Agent, address: str) -> None:
 @app.command("run")
 def run(
     target: str = typer.Argument(..., help="The agent class: package.module:ClassName"),
-    coordinator: str = COORDINATOR,
+    coordinator: str = typer.Option(
+        "",
+        COORDINATOR_FLAG,
+        "-c",
+        metavar="HOST:PORT",
+        callback=coordinator_chosen,
+        help=COORDINATOR_HELP,
+    ),
     agent_id: str = typer.Option("", "--id", help="Agent id (default: the class's agent_id)"),
     log_level: str = typer.Option("INFO", "--log-level", help="DEBUG, INFO, WARNING, ERROR"),
     signing_key: Path | None = SIGNING_KEY,
@@ -91,6 +112,9 @@ def run(
     try:
         cls = load_agent_class(target)
         options: dict[str, object] = {"verify_signatures": verify_signatures}
+        credentials = credentials_of(coordinator)
+        if credentials is not None:
+            options["credentials"] = credentials
         if signing_key is not None:
             options["signing_key"] = load_signing_key(signing_key)
         agent = cls(agent_id or None, coordinator=coordinator, **options)
@@ -125,20 +149,13 @@ def keygen(
 
 
 def _control(action: str, agent_id: str, address: str) -> None:
-    async def go() -> str:
-        async with Client(address) as client:
-            request = pb.apiary_pb2.AgentControlRequest(agent_id=agent_id)
-            control = client.agent_control
-            reply = await (
-                control.Suspend(request) if action == "suspend" else control.Resume(request)
-            )
-            return str(reply.state)
+    async def go(client: Client) -> str:
+        request = pb.apiary_pb2.AgentControlRequest(agent_id=agent_id)
+        control = client.agent_control
+        reply = await (control.Suspend(request) if action == "suspend" else control.Resume(request))
+        return str(reply.state)
 
-    try:
-        state = asyncio.run(go())
-    except ApiaryError as exc:
-        typer.echo(refusal(f"agent {action}", exc, with_field=False, address=address), err=True)
-        raise typer.Exit(1) from None
+    state = run_client(f"agent {action}", address, go, with_field=False)
     typer.echo(f"{agent_id}: {state}")
 
 

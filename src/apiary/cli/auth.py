@@ -6,7 +6,6 @@ coordinator sharing the data directory sees each change at its next authenticati
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 import time
@@ -18,7 +17,7 @@ import typer
 from rich.table import Table
 
 from apiary.cli.calls import refusal
-from apiary.cli.output import console_for_output
+from apiary.cli.output import console_for_output, utc_text
 from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.errors import ApiaryError, ValidationError
 from apiary.server.auth.keys import KeyEntry, KeyRing, KeyState, credentials_path, iso_utc
@@ -64,9 +63,7 @@ def _run(action: Callable[[], T]) -> T:
 
 
 def _when(epoch: float | None, empty: str = "") -> str:
-    if epoch is None:
-        return empty
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return empty if epoch is None else utc_text(epoch)
 
 
 def key_doc(entry: KeyEntry, now: float) -> dict[str, Any]:

@@ -44,16 +44,27 @@ _OLD_FLAG_KEY: Final = "apiary.coordinator.old_flag"
 
 
 class CoordinatorAddress(str):
-    """HOST:PORT of the coordinator a command calls (a `str`), and where it came from:
+    """HOST:PORT of the coordinator a command calls (a `str`), where it came from:
     `--coordinator`, `APIARY_COORDINATOR`, a configuration file (and profile), the record of
-    `apiary serve`, or the default."""
+    `apiary serve`, or the default; and the client credentials read to choose it, which the
+    command's calls present (`credentials_of`), so the configuration is read once."""
 
     source: str
+    credentials: ClientCredentials | None
 
-    def __new__(cls, address: str, source: str) -> CoordinatorAddress:
+    def __new__(
+        cls, address: str, source: str, credentials: ClientCredentials | None = None
+    ) -> CoordinatorAddress:
         made = super().__new__(cls, address)
         made.source = source
+        made.credentials = credentials
         return made
+
+
+def credentials_of(address: str) -> ClientCredentials | None:
+    """The credentials read when `address` was chosen (a `CoordinatorAddress`), else None:
+    a client given None reads them itself (`ClientCredentials.load()`)."""
+    return getattr(address, "credentials", None)
 
 
 def coordinator_address(
@@ -66,17 +77,22 @@ def coordinator_address(
     if credentials.coordinator:
         source = credentials.sources.get("coordinator", ARGUMENT)
         return CoordinatorAddress(
-            credentials.coordinator, COORDINATOR_FLAG if source == ARGUMENT else source
-        )
+            credentials.coordinator, COORDINATOR_FLAG if source == ARGUMENT else source,
+            credentials,
+        )  # fmt: skip
     data_dir = client_data_dir(env)
     serving = recorded(data_dir)
     if serving is not None:
         where = data_dir / SERVING_FILE
-        return CoordinatorAddress(serving.grpc, f"the address `apiary serve` recorded in {where}")
-    return CoordinatorAddress(DEFAULT_COORDINATOR, DEFAULT_SOURCE)
+        return CoordinatorAddress(
+            serving.grpc, f"the address `apiary serve` recorded in {where}", credentials
+        )
+    return CoordinatorAddress(DEFAULT_COORDINATOR, DEFAULT_SOURCE, credentials)
 
 
-def _coordinator_chosen(ctx: typer.Context, value: str) -> str:
+def coordinator_chosen(ctx: typer.Context, value: str) -> str:
+    """The callback of a `--coordinator` option: its value becomes the `CoordinatorAddress`
+    chosen; a bad address or configuration ends the command (exit code 2)."""
     if ctx.resilient_parsing:
         return value
     try:
@@ -110,14 +126,13 @@ def _profile_chosen(ctx: typer.Context, value: str) -> None:
     ctx.call_on_close(restore)
 
 
-COORDINATOR = typer.Option(
-    "",
-    COORDINATOR_FLAG,
-    metavar="HOST:PORT",
-    callback=_coordinator_chosen,
-    help="The coordinator to call [else APIARY_COORDINATOR, the client profile's coordinator, "
+COORDINATOR_HELP: Final = (
+    "The coordinator to call [else APIARY_COORDINATOR, the client profile's coordinator, "
     "the address `apiary serve` recorded in the data directory (APIARY_DATA_DIR or "
-    "./.apiary), else 127.0.0.1:50051]",
+    "./.apiary), else 127.0.0.1:50051]"
+)
+COORDINATOR = typer.Option(
+    "", COORDINATOR_FLAG, metavar="HOST:PORT", callback=coordinator_chosen, help=COORDINATOR_HELP
 )
 """The `--coordinator` option of every command that calls a coordinator: its value is the
 `CoordinatorAddress` chosen."""
@@ -269,7 +284,9 @@ def refusal(
     where = f" (field {field})" if field and not exc.message.startswith(f"{field}:") else ""
     line = f"apiary {program}: {exc.code}: {exc.message}{where}"
     if exc.code in WHO_CODES:
-        line += f" (acting as {Presented.load(token).acting_as})"
+        known = credentials_of(address)
+        presented = Presented.load(token) if known is None else Presented.of(known, token)
+        line += f" (acting as {presented.acting_as})"
     return line
 
 
@@ -282,8 +299,8 @@ def run_client(
     metadata = {"authorization": f"Bearer {token}"} if token else None
 
     async def go() -> T:
-        async with Client(address, metadata=metadata) as client:
-            return await call(client)
+        async with Client(address, metadata=metadata, credentials=credentials_of(address)) as c:
+            return await call(c)
 
     try:
         return asyncio.run(go())

@@ -35,6 +35,8 @@ def demo(
     coordinator in secure mode (mTLS, a certificate and a signing key per agent): a workflow,
     worktrees, tools (and an MCP server), a review room, a HITL approval and a preemption.
     Exits 0 only when the fix is merged, its tests pass and no call was refused."""
+    # Not console_for_output(): the view's panels (--keep's, an agent's log) expand to the
+    # console's width, which it leaves unbounded for a pipe.
     console = Console()
     run_dir = data_dir or Path(tempfile.mkdtemp(prefix="apiary-demo-"))
     ask = not yes and sys.stdin.isatty() and console.is_terminal
@@ -56,7 +58,7 @@ def demo(
     except KeyboardInterrupt:
         typer.echo(f"apiary demo: interrupted; what it did is in {run_dir}", err=True)
         raise typer.Exit(130) from None
-    if not view.summarized:  # --keep printed it before lingering
+    if not keep:  # --keep printed it before lingering
         view.summary(result)
     if not result.ok:
         raise typer.Exit(1)

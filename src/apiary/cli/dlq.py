@@ -13,8 +13,8 @@ import typer
 from google.protobuf import json_format
 from rich.table import Table
 
-from apiary.cli.calls import COORDINATOR, refusal
-from apiary.cli.output import console_for_output
+from apiary.cli.calls import COORDINATOR, credentials_of, refusal
+from apiary.cli.output import console_for_output, stamp_text
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
@@ -31,7 +31,7 @@ PRODUCER = typer.Option("", "--producer", help="Producer agent")
 
 def _run(address: str, call: Callable[[pb.apiary_pb2_grpc.DlqServiceStub], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with open_channel(address) as channel:
+        async with open_channel(address, credentials=credentials_of(address)) as channel:
             stub = pb.apiary_pb2_grpc.DlqServiceStub(channel)
             return await errors.call(lambda: call(stub))
 
@@ -62,13 +62,6 @@ def _filter(
         if value is not None:
             getattr(f, name).FromSeconds(int(value))
     return f
-
-
-def _when(ts: object) -> str:
-    seconds = getattr(ts, "seconds", 0)
-    return (
-        dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if seconds else ""
-    )
 
 
 @app.command("list")
@@ -107,7 +100,7 @@ def list_entries(
         table.add_column(column)
     for e in reply.entries:
         table.add_row(
-            str(e.entry_id), _when(e.failed_at), e.error_code, e.producer_id, e.recipient,
+            str(e.entry_id), stamp_text(e.failed_at), e.error_code, e.producer_id, e.recipient,
             pb.common_pb2.MessageType.Name(e.message_type), str(e.payload_size), e.requeued_as,
         )  # fmt: skip
     console_for_output().print(table)

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 from typing import Any
 
 import typer
 from rich.table import Table
 
-from apiary.cli.calls import COORDINATOR, refusal
-from apiary.cli.output import console_for_output
+from apiary.cli.calls import COORDINATOR, credentials_of, refusal
+from apiary.cli.output import TIME, console_for_output, utc_text
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
@@ -75,20 +74,20 @@ def _doc(e: pb.apiary_pb2.Event) -> dict[str, Any]:
 
 
 def _when(e: pb.apiary_pb2.Event) -> str:
-    return dt.datetime.fromtimestamp(e.ts.seconds, dt.UTC).strftime("%H:%M:%S")
+    return utc_text(e.ts.seconds, TIME)
 
 
 async def _read(
     address: str, request: pb.apiary_pb2.ReadEventsRequest
 ) -> pb.apiary_pb2.ReadEventsResponse:
-    async with open_channel(address) as channel:
+    async with open_channel(address, credentials=credentials_of(address)) as channel:
         stub = pb.apiary_pb2_grpc.EventLogServiceStub(channel)
         return await errors.call(lambda: stub.ReadEvents(request, timeout=10))
 
 
 async def _follow(address: str, request: pb.apiary_pb2.ReadEventsRequest, as_json: bool) -> None:
     """Print matching events as they are logged, one line each, in sequence order."""
-    async with open_channel(address) as channel:
+    async with open_channel(address, credentials=credentials_of(address)) as channel:
         stub = pb.apiary_pb2_grpc.EventLogServiceStub(channel)
         if not request.after_sequence:  # from now on, like tail -f
             probe = pb.apiary_pb2.ReadEventsRequest(limit=1)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import datetime as dt
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -19,8 +18,8 @@ import grpc
 import typer
 from rich.table import Table
 
-from apiary.cli.calls import COORDINATOR, refusal
-from apiary.cli.output import console_for_output
+from apiary.cli.calls import COORDINATOR, credentials_of, refusal
+from apiary.cli.output import TIME, console_for_output, stamp_text
 from apiary.core.handoff import HandoffState
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
@@ -48,7 +47,7 @@ class Stubs:
 
 def _run(address: str, call: Callable[[Stubs], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with open_channel(address) as channel:
+        async with open_channel(address, credentials=credentials_of(address)) as channel:
             return await errors.call(lambda: call(Stubs(channel)))
 
     try:
@@ -69,11 +68,6 @@ def _status(name: str) -> h.HandoffStatus.ValueType:
         names = ", ".join(HandoffState)
         typer.echo(f"apiary handoff: --status must be one of {names}, got {name!r}", err=True)
         raise typer.Exit(2) from None
-
-
-def _when(ts: Any) -> str:
-    seconds = getattr(ts, "seconds", 0)
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%H:%M:%S") if seconds else ""
 
 
 def _snapshot(view: a.HandoffView) -> dict[str, Any]:
@@ -114,7 +108,7 @@ def _table(views: list[a.HandoffView]) -> None:
         table.add_row(
             v.request.request_id, h.HandoffStatus.Name(v.status), v.request.from_agent,
             v.request.to_agent, str(v.attempt), ", ".join(v.request.capabilities_required),
-            _when(v.deadline) if v.status == h.PENDING else "", v.request.reason,
+            stamp_text(v.deadline, TIME) if v.status == h.PENDING else "", v.request.reason,
         )  # fmt: skip
     console_for_output().print(table)
 

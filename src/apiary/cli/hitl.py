@@ -8,7 +8,6 @@ certificate: APIARY_API_KEY, APIARY_TLS_CERT/KEY or the client configuration fil
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -16,8 +15,8 @@ from typing import TypeVar
 import typer
 from rich.table import Table
 
-from apiary.cli.calls import COORDINATOR, refusal
-from apiary.cli.output import console_for_output
+from apiary.cli.calls import COORDINATOR, credentials_of, refusal
+from apiary.cli.output import TIME, console_for_output, stamp_text
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
@@ -41,7 +40,7 @@ def _run(
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     async def go() -> T:
-        async with open_channel(address) as channel:
+        async with open_channel(address, credentials=credentials_of(address)) as channel:
             return await errors.call(lambda: call(Stub(channel), metadata))
 
     try:
@@ -51,11 +50,6 @@ def _run(
         raise typer.Exit(1) from None
 
 
-def _when(ts: object) -> str:
-    seconds = getattr(ts, "seconds", 0)
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%H:%M:%S") if seconds else ""
-
-
 def _table(views: list[a.HitlInvocationView]) -> None:
     table = Table(title=f"HITL invocations ({len(views)})")
     for column in ("id", "reason", "state", "requested by", "suggested", "deadline (UTC)", "roles"):
@@ -63,7 +57,7 @@ def _table(views: list[a.HitlInvocationView]) -> None:
     for v in views:
         table.add_row(
             v.invocation_id, v.reason_type, v.state, v.requested_by, v.suggested_action,
-            _when(v.deadline), ", ".join(v.approver_roles),
+            stamp_text(v.deadline, TIME), ", ".join(v.approver_roles),
         )  # fmt: skip
     console_for_output().print(table)
 

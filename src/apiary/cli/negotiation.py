@@ -6,7 +6,6 @@ policy changes when operators are configured). Every command takes `--json`.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from google.protobuf.message import Message
 from rich.table import Table
 
 from apiary.cli.calls import COORDINATOR, run_client
-from apiary.cli.output import console_for_output
+from apiary.cli.output import TIME, console_for_output, stamp_text
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
@@ -49,11 +48,6 @@ def _doc(message: Message) -> dict[str, Any]:
 
 def _echo_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, sort_keys=True))
-
-
-def _when(ts: Any) -> str:
-    seconds = getattr(ts, "seconds", 0)
-    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%H:%M:%S") if seconds else ""
 
 
 def _payload(file: Path | None, data: str) -> bytes:
@@ -94,7 +88,7 @@ def list_negotiations(
     for v in views:
         table.add_row(
             v.negotiation_id, v.topic, ", ".join(v.participants), v.intensity, v.state,
-            str(v.round), v.stop_reason, v.decision.decided_by, _when(v.updated_at),
+            str(v.round), v.stop_reason, v.decision.decided_by, stamp_text(v.updated_at, TIME),
         )  # fmt: skip
     console_for_output().print(table)
 

@@ -9,7 +9,6 @@ lists).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -20,8 +19,8 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from rich.table import Table
 
-from apiary.cli.calls import COORDINATOR, refusal
-from apiary.cli.output import console_for_output
+from apiary.cli.calls import COORDINATOR, credentials_of, refusal
+from apiary.cli.output import console_for_output, stamp_text
 from apiary.errors import ApiaryError
 from apiary.sdk.client import Client
 from apiary.wire import pb
@@ -40,7 +39,7 @@ ARTIFACT_TYPES = ("REQUIREMENTS", "PLAN", "CODE", "DEPLOYMENT")
 
 def _run(address: str, agent: str, call: Callable[[Client], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with Client(address, agent_id=agent) as client:
+        async with Client(address, agent_id=agent, credentials=credentials_of(address)) as client:
             return await call(client)
 
     try:
@@ -55,13 +54,6 @@ def _doc(message: Message) -> dict[str, Any]:
         message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
     return doc
-
-
-def _when(ts: Any) -> str:
-    seconds = getattr(ts, "seconds", 0)
-    return (
-        dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if seconds else ""
-    )
 
 
 def _outcome(decision: nr.NegotiationDecision) -> str:
@@ -95,7 +87,7 @@ def list_proposals(
         table.add_row(
             p.artifact_id, p.negotiation_room_id, nr.ArtifactType.Name(p.artifact_type),
             p.producer_id, item.state, f"{item.votes_received}/{item.votes_required}",
-            ", ".join(item.pending_critics), _when(item.vote_deadline), item.policy_version,
+            ", ".join(item.pending_critics), stamp_text(item.vote_deadline), item.policy_version,
         )  # fmt: skip
     console_for_output().print(table)
 
@@ -262,6 +254,6 @@ def policies(grpc_address: str = COORDINATOR, as_json: bool = JSON_OUT) -> None:
     for column in ("version", "since (UTC)", "current", "settings"):
         table.add_column(column)
     for item in reply.policies:
-        table.add_row(item.version, _when(item.created_at), "yes" if item.current else "",
+        table.add_row(item.version, stamp_text(item.created_at), "yes" if item.current else "",
                       item.settings_json)  # fmt: skip
     console_for_output().print(table)

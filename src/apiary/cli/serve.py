@@ -1,10 +1,10 @@
 """`apiary serve`: run the coordinator until SIGTERM or SIGINT.
 
-Once both ports serve, it prints `grpc=HOST:PORT` and `http=HOST:PORT` (scripts wait for
-these lines), then a short summary for people (addresses, console, store, mode, data
-directory, log), and records the addresses in the data directory (cli/serving.py) so that
-client commands run there find the coordinator; the record is removed when it stops.
-Logging: cli/serve_log.py.
+Once both ports serve, it records the addresses in the data directory (cli/serving.py) so
+that client commands run there find the coordinator, then prints `grpc=HOST:PORT` and
+`http=HOST:PORT` (scripts wait for these lines, and a client started then finds the
+record), then a short summary for people (addresses, console, store, mode, data directory,
+log); the record is removed when it stops. Logging: cli/serve_log.py.
 """
 
 from __future__ import annotations
@@ -112,9 +112,6 @@ async def _run(settings: ServerConfig, log: LogTarget, *, summary: bool) -> None
         loop.add_signal_handler(sig, stop.set)
     async with open_coordinator(settings) as coordinator:
         tune_for_serving()
-        # Scripts wait for these lines: they are printed only once both ports serve.
-        print(f"grpc={coordinator.grpc_address}", flush=True)
-        print(f"http={coordinator.http_address}", flush=True)
         grpc_at, http_at = coordinator.grpc_address, coordinator.http_address
         serving = Serving(
             reachable_address(grpc_at.host, grpc_at.port),
@@ -126,9 +123,13 @@ async def _run(settings: ServerConfig, log: LogTarget, *, summary: bool) -> None
             recorded = f"address recorded in {record(settings.data_dir, serving)}"
         except OSError as exc:
             recorded = f"address not recorded: {exc.strerror or exc}"
-        if summary:
-            print("\n".join(summary_lines(coordinator, serving, log, recorded)), flush=True)
         try:
+            # Scripts wait for these lines: they are printed only once both ports serve and
+            # the address is recorded (a client command started on them finds it).
+            print(f"grpc={grpc_at}", flush=True)
+            print(f"http={http_at}", flush=True)
+            if summary:
+                print("\n".join(summary_lines(coordinator, serving, log, recorded)), flush=True)
             await stop.wait()
         finally:
             forget(settings.data_dir, serving.pid)
@@ -160,9 +161,10 @@ def _store_text(settings: ServerConfig, backend: str) -> str:
     if backend == "memory":
         return "memory (nothing is kept after it stops)"
     if backend == "postgresql":
+        # The hosts as written, ports not parsed: a URL may name several (h1:5432,h2:5433).
         parts = urlsplit(settings.store)
-        host = f"{parts.hostname or 'localhost'}" + (f":{parts.port}" if parts.port else "")
-        return f"PostgreSQL {host}{parts.path}"
+        hosts = parts.netloc.rpartition("@")[2] or "localhost"
+        return f"PostgreSQL {hosts}{parts.path}"
     path, _ = sqlite_location(settings.store, settings.data_dir)
     return f"SQLite {path}"
 

@@ -16,9 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from apiary.server.config.address import Address
+from apiary.server.config.server import ENV, ServerConfig
+from apiary.system import process_alive
+
 SERVING_FILE: Final = "serving.json"
-DATA_DIR_ENV: Final = "APIARY_DATA_DIR"
-DEFAULT_DATA_DIR: Final = Path(".apiary")
 MAX_RECORD_BYTES: Final = 4096
 _ANY_HOST: Final = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 """A port bound on every interface is reached over loopback from the same machine."""
@@ -45,16 +47,16 @@ class Serving:
 
 def reachable_address(host: str, port: int) -> str:
     """HOST:PORT to connect to a port bound on `host` (every interface: over loopback)."""
-    host = _ANY_HOST.get(host, host)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return str(Address(_ANY_HOST.get(host, host), port))
 
 
 def client_data_dir(env: Mapping[str, str] | None = None) -> Path:
-    """The data directory a client command looks in: `APIARY_DATA_DIR`, else `./.apiary`
-    (what `apiary serve` uses without `--data-dir`)."""
+    """The data directory a client command looks in: `APIARY_DATA_DIR`, else `./.apiary`,
+    taken as `apiary serve` takes them without `--data-dir` (the path as written: no `~`
+    expansion)."""
     env = os.environ if env is None else env
-    named = env.get(DATA_DIR_ENV, "")
-    return Path(named).expanduser() if named else DEFAULT_DATA_DIR
+    named = env.get(ENV["data_dir"], "")
+    return Path(named) if named else ServerConfig().data_dir
 
 
 def record(data_dir: Path, serving: Serving) -> Path:
@@ -80,7 +82,7 @@ def recorded(data_dir: Path) -> Serving | None:
     """The record of a coordinator serving `data_dir` now, or None: no record, one that
     cannot be read, or one whose process is gone."""
     found = _read(data_dir / SERVING_FILE)
-    return found if found is not None and _alive(found.pid) else None
+    return found if found is not None and process_alive(found.pid) else None
 
 
 def _read(path: Path) -> Serving | None:
@@ -96,15 +98,3 @@ def _read(path: Path) -> Serving | None:
     if not (isinstance(grpc, str) and isinstance(http, str) and isinstance(pid, int)):
         return None
     return Serving(grpc, http, pid, tls is True)
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True

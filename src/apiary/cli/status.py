@@ -11,7 +11,14 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from apiary.cli.calls import COORDINATOR, Presented, described, refusal, run_client
+from apiary.cli.calls import (
+    COORDINATOR,
+    Presented,
+    credentials_of,
+    described,
+    refusal,
+    run_client,
+)
 from apiary.cli.output import console_for_output
 from apiary.core.records import TaskState
 from apiary.errors import ApiaryError
@@ -35,7 +42,7 @@ def status(
     coordinator called (and where its address came from), and the credentials the CLI
     presents (API key, client certificate, operator token or none)."""
     try:
-        credentials = ClientCredentials.load()
+        credentials = credentials_of(grpc_address) or ClientCredentials.load()
     except ApiaryError as exc:
         typer.echo(refusal("status", exc), err=True)
         raise typer.Exit(2) from None

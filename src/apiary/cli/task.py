@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import datetime as dt
 import json
 import uuid
 from collections.abc import Awaitable, Callable
@@ -15,7 +14,7 @@ from google.protobuf import json_format
 from rich.table import Table
 
 from apiary.cli.calls import COORDINATOR, run_client
-from apiary.cli.output import console_for_output
+from apiary.cli.output import console_for_output, stamp_text
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
@@ -49,13 +48,6 @@ def task_doc(view: a.TaskView, *, params: bool = False) -> dict[str, Any]:
     return doc
 
 
-def _when(ts: Any) -> str:
-    seconds = getattr(ts, "seconds", 0)
-    return (
-        dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if seconds else ""
-    )
-
-
 def _table(views: list[a.TaskView]) -> None:
     table = Table(title=f"Tasks ({len(views)})")
     for column in ("seq", "id", "agent", "state", "priority", "lane", "attempts", "updated (UTC)",
@@ -64,7 +56,7 @@ def _table(views: list[a.TaskView]) -> None:
     for v in views:
         table.add_row(
             str(v.seq), v.task_id, v.agent_id, v.state, str(v.priority), v.lane,
-            str(v.attempts), _when(v.updated_at), v.error_code or v.note,
+            str(v.attempts), stamp_text(v.updated_at), v.error_code or v.note,
         )  # fmt: skip
     console_for_output().print(table)
 

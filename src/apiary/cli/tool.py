@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -12,8 +11,8 @@ from typing import Any, TypeVar
 import typer
 from rich.table import Table
 
-from apiary.cli.calls import COORDINATOR, refusal
-from apiary.cli.output import console_for_output
+from apiary.cli.calls import COORDINATOR, credentials_of, refusal
+from apiary.cli.output import console_for_output, utc_text
 from apiary.errors import ApiaryError
 from apiary.sdk.channel import open_channel
 from apiary.sdk.tools import ToolClient, ToolResult
@@ -27,7 +26,7 @@ AS_JSON = typer.Option(False, "--json", help="JSON lines instead of a table")
 
 def _run(address: str, work: Callable[[ToolClient], Awaitable[T]], agent_id: str = "") -> T:
     async def go() -> T:
-        async with open_channel(address) as channel:
+        async with open_channel(address, credentials=credentials_of(address)) as channel:
             return await work(ToolClient(channel, agent_id=agent_id))
 
     try:
@@ -72,9 +71,8 @@ def providers(grpc_address: str = COORDINATOR, as_json: bool = AS_JSON) -> None:
     for column in ("provider", "kind", "state", "tools", "registered by", "registered (UTC)"):
         table.add_column(column)
     for p in found:
-        when = dt.datetime.fromtimestamp(p.registered_at.seconds, dt.UTC)
         table.add_row(p.provider_id, p.kind, p.state, str(len(p.tools)), p.registered_by,
-                      when.strftime("%Y-%m-%d %H:%M:%S"))  # fmt: skip
+                      utc_text(p.registered_at.seconds))  # fmt: skip
     console_for_output().print(table)
 
 

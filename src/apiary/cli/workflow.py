@@ -11,14 +11,12 @@ starts, on stderr; in `--json` as `next_after_id` / `next_after_sequence`).
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import grpc
 import typer
 from google.protobuf import json_format
 from rich.console import Console, Group
@@ -26,26 +24,22 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from apiary.cli.calls import COORDINATOR, refusal
-from apiary.cli.output import console_for_output
+from apiary.cli.calls import COORDINATOR, run_client
+from apiary.cli.output import TIME, console_for_output, utc_text
 from apiary.core.workflow.definition import spec_from_json
 from apiary.errors import ApiaryError
-from apiary.sdk import errors
-from apiary.sdk.channel import open_channel
+from apiary.sdk.client import Client
 from apiary.wire import pb
 from apiary.wire.workflow import definition_to_proto
 
 app = typer.Typer(help="Define, run and watch DAG workflows (RFC 17.7).", no_args_is_help=True)
 T = TypeVar("T")
 w = pb.workflow_pb2
-GRPC = COORDINATOR  # the one --coordinator of every client command (cli/calls.py)
 AS_JSON = typer.Option(False, "--json", help="Print JSON for scripts")
 STYLE = {"PENDING": "dim", "READY": "cyan", "RUNNING": "yellow", "COMPLETED": "green",
          "FAILED": "red", "SKIPPED": "magenta", "CANCELLED": "magenta",
          "CREATED": "dim"}  # fmt: skip
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED")
-Stub = pb.workflow_pb2_grpc.WorkflowServiceStub
-QueryStub = pb.apiary_pb2_grpc.WorkflowQueryServiceStub
 a = pb.apiary_pb2
 
 
@@ -54,25 +48,10 @@ def _fail(text: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _run(address: str, call: Callable[[Stub], Awaitable[T]]) -> T:
-    return _over(address, lambda channel: call(Stub(channel)))
-
-
-def _query(address: str, call: Callable[[QueryStub], Awaitable[T]]) -> T:
-    """A call of apiary.v1.WorkflowQueryService (list, cancel, history)."""
-    return _over(address, lambda channel: call(QueryStub(channel)))
-
-
-def _over(address: str, call: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
-    async def go() -> T:
-        async with open_channel(address) as channel:
-            return await call(channel)
-
-    try:
-        return asyncio.run(go())
-    except ApiaryError as exc:
-        typer.echo(refusal("workflow", exc, address=address), err=True)
-        raise typer.Exit(1) from None
+def _call(address: str, call: Callable[[Client], Awaitable[T]]) -> T:
+    """`call` with a client of `address`; a refusal says `apiary workflow: ...` (or that the
+    coordinator cannot be reached) and ends the command with exit code 1."""
+    return run_client("workflow", address, call)
 
 
 def _load(path: Path) -> pb.workflow_pb2.WorkflowDefinition:
@@ -110,7 +89,7 @@ def _pairs(items: list[str]) -> dict[str, str]:
 def _when(ts: Any) -> str:
     if not ts.seconds and not ts.nanos:
         return ""
-    return dt.datetime.fromtimestamp(ts.seconds, dt.UTC).strftime("%H:%M:%S")
+    return utc_text(ts.seconds, TIME)
 
 
 def _as_dict(state: pb.workflow_pb2.WorkflowState) -> dict[str, Any]:
@@ -151,24 +130,19 @@ def _finish(state: pb.workflow_pb2.WorkflowState, as_json: bool) -> None:
 def _watch(address: str, workflow_id: str, interval: float, as_json: bool) -> None:
     """Show the nodes live until the workflow finishes; exit 1 unless it COMPLETED."""
 
-    async def go() -> pb.workflow_pb2.WorkflowState:
+    async def follow(client: Client) -> pb.workflow_pb2.WorkflowState:
         request = w.GetWorkflowStateRequest(workflow_id=workflow_id)
-        async with open_channel(address) as channel:
-            stub = Stub(channel)
-            state: pb.workflow_pb2.WorkflowState = (
-                await errors.call(lambda: stub.GetWorkflowState(request))
-            ).state
-            with Live(render(state), console=Console(stderr=as_json), transient=as_json) as live:
-                while state.metadata.get("status") not in FINISHED:
-                    await asyncio.sleep(interval)
-                    state = (await errors.call(lambda: stub.GetWorkflowState(request))).state
-                    live.update(render(state))
-            return state
+        state: pb.workflow_pb2.WorkflowState = (
+            await client.workflow.GetWorkflowState(request)
+        ).state
+        with Live(render(state), console=Console(stderr=as_json), transient=as_json) as live:
+            while state.metadata.get("status") not in FINISHED:
+                await asyncio.sleep(interval)
+                state = (await client.workflow.GetWorkflowState(request)).state
+                live.update(render(state))
+        return state
 
-    try:
-        state = asyncio.run(go())
-    except ApiaryError as exc:
-        raise _fail(f"{exc.code}: {exc.message}") from None
+    state = _call(address, follow)
     if as_json:
         typer.echo(json.dumps(_as_dict(state), indent=2))
     if state.metadata.get("status") != "COMPLETED":
@@ -179,7 +153,7 @@ def _watch(address: str, workflow_id: str, interval: float, as_json: bool) -> No
 def create(
     file: Path = typer.Argument(..., help="Definition file (.json or .toml)"),
     workflow_id: str = typer.Option("", "--id", help="Override the file's workflow_id"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = AS_JSON,
 ) -> None:
     """Validate and register a workflow definition (CreateWorkflow)."""
@@ -187,7 +161,7 @@ def create(
     if workflow_id:
         definition.workflow_id = workflow_id
     request = w.CreateWorkflowRequest(definition=definition)
-    reply = _run(grpc_address, lambda stub: errors.call(lambda: stub.CreateWorkflow(request)))
+    reply = _call(grpc_address, lambda c: c.workflow.CreateWorkflow(request))
     if as_json:
         typer.echo(json.dumps({"workflow_id": reply.workflow_id, "nodes": len(definition.nodes)}))
     else:
@@ -201,14 +175,14 @@ def start(
     meta: list[str] = typer.Option([], "--meta", help="KEY=VALUE run metadata (repeatable)"),
     watch: bool = typer.Option(False, "--watch", help="Show progress until it finishes"),
     interval: float = typer.Option(0.5, "--interval", help="Seconds between refreshes"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = AS_JSON,
 ) -> None:
     """Start a workflow with its initial data (StartWorkflow)."""
     request = w.StartWorkflowRequest(
         workflow_id=workflow_id, workflow_data=_data(data), metadata=_pairs(meta)
     )
-    reply = _run(grpc_address, lambda stub: errors.call(lambda: stub.StartWorkflow(request)))
+    reply = _call(grpc_address, lambda c: c.workflow.StartWorkflow(request))
     if watch:
         _watch(grpc_address, workflow_id, interval, as_json)
     else:
@@ -220,7 +194,7 @@ def status(
     workflow_id: str = typer.Argument(..., help="The workflow whose state to show"),
     watch: bool = typer.Option(False, "--watch", help="Follow until the workflow finishes"),
     interval: float = typer.Option(0.5, "--interval", help="Seconds between refreshes"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = AS_JSON,
 ) -> None:
     """Show the nodes' states, timestamps, outputs and errors (GetWorkflowState)."""
@@ -228,7 +202,7 @@ def status(
         _watch(grpc_address, workflow_id, interval, as_json)
         return
     request = w.GetWorkflowStateRequest(workflow_id=workflow_id)
-    reply = _run(grpc_address, lambda stub: errors.call(lambda: stub.GetWorkflowState(request)))
+    reply = _call(grpc_address, lambda c: c.workflow.GetWorkflowState(request))
     _finish(reply.state, as_json)
 
 
@@ -240,14 +214,14 @@ def resume(
     ),
     data: str = typer.Option("", "--data", help="JSON merged into workflow_data, or @FILE"),
     meta: list[str] = typer.Option([], "--meta", help="KEY=VALUE run metadata (repeatable)"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = AS_JSON,
 ) -> None:
     """Continue a workflow from a node (ResumeWorkflow): MANUAL triggers, recovery, reruns."""
     request = w.ResumeWorkflowRequest(
         workflow_id=workflow_id, node_id=node, workflow_data=_data(data), metadata=_pairs(meta)
     )
-    reply = _run(grpc_address, lambda stub: errors.call(lambda: stub.ResumeWorkflow(request)))
+    reply = _call(grpc_address, lambda c: c.workflow.ResumeWorkflow(request))
     _finish(reply.state, as_json)
 
 
@@ -255,7 +229,7 @@ def _stamp(ts: Any) -> str:
     """A Timestamp as UTC date and time; empty when unset."""
     if not ts.seconds and not ts.nanos:
         return ""
-    return dt.datetime.fromtimestamp(ts.seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return utc_text(ts.seconds)
 
 
 def _reply_doc(reply: Any) -> str:
@@ -272,12 +246,12 @@ def list_workflows(
     ),
     after: str = typer.Option("", "--after", help="Start after this workflow id (paging)"),
     limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Workflows per page"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = AS_JSON,
 ) -> None:
     """Workflows by id: state, nodes done of all, when started and last updated."""
     request = a.ListWorkflowsRequest(states=state, after_id=after, limit=limit)
-    reply = _query(grpc_address, lambda stub: errors.call(lambda: stub.ListWorkflows(request)))
+    reply = _call(grpc_address, lambda c: c.workflow_query.ListWorkflows(request))
     if as_json:
         typer.echo(_reply_doc(reply))
         return
@@ -299,13 +273,13 @@ def list_workflows(
 def cancel(
     workflow_id: str = typer.Argument(..., help="The workflow to cancel"),
     reason: str = typer.Option("", "--reason", help="Why (kept in the cancelled nodes' errors)"),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = AS_JSON,
 ) -> None:
     """Cancel a workflow that has not finished (CancelWorkflow): its unfinished nodes end and
     their queued tasks are cancelled; it can be neither started nor resumed afterwards."""
     request = a.CancelWorkflowRequest(workflow_id=workflow_id, reason=reason)
-    state = _query(grpc_address, lambda stub: errors.call(lambda: stub.CancelWorkflow(request)))
+    state = _call(grpc_address, lambda c: c.workflow_query.CancelWorkflow(request))
     _finish(state, as_json)
 
 
@@ -317,14 +291,14 @@ def history(
     event_type: list[str] = typer.Option(
         [], "--type", help="Only this event type (repeat); `workflow.` means every workflow.*"
     ),
-    grpc_address: str = GRPC,
+    grpc_address: str = COORDINATOR,
     as_json: bool = AS_JSON,
 ) -> None:
     """The run's events from the event log, oldest first (WorkflowHistory)."""
     request = a.WorkflowHistoryRequest(
         workflow_id=workflow_id, after_sequence=after, limit=limit, event_types=event_type
     )
-    reply = _query(grpc_address, lambda stub: errors.call(lambda: stub.WorkflowHistory(request)))
+    reply = _call(grpc_address, lambda c: c.workflow_query.WorkflowHistory(request))
     if as_json:
         typer.echo(_reply_doc(reply))
         return

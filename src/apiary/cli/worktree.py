@@ -8,7 +8,6 @@ operators configured. Every command takes `--json`; `bind` exits 1 when the BIND
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -18,8 +17,8 @@ import typer
 from google.protobuf import json_format
 from rich.table import Table
 
-from apiary.cli.calls import COORDINATOR, refusal
-from apiary.cli.output import console_for_output
+from apiary.cli.calls import COORDINATOR, credentials_of, refusal
+from apiary.cli.output import console_for_output, stamp_text
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
@@ -43,7 +42,7 @@ class _Stubs:
 
 def _run(address: str, call: Callable[[_Stubs], Awaitable[T]]) -> T:
     async def go() -> T:
-        async with open_channel(address) as channel:
+        async with open_channel(address, credentials=credentials_of(address)) as channel:
             stubs = _Stubs(
                 pb.worktree_pb2_grpc.WorktreeServiceStub(channel),
                 pb.apiary_pb2_grpc.WorktreeBindingServiceStub(channel),
@@ -63,13 +62,6 @@ def _doc(binding: a.WorktreeBinding) -> dict[str, Any]:
     )
 
 
-def _when(ts: Any) -> str:
-    seconds = getattr(ts, "seconds", 0)
-    return (
-        dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S") if seconds else ""
-    )
-
-
 def _where(repo_id: str, worktree_id: str) -> str:
     return f"{repo_id}/{worktree_id}" if worktree_id else ""
 
@@ -82,7 +74,7 @@ def _table(bindings: list[a.WorktreeBinding], title: str) -> None:
         table.add_row(
             b.agent_id, b.state, _where(b.repo_id, b.worktree_id),
             _where(b.current_repo_id, b.current_worktree_id),
-            _where(b.target_repo_id, b.target_worktree_id), b.reason, _when(b.expires_at),
+            _where(b.target_repo_id, b.target_worktree_id), b.reason, stamp_text(b.expires_at),
         )  # fmt: skip
     console_for_output().print(table)
 
@@ -100,8 +92,9 @@ def _show(binding: a.WorktreeBinding, as_json: bool) -> None:
         ("current", _where(binding.current_repo_id, binding.current_worktree_id)),
         ("path", binding.path),
         ("pending switch", _where(binding.target_repo_id, binding.target_worktree_id)),
-        ("expires (UTC)", _when(binding.expires_at)), ("reason", binding.reason),
-        ("attempts", str(binding.attempts or "")), ("next retry (UTC)", _when(binding.retry_at)),
+        ("expires (UTC)", stamp_text(binding.expires_at)), ("reason", binding.reason),
+        ("attempts", str(binding.attempts or "")),
+        ("next retry (UTC)", stamp_text(binding.retry_at)),
         ("HITL invocation", binding.invocation_id), ("note", binding.note),
         ("version", str(binding.version)),
     ]  # fmt: skip

@@ -217,8 +217,6 @@ class DemoView:
         self._rendered_at = 0.0
         self._state: RunState | None = None
         self._deferred: asyncio.TimerHandle | None = None
-        self.summarized = False
-        """Whether the summary was printed (--keep prints it before lingering)."""
 
     def __enter__(self) -> DemoView:
         if self._live is not None:
@@ -310,7 +308,6 @@ class DemoView:
         )
 
     def summary(self, result: DemoResult) -> None:
-        self.summarized = True
         self.console.print(summary_table(result))
         if result.ok:
             self.console.print(

@@ -52,6 +52,7 @@ from apiary.store.sqlite.database import (
     migrate_sqlite,
 )
 from apiary.store.sqlite.writer import GroupCommit, Outcome
+from apiary.system import process_alive
 
 _log = logging.getLogger("apiary.store.sqlite.writer_process")
 
@@ -85,7 +86,10 @@ def take_lock(path: Path, wait_s: float = LOCK_WAIT_S) -> int | None:
             break
         except BlockingIOError:
             holder, coordinator = _holder(fd)
-            if coordinator is not None and _alive(coordinator):
+            # pid 1 is alive too: a coordinator that is a container's first process (a writer
+            # adopted by init before it took the lock has had no job yet: sharing with it
+            # costs nothing).
+            if coordinator is not None and process_alive(coordinator):
                 os.close(fd)
                 return None
             if time.monotonic() >= deadline:
@@ -105,18 +109,6 @@ def _holder(fd: int) -> tuple[str, int | None]:
     fields = os.pread(fd, 64, 0).decode(errors="replace").split()
     coordinator = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
     return (fields[0] if fields else "unknown"), coordinator
-
-
-def _alive(pid: int) -> bool:
-    # pid 1 too: a coordinator that is a container's first process (a writer adopted by
-    # init before it took the lock has had no job yet: sharing with it costs nothing).
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
 
 
 def portable_error(error: BaseException) -> BaseException:
