@@ -29,7 +29,7 @@ from tests.conformance.manifest import (
     validate_manifest,
 )
 
-SOURCE_PREFIXES = ("rfc-0.5.0 ", "message-types", "advanced-patterns")
+SOURCE_PREFIXES = ("rfc-0.5.0 ", "message-types", "advanced-patterns", "interop ")
 
 # --------------------------------------------------------------------------- real suite
 

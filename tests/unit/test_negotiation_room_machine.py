@@ -13,6 +13,7 @@ import pytest
 
 from apiary.core.hitl.vocabulary import HitlReason
 from apiary.core.machine import IllegalTransitionError
+from apiary.core.quorum import Quorum
 from apiary.core.rooms import machine as negotiation_room
 from apiary.core.rooms.machine import (
     OPEN_ROW,
@@ -230,6 +231,90 @@ def test_the_policy_timeout_before_every_vote_escalates_as_a_deadlock() -> None:
     empty = RoomMachine.deadline_passed(proposal, [], now=T0 + 61, policy=POLICY)
     assert empty.decision is not None and empty.decision.aggregated_score is None
     assert empty.escalation is not None and "score" not in empty.escalation.context
+
+
+def quorum_policy(kind: str, value: float | bool, on_failure: str) -> RoomPolicy:
+    quorum = Quorum.from_mapping({"kind": kind, "value": value, "on_failure": on_failure})
+    return RoomPolicy(vote_timeout_s=60.0, quorum=quorum)
+
+
+def two_of_three(proposal: ProposalRecord, *, passed: bool = True) -> list[VoteRecord]:
+    votes = first_vote(proposal)
+    return [*votes, replace(votes[0], critic_id="c3", passed=passed)]
+
+
+@pytest.mark.conformance("room.quorum.policy")
+def test_a_met_quorum_decides_at_the_timeout_on_the_votes_in() -> None:
+    proposal = opened(critics=("c1", "c2", "c3"))
+    policy = quorum_policy("minimum_votes", 2, "fail_closed")
+    votes = two_of_three(proposal)
+    # Before the timeout a met quorum decides nothing: the room waits for every critic.
+    assert RoomMachine.deadline_passed(proposal, votes, now=T0 + 59, policy=policy).proposal == (
+        proposal
+    )
+    step = RoomMachine.deadline_passed(proposal, votes, now=T0 + 60, policy=policy)
+    assert step.proposal.state == "APPROVED"
+    assert step.escalation is None and step.decision is not None
+    assert [v.critic_id for v in step.decision.votes] == ["c1", "c3"]
+    assert step.decision.details["quorum"] == {
+        "met": True, "received": 2, "expected": 3, "threshold": 2, "action": "none",
+        "abstained": [],
+    }  # fmt: skip
+    assert step.decision.details["missing_critics"] == ["c2"]
+    assert step.decision.reason.startswith("no vote from c2 by ")
+    assert "quorum minimum_votes 2 met): approved: " in step.decision.reason
+
+
+@pytest.mark.conformance("room.quorum.policy")
+@pytest.mark.parametrize(
+    ("on_failure", "state", "pass_ratio", "abstained"),
+    [
+        ("fail_closed", "ESCALATED", None, []),
+        ("fail_with_available", "APPROVED", 1.0, []),
+        # The missing critic abstains: 2 passes of 3 is below min_pass_ratio 0.8.
+        ("fail_with_abstain", "REVISION_REQUESTED", 2 / 3, ["c2"]),
+    ],
+)
+def test_an_unmet_quorum_does_what_on_failure_says(
+    on_failure: str, state: str, pass_ratio: float | None, abstained: list[str]
+) -> None:
+    proposal = opened(critics=("c1", "c2", "c3"))
+    policy = quorum_policy("require_all", True, on_failure)
+    step = RoomMachine.deadline_passed(proposal, two_of_three(proposal), now=T0 + 60, policy=policy)
+    assert step.proposal.state == state
+    assert step.decision is not None
+    quorum = step.decision.details["quorum"]
+    assert (quorum["met"], quorum["threshold"], quorum["abstained"]) == (False, 3, abstained)
+    if pass_ratio is None:
+        assert step.escalation is not None
+        assert step.escalation.reason_type is HitlReason.DEBATE_DEADLOCK
+        assert step.decision.triggers == ("vote_timeout",)
+    else:
+        assert step.escalation is None
+        assert step.decision.details["pass_ratio"] == pytest.approx(pass_ratio)
+        assert step.decision.details.get("abstained", []) == abstained
+
+
+@pytest.mark.conformance("room.quorum.policy")
+def test_no_vote_at_all_escalates_whatever_the_quorum() -> None:
+    proposal = opened(critics=("c1", "c2"))
+    for policy in (
+        quorum_policy("minimum_votes", 0, "fail_closed"),
+        quorum_policy("require_all", True, "fail_with_available"),
+    ):
+        step = RoomMachine.deadline_passed(proposal, [], now=T0 + 60, policy=policy)
+        assert step.proposal.state == "ESCALATED"
+        assert step.decision is not None and step.decision.aggregated_score is None
+
+
+def test_a_fraction_quorum_rounds_up() -> None:
+    """0.5 of three critics is two: one vote of three does not meet it."""
+    proposal = opened(critics=("c1", "c2", "c3"))
+    policy = quorum_policy("minimum_fraction", 0.5, "fail_closed")
+    one = RoomMachine.deadline_passed(proposal, first_vote(proposal), now=T0 + 60, policy=policy)
+    assert one.proposal.state == "ESCALATED"
+    two = RoomMachine.deadline_passed(proposal, two_of_three(proposal), now=T0 + 60, policy=policy)
+    assert two.proposal.state == "APPROVED"
 
 
 def test_a_timer_finding_every_vote_in_decides_them() -> None:

@@ -36,6 +36,22 @@ def test_the_rooms_table_sets_policy_and_service_settings(tmp_path: Path) -> Non
     assert (rooms.wait_default_s, rooms.wait_max_s) == (30, 600)
 
 
+@pytest.mark.conformance("room.quorum.policy")
+def test_the_rooms_quorum_table_sets_the_quorum(tmp_path: Path) -> None:
+    file = tmp_path / "apiary.toml"
+    file.write_text(
+        '[rooms.quorum]\nkind = "minimum_fraction"\nvalue = 0.6\non_failure = "fail_with_abstain"\n'
+    )
+    policy = load_config(file, {}, {}).rooms.policy
+    assert policy.quorum.as_dict() == {
+        "kind": "minimum_fraction", "value": 0.6, "on_failure": "fail_with_abstain"
+    }  # fmt: skip
+    # The quorum is part of the policy version: stored, it comes back the same.
+    stored = RoomPolicy.from_record(policy.record(0.0))
+    assert (stored.quorum, stored.policy_version) == (policy.quorum, policy.policy_version)
+    assert policy.policy_version != RoomPolicy().policy_version
+
+
 def test_rooms_defaults_when_the_table_is_absent(tmp_path: Path) -> None:
     file = tmp_path / "apiary.toml"
     file.write_text('[server]\nstore = "memory://"\n')
@@ -53,6 +69,14 @@ def test_rooms_defaults_when_the_table_is_absent(tmp_path: Path) -> None:
         ("wait_max_s = 0", "rooms.wait_max_s"),
         ("auto_approve = true", "rooms.auto_approve"),
         ('hitl_approver_roles = "admin"', "rooms.hitl_approver_roles"),
+        ('quorum = "most"', "rooms.quorum"),
+        ('quorum = {kind = "most", value = 1}', "rooms.quorum.kind"),
+        ('quorum = {kind = "minimum_fraction", value = 1.5}', "rooms.quorum.value"),
+        (
+            'quorum = {kind = "require_all", value = true, on_failure = "open"}',
+            "rooms.quorum.on_failure",
+        ),
+        ('quorum = {kind = "require_all", value = true, when = 1}', "rooms.quorum.when"),
     ],
 )
 def test_bad_room_settings_name_the_field(tmp_path: Path, table: str, field: str) -> None:

@@ -17,7 +17,12 @@ the field and changes nothing. A vote for a decided or escalated proposal is ref
 
 Decisions Apiary makes where the RFC is silent:
 - "Sufficient votes" means one from every requested critic; the set is evaluated when the
-  last one arrives, never on a partial set (a decision carries the complete vote list).
+  last one arrives, never on a partial set before the policy timeout (a decision carries the
+  complete vote list). At the timeout, the policy's quorum (core/quorum.py) says whether the
+  votes in suffice: met, the room decides on them; not met, it escalates (fail_closed, the
+  default, which requires every vote), decides on them (fail_with_available) or counts the
+  missing critics as abstentions that did not pass (fail_with_abstain). No vote at all
+  escalates whatever the quorum says: there is nothing to decide on.
 - An escalation is a decision too (ESCALATED_TO_HITL, sequence 1, with the votes and the
   aggregate so far), so that GetDecision can show it; WaitForDecision waits for the final one.
 - The HITL reason (RFC 15's enumeration has no NEGOTIATION_CONFLICT, which Appendix C.10
@@ -39,6 +44,7 @@ from typing import Any, Final
 from apiary.core.dedup import iso_utc
 from apiary.core.hitl.vocabulary import HitlReason
 from apiary.core.machine import TransitionTable
+from apiary.core.quorum import Action
 from apiary.core.rooms.policy import RoomPolicy, Trigger, Verdict, evaluate
 from apiary.core.rooms.records import (
     DecisionOutcome,
@@ -283,14 +289,22 @@ class RoomMachine:
         if len(votes) >= len(proposal.requested_critics):
             return cls.complete(proposal, votes, now=now, policy=policy)
         missing = [c for c in proposal.requested_critics if c not in {v.critic_id for v in votes}]
-        reason = (
-            f"escalated to HITL: no vote from {', '.join(missing)} by "
-            f"{iso_utc(proposal.vote_deadline)} ({len(votes)} of "
-            f"{len(proposal.requested_critics)} votes)"
+        quorum = policy.quorum.decide(proposal.requested_critics, [v.critic_id for v in votes])
+        late = (
+            f"no vote from {', '.join(missing)} by {iso_utc(proposal.vote_deadline)} "
+            f"({len(votes)} of {len(proposal.requested_critics)} votes"
         )
+        extra = {"missing_critics": missing, "quorum": quorum.as_dict()}
+        if votes and quorum.action is not Action.ESCALATE_HITL:
+            rule = policy.quorum.rule
+            why = "met" if quorum.met else f"not met, {policy.quorum.on_failure.value}"
+            return _judged(
+                proposal, votes, policy, now, abstained=quorum.abstained, extra=extra,
+                lead=f"{late}, quorum {rule.kind.value} {rule.value} {why}): ",
+            )  # fmt: skip
         return _escalated(
-            proposal, row, votes, policy, now, (Trigger.VOTE_TIMEOUT.value,), reason,
-            HitlReason.DEBATE_DEADLOCK, extra={"missing_critics": missing},
+            proposal, row, votes, policy, now, (Trigger.VOTE_TIMEOUT.value,),
+            f"escalated to HITL: {late})", HitlReason.DEBATE_DEADLOCK, extra=extra,
         )  # fmt: skip
 
     @classmethod
@@ -355,19 +369,27 @@ def _judged(
     *,
     vote: VoteRecord | None = None,
     first: tuple[str, dict[str, Any]] | None = None,
+    abstained: Sequence[str] = (),
+    extra: Mapping[str, Any] | None = None,
+    lead: str = "",
 ) -> RoomStep:
-    """Evaluate a complete set of votes and take the row the verdict picks."""
-    verdict = evaluate(votes, policy)
+    """Evaluate the votes the quorum accepted (every one, before the timeout) and take the
+    row the verdict picks; `lead` opens the reason, `extra` joins the decision's details."""
+    verdict = evaluate(votes, policy, len(abstained))
+    verdict = replace(verdict, reason=lead + verdict.reason)
+    extra = {**dict(extra or {}), **({"abstained": list(abstained)} if abstained else {})}
     if verdict.outcome is DecisionOutcome.ESCALATED_TO_HITL:
         row = RoomMachine.row(proposal.state, _I.ESCALATE)
         step = _escalated(
             proposal, row, votes, policy, now, verdict.triggers, verdict.reason,
-            HitlReason.CONFLICT, verdict=verdict,
+            HitlReason.CONFLICT, verdict=verdict, extra=extra,
         )  # fmt: skip
     else:
         event = _I.APPROVE if verdict.outcome is DecisionOutcome.APPROVED else _I.REVISE
         row = RoomMachine.row(proposal.state, event)
-        step = _decided(proposal, row, _policy_decision(proposal, votes, verdict, now), now)
+        decision = _policy_decision(proposal, votes, verdict, now)
+        decision = replace(decision, details={**decision.details, **extra})
+        step = _decided(proposal, row, decision, now)
     if vote is None:  # nothing new to store: the votes are on record already
         effects = tuple(e for e in step.effects if e is not _F.PERSIST_VOTE)
         step = replace(step, effects=effects)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, fields, replace
 from enum import StrEnum
 from typing import Any, Final, Self
 
+from apiary.core.quorum import EVERY_VOTE, Quorum
 from apiary.core.rooms.records import DecisionOutcome, PolicyVersionRecord, VoteRecord
 from apiary.core.vote_aggregation import AggregatedScore, aggregate, average_confidence
 from apiary.errors import ValidationError
@@ -89,7 +90,10 @@ class RoomPolicy:
     max_std_dev: float = 2.0
     """std_dev must not exceed this (0..10)."""
     vote_timeout_s: float = 300.0
-    """The policy timeout: without every requested vote by then, the room escalates."""
+    """The policy timeout: without every requested vote by then, `quorum` decides."""
+    quorum: Quorum = EVERY_VOTE
+    """How many requested votes suffice at the policy timeout and what happens with fewer
+    (core/quorum.py); the default requires all of them and escalates otherwise."""
     hitl_timeout_s: float = 0.0
     """The decision window of the HITL invocation; 0: the [hitl] default."""
     hitl_approver_roles: tuple[str, ...] = ()
@@ -108,6 +112,8 @@ class RoomPolicy:
                 "rooms.hitl_approver_roles", "must be a list of role names"
             )
         object.__setattr__(self, "hitl_approver_roles", tuple(roles))
+        if not isinstance(self.quorum, Quorum):
+            raise ValidationError.for_field("rooms.quorum", "must be a quorum setting")
         if not isinstance(self.version, str) or len(self.version) > MAX_VERSION_CHARS:
             raise ValidationError.for_field(
                 "rooms.version", f"must be a string of at most {MAX_VERSION_CHARS} characters"
@@ -127,6 +133,7 @@ class RoomPolicy:
         """Every setting but the version, as JSON values."""
         values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "version"}
         values["hitl_approver_roles"] = list(self.hitl_approver_roles)
+        values["quorum"] = self.quorum.as_dict()
         return values
 
     def record(self, now: float) -> PolicyVersionRecord:
@@ -147,6 +154,8 @@ class RoomPolicy:
                     "rooms.hitl_approver_roles", "must be a list of role names"
                 )
             given["hitl_approver_roles"] = tuple(roles)
+        if "quorum" in given:
+            given["quorum"] = Quorum.from_mapping(given["quorum"], "rooms.quorum")
         return cls(**given)
 
     @classmethod
@@ -179,11 +188,13 @@ def escalation_requesters(votes: Sequence[VoteRecord]) -> list[str]:
     return [v.critic_id for v in votes if any(map(requests_escalation, v.recommendations))]
 
 
-def evaluate(votes: Sequence[VoteRecord], policy: RoomPolicy) -> Verdict:
-    """Decide a complete set of votes (at least one): escalate, approve or ask for revision."""
+def evaluate(votes: Sequence[VoteRecord], policy: RoomPolicy, abstentions: int = 0) -> Verdict:
+    """Decide a set of votes (at least one) the quorum accepted: escalate, approve or ask for
+    revision. `abstentions` (quorum fail_with_abstain) count as votes that did not pass; the
+    scores and confidences are the cast votes'."""
     scores = aggregate(votes)
     confidence = average_confidence(votes)
-    ratio = sum(1 for v in votes if v.passed) / len(votes)
+    ratio = sum(1 for v in votes if v.passed) / (len(votes) + abstentions)
 
     def verdict(outcome: DecisionOutcome, found: list[tuple[str, str]], head: str) -> Verdict:
         why = head + "; ".join(text for _, text in found)
