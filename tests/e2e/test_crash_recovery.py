@@ -198,11 +198,12 @@ async def _check_outcome(coordinator: Coordinator, work: Path, accepted: dict[st
 
 
 async def _events_of(store: Store, types: frozenset[str]) -> list[dict[str, object]]:
-    """Every event of `types` in the log, as its details with its type."""
+    """Every event of `types` in the log, as its details with its type (and its agent_id
+    unless the details have one)."""
     found: list[dict[str, object]] = []
     after = 0
     while batch := await store.events.read(after, 5000, EventFilter(event_types=types)):
-        found += [{**e.details, "type": e.event_type} for e in batch]
+        found += [{"agent_id": e.agent_id, **e.details, "type": e.event_type} for e in batch]
         after = batch[-1].sequence
     return found
 
@@ -210,8 +211,8 @@ async def _events_of(store: Store, types: frozenset[str]) -> list[dict[str, obje
 async def _audit(store: Store, messages: list[StoredMessage]) -> None:
     """Every message of `messages` has its admission's event and, when its state moved on,
     the event of the change to the state stored; every stored task has the event of its
-    state. (Before events committed with their changes, a SIGKILL left 1-4 committed
-    transitions per run without one.)"""
+    state, every stored agent that of its registration. (Before events committed with
+    their changes, a SIGKILL left 1-4 committed transitions per run without one.)"""
     logged = await _events_of(store, frozenset({"message.received", "message.state"}))
     received = {e["message_id"] for e in logged if e["type"] == "message.received"}
     reached = {(e["message_id"], e["to"]) for e in logged if e["type"] == "message.state"}
@@ -229,6 +230,9 @@ async def _audit(store: Store, messages: list[StoredMessage]) -> None:
     missing = [(t.task_id, str(t.state)) for t in tasks]
     missing = [pair for pair in missing if pair not in stated]
     assert not missing, f"{len(missing)} of {len(tasks)} task states have no event: {missing[:3]}"
+    registered = {e["agent_id"] for e in await _events_of(store, frozenset({"agent.registered"}))}
+    unregistered = [a.agent_id for a in await store.agents.list() if a.agent_id not in registered]
+    assert not unregistered, f"stored agents without an agent.registered event: {unregistered}"
 
 
 @pytest.mark.conformance("backpressure.no-silent-drop")

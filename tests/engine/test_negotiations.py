@@ -96,19 +96,26 @@ async def test_a_reader_that_sees_the_decision_finds_its_report(
     negotiations, seen = h.store.negotiations, []
     save = negotiations.save
 
-    async def save_and_look(record: Any, round_: Any = None, artifacts: Any = ()) -> list[bool]:
-        added = await save(record, round_, artifacts)
+    async def save_and_look(
+        record: Any, round_: Any = None, artifacts: Any = (), events: Any = (),
+        artifact_events: Any = (),
+    ) -> list[bool]:  # fmt: skip
+        added = await save(record, round_, artifacts, events, artifact_events)
         listed = await h.store.artifacts.list(record.negotiation_id)
-        seen.append((record.state, [a.name for a in listed]))
+        logged = [e.details["name"] for e in await h.store.events.read(limit=10_000)
+                  if e.event_type == "artifact.appended"]  # fmt: skip
+        seen.append((record.state, [a.name for a in listed], logged))
         return added
 
     monkeypatch.setattr(negotiations, "save", save_and_look)
     await _open(h)
     await h.engine.negotiations.propose("neg-1", "frontend", "application/json", A)
     await h.engine.negotiations.evaluate("neg-1", "graphql", 0.9, "matches our schema")
-    decided = [names for state, names in seen if state == "DECIDED"]
+    decided = [names for state, names, _ in seen if state == "DECIDED"]
     assert decided == [["contract_v1.json", "score_v1.graphql.json", "decision_final.json"]]
-    # Each artifact is logged once, after the write that holds it.
+    # Each artifact is logged once, in the write that holds it: the log has the event of
+    # every artifact stored as soon as that write returns.
+    assert all(logged == names for _, names, logged in seen)
     logged = [e.details["name"] for e in await h.events() if e.event_type == "artifact.appended"]
     assert logged == decided[0]
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from apiary.core.envelope import AckStage
+from apiary.core.events import EventDraft
 from apiary.core.workflow.definition import NodeSpec, WorkflowSpec
 from apiary.core.workflow.node import NodeRun, NodeStatus
 from apiary.core.workflow.run import WorkflowRun, WorkflowStatus
@@ -179,15 +180,7 @@ async def test_a_cancel_the_store_failed_to_write_leaves_the_run_going(
     before = await _wf(h).state("wf")
     nodes_before = dict(before.nodes)  # a snapshot shares the live run's node map
     store = h.store.workflows
-    save = store.save
-    failures = [StoreUnavailableError("the database went away")]
-
-    async def save_failing_once(run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
-        if failures:
-            raise failures.pop()
-        await save(run, nodes)
-
-    monkeypatch.setattr(store, "save", save_failing_once)
+    _fail_next_save(h, monkeypatch)
 
     with pytest.raises(StoreUnavailableError):
         await _wf(h).cancel("wf", "wrong input", "ops")
@@ -216,6 +209,75 @@ async def test_a_cancel_the_store_failed_to_write_leaves_the_run_going(
     [done] = await h.events("workflow.cancelled")
     assert done.details["tasks_left_running"] == [_task("y"), _task("z")]
     assert len(await h.events("workflow.node_cancelled")) == 2
+
+
+def _fail_next_save(h: EngineHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workflow store's next save fails as a lost database would (nothing stored)."""
+    store = h.store.workflows
+    save = store.save
+    failures = [StoreUnavailableError("the database went away")]
+
+    async def save_failing_once(
+        run: WorkflowRun, nodes: Sequence[NodeRun], events: Sequence[EventDraft] = ()
+    ) -> None:
+        if failures:
+            raise failures.pop()
+        await save(run, nodes, events)
+
+    monkeypatch.setattr(store, "save", save_failing_once)
+
+
+async def test_a_start_the_store_failed_to_write_leaves_the_workflow_created(
+    h: EngineHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _wf(h).create(two_on_one_agent())
+    before = await _wf(h).state("wf")
+    _fail_next_save(h, monkeypatch)
+
+    with pytest.raises(StoreUnavailableError):
+        await _wf(h).start("wf", '{"n": 1}')
+
+    # Nothing happened: not running in memory either, nothing submitted or logged.
+    assert await _wf(h).state("wf") == before
+    assert before.run.status is W.CREATED
+    assert h.engine.scheduler.get(_task("x")) is None
+    assert await h.events("workflow.started") == []
+    assert [e.event_type for e in await h.events() if e.event_type.startswith("workflow.")] == [
+        "workflow.created"
+    ]
+    with pytest.raises(ValidationError, match="never started"):
+        await _wf(h).resume("wf")
+    # Starting again does it, once.
+    state = await _wf(h).start("wf", '{"n": 1}')
+    assert state.run.status is W.RUNNING
+    assert len(await h.events("workflow.started")) == 1
+    assert await _task_state(h, _task("x")) == ("DISPATCHED", "")
+
+
+async def test_a_resume_the_store_failed_to_write_leaves_the_run_as_it_was(
+    h: EngineHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _wf(h).create(one_node("broken"))
+    await _wf(h).start("broken")
+    await _finish(h, _task("a", "broken"), fail="internal_error")
+    before = await _wf(h).state("broken")
+    nodes_before = dict(before.nodes)
+    assert before.run.status is W.FAILED
+    _fail_next_save(h, monkeypatch)
+
+    with pytest.raises(StoreUnavailableError):
+        await _wf(h).resume("broken", data='{"fixed": true}')
+
+    after = await _wf(h).state("broken")
+    assert (after.run, after.nodes) == (before.run, nodes_before)
+    assert h.engine.scheduler.get(_task("a", "broken", 2)) is None
+    assert await h.events("workflow.resumed") == []
+    assert await h.events("workflow.node_reset") == []
+    # Resuming again does it, once, with the data given then.
+    state = await _wf(h).resume("broken", data='{"fixed": true}')
+    assert state.run.status is W.RUNNING and '"fixed":true' in state.run.data
+    assert len(await h.events("workflow.resumed")) == 1
+    assert await _task_state(h, _task("a", "broken", 2)) == ("DISPATCHED", "")
 
 
 async def test_a_finished_workflow_is_refused_naming_its_state(h: EngineHarness) -> None:

@@ -3,7 +3,9 @@
 The negotiation engine appends contract_vN.json, diff_v{N-1}_to_vN.json, evaluation
 (`score`) and `decision` reports; clients may append their own (`note`, ...). An artifact is
 written once: appending the same (negotiation_id, kind, version) again with the same
-content and type is accepted as a no-op, with other content it is refused.
+content and type is accepted as a no-op, with other content it is refused. Its
+`artifact.appended` event commits with it (the negotiation's own artifacts commit theirs
+with the negotiation state they came with).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from apiary.core.clock import Clock
+from apiary.core.events import EventDraft
 from apiary.core.negotiation.records import ArtifactRecord
 from apiary.engine.eventlog import EventRecorder
 from apiary.errors import ValidationError
@@ -41,8 +44,9 @@ class Artifacts:
         """Validate and record one artifact (ValidationError naming the field when malformed;
         ok=False when another artifact holds its version)."""
         check(artifact, self.max_bytes)
-        if await self._store.append(artifact):
-            await self.note_appended(artifact, by)
+        # Not through EventRecorder.commit: a refused append stores no event, so it cannot
+        # carry the events noted before it.
+        if await self._store.append(artifact, [self.appended(artifact, by)]):
             return AppendOutcome(True)
         held = await self._store.get(artifact.negotiation_id, artifact.kind, artifact.version)
         if held is not None and (held.content, held.content_type) == (
@@ -54,9 +58,10 @@ class Artifacts:
             "content; artifacts are written once, append a new version",
         )  # fmt: skip
 
-    async def note_appended(self, artifact: ArtifactRecord, by: str) -> None:
-        """Log an artifact appended (here, or with the negotiation state it came with)."""
-        await self._events.record(
+    def appended(self, artifact: ArtifactRecord, by: str) -> EventDraft:
+        """The `artifact.appended` event, for the store to commit with the artifact (here, or
+        with the negotiation state it came with)."""
+        return self._events.draft(
             "artifact.appended", by, correlation_id=artifact.negotiation_id,
             negotiation_id=artifact.negotiation_id, name=artifact.name, kind=artifact.kind,
             version=artifact.version, content_type=artifact.content_type,

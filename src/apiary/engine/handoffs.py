@@ -23,10 +23,12 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from functools import partial
 from typing import Any, Final
 
 from apiary.core.clock import Clock
 from apiary.core.dedup import iso_utc
+from apiary.core.events import EventDraft
 from apiary.core.handoff import (
     COORDINATOR,
     HandoffEffect,
@@ -285,33 +287,48 @@ class Handoffs:
 
     async def _perform(self, step: HandoffStep) -> None:
         record = step.record
+        # The step's events (EMIT_EVENT, REVOKE_CONTEXT) commit with its record: never one
+        # without the other. A step that stores nothing appends them by the flusher.
+        events = [draft for effect in step.effects for draft in self._drafts(step, effect)]
+        if _F.PERSIST not in step.effects:
+            for draft in events:
+                self._events.queue(draft)
         for effect in step.effects:
             if effect is _F.PERSIST:
-                await self._store.put(record)
+                await self._events.commit(events, partial(self._store.put, record))
             elif effect is _F.START_TIMER:
                 self.timers.arm(record.request_id, record.deadline)
             elif effect is _F.CANCEL_TIMER:
                 self.timers.cancel(record.request_id)
-            elif effect is _F.EMIT_EVENT and step.event is not None:
-                kind, details = step.event
-                await self._events.record(
-                    kind, details["by"], correlation_id=record.request_id,
-                    agent_id=record.from_agent, **details,
-                )  # fmt: skip
-            elif effect is _F.REVOKE_CONTEXT:
-                for agent_id in step.revoked:
-                    await self._events.record(
-                        "handoff.context_revoked", COORDINATOR,
-                        correlation_id=record.request_id, agent_id=agent_id,
-                        request_id=record.request_id, state=record.state,
-                        holders=list(record.context_holders),
-                    )  # fmt: skip
             elif effect is _F.NOTIFY_TARGET:
                 await self._notify(step.target, step, record)
             elif effect is _F.NOTIFY_ORIGIN:
                 await self._notify(record.from_agent, step, record)
             elif effect is _F.REROUTE:
                 await self._reroute(record)
+
+    def _drafts(self, step: HandoffStep, effect: HandoffEffect) -> list[EventDraft]:
+        """The events of one of the step's effects: its transition's, or one
+        `handoff.context_revoked` per agent whose access to the snapshot ended."""
+        record = step.record
+        if effect is _F.EMIT_EVENT and step.event is not None:
+            kind, details = step.event
+            return [
+                self._events.draft(
+                    kind, details["by"], correlation_id=record.request_id,
+                    agent_id=record.from_agent, **details,
+                )
+            ]  # fmt: skip
+        if effect is _F.REVOKE_CONTEXT:
+            return [
+                self._events.draft(
+                    "handoff.context_revoked", COORDINATOR, correlation_id=record.request_id,
+                    agent_id=agent_id, request_id=record.request_id, state=record.state,
+                    holders=list(record.context_holders),
+                )
+                for agent_id in step.revoked
+            ]  # fmt: skip
+        return []
 
     async def _notify(self, agent_id: str, step: HandoffStep, record: HandoffRecord) -> None:
         """A NOTIFICATION about this step; nobody is told what they did themselves."""

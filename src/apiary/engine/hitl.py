@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from apiary.core.clock import Clock
@@ -224,18 +225,23 @@ class Hitl:
     async def _perform(self, step: HitlStep) -> None:
         record = step.record
         effects = set(step.effects)
+        event = None
+        if HitlEffect.EMIT_EVENT in effects and step.event is not None:
+            event_type, details = step.event
+            event = self._events.draft(
+                event_type, str(details.get("by") or "coordinator"),
+                correlation_id=record.correlation_id, agent_id=record.requested_by, **details,
+            )  # fmt: skip
         if HitlEffect.PERSIST in effects:
-            await self._store.put(record)
+            # The audit event commits with the record: never one without the other.
+            events = [] if event is None else [event]
+            await self._events.commit(events, partial(self._store.put, record))
+        else:
+            self._events.queue(event)
         if record.state == HitlState.PENDING.value:
             self._pending[record.invocation_id] = record
         else:
             self._pending.pop(record.invocation_id, None)
-        if HitlEffect.EMIT_EVENT in effects and step.event is not None:
-            event_type, details = step.event
-            await self._events.record(
-                event_type, str(details.get("by") or "coordinator"),
-                correlation_id=record.correlation_id, agent_id=record.requested_by, **details,
-            )  # fmt: skip
         if HitlEffect.NOTIFY_OPERATORS in effects and self._notify is not None:
             await self._notify(step.event[0] if step.event else "hitl.changed", record)
         if HitlEffect.RESOLVE in effects:

@@ -8,11 +8,13 @@ import base64
 import binascii
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from apiary.core.agent_state import UNAVAILABLE
 from apiary.core.clock import Clock
 from apiary.core.descriptor import AgentDescriptorFields, validate_descriptor
+from apiary.core.events import EventDraft
 from apiary.core.records import AgentRecord
 from apiary.core.signatures import SIGNATURE_KEY, verifies
 from apiary.engine.eventlog import EventRecorder
@@ -119,8 +121,9 @@ class Registry:
         self._cache = {a.agent_id: a for a in await self._agents.list()}
         self._keys = {a.agent_id: public_key_of(a) for a in self._cache.values()}
 
-    async def _put(self, record: AgentRecord) -> None:
-        await self._agents.put(record)
+    async def _put(self, record: AgentRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Store `record` with the `events` of its change, in one transaction."""
+        await self._events.commit(events, partial(self._agents.put, record))
         self._cache[record.agent_id] = record
         self._keys[record.agent_id] = public_key_of(record)
 
@@ -171,18 +174,19 @@ class Registry:
             last_heartbeat_at=now,
             descriptor=stored,
         )
-        await self._put(record)
-        await self._events.record(
+        registered = self._events.draft(
             "agent.registered", fields.agent_id, agent_id=fields.agent_id, name=record.name,
             reregistered=previous is not None, capabilities=list(fields.capabilities),
             communication_class=stored["communication_class"],
             signing_key=bool(fields.public_key),
         )  # fmt: skip
+        events = [registered]
         if rotated:
-            await self._events.record(
+            events.append(self._events.draft(
                 "agent.key_rotated", fields.agent_id, agent_id=fields.agent_id,
                 proven=verifies(current, signed, proof),
-            )  # fmt: skip
+            ))  # fmt: skip
+        await self._put(record, events)
         return record
 
     def check_proof(self, agent_id: str, signed: bytes, proof: bytes) -> bool:
@@ -218,21 +222,24 @@ class Registry:
             state=AVAILABLE if revived or not state else state,
             last_heartbeat_at=self._clock.now(),
         )
-        await self._put(updated)
+        events: list[EventDraft] = []
         if revived:
-            await self._events.record(
-                "agent.available", agent_id, agent_id=agent_id, health=dict(health)
+            events.append(
+                self._events.draft(
+                    "agent.available", agent_id, agent_id=agent_id, health=dict(health)
+                )
             )
+        await self._put(updated, events)
         return updated
 
     async def set_state(self, agent_id: str, state: str, reason: str) -> AgentRecord:
         record = await self.get(agent_id)
         updated = replace(record, state=state)
-        await self._put(updated)
-        await self._events.record(
+        event = self._events.draft(
             "agent.state", COORDINATOR, agent_id=agent_id,
             **{"from": record.state, "to": state}, reason=reason,
         )  # fmt: skip
+        await self._put(updated, [event])
         return updated
 
     def check_removal(self, agent_id: str, *, signed: bytes, proof: bytes, vouched: bool) -> None:
@@ -246,13 +253,22 @@ class Registry:
         )  # fmt: skip
 
     async def deregister(self, agent_id: str, reason: str) -> bool:
-        removed = await self._agents.delete(agent_id)
+        """Remove the agent's registration, with its `agent.deregistered` event in the same
+        transaction; False when it was not registered (no event then: deregistration is
+        idempotent, and the lifecycle's end asks again for an agent that left by itself)."""
+        events = (
+            [self._events.draft("agent.deregistered", agent_id, agent_id=agent_id, reason=reason)]
+            if agent_id in self._cache
+            else []
+        )
+        try:
+            removed = await self._events.commit(
+                events, lambda drafts: self._agents.delete(agent_id, drafts)
+            )
+        except LookupError:  # not stored after all: nothing was removed, nothing appended
+            removed = False
         self._cache.pop(agent_id, None)
         self._keys.pop(agent_id, None)
-        if removed:
-            await self._events.record(
-                "agent.deregistered", agent_id, agent_id=agent_id, reason=reason
-            )
         return removed
 
     async def get(self, agent_id: str) -> AgentRecord:

@@ -13,8 +13,10 @@ nodes on their cron time (one timer heap, engine/timers.py), MANUAL nodes on Res
 CancelWorkflow ends a run for good (`cancel`). ListWorkflows and a run's history are reads
 of the store and the event log (engine/workflow_reads.py, `Workflows.reads`).
 
-Every change is stored (one write per operation: the run and the nodes it touched) before
-it is acted on, then logged (`workflow.*` events, correlation id = workflow id). After a
+Every change is stored with its `workflow.*` events (correlation id = workflow id) in one
+transaction (one write per operation: the run, the nodes it touched and their events) before
+it is acted on; `workflow.cancelled`, which tells what stopping the tasks did, follows the
+stops. A start, resume or cancel whose write fails leaves memory as it was. After a
 restart `load` rebuilds the running workflows: RUNNING nodes re-attach to their tasks (an
 end that happened meanwhile is processed then), READY nodes are submitted (or found already
 submitted: task ids are deterministic), timers are re-armed.
@@ -25,12 +27,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope
+from apiary.core.events import EventDraft
 from apiary.core.ids import IdGenerator
 from apiary.core.records import TaskRecord, TaskState
 from apiary.core.workflow.data import apply_output, dump_data, node_input, parse_data, parse_output
@@ -108,16 +112,17 @@ class Workflows:
         now = self._clock.now()
         spec = replace(spec, created_at=spec.created_at or now)
         run = WorkflowRun(spec.workflow_id, updated_at=now)
+        created = self._draft(
+            spec.workflow_id, "workflow.created", nodes=len(spec.nodes),
+            roots=list(report.roots[:20]),
+        )  # fmt: skip
+        write = partial(self._store.create, spec, run, [NodeRun(key) for key in spec.nodes])
         try:
-            await self._store.create(spec, run, [NodeRun(key) for key in spec.nodes])
+            await self._events.commit([created], write)
         except DuplicateWorkflowError:
             raise AlreadyExistsError(
                 f"workflow {spec.workflow_id!r} already exists", {"workflow_id": spec.workflow_id}
             ) from None
-        await self._events.record(
-            "workflow.created", WORKFLOW, correlation_id=spec.workflow_id,
-            workflow_id=spec.workflow_id, nodes=len(spec.nodes), roots=list(report.roots[:20]),
-        )  # fmt: skip
         return spec
 
     async def start(
@@ -143,11 +148,12 @@ class Workflows:
                 started_at=now, updated_at=now, metadata=dict(metadata or {}),
             )  # fmt: skip
             live = LiveWorkflow(replace(stored, run=run))
+            undo = self._undo(live)
             self._live[workflow_id] = live
             change = Change(events=[("workflow.started", {"roots": len(live.roots)})])
             for root in live.roots:
                 live.apply(change, now, root)
-            await self._commit(live, change)
+            await self._commit(live, change, undo)
             return live.snapshot()
 
     async def state(self, workflow_id: str) -> StoredWorkflow:
@@ -180,6 +186,7 @@ class Workflows:
                 )
             now = self._clock.now()
             targets = self._resume_targets(live, node_id)
+            undo = self._undo(live)
             live.data.update(update)
             live.restart(now, metadata or {})
             self._live[workflow_id] = live
@@ -194,7 +201,7 @@ class Workflows:
                 live.apply(change, now, node_id, NodeInput.TRIGGER)
             for key in live.nodes:
                 live.apply(change, now, key)
-            await self._commit(live, change)
+            await self._commit(live, change, undo)
             return live.snapshot()
 
     async def cancel(self, workflow_id: str, reason: str = "", by: str = "") -> StoredWorkflow:
@@ -217,15 +224,10 @@ class Workflows:
                 live = LiveWorkflow(stored)
             suffix = f": {reason}" if reason else ""
             change = Change()
-            before = live.run, dict(live.nodes)
+            undo = self._undo(live)
             why = f"cancelled by {by or 'an anonymous caller'}{suffix}"
             live.cancel(change, self._clock.now(), why)
-            try:
-                await self._commit(live, change)
-            except BaseException:
-                # Not stored: the run goes on as stored, still driven, and can be cancelled again.
-                live.run, live.nodes = before
-                raise
+            await self._commit(live, change, undo)
             self._live.pop(workflow_id, None)
             for key in live.nodes:
                 self._timers.cancel(_key(workflow_id, key))
@@ -234,11 +236,13 @@ class Workflows:
             for node_id in change.stop:
                 task_id = live.nodes[node_id].task_id
                 outcomes[await self._stop(task_id, note, by or WORKFLOW)].append(task_id)
-            await self._record(
-                live, "workflow.cancelled", status=WorkflowStatus.CANCELLED.value, by=by,
-                reason=reason, tasks_cancelled=outcomes[_CANCELLED][:20],
+            # After the write: it tells what stopping the tasks did, which follows the write
+            # (the run is stored CANCELLED before its tasks are stopped).
+            self._events.queue(self._draft(
+                workflow_id, "workflow.cancelled", status=WorkflowStatus.CANCELLED.value,
+                by=by, reason=reason, tasks_cancelled=outcomes[_CANCELLED][:20],
                 tasks_left_running=outcomes[_LEFT_RUNNING][:20],
-            )  # fmt: skip
+            ))  # fmt: skip
             return live.snapshot()
 
     async def _stop(self, task_id: str, note: str, by: str) -> str:
@@ -283,19 +287,29 @@ class Workflows:
 
     # ------------------------------------------------------------------ carrying out changes
 
-    async def _commit(self, live: LiveWorkflow, change: Change) -> None:
-        """Store, log, arm timers, submit: what `change` asks, in that order; submissions
-        make further changes, committed in turn."""
+    async def _commit(
+        self, live: LiveWorkflow, change: Change, undo: Callable[[], None] | None = None
+    ) -> None:
+        """Store with its events, arm timers, submit: what `change` asks, in that order;
+        submissions make further changes, committed in turn. When the first write fails,
+        `undo` puts memory back as it was before the operation (nothing of it is stored)."""
         while True:
             now = self._clock.now()
             finished = live.settle(now)
-            await self._store.save(live.stored_run(), list(change.dirty.values()))
-            for event_type, details in change.events:
-                await self._record(live, event_type, **details)
+            drafts = [self._draft(live.workflow_id, t, **d) for t, d in change.events]
+            if finished is not None:
+                ended = f"workflow.{finished.value.lower()}"
+                drafts.append(self._draft(live.workflow_id, ended, status=finished.value))
+            write = partial(self._store.save, live.stored_run(), list(change.dirty.values()))
+            try:
+                await self._events.commit(drafts, write)
+            except BaseException:
+                if undo is not None:
+                    undo()
+                raise
+            undo = None
             if finished is not None:
                 self._live.pop(live.workflow_id, None)
-                await self._record(live, f"workflow.{finished.value.lower()}",
-                                   status=finished.value)  # fmt: skip
             for node_id, due in change.timers:
                 self._timers.arm(_key(live.workflow_id, node_id), due)
             submit, change = change.submit, Change()
@@ -304,11 +318,27 @@ class Workflows:
             if not change.dirty:
                 return
 
-    async def _record(self, live: LiveWorkflow, event_type: str, **details: Any) -> None:
-        await self._events.record(
-            event_type, WORKFLOW, correlation_id=live.workflow_id,
-            workflow_id=live.workflow_id, **details,
-        )  # fmt: skip
+    def _draft(self, workflow_id: str, event_type: str, **details: Any) -> EventDraft:
+        """A `workflow.*` event, for the store to commit with the change it records."""
+        return self._events.draft(
+            event_type, WORKFLOW, correlation_id=workflow_id, workflow_id=workflow_id, **details
+        )
+
+    def _undo(self, live: LiveWorkflow) -> Callable[[], None]:
+        """What puts `live` (run, nodes, data) and its place among the running workflows
+        back as they are now: for an operation whose write fails, so that the run goes on as
+        stored (still driven when it was) and the operation can be asked again."""
+        workflow_id, held = live.workflow_id, self._live.get(live.workflow_id)
+        run, nodes, data = live.run, dict(live.nodes), dict(live.data)
+
+        def undo() -> None:
+            live.run, live.nodes, live.data = run, nodes, data
+            if held is None:
+                self._live.pop(workflow_id, None)
+            else:
+                self._live[workflow_id] = held
+
+        return undo
 
     async def _submit(self, live: LiveWorkflow, node_id: str, change: Change) -> None:
         """Hand a READY node's next attempt to the Scheduler."""
@@ -332,7 +362,9 @@ class Workflows:
             # Accepted, or held for a decision (then it may still run): either way its end
             # comes through the listener, even an end inside `submit` itself.
             accepted, why = result.accepted or result.task is not None, result.reason
-        except AlreadyExistsError:  # submitted before a restart: re-attach
+            if not result.created:  # the same task submitted before a restart: re-attach
+                await self._reattach(task_id)
+        except AlreadyExistsError:  # submitted before a restart, otherwise: re-attach
             accepted, why = True, "already submitted"
             await self._reattach(task_id)
         except ApiaryError as exc:
@@ -397,7 +429,7 @@ class Workflows:
         node_id = run.node_id
         error = f"{task.error_code}: {task.note}" if task.note else task.error_code
         if task.state == TaskState.COMPLETED:
-            output = parse_output(task.note)
+            output = parse_output(task.result or task.note)  # (no result: stored before v18)
             mapping = live.spec.nodes[node_id].output_mapping
             try:
                 data = apply_output(live.data, output, mapping, f"nodes.{node_id}.output_mapping")

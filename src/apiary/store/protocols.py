@@ -64,8 +64,9 @@ class EventLog(Protocol):
 
 
 class AgentStore(Protocol):
-    async def put(self, agent: AgentRecord) -> None:
-        """Insert or replace the agent with this agent_id."""
+    async def put(self, agent: AgentRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the agent with this agent_id, appending `events` to the event
+        log in the same transaction."""
         ...
 
     async def get(self, agent_id: str) -> AgentRecord | None: ...
@@ -74,8 +75,10 @@ class AgentStore(Protocol):
         """All agents, ordered by agent_id."""
         ...
 
-    async def delete(self, agent_id: str) -> bool:
-        """Remove the agent; False when it was not there."""
+    async def delete(self, agent_id: str, events: Sequence[EventDraft] = ()) -> bool:
+        """Remove the agent; False when it was not there. `events` are appended to the
+        event log in the removal's transaction: with events, an agent that is not there
+        raises LookupError instead (nothing is appended)."""
         ...
 
 
@@ -216,8 +219,9 @@ class DlqStore(Protocol):
 class HitlStore(Protocol):
     """HITL invocations and their decisions (RFC 15): pending ones survive restarts."""
 
-    async def put(self, record: HitlRecord) -> None:
-        """Insert or replace the record with this invocation_id."""
+    async def put(self, record: HitlRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the record with this invocation_id, appending `events` to the
+        event log in the same transaction."""
         ...
 
     async def get(self, invocation_id: str) -> HitlRecord | None: ...
@@ -259,17 +263,28 @@ class TaskStore(Protocol):
 class WorkflowStore(Protocol):
     """DAG workflows (RFC 17.7): definitions and run state survive a restart."""
 
-    async def create(self, spec: WorkflowSpec, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
-        """Store a new workflow; DuplicateWorkflowError (a StoreError) when its id is taken."""
+    async def create(
+        self,
+        spec: WorkflowSpec,
+        run: WorkflowRun,
+        nodes: Sequence[NodeRun],
+        events: Sequence[EventDraft] = (),
+    ) -> None:
+        """Store a new workflow, appending `events` to the event log in the same transaction;
+        DuplicateWorkflowError (a StoreError) when its id is taken (nothing is stored then,
+        events included)."""
         ...
 
     async def get(self, workflow_id: str) -> StoredWorkflow | None:
         """The workflow with every node's run (in definition order), or None."""
         ...
 
-    async def save(self, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
-        """Replace the run and the runs of `nodes`, all in one transaction; StoreError when
-        the workflow or one of the nodes does not exist (nothing is changed then)."""
+    async def save(
+        self, run: WorkflowRun, nodes: Sequence[NodeRun], events: Sequence[EventDraft] = ()
+    ) -> None:
+        """Replace the run and the runs of `nodes`, all in one transaction, which appends
+        `events` to the event log too; StoreError when the workflow or one of the nodes does
+        not exist (nothing is changed then, events included)."""
         ...
 
     async def list(
@@ -294,8 +309,9 @@ class WorkflowStore(Protocol):
 class HandoffStore(Protocol):
     """Agent handoffs (RFC 17.6): pending offers and their deadlines survive a restart."""
 
-    async def put(self, record: HandoffRecord) -> None:
-        """Insert or replace the record with this request_id."""
+    async def put(self, record: HandoffRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the record with this request_id, appending `events` to the
+        event log in the same transaction."""
         ...
 
     async def get(self, request_id: str) -> HandoffRecord | None: ...
@@ -319,10 +335,11 @@ class WorktreeStore(Protocol):
     """Worktree bindings (RFC 16), one per agent: homes, switches and bind failures survive
     a restart."""
 
-    async def put(self, binding: WorktreeBinding) -> None:
+    async def put(self, binding: WorktreeBinding, events: Sequence[EventDraft] = ()) -> None:
         """Store `binding` when its version is the stored one's plus one (1 for an agent with
-        no record yet); otherwise raise `apiary.store.errors.VersionConflictError` and change
-        nothing. ValueError for a record no backend can store (a bad state, version < 1)."""
+        no record yet), appending `events` to the event log in the same transaction;
+        otherwise raise `apiary.store.errors.VersionConflictError` and change nothing (events
+        included). ValueError for a record no backend can store (a bad state, version < 1)."""
         ...
 
     async def get(self, agent_id: str) -> WorktreeBinding | None: ...
@@ -351,8 +368,9 @@ class RoomStore(Protocol):
         """Every policy version, oldest first (by created_at, then version)."""
         ...
 
-    async def put_proposal(self, record: ProposalRecord) -> None:
-        """Insert or replace the proposal with this artifact_id."""
+    async def put_proposal(self, record: ProposalRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the proposal with this artifact_id, appending `events` to the
+        event log in the same transaction."""
         ...
 
     async def get_proposal(self, artifact_id: str) -> ProposalRecord | None: ...
@@ -369,19 +387,25 @@ class RoomStore(Protocol):
         `limit`."""
         ...
 
-    async def add_vote(self, vote: VoteRecord) -> None:
-        """Record a vote; a second vote of the same critic on the same artifact raises
-        StoreError and changes nothing."""
+    async def add_vote(self, vote: VoteRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Record a vote, appending `events` to the event log in the same transaction; a
+        second vote of the same critic on the same artifact raises StoreError and changes
+        nothing (events included)."""
         ...
 
     async def votes(self, artifact_id: str) -> list[VoteRecord]:
         """The artifact's votes, oldest first (by voted_at, then critic_id)."""
         ...
 
-    async def decide(self, proposal: ProposalRecord, decision: DecisionRecord) -> None:
-        """Replace the proposal and append the decision, atomically. A decision whose
-        (artifact_id, sequence) exists raises StoreError and changes nothing, the proposal
-        included."""
+    async def decide(
+        self,
+        proposal: ProposalRecord,
+        decision: DecisionRecord,
+        events: Sequence[EventDraft] = (),
+    ) -> None:
+        """Replace the proposal and append the decision and `events` (to the event log),
+        atomically. A decision whose (artifact_id, sequence) exists raises StoreError and
+        changes nothing, the proposal and events included."""
         ...
 
     async def decisions(self, artifact_id: str) -> list[DecisionRecord]:
@@ -419,12 +443,16 @@ class NegotiationStore(Protocol):
         record: NegotiationRecord,
         round_: RoundRecord | None = None,
         artifacts: Sequence[ArtifactRecord] = (),
+        events: Sequence[EventDraft] = (),
+        artifact_events: Sequence[EventDraft] = (),
     ) -> list[bool]:
         """Insert or replace the record (by negotiation_id) and, when given, the round (by
         negotiation_id and round), and append the artifacts (as `ArtifactStore.append`:
         False for one whose (negotiation_id, kind, version) exists, which stays as it was),
         all in one transaction: a reader never sees a state without the artifacts that came
-        with it. Returns, per artifact, whether it was added."""
+        with it. The transaction appends `events` to the event log, then the event of each
+        artifact added (`artifact_events`: none, or one per artifact; ValueError otherwise).
+        Returns, per artifact, whether it was added."""
         ...
 
     async def get(self, negotiation_id: str) -> NegotiationRecord | None: ...
@@ -440,13 +468,21 @@ class NegotiationStore(Protocol):
         (by created_at, then negotiation_id), at most `limit`."""
         ...
 
-    async def put_policy(self, name: str, policy: Mapping[str, Any], at: float) -> None:
-        """Insert or replace one policy: name '' is the base policy, any other a profile."""
+    async def put_policy(
+        self, name: str, policy: Mapping[str, Any], at: float, events: Sequence[EventDraft] = ()
+    ) -> None:
+        """Insert or replace one policy: name '' is the base policy, any other a profile;
+        `events` are appended to the event log in the same transaction."""
         ...
 
-    async def replace_profiles(self, profiles: Mapping[str, Mapping[str, Any]], at: float) -> None:
+    async def replace_profiles(
+        self,
+        profiles: Mapping[str, Mapping[str, Any]],
+        at: float,
+        events: Sequence[EventDraft] = (),
+    ) -> None:
         """Make `profiles` the whole set of profiles, in one transaction (the base policy
-        stays). A profile may not be named ''."""
+        stays) that appends `events` to the event log. A profile may not be named ''."""
         ...
 
     async def policies(self) -> dict[str, dict[str, Any]]:
@@ -457,8 +493,9 @@ class NegotiationStore(Protocol):
 class ArtifactStore(Protocol):
     """Negotiation artifacts (RFC 17.4, sw4rm.activity.ActivityService)."""
 
-    async def append(self, artifact: ArtifactRecord) -> bool:
-        """Record the artifact; False (and nothing changes) when one with the same
+    async def append(self, artifact: ArtifactRecord, events: Sequence[EventDraft] = ()) -> bool:
+        """Record the artifact, appending `events` to the event log in the same transaction;
+        False (and nothing changes, events included) when one with the same
         (negotiation_id, kind, version) exists."""
         ...
 

@@ -4,8 +4,8 @@ round machine of core/negotiation/machine.py.
 Every input (Open, Propose, Counter, Evaluate, SubmitEvaluation, Decide, Abort, a NEGOTIATION
 envelope addressed to the Scheduler, a round or debate timer, a HITL decision) is applied
 under the negotiation's lock: the machine decides, this module performs the effects in
-order (store with artifacts in one transaction, timers, event log, fanout to the participants,
-HITL escalation).
+order (store with artifacts and the events recording the change in one transaction, timers,
+fanout to the participants, HITL escalation).
 Open negotiations live in memory and in the store; `load()` after a restart re-arms their
 timers and waits again for the HITL invocations they were waiting for.
 """
@@ -16,11 +16,13 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from apiary.core.clock import Clock
 from apiary.core.dedup import iso_utc
 from apiary.core.envelope import Envelope, MessageType
+from apiary.core.events import EventDraft
 from apiary.core.machine import IllegalTransitionError
 from apiary.core.negotiation.events import decode_event, event
 from apiary.core.negotiation.hitl import escalation_for, translate_action
@@ -389,21 +391,27 @@ class Negotiations:
             artifacts = step.artifacts if _F.APPEND_ARTIFACTS in effects else ()
             for artifact in artifacts:
                 check_artifact(artifact, self.artifacts.max_bytes)
-            added = await self._store.save(record, round_, artifacts)
-            self._remember(record, round_)
-            for artifact, new in zip(artifacts, added, strict=True):
-                if new:
-                    await self.artifacts.note_appended(artifact, SCHEDULER)
-        self._sync_timer(record)
-        if _F.EMIT_EVENT in effects:
-            event_type, details = step.event
-            await self._events.record(
-                event_type, str(details.get("by") or SCHEDULER), correlation_id=nid, **details
+            # The step's event and the events of the artifacts added commit with the state.
+            drafts = [self._draft(step)] if _F.EMIT_EVENT in effects else []
+            appended = [self.artifacts.appended(a, SCHEDULER) for a in artifacts]
+            await self._events.commit(
+                drafts, lambda evs: self._store.save(record, round_, artifacts, evs, appended)
             )
+            self._remember(record, round_)
+        elif _F.EMIT_EVENT in effects:  # a refusal: nothing stored
+            self._events.queue(self._draft(step))
+        self._sync_timer(record)
         if _F.FANOUT in effects and step.fanout:
             await self._fanout.send(nid, record.participants, step.fanout)
         if _F.ESCALATE in effects and step.escalation is not None:
             await self._escalate(record, step.escalation)
+
+    def _draft(self, step: NegotiationStep) -> EventDraft:
+        event_type, details = step.event
+        return self._events.draft(
+            event_type, str(details.get("by") or SCHEDULER),
+            correlation_id=step.record.negotiation_id, **details,
+        )  # fmt: skip
 
     async def _then(self, step: NegotiationStep | None) -> None:
         if step is not None:
@@ -441,14 +449,14 @@ class Negotiations:
             timeout_s=self.settings.hitl_timeout_s, correlation_id=nid,
         )  # fmt: skip
         record = replace(record, invocation_id=invocation.invocation_id)
-        await self._store.save(record)
-        self._remember(record, None)
-        await self._events.record(
+        escalated = self._events.draft(
             "negotiation.escalated", SCHEDULER, correlation_id=nid, negotiation_id=nid,
             invocation_id=invocation.invocation_id, reason_type=escalation.reason_type,
             gate=escalation.gate, hitl_state=invocation.state,
             hitl_available=self._hitl.available,
         )  # fmt: skip
+        await self._events.commit([escalated], partial(self._store.save, record, None, ()))
+        self._remember(record, None)
         self._spawn(self._await_hitl(nid, invocation.invocation_id))
 
     async def _await_hitl(self, negotiation_id: str, invocation_id: str) -> None:
@@ -478,13 +486,13 @@ class Negotiations:
         )  # fmt: skip
         if verdict is not None:
             current = replace(current, llm_confidence=verdict.confidence_score)
-            await self._store.save(record, current)
-            self._remember(record, current)
-            await self._events.record(
+            consulted = self._events.draft(
                 "negotiation.inference", SCHEDULER, correlation_id=nid, negotiation_id=nid,
                 round=current.round, engine=self.inference.name,
                 confidence_score=verdict.confidence_score, notes=verdict.notes,
             )  # fmt: skip
+            await self._events.commit([consulted], partial(self._store.save, record, current, ()))
+            self._remember(record, current)
             return
         await self._events.record(
             "negotiation.inference_unavailable", SCHEDULER, correlation_id=nid,
@@ -499,13 +507,13 @@ class Negotiations:
         old = effective.policy.max_rounds
         effective = replace(effective, policy=replace(effective.policy, max_rounds=max_rounds))
         record = replace(record, policy=effective.to_json(), updated_at=self._clock.now())
-        await self._store.save(record)
-        self._remember(record, None)
         nid = record.negotiation_id
-        await self._events.record(
+        shortened = self._events.draft(
             "negotiation.shortened", SCHEDULER, correlation_id=nid, negotiation_id=nid,
             from_max_rounds=old, to_max_rounds=max_rounds, reason="inference engine unavailable",
         )  # fmt: skip
+        await self._events.commit([shortened], partial(self._store.save, record, None, ()))
+        self._remember(record, None)
         doc = event("policy", iso_utc(self._clock.now()), negotiation_id=nid,
                     profile=record.profile, policy=effective.policy.to_json(),
                     applied=effective.to_json()["applied"])  # fmt: skip

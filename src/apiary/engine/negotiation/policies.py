@@ -1,6 +1,6 @@
 """The Scheduler's negotiation policy book (RFC 17.2): the base policy, the policy profiles,
 the guardrails, and which policy an Open gets. It is the source of truth; both survive a
-restart (the `negotiations` store keeps them).
+restart (the `negotiations` store keeps them, each change with its event).
 
 Profiles: one per debate intensity (LOWEST..HIGHEST, the base policy scaled by
 core/negotiation/policy.py INTENSITY_SCALES) unless SetPolicyProfiles gave one of that
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from apiary.core.clock import Clock
 from apiary.core.negotiation.policy import (
@@ -98,9 +99,11 @@ class PolicyBook:
         why = self.guardrails.violation(policy)
         if why:
             return why
-        await self._store.put_policy("", policy.to_json(), self._clock.now())
+        event = self._events.draft("negotiation.policy_set", by, policy=policy.to_json())
+        await self._events.commit(
+            [event], partial(self._store.put_policy, "", policy.to_json(), self._clock.now())
+        )
         self._base = policy
-        await self._events.record("negotiation.policy_set", by, policy=policy.to_json())
         return ""
 
     async def set_profiles(self, profiles: Sequence[tuple[str, NegotiationPolicy]], by: str) -> str:
@@ -115,13 +118,12 @@ class PolicyBook:
             if why:
                 return why
             found[name] = policy
-        await self._store.replace_profiles(
-            {n: p.to_json() for n, p in found.items()}, self._clock.now()
+        event = self._events.draft("negotiation.profiles_set", by, profiles=sorted(found))
+        stored = {n: p.to_json() for n, p in found.items()}
+        await self._events.commit(
+            [event], partial(self._store.replace_profiles, stored, self._clock.now())
         )
         self._profiles = found
-        await self._events.record(
-            "negotiation.profiles_set", by, profiles=sorted(found),
-        )  # fmt: skip
         return ""
 
     def profiles(self) -> list[tuple[str, NegotiationPolicy]]:

@@ -4,7 +4,8 @@ Producers submit proposals, requested critics are notified and vote, and the roo
 its policy (core/rooms/policy.py) or escalates to HITL (engine/hitl.py), whose decision then
 becomes the room's, with the operator on record. The producer is notified of the decision
 and may block on it (`wait`, WaitForDecision). Every transition is in the event log
-(room.proposed, room.voted, room.decided, room.escalated). The transitions are
+(room.proposed, room.voted, room.decided, room.escalated), committed with the proposal, vote
+or decision it records, in one transaction. The transitions are
 `core.negotiation_room.RoomMachine`'s; this class performs their effects: store, timers,
 notifications, HITL, waiters.
 
@@ -23,10 +24,12 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any
 
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
+from apiary.core.events import EventDraft
 from apiary.core.ids import IdGenerator
 from apiary.core.rooms.machine import (
     ROOM_SERVICE,
@@ -330,20 +333,28 @@ class NegotiationRooms:
     async def _perform(self, step: RoomStep) -> None:
         proposal, decision = step.proposal, step.decision
         artifact_id = proposal.artifact_id
+        # The step's events commit with its write: a vote's (room.voted) with the vote, the
+        # rest with the proposal or the decision; EMIT_EVENT logs them only for a step that
+        # writes neither.
+        logged = False
         for effect in step.effects:
             if effect is _F.PERSIST_PROPOSAL:
-                await self._store.put_proposal(proposal)
+                drafts = [] if logged else self._drafts(step, proposal, voted=False)
+                await self._events.commit(drafts, partial(self._store.put_proposal, proposal))
+                logged = True
             elif effect is _F.PERSIST_VOTE and step.vote is not None:
-                await self._store.add_vote(step.vote)
+                # Logged as it lands: before the escalation it may cause.
+                drafts = self._drafts(step, proposal, voted=True)
+                await self._events.commit(drafts, partial(self._store.add_vote, step.vote))
                 self._votes.setdefault(artifact_id, []).append(step.vote)
-                # A vote is logged as it lands: before the escalation it may cause.
-                await self._emit(step, proposal, voted=True)
             elif effect is _F.ESCALATE_TO_HITL and step.escalation is not None:
                 invocation = await self._escalate(proposal, step.escalation)
                 proposal = replace(proposal, invocation_id=invocation)
                 decision = replace(decision, invocation_id=invocation) if decision else None
             elif effect is _F.RECORD_DECISION and decision is not None:
-                await self._store.decide(proposal, decision)
+                drafts = [] if logged else self._drafts(step, proposal, voted=False)
+                await self._events.commit(drafts, partial(self._store.decide, proposal, decision))
+                logged = True
             elif effect is _F.START_TIMER:
                 self.timers.arm(artifact_id, proposal.vote_deadline)
             elif effect is _F.CANCEL_TIMER:
@@ -360,8 +371,9 @@ class NegotiationRooms:
                 for future in self._waiters.pop(artifact_id, []):
                     if not future.done():
                         future.set_result(decision)
-            elif effect is _F.EMIT_EVENT:
-                await self._emit(step, proposal, voted=False)
+            elif effect is _F.EMIT_EVENT and not logged:
+                for draft in self._drafts(step, proposal, voted=False):
+                    self._events.queue(draft)
         if RoomState(proposal.state).terminal:
             self._live.pop(artifact_id, None)
             self._votes.pop(artifact_id, None)
@@ -371,18 +383,20 @@ class NegotiationRooms:
         if _F.ESCALATE_TO_HITL in step.effects:
             self._watch(proposal)
 
-    async def _emit(self, step: RoomStep, proposal: ProposalRecord, *, voted: bool) -> None:
-        """Log the step's events: with `voted`, only its vote's (room.voted); else the rest."""
+    def _drafts(self, step: RoomStep, proposal: ProposalRecord, *, voted: bool) -> list[EventDraft]:
+        """The step's events: with `voted`, only its vote's (room.voted); else the rest."""
+        drafts = []
         for event_type, details in step.events:
             if (event_type == VOTED) is not voted:
                 continue
             extra = {"invocation_id": proposal.invocation_id} if proposal.invocation_id else {}
             agent = str(details.get("critic_id") or proposal.producer_id)
-            await self._events.record(
+            drafts.append(self._events.draft(
                 event_type, str(details.get("by") or ROOM_SERVICE),
                 correlation_id=proposal.negotiation_room_id, agent_id=agent,
                 **{**details, **extra},
-            )  # fmt: skip
+            ))  # fmt: skip
+        return drafts
 
     async def _notify_critics(self, proposal: ProposalRecord, votes: list[VoteRecord]) -> None:
         body = proposal_notice(proposal, self.settings.inline_artifact_bytes)

@@ -4,9 +4,9 @@
 recovered by `load`), makes the real git worktrees (engine/worktrees/git.py), runs the retry,
 recovery and TTL timers (engine/timers.py, on the injected clock), asks HITL for switches
 and escalates bind failures (engine/hitl.py; engine/worktrees/approvals.py applies the
-decisions), logs every transition as a `worktree.binding` event with repo_id and worktree_id,
-and tells the agent its new status through the `notify` it is given (WorktreeStatus,
-engine/worktrees/control.py).
+decisions), logs every transition as a `worktree.binding` event with repo_id and worktree_id
+(committed with the binding it records, in one transaction), and tells the agent its new
+status through the `notify` it is given (WorktreeStatus, engine/worktrees/control.py).
 
 Other parts ask `bound_root(agent_id)` where an agent may work (None: unbound, and
 BIND_FAILED counts as unbound) and `binding(agent_id)` for the whole record.
@@ -32,10 +32,12 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
 from apiary.core.clock import Clock
+from apiary.core.events import EventDraft
 from apiary.core.machine import IllegalTransitionError
 from apiary.core.worktrees.machine import (
     FAILURE_REASONS,
@@ -459,14 +461,19 @@ class Worktrees:
             elif effect is _F.CLOSE_INVOCATION:
                 await self.approvals.close_invocation(step.before.invocation_id, context.actor)
             elif effect is _F.PERSIST:
-                await self._store.put(record)
+                # The transition's event commits with the binding (EMIT_EVENT follows PERSIST
+                # in every row, with nothing between that changes the record).
+                drafts = (
+                    [self._draft(step, record, context)] if _F.EMIT_EVENT in step.effects else []
+                )
+                await self._events.commit(drafts, partial(self._store.put, record))
                 self._bindings[record.agent_id] = record
                 for listener in self._listeners:
                     listener(record.agent_id)
             elif effect in (_F.START_TIMER, _F.CANCEL_TIMER):
                 self._arm(record)
-            elif effect is _F.EMIT_EVENT:
-                await self._record(step, record, context)
+            elif effect is _F.EMIT_EVENT and _F.PERSIST not in step.effects:
+                self._events.queue(self._draft(step, record, context))
             elif effect is _F.NOTIFY_AGENT:
                 await self._notify(record, step.input, context.reply_to)
         async with self._changed:
@@ -492,9 +499,10 @@ class Worktrees:
             else:
                 self._timers.cancel(key)
 
-    async def _record(self, step: BindingStep, record: WorktreeBinding, context: _Context) -> None:
+    def _draft(self, step: BindingStep, record: WorktreeBinding, context: _Context) -> EventDraft:
+        """The transition's `worktree.binding` event."""
         where = _subject(step, record)
-        await self._events.record(
+        return self._events.draft(
             "worktree.binding", context.actor, correlation_id=context.correlation_id,
             agent_id=record.agent_id, **{"from": step.before.state}, to=record.state,
             input=step.input.value, repo_id=where.repo_id if where else "",

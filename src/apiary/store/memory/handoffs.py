@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from apiary.core.events import EventDraft
 from apiary.core.records import HandoffRecord
+from apiary.store.memory.events import MemoryEventLog
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.handoffs import handoff_from_row, handoff_row
 
 
 class MemoryHandoffStore:
-    """`HandoffStore` over a dict keyed by request_id."""
+    """`HandoffStore` over a dict keyed by request_id; events that commit with a record go
+    to `log`."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: MemoryEventLog) -> None:
         self._records: dict[str, HandoffRecord] = {}
+        self._log = log
 
-    async def put(self, record: HandoffRecord) -> None:
-        """Insert or replace the record with this request_id."""
+    async def put(self, record: HandoffRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the record with this request_id, appending `events` with it."""
         # Through the SQL row and back: refuses what the SQL backends refuse and coerces as
         # they do (an int created_at becomes a float, a bytearray snapshot bytes).
-        self._records[record.request_id] = handoff_from_row(handoff_row(record))
+        stored = handoff_from_row(handoff_row(record))
+        drafts = self._log.checked(events)
+        self._records[record.request_id] = stored
+        self._log.append_now(drafts)
 
     async def get(self, request_id: str) -> HandoffRecord | None:
         """The record, or None (records hold immutable values only: no copy needed)."""

@@ -3,24 +3,33 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
+from apiary.core.events import EventDraft
 from apiary.core.records import HitlRecord
 from apiary.store.memory.copies import json_copy
+from apiary.store.memory.events import MemoryEventLog
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.hitl import hitl_from_row, hitl_row
 
 
 class MemoryHitlStore:
-    """`HitlStore` over a dict keyed by invocation_id."""
+    """`HitlStore` over a dict keyed by invocation_id; events that commit with a record go
+    to `log`."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: MemoryEventLog) -> None:
         self._records: dict[str, HitlRecord] = {}
+        self._log = log
 
-    async def put(self, record: HitlRecord) -> None:
-        """Insert or replace the record with this invocation_id."""
+    async def put(self, record: HitlRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the record with this invocation_id, appending `events` with
+        it."""
         # Through the SQL row and back: refuses what the SQL backends refuse, coerces as
         # they do, and detaches the stored record from the caller's (mutable) mappings.
-        self._records[record.invocation_id] = hitl_from_row(hitl_row(record))
+        stored = hitl_from_row(hitl_row(record))
+        drafts = self._log.checked(events)
+        self._records[record.invocation_id] = stored
+        self._log.append_now(drafts)
 
     async def get(self, invocation_id: str) -> HitlRecord | None:
         """The record, or None."""

@@ -4,6 +4,9 @@ the caller's."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from apiary.core.events import EventDraft
 from apiary.core.rooms.records import (
     DecisionRecord,
     PolicyVersionRecord,
@@ -11,6 +14,7 @@ from apiary.core.rooms.records import (
     VoteRecord,
 )
 from apiary.store.errors import StoreError
+from apiary.store.memory.events import MemoryEventLog
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.rooms import (
     decision_from_row,
@@ -25,9 +29,11 @@ from apiary.store.sql.rooms import (
 
 
 class MemoryRoomStore:
-    """`RoomStore` over dicts keyed as the SQL tables' primary keys."""
+    """`RoomStore` over dicts keyed as the SQL tables' primary keys; events that commit with
+    a change go to `log`."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: MemoryEventLog) -> None:
+        self._log = log
         self._policies: dict[str, PolicyVersionRecord] = {}
         self._proposals: dict[str, ProposalRecord] = {}
         self._votes: dict[str, dict[str, VoteRecord]] = {}
@@ -51,9 +57,11 @@ class MemoryRoomStore:
         ordered = sorted(self._policies.values(), key=lambda p: (p.created_at, p.version))
         return [policy_from_row(policy_row(p)) for p in ordered]
 
-    async def put_proposal(self, record: ProposalRecord) -> None:
+    async def put_proposal(self, record: ProposalRecord, events: Sequence[EventDraft] = ()) -> None:
         stored = proposal_from_row(proposal_row(record))
+        drafts = self._log.checked(events)
         self._proposals[stored.artifact_id] = stored
+        self._log.append_now(drafts)
 
     async def get_proposal(self, artifact_id: str) -> ProposalRecord | None:
         # Records hold immutable values only: no copy needed.
@@ -76,27 +84,36 @@ class MemoryRoomStore:
         )  # fmt: skip
         return found[:limit]
 
-    async def add_vote(self, vote: VoteRecord) -> None:
+    async def add_vote(self, vote: VoteRecord, events: Sequence[EventDraft] = ()) -> None:
         stored = vote_from_row(vote_row(vote))
-        votes = self._votes.setdefault(stored.artifact_id, {})
+        votes = self._votes.get(stored.artifact_id, {})
         if stored.critic_id in votes:
             raise StoreError(f"{stored.critic_id!r} already voted on {stored.artifact_id!r}")
-        votes[stored.critic_id] = stored
+        drafts = self._log.checked(events)
+        self._votes.setdefault(stored.artifact_id, votes)[stored.critic_id] = stored
+        self._log.append_now(drafts)
 
     async def votes(self, artifact_id: str) -> list[VoteRecord]:
         found = self._votes.get(artifact_id, {}).values()
         return sorted(found, key=lambda v: (v.voted_at, v.critic_id))
 
-    async def decide(self, proposal: ProposalRecord, decision: DecisionRecord) -> None:
+    async def decide(
+        self,
+        proposal: ProposalRecord,
+        decision: DecisionRecord,
+        events: Sequence[EventDraft] = (),
+    ) -> None:
         stored_proposal = proposal_from_row(proposal_row(proposal))
         stored = decision_from_row(decision_row(decision))
-        decisions = self._decisions.setdefault(stored.artifact_id, {})
+        decisions = self._decisions.get(stored.artifact_id, {})
         if stored.sequence in decisions:
             raise StoreError(
                 f"decision {stored.sequence} of {stored.artifact_id!r} is already recorded"
             )
-        decisions[stored.sequence] = stored
+        drafts = self._log.checked(events)
+        self._decisions.setdefault(stored.artifact_id, decisions)[stored.sequence] = stored
         self._proposals[stored_proposal.artifact_id] = stored_proposal
+        self._log.append_now(drafts)
 
     async def decisions(self, artifact_id: str) -> list[DecisionRecord]:
         found = self._decisions.get(artifact_id, {})

@@ -38,19 +38,19 @@ class MemoryStore:
 
     def __init__(self) -> None:
         self.events = MemoryEventLog()
-        self.agents = MemoryAgentStore()
+        self.agents = MemoryAgentStore(self.events)
         self.idempotency = MemoryIdempotencyStore()
         self.messages = MemoryMessageStore(self.events, self.idempotency)
         self.dlq = MemoryDlqStore()
-        self.hitl = MemoryHitlStore()
+        self.hitl = MemoryHitlStore(self.events)
         self.tasks = MemoryTaskStore(self.events)
-        self.workflows = MemoryWorkflowStore()
-        self.handoffs = MemoryHandoffStore()
-        self.worktrees = MemoryWorktreeStore()
-        self.rooms = MemoryRoomStore()
+        self.workflows = MemoryWorkflowStore(self.events)
+        self.handoffs = MemoryHandoffStore(self.events)
+        self.worktrees = MemoryWorktreeStore(self.events)
+        self.rooms = MemoryRoomStore(self.events)
         self.tools = MemoryToolStore()
-        self.artifacts = MemoryArtifactStore()
-        self.negotiations = MemoryNegotiationStore(self.artifacts)
+        self.artifacts = MemoryArtifactStore(self.events)
+        self.negotiations = MemoryNegotiationStore(self.artifacts, self.events)
         self.swarm = MemorySwarmStore()
 
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from apiary.core.events import EventDraft
 from apiary.core.workflow.definition import WorkflowSpec
 from apiary.core.workflow.node import NodeRun
 from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus, WorkflowSummary
 from apiary.store.errors import DuplicateWorkflowError, StoreError
+from apiary.store.memory.events import MemoryEventLog
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.workflows import (
     ENDED_NODES,
@@ -25,18 +27,29 @@ from apiary.store.sql.workflows import (
 
 class MemoryWorkflowStore:
     """`WorkflowStore` over rows kept in dicts (round-tripped as the SQL stores do, so that
-    every backend hands back the same values)."""
+    every backend hands back the same values); events that commit with a change go to
+    `log`, in the same step."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: MemoryEventLog) -> None:
         self._rows: dict[str, WorkflowRow] = {}
         self._nodes: dict[str, dict[str, NodeRow]] = {}
+        self._log = log
 
-    async def create(self, spec: WorkflowSpec, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
+    async def create(
+        self,
+        spec: WorkflowSpec,
+        run: WorkflowRun,
+        nodes: Sequence[NodeRun],
+        events: Sequence[EventDraft] = (),
+    ) -> None:
         row = workflow_row(spec, run)
+        node_rows = {n.node_id: node_row(spec.workflow_id, n) for n in nodes}
         if spec.workflow_id in self._rows:
             raise DuplicateWorkflowError(f"workflow {spec.workflow_id!r} already exists")
+        drafts = self._log.checked(events)
         self._rows[spec.workflow_id] = row
-        self._nodes[spec.workflow_id] = {n.node_id: node_row(spec.workflow_id, n) for n in nodes}
+        self._nodes[spec.workflow_id] = node_rows
+        self._log.append_now(drafts)
 
     async def get(self, workflow_id: str) -> StoredWorkflow | None:
         row = self._rows.get(workflow_id)
@@ -44,7 +57,9 @@ class MemoryWorkflowStore:
             return None
         return assemble(row, list(self._nodes[workflow_id].values()))
 
-    async def save(self, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
+    async def save(
+        self, run: WorkflowRun, nodes: Sequence[NodeRun], events: Sequence[EventDraft] = ()
+    ) -> None:
         row = self._rows.get(run.workflow_id)
         if row is None:
             raise StoreError(f"no workflow {run.workflow_id!r}")
@@ -53,9 +68,12 @@ class MemoryWorkflowStore:
         unknown = [r.node_id for r in rows if r.node_id not in stored]
         if unknown:
             raise StoreError(f"workflow {run.workflow_id!r} has no node {unknown[0]!r}")
-        self._rows[run.workflow_id] = row._replace(**run_values(run)._asdict())
+        values = run_values(run)
+        drafts = self._log.checked(events)
+        self._rows[run.workflow_id] = row._replace(**values._asdict())
         for node in rows:
             stored[node.node_id] = node
+        self._log.append_now(drafts)
 
     async def list(
         self, statuses: frozenset[str] | None = None, after_id: str = "", limit: int = 100

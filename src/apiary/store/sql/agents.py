@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
+from apiary.core.events import EventDraft
 from apiary.core.records import AgentRecord
 from apiary.store.json_codec import dump_json, json_object_of
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
-from apiary.store.sql.dialect import by_dialect
-from apiary.store.sql.statements import Execute, Query, QueryOne, Row
+from apiary.store.sql.dialect import Dialect, by_dialect
+from apiary.store.sql.events import SqlEventLog
+from apiary.store.sql.statements import Execute, Query, QueryOne, Row, Transaction
 
 
 class AgentRow(NamedTuple):
@@ -60,15 +63,33 @@ _LIST = f"SELECT {AGENTS.sql} FROM agents ORDER BY agent_id"
 _DELETE = "DELETE FROM agents WHERE agent_id = ?"
 
 
+def put_agent(d: Dialect, row: AgentRow) -> Transaction[None]:
+    """Insert or replace one agent (`agent_row`)."""
+    yield from Execute(_PUT, row)
+
+
+def remove_agent(d: Dialect, agent_id: str) -> Transaction[None]:
+    """Delete one agent; LookupError when it is not there (the transaction then rolls back,
+    with the events it was to commit)."""
+    if (yield from Execute(_DELETE, (agent_id,))) == 0:
+        raise LookupError(f"no agent {agent_id!r}")
+
+
 class SqlAgentStore:
-    """`AgentStore` in the `agents` table."""
+    """`AgentStore` in the `agents` table; events that commit with a change go through
+    `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
-    async def put(self, agent: AgentRecord) -> None:
-        """Insert or replace the agent with this agent_id."""
-        await self._db.write(Execute(_PUT, agent_row(agent)))
+    async def put(self, agent: AgentRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the agent with this agent_id, with `events` appended in the
+        same transaction."""
+        if events:
+            await self._log.write_with(events, put_agent, agent_row(agent))
+        else:
+            await self._db.write(Execute(_PUT, agent_row(agent)))
 
     async def get(self, agent_id: str) -> AgentRecord | None:
         """The agent, or None."""
@@ -79,6 +100,11 @@ class SqlAgentStore:
         """All agents, ordered by agent_id."""
         return [agent_from_row(row) for row in await self._db.read(Query(_LIST))]
 
-    async def delete(self, agent_id: str) -> bool:
-        """Remove the agent; False when it was not there."""
+    async def delete(self, agent_id: str, events: Sequence[EventDraft] = ()) -> bool:
+        """Remove the agent; False when it was not there. `events` are appended in the
+        removal's transaction: with events, an agent that is not there raises LookupError
+        instead (nothing appended)."""
+        if events:
+            await self._log.write_with(events, remove_agent, agent_id)
+            return True
         return await self._db.write(Execute(_DELETE, (agent_id,))) > 0

@@ -10,14 +10,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from apiary.core.events import EventDraft
 from apiary.core.handoff import HandoffState
 from apiary.core.records import HandoffRecord
 from apiary.store.json_codec import dump_json_list, json_list_of
 from apiary.store.sql.checks import check_limit, checked_int64, checked_strings
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
-from apiary.store.sql.dialect import by_dialect
-from apiary.store.sql.statements import Execute, Query, QueryOne
+from apiary.store.sql.dialect import Dialect, by_dialect
+from apiary.store.sql.events import SqlEventLog
+from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
 
@@ -115,15 +117,26 @@ _PUT = Execute(by_dialect(lambda d: d.upsert("handoffs", HANDOFFS, "request_id")
 _GET = QueryOne(f"SELECT {HANDOFFS.sql} FROM handoffs WHERE request_id = ?")
 
 
+def put_handoff(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
+    """Insert or replace one handoff (`handoff_row`)."""
+    yield from Execute(_PUT.sql, row)
+
+
 class SqlHandoffStore:
-    """`HandoffStore` in the `handoffs` table."""
+    """`HandoffStore` in the `handoffs` table; events that commit with a record go through
+    `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
-    async def put(self, record: HandoffRecord) -> None:
-        """Insert or replace the record with this request_id."""
-        await self._db.write(_PUT, handoff_row(record))
+    async def put(self, record: HandoffRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the record with this request_id, with `events` appended in the
+        same transaction."""
+        if events:
+            await self._log.write_with(events, put_handoff, handoff_row(record))
+        else:
+            await self._db.write(_PUT, handoff_row(record))
 
     async def get(self, request_id: str) -> HandoffRecord | None:
         """The record, or None."""

@@ -6,13 +6,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from apiary.core.events import EventDraft
 from apiary.core.records import HitlRecord
 from apiary.store.json_codec import dump_json, dump_json_list, json_list_of, json_object_of
 from apiary.store.sql.checks import check_limit, checked_int64, checked_strings
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
-from apiary.store.sql.dialect import by_dialect
-from apiary.store.sql.statements import Execute, Query, QueryOne
+from apiary.store.sql.dialect import Dialect, by_dialect
+from apiary.store.sql.events import SqlEventLog
+from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
 
@@ -99,15 +101,26 @@ _PUT = Execute(by_dialect(lambda d: d.upsert("hitl", HITL, "invocation_id")))
 _GET = QueryOne(f"SELECT {HITL.sql} FROM hitl WHERE invocation_id = ?")
 
 
+def put_hitl(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
+    """Insert or replace one invocation (`hitl_row`)."""
+    yield from Execute(_PUT.sql, row)
+
+
 class SqlHitlStore:
-    """`HitlStore` in the `hitl` table."""
+    """`HitlStore` in the `hitl` table; events that commit with a record go through
+    `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
-    async def put(self, record: HitlRecord) -> None:
-        """Insert or replace the record with this invocation_id."""
-        await self._db.write(_PUT, hitl_row(record))
+    async def put(self, record: HitlRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the record with this invocation_id, with `events` appended in
+        the same transaction."""
+        if events:
+            await self._log.write_with(events, put_hitl, hitl_row(record))
+        else:
+            await self._db.write(_PUT, hitl_row(record))
 
     async def get(self, invocation_id: str) -> HitlRecord | None:
         """The record, or None."""

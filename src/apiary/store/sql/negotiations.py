@@ -3,23 +3,27 @@
 
 JSON fields are JSON text (SQLite) or JSONB (PostgreSQL), payloads and artifact contents
 BLOB or BYTEA. The rows are shared with the memory backend, which runs them so that it
-refuses and coerces what the SQL backends do.
+refuses and coerces what the SQL backends do. Every write commits with the events it is
+given; an artifact's event only with the artifact it is about, when that is added.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
+from apiary.core.events import EventDraft
 from apiary.core.negotiation.records import ArtifactRecord, NegotiationRecord, RoundRecord
 from apiary.store.json_codec import dump_json, dump_json_list, json_list_of, json_object_of
 from apiary.store.sql.checks import check_limit, checked_strings
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, by_dialect
+from apiary.store.sql.events import SqlEventLog, append_events, event_rows
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
+T = TypeVar("T")
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -235,22 +239,35 @@ _ARTIFACTS = f"SELECT {ARTIFACTS.sql} FROM artifacts WHERE negotiation_id = ?"
 
 class SqlNegotiationStore:
     """`NegotiationStore` in `negotiations`, `negotiation_rounds` and
-    `negotiation_policies`; a save is one transaction."""
+    `negotiation_policies`; a save is one transaction. Events that commit with a change go
+    through `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
     async def save(
         self,
         record: NegotiationRecord,
         round_: RoundRecord | None = None,
         artifacts: Sequence[ArtifactRecord] = (),
+        events: Sequence[EventDraft] = (),
+        artifact_events: Sequence[EventDraft] = (),
     ) -> list[bool]:
         """Insert or replace the record and, when given, the round, and append the
-        artifacts, together; whether each artifact was new."""
+        artifacts, together with `events` and the `artifact_events` of the artifacts added;
+        whether each artifact was new."""
         row = negotiation_row(record)
         extra = None if round_ is None else round_row(round_)
-        return await self._db.write(_save, row, extra, [artifact_row(a) for a in artifacts])
+        rows = [artifact_row(a) for a in artifacts]
+        check_artifact_events(artifacts, artifact_events)
+        if not events and not artifact_events:
+            return await self._db.write(_save, row, extra, rows)
+        d = self._db.dialect
+        written = event_rows(d, events), event_rows(d, artifact_events)
+        added, first = await self._db.write(_save_with_events, row, extra, rows, *written)
+        self._committed(first, [*events, *added_only(artifact_events, added)])
+        return added
 
     async def get(self, negotiation_id: str) -> NegotiationRecord | None:
         """The record, or None."""
@@ -278,33 +295,55 @@ class SqlNegotiationStore:
         rows = await self._db.read(Query(sql, [*where.params, limit]))
         return [negotiation_from_row(NEGOTIATIONS.of(row)) for row in rows]
 
-    async def put_policy(self, name: str, policy: Mapping[str, Any], at: float) -> None:
-        """Insert or replace the policy called `name` ('' is the base policy)."""
-        await self._db.write(Execute(_PUT_POLICY, PolicyRow(name, dump_json(policy), float(at))))
+    async def put_policy(
+        self, name: str, policy: Mapping[str, Any], at: float, events: Sequence[EventDraft] = ()
+    ) -> None:
+        """Insert or replace the policy called `name` ('' is the base policy), with
+        `events`."""
+        row = PolicyRow(name, dump_json(policy), float(at))
+        await self._log.write_with(events, _put_policy, row)
 
-    async def replace_profiles(self, profiles: Mapping[str, Mapping[str, Any]], at: float) -> None:
-        """Make `profiles` the only profiles, in one transaction (the base policy stays)."""
+    async def replace_profiles(
+        self,
+        profiles: Mapping[str, Mapping[str, Any]],
+        at: float,
+        events: Sequence[EventDraft] = (),
+    ) -> None:
+        """Make `profiles` the only profiles, in one transaction with `events` (the base
+        policy stays)."""
         if "" in profiles:
             raise ValueError("a profile needs a name ('' is the base policy)")
         rows = [PolicyRow(name, dump_json(p), float(at)) for name, p in profiles.items()]
-        await self._db.write(_replace_profiles, rows)
+        await self._log.write_with(events, _replace_profiles, rows)
 
     async def policies(self) -> dict[str, dict[str, Any]]:
         """Every policy by name, in name order."""
         rows = await self._db.read(Query(_POLICIES))
         return {r.name: json_object_of(r.policy) for r in map(POLICIES.of, rows)}
 
+    def _committed(self, first: int, drafts: Sequence[EventDraft]) -> None:
+        if drafts:
+            self._log.committed(first, drafts)
+
 
 class SqlArtifactStore:
-    """`ArtifactStore` in the `artifacts` table, listed in append order."""
+    """`ArtifactStore` in the `artifacts` table, listed in append order; events that commit
+    with an artifact go through `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
-    async def append(self, artifact: ArtifactRecord) -> bool:
-        """Append the artifact; False when its (negotiation, kind, version) is held."""
-        added = await self._db.write(Execute(_APPEND, artifact_row(artifact)))
-        return added == 1
+    async def append(self, artifact: ArtifactRecord, events: Sequence[EventDraft] = ()) -> bool:
+        """Append the artifact with `events`; False (nothing changes, events included) when
+        its (negotiation, kind, version) is held."""
+        row = artifact_row(artifact)
+        if not events:
+            return await self._db.write(Execute(_APPEND, row)) == 1
+        first = await self._db.write(_append, row, event_rows(self._db.dialect, events))
+        if first:
+            self._log.committed(first, events)
+        return first > 0
 
     async def get(self, negotiation_id: str, kind: str, version: str) -> ArtifactRecord | None:
         """The artifact, or None."""
@@ -330,6 +369,51 @@ def _save(
     for artifact in artifacts:
         added.append((yield from Execute(_APPEND, artifact)) == 1)
     return added
+
+
+def _save_with_events(
+    d: Dialect,
+    row: NegotiationRow,
+    extra: RoundRow | None,
+    artifacts: list[ArtifactRow],
+    events: list[tuple[Any, ...]],
+    artifact_events: list[tuple[Any, ...]],
+) -> Transaction[tuple[list[bool], int]]:
+    """`_save`, then the append of `events` and of the `artifact_events` of the artifacts
+    added (`event_rows`); whether each artifact was added, and the first event's sequence
+    (0: none was appended)."""
+    added = yield from _save(d, row, extra, artifacts)
+    chosen = [*events, *added_only(artifact_events, added)]
+    first = (yield from append_events(d, chosen)) if chosen else 0
+    return added, first
+
+
+def _append(d: Dialect, row: ArtifactRow, events: list[tuple[Any, ...]]) -> Transaction[int]:
+    """Append the artifact and then `events` (`event_rows`); the first event's sequence, 0
+    when the artifact was held (nothing appended)."""
+    if (yield from Execute(_APPEND, row)) == 0:
+        return 0
+    return (yield from append_events(d, events))
+
+
+def check_artifact_events(
+    artifacts: Sequence[ArtifactRecord], artifact_events: Sequence[EventDraft]
+) -> None:
+    """ValueError unless `artifact_events` is empty or holds one event per artifact."""
+    if artifact_events and len(artifact_events) != len(artifacts):
+        raise ValueError(
+            f"artifact_events: {len(artifact_events)} events for {len(artifacts)} artifacts"
+            " (give one per artifact, or none)"
+        )
+
+
+def added_only(items: Sequence[T], added: Sequence[bool]) -> list[T]:
+    """The `items` (one per artifact, or none) of the artifacts added."""
+    return [item for item, new in zip(items, added, strict=False) if new]
+
+
+def _put_policy(d: Dialect, row: PolicyRow) -> Transaction[None]:
+    yield from Execute(_PUT_POLICY, row)
 
 
 def _replace_profiles(d: Dialect, rows: list[PolicyRow]) -> Transaction[None]:

@@ -4,13 +4,16 @@
 JSON fields are JSON text (SQLite) or JSONB (PostgreSQL), the artifact a BLOB or BYTEA. The
 rows are shared with the memory backend, which runs them so that it refuses and coerces
 what the SQL backends do. Duplicate votes and decisions are refused by the primary keys.
+A proposal, a vote or a decision commits with the events it is given
+(`SqlEventLog.write_with`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from apiary.core.events import EventDraft
 from apiary.core.rooms.records import (
     DecisionRecord,
     PolicyVersionRecord,
@@ -31,6 +34,7 @@ from apiary.store.sql.checks import check_limit, checked_strings
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, Sql, by_dialect
+from apiary.store.sql.events import SqlEventLog
 from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
@@ -293,10 +297,11 @@ _DECISIONS = f"SELECT {DECISIONS.sql} FROM room_decisions WHERE artifact_id = ? 
 
 class SqlRoomStore:
     """`RoomStore` in four tables; a decision and its proposal's change are one
-    transaction."""
+    transaction. Events that commit with a change go through `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
     async def put_policy(self, record: PolicyVersionRecord) -> bool:
         """Record a policy version; False when it was recorded with the same settings,
@@ -313,9 +318,9 @@ class SqlRoomStore:
         rows = await self._db.read(Query(_POLICIES))
         return [policy_from_row(POLICIES.of(row)) for row in rows]
 
-    async def put_proposal(self, record: ProposalRecord) -> None:
-        """Insert or replace the proposal with this artifact_id."""
-        await self._db.write(Execute(_PUT_PROPOSAL, proposal_row(record)))
+    async def put_proposal(self, record: ProposalRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the proposal with this artifact_id, with `events`."""
+        await self._log.write_with(events, _put_proposal, proposal_row(record))
 
     async def get_proposal(self, artifact_id: str) -> ProposalRecord | None:
         """The proposal, or None."""
@@ -347,20 +352,28 @@ class SqlRoomStore:
         rows = await self._db.read(Query(sql, [*where.params, limit]))
         return [proposal_from_row(PROPOSALS.of(row)) for row in rows]
 
-    async def add_vote(self, vote: VoteRecord) -> None:
-        """Record a critic's vote; StoreError when the critic already voted."""
+    async def add_vote(self, vote: VoteRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Record a critic's vote with `events`; StoreError when the critic already voted
+        (nothing changes)."""
         row = vote_row(vote)
-        await self._db.write(_add, _ADD_VOTE, row, f"vote ({row.artifact_id!r}, {row.critic_id!r})")
+        what = f"vote ({row.artifact_id!r}, {row.critic_id!r})"
+        await self._log.write_with(events, _add, _ADD_VOTE, row, what)
 
     async def votes(self, artifact_id: str) -> list[VoteRecord]:
         """The votes on the artifact, by voted_at, then critic_id."""
         rows = await self._db.read(Query(_VOTES, (artifact_id,)))
         return [vote_from_row(VOTES.of(row)) for row in rows]
 
-    async def decide(self, proposal: ProposalRecord, decision: DecisionRecord) -> None:
-        """Record the decision and the proposal's change together; StoreError (and
+    async def decide(
+        self,
+        proposal: ProposalRecord,
+        decision: DecisionRecord,
+        events: Sequence[EventDraft] = (),
+    ) -> None:
+        """Record the decision, the proposal's change and `events` together; StoreError (and
         nothing changed) when a decision with that sequence is recorded."""
-        await self._db.write(_decide, proposal_row(proposal), decision_row(decision))
+        rows = proposal_row(proposal), decision_row(decision)
+        await self._log.write_with(events, _decide, *rows)
 
     async def decisions(self, artifact_id: str) -> list[DecisionRecord]:
         """The artifact's decisions in sequence order."""
@@ -377,6 +390,10 @@ def _put_policy(d: Dialect, row: PolicyRow) -> Transaction[bool]:
     if found is None or json_object_of(found[0]) != load_json_object(row.settings):
         raise StoreError(f"policy version {row.version!r} names other settings")
     return False
+
+
+def _put_proposal(d: Dialect, row: ProposalRow) -> Transaction[None]:
+    yield from Execute(_PUT_PROPOSAL, row)
 
 
 def _decide(d: Dialect, proposal: ProposalRow, decision: DecisionRow) -> Transaction[None]:

@@ -27,19 +27,19 @@ class SqlStore:
     def __init__(self, database: SqlDatabase) -> None:
         self._db = database
         self.events = SqlEventLog(database)
-        self.agents = SqlAgentStore(database)
+        self.agents = SqlAgentStore(database, self.events)
         self.messages = SqlMessageStore(database, self.events)
         self.idempotency = SqlIdempotencyStore(database)
         self.dlq = SqlDlqStore(database)
-        self.hitl = SqlHitlStore(database)
+        self.hitl = SqlHitlStore(database, self.events)
         self.tasks = SqlTaskStore(database, self.events)
-        self.workflows = SqlWorkflowStore(database)
-        self.handoffs = SqlHandoffStore(database)
-        self.worktrees = SqlWorktreeStore(database)
-        self.rooms = SqlRoomStore(database)
+        self.workflows = SqlWorkflowStore(database, self.events)
+        self.handoffs = SqlHandoffStore(database, self.events)
+        self.worktrees = SqlWorktreeStore(database, self.events)
+        self.rooms = SqlRoomStore(database, self.events)
         self.tools = SqlToolStore(database)
-        self.negotiations = SqlNegotiationStore(database)
-        self.artifacts = SqlArtifactStore(database)
+        self.negotiations = SqlNegotiationStore(database, self.events)
+        self.artifacts = SqlArtifactStore(database, self.events)
         self.swarm = SqlSwarmStore(database)
 
     async def ping(self) -> None:

@@ -1,7 +1,8 @@
 """The workflow store (RFC 17.7): `workflows` and `workflow_nodes`.
 
 JSON (the definition, metadata) is kept as text in both dialects, because JSONB would not
-keep the definition's node order. A create or a save is one transaction. The rows are
+keep the definition's node order. A create or a save is one transaction, with the events
+it is given (`SqlEventLog.write_with`). The rows are
 shared with the memory backend, which keeps them as the SQL stores do, so that every
 backend hands back the same values.
 """
@@ -12,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from apiary.core.events import EventDraft
 from apiary.core.workflow.definition import WorkflowSpec, spec_from_json, spec_to_json
 from apiary.core.workflow.node import NodeRun, NodeStatus
 from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowStatus, WorkflowSummary
@@ -21,6 +23,7 @@ from apiary.store.sql.checks import check_limit
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, by_dialect
+from apiary.store.sql.events import SqlEventLog
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
@@ -191,26 +194,37 @@ _SAVE_NODES = (
 
 
 class SqlWorkflowStore:
-    """`WorkflowStore` in `workflows` and `workflow_nodes`."""
+    """`WorkflowStore` in `workflows` and `workflow_nodes`; events that commit with a change
+    go through `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
-    async def create(self, spec: WorkflowSpec, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
-        """Store a new workflow and its nodes; DuplicateWorkflowError when its id is taken."""
+    async def create(
+        self,
+        spec: WorkflowSpec,
+        run: WorkflowRun,
+        nodes: Sequence[NodeRun],
+        events: Sequence[EventDraft] = (),
+    ) -> None:
+        """Store a new workflow and its nodes with `events`; DuplicateWorkflowError when its
+        id is taken (nothing is stored)."""
         row = workflow_row(spec, run)
         rows = [node_row(spec.workflow_id, n) for n in nodes]
-        await self._db.write(_create, row, rows)
+        await self._log.write_with(events, _create, row, rows)
 
     async def get(self, workflow_id: str) -> StoredWorkflow | None:
         """The workflow with its nodes, or None."""
         return await self._db.read(_get, workflow_id)
 
-    async def save(self, run: WorkflowRun, nodes: Sequence[NodeRun]) -> None:
-        """Rewrite the run and the given nodes; StoreError for an unknown workflow or node
-        (nothing changes)."""
+    async def save(
+        self, run: WorkflowRun, nodes: Sequence[NodeRun], events: Sequence[EventDraft] = ()
+    ) -> None:
+        """Rewrite the run and the given nodes with `events`; StoreError for an unknown
+        workflow or node (nothing changes)."""
         rows = [node_row(run.workflow_id, n) for n in nodes]
-        await self._db.write(_save, run.workflow_id, run_values(run), rows)
+        await self._log.write_with(events, _save, run.workflow_id, run_values(run), rows)
 
     async def list(
         self, statuses: frozenset[str] | None = None, after_id: str = "", limit: int = 100

@@ -1,19 +1,21 @@
 """The worktree binding store: the `worktrees` table, one row per agent. A write is guarded
 by the stored version, so that replicas sharing a database cannot overwrite each other's
-transitions."""
+transitions. The events of a transition are appended in the write's transaction."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from apiary.core.events import EventDraft
 from apiary.core.worktrees.records import BindingState, WorktreeBinding
 from apiary.store.errors import VersionConflictError
 from apiary.store.sql.checks import checked_int64
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
-from apiary.store.sql.dialect import by_dialect
-from apiary.store.sql.statements import Execute, Query, QueryOne
+from apiary.store.sql.dialect import Dialect, by_dialect
+from apiary.store.sql.events import SqlEventLog
+from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
 
@@ -109,20 +111,28 @@ def worktree_write(values: tuple[Any, ...]) -> Execute:
     return Execute(_UPDATE, (*(named[n] for n in _UPDATED), row.agent_id, row.version - 1))
 
 
+def put_worktree(d: Dialect, values: tuple[Any, ...]) -> Transaction[None]:
+    """Store a binding's `worktree_row` when its version follows the stored one;
+    VersionConflictError otherwise, which undoes the transaction (its events too)."""
+    if (yield from worktree_write(values)) != 1:
+        row = WORKTREES.of(values)
+        raise VersionConflictError(
+            f"binding of {row.agent_id!r} is not at version {row.version - 1}"
+        )
+
+
 class SqlWorktreeStore:
-    """`WorktreeStore` in the `worktrees` table."""
+    """`WorktreeStore` in the `worktrees` table; events that commit with a binding go
+    through `log`."""
 
-    def __init__(self, database: SqlDatabase) -> None:
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database
+        self._log = log
 
-    async def put(self, binding: WorktreeBinding) -> None:
-        """Store `binding` when its version follows the stored one; VersionConflictError
-        otherwise (nothing changes)."""
-        written = await self._db.write(worktree_write(worktree_row(binding)))
-        if written != 1:
-            raise VersionConflictError(
-                f"binding of {binding.agent_id!r} is not at version {binding.version - 1}"
-            )
+    async def put(self, binding: WorktreeBinding, events: Sequence[EventDraft] = ()) -> None:
+        """Store `binding` with `events` when its version follows the stored one;
+        VersionConflictError otherwise (nothing changes)."""
+        await self._log.write_with(events, put_worktree, worktree_row(binding))
 
     async def get(self, agent_id: str) -> WorktreeBinding | None:
         """The record, or None."""
