@@ -142,8 +142,12 @@ async def test_cancelling_a_running_workflow_ends_its_nodes_and_cancels_its_queu
         [done] = await h.events("workflow.cancelled")
         assert done.correlation_id == "wf"
         assert (done.details["by"], done.details["reason"]) == ("ops", "wrong input")
-        assert done.details["tasks_cancelled"] == [_task("y")]
-        assert done.details["tasks_left_running"] == [_task("x")]
+        assert sorted(done.details["tasks_to_stop"]) == [_task("x"), _task("y")]
+        # Committed with the CANCELLED run; what stopping the tasks did follows it.
+        [stopped] = await h.events("workflow.tasks_stopped")
+        assert stopped.sequence > done.sequence
+        assert stopped.details["tasks_cancelled"] == [_task("y")]
+        assert stopped.details["tasks_left_running"] == [_task("x")]
         assert len(await h.events("workflow.node_cancelled")) == 3
 
         # The running task's end changes nothing: z is not released, nothing is submitted.
@@ -207,7 +211,9 @@ async def test_a_cancel_the_store_failed_to_write_leaves_the_run_going(
         "x": ("COMPLETED", ""), "y": ("FAILED", WHY), "z": ("FAILED", WHY)
     }  # fmt: skip
     [done] = await h.events("workflow.cancelled")
-    assert done.details["tasks_left_running"] == [_task("y"), _task("z")]
+    assert done.details["tasks_to_stop"] == [_task("y"), _task("z")]
+    [stopped] = await h.events("workflow.tasks_stopped")
+    assert stopped.details["tasks_left_running"] == [_task("y"), _task("z")]
     assert len(await h.events("workflow.node_cancelled")) == 2
 
 
@@ -409,7 +415,9 @@ async def test_a_runs_history_is_its_correlated_events_paged_by_sequence(
     found, cursor = await reads.history("wf", limit=10_000)
     assert found == everything and cursor == 0
     types = [e.event_type for e in found]
-    assert types[0] == "workflow.created" and types[-1] == "workflow.cancelled"
+    assert types[0] == "workflow.created" and types[-2:] == [
+        "workflow.cancelled", "workflow.tasks_stopped"
+    ]  # fmt: skip
     assert "workflow.node_completed" in types
     assert any(t.startswith("message.") for t in types)  # its nodes' task envelopes
 

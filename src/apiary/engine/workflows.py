@@ -227,6 +227,12 @@ class Workflows:
             undo = self._undo(live)
             why = f"cancelled by {by or 'an anonymous caller'}{suffix}"
             live.cancel(change, self._clock.now(), why)
+            stopping = [t for t in (live.nodes[n].task_id for n in change.stop) if t]
+            change.events.append((
+                "workflow.cancelled",
+                {"status": WorkflowStatus.CANCELLED.value, "by": by, "reason": reason,
+                 "tasks_to_stop": stopping[:20]},
+            ))  # fmt: skip
             await self._commit(live, change, undo)
             self._live.pop(workflow_id, None)
             for key in live.nodes:
@@ -236,13 +242,14 @@ class Workflows:
             for node_id in change.stop:
                 task_id = live.nodes[node_id].task_id
                 outcomes[await self._stop(task_id, note, by or WORKFLOW)].append(task_id)
-            # After the write: it tells what stopping the tasks did, which follows the write
-            # (the run is stored CANCELLED before its tasks are stopped).
-            self._events.queue(self._draft(
-                workflow_id, "workflow.cancelled", status=WorkflowStatus.CANCELLED.value,
-                by=by, reason=reason, tasks_cancelled=outcomes[_CANCELLED][:20],
-                tasks_left_running=outcomes[_LEFT_RUNNING][:20],
-            ))  # fmt: skip
+            # What stopping the tasks did follows the write (the run is stored CANCELLED
+            # first): a note; each task's own change commits its task.* event.
+            if change.stop:
+                self._events.queue(self._draft(
+                    workflow_id, "workflow.tasks_stopped", by=by,
+                    tasks_cancelled=outcomes[_CANCELLED][:20],
+                    tasks_left_running=outcomes[_LEFT_RUNNING][:20],
+                ))  # fmt: skip
             return live.snapshot()
 
     async def _stop(self, task_id: str, note: str, by: str) -> str:
