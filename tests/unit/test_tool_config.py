@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from apiary.core.tools.policy import HostPort, NetworkPolicy, PrivilegeLevel
+from apiary.engine.tools.mcp_bridge import McpServerSpec
 from apiary.errors import ValidationError
 from apiary.server.config.loader import load_config
 from apiary.server.config.tools import tool_settings
@@ -105,6 +106,15 @@ def command(**fields: Any) -> dict[str, Any]:
         ({"mcp": [{"provider": "m", "command": "x", "args": "y"}]}, "tools.mcp[0].args"),
         ({"commands": [command(provider="m")], "mcp": [{"provider": "m", "command": "x"}]},
          "tools.mcp[0].provider"),
+        ({"mcp": [{"provider": "m", "command": "x", "expose": "/opt"}]}, "tools.mcp[0].expose"),
+        ({"mcp": [{"provider": "m", "command": "x", "expose": ["/opt", "cache"]}]},
+         "tools.mcp[0].expose[1]"),
+        ({"mcp": [{"provider": "m", "command": "x", "expose": ["/"]}]}, "tools.mcp[0].expose[0]"),
+        ({"mcp": [{"provider": "m", "command": "x", "expose": ["~"]}]}, "tools.mcp[0].expose[0]"),
+        ({"mcp": [{"provider": "m", "command": "x", "expose": ["/root"]}]},
+         "tools.mcp[0].expose[0]"),
+        ({"mcp": [{"provider": "m", "command": "x", "expose": ["~/.cache/"]}]},
+         "tools.mcp[0].expose[0]"),
     ],
 )  # fmt: skip
 def test_errors_name_the_setting(table: dict[str, Any], field: str) -> None:
@@ -112,6 +122,18 @@ def test_errors_name_the_setting(table: dict[str, Any], field: str) -> None:
         tool_settings(table, "apiary.toml [tools]")
     assert caught.value.details["field"] == field
     assert caught.value.message.startswith(f"apiary.toml [tools]: {field}: ")
+
+
+def test_mcp_servers_expose_directories_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", "/home/coordinator")
+    table = {"mcp": [{
+        "provider": "git", "command": "uvx", "args": ["mcp-server-git"],
+        "expose": ["~/.cache/uv", "/opt/models/", "/opt/models"],
+    }]}  # fmt: skip
+    (git,) = tool_settings(table, "t").mcp
+    assert git.expose == ("/home/coordinator/.cache/uv", "/opt/models")
+    assert McpServerSpec.from_config("git", git.config()).expose == git.expose
+    assert tool_settings({"mcp": [{"provider": "m", "command": "x"}]}, "t").mcp[0].expose == ()
 
 
 def test_approver_roles_of_escalations_are_a_list_of_role_names() -> None:

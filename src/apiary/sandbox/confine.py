@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NoReturn, ParamSpec, TypeVar
 
-from apiary.sandbox import linux, mounts, netns, privilege
+from apiary.sandbox import linux, mounts, netns, privilege, program
 from apiary.sandbox.plan import LaunchPlan
 from apiary.sandbox.proctree import send_signal
 
@@ -109,23 +109,30 @@ class Child:
         self.channel.close()
 
     def _mount_setup(self, env: dict[str, str]) -> mounts.MountSetup:
+        for path in self.plan.expose:
+            if not os.path.isdir(path):
+                raise SetupError("spawn_failed", f"expose: {path}: no such directory")
+            if (problem := program.broad_reason(os.path.realpath(path))) is not None:
+                raise SetupError("permission_denied", f"expose: {path}: {problem}")
+        needed = [sys.base_prefix, sys.prefix, *self.plan.expose]
+        search_path = env.get("PATH", os.defpath)
+        program_path = shutil.which(self.argv[0], path=search_path)
+        if program_path:
+            # What the program needs to run: its interpreter, virtual environment, node_modules.
+            needed += program.needed_dirs(program_path, search_path)
         expose: list[str] = []
-        program = shutil.which(self.argv[0], path=env.get("PATH", os.defpath))
-        candidates = [sys.base_prefix, sys.prefix]
-        if program:
-            candidates += [os.path.dirname(program), os.path.dirname(os.path.realpath(program))]
         if privilege.drops_uid(self.plan, root=self.root):
-            expose = mounts.blocked_paths(candidates)
+            expose = mounts.blocked_paths(needed)
         if self.plan.confine_fs:
             # The private /tmp hides whatever lives under the host's /tmp (a checkout, a
             # virtual environment): bring the interpreter and the program back, read-only.
-            expose += [p for p in mounts.under_private_tmp(candidates) if p not in expose]
+            expose += mounts.under_private_tmp(needed)
         return mounts.MountSetup(
             confine=self.plan.confine_fs,
             cwd=self.plan.cwd,
             for_nobody=privilege.drops_uid(self.plan, root=self.root),
             idmap_userns_fd=self.idmap_fd,
-            expose=expose,
+            expose=mounts.outermost(expose),
             hosts=self.hosts,
             new_proc=self.plan.confine_fs,
         )

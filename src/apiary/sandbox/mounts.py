@@ -9,8 +9,9 @@ For MINIMAL and DEFAULT (`confine`):
    nosuid,nodev,noexec, and idmapped so that the unprivileged uid owns what the coordinator owns;
    with no working directory the tool works in an empty directory of its private /tmp;
 5. directories the unprivileged uid cannot traverse (e.g. /root, when the Python interpreter lives
-   under it) are covered by an empty read-only tmpfs in which only the interpreter's directories
-   are re-attached, read-only: the tool can run Python without reading the rest.
+   under it) are covered by an empty read-only tmpfs in which only the directories the tool
+   needs (its interpreter's, its program's environment: program.py) are re-attached, read-only:
+   the tool can run Python without reading the rest.
 
 For EGRESS_RESTRICTED, /etc/hosts is replaced by a file naming the allowlisted hosts (the tool
 resolves them to addresses its relay listens on). Every step happens before exec, as root in
@@ -116,6 +117,12 @@ def under_private_tmp(paths: list[str]) -> list[str]:
         if os.path.isdir(path) and (path == "/tmp" or path.startswith("/tmp/")):
             out.append(path)
     return out
+
+
+def outermost(paths: list[str]) -> list[str]:
+    """`paths` without those inside another (a recursive copy of it shows them already)."""
+    unique = list(dict.fromkeys(paths))
+    return [p for p in unique if not any(p.startswith(q.rstrip("/") + "/") for q in unique)]
 
 
 def blocked_paths(paths: list[str]) -> list[str]:

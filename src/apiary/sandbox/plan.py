@@ -16,6 +16,7 @@ from typing import Final
 
 from apiary.core.tools.policy import ExecutionPolicy, HostPort, NetworkPolicy, PrivilegeLevel
 from apiary.errors import PermissionDeniedError, ValidationError
+from apiary.sandbox.program import expose_problem
 
 _PREFIX: Final = "v1."
 
@@ -44,6 +45,9 @@ class LaunchPlan:
     """RLIMIT_CPU for the tool process, the backstop behind the CPU monitor (0 = none)."""
     report_fd: int = -1
     """Where the launcher reports to `start()` (JSON lines); -1 reports errors on stderr."""
+    expose: tuple[str, ...] = ()
+    """Directories a confined tool needs beyond what the launcher infers from its program
+    (program.py): shown read-only where the sandbox would hide them."""
 
     @classmethod
     def from_policy(
@@ -54,8 +58,15 @@ class LaunchPlan:
         env_fd: int = -1,
         cpu_limit_s: int = 0,
         report_fd: int = -1,
+        expose: tuple[str, ...] = (),
     ) -> LaunchPlan:
-        """The plan for `policy`; fails closed on an allowlist this sandbox cannot enforce."""
+        """The plan for `policy`; fails closed on an allowlist this sandbox cannot enforce.
+        Raises ValidationError for an `expose` entry that is relative or too broad."""
+        for path in expose:
+            if (problem := expose_problem(path)) is not None:
+                raise ValidationError(
+                    f"expose: {path}: {problem}", {"field": "expose", "path": path}
+                )
         if policy.network is NetworkPolicy.EGRESS_RESTRICTED:
             for entry in policy.allowlist:
                 if entry.port == 0:
@@ -72,6 +83,7 @@ class LaunchPlan:
             env_fd=env_fd,
             cpu_limit_s=cpu_limit_s,
             report_fd=report_fd,
+            expose=expose,
         )
 
     # ---- which mechanism each policy value turns on -------------------------------------------
@@ -129,6 +141,7 @@ class LaunchPlan:
             "env_fd": self.env_fd,
             "cpu_limit_s": self.cpu_limit_s,
             "report_fd": self.report_fd,
+            "expose": list(self.expose),
         }
         raw = json.dumps(doc, separators=(",", ":")).encode()
         return _PREFIX + base64.urlsafe_b64encode(raw).decode()
@@ -147,6 +160,7 @@ class LaunchPlan:
                 env_fd=int(doc["env_fd"]),
                 cpu_limit_s=int(doc["cpu_limit_s"]),
                 report_fd=int(doc["report_fd"]),
+                expose=tuple(str(path) for path in doc.get("expose", [])),
             )
         except (ValueError, KeyError, TypeError, binascii.Error) as exc:
             raise ValidationError.for_field("plan", f"malformed: {exc}") from None

@@ -49,19 +49,29 @@ class SandboxSpec:
     env: Mapping[str, str] | None = None
     """Default: PATH and LANG from the coordinator, HOME = the working directory."""
     stdin: bytes = b""
+    expose: tuple[str, ...] = ()
+    """Directories MINIMAL and DEFAULT need to see beyond those the sandbox infers from the
+    program (its interpreter, virtual environment, node_modules); read-only, absolute."""
 
 
 def wrap_argv(
-    argv: Sequence[str], policy: ExecutionPolicy, *, cwd: Path | None = None
+    argv: Sequence[str],
+    policy: ExecutionPolicy,
+    *,
+    cwd: Path | None = None,
+    expose: Sequence[str] = (),
 ) -> list[str]:
     """The command that runs `argv` under the network and privilege parts of `policy`, for a
     process someone else spawns (the MCP SDK's stdio client spawns MCP servers itself).
 
     Budgets are not applied (measure per-call CPU with `process_cpu_ms` deltas); the
     environment is whatever the spawner passes; the launcher exits as the program does.
-    Raises PermissionDeniedError for an allowlist the sandbox cannot enforce.
+    Raises PermissionDeniedError for an allowlist the sandbox cannot enforce, ValidationError
+    for an `expose` entry that is relative or too broad (see SandboxSpec.expose).
     """
-    plan = LaunchPlan.from_policy(policy, cwd=str(cwd) if cwd is not None else None)
+    plan = LaunchPlan.from_policy(
+        policy, cwd=str(cwd) if cwd is not None else None, expose=tuple(expose)
+    )
     return [sys.executable, "-m", LAUNCHER, plan.encode(), "--", *argv]
 
 
@@ -84,7 +94,12 @@ async def start(spec: SandboxSpec) -> SandboxedProcess:
     try:
         os.write(env_fd, json.dumps(env).encode())
         plan = LaunchPlan.from_policy(
-            policy, cwd=cwd, env_fd=env_fd, cpu_limit_s=cpu_limit_s, report_fd=report_w
+            policy,
+            cwd=cwd,
+            env_fd=env_fd,
+            cpu_limit_s=cpu_limit_s,
+            report_fd=report_w,
+            expose=spec.expose,
         )
         started_at = time.monotonic()
         proc = await asyncio.create_subprocess_exec(

@@ -34,9 +34,15 @@ class Launcher(Protocol):
     async def start(self, spec: SandboxSpec) -> SandboxedProcess: ...
 
     def wrap_argv(
-        self, argv: Sequence[str], policy: ExecutionPolicy, *, cwd: Path | None = None
+        self,
+        argv: Sequence[str],
+        policy: ExecutionPolicy,
+        *,
+        cwd: Path | None = None,
+        expose: Sequence[str] = (),
     ) -> list[str]:
-        """`argv` behind the prefix that applies the policy to a process someone else spawns."""
+        """`argv` behind the prefix that applies the policy to a process someone else spawns;
+        `expose`: read-only directories it needs beyond those inferred from its program."""
         ...
 
 
@@ -47,6 +53,11 @@ class SandboxLauncher:
         return await sandbox.start(spec)
 
     def wrap_argv(
-        self, argv: Sequence[str], policy: ExecutionPolicy, *, cwd: Path | None = None
+        self,
+        argv: Sequence[str],
+        policy: ExecutionPolicy,
+        *,
+        cwd: Path | None = None,
+        expose: Sequence[str] = (),
     ) -> list[str]:
-        return sandbox.wrap_argv(argv, policy, cwd=cwd)
+        return sandbox.wrap_argv(argv, policy, cwd=cwd, expose=expose)

@@ -60,6 +60,9 @@ class McpServerSpec:
     cwd: str = ""
     policy: ExecutionPolicy = field(default_factory=ExecutionPolicy)
     startup_timeout_s: float = 30.0
+    expose: tuple[str, ...] = ()
+    """Read-only directories the server needs that the sandbox cannot infer from its
+    command (a uvx or npx cache, a data directory); see docs/tools.md."""
     source: str = "config"
     """'config' (the configuration file) or 'runtime' (registered through the RPC)."""
 
@@ -68,6 +71,7 @@ class McpServerSpec:
         return {
             "command": self.command, "args": list(self.args), "env": dict(self.env),
             "cwd": self.cwd, "startup_timeout_s": self.startup_timeout_s, "source": self.source,
+            "expose": list(self.expose),
             "network_policy": str(self.policy.network),
             "privilege_level": str(self.policy.privilege),
             "budget_cpu_ms": self.policy.budget_cpu_ms,
@@ -91,6 +95,7 @@ class McpServerSpec:
             cwd=str(config.get("cwd", "")),
             policy=policy,
             startup_timeout_s=float(config.get("startup_timeout_s", 30.0)),
+            expose=tuple(str(p) for p in config.get("expose", [])),
             source=str(config.get("source", "runtime")),
         )
 
@@ -216,7 +221,9 @@ class McpProvider:
         if shutil.which(spec.command, path=path) is None:
             # The sandbox's launcher would start and then fail to exec it: say so plainly.
             raise FileNotFoundError(f"command not found: {spec.command}")
-        argv = self._launcher.wrap_argv([spec.command, *spec.args], spec.policy, cwd=cwd)
+        argv = self._launcher.wrap_argv(
+            [spec.command, *spec.args], spec.policy, cwd=cwd, expose=spec.expose
+        )
         with self._errlog() as errlog:
             opened = open_session(
                 self.provider_id, argv, spec.env, cwd, errlog, spec.startup_timeout_s

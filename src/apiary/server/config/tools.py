@@ -27,6 +27,7 @@
     provider = "time"
     command = "mcp-server-time"
     args = ["--local-timezone", "UTC"]
+    expose = ["~/.cache/my-server"]   # read-only directories the sandbox cannot infer
 
 Every error names the setting (`tools.commands[0].argv`) and where it came from.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -49,6 +51,7 @@ from apiary.engine.tools.command_tools import CommandToolSpec
 from apiary.engine.tools.mcp_bridge import McpServerSpec
 from apiary.engine.tools.settings import PREAPPROVAL_LEVELS, ToolSettings
 from apiary.errors import ValidationError
+from apiary.sandbox.program import expose_problem
 
 _T = TypeVar("_T")
 _SCALARS: dict[str, type] = {
@@ -79,7 +82,7 @@ _COMMAND: dict[str, type] = {
 }  # fmt: skip
 _MCP: dict[str, type] = {
     "provider": str, "command": str, "args": list, "env": dict, "cwd": str,
-    "startup_timeout_s": float, "policy": dict,
+    "startup_timeout_s": float, "policy": dict, "expose": list,
 }  # fmt: skip
 
 
@@ -216,8 +219,18 @@ def _mcp(values: Any, where: _Where) -> McpServerSpec:
         cwd=fields.get("cwd", ""),
         policy=_policy(fields.get("policy", {}), where.under("policy")),
         startup_timeout_s=fields.get("startup_timeout_s", 30.0) or 30.0,
+        expose=_expose(fields.get("expose", []), where),
         source="config",
     )
+
+
+def _expose(value: Any, where: _Where) -> tuple[str, ...]:
+    """Directories shown read-only to the sandboxed server; `~` is the coordinator's home."""
+    paths = tuple(os.path.expanduser(p) for p in _strings(value, "expose", where))
+    for i, path in enumerate(paths):
+        if (problem := expose_problem(path)) is not None:
+            raise where.error(f"expose[{i}]", f"{path}: {problem}")
+    return tuple(dict.fromkeys(os.path.normpath(p) for p in paths))
 
 
 def _preapproved(values: Any, where: _Where) -> dict[str, frozenset[str]]:
