@@ -1,5 +1,5 @@
 """Apiary's side of bench/tasks.py: `apiary serve`, worker agents built on the SDK, and a
-submitter over SchedulerService.SubmitTask.
+submitter that holds each task's handle (`apiary.Client.submit_task`).
 
     .venv/bin/python bench/tasks_apiary.py --workers 4 --n 5000 [--unloaded 200]
         [--store postgresql://127.0.0.1:5432/test]
@@ -12,9 +12,9 @@ agents share one agent type (`bench-worker`) and each runs one task at a time. T
 agent, spread round-robin over the workers; each has a unique task_id and distinct params
 (the same params, scope and agent type would be a duplicate job, held for HITL).
 
-Completion times are the `task.completed` events' timestamps, read from the event log by
-`wait_results`: SubmitTask answers accepted/reason only, and today nothing else tells the
-submitter that its task finished.
+Completion times are the times the coordinator recorded each task's end (its record's
+`updated_at`), which `wait_results` reads from the task handles (WaitTask): the submitter
+learns of each end without polling anything.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -37,15 +36,13 @@ from tasks_workload import Workload, report
 
 import apiary
 from apiary.sdk.client import Client
-from apiary.sdk.scheduler import SchedulerClient
-from apiary.wire import pb
+from apiary.sdk.task_handle import TaskHandle
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_TYPE = "bench-worker"
-COMPLETION_EVENTS = ("task.completed", "task.failed")
-READ_LIMIT = 5000
-"""Events per ReadEvents call (the server's maximum)."""
 WAIT_TIMEOUT_S = 600.0
+WAITS_IN_FLIGHT = 64
+"""WaitTask calls open at once while waiting for a burst."""
 
 
 class BenchWorker(apiary.Agent):
@@ -63,50 +60,24 @@ class BenchWorker(apiary.Agent):
 # ---------------------------------------------------------------- waiting for results
 
 
-@dataclass
-class EventCursor:
-    """Where `wait_results` is in the event log, and completions read but not yet asked for."""
-
-    after: int = 0
-    seen: dict[str, float] = field(default_factory=dict)
-
-
 async def wait_results(
-    client: Client,
-    task_ids: Sequence[str],
-    cursor: EventCursor,
-    *,
-    poll_s: float,
-    timeout_s: float = WAIT_TIMEOUT_S,
+    handles: Sequence[TaskHandle], *, timeout_s: float = WAIT_TIMEOUT_S
 ) -> dict[str, float]:
     """The recorded completion time (seconds since the epoch) of each task, once all of
-    them have completed; a failed task raises RuntimeError.
+    them have ended (WaitTask through each handle); a failed task raises RuntimeError, one
+    not ended within `timeout_s` TimeoutError."""
+    gate = asyncio.Semaphore(WAITS_IN_FLIGHT)
 
-    A stand-in: it polls ReadEvents for `task.completed`/`task.failed`. When SubmitTask gives
-    the submitter a handle to wait on (`await handle.result()`, WaitTask), this function is
-    what to replace; the workload and figures stay as they are.
-    """
-    wanted = set(task_ids)
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not wanted <= cursor.seen.keys():
-        reply = await client.events.ReadEvents(
-            pb.apiary_pb2.ReadEventsRequest(
-                after_sequence=cursor.after, limit=READ_LIMIT, event_types=COMPLETION_EVENTS
-            )
-        )
-        for event in reply.events:
-            cursor.after = max(cursor.after, event.sequence)
-            if event.event_type != "task.completed":
-                raise RuntimeError(f"task {event.correlation_id} failed: {event.details_json}")
-            cursor.seen[event.correlation_id] = event.ts.seconds + event.ts.nanos / 1e9
-        if len(reply.events) == READ_LIMIT:
-            continue  # more to read at once
-        if asyncio.get_running_loop().time() > deadline:
-            missing = sorted(wanted - cursor.seen.keys())
-            raise TimeoutError(f"{len(missing)} task(s) never completed, e.g. {missing[:3]}")
-        if not wanted <= cursor.seen.keys():
-            await asyncio.sleep(poll_s)
-    return {task: cursor.seen.pop(task) for task in task_ids}
+    async def one(handle: TaskHandle) -> tuple[str, float]:
+        async with gate:
+            status = await handle.wait(timeout_s)
+        if status.state != "COMPLETED":
+            if status.done:
+                raise RuntimeError(f"task {handle.task_id} failed: {status.reason}")
+            raise TimeoutError(f"task {handle.task_id} is still {status.state}")
+        return handle.task_id, status.updated_at
+
+    return dict(await asyncio.gather(*(one(h) for h in handles)))
 
 
 # ---------------------------------------------------------------- processes
@@ -182,19 +153,20 @@ async def open_workers(address: str, agents: Sequence[str]) -> AsyncIterator[Non
 
 async def _measure(address: str, agents: list[str], n: int, unloaded: int) -> dict[str, float]:
     run = uuid.uuid4().hex[:8]
-    cursor = EventCursor()
-    async with Client(address) as client, SchedulerClient(client.channel) as scheduler:
+    handles: dict[str, TaskHandle] = {}
+    async with Client(address) as client:
 
         async def submit(i: int) -> str:
             agent = agents[i % len(agents)]
-            task_id = f"bench-{run}-{i}"
-            outcome = await scheduler.submit_task(agent, task_id, {"n": i}, scope=f"repo:{agent}")
-            if not outcome.accepted:
-                raise RuntimeError(f"task {task_id} refused: {outcome.reason}")
-            return task_id
+            handle = await client.submit_task(
+                agent, {"n": i}, scope=f"repo:{agent}", task_id=f"bench-{run}-{i}"
+            )
+            handles[handle.task_id] = handle
+            return handle.task_id
 
         async def wait(task_ids: Sequence[str], poll_s: float) -> dict[str, float]:
-            return await wait_results(client, task_ids, cursor, poll_s=poll_s)
+            del poll_s  # nothing is polled: each wait returns when its task ends
+            return await wait_results([handles.pop(task_id) for task_id in task_ids])
 
         return await Workload(submit, wait).measure(n, unloaded)
 

@@ -11,7 +11,9 @@ The agent SDK at the top level (imported on first use, so `import apiary.core...
             await msg.reply(msg.json())
             return "echoed"
 
-`apiary.Client` has typed clients for every service; exceptions are `apiary.errors`.
+`apiary.Client` has typed clients for every service and submits tasks whose handles give
+their results back (`await handle.result()`); exceptions are `apiary.errors`, a task's
+outcome `TaskFailedError`, `TaskHeldError` and `TaskTimeoutError`.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ if TYPE_CHECKING:
     from apiary.sdk.agent import Agent, Message, Rejected
     from apiary.sdk.client import Client
     from apiary.sdk.connection import Connection, Delivery
+    from apiary.sdk.errors import TaskFailedError, TaskHeldError, TaskTimeoutError
     from apiary.sdk.handoff import Handoff, HandoffTicket
     from apiary.sdk.scheduler import SchedulerClient
+    from apiary.sdk.task_handle import TaskHandle, TaskStatus
     from apiary.sdk.tasks import Preempted, TaskContext, current_task
     from apiary.sdk.workspace import Workspace
 
@@ -47,6 +51,11 @@ _EXPORTS = {
     "Handoff": "apiary.sdk.handoff",
     "HandoffTicket": "apiary.sdk.handoff",
     "SchedulerClient": "apiary.sdk.scheduler",
+    "TaskFailedError": "apiary.sdk.errors",
+    "TaskHeldError": "apiary.sdk.errors",
+    "TaskTimeoutError": "apiary.sdk.errors",
+    "TaskHandle": "apiary.sdk.task_handle",
+    "TaskStatus": "apiary.sdk.task_handle",
     "Preempted": "apiary.sdk.tasks",
     "TaskContext": "apiary.sdk.tasks",
     "current_task": "apiary.sdk.tasks",
@@ -70,6 +79,11 @@ __all__ = [
     "Rejected",
     "SchedulerClient",
     "TaskContext",
+    "TaskFailedError",
+    "TaskHandle",
+    "TaskHeldError",
+    "TaskStatus",
+    "TaskTimeoutError",
     "Workspace",
     "__version__",
     "current_task",

@@ -313,6 +313,12 @@ class AlreadyExistsError(ApiaryError):
     code = "already_exists"
 
 
+class TaskIdConflictError(AlreadyExistsError):
+    """A task_id given again names a task submitted with other content (idempotency key)."""
+
+    code = "task_id_conflict"
+
+
 class DeadlineExceededError(ApiaryError):
     """A blocking wait ended at its deadline (NegotiationRoom WaitForDecision)."""
 
@@ -428,6 +434,7 @@ _ROWS: Final = (
     # The tool, behind the coordinator, failed: a proxy's 502 ("the upstream failed").
     _row(ToolFailedError, _G.UNKNOWN, 502),
     _row(AlreadyExistsError, _G.ALREADY_EXISTS, 409),
+    _row(TaskIdConflictError, _G.ALREADY_EXISTS, 409),
     # 410 Gone: the position existed once and is no longer served.
     _row(ResumeExpiredError, _G.OUT_OF_RANGE, 410),
     _row(DeadlineExceededError, _G.DEADLINE_EXCEEDED, 504),

@@ -29,7 +29,13 @@ from tests.conformance.manifest import (
     validate_manifest,
 )
 
-SOURCE_PREFIXES = ("rfc-0.5.0 ", "message-types", "advanced-patterns", "interop ")
+SOURCE_PREFIXES = (
+    "rfc-0.5.0 ",
+    "message-types",
+    "advanced-patterns",
+    "interop ",
+    "swarm-protocol ",
+)
 
 # --------------------------------------------------------------------------- real suite
 

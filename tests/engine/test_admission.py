@@ -2,8 +2,9 @@
 RFC 11 fields and TTL, RFC 12 addressing and modalities.
 
 Every refusal is shown to be loud: the error names the code and the field, nothing reaches
-the recipient, the producer finds a NACK in its inbox, and what can never succeed is in the
-DLQ (engine/router/admission.py DEAD_LETTER_CODES).
+the recipient, the producer finds a NACK in its inbox, the refusal is logged and counted
+(apiary_router_admission_refused), and the DLQ stays empty: a refused envelope was never admitted
+(engine/router/rejections.py).
 """
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ async def refused(
     h: EngineHarness, env: Envelope, code: str, field: str, *, to: str = "bob"
 ) -> ApiaryError:
     """Send `env` and check every consequence of a refusal at admission."""
+    counted = h.engine.router.stats.admission_refused
+    before = counted[code]
     with pytest.raises(ApiaryError) as caught:
         await h.send_env(env, to)
     error = caught.value
@@ -70,8 +73,8 @@ async def refused(
         e for e in await h.events("message.rejected") if e.details["message_id"] == env.message_id
     ]
     assert rejected.details["error_code"] == code
-    entries = [e for e in await h.store.dlq.list() if e.message_id == env.message_id]
-    assert [e.error_code for e in entries] == [code]
+    assert counted[code] == before + 1
+    assert await h.store.dlq.list() == []
     return error
 
 
@@ -80,7 +83,7 @@ async def refused(
 
 @pytest.mark.conformance(
     "envelope.validation.required-fields", "router.fields.message-type",
-    "transport.correlation.correlation-id-required", "dlq.move.terminal-error",
+    "transport.correlation.correlation-id-required",
 )  # fmt: skip
 @pytest.mark.parametrize(
     ("field", "change"),
@@ -97,22 +100,21 @@ async def test_a_missing_required_field_is_refused(
     await refused(h, env, "validation_error", field)
 
 
-@pytest.mark.conformance(
-    "router.fields.producer-id", "envelope.validation.required-fields", "dlq.move.terminal-error"
-)
-async def test_an_envelope_without_producer_is_refused_and_dead_lettered(h: EngineHarness) -> None:
+@pytest.mark.conformance("router.fields.producer-id", "envelope.validation.required-fields")
+async def test_an_envelope_without_producer_is_refused_and_logged(h: EngineHarness) -> None:
     env = h.envelope("", {"n": 1})
     with pytest.raises(ApiaryError) as caught:
         await h.send_env(env, "bob")
     assert (caught.value.code, caught.value.details["field"]) == ("validation_error", "producer_id")
     assert await _delivered_to(h, "bob") == []
-    # There is nobody to NACK; the caller has the error and the operator the DLQ entry.
-    (entry,) = await h.store.dlq.list()
-    assert (entry.message_id, entry.error_code, entry.recipient) == (
+    # There is nobody to NACK; the caller has the error, the operator the event and the count.
+    (rejected,) = await h.events("message.rejected")
+    assert (rejected.details["message_id"], rejected.details["error_code"]) == (
         env.message_id,
         "validation_error",
-        "bob",
     )
+    assert h.engine.router.stats.admission_refused["validation_error"] == 1
+    assert await h.store.dlq.list() == []
 
 
 @pytest.mark.conformance(
@@ -284,15 +286,16 @@ async def test_an_oversize_acknowledgement_is_refused_without_a_nack(h: EngineHa
         await h.send_env(ack)
     assert caught.value.code == "oversize_payload"
     assert (await h.message(sent.message_id)).state == "RECEIVED"
-    # ACKs are never NACKed (that could loop), but the refusal is logged and dead-lettered.
+    # ACKs are never NACKed (that could loop), but the refusal is logged and counted.
     assert await _nacks(h, "bob", ack.message_id) == []
-    assert [e.message_id for e in await h.store.dlq.list()] == [ack.message_id]
+    assert [e.details["message_id"] for e in await h.events("message.rejected")] == [ack.message_id]
+    assert h.engine.router.stats.admission_refused["oversize_payload"] == 1
+    assert await h.store.dlq.list() == []
 
 
 # --- TTL and HLC (RFC 11) -------------------------------------------------------------------------
 
 
-@pytest.mark.conformance("dlq.move.policy-violation-ttl")
 async def test_a_message_expired_before_admission_is_ttl_expired(h: EngineHarness) -> None:
     env = h.envelope("alice", {"n": 1}, ttl_ms=1000, timestamp=h.clock.now() - 5)
     await refused(h, env, "ttl_expired", "ttl_ms")
@@ -339,12 +342,12 @@ async def test_a_message_reaches_exactly_one_recipient(h: EngineHarness) -> None
     with pytest.raises(ApiaryError) as caught:
         await h.send_env(nowhere)
     assert caught.value.code == "no_route"
-    assert [e.error_code for e in await h.store.dlq.list()] == ["no_route"]
+    assert h.engine.router.stats.admission_refused["no_route"] == 1
+    assert await h.store.dlq.list() == []
 
 
 @pytest.mark.conformance(
-    "addressing.modality.enforce", "addressing.modality.reject-unsupported",
-    "dlq.move.terminal-error",
+    "addressing.modality.enforce", "addressing.modality.reject-unsupported"
 )  # fmt: skip
 async def test_a_content_type_outside_the_targets_modalities_is_refused(h: EngineHarness) -> None:
     await h.register("bob", modalities=["application/json"])
@@ -450,8 +453,8 @@ async def test_timestamps_the_coordinator_writes_are_iso8601_with_timezone(
     assert _is_iso_with_zone(again.details["cached_at"])
     (notice,) = [p for p in await h.inbox_payloads("alice") if p.get("status")]
     assert _is_iso_with_zone(notice["cached_at"])
-    with pytest.raises(ApiaryError):
-        await h.send_env(h.envelope("alice", {"n": 1}, content_length=1), "bob")
+    failed = await h.send("alice", "bob", {"n": 2})
+    await h.ack("bob", failed.message_id, AckStage.FAILED, "internal_error", "crashed")
     bundle, _ = await h.engine.router.dead_letters.export(None, include_payloads=False)
     (entry,) = json.loads(bundle)["entries"]
     stamps = [entry["created_at"], entry["failed_at"], *(a["at"] for a in entry["attempts"])]

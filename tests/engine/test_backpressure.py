@@ -330,6 +330,6 @@ async def test_urgent_burst_usage_is_tracked_and_overflow_warns_of_starvation(
     (warning,) = await h.events("lane.starvation_risk")  # once, not per message
     assert warning.agent_id == "bob" and warning.details["overflowed"] >= 1
     scrape = Metrics(h.engine.router).render().decode()
-    assert f'router_urgent_dispatches_total{{agent_id="bob"}} {float(urgent)}' in scrape
-    assert f'router_urgent_overflows_total{{agent_id="bob"}} {float(overflowed)}' in scrape
-    assert 'router_urgent_burst_tokens{agent_id="bob"}' in scrape
+    assert f'apiary_router_urgent_dispatches_total{{agent_id="bob"}} {float(urgent)}' in scrape
+    assert f'apiary_router_urgent_overflows_total{{agent_id="bob"}} {float(overflowed)}' in scrape
+    assert 'apiary_router_urgent_burst_tokens{agent_id="bob"}' in scrape

@@ -1,5 +1,6 @@
-"""The dead letter queue (RFC 21.1): what goes in, the diagnostics each entry carries, and the
-operator's filters, requeue and export."""
+"""The dead letter queue (RFC 21.1): what goes in (admitted messages that failed; never a
+refusal at admission), the diagnostics each entry carries, and the operator's filters, requeue
+and export."""
 
 from __future__ import annotations
 
@@ -83,15 +84,20 @@ async def test_terminal_errors_reported_by_the_agent_are_dead_lettered(
     assert (await _entry(h, sent.message_id)).error_code == code
 
 
-@pytest.mark.conformance("dlq.move.terminal-error")
-async def test_an_acknowledgement_from_the_wrong_agent_is_dead_lettered(h: EngineHarness) -> None:
+async def test_an_acknowledgement_from_the_wrong_agent_is_refused_not_dead_lettered(
+    h: EngineHarness,
+) -> None:
     sent = await h.send("alice", "bob", {"n": 1})
     with pytest.raises(ApiaryError) as caught:
         await h.ack("carol", sent.message_id, AckStage.FULFILLED)
     assert caught.value.code == "permission_denied"
-    (entry,) = await h.store.dlq.list()
-    assert (entry.producer_id, entry.error_code) == ("carol", "permission_denied")
-    assert entry.attempts[0]["what"] == "rejected at admission"
+    # Refused at admission: carol has the error, the log and the count have the refusal, and
+    # bob's message goes on as it was.
+    (refused,) = await h.events("message.rejected")
+    assert (refused.actor, refused.details["error_code"]) == ("carol", "permission_denied")
+    assert h.engine.router.stats.admission_refused["permission_denied"] == 1
+    assert (await h.message(sent.message_id)).state == "RECEIVED"
+    assert await h.store.dlq.list() == []
 
 
 async def test_success_timeouts_and_back_pressure_are_not_dead_letters(h: EngineHarness) -> None:
@@ -122,11 +128,10 @@ async def test_expired_coordinator_notices_are_not_dead_letters(h: EngineHarness
 
 
 async def _three_failures(h: EngineHarness) -> tuple[str, str, str]:
-    """alice->bob validation_error at t0, carol->bob internal_error at t0+100,
+    """alice->bob REJECTED validation_error at t0, carol->bob internal_error at t0+100,
     alice->carol ttl_expired at t0+200."""
-    with pytest.raises(ApiaryError):
-        await h.send_env(h.envelope("alice", {"n": 1}, content_length=1), "bob")
-    bad = (await h.store.dlq.list())[0].message_id
+    bad = (await h.send("alice", "bob", {"n": 1})).message_id
+    await h.ack("bob", bad, AckStage.REJECTED, "validation_error", "n must be a word")
     h.clock.advance(100)
     failed = await h.send("carol", "bob", {"n": 2})
     await h.ack("bob", failed.message_id, AckStage.FAILED, "internal_error", "crash")
@@ -222,9 +227,10 @@ async def test_expired_deduplicated_entries_can_be_requeued(h: EngineHarness) ->
 async def test_a_requeue_that_cannot_be_admitted_says_why(h: EngineHarness) -> None:
     bad, _, _ = await _three_failures(h)
     entry = await _entry(h, bad)
+    await h.engine.registry.deregister("bob", "gone")
     with pytest.raises(ApiaryError) as caught:
         await _requeue(h, entry.entry_id)
-    assert caught.value.code == "validation_error"
+    assert caught.value.code == "no_route"
     assert (await h.engine.router.dead_letters.get(entry.entry_id)).requeued_as == ""
     with pytest.raises(ApiaryError) as missing:
         await _requeue(h, 999)
@@ -246,7 +252,7 @@ async def test_a_diagnostic_bundle_is_exported(h: EngineHarness) -> None:
         "created_at", "failed_at", "content_type", "payload_size", "route", "attempts",
         "requeued_as", "payload_excerpt_base64",
     } <= set(first)  # fmt: skip
-    assert first["attempts"][0]["what"] == "rejected at admission"
+    assert first["attempts"][0]["what"] == "message.received"
     assert first["attempts"][0]["at"] == "2023-11-14T22:13:20Z"
     # Filtered, and with whole payloads when asked for.
     bundle, count = await letters.export(DlqFilter(error_code="internal_error"), True)

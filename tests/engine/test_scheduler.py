@@ -367,10 +367,10 @@ async def test_overlapping_scopes_escalate_conflict_and_a_denial_serializes() ->
         assert await _state(h, "ty") == "DISPATCHED"
         # RFC 9.3 monitoring at /metrics: decisions, confidence scores, escalation outcomes.
         scrape = Metrics(scheduler=_sched(h)).render().decode()
-    assert 'scheduler_conflict_decisions_total{outcome="escalated"} 1.0' in scrape
-    assert 'scheduler_conflict_hitl_decisions_total{outcome="serialize"} 1.0' in scrape
-    assert "scheduler_inference_confidence_count 1.0" in scrape
-    assert 'scheduler_tasks{state="DISPATCHED"} 1.0' in scrape
+    assert 'apiary_scheduler_conflict_decisions_total{outcome="escalated"} 1.0' in scrape
+    assert 'apiary_scheduler_conflict_hitl_decisions_total{outcome="serialize"} 1.0' in scrape
+    assert "apiary_scheduler_inference_confidence_count 1.0" in scrape
+    assert 'apiary_scheduler_tasks{state="DISPATCHED"} 1.0' in scrape
 
 
 class _CountingRules(RuleInference):

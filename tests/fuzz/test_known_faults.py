@@ -38,14 +38,22 @@ async def test_requeue_of_a_dead_letter_at_the_largest_retry_count(
 ) -> None:
     envelope = pb.common_pb2.Envelope(
         message_id=str(uuid.uuid4()), correlation_id=str(uuid.uuid4()), producer_id="alice",
-        message_type=pb.common_pb2.DATA, content_type="image/png", content_length=2,
+        message_type=pb.common_pb2.DATA, content_type="application/json", content_length=2,
         payload=b"{}", retry_count=2**32 - 1,
     )  # fmt: skip
     router = pb.router_pb2_grpc.RouterServiceStub(channel)
-    with pytest.raises(grpc.aio.AioRpcError):  # bob takes no images: dead-lettered
-        await router.SendMessage(
-            pb.router_pb2.SendMessageRequest(msg=envelope), metadata=(("sw4rm-recipient", "bob"),)
-        )
+    await router.SendMessage(
+        pb.router_pb2.SendMessageRequest(msg=envelope), metadata=(("sw4rm-recipient", "bob"),)
+    )
+    # bob fails it: an admitted message that failed, dead-lettered.
+    ack = (b'{"ack_for_message_id": "%s", "ack_stage": "FAILED", "error_code": "internal_error"}'
+           % envelope.message_id.encode())  # fmt: skip
+    failed = pb.common_pb2.Envelope(
+        message_id=str(uuid.uuid4()), correlation_id=envelope.correlation_id, producer_id="bob",
+        message_type=pb.common_pb2.ACKNOWLEDGEMENT, content_type="application/json",
+        content_length=len(ack), payload=ack,
+    )  # fmt: skip
+    await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=failed))
     dlq = pb.apiary_pb2_grpc.DlqServiceStub(channel)
     listed = await dlq.List(pb.apiary_pb2.ListDlqRequest())
     entry_ids = [entry.entry_id for entry in listed.entries]

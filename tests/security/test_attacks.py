@@ -616,13 +616,11 @@ async def test_secure_dead_letters_events_and_deregistration_need_their_operator
     async with open_secure(tmp_path) as s:
         add_key(s, "dlq-operator", PrincipalKind.OPERATOR, "dana", ("dlq",))
         await register_as_self(s, "alice", "bob")
-        router = pb.router_pb2_grpc.RouterServiceStub(s.channel)
-        broken = envelope("alice", {"n": 1}, content_length=3)  # dead on arrival: bad length
-        request = pb.router_pb2.SendMessageRequest(msg=broken)
-        metadata = (*s.metadata("alice"), (RECIPIENT_KEY, "bob"))
-        assert (await refused(router.SendMessage(request, metadata=metadata))).code == (
-            "validation_error"
-        )
+        broken = envelope("alice", {"n": 1})  # bob fails it: a dead letter
+        await send(s, broken, "bob")
+        ack = {"ack_for_message_id": broken.message_id, "ack_stage": AckStage.FAILED.name,
+               "error_code": "internal_error"}  # fmt: skip
+        await send(s, envelope("bob", ack, message_type=pb.common_pb2.ACKNOWLEDGEMENT))
         dlq = s.coordinator.store.dlq
         (letter,) = await dlq.list(limit=100)
         assert letter.message_id == broken.message_id

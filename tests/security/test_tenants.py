@@ -477,11 +477,15 @@ async def test_another_tenants_dead_letters_answer_like_ones_that_do_not_exist(
     await register(t, "alice@acme")
     listing: Listing = ("DlqService/List", a.ListDlqRequest(), "ops@globex")
     before = await t.shape(*listing)
-    lost = envelope("alice", {"to": MISSING})
-    with pytest.raises(grpc.aio.AioRpcError):  # no route: the message becomes a dead letter
-        await t.call("RouterService/SendMessage", sending(lost), "alice@acme")
+    # alice fails a message (her own, to herself): an admitted message that failed, a dead
+    # letter of acme's.
+    lost, _ = await send(t, "alice@acme", "alice")
+    ack = {"ack_for_message_id": lost.message_id, "ack_stage": "FAILED",
+           "error_code": "internal_error", "note": "lost"}  # fmt: skip
+    failed = envelope("alice", ack, message_type=pb.common_pb2.ACKNOWLEDGEMENT)
+    await t.call("RouterService/SendMessage", sending(failed), "alice@acme")
     (letter,) = (await t.call("DlqService/List", a.ListDlqRequest(), "ops@acme")).entries
-    assert (letter.message_id, letter.error_code) == (lost.message_id, "no_route")
+    assert (letter.message_id, letter.error_code) == (lost.message_id, "internal_error")
 
     assert await t.shape(*listing) == before
     got, _ = await like_missing(

@@ -102,7 +102,7 @@ async def test_a_full_buffer_rejects_and_warns(coordinator: Coordinator) -> None
         http.get(f"http://{coordinator.http_address}/metrics") as resp,
     ):
         text = await resp.text()
-    assert "activity_buffer_over_warning 1.0" in text
+    assert "apiary_activity_buffer_over_warning 1.0" in text
 
 
 @pytest.mark.conformance("activity.limits.default-10000", "activity.limits.per-agent-100")

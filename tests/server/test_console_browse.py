@@ -131,6 +131,7 @@ async def _tasks_and_workflow(page: Page) -> None:
         "worker",
         "done task-ok-1",
     )
+    assert facts["result"] == '"done task-ok-1"'  # the note's text, as a JSON string
     tasks = [t for t in await _history(page) if t.startswith("task.")]
     assert tasks == ["task.completed", "task.running", "task.dispatched", "task.submitted"]
     await _open(page, "#/task/task-bad")

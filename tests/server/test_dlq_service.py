@@ -26,11 +26,11 @@ APIARY = [sys.executable, "-m", "apiary.cli.main"]
 class Letters:
     running: Running
     invalid: str
-    """alice -> bob, validation_error, failed at t0."""
+    """alice -> bob, REJECTED validation_error by bob, failed at t0."""
     failed: str
     """alice -> bob, internal_error reported by bob, failed at t0 + 100."""
     unsupported: str
-    """bob -> alice, unsupported_message_type, failed at t0 + 200."""
+    """bob -> alice, REJECTED unsupported_message_type by alice, failed at t0 + 200."""
 
 
 async def _send(running: Running, env: pb.common_pb2.Envelope, to: str) -> None:
@@ -39,13 +39,24 @@ async def _send(running: Running, env: pb.common_pb2.Envelope, to: str) -> None:
     await router.SendMessage(request, metadata=(("sw4rm-recipient", to),))
 
 
+async def _refused_by(
+    running: Running, agent: str, env: pb.common_pb2.Envelope, code: str, note: str
+) -> None:
+    """`agent` acknowledges `env` REJECTED with `code`: an admitted message that failed."""
+    ack = {"ack_for_message_id": env.message_id, "ack_stage": "REJECTED", "error_code": code,
+           "note": note}  # fmt: skip
+    await _send(running, envelope(agent, ack, message_type=pb.common_pb2.ACKNOWLEDGEMENT), "")
+
+
 @pytest.fixture
 async def letters(tmp_path: Path) -> AsyncIterator[Letters]:
     async with open_running(tmp_path) as r:
         await register(r.channel, "alice", "bob")
-        invalid = envelope("alice", {"n": 1}, content_length=3)
-        with pytest.raises(grpc.aio.AioRpcError):
-            await _send(r, invalid, "bob")
+        # Only admitted messages that failed are dead letters (a refusal at admission is
+        # answered to its sender): each is refused by its recipient.
+        invalid = envelope("alice", {"n": 1})
+        await _send(r, invalid, "bob")
+        await _refused_by(r, "bob", invalid, "validation_error", "n: must be a word")
         r.clock.advance(100)
         failed = envelope("alice", {"task": "resize", "size": 1024})
         await _send(r, failed, "bob")
@@ -53,9 +64,9 @@ async def letters(tmp_path: Path) -> AsyncIterator[Letters]:
                "error_code": "internal_error", "note": "out of memory"}  # fmt: skip
         await _send(r, envelope("bob", ack, message_type=pb.common_pb2.ACKNOWLEDGEMENT), "")
         r.clock.advance(100)
-        unsupported = envelope("bob", b"\x89PNG....", content_type="image/png")
-        with pytest.raises(grpc.aio.AioRpcError):
-            await _send(r, unsupported, "alice")
+        unsupported = envelope("bob", {"image": "iVBORw0KGgo="})
+        await _send(r, unsupported, "alice")
+        await _refused_by(r, "alice", unsupported, "unsupported_message_type", "no images here")
         yield Letters(r, invalid.message_id, failed.message_id, unsupported.message_id)
 
 
@@ -122,11 +133,14 @@ async def test_an_entry_carries_its_diagnostics_over_grpc(letters: Letters) -> N
 async def test_selected_entries_are_requeued_over_grpc(letters: Letters) -> None:
     stub = _stub(letters)
     ids = {e.message_id: e.entry_id for e in (await stub.List(apiary_pb2.ListDlqRequest())).entries}
-    selected = [ids[letters.failed], ids[letters.invalid], 999]
+    # alice is gone: the letter to her has nowhere to go again.
+    registry = pb.registry_pb2_grpc.RegistryServiceStub(letters.running.channel)
+    await registry.DeregisterAgent(pb.registry_pb2.DeregisterAgentRequest(agent_id="alice"))
+    selected = [ids[letters.failed], ids[letters.unsupported], 999]
     reply = await stub.Requeue(apiary_pb2.RequeueDlqRequest(entry_ids=selected))
-    ok, invalid, missing = reply.results
+    ok, nowhere, missing = reply.results
     assert ok.ok and ok.new_message_id not in ("", letters.failed)
-    assert not invalid.ok and invalid.error.startswith("validation_error: content_length")
+    assert not nowhere.ok and nowhere.error.startswith("no_route: no registered agent 'alice'")
     assert not missing.ok and missing.error.startswith("NOT_FOUND")
     stored = await letters.running.coordinator.store.messages.get(ok.new_message_id)
     assert stored is not None and (stored.recipient, stored.state) == ("bob", "RECEIVED")

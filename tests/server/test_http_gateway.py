@@ -257,18 +257,27 @@ async def test_dead_letters_are_listed_and_exported_over_the_gateway(
 ) -> None:
     await _register(http, "alice")
     await _register(http, "bob")
+    send = "sw4rm.router.RouterService/SendMessage"
     bad = _envelope("alice", {"to": "bob"})
-    bad["content_type"] = "image/png"  # bob declared no images: refused and dead-lettered
-    status, _ = await _call(
-        http, "sw4rm.router.RouterService/SendMessage", {"msg": bad, "recipient": "bob"}
-    )
+    bad["content_type"] = "image/png"  # bob declared no images: refused, answered, no letter
+    status, _ = await _call(http, send, {"msg": bad, "recipient": "bob"})
     assert status == 415
+    status, body = await _call(http, "apiary.v1.DlqService/List", {})
+    assert (status, body["entries"]) == (200, [])
+    sent = _envelope("alice", {"n": 1})  # admitted, then bob refuses it: a dead letter
+    status, _ = await _call(http, send, {"msg": sent, "recipient": "bob"})
+    assert status == 200
+    ack = _envelope("bob", {"ack_for_message_id": sent["message_id"], "ack_stage": "REJECTED",
+                            "error_code": "unsupported_message_type"})  # fmt: skip
+    ack["message_type"] = "ACKNOWLEDGEMENT"
+    status, _ = await _call(http, send, {"msg": ack})
+    assert status == 200
     status, body = await _call(
         http, "apiary.v1.DlqService/List", {"filter": {"error_code": "unsupported_message_type"}}
     )
     assert status == 200
     (entry,) = body["entries"]  # type: ignore[misc]
-    assert entry["message_id"] == bad["message_id"]
+    assert entry["message_id"] == sent["message_id"]
     status, body = await _call(http, "apiary.v1.DlqService/Export", {})
     assert status == 200 and body["entries"] == 1
 

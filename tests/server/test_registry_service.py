@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 
@@ -154,3 +155,29 @@ async def test_a_heartbeat_from_an_unknown_agent_is_not_found(running: Running) 
         await stub.Heartbeat(registry_pb2.HeartbeatRequest(agent_id="ghost"))
     assert caught.value.code() is grpc.StatusCode.NOT_FOUND
     assert error_detail(caught.value).details["agent_id"] == "ghost"
+
+
+@pytest.mark.conformance("registry.register.inference-connector")
+async def test_no_reasoning_connector_is_refused_with_the_fix_over_grpc_and_gateway(
+    running: Running,
+) -> None:
+    """RFC 14: a descriptor without an Inference Engine connector is refused, and the refusal
+    says what to add, to a canonical gRPC client and a gateway client alike (one rule)."""
+    bare = registry_pb2.RegisterAgentRequest(agent=descriptor("bob", reasoning_connectors=[]))
+    stub = pb.registry_pb2_grpc.RegistryServiceStub(running.channel)
+    reply = await stub.RegisterAgent(bare)
+    assert not reply.accepted
+    assert reply.reason.startswith("agent.reasoning_connectors: at least one"), reply.reason
+    assert "add a reasoning connector such as 'builtin://rules'" in reply.reason
+    body = {"agent": {"agent_id": "carol", "name": "carol"}}
+    url = f"http://{running.http}/v1/sw4rm.registry.RegistryService/RegisterAgent"
+    async with aiohttp.ClientSession() as http, http.post(url, json=body) as resp:
+        assert resp.status == 200
+        answer = await resp.json()
+    assert answer.get("accepted", False) is False
+    assert answer["reason"] == reply.reason.replace("bob", "carol")
+    # With the fix applied, the same descriptor registers.
+    fixed = registry_pb2.RegisterAgentRequest(
+        agent=descriptor("bob", reasoning_connectors=["builtin://rules"])
+    )
+    assert (await stub.RegisterAgent(fixed)).accepted

@@ -388,15 +388,48 @@ async def test_back_pressure_metrics_are_exposed(running: Running) -> None:
         text = await response.text()
     samples = _samples(text)
     bob = '{agent_id="bob"}'
-    assert samples[f"router_inbound_queue_capacity{bob}"] == 10
-    assert samples[f"router_inbound_queue_depth{bob}"] == 9
-    assert samples['router_enqueue_rejects_total{agent_id="bob",reason="buffer_full"}'] == 1
-    assert samples['router_nacks_total{agent_id="alice",error_code="buffer_full"}'] == 1
-    assert samples[f"router_messages_accepted_total{bob}"] >= 10
-    assert samples[f"router_enqueue_latency_seconds_count{bob}"] >= 10
-    assert samples[f"agent_dequeue_latency_seconds_count{bob}"] >= 1
-    assert samples[f"agent_dequeue_latency_seconds_sum{bob}"] >= 4.0
-    assert samples[f"agent_process_time_seconds_count{bob}"] == 1
-    assert samples[f"agent_process_time_seconds_sum{bob}"] == 1.0
+    assert samples[f"apiary_router_inbound_queue_capacity{bob}"] == 10
+    assert samples[f"apiary_router_inbound_queue_depth{bob}"] == 9
+    assert samples['apiary_router_enqueue_rejects_total{agent_id="bob",reason="buffer_full"}'] == 1
+    assert samples['apiary_router_nacks_total{agent_id="alice",error_code="buffer_full"}'] == 1
+    assert samples[f"apiary_router_messages_accepted_total{bob}"] >= 10
+    assert samples[f"apiary_router_enqueue_latency_seconds_count{bob}"] >= 10
+    assert samples[f"apiary_agent_dequeue_latency_seconds_count{bob}"] >= 1
+    assert samples[f"apiary_agent_dequeue_latency_seconds_sum{bob}"] >= 4.0
+    assert samples[f"apiary_agent_process_time_seconds_count{bob}"] == 1
+    assert samples[f"apiary_agent_process_time_seconds_sum{bob}"] == 1.0
     # Messages 4 to 10 were never fetched: the oldest of them has waited 5 s.
-    assert samples[f"router_oldest_enqueued_age_seconds{bob}"] == 5.0
+    assert samples[f"apiary_router_oldest_enqueued_age_seconds{bob}"] == 5.0
+
+
+async def test_a_refused_send_is_answered_logged_and_counted_not_dead_lettered(
+    running: Running,
+) -> None:
+    router = pb.router_pb2_grpc.RouterServiceStub(running.channel)
+    typo = envelope("alice", {"to": "bbo", "n": 1})  # no agent bbo: refused at admission
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await router.SendMessage(pb.router_pb2.SendMessageRequest(msg=typo))
+    assert error_detail(caught.value).error_code == "no_route"
+    coordinator = running.coordinator
+    (logged,) = [
+        e for e in await coordinator.events.read(limit=1000) if e.event_type == "message.rejected"
+    ]
+    assert (logged.details["message_id"], logged.details["error_code"]) == (
+        typo.message_id,
+        "no_route",
+    )
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://{running.http}/metrics") as response,
+    ):
+        samples = _samples(await response.text())
+    assert samples['apiary_router_admission_refused_total{error_code="no_route"}'] == 1
+    # The mistyped name is no label of its own (bounded series): all such are one.
+    assert (
+        samples['apiary_router_enqueue_rejects_total{agent_id="(unregistered)",reason="no_route"}']
+        == 1
+    )
+    assert not any("bbo" in name for name in samples)
+    assert not any(name.startswith("apiary_router_dead_lettered_total") for name in samples)
+    assert await coordinator.store.dlq.list() == []
+    assert await coordinator.store.messages.get(typo.message_id) is None

@@ -123,12 +123,17 @@ async def test_signed_envelopes_are_admitted_and_others_refused(running: Running
         metadata=(("sw4rm-recipient", "bob"), *proof),
     )
     assert (await _refused(call))[0] == grpc.StatusCode.PERMISSION_DENIED
-    # Refusals are not silent: each is in the DLQ with its reason.
-    dead = await running.coordinator.store.dlq.list()
-    assert {e.message_id for e in dead} == {
+    # Refusals are not silent: each is answered, logged with its reason and counted; none
+    # was admitted, so none is a dead letter.
+    coordinator = running.coordinator
+    logged = [e for e in await coordinator.events.read(limit=1000)
+              if e.event_type == "message.rejected"]  # fmt: skip
+    assert {e.details["message_id"] for e in logged} == {
         unsigned.message_id, forged.message_id, tampered.message_id,
     }  # fmt: skip
-    assert {e.error_code for e in dead} == {"permission_denied"}
+    assert {e.details["error_code"] for e in logged} == {"permission_denied"}
+    assert coordinator.router.stats.admission_refused == {"permission_denied": 3}
+    assert await coordinator.store.dlq.list() == []
 
 
 async def test_each_streamed_envelope_carries_its_own_signature(running: Running) -> None:
@@ -415,6 +420,18 @@ async def test_a_message_signed_before_its_producer_rotated_still_verifies(
             refused.cancel()
 
 
+async def _dead_letter(
+    alice: Connection, carol: Connection, deliveries: AsyncIterator[Delivery]
+) -> None:
+    """alice sends carol a signed message, which carol fails: an admitted message that failed,
+    a dead letter."""
+    (sent,) = await alice.send_many([(alice.envelope({"n": 1}), "carol")])
+    assert sent.accepted, sent.reason
+    got = await _data(deliveries)
+    assert got.envelope.message_id == sent.message_id
+    await carol.ack(got.envelope, AckStage.FAILED, error_code="internal_error", note="later")
+
+
 async def test_what_the_coordinator_derives_from_a_signed_message_still_verifies(
     tmp_path: Path,
 ) -> None:
@@ -436,11 +453,6 @@ async def test_what_the_coordinator_derives_from_a_signed_message_still_verifies
             verify_signatures=True,
         ) as bob,
     ):
-        # Sent to carol before carol exists: no_route, a dead letter kept with its signature.
-        refused = await alice.send_many([(alice.envelope({"n": 1}), "carol")])
-        assert [r.error_code for r in refused] == ["no_route"]
-        (entry,) = await running.coordinator.store.dlq.list()
-        assert len(entry.signature) == 64
         carol = Connection(
             "carol",
             coordinator=running.grpc,
@@ -450,11 +462,16 @@ async def test_what_the_coordinator_derives_from_a_signed_message_still_verifies
         )
         await carol.start()
         try:
+            # A message carol fails: a dead letter kept with alice's signature.
+            deliveries = carol.deliveries()
+            await _dead_letter(alice, carol, deliveries)
+            (entry,) = await running.coordinator.store.dlq.list()
+            assert len(entry.signature) == 64
             stub = pb.apiary_pb2_grpc.DlqServiceStub(running.channel)
             reply = await stub.Requeue(apiary_pb2.RequeueDlqRequest(entry_ids=[entry.entry_id]))
             (result,) = reply.results
             assert result.ok, result.error
-            got = await _data(carol.deliveries())
+            got = await _data(deliveries)
             assert (got.envelope.message_id, got.envelope.retry_count) == (
                 result.new_message_id, 1,
             )  # fmt: skip
@@ -483,11 +500,11 @@ async def test_a_derived_message_changed_at_rest_is_refused(tmp_path: Path) -> N
             "alice", coordinator=running.grpc, clock=running.clock, signing_key=keys["alice"]
         ) as alice,
     ):
-        await alice.send_many([(alice.envelope({"n": 1}), "carol")])
         carol = Connection(
             "carol", coordinator=running.grpc, clock=running.clock, signing_key=keys["carol"]
         )
         await carol.start()
+        await _dead_letter(alice, carol, carol.deliveries())
         stub = pb.apiary_pb2_grpc.DlqServiceStub(running.channel)
         (entry,) = await running.coordinator.store.dlq.list()
         (result,) = (await stub.Requeue(apiary_pb2.RequeueDlqRequest(

@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from apiary.core.envelope import AckStage
 from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.sdk.connection import Connection
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 
@@ -111,7 +113,17 @@ async def test_status_shows_agents_queues_tasks_dead_letters_and_hitl(
     await _cli(coordinator, "send", "worker", "--json", "{}")
     await _cli(coordinator, "task", "submit", "worker", "--scope", "repo:app", "--id", "t-9")
     await _cli(coordinator, "send", "worker", "--json", "{}", "--content-type", "image/png",
-               code=1)  # refused (worker takes no images): a dead letter  # fmt: skip
+               code=1)  # refused (worker takes no images): answered, not a dead letter  # fmt: skip
+    failing = (await _cli(coordinator, "send", "worker", "--json", '{"n": 2}'))[0].strip()
+    stored = await coordinator.store.messages.get(failing)
+    assert stored is not None
+    worker = Connection("worker", coordinator=str(coordinator.grpc_address))
+    worker.connect()  # as the registered worker
+    try:
+        env = coordinator.router.codec.decode(stored.envelope)
+        await worker.ack(env, AckStage.FAILED, error_code="internal_error", note="disk full")
+    finally:
+        await worker.stop(deregister=False)
     doc = json.loads((await _cli(coordinator, "status", "--json"))[0])
     (worker,) = doc["agents"]
     assert (worker["agent_id"], worker["inbox"] >= 1) == ("worker", True)

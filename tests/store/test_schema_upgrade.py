@@ -339,3 +339,42 @@ async def test_a_version_16_sqlite_event_log_buckets_its_correlation_index_on_up
     assert "events_by_correlation_bucket" in indexes
     assert "events_by_correlation_key" not in indexes
     assert "USING INDEX events_by_correlation_bucket" in plan
+
+
+V17_TASKS = (
+    "task_id, agent_id, priority, submitted_at, seq, state, updated_at, scope, job_key, params,"
+    " content_type, agent_type, message_id, attempts, error_code, note, lane, correlation_id"
+)
+V17_TASK_ROW = ("t-1", "agent-b", 0, 1.0, 0, "COMPLETED", 2.0, "repo:a", "job", b"{}",
+                "application/json", "coder", "m-1", 1, "", "done", "STANDARD", "")  # fmt: skip
+
+
+async def _check_tasks_upgraded(store: Store) -> None:
+    """A task stored before results has none and no submitter; one stored now keeps both."""
+    task = await store.tasks.get("t-1")
+    assert task is not None and (task.state, task.note) == ("COMPLETED", "done")
+    assert (task.submitter, task.result) == ("", "")
+    await store.tasks.put(replace(task, task_id="t-2", seq=1, submitter="app", result="[1]"))
+    again = await store.tasks.get("t-2")
+    assert again is not None and (again.submitter, again.result) == ("app", "[1]")
+
+
+async def test_a_version_17_sqlite_task_gets_an_empty_result_and_submitter(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    with _sqlite_at(path, 17) as raw:
+        marks = ", ".join("?" * len(V17_TASK_ROW))
+        raw.execute(f"INSERT INTO tasks ({V17_TASKS}) VALUES ({marks})", V17_TASK_ROW)
+    async with open_sqlite_store(path) as store:
+        await _check_tasks_upgraded(store)
+
+
+@pytest.mark.postgres
+async def test_a_version_17_postgres_task_gets_an_empty_result_and_submitter(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+        assert (await migrate_postgres(conn, postgres_schema, target=17))[-1] == 17
+        marks = ", ".join(["%s"] * len(V17_TASK_ROW))
+        await conn.execute(f"INSERT INTO tasks ({V17_TASKS}) VALUES ({marks})", V17_TASK_ROW)
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await _check_tasks_upgraded(store)

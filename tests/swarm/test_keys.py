@@ -56,6 +56,7 @@ def _setup(tmp_path: Path, beta: Identity) -> tuple[StateFile, ms.Member]:
     return StateFile(path), member
 
 
+@pytest.mark.conformance("swarm.keys.refresh-after-ttl")
 async def test_a_member_key_is_cached_then_refreshed_after_the_ttl(tmp_path: Path) -> None:
     beta, clock = Identity.generate(), FakeClock()
     states, member = _setup(tmp_path, beta)
@@ -72,6 +73,7 @@ async def test_a_member_key_is_cached_then_refreshed_after_the_ttl(tmp_path: Pat
     assert states.load().public_keys["beta"].fetched_at == format_timestamp(clock.now())
 
 
+@pytest.mark.conformance("swarm.keys.refresh-on-failure")
 async def test_a_rotated_key_is_fetched_once_and_forgeries_stay_refused(tmp_path: Path) -> None:
     old, new, clock = Identity.generate(), Identity.generate(), FakeClock()
     states, member = _setup(tmp_path, old)

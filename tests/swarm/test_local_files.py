@@ -42,6 +42,7 @@ def _state(
     return ms.create(ms.MembershipState(agent), swarm_id, name, me).state
 
 
+@pytest.mark.conformance("swarm.state.utf8", "swarm.state.owner-only", "swarm.state.schema")
 def test_the_state_file_is_utf8_owner_only_and_round_trips(tmp_path: Path) -> None:
     path = tmp_path / "home" / "state.json"
     state = ms.mute_agent(_state(), "spam-bot").state
@@ -54,6 +55,7 @@ def test_the_state_file_is_utf8_owner_only_and_round_trips(tmp_path: Path) -> No
     assert [p.name for p in path.parent.iterdir()] == ["state.json"]  # no temporary left
 
 
+@pytest.mark.conformance("swarm.state.owner-only")
 def test_an_open_or_invalid_state_file_is_refused_naming_the_problem(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     save_state(path, _state())

@@ -161,6 +161,7 @@ async def test_a_body_over_the_limit_is_413_where_the_app_takes_larger_ones(pair
     assert await pair.inbox_ids() == []
 
 
+@pytest.mark.conformance("swarm.version.compatible")
 async def test_another_major_version_is_refused_and_a_newer_minor_accepted(pair: Pair) -> None:
     _refused(await pair.post(pair.signed(protocol_version="1.0.0").to_json()), 400,
              "UNSUPPORTED_VERSION", "protocol_version")  # fmt: skip
@@ -168,6 +169,7 @@ async def test_another_major_version_is_refused_and_a_newer_minor_accepted(pair:
     assert (await pair.post(newer.to_json())).status == 200
 
 
+@pytest.mark.conformance("swarm.security.all-signed", "swarm.security.verify")
 async def test_forged_and_altered_signatures_are_401(pair: Pair) -> None:
     stranger = Identity.generate()
     forged = sign_message(stranger, pair.signed().unsigned())  # claims to be beta
@@ -179,6 +181,7 @@ async def test_forged_and_altered_signatures_are_401(pair: Pair) -> None:
     assert await pair.inbox_ids() == []
 
 
+@pytest.mark.conformance("swarm.security.members-only")
 async def test_strangers_and_misaddressed_messages_are_403(pair: Pair) -> None:
     mallory = Identity.generate()
     draft = replace(pair.signed().unsigned(), sender=Sender("mallory", "https://m.example/swarm"))
@@ -192,6 +195,7 @@ async def test_an_unknown_swarm_is_404(pair: Pair) -> None:
     _refused(answer, 404, "SWARM_NOT_FOUND")
 
 
+@pytest.mark.conformance("swarm.security.muted-dropped")
 async def test_muted_senders_and_swarms_are_answered_200_and_dropped(pair: Pair) -> None:
     await pair.alpha.node.mute_agent("beta")
     muted = pair.signed()
@@ -238,6 +242,7 @@ async def test_expired_and_stale_messages_are_refused(pair: Pair) -> None:
     assert (await pair.post(later.to_json())).status == 200
 
 
+@pytest.mark.conformance("swarm.ratelimit.recommended")
 async def test_rate_limits_answer_429_with_retry_after_in_seconds(tmp_path: Path, pki: Pki) -> None:
     tight = NodeSettings(retry_delays=(), per_sender=Limit(2, 60.0),
                          joins_per_ip=Limit(2, 3600.0))  # fmt: skip
@@ -289,6 +294,7 @@ async def test_invites_are_enforced(pair: Pair) -> None:
     assert members == ["alpha", "beta", "first"]
 
 
+@pytest.mark.conformance("swarm.security.master-only")
 async def test_only_the_master_decides_joins_kicks_and_transfers(pair: Pair) -> None:
     beta = pair.beta.node
     with pytest.raises(SwarmError) as caught:

@@ -72,6 +72,7 @@ async def test_a_serving_peer_delivers_to_a_member_once_it_is_back(
             assert [e.mail.content for e in inbox] == ["ping"]
 
 
+@pytest.mark.conformance("swarm.transport.tls")
 async def test_health_and_info_over_tls(tmp_path: Path, pki: Pki) -> None:
     async with _service(tmp_path, pki) as peer:
         assert peer.address is not None and peer.bridge is None
@@ -112,6 +113,7 @@ async def test_the_wake_hook_runs_without_holding_the_request(tmp_path: Path, pk
         assert woken["signature"] == message.signature
 
 
+@pytest.mark.conformance("swarm.transport.tls")
 async def test_a_listener_needs_its_certificate(tmp_path: Path, pki: Pki) -> None:
     home = SwarmHome(tmp_path / "service")
     home.init(NodeConfig("service", "https://127.0.0.1:1/swarm"))
@@ -140,8 +142,14 @@ def test_the_coordinator_configuration_takes_a_swarm_table(tmp_path: Path) -> No
         ('[swarm]\nhome = "h"\nlisten = "0.0.0.0:8443"\n', "swarm.cert"),
         ('[swarm]\nhome = "h"\nport = 1\n', "swarm.port"),
         ("[swarm]\nhome = 7\n", "swarm.home"),
+        ('[swarm]\nhome = "h"\ninsecure = "yes"\n', "swarm.insecure"),
     ):
         path.write_text(text)
         with pytest.raises(ValidationError) as caught:
             load_config(path, {}, {})
         assert caught.value.details["field"] == field
+    # Development: a plain-HTTP listener needs no certificate (served on loopback only).
+    path.write_text('[swarm]\nhome = "h"\nlisten = "127.0.0.1:8443"\ninsecure = true\n')
+    assert load_config(path, {}, {}).swarm == PeerSettings(
+        Path("h"), "127.0.0.1:8443", insecure=True
+    )

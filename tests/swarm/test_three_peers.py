@@ -110,6 +110,7 @@ async def test_a_swarm_lives_and_every_member_list_follows(trio: tuple[Peer, Pee
     assert [b["action"] for b in left[:3]] == ["member_left", "master_changed", "master_transfer"]
 
 
+@pytest.mark.conformance("swarm.membership.require-approval")
 async def test_a_join_waits_for_the_masters_approval(tmp_path: Path, pki: Pki) -> None:
     async with open_peer(tmp_path, "alpha", pki) as alpha, open_peer(tmp_path, "beta", pki) as beta:
         sid = alpha.node.create("vetted", ms.Settings(require_approval=True)).swarm_id

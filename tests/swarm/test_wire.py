@@ -55,6 +55,7 @@ def test_timestamps_have_milliseconds_and_a_literal_z() -> None:
     assert parse_timestamp("2026-02-05T15:30:00+01:00", "t") == 1770301800.0
 
 
+@pytest.mark.conformance("swarm.message.signature-rule")
 def test_a_message_signature_is_byte_for_byte_the_interop_rule() -> None:
     # The rule, written out independently of the implementation:
     concatenated = (
@@ -76,6 +77,7 @@ def test_a_message_signature_is_byte_for_byte_the_interop_rule() -> None:
     verify_message(identity.public_key, signed)
 
 
+@pytest.mark.conformance("swarm.security.verify")
 def test_a_forged_or_altered_message_does_not_verify() -> None:
     identity = Identity.from_seed(SEED)
     signed = sign_message(identity, parse_message({**BODY, "signature": "x"}))
@@ -183,6 +185,7 @@ def test_invites_are_checked_signature_swarm_endpoint_expiry_and_uses() -> None:
         ({"expires_at": "soon"}, "expires_at"),
     ],
 )  # fmt: skip
+@pytest.mark.conformance("swarm.message.fields")
 def test_a_malformed_message_is_a_400_naming_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(SwarmError) as caught:
         parse_message({**BODY, "signature": "x", **change})
@@ -190,6 +193,7 @@ def test_a_malformed_message_is_a_400_naming_the_field(change: dict[str, Any], f
     assert caught.value.to_json()["error"]["details"]["field"] == field
 
 
+@pytest.mark.conformance("swarm.message.fields", "swarm.version.compatible")
 def test_missing_fields_and_other_majors_are_refused() -> None:
     for name in ("message_id", "timestamp", "recipient", "swarm_id", "type", "content",
                  "signature"):  # fmt: skip
@@ -218,3 +222,15 @@ def test_metadata_references_and_unknown_fields_survive_a_round_trip() -> None:
     message = parse_message(body)
     assert message.to_json() == body
     assert message.extra == {"action": "member_joined", "agent_id": "agent-b"}
+
+
+@pytest.mark.conformance("swarm.version.include", "swarm.message.fields")
+def test_every_message_carries_the_protocol_version_and_needs_one() -> None:
+    sent = parse_message({**BODY, "signature": "x"})
+    assert sent.to_json()["protocol_version"] == "0.1.0"
+    for name in ("protocol_version", "sender"):
+        body = {**BODY, "signature": "x"}
+        del body[name]
+        with pytest.raises(SwarmError) as caught:
+            parse_message(body)
+        assert caught.value.field == name

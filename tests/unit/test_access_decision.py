@@ -94,6 +94,16 @@ def test_an_owner_rule_lets_the_owner_and_answers_missing_objects_as_missing() -
     assert decide(Principal(K.AGENT, "mallory"), rule, ["c1"], owner=None, secure=True).allowed
 
 
+def test_an_operator_owns_what_it_submitted_itself_without_the_role() -> None:
+    """A task an operator submitted is its own to wait for and cancel, role or not; another
+    principal's is not."""
+    rule = Rule(Who.OWNER, Role.TASKS, ("task_id",), "task")
+    assert decide(OPERATOR, rule, ["t1"], owner="olivia", secure=True).allowed
+    refused = decide(OPERATOR, rule, ["t1"], owner="bob", secure=True)
+    assert not refused.allowed and "tasks" in refused.reason
+    assert decide(ADMIN, rule, ["t1"], owner="bob", secure=True).allowed
+
+
 def test_subjects_are_found_at_their_paths_in_requests() -> None:
     frame = pb.apiary_pb2.SendFrame()
     for producer in ("alice", "", "bob"):

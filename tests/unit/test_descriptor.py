@@ -168,6 +168,7 @@ def test_bad_modalities(bad: str) -> None:
 def test_at_least_one_connector_is_required() -> None:
     error = field_of(descriptor(reasoning_connectors=()))
     assert error.details == {"field": "agent.reasoning_connectors"}
+    assert "add a reasoning connector such as 'builtin://rules'" in error.message
 
 
 @pytest.mark.parametrize(

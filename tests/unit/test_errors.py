@@ -69,6 +69,7 @@ EXPECTED_TABLE = {
     "ALREADY_COMPLETED": ("FAILED_PRECONDITION", 409),
     "TOOL_FAILED": ("UNKNOWN", 502),
     "already_exists": ("ALREADY_EXISTS", 409),
+    "task_id_conflict": ("ALREADY_EXISTS", 409),
     "deadline_exceeded": ("DEADLINE_EXCEEDED", 504),
     "unavailable": ("UNAVAILABLE", 503),
     "quota_exceeded": ("RESOURCE_EXHAUSTED", 429),

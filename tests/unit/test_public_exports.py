@@ -28,6 +28,11 @@ PINNED = {
     "Rejected": "apiary.sdk.agent",
     "SchedulerClient": "apiary.sdk.scheduler",
     "TaskContext": "apiary.sdk.tasks",
+    "TaskFailedError": "apiary.sdk.errors",
+    "TaskHandle": "apiary.sdk.task_handle",
+    "TaskHeldError": "apiary.sdk.errors",
+    "TaskStatus": "apiary.sdk.task_handle",
+    "TaskTimeoutError": "apiary.sdk.errors",
     "Workspace": "apiary.sdk.workspace",
     "current_task": "apiary.sdk.tasks",
 }

@@ -2601,7 +2601,10 @@ Global___AgentControlResponse: _TypeAlias = AgentControlResponse  # noqa: Y015
 
 @_typing.final
 class TaskView(_message.Message):
-    """---- Scheduler tasks (RFC 7, 9): the reads SchedulerService lacks ----"""
+    """---- Scheduler tasks (RFC 7, 9): what SchedulerService lacks ----
+    Submissions that answer with their task, results back to the submitter, waits and a watch
+    of the submitter's tasks, and the reads (docs/scheduler.md, "Results").
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -2622,6 +2625,9 @@ class TaskView(_message.Message):
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
     PARAMS_SIZE_FIELD_NUMBER: _builtins.int
     PARAMS_FIELD_NUMBER: _builtins.int
+    SUBMITTER_FIELD_NUMBER: _builtins.int
+    RESULT_JSON_FIELD_NUMBER: _builtins.int
+    RESULT_SIZE_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     agent_id: _builtins.str
     priority: _builtins.int
@@ -2645,6 +2651,12 @@ class TaskView(_message.Message):
     params_size: _builtins.int
     params: _builtins.bytes
     """GetTask only"""
+    submitter: _builtins.str
+    """who submitted it: WaitTask and WatchTasks are its"""
+    result_json: _builtins.str
+    """COMPLETED: what the agent returned, JSON ("" none); not in ListTasks"""
+    result_size: _builtins.int
+    """bytes of result_json (ListTasks too)"""
     @_builtins.property
     def submitted_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -2669,10 +2681,13 @@ class TaskView(_message.Message):
         content_type: _builtins.str = ...,
         params_size: _builtins.int = ...,
         params: _builtins.bytes = ...,
+        submitter: _builtins.str = ...,
+        result_json: _builtins.str = ...,
+        result_size: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["submitted_at", b"submitted_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "content_type", b"content_type", "correlation_id", b"correlation_id", "error_code", b"error_code", "lane", b"lane", "message_id", b"message_id", "note", b"note", "params", b"params", "params_size", b"params_size", "priority", b"priority", "scope", b"scope", "seq", b"seq", "state", b"state", "submitted_at", b"submitted_at", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "content_type", b"content_type", "correlation_id", b"correlation_id", "error_code", b"error_code", "lane", b"lane", "message_id", b"message_id", "note", b"note", "params", b"params", "params_size", b"params_size", "priority", b"priority", "result_json", b"result_json", "result_size", b"result_size", "scope", b"scope", "seq", b"seq", "state", b"state", "submitted_at", b"submitted_at", "submitter", b"submitter", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2773,6 +2788,144 @@ class CancelTaskRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelTaskRequest: _TypeAlias = CancelTaskRequest  # noqa: Y015
+
+@_typing.final
+class SubmitTaskReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """false: the task_id named a task submitted before"""
+    reason: _builtins.str
+    """where it stands: dispatched, queued behind ..., held ..."""
+    @_builtins.property
+    def task(self) -> Global___TaskView:
+        """the task as it stands (state HELD: note says why)"""
+
+    def __init__(
+        self,
+        *,
+        task: Global___TaskView | None = ...,
+        created: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["task", b"task"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "reason", b"reason", "task", b"task"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitTaskReply: _TypeAlias = SubmitTaskReply  # noqa: Y015
+
+@_typing.final
+class WaitTaskRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    timeout_ms: _builtins.int
+    """0: until the call's deadline (or the task ends)"""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_id", b"task_id", "timeout_ms", b"timeout_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WaitTaskRequest: _TypeAlias = WaitTaskRequest  # noqa: Y015
+
+@_typing.final
+class WatchTasksRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMITTER_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    submitter: _builtins.str
+    """"": the caller's own tasks"""
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """only these (the stream ends once all have ended)"""
+
+    def __init__(
+        self,
+        *,
+        submitter: _builtins.str = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["submitter", b"submitter", "task_ids", b"task_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchTasksRequest: _TypeAlias = WatchTasksRequest  # noqa: Y015
+
+@_typing.final
+class CompleteTaskRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    RESULT_JSON_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    agent_id: _builtins.str
+    """the agent the task was dispatched to"""
+    result_json: _builtins.str
+    """COMPLETED with this JSON value (at most [limits] task_result_bytes)"""
+    error_code: _builtins.str
+    """set: FAILED with this code and message instead"""
+    message: _builtins.str
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        agent_id: _builtins.str = ...,
+        result_json: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+        message: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "error_code", b"error_code", "message", b"message", "result_json", b"result_json", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteTaskRequest: _TypeAlias = CompleteTaskRequest  # noqa: Y015
+
+@_typing.final
+class CompleteTaskResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    STATE_FIELD_NUMBER: _builtins.int
+    ERROR_CODE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    state: _builtins.str
+    error_code: _builtins.str
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        state: _builtins.str = ...,
+        error_code: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error_code", b"error_code", "state", b"state", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompleteTaskResponse: _TypeAlias = CompleteTaskResponse  # noqa: Y015
 
 @_typing.final
 class WorkflowSummary(_message.Message):

@@ -5,6 +5,7 @@ import grpc
 import warnings
 
 from . import apiary_pb2 as apiary__pb2
+from . import scheduler_pb2 as scheduler__pb2
 from . import workflow_pb2 as workflow__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -2012,6 +2013,26 @@ class TaskQueryServiceStub:
                 request_serializer=apiary__pb2.CancelTaskRequest.SerializeToString,
                 response_deserializer=apiary__pb2.TaskView.FromString,
                 _registered_method=True)
+        self.SubmitTask = channel.unary_unary(
+                '/apiary.v1.TaskQueryService/SubmitTask',
+                request_serializer=scheduler__pb2.SubmitTaskRequest.SerializeToString,
+                response_deserializer=apiary__pb2.SubmitTaskReply.FromString,
+                _registered_method=True)
+        self.WaitTask = channel.unary_unary(
+                '/apiary.v1.TaskQueryService/WaitTask',
+                request_serializer=apiary__pb2.WaitTaskRequest.SerializeToString,
+                response_deserializer=apiary__pb2.TaskView.FromString,
+                _registered_method=True)
+        self.WatchTasks = channel.unary_stream(
+                '/apiary.v1.TaskQueryService/WatchTasks',
+                request_serializer=apiary__pb2.WatchTasksRequest.SerializeToString,
+                response_deserializer=apiary__pb2.TaskView.FromString,
+                _registered_method=True)
+        self.CompleteTask = channel.unary_unary(
+                '/apiary.v1.TaskQueryService/CompleteTask',
+                request_serializer=apiary__pb2.CompleteTaskRequest.SerializeToString,
+                response_deserializer=apiary__pb2.CompleteTaskResponse.FromString,
+                _registered_method=True)
 
 
 class TaskQueryServiceServicer:
@@ -2037,6 +2058,41 @@ class TaskQueryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SubmitTask(self, request, context):
+        """SchedulerService.SubmitTask that answers with the task: task_id may be empty (the
+        coordinator assigns one); a task_id given before is an idempotency key (the same content:
+        that task, created=false; other content: error task_id_conflict). A refusal is an error
+        (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WaitTask(self, request, context):
+        """The task once it has ended (COMPLETED or FAILED), or as it stands when timeout_ms or the
+        call's deadline passes first. Its submitter's, or an operator's with the tasks role.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchTasks(self, request, context):
+        """The submitter's tasks as they change: first each one not ended (or each of task_ids as it
+        stands), then every change once stored (a slow reader gets each task's latest state).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteTask(self, request, context):
+        """The agent's outcome of a task dispatched to it, for results too large for an ACK's note
+        (an ACK carries at most 4 KB). A result past task_result_bytes fails the task
+        (oversize_payload) and the call answers oversize_payload.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TaskQueryServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -2054,6 +2110,26 @@ def add_TaskQueryServiceServicer_to_server(servicer, server):
                     servicer.CancelTask,
                     request_deserializer=apiary__pb2.CancelTaskRequest.FromString,
                     response_serializer=apiary__pb2.TaskView.SerializeToString,
+            ),
+            'SubmitTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitTask,
+                    request_deserializer=scheduler__pb2.SubmitTaskRequest.FromString,
+                    response_serializer=apiary__pb2.SubmitTaskReply.SerializeToString,
+            ),
+            'WaitTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.WaitTask,
+                    request_deserializer=apiary__pb2.WaitTaskRequest.FromString,
+                    response_serializer=apiary__pb2.TaskView.SerializeToString,
+            ),
+            'WatchTasks': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchTasks,
+                    request_deserializer=apiary__pb2.WatchTasksRequest.FromString,
+                    response_serializer=apiary__pb2.TaskView.SerializeToString,
+            ),
+            'CompleteTask': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteTask,
+                    request_deserializer=apiary__pb2.CompleteTaskRequest.FromString,
+                    response_serializer=apiary__pb2.CompleteTaskResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -2137,6 +2213,114 @@ class TaskQueryService:
             '/apiary.v1.TaskQueryService/CancelTask',
             apiary__pb2.CancelTaskRequest.SerializeToString,
             apiary__pb2.TaskView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.TaskQueryService/SubmitTask',
+            scheduler__pb2.SubmitTaskRequest.SerializeToString,
+            apiary__pb2.SubmitTaskReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WaitTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.TaskQueryService/WaitTask',
+            apiary__pb2.WaitTaskRequest.SerializeToString,
+            apiary__pb2.TaskView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/apiary.v1.TaskQueryService/WatchTasks',
+            apiary__pb2.WatchTasksRequest.SerializeToString,
+            apiary__pb2.TaskView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteTask(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.TaskQueryService/CompleteTask',
+            apiary__pb2.CompleteTaskRequest.SerializeToString,
+            apiary__pb2.CompleteTaskResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -11,6 +11,7 @@ from grpc import aio as _aio
 import abc as _abc_1
 from . import apiary_pb2 as _apiary_pb2
 import grpc as _grpc
+from . import scheduler_pb2 as _scheduler_pb2
 import sys
 import typing as _typing
 from . import workflow_pb2 as _workflow_pb2
@@ -575,6 +576,25 @@ class TaskQueryServiceStub:
     """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
     HITL operators configured it takes an operator's token (authorization: Bearer ...).
     """
+    SubmitTask: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SubmitTaskRequest, _apiary_pb2.SubmitTaskReply]
+    """SchedulerService.SubmitTask that answers with the task: task_id may be empty (the
+    coordinator assigns one); a task_id given before is an idempotency key (the same content:
+    that task, created=false; other content: error task_id_conflict). A refusal is an error
+    (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
+    """
+    WaitTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.WaitTaskRequest, _apiary_pb2.TaskView]
+    """The task once it has ended (COMPLETED or FAILED), or as it stands when timeout_ms or the
+    call's deadline passes first. Its submitter's, or an operator's with the tasks role.
+    """
+    WatchTasks: _grpc.UnaryStreamMultiCallable[_apiary_pb2.WatchTasksRequest, _apiary_pb2.TaskView]
+    """The submitter's tasks as they change: first each one not ended (or each of task_ids as it
+    stands), then every change once stored (a slow reader gets each task's latest state).
+    """
+    CompleteTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.CompleteTaskRequest, _apiary_pb2.CompleteTaskResponse]
+    """The agent's outcome of a task dispatched to it, for results too large for an ACK's note
+    (an ACK carries at most 4 KB). A result past task_result_bytes fails the task
+    (oversize_payload) and the call answers oversize_payload.
+    """
 
 @_typing.type_check_only
 class TaskQueryServiceAsyncStub(TaskQueryServiceStub):
@@ -584,6 +604,25 @@ class TaskQueryServiceAsyncStub(TaskQueryServiceStub):
     CancelTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.CancelTaskRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
     """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
     HITL operators configured it takes an operator's token (authorization: Bearer ...).
+    """
+    SubmitTask: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SubmitTaskRequest, _apiary_pb2.SubmitTaskReply]  # type: ignore[assignment]
+    """SchedulerService.SubmitTask that answers with the task: task_id may be empty (the
+    coordinator assigns one); a task_id given before is an idempotency key (the same content:
+    that task, created=false; other content: error task_id_conflict). A refusal is an error
+    (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
+    """
+    WaitTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.WaitTaskRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
+    """The task once it has ended (COMPLETED or FAILED), or as it stands when timeout_ms or the
+    call's deadline passes first. Its submitter's, or an operator's with the tasks role.
+    """
+    WatchTasks: _aio.UnaryStreamMultiCallable[_apiary_pb2.WatchTasksRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
+    """The submitter's tasks as they change: first each one not ended (or each of task_ids as it
+    stands), then every change once stored (a slow reader gets each task's latest state).
+    """
+    CompleteTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.CompleteTaskRequest, _apiary_pb2.CompleteTaskResponse]  # type: ignore[assignment]
+    """The agent's outcome of a task dispatched to it, for results too large for an ACK's note
+    (an ACK carries at most 4 KB). A result past task_result_bytes fails the task
+    (oversize_payload) and the call answers oversize_payload.
     """
 
 class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -609,6 +648,49 @@ class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_apiary_pb2.TaskView, _abc.Awaitable[_apiary_pb2.TaskView]]:
         """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
         HITL operators configured it takes an operator's token (authorization: Bearer ...).
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitTask(
+        self,
+        request: _scheduler_pb2.SubmitTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.SubmitTaskReply, _abc.Awaitable[_apiary_pb2.SubmitTaskReply]]:
+        """SchedulerService.SubmitTask that answers with the task: task_id may be empty (the
+        coordinator assigns one); a task_id given before is an idempotency key (the same content:
+        that task, created=false; other content: error task_id_conflict). A refusal is an error
+        (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
+        """
+
+    @_abc_1.abstractmethod
+    def WaitTask(
+        self,
+        request: _apiary_pb2.WaitTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.TaskView, _abc.Awaitable[_apiary_pb2.TaskView]]:
+        """The task once it has ended (COMPLETED or FAILED), or as it stands when timeout_ms or the
+        call's deadline passes first. Its submitter's, or an operator's with the tasks role.
+        """
+
+    @_abc_1.abstractmethod
+    def WatchTasks(
+        self,
+        request: _apiary_pb2.WatchTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_apiary_pb2.TaskView], _abc.AsyncIterator[_apiary_pb2.TaskView]]:
+        """The submitter's tasks as they change: first each one not ended (or each of task_ids as it
+        stands), then every change once stored (a slow reader gets each task's latest state).
+        """
+
+    @_abc_1.abstractmethod
+    def CompleteTask(
+        self,
+        request: _apiary_pb2.CompleteTaskRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.CompleteTaskResponse, _abc.Awaitable[_apiary_pb2.CompleteTaskResponse]]:
+        """The agent's outcome of a task dispatched to it, for results too large for an ACK's note
+        (an ACK carries at most 4 KB). A result past task_result_bytes fails the task
+        (oversize_payload) and the call answers oversize_payload.
         """
 
 def add_TaskQueryServiceServicer_to_server(servicer: TaskQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -143,7 +143,8 @@ def keygen(
     try:
         key = write_signing_key(path, overwrite=force)
     except ApiaryError as exc:
-        typer.echo(f"apiary agent keygen: {exc.message} (--force to replace it)", err=True)
+        hint = " (--force to replace it)" if path.exists() else ""
+        typer.echo(f"apiary agent keygen: {exc.message}{hint}", err=True)
         raise typer.Exit(2) from None
     typer.echo(public_key_text(key))
 

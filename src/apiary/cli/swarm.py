@@ -97,11 +97,17 @@ def init(
         "", "--bridge-agent", help="Local agent for messages naming none (in a coordinator)"
     ),
     force: bool = typer.Option(False, "--force", help="Start over: new key, empty state"),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        help="Local development: a plain http:// endpoint on a loopback "
+        "address (http://127.0.0.1:PORT/swarm), and loopback http:// peers",
+    ),
     home: Path | None = HOME,
 ) -> None:
     """Create a swarm home: identity key, configuration and empty state."""
     config = NodeConfig(agent_id, endpoint.rstrip("/"), str(ca.resolve()) if ca else "", store,
-                        wake, bridge_agent)  # fmt: skip
+                        wake, bridge_agent, insecure)  # fmt: skip
     place = SwarmHome(home)
     identity = _guard(lambda: place.init(config, force=force))
     typer.echo(f"agent {agent_id} at {config.endpoint}")
@@ -470,14 +476,24 @@ def import_command(
 @app.command()
 def serve(
     listen: str = typer.Option("127.0.0.1:8443", "--listen", help="HOST:PORT to serve HTTPS on"),
-    cert: Path = typer.Option(..., "--cert", help="TLS certificate chain (PEM)"),
-    key: Path = typer.Option(..., "--key", help="TLS private key (PEM)"),
+    cert: Path | None = typer.Option(None, "--cert", help="TLS certificate chain (PEM)"),
+    key: Path | None = typer.Option(None, "--key", help="TLS private key (PEM)"),
     wake: str = typer.Option("", "--wake", help="Command run per message [node.json's]"),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        help="Without --cert and --key: serve plain HTTP, on a loopback "
+        "address only (local development; the home made with swarm init --insecure)",
+    ),
     home: Path | None = HOME,
 ) -> None:
     """Serve /swarm/message, /join, /health and /info over HTTPS until SIGTERM or SIGINT."""
+    if bool(cert) != bool(key) or (cert is None and not insecure):
+        raise _fail("--cert and --key are both required (or --insecure, without them, to "
+                    "serve plain HTTP on a loopback address for local development)", 2)  # fmt: skip
     place = SwarmHome(home)
-    settings = PeerSettings(place.path, listen, str(cert), str(key), wake=wake)
+    settings = PeerSettings(place.path, listen, str(cert or ""), str(key or ""), wake=wake,
+                            insecure=insecure)  # fmt: skip
 
     async def run() -> None:
         stop = asyncio.Event()

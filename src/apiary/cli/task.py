@@ -1,11 +1,13 @@
-"""`apiary task submit|list|show|cancel|preempt`: Scheduler tasks (RFC 7, 9)."""
+"""`apiary task submit|wait|status|list|show|cancel|preempt`: Scheduler tasks (RFC 7, 9),
+submitted through TaskQueryService.SubmitTask, whose handle gives the result back
+(`--wait`, `apiary task wait`)."""
 
 from __future__ import annotations
 
 import base64
 import json
-import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,7 +17,10 @@ from rich.table import Table
 
 from apiary.cli.calls import COORDINATOR, run_client
 from apiary.cli.output import console_for_output, stamp_text
+from apiary.core.tasks.result import decode_result
 from apiary.sdk.client import Client
+from apiary.sdk.errors import TaskFailedError, TaskHeldError, TaskTimeoutError
+from apiary.sdk.task_handle import TaskHandle, TaskStatus
 from apiary.wire import pb
 
 app = typer.Typer(help="Submit, list and inspect Scheduler tasks (RFC 7, 9).", no_args_is_help=True)
@@ -35,8 +40,11 @@ def task_doc(view: a.TaskView, *, params: bool = False) -> dict[str, Any]:
         view, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
     )
     doc.pop("params", None)
-    for key in ("seq", "params_size"):  # 64-bit integers are strings in proto3 JSON
+    for key in ("seq", "params_size", "result_size"):  # 64-bit integers are strings in JSON
         doc[key] = int(doc.get(key, 0))
+    text = doc.pop("result_json", "")
+    if text:
+        doc["result"] = decode_result(text)
     if params:
         data = bytes(view.params)
         try:
@@ -61,6 +69,40 @@ def _table(views: list[a.TaskView]) -> None:
     console_for_output().print(table)
 
 
+WAIT_TIMEOUT = typer.Option(
+    None, "--timeout", min=0, help="Seconds to wait at most (default: until it ends)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Waited:
+    """How a wait for a task's result ended: its value, or why there is none."""
+
+    task_id: str
+    value: Any = None
+    failure: str = ""
+    """Set: the line to print instead of a value."""
+
+
+async def _wait(handle: TaskHandle, timeout: float | None) -> _Waited:  # noqa: ASYNC109
+    try:
+        return _Waited(handle.task_id, await handle.result(timeout=timeout))
+    except TaskFailedError as exc:
+        return _Waited(handle.task_id, failure=f"failed: {exc.error_code}: {exc.message}")
+    except TaskHeldError as exc:
+        return _Waited(handle.task_id, failure=f"still HELD: {exc.reason}")
+    except TaskTimeoutError as exc:
+        return _Waited(handle.task_id, failure=f"still {exc.state} after {timeout} s")
+
+
+def _print_result(waited: _Waited) -> None:
+    """The result as JSON on stdout; a failure or timeout on stderr, exit 1."""
+    if waited.failure:
+        typer.echo(f"apiary task: task {waited.task_id} {waited.failure}", err=True)
+        raise typer.Exit(1)
+    typer.echo(json.dumps(waited.value))
+
+
 @app.command()
 def submit(
     agent_id: str = typer.Argument(..., help="The agent that runs it"),
@@ -71,10 +113,16 @@ def submit(
     ),
     content_type: str = typer.Option("", "--content-type", help="Default application/json"),
     priority: int = typer.Option(0, "--priority", help="-19 (most urgent) to 20"),
-    task_id: str = typer.Option("", "--id", help="Default: a new UUID"),
+    task_id: str = typer.Option(
+        "", "--id", help="Default: one the coordinator assigns. Submitting the same task under "
+        "its id again is that task; other content under it is refused (task_id_conflict)"
+    ),
+    wait: bool = typer.Option(False, "--wait", help="Wait for the result and print it as JSON"),
+    timeout: float | None = WAIT_TIMEOUT,
     grpc_address: str = COORDINATOR,
-) -> None:
-    """Submit a task; prints its id (exit 1 when refused, with the reason)."""
+) -> None:  # fmt: skip
+    """Submit a task; prints its id, or with --wait its result (exit 1 when refused, failed
+    or still not ended after --timeout, with the reason)."""
     data = params_file.read_bytes() if params_file is not None else params.encode()
     kind = content_type or ("application/json" if data else "")
     if kind.endswith("json") and data:
@@ -83,17 +131,45 @@ def submit(
         except ValueError as exc:
             typer.echo(f"apiary task: --params is not JSON: {exc}", err=True)
             raise typer.Exit(2) from None
-    chosen = task_id or str(uuid.uuid4())
-    request = s.SubmitTaskRequest(
-        agent_id=agent_id, task_id=chosen, priority=priority, params=data,
-        content_type=kind, scope=scope,
-    )  # fmt: skip
-    reply = _run(grpc_address, lambda c: c.scheduler.SubmitTask(request))
-    if not reply.accepted:
-        typer.echo(f"apiary task: not accepted: {reply.reason}", err=True)
-        raise typer.Exit(1)
-    typer.echo(chosen)
-    typer.echo(reply.reason, err=True)
+
+    async def go(c: Client) -> tuple[TaskHandle, _Waited | None]:
+        handle = await c.submit_task(
+            agent_id, data, scope=scope, task_id=task_id, priority=priority, content_type=kind
+        )
+        return handle, await _wait(handle, timeout) if wait else None
+
+    handle, waited = _run(grpc_address, go)
+    submitted = handle.submitted
+    where = f"{submitted.state}: {handle.reason}" if submitted else handle.reason
+    again = "" if handle.created else " (submitted before)"
+    if waited is None:
+        typer.echo(handle.task_id)
+        typer.echo(f"{where}{again}", err=True)
+        return
+    typer.echo(f"task {handle.task_id}{again}: {where}", err=True)
+    _print_result(waited)
+
+
+@app.command("wait")
+def wait_task(
+    task_id: str = typer.Argument(..., help="The task's id"),
+    timeout: float | None = WAIT_TIMEOUT,
+    grpc_address: str = COORDINATOR,
+) -> None:
+    """Wait for a task's result and print it as JSON (exit 1 when it failed or has not
+    ended after --timeout, with the reason: its error, or why it is HELD)."""
+    _print_result(_run(grpc_address, lambda c: _wait(c.task(task_id), timeout)))
+
+
+@app.command()
+def status(
+    task_id: str = typer.Argument(..., help="The task's id"), grpc_address: str = COORDINATOR
+) -> None:
+    """Where a task stands, in one line: its state and why (a HELD task's HITL invocation
+    and the job it duplicates)."""
+    found: TaskStatus = _run(grpc_address, lambda c: c.task(task_id).status())
+    why = f": {found.reason}" if found.reason else ""
+    typer.echo(f"{found.task_id} {found.state}{why}")
 
 
 @app.command("list")

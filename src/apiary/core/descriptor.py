@@ -28,6 +28,15 @@ DEFAULT_CLASS: Final = "STANDARD"
 """What COMM_CLASS_UNSPECIFIED means: proto3 sends 0 for an unset enum, so an agent that said
 nothing gets the ordinary lane rather than a refusal or the urgent lane."""
 
+BUILTIN_CONNECTOR: Final = "builtin://rules"
+"""The connector naming Apiary's built-in rule-based Inference Engine (engine/inference.py),
+what an agent with no engine of its own declares."""
+MISSING_CONNECTOR: Final = (
+    "at least one Inference Engine connector is required (RFC 14); add a reasoning connector "
+    f"such as {BUILTIN_CONNECTOR!r} (the built-in rule engine) or the URI of your own engine "
+    "(https://..., grpc://host:port) to reasoning_connectors"
+)
+
 # RFC 3986 section 3.1: scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." ), then ':' and
 # something. The rest is only required to be non-empty and free of whitespace and controls.
 _URI: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:\S+")
@@ -158,15 +167,13 @@ def _check_capabilities(capabilities: tuple[str, ...]) -> None:
 def _check_connectors(connectors: tuple[str, ...]) -> None:
     field = "agent.reasoning_connectors"
     if not connectors:
-        raise ValidationError.for_field(
-            field, "at least one Inference Engine connector is required (RFC 14)"
-        )
+        raise ValidationError.for_field(field, MISSING_CONNECTOR)
     for index, connector in enumerate(connectors):
         if _URI.fullmatch(connector) is None or not connector.isprintable():
             raise _element_error(
                 field,
                 index,
-                f"must be a URI with a scheme such as builtin://rules, got {connector[:80]!r}",
+                f"must be a URI with a scheme such as {BUILTIN_CONNECTOR}, got {connector[:80]!r}",
             )
 
 

@@ -107,6 +107,9 @@ class Limits:
     document_bytes: int = 1 * MIB
     """JSON text fields (`*_json`, workflow_data, tool schemas) and other structured text
     (task scopes, debate proposals)."""
+    task_result_bytes: int = 1 * MIB
+    """A task's result (`result_json`): the JSON value an agent returns for its submitter
+    (a larger one fails the task with oversize_payload)."""
     json_depth: int = 64
     """Nesting of arrays and objects in any JSON a client sends (payloads included)."""
     clock_skew_s: float = 3600.0
@@ -235,10 +238,12 @@ _BY_NAME: Final[Mapping[str, str]] = {
         ),
         "document_bytes",
     ),
+    "result_json": "task_result_bytes",
 }
 _CHARSET: Final[Mapping[str, str]] = {
     "text_bytes": TEXT,
     "document_bytes": TEXT,
+    "task_result_bytes": TEXT,
 }
 
 

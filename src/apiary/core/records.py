@@ -320,6 +320,8 @@ class TaskRecord:
     envelope of the current (last) dispatch and `attempts` how many dispatches there were.
     `state` changes only through the task machine (core/tasks/machine.py); `error_code` and
     `note` say why it failed or what happened last (yielded, terminated, held for ...).
+    `submitter` is who submitted it (WaitTask and WatchTasks are its) and `result` what its
+    agent returned, as JSON text (core/tasks/result.py).
     A `value` record (core/value.py): it is built several times over each task's run.
     """
 
@@ -346,6 +348,11 @@ class TaskRecord:
     correlation_id: str = ""
     """The correlation id of the envelopes the task causes (`flow_id`): '' for the task_id;
     a workflow's node tasks carry the workflow id."""
+    submitter: str = ""
+    """The submitting principal's name (an anonymous caller's `apiary-submitter`); '' when
+    not known."""
+    result: str = ""
+    """The outcome of a COMPLETED task as JSON text; '' when it has none."""
 
     @property
     def flow_id(self) -> str:

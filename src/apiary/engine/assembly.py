@@ -131,7 +131,7 @@ def build_engine(
         store.tasks, router, registry, events, clock, runtime.ids, hitl, activity,
         scheduler_settings, resources=resources,
         inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
-        worktrees=worktrees, on_negotiation=negotiations.on_envelope,
+        worktrees=worktrees, on_negotiation=negotiations.on_envelope, sleep=runtime.sleep,
     )  # fmt: skip
     delivery = Delivery(
         router, registry, store.messages, events, scheduler.agent_ready, presence.connected

@@ -18,7 +18,7 @@ from apiary.core.records import DlqEntry, DlqFilter, StoredMessage
 from apiary.core.signatures import split_origin
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.eventlog import EventRecorder
-from apiary.errors import AlreadyCompletedError, ApiaryError, NotFoundError
+from apiary.errors import AlreadyCompletedError, NotFoundError
 from apiary.store.protocols import DlqStore
 
 EXCERPT_BYTES = 512
@@ -62,29 +62,9 @@ class DeadLetters:
         self._codec = codec
         self._clock = clock
 
-    async def reject(
-        self, env: Envelope, recipient: str, error: ApiaryError, now: float, *,
-        raw: bytes = b"", signature: bytes = b"",
-    ) -> None:  # fmt: skip
-        """An envelope refused at admission because it can never succeed; `raw`, the bytes
-        it came as, are kept with the `signature` that came with them (checked again if it
-        is ever requeued)."""
-        attempt = {"at": now, "what": "rejected at admission", "reason": error.message}
-        await self._add(
-            DlqEntry(
-                entry_id=0, message_id=env.message_id, producer_id=env.producer_id,
-                recipient=recipient, correlation_id=env.correlation_id,
-                message_type=int(env.message_type), error_code=error.code,
-                reason=error.message, created_at=now, failed_at=now,
-                content_type=env.content_type, payload_size=len(env.payload),
-                envelope=raw or self._codec.encode(env), attempts=(attempt,),
-                route=f"{env.producer_id} -> coordinator -> {recipient or '(unresolved)'}",
-                signature=signature if raw else b"",
-            )
-        )  # fmt: skip
-
     async def failed(self, message: StoredMessage, code: str, note: str, now: float) -> None:
-        """An admitted message that ended in a terminal error."""
+        """An admitted message that ended in a terminal error: the only way into the DLQ (an
+        envelope refused at admission was never the router's; engine/router/rejections.py)."""
         env = self._codec.decode(message.envelope)
         await self._add(
             DlqEntry(

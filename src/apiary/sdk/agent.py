@@ -61,6 +61,7 @@ from google.protobuf.duration_pb2 import Duration
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.errors import (
     ApiaryError,
+    NoRouteError,
     OversizePayloadError,
     PermissionDeniedError,
     UnsupportedMessageTypeError,
@@ -145,12 +146,25 @@ class Message:
         *,
         message_type: MessageType = MessageType.DATA,
         content_type: str = JSON,
-    ) -> Envelope:
-        """Send `body` back to the producer, in the same correlation."""
-        return await self.agent.send(
-            self.producer_id, body, message_type=message_type, content_type=content_type,
-            correlation_id=self.correlation_id,
-        )  # fmt: skip
+    ) -> Envelope | None:
+        """Send `body` back to the producer, in the same correlation; returns the reply.
+
+        A producer that is not a registered agent has no inbox to answer to (`apiary send`
+        without --wait, an application's one-way send, an agent gone since): the coordinator
+        refuses the reply with no_route, which is logged here and returns None, so that the
+        handler goes on and its message is not failed for it (docs/decisions.md)."""
+        try:
+            return await self.agent.send(
+                self.producer_id, body, message_type=message_type, content_type=content_type,
+                correlation_id=self.correlation_id,
+            )  # fmt: skip
+        except NoRouteError as exc:
+            log.warning(
+                "%s: the reply to %s in %s is not delivered: %s is not a registered agent (%s)",
+                self.agent.agent_id, self.envelope.message_id, self.correlation_id,
+                self.producer_id, exc.message,
+            )  # fmt: skip
+            return None
 
 
 MessageHandlerFn = Callable[[Message], Awaitable[object]]

@@ -10,6 +10,12 @@ types, so type checkers follow every call), wrapped so that a failed call raises
 `apiary.errors` exception for its protocol error code instead of a raw gRPC error: awaiting a
 unary call and iterating a streaming one both translate. Request and response messages come
 from `apiary.wire.pb` (the generated modules of the canonical and apiary.v1 protos).
+
+`submit_task` submits a Scheduler task and returns its handle, whose `result()` is what the
+agent returned (sdk/task_handle.py):
+
+    handle = await client.submit_task("coder-1", {"fix": "bug-7"}, scope="repo:app")
+    value = await handle.result(timeout=60)
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 
-from apiary.sdk import errors
+from apiary.sdk import errors, task_handle
 from apiary.sdk.channel import ClientTls, open_channel
 from apiary.sdk.credentials import ClientCredentials
+from apiary.sdk.task_handle import TaskHandle
 from apiary.wire import pb
 
 if TYPE_CHECKING:
@@ -117,6 +124,7 @@ class Client:
     ) -> None:
         self._owned = isinstance(target, str)
         self.channel = open_channel(target, tls, credentials) if isinstance(target, str) else target
+        self.agent_id = agent_id
         pairs = dict(metadata or {})
         if agent_id:
             pairs[AGENT_KEY] = agent_id
@@ -135,6 +143,35 @@ class Client:
         """Close the channel when this client opened it."""
         if self._owned:
             await self.channel.close()
+
+    async def submit_task(
+        self,
+        agent_id: str,
+        params: bytes | Any = b"",
+        *,
+        scope: str,
+        task_id: str = "",
+        priority: int = 0,
+        content_type: str | None = None,
+        submitter: str | None = None,
+    ) -> TaskHandle:
+        """Submit a task for `agent_id` and return its handle (TaskQueryService.SubmitTask).
+        Bytes params go as they are, anything else as JSON. Without `task_id` the
+        coordinator assigns one (`handle.task_id`); with one, the same submission again is
+        the same task (`handle.created` false) and other content under it raises
+        TaskIdConflictError. Refusals raise (DuplicateDetectedError, BufferFullError, ...);
+        a duplicate job held for a HITL authorization is a HELD task (`handle.status()`).
+        `submitter` (default: this client's agent_id) names the submitting agent of an
+        anonymous caller in dev mode; an authenticated caller submits as itself."""
+        return await task_handle.submit_task(
+            self, agent_id, params, scope=scope, task_id=task_id, priority=priority,
+            content_type=content_type, submitter=self.agent_id if submitter is None else submitter,
+        )  # fmt: skip
+
+    def task(self, task_id: str) -> TaskHandle:
+        """A handle of the task `task_id`, submitted earlier (by this caller: WaitTask and
+        CancelTask are its submitter's, or a `tasks` operator's)."""
+        return TaskHandle(self, task_id, created=False)
 
     def _stub(self, name: str, factory: Callable[[grpc.aio.Channel], Any]) -> Any:
         stub = self._stubs.get(name)
@@ -319,7 +356,8 @@ class Client:
 
     @property
     def task_query(self) -> apiary_pb2_grpc.TaskQueryServiceAsyncStub:
-        """apiary.v1.TaskQueryService: list and read Scheduler tasks."""
+        """apiary.v1.TaskQueryService: submit with a handle, wait for and watch results,
+        list, read and cancel Scheduler tasks."""
         stub = self._stub("task_query", pb.apiary_pb2_grpc.TaskQueryServiceStub)
         return cast("apiary_pb2_grpc.TaskQueryServiceAsyncStub", stub)
 

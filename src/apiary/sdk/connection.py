@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
@@ -65,6 +65,11 @@ class Delivery:
     notice: bool = False
     """A coordinator notice (NOTIFICATION from `coordinator`): informational, already
     settled on hand-out, so it is not acknowledged."""
+    batch_end: bool = True
+    """The last delivery of the batch it came in: nothing else had arrived behind it. A
+    reader that stops at some delivery reads to the end of its batch first: the coordinator
+    hands forwarded ACKs out ahead of stored messages in a batch, so a reply sent before the
+    ACK that ends a request may follow that ACK within its batch (sdk/outcome.py)."""
 
 
 class Connection:
@@ -351,7 +356,7 @@ class Connection:
 
     # ------------------------------------------------------------------ receiving
 
-    async def deliveries(self, *, reconnect: bool = False) -> AsyncIterator[Delivery]:
+    async def deliveries(self, *, reconnect: bool = False) -> AsyncGenerator[Delivery, None]:
         """Inbound deliveries in order, resuming after `last_offset` on every (re)connect.
 
         Heartbeats are answered and join/leave notices applied here, not yielded. With
@@ -382,7 +387,8 @@ class Connection:
         call = stub.Inbound(request)
         try:
             async for batch in errors.stream(call.__aiter__()):
-                for item in batch.deliveries:
+                last = _last_handed_on(batch.deliveries)
+                for index, item in enumerate(batch.deliveries):
                     self.last_offset = max(self.last_offset, item.offset)
                     env = envelope_from_proto(item.msg)
                     if self._verify and not await self._authentic(item, env):
@@ -392,7 +398,9 @@ class Connection:
                     notice = _is_notice(env)
                     if env.message_type is not MessageType.ACKNOWLEDGEMENT and not notice:
                         self._unacked[env.message_id] = item.offset
-                    yield Delivery(env, item.offset, item.attempt, item.urgent, notice)
+                    yield Delivery(
+                        env, item.offset, item.attempt, item.urgent, notice, index >= last
+                    )
         finally:
             # Closing the deliveries ends the stream on the coordinator now, not when the
             # call is collected: the inbox is free for the next stream at once.
@@ -490,6 +498,26 @@ task deferrals, ...) are delivered, marked as notices."""
 
 def _is_notice(env: Envelope) -> bool:
     return env.message_type is MessageType.NOTIFICATION and env.producer_id == "coordinator"
+
+
+def _last_handed_on(items: Sequence[pb.apiary_pb2.Delivery]) -> int:
+    """The index of the last of a batch's `items` that `_inbound` hands on rather than
+    handles itself (heartbeats, directory notices); -1 when there is none. (One that then
+    fails signature verification is not handed on either: the delivery before it is then not
+    marked as its batch's end.)"""
+    for index in range(len(items) - 1, -1, -1):
+        msg = items[index].msg
+        if msg.message_type == pb.common_pb2.HEARTBEAT:
+            continue
+        if msg.message_type == pb.common_pb2.NOTIFICATION and msg.producer_id == "coordinator":
+            try:
+                body = json.loads(msg.payload or b"{}")
+            except ValueError:
+                return index
+            if isinstance(body, dict) and body.get("event") in DIRECTORY_EVENTS:
+                continue
+        return index
+    return -1
 
 
 def _signed_by(key: bytes, data: bytes, signature: bytes) -> bool:

@@ -22,13 +22,18 @@ SIGNING_KEY_ENV = "APIARY_SIGNING_KEY"
 
 
 def write_signing_key(path: Path, *, overwrite: bool = False) -> Ed25519PrivateKey:
-    """Generate a key and write it to `path` (mode 0600); refuses to replace a file unless
-    `overwrite` (a key lost is an identity lost)."""
+    """Generate a key and write it to `path` (mode 0600), making its directory (mode 0700)
+    when missing; refuses to replace a file unless `overwrite` (a key lost is an identity
+    lost). A path that cannot be written is a ValidationError naming it."""
     if path.exists() and not overwrite:
         raise ValidationError.for_field("path", f"{path} exists; a new key would replace it")
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as exc:
+        raise ValidationError.for_field("path", f"cannot write {path}: {exc.strerror}") from None
     with os.fdopen(fd, "wb") as out:
         out.write(pem)
     os.chmod(path, 0o600)

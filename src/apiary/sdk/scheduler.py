@@ -5,11 +5,15 @@ shut agents down (docs/scheduler.md). gRPC failures come back as Apiary exceptio
         accepted, reason = await scheduler.submit_task(
             "coder-1", "task-42", {"steps": 3}, priority=-5, scope="path:src/app/**"
         )
+        handle = await scheduler.submit("coder-1", {"steps": 3}, scope="path:src/app/**")
+        print(await handle.result(timeout=60))
+
+`submit_task` is the canonical SubmitTask (accepted and a reason); `submit` answers with the
+task's handle (`apiary.Client.submit_task`, sdk/task_handle.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from types import TracebackType
 from typing import Any, NamedTuple
@@ -19,11 +23,8 @@ import grpc
 from apiary.errors import ValidationError
 from apiary.sdk.client import Client
 from apiary.sdk.connection import Connection
+from apiary.sdk.task_handle import SUBMITTER_METADATA, TaskHandle, payload
 from apiary.wire import pb
-
-SUBMITTER_METADATA = "apiary-submitter"
-"""Call metadata naming the submitting agent: its communication class is the task's lane."""
-JSON = "application/json"
 
 
 class SubmitOutcome(NamedTuple):
@@ -73,19 +74,34 @@ class SchedulerClient:
         """Submit a task for `agent_id`. Bytes params go as they are; anything else as JSON
         (content type application/json unless given). Refusals of well-formed requests
         (duplicate_detected, buffer_full) answer accepted=False; malformed ones raise."""
-        if isinstance(params, bytes):
-            payload = params
-        else:
-            payload = json.dumps(params).encode()
-            content_type = content_type or JSON
+        data, kind = payload(params, content_type)
         request = pb.scheduler_pb2.SubmitTaskRequest(
-            agent_id=agent_id, task_id=task_id, priority=priority, params=payload,
-            content_type=content_type or "", scope=scope,
+            agent_id=agent_id, task_id=task_id, priority=priority, params=data,
+            content_type=kind, scope=scope,
         )  # fmt: skip
         who = self.submitter if submitter is None else submitter
         metadata = ((SUBMITTER_METADATA, who),) if who else None
         reply = await self._stub.SubmitTask(request, metadata=metadata)
         return SubmitOutcome(bool(reply.accepted), str(reply.reason))
+
+    async def submit(
+        self,
+        agent_id: str,
+        params: bytes | Any = b"",
+        *,
+        scope: str,
+        task_id: str = "",
+        priority: int = 0,
+        content_type: str | None = None,
+        submitter: str | None = None,
+    ) -> TaskHandle:
+        """Submit a task and return its handle (`apiary.Client.submit_task`), as this
+        client's submitter unless `submitter` is given."""
+        who = self.submitter if submitter is None else submitter
+        return await self._client.submit_task(
+            agent_id, params, scope=scope, task_id=task_id, priority=priority,
+            content_type=content_type, submitter=who,
+        )  # fmt: skip
 
     async def request_preemption(self, agent_id: str, task_id: str = "", reason: str = "") -> bool:
         """Start cooperative preemption of the agent's running task (of `task_id` when given);

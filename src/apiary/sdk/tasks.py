@@ -6,17 +6,21 @@
             ...                            # one discrete operation
         async with task.non_preemptible(max_duration=2.0):
             ...                            # a transaction: preemption waits (2 s at most)
-        return "done"                      # the FULFILLED ACK's note
+        return {"fixed": 3}                # the task's result: any JSON value
 
     async with Connection("coder-1", coordinator=address) as agent:
         await TaskRunner(agent, handler).run()
 
 The runner reads the agent's deliveries. A DATA envelope from producer `scheduler` is a task:
 it is acknowledged READ (the task becomes RUNNING), the handler runs as its own asyncio task,
-and its end is acknowledged: FULFILLED (note: the handler's return value: a str as it is,
-any other value but None as JSON, the output of a workflow node),
-FULFILLED `yielded` when it raised `Preempted` at a safe point, FAILED with the ApiaryError's
-code (internal_error for any other exception) and the message as note.
+and its end is acknowledged: FULFILLED with the handler's return value as the task's result
+(what the submitter's `TaskHandle.result()` returns, the output of a workflow node), FULFILLED
+`yielded` when it raised `Preempted` at a safe point, FAILED with the code and message of
+the ApiaryError it raised (`TaskFailedError` for a code of the handler's own;
+internal_error for any other exception). A result or failure that fits in the ACK's note
+(4 KB) travels in it (core/tasks/result.py); a larger one goes first through
+TaskQueryService.CompleteTask (up to the coordinator's `task_result_bytes`, 1 MiB by
+default; past it the task fails with oversize_payload, which the runner logs).
 
 CONTROL envelopes from `scheduler` are handled while the handler runs, and each is ACKed
 FULFILLED: `preempt_request` flags the task (its next `safe_point()` raises `Preempted`),
@@ -46,13 +50,20 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
-from apiary.core.envelope_rules import PayloadLimits
-from apiary.errors import ApiaryError, ForcedPreemptionError, OversizePayloadError
+from apiary.core.envelope import AckStage, Envelope, MessageType
+from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.connection import Connection, Delivery
+from apiary.sdk.errors import TaskFailedError
+from apiary.sdk.task_outcome import (
+    YIELDED,
+    Outcome,
+    complete,
+    fits,
+    forced_outcome,
+    result_outcome,
+)
 from apiary.wire import pb
-from apiary.wire.convert import ack_to_json
 
 log = logging.getLogger("apiary.sdk.tasks")
 
@@ -60,8 +71,6 @@ SCHEDULER = "scheduler"
 """The Scheduler's participant id: producer of tasks and commands, recipient of sections."""
 ACTIVITY_KEYS = ("repo_id", "worktree_id", "branch", "description")
 """Fields of a task's JSON params copied into its activity entry (RFC 10)."""
-YIELDED = "yielded"
-TERMINATED = "terminated"
 _EARLY_LIMIT = 1000
 
 
@@ -313,7 +322,7 @@ class TaskRunner:
             return
         early = self._early.pop(task_id, None)
         if early is not None and early[0] in ("terminate", "kill"):
-            await self._ack(env, *_forced_outcome(early[0]))
+            await self._ack(env, *forced_outcome(early[0]))
             return
         if early is not None:
             context._request_preempt(early[1])
@@ -333,16 +342,25 @@ class TaskRunner:
             await asyncio.wait({running.handler, killed}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             killed.cancel()
-        if running.handler.done():
-            stage, code, note = _outcome(running)
-        else:  # killed while the handler ignores cancellation: abandon it
-            stage, code, note = _forced_outcome("kill")
+        # Killed while the handler ignores cancellation: abandon it.
+        done = running.handler.done()
+        outcome = _outcome(running) if done else Outcome(*forced_outcome("kill"))
         try:
-            await self._close_activity(running.context, stage)
-            await self._ack(running.context.envelope, stage, code, note)
+            await self._close_activity(running.context, outcome.stage)
+            await self._report(running.context, outcome)
         finally:
             self._running.pop(running.context.task_id, None)
             await self._settled()
+
+    async def _report(self, context: TaskContext, outcome: Outcome) -> None:
+        """Acknowledge the task's end: in the ACK when it fits, else through CompleteTask
+        first (sdk/task_outcome.py)."""
+        env = context.envelope
+        if outcome.result is None and fits(env, outcome.stage, outcome.code, outcome.note):
+            await self._ack(env, outcome.stage, outcome.code, outcome.note)
+            return
+        stage, code, note = await complete(self.agent, context.task_id, outcome)
+        await self._ack(env, stage, code, note)
 
     # ------------------------------------------------------------------ activity
 
@@ -477,55 +495,25 @@ async def run_tasks(agent: Connection, handler: Handler, **options: Any) -> None
 _STRENGTH = {"preempt_request": 0, "terminate": 1, "kill": 2}
 
 
-def _forced_outcome(command: str) -> tuple[AckStage, str, str]:
-    if command == "kill":
-        return AckStage.FAILED, ForcedPreemptionError.code, "killed"
-    return AckStage.FULFILLED, "", TERMINATED
-
-
-def _outcome(running: _Running) -> tuple[AckStage, str, str]:
-    """The ACK of a task whose handler ended."""
+def _outcome(running: _Running) -> Outcome:
+    """How a task whose handler ended ends."""
     handler = running.handler
     if handler.cancelled():
         if running.stop:
-            return _forced_outcome(running.stop)
-        return AckStage.FAILED, "internal_error", "the handler was cancelled"
+            return Outcome(*forced_outcome(running.stop))
+        return Outcome(AckStage.FAILED, "internal_error", "the handler was cancelled")
     exc = handler.exception()
     if exc is None:
-        return _result_note(running.context, handler.result())
+        return result_outcome(running.context.envelope, handler.result())
     if isinstance(exc, Preempted):
-        return AckStage.FULFILLED, "", YIELDED
+        return Outcome(AckStage.FULFILLED, "", YIELDED)
     if running.stop:  # it stopped after a forced preemption, however it ended
-        return _forced_outcome(running.stop)
+        return Outcome(*forced_outcome(running.stop))
+    if isinstance(exc, TaskFailedError):
+        return Outcome(AckStage.FAILED, exc.error_code, exc.message)
     if isinstance(exc, ApiaryError):
-        return AckStage.FAILED, exc.code, exc.message
-    return AckStage.FAILED, "internal_error", f"{type(exc).__name__}: {exc}"
-
-
-def _result_note(context: TaskContext, result: object) -> tuple[AckStage, str, str]:
-    """The FULFILLED ACK of a handler's return value: a str is the note as it is, None no
-    note, anything else its JSON text (a workflow node's output, docs/workflows.md). A result
-    that is not JSON, or too large for an ACK, fails the task instead of being lost."""
-    if result is None:
-        return AckStage.FULFILLED, "", ""
-    if isinstance(result, str):
-        note = result
-    else:
-        try:
-            note = json.dumps(result, separators=(",", ":"), ensure_ascii=False)
-        except (TypeError, ValueError) as exc:
-            return AckStage.FAILED, "internal_error", f"the task's result is not JSON: {exc}"
-    size = len(ack_to_json(Ack(context.envelope.message_id, AckStage.FULFILLED, "", note)))
-    if size > PayloadLimits().acknowledgement:
-        return (
-            AckStage.FAILED,
-            OversizePayloadError.code,
-            (
-                f"the task's result makes a {size}-byte ACK; an ACK carries at most "
-                f"{PayloadLimits().acknowledgement} bytes: return a reference to larger results"
-            ),
-        )
-    return AckStage.FULFILLED, "", note
+        return Outcome(AckStage.FAILED, exc.code, exc.message)
+    return Outcome(AckStage.FAILED, "internal_error", f"{type(exc).__name__}: {exc}")
 
 
 def _attempt(token: str) -> int:

@@ -30,6 +30,10 @@ def _no_certificate() -> bytes:
     return b""
 
 
+def _no_deadline() -> float | None:
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class CallContext:
     transport: str
@@ -41,6 +45,9 @@ class CallContext:
     """The client certificate (PEM) the connection presented; b"" without mTLS."""
     principal: Principal = ANONYMOUS
     """Who the call acts as, set by the access guard before any handler runs."""
+    time_remaining: Callable[[], float | None] = _no_deadline
+    """Seconds left before the call's deadline (gRPC's, when the client set one); None
+    without one."""
 
     def get(self, key: str, default: str = "") -> str:
         return self.metadata.get(key, default)

@@ -213,7 +213,8 @@ def _access_guard(
     )  # fmt: skip
     return AccessGuard(
         authenticator, tenancy.events, secure=auth.secure, denied=metrics.access_denied,
-        owners={"tool_call": tenancy.tool_call_owner}, log_allowed=auth.log_allowed,
+        owners={"tool_call": tenancy.tool_call_owner, "task": tenancy.task_owner},
+        log_allowed=auth.log_allowed,
     )  # fmt: skip
 
 

@@ -96,7 +96,7 @@ def _guarded(
         ctx, tenant = guard.authenticate(path, ctx)
         if tenants is not None:
             await tenants.open(ctx, tenant)
-        guard.check(path, rule, request, ctx, tenant)
+        await guard.check(path, rule, request, ctx, tenant)
         handlers = await tenants.route(ctx, path, request) if tenants is not None else None
         if handlers is None:
             return ctx, fn

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from apiary.core.clock import Clock
+from apiary.core.limits import Limits
 from apiary.engine.assembly import Runtime
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.worktrees.settings import WorktreeSettings
@@ -30,10 +31,12 @@ async def open_test_coordinator(
     tls_key: Path | None = None,
     tls_client_ca: Path | None = None,
     auth: AuthSettings | None = None,
+    limits: Limits | None = None,
 ) -> AsyncIterator[Coordinator]:
     """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports; with
     `tls_cert` and `tls_key` both ports serve TLS (mTLS with `tls_client_ca`); `auth` sets
-    authentication (AuthSettings(secure=True): default deny, every call a principal)."""
+    authentication (AuthSettings(secure=True): default deny, every call a principal);
+    `limits` the `[limits]` table."""
     config = ServerConfig(
         data_dir=data_dir,
         grpc=Address("127.0.0.1", 0),
@@ -45,6 +48,7 @@ async def open_test_coordinator(
         tls_key=tls_key,
         tls_client_ca=tls_client_ca,
         auth=auth or AuthSettings(),
+        limits=limits or Limits(),
     )
     async with open_coordinator(
         config, clock=clock, runtime=runtime, router_settings=router_settings

@@ -1,14 +1,21 @@
 """Prometheus metrics of one coordinator (a registry per instance, served at /metrics).
 
-The back-pressure metrics of RFC 13 are read from the router at scrape time.
+Every metric of Apiary's own is named `apiary_...`; beside them are the standard `process_*`
+metrics of the process (CPU, memory, file descriptors, start time). The back-pressure
+metrics of RFC 13 are read from the router at scrape time; the RFC calls its names
+illustrative, so they carry the prefix too (docs/metrics.md maps them).
+
+Label values come from bounded sets only (served method paths and route patterns, agent ids,
+protocol codes): a call to no served method or route is counted under UNKNOWN_METHOD, so
+that what a client types as a path never becomes a label (labels live for the process).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Final
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
@@ -21,6 +28,8 @@ from apiary.server.thread_cpu import process_cpu_seconds, thread_cpu_seconds
 from apiary.store.sqlite.database import SqliteStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+UNKNOWN_METHOD: Final = "unknown"
+"""The `method` label of calls to no served method or route."""
 
 
 class _RouterCollector(Collector):
@@ -30,17 +39,17 @@ class _RouterCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | SummaryMetricFamily]:
         router, stats = self._router, self._router.stats
         depth = GaugeMetricFamily(
-            "router_inbound_queue_depth",
+            "apiary_router_inbound_queue_depth",
             "Messages in the agent's inbound buffer.",
             labels=["agent_id"],
         )
         capacity = GaugeMetricFamily(
-            "router_inbound_queue_capacity",
+            "apiary_router_inbound_queue_capacity",
             "Configured inbound buffer capacity.",
             labels=["agent_id"],
         )
         oldest = GaugeMetricFamily(
-            "router_oldest_enqueued_age_seconds",
+            "apiary_router_oldest_enqueued_age_seconds",
             "Age of the oldest undelivered message.",
             labels=["agent_id"],
         )
@@ -52,34 +61,44 @@ class _RouterCollector(Collector):
             oldest.add_metric([agent_id], max(now - at, 0.0) if at is not None else 0.0)
         yield from (depth, capacity, oldest)
         yield _counter(
-            "router_enqueue_rejects",
+            "apiary_router_enqueue_rejects",
             "Rejected enqueues by reason.",
             ["agent_id", "reason"],
             stats.enqueue_rejects,
         )
         yield _counter(
-            "router_nacks", "NACKs emitted by error code.", ["agent_id", "error_code"], stats.nacks
+            "apiary_router_admission_refused",
+            "Envelopes refused at admission by error code (answered to the caller and logged "
+            "as message.rejected; never admitted, so not dead-lettered).",
+            ["error_code"],
+            {(k,): v for k, v in stats.admission_refused.items()},
         )
         yield _counter(
-            "router_messages_accepted",
+            "apiary_router_nacks",
+            "NACKs emitted by error code.",
+            ["agent_id", "error_code"],
+            stats.nacks,
+        )
+        yield _counter(
+            "apiary_router_messages_accepted",
             "Messages durably admitted.",
             ["agent_id"],
             {(k,): v for k, v in stats.accepted.items()},
         )
         yield _counter(
-            "router_urgent_dispatches",
+            "apiary_router_urgent_dispatches",
             "Deliveries from the PRIVILEGED lane.",
             ["agent_id"],
             {(k,): v for k, v in stats.urgent_dispatches.items()},
         )
         yield _counter(
-            "router_urgent_overflows",
+            "apiary_router_urgent_overflows",
             "PRIVILEGED messages over the lane's rate limit, served in STANDARD's share.",
             ["agent_id"],
             {(k,): v for k, v in stats.urgent_overflows.items()},
         )
         tokens = GaugeMetricFamily(
-            "router_urgent_burst_tokens",
+            "apiary_router_urgent_burst_tokens",
             "PRIVILEGED burst tokens left per agent (refilled at the lane's rate).",
             labels=["agent_id"],
         )
@@ -87,19 +106,21 @@ class _RouterCollector(Collector):
             tokens.add_metric([agent_id], inbox.lanes.tokens)
         yield tokens
         yield _counter(
-            "router_dead_lettered",
+            "apiary_router_dead_lettered",
             "Messages moved to the DLQ.",
             ["error_code"],
             {(k,): v for k, v in stats.dead_lettered.items()},
         )
         yield _summary(
-            "router_enqueue_latency_seconds", "Receive to durable enqueue.", stats.enqueue_latency
+            "apiary_router_enqueue_latency_seconds",
+            "Receive to durable enqueue.",
+            stats.enqueue_latency,
         )
         yield _summary(
-            "agent_dequeue_latency_seconds", "Enqueue to agent fetch.", stats.dequeue_latency
+            "apiary_agent_dequeue_latency_seconds", "Enqueue to agent fetch.", stats.dequeue_latency
         )
         yield _summary(
-            "agent_process_time_seconds",
+            "apiary_agent_process_time_seconds",
             "Agent fetch to terminal acknowledgement.",
             stats.process_time,
         )
@@ -130,14 +151,15 @@ class _ActivityCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         buffer = self._activity.buffer
         yield GaugeMetricFamily(
-            "activity_buffer_entries", "Active activity-buffer entries.", value=len(buffer)
+            "apiary_activity_buffer_entries", "Active activity-buffer entries.", value=len(buffer)
         )
         yield GaugeMetricFamily(
-            "activity_buffer_utilization", "Active entries / capacity.",
+            "apiary_activity_buffer_utilization", "Active entries / capacity.",
             value=buffer.utilization,
         )  # fmt: skip
         yield GaugeMetricFamily(
-            "activity_buffer_over_warning", "1 when utilization exceeds the warning ratio (80%).",
+            "apiary_activity_buffer_over_warning",
+            "1 when utilization exceeds the warning ratio (80%).",
             value=1.0 if buffer.over_warning else 0.0,
         )  # fmt: skip
 
@@ -153,27 +175,27 @@ class _SchedulerCollector(Collector):
         gate = self._scheduler.gate
         outcomes = {k: v for k, v in gate.stats.items() if not k.startswith("hitl_")}
         yield _counter(
-            "scheduler_conflict_decisions",
+            "apiary_scheduler_conflict_decisions",
             "Scope-conflict decisions between concurrent tasks, by outcome (PARALLEL, "
             "SERIALIZE, ESCALATE; escalated and engine_unavailable counted apart).",
             ["outcome"],
             {(k,): v for k, v in outcomes.items()},
         )
         yield _counter(
-            "scheduler_conflict_hitl_decisions",
+            "apiary_scheduler_conflict_hitl_decisions",
             "Human decisions on CONFLICT escalations, by outcome.",
             ["outcome"],
             {(k.removeprefix("hitl_"),): v for k, v in gate.stats.items() if k.startswith("hitl_")},
         )
         scores = gate.confidences
         confidence = SummaryMetricFamily(
-            "scheduler_inference_confidence",
+            "apiary_scheduler_inference_confidence",
             "Confidence scores the Inference Engine returned (the last 1,000).",
             count_value=len(scores), sum_value=sum(scores),
         )  # fmt: skip
         yield confidence
         states = GaugeMetricFamily(
-            "scheduler_tasks", "Tasks the Scheduler holds, by state.", labels=["state"]
+            "apiary_scheduler_tasks", "Tasks the Scheduler holds, by state.", labels=["state"]
         )
         for state, count in sorted(self._scheduler.counts().items()):
             states.add_metric([state], count)
@@ -271,8 +293,13 @@ class Metrics:
         if store_stats is not None:
             self.registry.register(_SqliteCollector(store_stats))
         self.registry.register(_ThreadCollector())
+        # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds,
+        # process_max_fds, process_virtual_memory_bytes, process_start_time_seconds.
+        ProcessCollector(registry=self.registry)
 
     def rpc_done(self, transport: str, method: str, code: str) -> None:
+        """One answered call; `method` is a served method path or route pattern, or
+        UNKNOWN_METHOD (never a path as a client typed it)."""
         self._rpcs.labels(transport, method, code).inc()
 
     def access_denied(self, action: str, refusal: str) -> None:

@@ -152,9 +152,13 @@ class Tenancy:
         found = self._tenants.get(tenant)
         return found.engine.registry.public_key(agent_id) if found is not None else b""
 
-    def tool_call_owner(self, tenant: str, call_id: str) -> str | None:
+    async def tool_call_owner(self, tenant: str, call_id: str) -> str | None:
         found = self._tenants.get(tenant)
         return found.engine.tools.owner_of(call_id) if found is not None else None
+
+    async def task_owner(self, tenant: str, task_id: str) -> str | None:
+        found = self._tenants.get(tenant)
+        return await found.engine.scheduler.owner(task_id) if found is not None else None
 
     async def _open(self, tenant: str) -> TenantEngine:
         config = self._config

@@ -44,8 +44,11 @@ class NodeConfig:
     """A command run for every stored message, with its JSON on stdin (see swarm/wake.py)."""
     bridge_agent: str = ""
     """The local SW4RM agent that swarm messages go to when no metadata names one."""
+    insecure: bool = False
+    """Local development: the endpoint may be plain http:// to a loopback address, and so may
+    peers' (`apiary swarm init --insecure`). Never set for a node other machines reach."""
 
-    def to_json(self) -> dict[str, str]:
+    def to_json(self) -> dict[str, str | bool]:
         return {k: v for k, v in asdict(self).items() if v or k in ("agent_id", "endpoint")}
 
     @classmethod
@@ -53,12 +56,13 @@ class NodeConfig:
         if not isinstance(body, dict):
             raise SwarmFileError(source, "the node configuration is a JSON object")
         known = {f.name for f in fields(cls)}
-        values: dict[str, str] = {}
+        values: dict[str, Any] = {}
         for name, value in body.items():
             if name not in known:
                 raise SwarmFileError(source, f"unknown setting (known: {sorted(known)})", name)
-            if not isinstance(value, str):
-                raise SwarmFileError(source, "must be a string", name)
+            kind = bool if name == "insecure" else str
+            if not isinstance(value, kind):
+                raise SwarmFileError(source, f"must be a {kind.__name__}", name)
             values[name] = value
         for name in ("agent_id", "endpoint"):
             if not values.get(name):
@@ -71,7 +75,7 @@ def check_config(config: NodeConfig, source: object = "node configuration") -> N
         raise SwarmFileError(source, "must be a non-empty id without surrounding spaces",
                              "agent_id")  # fmt: skip
     try:
-        check_endpoint(config.endpoint, "endpoint")
+        check_endpoint(config.endpoint, "endpoint", insecure=config.insecure)
     except SwarmError as exc:
         raise SwarmFileError(source, exc.message.partition(": ")[2], "endpoint") from None
     return config

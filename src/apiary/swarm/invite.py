@@ -69,8 +69,9 @@ def _bad(problem: str) -> SwarmError:
     return SwarmError(400, "INVALID_TOKEN", f"invite token: {problem}", field="invite_token")
 
 
-def decode_invite(token: object) -> InviteClaims:
-    """The token's claims, NOT verified (see `check_invite`); 400 INVALID_TOKEN if malformed."""
+def decode_invite(token: object, *, insecure: bool = False) -> InviteClaims:
+    """The token's claims, NOT verified (see `check_invite`); 400 INVALID_TOKEN if malformed.
+    With `insecure` the endpoint claim may be plain http:// to a loopback address."""
     if not isinstance(token, str) or token.count(".") != 2:
         raise _bad("must be a JWT (three base64url parts)")
     head, body, _ = token.split(".")
@@ -101,19 +102,21 @@ def decode_invite(token: object) -> InviteClaims:
         except SwarmError:
             raise _bad("claim expires_at must be an ISO-8601 date-time") from None
     try:
-        check_endpoint(claims["endpoint"], "endpoint")
-    except SwarmError:
-        raise _bad("claim endpoint must be an https:// URL") from None
+        check_endpoint(claims["endpoint"], "endpoint", insecure=insecure)
+    except SwarmError as exc:
+        raise _bad(f"claim endpoint {exc.message.partition(': ')[2]}") from None
     return InviteClaims(
         swarm_id=claims["swarm_id"], master=claims["master"], endpoint=claims["endpoint"],
         iat=iat, expires_at=expires_at, max_uses=max_uses,
     )  # fmt: skip
 
 
-def verify_invite(token: str, issuer_key: str, *, swarm_id: str, endpoint: str) -> InviteClaims:
+def verify_invite(
+    token: str, issuer_key: str, *, swarm_id: str, endpoint: str, insecure: bool = False
+) -> InviteClaims:
     """The claims of a token signed by `issuer_key` for a join at `endpoint` of `swarm_id`;
     400 INVALID_TOKEN otherwise. Expiry and use count are `check_invite`'s."""
-    claims = decode_invite(token)
+    claims = decode_invite(token, insecure=insecure)
     signing, _, signature = token.rpartition(".")
     try:
         raw = _unb64u(signature)
@@ -129,12 +132,20 @@ def verify_invite(token: str, issuer_key: str, *, swarm_id: str, endpoint: str) 
 
 
 def check_invite(
-    token: str, master_key: str, *, swarm_id: str, endpoint: str, now: float, uses: int
+    token: str,
+    master_key: str,
+    *,
+    swarm_id: str,
+    endpoint: str,
+    now: float,
+    uses: int,
+    insecure: bool = False,
 ) -> InviteClaims:
     """Verify a token for a join at `endpoint` of `swarm_id`: signature by the master's key,
     the swarm and endpoint claims, expiry and use count. 400 INVALID_TOKEN, TOKEN_EXPIRED or
     TOKEN_EXHAUSTED otherwise."""
-    claims = verify_invite(token, master_key, swarm_id=swarm_id, endpoint=endpoint)
+    claims = verify_invite(token, master_key, swarm_id=swarm_id, endpoint=endpoint,
+                           insecure=insecure)  # fmt: skip
     if claims.expires_at is not None and parse_timestamp(claims.expires_at, "expires_at") <= now:
         raise SwarmError(400, "TOKEN_EXPIRED", f"invite token expired at {claims.expires_at}",
                          field="invite_token")  # fmt: skip
@@ -156,10 +167,10 @@ def invite_url(claims: InviteClaims, token: str) -> str:
     return f"swarm://{claims.swarm_id}@{host}?token={token}"
 
 
-def parse_invite_url(url: str) -> tuple[str, str, str]:
+def parse_invite_url(url: str, *, insecure: bool = False) -> tuple[str, str, str]:
     """'swarm://<swarm_id>@<host:port>?token=<jwt>' (or a bare JWT) -> (swarm_id, host, jwt)."""
     if "://" not in url:
-        claims = decode_invite(url)
+        claims = decode_invite(url, insecure=insecure)
         return claims.swarm_id, urllib.parse.urlsplit(claims.endpoint).netloc, url
     parts = urllib.parse.urlsplit(url)
     token = urllib.parse.parse_qs(parts.query).get("token", [""])[0]

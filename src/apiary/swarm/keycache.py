@@ -63,6 +63,12 @@ class KeyCache:
             f"signature of message {message.message_id} does not verify for {agent}"
         )
 
+    async def fetch(self, member: Member) -> str | None:
+        """The key `member`'s endpoint serves now (GET /info answering for that agent),
+        recorded as its key of record; None when it cannot be had. For a member the master
+        announced without its key: the endpoint is the master's word, never a message's."""
+        return await self._refresh(member)
+
     def _age(self, entry: KeyEntry) -> float:
         try:
             return self._clock.now() - parse_timestamp(entry.fetched_at, "fetched_at")

@@ -8,6 +8,13 @@ ISO-8601 strings the caller passes in.
 Member lists stay in sync on every member: a member_joined notice carries the new member's
 endpoint and public key, member_left / member_kicked remove it, master_changed moves the
 master role.
+
+member_joined travels in two shapes, and Apiary sends both at once: the member nested with
+its key (`member`: agent_id, endpoint, public_key, joined_at; operations/join.json's
+member_joined_broadcast) and flat (`agent_id`, `endpoint`, `joined_at`: what the reference
+implementation reads, and the only shape it sends). A flat notice carries no key: the
+receiver fetches it from the new member's /info (swarm/reception.py), and takes only what
+the master announced in the signed content.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from types import MappingProxyType
 from typing import Any
 
 from apiary.swarm.errors import SwarmError, not_found, unauthorized
-from apiary.swarm.wire import BROADCAST, SwarmMessage
+from apiary.swarm.keys import normalize_key
+from apiary.swarm.wire import BROADCAST, SwarmMessage, check_endpoint, parse_timestamp
 
 SCHEMA_VERSION = "1.0.0"
 LIFECYCLE_ACTIONS = (
@@ -259,7 +267,10 @@ def _add(state: MembershipState, swarm: Swarm, joiner: Member) -> Outcome:
     swarm = replace(swarm, members=(*swarm.members, joiner))
     # Announced to the members there were; with none yet, the notice still goes to the
     # master's own inbox (the protocol: the master persists member_joined).
-    notice = _lifecycle(swarm, "member_joined", joiner.agent_id, before, member=joiner.to_json())
+    notice = _lifecycle(
+        swarm, "member_joined", joiner.agent_id, before, endpoint=joiner.endpoint,
+        joined_at=joiner.joined_at, member=joiner.to_json(),
+    )  # fmt: skip
     return Outcome(state.with_swarm(swarm), (notice,), status="accepted")
 
 
@@ -286,15 +297,59 @@ def screen(state: MembershipState, message: SwarmMessage) -> bool:
     return message.swarm_id not in state.muted_swarms and sender not in state.muted_agents
 
 
-def apply_system(state: MembershipState, message: SwarmMessage) -> MembershipState:
-    """Keep the member list in sync with a screened system message from a member."""
+def announced_member(
+    state: MembershipState, message: SwarmMessage, *, insecure: bool = False
+) -> Member | None:
+    """The member a member_joined notice announces, when this agent may list it: the notice
+    comes from the swarm's master (the caller verified its signature), names the operation
+    in its signed content (top-level copies are not signed, so never trusted with a key),
+    and announces an agent not listed yet, with a usable endpoint (https://; with `insecure`
+    also loopback http://). The nested `member` gives the key; a flat notice gives none, and
+    the Member's public_key is then '' (the caller fetches it). None otherwise."""
+    body = message.signed_system_body() if message.type == "system" else {}
+    swarm = state.swarms.get(message.swarm_id)
+    if body.get("action") != "member_joined" or swarm is None:
+        return None
+    if message.sender.agent_id != swarm.master:
+        return None
+    member = body.get("member")
+    nested: dict[str, Any] = member if isinstance(member, dict) else {}
+    agent_id = nested.get("agent_id", body.get("agent_id"))
+    if not isinstance(agent_id, str) or not agent_id or swarm.member(agent_id) is not None:
+        return None
+    if body.get("agent_id", agent_id) != agent_id:
+        return None  # the two shapes name different agents: neither is taken
+    try:
+        endpoint = check_endpoint(nested.get("endpoint", body.get("endpoint")), "endpoint",
+                                  insecure=insecure)  # fmt: skip
+        key = normalize_key(nested["public_key"], "member.public_key") if nested else ""
+    except (KeyError, SwarmError):
+        return None
+    joined_at = nested.get("joined_at") or body.get("joined_at")
+    try:
+        parse_timestamp(joined_at, "joined_at")
+    except SwarmError:
+        joined_at = message.timestamp  # when we learnt of it (the reference's fallback too)
+    return Member(agent_id, endpoint.rstrip("/"), key, str(joined_at))
+
+
+def apply_system(
+    state: MembershipState, message: SwarmMessage, fetched_key: str = "", *,
+    insecure: bool = False,
+) -> MembershipState:  # fmt: skip
+    """Keep the member list in sync with a screened system message from a member.
+    `fetched_key` is the public key the new member's /info served, for a member_joined
+    notice that carries none (`announced_member`); without one, such a notice changes
+    nothing."""
     body = message.system_body()
     action = body.get("action")
     swarm = state.swarm(message.swarm_id)
     sender = message.sender.agent_id
-    if action == "member_joined" and sender == swarm.master:
-        member = _member(body.get("member"))
-        if member is not None and swarm.member(member.agent_id) is None:
+    if action == "member_joined":
+        member = announced_member(state, message, insecure=insecure)
+        if member is not None and not member.public_key:
+            member = replace(member, public_key=fetched_key) if fetched_key else None
+        if member is not None:
             return state.with_swarm(replace(swarm, members=(*swarm.members, member)))
     elif action == "member_left":
         gone = sender

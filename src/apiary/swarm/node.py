@@ -206,8 +206,9 @@ class SwarmNode:
 
     async def join(self, invite: str) -> JoinResult:
         """Join with an invite URL (or a bare token): POST <endpoint claim>/join."""
-        swarm_id, host, token = parse_invite_url(invite.strip())
-        claims = decode_invite(token)
+        insecure = self.config.insecure
+        swarm_id, host, token = parse_invite_url(invite.strip(), insecure=insecure)
+        claims = decode_invite(token, insecure=insecure)
         if claims.swarm_id != swarm_id:
             raise SwarmError(400, "INVALID_TOKEN", f"the URL names swarm {swarm_id}, its token "
                              f"{claims.swarm_id}", field="invite")  # fmt: skip
@@ -231,7 +232,10 @@ class SwarmNode:
         swarm_id = claims.swarm_id
         if body.get("status") != "accepted" or body.get("swarm_id") != swarm_id:
             raise SwarmError(502, "PEER_ERROR", f"the master answered {dict(body)!r}")
-        members = [_member(m, n, self.now_iso()) for n, m in enumerate(body.get("members") or [])]
+        members = [
+            _member(m, n, self.now_iso(), insecure=self.config.insecure)
+            for n, m in enumerate(body.get("members") or [])
+        ]
         if not any(m.agent_id == self.agent_id for m in members):
             raise SwarmError(502, "PEER_ERROR", "the master's member list does not list us")
         name = str(body.get("swarm_name") or body.get("name") or swarm_id)
@@ -322,7 +326,8 @@ class SwarmNode:
                                  field="recipient")  # fmt: skip
             targets = {recipient: member.endpoint}
         message = self.courier.compose(swarm_id, recipient, kind, content, **optional)
-        parse_message(message.to_json())  # what a peer would refuse is refused here, named
+        # What a peer would refuse is refused here, named.
+        parse_message(message.to_json(), insecure=self.config.insecure)
         if background:
             self.spawn(self.courier.deliver(message, targets), f"send-{message.message_id}")
             return message, []
@@ -394,13 +399,13 @@ class SwarmNode:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
 
-def _member(value: object, n: int, now: str) -> ms.Member:
+def _member(value: object, n: int, now: str, *, insecure: bool = False) -> ms.Member:
     where = f"members[{n}]"
     if not isinstance(value, dict):
         raise SwarmError(502, "PEER_ERROR", f"{where} is not an object")
     try:
         agent_id = value["agent_id"]
-        endpoint = check_endpoint(value["endpoint"], f"{where}.endpoint")
+        endpoint = check_endpoint(value["endpoint"], f"{where}.endpoint", insecure=insecure)
         key = normalize_key(value["public_key"], f"{where}.public_key")
     except (KeyError, SwarmError) as exc:
         raise SwarmError(502, "PEER_ERROR", f"the master's {where} is unusable: {exc}") from None

@@ -1,5 +1,6 @@
 """A swarm peer as a running service: the node of a swarm home, its hooks (the SW4RM bridge
-when a router is given, the wake command) and, optionally, an HTTPS listener of its own.
+when a router is given, the wake command) and, optionally, an HTTPS listener of its own
+(plain HTTP on a loopback address for local development, with `insecure`).
 
 `apiary swarm serve` runs one without a router; a coordinator with a [swarm] table runs one
 with its router (the bridge) and also mounts the routes on its own HTTP app.
@@ -29,6 +30,7 @@ from apiary.swarm.settings import NodeSettings, PeerSettings
 from apiary.swarm.tls import server_context
 from apiary.swarm.transport import bind, open_swarm_server, swarm_app
 from apiary.swarm.wake import WakeHook
+from apiary.swarm.wire import is_loopback_http
 from apiary.system import SystemClock, UuidIds
 
 
@@ -37,16 +39,31 @@ class SwarmPeer:
     node: SwarmNode
     bridge: SwarmBridge | None = None
     address: tuple[str, int] | None = None
-    """Where the TLS listener is bound (None without one)."""
+    """Where the listener is bound (None without one)."""
 
 
-def listener_context(settings: PeerSettings) -> ssl.SSLContext:
+def listener_context(settings: PeerSettings) -> ssl.SSLContext | None:
+    """The listener's TLS context; None for a plain-HTTP development listener (`insecure`
+    without cert and key), which only a loopback address may serve."""
+    if settings.insecure and not settings.cert and not settings.key:
+        host, _ = parse_listen(settings.listen)
+        if not is_loopback_http(f"http://{_bracketed(host)}/"):
+            raise SwarmFileError("listen", f"plain HTTP (--insecure) is served on a loopback "
+                                 f"address only, not {host}", "listen")  # fmt: skip
+        return None
     if not settings.cert or not settings.key:
-        raise SwarmFileError(settings.home, "a TLS listener needs cert and key files", "cert")
+        raise SwarmFileError(
+            settings.home, "a TLS listener needs cert and key files (or, for local development "
+            "on a loopback address, --insecure to serve plain HTTP)", "cert",
+        )  # fmt: skip
     try:
         return server_context(Path(settings.cert), Path(settings.key))
     except (OSError, ssl.SSLError) as exc:
         raise SwarmFileError(settings.cert, f"unusable certificate or key: {exc}") from None
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -96,7 +113,7 @@ async def open_swarm_peer(
         if config.wake:
             node.add_hook(WakeHook(node, config.wake))
         address = None
-        if context is not None:
+        if settings.listen:
             sock = bind(*parse_listen(settings.listen))
             address = await stack.enter_async_context(
                 open_swarm_server(swarm_app(node), sock, context)

@@ -7,8 +7,11 @@ us; a muted swarm or sender is answered 200 and dropped unrecorded), the signatu
 the sender's cached key (refreshed once on failure: 401), expiry and the replay window (400),
 a message_id already in the inbox (the same message again: answered 200 and not processed
 again; a different message under a used id: 400), the inbox, the member-list sync of a system
-message, then the hooks (the SW4RM bridge, the wake command), whose failures are logged and
-never change the answer: the message is safely in the inbox by then.
+message (a member_joined from the master without the new member's key, the reference
+implementation's flat form, has the key fetched from that member's /info first: it must
+answer for the agent the master named), then the hooks (the SW4RM bridge, the wake
+command), whose failures are logged and never change the answer: the message is safely in
+the inbox by then.
 
 A join (10/hour per IP) is decided by the master: the token must be signed by the master (or
 by a member, when the swarm allows member invites), name this swarm and this endpoint, be
@@ -45,8 +48,9 @@ class JoinRequest:
     joiner: ms.Member
 
 
-def parse_join(body: object, joined_at: str) -> JoinRequest:
-    """A join request body; 400 naming the first bad field."""
+def parse_join(body: object, joined_at: str, *, insecure: bool = False) -> JoinRequest:
+    """A join request body; 400 naming the first bad field. With `insecure` the joiner's
+    endpoint may be plain http:// to a loopback address."""
     if not isinstance(body, dict):
         raise invalid("body", "must be a JSON object")
     if "protocol_version" in body:
@@ -64,7 +68,7 @@ def parse_join(body: object, joined_at: str) -> JoinRequest:
     agent_id = sender.get("agent_id")
     if not isinstance(agent_id, str) or not agent_id:
         raise invalid("sender.agent_id", "must be a non-empty string")
-    endpoint = check_endpoint(sender.get("endpoint"), "sender.endpoint")
+    endpoint = check_endpoint(sender.get("endpoint"), "sender.endpoint", insecure=insecure)
     key = normalize_key(sender.get("public_key"), "sender.public_key")
     return JoinRequest(token, ms.Member(agent_id, endpoint.rstrip("/"), key, joined_at))
 
@@ -86,7 +90,8 @@ class Reception:
     async def message(self, body: object, headers: Mapping[str, str]) -> dict[str, Any]:
         """The 200 answer to a message; SwarmError for every refusal."""
         node = self._node
-        message = parse_message(body)
+        insecure = node.config.insecure
+        message = parse_message(body, insecure=insecure)
         _check_headers(message, headers)
         self._limit(message)
         state = node.state
@@ -103,13 +108,28 @@ class Reception:
         if not await node.store.receive(InboxEntry(mail_of(message), now)):
             return queued(message.message_id)  # the same message, arrived concurrently
         if message.type == "system":
-            node.states.update(lambda s: (_apply(s, message), None))
+            key = await self._announced_key(message)
+            node.states.update(lambda s: (_apply(s, message, key, insecure), None))
         for hook in node.hooks:
             try:
                 await hook(message)
             except Exception:  # the message is stored; a hook's failure is the hook's
                 log.exception("hook %r failed on message %s", hook, message.message_id)
         return queued(message.message_id)
+
+    async def _announced_key(self, message: SwarmMessage) -> str:
+        """The key of the member a keyless member_joined announces, as its /info serves it
+        ('' when there is no such member or its key cannot be had: the notice then changes
+        nothing, and the master's next notice or a re-join can complete it)."""
+        node = self._node
+        member = ms.announced_member(node.state, message, insecure=node.config.insecure)
+        if member is None or member.public_key:
+            return ""
+        key = await node.keys.fetch(member)
+        if key is None:
+            log.warning("member_joined of %s in %s: no key from %s/info; not listed",
+                        member.agent_id, message.swarm_id, member.endpoint)  # fmt: skip
+        return key or ""
 
     def _limit(self, message: SwarmMessage) -> None:
         now = self._node.clock.monotonic()
@@ -145,8 +165,8 @@ class Reception:
         wait = self._joins.check(ip, node.clock.monotonic())
         if wait:
             raise rate_limited(f"{self._joins.limit.count} joins per hour per address", wait)
-        request = parse_join(body, node.now_iso())
-        claims = decode_invite(request.token)
+        request = parse_join(body, node.now_iso(), insecure=node.config.insecure)
+        claims = decode_invite(request.token, insecure=node.config.insecure)
         swarm = node.state.swarm(claims.swarm_id)
         if swarm.master != node.agent_id:
             raise SwarmError(
@@ -161,7 +181,8 @@ class Reception:
         if issuer.agent_id != swarm.master and not swarm.settings.allow_member_invite:
             raise SwarmError(403, "INVITES_DISABLED", "only the master may invite to this swarm")
         verify_invite(request.token, issuer.public_key, swarm_id=swarm.swarm_id,
-                      endpoint=node.config.endpoint)  # fmt: skip
+                      endpoint=node.config.endpoint,
+                      insecure=node.config.insecure)  # fmt: skip
         joiner = request.joiner
         outcome = node.states.update(
             lambda state: decide_join(
@@ -172,6 +193,7 @@ class Reception:
                 issuer.public_key,
                 node.config.endpoint,
                 node.clock.now(),
+                insecure=node.config.insecure,
             )
         )
         if outcome.notices:
@@ -191,7 +213,7 @@ class Reception:
 
 def decide_join(
     state: ms.MembershipState, swarm_id: str, joiner: ms.Member, token: str, issuer_key: str,
-    endpoint: str, now: float,
+    endpoint: str, now: float, *, insecure: bool = False,
 ) -> tuple[ms.MembershipState, ms.Outcome]:  # fmt: skip
     """The join of a verified token on the current state (run under the state file's lock, so
     that two joins cannot both spend a token's last use). A member or pending joiner with the
@@ -207,7 +229,7 @@ def decide_join(
         return state, ms.Outcome(state, status=status)
     key = token_key(token)
     check_invite(token, issuer_key, swarm_id=swarm_id, endpoint=endpoint, now=now,
-                 uses=current.invite_uses.get(key, 0))  # fmt: skip
+                 uses=current.invite_uses.get(key, 0), insecure=insecure)  # fmt: skip
     return ms.admit(state, swarm_id, joiner, key).split()
 
 
@@ -221,10 +243,12 @@ def accepted(swarm: ms.Swarm) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _apply(state: ms.MembershipState, message: SwarmMessage) -> ms.MembershipState:
+def _apply(
+    state: ms.MembershipState, message: SwarmMessage, key: str, insecure: bool
+) -> ms.MembershipState:
     if message.swarm_id not in state.swarms:
         return state  # left or kicked meanwhile
-    return ms.apply_system(state, message)
+    return ms.apply_system(state, message, key, insecure=insecure)
 
 
 def _check_headers(message: SwarmMessage, headers: Mapping[str, str]) -> None:

@@ -33,7 +33,8 @@ class NodeSettings:
 class PeerSettings:
     """A swarm peer inside a coordinator: TOML table [swarm] (docs/swarm.md). Its routes are
     served under /swarm of the coordinator's HTTP port; with `listen`, `cert` and `key` also
-    on a TLS listener of their own. `bridge_agent` and `wake` override the home's node.json."""
+    on a TLS listener of their own (with `insecure`, a plain-HTTP loopback listener).
+    `bridge_agent` and `wake` override the home's node.json."""
 
     home: Path
     listen: str = ""
@@ -42,3 +43,6 @@ class PeerSettings:
     key: str = ""
     bridge_agent: str = ""
     wake: str = ""
+    insecure: bool = False
+    """Serve `listen` as plain HTTP, without cert and key: local development, on a loopback
+    address only (the home's endpoint is then an http:// loopback URL)."""

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import ipaddress
 import json
 import re
+import urllib.parse
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
@@ -112,13 +114,16 @@ class SwarmMessage:
         """The system operation's fields: `content` as a JSON object with an action (what
         the signature covers: Apiary sends operations so), else the top-level extras (what
         the existing implementation sends, unsigned)."""
+        return self.signed_system_body() or (dict(self.extra) if "action" in self.extra else {})
+
+    def signed_system_body(self) -> dict[str, Any]:
+        """The system operation's fields as the signature covers them: `content` as a JSON
+        object with an action ({} when the operation is only at the top level)."""
         try:
             body = json.loads(self.content)
         except ValueError:
-            body = None
-        if isinstance(body, dict) and "action" in body:
-            return body
-        return dict(self.extra) if "action" in self.extra else {}
+            return {}
+        return body if isinstance(body, dict) and "action" in body else {}
 
     def unsigned(self) -> SwarmMessage:
         return replace(self, signature="")
@@ -183,10 +188,40 @@ def _optional_uuid(body: dict[str, Any], name: str) -> str | None:
     return None if value is None else _uuid(value, name)
 
 
-def check_endpoint(value: object, name: str) -> str:
-    if not isinstance(value, str) or not value.startswith("https://") or len(value) <= 8:
-        raise invalid(name, "must be an https:// URL")
-    return value
+def is_loopback_http(value: object) -> bool:
+    """Whether `value` is a plain http:// URL to a loopback address (127.0.0.0/8, ::1 or
+    localhost): the one kind of plain-HTTP endpoint a node set up with --insecure takes, for
+    local development. Nothing off the machine is reachable through one."""
+    if not isinstance(value, str) or not value.startswith("http://"):
+        return False
+    try:
+        host = urllib.parse.urlsplit(value).hostname
+    except ValueError:
+        return False
+    if host is None:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_endpoint(value: object, name: str, *, insecure: bool = False) -> str:
+    """An endpoint URL: https:// (the protocol's rule); with `insecure` (a node set up for
+    local development) also plain http:// to a loopback address."""
+    if isinstance(value, str) and value.startswith("https://") and len(value) > 8:
+        return value
+    if insecure and isinstance(value, str) and is_loopback_http(value):
+        return value
+    if is_loopback_http(value):
+        raise invalid(
+            name, "must be an https:// URL; plain http:// to a loopback address is taken "
+            "only by a node set up with --insecure (local development)",
+        )  # fmt: skip
+    allowed = " (or http:// to a loopback address)" if insecure else ""
+    raise invalid(name, f"must be an https:// URL{allowed}")
 
 
 def _references(value: object) -> tuple[dict[str, Any], ...]:
@@ -237,8 +272,9 @@ def _attachments(value: object) -> tuple[dict[str, Any], ...]:
     return tuple(out)
 
 
-def parse_message(body: object) -> SwarmMessage:
-    """A request body -> SwarmMessage; SwarmError 400 naming the first bad field."""
+def parse_message(body: object, *, insecure: bool = False) -> SwarmMessage:
+    """A request body -> SwarmMessage; SwarmError 400 naming the first bad field. With
+    `insecure` a sender endpoint may be plain http:// to a loopback address."""
     if not isinstance(body, dict):
         raise invalid("body", "must be a JSON object")
     version = check_version(body.get("protocol_version"))
@@ -248,7 +284,7 @@ def parse_message(body: object) -> SwarmMessage:
     agent_id = sender.get("agent_id")
     if not isinstance(agent_id, str) or not agent_id:
         raise invalid("sender.agent_id", "must be a non-empty string")
-    endpoint = check_endpoint(sender.get("endpoint"), "sender.endpoint")
+    endpoint = check_endpoint(sender.get("endpoint"), "sender.endpoint", insecure=insecure)
     timestamp = _string(body, "timestamp")
     parse_timestamp(timestamp, "timestamp")
     kind = _string(body, "type")

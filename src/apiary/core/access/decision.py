@@ -75,7 +75,7 @@ def decide(
     if rule.who is Who.PRINCIPAL:
         return Decision(True, f"any principal may ({principal.kind.value})")
     if principal.kind is PrincipalKind.OPERATOR:
-        return _operator(principal, rule)
+        return _operator(principal, rule, owner)
     return _actor(principal, rule, subjects, owner)
 
 
@@ -109,9 +109,11 @@ def _anonymous(
     return Decision(True, "dev mode: anonymous callers are trusted on loopback")
 
 
-def _operator(principal: Principal, rule: Rule) -> Decision:
+def _operator(principal: Principal, rule: Rule, owner: str | None) -> Decision:
     if rule.who is Who.OPERATOR or rule.operators:
         return Decision(True, "an operator may")
+    if rule.who is Who.OWNER and owner is not None and owner == principal.name:
+        return Decision(True, "its owner")  # a task the operator submitted itself
     if rule.role is not None and principal.has_role(rule.role):
         return Decision(True, f"holds the role {rule.role.value}")
     if rule.role is None:

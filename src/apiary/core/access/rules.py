@@ -39,7 +39,7 @@ class Role(enum.StrEnum):
     """Read the event log, its live stream and the console's data."""
     DLQ = "dlq"
     TASKS = "tasks"
-    """Cancel and preempt other principals' tasks."""
+    """Cancel and preempt tasks; wait for, watch and cancel other principals' tasks."""
     TOOLS = "tools"
     """Start and remove tool providers; cancel other principals' tool calls."""
     POLICY = "policy"

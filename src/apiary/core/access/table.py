@@ -34,6 +34,8 @@ _CONFIGURED = DevMode.OPERATOR_IF_CONFIGURED
 
 
 _AGENT = _self("agent_id")
+_TASK_OWNER = Rule(Who.OWNER, Role.TASKS, ("task_id",), "task")
+_TASK_OWNER_IF_CONFIGURED = Rule(Who.OWNER, Role.TASKS, ("task_id",), "task", dev=_CONFIGURED)
 
 METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
     {
@@ -57,7 +59,15 @@ METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
         "/apiary.v1.AgentControlService/Resume": _role(Role.AGENTS),
         "/apiary.v1.TaskQueryService/ListTasks": ANYONE,
         "/apiary.v1.TaskQueryService/GetTask": ANYONE,
-        "/apiary.v1.TaskQueryService/CancelTask": _role(Role.TASKS, _CONFIGURED),
+        # A task is its submitter's: it waits for it, watches it and cancels it; `tasks`
+        # operators act on anyone's. Its agent alone reports its outcome.
+        "/apiary.v1.TaskQueryService/CancelTask": _TASK_OWNER_IF_CONFIGURED,
+        "/apiary.v1.TaskQueryService/SubmitTask": ANYONE,
+        "/apiary.v1.TaskQueryService/WaitTask": _TASK_OWNER,
+        "/apiary.v1.TaskQueryService/WatchTasks": Rule(
+            Who.SELF, Role.TASKS, ("submitter",), applications=True
+        ),
+        "/apiary.v1.TaskQueryService/CompleteTask": _self("agent_id", role=None),
         "/apiary.v1.ActivityBufferService/Register": _self("entry.agent_id"),
         "/apiary.v1.ActivityBufferService/Complete": _AGENT,
         "/apiary.v1.ActivityBufferService/List": ANYONE,
@@ -206,7 +216,8 @@ def describe(rule: Rule) -> str:
         return f"operators with {role}" + _dev_note(rule)
     fields = ", ".join(f"`{s}`" for s in rule.subjects)
     if rule.who is Who.OWNER:
-        return f"the owner of the {rule.owner} `{rule.subjects[0]}`, or operators with {role}"
+        owned = f"the owner of the {rule.owner} `{rule.subjects[0]}`"
+        return f"{owned}, or operators with {role}" + _dev_note(rule)
     kinds = "the agent or application" if rule.applications else "the agent"
     text = f"{kinds} {fields} names, as itself"
     if rule.operators:

@@ -146,19 +146,6 @@ def merged(batches: Sequence[PreparedSend]) -> PreparedSend:
 # answers accepted=false (plus a NACK), instead of failing (DESIGN.md section 5).
 SOFT_REJECTIONS = frozenset({"buffer_full", "already_in_progress", "duplicate_detected"})
 
-# Admission failures that mean the message can never succeed go to the DLQ (RFC 21.1);
-# back-pressure and deduplication outcomes do not.
-DEAD_LETTER_CODES = frozenset(
-    {
-        "validation_error",
-        "permission_denied",
-        "unsupported_message_type",
-        "oversize_payload",
-        "ttl_expired",
-        "no_route",
-    }
-)
-
 
 class Gate(Enum):
     """The gates that wait on the store (see the module's docstring)."""
@@ -220,6 +207,11 @@ class Admission:
         try:
             if acked:
                 target = resolve_recipient(env, item.recipient, acked)
+                if target == acked and self._unreachable(target):
+                    return SendOutcome(
+                        env.message_id, True,
+                        reason=f"acknowledged; {target} is not a registered agent: not forwarded",
+                    ), None  # fmt: skip
             else:
                 screened = self._screened(item, now)
                 if screened is None:
@@ -273,6 +265,18 @@ class Admission:
             return self._routed(item, env, target, now, b"")
         except ApiaryError as exc:
             return SendOutcome.refusal(env.message_id, exc), None
+
+    def _unreachable(self, producer: str) -> bool:
+        """Whether an applied ACK's producer is no participant to forward it to: neither
+        the coordinator, one of its endpoints nor a registered agent (`apiary send` without
+        --wait, an application, an agent deregistered since). The ACK did its work on the
+        message it acknowledges; forwarding ends here instead of as no_route
+        (docs/decisions.md, "Producers that are not agents")."""
+        return (
+            producer != COORDINATOR
+            and producer not in self._endpoints
+            and self._registry.known(producer) is None
+        )
 
     # ------------------------------------------------------------------ the gates
 

@@ -182,7 +182,7 @@ class Batches:
         ]
         if refused:
             rejected = self._rejections.rejected
-            await asyncio.gather(*(rejected(item, outcome, now) for item, outcome in refused))
+            await asyncio.gather(*(rejected(item, outcome) for item, outcome in refused))
         return outcomes
 
     async def _persist(

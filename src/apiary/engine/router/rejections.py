@@ -1,7 +1,11 @@
 """What the router tells producers about their failed messages: every refusal at admission
-logged, NACKed (or answered with the cached outcome of a duplicate) and, when the message
-can never succeed, dead-lettered (RFC 21.1); and the NACKs of messages that failed later
-(`MessageLifecycle`) or of transfers that never completed."""
+answered (the call's outcome), logged, counted and NACKed (or answered with the cached
+outcome of a duplicate); and the NACKs of messages that failed later (`MessageLifecycle`) or
+of transfers that never completed.
+
+A refused envelope is not dead-lettered: it was never admitted, so the router never held it
+and its producer has it and the reason in hand. The DLQ (RFC 21.1) takes what was admitted
+and then failed (`MessageLifecycle`); docs/decisions.md, "Refusals are not dead letters"."""
 
 from __future__ import annotations
 
@@ -9,17 +13,11 @@ from collections.abc import Awaitable, Callable, Mapping
 
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.ids import is_uuid4
-from apiary.engine.dead_letters import DeadLetters
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR, NoticeFactory
 from apiary.engine.registry import Registry
-from apiary.engine.router.admission import (
-    DEAD_LETTER_CODES,
-    LocalEndpoint,
-    Outbound,
-    SendOutcome,
-)
-from apiary.engine.router.stats import RouterStats
+from apiary.engine.router.admission import LocalEndpoint, Outbound, SendOutcome
+from apiary.engine.router.stats import UNKNOWN_AGENT, RouterStats
 from apiary.engine.settings import RouterSettings
 from apiary.errors import ApiaryError
 
@@ -30,25 +28,28 @@ Deliver = Callable[[str, Envelope], Awaitable[object]]
 class Rejections:
     def __init__(
         self, settings: RouterSettings, registry: Registry, events: EventRecorder,
-        notices: NoticeFactory, stats: RouterStats, dead_letters: DeadLetters,
-        endpoints: Mapping[str, LocalEndpoint], deliver: Deliver,
+        notices: NoticeFactory, stats: RouterStats, endpoints: Mapping[str, LocalEndpoint],
+        deliver: Deliver,
     ) -> None:  # fmt: skip
         self._settings = settings
         self._registry = registry
         self._events = events
         self._notices = notices
         self._stats = stats
-        self._dead_letters = dead_letters
         self._endpoints = endpoints
         self._deliver = deliver
 
-    async def rejected(self, item: Outbound, outcome: SendOutcome, now: float) -> None:
-        """Never silent: log it, NACK the producer, dead-letter what cannot succeed."""
+    async def rejected(self, item: Outbound, outcome: SendOutcome) -> None:
+        """Never silent: count it, log it, NACK the producer (the call answered it already)."""
         env = item.envelope
         error = outcome.error
         assert error is not None
         recipient = item.recipient or error.details.get("recipient", "")
-        self._stats.enqueue_rejects[(recipient, error.code)] += 1
+        # A metric label per registered agent only: a name nobody registered (a typo, a
+        # probe) would make a series of its own each time.
+        labelled = recipient if self._registry.known(recipient) is not None else UNKNOWN_AGENT
+        self._stats.enqueue_rejects[(labelled, error.code)] += 1
+        self._stats.admission_refused[error.code] += 1
         await self._events.record(
             "message.rejected",
             env.producer_id,
@@ -63,12 +64,6 @@ class Rejections:
         elif env.message_type is not MessageType.ACKNOWLEDGEMENT:
             await self.nack(env.producer_id, env.message_id, env.correlation_id,
                             AckStage.REJECTED, error.code, error.message, "SENT")  # fmt: skip
-        if error.code in DEAD_LETTER_CODES and env.producer_id != COORDINATOR:
-            signature = item.signature if self._settings.signing_required else b""
-            await self._dead_letters.reject(
-                env, recipient, error, now, raw=item.raw, signature=signature
-            )
-            self._stats.dead_lettered[error.code] += 1
 
     async def _notify_duplicate(self, env: Envelope, outcome: SendOutcome) -> None:
         stage = AckStage[outcome.details.get("original_status", "FULFILLED")]

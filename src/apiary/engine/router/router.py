@@ -70,8 +70,7 @@ class Router:
         self.dead_letters = DeadLetters(store.dlq, events, codec, clock)
         self._credits = CreditControl(settings, events)
         rejections = Rejections(
-            settings, registry, events, notices, stats, self.dead_letters, self._endpoints,
-            self.notify,
+            settings, registry, events, notices, stats, self._endpoints, self.notify,
         )  # fmt: skip
         self.transfers = Transfers(registry, codec, events, rejections.nack_transfer)
         self.lifecycle = MessageLifecycle(

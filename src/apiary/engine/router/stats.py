@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Final
+
+UNKNOWN_AGENT: Final = "(unregistered)"
+"""The agent label of a refusal addressed to no registered agent (bounded label values)."""
 
 
 @dataclass
@@ -19,7 +23,9 @@ class Timing:
 @dataclass
 class RouterStats:
     enqueue_rejects: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(agent_id, reason) -> rejects."""
+    """(agent_id, reason) -> rejects; agent_id is UNKNOWN_AGENT for a recipient not registered."""
+    admission_refused: Counter[str] = field(default_factory=Counter)
+    """error_code -> envelopes refused at admission (answered, logged, not dead-lettered)."""
     nacks: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(agent_id, error_code) -> NACKs emitted."""
     accepted: Counter[str] = field(default_factory=Counter)

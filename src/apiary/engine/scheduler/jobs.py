@@ -1,7 +1,11 @@
 """What the Scheduler makes of a SubmitTask (RFC 7.1, 9.2): admission (validation, content
-type, lane, the job identity) and the duplicate-job path: a second submission of a job still
-open is refused (`duplicate_jobs = "reject"`) or HELD for a HITL authorization, and queued
-once approved. HELD tasks wait again for their decision after a restart.
+type, lane, the job identity, a task_id when none was given), task ids given again and the
+duplicate-job path. A task_id is an idempotency key: the same submission again is the task
+submitted first (`created` false), another one under its id is task_id_conflict
+(core/tasks/result.py). A second submission of a job still open is refused
+(`duplicate_jobs = "reject"`) or HELD for a HITL authorization, and queued once approved;
+the HELD task's note says why it waits. HELD tasks wait again for their decision after a
+restart.
 
 The Scheduler's lock is held by the caller except in `await_authorization`, which waits for
 the decision outside it and then takes it.
@@ -20,11 +24,13 @@ from apiary.core.agent_lifecycle import AgentLifecycleState
 from apiary.core.clock import Clock
 from apiary.core.envelope import MessageType
 from apiary.core.envelope_rules import check_modality
+from apiary.core.ids import IdGenerator
 from apiary.core.lanes import LANES
 from apiary.core.records import TaskRecord, TaskState
 from apiary.core.scope_overlap import parse_scope
 from apiary.core.tasks.machine import TaskInput, TaskMachine
 from apiary.core.tasks.queue import validate_priority
+from apiary.core.tasks.result import same_submission
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl
 from apiary.engine.lifecycle import Lifecycles
@@ -36,7 +42,7 @@ from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.preemption import SchedulerPreemption
 from apiary.engine.scheduler.transitions import TaskTransitions
 from apiary.engine.settings import SchedulerSettings
-from apiary.errors import AgentShutdownError, AlreadyExistsError, ValidationError
+from apiary.errors import AgentShutdownError, TaskIdConflictError, ValidationError
 from apiary.store.errors import StoreError
 from apiary.store.protocols import TaskStore
 
@@ -47,12 +53,14 @@ class Submission:
 
     agent_id: str
     task_id: str
+    """Empty: the Scheduler assigns one (a UUIDv4)."""
     priority: object = None
     params: bytes = b""
     content_type: str = ""
     scope: str = ""
     submitter: str = ""
-    """The submitting agent, when known: its communication class is the task's lane."""
+    """Who submits (the principal's name), when known: a registered agent's communication
+    class is the task's lane; WaitTask and WatchTasks are the submitter's."""
     job_key: str = ""
     """Explicit job identity; empty: derived (see `job_identity`)."""
     correlation_id: str = ""
@@ -64,6 +72,10 @@ class SubmitResult:
     accepted: bool
     reason: str
     task: TaskRecord | None = None
+    created: bool = True
+    """False: the task_id named a task submitted before, which `task` is."""
+    error_code: str = ""
+    """A refusal's protocol error code (buffer_full, duplicate_detected)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -101,6 +113,7 @@ class SchedulerJobs:
         hitl: Hitl,
         settings: SchedulerSettings,
         clock: Clock,
+        ids: IdGenerator,
         lock: asyncio.Lock,
     ) -> None:
         self._live = live
@@ -115,6 +128,7 @@ class SchedulerJobs:
         self._hitl = hitl
         self._settings = settings
         self._clock = clock
+        self._ids = ids
         self._lock = lock
         self._background: set[asyncio.Future[None]] = set()
         """The HELD tasks' waits for their HITL decision."""
@@ -123,19 +137,23 @@ class SchedulerJobs:
         """Decide admitted submissions in arrival order (under the lock), each outcome set on
         its future, and then dispatch to the agents they woke.
 
-        A run of plain ones (accepted; or refused without a write: buffer_full, a task id
-        given twice) is decided without waiting, and its QUEUED records are written together,
-        one group commit for the run instead of one each; then each is queued, may preempt
-        and is dispatched, in order, as alone. A duplicate job (of an open task, or of one
-        earlier in the run) ends the run: it is decided alone once the run is stored."""
+        A run of plain ones (accepted; or refused without a write: buffer_full) is decided
+        without waiting, and its QUEUED records are written together, one group commit for
+        the run instead of one each; then each is queued, may preempt and is dispatched, in
+        order, as alone. A task_id taken (by an open task, or earlier in the run) or a
+        duplicate job (of an open task, or of one earlier in the run) ends the run: it is
+        decided alone once the run is stored."""
         rest = arrivals
+        taken: set[str] = set()
+        """The task ids this decision stored (a task may end before the next run)."""
         try:
             while rest:
-                run, rest = self._run_of(rest)
+                run, rest = self._run_of(rest, taken)
                 await self._queue_run(run)
+                taken.update(record.task_id for _, record in run)
                 if rest:
                     head, rest = rest[0], rest[1:]
-                    await _settle(head, self._duplicate_of_open(head.record))
+                    await _settle(head, self._decide_alone(head.record))
         finally:
             for arrival in rest:  # only when deciding failed midway (the store, say)
                 if not arrival.outcome.done():
@@ -145,33 +163,68 @@ class SchedulerJobs:
             await self._dispatcher.drain()
 
     def _run_of(
-        self, arrivals: list[Arrival]
+        self, arrivals: list[Arrival], taken: set[str]
     ) -> tuple[list[tuple[Arrival, TaskRecord]], list[Arrival]]:
         """The leading run of `arrivals` decided without a write (refusals set now), with
-        their sequence numbers; and the rest, led by a duplicate job."""
+        their sequence numbers; and the rest, led by a task_id given again or a duplicate
+        job."""
         live = self._live
         run: list[tuple[Arrival, TaskRecord]] = []
         task_ids: set[str] = set()
         job_keys: set[str] = set()
         for i, arrival in enumerate(arrivals):
             record = arrival.record
-            if record.task_id in live.tasks or record.task_id in task_ids:
-                arrival.outcome.set_exception(AlreadyExistsError(
-                    f"task {record.task_id!r} was already submitted", {"task_id": record.task_id}
-                ))  # fmt: skip
-            elif record.job_key in live.jobs or record.job_key in job_keys:
+            task_id = record.task_id
+            given_again = task_id in live.tasks or task_id in task_ids or task_id in taken
+            if given_again or record.job_key in live.jobs or record.job_key in job_keys:
                 return run, arrivals[i:]
-            elif (waiting := len(live.tasks) + len(run)) >= self._settings.max_queued:
-                arrival.outcome.set_result(SubmitResult(
-                    False,
-                    f"buffer_full: {waiting} tasks waiting "
-                    f"(max_queued {self._settings.max_queued})",
-                ))  # fmt: skip
+            if refusal := self._full(len(run)):
+                arrival.outcome.set_result(refusal)
             else:
                 run.append((arrival, replace(record, seq=live.next_seq())))
                 task_ids.add(record.task_id)
                 job_keys.add(record.job_key)
         return run, []
+
+    def _full(self, also: int = 0) -> SubmitResult | None:
+        """The buffer_full refusal when `also` more tasks would exceed max_queued."""
+        waiting = len(self._live.tasks) + also
+        if waiting < self._settings.max_queued:
+            return None
+        return SubmitResult(
+            False, f"buffer_full: {waiting} tasks waiting (max_queued {self._settings.max_queued})",
+            error_code="buffer_full",
+        )  # fmt: skip
+
+    async def _decide_alone(self, record: TaskRecord) -> SubmitResult:
+        """A submission that waited for the run before it: its task_id given again, a
+        duplicate job, or (what it waited behind ended meanwhile) a plain one."""
+        existing = self._live.tasks.get(record.task_id) or await self._store.get(record.task_id)
+        if existing is not None:
+            return resubmission(existing, record)
+        if record.job_key in self._live.jobs:
+            return await self._duplicate_of_open(record)
+        refusal = self._full()
+        if refusal is not None:
+            return refusal
+        record = replace(record, seq=self._live.next_seq())
+        event = self._transitions.submission_event(record)
+        await self._events.commit([event], partial(self._store.put, record))
+        return await self._queued(record)
+
+    async def resubmitted(self, sub: Submission) -> SubmitResult | None:
+        """What a submission whose task_id names a task already stored is (`resubmission`);
+        None when the id is new. Decided before admission, so that a retry needs neither a
+        write nor its agent still registered; `_run_of` catches one stored meanwhile."""
+        existing = self._live.tasks.get(sub.task_id) or await self._store.get(sub.task_id)
+        if existing is None:
+            return None
+        again = replace(
+            existing, agent_id=sub.agent_id, priority=validate_priority(sub.priority),
+            params=sub.params, content_type=content_type_of(sub), scope=sub.scope,
+            correlation_id=sub.correlation_id, submitter=sub.submitter,
+        )  # fmt: skip
+        return resubmission(existing, again)
 
     async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
         put, event = self._store.put, self._transitions.submission_event
@@ -212,14 +265,14 @@ class SchedulerJobs:
         return f"queued: {task.note}" if task.note else "queued"
 
     async def admit(self, sub: Submission) -> TaskRecord:
-        """The QUEUED record a well-formed submission makes (seq still 0); raises on a
-        malformed one."""
-        for name in ("agent_id", "task_id"):
-            if not getattr(sub, name):
-                raise ValidationError.for_field(name, "is required")
+        """The QUEUED record a well-formed submission makes (seq still 0; a task_id assigned
+        when it has none); raises on a malformed one."""
+        if not sub.agent_id:
+            raise ValidationError.for_field("agent_id", "is required")
+        task_id = sub.task_id or self._ids.new_id()
         if sub.correlation_id:
             self._router.check_flow_id("correlation_id", sub.correlation_id)
-        else:
+        elif sub.task_id:  # the task's flow id (an assigned one is a UUIDv4)
             self._router.check_flow_id("task_id", sub.task_id)
         priority = validate_priority(sub.priority)
         if not sub.scope.strip():
@@ -228,23 +281,12 @@ class SchedulerJobs:
             )
         parse_scope(sub.scope)
         agent = await self._registry.get(sub.agent_id)
-        if self._lifecycles.state(sub.agent_id) is AgentLifecycleState.SHUTTING_DOWN:
-            raise AgentShutdownError(
-                f"agent {sub.agent_id} is shutting down and takes no new tasks",
-                {"agent_id": sub.agent_id},
-            )
-        content_type = sub.content_type or ("application/json" if sub.params else "")
-        if not content_type:
-            content_type = "application/octet-stream"
+        content_type = content_type_of(sub)
         check_modality(content_type, agent.descriptor.get("modalities_supported") or ())
         limit = self._router.settings.limits.limit_for(MessageType.DATA)
         if len(sub.params) > limit:
             raise ValidationError.for_field(
                 "params", f"{len(sub.params)} bytes exceed the DATA limit of {limit}"
-            )
-        if sub.task_id in self._live.tasks or await self._store.get(sub.task_id) is not None:
-            raise AlreadyExistsError(
-                f"task {sub.task_id!r} was already submitted", {"task_id": sub.task_id}
             )
         lane = "STANDARD"
         if sub.submitter:
@@ -253,12 +295,19 @@ class SchedulerJobs:
             lane = lane if lane in LANES else "STANDARD"
         now = self._clock.now()
         return TaskRecord(
-            task_id=sub.task_id, agent_id=sub.agent_id, priority=priority, submitted_at=now,
+            task_id=task_id, agent_id=sub.agent_id, priority=priority, submitted_at=now,
             seq=0, state=TaskMachine.INITIAL, updated_at=now, scope=sub.scope,
             job_key=sub.job_key or job_identity(agent.name, content_type, sub.params, sub.scope),
             params=sub.params, content_type=content_type, agent_type=agent.name, lane=lane,
-            correlation_id=sub.correlation_id,
+            correlation_id=sub.correlation_id, submitter=sub.submitter,
         )  # fmt: skip
+
+    def check_accepting(self, agent_id: str) -> None:
+        """AgentShutdownError when the agent takes no new tasks (RFC 8.4)."""
+        if self._lifecycles.state(agent_id) is AgentLifecycleState.SHUTTING_DOWN:
+            raise AgentShutdownError(
+                f"agent {agent_id} is shutting down and takes no new tasks", {"agent_id": agent_id}
+            )
 
     async def _duplicate_of_open(self, record: TaskRecord) -> SubmitResult:
         """The same job as an open task: rejected, or HELD for a HITL authorization (the
@@ -271,7 +320,9 @@ class SchedulerJobs:
                 "task.duplicate_rejected", SCHEDULER, correlation_id=record.task_id,
                 task_id=record.task_id, original_task_id=original_id, job_key=record.job_key,
             )  # fmt: skip
-            return SubmitResult(False, f"duplicate_detected: {why}")
+            return SubmitResult(
+                False, f"duplicate_detected: {why}", error_code="duplicate_detected"
+            )
         seq = self._live.next_seq()
         invocation = await self._hitl.open(
             "TASK_ESCALATION",
@@ -284,17 +335,17 @@ class SchedulerJobs:
             priority=record.priority,
         )  # fmt: skip
         invocation_id = invocation.invocation_id
+        note = f"held for HITL authorization (invocation {invocation_id}): duplicate job, {why}"
         held = await self._transitions.apply(
-            record, TaskInput.HOLD,
-            {"seq": seq, "note": f"held for HITL invocation {invocation_id}"},
+            record, TaskInput.HOLD, {"seq": seq, "note": note},
             original_task_id=original_id, invocation_id=invocation_id,
         )  # fmt: skip
         self._spawn(self.await_authorization(held.task_id, invocation_id))
         return SubmitResult(
             False,
             f"duplicate_detected: {why}; held for HITL authorization (invocation {invocation_id})",
-            held,
-        )
+            held, error_code="duplicate_detected",
+        )  # fmt: skip
 
     async def await_authorization(self, task_id: str, invocation_id: str) -> None:
         decided = await self._hitl.wait(invocation_id)
@@ -347,6 +398,29 @@ class SchedulerJobs:
         for job in list(self._background):
             job.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+
+
+def content_type_of(sub: Submission) -> str:
+    """The submission's content type: as given, else JSON for params, octet-stream for none."""
+    return sub.content_type or ("application/json" if sub.params else "application/octet-stream")
+
+
+def resubmission(existing: TaskRecord, again: TaskRecord) -> SubmitResult:
+    """A submission under the task_id of `existing`: the same submission is that task (an
+    idempotent retry: accepted unless it is HELD); any other is task_id_conflict."""
+    differ = same_submission(existing, again)
+    task_id = existing.task_id
+    if differ:
+        raise TaskIdConflictError(
+            f"task_id {task_id!r} names a task submitted with other content ("
+            f"{', '.join(differ)} differ): submit under a new task_id, or none",
+            {"field": "task_id", "task_id": task_id, "differs": ",".join(differ)},
+        )
+    note = f": {existing.note}" if existing.note else ""
+    return SubmitResult(
+        existing.state != TaskState.HELD, f"already submitted, {existing.state}{note}", existing,
+        created=False,
+    )  # fmt: skip
 
 
 async def _settle(arrival: Arrival, deciding: Awaitable[SubmitResult]) -> None:

@@ -28,6 +28,7 @@ from apiary.core.preemption import (
 )
 from apiary.core.records import TaskRecord
 from apiary.core.tasks.machine import TaskInput
+from apiary.core.tasks.result import result_from_note
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import SCHEDULER, NoticeFactory
@@ -173,7 +174,7 @@ class SchedulerPreemption:
 
     async def fulfilled(self, task: TaskRecord, note: str) -> None:
         """A FULFILLED ACK: a yield at a safe point or a termination the preemption expects
-        (by its note), else the task completed."""
+        (by its note), else the task completed: its result is the note's (core/tasks/result.py)."""
         record = self._live.preemptions[task.task_id]
         now = self._clock.now()
         said = note.lower()  # the note itself keeps its case: it may carry a result (JSON)
@@ -183,7 +184,7 @@ class SchedulerPreemption:
             await self.perform(task, PreemptionMachine.terminated(record, now))
             await finished(self._lifecycles, task.agent_id)
         else:
-            await self._transitions.end(task, TaskInput.FULFIL, "", note)
+            await self._transitions.end(task, TaskInput.FULFIL, "", note, result_from_note(note))
 
     async def on_command(self, env: Envelope) -> None:
         """A running agent's CONTROL command: enter_section, leave_section or progress."""

@@ -9,6 +9,8 @@ running elsewhere (engine/conflict_gate.py), the head is dispatched: a DATA enve
 as correlation id and `task:<id>:<attempt>` as idempotency token. The agent's ACKs drive
 the task: READ -> RUNNING, FULFILLED -> COMPLETED (note "yielded": back to the queue, note
 "terminated": FAILED forced_preemption), REJECTED/FAILED -> FAILED with the agent's code.
+A result too large for an ACK's note comes through `complete` (TaskQueryService.CompleteTask);
+the submitter waits for it (`wait`) or watches its tasks (`watch_tasks`; engine/scheduler/watch.py).
 
 Lanes (RFC 7.3): a task's lane is its submitter's communication class (STANDARD when the
 submitter is not a registered agent). When an agent frees, its LaneScheduler (the router's
@@ -24,19 +26,20 @@ docs/task-lifecycle.md), stored and logged as a `task.*` event before it is acte
 This module is the Scheduler's face: its entry points, reads, ACK handling and the loop,
 each taking the one lock. Its parts, built here and given what they use:
 engine/scheduler/live.py (the live tasks, queues and what running tasks hold),
+engine/scheduler/watch.py (who waits for which task),
 engine/scheduler/wakeups.py (agents to dispatch to and the timer heap),
 engine/scheduler/transitions.py (the task machine's effects),
-engine/scheduler/jobs.py (admission, job identity, duplicate jobs: rejected or HELD for a
-HITL authorization), engine/scheduler/dispatch.py (picking and sending a free agent's next
-task), engine/scheduler/preemption.py (cooperative preemption and the running agent's
-enter_section/leave_section/progress commands), engine/scheduler/agents.py (the agent
-lifecycle's effects).
+engine/scheduler/jobs.py (admission, task ids given again, job identity, duplicate jobs:
+rejected or HELD for a HITL authorization), engine/scheduler/dispatch.py (picking and
+sending a free agent's next task), engine/scheduler/preemption.py (cooperative preemption
+and the running agent's enter_section/leave_section/progress commands),
+engine/scheduler/agents.py (the agent lifecycle's effects).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleState
@@ -65,11 +68,13 @@ from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.preemption import SchedulerPreemption
 from apiary.engine.scheduler.transitions import TaskTransitions
 from apiary.engine.scheduler.wakeups import RECONCILE_KEY, SEP, Wakeups
+from apiary.engine.scheduler.watch import TaskWatch
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import (
     AlreadyCompletedError,
     AlreadyInProgressError,
     NotFoundError,
+    PermissionDeniedError,
     ValidationError,
 )
 from apiary.store.protocols import TaskStore
@@ -106,6 +111,7 @@ class Scheduler:
         resources: ResourceTracker | None = None,
         worktrees: WorktreeView | None = None,
         on_negotiation: Callable[[Envelope], Awaitable[None]] | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.settings = settings = settings or SchedulerSettings()
         self._store = tasks
@@ -118,6 +124,7 @@ class Scheduler:
         envelopes = NoticeFactory(clock, ids, SCHEDULER)
         self._wakeups = wakeups = Wakeups()
         self._live = live = LiveTasks(clock, wakeups)
+        self.watch = TaskWatch(self.find, live.tasks.values, sleep)
         self._queue = live.queue
         self._lock = asyncio.Lock()
         self._arrivals: list[Arrival] = []
@@ -133,7 +140,7 @@ class Scheduler:
             hitl_timeout_s=settings.hitl_timeout_s,
         )  # fmt: skip
         self._transitions = TaskTransitions(
-            live, wakeups, self.gate, tasks, events, activity, self.lifecycles, clock
+            live, wakeups, self.gate, tasks, events, activity, self.lifecycles, clock, self.watch
         )
         self._dispatcher = SchedulerDispatch(
             live, wakeups, self._transitions, self.lifecycles, self.gate, router, envelopes,
@@ -145,7 +152,7 @@ class Scheduler:
         )  # fmt: skip
         self._jobs = SchedulerJobs(
             live, self._transitions, self._dispatcher, self._preemptor, self.lifecycles, tasks,
-            router, registry, events, hitl, settings, clock, self._lock,
+            router, registry, events, hitl, settings, clock, ids, self._lock,
         )  # fmt: skip
         router.attach(SCHEDULER, self._on_envelope)
         if worktrees is not None:
@@ -169,6 +176,23 @@ class Scheduler:
         if found is None:
             raise NotFoundError(f"no task {task_id!r}", {"task_id": task_id})
         return found
+
+    async def owner(self, task_id: str) -> str | None:
+        """Who submitted the task (the access rule of WaitTask and CancelTask); None when
+        there is no such task."""
+        found = self._live.tasks.get(task_id) or await self._store.get(task_id)
+        return None if found is None else found.submitter
+
+    async def wait(self, task_id: str, timeout_s: float | None = None) -> TaskRecord:
+        """WaitTask: the task once it has ended, or as it stands after `timeout_s` seconds
+        (None: no limit but the caller's cancellation); NotFoundError for an unknown one."""
+        return await self.watch.wait(task_id, timeout_s)
+
+    def watch_tasks(
+        self, submitter: str, task_ids: frozenset[str] = frozenset()
+    ) -> AsyncIterator[TaskRecord]:
+        """WatchTasks: the submitter's tasks as they change (`TaskWatch.changes`)."""
+        return self.watch.changes(submitter, task_ids)
 
     async def list_tasks(
         self, states: frozenset[str] | None, agent_id: str | None, after_seq: int, limit: int
@@ -235,7 +259,12 @@ class Scheduler:
         Submissions that arrive while the lock is taken are decided together by the first of
         them to get it, in arrival order, their task records stored in one group commit
         instead of one commit each (`SchedulerJobs.submit_together`)."""
+        if sub.task_id:
+            known = await self._jobs.resubmitted(sub)
+            if known is not None:
+                return known
         record = await self._jobs.admit(sub)
+        self._jobs.check_accepting(record.agent_id)
         arrival = Arrival(record, asyncio.get_running_loop().create_future())
         self._arrivals.append(arrival)
         try:
@@ -272,6 +301,39 @@ class Scheduler:
                 )
             note = f"cancelled by {by}: {reason}".rstrip(": ")
             await self._transitions.end(task, TaskInput.CANCEL, "cancelled", note)
+        return await self.find(task_id)
+
+    async def complete(
+        self, task_id: str, agent_id: str, *, result: str = "", error_code: str = "",
+        message: str = "",
+    ) -> TaskRecord:  # fmt: skip
+        """The outcome of a task dispatched to `agent_id`, from the agent itself (CompleteTask):
+        COMPLETED with `result` (JSON text, checked by the caller), or FAILED with
+        `error_code` and `message`. An ended task is already_completed; another agent's
+        task permission_denied; one not dispatched a ValidationError naming task_id."""
+        async with self._lock:
+            task = self._live.tasks.get(task_id)
+            if task is None:
+                ended_task = await self.find(task_id)  # NotFoundError for an unknown one
+                raise AlreadyCompletedError(
+                    f"task {task_id} has already ended ({ended_task.state})",
+                    {"task_id": task_id, "state": ended_task.state},
+                )
+            if task.agent_id != agent_id:
+                raise PermissionDeniedError(
+                    f"task {task_id} is agent {task.agent_id}'s, not {agent_id}'s",
+                    {"task_id": task_id},
+                )
+            if self._live.running.get(agent_id) != task_id:
+                raise ValidationError.for_field(
+                    "task_id", f"is {task.state}: it has not been dispatched to {agent_id}",
+                    task_id=task_id,
+                )  # fmt: skip
+            if error_code:
+                await self._transitions.end(task, TaskInput.FAIL, failure_code(error_code), message)
+            else:
+                await self._transitions.end(task, TaskInput.FULFIL, "", message, result)
+            await self._dispatcher.drain()
         return await self.find(task_id)
 
     async def request_preemption(self, agent_id: str, task_id: str, reason: str) -> bool:
@@ -411,7 +473,7 @@ class Scheduler:
             why = f"{code}: {note}"
             await self._transitions.apply(task, TaskInput.RETRY, {"note": why}, reason=why)
             return
-        await self._transitions.end(task, TaskInput.FAIL, code.lower(), note)
+        await self._transitions.end(task, TaskInput.FAIL, failure_code(code), note)
 
     # ------------------------------------------------------------------ timers
 
@@ -468,6 +530,12 @@ class Scheduler:
     async def close(self) -> None:
         await self.gate.close()
         await self._jobs.close()
+
+
+def failure_code(code: str) -> str:
+    """The error code a task fails with for an agent's code (an ACK's or CompleteTask's):
+    lower case, as the Scheduler's own codes are."""
+    return code.lower()
 
 
 async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:

@@ -1,6 +1,7 @@
 """The task machine's engine: every change of a task's state is `TaskTransitions.apply`,
 which steps core/tasks/machine.py and performs the row's effects in their order (the store,
-the live tasks, the event log, the activity buffer, the agent's lifecycle, end listeners).
+the live tasks and their watchers, the event log, the activity buffer, the agent's
+lifecycle, end listeners).
 
 Called with the Scheduler's lock held.
 """
@@ -25,6 +26,7 @@ from apiary.engine.notices import SCHEDULER
 from apiary.engine.scheduler.agents import drive, finished
 from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.wakeups import Wakeups
+from apiary.engine.scheduler.watch import TaskWatch
 from apiary.store.protocols import TaskStore
 
 _E = TaskEffect
@@ -45,6 +47,7 @@ class TaskTransitions:
         activity: Activity,
         lifecycles: Lifecycles,
         clock: Clock,
+        watch: TaskWatch,
     ) -> None:
         self._live = live
         self._wakeups = wakeups
@@ -54,6 +57,7 @@ class TaskTransitions:
         self._activity = activity
         self._lifecycles = lifecycles
         self._clock = clock
+        self._watch = watch
         self._end_listeners: list[Callable[[TaskRecord], None]] = []
 
     def add_end_listener(self, listener: Callable[[TaskRecord], None]) -> None:
@@ -78,11 +82,18 @@ class TaskTransitions:
         await self._perform(step, task, after, details)
         return after
 
-    async def end(self, task: TaskRecord, event: TaskInput, code: str, note: str) -> TaskRecord:
+    async def end(
+        self, task: TaskRecord, event: TaskInput, code: str, note: str, result: str = ""
+    ) -> TaskRecord:
         """`apply` of an input that ends the task, with its error code (empty when it
-        completed) and note, logged with the event."""
-        changes = {"error_code": code, "note": note, "updated_at": self._clock.now()}
-        return await self.apply(task, event, changes, error_code=code, note=note)
+        completed), note and result (JSON text, core/tasks/result.py), logged with the event
+        (the result by its size)."""
+        changes = {"error_code": code, "note": note, "updated_at": self._clock.now(),
+                   "result": result}  # fmt: skip
+        details: dict[str, Any] = {"error_code": code, "note": note}
+        if result:
+            details["result_size"] = len(result.encode())
+        return await self.apply(task, event, changes, **details)
 
     def submission_event(self, record: TaskRecord) -> EventDraft:
         """The event of `TaskMachine.SUBMITTED` for a new submission's record (its priority,
@@ -122,6 +133,7 @@ class TaskTransitions:
                     events = [self._event(step, after, details)] if logged else []
                     await self._events.commit(events, partial(self._store.put, after))
                 live.stored(after)
+                self._watch.changed(after)
             elif effect is _E.EMIT_EVENT:
                 if not logged:
                     self._events.queue(self._event(step, after, details))

@@ -8,7 +8,7 @@ with the specific error or hands the handler a context that carries the principa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
 
 from apiary.core.access.decision import (
@@ -25,9 +25,9 @@ from apiary.errors import ApiaryError, PermissionDeniedError, UnauthenticatedErr
 from apiary.server.auth.authenticator import Authenticator
 from apiary.server.context import AGENT_KEY, CallContext
 
-OwnerOf = Callable[[str, str], str | None]
-"""The owner of an object by (tenant, id) (the agent that made a tool call), None when there
-is none."""
+OwnerOf = Callable[[str, str], Awaitable[str | None]]
+"""The owner of an object by (tenant, id) (the agent that made a tool call, the principal
+that submitted a task), None when there is none."""
 MAX_OBJECT_TEXT = 256
 
 
@@ -58,13 +58,13 @@ class AccessGuard:
         *,
         again: bool = False,
     ) -> CallContext:
-        """`ctx` with the call's principal once `rule` lets it make the call `action` with
-        `request` (None: decided on the principal alone, as when a stream opens); else the
-        refusal, recorded. `again`: the call was admitted before and is decided anew (a
-        long-lived stream): only a refusal is recorded, so that deciding again makes no
-        events for the stream to carry."""
+        """`ctx` with the call's principal once `rule` lets it make the call `action`, decided
+        on the principal alone (as when a stream opens); else the refusal, recorded.
+        `again`: the call was admitted before and is decided anew (a long-lived stream):
+        only a refusal is recorded, so that deciding again makes no events for the stream to
+        carry."""
         ctx, tenant = self.authenticate(action, ctx)
-        self.check(action, rule, request, ctx, tenant, again=again)
+        self._decide(action, rule, [], None, ctx, tenant, again=again)
         return ctx
 
     def authenticate(self, action: str, ctx: CallContext) -> tuple[CallContext, str]:
@@ -85,25 +85,40 @@ class AccessGuard:
             raise
         return ctx, tenant
 
-    def check(
+    async def check(
         self,
         action: str,
         rule: Rule,
         request: object | None,
         ctx: CallContext,
         tenant: str = DEFAULT_TENANT,
-        *,
-        again: bool = False,
     ) -> None:
         """Decide one request of a call whose principal is known (each frame of a stream)."""
-        principal = ctx.principal
         operators = self._authenticator.operators_configured
-        if unconditional(principal, rule, secure=self.secure, operators=operators):
+        if unconditional(ctx.principal, rule, secure=self.secure, operators=operators):
             return
         subjects = _subjects(rule, request)
         owner = None
         if rule.who is Who.OWNER and subjects:
-            owner = self._owners[rule.owner](tenant, subjects[0])
+            owner = await self._owners[rule.owner](tenant, subjects[0])
+        self._decide(action, rule, subjects, owner, ctx, tenant)
+
+    def _decide(
+        self,
+        action: str,
+        rule: Rule,
+        subjects: list[str],
+        owner: str | None,
+        ctx: CallContext,
+        tenant: str,
+        *,
+        again: bool = False,
+    ) -> None:
+        """Decide a call once what its request names (subjects, the owner) is known."""
+        principal = ctx.principal
+        operators = self._authenticator.operators_configured
+        if unconditional(principal, rule, secure=self.secure, operators=operators):
+            return
         decision = decide(
             principal, rule, subjects, owner=owner, secure=self.secure,
             claimed=ctx.get(AGENT_KEY), operators=operators,
@@ -124,7 +139,7 @@ class AccessGuard:
         tenant = ctx.tenant()
         async for frame in frames:
             if checking:
-                self.check(action, rule, frame, ctx, tenant)
+                await self.check(action, rule, frame, ctx, tenant)
             yield frame
 
     def _record(

@@ -15,12 +15,12 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.server.dispatch import Dispatcher, Route
 from apiary.server.errormap import answer_for, clip
+from apiary.server.grpc.reflection import enable_reflection
 from apiary.server.metrics import Metrics
 from apiary.wire.errordetail import ERROR_TRAILER, encode_error_detail
 from apiary.wire.services import SERVICES
@@ -83,8 +83,9 @@ def _context(ctx: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
         return found[0] if found else b""
 
     return CallContext(
-        transport="grpc", metadata=metadata, peer=ctx.peer() or "", peer_certificate=certificate
-    )
+        transport="grpc", metadata=metadata, peer=ctx.peer() or "", peer_certificate=certificate,
+        time_remaining=ctx.time_remaining,
+    )  # fmt: skip
 
 
 async def _abort(
@@ -192,7 +193,7 @@ def build_grpc_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
-    reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
+    enable_reflection(server, names)
     return server, health_servicer
 
 

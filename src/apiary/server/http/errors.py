@@ -27,7 +27,7 @@ from apiary.errors import (
     ValidationError,
 )
 from apiary.server.errormap import ErrorAnswer, answer_for, clip
-from apiary.server.metrics import Metrics
+from apiary.server.metrics import UNKNOWN_METHOD, Metrics
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -99,7 +99,7 @@ def route_label(request: web.Request) -> str:
     """The route a request matched as its canonical pattern (a bounded set: metrics labels
     and log lines never carry what a client typed as a path)."""
     resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else "(no route)"
+    return resource.canonical if resource is not None else UNKNOWN_METHOD
 
 
 def error_middleware(

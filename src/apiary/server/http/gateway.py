@@ -3,8 +3,9 @@
 The body is the request message in the proto3 JSON mapping (bytes as base64); a top-level
 `recipient` field, or the `sw4rm-recipient` header, addresses a SendMessage (DESIGN.md
 section 4). Unary answers are the response message as JSON; server-streaming answers are
-newline-delimited JSON, one message per line. Errors answer the status of the error table
-with `{"error": {"code", "message", "details"}}`.
+newline-delimited JSON, one message per line; every field without presence is printed, its
+default included (`_to_json`). Errors answer the status of the error table with
+`{"error": {"code", "message", "details"}}`.
 
 Bodies are read strictly, so that nothing a client sends reaches a handler malformed or
 answers 500: over MAX_BODY is oversize_payload (413); a body that is not JSON as
@@ -35,13 +36,13 @@ from apiary.server.dispatch import Dispatcher, Route
 from apiary.server.errormap import answer_for, clip
 from apiary.server.http.access import http_context
 from apiary.server.http.errors import error_body, error_response, oversize_error
-from apiary.server.metrics import Metrics
+from apiary.server.metrics import UNKNOWN_METHOD, Metrics
 
 MAX_BODY = 20 * 1024 * 1024
 MAX_JSON_DEPTH = 100
 """Nesting of arrays and objects in a request body at most (the proto3 JSON parser's own
 recursion limit; JSON a request carries inside a field meets `[limits] json_depth`)."""
-UNKNOWN_RPC = "/(unknown)"
+UNKNOWN_RPC = UNKNOWN_METHOD
 """The metrics label of calls to methods that do not exist (what a client typed is never a
 label: labels are kept for the life of the process)."""
 
@@ -52,7 +53,13 @@ _DECODE_FAILURES = (json_format.ParseError, ValueError, TypeError, OverflowError
 
 
 def _to_json(msg: Message) -> dict[str, Any]:
-    return json_format.MessageToDict(msg, preserving_proto_field_name=True)
+    """A response in the proto3 JSON mapping with every field shown, defaults included
+    (`"accepted": false`, `"entries": []`, `"reason": ""`): an answer says what happened
+    instead of leaving a client to know which absent fields mean false, zero or empty. Fields
+    with presence (messages, oneofs, `optional`) still appear only when set."""
+    return json_format.MessageToDict(
+        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
 
 
 def _json_body(raw: bytes, where: str) -> Any:

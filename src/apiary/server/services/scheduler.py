@@ -1,19 +1,30 @@
 """sw4rm.scheduler.SchedulerService: tasks, preemption and shutdown (engine/scheduler/scheduler.py);
 PollActivityBuffer and PurgeActivity are the activity buffer's (services/activity.py).
-apiary.v1.TaskQueryService: the task reads SchedulerService lacks."""
+apiary.v1.TaskQueryService: what SchedulerService lacks: submissions that answer with their
+task, results back to the submitter (WaitTask, WatchTasks, the agent's CompleteTask), reads
+and cancellation (docs/scheduler.md, "Results")."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from typing import Final
+
 from apiary.core.access.principal import PrincipalKind
-from apiary.core.json_reader import check_nesting
+from apiary.core.json_reader import check_nesting, read_json
+from apiary.core.limits import utf8_size
 from apiary.core.records import TaskRecord
 from apiary.engine.hitl import Hitl
-from apiary.engine.scheduler.scheduler import Scheduler, Submission
-from apiary.errors import ValidationError
+from apiary.engine.scheduler.scheduler import Scheduler, Submission, SubmitResult
+from apiary.errors import OversizePayloadError, ValidationError, error_for_code
 from apiary.server.context import CallContext
 from apiary.server.services.activity import ActivityHandler
 from apiary.server.services.negotiation import caller_name
-from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
+from apiary.server.services.request_checks import (
+    DEFAULT_CHECKS,
+    RequestChecks,
+    checked,
+    checks_inside,
+)
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp
 
@@ -25,9 +36,11 @@ task's lane (RFC 7.3)."""
 
 
 def _submitter(ctx: CallContext) -> str:
-    """Who submits: the authenticated principal; an anonymous caller's own say (dev mode)."""
+    """Who submits (and watches its tasks): the authenticated principal; an anonymous
+    caller's own say in dev mode (`apiary-submitter`, else the agent `sw4rm-agent-id`
+    names)."""
     if ctx.principal.kind is PrincipalKind.ANONYMOUS:
-        return ctx.metadata.get(SUBMITTER_METADATA, "")
+        return ctx.metadata.get(SUBMITTER_METADATA, "") or ctx.agent_id()
     return ctx.principal.name
 
 
@@ -45,15 +58,11 @@ class SchedulerHandler:
         self.purge_activity = activity.purge_activity
 
     async def submit_task(self, req: s.SubmitTaskRequest, ctx: CallContext) -> s.SubmitTaskResponse:
-        check_nesting(req.scope, "scope", self._checks.limits.json_depth)
-        result = await self._scheduler.submit(
-            Submission(
-                agent_id=req.agent_id, task_id=req.task_id, priority=req.priority,
-                params=bytes(req.params), content_type=req.content_type, scope=req.scope,
-                submitter=_submitter(ctx),
-            )
-        )  # fmt: skip
-        return s.SubmitTaskResponse(accepted=result.accepted, reason=result.reason)
+        result = await _submit(self._scheduler, self._checks, req, ctx)
+        reason = result.reason
+        if result.task is not None and result.task.task_id != req.task_id:  # one assigned
+            reason = f"task {result.task.task_id}: {reason}"
+        return s.SubmitTaskResponse(accepted=result.accepted, reason=reason)
 
     async def request_preemption(
         self, req: s.PreemptRequest, ctx: CallContext
@@ -96,6 +105,19 @@ class AgentControlHandler:
         return a.AgentControlResponse(agent_id=agent_id, state=state.value if state else "")
 
 
+async def _submit(
+    scheduler: Scheduler, checks: RequestChecks, req: s.SubmitTaskRequest, ctx: CallContext
+) -> SubmitResult:
+    check_nesting(req.scope, "scope", checks.limits.json_depth)
+    return await scheduler.submit(
+        Submission(
+            agent_id=req.agent_id, task_id=req.task_id, priority=req.priority,
+            params=bytes(req.params), content_type=req.content_type, scope=req.scope,
+            submitter=_submitter(ctx),
+        )
+    )  # fmt: skip
+
+
 def _agent(agent_id: str) -> str:
     if not agent_id:
         raise ValidationError.for_field("agent_id", "is required")
@@ -104,9 +126,15 @@ def _agent(agent_id: str) -> str:
 
 MAX_TASKS = 1000
 """Tasks per ListTasks answer at most."""
+DEADLINE_MARGIN_S: Final = 0.05
+"""WaitTask answers this long before the call's deadline, so that the answer arrives."""
 
 
-def task_view(task: TaskRecord, *, with_params: bool = False) -> a.TaskView:
+def task_view(
+    task: TaskRecord, *, with_params: bool = False, with_result: bool = True
+) -> a.TaskView:
+    """A task as apiary.v1 shows it: its params only when asked (GetTask), its result
+    unless told otherwise (ListTasks gives its size alone)."""
     return a.TaskView(
         task_id=task.task_id, agent_id=task.agent_id, priority=task.priority, state=task.state,
         scope=task.scope, lane=task.lane, attempts=task.attempts, message_id=task.message_id,
@@ -115,6 +143,8 @@ def task_view(task: TaskRecord, *, with_params: bool = False) -> a.TaskView:
         updated_at=float_to_timestamp(task.updated_at), seq=task.seq,
         correlation_id=task.flow_id, content_type=task.content_type,
         params_size=len(task.params), params=task.params if with_params else b"",
+        submitter=task.submitter, result_json=task.result if with_result else "",
+        result_size=utf8_size(task.result),
     )  # fmt: skip
 
 
@@ -134,7 +164,7 @@ class TaskQueryHandler:
             int(req.after_seq) if req.HasField("after_seq") else -1,
             min(req.limit or 100, MAX_TASKS),
         )  # fmt: skip
-        return a.ListTasksResponse(tasks=[task_view(t) for t in tasks])
+        return a.ListTasksResponse(tasks=[task_view(t, with_result=False) for t in tasks])
 
     async def get_task(self, req: a.GetTaskRequest, ctx: CallContext) -> a.TaskView:
         if not req.task_id:
@@ -146,3 +176,68 @@ class TaskQueryHandler:
             raise ValidationError.for_field("task_id", "is required")
         by, _ = caller_name(ctx)
         return task_view(await self._scheduler.cancel(req.task_id, req.reason, by))
+
+    async def submit_task(self, req: s.SubmitTaskRequest, ctx: CallContext) -> a.SubmitTaskReply:
+        """A refusal is its error (buffer_full, duplicate_detected); a duplicate job held for
+        HITL is its HELD task."""
+        result = await _submit(self._scheduler, self._checks, req, ctx)
+        task = result.task
+        if task is None:
+            code = result.error_code or "internal_error"
+            raise error_for_code(code, result.reason, {"agent_id": req.agent_id})
+        return a.SubmitTaskReply(task=task_view(task), created=result.created, reason=result.reason)
+
+    async def wait_task(self, req: a.WaitTaskRequest, ctx: CallContext) -> a.TaskView:
+        if not req.task_id:
+            raise ValidationError.for_field("task_id", "is required")
+        windows = [req.timeout_ms / 1000] if req.timeout_ms else []
+        remaining = ctx.time_remaining()
+        if remaining is not None:
+            windows.append(remaining - DEADLINE_MARGIN_S)
+        timeout = max(0.0, min(windows)) if windows else None
+        return task_view(await self._scheduler.wait(req.task_id, timeout))
+
+    async def watch_tasks(
+        self, req: a.WatchTasksRequest, ctx: CallContext
+    ) -> AsyncIterator[a.TaskView]:
+        submitter = req.submitter or _submitter(ctx)
+        async for task in self._scheduler.watch_tasks(submitter, frozenset(req.task_ids)):
+            yield task_view(task)
+
+    @checks_inside
+    async def complete_task(
+        self, req: a.CompleteTaskRequest, ctx: CallContext
+    ) -> a.CompleteTaskResponse:
+        """The size of result_json is checked first: a result past task_result_bytes fails
+        the task (oversize_payload) before the call answers oversize_payload."""
+        for name in ("task_id", "agent_id"):
+            if not getattr(req, name):
+                raise ValidationError.for_field(name, "is required")
+        limit = self._checks.limits.task_result_bytes
+        size = utf8_size(req.result_json)
+        if size > limit and not req.error_code:
+            why = (
+                f"the result is {size} bytes of JSON, more than the {limit}-byte limit "
+                "([limits] task_result_bytes): return a reference to larger results"
+            )
+            await self._scheduler.complete(
+                req.task_id, req.agent_id, error_code=OversizePayloadError.code, message=why
+            )
+            raise OversizePayloadError(why, {"field": "result_json", "task_id": req.task_id})
+        self._checks.check_metadata(ctx)
+        self._checks.check(req)
+        result = ""
+        if req.error_code:
+            if req.result_json:
+                raise ValidationError.for_field("result_json", "must be empty with error_code")
+        elif req.result_json.strip():
+            read_json(req.result_json, "result_json", max_bytes=limit,
+                      max_depth=self._checks.limits.json_depth)  # fmt: skip
+            result = req.result_json.strip()
+        task = await self._scheduler.complete(
+            req.task_id, req.agent_id, result=result, error_code=req.error_code,
+            message=req.message,
+        )  # fmt: skip
+        return a.CompleteTaskResponse(
+            task_id=task.task_id, state=task.state, error_code=task.error_code
+        )

@@ -1,4 +1,5 @@
-"""The task store: the `tasks` table, one row per Scheduler task; params is a BLOB/BYTEA.
+"""The task store: the `tasks` table, one row per Scheduler task; params is a BLOB/BYTEA,
+result the agent's JSON value as text (schema version 18).
 
 A put whose seq belongs to another task fails with StoreError (the unique index on seq)
 and changes nothing.
@@ -41,6 +42,8 @@ class TaskRow(NamedTuple):
     note: str
     lane: str
     correlation_id: str
+    submitter: str
+    result: str
 
 
 TASKS = Columns(TaskRow)
@@ -72,6 +75,8 @@ def task_row(record: TaskRecord) -> tuple[Any, ...]:
         record.note,
         record.lane,
         record.correlation_id,
+        record.submitter,
+        record.result,
     )
 
 
@@ -98,6 +103,8 @@ def task_from_row(fetched: Sequence[Any]) -> TaskRecord:
         note=row.note,
         lane=row.lane,
         correlation_id=row.correlation_id,
+        submitter=row.submitter,
+        result=row.result,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -83,6 +84,8 @@ async def tasks_are_put_and_read(factory: StoreFactory) -> None:
         note="redispatched after a restart",
         lane="PRIVILEGED",
         correlation_id="workflow-7",
+        submitter="app:ci",
+        result='{"summary": "ok", "lines": [1, 2, 3]}',
     )
     minimal = TaskRecord(
         task_id="task-2",
@@ -109,6 +112,7 @@ async def tasks_are_put_and_read(factory: StoreFactory) -> None:
         assert other is not None
         assert (other.scope, other.job_key, other.params, other.content_type) == ("", "", b"", "")
         assert (other.agent_type, other.message_id, other.error_code, other.note) == ("",) * 4
+        assert (other.submitter, other.result) == ("", "")
         assert other.attempts == 0
         assert await store.tasks.list() == [full, minimal]
         # Unknown ids, ids that differ in case only, and the empty id are not found.
@@ -170,6 +174,28 @@ async def large_task_params_round_trip(factory: StoreFactory) -> None:
         assert reversed_ is not None
         assert reversed_.params == params[::-1]
         assert [t.params for t in await store.tasks.list()] == [params, params[::-1]]
+
+
+@_check
+async def large_task_results_round_trip(factory: StoreFactory) -> None:
+    """A result is JSON text up to the default task_result_bytes (1 MiB), any Unicode in it,
+    stored with the task as it ends and read back as written."""
+    item = json.dumps({"text": UNICODE * 40}, ensure_ascii=False)
+    result = "[" + ",".join([item] * ((1 << 20) // (len(item.encode()) + 1) - 1)) + "]"
+    assert len(result.encode()) <= 1 << 20
+    async with factory.open() as store:
+        running = task_record("t-1", 1, state=TaskState.RUNNING.value, submitter="agent-a")
+        await store.tasks.put(running)
+        done = replace(running, state=TaskState.COMPLETED, result=result, updated_at=T0 + 9)
+        await store.tasks.put(done)
+        stored = await store.tasks.get("t-1")
+        assert stored == done
+        assert stored is not None and stored.result == result
+        assert await store.tasks.list() == [done]
+        # An ending that clears the result (a retried write, say) stores '' again.
+        await store.tasks.put(replace(done, result=""))
+        again = await store.tasks.get("t-1")
+        assert again is not None and again.result == ""
 
 
 @_check

@@ -41,5 +41,17 @@ function record(t) {
     ["correlation id", !workflow && t.correlation_id !== t.task_id ? t.correlation_id : ""],
     ["message", t.message_id ? el("span", {class: "mono", text: t.message_id}) : ""],
     ["parameters", t.params_size ? `${t.params_size} bytes of ${t.content_type || "?"}` : ""],
+    ["submitter", t.submitter],
+    ["result", resultText(t)],
   ]);
+}
+
+const RESULT_SHOWN = 400;
+
+/** The task's result (JSON), its first characters when it is long. */
+function resultText(t) {
+  const text = t.result_json || "";
+  if (text.length <= RESULT_SHOWN) return text ? el("span", {class: "mono", text}) : "";
+  const size = Number(t.result_size || text.length);
+  return el("span", {class: "mono", text: `${text.slice(0, RESULT_SHOWN)}… (${size} bytes)`});
 }
