@@ -26,6 +26,7 @@ from apiary.server.config.loader import checked_serving, load_config
 from apiary.server.config.server import ServerConfig, exposure_problem, secured
 from apiary.server.coordinator import Coordinator, open_coordinator
 from apiary.server.interpreter import tune_for_serving
+from apiary.store.claim import StoreClaimedError
 from apiary.store.errors import SchemaVersionError, StoreOpenError
 from apiary.store.open import sqlite_location
 
@@ -96,7 +97,7 @@ def serve(
     log = configure_logging(settings.log_level, settings.data_dir, log_format)
     try:
         asyncio.run(_run(settings, log, summary=log_format is LogFormat.TEXT))
-    except (StoreOpenError, SchemaVersionError) as exc:
+    except (StoreOpenError, SchemaVersionError, StoreClaimedError) as exc:
         # The store cannot be used as it is: one line naming the file, the cause and the fix.
         typer.echo(f"apiary serve: {exc}", err=True)
         raise typer.Exit(2) from None

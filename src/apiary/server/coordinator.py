@@ -17,6 +17,7 @@ from grpc_health.v1 import health as grpc_health
 
 from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.core.clock import Clock
+from apiary.core.dedup import iso_utc
 from apiary.engine.activity import Activity
 from apiary.engine.assembly import (
     Engine,
@@ -84,6 +85,7 @@ from apiary.server.tenancy import (
     tenant_engine,
 )
 from apiary.server.tls import grpc_credentials, http_context
+from apiary.store.claim import Holder, claim_store
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.store.sqlite.store import SqliteStore
@@ -263,6 +265,7 @@ async def open_coordinator(
     settings = router_settings or config.router
     async with (
         open_store(config.store or None, config.data_dir) as store,
+        claim_store(store, Holder.here(iso_utc(runtime.clock.now()))) as claim,
         AsyncExitStack() as optional,
     ):
         engine = build_engine(
@@ -300,6 +303,7 @@ async def open_coordinator(
         if swarm is not None:
             add_swarm_routes(app, swarm.node)
         state.tenancy = tenancy
+        await claim.describe(f"grpc {state.grpc_address} http {state.http_address}")
         runner = await _serve_http(app, http_socket, config)
         await server.start()
         await set_serving(health, True)

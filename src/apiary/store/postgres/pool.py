@@ -75,6 +75,11 @@ class PostgresPool:
         """The schema every connection works in."""
         return self._schema
 
+    @property
+    def conninfo(self) -> str:
+        """What the connections connect to (a libpq string or URL)."""
+        return self._conninfo
+
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[Connection]:
         """Lend a connection for the duration of the block."""
