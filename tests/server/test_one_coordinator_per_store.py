@@ -64,8 +64,9 @@ async def test_a_second_coordinator_on_a_postgresql_schema_is_refused_naming_the
 
 
 @pytest.fixture
-def fast_watch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(claim_module, "WATCH_EVERY_S", 0.05)
+def checked_on_demand(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The claim's connection is checked when the test says (Claim.check_now), not by time."""
+    monkeypatch.setattr(claim_module, "WATCH_EVERY_S", 3600.0)
     yield
 
 
@@ -78,7 +79,7 @@ async def _until(condition: object, what: str) -> None:
 
 
 async def test_a_postgresql_claim_the_database_dropped_is_taken_again(
-    tmp_path: Path, postgres_dsn: str, postgres_schema: str, fast_watch: None
+    tmp_path: Path, postgres_dsn: str, postgres_schema: str, checked_on_demand: None
 ) -> None:
     holder = Holder.here("2026-11-27T00:00:00Z")
     async with (
@@ -89,17 +90,19 @@ async def test_a_postgresql_claim_the_database_dropped_is_taken_again(
         async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as admin:
             key = [LOCK_NAMESPACE, postgres_schema]
             await admin.execute(
-                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l"
+                "SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks l"
                 " WHERE l.locktype = 'advisory' AND l.classid = %s::bigint::oid"
                 " AND l.objid = (hashtext(%s)::bigint & 4294967295)::oid",
                 key,
             )
-            # Someone else holds it before the watcher comes back: the claim is lost...
+            # Someone else holds it before the claim is checked again: the claim is lost...
             taken = await admin.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key)
             assert (await taken.fetchone()) == (True,)
+            claim.check_now()
             await _until(lambda: claim.lost, "the lost claim is noticed")
             await admin.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", key)
             # ... and held again once it is free.
+            claim.check_now()
             await _until(lambda: not claim.lost, "the claim is taken again")
             again = await admin.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key)
             assert (await again.fetchone()) == (False,)

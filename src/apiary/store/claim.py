@@ -85,6 +85,10 @@ class Claim:
         self.lost = False
         """The database dropped the claim and another coordinator took it (PostgreSQL)."""
 
+    def check_now(self) -> None:
+        """Check that the claim is still held without waiting for the next check (a claim
+        the operating system holds cannot be lost: nothing to do)."""
+
     async def describe(self, addresses: str) -> None:
         self.holder = Holder(self.holder.pid, self.holder.host, self.holder.since, addresses)
 
@@ -164,6 +168,11 @@ class _SchemaClaim(Claim):
     def __init__(self, holder: Holder, conn: psycopg.AsyncConnection[Any]) -> None:
         super().__init__(holder)
         self.conn = conn
+        self.due = asyncio.Event()
+        """Set: check the connection now instead of at the next WATCH_EVERY_S."""
+
+    def check_now(self) -> None:
+        self.due.set()
 
     async def describe(self, addresses: str) -> None:
         await super().describe(addresses)
@@ -228,7 +237,9 @@ async def _watch(claim: _SchemaClaim, conninfo: str, schema: str) -> None:
     """Keep the claim: check its connection; take the claim again on a new one when the
     database dropped it."""
     while True:
-        await asyncio.sleep(WATCH_EVERY_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(claim.due.wait(), WATCH_EVERY_S)
+        claim.due.clear()
         try:
             await claim.conn.execute("SELECT 1")
             continue
