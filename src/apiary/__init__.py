@@ -13,7 +13,8 @@ The agent SDK at the top level (imported on first use, so `import apiary.core...
 
 `apiary.Client` has typed clients for every service and submits tasks whose handles give
 their results back (`await handle.result()`); exceptions are `apiary.errors`, a task's
-outcome `TaskFailedError`, `TaskHeldError` and `TaskTimeoutError`.
+outcome `TaskFailedError`, `TaskHeldError` and `TaskTimeoutError`. `apiary.RuntimeClient`
+drives the runtime control plane (sessions, threads, turns) over the HTTP port.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from apiary.sdk.connection import Connection, Delivery
     from apiary.sdk.errors import TaskFailedError, TaskHeldError, TaskTimeoutError
     from apiary.sdk.handoff import Handoff, HandoffTicket
+    from apiary.sdk.runtime import RuntimeClient
     from apiary.sdk.scheduler import SchedulerClient
     from apiary.sdk.task_handle import TaskHandle, TaskStatus
     from apiary.sdk.tasks import Preempted, TaskContext, current_task
@@ -50,6 +52,7 @@ _EXPORTS = {
     "Delivery": "apiary.sdk.connection",
     "Handoff": "apiary.sdk.handoff",
     "HandoffTicket": "apiary.sdk.handoff",
+    "RuntimeClient": "apiary.sdk.runtime",
     "SchedulerClient": "apiary.sdk.scheduler",
     "TaskFailedError": "apiary.sdk.errors",
     "TaskHeldError": "apiary.sdk.errors",
@@ -77,6 +80,7 @@ __all__ = [
     "MessageType",
     "Preempted",
     "Rejected",
+    "RuntimeClient",
     "SchedulerClient",
     "TaskContext",
     "TaskFailedError",

@@ -35,6 +35,7 @@ SOURCE_PREFIXES = (
     "advanced-patterns",
     "interop ",
     "swarm-protocol ",
+    "runtime-control-plane ",
 )
 
 # --------------------------------------------------------------------------- real suite

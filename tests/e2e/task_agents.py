@@ -1,5 +1,6 @@
-"""The agent process of test_preemption_processes.py, built on the SDK only:
-`python -m tests.e2e.task_agents AGENT_ID COORDINATOR`.
+"""The agent process of test_preemption_processes.py and test_shared_queue_processes.py, built
+on the SDK only: `python -m tests.e2e.task_agents AGENT_ID COORDINATOR [CAPABILITY ...]` (the
+capabilities it offers, for shared queues).
 
 It runs Scheduler tasks with `TaskRunner`; the task's params choose the behaviour:
 
@@ -110,8 +111,8 @@ class Behaviours:
                 say("ignored_cancel", task=task.task_id)
 
 
-async def main(agent_id: str, coordinator: str) -> None:
-    async with Agent(agent_id, coordinator=coordinator) as agent:
+async def main(agent_id: str, coordinator: str, capabilities: list[str]) -> None:
+    async with Agent(agent_id, coordinator=coordinator, capabilities=capabilities) as agent:
         behaviours = Behaviours(agent)
         runner = TaskRunner(agent, behaviours.handle, on_message=behaviours.on_message)
         say("ready", agent=agent_id)
@@ -119,4 +120,4 @@ async def main(agent_id: str, coordinator: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3:]))

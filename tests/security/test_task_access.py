@@ -128,3 +128,32 @@ async def test_only_the_agent_a_task_was_dispatched_to_reports_its_outcome(
         assert isinstance(done, a.CompleteTaskResponse) and done.state == "COMPLETED"
         view = await _status(secure, "WaitTask", a.WaitTaskRequest(task_id=task_id), "app")
         assert isinstance(view, a.TaskView) and view.result_json == "1"
+
+
+async def test_the_agent_a_shared_task_was_taken_back_from_cannot_complete_it(
+    tmp_path: Path,
+) -> None:
+    async with open_secure(tmp_path) as secure:
+        for agent in ("alice", "bob"):
+            await secure.coordinator.registry.register({
+                "agent_id": agent, "name": agent, "reasoning_connectors": ["builtin://rules"],
+                "capabilities": ["review"],
+            })  # fmt: skip
+        scheduler = secure.coordinator.scheduler
+        assert scheduler is not None
+        await scheduler.agent_ready("alice")
+        request = a.SubmitTaskRequest(capability="review", params=b"{}", scope="repo:app")
+        reply = await secure.call(TASKS["SubmitTask"], request, "app")
+        assert isinstance(reply, a.SubmitTaskReply) and reply.task.agent_id == "alice"
+        task_id = reply.task.task_id
+        await scheduler.agent_lost("alice", "missed heartbeats")
+        await scheduler.agent_ready("bob")
+        assert (await scheduler.find(task_id)).agent_id == "bob"
+        late = a.CompleteTaskRequest(task_id=task_id, agent_id="alice", result_json='"late"')
+        assert await _status(secure, "CompleteTask", late, "alice") == (
+            grpc.StatusCode.PERMISSION_DENIED
+        )
+        assert await _state(secure, task_id) == "DISPATCHED"  # bob's, unchanged
+        done = a.CompleteTaskRequest(task_id=task_id, agent_id="bob", result_json='"ok"', attempt=2)
+        answer = await _status(secure, "CompleteTask", done, "bob")
+        assert isinstance(answer, a.CompleteTaskResponse) and answer.state == "COMPLETED"

@@ -1,12 +1,12 @@
 """Sends while the database cuts the coordinator's connections (honest answers under store
 faults): PostgreSQL terminates the coordinator's own backends (`pg_terminate_backend`, by
-the application name its connections carry) again and again while producers send under
-idempotency tokens. Each send is answered accepted only when its admission committed, and
-`unavailable` otherwise (or when nobody can tell yet); retried with the same token, an
-operation whose first attempt did commit is answered already_in_progress, never admitted
-twice. Afterwards every stored message has its idempotency record and its event (both
-commit with the admission) and waits in its recipient's buffer: an admission whose commit
-the cut left in doubt is delivered once the store tells that it committed."""
+the application name its connections carry: tests/server/pg_cutter.py) again and again
+while producers send under idempotency tokens. Each send is answered accepted only when its
+admission committed, and `unavailable` otherwise (or when nobody can tell yet); retried with
+the same token, an operation whose first attempt did commit is answered already_in_progress,
+never admitted twice. Afterwards every stored message has its idempotency record and its
+event (both commit with the admission) and waits in its recipient's buffer: an admission
+whose commit the cut left in doubt is delivered once the store tells that it committed."""
 
 from __future__ import annotations
 
@@ -16,39 +16,21 @@ from collections import Counter
 from pathlib import Path
 
 import grpc
-import psycopg
 
 from apiary.core.events import EventFilter
 from apiary.engine.router.dedup_gate import cache_key
 from apiary.engine.settings import RouterSettings
 from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
+from tests.server.pg_cutter import cut_until, cut_url
 from tests.server.wire_client import envelope, error_detail, register
 
 OPERATIONS = 120
 IN_FLIGHT = 8
-CUT_EVERY_S = 0.2
 GIVE_UP_S = 120.0
 IN_PROGRESS = ("already_in_progress", "duplicate_detected")
 SETTINGS = RouterSettings(buffer_capacity=2 * OPERATIONS)
 """Room for every operation in bob's buffer: bob never reads, so each stays in progress."""
-
-
-async def _cut_until(stop: asyncio.Event, dsn: str, application: str) -> int:
-    """Terminate the coordinator's backends every CUT_EVERY_S until `stop`; how many."""
-    cut = 0
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
-        while not stop.is_set():
-            rows = await (
-                await admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE application_name = %s AND pid <> pg_backend_pid()",
-                    (application,),
-                )
-            ).fetchall()
-            cut += sum(1 for (done,) in rows if done)
-            await asyncio.sleep(CUT_EVERY_S)
-    return cut
 
 
 async def _operate(
@@ -88,7 +70,7 @@ async def test_a_cut_connection_answers_accepted_only_what_committed(
     tmp_path: Path, postgres_dsn: str, postgres_schema: str
 ) -> None:
     application = f"apiary-cut-{uuid.uuid4().hex[:8]}"
-    url = f"{postgres_dsn}?apiary_schema={postgres_schema}&application_name={application}"
+    url = cut_url(postgres_dsn, postgres_schema, application)
     tokens = [f"op-{i}" for i in range(OPERATIONS)]
     answers: Counter[str] = Counter()
     accepted: dict[str, str] = {}
@@ -99,7 +81,7 @@ async def test_a_cut_connection_answers_accepted_only_what_committed(
         await register(channel, "alice", "bob")
         router = pb.router_pb2_grpc.RouterServiceStub(channel)
         stop = asyncio.Event()
-        cutter = asyncio.create_task(_cut_until(stop, postgres_dsn, application))
+        cutter = asyncio.create_task(cut_until(stop, postgres_dsn, application))
         queue = iter(tokens)
 
         async def sender() -> None:

@@ -378,3 +378,40 @@ async def test_a_version_17_postgres_task_gets_an_empty_result_and_submitter(
         await conn.execute(f"INSERT INTO tasks ({V17_TASKS}) VALUES ({marks})", V17_TASK_ROW)
     async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
         await _check_tasks_upgraded(store)
+
+
+V18_TASKS = f"{V17_TASKS}, submitter, result"
+V18_TASK_ROW = (*V17_TASK_ROW, "app", "[1]")
+
+
+async def _check_tasks_have_no_queue(store: Store) -> None:
+    """A task stored before shared queues was submitted to its agent, with no attempt lost;
+    one stored now keeps its queue and lost attempts."""
+    task = await store.tasks.get("t-1")
+    assert task is not None and (task.submitter, task.result) == ("app", "[1]")
+    assert (task.agent_id, task.queue, task.lost_attempts) == ("agent-b", "", 0)
+    shared = replace(task, task_id="t-2", seq=1, agent_id="", queue="capability:x", lost_attempts=1)
+    await store.tasks.put(shared)
+    assert await store.tasks.get("t-2") == shared
+    assert [t.task_id for t in await store.tasks.list(queue="")] == ["t-1"]
+
+
+async def test_a_version_18_sqlite_task_is_one_agents_with_no_attempt_lost(tmp_path: Path) -> None:
+    path = tmp_path / "apiary.db"
+    with _sqlite_at(path, 18) as raw:
+        marks = ", ".join("?" * len(V18_TASK_ROW))
+        raw.execute(f"INSERT INTO tasks ({V18_TASKS}) VALUES ({marks})", V18_TASK_ROW)
+    async with open_sqlite_store(path) as store:
+        await _check_tasks_have_no_queue(store)
+
+
+@pytest.mark.postgres
+async def test_a_version_18_postgres_task_is_one_agents_with_no_attempt_lost(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as conn:
+        assert (await migrate_postgres(conn, postgres_schema, target=18))[-1] == 18
+        marks = ", ".join(["%s"] * len(V18_TASK_ROW))
+        await conn.execute(f"INSERT INTO tasks ({V18_TASKS}) VALUES ({marks})", V18_TASK_ROW)
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await _check_tasks_have_no_queue(store)

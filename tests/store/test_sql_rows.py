@@ -22,9 +22,10 @@ from apiary.core.records import (
     TaskRecord,
     TaskState,
 )
+from apiary.core.runtime.records import ChannelRecord, SessionRecord, ThreadRecord, TurnRecord
 from apiary.core.tools.descriptor import ToolDescriptor, ToolProviderRecord
 from apiary.core.worktrees.records import BindingState, WorktreeBinding
-from apiary.store.sql import dlq, handoffs, hitl, idempotency, tasks, tools, worktrees
+from apiary.store.sql import dlq, handoffs, hitl, idempotency, runtime, tasks, tools, worktrees
 from apiary.store.sql.columns import Columns
 
 _numbers = itertools.count(1)
@@ -105,6 +106,34 @@ CASES: list[tuple[str, Any, Callable[[Any], Any], Columns[Any], Callable[[Any], 
         worktrees.worktree_row,
         worktrees.WORKTREES,
         worktrees.worktree_from_row,
+    ),
+    (
+        "runtime_sessions",
+        distinct(SessionRecord),
+        runtime.session_row,
+        runtime.SESSIONS,
+        runtime.session_from_row,
+    ),
+    (
+        "runtime_threads",
+        distinct(ThreadRecord, queue_policy="queue", status="running"),
+        runtime.thread_row,
+        runtime.THREADS,
+        runtime.thread_from_row,
+    ),
+    (
+        "runtime_turns",
+        distinct(TurnRecord, state="preparing"),
+        runtime.turn_row,
+        runtime.TURNS,
+        runtime.turn_from_row,
+    ),
+    (
+        "runtime_channels",
+        distinct(ChannelRecord),
+        runtime.channel_row,
+        runtime.CHANNELS,
+        runtime.channel_from_row,
     ),
 ]
 

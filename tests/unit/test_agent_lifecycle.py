@@ -79,6 +79,21 @@ EXPECTED = {
     (S.SHUTTING_DOWN, I.COMPLETE): S.SHUTTING_DOWN,
     (S.SHUTTING_DOWN, I.SHUTDOWN_COMPLETE): S.SHUTTING_DOWN,
     (S.SHUTTING_DOWN, I.SHUTDOWN_TIMEOUT): S.FAILED,
+    # The coordinator lost the agent (missed heartbeats): from every state that holds or
+    # may take a task.
+    **{
+        (state, I.LOST): S.FAILED
+        for state in (
+            S.RUNNABLE,
+            S.SCHEDULED,
+            S.RUNNING,
+            S.WAITING,
+            S.WAITING_RESOURCES,
+            S.SUSPENDED,
+            S.RESUMED,
+            S.COMPLETED,
+        )
+    },
 }
 
 # RFC Appendix B, edge by edge, with the error code its label names ("" for none).
@@ -166,8 +181,12 @@ def test_rows_beyond_appendix_b_are_rfc_text_or_marked_derived() -> None:
     undrawn = {(s, e) for (s, e), t in EXPECTED.items() if (s, t) not in drawn}
     # 8.1 COMPLETED: "before transitioning to RUNNABLE"; 8.3 WAITING: "MAY escalate to HITL".
     from_text = {(S.COMPLETED, I.REPORTED), (S.WAITING, I.WAITING_TIMEOUT)}
-    # INIT_FAILED shares the drawn INITIALIZING --> FAILED edge of init_timeout.
-    assert undrawn == from_text | (DERIVED_ROWS - {(S.INITIALIZING, I.INIT_FAILED)})
+    # INIT_FAILED shares the drawn INITIALIZING --> FAILED edge of init_timeout; LOST the
+    # drawn RUNNING, WAITING_RESOURCES and SUSPENDED --> FAILED edges.
+    on_drawn_edges = {(S.INITIALIZING, I.INIT_FAILED)} | {
+        (s, I.LOST) for s in (S.RUNNING, S.WAITING_RESOURCES, S.SUSPENDED)
+    }
+    assert undrawn == from_text | (DERIVED_ROWS - on_drawn_edges)
     assert all(row in EXPECTED for row in DERIVED_ROWS)
 
 

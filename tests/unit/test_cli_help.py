@@ -29,6 +29,8 @@ CLIENT_COMMANDS_WITHOUT_COORDINATOR = {
 """Commands that take no coordinator address: the server itself, local files, the demo."""
 LOCAL_GROUPS = ("apiary auth", "apiary certs", "apiary swarm")
 """Groups that work on local files or swarm peers, not on a coordinator's gRPC port."""
+HTTP_GROUPS = ("apiary runtime",)
+"""Groups that call a coordinator's HTTP port (`--http`), not its gRPC port."""
 
 
 def _commands(command: Any, path: str) -> Iterator[tuple[str, Any]]:
@@ -41,9 +43,11 @@ COMMANDS = list(_commands(typer.main.get_command(app), "apiary"))
 LEAVES = [(path, c) for path, c in COMMANDS if not getattr(c, "commands", None)]
 CLIENT_LEAVES = [
     (path, c) for path, c in LEAVES
-    if path not in CLIENT_COMMANDS_WITHOUT_COORDINATOR and not path.startswith(LOCAL_GROUPS)
+    if path not in CLIENT_COMMANDS_WITHOUT_COORDINATOR
+    and not path.startswith((*LOCAL_GROUPS, *HTTP_GROUPS))
 ]  # fmt: skip
-"""The commands that call a coordinator."""
+"""The commands that call a coordinator's gRPC port."""
+HTTP_LEAVES = [(path, c) for path, c in LEAVES if path.startswith(HTTP_GROUPS)]
 
 
 def _help(path: str) -> str:
@@ -87,6 +91,15 @@ def test_every_client_command_takes_the_one_coordinator_option(path: str, comman
     if path != "apiary negotiation open":  # its --profile is a policy profile's
         assert "--profile" in flags, f"{path} has no --profile"
     assert "--grpc" not in _help(path)
+
+
+@pytest.mark.parametrize(("path", "command"), HTTP_LEAVES, ids=[p for p, _ in HTTP_LEAVES])
+def test_every_http_client_command_takes_the_http_address_and_a_profile(
+    path: str, command: Any
+) -> None:
+    flags = {flag for p in command.params for flag in getattr(p, "opts", ())}
+    assert {"--http", "--profile"} <= flags, f"{path} lacks --http or --profile"
+    assert "--coordinator" not in flags, f"{path} calls the HTTP port, not gRPC"
 
 
 def test_serve_keeps_its_own_grpc_listen_address() -> None:

@@ -26,6 +26,7 @@ PINNED = {
     "MessageType": "apiary.core.envelope",
     "Preempted": "apiary.sdk.tasks",
     "Rejected": "apiary.sdk.agent",
+    "RuntimeClient": "apiary.sdk.runtime",
     "SchedulerClient": "apiary.sdk.scheduler",
     "TaskContext": "apiary.sdk.tasks",
     "TaskFailedError": "apiary.sdk.errors",

@@ -129,11 +129,20 @@ def test_a_held_duplicate_is_authorized_denied_or_cancelled() -> None:
 
 
 @pytest.mark.parametrize("state", HELD_BY_AGENT)
-@pytest.mark.parametrize("event", [I.RETRY, I.YIELD])
+@pytest.mark.parametrize("event", [I.RETRY, I.YIELD, I.REQUEUE])
 def test_a_requeue_frees_the_agent_and_wakes_it(state: S, event: I) -> None:
     step = TaskMachine.step(state, event)
     assert step.state is S.QUEUED and step.event == "task.requeued"
     assert step.effects[0] is E.RELEASE and step.effects[-1] is E.WAKE
+
+
+@pytest.mark.parametrize("state", HELD_BY_AGENT)
+def test_a_task_lost_with_its_agent_goes_back_to_its_queue_or_fails(state: S) -> None:
+    requeued = TaskMachine.step(state, I.REQUEUE)
+    assert requeued.effects == (E.RELEASE, E.PERSIST, E.EMIT_EVENT, E.ENQUEUE, E.WAKE)
+    abandoned = TaskMachine.step(state, I.ABANDON)
+    assert abandoned.state is S.FAILED and E.FREE_AGENT not in abandoned.effects
+    assert not TaskMachine.allows(S.QUEUED, I.REQUEUE)
 
 
 def test_only_waiting_rows_keep_the_state() -> None:

@@ -91,6 +91,7 @@ def test_the_same_submission_is_every_field_a_submitter_gives() -> None:
     changes: dict[str, Any] = {
         "agent_id": "b", "priority": 3, "params": b"[]", "content_type": "text/plain",
         "scope": "repo:y", "correlation_id": "wf", "submitter": "other",
+        "queue": "capability:review",
     }  # fmt: skip
     assert set(changes) == set(SUBMISSION_FIELDS)
     for name, value in changes.items():

@@ -198,12 +198,19 @@ class OutboundEnvelope(_message.Message):
     MSG_FIELD_NUMBER: _builtins.int
     RECIPIENT_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    TRACESTATE_FIELD_NUMBER: _builtins.int
     recipient: _builtins.str
     signature: _builtins.bytes
     """Ed25519 signature of msg's deterministic serialization by the producer's registered key;
     required when the coordinator has message signing on (what `sw4rm-signature` metadata
     carries for a unary SendMessage).
     """
+    traceparent: _builtins.str
+    """W3C trace context of the send (docs/tracing.md): what `traceparent` and `tracestate`
+    metadata carry for a unary SendMessage. Empty: the stream's metadata, if any.
+    """
+    tracestate: _builtins.str
     @_builtins.property
     def msg(self) -> _common_pb2.Envelope: ...
     def __init__(
@@ -212,10 +219,12 @@ class OutboundEnvelope(_message.Message):
         msg: _common_pb2.Envelope | None = ...,
         recipient: _builtins.str = ...,
         signature: _builtins.bytes = ...,
+        traceparent: _builtins.str = ...,
+        tracestate: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg", "recipient", b"recipient", "signature", b"signature"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg", "recipient", b"recipient", "signature", b"signature", "traceparent", b"traceparent", "tracestate", b"tracestate"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -345,6 +354,8 @@ class Delivery(_message.Message):
     MSG_FIELD_NUMBER: _builtins.int
     SIGNATURE_FIELD_NUMBER: _builtins.int
     ORIGIN_FIELD_NUMBER: _builtins.int
+    TRACEPARENT_FIELD_NUMBER: _builtins.int
+    TRACESTATE_FIELD_NUMBER: _builtins.int
     offset: _builtins.int
     resume_token: _builtins.str
     attempt: _builtins.int
@@ -360,6 +371,11 @@ class Delivery(_message.Message):
     recipient checks that msg follows from it.
     """
     origin: _builtins.bytes
+    traceparent: _builtins.str
+    """W3C trace context the message continues (docs/tracing.md): the coordinator's span that
+    admitted it, when the coordinator traces; empty otherwise.
+    """
+    tracestate: _builtins.str
     @_builtins.property
     def msg(self) -> _common_pb2.Envelope: ...
     def __init__(
@@ -372,10 +388,12 @@ class Delivery(_message.Message):
         msg: _common_pb2.Envelope | None = ...,
         signature: _builtins.bytes = ...,
         origin: _builtins.bytes = ...,
+        traceparent: _builtins.str = ...,
+        tracestate: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["msg", b"msg"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "msg", b"msg", "offset", b"offset", "origin", b"origin", "resume_token", b"resume_token", "signature", b"signature", "urgent", b"urgent"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "msg", b"msg", "offset", b"offset", "origin", b"origin", "resume_token", b"resume_token", "signature", b"signature", "traceparent", b"traceparent", "tracestate", b"tracestate", "urgent", b"urgent"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -414,10 +432,15 @@ class AgentInfo(_message.Message):
     BUFFER_CAPACITY_FIELD_NUMBER: _builtins.int
     BUFFER_DEPTH_FIELD_NUMBER: _builtins.int
     RETIRED_KEYS_FIELD_NUMBER: _builtins.int
+    TASK_CONCURRENCY_FIELD_NUMBER: _builtins.int
     state: _builtins.str
     """RUNNABLE, UNAVAILABLE, ..."""
     buffer_capacity: _builtins.int
     buffer_depth: _builtins.int
+    task_concurrency: _builtins.int
+    """Scheduler tasks it runs at once: what its registration declared in the
+    `apiary-task-concurrency` metadata, 1 when it declared nothing (docs/scheduler.md).
+    """
     @_builtins.property
     def descriptor(self) -> _registry_pb2.AgentDescriptor: ...
     @_builtins.property
@@ -440,10 +463,11 @@ class AgentInfo(_message.Message):
         buffer_capacity: _builtins.int = ...,
         buffer_depth: _builtins.int = ...,
         retired_keys: _abc.Iterable[Global___RetiredKey] | None = ...,
+        task_concurrency: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["descriptor", b"descriptor", "last_heartbeat_at", b"last_heartbeat_at", "registered_at", b"registered_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffer_capacity", b"buffer_capacity", "buffer_depth", b"buffer_depth", "descriptor", b"descriptor", "last_heartbeat_at", b"last_heartbeat_at", "registered_at", b"registered_at", "retired_keys", b"retired_keys", "state", b"state"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["buffer_capacity", b"buffer_capacity", "buffer_depth", b"buffer_depth", "descriptor", b"descriptor", "last_heartbeat_at", b"last_heartbeat_at", "registered_at", b"registered_at", "retired_keys", b"retired_keys", "state", b"state", "task_concurrency", b"task_concurrency"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2628,6 +2652,8 @@ class TaskView(_message.Message):
     SUBMITTER_FIELD_NUMBER: _builtins.int
     RESULT_JSON_FIELD_NUMBER: _builtins.int
     RESULT_SIZE_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
+    LOST_ATTEMPTS_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     agent_id: _builtins.str
     priority: _builtins.int
@@ -2657,6 +2683,12 @@ class TaskView(_message.Message):
     """COMPLETED: what the agent returned, JSON ("" none); not in ListTasks"""
     result_size: _builtins.int
     """bytes of result_json (ListTasks too)"""
+    queue: _builtins.str
+    """The shared queue it was submitted to, "capability:<name>" or "agent_type:<name>" (its
+    agent_id is then the agent holding it, "" while it waits); "" for a task of one agent.
+    """
+    lost_attempts: _builtins.int
+    """attempts that ended with the agent holding it lost ([scheduler] max_attempts)"""
     @_builtins.property
     def submitted_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -2684,10 +2716,12 @@ class TaskView(_message.Message):
         submitter: _builtins.str = ...,
         result_json: _builtins.str = ...,
         result_size: _builtins.int = ...,
+        queue: _builtins.str = ...,
+        lost_attempts: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["submitted_at", b"submitted_at", "updated_at", b"updated_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "content_type", b"content_type", "correlation_id", b"correlation_id", "error_code", b"error_code", "lane", b"lane", "message_id", b"message_id", "note", b"note", "params", b"params", "params_size", b"params_size", "priority", b"priority", "result_json", b"result_json", "result_size", b"result_size", "scope", b"scope", "seq", b"seq", "state", b"state", "submitted_at", b"submitted_at", "submitter", b"submitter", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempts", b"attempts", "content_type", b"content_type", "correlation_id", b"correlation_id", "error_code", b"error_code", "lane", b"lane", "lost_attempts", b"lost_attempts", "message_id", b"message_id", "note", b"note", "params", b"params", "params_size", b"params_size", "priority", b"priority", "queue", b"queue", "result_json", b"result_json", "result_size", b"result_size", "scope", b"scope", "seq", b"seq", "state", b"state", "submitted_at", b"submitted_at", "submitter", b"submitter", "task_id", b"task_id", "updated_at", b"updated_at"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -2701,11 +2735,15 @@ class ListTasksRequest(_message.Message):
     AGENT_ID_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    QUEUE_FIELD_NUMBER: _builtins.int
     agent_id: _builtins.str
+    """its agent (a shared task's: the one holding it, or that held it last)"""
     after_seq: _builtins.int
     """paging: the last seq of the previous page (unset: from the first)"""
     limit: _builtins.int
     """default 100, at most 1000"""
+    queue: _builtins.str
+    """only the tasks of this shared queue ("capability:<name>", "agent_type:<name>")"""
     @_builtins.property
     def states(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """none: every state"""
@@ -2717,10 +2755,11 @@ class ListTasksRequest(_message.Message):
         agent_id: _builtins.str = ...,
         after_seq: _builtins.int | None = ...,
         limit: _builtins.int = ...,
+        queue: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "after_seq", b"after_seq"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "after_seq", b"after_seq", "agent_id", b"agent_id", "limit", b"limit", "states", b"states"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq", "after_seq", b"after_seq", "agent_id", b"agent_id", "limit", b"limit", "queue", b"queue", "states", b"states"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__after_seq: _TypeAlias = _typing.Literal["after_seq"]  # noqa: Y015
     _WhichOneofArgType__after_seq: _TypeAlias = _typing.Literal["_after_seq", b"_after_seq"]  # noqa: Y015
@@ -2788,6 +2827,55 @@ class CancelTaskRequest(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CancelTaskRequest: _TypeAlias = CancelTaskRequest  # noqa: Y015
+
+@_typing.final
+class SubmitTaskRequest(_message.Message):
+    """sw4rm.scheduler.SubmitTaskRequest, field for field (a canonical request is one of these on
+    the wire), and a shared queue instead of the agent: exactly one of agent_id, capability
+    and agent_type names who runs the task. A capability or agent type queues it for any
+    RUNNABLE agent offering that capability (AgentDescriptor.capabilities) or of that type
+    (AgentDescriptor.name); it waits while none is registered (docs/scheduler.md).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    AGENT_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    PRIORITY_FIELD_NUMBER: _builtins.int
+    PARAMS_FIELD_NUMBER: _builtins.int
+    CONTENT_TYPE_FIELD_NUMBER: _builtins.int
+    SCOPE_FIELD_NUMBER: _builtins.int
+    CAPABILITY_FIELD_NUMBER: _builtins.int
+    AGENT_TYPE_FIELD_NUMBER: _builtins.int
+    agent_id: _builtins.str
+    task_id: _builtins.str
+    priority: _builtins.int
+    """-19..20"""
+    params: _builtins.bytes
+    content_type: _builtins.str
+    scope: _builtins.str
+    """resource scope descriptor"""
+    capability: _builtins.str
+    agent_type: _builtins.str
+    def __init__(
+        self,
+        *,
+        agent_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        priority: _builtins.int = ...,
+        params: _builtins.bytes = ...,
+        content_type: _builtins.str = ...,
+        scope: _builtins.str = ...,
+        capability: _builtins.str = ...,
+        agent_type: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "agent_type", b"agent_type", "capability", b"capability", "content_type", b"content_type", "params", b"params", "priority", b"priority", "scope", b"scope", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitTaskRequest: _TypeAlias = SubmitTaskRequest  # noqa: Y015
 
 @_typing.final
 class SubmitTaskReply(_message.Message):
@@ -2877,6 +2965,7 @@ class CompleteTaskRequest(_message.Message):
     RESULT_JSON_FIELD_NUMBER: _builtins.int
     ERROR_CODE_FIELD_NUMBER: _builtins.int
     MESSAGE_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
     task_id: _builtins.str
     agent_id: _builtins.str
     """the agent the task was dispatched to"""
@@ -2885,6 +2974,8 @@ class CompleteTaskRequest(_message.Message):
     error_code: _builtins.str
     """set: FAILED with this code and message instead"""
     message: _builtins.str
+    attempt: _builtins.int
+    """the dispatch's attempt (its idempotency token task:<id>:<attempt>); set: refused unless current"""
     def __init__(
         self,
         *,
@@ -2893,10 +2984,11 @@ class CompleteTaskRequest(_message.Message):
         result_json: _builtins.str = ...,
         error_code: _builtins.str = ...,
         message: _builtins.str = ...,
+        attempt: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "error_code", b"error_code", "message", b"message", "result_json", b"result_json", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "attempt", b"attempt", "error_code", b"error_code", "message", b"message", "result_json", b"result_json", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

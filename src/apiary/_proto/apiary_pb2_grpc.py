@@ -5,7 +5,6 @@ import grpc
 import warnings
 
 from . import apiary_pb2 as apiary__pb2
-from . import scheduler_pb2 as scheduler__pb2
 from . import workflow_pb2 as workflow__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
@@ -2015,7 +2014,7 @@ class TaskQueryServiceStub:
                 _registered_method=True)
         self.SubmitTask = channel.unary_unary(
                 '/apiary.v1.TaskQueryService/SubmitTask',
-                request_serializer=scheduler__pb2.SubmitTaskRequest.SerializeToString,
+                request_serializer=apiary__pb2.SubmitTaskRequest.SerializeToString,
                 response_deserializer=apiary__pb2.SubmitTaskReply.FromString,
                 _registered_method=True)
         self.WaitTask = channel.unary_unary(
@@ -2063,6 +2062,8 @@ class TaskQueryServiceServicer:
         coordinator assigns one); a task_id given before is an idempotency key (the same content:
         that task, created=false; other content: error task_id_conflict). A refusal is an error
         (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
+        Its request is the canonical SubmitTaskRequest (the same fields, numbers and names) with
+        what the canonical one cannot say: a capability or an agent type instead of an agent.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -2113,7 +2114,7 @@ def add_TaskQueryServiceServicer_to_server(servicer, server):
             ),
             'SubmitTask': grpc.unary_unary_rpc_method_handler(
                     servicer.SubmitTask,
-                    request_deserializer=scheduler__pb2.SubmitTaskRequest.FromString,
+                    request_deserializer=apiary__pb2.SubmitTaskRequest.FromString,
                     response_serializer=apiary__pb2.SubmitTaskReply.SerializeToString,
             ),
             'WaitTask': grpc.unary_unary_rpc_method_handler(
@@ -2238,7 +2239,7 @@ class TaskQueryService:
             request,
             target,
             '/apiary.v1.TaskQueryService/SubmitTask',
-            scheduler__pb2.SubmitTaskRequest.SerializeToString,
+            apiary__pb2.SubmitTaskRequest.SerializeToString,
             apiary__pb2.SubmitTaskReply.FromString,
             options,
             channel_credentials,

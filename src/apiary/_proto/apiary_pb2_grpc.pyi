@@ -11,7 +11,6 @@ from grpc import aio as _aio
 import abc as _abc_1
 from . import apiary_pb2 as _apiary_pb2
 import grpc as _grpc
-from . import scheduler_pb2 as _scheduler_pb2
 import sys
 import typing as _typing
 from . import workflow_pb2 as _workflow_pb2
@@ -576,11 +575,13 @@ class TaskQueryServiceStub:
     """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
     HITL operators configured it takes an operator's token (authorization: Bearer ...).
     """
-    SubmitTask: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.SubmitTaskRequest, _apiary_pb2.SubmitTaskReply]
+    SubmitTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.SubmitTaskRequest, _apiary_pb2.SubmitTaskReply]
     """SchedulerService.SubmitTask that answers with the task: task_id may be empty (the
     coordinator assigns one); a task_id given before is an idempotency key (the same content:
     that task, created=false; other content: error task_id_conflict). A refusal is an error
     (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
+    Its request is the canonical SubmitTaskRequest (the same fields, numbers and names) with
+    what the canonical one cannot say: a capability or an agent type instead of an agent.
     """
     WaitTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.WaitTaskRequest, _apiary_pb2.TaskView]
     """The task once it has ended (COMPLETED or FAILED), or as it stands when timeout_ms or the
@@ -605,11 +606,13 @@ class TaskQueryServiceAsyncStub(TaskQueryServiceStub):
     """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
     HITL operators configured it takes an operator's token (authorization: Bearer ...).
     """
-    SubmitTask: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.SubmitTaskRequest, _apiary_pb2.SubmitTaskReply]  # type: ignore[assignment]
+    SubmitTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.SubmitTaskRequest, _apiary_pb2.SubmitTaskReply]  # type: ignore[assignment]
     """SchedulerService.SubmitTask that answers with the task: task_id may be empty (the
     coordinator assigns one); a task_id given before is an idempotency key (the same content:
     that task, created=false; other content: error task_id_conflict). A refusal is an error
     (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
+    Its request is the canonical SubmitTaskRequest (the same fields, numbers and names) with
+    what the canonical one cannot say: a capability or an agent type instead of an agent.
     """
     WaitTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.WaitTaskRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
     """The task once it has ended (COMPLETED or FAILED), or as it stands when timeout_ms or the
@@ -653,13 +656,15 @@ class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
     def SubmitTask(
         self,
-        request: _scheduler_pb2.SubmitTaskRequest,
+        request: _apiary_pb2.SubmitTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_apiary_pb2.SubmitTaskReply, _abc.Awaitable[_apiary_pb2.SubmitTaskReply]]:
         """SchedulerService.SubmitTask that answers with the task: task_id may be empty (the
         coordinator assigns one); a task_id given before is an idempotency key (the same content:
         that task, created=false; other content: error task_id_conflict). A refusal is an error
         (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
+        Its request is the canonical SubmitTaskRequest (the same fields, numbers and names) with
+        what the canonical one cannot say: a capability or an agent type instead of an agent.
         """
 
     @_abc_1.abstractmethod

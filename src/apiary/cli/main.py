@@ -14,6 +14,7 @@ from apiary.cli import (
     hitl,
     negotiation,
     room,
+    runtime,
     swarm,
     task,
     tool,
@@ -68,6 +69,7 @@ app.add_typer(tool.app, name="tool")
 app.add_typer(negotiation.app, name="negotiation")
 app.add_typer(swarm.app, name="swarm")
 app.add_typer(task.app, name="task")
+app.add_typer(runtime.app, name="runtime")
 app.add_typer(auth.app, name="auth")
 app.add_typer(certs.app, name="certs")
 

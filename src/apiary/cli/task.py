@@ -62,9 +62,12 @@ def _table(views: list[a.TaskView]) -> None:
                    "note"):  # fmt: skip
         table.add_column(column, overflow="fold")
     for v in views:
+        # A shared task: its queue, and the agent holding it (when one does).
+        agent = f"{v.agent_id} ({v.queue})" if v.queue and v.agent_id else v.queue or v.agent_id
+        note = f"{v.error_code}: {v.note}" if v.error_code and v.note else v.error_code or v.note
         table.add_row(
-            str(v.seq), v.task_id, v.agent_id, v.state, str(v.priority), v.lane,
-            str(v.attempts), stamp_text(v.updated_at), v.error_code or v.note,
+            str(v.seq), v.task_id, agent, v.state, str(v.priority), v.lane,
+            str(v.attempts), stamp_text(v.updated_at), note,
         )  # fmt: skip
     console_for_output().print(table)
 
@@ -105,8 +108,16 @@ def _print_result(waited: _Waited) -> None:
 
 @app.command()
 def submit(
-    agent_id: str = typer.Argument(..., help="The agent that runs it"),
+    agent_id: str = typer.Argument(
+        "", help="The agent that runs it (or give --capability or --agent-type instead)"
+    ),
     scope: str = typer.Option(..., "--scope", help="What it reads or changes: repo:app path:src"),
+    capability: str = typer.Option(
+        "", "--capability", help="Any agent offering this capability takes it (a shared queue)"
+    ),
+    agent_type: str = typer.Option(
+        "", "--agent-type", help="Any agent of this type (its descriptor name) takes it"
+    ),
     params: str = typer.Option("{}", "--params", help="Its payload (JSON unless --content-type)"),
     params_file: Path | None = typer.Option(
         None, "--params-file", exists=True, dir_okay=False, help="Its payload, from a file"
@@ -121,8 +132,15 @@ def submit(
     timeout: float | None = WAIT_TIMEOUT,
     grpc_address: str = COORDINATOR,
 ) -> None:  # fmt: skip
-    """Submit a task; prints its id, or with --wait its result (exit 1 when refused, failed
-    or still not ended after --timeout, with the reason)."""
+    """Submit a task to an agent, or to the shared queue of a capability or an agent type;
+    prints its id, or with --wait its result (exit 1 when refused, failed or still not ended
+    after --timeout, with the reason)."""
+    named = [n for n, v in (("AGENT_ID", agent_id), ("--capability", capability),
+                            ("--agent-type", agent_type)) if v]  # fmt: skip
+    if len(named) != 1:
+        why = "name who runs it" if not named else f"{' and '.join(named)} both name who runs it"
+        typer.echo(f"apiary task: {why}: give AGENT_ID, --capability or --agent-type", err=True)
+        raise typer.Exit(2)
     data = params_file.read_bytes() if params_file is not None else params.encode()
     kind = content_type or ("application/json" if data else "")
     if kind.endswith("json") and data:
@@ -134,8 +152,9 @@ def submit(
 
     async def go(c: Client) -> tuple[TaskHandle, _Waited | None]:
         handle = await c.submit_task(
-            agent_id, data, scope=scope, task_id=task_id, priority=priority, content_type=kind
-        )
+            agent_id, data, scope=scope, task_id=task_id, priority=priority, content_type=kind,
+            capability=capability, agent_type=agent_type,
+        )  # fmt: skip
         return handle, await _wait(handle, timeout) if wait else None
 
     handle, waited = _run(grpc_address, go)
@@ -176,13 +195,16 @@ def status(
 def list_tasks(
     state: list[str] = typer.Option([], "--state", "-s", help="QUEUED, RUNNING, ... (repeat)"),
     agent_id: str = typer.Option("", "--agent", help="Only this agent's tasks"),
+    queue: str = typer.Option(
+        "", "--queue", help="Only this shared queue's: capability:NAME or agent_type:NAME"
+    ),
     after: int | None = typer.Option(None, "--after", min=0, help="After this seq (paging)"),
     limit: int = typer.Option(100, "--limit", min=1, max=1000, help="Tasks per page"),
     as_json: bool = JSON_OUT,
     grpc_address: str = COORDINATOR,
 ) -> None:
     """Tasks in submission order."""
-    request = a.ListTasksRequest(states=state, agent_id=agent_id, limit=limit)
+    request = a.ListTasksRequest(states=state, agent_id=agent_id, limit=limit, queue=queue)
     if after is not None:
         request.after_seq = after
     views = list(_run(grpc_address, lambda c: c.task_query.ListTasks(request)).tasks)

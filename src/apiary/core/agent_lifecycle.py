@@ -17,6 +17,11 @@ diagram) are plain; the few rows the RFC implies without drawing are in `DERIVED
 - SHUTTING_DOWN + SHUTDOWN_COMPLETE stays SHUTTING_DOWN with DEREGISTER: the RFC has no state
   after a graceful shutdown (the proto enum neither), so the agent's lifecycle ends there and
   the engine removes its registration.
+- LOST -> FAILED from every state that holds or may take a task (RUNNABLE through COMPLETED):
+  the coordinator lost the agent (it missed its heartbeats, RFC 14), which for the Scheduler
+  is an unrecoverable error until the agent shows up again (8.1 FAILED; recovery follows as
+  for any failure). Its tasks are abandoned: a shared-queue task goes back to its queue. The
+  agent is not deregistered (RFC 14: not solely for missed heartbeats).
 
 Other decisions where the RFC is silent:
 - Only RUNNABLE accepts task assignments (`accepts_tasks`): 8.1 makes RUNNABLE the state that
@@ -145,6 +150,8 @@ class AgentInput(StrEnum):
     """Cleanup and result reporting after COMPLETED are done."""
     FAIL = "FAIL"
     """An unrecoverable error during execution."""
+    LOST = "LOST"
+    """Coordinator: the agent missed its heartbeats (RFC 14); it may be gone."""
     RECOVER = "RECOVER"
     """Scheduler or policy: start recovery of a failed agent."""
     RECOVERED = "RECOVERED"
@@ -183,8 +190,9 @@ TIMEOUT_ERRORS: Final[Mapping[AgentLifecycleState, type[ApiaryError]]] = Mapping
 })  # fmt: skip
 """The error each 8.3 timeout fails the agent with; WAITING's timeout fails nothing."""
 
-REPORTED_FAILURES: Final = frozenset({_I.INIT_FAILED, _I.FAIL, _I.RECOVERY_FAILED})
-"""Inputs whose error code the reporter supplies (internal_error when it supplies none)."""
+REPORTED_FAILURES: Final = frozenset({_I.INIT_FAILED, _I.FAIL, _I.RECOVERY_FAILED, _I.LOST})
+"""Inputs whose error code the reporter supplies (internal_error when it supplies none; the
+presence check reports LOST with agent_unavailable)."""
 
 
 class LifecycleEffect(StrEnum):
@@ -376,6 +384,8 @@ _R = LifecycleRow
 # Shapes shared by several rows.
 _ENTER_SHUTDOWN = (_F.PERSIST, _F.STOP_DISPATCH, _F.START_TIMER, _F.NOTIFY_AGENT, _F.EMIT_EVENT)
 _FAILURE = (_F.PERSIST, _F.ABANDON_TASK, _F.RELEASE_RESOURCES, _F.EMIT_EVENT)
+_LOST = (_F.PERSIST, _F.CANCEL_TIMER, _F.ABANDON_TASK, _F.RELEASE_RESOURCES, _F.EMIT_EVENT)
+"""A lost agent leaves its state, timer included (`step` drops the cancel of an untimed one)."""
 _TIMED_OUT_FAILURE = (*_FAILURE, _F.NOTIFY_AGENT)
 _TIMED_OUT_IDLE = (_F.PERSIST, _F.RELEASE_RESOURCES, _F.EMIT_EVENT, _F.NOTIFY_AGENT)
 _ENDED = (_F.CANCEL_TIMER, _F.ABANDON_TASK, _F.RELEASE_RESOURCES, _F.DEREGISTER, _F.EMIT_EVENT)
@@ -395,18 +405,24 @@ def _table() -> dict[AgentLifecycleState, dict[AgentInput, LifecycleRow]]:
             _I.INIT_TIMEOUT: _R(_S.FAILED, _TIMED_OUT_IDLE, InitTimeoutError.code),
         },
         _S.RUNNABLE: {
+            # derived: the coordinator lost the agent (missed heartbeats, RFC 14)
+            _I.LOST: _R(_S.FAILED, _LOST),
             # 8.1 RUNNABLE "MUST be available to receive task assignments"; B: --> SCHEDULED
             _I.SCHEDULE: _R(_S.SCHEDULED, _MOVE),
             # derived: 8.4 graceful shutdown of an idle agent (the RFC draws RUNNING only)
             _I.SHUTDOWN: _R(_S.SHUTTING_DOWN, _ENTER_SHUTDOWN),
         },
         _S.SCHEDULED: {
+            # derived: the coordinator lost the agent (missed heartbeats, RFC 14)
+            _I.LOST: _R(_S.FAILED, _LOST),
             # 8.1 "MUST NOT begin task execution until transitioning to RUNNING"; B: --> RUNNING
             _I.START: _R(_S.RUNNING, _MOVE),
             # derived: 8.4 shutdown of an agent whose task is assigned but not yet started
             _I.SHUTDOWN: _R(_S.SHUTTING_DOWN, _ENTER_SHUTDOWN),
         },
         _S.RUNNING: {
+            # derived: the coordinator lost the agent (missed heartbeats, RFC 14)
+            _I.LOST: _R(_S.FAILED, _LOST),
             # 8.1 WAITING "waiting for external events"; B: RUNNING --> WAITING
             _I.WAIT: _R(_S.WAITING, _ENTER_TIMED),
             # 8.1 "suspend execution when required resources ... are unavailable"
@@ -422,12 +438,16 @@ def _table() -> dict[AgentLifecycleState, dict[AgentInput, LifecycleRow]]:
             _I.SHUTDOWN: _R(_S.SHUTTING_DOWN, _ENTER_SHUTDOWN),
         },
         _S.WAITING: {
+            # derived: the coordinator lost the agent (missed heartbeats, RFC 14)
+            _I.LOST: _R(_S.FAILED, _LOST),
             # 8.1 "execution MUST be suspended until the awaited event occurs"; B: --> RUNNING
             _I.INPUT_RECEIVED: _R(_S.RUNNING, _LEAVE_TIMED),
             # 8.3 "No default (task-specific) | Application-defined; MAY escalate to HITL"
             _I.WAITING_TIMEOUT: _R(_S.WAITING, (_F.ESCALATE_TO_HITL, _F.EMIT_EVENT)),
         },
         _S.WAITING_RESOURCES: {
+            # derived: the coordinator lost the agent (missed heartbeats, RFC 14)
+            _I.LOST: _R(_S.FAILED, _LOST),
             # 8.1 "MUST transition to RUNNING when resources become available"
             _I.RESOURCES_AVAILABLE: _R(_S.RUNNING, _LEAVE_TIMED),
             # 8.2 "beyond the configured resource acquisition timeout ... FAILED state with
@@ -435,16 +455,22 @@ def _table() -> dict[AgentLifecycleState, dict[AgentInput, LifecycleRow]]:
             _I.RESOURCE_TIMEOUT: _R(_S.FAILED, _TIMED_OUT_FAILURE, ResourceTimeoutError.code),
         },
         _S.SUSPENDED: {
+            # derived: the coordinator lost the agent (missed heartbeats, RFC 14)
+            _I.LOST: _R(_S.FAILED, _LOST),
             # 8.1 "MUST be capable of resuming when conditions permit"; B: --> RESUMED
             _I.RESUME: _R(_S.RESUMED, (*_LEAVE_TIMED, _F.NOTIFY_AGENT)),
             # 8.3 "3600 seconds | Transition to FAILED with error_code=suspend_timeout"
             _I.SUSPEND_TIMEOUT: _R(_S.FAILED, _TIMED_OUT_FAILURE, SuspendTimeoutError.code),
         },
         _S.RESUMED: {
+            # derived: the coordinator lost the agent (missed heartbeats, RFC 14)
+            _I.LOST: _R(_S.FAILED, _LOST),
             # 8.1 "state reconstruction and coordination before returning to the RUNNING state"
             _I.RESTORED: _R(_S.RUNNING, _MOVE),
         },
         _S.COMPLETED: {
+            # derived: the coordinator lost the agent (missed heartbeats, RFC 14)
+            _I.LOST: _R(_S.FAILED, _LOST),
             # 8.1 "MUST perform cleanup operations and result reporting before transitioning
             # to RUNNABLE state" (not drawn in B)
             _I.REPORTED: _R(_S.RUNNABLE, _MOVE),
@@ -482,6 +508,10 @@ DERIVED_ROWS: Final = frozenset({
     (_S.SCHEDULED, _I.SHUTDOWN),
     (_S.SHUTTING_DOWN, _I.COMPLETE),
     (_S.SHUTTING_DOWN, _I.SHUTDOWN_COMPLETE),
+    *((state, _I.LOST) for state in (
+        _S.RUNNABLE, _S.SCHEDULED, _S.RUNNING, _S.WAITING, _S.WAITING_RESOURCES, _S.SUSPENDED,
+        _S.RESUMED, _S.COMPLETED,
+    )),
 })  # fmt: skip
 """Rows the RFC implies but does not draw (see the module docstring)."""
 

@@ -353,6 +353,14 @@ class TaskRecord:
     not known."""
     result: str = ""
     """The outcome of a COMPLETED task as JSON text; '' when it has none."""
+    queue: str = ""
+    """The shared queue it was submitted to (`capability:<name>` or `agent_type:<name>`,
+    core/tasks/shared.py); '' for a task submitted to one agent. A shared task's `agent_id`
+    is the agent holding it (or that held it last), '' while it waits."""
+    lost_attempts: int = 0
+    """How many of its attempts ended because the agent holding it was lost (failed, shut
+    down, deregistered): a shared task goes back to its queue until `[scheduler]
+    max_attempts` of them."""
 
     @property
     def flow_id(self) -> str:

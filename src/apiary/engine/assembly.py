@@ -35,6 +35,7 @@ from apiary.engine.tools.launch import Launcher
 from apiary.engine.tools.providers import WorktreeBindings
 from apiary.engine.tools.service import ToolService
 from apiary.engine.tools.settings import ToolSettings
+from apiary.engine.tracing import Tracing
 from apiary.engine.workflows import Workflows
 from apiary.engine.worktrees.control import WorktreeControl, WorktreeStatus
 from apiary.engine.worktrees.settings import WorktreeSettings
@@ -72,6 +73,8 @@ class Runtime:
     """Starts tool processes (default: the sandbox, apiary.sandbox)."""
     negotiation: NegotiationSettings | None = None
     """Overrides the configuration's [negotiation] settings (tests)."""
+    tracing: Tracing | None = None
+    """Spans and trace context (docs/tracing.md); None: the coordinator does not trace."""
 
 
 @dataclass(slots=True)
@@ -111,7 +114,9 @@ def build_engine(
     registry = Registry(store.agents, events, clock, signing_required=settings.signing_required)
     notices = NoticeFactory(clock, runtime.ids)
     codec = ProtobufEnvelopeCodec()
-    router = Router(store, registry, events, codec, clock, notices, settings)
+    router = Router(
+        store, registry, events, codec, clock, notices, settings, tracing=runtime.tracing
+    )
     presence = Presence(registry, router, notices, events, clock, runtime.presence)
     hitl = build_hitl(
         runtime.hitl or hitl_settings or HitlSettings(), store.hitl, events, clock, runtime.ids,
@@ -132,7 +137,9 @@ def build_engine(
         scheduler_settings, resources=resources,
         inference=build_inference((scheduler_settings or SchedulerSettings()).inference),
         worktrees=worktrees, on_negotiation=negotiations.on_envelope, sleep=runtime.sleep,
+        tracing=runtime.tracing,
     )  # fmt: skip
+    presence.on_lost(scheduler.agent_lost)
     delivery = Delivery(
         router, registry, store.messages, events, scheduler.agent_ready, presence.connected
     )

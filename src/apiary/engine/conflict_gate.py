@@ -1,12 +1,13 @@
 """Scope-conflict analysis between a task about to start and the running ones (RFC 9.2, 9.3).
 
-For each pair (candidate, running task on another agent) the gate asks the Inference Engine
-(unless a policy override decides), applies core/conflicts.py, and remembers the outcome
-until either task ends. ESCALATE opens one HITL invocation (reason CONFLICT) per pair; the
-candidate waits until the decision arrives, then `on_decided(task_id)` tells the Scheduler
-to try again. Every decision is a `scheduler.conflict` event (engine, confidence, outcome,
-reason, invocation) and counted in `stats`, so concurrency patterns, confidence scores and
-HITL escalation rates can be monitored (RFC 9.3 SHOULD).
+For each pair (candidate, running task on another agent, or on the same agent when it runs
+several tasks at once) the gate asks the Inference Engine (unless a policy override decides),
+applies core/conflicts.py, and remembers the outcome until either task ends. ESCALATE opens
+one HITL invocation (reason CONFLICT) per pair; the candidate waits until the decision
+arrives, then `on_decided(task_id)` tells the Scheduler to try again. Every decision is a
+`scheduler.conflict` event (engine, confidence, outcome, reason, invocation) and counted in
+`stats`, so concurrency patterns, confidence scores and HITL escalation rates can be
+monitored (RFC 9.3 SHOULD).
 
 With the built-in rule-based engine, a candidate is compared only with the running tasks its
 scope might meet (`core.scope_index`): a pair in different repositories with no shared
@@ -88,14 +89,23 @@ class ConflictGate:
         self._running.add(task.task_id, scope, always=scope.operation in self.policy.overrides)
 
     async def blockers(
-        self, task: TaskRecord, running: Collection[str], tasks: Mapping[str, TaskRecord]
+        self,
+        task: TaskRecord,
+        running: Collection[str],
+        tasks: Mapping[str, TaskRecord],
+        *,
+        agent_id: str | None = None,
+        alone: bool = True,
     ) -> list[Blocker]:
-        """What keeps `task` from starting now; empty when it may start. `running` are the
-        running tasks' ids (each `started`), `tasks` the records by id."""
+        """What keeps `task` from starting now on `agent_id` (default: its own agent); empty
+        when it may start. `running` are the running tasks' ids (each `started`), `tasks` the
+        records by id. The agent's own tasks are compared too unless it runs one at a time
+        (`alone`: they cannot run beside it)."""
+        runs_on = task.agent_id if agent_id is None else agent_id
         found: list[Blocker] = []
         for task_id in self._compared(task, running):
             other = tasks.get(task_id)
-            if other is None or other.agent_id == task.agent_id or task_id == task.task_id:
+            if other is None or task_id == task.task_id or (alone and other.agent_id == runs_on):
                 continue
             key = (task.task_id, other.task_id)
             if key not in self._pairs:

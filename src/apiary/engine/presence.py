@@ -11,7 +11,8 @@ it was away (docs/decisions.md, "Presence").
 The coordinator sends each connected agent a HEARTBEAT notice every interval; an agent that
 has not answered (RegistryService.Heartbeat) within the timeout for `debounce` consecutive
 checks is marked UNAVAILABLE (connected or not) and never deregistered: deregistration is
-explicit only.
+explicit only. The listeners `on_lost` names hear of it (the Scheduler fails the agent's
+lifecycle and requeues its shared tasks).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
 
 Sleep = Callable[[float], Awaitable[None]]
+LostListener = Callable[[str, str], Awaitable[None]]
+"""Called with an agent's id and why when it is marked UNAVAILABLE."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class Presence:
         self._events = events
         self._clock = clock
         self._misses: dict[str, int] = {}
+        self._lost_listeners: list[LostListener] = []
         self._order = asyncio.Lock()
         """Held while an announcement or a directory is admitted (see `connected`)."""
 
@@ -91,6 +95,10 @@ class Presence:
         return self._notices.notification(
             {"event": "directory", "agents": [_summary(a) for a in agents]}
         )
+
+    def on_lost(self, listener: LostListener) -> None:
+        """Call `listener(agent_id, reason)` whenever an agent is marked UNAVAILABLE."""
+        self._lost_listeners.append(listener)
 
     async def connected(self, agent_id: str) -> None:
         """`agent_id`'s stream has opened: send it the current directory. Under the same
@@ -133,12 +141,13 @@ class Presence:
                 continue
             misses = self._misses[agent.agent_id] = self._misses.get(agent.agent_id, 0) + 1
             if misses >= self.settings.debounce and agent.state != UNAVAILABLE:
-                await self._registry.set_state(
-                    agent.agent_id, UNAVAILABLE, f"{misses} missed heartbeats"
-                )
+                reason = f"{misses} missed heartbeats"
+                await self._registry.set_state(agent.agent_id, UNAVAILABLE, reason)
                 await self._broadcast(
                     {"event": "agent_unavailable", "agent_id": agent.agent_id}, agent.agent_id
                 )
+                for listener in self._lost_listeners:
+                    await listener(agent.agent_id, reason)
 
     async def run(self, sleep: Sleep) -> None:
         while True:

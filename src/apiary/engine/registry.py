@@ -17,6 +17,7 @@ from apiary.core.descriptor import AgentDescriptorFields, validate_descriptor
 from apiary.core.events import EventDraft
 from apiary.core.records import AgentRecord
 from apiary.core.signatures import SIGNATURE_KEY, verifies
+from apiary.core.tasks.capacity import TASK_CONCURRENCY
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR, RESERVED_IDS
 from apiary.errors import NotFoundError, PermissionDeniedError, ValidationError
@@ -138,8 +139,13 @@ class Registry:
     async def register(
         self, descriptor: Mapping[str, Any], public_key: bytes = b"", *,
         proof: bytes = b"", signed: bytes = b"", vouched: bool = False,
+        task_concurrency: int | None = None,
     ) -> AgentRecord:  # fmt: skip
         """Validate and register (or re-register) the agent the descriptor describes.
+
+        `task_concurrency` is how many Scheduler tasks it runs at once, when it declares it
+        (core/tasks/capacity.py: checked by the caller); it is kept with the registration
+        (under TASK_CONCURRENCY) until the next one, which declares it again or not.
 
         An agent registered with a public key is re-registered (a changed descriptor, a new
         key) only with `proof`, the signature of `signed` (the request's bytes) by the key
@@ -161,6 +167,9 @@ class Registry:
         )  # fmt: skip
         stored = dict(descriptor)
         stored.pop(RETIRED_KEYS, None)
+        stored.pop(TASK_CONCURRENCY, None)
+        if task_concurrency is not None:
+            stored[TASK_CONCURRENCY] = task_concurrency
         retired = _retired(previous, current if rotated else b"", now, fields.public_key)
         if retired:
             stored[RETIRED_KEYS] = retired
@@ -178,7 +187,7 @@ class Registry:
             "agent.registered", fields.agent_id, agent_id=fields.agent_id, name=record.name,
             reregistered=previous is not None, capabilities=list(fields.capabilities),
             communication_class=stored["communication_class"],
-            signing_key=bool(fields.public_key),
+            signing_key=bool(fields.public_key), task_concurrency=task_concurrency or 1,
         )  # fmt: skip
         events = [registered]
         if rotated:

@@ -13,6 +13,7 @@ from apiary.core.envelope_rules import PayloadLimits
 from apiary.core.lanes import LanePolicy
 from apiary.core.limits import DEFAULT_LIMITS, Limits
 from apiary.core.preemption import PreemptionPolicy
+from apiary.core.tasks.capacity import MAX_PREFETCH
 from apiary.engine.inference import InferenceSettings
 from apiary.engine.lifecycle import LifecycleSettings
 from apiary.errors import ValidationError
@@ -119,6 +120,13 @@ class SchedulerSettings:
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     dispatch_attempts: int = 3
     """Dispatches of one task that may time out (no ACK) before it fails."""
+    max_attempts: int = 3
+    """Attempts of a shared-queue task that may end with the agent holding it lost (failed,
+    shut down, deregistered) before the task fails instead of going back to its queue."""
+    prefetch: int = 0
+    """Tasks kept in flight to an agent beyond its `task_concurrency`, waiting at the agent
+    so that the next one is there when one ends (only to agents that declared their
+    concurrency; core/tasks/capacity.py)."""
     retry_after_s: float = 1.0
     """When a dispatch met a full inbound buffer, try again after this long."""
     inference_timeout_s: float = 5.0
@@ -134,10 +142,17 @@ class SchedulerSettings:
                 raise ValidationError.for_field(
                     f"scheduler.max_parallel_instances.{agent_type}", "must be an integer >= 1"
                 )
-        for name in ("default_max_parallel", "max_queued", "dispatch_attempts"):
+        for name in ("default_max_parallel", "max_queued", "dispatch_attempts", "max_attempts"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValidationError.for_field(f"scheduler.{name}", "must be an integer >= 1")
+        prefetch = self.prefetch
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int):
+            raise ValidationError.for_field("scheduler.prefetch", "must be an integer")
+        if not 0 <= prefetch <= MAX_PREFETCH:
+            raise ValidationError.for_field(
+                "scheduler.prefetch", f"must be between 0 and {MAX_PREFETCH}"
+            )
         if self.duplicate_jobs not in ("escalate", "reject"):
             raise ValidationError.for_field(
                 "scheduler.duplicate_jobs", "must be 'escalate' or 'reject'"

@@ -52,9 +52,9 @@ import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from google.protobuf.duration_pb2 import Duration
 
@@ -72,9 +72,13 @@ from apiary.sdk.connection import JSON, Connection, Delivery
 from apiary.sdk.handoff import HandoffClient, HandoffDesk, HandoffTicket
 from apiary.sdk.tasks import TaskContext, TaskRunner, current_task
 from apiary.sdk.tools import ToolClient
+from apiary.sdk.tracing import NO_SPAN, continued
 from apiary.sdk.workspace import BOUND_STATES, Workspace, workspace_from
 from apiary.wire import pb
 from apiary.wire.convert import ack_from_payload
+
+if TYPE_CHECKING:
+    from apiary.sdk.trace_spans import AgentSpan
 
 log = logging.getLogger("apiary.sdk.agent")
 
@@ -185,6 +189,10 @@ class Agent(Connection):
     """Acknowledge RECEIVED on arrival (one more ACK per message)."""
     concurrency: ClassVar[int] = 1
     """Messages (not tasks) handled at once; 1 keeps their arrival order."""
+    task_concurrency: int | None = 1
+    """Scheduler tasks run at once (`on_task` handlers), declared at registration: the
+    Scheduler keeps that many in flight to the agent, plus its prefetch (docs/scheduler.md).
+    None declares nothing (one at a time, nothing prefetched)."""
     shutdown_grace_s: ClassVar[float] = 30.0
     handoff_poll_s: ClassVar[float] = 30.0
     """How often to ask for pending handoff offers (0: only at start)."""
@@ -200,6 +208,7 @@ class Agent(Connection):
             "name": cls.name, "description": cls.description,
             "capabilities": cls.capabilities, "modalities": cls.modalities,
             "communication_class": cls.communication_class,
+            "task_concurrency": cls.task_concurrency,
         }  # fmt: skip
         super().__init__(
             chosen,
@@ -441,9 +450,14 @@ class Agent(Connection):
                 f"{self.agent_id} has no handler for {env.message_type.name}",
             )  # fmt: skip
             return
-        await self._ack(env, AckStage.READ)
-        stage, code, note = await _outcome(handler, Message(self, delivery))
-        await self._ack(env, stage, code, note)
+        # With a trace context (the coordinator traces), the handling is a span of its trace,
+        # and what the handler sends (its ACKs too) carries the trace on (docs/tracing.md).
+        with _handling(self, delivery) as span:
+            await self._ack(env, AckStage.READ)
+            stage, code, note = await _outcome(handler, Message(self, delivery))
+            if span is not None and code:
+                span.fail(code, note)
+            await self._ack(env, stage, code, note)
 
     async def _on_notice(self, delivery: Delivery) -> None:
         """A coordinator notice: handoff events update the handoff desk; every notice goes to
@@ -481,6 +495,21 @@ class Agent(Connection):
             log.warning(
                 "%s could not ACK %s %s: %s", self.agent_id, env.message_id, stage.name, exc
             )
+
+
+def _handling(agent: Connection, delivery: Delivery) -> AbstractContextManager[AgentSpan | None]:
+    """The span of the agent's handling of `delivery`, when it carries a trace context."""
+    if delivery.trace is None:
+        return NO_SPAN
+    env = delivery.envelope
+    attributes = {
+        "messaging.system": "sw4rm", "messaging.operation.name": "process",
+        "messaging.message.id": env.message_id,
+        "messaging.message.conversation_id": env.correlation_id,
+        "messaging.destination.name": agent.agent_id, "apiary.producer_id": env.producer_id,
+        "apiary.message_type": env.message_type.name,
+    }  # fmt: skip
+    return continued(delivery.trace, f"process {env.message_type.name}", attributes)
 
 
 def _reason(exc: BaseException) -> str:

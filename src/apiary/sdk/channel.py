@@ -27,6 +27,7 @@ from apiary.sdk.credentials import (
     ClientCredentials,
     ClientTls,
 )
+from apiary.sdk.tracing import call_metadata
 
 __all__ = [
     "TLS_CA_ENV",
@@ -51,14 +52,15 @@ def open_channel(
     call carries `authorization: Bearer <key>` unless it sets `authorization` itself.
 
     `per_call` adds metadata to each call before the key is considered (an agent's per-call
-    proofs, `CallProver`): a call that carries a proof does not carry the key too."""
+    proofs, `CallProver`): a call that carries a proof does not carry the key too. Every call
+    made within a span carries its W3C trace context (sdk/tracing.py)."""
     chosen = credentials if credentials is not None else ClientCredentials.load()
     chosen_tls = tls if tls is not None else chosen.tls
-    sources = list(per_call)
+    sources = [*per_call, call_metadata]
     for source in (chosen.tenant_metadata(), chosen.bearer()):
         if source is not None:
             sources.append(source)
-    interceptors = _interceptors(sources) if sources else None
+    interceptors = _interceptors(sources)
     if chosen_tls is None:
         return grpc.aio.insecure_channel(address, interceptors=interceptors)
     return grpc.aio.secure_channel(address, chosen_tls.credentials(), interceptors=interceptors)

@@ -146,7 +146,7 @@ class Client:
 
     async def submit_task(
         self,
-        agent_id: str,
+        agent_id: str = "",
         params: bytes | Any = b"",
         *,
         scope: str,
@@ -154,18 +154,23 @@ class Client:
         priority: int = 0,
         content_type: str | None = None,
         submitter: str | None = None,
+        capability: str = "",
+        agent_type: str = "",
     ) -> TaskHandle:
-        """Submit a task for `agent_id` and return its handle (TaskQueryService.SubmitTask).
-        Bytes params go as they are, anything else as JSON. Without `task_id` the
-        coordinator assigns one (`handle.task_id`); with one, the same submission again is
-        the same task (`handle.created` false) and other content under it raises
-        TaskIdConflictError. Refusals raise (DuplicateDetectedError, BufferFullError, ...);
+        """Submit a task for `agent_id` and return its handle (TaskQueryService.SubmitTask);
+        or, instead of an agent, for any RUNNABLE agent offering `capability` or of
+        `agent_type` (a shared queue: the first with room takes it, fairly; it waits while
+        none is registered). Bytes params go as they are, anything else as JSON. Without
+        `task_id` the coordinator assigns one (`handle.task_id`); with one, the same
+        submission again is the same task (`handle.created` false) and other content under it
+        raises TaskIdConflictError. Refusals raise (DuplicateDetectedError, BufferFullError, ...);
         a duplicate job held for a HITL authorization is a HELD task (`handle.status()`).
         `submitter` (default: this client's agent_id) names the submitting agent of an
         anonymous caller in dev mode; an authenticated caller submits as itself."""
         return await task_handle.submit_task(
             self, agent_id, params, scope=scope, task_id=task_id, priority=priority,
             content_type=content_type, submitter=self.agent_id if submitter is None else submitter,
+            capability=capability, agent_type=agent_type,
         )  # fmt: skip
 
     def task(self, task_id: str) -> TaskHandle:

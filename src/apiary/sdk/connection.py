@@ -30,6 +30,8 @@ from apiary.core.clock import Clock
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.ids import IdGenerator
 from apiary.core.signatures import SIGNATURE_KEY, encode_signature, public_bytes, verifies
+from apiary.core.tasks.capacity import TASK_CONCURRENCY_METADATA, check_task_concurrency
+from apiary.core.trace_context import TraceContext
 from apiary.errors import (
     ApiaryError,
     NotFoundError,
@@ -52,6 +54,9 @@ log = logging.getLogger("apiary.sdk")
 RECIPIENT_KEY = "sw4rm-recipient"
 JSON = "application/json"
 RECONNECT_DELAYS_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+RECONNECT_CODES = frozenset({"agent_unavailable", "internal_error", "unavailable"})
+"""The stream's errors that `deliveries(reconnect=True)` reconnects after: the coordinator
+lost, failing, or unable to serve the stream for now (`unavailable`: its store, say)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +75,9 @@ class Delivery:
     reader that stops at some delivery reads to the end of its batch first: the coordinator
     hands forwarded ACKs out ahead of stored messages in a batch, so a reply sent before the
     ACK that ends a request may follow that ACK within its batch (sdk/outcome.py)."""
+    trace: TraceContext | None = None
+    """The W3C trace context the message continues, when the coordinator traces
+    (docs/tracing.md): its handling is a span of that trace (sdk/tracing.py)."""
 
 
 class Connection:
@@ -93,8 +101,13 @@ class Connection:
         verify_signatures: bool = False,
         credentials: ClientCredentials | None = None,
         prove_calls: bool | None = None,
+        task_concurrency: int | None = None,
     ) -> None:
-        """`signing_key`: the agent's Ed25519 key when the coordinator has message signing on
+        """`task_concurrency`: how many Scheduler tasks this agent runs at once, declared at
+        registration (`apiary-task-concurrency` metadata; None declares nothing: one at a
+        time, and no prefetched task). `TaskRunner` runs that many handlers at once.
+
+        `signing_key`: the agent's Ed25519 key when the coordinator has message signing on
         (RFC 6.2): its public half is registered, and every envelope, registration and
         deregistration this connection sends is signed with it.
 
@@ -122,6 +135,10 @@ class Connection:
                 "prove_calls", "per-call proofs are signed by the agent's key: give signing_key"
             )
         self.agent_id = agent_id
+        self.task_concurrency = (
+            None if task_concurrency is None
+            else check_task_concurrency(task_concurrency, "task_concurrency")
+        )  # fmt: skip
         self._coordinator = coordinator
         self._signing_key = signing_key
         self._verify = verify_signatures
@@ -217,6 +234,8 @@ class Connection:
         stub = pb.registry_pb2_grpc.RegistryServiceStub(self.channel)
         request = pb.registry_pb2.RegisterAgentRequest(agent=self._descriptor)
         metadata = self._signed(request.SerializeToString(deterministic=True))
+        if self.task_concurrency is not None:
+            metadata += ((TASK_CONCURRENCY_METADATA, str(self.task_concurrency)),)
         prover = self._prover
         if prover is not None and self._registered:
             proven = (*metadata, (PROOF_KEY, prover.proof(REGISTER_METHOD)))
@@ -370,7 +389,7 @@ class Connection:
                     yield delivery
                 return
             except ApiaryError as exc:
-                if not reconnect or exc.code not in ("agent_unavailable", "internal_error"):
+                if not reconnect or exc.code not in RECONNECT_CODES:
                     raise
             await asyncio.sleep(RECONNECT_DELAYS_S[min(failures, len(RECONNECT_DELAYS_S) - 1)])
             failures += 1
@@ -398,8 +417,13 @@ class Connection:
                     notice = _is_notice(env)
                     if env.message_type is not MessageType.ACKNOWLEDGEMENT and not notice:
                         self._unacked[env.message_id] = item.offset
+                    trace = (
+                        TraceContext(item.traceparent, item.tracestate)
+                        if item.traceparent
+                        else None
+                    )
                     yield Delivery(
-                        env, item.offset, item.attempt, item.urgent, notice, index >= last
+                        env, item.offset, item.attempt, item.urgent, notice, index >= last, trace
                     )
         finally:
             # Closing the deliveries ends the stream on the coordinator now, not when the
@@ -457,7 +481,14 @@ class Connection:
 
     async def _handled_notice(self, env: Envelope) -> bool:
         if env.message_type is MessageType.HEARTBEAT:
-            await self.heartbeat()
+            try:
+                await self.heartbeat()
+            except ApiaryError as exc:
+                if exc.code != "unavailable":
+                    raise
+                # The coordinator could not take the answer now (its store, say): a missed
+                # answer is a missed heartbeat, not the end of the stream.
+                log.warning("%s could not answer a heartbeat: %s", self.agent_id, exc)
             return True
         if _is_notice(env):
             body = json.loads(env.payload or b"{}")

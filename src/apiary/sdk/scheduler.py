@@ -86,7 +86,7 @@ class SchedulerClient:
 
     async def submit(
         self,
-        agent_id: str,
+        agent_id: str = "",
         params: bytes | Any = b"",
         *,
         scope: str,
@@ -94,13 +94,17 @@ class SchedulerClient:
         priority: int = 0,
         content_type: str | None = None,
         submitter: str | None = None,
+        capability: str = "",
+        agent_type: str = "",
     ) -> TaskHandle:
-        """Submit a task and return its handle (`apiary.Client.submit_task`), as this
-        client's submitter unless `submitter` is given."""
+        """Submit a task and return its handle (`apiary.Client.submit_task`: for an agent,
+        or a `capability` or `agent_type` any of whose agents takes it), as this client's
+        submitter unless `submitter` is given."""
         who = self.submitter if submitter is None else submitter
         return await self._client.submit_task(
             agent_id, params, scope=scope, task_id=task_id, priority=priority,
-            content_type=content_type, submitter=who,
+            content_type=content_type, submitter=who, capability=capability,
+            agent_type=agent_type,
         )  # fmt: skip
 
     async def request_preemption(self, agent_id: str, task_id: str = "", reason: str = "") -> bool:

@@ -13,6 +13,7 @@ import grpc
 from apiary.core.envelope import Envelope
 from apiary.errors import error_for_code
 from apiary.sdk import errors
+from apiary.sdk.tracing import current
 from apiary.wire import pb
 from apiary.wire.convert import envelope_to_proto
 
@@ -41,10 +42,13 @@ class BatchSender:
 
     async def send(self, items: Sequence[tuple[Envelope, str]]) -> list[SendResult]:
         frame = pb.apiary_pb2.SendFrame()
+        trace = current()  # each envelope carries the span current when it is sent
         for env, to in items:
             item = frame.items.add(msg=envelope_to_proto(env), recipient=to)
             if self._sign is not None:
                 item.signature = self._sign(item.msg.SerializeToString(deterministic=True))
+            if trace is not None:
+                item.traceparent, item.tracestate = trace.traceparent, trace.tracestate
         async with self._lock:
             if self._call is None:
                 self._call = self._stub.SendStream()

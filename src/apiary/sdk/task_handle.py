@@ -65,6 +65,12 @@ class TaskStatus:
     attempts: int
     submitter: str
     updated_at: float
+    queue: str = ""
+    """The shared queue it was submitted to (`capability:<name>`, `agent_type:<name>`); its
+    `agent_id` is then the agent holding it ('' while it waits)."""
+    lost_attempts: int = 0
+    """Attempts that ended because the agent holding it was lost (it went back to its
+    queue)."""
 
     @property
     def done(self) -> bool:
@@ -86,6 +92,7 @@ class TaskStatus:
         return cls(
             view.task_id, view.state, view.agent_id, view.note, view.error_code,
             int(view.attempts), view.submitter, timestamp_to_float(view.updated_at),
+            view.queue, int(view.lost_attempts),
         )  # fmt: skip
 
 
@@ -173,7 +180,7 @@ class TaskHandle:
 
 async def submit_task(
     client: Client,
-    agent_id: str,
+    agent_id: str = "",
     params: bytes | Any = b"",
     *,
     scope: str,
@@ -181,12 +188,14 @@ async def submit_task(
     priority: int = 0,
     content_type: str | None = None,
     submitter: str = "",
+    capability: str = "",
+    agent_type: str = "",
 ) -> TaskHandle:
     """`Client.submit_task`."""
     data, kind = payload(params, content_type)
-    request = pb.scheduler_pb2.SubmitTaskRequest(
+    request = pb.apiary_pb2.SubmitTaskRequest(
         agent_id=agent_id, task_id=task_id, priority=priority, params=data, content_type=kind,
-        scope=scope,
+        scope=scope, capability=capability, agent_type=agent_type,
     )  # fmt: skip
     metadata = ((SUBMITTER_METADATA, submitter),) if submitter else None
     reply = await client.task_query.SubmitTask(request, metadata=metadata)

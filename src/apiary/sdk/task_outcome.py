@@ -75,16 +75,20 @@ def fits(env: Envelope, stage: AckStage, code: str, note: str) -> bool:
     return size <= PayloadLimits().acknowledgement
 
 
-async def complete(agent: Connection, task_id: str, outcome: Outcome) -> tuple[AckStage, str, str]:
+async def complete(
+    agent: Connection, task_id: str, outcome: Outcome, attempt: int = 0
+) -> tuple[AckStage, str, str]:
     """Report an outcome too large for an ACK through CompleteTask; the ACK to send after
     it: the outcome's stage and code with an empty note, or FAILED with why the coordinator
-    refused it (oversize_payload: the task failed with it already)."""
+    refused it (oversize_payload: the task failed with it already). `attempt` (the
+    dispatch's) lets the coordinator refuse it when the task was handed out again since."""
     stage, code = outcome.stage, outcome.code
     failed = stage is not AckStage.FULFILLED
     request = pb.apiary_pb2.CompleteTaskRequest(
         task_id=task_id, agent_id=agent.agent_id,
         result_json="" if failed else outcome.result or "",
         error_code=code if failed else "", message=clip(outcome.note, MESSAGE_BYTES),
+        attempt=attempt,
     )  # fmt: skip
     stub = pb.apiary_pb2_grpc.TaskQueryServiceStub(agent.channel)
     try:

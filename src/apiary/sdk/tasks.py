@@ -13,6 +13,10 @@
 
 The runner reads the agent's deliveries. A DATA envelope from producer `scheduler` is a task:
 it is acknowledged READ (the task becomes RUNNING), the handler runs as its own asyncio task,
+up to `concurrency` of them at once (the `task_concurrency` the agent declared, 1 by default;
+a task that arrives while that many run waits, acknowledged RECEIVED, and starts when one
+ends: the Scheduler's prefetch; a preempt_request, terminate or kill for it ends it at once,
+yielded or forced, without running it),
 and its end is acknowledged: FULFILLED with the handler's return value as the task's result
 (what the submitter's `TaskHandle.result()` returns, the output of a workflow node), FULFILLED
 `yielded` when it raised `Preempted` at a safe point, FAILED with the code and message of
@@ -48,9 +52,11 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
+from apiary.core.runtime.turns import is_interrupt
+from apiary.core.trace_context import TraceContext
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.connection import Connection, Delivery
@@ -63,15 +69,23 @@ from apiary.sdk.task_outcome import (
     forced_outcome,
     result_outcome,
 )
+from apiary.sdk.tracing import NO_SPAN, started
 from apiary.wire import pb
+
+if TYPE_CHECKING:
+    from apiary.sdk.trace_spans import AgentSpan
 
 log = logging.getLogger("apiary.sdk.tasks")
 
 SCHEDULER = "scheduler"
+CANCELLED = "cancelled"
+"""The error code of a task stopped by an interrupt (see `Preempted`)."""
 """The Scheduler's participant id: producer of tasks and commands, recipient of sections."""
 ACTIVITY_KEYS = ("repo_id", "worktree_id", "branch", "description")
 """Fields of a task's JSON params copied into its activity entry (RFC 10)."""
 _EARLY_LIMIT = 1000
+ACK_RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 2.0, 2.0)
+"""Pauses before acknowledging again after an `unavailable` answer (about 10 s in all)."""
 
 
 class Preempted(Exception):  # noqa: N818 - a signal, not an error
@@ -79,7 +93,9 @@ class Preempted(Exception):  # noqa: N818 - a signal, not an error
 
     Let it propagate out of the handler: the runner acknowledges the task FULFILLED with note
     `yielded`, and the Scheduler puts it back in its queue (it keeps its place) to run again
-    later, from the start, as a new attempt.
+    later, from the start, as a new attempt. A preemption whose reason starts with
+    `interrupt:` (the runtime control plane's interrupt_turn) asks the task to stop instead:
+    the runner fails it with `cancelled`, and it does not run again.
     """
 
     def __init__(self, task_id: str, reason: str) -> None:
@@ -247,6 +263,8 @@ class _Running:
     """"terminate" or "kill" once the Scheduler forced the task."""
     killed: asyncio.Event = field(default_factory=asyncio.Event)
     supervisor: asyncio.Task[None] | None = None
+    span: AgentSpan | None = None
+    """The task's span when its DATA carried a trace context (docs/tracing.md)."""
 
 
 class TaskRunner:
@@ -260,13 +278,21 @@ class TaskRunner:
         on_message: MessageHandler | None = None,
         reconnect: bool = False,
         report_recovery: bool = True,
+        concurrency: int | None = None,
     ) -> None:
+        """`concurrency`: how many tasks run at once (default: the `task_concurrency` the
+        agent declared, else 1); a task that arrives while that many run waits, unread
+        (ACK RECEIVED), for one to end: the Scheduler's prefetch (docs/scheduler.md)."""
         self.agent = agent
         self._handler = handler
         self._on_message = on_message
         self._reconnect = reconnect
         self._report_recovery = report_recovery
+        declared = getattr(agent, "task_concurrency", None)
+        self._concurrency = max(1, concurrency or declared or 1)
         self._running: dict[str, _Running] = {}
+        self._waiting: OrderedDict[str, tuple[Envelope, TraceContext | None]] = OrderedDict()
+        """Tasks that arrived while `concurrency` ran, in arrival order, not started."""
         self._early: OrderedDict[str, tuple[str, str]] = OrderedDict()
         """Commands for tasks whose DATA has not arrived yet (lanes may reorder them)."""
         self._recover_pending = False
@@ -278,6 +304,11 @@ class TaskRunner:
     def running(self) -> list[str]:
         """The ids of the tasks running now."""
         return list(self._running)
+
+    @property
+    def waiting(self) -> list[str]:
+        """The ids of the tasks waiting for one of the running ones to end (prefetched)."""
+        return list(self._waiting)
 
     async def run(self) -> None:
         """Until the inbound stream ends (or fails: the error propagates), or a shutdown
@@ -302,7 +333,7 @@ class TaskRunner:
     async def _on_delivery(self, delivery: Delivery) -> None:
         env = delivery.envelope
         if env.producer_id == SCHEDULER and env.message_type is MessageType.DATA:
-            await self._start(env)
+            await self._start(env, delivery.trace)
         elif env.producer_id == SCHEDULER and env.message_type is MessageType.CONTROL:
             await self._control(env)
         elif self._on_message is not None:
@@ -312,12 +343,20 @@ class TaskRunner:
 
     # ------------------------------------------------------------------ tasks
 
-    async def _start(self, env: Envelope) -> None:
+    async def _start(self, env: Envelope, trace: TraceContext | None = None) -> None:
         context = TaskContext(self.agent, env)
         task_id = context.task_id
         current = self._running.get(task_id)
         if current is not None and current.context.envelope.message_id == env.message_id:
             return  # the same attempt again after a reconnect: it is running already
+        queued = self._waiting.get(task_id)
+        if queued is not None and queued[0].message_id == env.message_id:
+            return  # waiting already
+        if len(self._running) >= self._concurrency:
+            # Prefetched: it waits here, unread, until a running task ends (`_next`).
+            self._waiting[task_id] = (env, trace)
+            await self._ack(env, AckStage.RECEIVED)
+            return
         if not await self._ack(env, AckStage.READ):
             return
         early = self._early.pop(task_id, None)
@@ -326,15 +365,19 @@ class TaskRunner:
             return
         if early is not None:
             context._request_preempt(early[1])
-        await self._open_activity(context)
-        token = _CURRENT.set(context)
-        try:  # the handler's task copies the context: current_task() is this task there
-            handler = asyncio.ensure_future(self._handler(context))
-        finally:
-            _CURRENT.reset(token)
-        running = _Running(context, handler)
-        self._running[task_id] = running
-        running.supervisor = asyncio.ensure_future(self._supervise(running))
+        # With a trace context, the task's run (handler, activity and report) is a span of
+        # its trace, current in the handler's and the supervisor's tasks (docs/tracing.md).
+        span = started(trace, "run task", _attributes(context)) if trace is not None else None
+        with span.within() if span is not None else NO_SPAN:
+            await self._open_activity(context)
+            token = _CURRENT.set(context)
+            try:  # the handler's task copies the context: current_task() is this task there
+                handler = asyncio.ensure_future(self._handler(context))
+            finally:
+                _CURRENT.reset(token)
+            running = _Running(context, handler, span=span)
+            self._running[task_id] = running
+            running.supervisor = asyncio.ensure_future(self._supervise(running))
 
     async def _supervise(self, running: _Running) -> None:
         killed = asyncio.ensure_future(running.killed.wait())
@@ -349,8 +392,20 @@ class TaskRunner:
             await self._close_activity(running.context, outcome.stage)
             await self._report(running.context, outcome)
         finally:
-            self._running.pop(running.context.task_id, None)
+            if self._running.get(running.context.task_id) is running:
+                del self._running[running.context.task_id]
+            if running.span is not None:
+                if outcome.code:
+                    running.span.fail(outcome.code, outcome.note)
+                running.span.end()
+            await self._next()
             await self._settled()
+
+    async def _next(self) -> None:
+        """Start the tasks waiting here while fewer than `concurrency` run."""
+        while self._waiting and len(self._running) < self._concurrency:
+            _, (env, trace) = self._waiting.popitem(last=False)
+            await self._start(env, trace)
 
     async def _report(self, context: TaskContext, outcome: Outcome) -> None:
         """Acknowledge the task's end: in the ACK when it fits, else through CompleteTask
@@ -359,7 +414,7 @@ class TaskRunner:
         if outcome.result is None and fits(env, outcome.stage, outcome.code, outcome.note):
             await self._ack(env, outcome.stage, outcome.code, outcome.note)
             return
-        stage, code, note = await complete(self.agent, context.task_id, outcome)
+        stage, code, note = await complete(self.agent, context.task_id, outcome, context.attempt)
         await self._ack(env, stage, code, note)
 
     # ------------------------------------------------------------------ activity
@@ -396,7 +451,7 @@ class TaskRunner:
 
     async def _settled(self) -> None:
         """No task may be left: finish a recovery or a shutdown that waited for it."""
-        if self._running:
+        if self._running or self._waiting:
             return
         if self._recover_pending:
             self._recover_pending = False
@@ -416,6 +471,7 @@ class TaskRunner:
                 jobs.append(running.supervisor)
             jobs.append(running.handler)
         self._running.clear()
+        self._waiting.clear()  # unread: the coordinator settles them
         # A handler that ignores cancellation is not waited for.
         if jobs:
             await asyncio.wait(jobs, timeout=1.0)
@@ -431,11 +487,22 @@ class TaskRunner:
         command = str(body.get("command", ""))
         task_id = str(body.get("task_id") or "")
         running = self._running.get(task_id) if task_id else None
+        # A command naming one dispatch (`message_id`: an attempt taken back from this agent)
+        # leaves any other attempt of the task alone.
+        attempt = str(body.get("message_id") or "")
+        if running is not None and attempt and running.context.envelope.message_id != attempt:
+            running = None
+        queued = self._waiting.get(task_id) if task_id else None
+        if queued is not None and attempt and queued[0].message_id != attempt:
+            queued = None
         if command in ("preempt_request", "terminate", "kill"):
-            if running is None and task_id:
-                self._remember(task_id, command, str(body.get("reason", "")))
+            reason = str(body.get("reason", ""))
+            if queued is not None:
+                await self._give_back(task_id, command, reason)
+            elif running is None and task_id and not attempt:
+                self._remember(task_id, command, reason)
             elif running is not None:
-                self._force(running, command, str(body.get("reason", "")))
+                self._force(running, command, reason)
         if command == "suspend":
             for item in self._running.values():
                 item.context._suspend()
@@ -458,6 +525,18 @@ class TaskRunner:
         for item in self._running.values():
             item.context._resume()
 
+    async def _give_back(self, task_id: str, command: str, reason: str) -> None:
+        """A waiting task (never started) is preempted or forced: it yields at once (the
+        Scheduler puts it back in its queue), or ends as forced."""
+        env, _ = self._waiting.pop(task_id)
+        if command != "preempt_request":
+            await self._ack(env, *forced_outcome(command))
+        elif is_interrupt(reason):
+            await self._ack(env, AckStage.FAILED, CANCELLED, reason)
+        else:
+            await self._ack(env, AckStage.FULFILLED, note=YIELDED)
+        await self._settled()
+
     def _force(self, running: _Running, command: str, reason: str) -> None:
         if command == "preempt_request":
             running.context._request_preempt(reason)
@@ -476,15 +555,25 @@ class TaskRunner:
             self._early.popitem(last=False)
 
     async def _ack(self, env: Envelope, stage: AckStage, code: str = "", note: str = "") -> bool:
-        try:
-            await self.agent.ack(env, stage, error_code=code, note=note)
-        except ApiaryError as exc:
-            log.warning(
-                "%s could not acknowledge %s %s: %s", self.agent.agent_id, env.message_id,
-                stage.name, exc,
-            )  # fmt: skip
-            return False
-        return True
+        """Acknowledge `env`, again after each `unavailable` answer (the coordinator could not
+        store it, or cannot tell that it did: a repeated ACK is safe), ACK_RETRY_DELAYS_S
+        apart; False (logged) once refused otherwise or those are spent. A task whose READ
+        or end was never acknowledged would otherwise wait for its ACK forever."""
+        delays = iter(ACK_RETRY_DELAYS_S)
+        while True:
+            try:
+                await self.agent.ack(env, stage, error_code=code, note=note)
+            except ApiaryError as exc:
+                delay = next(delays, None) if exc.code == "unavailable" else None
+                if delay is None:
+                    log.warning(
+                        "%s could not acknowledge %s %s: %s", self.agent.agent_id,
+                        env.message_id, stage.name, exc,
+                    )  # fmt: skip
+                    return False
+                await asyncio.sleep(delay)
+            else:
+                return True
 
 
 async def run_tasks(agent: Connection, handler: Handler, **options: Any) -> None:
@@ -493,6 +582,16 @@ async def run_tasks(agent: Connection, handler: Handler, **options: Any) -> None
 
 
 _STRENGTH = {"preempt_request": 0, "terminate": 1, "kill": 2}
+
+
+def _attributes(context: TaskContext) -> dict[str, str | int | bool]:
+    """The attributes of a task run's span."""
+    return {
+        "messaging.system": "sw4rm", "messaging.operation.name": "process",
+        "messaging.message.id": context.envelope.message_id,
+        "apiary.task_id": context.task_id, "apiary.attempt": context.attempt,
+        "apiary.agent_id": context.agent.agent_id,
+    }  # fmt: skip
 
 
 def _outcome(running: _Running) -> Outcome:
@@ -506,6 +605,8 @@ def _outcome(running: _Running) -> Outcome:
     if exc is None:
         return result_outcome(running.context.envelope, handler.result())
     if isinstance(exc, Preempted):
+        if is_interrupt(exc.reason):  # the runtime control plane's interrupt_turn: stop
+            return Outcome(AckStage.FAILED, CANCELLED, exc.reason)
         return Outcome(AckStage.FULFILLED, "", YIELDED)
     if running.stop:  # it stopped after a forced preemption, however it ended
         return Outcome(*forced_outcome(running.stop))

@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
+from apiary.core.trace_context import TraceContext
 from apiary.errors import ApiaryError
 from apiary.sdk.agent import Agent
 from apiary.sdk.tools import ToolClient
+from apiary.sdk.tracing import continued, fail_current
 from apiary.wire import pb
 
 TOOLS_ENDPOINT = "tools"
@@ -128,16 +130,20 @@ class ToolHost:
         """Answer tool calls until the agent's inbound stream ends (other envelopes are
         acknowledged FULFILLED and dropped: use `handle` in your own loop to keep them)."""
         try:
-            async for env in self.agent.messages():
-                if not await self.handle(env) and env.message_type is not (
+            async for delivery in self.agent.deliveries():
+                env = delivery.envelope
+                if not await self.handle(env, delivery.trace) and env.message_type is not (
                     MessageType.ACKNOWLEDGEMENT
                 ):
                     await self.agent.ack(env, AckStage.FULFILLED, note="not a tool call")
         finally:
             await self.close()
 
-    async def handle(self, env: Envelope) -> bool:
-        """Take `env` if it is a TOOL_CALL (True); leave anything else to the caller."""
+    async def handle(self, env: Envelope, trace: TraceContext | None = None) -> bool:
+        """Take `env` if it is a TOOL_CALL (True); leave anything else to the caller.
+        `trace`: the trace context its delivery carried (`Delivery.trace`), which the tool's
+        run continues as a span (docs/tracing.md); without it, the run continues the span
+        current in the caller, if any."""
         if env.message_type is not MessageType.TOOL_CALL:
             return False
         await self.agent.ack(env, AckStage.READ)
@@ -155,7 +161,7 @@ class ToolHost:
             await self.agent.ack(env, AckStage.REJECTED, error_code="validation_error",
                                  note=f"no tool {doc.get('tool_name')!r} here")  # fmt: skip
             return True
-        task = asyncio.create_task(self._run(env, doc, tool))
+        task = asyncio.create_task(self._traced(env, doc, tool, trace))
         self._running[call_id] = _Running(task)
         return True
 
@@ -165,6 +171,20 @@ class ToolHost:
         for running in list(self._running.values()):
             with contextlib.suppress(asyncio.CancelledError):
                 await running.task
+
+    async def _traced(
+        self, env: Envelope, doc: Mapping[str, Any], tool: Tool, trace: TraceContext | None
+    ) -> None:
+        """`_run` within a span of the call's trace, when its delivery carried one."""
+        if trace is None:
+            await self._run(env, doc, tool)
+            return
+        attributes = {
+            "apiary.tool_name": tool.name, "apiary.call_id": str(doc.get("call_id", "")),
+            "messaging.message.id": env.message_id,
+        }  # fmt: skip
+        with continued(trace, f"tool {tool.name}", attributes):
+            await self._run(env, doc, tool)
 
     async def _run(self, env: Envelope, doc: Mapping[str, Any], tool: Tool) -> None:
         call_id = str(doc["call_id"])
@@ -212,6 +232,7 @@ class ToolHost:
         await self.agent.send_envelope(reply, to=TOOLS_ENDPOINT)
 
     async def _error(self, call: Envelope, code: str, note: str) -> None:
+        fail_current(code, note)  # the tool's span, when it has one (docs/tracing.md)
         doc = {"call_id": json.loads(call.payload)["call_id"], "error_code": code, "note": note}
         reply = self.agent.envelope(
             doc, message_type=MessageType.TOOL_ERROR, correlation_id=call.correlation_id

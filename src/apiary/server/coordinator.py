@@ -9,7 +9,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 from aiohttp import web
@@ -46,6 +46,7 @@ from apiary.server.auth.guard import AccessGuard
 from apiary.server.auth.keys import KeyRing
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
+from apiary.server.control_plane import ControlPlanes
 from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
 from apiary.server.http.app import build_http_app
@@ -85,6 +86,7 @@ from apiary.server.tenancy import (
     tenant_engine,
 )
 from apiary.server.tls import grpc_credentials, http_context
+from apiary.server.tracing.server_tracing import ServerTracing
 from apiary.store.claim import Holder, claim_store
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
@@ -124,6 +126,8 @@ class Coordinator:
     """The swarm peer, when the configuration has a [swarm] table."""
     tenancy: Tenancy | None = None
     """Every tenant's engine; the fields above are the default tenant's."""
+    control_planes: ControlPlanes | None = None
+    """Every tenant's runtime control plane (docs/control-plane.md)."""
     ready: bool = False
 
 
@@ -255,11 +259,14 @@ async def open_coordinator(
     runtime: Runtime | None = None,
     router_settings: RouterSettings | None = None,
     swarm_client_tls: ssl.SSLContext | None = None,
+    tracing: ServerTracing | None = None,
 ) -> AsyncIterator[Coordinator]:
     """Run a coordinator for the duration of the block; shuts down gracefully on exit.
 
     `swarm_client_tls` is how the swarm peer verifies its peers' certificates (tests: a
-    private CA); None: the swarm home's ca_file, else the system's CAs.
+    private CA); None: the swarm home's ca_file, else the system's CAs. `tracing` is the
+    coordinator's tracing (tests: an in-memory exporter's), which its owner closes; None:
+    per the [tracing] table.
     """
     runtime = runtime or Runtime(clock=clock or SystemClock())
     settings = router_settings or config.router
@@ -268,6 +275,10 @@ async def open_coordinator(
         claim_store(store, Holder.here(iso_utc(runtime.clock.now()))) as claim,
         AsyncExitStack() as optional,
     ):
+        if tracing is None:
+            tracing = await _open_tracing(config, optional)
+        if tracing is not None:
+            runtime = replace(runtime, tracing=tracing)
         engine = build_engine(
             store, settings, runtime, hitl_settings(config), config.scheduler, config.data_dir,
             config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
@@ -287,7 +298,8 @@ async def open_coordinator(
             _known_tenants(config, key_ring(config)),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy)
-        dispatcher = Dispatcher(handlers, guard, tenancy)
+        controls = ControlPlanes(tenancy, runtime)
+        dispatcher = Dispatcher(handlers, guard, tenancy, tracing=tracing)
         server, health = build_grpc_server(dispatcher, metrics)
         reach = StoreHealth(store, lambda ok: set_serving(health, ok), runtime.sleep)
         grpc_address = _bind_grpc(server, config)
@@ -299,6 +311,7 @@ async def open_coordinator(
         app = build_http_app(
             dispatcher, metrics, lambda: state.ready and reach.reachable,
             ConsoleSources(engine.events, engine.workflows, engine.hitl), guard,
+            runtime=controls, tenancy=tenancy,
         )  # fmt: skip
         if swarm is not None:
             add_swarm_routes(app, swarm.node)
@@ -318,12 +331,24 @@ async def open_coordinator(
         if serves_tenants(config):
             for tenant in sorted(_known_tenants(config, key_ring(config))() - {DEFAULT_TENANT}):
                 await tenancy.engine(tenant)
+        state.control_planes = controls
+        await controls.start()
         state.ready = True
         try:
             yield state
         finally:
             state.ready = False
-            await _shut_down(engine, server, health, runner, tasks, tenancy)
+            await _shut_down(engine, server, health, runner, tasks, tenancy, controls)
+
+
+async def _open_tracing(config: ServerConfig, stack: AsyncExitStack) -> ServerTracing | None:
+    """The tracing of the [tracing] table for the stack's lifetime; None when it is off."""
+    if not config.tracing.enabled:
+        return None
+    # Imported only now: with tracing off, OpenTelemetry is never loaded.
+    from apiary.server.tracing.otel import open_tracing  # noqa: PLC0415
+
+    return await stack.enter_async_context(open_tracing(config.tracing))
 
 
 async def _start_swarm(
@@ -377,6 +402,7 @@ async def _shut_down(
     runner: web.AppRunner,
     tasks: list[asyncio.Task[None]],
     tenancy: Tenancy,
+    controls: ControlPlanes,
 ) -> None:
     await set_serving(health, False)
     # Tool calls in progress are cancelled and their processes stopped first, so that their
@@ -384,6 +410,7 @@ async def _shut_down(
     await engine.tools.close()
     await server.stop(SHUTDOWN_GRACE_S)
     await runner.cleanup()
+    await controls.close()  # its followers read the tenants' schedulers: before they close
     await tenancy.close()
     for task in tasks:
         task.cancel()

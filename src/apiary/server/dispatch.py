@@ -68,6 +68,13 @@ def _unimplemented(method: RpcMethod) -> UnaryFn | StreamFn | BidiFn:
     return unary
 
 
+class CallTracing(Protocol):
+    def traced(self, method: RpcMethod, fn: UnaryFn) -> UnaryFn:
+        """`fn` within a span of the call, continuing the trace context the call's metadata
+        (or HTTP headers) carry (docs/tracing.md)."""
+        ...
+
+
 class TenantHandlers(Protocol):
     async def open(self, ctx: CallContext, tenant: str) -> None:
         """Open the engine of the tenant the call acts in (a tenant's first call), so that
@@ -129,13 +136,16 @@ def _guarded(
 class Dispatcher:
     """Routes every served method to its handler (or to an `unimplemented` answer), each
     behind the access guard when there is one: every method has a rule in
-    core/access/table.py, or the dispatcher refuses to be built."""
+    core/access/table.py, or the dispatcher refuses to be built. With `tracing`, each unary
+    call is a span (streams are not: they last as long as their clients)."""
 
     def __init__(
         self,
         handlers: Mapping[str, object],
         guard: AccessGuard | None = None,
         tenants: TenantHandlers | None = None,
+        *,
+        tracing: CallTracing | None = None,
     ) -> None:
         unknown = set(handlers) - set(SERVICES)
         if unknown:
@@ -153,6 +163,8 @@ class Dispatcher:
                     fn = _unimplemented(method)
                 if guard is not None:
                     fn = _guarded(method, METHOD_RULES[method.path], fn, guard, tenants)
+                if tracing is not None and not (method.server_streaming or method.client_streaming):
+                    fn = tracing.traced(method, fn)
                 self._routes[method.path] = Route(method, fn, implemented)
 
     def route(self, path: str) -> Route | None:

@@ -15,6 +15,7 @@ from apiary.server.auth.settings import AuthSettings
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.coordinator import Coordinator, open_coordinator
+from apiary.server.tracing.server_tracing import ServerTracing
 
 
 @asynccontextmanager
@@ -32,11 +33,12 @@ async def open_test_coordinator(
     tls_client_ca: Path | None = None,
     auth: AuthSettings | None = None,
     limits: Limits | None = None,
+    tracing: ServerTracing | None = None,
 ) -> AsyncIterator[Coordinator]:
     """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports; with
     `tls_cert` and `tls_key` both ports serve TLS (mTLS with `tls_client_ca`); `auth` sets
     authentication (AuthSettings(secure=True): default deny, every call a principal);
-    `limits` the `[limits]` table."""
+    `limits` the `[limits]` table; `tracing` the coordinator's tracing (docs/tracing.md)."""
     config = ServerConfig(
         data_dir=data_dir,
         grpc=Address("127.0.0.1", 0),
@@ -51,6 +53,6 @@ async def open_test_coordinator(
         limits=limits or Limits(),
     )
     async with open_coordinator(
-        config, clock=clock, runtime=runtime, router_settings=router_settings
+        config, clock=clock, runtime=runtime, router_settings=router_settings, tracing=tracing
     ) as coordinator:
         yield coordinator

@@ -30,6 +30,13 @@ from apiary.core.rooms.records import (
     ProposalRecord,
     VoteRecord,
 )
+from apiary.core.runtime.records import (
+    ChannelRecord,
+    RuntimeWrite,
+    SessionRecord,
+    ThreadRecord,
+    TurnRecord,
+)
 from apiary.core.swarm_mail import InboxEntry, OutboxEntry
 from apiary.core.tools.descriptor import ToolProviderRecord
 from apiary.core.workflow.definition import WorkflowSpec
@@ -250,8 +257,10 @@ class TaskStore(Protocol):
         agent_id: str | None = None,
         after_seq: int = -1,
         limit: int = 100,
+        queue: str | None = None,
     ) -> list[TaskRecord]:
-        """Records in `states` (all when None) for `agent_id` (all when None) with seq above
+        """Records in `states` (all when None) for `agent_id` (all when None) in the shared
+        `queue` (all when None; '' for the tasks submitted to one agent) with seq above
         `after_seq`, in seq order, at most `limit`."""
         ...
 
@@ -560,6 +569,43 @@ class SwarmStore(Protocol):
         ...
 
 
+class RuntimeStore(Protocol):
+    """The runtime control plane's sessions, threads, turns and channels
+    (spec/runtime-control-plane.txt): a thread's queue and its turns survive a restart."""
+
+    async def save(self, write: RuntimeWrite, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace every record of `write` (by its id), appending `events` to the
+        event log, all in one transaction. StoreError, changing nothing (events included),
+        when a turn's (thread_id, ordinal) or task_id belongs to another turn; ValueError
+        for a record no backend can store (an unknown turn state, an ordinal outside int64)."""
+        ...
+
+    async def session(self, session_id: str) -> SessionRecord | None: ...
+
+    async def thread(self, thread_id: str) -> ThreadRecord | None: ...
+
+    async def threads(self, session_id: str) -> list[ThreadRecord]:
+        """The session's threads, oldest first (by created_at, then thread_id)."""
+        ...
+
+    async def turn(self, turn_id: str) -> TurnRecord | None: ...
+
+    async def turn_of_task(self, task_id: str) -> TurnRecord | None:
+        """The turn that runs as the Scheduler task `task_id`, if any."""
+        ...
+
+    async def turns(self, thread_id: str, last: int = 100) -> list[TurnRecord]:
+        """The thread's last `last` turns by ordinal, in ordinal order."""
+        ...
+
+    async def open_turns(self, thread_id: str | None = None) -> list[TurnRecord]:
+        """Turns not ended (queued, preparing, running) of `thread_id` (every thread when
+        None), by thread_id, then ordinal."""
+        ...
+
+    async def channel(self, channel_id: str) -> ChannelRecord | None: ...
+
+
 class Store(Protocol):
     """One backend: every aggregate over one connection pool / file / process memory."""
 
@@ -607,6 +653,9 @@ class Store(Protocol):
 
     @property
     def swarm(self) -> SwarmStore: ...
+
+    @property
+    def runtime(self) -> RuntimeStore: ...
 
     @property
     def backend(self) -> str:

@@ -53,14 +53,17 @@ class EngineHarness:
         modalities: Sequence[str] = ("application/json", "text/plain"),
         communication_class: str = "STANDARD",
         capacity: int | None = None,
+        task_concurrency: int | None = None,
         **extra: Any,
     ) -> AgentRecord:
+        """Register `agent_id` (its descriptor's other fields in `extra`: name, capabilities,
+        ...), declaring `task_concurrency` when given, and announce it."""
         descriptor = {
             "agent_id": agent_id, "name": agent_id, "reasoning_connectors": ["builtin://rules"],
             "modalities_supported": list(modalities), "communication_class": communication_class,
             **extra,
         }  # fmt: skip
-        record = await self.engine.registry.register(descriptor)
+        record = await self.engine.registry.register(descriptor, task_concurrency=task_concurrency)
         await self.engine.presence.joined(record)
         if capacity is not None:
             self.engine.router.set_capacity(agent_id, capacity)

@@ -1,6 +1,7 @@
-"""The rule of every gRPC method and HTTP route: the one table the authorizer reads
-(docs/security.md explains each rule). A method or route missing here is refused, and a test
-fails for it (tests/security/test_rule_table.py), so no later surface can forget its rule."""
+"""The rule of every gRPC method, HTTP route and runtime command: the one table the
+authorizer reads (docs/security.md explains each rule). A method, route or command missing
+here is refused, and a test fails for it (tests/security/test_rule_table.py), so no later
+surface can forget its rule."""
 
 from __future__ import annotations
 
@@ -192,6 +193,12 @@ HTTP_RULES: Mapping[str, Rule] = MappingProxyType(
         "GET /v1/events/stream": _role(Role.EVENTS),
         # Gateway calls are decided per method by METHOD_RULES.
         "POST /v1/{service}/{method}": PUBLIC,
+        # The runtime control plane: each command is decided by RUNTIME_RULES, over HTTP
+        # JSON, JSON-RPC and the event stream (reconnect_channel's) alike.
+        "GET /runtime/v1": PUBLIC,
+        "POST /runtime/v1/rpc": PUBLIC,
+        "POST /runtime/v1/{command}": PUBLIC,
+        "GET /runtime/v1/sessions/{session_id}/events": PUBLIC,
         # The swarm endpoint authenticates every request by its own signatures
         # (agent-swarm-protocol section 5): the swarm's members are not Apiary principals.
         "POST /swarm/message": PUBLIC,
@@ -201,6 +208,25 @@ HTTP_RULES: Mapping[str, Rule] = MappingProxyType(
     }
 )
 """Rules of the HTTP routes, by 'METHOD canonical-path' (HEAD follows GET)."""
+
+
+RUNTIME_RULES: Mapping[str, Rule] = MappingProxyType(
+    {
+        # Any principal drives sessions of its own (docs/control-plane.md): a session,
+        # thread, turn or channel another principal owns answers as a missing one, except
+        # to operators with `tasks`, who act on anyone's (as on tasks).
+        "submit_turn": ANYONE,
+        "interrupt_turn": ANYONE,
+        "remove_queued_turn": ANYONE,
+        "get_session": ANYONE,
+        "get_thread_read": ANYONE,
+        "list_tasks": ANYONE,
+        "get_task": ANYONE,
+        "reconnect_channel": ANYONE,
+        "ack_events": ANYONE,
+    }
+)
+"""Rules of the runtime control plane's commands, by name."""
 
 
 def describe(rule: Rule) -> str:
@@ -236,9 +262,11 @@ def _dev_note(rule: Rule) -> str:
 
 
 def markdown() -> str:
-    """The rule of every method and route as Markdown tables."""
+    """The rule of every method, route and runtime command as Markdown tables."""
     lines = ["| gRPC method | who may call |", "|---|---|"]
     lines += [f"| `{path}` | {describe(rule)} |" for path, rule in METHOD_RULES.items()]
     lines += ["", "| HTTP route | who may call |", "|---|---|"]
     lines += [f"| `{route}` | {describe(rule)} |" for route, rule in HTTP_RULES.items()]
+    lines += ["", "| runtime command | who may call |", "|---|---|"]
+    lines += [f"| `{name}` | {describe(rule)} |" for name, rule in RUNTIME_RULES.items()]
     return "\n".join(lines) + "\n"

@@ -3,8 +3,9 @@
 A submission is QUEUED in its agent's queue (`TaskMachine.SUBMITTED`); a duplicate job is
 HELD for a HITL authorization before it is ever queued (RFC 9.2). A queued task is
 DISPATCHED as a DATA envelope, RUNNING once its agent READs it, and ends COMPLETED or
-FAILED; a preempted task that yields at a safe point, or one whose dispatch timed out with
-attempts left, goes back to QUEUED keeping its place.
+FAILED; a preempted task that yields at a safe point, one whose dispatch timed out with
+attempts left, or a shared-queue task whose agent was lost with it (REQUEUE, below
+`[scheduler] max_attempts`), goes back to QUEUED keeping its place.
 
 `TaskMachine.step(state, event)` returns the next state, the effects the Scheduler performs
 in their order and the event it logs (engine/scheduler/transitions.py performs them); an
@@ -15,7 +16,8 @@ a row asks for it only as WAKE (try the agent again from the background loop).
 The inputs name their cause, so that the rows say what each cause does: FULFIL and FAIL are
 the agent's own results and send the agent back to RUNNABLE (FREE_AGENT); ABANDON (the
 agent's lifecycle or its deregistration ended the task) and TERMINATE (forced preemption)
-come from the agent's side already.
+come from the agent's side already. REQUEUE is ABANDON for a task any agent of its shared
+queue may take: it goes back to that queue instead of failing.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ class TaskInput(StrEnum):
     """An operator cancelled a task that has not started."""
     ABANDON = "ABANDON"
     """The agent's lifecycle ended the task (shutdown, failure) or the agent deregistered."""
+    REQUEUE = "REQUEUE"
+    """As ABANDON, for a shared-queue task with attempts left: back to its queue for the
+    next capable agent."""
     TERMINATE = "TERMINATE"
     """Forced preemption ended the task: the agent terminated, or was killed."""
 
@@ -76,11 +81,13 @@ class TaskEffect(StrEnum):
     EMIT_EVENT = "EMIT_EVENT"
     """Log the row's `task.*` event."""
     ENQUEUE = "ENQUEUE"
-    """Put the task in its agent's queue (a requeued task keeps its place)."""
+    """Put the task in its queue, its agent's or its shared queue (a requeued task keeps its
+    place)."""
     COMPLETE_ACTIVITY = "COMPLETE_ACTIVITY"
     """Close the task's entries in the activity buffer (RFC 10)."""
     WAKE = "WAKE"
-    """Try to dispatch to the task's agent again, from the background loop."""
+    """Try to dispatch to the task's agent again (offer a waiting shared task to its
+    queue's agents), from the background loop."""
     ANNOUNCE_END = "ANNOUNCE_END"
     """Tell the end listeners (workflows) that the task ended."""
     SCHEDULE_AGENT = "SCHEDULE_AGENT"
@@ -124,6 +131,9 @@ def _dispatched() -> dict[TaskInput, TaskStep]:
         _I.FULFIL: _ended(_S.COMPLETED, agent=True),
         _I.FAIL: _ended(_S.FAILED, agent=True),
         _I.RETRY: TaskStep(_S.QUEUED, (_E.RELEASE, *_STORE, _E.ENQUEUE, _E.WAKE), "task.requeued"),
+        _I.REQUEUE: TaskStep(
+            _S.QUEUED, (_E.RELEASE, *_STORE, _E.ENQUEUE, _E.WAKE), "task.requeued"
+        ),
         _I.YIELD: TaskStep(
             _S.QUEUED, (_E.RELEASE, *_STORE, _E.ENQUEUE, _E.FREE_AGENT, _E.WAKE), "task.requeued"
         ),

@@ -20,7 +20,8 @@ from apiary.core.json_reader import JsonError, parse_json
 from apiary.core.records import TaskRecord
 
 SUBMISSION_FIELDS: Final = (
-    "agent_id", "priority", "params", "content_type", "scope", "correlation_id", "submitter",
+    "agent_id", "queue", "priority", "params", "content_type", "scope", "correlation_id",
+    "submitter",
 )  # fmt: skip
 """What makes two submissions of one task_id the same submission (the job identity follows
 from them)."""

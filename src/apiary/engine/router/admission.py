@@ -29,6 +29,7 @@ from apiary.core.envelope_rules import (
 )
 from apiary.core.records import MessageState, StoredMessage
 from apiary.core.signatures import SIGNATURE_KEY, verifies, with_origin
+from apiary.core.trace_context import TraceContext
 from apiary.core.value import value
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.eventlog import EventRecorder
@@ -87,6 +88,9 @@ class Outbound:
     origin: bytes = b""
     """For a requeued dead letter: the signed envelope it was derived from, which
     `signature` covers (checked again before it is kept with the copy)."""
+    trace: TraceContext | None = None
+    """The trace context the message continues (docs/tracing.md), when its sender gives one;
+    else, with tracing on, the router takes the context current at admission."""
 
 
 @dataclass(slots=True)

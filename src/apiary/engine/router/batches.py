@@ -37,6 +37,7 @@ from apiary.engine.router.lifecycle import MessageLifecycle
 from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.rejections import Rejections
 from apiary.engine.router.stats import RouterStats
+from apiary.engine.tracing import Tracing
 from apiary.errors import ValidationError
 from apiary.store.errors import DuplicateMessageError, StoreError, StoreUnavailableError
 from apiary.store.protocols import MessageStore
@@ -57,7 +58,7 @@ class Batches:
         self, admission: Admission, lifecycle: MessageLifecycle, rejections: Rejections,
         messages: MessageStore, inboxes: Inboxes, live: LiveMessages, dedup: DedupGate,
         credits: CreditControl, events: EventRecorder, stats: RouterStats, clock: Clock,
-        hand_over_wait_s: float,
+        hand_over_wait_s: float, tracing: Tracing | None = None,
     ) -> None:  # fmt: skip
         self._admission = admission
         self._lifecycle = lifecycle
@@ -71,6 +72,7 @@ class Batches:
         self._stats = stats
         self._clock = clock
         self._hand_over_wait_s = hand_over_wait_s
+        self._tracing = tracing
         self._background: set[asyncio.Future[None]] = set()
 
     async def prepare(self, items: Sequence[Outbound]) -> PreparedSend:
@@ -311,6 +313,10 @@ class Batches:
         stored = result
         self._dedup.release(stored.message_id)
         self._live.add(stored, occupies=not is_notice(stored))
+        if self._tracing is not None:
+            trace = item.trace or self._tracing.current()
+            if trace is not None:
+                self._live.traces[stored.message_id] = trace
         stats = self._stats
         stats.accepted[stored.recipient] += 1
         started = env.timestamp if 0 < env.timestamp <= now else now

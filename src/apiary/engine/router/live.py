@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from apiary.core.records import MessageState, StoredMessage
+from apiary.core.trace_context import TraceContext
 from apiary.engine.deadlines import Deadlines
 from apiary.engine.router.admission import is_notice
 from apiary.engine.router.inbox import Inboxes
@@ -38,6 +39,9 @@ class LiveMessages:
         self.started_at = 0.0
         """When this coordinator recovered its messages (`recover`): the start of an offline
         recipient's wait when it has had no stream since."""
+        self.traces: dict[str, TraceContext] = {}
+        """The trace context of each live message that has one (docs/tracing.md), by id:
+        in memory only, so a message recovered after a restart is delivered without one."""
 
     @property
     def copies(self) -> Mapping[str, StoredMessage]:
@@ -117,6 +121,8 @@ class LiveMessages:
         self._inboxes[message.recipient].finished(message_id)
         self._copies.pop(message_id, None)
         self._deadlines.cancel(message_id)
+        if self.traces:
+            self.traces.pop(message_id, None)
 
     def writes_count(self, message_id: str, deliveries: int) -> None:
         """A state change about to be stored carries `deliveries` hand-outs of the message:

@@ -9,7 +9,10 @@ and then failed (`MessageLifecycle`); docs/decisions.md, "Refusals are not dead 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any
 
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.ids import is_uuid4
@@ -20,6 +23,8 @@ from apiary.engine.router.admission import LocalEndpoint, Outbound, SendOutcome
 from apiary.engine.router.stats import UNKNOWN_AGENT, RouterStats
 from apiary.engine.settings import RouterSettings
 from apiary.errors import ApiaryError
+
+log = logging.getLogger("apiary.router")
 
 Deliver = Callable[[str, Envelope], Awaitable[object]]
 """Sends a coordinator notice to one agent (`Router.notify`)."""
@@ -38,6 +43,8 @@ class Rejections:
         self._stats = stats
         self._endpoints = endpoints
         self._deliver = deliver
+        self._background: set[asyncio.Future[None]] = set()
+        """NACKs on their way to coordinator endpoints (`rejected`)."""
 
     async def rejected(self, item: Outbound, outcome: SendOutcome) -> None:
         """Never silent: count it, log it, NACK the producer (the call answered it already)."""
@@ -62,8 +69,25 @@ class Rejections:
         if error.code == "duplicate_detected" and outcome.details:
             await self._notify_duplicate(env, outcome)
         elif env.message_type is not MessageType.ACKNOWLEDGEMENT:
-            await self.nack(env.producer_id, env.message_id, env.correlation_id,
-                            AckStage.REJECTED, error.code, error.message, "SENT")  # fmt: skip
+            nack = self.nack(env.producer_id, env.message_id, env.correlation_id,
+                             AckStage.REJECTED, error.code, error.message, "SENT")  # fmt: skip
+            if env.producer_id in self._endpoints:
+                # A coordinator component's own send, which this refusal answers: it may hold
+                # its lock around the send (the Scheduler does around a dispatch), so its NACK
+                # follows once the send returned instead of calling it back inside it.
+                self._later(nack)
+            else:
+                await nack
+
+    def _later(self, work: Coroutine[Any, Any, None]) -> None:
+        job = asyncio.ensure_future(work)
+        self._background.add(job)
+        job.add_done_callback(self._done)
+
+    def _done(self, job: asyncio.Future[None]) -> None:
+        self._background.discard(job)
+        if not job.cancelled() and job.exception() is not None:
+            log.warning("a NACK to a coordinator endpoint failed: %s", job.exception())
 
     async def _notify_duplicate(self, env: Envelope, outcome: SendOutcome) -> None:
         stage = AckStage[outcome.details.get("original_status", "FULFILLED")]

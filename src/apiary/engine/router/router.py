@@ -41,6 +41,7 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.rejections import Rejections
 from apiary.engine.router.stats import RouterStats
 from apiary.engine.settings import RouterSettings
+from apiary.engine.tracing import Tracing
 from apiary.engine.transfers import Transfers
 from apiary.store.protocols import Store
 
@@ -55,8 +56,13 @@ class Router:
         clock: Clock,
         notices: NoticeFactory,
         settings: RouterSettings | None = None,
+        *,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings = settings or RouterSettings()
+        self.tracing = tracing
+        """Tracing when the coordinator traces (docs/tracing.md): each admitted message keeps
+        the trace context it continues (`live.traces`), which its delivery carries."""
         self.stats = stats = RouterStats()
         self.codec = codec
         self._clock = clock
@@ -84,6 +90,7 @@ class Router:
         self._batches = Batches(
             admission, self.lifecycle, rejections, store.messages, self._inboxes, self.live,
             self.dedup, self._credits, events, stats, clock, settings.hand_over_wait_s,
+            tracing,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ inboxes

@@ -44,8 +44,13 @@ class AgentTasks(Protocol):
     async def fail_agent_tasks(
         self, agent_id: str, code: str, *, queued: bool, running_too: bool = True
     ) -> int:
-        """End the agent's running task (unless not `running_too`) and its queued ones (when
-        `queued`) with `code`; returns how many ended."""
+        """End the agent's tasks in hand (unless not `running_too`; shared ones go back to
+        their queues while they have attempts left) and its queued ones (when `queued`)
+        with `code`; returns how many ended."""
+        ...
+
+    async def recall_waiting(self, agent_id: str, reason: str) -> int:
+        """Take back the shared tasks waiting at the agent, not started; returns how many."""
         ...
 
 
@@ -84,11 +89,13 @@ class SchedulerAgents:
         )  # fmt: skip
 
     async def stop_dispatch(self, agent_id: str) -> None:
-        """RFC 8.4: no new task for a SHUTTING_DOWN agent; its queued ones cannot run. The
-        running one may still complete within the grace period."""
+        """RFC 8.4: no new task for a SHUTTING_DOWN agent; its queued ones cannot run, and the
+        shared tasks waiting at it (prefetched, not started) go back to their queues for
+        another agent. The running ones may still complete within the grace period."""
         await self._tasks.fail_agent_tasks(
             agent_id, AgentShutdownError.code, queued=True, running_too=False
         )
+        await self._tasks.recall_waiting(agent_id, "recalled: the agent is shutting down")
 
     async def abandon_task(self, agent_id: str, error_code: str) -> None:
         await self._tasks.fail_agent_tasks(agent_id, error_code, queued=False)

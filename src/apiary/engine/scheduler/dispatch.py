@@ -1,9 +1,15 @@
-"""The Scheduler's dispatch (RFC 7.3, 9.1, 9.2, 16.3): when an agent is free, pick the lane
-(its LaneScheduler, core/lanes.py) and that lane's head task, and send it unless it must wait:
-for a bound worktree (`worktree:required`), for a free instance of its agent type
+"""The Scheduler's dispatch (RFC 7.3, 8.1, 9.1, 9.2, 16.3): while an agent has room (fewer
+tasks in hand than its window, core/tasks/capacity.py) and may take tasks, pick the lane (its
+LaneScheduler, core/lanes.py) and the best head task of that lane among its own queue and
+the shared queues it serves (core/tasks/shared.py), and send it unless it must wait: for a
+bound worktree (`worktree:required`), for a free instance of the agent's type
 (max_parallel_instances) or behind a running task whose scope conflicts
-(engine/conflict_gate.py). The task goes out as a DATA envelope from `scheduler`; a full
-buffer retries it later on the Scheduler's timer heap.
+(engine/conflict_gate.py). A head that must wait lets the next queue's head go. The task goes
+out as a DATA envelope from `scheduler`; a full buffer retries it later on the Scheduler's
+timer heap.
+
+A shared queue's task is offered to its agents fairly (`offer`): one task at a time to the
+least-loaded agent with room, the one served longest ago among equals.
 
 Called with the Scheduler's lock held.
 """
@@ -12,23 +18,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
+from apiary.core.agent_lifecycle import AgentLifecycleState
 from apiary.core.clock import Clock
 from apiary.core.envelope import MessageType
 from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
 from apiary.core.records import TaskRecord
+from apiary.core.tasks.capacity import Seat, fair_order
 from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.queue import QueuedTask
+from apiary.core.tasks.shared import describe
 from apiary.engine.conflict_gate import Blocker, ConflictGate
 from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
-from apiary.engine.scheduler.live import LiveTasks, queue_key
+from apiary.engine.scheduler.live import LiveTasks, queue_key, target_of
+from apiary.engine.scheduler.pools import AgentPools
+from apiary.engine.scheduler.traces import TaskTraces
 from apiary.engine.scheduler.transitions import TaskTransitions
-from apiary.engine.scheduler.wakeups import Wakeups, retry_key
+from apiary.engine.scheduler.wakeups import Wakeups, retry_key, shared_queue, shared_target
 from apiary.engine.settings import SchedulerSettings
+
+_BUSY: Final = frozenset({AgentLifecycleState.SCHEDULED, AgentLifecycleState.RUNNING})
+"""The states in which an agent that holds tasks takes more, up to its window."""
 
 
 class WorktreeView(Protocol):
@@ -49,6 +63,7 @@ class SchedulerDispatch:
     def __init__(
         self,
         live: LiveTasks,
+        pools: AgentPools,
         wakeups: Wakeups,
         transitions: TaskTransitions,
         lifecycles: Lifecycles,
@@ -59,8 +74,11 @@ class SchedulerDispatch:
         settings: SchedulerSettings,
         clock: Clock,
         worktrees: WorktreeView | None,
+        *,
+        traces: TaskTraces | None = None,
     ) -> None:
         self._live = live
+        self._pools = pools
         self._wakeups = wakeups
         self._transitions = transitions
         self._lifecycles = lifecycles
@@ -71,37 +89,88 @@ class SchedulerDispatch:
         self._settings = settings
         self._clock = clock
         self._worktrees = worktrees
+        self._traces = traces
+        """With tracing on: each dispatch is a span of the task's trace (docs/tracing.md)."""
         self._lanes: dict[str, LaneScheduler] = {}
 
     async def drain(self) -> None:
-        """Dispatch to every agent woken so far (lock held)."""
-        agents = self._wakeups.agents
-        while agents:
-            await self.try_dispatch(agents.pop())
+        """Dispatch to every agent (and offer every shared queue) woken so far (lock held)."""
+        targets = self._wakeups.agents
+        while targets:
+            target = targets.pop()
+            queue = shared_queue(target)
+            if queue:
+                await self.offer(queue)
+            else:
+                await self.try_dispatch(target)
 
-    async def try_dispatch(self, agent_id: str) -> None:
-        """Dispatch the agent's next task if everything allows it (lock held)."""
-        live = self._live
-        if agent_id in live.running or not self._lifecycles.accepts_tasks(agent_id):
-            return
-        picked = self._head(agent_id)
+    async def place(self, task: TaskRecord) -> None:
+        """Dispatch a task just queued, if an agent may take it now."""
+        if task.queue:
+            await self.offer(task.queue)
+        else:
+            await self.try_dispatch(task.agent_id)
+
+    # ------------------------------------------------------------------ one agent
+
+    def has_room(self, agent_id: str) -> bool:
+        """Whether the agent holds fewer tasks than its window and its lifecycle lets it take
+        one: RUNNABLE when it holds none (RFC 8.1), else SCHEDULED or RUNNING."""
+        held = self._live.count(agent_id)
+        if held >= self._pools.window(agent_id):
+            return False
+        if not held:
+            return self._lifecycles.accepts_tasks(agent_id)
+        return self._lifecycles.state(agent_id) in _BUSY
+
+    async def try_dispatch(self, agent_id: str, *, at_most: int | None = None) -> int:
+        """Dispatch the agent's next tasks while everything allows it, `at_most` of them
+        (None: as many as its window takes); returns how many (lock held)."""
+        sent = 0
+        while (at_most is None or sent < at_most) and self.has_room(agent_id):
+            if not self._instance_free(agent_id) or not await self._dispatch_next(agent_id):
+                break
+            sent += 1
+        if self.has_room(agent_id):
+            self._pools.unsaturate(agent_id)
+        return sent
+
+    def _instance_free(self, agent_id: str) -> bool:
+        """RFC 9.1: an agent that holds no task starts an instance of its type, which the
+        type's max_parallel_instances must allow (it waits for one otherwise)."""
+        if self._live.count(agent_id):
+            return True
+        member = self._pools.member(agent_id)
+        agent_type = member.agent_type if member is not None else ""
+        if self._live.active[agent_type] < self._settings.instance_limit(agent_type):
+            return True
+        self._live.wait_for_type(agent_type, agent_id)
+        return False
+
+    async def _dispatch_next(self, agent_id: str) -> bool:
+        """Dispatch the first head the agent may start now; False when none may."""
+        picked = self._heads(agent_id)
         if picked is None:
-            return
-        head, choice = picked
-        task = live.tasks[head.task_id]
-        if live.needs_worktree(task) and not self._bound(task.agent_id):
-            await self._held_for_worktree(task)
-            return
-        limit = self._settings.instance_limit(task.agent_type)
-        if live.active[task.agent_type] >= limit:
-            live.wait_for_type(task.agent_type, agent_id)
-            return
-        blockers = await self._gate.blockers(task, live.running.values(), live.tasks)
-        if blockers:
-            await self._deferred(task, blockers)
-            return
-        live.queue.remove(head.task_id)
-        await self._dispatch(task, choice)
+            return False
+        heads, choice = picked
+        live = self._live
+        alone = self._pools.concurrency(agent_id) == 1
+        for head in heads:
+            task = live.tasks[head.task_id]
+            if task.queue and not self._pools.takes(agent_id, task.content_type):
+                continue
+            if live.needs_worktree(task) and not self._bound(agent_id):
+                await self._held_for_worktree(task)
+                continue
+            blockers = await self._gate.blockers(
+                task, live.holders, live.tasks, agent_id=agent_id, alone=alone
+            )
+            if blockers:
+                await self._deferred(task, blockers)
+                continue
+            live.queue.remove(head.task_id)
+            return await self._dispatch(task, choice, agent_id)
+        return False
 
     def _bound(self, agent_id: str) -> bool:
         return self._worktrees is not None and self._worktrees.bound_root(agent_id) is not None
@@ -109,15 +178,21 @@ class SchedulerDispatch:
     async def _held_for_worktree(self, task: TaskRecord) -> None:
         """RFC 16.3: no worktree task for an agent without a bound worktree (BIND_FAILED is
         treated like UNBOUND); the task waits until a BIND succeeds (`wake`)."""
-        note = "waiting for the agent to bind a worktree (worktree:required)"
+        if task.queue:
+            note = f"waiting for an agent of {describe(task.queue)} with a bound worktree"
+        else:
+            note = "waiting for the agent to bind a worktree (worktree:required)"
         if task.note == note:
             return
         changes = {"note": note, "updated_at": self._clock.now()}
         await self._transitions.apply(task, TaskInput.WAIT_WORKTREE, changes, reason=note)
 
-    def _head(self, agent_id: str) -> tuple[QueuedTask, LaneChoice] | None:
+    def _heads(self, agent_id: str) -> tuple[list[QueuedTask], LaneChoice] | None:
+        """The chosen lane and its head tasks, best first, among the agent's own queue and
+        its shared queues."""
         queue = self._live.queue
-        ready = {lane: queue.count(queue_key(agent_id, lane)) for lane in LANES}
+        targets = (agent_id, *(shared_target(q) for q in self._pools.queues_of(agent_id)))
+        ready = {lane: sum(queue.count(queue_key(t, lane)) for t in targets) for lane in LANES}
         if not any(ready.values()):
             return None
         lanes = self._lanes.get(agent_id)
@@ -125,12 +200,13 @@ class SchedulerDispatch:
             lanes = self._lanes[agent_id] = LaneScheduler(self._settings.lanes)
         choice = lanes.pick(ready, self._clock.now())
         assert choice is not None
-        head = queue.peek(queue_key(agent_id, choice.lane))
-        return None if head is None else (head, choice)
+        heads = [h for t in targets if (h := queue.peek(queue_key(t, choice.lane))) is not None]
+        heads.sort(key=lambda h: h.sort_key)
+        return heads, choice
 
     async def _deferred(self, task: TaskRecord, blockers: list[Blocker]) -> None:
         for blocker in blockers:
-            self._live.wait_behind(blocker.task_id, task.agent_id)
+            self._live.wait_behind(blocker.task_id, target_of(task))
         note = "; ".join(f"{b.outcome} behind {b.task_id}: {b.reason}" for b in blockers)
         if task.note == note:
             return
@@ -139,6 +215,8 @@ class SchedulerDispatch:
             task, TaskInput.DEFER, {"note": note, "updated_at": self._clock.now()},
             blocked_by=blocked_by, reason=note,
         )  # fmt: skip
+        if task.queue:
+            return  # no agent of its own to tell yet
         await self._router.notify(
             task.agent_id,
             self._notices.notification(
@@ -148,28 +226,68 @@ class SchedulerDispatch:
             ),
         )  # fmt: skip
 
-    async def _dispatch(self, task: TaskRecord, choice: LaneChoice) -> None:
+    async def _dispatch(self, task: TaskRecord, choice: LaneChoice, agent_id: str) -> bool:
+        """Send the task to the agent; False when its inbound buffer is full (the task is
+        back in its queue, and the agent tried again after `retry_after_s`)."""
         attempt = task.attempts + 1
         env = self._envelopes.envelope(
             MessageType.DATA, task.params, task.content_type, correlation_id=task.flow_id,
             idempotency_token=f"task:{task.task_id}:{attempt}",
         )  # fmt: skip
-        (outcome,) = await self._router.send_many([Outbound(env, task.agent_id, lane=task.lane)])
+        item = Outbound(env, agent_id, lane=task.lane)
+        if self._traces is None:
+            (outcome,) = await self._router.send_many([item])
+        else:
+            outcome = await self._traces.send(self._router, task, item, attempt)
         if not outcome.accepted:
             code = outcome.error_code
-            if code == "buffer_full":
+            if code in ("buffer_full", "unavailable"):  # a full buffer, a store fault: later
                 self._live.push(task)
                 self._wakeups.arm(
-                    retry_key(task.agent_id), self._clock.now() + self._settings.retry_after_s
+                    retry_key(agent_id), self._clock.now() + self._settings.retry_after_s
                 )
-                return
+                return False
             await self._transitions.end(
                 task, TaskInput.REFUSE, code or "internal_error", outcome.reason
             )
-            return
-        changes = {"message_id": env.message_id, "attempts": attempt,
-                   "updated_at": self._clock.now(), "note": ""}  # fmt: skip
+            return True
+        changes: dict[str, object] = {
+            "message_id": env.message_id, "attempts": attempt, "updated_at": self._clock.now(),
+            "note": "",
+        }  # fmt: skip
+        if task.queue:
+            member = self._pools.member(agent_id)
+            changes["agent_id"] = agent_id
+            changes["agent_type"] = member.agent_type if member is not None else ""
+            self._pools.served(agent_id)
         await self._transitions.apply(
             task, TaskInput.DISPATCH, changes, message_id=env.message_id, attempt=attempt,
             lane=task.lane, urgent=choice.urgent, overflowed=choice.overflowed,
         )  # fmt: skip
+        return True
+
+    # ------------------------------------------------------------------ shared queues
+
+    def waiting_in(self, queue: str) -> int:
+        """How many tasks wait in the shared queue (every lane)."""
+        target = shared_target(queue)
+        return sum(self._live.queue.count(queue_key(target, lane)) for lane in LANES)
+
+    async def offer(self, queue: str) -> None:
+        """Hand the shared queue's waiting tasks to its agents, one at a time to the
+        least-loaded agent with room (`fair_order`), while any takes one."""
+        pools = self._pools
+        while queue not in pools.saturated and self.waiting_in(queue):
+            seats = [
+                Seat(a, self._live.count(a), pools.concurrency(a), pools.last_served(a))
+                for a in pools.agents_for(queue)
+                if self.has_room(a)
+            ]
+            if not seats:
+                pools.saturated.add(queue)
+                return
+            for agent_id in fair_order(seats):
+                if await self.try_dispatch(agent_id, at_most=1):
+                    break
+            else:
+                return  # every agent with room has to wait (conflicts, instances, ...)

@@ -1,5 +1,6 @@
 """What the Scheduler makes of a SubmitTask (RFC 7.1, 9.2): admission (validation, content
-type, lane, the job identity, a task_id when none was given), task ids given again and the
+type, lane, the job identity, a task_id when none was given, the shared queue of a task that
+names a capability or agent type: core/tasks/shared.py), task ids given again and the
 duplicate-job path. A task_id is an idempotency key: the same submission again is the task
 submitted first (`created` false), another one under its id is task_id_conflict
 (core/tasks/result.py). A second submission of a job still open is refused
@@ -31,6 +32,7 @@ from apiary.core.scope_overlap import parse_scope
 from apiary.core.tasks.machine import TaskInput, TaskMachine
 from apiary.core.tasks.queue import validate_priority
 from apiary.core.tasks.result import same_submission
+from apiary.core.tasks.shared import describe, queue_name
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl
 from apiary.engine.lifecycle import Lifecycles
@@ -39,10 +41,16 @@ from apiary.engine.registry import Registry
 from apiary.engine.router.router import Router
 from apiary.engine.scheduler.dispatch import SchedulerDispatch
 from apiary.engine.scheduler.live import LiveTasks
+from apiary.engine.scheduler.pools import AgentPools
 from apiary.engine.scheduler.preemption import SchedulerPreemption
 from apiary.engine.scheduler.transitions import TaskTransitions
 from apiary.engine.settings import SchedulerSettings
-from apiary.errors import AgentShutdownError, TaskIdConflictError, ValidationError
+from apiary.errors import (
+    AgentShutdownError,
+    TaskIdConflictError,
+    UnsupportedMessageTypeError,
+    ValidationError,
+)
 from apiary.store.errors import StoreError
 from apiary.store.protocols import TaskStore
 
@@ -52,6 +60,7 @@ class Submission:
     """What SubmitTask asks for (RFC 7.1, 9.2)."""
 
     agent_id: str
+    """The agent to run it; empty when it names a `capability` or an `agent_type`."""
     task_id: str
     """Empty: the Scheduler assigns one (a UUIDv4)."""
     priority: object = None
@@ -65,6 +74,18 @@ class Submission:
     """Explicit job identity; empty: derived (see `job_identity`)."""
     correlation_id: str = ""
     """The flow the task belongs to (its envelopes' correlation_id); empty: the task_id."""
+    capability: str = ""
+    """Any RUNNABLE agent offering this capability takes it (a shared queue)."""
+    agent_type: str = ""
+    """Any RUNNABLE agent of this type (descriptor name) takes it (a shared queue)."""
+
+    @property
+    def queue(self) -> str:
+        """The shared queue it names ('' for an agent); ValidationError naming the field
+        when it names none or several, or a malformed one."""
+        return queue_name(
+            agent_id=self.agent_id, capability=self.capability, agent_type=self.agent_type
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +123,7 @@ class SchedulerJobs:
     def __init__(
         self,
         live: LiveTasks,
+        pools: AgentPools,
         transitions: TaskTransitions,
         dispatcher: SchedulerDispatch,
         preemptor: SchedulerPreemption,
@@ -117,6 +139,7 @@ class SchedulerJobs:
         lock: asyncio.Lock,
     ) -> None:
         self._live = live
+        self._pools = pools
         self._transitions = transitions
         self._dispatcher = dispatcher
         self._preemptor = preemptor
@@ -219,9 +242,11 @@ class SchedulerJobs:
         existing = self._live.tasks.get(sub.task_id) or await self._store.get(sub.task_id)
         if existing is None:
             return None
+        queue = sub.queue
         again = replace(
-            existing, agent_id=sub.agent_id, priority=validate_priority(sub.priority),
-            params=sub.params, content_type=content_type_of(sub), scope=sub.scope,
+            existing, agent_id=existing.agent_id if queue else sub.agent_id, queue=queue,
+            priority=validate_priority(sub.priority), params=sub.params,
+            content_type=content_type_of(sub), scope=sub.scope,
             correlation_id=sub.correlation_id, submitter=sub.submitter,
         )  # fmt: skip
         return resubmission(existing, again)
@@ -243,7 +268,7 @@ class SchedulerJobs:
         preemption and dispatch."""
         await self._transitions.submitted(record)
         note = await self._preemptor.maybe_preempt(record)
-        await self._dispatcher.try_dispatch(record.agent_id)
+        await self._dispatcher.place(record)
         task = self._live.tasks.get(record.task_id)
         return SubmitResult(True, note or self._explain(task), task)
 
@@ -251,7 +276,9 @@ class SchedulerJobs:
         if task is None:
             return "ended"
         if task.state in (TaskState.DISPATCHED, TaskState.RUNNING):
-            return f"dispatched as message {task.message_id}"
+            return f"dispatched as message {task.message_id} to {task.agent_id}"
+        if task.queue:
+            return f"queued: {task.note or self.waiting_note(task)}"
         active = self._live.active[task.agent_type]
         limit = self._settings.instance_limit(task.agent_type)
         if active >= limit:
@@ -259,16 +286,28 @@ class SchedulerJobs:
                 f"queued: agent type {task.agent_type!r} is at max_parallel_instances {limit} "
                 f"({active} running)"
             )
-        running = self._live.running.get(task.agent_id)
-        if running:
-            return f"queued behind running task {running}"
+        running = self._live.held_by(task.agent_id)
+        if running is not None:
+            return f"queued behind running task {running.task_id}"
         return f"queued: {task.note}" if task.note else "queued"
+
+    def waiting_note(self, task: TaskRecord) -> str:
+        """Why a shared task waits in its queue, as things stand (its note says more when it
+        waits for a worktree or behind a conflict)."""
+        agents = self._pools.agents_for(task.queue)
+        if not agents:
+            return f"waiting: no registered agent offers {describe(task.queue)}"
+        takers = [a for a in agents if self._pools.takes(a, task.content_type)]
+        if not takers:
+            return f"waiting: no agent of {describe(task.queue)} takes {task.content_type}"
+        return (
+            f"waiting for one of the {len(takers)} agent(s) of {describe(task.queue)} to have room"
+        )
 
     async def admit(self, sub: Submission) -> TaskRecord:
         """The QUEUED record a well-formed submission makes (seq still 0; a task_id assigned
         when it has none); raises on a malformed one."""
-        if not sub.agent_id:
-            raise ValidationError.for_field("agent_id", "is required")
+        queue = sub.queue
         task_id = sub.task_id or self._ids.new_id()
         if sub.correlation_id:
             self._router.check_flow_id("correlation_id", sub.correlation_id)
@@ -280,9 +319,15 @@ class SchedulerJobs:
                 "scope", "is required: name the repositories, paths or resources the task uses"
             )
         parse_scope(sub.scope)
-        agent = await self._registry.get(sub.agent_id)
         content_type = content_type_of(sub)
-        check_modality(content_type, agent.descriptor.get("modalities_supported") or ())
+        if queue:
+            agent_type = sub.agent_type
+            job_of = queue
+            self._check_takers(queue, content_type)
+        else:
+            agent = await self._registry.get(sub.agent_id)
+            check_modality(content_type, agent.descriptor.get("modalities_supported") or ())
+            agent_type = job_of = agent.name
         limit = self._router.settings.limits.limit_for(MessageType.DATA)
         if len(sub.params) > limit:
             raise ValidationError.for_field(
@@ -297,14 +342,25 @@ class SchedulerJobs:
         return TaskRecord(
             task_id=task_id, agent_id=sub.agent_id, priority=priority, submitted_at=now,
             seq=0, state=TaskMachine.INITIAL, updated_at=now, scope=sub.scope,
-            job_key=sub.job_key or job_identity(agent.name, content_type, sub.params, sub.scope),
-            params=sub.params, content_type=content_type, agent_type=agent.name, lane=lane,
-            correlation_id=sub.correlation_id, submitter=sub.submitter,
+            job_key=sub.job_key or job_identity(job_of, content_type, sub.params, sub.scope),
+            params=sub.params, content_type=content_type, agent_type=agent_type, lane=lane,
+            correlation_id=sub.correlation_id, submitter=sub.submitter, queue=queue,
         )  # fmt: skip
 
+    def _check_takers(self, queue: str, content_type: str) -> None:
+        """A shared task's content type must suit one of its queue's agents, when it has
+        any (an agent that registers later may take what none takes now)."""
+        agents = self._pools.agents_for(queue)
+        if agents and not any(self._pools.takes(a, content_type) for a in agents):
+            raise UnsupportedMessageTypeError(
+                f"content_type: no agent of {describe(queue)} takes {content_type}",
+                {"field": "content_type", "content_type": content_type},
+            )
+
     def check_accepting(self, agent_id: str) -> None:
-        """AgentShutdownError when the agent takes no new tasks (RFC 8.4)."""
-        if self._lifecycles.state(agent_id) is AgentLifecycleState.SHUTTING_DOWN:
+        """AgentShutdownError when the agent takes no new tasks (RFC 8.4); a shared task
+        (no agent) always queues."""
+        if agent_id and self._lifecycles.state(agent_id) is AgentLifecycleState.SHUTTING_DOWN:
             raise AgentShutdownError(
                 f"agent {agent_id} is shutting down and takes no new tasks", {"agent_id": agent_id}
             )
@@ -363,7 +419,7 @@ class SchedulerJobs:
                 task, TaskInput.AUTHORIZE, {"note": "authorized"}, invocation_id=invocation_id
             )
             await self._preemptor.maybe_preempt(task)
-            await self._dispatcher.try_dispatch(task.agent_id)
+            await self._dispatcher.place(task)
             await self._dispatcher.drain()
 
     # ------------------------------------------------------------------ start-up

@@ -1,6 +1,7 @@
 """The Scheduler's tasks in memory: every task that has not ended (its last stored record),
-the job index, the per-(agent, lane) queues, which task holds which agent, the running
-tasks' preemption records, and who waits for what to be released.
+the job index, the per-(agent, lane) and per-(shared queue, lane) queues, which tasks each
+agent holds (several when it runs them concurrently or has some prefetched), the held tasks'
+preemption records, and who waits for what to be released.
 
 Each of the Scheduler's parts is given this one object and works on it under the
 Scheduler's lock; what changes it when a task changes state is the task machine's effects
@@ -10,25 +11,36 @@ Scheduler's lock; what changes it when a task changes state is the task machine'
 from __future__ import annotations
 
 from collections import Counter
+from itertools import count
 from typing import Final
 
 from apiary.core.clock import Clock
-from apiary.core.preemption import PreemptionMachine, PreemptionRecord
+from apiary.core.preemption import PreemptionMachine, PreemptionRecord, PreemptionState
 from apiary.core.records import TaskRecord, TaskState
 from apiary.core.scope_overlap import parse_scope
+from apiary.core.tasks.capacity import HeldTask
 from apiary.core.tasks.queue import QueuedTask, TaskQueue
-from apiary.engine.scheduler.wakeups import SEP, Wakeups, preempt_key
+from apiary.engine.scheduler.wakeups import SEP, Wakeups, preempt_key, shared_target
 
 _ENDED: Final = frozenset(s for s in TaskState if s.terminal)
+_PREEMPTIBLE: Final = frozenset({PreemptionState.RUNNING, PreemptionState.NON_PREEMPTIBLE})
+STALE_KEPT: Final = 10_000
+"""Dispatches taken back from lost agents remembered (their late ACKs are answered)."""
 
 
-def queue_key(agent_id: str, lane: str) -> str:
-    """The TaskQueue key of the agent's lane."""
-    return f"{agent_id}{SEP}{lane}"
+def queue_key(target: str, lane: str) -> str:
+    """The TaskQueue key of a target's lane (an agent id or a shared queue's target)."""
+    return f"{target}{SEP}{lane}"
 
 
 def key_agent(key: str) -> str:
+    """The target of a queue key."""
     return key.partition(SEP)[0]
+
+
+def target_of(task: TaskRecord) -> str:
+    """Where the task waits: its shared queue's target, or its agent."""
+    return shared_target(task.queue) if task.queue else task.agent_id
 
 
 class LiveTasks:
@@ -42,30 +54,64 @@ class LiveTasks:
         self.jobs: dict[str, str] = {}
         """Job key -> the open task of that job (RFC 9.2); HELD duplicates are not in it."""
         self.queue = TaskQueue()
-        self.running: dict[str, str] = {}
-        """Agent id -> the task it holds (DISPATCHED or RUNNING)."""
+        self.held: dict[str, dict[str, None]] = {}
+        """Agent id -> the tasks it holds (DISPATCHED or RUNNING), in dispatch order."""
+        self.holders: dict[str, str] = {}
+        """Held task -> its agent (every held task: what the conflict gate compares with)."""
         self.by_message: dict[str, str] = {}
         """A held task's DATA envelope id -> the task (its ACKs name the envelope)."""
+        self.stale: dict[str, str] = {}
+        """The DATA envelope of a dispatch taken back from a lost agent -> its task."""
         self.active: Counter[str] = Counter()
-        """Agent type -> tasks of that type held (max_parallel_instances, RFC 9.1)."""
+        """Agent type -> agents of that type holding a task (max_parallel_instances, RFC 9.1)."""
         self.preemptions: dict[str, PreemptionRecord] = {}
         """Held task -> where its cooperative preemption stands (core/preemption.py)."""
         self._seq = 0
+        self._order = count()
+        self._dispatched: dict[str, int] = {}
+        """Held task -> its dispatch order (core/tasks/capacity.py `HeldTask.order`)."""
+        self._instance: dict[str, str] = {}
+        """Agent holding tasks -> the type its instance counts under in `active`."""
         self._type_waiters: dict[str, set[str]] = {}
-        """Agent type -> agents whose next task waits for a free instance of it (RFC 9.1)."""
+        """Agent type -> targets whose next task waits for a free instance of it (RFC 9.1)."""
         self._blocked_by: dict[str, set[str]] = {}
-        """Running task -> agents whose next task waits for it to end (RFC 9.2)."""
+        """Running task -> targets whose next task waits for it to end (RFC 9.2)."""
         self._needs_worktree: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ reads
 
     def held_by(self, agent_id: str) -> TaskRecord | None:
-        """The task the agent holds (DISPATCHED or RUNNING), if any."""
-        task_id = self.running.get(agent_id)
-        return self.tasks.get(task_id) if task_id else None
+        """The agent's earliest dispatched task (DISPATCHED or RUNNING), if any."""
+        held = self.held.get(agent_id)
+        return self.tasks.get(next(iter(held))) if held else None
+
+    def holding(self, agent_id: str) -> list[TaskRecord]:
+        """The tasks the agent holds, in dispatch order."""
+        return [self.tasks[t] for t in self.held.get(agent_id, ()) if t in self.tasks]
+
+    def count(self, agent_id: str) -> int:
+        """How many tasks the agent holds."""
+        held = self.held.get(agent_id)
+        return len(held) if held else 0
+
+    def holds(self, agent_id: str, task_id: str) -> bool:
+        return self.holders.get(task_id) == agent_id
+
+    def held_view(self, agent_id: str) -> list[HeldTask]:
+        """The agent's held tasks as preemption sees them (core/tasks/capacity.py)."""
+        found = []
+        for task in self.holding(agent_id):
+            record = self.preemptions.get(task.task_id)
+            found.append(HeldTask(
+                task.task_id, task.priority, task.state == TaskState.RUNNING,
+                self._dispatched.get(task.task_id, 0),
+                record is not None and record.state in _PREEMPTIBLE,
+            ))  # fmt: skip
+        return found
 
     def queued(self, agent_id: str | None = None) -> list[TaskRecord]:
-        """Waiting tasks in service order per lane (all agents when None)."""
+        """Waiting tasks in service order per lane: an agent's own queue, a shared queue's
+        (`shared_target`), or all of them when None."""
         keys = [k for k in self.queue.agents() if agent_id is None or key_agent(k) == agent_id]
         return [self.tasks[q.task_id] for k in sorted(keys) for q in self.queue.listing(k)]
 
@@ -108,44 +154,63 @@ class LiveTasks:
                 self.jobs.setdefault(task.job_key, task.task_id)
 
     def push(self, task: TaskRecord) -> None:
-        """Queue the task in its agent's lane (a requeued task keeps its place)."""
+        """Queue the task in its target's lane (a requeued task keeps its place)."""
         self.queue.push(
-            QueuedTask(task.task_id, queue_key(task.agent_id, task.lane), task.priority,
+            QueuedTask(task.task_id, queue_key(target_of(task), task.lane), task.priority,
                        task.submitted_at, task.seq, task.scope, task.job_key)
         )  # fmt: skip
 
     def occupy(self, task: TaskRecord) -> None:
-        """The task holds its agent now."""
-        self.running[task.agent_id] = task.task_id
+        """The task is held by its agent now."""
+        agent_id = task.agent_id
+        held = self.held.setdefault(agent_id, {})
+        if not held:
+            self._instance[agent_id] = task.agent_type
+            self.active[task.agent_type] += 1
+        held[task.task_id] = None
+        self.holders[task.task_id] = agent_id
+        self._dispatched[task.task_id] = next(self._order)
         self.by_message[task.message_id] = task.task_id
-        self.active[task.agent_type] += 1
         self.preemptions[task.task_id] = PreemptionMachine.start(task.task_id, self._clock.now())
 
     def release(self, task: TaskRecord) -> None:
-        """The task no longer holds its agent (ended, yielded or requeued): wake the agents
-        that waited for what it held."""
-        if self.running.get(task.agent_id) == task.task_id:
-            del self.running[task.agent_id]
+        """The task is no longer held (ended, yielded or requeued): wake the targets that
+        waited for what it held."""
+        agent_id = self.holders.pop(task.task_id, None)
+        held = self.held.get(agent_id) if agent_id is not None else None
+        if agent_id is not None and held is not None:
+            held.pop(task.task_id, None)
+            if not held:
+                del self.held[agent_id]
+                agent_type = self._instance.pop(agent_id, task.agent_type)
+                if self.active[agent_type] > 0:
+                    self.active[agent_type] -= 1
+                for target in self._type_waiters.pop(agent_type, set()):
+                    self._wakeups.wake(target)
+        self._dispatched.pop(task.task_id, None)
         self.by_message.pop(task.message_id, None)
-        if self.active[task.agent_type] > 0:
-            self.active[task.agent_type] -= 1
         self.preemptions.pop(task.task_id, None)
         self._wakeups.timers.cancel(preempt_key(task.task_id))
-        for agent_id in self._type_waiters.pop(task.agent_type, set()):
-            self._wakeups.wake(agent_id)
-        for agent_id in self._blocked_by.pop(task.task_id, set()):
-            self._wakeups.wake(agent_id)
+        for target in self._blocked_by.pop(task.task_id, set()):
+            self._wakeups.wake(target)
 
-    def wait_for_type(self, agent_type: str, agent_id: str) -> None:
-        """The agent's next task waits for a free instance of `agent_type`."""
-        self._type_waiters.setdefault(agent_type, set()).add(agent_id)
+    def taken_back(self, task: TaskRecord) -> None:
+        """The task's dispatch was taken back from its lost agent: an ACK of that envelope
+        is stale from now on."""
+        self.stale[task.message_id] = task.task_id
+        while len(self.stale) > STALE_KEPT:
+            del self.stale[next(iter(self.stale))]
 
-    def wait_behind(self, task_id: str, agent_id: str) -> None:
-        """The agent's next task waits for the running task `task_id` to end."""
-        self._blocked_by.setdefault(task_id, set()).add(agent_id)
+    def wait_for_type(self, agent_type: str, target: str) -> None:
+        """The target's next task waits for a free instance of `agent_type`."""
+        self._type_waiters.setdefault(agent_type, set()).add(target)
+
+    def wait_behind(self, task_id: str, target: str) -> None:
+        """The target's next task waits for the running task `task_id` to end."""
+        self._blocked_by.setdefault(task_id, set()).add(target)
 
     def wake_task(self, task_id: str) -> None:
-        """Wake the agent of a live task (the conflict gate's decision came)."""
+        """Wake where a live task waits (the conflict gate's decision came)."""
         task = self.tasks.get(task_id)
         if task is not None:
-            self._wakeups.wake(task.agent_id)
+            self._wakeups.wake(target_of(task) if task.state == TaskState.QUEUED else task.agent_id)

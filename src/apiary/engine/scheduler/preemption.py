@@ -2,7 +2,9 @@
 PreemptionMachine's steps and their effects (control commands, deadlines on the Scheduler's
 timer heap, forced termination, requeueing a yielded task), and the commands a running agent
 sends the Scheduler (enter_section, leave_section, progress). The rules are
-core/preemption.py; the wire protocol is in docs/scheduler.md.
+core/preemption.py, and for an agent holding several tasks (or a shared queue's agents)
+core/tasks/capacity.py picks what a higher priority preempts and recalls; the wire protocol
+is in docs/scheduler.md.
 
 Everything here runs with the Scheduler's lock held: the entry points (`request`,
 `on_command`) take it, the rest is called from Scheduler code that holds it.
@@ -24,9 +26,9 @@ from apiary.core.preemption import (
     PreemptionInput,
     PreemptionMachine,
     PreemptionStep,
-    should_preempt,
 )
 from apiary.core.records import TaskRecord
+from apiary.core.tasks.capacity import Victims, victims
 from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.result import result_from_note
 from apiary.engine.eventlog import EventRecorder
@@ -36,7 +38,8 @@ from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
 from apiary.engine.scheduler.agents import drive, finished
 from apiary.engine.scheduler.live import LiveTasks
-from apiary.engine.scheduler.transitions import TaskTransitions
+from apiary.engine.scheduler.pools import AgentPools
+from apiary.engine.scheduler.transitions import TaskTransitions, requeued
 from apiary.engine.scheduler.wakeups import Wakeups, preempt_key
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import PermissionDeniedError, ValidationError
@@ -53,6 +56,7 @@ class SchedulerPreemption:
     def __init__(
         self,
         live: LiveTasks,
+        pools: AgentPools,
         wakeups: Wakeups,
         transitions: TaskTransitions,
         lifecycles: Lifecycles,
@@ -63,8 +67,12 @@ class SchedulerPreemption:
         clock: Clock,
         lock: asyncio.Lock,
         drain: Callable[[], Awaitable[None]],
+        has_room: Callable[[str], bool],
     ) -> None:
         self._live = live
+        self._pools = pools
+        self._has_room = has_room
+        """Whether an agent may take one more task now (`SchedulerDispatch.has_room`)."""
         self._wakeups = wakeups
         self._transitions = transitions
         self._lifecycles = lifecycles
@@ -78,11 +86,16 @@ class SchedulerPreemption:
         """Dispatches to the agents woken meanwhile (`SchedulerDispatch.drain`)."""
 
     async def request(self, agent_id: str, task_id: str, reason: str) -> bool:
-        """RequestPreemption: start cooperative preemption of the agent's running task."""
+        """RequestPreemption: start cooperative preemption of the agent's task `task_id`
+        (without one: of its lowest-priority task, the latest dispatched among equals)."""
         async with self._lock:
-            running = self._live.held_by(agent_id)
-            if running is None or (task_id and running.task_id != task_id):
+            held = self._live.holding(agent_id)
+            if task_id:
+                held = [t for t in held if t.task_id == task_id]
+            if not held:
                 return False
+            order = {t.task_id: i for i, t in enumerate(self._live.holding(agent_id))}
+            running = max(held, key=lambda t: (t.priority, order[t.task_id]))
             record = self._live.preemptions.get(running.task_id)
             if record is None or record.state.value != "RUNNING":
                 return False
@@ -91,14 +104,48 @@ class SchedulerPreemption:
             return True
 
     async def maybe_preempt(self, task: TaskRecord) -> str:
-        running = self._live.held_by(task.agent_id)
-        if running is None or not should_preempt(running.priority, task.priority):
-            return ""
-        record = self._live.preemptions.get(running.task_id)
-        if record is None or record.state.value not in ("RUNNING", "NON_PREEMPTIBLE"):
-            return f"queued: task {running.task_id} is already being preempted"
-        await self.preempt(running, f"higher-priority task {task.task_id} ({task.priority})")
-        return f"queued: preempting task {running.task_id} (priority {running.priority})"
+        """Preempt for a task just queued that cannot start at once (RFC 7.1): on its agent,
+        or on the agent of its shared queue whose lowest-priority running task is lowest
+        (core/tasks/capacity.py). Returns what the submission's answer says of it."""
+        if not task.queue:
+            return await self._preempt_on(task, self._victims(task.agent_id, task))
+        agents = [
+            a for a in sorted(self._pools.agents_for(task.queue))
+            if self._pools.takes(a, task.content_type)
+        ]  # fmt: skip
+        if any(
+            self._has_room(a) and self._live.count(a) < self._pools.concurrency(a) for a in agents
+        ):
+            return ""  # an agent starts it at once
+        found = [(a, self._victims(a, task)) for a in agents]
+        chosen = [(a, v) for a, v in found if v.preempt]
+        if chosen:
+            _, picked = max(chosen, key=lambda av: self._rank(av[1].preempt))
+            return await self._preempt_on(task, picked)
+        busy = next((v for _, v in found if v.busy), Victims())
+        return await self._preempt_on(task, busy)
+
+    def _victims(self, agent_id: str, task: TaskRecord) -> Victims:
+        view = self._live.held_view(agent_id)
+        return victims(view, self._pools.concurrency(agent_id), task.priority)
+
+    def _rank(self, task_id: str) -> tuple[int, int]:
+        """How strongly a running task is the one to preempt: lowest priority, latest."""
+        held = self._live.tasks[task_id]
+        agent = self._live.holding(held.agent_id)
+        return held.priority, [t.task_id for t in agent].index(task_id)
+
+    async def _preempt_on(self, task: TaskRecord, chosen: Victims) -> str:
+        why = f"higher-priority task {task.task_id} ({task.priority})"
+        for recalled in chosen.recall:
+            await self.preempt(self._live.tasks[recalled], f"recalled for {why}")
+        if chosen.preempt:
+            running = self._live.tasks[chosen.preempt]
+            await self.preempt(running, why)
+            return f"queued: preempting task {running.task_id} (priority {running.priority})"
+        if chosen.busy:
+            return f"queued: task {chosen.busy} is already being preempted"
+        return ""
 
     async def preempt(self, running: TaskRecord, reason: str) -> None:
         record = self._live.preemptions[running.task_id]
@@ -138,28 +185,50 @@ class SchedulerPreemption:
                 await self._control(task, {"command": "terminate", "grace_ms": step.grace_ms})
             elif effect is PreemptionEffect.KILL:
                 await self._control(task, {"command": "kill"})
+                # The task ends first (forced_preemption): failing the agent then abandons
+                # only its other tasks in hand (a shared one goes back to its queue).
+                current = self._live.tasks.get(task.task_id)
+                if current is not None and self._live.holds(current.agent_id, task.task_id):
+                    await self._transitions.end(
+                        current, TaskInput.TERMINATE, step.error_code or "forced_preemption",
+                        "forced preemption",
+                    )  # fmt: skip
                 await drive(self._lifecycles, task.agent_id, AgentInput.FAIL,
                             code="forced_preemption")  # fmt: skip
             elif effect is PreemptionEffect.MARK_FAILED:
-                # After KILL the agent's FAIL has already ended the task (ABANDON_TASK):
-                # ending the stale record again would log it twice and release it twice.
+                # After KILL the task has already ended: ending the stale record again would
+                # log it twice and release it twice.
                 current = self._live.tasks.get(task.task_id)
-                if current is not None:
+                if current is not None and self._live.holds(current.agent_id, task.task_id):
                     await self._transitions.end(
                         current, TaskInput.TERMINATE, step.error_code or "forced_preemption",
                         "forced preemption",
                     )  # fmt: skip
             elif effect is PreemptionEffect.REQUEUE_TASK:
-                await self._transitions.apply(
-                    task, TaskInput.YIELD, {"updated_at": self._clock.now(), "note": _YIELDED},
-                    reason=_YIELDED,
-                )  # fmt: skip
+                changes = {"updated_at": self._clock.now(), "note": _YIELDED, **requeued(task)}
+                await self._transitions.apply(task, TaskInput.YIELD, changes, reason=_YIELDED)
             elif effect is PreemptionEffect.DISPATCH_HIGHER:
                 self._wakeups.wake(task.agent_id)
             elif effect is PreemptionEffect.START_TIMER and step.record.deadline is not None:
                 self._wakeups.arm(key, step.record.deadline)
             elif effect is PreemptionEffect.CANCEL_TIMER:
                 self._wakeups.timers.cancel(key)
+
+    async def revoke(self, agent_id: str, task: TaskRecord, message_id: str) -> None:
+        """`agent_id` read `message_id`, a dispatch of `task` taken back from it when it was
+        lost (the task went back to its queue and may run elsewhere): tell it to stop that
+        attempt (and that one only: `message_id` names it)."""
+        task_id = task.task_id
+        why = "revoked: the task was taken back when this agent was lost"
+        body = {"command": "terminate", "task_id": task_id, "message_id": message_id,
+                "grace_ms": 0, "reason": why}  # fmt: skip
+        env = self._envelopes.control(body, task.flow_id)
+        (outcome,) = await self._router.send_many([Outbound(env, agent_id, lane="PRIVILEGED")])
+        await self._events.record(
+            "task.revoked", SCHEDULER, correlation_id=task_id, task_id=task_id,
+            agent_id=agent_id, stale_message_id=message_id, message_id=env.message_id,
+            accepted=outcome.accepted, reason=why,
+        )  # fmt: skip
 
     async def _control(self, task: TaskRecord, body: dict[str, Any]) -> None:
         env = self._envelopes.control({**body, "task_id": task.task_id}, task.flow_id)
@@ -197,7 +266,7 @@ class SchedulerPreemption:
         command = body.get("command")
         async with self._lock:
             task = self._live.tasks.get(str(body.get("task_id") or ""))
-            if task is None or self._live.running.get(task.agent_id) != task.task_id:
+            if task is None or not self._live.holds(task.agent_id, task.task_id):
                 raise ValidationError.for_field("task_id", "names no task running now")
             if env.producer_id != task.agent_id:
                 raise PermissionDeniedError(

@@ -1,16 +1,25 @@
 """The Scheduler (RFC 7, 8, 9): task queues, dispatch, cooperative preemption, concurrency.
 
-A task (SubmitTask) is validated, stored QUEUED and put in its agent's queue: one queue per
-(agent, lane), priority -19 first and FIFO within a priority (core/tasks/queue.py). An agent
-runs one task at a time. When it is free (lifecycle RUNNABLE, no task), its type is below
-max_parallel_instances and the head task has no unresolved scope conflict with a task
-running elsewhere (engine/conflict_gate.py), the head is dispatched: a DATA envelope from
-`scheduler` to the agent with the task's params as payload, its content type, the task id
-as correlation id and `task:<id>:<attempt>` as idempotency token. The agent's ACKs drive
+A task (SubmitTask) is validated, stored QUEUED and put in its agent's queue, or, naming a
+capability or an agent type, in that shared queue (core/tasks/shared.py): one queue per
+(agent or shared queue, lane), priority -19 first and FIFO within a priority
+(core/tasks/queue.py). An agent holds up to its window of tasks: the `task_concurrency` it
+declared (1 by default) and, declared, `[scheduler] prefetch` more (core/tasks/capacity.py).
+While it has room (lifecycle RUNNABLE when it holds none, SCHEDULED or RUNNING when it holds
+some), a new instance of its type is below max_parallel_instances and the best head task of
+its own and its shared queues has no unresolved scope conflict with a running task
+(engine/conflict_gate.py), that head is dispatched: a DATA envelope from `scheduler` to the
+agent with the task's params as payload, its content type, the task id as correlation id
+and `task:<id>:<attempt>` as idempotency token. A shared queue's tasks go to its agents
+fairly (the least loaded first, round robin among equals). The agent's ACKs drive
 the task: READ -> RUNNING, FULFILLED -> COMPLETED (note "yielded": back to the queue, note
 "terminated": FAILED forced_preemption), REJECTED/FAILED -> FAILED with the agent's code.
 A result too large for an ACK's note comes through `complete` (TaskQueryService.CompleteTask);
 the submitter waits for it (`wait`) or watches its tasks (`watch_tasks`; engine/scheduler/watch.py).
+An agent lost with tasks in hand (its lifecycle failed, it missed its heartbeats, it shut
+down or deregistered) has its shared tasks requeued, up to `[scheduler] max_attempts`, and
+the others failed; an ACK of a dispatch taken back that way completes nothing, and a READ of
+one is answered with a terminate naming that dispatch (`task.revoked`).
 
 Lanes (RFC 7.3): a task's lane is its submitter's communication class (STANDARD when the
 submitter is not a registered agent). When an agent frees, its LaneScheduler (the router's
@@ -26,6 +35,8 @@ docs/task-lifecycle.md), stored and logged as a `task.*` event before it is acte
 This module is the Scheduler's face: its entry points, reads, ACK handling and the loop,
 each taking the one lock. Its parts, built here and given what they use:
 engine/scheduler/live.py (the live tasks, queues and what running tasks hold),
+engine/scheduler/pools.py (which agents serve which shared queues, and how many tasks each
+takes at once),
 engine/scheduler/watch.py (who waits for which task),
 engine/scheduler/wakeups.py (agents to dispatch to and the timer heap),
 engine/scheduler/transitions.py (the task machine's effects),
@@ -33,16 +44,18 @@ engine/scheduler/jobs.py (admission, task ids given again, job identity, duplica
 rejected or HELD for a HITL authorization), engine/scheduler/dispatch.py (picking and
 sending a free agent's next task), engine/scheduler/preemption.py (cooperative preemption
 and the running agent's enter_section/leave_section/progress commands),
-engine/scheduler/agents.py (the agent lifecycle's effects).
+engine/scheduler/agents.py (the agent lifecycle's effects), engine/scheduler/losses.py (the
+tasks of an agent lost with them).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from dataclasses import replace
 from typing import Any
 
-from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleState
+from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleMachine, AgentLifecycleState
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.ids import IdGenerator
@@ -65,12 +78,17 @@ from apiary.engine.scheduler.agents import SchedulerAgents
 from apiary.engine.scheduler.dispatch import SchedulerDispatch, WorktreeView
 from apiary.engine.scheduler.jobs import Arrival, SchedulerJobs, Submission, SubmitResult
 from apiary.engine.scheduler.live import LiveTasks
+from apiary.engine.scheduler.losses import LostTasks
+from apiary.engine.scheduler.pools import AgentPools
 from apiary.engine.scheduler.preemption import SchedulerPreemption
-from apiary.engine.scheduler.transitions import TaskTransitions
-from apiary.engine.scheduler.wakeups import RECONCILE_KEY, SEP, Wakeups
+from apiary.engine.scheduler.traces import TaskTraces
+from apiary.engine.scheduler.transitions import TaskTransitions, requeued
+from apiary.engine.scheduler.wakeups import RECONCILE_KEY, SEP, Wakeups, shared_target
 from apiary.engine.scheduler.watch import TaskWatch
 from apiary.engine.settings import SchedulerSettings
+from apiary.engine.tracing import Tracing
 from apiary.errors import (
+    AgentUnavailableError,
     AlreadyCompletedError,
     AlreadyInProgressError,
     NotFoundError,
@@ -112,6 +130,7 @@ class Scheduler:
         worktrees: WorktreeView | None = None,
         on_negotiation: Callable[[Envelope], Awaitable[None]] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        tracing: Tracing | None = None,
     ) -> None:
         self.settings = settings = settings or SchedulerSettings()
         self._store = tasks
@@ -124,6 +143,7 @@ class Scheduler:
         envelopes = NoticeFactory(clock, ids, SCHEDULER)
         self._wakeups = wakeups = Wakeups()
         self._live = live = LiveTasks(clock, wakeups)
+        self._pools = pools = AgentPools(settings.prefetch)
         self.watch = TaskWatch(self.find, live.tasks.values, sleep)
         self._queue = live.queue
         self._lock = asyncio.Lock()
@@ -142,17 +162,26 @@ class Scheduler:
         self._transitions = TaskTransitions(
             live, wakeups, self.gate, tasks, events, activity, self.lifecycles, clock, self.watch
         )
+        # The trace each task continues (docs/tracing.md), with tracing on only.
+        self._traces = None if tracing is None else TaskTraces(tracing, live.tasks.__contains__)
+        if self._traces is not None:
+            self._transitions.add_end_listener(self._traces.ended)
         self._dispatcher = SchedulerDispatch(
-            live, wakeups, self._transitions, self.lifecycles, self.gate, router, envelopes,
-            NoticeFactory(clock, ids), settings, clock, worktrees,
+            live, pools, wakeups, self._transitions, self.lifecycles, self.gate, router,
+            envelopes, NoticeFactory(clock, ids), settings, clock, worktrees,
+            traces=self._traces,
         )  # fmt: skip
         self._preemptor = SchedulerPreemption(
-            live, wakeups, self._transitions, self.lifecycles, router, envelopes, events,
-            settings, clock, self._lock, self._dispatcher.drain,
+            live, pools, wakeups, self._transitions, self.lifecycles, router, envelopes, events,
+            settings, clock, self._lock, self._dispatcher.drain, self._dispatcher.has_room,
         )  # fmt: skip
         self._jobs = SchedulerJobs(
-            live, self._transitions, self._dispatcher, self._preemptor, self.lifecycles, tasks,
-            router, registry, events, hitl, settings, clock, ids, self._lock,
+            live, pools, self._transitions, self._dispatcher, self._preemptor, self.lifecycles,
+            tasks, router, registry, events, hitl, settings, clock, ids, self._lock,
+        )  # fmt: skip
+        self._losses = LostTasks(
+            live, pools, self._transitions, self._preemptor, registry, events, tasks, settings,
+            clock,
         )  # fmt: skip
         router.attach(SCHEDULER, self._on_envelope)
         if worktrees is not None:
@@ -172,10 +201,18 @@ class Scheduler:
         return self._live.tasks.get(task_id)
 
     async def find(self, task_id: str) -> TaskRecord:
+        """The task as stored (a shared task waiting in its queue with why it waits)."""
         found = self._live.tasks.get(task_id) or await self._store.get(task_id)
         if found is None:
             raise NotFoundError(f"no task {task_id!r}", {"task_id": task_id})
-        return found
+        return self._shown(found)
+
+    def _shown(self, task: TaskRecord) -> TaskRecord:
+        """A QUEUED shared task with no note of its own says why it waits, as things stand
+        now (no agent offers its capability, all of them are busy, ...)."""
+        if task.queue and task.state == TaskState.QUEUED and not task.note:
+            return replace(task, note=self._jobs.waiting_note(task))
+        return task
 
     async def owner(self, task_id: str) -> str | None:
         """Who submitted the task (the access rule of WaitTask and CancelTask); None when
@@ -195,15 +232,24 @@ class Scheduler:
         return self.watch.changes(submitter, task_ids)
 
     async def list_tasks(
-        self, states: frozenset[str] | None, agent_id: str | None, after_seq: int, limit: int
-    ) -> list[TaskRecord]:
-        """Stored tasks (every change is stored) in `states` of `agent_id`, by submission
-        order after `after_seq`; a state that does not exist is a ValidationError."""
+        self, states: frozenset[str] | None, agent_id: str | None, after_seq: int, limit: int,
+        queue: str | None = None,
+    ) -> list[TaskRecord]:  # fmt: skip
+        """Stored tasks (every change is stored) in `states` of `agent_id` in the shared
+        `queue`, by submission order after `after_seq`; a state that does not exist is a
+        ValidationError."""
         check_members(states or (), TaskState, "states")
-        return await self._store.list(states, agent_id, after_seq, limit)
+        found = await self._store.list(states, agent_id, after_seq, limit, queue=queue)
+        return [self._shown(task) for task in found]
 
     def running(self, agent_id: str) -> TaskRecord | None:
+        """The agent's earliest dispatched task in hand (DISPATCHED or RUNNING), if any."""
         return self._live.held_by(agent_id)
+
+    def holding(self, agent_id: str) -> list[TaskRecord]:
+        """Every task the agent holds, in dispatch order (several when it runs tasks
+        concurrently or has some prefetched)."""
+        return self._live.holding(agent_id)
 
     def preemption(self, task_id: str) -> PreemptionRecord | None:
         return self._live.preemptions.get(task_id)
@@ -212,9 +258,14 @@ class Scheduler:
         """Waiting tasks in service order per lane (all agents when None)."""
         return self._live.queued(agent_id)
 
+    def queued_in(self, queue: str) -> list[TaskRecord]:
+        """The tasks waiting in a shared queue, in service order per lane."""
+        return self._live.queued(shared_target(queue))
+
     def active(self) -> Mapping[str, int]:
-        """Tasks dispatched or running per agent type (RFC 9.1 tracking)."""
-        return dict(self._live.active)
+        """Agents holding tasks per agent type: the instances max_parallel_instances counts
+        (RFC 9.1 tracking)."""
+        return {k: v for k, v in self._live.active.items() if v}
 
     def depth(self) -> int:
         return len(self._queue)
@@ -236,6 +287,7 @@ class Scheduler:
         """Rebuild queues and running tasks from the store after a (re)start."""
         for agent in await self._registry.list():
             await self.lifecycles.registered(agent.agent_id, agent.name)
+            self._pools.join(agent)
         records = await self._store.list(OPEN_STATES, limit=1 << 62)
         self._live.resume_seq(await self._store.max_seq() + 1)
         held_for = await self._jobs.held_invocations(records)
@@ -265,6 +317,8 @@ class Scheduler:
                 return known
         record = await self._jobs.admit(sub)
         self._jobs.check_accepting(record.agent_id)
+        if self._traces is not None:
+            self._traces.submitted(record.task_id)
         arrival = Arrival(record, asyncio.get_running_loop().create_future())
         self._arrivals.append(arrival)
         try:
@@ -305,12 +359,15 @@ class Scheduler:
 
     async def complete(
         self, task_id: str, agent_id: str, *, result: str = "", error_code: str = "",
-        message: str = "",
+        message: str = "", attempt: int = 0,
     ) -> TaskRecord:  # fmt: skip
         """The outcome of a task dispatched to `agent_id`, from the agent itself (CompleteTask):
         COMPLETED with `result` (JSON text, checked by the caller), or FAILED with
         `error_code` and `message`. An ended task is already_completed; another agent's
-        task permission_denied; one not dispatched a ValidationError naming task_id."""
+        task permission_denied; one not dispatched a ValidationError naming task_id; with
+        `attempt` (its dispatch's, from the idempotency token `task:<id>:<attempt>`), an
+        earlier attempt than the task's current one (handed out again since) a
+        ValidationError naming attempt."""
         async with self._lock:
             task = self._live.tasks.get(task_id)
             if task is None:
@@ -319,15 +376,20 @@ class Scheduler:
                     f"task {task_id} has already ended ({ended_task.state})",
                     {"task_id": task_id, "state": ended_task.state},
                 )
-            if task.agent_id != agent_id:
+            if task.agent_id and task.agent_id != agent_id:
                 raise PermissionDeniedError(
                     f"task {task_id} is agent {task.agent_id}'s, not {agent_id}'s",
                     {"task_id": task_id},
                 )
-            if self._live.running.get(agent_id) != task_id:
+            if not self._live.holds(agent_id, task_id):
                 raise ValidationError.for_field(
                     "task_id", f"is {task.state}: it has not been dispatched to {agent_id}",
                     task_id=task_id,
+                )  # fmt: skip
+            if attempt and attempt != task.attempts:
+                raise ValidationError.for_field(
+                    "attempt", f"is {attempt}, but task {task_id} is on attempt "
+                    f"{task.attempts} now: it was handed out again", task_id=task_id,
                 )  # fmt: skip
             if error_code:
                 await self._transitions.end(task, TaskInput.FAIL, failure_code(error_code), message)
@@ -373,8 +435,17 @@ class Scheduler:
     # ------------------------------------------------------------------ agents
 
     async def agent_registered(self, agent_id: str, agent_type: str) -> None:
+        """The agent registered (again): its lifecycle, and the shared queues and capacity
+        its registration declares."""
         async with self._lock:
             await self.lifecycles.registered(agent_id, agent_type)
+            self._join(agent_id)
+            await self._dispatcher.try_dispatch(agent_id)
+
+    def _join(self, agent_id: str) -> None:
+        record = self._registry.known(agent_id)
+        if record is not None:
+            self._pools.join(record)
 
     async def agent_ready(self, agent_id: str) -> None:
         """The agent opened its inbound stream (RFC 8.1: RUNNABLE agents indicate readiness)."""
@@ -384,6 +455,7 @@ class Scheduler:
                 if agent is None:
                     return
                 await self.lifecycles.registered(agent_id, agent.name)
+            self._join(agent_id)
             await self.lifecycles.ready(agent_id)
             await self._dispatcher.try_dispatch(agent_id)
 
@@ -404,29 +476,47 @@ class Scheduler:
 
     async def agent_deregistered(self, agent_id: str) -> None:
         async with self._lock:
-            running = self._live.held_by(agent_id)
-            if running is not None:
-                await self._transitions.end(
-                    running, TaskInput.ABANDON, "agent_unavailable", "the agent deregistered"
+            for task in self._live.holding(agent_id):
+                await self._losses.lost_with(
+                    task, AgentUnavailableError.code, "the agent deregistered"
                 )
+            self._pools.leave(agent_id)
             await self.lifecycles.deregistered(agent_id)
+            await self._dispatcher.drain()
+
+    async def agent_lost(self, agent_id: str, reason: str) -> None:
+        """The agent missed its heartbeats (engine/presence.py): its lifecycle fails (LOST,
+        agent_unavailable) from wherever it takes or holds tasks, abandoning them: shared
+        ones go back to their queues. It recovers as any failed agent does."""
+        async with self._lock:
+            state = self.lifecycles.state(agent_id)
+            if state is None or not AgentLifecycleMachine.allows(state, AgentInput.LOST):
+                return
+            await self.lifecycles.apply(
+                agent_id, AgentInput.LOST, error_code=AgentUnavailableError.code, note=reason
+            )
             await self._dispatcher.drain()
 
     async def fail_agent_tasks(
         self, agent_id: str, code: str, *, queued: bool, running_too: bool = True
     ) -> int:
-        """End the agent's running task (unless not `running_too`) and its queued ones (when
-        `queued`) with `code` (the lifecycle's hooks; the lock is held)."""
+        """End the agent's tasks in hand (unless not `running_too`; a shared one goes back to
+        its queue while it has attempts left) and its queued ones (when `queued`) with
+        `code` (the lifecycle's hooks; the lock is held)."""
         ended = 0
-        running = self._live.held_by(agent_id) if running_too else None
-        if running is not None:
-            await self._transitions.end(running, TaskInput.ABANDON, code, "agent lifecycle")
+        for task in self._live.holding(agent_id) if running_too else ():
+            await self._losses.lost_with(task, code, "agent lifecycle")
             ended += 1
         if queued:
             for task in self._live.queued(agent_id):
                 await self._transitions.end(task, TaskInput.ABANDON, code, "agent lifecycle")
                 ended += 1
         return ended
+
+    async def recall_waiting(self, agent_id: str, reason: str) -> int:
+        """Take back the shared tasks waiting at the agent, not started (the lifecycle's
+        hooks; the lock is held)."""
+        return await self._losses.recall_waiting(agent_id, reason)
 
     def wake(self, agent_id: str) -> None:
         """Try to dispatch to `agent_id` from the background loop."""
@@ -456,7 +546,12 @@ class Scheduler:
             task_id = self._live.by_message.get(ack.ack_for_message_id)
             task = self._live.tasks.get(task_id) if task_id else None
             if task is None:
-                return  # an ACK of a control message, or of a task that already ended
+                # An ACK of a control message, of a task that already ended, or of a
+                # dispatch taken back from a lost agent.
+                await self._losses.stale_ack(
+                    env.producer_id, ack.ack_for_message_id, ack.ack_stage.name
+                )
+                return
             stage = ack.ack_stage.name
             if stage == "READ" and TaskMachine.allows(task.state, TaskInput.READ):
                 changes = {"updated_at": self._clock.now()}
@@ -471,7 +566,8 @@ class Scheduler:
         if stage == "TIMED_OUT" and task.attempts < self.settings.dispatch_attempts:
             # The router gave up on an acknowledgement: hand the task out again.
             why = f"{code}: {note}"
-            await self._transitions.apply(task, TaskInput.RETRY, {"note": why}, reason=why)
+            changes = {"note": why, **requeued(task)}
+            await self._transitions.apply(task, TaskInput.RETRY, changes, reason=why)
             return
         await self._transitions.end(task, TaskInput.FAIL, failure_code(code), note)
 

@@ -25,13 +25,19 @@ from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import SCHEDULER
 from apiary.engine.scheduler.agents import drive, finished
 from apiary.engine.scheduler.live import LiveTasks
-from apiary.engine.scheduler.wakeups import Wakeups
+from apiary.engine.scheduler.wakeups import Wakeups, shared_target
 from apiary.engine.scheduler.watch import TaskWatch
 from apiary.store.protocols import TaskStore
 
 _E = TaskEffect
 _TEXT: Final = {state: state.value for state in TaskState}
 """Each state's text: events and the activity buffer carry plain strings."""
+
+
+def requeued(task: TaskRecord) -> dict[str, Any]:
+    """The record's changes when it goes back to its queue: a shared task is nobody's until
+    an agent takes it again."""
+    return {"agent_id": ""} if task.queue else {}
 
 
 class TaskTransitions:
@@ -127,6 +133,9 @@ class TaskTransitions:
         live = self._live
         effects = step.effects
         logged = not write or (_E.PERSIST in effects and _E.EMIT_EVENT in effects)
+        # The agent that held or now holds the task: a shared task back in its queue has
+        # none any more, one just dispatched had none before.
+        holder = before.agent_id or after.agent_id
         for effect in effects:
             if effect is _E.PERSIST:
                 if write:
@@ -145,9 +154,12 @@ class TaskTransitions:
             elif effect is _E.START_AGENT:
                 await drive(self._lifecycles, after.agent_id, AgentInput.START)
             elif effect is _E.FREE_AGENT:
-                await finished(self._lifecycles, after.agent_id)
+                await self._free(holder)
             elif effect is _E.WAKE:
-                self._wakeups.wake(after.agent_id)
+                if holder:
+                    self._wakeups.wake(holder)
+                if after.queue and after.state == TaskState.QUEUED:
+                    self._wakeups.wake(shared_target(after.queue))
             elif effect is _E.ENQUEUE:
                 live.push(after)
             elif effect is _E.OCCUPY:
@@ -160,3 +172,14 @@ class TaskTransitions:
                     listener(after)
             elif effect is _E.DEQUEUE:
                 live.queue.remove(after.task_id)
+
+    async def _free(self, agent_id: str) -> None:
+        """The agent's task ended by its own doing (RFC 8.1 COMPLETED): back to RUNNABLE once
+        it holds no other; holding only tasks it has not started, assigned again
+        (SCHEDULED); still running one, it stays as it is."""
+        remaining = self._live.holding(agent_id)
+        if any(task.state == TaskState.RUNNING for task in remaining):
+            return
+        await finished(self._lifecycles, agent_id)
+        if remaining:
+            await drive(self._lifecycles, agent_id, AgentInput.SCHEDULE)

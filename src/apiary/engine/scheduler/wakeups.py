@@ -1,9 +1,11 @@
-"""What the Scheduler's background loop has to do: the agents to try dispatching to again and
-the timer heap (preemption deadlines, dispatch retries after a full buffer, the activity
-reconciliation), with the event that wakes the loop.
+"""What the Scheduler's background loop has to do: the agents to try dispatching to again (and
+the shared queues to offer to their agents), the timer heap (preemption deadlines, dispatch
+retries after a full buffer, the activity reconciliation), with the event that wakes the loop.
 
 Agents are woken from anywhere (a task ended, a worktree was bound, a conflict decided);
-the Scheduler drains them under its lock at the end of each entry point and in its loop.
+the Scheduler drains them under its lock at the end of each entry point and in its loop. A
+woken target is an agent id, or a shared queue's `shared_target` (no agent id starts with a
+control character, core/descriptor.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,18 @@ from apiary.engine.timers import Timers
 SEP = "\x1f"
 """Joins the parts of the Scheduler's queue and timer keys."""
 RECONCILE_KEY = f"reconcile{SEP}"
+SHARED = "\x1e"
+"""Starts a shared queue's target."""
+
+
+def shared_target(queue: str) -> str:
+    """The wake-up (and queue-key) target of a shared queue (core/tasks/shared.py)."""
+    return f"{SHARED}{queue}"
+
+
+def shared_queue(target: str) -> str:
+    """The shared queue a target names; '' for an agent's."""
+    return target[1:] if target.startswith(SHARED) else ""
 
 
 def preempt_key(task_id: str) -> str:
@@ -37,12 +51,13 @@ class Wakeups:
         self.loop = asyncio.Event()
         """Set when the loop has something to do (an agent woken, an earlier deadline)."""
         self.agents: set[str] = set()
-        """Agents to try dispatching to; the loop itself adds to it without `wake`, as it
-        drains them right after."""
+        """Targets to try dispatching to (agents, shared queues); the loop itself adds to it
+        without `wake`, as it drains them right after."""
 
-    def wake(self, agent_id: str) -> None:
-        """Try to dispatch to `agent_id` from the background loop."""
-        self.agents.add(agent_id)
+    def wake(self, target: str) -> None:
+        """Try to dispatch to `target` (an agent, or a shared queue's `shared_target`) from
+        the background loop."""
+        self.agents.add(target)
         self.loop.set()
 
     def arm(self, key: str, at: float) -> None:

@@ -28,6 +28,7 @@ from apiary.server.config.server import (
 )
 from apiary.server.config.swarm import swarm_settings
 from apiary.server.config.tools import tool_settings
+from apiary.server.config.tracing import tracing_settings
 from apiary.server.config.values import as_table
 from apiary.server.config.worktrees import worktree_settings
 from apiary.swarm.settings import PeerSettings
@@ -73,6 +74,7 @@ _PARSERS: dict[str, _Parse] = {
     "swarm": _swarm,
     "auth": _table_of(auth_settings, "auth"),
     "limits": _table_of(limits_settings, "limits"),
+    "tracing": _table_of(tracing_settings, "tracing"),
 }
 """The parser of each table, keyed by its ServerConfig field, in the order the tables are
 checked (the first error is the one reported); [server] comes before them (apply_layer)."""

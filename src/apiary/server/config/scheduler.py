@@ -22,6 +22,8 @@ _SCHEDULER_TYPES: dict[str, type] = {
     "max_queued": int,
     "duplicate_jobs": str,
     "dispatch_attempts": int,
+    "max_attempts": int,
+    "prefetch": int,
     "retry_after_s": float,
     "inference_timeout_s": float,
     "hitl_timeout_s": float,

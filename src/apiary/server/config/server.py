@@ -21,6 +21,7 @@ from apiary.engine.worktrees.settings import WorktreeSettings
 from apiary.errors import ValidationError
 from apiary.server.auth.settings import AuthSettings
 from apiary.server.config.address import Address, is_loopback_host
+from apiary.server.tracing.settings import TracingSettings
 from apiary.store.open import check_store_url
 from apiary.swarm.settings import PeerSettings
 
@@ -59,6 +60,8 @@ class ServerConfig:
     """Authentication and authorization: TOML table [auth] (docs/security.md)."""
     limits: Limits = field(default_factory=Limits)
     """The limits on what clients send: TOML table [limits] (docs/decisions.md, "Limits")."""
+    tracing: TracingSettings = field(default_factory=TracingSettings)
+    """Spans exported over OTLP: TOML table [tracing] (docs/tracing.md); off by default."""
     swarm: PeerSettings | None = None
     """A swarm peer served by the coordinator: TOML table [swarm] (docs/swarm.md)."""
     tls_cert: Path | None = None

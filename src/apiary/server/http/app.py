@@ -1,5 +1,5 @@
-"""The coordinator's HTTP application: /healthz, /readyz, /metrics, the JSON gateway and the
-operator console (console.py)."""
+"""The coordinator's HTTP application: /healthz, /readyz, /metrics, the JSON gateway, the
+runtime control plane (runtime.py) and the operator console (console.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from aiohttp import web
 
 from apiary import __version__
 from apiary.server.auth.guard import AccessGuard
-from apiary.server.dispatch import Dispatcher
+from apiary.server.control_plane import ControlPlanes
+from apiary.server.dispatch import Dispatcher, TenantHandlers
 from apiary.server.http.access import access_middleware
 from apiary.server.http.console import ConsoleSources, add_console_routes
 from apiary.server.http.errors import error_middleware
 from apiary.server.http.gateway import MAX_BODY, JsonGateway
+from apiary.server.http.runtime import RuntimeRoutes
 from apiary.server.metrics import CONTENT_TYPE, Metrics
 
 OWN_ERROR_FORMAT = ("/swarm/",)
@@ -27,11 +29,15 @@ def build_http_app(
     is_ready: Callable[[], bool],
     console: ConsoleSources | None = None,
     guard: AccessGuard | None = None,
+    *,
+    runtime: ControlPlanes | None = None,
+    tenancy: TenantHandlers | None = None,
 ) -> web.Application:
     """The HTTP app; the console reads `console` (without it, its data panels answer 503).
     Every route is behind the access middleware (same-origin checks, the route's rule), and
     every error, aiohttp's own refusals included (404, 405, 413), answers in the one JSON
-    error shape (errors.py)."""
+    error shape (errors.py). The runtime control plane's commands run on `runtime` (without
+    it they answer unavailable), each in the tenant of its call (`tenancy`)."""
     middlewares = [
         error_middleware(metrics, MAX_BODY, OWN_ERROR_FORMAT),
         access_middleware(guard, metrics),
@@ -54,5 +60,6 @@ def build_http_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_page)
     JsonGateway(dispatcher, metrics).add_routes(app)
+    RuntimeRoutes(runtime, metrics, guard, tenancy).add_routes(app)
     add_console_routes(app, console or ConsoleSources(None))
     return app

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from apiary.core.agent_lifecycle import AgentLifecycleState
 from apiary.core.agent_state import shown_state
 from apiary.core.records import AgentRecord
+from apiary.core.tasks.capacity import declared_concurrency
 from apiary.engine.registry import Registry, retired_keys_of
 from apiary.engine.router.router import Router
 from apiary.server.context import CallContext
@@ -50,6 +51,7 @@ class DiscoveryHandler:
                 apiary_pb2.RetiredKey(public_key=key, retired_at=float_to_timestamp(at))
                 for key, at in retired_keys_of(record, self._registry.now())
             ],
+            task_concurrency=declared_concurrency(record.descriptor) or 1,
         )
 
     async def list_agents(

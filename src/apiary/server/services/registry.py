@@ -1,8 +1,11 @@
-"""sw4rm.registry.RegistryService."""
+"""sw4rm.registry.RegistryService. A registration may declare how many Scheduler tasks the
+agent runs at once in the call's `apiary-task-concurrency` metadata (core/tasks/capacity.py;
+the canonical descriptor has no field for it)."""
 
 from __future__ import annotations
 
 from apiary.core.access.principal import PrincipalKind
+from apiary.core.tasks.capacity import TASK_CONCURRENCY_METADATA, check_task_concurrency
 from apiary.engine.presence import Presence
 from apiary.engine.registry import Registry
 from apiary.engine.scheduler.scheduler import Scheduler
@@ -48,10 +51,15 @@ class RegistryHandler:
         try:
             self._checks.check_metadata(ctx)
             self._checks.check(req)
+            declared = ctx.get(TASK_CONCURRENCY_METADATA)
             record = await self._registry.register(
                 descriptor_to_dict(req.agent), bytes(req.agent.public_key),
                 proof=request_proof(ctx), signed=req.SerializeToString(deterministic=True),
                 vouched=_vouched(ctx, req.agent.agent_id),
+                task_concurrency=(
+                    check_task_concurrency(declared, TASK_CONCURRENCY_METADATA)
+                    if declared else None
+                ),
             )  # fmt: skip
         except ApiaryError as exc:
             if exc.code != "validation_error":

@@ -17,11 +17,12 @@ at the nearest time it can, since the gateway's JSON could not show them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from apiary.core.envelope import Envelope
+from apiary.core.envelope import MESSAGE_TYPE_NAMES, Envelope
 from apiary.core.limits import (
     INT64_MAX,
     TIMESTAMP_MAX_S,
@@ -31,11 +32,13 @@ from apiary.core.limits import (
     utf8_size,
 )
 from apiary.core.signatures import split_origin
+from apiary.core.trace_context import TraceContext, from_headers
 from apiary.engine.router.admission import Outbound, SendOutcome
 from apiary.engine.router.delivery import Delivery, parse_resume_token, resume_token
 from apiary.engine.router.inbox import Handout
 from apiary.engine.router.router import Router
 from apiary.engine.router.send_pipeline import SendPipeline
+from apiary.engine.tracing import OpenSpan
 from apiary.errors import ValidationError
 from apiary.server.context import RECIPIENT_KEY, RESUME_AFTER_KEY, CallContext, request_proof
 from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
@@ -83,9 +86,12 @@ def _fields_too_long(env: Envelope, limits: Limits) -> None:
             check_id(value, field, limit)  # raises, quoting a prefix
 
 
-def _deliveries(batch: list[Handout]) -> apiary_pb2.InboundBatch:
+def _deliveries(
+    batch: list[Handout], traces: Mapping[str, TraceContext]
+) -> apiary_pb2.InboundBatch:
     """The batch's reply; each delivery is built in place in it (no copy into the list),
-    its envelope parsed straight from the stored bytes."""
+    its envelope parsed straight from the stored bytes, with the trace context its message
+    continues (`traces`, by message id: none without tracing)."""
     reply = apiary_pb2.InboundBatch()
     add = reply.deliveries.add
     for handout in batch:
@@ -100,6 +106,10 @@ def _deliveries(batch: list[Handout]) -> apiary_pb2.InboundBatch:
             delivery.urgent = True
         if message.signature:
             delivery.signature, delivery.origin = split_origin(message.signature)
+        if traces:
+            trace = traces.get(message.message_id)
+            if trace is not None:
+                delivery.traceparent, delivery.tracestate = trace.traceparent, trace.tracestate
         delivery.msg.MergeFromString(message.envelope)
     return reply
 
@@ -120,10 +130,28 @@ def _results(outcomes: list[SendOutcome]) -> apiary_pb2.SendResultFrame:
     return reply
 
 
+STREAM_SPAN = "apiary.v1.RouterStreamService/SendStream"
+"""The name of a streamed envelope's span (a unary send's is its call's, SendMessage)."""
+
+
+def _message_attributes(env: Envelope, recipient: str) -> dict[str, str | int | bool]:
+    """A send's span attributes (OpenTelemetry's messaging names where there is one)."""
+    attributes: dict[str, str | int | bool] = {
+        "messaging.system": "sw4rm", "messaging.operation.name": "send",
+        "messaging.message.id": env.message_id,
+        "messaging.message.conversation_id": env.correlation_id,
+        "apiary.producer_id": env.producer_id,
+        "apiary.message_type": MESSAGE_TYPE_NAMES.get(env.message_type, str(env.message_type)),
+    }  # fmt: skip
+    if recipient:
+        attributes["messaging.destination.name"] = recipient
+    return attributes
+
+
 MAX_OFFSET_DIGITS = len(str(INT64_MAX))
-ENVELOPE_OVERHEAD = 512
+ENVELOPE_OVERHEAD = 576
 """Bytes of an OutboundEnvelope besides its strings and payload: tags and lengths, the
-numbers, the timestamp, a signature."""
+numbers, the timestamp, a signature, a traceparent (docs/tracing.md)."""
 
 
 def _resume_after(agent_id: str, raw_offset: str, token: str, limits: Limits) -> int:
@@ -175,6 +203,9 @@ class RouterHandler:
             stamp = req.msg.timestamp
             check_timestamp_parts(stamp.seconds, stamp.nanos, "msg.timestamp")
             self._checks.timestamp(timestamp_to_float(stamp), "msg.timestamp")
+        tracing = self._router.tracing
+        if tracing is not None:
+            tracing.annotate(_message_attributes(env, ctx.get(RECIPIENT_KEY)))
         claimed = self._intercept(env, ctx) if self._intercept is not None else None
         if claimed is not None:
             return router_pb2.SendMessageResponse(accepted=True, reason=await claimed)
@@ -217,11 +248,28 @@ class RouterStreamHandler:
     async def send_stream(
         self, frames: AsyncIterator[apiary_pb2.SendFrame], ctx: CallContext
     ) -> AsyncIterator[apiary_pb2.SendResultFrame]:
-        async for outcomes in self._pipeline.run(self._batches(frames, ctx)):
-            yield _results(outcomes)
+        tracing = self._router.tracing
+        if tracing is None:
+            async for outcomes in self._pipeline.run(self._batches(frames, ctx)):
+                yield _results(outcomes)
+            return
+        # With tracing, each envelope is a span from its frame's arrival to its answer.
+        spans: deque[list[OpenSpan]] = deque()
+        try:
+            async for outcomes in self._pipeline.run(self._batches(frames, ctx, spans)):
+                for span, outcome in zip(spans.popleft(), outcomes, strict=True):
+                    span.end(outcome.error_code, outcome.reason)
+                yield _results(outcomes)
+        finally:
+            for unanswered in spans:
+                for span in unanswered:
+                    span.end("cancelled", "the stream ended before the frame was answered")
 
     async def _batches(
-        self, frames: AsyncIterator[apiary_pb2.SendFrame], ctx: CallContext
+        self,
+        frames: AsyncIterator[apiary_pb2.SendFrame],
+        ctx: CallContext,
+        spans: deque[list[OpenSpan]] | None = None,
     ) -> AsyncIterator[list[Outbound]]:
         async for frame in frames:
             settings = self._router.settings
@@ -263,7 +311,38 @@ class RouterStreamHandler:
                              msg.SerializeToString(deterministic=True),
                              signature=item.signature, remote=True)
                 )  # fmt: skip
+            if spans is not None:
+                batch = self._spanned(batch, frame.items, from_headers(ctx.metadata), spans)
             yield batch
+
+    def _spanned(
+        self,
+        batch: list[Outbound],
+        items: Sequence[apiary_pb2.OutboundEnvelope],
+        stream_trace: TraceContext | None,
+        spans: deque[list[OpenSpan]],
+    ) -> list[Outbound]:
+        """`batch`, each envelope with a span of its own (added to `spans`), a child of the
+        context its item carries (else the stream's metadata's), whose context it carries on."""
+        tracing = self._router.tracing
+        assert tracing is not None
+        opened: list[OpenSpan] = []
+        traced: list[Outbound] = []
+        for outbound, item in zip(batch, items, strict=True):
+            parent = (
+                TraceContext(item.traceparent, item.tracestate)
+                if item.traceparent
+                else stream_trace
+            )
+            attributes = _message_attributes(outbound.envelope, outbound.recipient)
+            span = tracing.start(STREAM_SPAN, parent, attributes, kind="server")
+            opened.append(span)
+            traced.append(
+                Outbound(outbound.envelope, outbound.recipient, outbound.raw,
+                         signature=outbound.signature, remote=True, trace=span.context)
+            )  # fmt: skip
+        spans.append(opened)
+        return traced
 
     def _check_item(self, index: int, env: Envelope, recipient: str, strings: bool) -> None:
         """An item's recipient, and with `strings` its envelope's strings, within their
@@ -289,10 +368,11 @@ class RouterStreamHandler:
         )
         take_over = ctx.principal.is_agent(req.agent_id)
         shown = ctx.transport == "http"
+        traces = self._router.live.traces
         async for batch in self._delivery.stream(
             req.agent_id, after, req.max_batch, take_over=take_over
         ):
-            reply = _deliveries(batch)
+            reply = _deliveries(batch, traces)
             if shown:
                 for delivery in reply.deliveries:
                     _shown(delivery.msg.timestamp)

@@ -1,8 +1,9 @@
 """sw4rm.scheduler.SchedulerService: tasks, preemption and shutdown (engine/scheduler/scheduler.py);
 PollActivityBuffer and PurgeActivity are the activity buffer's (services/activity.py).
 apiary.v1.TaskQueryService: what SchedulerService lacks: submissions that answer with their
-task, results back to the submitter (WaitTask, WatchTasks, the agent's CompleteTask), reads
-and cancellation (docs/scheduler.md, "Results")."""
+task and may name a capability or agent type instead of an agent (a shared queue), results
+back to the submitter (WaitTask, WatchTasks, the agent's CompleteTask), reads and
+cancellation (docs/scheduler.md, "Results", "Shared queues")."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from apiary.core.access.principal import PrincipalKind
 from apiary.core.json_reader import check_nesting, read_json
 from apiary.core.limits import utf8_size
 from apiary.core.records import TaskRecord
+from apiary.core.tasks.shared import queue_parts
 from apiary.engine.hitl import Hitl
 from apiary.engine.scheduler.scheduler import Scheduler, Submission, SubmitResult
 from apiary.errors import OversizePayloadError, ValidationError, error_for_code
@@ -106,14 +108,20 @@ class AgentControlHandler:
 
 
 async def _submit(
-    scheduler: Scheduler, checks: RequestChecks, req: s.SubmitTaskRequest, ctx: CallContext
+    scheduler: Scheduler,
+    checks: RequestChecks,
+    req: s.SubmitTaskRequest | a.SubmitTaskRequest,
+    ctx: CallContext,
 ) -> SubmitResult:
     check_nesting(req.scope, "scope", checks.limits.json_depth)
+    capability = agent_type = ""
+    if isinstance(req, a.SubmitTaskRequest):
+        capability, agent_type = req.capability, req.agent_type
     return await scheduler.submit(
         Submission(
             agent_id=req.agent_id, task_id=req.task_id, priority=req.priority,
             params=bytes(req.params), content_type=req.content_type, scope=req.scope,
-            submitter=_submitter(ctx),
+            submitter=_submitter(ctx), capability=capability, agent_type=agent_type,
         )
     )  # fmt: skip
 
@@ -144,7 +152,7 @@ def task_view(
         correlation_id=task.flow_id, content_type=task.content_type,
         params_size=len(task.params), params=task.params if with_params else b"",
         submitter=task.submitter, result_json=task.result if with_result else "",
-        result_size=utf8_size(task.result),
+        result_size=utf8_size(task.result), queue=task.queue, lost_attempts=task.lost_attempts,
     )  # fmt: skip
 
 
@@ -159,10 +167,17 @@ class TaskQueryHandler:
 
     async def list_tasks(self, req: a.ListTasksRequest, ctx: CallContext) -> a.ListTasksResponse:
         states = frozenset(s.strip().upper() for s in req.states) or None
+        if req.queue:
+            try:
+                queue_parts(req.queue)
+            except ValueError:
+                raise ValidationError.for_field(
+                    "queue", "names a shared queue: capability:<name> or agent_type:<name>"
+                ) from None
         tasks = await self._scheduler.list_tasks(
             states, req.agent_id or None,
             int(req.after_seq) if req.HasField("after_seq") else -1,
-            min(req.limit or 100, MAX_TASKS),
+            min(req.limit or 100, MAX_TASKS), queue=req.queue or None,
         )  # fmt: skip
         return a.ListTasksResponse(tasks=[task_view(t, with_result=False) for t in tasks])
 
@@ -177,14 +192,16 @@ class TaskQueryHandler:
         by, _ = caller_name(ctx)
         return task_view(await self._scheduler.cancel(req.task_id, req.reason, by))
 
-    async def submit_task(self, req: s.SubmitTaskRequest, ctx: CallContext) -> a.SubmitTaskReply:
+    async def submit_task(self, req: a.SubmitTaskRequest, ctx: CallContext) -> a.SubmitTaskReply:
         """A refusal is its error (buffer_full, duplicate_detected); a duplicate job held for
         HITL is its HELD task."""
         result = await _submit(self._scheduler, self._checks, req, ctx)
         task = result.task
         if task is None:
             code = result.error_code or "internal_error"
-            raise error_for_code(code, result.reason, {"agent_id": req.agent_id})
+            who = {k: v for k, v in (("agent_id", req.agent_id), ("capability", req.capability),
+                                     ("agent_type", req.agent_type)) if v}  # fmt: skip
+            raise error_for_code(code, result.reason, who)
         return a.SubmitTaskReply(task=task_view(task), created=result.created, reason=result.reason)
 
     async def wait_task(self, req: a.WaitTaskRequest, ctx: CallContext) -> a.TaskView:
@@ -221,8 +238,9 @@ class TaskQueryHandler:
                 "([limits] task_result_bytes): return a reference to larger results"
             )
             await self._scheduler.complete(
-                req.task_id, req.agent_id, error_code=OversizePayloadError.code, message=why
-            )
+                req.task_id, req.agent_id, error_code=OversizePayloadError.code, message=why,
+                attempt=req.attempt,
+            )  # fmt: skip
             raise OversizePayloadError(why, {"field": "result_json", "task_id": req.task_id})
         self._checks.check_metadata(ctx)
         self._checks.check(req)
@@ -236,7 +254,7 @@ class TaskQueryHandler:
             result = req.result_json.strip()
         task = await self._scheduler.complete(
             req.task_id, req.agent_id, result=result, error_code=req.error_code,
-            message=req.message,
+            message=req.message, attempt=req.attempt,
         )  # fmt: skip
         return a.CompleteTaskResponse(
             task_id=task.task_id, state=task.state, error_code=task.error_code

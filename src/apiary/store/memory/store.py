@@ -20,6 +20,7 @@ from apiary.store.memory.idempotency import MemoryIdempotencyStore
 from apiary.store.memory.messages import MemoryMessageStore
 from apiary.store.memory.negotiations import MemoryArtifactStore, MemoryNegotiationStore
 from apiary.store.memory.rooms import MemoryRoomStore
+from apiary.store.memory.runtime import MemoryRuntimeStore
 from apiary.store.memory.swarm import MemorySwarmStore
 from apiary.store.memory.tasks import MemoryTaskStore
 from apiary.store.memory.tools import MemoryToolStore
@@ -52,6 +53,7 @@ class MemoryStore:
         self.artifacts = MemoryArtifactStore(self.events)
         self.negotiations = MemoryNegotiationStore(self.artifacts, self.events)
         self.swarm = MemorySwarmStore()
+        self.runtime = MemoryRuntimeStore(self.events)
 
 
 @asynccontextmanager

@@ -48,17 +48,20 @@ class MemoryTaskStore:
         agent_id: str | None = None,
         after_seq: int = -1,
         limit: int = 100,
+        queue: str | None = None,
     ) -> list[TaskRecord]:
-        """Records in `states` (all when None) for `agent_id` (all when None) with seq above
-        `after_seq`, in seq order, at most `limit`."""
+        """Records in `states` (all when None) for `agent_id` (all when None) in `queue`
+        (all when None) with seq above `after_seq`, in seq order, at most `limit`."""
         check_limit(limit)
         found: list[TaskRecord] = []
         for seq in sorted(s for s in self._task_by_seq if s > after_seq):
             if len(found) >= limit:
                 break
             record = self._records[self._task_by_seq[seq]]
-            if (states is None or record.state in states) and (
-                agent_id is None or record.agent_id == agent_id
+            if (
+                (states is None or record.state in states)
+                and (agent_id is None or record.agent_id == agent_id)
+                and (queue is None or record.queue == queue)
             ):
                 found.append(record)
         return found

@@ -13,6 +13,7 @@ from apiary.store.sql.idempotency import SqlIdempotencyStore
 from apiary.store.sql.messages import SqlMessageStore
 from apiary.store.sql.negotiations import SqlArtifactStore, SqlNegotiationStore
 from apiary.store.sql.rooms import SqlRoomStore
+from apiary.store.sql.runtime import SqlRuntimeStore
 from apiary.store.sql.statements import QueryOne
 from apiary.store.sql.swarm import SqlSwarmStore
 from apiary.store.sql.tasks import SqlTaskStore
@@ -41,6 +42,7 @@ class SqlStore:
         self.negotiations = SqlNegotiationStore(database, self.events)
         self.artifacts = SqlArtifactStore(database, self.events)
         self.swarm = SqlSwarmStore(database)
+        self.runtime = SqlRuntimeStore(database, self.events)
 
     async def ping(self) -> None:
         """One trivial read (see Store.ping)."""

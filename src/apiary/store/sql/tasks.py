@@ -1,5 +1,6 @@
 """The task store: the `tasks` table, one row per Scheduler task; params is a BLOB/BYTEA,
-result the agent's JSON value as text (schema version 18).
+result the agent's JSON value as text (schema version 18), queue the shared queue a task
+waits in and lost_attempts its attempts lost with their agent (schema version 19).
 
 A put whose seq belongs to another task fails with StoreError (the unique index on seq)
 and changes nothing.
@@ -44,6 +45,8 @@ class TaskRow(NamedTuple):
     correlation_id: str
     submitter: str
     result: str
+    queue: str
+    lost_attempts: int
 
 
 TASKS = Columns(TaskRow)
@@ -53,8 +56,8 @@ def task_row(record: TaskRecord) -> tuple[Any, ...]:
     """The values of the TASKS columns for `record`, in their order.
 
     Raises ValueError when state is not a TaskState value (every backend refuses it alike,
-    rather than a scheduler reading back a state it cannot act on), or when priority, seq
-    or attempts does not fit the 64-bit integer both databases store.
+    rather than a scheduler reading back a state it cannot act on), or when priority, seq,
+    attempts or lost_attempts does not fit the 64-bit integer both databases store.
     """
     return (
         record.task_id,
@@ -77,6 +80,8 @@ def task_row(record: TaskRecord) -> tuple[Any, ...]:
         record.correlation_id,
         record.submitter,
         record.result,
+        record.queue,
+        checked_int64("lost_attempts", record.lost_attempts),
     )
 
 
@@ -105,6 +110,8 @@ def task_from_row(fetched: Sequence[Any]) -> TaskRecord:
         correlation_id=row.correlation_id,
         submitter=row.submitter,
         result=row.result,
+        queue=row.queue,
+        lost_attempts=row.lost_attempts,
     )
 
 
@@ -145,14 +152,16 @@ class SqlTaskStore:
         agent_id: str | None = None,
         after_seq: int = -1,
         limit: int = 100,
+        queue: str | None = None,
     ) -> list[TaskRecord]:
-        """Records in `states` (all when None) for `agent_id` (all when None) with seq above
-        `after_seq`, in seq order, at most `limit`."""
+        """Records in `states` (all when None) for `agent_id` (all when None) in `queue`
+        (all when None) with seq above `after_seq`, in seq order, at most `limit`."""
         check_limit(limit)
         where = (
             Where()
             .term("seq > ?", int(after_seq))
             .compare("agent_id =", agent_id)
+            .compare("queue =", queue)
             .among("state", states)
         )
         if where.impossible:

@@ -26,6 +26,7 @@ from apiary.testing.store_suite import (
     messages,
     negotiations,
     rooms,
+    runtime,
     swarm,
     tasks,
     tools,
@@ -53,6 +54,7 @@ CHECKS: list[Check] = [
     *tools.CHECKS,
     *negotiations.CHECKS,
     *swarm.CHECKS,
+    *runtime.CHECKS,
 ]
 """Every check of the suite."""
 

@@ -441,3 +441,48 @@ async def tasks_survive_closing_and_reopening(factory: StoreFactory) -> None:
         assert await _ids(store, {TaskState.QUEUED.value}) == ["t-1", "t-3"]
         assert await store.tasks.list(limit=2) == [queued, running]
         assert await store.tasks.max_seq() == 3
+
+
+@_check
+async def shared_queue_tasks_keep_their_queue_and_lost_attempts(factory: StoreFactory) -> None:
+    """A task of a shared queue (schema version 19): its queue and the attempts lost with
+    their agent are stored and read back, and `list` filters by queue."""
+    waiting = task_record(
+        "s-1", 1, agent_id="", queue="capability:review", state=TaskState.QUEUED.value
+    )
+    held = task_record(
+        "s-2", 2, agent_id="agent-x", queue="capability:review", lost_attempts=2,
+        state=TaskState.RUNNING.value, attempts=3, message_id="m-3",
+    )  # fmt: skip
+    typed = task_record("s-3", 3, agent_id="", queue="agent_type:coder")
+    direct = task_record("d-4", 4)
+    async with factory.open() as store:
+        for record in (waiting, held, typed, direct):
+            await store.tasks.put(record)
+        assert await store.tasks.get("s-2") == held
+        assert (await store.tasks.get("d-4")) == direct and direct.queue == ""
+        assert await _queue_ids(store, "capability:review") == ["s-1", "s-2"]
+        assert await _queue_ids(store, "agent_type:coder") == ["s-3"]
+        assert await _queue_ids(store, "") == ["d-4"]  # the tasks submitted to one agent
+        assert await _queue_ids(store, "capability:nobody") == []
+        assert await _queue_ids(store, "capability:review", agent_id="agent-x") == ["s-2"]
+        assert await _queue_ids(store, "capability:review", agent_id="") == ["s-1"]
+        states = frozenset({TaskState.QUEUED.value})
+        found = await store.tasks.list(states, queue="capability:review")
+        assert [t.task_id for t in found] == ["s-1"]
+        # Back in its queue after its agent was lost: no agent, one more attempt lost.
+        requeued = replace(held, agent_id="", state=TaskState.QUEUED, lost_attempts=3)
+        await store.tasks.put(requeued)
+        assert await store.tasks.get("s-2") == requeued
+        for bad in (1 << 63, -(1 << 63) - 1):
+            try:
+                await store.tasks.put(replace(held, lost_attempts=bad))
+            except ValueError:
+                pass
+            else:
+                raise AssertionError(f"lost_attempts={bad} was accepted")
+        assert await store.tasks.get("s-2") == requeued
+
+
+async def _queue_ids(store: Store, queue: str, agent_id: str | None = None) -> list[str]:
+    return [t.task_id for t in await store.tasks.list(agent_id=agent_id, queue=queue)]

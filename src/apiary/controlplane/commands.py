@@ -1,0 +1,118 @@
+"""The control plane's command table: every command of the contract by name, and for each
+one served, how its parameters are read and which `RuntimeControl` method runs it. The HTTP
+JSON routes and the JSON-RPC endpoint (server/http/runtime.py) both go through `lookup` and
+`Command.__call__`, so a command behaves the same on either."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Final, Generic, TypeVar
+
+from apiary.controlplane import requests as r
+from apiary.controlplane.runtime import RuntimeControl
+from apiary.controlplane.settings import RuntimeSettings
+from apiary.core.access.principal import Principal
+from apiary.errors import NotFoundError, UnimplementedError
+
+R = TypeVar("R")
+
+CONTRACT_COMMANDS: Final = (
+    "submit_turn", "interrupt_turn", "resume_thread", "create_task", "update_task",
+    "start_task", "append_task_progress", "pause_task", "resume_task", "cancel_task",
+    "retry_task", "complete_task", "fail_task", "list_tasks", "get_task", "link_tasks",
+    "unlink_tasks", "respond_action", "remove_queued_turn", "promote_queued_turn",
+    "get_session", "get_thread_read", "get_tool_inventory", "spawn_subagent",
+    "send_subagent_input", "wait_subagents", "close_subagent", "export_evidence",
+    "export_replay", "evaluate_permission", "resolve_permission", "get_execution_environment",
+    "write_process_stdin", "terminate_process", "list_subagents", "create_job", "get_job",
+    "cancel_job", "reconnect_channel", "ack_events", "export_review",
+)  # fmt: skip
+"""Every command of spec/runtime-control-plane.txt (docs/control-plane.md maps each)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Command(Generic[R]):
+    """One served command: its parameters' reader and the method that runs it."""
+
+    name: str
+    summary: str
+    mutating: bool
+    read: Callable[[r.Params, RuntimeSettings], R]
+    run: Callable[[RuntimeControl, Principal, R], Awaitable[dict[str, Any]]]
+
+    async def __call__(
+        self, control: RuntimeControl, caller: Principal, params: object
+    ) -> dict[str, Any]:
+        """Run the command with `params` (a JSON object, None for none) as `caller`."""
+        given = r.Params(params)
+        request = self.read(given, control.settings)
+        given.done()
+        return await self.run(control, caller, request)
+
+
+def _plain(reader: Callable[[r.Params], R]) -> Callable[[r.Params, RuntimeSettings], R]:
+    return lambda params, _settings: reader(params)
+
+
+_COMMANDS: list[Command[Any]] = [
+    Command(
+        "submit_turn", "Queue a turn on a thread (creating the session and thread when "
+        "needed); it runs as a task of the thread's agent", True,
+        lambda p, s: r.SubmitTurn.read(p, s.max_input_bytes), RuntimeControl.submit_turn,
+    ),
+    Command(
+        "interrupt_turn", "Stop a turn (a queued one at once, a started one by cancelling or "
+        "preempting its task); clear or preserve the thread's queued turns", True,
+        _plain(r.InterruptTurn.read), RuntimeControl.interrupt_turn,
+    ),
+    Command(
+        "remove_queued_turn", "Take a queued turn out of its thread's queue", True,
+        _plain(r.RemoveQueuedTurn.read), RuntimeControl.remove_queued_turn,
+    ),
+    Command(
+        "get_session", "A session's shell, snapshot and cursor", False,
+        _plain(r.GetSession.read), RuntimeControl.get_session,
+    ),
+    Command(
+        "get_thread_read", "One thread's snapshot: status, queue, last outcome, incidents, "
+        "diagnostics", False, _plain(r.GetThreadRead.read), RuntimeControl.get_thread_read,
+    ),
+    Command(
+        "list_tasks", "The Apiary tasks of a session's or a thread's turns", False,
+        _plain(r.ListTasks.read), RuntimeControl.list_tasks,
+    ),
+    Command(
+        "get_task", "One Apiary task, with its result", False,
+        _plain(r.GetTask.read), RuntimeControl.get_task,
+    ),
+    Command(
+        "reconnect_channel", "Open or resume an event channel: the snapshot, then the events "
+        "after the last acknowledged sequence", True,
+        _plain(r.ReconnectChannel.read), RuntimeControl.reconnect_channel,
+    ),
+    Command(
+        "ack_events", "Acknowledge a channel's events up to a sequence", True,
+        _plain(r.AckEvents.read), RuntimeControl.ack_events,
+    ),
+]  # fmt: skip
+COMMANDS: Final[Mapping[str, Command[Any]]] = MappingProxyType({c.name: c for c in _COMMANDS})
+"""The commands this coordinator serves, by name."""
+
+
+def lookup(name: str) -> Command[Any]:
+    """The served command `name`; a contract command not served yet is unimplemented
+    (docs/control-plane.md has its design), any other name not_found."""
+    found = COMMANDS.get(name)
+    if found is not None:
+        return found
+    if name in CONTRACT_COMMANDS:
+        raise UnimplementedError(
+            f"{name} is a command of the runtime contract that this coordinator does not serve "
+            "yet (docs/control-plane.md maps it onto Apiary)",
+            {"command": name},
+        )
+    raise NotFoundError(
+        f"no runtime command {name[:64]!r}; GET /runtime/v1 lists them", {"command": name[:64]}
+    )

@@ -1,0 +1,417 @@
+"""`RuntimeControl`: the runtime control plane of one tenant (spec/runtime-control-plane.txt,
+docs/control-plane.md) over its engine: sessions owned by the calling principal, threads
+bound to an agent, turns run as the agent's Scheduler tasks (controlplane/turns.py), reads in
+the contract's shapes (controlplane/reads.py) and resumable channels over the event log
+(controlplane/channels.py).
+
+Every command takes the calling principal and its typed request (controlplane/requests.py)
+and answers a JSON object; commands that change state hold the control plane's lock, so
+that a thread's queue changes one command at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import replace
+from typing import Any
+
+from apiary.controlplane.channels import Channels, channel_json
+from apiary.controlplane.facts import FactWriter
+from apiary.controlplane.reads import Reads, no_thread
+from apiary.controlplane.requests import (
+    AckEvents,
+    GetSession,
+    GetTask,
+    GetThreadRead,
+    InterruptTurn,
+    ListTasks,
+    ReconnectChannel,
+    RemoveQueuedTurn,
+    SubmitTurn,
+)
+from apiary.controlplane.settings import RuntimeSettings
+from apiary.controlplane.turns import ENDED_STATUSES, TurnDriver, queue_fact
+from apiary.core.access.principal import Principal
+from apiary.core.clock import Clock
+from apiary.core.ids import IdGenerator
+from apiary.core.runtime.events import RuntimeEventType
+from apiary.core.runtime.log import Fact
+from apiary.core.runtime.records import (
+    QueuePolicy,
+    RuntimeWrite,
+    SessionRecord,
+    ThreadRecord,
+    TurnRecord,
+    TurnState,
+    owner_of,
+)
+from apiary.core.runtime.snapshot import ThreadStatus
+from apiary.core.runtime.turns import TurnInput, thread_status
+from apiary.core.runtime.views import turn_view
+from apiary.core.scope_overlap import parse_scope
+from apiary.engine.eventlog import EventRecorder
+from apiary.engine.registry import Registry
+from apiary.engine.scheduler.scheduler import Scheduler
+from apiary.errors import (
+    AlreadyCompletedError,
+    AlreadyExistsError,
+    AlreadyInProgressError,
+    BufferFullError,
+    NotFoundError,
+    ValidationError,
+)
+from apiary.store.protocols import RuntimeStore
+
+_T = RuntimeEventType
+
+
+class RuntimeControl:
+    """The control plane of one tenant (module docstring). `load` after a restart; `close`
+    stops following tasks (the turns go on, and are followed again at the next `load`)."""
+
+    def __init__(
+        self,
+        store: RuntimeStore,
+        scheduler: Scheduler,
+        registry: Registry,
+        events: EventRecorder,
+        clock: Clock,
+        ids: IdGenerator,
+        *,
+        runtime_id: str = "apiary",
+        settings: RuntimeSettings | None = None,
+    ) -> None:
+        self.settings = settings = settings or RuntimeSettings()
+        self._store = store
+        self._registry = registry
+        self._events = events
+        self._clock = clock
+        self._ids = ids
+        self._lock = asyncio.Lock()
+        self._facts = FactWriter(store, events, ids, runtime_id)
+        self.turns = TurnDriver(self._facts, scheduler, clock, self._lock)
+        self.reads = Reads(store, scheduler, clock, settings, runtime_id)
+        self.channels = Channels(self._facts, self.reads, clock, ids, settings, self._lock)
+
+    async def load(self) -> int:
+        """Follow the started turns again and start what waits; returns the open turns."""
+        return await self.turns.load()
+
+    async def close(self) -> None:
+        await self.turns.close()
+
+    async def wait_after(self, sequence: int) -> None:
+        """Return once an event after `sequence` was logged (any: the caller filters)."""
+        await self._events.wait_after(sequence)
+
+    # ------------------------------------------------------------------ submit_turn
+
+    async def submit_turn(self, caller: Principal, req: SubmitTurn) -> dict[str, Any]:
+        """Create or select the session and thread, queue the turn, start it when its
+        thread is free. A turn_id given again answers the turn submitted first (created
+        false) when the request is the same; other content under it is already_exists."""
+        async with self._lock:
+            if req.turn_id:
+                known = await self._store.turn(req.turn_id)
+                if known is not None:
+                    return await self._resubmitted(caller, known, req)
+            session, new_session = await self._session_for(caller, req)
+            thread, new_thread = await self._thread_for(session, req)
+            turn, thread = await self._queue(caller, session, thread, req, new_session, new_thread)
+            if not thread.active_turn_id:
+                await self.turns.start_next(thread, caller.label, turn.turn_id)
+            stored = await self._store.turn(turn.turn_id)
+        return self._submitted(stored or turn, created=True)
+
+    async def _resubmitted(
+        self, caller: Principal, known: TurnRecord, req: SubmitTurn
+    ) -> dict[str, Any]:
+        try:
+            _, thread = await self.reads.thread(caller, known.thread_id)
+        except NotFoundError:
+            raise AlreadyExistsError(
+                f"turn_id {req.turn_id!r} is taken", {"field": "turn_id"}
+            ) from None
+        differs = [
+            name for name, given, stored in (
+                ("session_id", req.session_id, known.session_id),
+                ("thread_id", req.thread_id, known.thread_id),
+                ("agent_id", req.agent_id, thread.agent_id),
+            ) if given and given != stored
+        ]  # fmt: skip
+        if json.loads(req.input_json) != json.loads(known.input_json):
+            differs.append("input")
+        if differs:
+            raise AlreadyExistsError(
+                f"turn_id {req.turn_id!r} names a turn submitted with another "
+                f"{', '.join(differs)}; a retry sends the same request",
+                {"field": "turn_id", "differs": ",".join(differs)},
+            )
+        return self._submitted(known, created=False)
+
+    def _submitted(self, turn: TurnRecord, *, created: bool) -> dict[str, Any]:
+        return {
+            "created": created, "sessionId": turn.session_id, "threadId": turn.thread_id,
+            "turnId": turn.turn_id, "taskId": turn.task_id, "status": turn.state,
+            "turn": turn_view(turn).to_json(),
+        }  # fmt: skip
+
+    async def _session_for(self, caller: Principal, req: SubmitTurn) -> tuple[SessionRecord, bool]:
+        """The thread's session (a known thread_id selects it), the one session_id names,
+        or a new one (with session_id as its id when given)."""
+        if req.thread_id:
+            known = await self._store.thread(req.thread_id)
+            if known is not None:
+                session, _ = await self.reads.thread(caller, req.thread_id, req.session_id)
+                return session, False
+        if req.session_id:
+            found = await self._store.session(req.session_id)
+            if found is not None:
+                return await self.reads.session(caller, req.session_id), False
+        now = self._clock.now()
+        session = SessionRecord(
+            req.session_id or self._ids.new_id(), owner_of(caller), now, now,
+            workspace_id=req.workspace_id, title=req.title,
+        )  # fmt: skip
+        return session, True
+
+    async def _thread_for(
+        self, session: SessionRecord, req: SubmitTurn
+    ) -> tuple[ThreadRecord, bool]:
+        if req.thread_id:
+            found = await self._store.thread(req.thread_id)
+            if found is not None:
+                if found.session_id != session.session_id:
+                    raise no_thread(req.thread_id, session.session_id)
+                if req.agent_id and req.agent_id != found.agent_id:
+                    raise ValidationError.for_field(
+                        "agent_id", f"thread {found.thread_id} is bound to {found.agent_id}"
+                    )
+                return found, False
+        if not req.agent_id:
+            raise ValidationError.for_field(
+                "agent_id", "is required to start a thread (the agent its turns run on)"
+            )
+        if await self._registry.find(req.agent_id) is None:
+            raise NotFoundError(f"no agent {req.agent_id!r} is registered", {"field": "agent_id"})
+        thread_id = req.thread_id or self._ids.new_id()
+        scope = req.scope or f"resource:runtime-thread/{thread_id}"
+        parse_scope(scope)
+        now = self._clock.now()
+        thread = ThreadRecord(
+            thread_id, session.session_id, req.agent_id, scope, req.queue_policy,
+            ThreadStatus.IDLE.value, now, now,
+        )  # fmt: skip
+        return thread, True
+
+    async def _queue(
+        self, caller: Principal, session: SessionRecord, thread: ThreadRecord,
+        req: SubmitTurn, new_session: bool, new_thread: bool,
+    ) -> tuple[TurnRecord, ThreadRecord]:  # fmt: skip
+        """Store the new turn QUEUED in its thread (and the new session and thread), with
+        their events."""
+        open_turns = await self._store.open_turns(thread.thread_id)
+        queued = [t.turn_id for t in open_turns if t.state == TurnState.QUEUED]
+        busy = bool(thread.active_turn_id or open_turns)
+        if busy and thread.queue_policy == QueuePolicy.REJECT:
+            raise AlreadyInProgressError(
+                f"thread {thread.thread_id} is busy and its queue_policy is reject: wait for "
+                "its turn to end, or interrupt it",
+                {"field": "thread_id", "thread_id": thread.thread_id},
+            )
+        if len(queued) >= self.settings.max_queued_turns:
+            raise BufferFullError(
+                f"thread {thread.thread_id} has {len(queued)} turns queued, the most it holds",
+                {"field": "thread_id", "thread_id": thread.thread_id},
+            )
+        now = self._clock.now()
+        turn = TurnRecord(
+            req.turn_id or self._ids.new_id(), session.session_id, thread.thread_id,
+            thread.turn_count, TurnState.QUEUED.value, req.input_json, self._ids.new_id(),
+            now, now, submitted_by=owner_of(caller), priority=req.priority,
+        )  # fmt: skip
+        status = thread.status
+        if busy:  # it waits: the thread's status counts it
+            states = [TurnState(t.state) for t in open_turns]
+            active = next((state for state in states if state.active), None)
+            last = TurnState(thread.status) if thread.status in ENDED_STATUSES else None
+            status = thread_status(active, last, len(queued) + 1)
+        thread = replace(thread, turn_count=thread.turn_count + 1, updated_at=now, status=status)
+        agent = thread.agent_id
+        facts: list[Fact] = []
+        if new_session:
+            facts.append(Fact(_T.SESSION_CREATED, session.session_id, agent_id=agent,
+                              payload={"owner": session.owner}))  # fmt: skip
+        if new_thread:
+            facts.append(
+                Fact(
+                    _T.THREAD_STARTED,
+                    session.session_id,
+                    thread.thread_id,
+                    agent_id=agent,
+                    status=thread.status,
+                    payload={"agentId": agent, "queuePolicy": thread.queue_policy},
+                )
+            )
+        facts.append(
+            Fact(
+                _T.TURN_SUBMITTED, session.session_id, thread.thread_id, turn.turn_id,
+                status=turn.state, agent_id=agent,
+                payload={"ordinal": turn.ordinal, "queuePosition": len(queued) + 1 if busy else 0,
+                         "inputSize": len(turn.input_json.encode())},
+            )
+        )  # fmt: skip
+        if busy:
+            facts.append(queue_fact(thread, [*queued, turn.turn_id]))
+        write = RuntimeWrite(
+            sessions=(session,) if new_session else (), threads=(thread,), turns=(turn,)
+        )
+        await self._facts.commit(write, facts, caller.label)
+        return turn, thread
+
+    # ------------------------------------------------------------------ interrupts
+
+    async def interrupt_turn(self, caller: Principal, req: InterruptTurn) -> dict[str, Any]:
+        """Stop a turn: a queued one is cancelled at once; a started one records the intent
+        (task.cancel_requested), then its task is cancelled while it waits or asked to stop
+        while it runs. `queued: clear` cancels the thread's queued turns too."""
+        async with self._lock:
+            if req.turn_id:
+                turn, thread = await self.reads.turn(
+                    caller, req.turn_id, req.thread_id, req.session_id
+                )
+            else:
+                _, thread = await self.reads.thread(caller, req.thread_id, req.session_id)
+                active_id = thread.active_turn_id
+                active = await self._store.turn(active_id) if active_id else None
+                if active is None:
+                    raise AlreadyCompletedError(
+                        f"thread {thread.thread_id} runs no turn now; name a queued one with "
+                        "turn_id", {"field": "thread_id", "thread_id": thread.thread_id},
+                    )  # fmt: skip
+                turn = active
+            reason = req.reason or f"interrupted by {caller.label}"
+            if TurnState(turn.state).terminal:
+                raise AlreadyCompletedError(
+                    f"turn {turn.turn_id} has already ended ({turn.state})",
+                    {"field": "turn_id", "turn_id": turn.turn_id, "state": turn.state},
+                )
+            cleared: list[str] = []
+            if req.queued == "clear":  # first: the interrupted turn's end starts the next
+                for queued in await self._store.open_turns(thread.thread_id):
+                    if queued.state == TurnState.QUEUED and queued.turn_id != turn.turn_id:
+                        await self._cancel_queued(caller, queued, "cleared by an interrupt")
+                        cleared.append(queued.turn_id)
+                thread = (await self._store.thread(thread.thread_id)) or thread
+            turn = await self._interrupt(caller, turn, thread, reason)
+            turn = (await self._store.turn(turn.turn_id)) or turn
+        return {
+            "turnId": turn.turn_id, "status": turn.state,
+            "interrupt": "cancelled" if turn.state == TurnState.CANCELLED else (
+                "requested" if turn.interrupt else turn.state
+            ),
+            "clearedTurns": cleared, "turn": turn_view(turn).to_json(),
+        }  # fmt: skip
+
+    async def _interrupt(
+        self, caller: Principal, turn: TurnRecord, thread: ThreadRecord, reason: str
+    ) -> TurnRecord:
+        state = TurnState(turn.state)
+        if state is TurnState.QUEUED:
+            return await self._cancel_queued(caller, turn, reason, "interrupted")
+        if turn.interrupt:
+            return turn  # asked already: the task's end will tell
+        after, _ = await self.turns.apply(
+            turn, thread, TurnInput.INTERRUPT, caller.label, interrupt=reason
+        )
+        return after
+
+    async def _cancel_queued(
+        self, caller: Principal, turn: TurnRecord, reason: str, why: str = "removed"
+    ) -> TurnRecord:
+        thread = await self._store.thread(turn.thread_id)
+        assert thread is not None
+        after, _ = await self.turns.apply(
+            turn, thread, TurnInput.CANCEL, caller.label, status_reason=why,
+            error_code="cancelled", message=reason,
+        )  # fmt: skip
+        return after
+
+    async def remove_queued_turn(self, caller: Principal, req: RemoveQueuedTurn) -> dict[str, Any]:
+        """Take a queued turn out of its thread's queue (it ends cancelled, never run)."""
+        async with self._lock:
+            turn, _ = await self.reads.turn(caller, req.turn_id, req.thread_id, req.session_id)
+            state = TurnState(turn.state)
+            if state.terminal:
+                raise AlreadyCompletedError(
+                    f"turn {turn.turn_id} has already ended ({turn.state})",
+                    {"field": "turn_id", "turn_id": turn.turn_id, "state": turn.state},
+                )
+            if state is not TurnState.QUEUED:
+                raise AlreadyInProgressError(
+                    f"turn {turn.turn_id} is {turn.state}, no longer queued: interrupt_turn "
+                    "stops it", {"field": "turn_id", "turn_id": turn.turn_id, "state": turn.state},
+                )  # fmt: skip
+            reason = req.reason or f"removed by {caller.label}"
+            turn = await self._cancel_queued(caller, turn, reason)
+        return {"turnId": turn.turn_id, "status": turn.state, "removed": True}
+
+    # ------------------------------------------------------------------ reads
+
+    async def get_session(self, caller: Principal, req: GetSession) -> dict[str, Any]:
+        """The session's shell, its snapshot (threads, their last turns and queues, their
+        tasks) and the cursor it reflects."""
+        async with self._lock:
+            cursor = await self._events.last_sequence()
+            session = await self.reads.session(caller, req.session_id)
+            threads = await self._store.threads(session.session_id)
+            snapshot = await self.reads.snapshot(session, threads, cursor, turns=req.turns)
+        return {
+            "session": snapshot.extra["session"], "snapshot": snapshot.to_json(),
+            "cursor": {"sequence": cursor},
+        }  # fmt: skip
+
+    async def get_thread_read(self, caller: Principal, req: GetThreadRead) -> dict[str, Any]:
+        """A snapshot of one thread: status, queue, pending requests, last outcome,
+        incidents and diagnostics."""
+        async with self._lock:
+            cursor = await self._events.last_sequence()
+            session, thread = await self.reads.thread(caller, req.thread_id, req.session_id)
+            snapshot = await self.reads.snapshot(
+                session, [thread], cursor, turns=req.turns, detail=True
+            )
+        return snapshot.to_json()
+
+    async def list_tasks(self, caller: Principal, req: ListTasks) -> dict[str, Any]:
+        """The Apiary tasks of a session's (or a thread's) turns."""
+        if req.thread_id:
+            _, thread = await self.reads.thread(caller, req.thread_id, req.session_id)
+            threads = [thread]
+        else:
+            session = await self.reads.session(caller, req.session_id)
+            threads = await self._store.threads(session.session_id)
+        return {"tasks": [t.to_json() for t in await self.reads.tasks(threads)]}
+
+    async def get_task(self, caller: Principal, req: GetTask) -> dict[str, Any]:
+        """An Apiary task as the contract's task, with its result."""
+        return {"task": (await self.reads.task(caller, req.task_id)).to_json()}
+
+    # ------------------------------------------------------------------ channels
+
+    async def reconnect_channel(self, caller: Principal, req: ReconnectChannel) -> dict[str, Any]:
+        """Open a channel, or resume one from its last acknowledged sequence: the
+        session's snapshot first, then the events after that position (at most `limit`,
+        `more` when there are others: follow from `cursor`)."""
+        start = await self.channels.start(caller, req)
+        limit = self.settings.replay_limit if req.limit is None else req.limit
+        replay = await self.channels.replay(start.snapshot.session_id, start.after, limit)
+        return {
+            "channel": start.channel, "snapshot": start.snapshot.to_json(),
+            "events": [e.to_json() for e in replay.events], "more": replay.more,
+            "cursor": {"sequence": replay.cursor},
+        }  # fmt: skip
+
+    async def ack_events(self, caller: Principal, req: AckEvents) -> dict[str, Any]:
+        """Acknowledge the channel's events up to `sequence` (it never goes back)."""
+        return channel_json(await self.channels.ack(caller, req))

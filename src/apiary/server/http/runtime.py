@@ -1,0 +1,373 @@
+"""The runtime control plane on the HTTP port (docs/control-plane.md), thin adapters over
+the one command table (controlplane/commands.py):
+
+- POST /runtime/v1/{command}: HTTP JSON, the body the command's parameters, the answer its
+  result; errors in the one JSON error shape with the error table's status.
+- POST /runtime/v1/rpc: JSON-RPC 2.0 (single calls, batches and notifications), `method` a
+  command's name and `params` its parameters by name. A command's refusal is an error object
+  whose `data` carries the protocol error (`code`, `details`, `httpStatus`).
+- GET /runtime/v1/sessions/{session_id}/events: the session's events as server-sent events
+  (reconnect_channel's stream): an `event: snapshot` frame first (the channel, the snapshot
+  and the position replayed after), then every event after that position as `id: <sequence>`
+  frames, live; resumed with `channel_id` and `resume_token`, from `Last-Event-ID` (which
+  wins), `?after=` or the channel's acknowledged sequence.
+- GET /runtime/v1: the commands of the contract, and which are served.
+
+Each command is decided by its rule (core/access/table.py RUNTIME_RULES) before it runs, in
+the tenant the call acts in, whose control plane runs it (server/control_plane.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aiohttp import web
+
+from apiary.controlplane.commands import COMMANDS, CONTRACT_COMMANDS, lookup
+from apiary.controlplane.requests import Params, ReconnectChannel
+from apiary.controlplane.runtime import RuntimeControl
+from apiary.core.access.principal import ANONYMOUS, Principal
+from apiary.core.access.table import RUNTIME_RULES
+from apiary.core.json_reader import JsonError, read_document
+from apiary.errors import (
+    ApiaryError,
+    NotFoundError,
+    UnavailableError,
+    UnimplementedError,
+    ValidationError,
+)
+from apiary.server.auth.guard import AccessGuard
+from apiary.server.control_plane import ControlPlanes
+from apiary.server.dispatch import TenantHandlers
+from apiary.server.errormap import answer_for, clip
+from apiary.server.http.access import http_context
+from apiary.server.http.errors import error_response, oversize_error
+from apiary.server.http.query import cursor_param
+from apiary.server.metrics import UNKNOWN_METHOD, Metrics
+from apiary.server.quotas import SUBMIT
+
+PREFIX: Final = "/runtime/v1"
+STREAM_ROUTE: Final = f"{PREFIX}/sessions/{{session_id}}/events"
+MAX_BODY: Final = 2 * 1024 * 1024
+"""A command's body at most (a turn's input is at most 1 MiB of JSON)."""
+MAX_DEPTH: Final = 100
+MAX_BATCH: Final = 100
+"""Calls in one JSON-RPC batch at most."""
+KEEPALIVE_S: Final = 15.0
+KEEPALIVE_RANGE: Final = (0.05, 300.0)
+RETRY_MS: Final = 3000
+STREAM_BATCH: Final = 200
+MAX_STREAMS: Final = 64
+
+PARSE_ERROR: Final = -32700
+INVALID_REQUEST: Final = -32600
+METHOD_NOT_FOUND: Final = -32601
+INVALID_PARAMS: Final = -32602
+INTERNAL: Final = -32603
+REFUSED: Final = -32000
+"""JSON-RPC error codes: the specification's, and -32000 for a command's own refusal (its
+protocol error in `data`)."""
+
+Recheck = Callable[[], object]
+
+
+@dataclass(frozen=True, slots=True)
+class Entered:
+    """A command's call once decided: who makes it, the control plane of its tenant, and how
+    to decide it again (a long-lived stream)."""
+
+    caller: Principal
+    control: RuntimeControl
+    recheck: Recheck | None
+
+
+class RuntimeRoutes:
+    """The control plane's routes (module docstring); without `controls` every command
+    answers unavailable (an app built without an engine)."""
+
+    def __init__(
+        self,
+        controls: ControlPlanes | None,
+        metrics: Metrics,
+        guard: AccessGuard | None = None,
+        tenancy: TenantHandlers | None = None,
+    ) -> None:
+        self._controls = controls
+        self._metrics = metrics
+        self._guard = guard
+        self._tenancy = tenancy
+        self._closing = asyncio.Event()
+        self._streams = 0
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get(PREFIX, self.list_commands)
+        app.router.add_post(f"{PREFIX}/rpc", self.rpc)
+        app.router.add_post(f"{PREFIX}/{{command}}", self.call)
+        # No HEAD: the stream's body would follow a HEAD answer and break the connection.
+        app.router.add_get(STREAM_ROUTE, self.stream, allow_head=False)
+        app.on_shutdown.append(self.close)
+
+    async def close(self, _app: web.Application | None = None) -> None:
+        """End every event stream (an on_shutdown hook)."""
+        self._closing.set()
+
+    async def list_commands(self, _request: web.Request) -> web.Response:
+        commands = [
+            {"command": name, "served": name in COMMANDS,
+             "summary": COMMANDS[name].summary if name in COMMANDS else ""}
+            for name in CONTRACT_COMMANDS
+        ]  # fmt: skip
+        return web.json_response({"commands": commands})
+
+    # ------------------------------------------------------------------ deciding
+
+    async def _enter(self, request: web.Request, command: str) -> Entered:
+        """Decide the call of `command` by its rule, in its tenant; its control plane."""
+        if self._controls is None:
+            raise UnavailableError("this server runs no runtime control plane")
+        action = f"{PREFIX}/{command}"
+        ctx = http_context(request)
+        caller, tenant, recheck = ANONYMOUS, "default", None
+        if self._guard is not None:
+            guard, rule = self._guard, RUNTIME_RULES[command]
+            opened = ctx
+            ctx, tenant = guard.authenticate(action, ctx)
+            if self._tenancy is not None:
+                await self._tenancy.open(ctx, tenant)
+            await guard.check(action, rule, None, ctx, tenant)
+            if self._tenancy is not None and command == "submit_turn":
+                await self._tenancy.route(ctx, SUBMIT, None)  # a turn is a task: its quota
+            caller = ctx.principal
+
+            def again() -> object:
+                return guard.admit(action, rule, None, opened, again=True)
+
+            recheck = again
+        return Entered(caller, await self._controls.of(tenant), recheck)
+
+    # ------------------------------------------------------------------ HTTP JSON
+
+    async def call(self, request: web.Request) -> web.Response:
+        name = request.match_info["command"]
+        label = f"{PREFIX}/{name}" if name in COMMANDS else UNKNOWN_METHOD
+        try:
+            command = lookup(name)
+            body = await _body(request)
+            entered = await self._enter(request, name)
+            result = await command(entered.control, entered.caller, body)
+        except Exception as exc:
+            return error_response(exc, label, self._metrics)
+        self._metrics.rpc_done("http", label, "ok")
+        return web.json_response(result)
+
+    # ------------------------------------------------------------------ JSON-RPC 2.0
+
+    async def rpc(self, request: web.Request) -> web.Response:
+        try:
+            raw = await _read(request)
+            doc = read_document(raw, max_bytes=MAX_BODY, max_depth=MAX_DEPTH, kept=False)
+        except JsonError as exc:
+            return web.json_response(_rpc_error(None, PARSE_ERROR, f"parse error: {exc}"))
+        except ApiaryError as exc:  # over MAX_BODY
+            return web.json_response(_rpc_error(None, INVALID_REQUEST, exc.message))
+        if isinstance(doc, list):
+            if not doc or len(doc) > MAX_BATCH:
+                why = "an empty batch" if not doc else f"more than {MAX_BATCH} calls in a batch"
+                return web.json_response(_rpc_error(None, INVALID_REQUEST, why))
+            answers = [await self._rpc_one(request, item) for item in doc]
+            shown = [a for a in answers if a is not None]
+            return web.json_response(shown) if shown else web.Response(status=204)
+        answer = await self._rpc_one(request, doc)
+        return web.json_response(answer) if answer is not None else web.Response(status=204)
+
+    async def _rpc_one(self, request: web.Request, item: object) -> dict[str, Any] | None:
+        """One call's response (None for a notification)."""
+        if not isinstance(item, dict):
+            return _rpc_error(None, INVALID_REQUEST, "a call must be a JSON object")
+        call_id = item.get("id")
+        if not isinstance(call_id, str | int | None) or isinstance(call_id, bool):
+            return _rpc_error(None, INVALID_REQUEST, "id must be a string, a number or null")
+        method, params = item.get("method"), item.get("params")
+        if item.get("jsonrpc") != "2.0" or not isinstance(method, str):
+            return _rpc_error(call_id, INVALID_REQUEST, 'a call has "jsonrpc": "2.0" and a method')
+        notification = "id" not in item
+        if params is not None and not isinstance(params, dict):
+            answer = _rpc_error(call_id, INVALID_PARAMS, "params must be an object (by name)")
+            return None if notification else answer
+        label = f"{PREFIX}/{method}" if method in COMMANDS else UNKNOWN_METHOD
+        try:
+            command = lookup(method)
+            entered = await self._enter(request, method)
+            result = await command(entered.control, entered.caller, params)
+        except Exception as exc:
+            answer = _rpc_refusal(call_id, exc, label)
+            self._metrics.rpc_done("http", label, answer["error"]["data"]["code"])
+            return None if notification else answer
+        self._metrics.rpc_done("http", label, "ok")
+        return None if notification else {"jsonrpc": "2.0", "result": result, "id": call_id}
+
+    # ------------------------------------------------------------------ event stream
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        try:
+            if self._streams >= MAX_STREAMS:
+                raise UnavailableError(f"at most {MAX_STREAMS} runtime event streams at once")
+            req, keepalive = _stream_request(request)
+            entered = await self._enter(request, "reconnect_channel")
+            start = await entered.control.channels.start(entered.caller, req)
+        except Exception as exc:
+            return error_response(exc, STREAM_ROUTE, self._metrics)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        self._streams += 1
+        try:
+            await response.prepare(request)
+            first = {
+                "channel": start.channel, "snapshot": start.snapshot.to_json(),
+                "after": start.after,
+            }  # fmt: skip
+            await response.write(
+                f"retry: {RETRY_MS}\nevent: snapshot\ndata: {_line(first)}\n\n".encode()
+            )
+            await self._pump(response, entered, req.session_id, start.after, keepalive)
+            await response.write_eof()
+        except ConnectionError:
+            pass  # the client went away
+        finally:
+            self._streams -= 1
+        return response
+
+    async def _pump(
+        self,
+        response: web.StreamResponse,
+        entered: Entered,
+        session_id: str,
+        after: int,
+        keepalive: float,
+    ) -> None:
+        """The session's events after `after` until shutdown; before each write the caller
+        is decided again, and a refusal ends the stream with an `error` event."""
+        control, cursor = entered.control, after
+        while not self._closing.is_set():
+            replay = await control.channels.replay(session_id, cursor, STREAM_BATCH)
+            if entered.recheck is not None and (refused := _refusal(entered.recheck)):
+                await response.write(refused)
+                return
+            if replay.events:
+                frames = [_frame(e.sequence, e.to_json()) for e in replay.events]
+                await response.write(b"".join(frames))
+            cursor = replay.cursor
+            if not replay.more and not await self._wait(control, cursor, keepalive):
+                await response.write(b": keep-alive\n\n")
+
+    async def _wait(self, control: RuntimeControl, cursor: int, keepalive: float) -> bool:
+        """Until an event after `cursor` (True), shutdown or the keep-alive interval."""
+        logged = asyncio.ensure_future(control.wait_after(cursor))
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {logged, closing}, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in (logged, closing):
+                waiter.cancel()
+            await asyncio.gather(logged, closing, return_exceptions=True)
+        return logged in done and not self._closing.is_set()
+
+
+def _frame(sequence: int | None, doc: object) -> bytes:
+    return f"id: {sequence}\ndata: {_line(doc)}\n\n".encode()
+
+
+def _line(doc: object) -> str:
+    # json.dumps escapes every line break, so the data is always one `data:` line.
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+def _refusal(recheck: Recheck) -> bytes | None:
+    try:
+        recheck()
+    except ApiaryError as exc:
+        answer = answer_for(exc, STREAM_ROUTE)
+        body = {"code": answer.code, "message": answer.message}
+        return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+    return None
+
+
+def _stream_request(request: web.Request) -> tuple[ReconnectChannel, float]:
+    query = request.query
+    resume = request.headers.get("Last-Event-ID", "").strip()
+    params: dict[str, Any] = {"session_id": request.match_info["session_id"]}
+    for name in ("channel_id", "resume_token"):
+        if query.get(name):
+            params[name] = query[name]
+    if resume:
+        params["last_acknowledged_sequence"] = cursor_param(resume, "Last-Event-ID")
+    elif query.get("after"):
+        params["last_acknowledged_sequence"] = cursor_param(query["after"], "after")
+    given = Params(params)
+    req = ReconnectChannel.read(given)
+    given.done()
+    try:
+        keepalive = float(query.get("keepalive", KEEPALIVE_S))
+    except ValueError:
+        raise ValidationError.for_field("keepalive", "must be a number of seconds") from None
+    low, high = KEEPALIVE_RANGE
+    if not low <= keepalive <= high:
+        raise ValidationError.for_field("keepalive", f"must be within {low}..{high} seconds")
+    return req, keepalive
+
+
+async def _read(request: web.Request) -> bytes:
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise oversize_error(MAX_BODY) from None
+
+
+async def _body(request: web.Request) -> object:
+    """A command's body: a JSON object (empty: no parameters)."""
+    raw = await _read(request)
+    if not raw.strip():
+        return None
+    try:
+        doc = read_document(raw, max_bytes=MAX_BODY, max_depth=MAX_DEPTH, kept=False)
+    except JsonError as exc:
+        raise ValidationError.for_field("body", clip(str(exc))) from None
+    if not isinstance(doc, dict):
+        raise ValidationError.for_field("body", "must be a JSON object of the command's parameters")
+    return doc
+
+
+def _rpc_error(call_id: object, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "error": error, "id": call_id}
+
+
+def _rpc_refusal(call_id: object, exc: Exception, label: str) -> dict[str, Any]:
+    """A command's failure as a JSON-RPC error: the protocol error in `data`."""
+    answer = answer_for(exc, label)
+    data = {
+        "code": answer.code.lower(), "details": answer.details,
+        "httpStatus": answer.spec.http_status,
+    }  # fmt: skip
+    if isinstance(exc, UnimplementedError | NotFoundError) and "command" in answer.details:
+        code = METHOD_NOT_FOUND
+    elif answer.code == ValidationError.code:
+        code = INVALID_PARAMS
+    elif isinstance(exc, ApiaryError):
+        code = REFUSED
+    else:
+        code = INTERNAL
+    return _rpc_error(call_id, code, answer.message, data)

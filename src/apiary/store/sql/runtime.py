@@ -1,0 +1,238 @@
+"""The runtime control plane's store: `runtime_sessions`, `runtime_threads`,
+`runtime_turns` and `runtime_channels` (schema version 20). A save writes any of them, with
+its events, in one transaction (`SqlEventLog.write_with`).
+
+The rows are shared with the memory backend, which runs them so that it refuses what the
+SQL backends refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from apiary.core.events import EventDraft
+from apiary.core.runtime.records import (
+    OPEN_TURN_STATES,
+    ChannelRecord,
+    QueuePolicy,
+    RuntimeWrite,
+    SessionRecord,
+    ThreadRecord,
+    TurnRecord,
+    TurnState,
+)
+from apiary.core.runtime.snapshot import ThreadStatus
+from apiary.store.sql.checks import check_limit, checked_int64
+from apiary.store.sql.columns import Columns
+from apiary.store.sql.database import SqlDatabase
+from apiary.store.sql.dialect import Dialect, by_dialect, in_list
+from apiary.store.sql.events import SqlEventLog
+from apiary.store.sql.statements import ExecuteMany, Query, QueryOne, Transaction
+
+Row = tuple[Any, ...]
+
+
+class SessionRow(NamedTuple):
+    session_id: str
+    owner: str
+    created_at: float
+    updated_at: float
+    workspace_id: str
+    title: str
+
+
+class ThreadRow(NamedTuple):
+    thread_id: str
+    session_id: str
+    agent_id: str
+    scope: str
+    queue_policy: str
+    status: str
+    created_at: float
+    updated_at: float
+    active_turn_id: str
+    turn_count: int
+
+
+class TurnRow(NamedTuple):
+    turn_id: str
+    session_id: str
+    thread_id: str
+    ordinal: int
+    state: str
+    input_json: str
+    task_id: str
+    created_at: float
+    updated_at: float
+    started_at: float
+    ended_at: float
+    error_code: str
+    message: str
+    result_json: str
+    interrupt: str
+    status_reason: str
+    submitted_by: str
+    priority: int
+
+
+class ChannelRow(NamedTuple):
+    channel_id: str
+    session_id: str
+    owner: str
+    token_digest: str
+    acked_sequence: int
+    created_at: float
+    updated_at: float
+    expires_at: float
+
+
+SESSIONS = Columns(SessionRow)
+THREADS = Columns(ThreadRow)
+TURNS = Columns(TurnRow)
+CHANNELS = Columns(ChannelRow)
+
+
+def session_row(r: SessionRecord) -> Row:
+    return (
+        r.session_id, r.owner, float(r.created_at), float(r.updated_at), r.workspace_id,
+        r.title,
+    )  # fmt: skip
+
+
+def session_from_row(fetched: Sequence[Any]) -> SessionRecord:
+    return SessionRecord(*SESSIONS.of(fetched))
+
+
+def thread_row(r: ThreadRecord) -> Row:
+    """ValueError for a queue policy or status that is not one, a turn count outside int64."""
+    return (
+        r.thread_id, r.session_id, r.agent_id, r.scope, QueuePolicy(r.queue_policy).value,
+        ThreadStatus(r.status).value, float(r.created_at), float(r.updated_at),
+        r.active_turn_id, checked_int64("turn_count", r.turn_count),
+    )  # fmt: skip
+
+
+def thread_from_row(fetched: Sequence[Any]) -> ThreadRecord:
+    return ThreadRecord(*THREADS.of(fetched))
+
+
+def turn_row(r: TurnRecord) -> Row:
+    """ValueError for a state that is not a TurnState, an ordinal outside int64."""
+    return (
+        r.turn_id, r.session_id, r.thread_id, checked_int64("ordinal", r.ordinal),
+        TurnState(r.state).value, r.input_json, r.task_id, float(r.created_at),
+        float(r.updated_at), float(r.started_at), float(r.ended_at), r.error_code, r.message,
+        r.result_json, r.interrupt, r.status_reason, r.submitted_by,
+        checked_int64("priority", r.priority),
+    )  # fmt: skip
+
+
+def turn_from_row(fetched: Sequence[Any]) -> TurnRecord:
+    return TurnRecord(*TURNS.of(fetched))
+
+
+def channel_row(r: ChannelRecord) -> Row:
+    return (
+        r.channel_id, r.session_id, r.owner, r.token_digest,
+        checked_int64("acked_sequence", r.acked_sequence), float(r.created_at),
+        float(r.updated_at), float(r.expires_at),
+    )  # fmt: skip
+
+
+def channel_from_row(fetched: Sequence[Any]) -> ChannelRecord:
+    return ChannelRecord(*CHANNELS.of(fetched))
+
+
+def write_rows(write: RuntimeWrite) -> tuple[list[Row], list[Row], list[Row], list[Row]]:
+    """The rows of a write, checked (ValueError) before anything is written."""
+    return (
+        [session_row(r) for r in write.sessions],
+        [thread_row(r) for r in write.threads],
+        [turn_row(r) for r in write.turns],
+        [channel_row(r) for r in write.channels],
+    )
+
+
+_PUT_SESSION = by_dialect(lambda d: d.upsert("runtime_sessions", SESSIONS, "session_id"))
+_PUT_THREAD = by_dialect(lambda d: d.upsert("runtime_threads", THREADS, "thread_id"))
+_PUT_TURN = by_dialect(lambda d: d.upsert("runtime_turns", TURNS, "turn_id"))
+_PUT_CHANNEL = by_dialect(lambda d: d.upsert("runtime_channels", CHANNELS, "channel_id"))
+_SESSION = QueryOne(f"SELECT {SESSIONS.sql} FROM runtime_sessions WHERE session_id = ?")
+_THREAD = QueryOne(f"SELECT {THREADS.sql} FROM runtime_threads WHERE thread_id = ?")
+_THREADS = Query(
+    f"SELECT {THREADS.sql} FROM runtime_threads WHERE session_id = ? ORDER BY created_at, thread_id"
+)
+_TURN = QueryOne(f"SELECT {TURNS.sql} FROM runtime_turns WHERE turn_id = ?")
+_TURN_OF_TASK = QueryOne(f"SELECT {TURNS.sql} FROM runtime_turns WHERE task_id = ?")
+_LAST_TURNS = Query(
+    f"SELECT {TURNS.sql} FROM runtime_turns WHERE thread_id = ? ORDER BY ordinal DESC LIMIT ?"
+)
+_OPEN = sorted(OPEN_TURN_STATES)
+_OPEN_TURNS = f"SELECT {TURNS.sql} FROM runtime_turns WHERE {in_list('state', len(_OPEN))}"
+_CHANNEL = QueryOne(f"SELECT {CHANNELS.sql} FROM runtime_channels WHERE channel_id = ?")
+
+
+def save_runtime(
+    d: Dialect, sessions: list[Row], threads: list[Row], turns: list[Row], channels: list[Row]
+) -> Transaction[None]:
+    """Insert or replace the rows (`write_rows`); a unique index that refuses a turn's
+    place or task raises StoreError and the transaction writes nothing."""
+    yield from ExecuteMany(_PUT_SESSION, sessions)
+    yield from ExecuteMany(_PUT_THREAD, threads)
+    yield from ExecuteMany(_PUT_TURN, turns)
+    yield from ExecuteMany(_PUT_CHANNEL, channels)
+
+
+class SqlRuntimeStore:
+    """`RuntimeStore` in the runtime_* tables; events that commit with a write go through
+    `log`."""
+
+    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
+        self._db = database
+        self._log = log
+
+    async def save(self, write: RuntimeWrite, events: Sequence[EventDraft] = ()) -> None:
+        """Insert or replace the records of `write` with `events`, in one transaction."""
+        rows = write_rows(write)
+        await self._log.write_with(events, save_runtime, *rows)
+
+    async def session(self, session_id: str) -> SessionRecord | None:
+        row = await self._db.read(_SESSION, (session_id,))
+        return None if row is None else session_from_row(row)
+
+    async def thread(self, thread_id: str) -> ThreadRecord | None:
+        row = await self._db.read(_THREAD, (thread_id,))
+        return None if row is None else thread_from_row(row)
+
+    async def threads(self, session_id: str) -> list[ThreadRecord]:
+        rows = await self._db.read(_THREADS, (session_id,))
+        return [thread_from_row(row) for row in rows]
+
+    async def turn(self, turn_id: str) -> TurnRecord | None:
+        row = await self._db.read(_TURN, (turn_id,))
+        return None if row is None else turn_from_row(row)
+
+    async def turn_of_task(self, task_id: str) -> TurnRecord | None:
+        row = await self._db.read(_TURN_OF_TASK, (task_id,))
+        return None if row is None else turn_from_row(row)
+
+    async def turns(self, thread_id: str, last: int = 100) -> list[TurnRecord]:
+        """The thread's last `last` turns, in ordinal order."""
+        check_limit(last)
+        rows = await self._db.read(_LAST_TURNS, (thread_id, last))
+        return [turn_from_row(row) for row in reversed(rows)]
+
+    async def open_turns(self, thread_id: str | None = None) -> list[TurnRecord]:
+        """Turns not ended of one thread (of all when None), by thread_id then ordinal."""
+        params: list[Any] = list(_OPEN)
+        sql = _OPEN_TURNS
+        if thread_id is not None:
+            sql += " AND thread_id = ?"
+            params.append(thread_id)
+        rows = await self._db.read(Query(sql + " ORDER BY thread_id, ordinal", params))
+        return [turn_from_row(row) for row in rows]
+
+    async def channel(self, channel_id: str) -> ChannelRecord | None:
+        row = await self._db.read(_CHANNEL, (channel_id,))
+        return None if row is None else channel_from_row(row)

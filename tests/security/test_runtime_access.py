@@ -1,0 +1,155 @@
+"""The runtime control plane's access rules in secure mode: every command is decided by its
+rule (core/access/table.py RUNTIME_RULES) over HTTP JSON, JSON-RPC and the event stream
+alike, so an anonymous caller reaches none; and a session is its owner's: another principal
+is answered as if it did not exist (operators with `tasks` excepted), and a refusal changes
+nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apiary.controlplane.commands import COMMANDS
+from apiary.core.access.principal import TENANT_KEY
+from apiary.core.access.rules import Who
+from apiary.core.access.table import RUNTIME_RULES
+from tests.security.access_harness import Secure, open_secure
+from tests.security.tenant_harness import ACME, open_tenants
+from tests.server.runtime_harness import RuntimeHttp, runtime_http
+
+pytestmark = pytest.mark.conformance("security.multitenant.authorization")
+
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "submit_turn": {"agent_id": "alice", "input": "hi"},
+    "interrupt_turn": {"thread_id": "t"},
+    "remove_queued_turn": {"turn_id": "u"},
+    "get_session": {"session_id": "s"},
+    "get_thread_read": {"thread_id": "t"},
+    "list_tasks": {"session_id": "s"},
+    "get_task": {"task_id": "x"},
+    "reconnect_channel": {"session_id": "s"},
+    "ack_events": {"channel_id": "c", "resume_token": "r", "sequence": 1},
+}
+
+
+def test_every_served_command_has_exactly_one_rule_and_an_example_here() -> None:
+    assert set(RUNTIME_RULES) == set(COMMANDS) == set(EXAMPLES)
+    assert all(rule.who is Who.PRINCIPAL for rule in RUNTIME_RULES.values())
+
+
+def _headers(secure: Secure, who: str | None) -> dict[str, str]:
+    return dict(secure.metadata(who))
+
+
+async def _footprint(secure: Secure) -> tuple[object, ...]:
+    coordinator = secure.coordinator
+    await coordinator.events.flush()
+    events = [
+        e.event_type for e in await coordinator.events.read(limit=10_000)
+        if e.event_type.startswith("runtime.")
+    ]  # fmt: skip
+    return events, await coordinator.store.runtime.open_turns()
+
+
+async def test_in_secure_mode_anonymous_callers_reach_no_runtime_command(tmp_path: Path) -> None:
+    async with open_secure(tmp_path) as secure, runtime_http(secure.coordinator) as runtime:
+        before = await _footprint(secure)
+        for command, params in EXAMPLES.items():
+            error = await runtime.error(401, command, **params)
+            assert error["code"] == "unauthenticated", command
+            answer = await runtime.call(command, **params)
+            assert answer["error"]["data"]["code"] == "unauthenticated", command
+        async with runtime.http.get("/runtime/v1/sessions/s/events") as response:
+            assert response.status == 401
+        async with runtime.http.get("/runtime/v1") as response:  # the list is public
+            assert response.status == 200
+        assert await _footprint(secure) == before
+
+
+async def _as(secure: Secure, runtime: RuntimeHttp, who: str) -> RuntimeHttp:
+    return RuntimeHttp(runtime.http, _headers(secure, who))
+
+
+async def test_a_session_is_its_owners_and_others_are_answered_as_if_it_did_not_exist(
+    tmp_path: Path,
+) -> None:
+    async with open_secure(tmp_path) as secure, runtime_http(secure.coordinator) as runtime:
+        await secure.coordinator.registry.register(
+            {"agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"]}
+        )
+        app = await _as(secure, runtime, "app")
+        made = await app.ok("submit_turn", agent_id="alice", turn_id="mine", input=1)
+        await app.ok("submit_turn", thread_id=made["threadId"], turn_id="queued", input=2)
+        channel = (await app.ok("reconnect_channel", session_id=made["sessionId"]))["channel"]
+        session = await app.ok("get_session", session_id=made["sessionId"])
+        assert session["session"]["owner"] == "application:ci"
+        ids = {
+            "session_id": made["sessionId"], "thread_id": made["threadId"],
+            "task_id": made["taskId"], "channel_id": channel["channelId"],
+            "resume_token": channel["resumeToken"],
+        }  # fmt: skip
+        asked = {
+            "get_session": {"session_id": ids["session_id"]},
+            "get_thread_read": {"thread_id": ids["thread_id"]},
+            "list_tasks": {"session_id": ids["session_id"]},
+            "get_task": {"task_id": ids["task_id"]},
+            "interrupt_turn": {"thread_id": ids["thread_id"]},
+            "remove_queued_turn": {"turn_id": "queued"},
+            "reconnect_channel": {"session_id": ids["session_id"]},
+            "ack_events": {"channel_id": ids["channel_id"], "resume_token": ids["resume_token"],
+                           "sequence": 1},
+            "submit_turn": {"session_id": ids["session_id"], "input": 3},
+        }  # fmt: skip
+        before = await _footprint(secure)
+        for who in ("mallory", "no-role"):
+            other = await _as(secure, runtime, who)
+            for command, params in asked.items():
+                error = await other.error(404, command, **params)
+                assert error["code"] == "not_found", (who, command, error)
+            # A turn id another principal took is refused without saying whose it is.
+            taken = await other.error(409, "submit_turn", agent_id="alice", turn_id="mine", input=1)
+            assert taken["details"] == {"field": "turn_id"}
+        assert await _footprint(secure) == before
+        # An operator with `tasks` (admin holds every role) acts on anyone's session.
+        root = await _as(secure, runtime, "root")
+        for command in ("get_session", "get_thread_read", "list_tasks", "get_task"):
+            await root.ok(command, **asked[command])
+        removed = await root.ok("remove_queued_turn", turn_id="queued")
+        assert removed["status"] == "cancelled"
+        # The owner's stream; another's is refused as missing.
+        path = f"/runtime/v1/sessions/{ids['session_id']}/events?keepalive=0.05"
+        async with runtime.http.get(path, headers=_headers(secure, "mallory")) as response:
+            assert response.status == 404
+        async with runtime.http.get(path, headers=_headers(secure, "app")) as response:
+            assert response.status == 200
+            first = await response.content.readuntil(b"\n\n")
+            assert b"event: snapshot" in first
+
+
+async def test_a_session_lives_in_its_principals_tenant(tmp_path: Path) -> None:
+    async with open_tenants(tmp_path, "") as tenants, runtime_http(tenants.coordinator) as http:
+        assert tenants.coordinator.tenancy is not None
+        acme = await tenants.coordinator.tenancy.engine(ACME)
+        await acme.engine.registry.register(
+            {"agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"]}
+        )
+
+        def who(name: str, tenant: str = "") -> RuntimeHttp:
+            headers = dict(tenants.metadata(name, tenant))
+            return RuntimeHttp(http.http, headers)
+
+        made = await who("app@acme").ok("submit_turn", agent_id="alice", input="in acme")
+        session_id = made["sessionId"]
+        assert await acme.store.runtime.session(session_id) is not None
+        assert await tenants.coordinator.store.runtime.session(session_id) is None
+        # Another tenant's principal, and a global operator acting in its own tenant, find
+        # no such session; the global operator naming acme reads it.
+        for caller in (who("ops@globex"), who("root@default")):
+            error = await caller.error(404, "get_session", session_id=session_id)
+            assert error["code"] == "not_found"
+        named = who("root@default", ACME)
+        assert TENANT_KEY in named.headers
+        read = await named.ok("get_session", session_id=session_id)
+        assert read["snapshot"]["runtimeId"] == "apiary:acme"
