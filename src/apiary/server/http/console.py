@@ -42,6 +42,7 @@ from apiary.server.http.access import RECHECK
 from apiary.server.http.errors import error_response
 from apiary.server.http.history import WorkReads, event_json
 from apiary.server.http.query import cursor_param, limit_param
+from apiary.server.http.sse import frame, woken_before_close
 from apiary.wire.workflow import definition_to_proto, state_to_proto
 
 log = logging.getLogger("apiary.server.console")
@@ -87,9 +88,7 @@ class ConsoleSources:
 
 
 def sse_frame(event: Event) -> bytes:
-    # json.dumps escapes every line break, so the data is always one `data:` line.
-    data = json.dumps(event_json(event), separators=(",", ":"), default=str)
-    return f"id: {event.sequence}\ndata: {data}\n\n".encode()
+    return frame(event.sequence, event_json(event))
 
 
 class EventStream:
@@ -170,22 +169,8 @@ class EventStream:
             if batch:
                 await response.write(b"".join(sse_frame(e) for e in batch))
                 cursor = batch[-1].sequence
-            elif not await self._wait(events, cursor, keepalive):
+            elif not await woken_before_close(events.wait_after(cursor), self._closing, keepalive):
                 await response.write(b": keep-alive\n\n")
-
-    async def _wait(self, events: EventRecorder, cursor: int, keepalive: float) -> bool:
-        """Until an event after `cursor` (True), shutdown or the keep-alive interval."""
-        recorded = asyncio.ensure_future(events.wait_after(cursor))
-        closing = asyncio.ensure_future(self._closing.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {recorded, closing}, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for waiter in (recorded, closing):
-                waiter.cancel()
-            await asyncio.gather(recorded, closing, return_exceptions=True)
-        return recorded in done and not self._closing.is_set()
 
 
 def _refusal(recheck: Callable[[], object]) -> bytes | None:

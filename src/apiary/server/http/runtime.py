@@ -47,6 +47,7 @@ from apiary.server.errormap import answer_for, clip
 from apiary.server.http.access import http_context
 from apiary.server.http.errors import error_response, oversize_error
 from apiary.server.http.query import cursor_param
+from apiary.server.http.sse import frame, woken_before_close
 from apiary.server.metrics import UNKNOWN_METHOD, Metrics
 from apiary.server.quotas import SUBMIT
 
@@ -263,29 +264,13 @@ class RuntimeRoutes:
                 await response.write(refused)
                 return
             if replay.events:
-                frames = [_frame(e.sequence, e.to_json()) for e in replay.events]
+                frames = [frame(e.sequence, e.to_json()) for e in replay.events]
                 await response.write(b"".join(frames))
             cursor = replay.cursor
-            if not replay.more and not await self._wait(control, cursor, keepalive):
+            if replay.more:
+                continue
+            if not await woken_before_close(control.wait_after(cursor), self._closing, keepalive):
                 await response.write(b": keep-alive\n\n")
-
-    async def _wait(self, control: RuntimeControl, cursor: int, keepalive: float) -> bool:
-        """Until an event after `cursor` (True), shutdown or the keep-alive interval."""
-        logged = asyncio.ensure_future(control.wait_after(cursor))
-        closing = asyncio.ensure_future(self._closing.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {logged, closing}, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for waiter in (logged, closing):
-                waiter.cancel()
-            await asyncio.gather(logged, closing, return_exceptions=True)
-        return logged in done and not self._closing.is_set()
-
-
-def _frame(sequence: int | None, doc: object) -> bytes:
-    return f"id: {sequence}\ndata: {_line(doc)}\n\n".encode()
 
 
 def _line(doc: object) -> str:
