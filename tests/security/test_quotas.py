@@ -97,6 +97,16 @@ async def test_tasks_up_to_the_tenants_quota(tmp_path: Path) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await submit()
         _refused(caught, "tasks")
+        # apiary.v1's SubmitTask (shared queues, assigned ids) counts against the same quota.
+        tasks = pb.apiary_pb2_grpc.TaskQueryServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await tasks.SubmitTask(
+                pb.apiary_pb2.SubmitTaskRequest(
+                    capability="review", params=b"{}", content_type="application/json",
+                    scope=f"resource:{uuid.uuid4()}",
+                )
+            )  # fmt: skip
+        _refused(caught, "tasks")
         assert coordinator.scheduler is not None and coordinator.scheduler.open_tasks() == 1
 
 

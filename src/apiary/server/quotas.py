@@ -18,7 +18,8 @@ REGISTER = "/sw4rm.registry.RegistryService/RegisterAgent"
 SEND = "/sw4rm.router.RouterService/SendMessage"
 SEND_STREAM = "/apiary.v1.RouterStreamService/SendStream"
 SUBMIT = "/sw4rm.scheduler.SchedulerService/SubmitTask"
-GATED = frozenset({REGISTER, SEND, SEND_STREAM, SUBMIT})
+SUBMIT_V1 = "/apiary.v1.TaskQueryService/SubmitTask"
+GATED = frozenset({REGISTER, SEND, SEND_STREAM, SUBMIT, SUBMIT_V1})
 """The methods that add to a tenant's agents, messages or tasks."""
 SIZE_EVERY_S = 5.0
 """How long a measure of the store's size is reused (measuring PostgreSQL costs a query)."""
@@ -67,7 +68,7 @@ class TenantQuota:
                 "queued_messages", self._engine.router.queued(), quota.queued_messages,
                 "let recipients read their messages",
             )  # fmt: skip
-        elif method == SUBMIT:
+        elif method in (SUBMIT, SUBMIT_V1):
             self._within(
                 "tasks", self._engine.scheduler.open_tasks(), quota.tasks,
                 "let tasks finish or cancel some",
