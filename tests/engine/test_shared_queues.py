@@ -22,6 +22,9 @@ from apiary.errors import (
     ValidationError,
 )
 from apiary.testing.engine import EngineHarness, open_test_engine
+from tests.engine.task_harness import ready_agent as _agent
+from tests.engine.task_harness import submit
+from tests.engine.task_harness import task as _task
 
 
 @pytest.fixture
@@ -34,23 +37,10 @@ def _sched(h: EngineHarness) -> Scheduler:
     return h.engine.scheduler
 
 
-async def _agent(h: EngineHarness, agent_id: str, *capabilities: str, **options: Any) -> None:
-    await h.register(agent_id, capabilities=list(capabilities), **options)
-    await _sched(h).agent_ready(agent_id)
-
-
 async def _shared(
     h: EngineHarness, task_id: str, capability: str = "review", **fields: Any
 ) -> SubmitResult:
-    fields.setdefault("scope", f"repo:{task_id}")
-    return await _sched(h).submit(
-        Submission("", task_id, params=json.dumps({"task": task_id}).encode(),
-                   capability=capability, **fields)
-    )  # fmt: skip
-
-
-async def _task(h: EngineHarness, task_id: str) -> TaskRecord:
-    return await _sched(h).find(task_id)
+    return await submit(h, task_id, capability=capability, **fields)
 
 
 async def _read(h: EngineHarness, task_id: str) -> TaskRecord:

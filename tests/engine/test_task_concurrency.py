@@ -14,10 +14,13 @@ import pytest
 
 from apiary.core.conflicts import ConflictPolicy
 from apiary.core.envelope import AckStage
-from apiary.core.records import TaskRecord
 from apiary.engine.scheduler.scheduler import Scheduler, Submission, SubmitResult
 from apiary.engine.settings import SchedulerSettings
 from apiary.testing.engine import EngineHarness, open_test_engine
+from tests.engine.task_harness import ack_task as _ack
+from tests.engine.task_harness import ready_agent as _agent
+from tests.engine.task_harness import submit
+from tests.engine.task_harness import task as _task
 
 
 @pytest.fixture
@@ -30,27 +33,10 @@ def _sched(h: EngineHarness) -> Scheduler:
     return h.engine.scheduler
 
 
-async def _agent(h: EngineHarness, agent_id: str, *capabilities: str, **options: Any) -> None:
-    await h.register(agent_id, capabilities=list(capabilities), **options)
-    await _sched(h).agent_ready(agent_id)
-
-
 async def _submit(
     h: EngineHarness, task_id: str, agent_id: str = "worker", **fields: Any
 ) -> SubmitResult:
-    fields.setdefault("scope", f"repo:{task_id}")
-    return await _sched(h).submit(
-        Submission(agent_id, task_id, params=json.dumps({"task": task_id}).encode(), **fields)
-    )
-
-
-async def _task(h: EngineHarness, task_id: str) -> TaskRecord:
-    return await _sched(h).find(task_id)
-
-
-async def _ack(h: EngineHarness, task_id: str, stage: AckStage, note: str = "") -> None:
-    task = await _task(h, task_id)
-    await h.ack(task.agent_id, task.message_id, stage, note=note)
+    return await submit(h, task_id, agent_id, **fields)
 
 
 def _holding(h: EngineHarness, agent_id: str) -> list[tuple[str, str]]:
