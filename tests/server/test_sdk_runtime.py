@@ -179,6 +179,40 @@ async def test_replies_and_acknowledgements_reach_the_agent(coordinator: Coordin
     assert any(a.note == "thanks" for a in worker.acks)
 
 
+class Replier(apiary.Agent):
+    """Replies twice in one handling, and once more as a second handling of the same delivery
+    would (a redelivery after its ACK deadline)."""
+
+    agent_id = "replier"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[Envelope | None] = []
+
+    async def on_data(self, msg: apiary.Message) -> str:
+        self.sent.append(await msg.reply({"n": 1}))
+        self.sent.append(await msg.reply({"n": 2}))
+        self.sent.append(await apiary.Message(self, msg.delivery).reply({"n": 1}))
+        return "replied"
+
+
+async def test_a_message_handled_again_does_not_reply_again(coordinator: Coordinator) -> None:
+    address = str(coordinator.grpc_address)
+    replier = Replier(coordinator=address)
+    async with _running(replier), Connection("peer", coordinator=address) as peer:
+        request = await peer.send("replier", {"ask": 1})
+        await _until(lambda: len(replier.sent) == 3)
+    first, second, again = replier.sent
+    assert first is not None and second is not None
+    assert again is None  # refused duplicate_detected: the first handling's reply stands
+    assert first.idempotency_token == f"replier:reply:{request.message_id}.0"
+    assert second.idempotency_token == f"replier:reply:{request.message_id}.1"
+    inbox = await coordinator.store.messages.inbox("peer", 0, 100)
+    replies = [m.message_id for m in inbox
+               if m.producer_id == "replier" and m.message_type == MessageType.DATA]  # fmt: skip
+    assert replies == [first.message_id, second.message_id]
+
+
 class Builder(apiary.Agent):
     agent_id = "builder"
 

@@ -48,19 +48,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from google.protobuf.duration_pb2 import Duration
 
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.errors import (
+    AlreadyInProgressError,
     ApiaryError,
+    DuplicateDetectedError,
     NoRouteError,
     OversizePayloadError,
     PermissionDeniedError,
@@ -109,6 +112,8 @@ class Message:
 
     agent: Agent
     delivery: Delivery
+    _replies: itertools.count[int] = field(default_factory=itertools.count, repr=False)
+    """Numbers this handling's replies: their idempotency tokens (see `reply`)."""
 
     @property
     def envelope(self) -> Envelope:
@@ -156,12 +161,25 @@ class Message:
         A producer that is not a registered agent has no inbox to answer to (`apiary send`
         without --wait, an application's one-way send, an agent gone since): the coordinator
         refuses the reply with no_route, which is logged here and returns None, so that the
-        handler goes on and its message is not failed for it (docs/decisions.md)."""
+        handler goes on and its message is not failed for it (docs/decisions.md).
+
+        Delivery is at least once: a message delivered again (its ACK deadline passed, the
+        stream was lost before the ACK) runs its handler again. The n-th reply of a handling
+        carries the idempotency token `<agent>:reply:<message_id>.<n>`, so the coordinator
+        admits it once however often the message is handled; a repeat is refused
+        duplicate_detected (or already_in_progress), logged here, and returns None."""
+        token = f"{self.agent.agent_id}:reply:{self.envelope.message_id}.{next(self._replies)}"
         try:
             return await self.agent.send(
                 self.producer_id, body, message_type=message_type, content_type=content_type,
-                correlation_id=self.correlation_id,
+                correlation_id=self.correlation_id, idempotency_token=token,
             )  # fmt: skip
+        except (DuplicateDetectedError, AlreadyInProgressError) as exc:
+            log.info(
+                "%s: the reply to %s was sent by an earlier handling of it (%s)",
+                self.agent.agent_id, self.envelope.message_id, exc.code,
+            )  # fmt: skip
+            return None
         except NoRouteError as exc:
             log.warning(
                 "%s: the reply to %s in %s is not delivered: %s is not a registered agent (%s)",
