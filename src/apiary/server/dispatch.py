@@ -153,6 +153,8 @@ class Dispatcher:
         unruled = [m.path for ms in SERVICES.values() for m in ms if m.path not in METHOD_RULES]
         if unruled:
             raise ValueError(f"methods without an authorization rule: {unruled}")
+        self.guard = guard
+        """The guard the calls are decided by (gRPC's standard services too), if any."""
         self._routes: dict[str, Route] = {}
         for service, methods in SERVICES.items():
             handler = handlers.get(service)

@@ -1,7 +1,7 @@
-"""The rule of every gRPC method, HTTP route and runtime command: the one table the
-authorizer reads (docs/security.md explains each rule). A method, route or command missing
-here is refused, and a test fails for it (tests/security/test_rule_table.py), so no later
-surface can forget its rule."""
+"""The rule of every gRPC method (Apiary's, and gRPC's health and reflection), HTTP route and
+runtime command: the one table the authorizer reads (docs/security.md explains each rule). A
+method, route or command missing here is refused, and a test fails for it
+(tests/security/test_every_method.py), so no later surface can forget its rule."""
 
 from __future__ import annotations
 
@@ -176,6 +176,20 @@ METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
     }
 )
 
+STANDARD_RULES: Mapping[str, Rule] = MappingProxyType(
+    {
+        # gRPC's own services beside Apiary's: health carries no data and is what load
+        # balancers and orchestrators probe without credentials (as GET /healthz);
+        # reflection describes every service and message type, so it takes a principal.
+        "/grpc.health.v1.Health/Check": PUBLIC,
+        "/grpc.health.v1.Health/List": PUBLIC,
+        "/grpc.health.v1.Health/Watch": PUBLIC,
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": ANYONE,
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": ANYONE,
+    }
+)
+"""Rules of the standard gRPC services the server also serves (grpc.health.v1, reflection)."""
+
 HTTP_RULES: Mapping[str, Rule] = MappingProxyType(
     {
         # Probes and the console's own files carry no data.
@@ -265,6 +279,7 @@ def markdown() -> str:
     """The rule of every method, route and runtime command as Markdown tables."""
     lines = ["| gRPC method | who may call |", "|---|---|"]
     lines += [f"| `{path}` | {describe(rule)} |" for path, rule in METHOD_RULES.items()]
+    lines += [f"| `{path}` | {describe(rule)} |" for path, rule in STANDARD_RULES.items()]
     lines += ["", "| HTTP route | who may call |", "|---|---|"]
     lines += [f"| `{route}` | {describe(rule)} |" for route, rule in HTTP_RULES.items()]
     lines += ["", "| runtime command | who may call |", "|---|---|"]

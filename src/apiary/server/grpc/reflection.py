@@ -11,7 +11,7 @@ name), and the v1 method hands its frames to the v1alpha servicer as they are.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final
+from typing import Final, Protocol
 
 import grpc
 from google.protobuf import descriptor_pb2, descriptor_pool
@@ -23,6 +23,12 @@ V1_PACKAGE: Final = "grpc.reflection.v1"
 V1_SERVICE: Final = f"{V1_PACKAGE}.ServerReflection"
 V1_FILE: Final = "grpc/reflection/v1/reflection.proto"
 _METHOD: Final = "ServerReflectionInfo"
+
+
+class HandlerSink(Protocol):
+    """Where handlers are added: a server, or what collects them to serve behind the guard."""
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None: ...
 
 
 def v1_file_descriptor() -> FileDescriptor:
@@ -52,7 +58,7 @@ def v1_file_descriptor() -> FileDescriptor:
     return pool.FindFileByName(V1_FILE)
 
 
-def enable_reflection(server: grpc.aio.Server, service_names: Iterable[str]) -> None:
+def enable_reflection(server: HandlerSink, service_names: Iterable[str]) -> None:
     """Serve reflection of `service_names` (and of both reflection services) on `server`."""
     v1_file_descriptor()
     names = [*service_names, V1_SERVICE, V1ALPHA_SERVICE]

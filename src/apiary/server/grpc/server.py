@@ -8,7 +8,7 @@ with one log line, instead of grpc's UNKNOWN and a traceback per request.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +16,13 @@ import grpc
 from google.protobuf.message import Message
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from apiary.core.access.table import STANDARD_RULES
 from apiary.errors import ValidationError
 from apiary.server.context import CallContext
 from apiary.server.dispatch import Dispatcher, Route
 from apiary.server.errormap import answer_for, clip
 from apiary.server.grpc.reflection import enable_reflection
+from apiary.server.grpc.standard import GuardedHandlers
 from apiary.server.metrics import Metrics
 from apiary.wire.errordetail import ERROR_TRAILER, encode_error_detail
 from apiary.wire.services import SERVICES
@@ -88,11 +90,11 @@ def _context(ctx: grpc.aio.ServicerContext[Any, Any]) -> CallContext:
     )  # fmt: skip
 
 
-async def _abort(
-    ctx: grpc.aio.ServicerContext[Any, Any], exc: BaseException, route: Route, metrics: Metrics
+async def abort_call(
+    ctx: grpc.aio.ServicerContext[Any, Any], exc: BaseException, path: str, metrics: Metrics
 ) -> None:
-    answer = answer_for(exc, route.method.path)
-    metrics.rpc_done("grpc", route.method.path, answer.code)
+    answer = answer_for(exc, path)
+    metrics.rpc_done("grpc", path, answer.code)
     detail = encode_error_detail(answer.code, answer.message, answer.details)
     await ctx.abort(
         grpc.StatusCode[answer.spec.grpc_status.name],
@@ -112,7 +114,7 @@ def _unary(route: Route, metrics: Metrics) -> Callable[..., Any]:
                 raise request.refusal(route.method.path)
             response = await fn(request, _context(ctx))
         except Exception as exc:
-            await _abort(ctx, exc, route, metrics)
+            await abort_call(ctx, exc, route.method.path, metrics)
             raise AssertionError("unreachable: abort raises") from exc
         metrics.rpc_done("grpc", route.method.path, "ok")
         return response
@@ -143,7 +145,7 @@ def _streaming(route: Route, metrics: Metrics) -> Callable[..., Any]:
             async for item in items:
                 yield item
         except Exception as exc:
-            await _abort(ctx, exc, route, metrics)
+            await abort_call(ctx, exc, route.method.path, metrics)
             return
         finally:
             # A client that goes away cancels this task between items: close the handler's
@@ -190,11 +192,37 @@ def build_grpc_server(
         ]
     )
     server.add_generic_rpc_handlers(_generic_handlers(dispatcher, metrics))
+    standard = _Collected()
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, standard)
     names = [*SERVICES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
-    enable_reflection(server, names)
+    enable_reflection(standard, names)
+    if dispatcher.guard is None:
+        server.add_generic_rpc_handlers(standard.handlers)
+    else:
+        guarded = GuardedHandlers(
+            standard.handlers, STANDARD_RULES, dispatcher.guard, _context,
+            lambda ctx, exc, path: abort_call(ctx, exc, path, metrics),
+        )  # fmt: skip
+        server.add_generic_rpc_handlers([guarded])
     return server, health_servicer
+
+
+class _Collected:
+    """Takes the generic handlers grpcio's standard servicers add to a server, so that they
+    can be served behind the guard (server/grpc/standard.py)."""
+
+    def __init__(self) -> None:
+        self.handlers: list[grpc.GenericRpcHandler] = []
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self.handlers.extend(handlers)
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        """grpcio's generated code also registers the methods by name (a faster lookup); the
+        generic handler it adds first serves the same methods, so these are not needed."""
 
 
 async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
