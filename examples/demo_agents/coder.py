@@ -8,7 +8,8 @@ It runs two workflow nodes as Scheduler tasks (docs/workflows.md):
 fix
     Bind the home worktree (a real `git worktree` on branch fix/apply-discount), reproduce the
     failure with the `pytest` command tool, ask the indexer where the failing function is
-    defined (an urgent task, which preempts the indexer's background index), fix it and add a
+    defined (an urgent task, which preempts the indexer's background index; its handle gives
+    back the indexer's answer), fix it and add a
     regression test through `workspace.files` (apiary.confined: every path resolved beneath
     the worktree), stamp the CHANGELOG with the time from the MCP time server (through the
     coordinator's MCP bridge), run the tests again and commit. Output: the branch and commit.
@@ -26,22 +27,20 @@ needed; the coder only reacts to what they said.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import uuid
 from typing import Any
 
 import apiary
 from apiary.confined import ConfinedRoot
 from apiary.errors import ValidationError
-from apiary.sdk.scheduler import SchedulerClient
 from apiary.wire import pb
-from demo_agents.common import CRITICS, INDEXER, REPO_ID, git, run_tool, say
+from demo_agents.common import CRITICS, INDEXER, REPO_ID, git, run_tool, say, say_result
 
 nr = pb.negotiation_room_pb2
 BRANCH = "fix/apply-discount"
 MAX_REVISIONS = 3
+LOOKUP_TIMEOUT_S = 60.0
 BUGGY = "return price - percent"
 FIXED = (
     "if not 0 <= percent <= 100:\n"
@@ -65,18 +64,6 @@ class Coder(apiary.Agent):
     agent_id = "coder"
     capabilities = ("code", "python")
     description = "Fixes bugs in its worktree and revises them until the critics approve."
-
-    def __init__(self, agent_id: str | None = None, **options: Any) -> None:
-        super().__init__(agent_id, **options)
-        self._answers: dict[str, asyncio.Future[Any]] = {}
-
-    async def on_data(self, msg: apiary.Message) -> str:
-        """Answers of the indexer's lookups (DATA messages in the lookup's correlation)."""
-        waiting = self._answers.get(msg.correlation_id)
-        if waiting is None or waiting.done():
-            raise apiary.Rejected(note=f"no lookup {msg.correlation_id} is waiting")
-        waiting.set_result(msg.json())
-        return "answer taken"
 
     async def on_notification(self, msg: apiary.Message) -> str:
         """The room's notices to its producer (room.decided, room.escalated); the review
@@ -107,7 +94,6 @@ class Coder(apiary.Agent):
         definition = next((d for d in found["definitions"] if d["kind"] == "def"), None)
         if definition is None:
             raise ValidationError.for_field("symbol", f"the index knows no def {symbol}")
-        say(f"the indexer says {symbol} is defined in {definition['file']}:{definition['line']}")
 
         self.edit(workspace.files, definition["file"], brief["test_file"])
         stamp = await self.stamp_changelog(workspace.files, symbol)
@@ -153,27 +139,18 @@ class Coder(apiary.Agent):
 
     async def lookup(self, task: apiary.TaskContext, symbol: str) -> Any:
         """Ask the indexer where `symbol` is, as an urgent task (priority -5), and wait for its
-        answer (a DATA message)."""
-        lookup_id = f"lookup-{symbol}-{uuid.uuid4().hex[:8]}"
-        answer = self._answers[lookup_id] = asyncio.get_running_loop().create_future()
-        scheduler = SchedulerClient.for_agent(self)
-        params = {
-            "kind": "lookup",
-            "symbol": symbol,
-            "reply_to": self.agent_id,
-            "description": f"where is {symbol}?",
-        }
-        outcome = await scheduler.submit_task(
-            INDEXER, lookup_id, params, priority=-5, scope=f"resource:index.{REPO_ID}"
+        result through the task's handle: what the indexer's `on_task` returned. A refusal
+        raises, a failed lookup raises TaskFailedError with the indexer's code and message."""
+        params = {"kind": "lookup", "symbol": symbol, "description": f"where is {symbol}?"}
+        handle = await self.client.submit_task(
+            INDEXER, params, priority=-5, scope=f"resource:index.{REPO_ID}"
         )
-        if not outcome.accepted:
-            raise ValidationError.for_field("lookup", f"the indexer refused: {outcome.reason}")
-        say(f"asked the indexer where {symbol} is (priority -5): {outcome.reason}")
-        try:
-            async with task.waiting():
-                return await asyncio.wait_for(answer, 60)
-        finally:
-            self._answers.pop(lookup_id, None)
+        say(f"asked the indexer where {symbol} is: task {handle.task_id} (priority -5)")
+        async with task.waiting():  # RFC 8.1 WAITING: the coder waits for another agent
+            found = await handle.result(timeout=LOOKUP_TIMEOUT_S)
+        where = ", ".join(f"{d['file']}:{d['line']}" for d in found["definitions"]) or "nowhere"
+        say_result(f"lookup {handle.task_id}: {symbol} is defined at {where}")
+        return found
 
     async def commit(self, message: str) -> str:
         assert self.workspace is not None

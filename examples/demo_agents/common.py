@@ -22,6 +22,12 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
+def say_result(text: str) -> None:
+    """A progress line about a task's result that came back through its handle: the demo
+    shows it among the run's notable lines (apiary.demo.timeline, RESULT_LINE)."""
+    say(f"result: {text}")
+
+
 async def git(cwd: Path, *args: str, author: str = "") -> str:
     """Run git in `cwd` and return its output; RuntimeError with git's message on failure."""
     env = dict(os.environ)

@@ -15,8 +15,11 @@ full (low priority, e.g. 10)
     background job should not compete with interactive work: it indexes at most `rate`
     files per second.
 lookup (urgent, e.g. -5)
-    Answer where a symbol is defined and used, from the index, to the agent named in
-    `reply_to` (a DATA message in the lookup's correlation), and return the same answer.
+    Where a symbol is defined and used, from the index: `on_task` returns it, and the
+    submitter's task handle gives it back (`await handle.result()`).
+
+Each returns its result as a JSON value from `on_task`: the SDK reports it with the task's
+end, and the coordinator keeps it with the task for its submitter.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ class Indexer(apiary.Agent):
         if params["kind"] == "full":
             return await self.full(task, float(params.get("rate", 100)))
         if params["kind"] == "lookup":
-            return await self.lookup(params["symbol"], params["reply_to"], task.task_id)
+            return self.lookup(params["symbol"])
         raise ValidationError.for_field("kind", f"unknown task kind {params['kind']!r}")
 
     # ------------------------------------------------------------------ full index
@@ -133,7 +136,7 @@ class Indexer(apiary.Agent):
 
     # ------------------------------------------------------------------ lookups
 
-    async def lookup(self, symbol: str, reply_to: str, lookup_id: str) -> dict[str, Any]:
+    def lookup(self, symbol: str) -> dict[str, Any]:
         assert self.workspace is not None
         files = self.workspace.files
         repo_files = [key for key, path in self.files if path is None]
@@ -158,9 +161,8 @@ class Indexer(apiary.Agent):
             "references": references,
             "indexed_files": len(self.indexed),
         }
-        await self.send(reply_to, answer, correlation_id=lookup_id)
         where = ", ".join(f"{d['file']}:{d['line']}" for d in definitions) or "nowhere"
-        say(f"answered {reply_to}: {symbol} is defined at {where}")
+        say(f"lookup of {symbol}: defined at {where}; returned to the submitter")
         return answer
 
 

@@ -34,6 +34,7 @@ import grpc
 import pytest
 
 from apiary.core.events import Event
+from apiary.core.ids import is_uuid4
 from apiary.demo.job import DemoError, DemoOptions, run_demo
 from apiary.demo.operator import Invocation, Verdict
 from apiary.errors import AgentUnavailableError, PermissionDeniedError
@@ -298,6 +299,36 @@ def test_the_background_index_yielded_to_the_lookup_and_resumed(run: DemoRun) ->
     result = json.loads(next(e for e in run.of("task.completed")
                              if e.details["task_id"] == index).details["note"])  # fmt: skip
     assert result["attempt"] == 2 and result["resumed_after"] > 0
+
+
+def test_task_results_came_back_to_their_submitters_through_their_handles(
+    run: DemoRun,
+) -> None:
+    submitted = {e.details["task_id"]: e for e in run.of("task.submitted")}
+    (index,) = [t for t, e in submitted.items() if e.details["priority"] == 10]
+    (lookup,) = [t for t, e in submitted.items() if e.details["priority"] == -5]
+    assert is_uuid4(index) and is_uuid4(lookup)  # the coordinator's ids: the agents made none
+    # Each submitter waited for its own task (its handle's result()), as its owner.
+    waits = {
+        (e.actor, e.details["object"], e.details["reason"])
+        for e in run.of("access.decided")
+        if e.details.get("action") == "/apiary.v1.TaskQueryService/WaitTask"
+    }
+    assert waits == {
+        ("agent:coder@default", lookup, "its owner"),
+        ("agent:planner@default", index, "its owner"),
+    }
+    # What came back is what the indexer's on_task returned; no answer went as a message.
+    assert re.search(
+        rf"coder +result: lookup {lookup}: apply_discount is defined at shop/pricing\.py:\d+",
+        run.output,
+    ), run.output
+    assert re.search(
+        rf"planner +result: background index {index}: \d+ symbols in \d+ files "
+        r"\(attempt 2, resumed after [1-9]\d*\)",
+        run.output,
+    ), run.output
+    assert not [e for e in run.of("message.received") if e.actor == "indexer"]
 
 
 def test_six_agent_processes_registered_and_left_gracefully(run: DemoRun) -> None:

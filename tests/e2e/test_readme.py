@@ -1,11 +1,15 @@
-"""The README's quickstart and JSON gateway examples, run as written: its shell blocks as real
-processes in a temporary directory (`apiary serve`, the Echo agent from its Python block,
-`apiary send`), each printed answer compared with the block that shows it, and its curl
-examples posted to the gateway with the same bodies. Then nothing is in the DLQ.
+"""The README's quickstart, JSON gateway and agent examples, run as written: its shell blocks
+as real processes in a temporary directory (`apiary serve`, the Echo agent from its Python
+block, `apiary send`), each printed answer compared with the block that shows it, and its
+curl examples posted to the gateway with the same bodies. Then nothing is in the DLQ. The
+"Writing an agent" section runs the same way beside its own coordinator: the agent of its
+first Python block, the submitter of its second (a task handle's result), `apiary task
+submit --wait`.
 
 Only the addresses differ from the page: the coordinator takes free ports (APIARY_GRPC and
 APIARY_HTTP, which `apiary serve` reads), the client commands find them where it records
-them, and the curl examples' `localhost:8080` becomes the port it took."""
+them, the curl examples' `localhost:8080` becomes the port it took and a Python client's
+`127.0.0.1:50051` the gRPC one."""
 
 from __future__ import annotations
 
@@ -55,12 +59,17 @@ def blocks(text: str) -> list[Block]:
 
 
 def commands(block: Block) -> list[list[str]]:
-    """The commands of a shell block, with `.venv/bin/apiary` as this interpreter's."""
+    """The commands of a shell block, with `.venv/bin/apiary` and `.venv/bin/python` as this
+    interpreter's."""
     out = []
     for line in block.text.replace("\\\n", " ").splitlines():
         argv = shlex.split(line, comments=True)
+        if argv and argv[0] == ".venv/bin/apiary":
+            argv = APIARY + argv[1:]
+        elif argv and argv[0] == ".venv/bin/python":
+            argv = [sys.executable, *argv[1:]]
         if argv:
-            out.append(APIARY + argv[1:] if argv[0] == ".venv/bin/apiary" else argv)
+            out.append(argv)
     return out
 
 
@@ -118,6 +127,7 @@ class Page:
     env: dict[str, str]
     running: list[Background] = field(default_factory=list)
     http: str = ""
+    grpc: str = ""
 
     async def start(self, argv: list[str]) -> Background:
         proc = await asyncio.create_subprocess_exec(
@@ -174,9 +184,12 @@ async def run_quickstart(page: Page) -> str:
 async def run_command(page: Page, argv: list[str]) -> str:
     """One command of the page: the coordinator and the agent are started and left running
     once ready; any other runs to its end. Returns what it printed on stdout."""
+    if argv[: len(APIARY)] != APIARY:  # another program of the page's (python script.py)
+        return await page.run(argv)
     if argv[len(APIARY)] == "serve":
         served = await page.start(argv)
         page.http = (await served.line(lambda x: x.startswith("http="))).partition("=")[2]
+        page.grpc = (await served.line(lambda x: x.startswith("grpc="))).partition("=")[2]
         return ""
     if argv[len(APIARY) : len(APIARY) + 2] == ["agent", "run"]:
         agent = await page.start(argv)
@@ -248,5 +261,31 @@ async def test_the_readme_runs_as_written(tmp_path: Path) -> None:
             for request, answer in curl_examples():
                 got = await post_curl(http, request, page.http)
                 assert shown(json.loads(answer.text), got), (request.text, got)
+        letters = await page.run([*APIARY, "dlq", "list", "--json"])
+        assert letters == ""
+
+
+AGENT_FILES = ("doubler.py", "submit.py")
+"""What the "Writing an agent" section saves its Python blocks as, in order."""
+
+
+async def test_the_agent_example_returns_its_result_through_the_handle(tmp_path: Path) -> None:
+    text = section("## Writing an agent")
+    assert all(f"save this as `{name}`" in text.lower() for name in AGENT_FILES)
+    async with open_page(tmp_path) as page:
+        await run_command(page, [*APIARY, "serve"])
+        files, printed, ran = iter(AGENT_FILES), "", 0
+        for block in blocks(text):
+            if block.lang == "python":
+                source = block.text.replace("127.0.0.1:50051", page.grpc)
+                (page.directory / next(files)).write_text(source)
+            elif block.lang == "text":
+                assert printed == block.text, (printed, block.text)
+            else:
+                assert block.lang == "sh", block
+                for argv in commands(block):
+                    printed = await run_command(page, argv)
+                    ran += 1
+        assert ran == 3 and next(files, None) is None
         letters = await page.run([*APIARY, "dlq", "list", "--json"])
         assert letters == ""

@@ -16,12 +16,13 @@ repository with a failing test, and six real agent processes that fix it.
    (examples/demo_agents), each with its own certificate and signing key. The job follows
    the event log for the live view.
 3. Once every agent is RUNNABLE, the job, as the agent `user`, sends the planner the brief.
-   The planner starts the indexer's background index and the workflow fix -> review ->
-   merge, and answers when the workflow ended. The merge waits for a HITL decision, which
-   the job's operator gives through HitlOperatorService (a prompt or the demo operator),
+   The planner submits the indexer's background index (keeping its task handle) and starts
+   the workflow fix -> review -> merge, and answers once the workflow ended and the index's
+   result came back through its handle. The merge waits for a HITL decision, which the
+   job's operator gives through HitlOperatorService (a prompt or the demo operator),
    authenticated by its operator certificate.
-4. Once the workflow ended and the background index finished, the agents shut down
-   gracefully, the job's driver (`demo-driver`, roles `events` and `dlq`) checks the
+4. Once the planner answered (the workflow and the background index have ended), the agents
+   shut down gracefully, the job's driver (`demo-driver`, roles `events` and `dlq`) checks the
    operator console and its data over HTTPS, and the job judges the run from the event log
    and from the repository itself (demo/verdict.py): it succeeds only when the fix is merged
    into main, main's tests and lint pass, and no call of the run was refused.
@@ -247,12 +248,6 @@ class _Run:
                 if not report.done():
                     raise DemoError(f"the planner failed the brief: {failed[sent.message_id]}")
                 answer = report.result()
-                index_task = str(answer.get("index_task", ""))
-                await self.until(
-                    f"the background index {index_task}",
-                    lambda: self.state.task_ended(index_task),
-                    self.options.work_timeout_s,
-                )
             finally:
                 for helper in self.helpers:
                     helper.cancel()

@@ -17,6 +17,9 @@ from apiary.demo.processes import AGENTS
 
 RECENT = 8
 """Notable lines kept for the live view."""
+RESULT_LINE = "result: "
+"""How an agent's progress line starts when it reports a task's result it got back through
+the task's handle (examples/demo_agents/common.py, `say_result`): a notable line."""
 
 
 @dataclass
@@ -114,6 +117,8 @@ class RunState:
     def agent_line(self, agent_id: str, line: str) -> None:
         if agent_id in self.agents:
             self.agents[agent_id].doing = line
+            if line.startswith(RESULT_LINE):
+                self.note(agent_id, line[:200])
 
     def apply(self, event: Event) -> None:
         """Fold one event (each at most once, in sequence order)."""
@@ -136,10 +141,6 @@ class RunState:
             self.agents.get(a, AgentView(a, "")).state in ("RUNNABLE", "SCHEDULED", "RUNNING")
             for a in agent_ids
         )
-
-    def task_ended(self, task_id: str) -> bool:
-        task = self.tasks.get(task_id)
-        return task is not None and task.state in ("COMPLETED", "FAILED")
 
     @property
     def messages_routed(self) -> int:

@@ -396,10 +396,10 @@ def summary_table(result: DemoResult) -> Table:
             f"by {view.decided_by or '-'}: {view.rationale}",
         )
     for task in state.tasks.values():
-        if not task.task_id.startswith("workflow:"):
+        if not task.task_id.startswith("workflow:"):  # the id is the coordinator's: long
             table.add_row(
-                f"task {task.task_id}",
-                f"priority {task.priority}, {task.state}, "
+                f"task, priority {task.priority}",
+                f"{task.task_id} for {task.agent_id}: {task.state}, "
                 f"{task.attempts} attempt(s), yielded {task.yielded}x",
             )
     tools = ", ".join(

@@ -214,9 +214,22 @@ class TaskQueryHandler:
         timeout = max(0.0, min(windows)) if windows else None
         return task_view(await self._scheduler.wait(req.task_id, timeout))
 
+    @checks_inside
     async def watch_tasks(
         self, req: a.WatchTasksRequest, ctx: CallContext
     ) -> AsyncIterator[a.TaskView]:
+        """The count of task_ids is checked first, before each id is walked."""
+        most = self._checks.limits.watch_task_ids
+        if len(req.task_ids) > most:
+            raise ValidationError.for_field(
+                "task_ids",
+                f"names {len(req.task_ids)} tasks, more than the {most} one call may watch "
+                "([limits] watch_task_ids): watch them in several calls, or all of the "
+                "submitter's tasks with none named",
+                limit=str(most),
+            )
+        self._checks.check_metadata(ctx)
+        self._checks.check(req)
         submitter = req.submitter or _submitter(ctx)
         async for task in self._scheduler.watch_tasks(submitter, frozenset(req.task_ids)):
             yield task_view(task)
