@@ -1,6 +1,11 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 # Both create (once) and reuse the virtual environment in .venv.
 PYTHON ?= python3
+# The suite runs on this many pytest-xdist workers: most tests wait on sockets, processes
+# and timers rather than the CPU, so three keep a 2-core machine busy (PYTEST_WORKERS=0: one
+# process, as plain pytest).
+PYTEST_WORKERS ?= 3
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist worksteal)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -25,7 +30,7 @@ test: $(STAMP)
 	$(BIN)/lint-imports
 	$(BIN)/python scripts/genproto.py --check
 	$(BIN)/python scripts/gendocs.py --check
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests scripts bench examples
@@ -44,7 +49,7 @@ proto-check: $(STAMP)
 	$(BIN)/python scripts/genproto.py --check
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 conformance: $(STAMP)
 	$(BIN)/python -m tests.conformance.report
