@@ -9,9 +9,11 @@ was never stored in (its events step through the task machine's table from
 `task.submitted` to the stored state).
 
 Once the cutting stops every task must complete, and nobody may have been answered
-internal_error. The Scheduler does not recover yet from every transition whose write the
-cut failed (`STUCK`): until it does, a run that leaves tasks stuck ends XFAIL, after the
-assertions above."""
+internal_error: the Scheduler recovers from every transition whose write the cut failed (a
+dispatch goes out again, an ACK is applied again, a submission that committed unheard is
+taken in when it is submitted again), and an agent's end ACK whose write the router had
+committed unheard reaches the Scheduler when the agent sends it again
+(tests/engine/test_task_write_faults.py)."""
 
 from __future__ import annotations
 
@@ -48,14 +50,7 @@ SETTLE_S = 120.0
 DONE_S = 45.0
 """Bound on every task's completion once the cutting stopped: four times the router's ACK
 deadline (10 s), which hands out again a task whose READ was lost (a task stuck past it is
-stuck for good: the xfail below, until the Scheduler recovers from failed writes)."""
-STUCK = (
-    "known: a DISPATCH or ACK transition whose task write the cut failed leaves the Scheduler's "
-    "memory behind the DATA envelope or the ACK the router already committed"
-)
-"""Why tasks may still be stuck once the cutting stopped (they must not: the Scheduler has to
-recover from a failed transition write; until it does, this test reports it as XFAIL and
-asserts the rest)."""
+stuck for good)."""
 STEPS = frozenset(
     (before, step.state) for before, row in TaskMachine.TABLE.items() for step in row.values()
 )
@@ -199,9 +194,10 @@ async def test_a_cut_connection_leaves_every_committed_task_state_with_its_event
         assert {t.task_id for t in tasks} == ids, "a task missing, or one never submitted"
         _audit(tasks, await _task_events(coordinator))
         internal = [r.getMessage() for r in caplog.records if r.name == "apiary.server"]
-        stuck = [(t.task_id, str(t.state)) for t in tasks if not TaskState(t.state).terminal]
-        if stuck or internal:
-            pytest.xfail(f"{STUCK}: {len(stuck)} tasks stuck, e.g. {stuck[:3]}; {internal[:1]}")
+        assert not internal, f"answered internal_error: {internal[:3]}"
+        stuck = [t for t in tasks if not TaskState(t.state).terminal]
+        shown = [(t.task_id, str(t.state)) for t in stuck]
+        assert not stuck, f"{len(stuck)} tasks stuck after the cutting, e.g. {shown[:3]}"
         assert {t.task_id: json.loads(t.result) for t in tasks} == {
             f"cut-{n:03d}": {"n": n} for n in range(TASKS)
         }, "a task ended otherwise than COMPLETED with its result"

@@ -10,7 +10,7 @@ lost streams, which start and stop the ACK deadlines.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import replace
 from functools import partial
 
@@ -47,6 +47,7 @@ _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
 """The message state an ACK stage reports."""
 _ACK_EVENTS = frozenset(ACK_INPUTS.values())
+_END_STAGES = frozenset({AckStage.FULFILLED, AckStage.REJECTED, AckStage.FAILED})
 _AWAITED_EFFECTS = frozenset({Effect.NACK, Effect.DEAD_LETTER, Effect.UPDATE_IDEMPOTENCY})
 """The effects `_perform` carries out (they may wait on the store); `_settle` does
 RELEASE_CREDIT itself, and the rest need nothing after the step."""
@@ -57,9 +58,11 @@ class MessageLifecycle:
         self, messages: MessageStore, live: LiveMessages, deadlines: Deadlines,
         codec: EnvelopeCodec, events: EventRecorder, clock: Clock, stats: RouterStats,
         credits: CreditControl, dedup: DedupGate, dead_letters: DeadLetters,
-        transfers: Transfers, nack: Nack,
+        transfers: Transfers, nack: Nack, endpoints: Collection[str] = (),
     ) -> None:  # fmt: skip
         self._messages = messages
+        self._endpoints = endpoints
+        """The coordinator's own endpoints (the router's live view): see `_forward_target`."""
         self._live = live
         self._copies = live.copies
         self._deadlines = deadlines
@@ -130,7 +133,7 @@ class MessageLifecycle:
             event = ACK_INPUTS[ack.ack_stage]
             effects = await self._carry_out(original, event, plan, now, ack, "", "")
         self._locks.pop(message_id, None)
-        return _forward_target(original, effects)
+        return self._forward_target(original, effects, ack)
 
     async def acknowledge_frame(
         self, acks: Sequence[tuple[int, Envelope]], now: float
@@ -183,7 +186,7 @@ class MessageLifecycle:
                     if awaited:
                         await self._perform_all(awaited, original, updated, ack, "", "", now)
                     effects = step.effects
-                early[key] = _forward_target(original, effects)
+                early[key] = self._forward_target(original, effects, ack)
         finally:
             frame_lock.release()
             locks = self._locks
@@ -191,6 +194,31 @@ class MessageLifecycle:
                 if locks.get(original.message_id) is frame_lock:
                     del locks[original.message_id]
         return early
+
+    def _forward_target(
+        self, original: StoredMessage, effects: tuple[Effect, ...], ack: Ack
+    ) -> str:
+        """Where an ACK of `original` goes once applied: its producer, or the coordinator
+        (which ends it) when the step forwards nothing or `original` was the coordinator's
+        notice.
+
+        A repeated end ACK of a message one of the coordinator's endpoints produced (the
+        Scheduler's dispatch) reaches that endpoint even though the message had already
+        ended: the first one's state change may have committed while its writer reported
+        the store unavailable (a cut connection), so the endpoint never heard of it, and the
+        agent's repeat is the only way it can. Endpoints apply an ACK once by their own
+        state (the Scheduler answers a second one as a stale ACK)."""
+        if is_notice(original):
+            return COORDINATOR
+        if Effect.FORWARD_ACK in effects:
+            return original.producer_id
+        if (
+            Effect.LOG_LATE_ACK in effects
+            and ack.ack_stage in _END_STAGES
+            and original.producer_id in self._endpoints
+        ):
+            return original.producer_id
+        return COORDINATOR
 
     def _claim(
         self, acks: Sequence[tuple[int, Envelope]], now: float, frame_lock: asyncio.Lock,
@@ -461,11 +489,3 @@ def _starts_ack(state: MessageState, event: MessageInput) -> bool:
     """Whether the machine's row for (state, event) starts the ACK deadline."""
     step = MessageMachine.step_if_allowed(state, event)
     return step is not None and Effect.START_ACK_TIMER in step.effects
-
-
-def _forward_target(original: StoredMessage, effects: tuple[Effect, ...]) -> str:
-    """Where an ACK of `original` goes once applied: its producer, or the coordinator (which
-    ends it) when the step forwards nothing or `original` was the coordinator's notice."""
-    if Effect.FORWARD_ACK not in effects or is_notice(original):
-        return COORDINATOR
-    return original.producer_id

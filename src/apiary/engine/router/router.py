@@ -82,6 +82,7 @@ class Router:
         self.lifecycle = MessageLifecycle(
             store.messages, self.live, self.deadlines, codec, events, clock, stats,
             self._credits, self.dedup, self.dead_letters, self.transfers, rejections.nack,
+            self._endpoints.keys(),
         )  # fmt: skip
         admission = Admission(
             settings, registry, codec, events, self._inboxes, self._credits, self.dedup,

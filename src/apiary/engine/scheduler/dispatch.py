@@ -6,7 +6,9 @@ bound worktree (`worktree:required`), for a free instance of the agent's type
 (max_parallel_instances) or behind a running task whose scope conflicts
 (engine/conflict_gate.py). A head that must wait lets the next queue's head go. The task goes
 out as a DATA envelope from `scheduler`; a full buffer retries it later on the Scheduler's
-timer heap.
+timer heap, and so does a store that fails on the way (the router's write or the task's
+DISPATCH): the task stays as stored, back in its queue, the envelope that may have gone out
+stale and its attempt counted, so that the next one goes out under a token of its own.
 
 A shared queue's task is offered to its agents fairly (`offer`): one task at a time to the
 least-loaded agent with room, the one served longest ago among equals.
@@ -16,13 +18,14 @@ Called with the Scheduler's lock held.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Final, Protocol
 
 from apiary.core.agent_lifecycle import AgentLifecycleState
 from apiary.core.clock import Clock
-from apiary.core.envelope import MessageType
+from apiary.core.envelope import Envelope, MessageType
 from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
 from apiary.core.records import TaskRecord
 from apiary.core.tasks.capacity import Seat, fair_order
@@ -40,6 +43,10 @@ from apiary.engine.scheduler.traces import TaskTraces
 from apiary.engine.scheduler.transitions import TaskTransitions
 from apiary.engine.scheduler.wakeups import Wakeups, retry_key, shared_queue, shared_target
 from apiary.engine.settings import SchedulerSettings
+from apiary.errors import UnavailableError
+from apiary.store.errors import StoreError
+
+log = logging.getLogger(__name__)
 
 _BUSY: Final = frozenset({AgentLifecycleState.SCHEDULED, AgentLifecycleState.RUNNING})
 """The states in which an agent that holds tasks takes more, up to its window."""
@@ -97,19 +104,25 @@ class SchedulerDispatch:
         """Dispatch to every agent (and offer every shared queue) woken so far (lock held)."""
         targets = self._wakeups.agents
         while targets:
-            target = targets.pop()
+            await self._serve(targets.pop())
+
+    async def place(self, task: TaskRecord) -> None:
+        """Dispatch a task just queued, if an agent may take it now."""
+        await self._serve(target_of(task))
+
+    async def _serve(self, target: str) -> None:
+        """Offer the shared queue `target` names, or dispatch to the agent it is; when the
+        store fails on the way (a head's DEFER or WAIT_WORKTREE not stored: nothing changed),
+        the target is tried again after `retry_after_s`."""
+        try:
             queue = shared_queue(target)
             if queue:
                 await self.offer(queue)
             else:
                 await self.try_dispatch(target)
-
-    async def place(self, task: TaskRecord) -> None:
-        """Dispatch a task just queued, if an agent may take it now."""
-        if task.queue:
-            await self.offer(task.queue)
-        else:
-            await self.try_dispatch(task.agent_id)
+        except (StoreError, UnavailableError) as exc:
+            log.warning("dispatch to %s waits for the store: %s", target, exc)
+            self._wakeups.arm(retry_key(target), self._clock.now() + self._settings.retry_after_s)
 
     # ------------------------------------------------------------------ one agent
 
@@ -227,13 +240,26 @@ class SchedulerDispatch:
         )  # fmt: skip
 
     async def _dispatch(self, task: TaskRecord, choice: LaneChoice, agent_id: str) -> bool:
-        """Send the task to the agent; False when its inbound buffer is full (the task is
-        back in its queue, and the agent tried again after `retry_after_s`)."""
+        """Send the task to the agent; False when it has to wait (the task is back in its
+        queue, and the agent tried again after `retry_after_s`): the agent's inbound buffer
+        is full, or the store failed on the way."""
         attempt = task.attempts + 1
         env = self._envelopes.envelope(
             MessageType.DATA, task.params, task.content_type, correlation_id=task.flow_id,
             idempotency_token=f"task:{task.task_id}:{attempt}",
         )  # fmt: skip
+        try:
+            return await self._send(task, choice, agent_id, env, attempt)
+        except (StoreError, UnavailableError) as exc:
+            # The router may have committed the envelope (its agent runs it) while the task's
+            # DISPATCH was not stored: that envelope is stale and its attempt spent.
+            log.warning("dispatch of task %s to %s failed: %s", task.task_id, agent_id, exc)
+            self._later(self._live.unsent(task, env.message_id, attempt), agent_id)
+            return False
+
+    async def _send(
+        self, task: TaskRecord, choice: LaneChoice, agent_id: str, env: Envelope, attempt: int
+    ) -> bool:
         item = Outbound(env, agent_id, lane=task.lane)
         if self._traces is None:
             (outcome,) = await self._router.send_many([item])
@@ -241,11 +267,11 @@ class SchedulerDispatch:
             outcome = await self._traces.send(self._router, task, item, attempt)
         if not outcome.accepted:
             code = outcome.error_code
-            if code in ("buffer_full", "unavailable"):  # a full buffer, a store fault: later
-                self._live.push(task)
-                self._wakeups.arm(
-                    retry_key(agent_id), self._clock.now() + self._settings.retry_after_s
-                )
+            if code == "buffer_full":
+                self._later(task, agent_id)
+                return False
+            if code == "unavailable":  # a store fault: the envelope's fate is unknown
+                self._later(self._live.unsent(task, env.message_id, attempt), agent_id)
                 return False
             await self._transitions.end(
                 task, TaskInput.REFUSE, code or "internal_error", outcome.reason
@@ -259,12 +285,19 @@ class SchedulerDispatch:
             member = self._pools.member(agent_id)
             changes["agent_id"] = agent_id
             changes["agent_type"] = member.agent_type if member is not None else ""
-            self._pools.served(agent_id)
         await self._transitions.apply(
             task, TaskInput.DISPATCH, changes, message_id=env.message_id, attempt=attempt,
             lane=task.lane, urgent=choice.urgent, overflowed=choice.overflowed,
         )  # fmt: skip
+        if task.queue:
+            self._pools.served(agent_id)
         return True
+
+    def _later(self, task: TaskRecord, agent_id: str) -> None:
+        """The task back in its queue (keeping its place) and the agent tried again after
+        `retry_after_s`."""
+        self._live.push(task)
+        self._wakeups.arm(retry_key(agent_id), self._clock.now() + self._settings.retry_after_s)
 
     # ------------------------------------------------------------------ shared queues
 

@@ -3,7 +3,9 @@ type, lane, the job identity, a task_id when none was given, the shared queue of
 names a capability or agent type: core/tasks/shared.py), task ids given again and the
 duplicate-job path. A task_id is an idempotency key: the same submission again is the task
 submitted first (`created` false), another one under its id is task_id_conflict
-(core/tasks/result.py). A second submission of a job still open is refused
+(core/tasks/result.py); when the first one's write failed but committed after all (its
+outcome unknown: a cut connection), the task stored QUEUED is taken in then, as loading from
+the store does. A second submission of a job still open is refused
 (`duplicate_jobs = "reject"`) or HELD for a HITL authorization, and queued once approved;
 the HELD task's note says why it waits. HELD tasks wait again for their decision after a
 restart.
@@ -224,7 +226,8 @@ class SchedulerJobs:
         duplicate job, or (what it waited behind ended meanwhile) a plain one."""
         existing = self._live.tasks.get(record.task_id) or await self._store.get(record.task_id)
         if existing is not None:
-            return resubmission(existing, record)
+            answer = resubmission(existing, record)
+            return await self._take_in(record.task_id) or answer
         if record.job_key in self._live.jobs:
             return await self._duplicate_of_open(record)
         refusal = self._full()
@@ -249,7 +252,21 @@ class SchedulerJobs:
             content_type=content_type_of(sub), scope=sub.scope,
             correlation_id=sub.correlation_id, submitter=sub.submitter,
         )  # fmt: skip
-        return resubmission(existing, again)
+        answer = resubmission(existing, again)
+        if not _unqueued(existing, self._live):
+            return answer
+        async with self._lock:
+            return await self._take_in(sub.task_id) or answer
+
+    async def _take_in(self, task_id: str) -> SubmitResult | None:
+        """A task stored QUEUED that the live Scheduler does not have (lock held): its
+        submission's write failed with its outcome unknown, and committed. It is taken in as
+        loading from the store does, and answers its submission given again; None when it
+        is not (or no longer) such a task."""
+        stored = None if task_id in self._live.tasks else await self._store.get(task_id)
+        if stored is None or not _unqueued(stored, self._live):
+            return None
+        return replace(await self._queued(stored), created=False)
 
     async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
         put, event = self._store.put, self._transitions.submission_event
@@ -477,6 +494,11 @@ def resubmission(existing: TaskRecord, again: TaskRecord) -> SubmitResult:
         existing.state != TaskState.HELD, f"already submitted, {existing.state}{note}", existing,
         created=False,
     )  # fmt: skip
+
+
+def _unqueued(task: TaskRecord, live: LiveTasks) -> bool:
+    """Whether `task`, as stored, waits QUEUED but is not among the live tasks."""
+    return task.state == TaskState.QUEUED and task.task_id not in live.tasks
 
 
 async def _settle(arrival: Arrival, deciding: Awaitable[SubmitResult]) -> None:

@@ -11,6 +11,7 @@ Scheduler's lock; what changes it when a task changes state is the task machine'
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from itertools import count
 from typing import Final
 
@@ -50,7 +51,8 @@ class LiveTasks:
         self._clock = clock
         self._wakeups = wakeups
         self.tasks: dict[str, TaskRecord] = {}
-        """Task id -> its last stored record, for every task that has not ended."""
+        """Task id -> its last stored record, for every task that has not ended (with the
+        attempts of dispatches the store failed counted: `unsent`)."""
         self.jobs: dict[str, str] = {}
         """Job key -> the open task of that job (RFC 9.2); HELD duplicates are not in it."""
         self.queue = TaskQueue()
@@ -61,7 +63,8 @@ class LiveTasks:
         self.by_message: dict[str, str] = {}
         """A held task's DATA envelope id -> the task (its ACKs name the envelope)."""
         self.stale: dict[str, str] = {}
-        """The DATA envelope of a dispatch taken back from a lost agent -> its task."""
+        """The DATA envelope of a dispatch taken back from a lost agent, or not stored
+        (`unsent`) -> its task."""
         self.active: Counter[str] = Counter()
         """Agent type -> agents of that type holding a task (max_parallel_instances, RFC 9.1)."""
         self.preemptions: dict[str, PreemptionRecord] = {}
@@ -197,7 +200,20 @@ class LiveTasks:
     def taken_back(self, task: TaskRecord) -> None:
         """The task's dispatch was taken back from its lost agent: an ACK of that envelope
         is stale from now on."""
-        self.stale[task.message_id] = task.task_id
+        self._stale(task.message_id, task.task_id)
+
+    def unsent(self, task: TaskRecord, message_id: str, attempt: int) -> TaskRecord:
+        """A dispatch of the QUEUED `task` as `message_id`, its `attempt`, that the store
+        failed (the envelope may have gone out, the DISPATCH was not stored): the task as it
+        was, with that attempt counted (the next one's idempotency token is its own); an ACK
+        of that envelope is stale. Returns the live record."""
+        counted = replace(task, attempts=attempt)
+        self.tasks[task.task_id] = counted
+        self._stale(message_id, task.task_id)
+        return counted
+
+    def _stale(self, message_id: str, task_id: str) -> None:
+        self.stale[message_id] = task_id
         while len(self.stale) > STALE_KEPT:
             del self.stale[next(iter(self.stale))]
 

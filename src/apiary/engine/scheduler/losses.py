@@ -83,8 +83,9 @@ class LostTasks:
 
     async def stale_ack(self, agent_id: str, message_id: str, stage: str) -> None:
         """`agent_id` acknowledged `message_id`, which no live task's dispatch is: when it is
-        a dispatch taken back from it, log it (it changes nothing) and, for a READ (it runs
-        that attempt, which may run elsewhere now), tell it to stop."""
+        a dispatch taken back from it (or one the store failed, `LiveTasks.unsent`), log it
+        (it changes nothing) and, for a READ (it runs that attempt, which may run elsewhere
+        now), tell it to stop."""
         task_id = self._live.stale.get(message_id)
         if task_id is None:
             return  # an ACK of a control message, or of a task that ended

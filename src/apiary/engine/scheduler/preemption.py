@@ -42,7 +42,8 @@ from apiary.engine.scheduler.pools import AgentPools
 from apiary.engine.scheduler.transitions import TaskTransitions, requeued
 from apiary.engine.scheduler.wakeups import Wakeups, preempt_key
 from apiary.engine.settings import SchedulerSettings
-from apiary.errors import PermissionDeniedError, ValidationError
+from apiary.errors import PermissionDeniedError, UnavailableError, ValidationError
+from apiary.store.errors import StoreError
 
 _YIELD = PreemptionInput.SAFE_POINT_YIELD
 _TERMINATED = PreemptionInput.TERMINATED
@@ -177,6 +178,16 @@ class SchedulerPreemption:
                 agent_id=task.agent_id, **{"from": before.state.value,
                                            "to": step.record.state.value},
             )  # fmt: skip
+        try:
+            await self._effects(task, step, reason)
+        except (StoreError, UnavailableError):
+            # A task write the store failed changed nothing; nor does the step, so that its
+            # input can come again (a FULFILLED "yielded" kept by engine/scheduler/acks.py).
+            if before is not None and preemptions.get(task.task_id) is step.record:
+                preemptions[task.task_id] = before
+            raise
+
+    async def _effects(self, task: TaskRecord, step: PreemptionStep, reason: str) -> None:
         key = preempt_key(task.task_id)
         for effect in step.effects:
             if effect is PreemptionEffect.SEND_PREEMPT_REQUEST:
@@ -216,10 +227,10 @@ class SchedulerPreemption:
 
     async def revoke(self, agent_id: str, task: TaskRecord, message_id: str) -> None:
         """`agent_id` read `message_id`, a dispatch of `task` taken back from it when it was
-        lost (the task went back to its queue and may run elsewhere): tell it to stop that
-        attempt (and that one only: `message_id` names it)."""
+        lost, or one the store failed (the task went back to its queue and may run
+        elsewhere): tell it to stop that attempt (and that one only: `message_id` names it)."""
         task_id = task.task_id
-        why = "revoked: the task was taken back when this agent was lost"
+        why = "revoked: this dispatch was taken back (this agent was lost, or it was not stored)"
         body = {"command": "terminate", "task_id": task_id, "message_id": message_id,
                 "grace_ms": 0, "reason": why}  # fmt: skip
         env = self._envelopes.control(body, task.flow_id)

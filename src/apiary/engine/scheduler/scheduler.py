@@ -45,7 +45,8 @@ rejected or HELD for a HITL authorization), engine/scheduler/dispatch.py (pickin
 sending a free agent's next task), engine/scheduler/preemption.py (cooperative preemption
 and the running agent's enter_section/leave_section/progress commands),
 engine/scheduler/agents.py (the agent lifecycle's effects), engine/scheduler/losses.py (the
-tasks of an agent lost with them).
+tasks of an agent lost with them), engine/scheduler/acks.py (the agents' ACKs, kept and
+applied again when the store fails their write).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from apiary.engine.notices import SCHEDULER, NoticeFactory
 from apiary.engine.registry import Registry
 from apiary.engine.resources import ResourceTracker
 from apiary.engine.router.router import Router
+from apiary.engine.scheduler.acks import TaskAcks, failure_code
 from apiary.engine.scheduler.agents import SchedulerAgents
 from apiary.engine.scheduler.dispatch import SchedulerDispatch, WorktreeView
 from apiary.engine.scheduler.jobs import Arrival, SchedulerJobs, Submission, SubmitResult
@@ -82,7 +84,7 @@ from apiary.engine.scheduler.losses import LostTasks
 from apiary.engine.scheduler.pools import AgentPools
 from apiary.engine.scheduler.preemption import SchedulerPreemption
 from apiary.engine.scheduler.traces import TaskTraces
-from apiary.engine.scheduler.transitions import TaskTransitions, requeued
+from apiary.engine.scheduler.transitions import TaskTransitions
 from apiary.engine.scheduler.wakeups import RECONCILE_KEY, SEP, Wakeups, shared_target
 from apiary.engine.scheduler.watch import TaskWatch
 from apiary.engine.settings import SchedulerSettings
@@ -183,6 +185,9 @@ class Scheduler:
             live, pools, self._transitions, self._preemptor, registry, events, tasks, settings,
             clock,
         )  # fmt: skip
+        self._acks = TaskAcks(
+            live, self._transitions, self._preemptor, self._losses, wakeups, settings, clock
+        )
         router.attach(SCHEDULER, self._on_envelope)
         if worktrees is not None:
             worktrees.subscribe(self.wake)
@@ -543,33 +548,8 @@ class Scheduler:
     async def _on_ack(self, env: Envelope) -> None:
         ack = self._router.codec.decode_ack(env)
         async with self._lock:
-            task_id = self._live.by_message.get(ack.ack_for_message_id)
-            task = self._live.tasks.get(task_id) if task_id else None
-            if task is None:
-                # An ACK of a control message, of a task that already ended, or of a
-                # dispatch taken back from a lost agent.
-                await self._losses.stale_ack(
-                    env.producer_id, ack.ack_for_message_id, ack.ack_stage.name
-                )
-                return
-            stage = ack.ack_stage.name
-            if stage == "READ" and TaskMachine.allows(task.state, TaskInput.READ):
-                changes = {"updated_at": self._clock.now()}
-                await self._transitions.apply(task, TaskInput.READ, changes)
-            elif stage == "FULFILLED":
-                await self._preemptor.fulfilled(task, ack.note.strip())
-            elif stage in ("REJECTED", "FAILED", "TIMED_OUT"):
-                await self._ack_failed(task, ack.error_code or "internal_error", ack.note, stage)
+            await self._acks.take(env.producer_id, ack)
             await self._dispatcher.drain()
-
-    async def _ack_failed(self, task: TaskRecord, code: str, note: str, stage: str) -> None:
-        if stage == "TIMED_OUT" and task.attempts < self.settings.dispatch_attempts:
-            # The router gave up on an acknowledgement: hand the task out again.
-            why = f"{code}: {note}"
-            changes = {"note": why, **requeued(task)}
-            await self._transitions.apply(task, TaskInput.RETRY, changes, reason=why)
-            return
-        await self._transitions.end(task, TaskInput.FAIL, failure_code(code), note)
 
     # ------------------------------------------------------------------ timers
 
@@ -586,6 +566,9 @@ class Scheduler:
                     continue
                 if kind == "retry":
                     self._wakeups.agents.add(name)
+                    continue
+                if kind == "acks":
+                    await self._acks.retry()
                     continue
                 await self._preemptor.deadline(name)
             fired += await self.lifecycles.fire_due()
@@ -626,12 +609,6 @@ class Scheduler:
     async def close(self) -> None:
         await self.gate.close()
         await self._jobs.close()
-
-
-def failure_code(code: str) -> str:
-    """The error code a task fails with for an agent's code (an ACK's or CompleteTask's):
-    lower case, as the Scheduler's own codes are."""
-    return code.lower()
 
 
 async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:

@@ -1,13 +1,19 @@
 """The task machine's engine: every change of a task's state is `TaskTransitions.apply`,
 which steps core/tasks/machine.py and performs the row's effects in their order (the store,
 the live tasks and their watchers, the event log, the activity buffer, the agent's
-lifecycle, end listeners).
+lifecycle, end listeners). The store's write comes first: a transition whose write fails
+raises having changed nothing, in memory as in the store (a write the lost connection cut
+short counts as done when the record read back shows it committed; the callers decide what
+follows a failed one:
+engine/scheduler/dispatch.py puts the task back in its queue, engine/scheduler/acks.py keeps
+the agent's ACK and applies it again).
 
 Called with the Scheduler's lock held.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -27,11 +33,14 @@ from apiary.engine.scheduler.agents import drive, finished
 from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.wakeups import Wakeups, shared_target
 from apiary.engine.scheduler.watch import TaskWatch
+from apiary.store.errors import StoreError, StoreUnavailableError
 from apiary.store.protocols import TaskStore
 
 _E = TaskEffect
 _TEXT: Final = {state: state.value for state in TaskState}
 """Each state's text: events and the activity buffer carry plain strings."""
+IN_DOUBT_WAIT_S: Final = 2.0
+"""How long a task write whose connection was lost waits to learn whether it committed."""
 
 
 def requeued(task: TaskRecord) -> dict[str, Any]:
@@ -133,14 +142,17 @@ class TaskTransitions:
         live = self._live
         effects = step.effects
         logged = not write or (_E.PERSIST in effects and _E.EMIT_EVENT in effects)
+        if write and _E.PERSIST in effects:
+            # The write goes before every other effect: a write that fails (the store cut
+            # off) raises with nothing changed in memory, so the same input can be applied
+            # again (or the task handled as it stands) once the store answers.
+            events = [self._event(step, after, details)] if logged else []
+            await self._write(events, after)
         # The agent that held or now holds the task: a shared task back in its queue has
         # none any more, one just dispatched had none before.
         holder = before.agent_id or after.agent_id
         for effect in effects:
             if effect is _E.PERSIST:
-                if write:
-                    events = [self._event(step, after, details)] if logged else []
-                    await self._events.commit(events, partial(self._store.put, after))
                 live.stored(after)
                 self._watch.changed(after)
             elif effect is _E.EMIT_EVENT:
@@ -172,6 +184,31 @@ class TaskTransitions:
                     listener(after)
             elif effect is _E.DEQUEUE:
                 live.queue.remove(after.task_id)
+
+    async def _write(self, events: list[EventDraft], after: TaskRecord) -> None:
+        """Store `after` with `events`. A write the connection's loss cut short may have
+        committed: it counts as done when the record read back is `after`, as failed when
+        it is not or the store does not tell within IN_DOUBT_WAIT_S (the task write applied
+        again would store the same change twice, with its event)."""
+        try:
+            await self._events.commit(events, partial(self._store.put, after))
+        except StoreUnavailableError:
+            if await self._stored_as(after) is not True:
+                raise
+
+    async def _stored_as(self, after: TaskRecord) -> bool | None:
+        """Whether the task is stored as `after`; None when the store does not answer."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + IN_DOUBT_WAIT_S
+        pause = 0.05
+        while True:
+            try:
+                return await self._store.get(after.task_id) == after
+            except StoreError:
+                if loop.time() + pause > deadline:
+                    return None
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     async def _free(self, agent_id: str) -> None:
         """The agent's task ended by its own doing (RFC 8.1 COMPLETED): back to RUNNABLE once

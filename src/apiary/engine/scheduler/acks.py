@@ -1,0 +1,139 @@
+"""The agents' ACKs of the Scheduler's DATA envelopes: READ -> RUNNING, FULFILLED ->
+COMPLETED (or the yield or termination a preemption expects, engine/scheduler/preemption.py),
+REJECTED/FAILED -> FAILED with the agent's code, TIMED_OUT -> handed out again while the task
+has dispatch attempts left, FAILED after that. An ACK of an envelope no live task's dispatch
+is goes to engine/scheduler/losses.py (`stale_ack`).
+
+The router commits an ACK before it hands it to the Scheduler; an end ACK sent again after
+its message ended comes here again too (the router's own write may have committed unheard,
+engine/router/lifecycle.py `_forward_target`), and is applied by the task's state like any
+other. An ACK whose task write the store failed (a cut connection) is kept here (once: its
+repeats wait with it) and applied again from the Scheduler's loop (`retry`, on its timer
+heap), in the order the ACKs came,
+with a pause that doubles from RETRY_FIRST_S to RETRY_MAX_S while the store keeps failing. A
+transition whose write fails changes nothing (engine/scheduler/transitions.py), so the ACK
+applied again is applied as if for the first time. Kept ACKs live in memory: a coordinator
+that stops before the store answers again loses them.
+
+Called with the Scheduler's lock held.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from apiary.core.clock import Clock
+from apiary.core.envelope import Ack
+from apiary.core.records import TaskRecord
+from apiary.core.tasks.machine import TaskInput, TaskMachine
+from apiary.engine.scheduler.live import LiveTasks
+from apiary.engine.scheduler.losses import LostTasks
+from apiary.engine.scheduler.preemption import SchedulerPreemption
+from apiary.engine.scheduler.transitions import TaskTransitions, requeued
+from apiary.engine.scheduler.wakeups import SEP, Wakeups
+from apiary.engine.settings import SchedulerSettings
+from apiary.errors import UnavailableError
+from apiary.store.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+ACKS_KEY: Final = f"acks{SEP}"
+"""The timer of the kept ACKs' next try."""
+RETRY_FIRST_S: Final = 0.1
+RETRY_MAX_S: Final = 5.0
+
+
+def failure_code(code: str) -> str:
+    """The error code a task fails with for an agent's code (an ACK's or CompleteTask's):
+    lower case, as the Scheduler's own codes are."""
+    return code.lower()
+
+
+class TaskAcks:
+    """Applies the agents' ACKs to their tasks (module docstring)."""
+
+    def __init__(
+        self,
+        live: LiveTasks,
+        transitions: TaskTransitions,
+        preemptor: SchedulerPreemption,
+        losses: LostTasks,
+        wakeups: Wakeups,
+        settings: SchedulerSettings,
+        clock: Clock,
+    ) -> None:
+        self._live = live
+        self._transitions = transitions
+        self._preemptor = preemptor
+        self._losses = losses
+        self._wakeups = wakeups
+        self._settings = settings
+        self._clock = clock
+        self._kept: list[tuple[str, Ack]] = []
+        """(producer, ACK) whose write the store failed, in the order they came."""
+        self._pause = RETRY_FIRST_S
+
+    @property
+    def kept(self) -> int:
+        """How many ACKs wait for the store."""
+        return len(self._kept)
+
+    async def take(self, producer: str, ack: Ack) -> None:
+        """Apply `producer`'s ACK; kept for `retry` when the store fails it. The same ACK
+        sent again while one is kept waits with it (applied once)."""
+        if any(
+            kept.ack_for_message_id == ack.ack_for_message_id and kept.ack_stage is ack.ack_stage
+            for _, kept in self._kept
+        ):
+            return
+        try:
+            await self._apply(producer, ack)
+        except (StoreError, UnavailableError) as exc:
+            log.warning(
+                "%s ACK of %s kept until the store takes it: %s",
+                ack.ack_stage.name, ack.ack_for_message_id, exc,
+            )  # fmt: skip
+            self._kept.append((producer, ack))
+            if len(self._kept) == 1:
+                self._wakeups.arm(ACKS_KEY, self._clock.now() + self._pause)
+
+    async def retry(self) -> None:
+        """Apply the kept ACKs again, in order, up to the first the store fails again (it and
+        those after it wait for the next try, after a longer pause)."""
+        kept, self._kept = self._kept, []
+        for i, (producer, ack) in enumerate(kept):
+            try:
+                await self._apply(producer, ack)
+            except (StoreError, UnavailableError):
+                self._kept[:0] = kept[i:]
+                self._pause = min(self._pause * 2, RETRY_MAX_S)
+                self._wakeups.arm(ACKS_KEY, self._clock.now() + self._pause)
+                return
+        self._pause = RETRY_FIRST_S
+
+    async def _apply(self, producer: str, ack: Ack) -> None:
+        message_id = ack.ack_for_message_id
+        task_id = self._live.by_message.get(message_id)
+        task = self._live.tasks.get(task_id) if task_id else None
+        stage = ack.ack_stage.name
+        if task is None:
+            # An ACK of a control message, of a task that already ended, or of a dispatch
+            # taken back (from a lost agent, or not stored).
+            await self._losses.stale_ack(producer, message_id, stage)
+        elif stage == "READ" and TaskMachine.allows(task.state, TaskInput.READ):
+            changes = {"updated_at": self._clock.now()}
+            await self._transitions.apply(task, TaskInput.READ, changes)
+        elif stage == "FULFILLED":
+            await self._preemptor.fulfilled(task, ack.note.strip())
+        elif stage in ("REJECTED", "FAILED", "TIMED_OUT"):
+            await self._failed(task, ack.error_code or "internal_error", ack.note, stage)
+
+    async def _failed(self, task: TaskRecord, code: str, note: str, stage: str) -> None:
+        if stage == "TIMED_OUT" and task.attempts < self._settings.dispatch_attempts:
+            # The router gave up on an acknowledgement: hand the task out again.
+            why = f"{code}: {note}"
+            changes = {"note": why, **requeued(task)}
+            await self._transitions.apply(task, TaskInput.RETRY, changes, reason=why)
+            return
+        await self._transitions.end(task, TaskInput.FAIL, failure_code(code), note)

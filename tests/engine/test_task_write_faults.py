@@ -1,0 +1,248 @@
+"""The Scheduler recovers from a task transition whose write the store failed (a cut
+PostgreSQL connection, tests/server/test_tasks_under_cut.py). A transition writes first and
+changes nothing in memory when the write fails; a dispatch whose DISPATCH write or router
+send failed goes back to its queue (the envelope that may have gone out stale, its attempt
+counted) and goes out again after `retry_after_s`; an agent's ACK whose write failed is kept
+and applied again from the Scheduler's loop until the store takes it; a submission whose
+write committed although its caller heard `unavailable` is taken in when it is submitted
+again. A write whose connection was lost but that committed (read back) counts as done.
+
+The faults come from `FailingWrites`, a wrapper around the real SQLite store (a file under
+the test's tmp_path): it makes the next writes of one of its methods fail with
+StoreUnavailableError, as a cut connection does, before the real write or (`committed`)
+after it, then lets the writes through to SQLite. Everything else is the real engine on a
+fake clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from apiary.core.envelope import AckStage
+from apiary.core.records import MessageState
+from apiary.engine.scheduler.acks import RETRY_FIRST_S
+from apiary.engine.settings import SchedulerSettings
+from apiary.store.errors import StoreUnavailableError
+from apiary.testing.engine import EngineHarness, open_test_engine
+from tests.engine.task_harness import ack_task, ready_agent, submit, task
+
+RETRY_AFTER_S = 1.0
+
+
+class FailingWrites:
+    """Wraps one write method of the real SQLite store (`target.name`): the next `times`
+    calls whose first argument `matches` fail with StoreUnavailableError, having written
+    nothing or, with `committed`, after the real write went through (the caller cannot
+    tell); the rest reach SQLite."""
+
+    def __init__(self, target: Any, name: str) -> None:
+        self._write: Callable[..., Awaitable[Any]] = getattr(target, name)
+        setattr(target, name, self._call)
+        self._times = 0
+        self._matches: Callable[[Any], bool] = lambda _: True
+        self._committed = False
+        self.failed = 0
+
+    def fail(
+        self, times: int = 1, *, matches: Callable[[Any], bool] | None = None,
+        committed: bool = False,
+    ) -> None:  # fmt: skip
+        self._times = times
+        self._matches = matches or (lambda _: True)
+        self._committed = committed
+
+    async def _call(self, first: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self._times or not self._matches(first):
+            return await self._write(first, *args, **kwargs)
+        self._times -= 1
+        self.failed += 1
+        if self._committed:
+            await self._write(first, *args, **kwargs)
+        raise StoreUnavailableError("PostgreSQL: the connection was cut (FailingWrites)")
+
+
+def in_state(state: str) -> Callable[[Any], bool]:
+    """A task write of a record in `state`."""
+    return lambda record: record.state == state
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[EngineHarness]:
+    settings = SchedulerSettings(retry_after_s=RETRY_AFTER_S)
+    url = f"sqlite:///{tmp_path / 'apiary.db'}"
+    async with open_test_engine(store_url=url, data_dir=tmp_path, scheduler=settings) as harness:
+        await ready_agent(harness, "worker")
+        yield harness
+
+
+async def _data_ids(h: EngineHarness, agent_id: str) -> list[str]:
+    """The DATA envelopes sent to the agent, oldest first."""
+    return [m["message_id"] for m in await h.inbox_payloads(agent_id) if m["type"] == "DATA"]
+
+
+async def _dispatch_again(h: EngineHarness) -> None:
+    h.clock.advance(RETRY_AFTER_S)
+    await h.engine.scheduler.fire_due()
+
+
+async def test_a_dispatch_whose_write_failed_changes_nothing_and_goes_out_again(
+    h: EngineHarness,
+) -> None:
+    writes = FailingWrites(h.store.tasks, "put")
+    writes.fail(matches=in_state("DISPATCHED"))
+    submitted = await submit(h, "t1", "worker")
+    assert submitted.accepted and writes.failed == 1
+    scheduler = h.engine.scheduler
+    queued = await task(h, "t1")
+    assert (queued.state, queued.attempts) == ("QUEUED", 1)
+    assert scheduler.holding("worker") == [], "the agent was taken by a dispatch never stored"
+    assert [t.task_id for t in scheduler.queued("worker")] == ["t1"]
+    # The envelope went out all the same: the agent's ACKs of it change nothing.
+    (first,) = await _data_ids(h, "worker")
+    assert (await h.ack("worker", first, AckStage.READ)).accepted
+    assert (await h.ack("worker", first, AckStage.FULFILLED, note='{"n": 0}')).accepted
+    assert (await task(h, "t1")).state == "QUEUED"
+    assert [e.details["message_id"] for e in await h.events("task.stale_ack")] == [first] * 2
+
+    await _dispatch_again(h)
+    again = await task(h, "t1")
+    assert (again.state, again.attempts) == ("DISPATCHED", 2)
+    assert (await _data_ids(h, "worker"))[1:] == [again.message_id]
+    await ack_task(h, "t1", AckStage.READ)
+    await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
+    done = await task(h, "t1")
+    assert (done.state, done.result) == ("COMPLETED", '{"n": 1}')
+
+
+async def test_a_dispatch_whose_send_failed_goes_back_to_its_queue_and_out_again(
+    h: EngineHarness,
+) -> None:
+    sends = FailingWrites(h.store.messages, "admit_many")
+    sends.fail(matches=lambda records: any(r.recipient == "worker" for r in records))
+    submitted = await submit(h, "t1", "worker")
+    assert submitted.accepted and sends.failed == 1
+    queued = await task(h, "t1")
+    assert (queued.state, queued.attempts) == ("QUEUED", 1)
+    assert [t.task_id for t in h.engine.scheduler.queued("worker")] == ["t1"]
+
+    await _dispatch_again(h)
+    again = await task(h, "t1")
+    assert (again.state, again.attempts, again.error_code) == ("DISPATCHED", 2, "")
+    await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
+    assert (await task(h, "t1")).state == "COMPLETED"
+
+
+async def test_an_end_ack_whose_write_failed_is_applied_again_until_the_store_takes_it(
+    h: EngineHarness,
+) -> None:
+    await submit(h, "t1", "worker")
+    await ack_task(h, "t1", AckStage.READ)
+    writes = FailingWrites(h.store.tasks, "put")
+    writes.fail(2, matches=in_state("COMPLETED"))
+    (data,) = await _data_ids(h, "worker")
+    assert (await h.ack("worker", data, AckStage.FULFILLED, note='{"n": 1}')).accepted
+    scheduler = h.engine.scheduler
+    running = await task(h, "t1")
+    assert running.state == "RUNNING"
+    assert scheduler.holding("worker") == [running], "the agent let go of a task still RUNNING"
+    # The same ACK again (the agent's retry) waits with the kept one: no second write.
+    await h.ack("worker", data, AckStage.FULFILLED, note='{"n": 1}')
+    assert writes.failed == 1
+
+    h.clock.advance(RETRY_FIRST_S)
+    await scheduler.fire_due()  # the store fails it again: the next try waits longer
+    assert (writes.failed, (await task(h, "t1")).state) == (2, "RUNNING")
+    h.clock.advance(RETRY_FIRST_S)
+    await scheduler.fire_due()
+    assert (await task(h, "t1")).state == "RUNNING"
+    h.clock.advance(2 * RETRY_FIRST_S)
+    await scheduler.fire_due()
+    done = await task(h, "t1")
+    assert (done.state, done.result) == ("COMPLETED", '{"n": 1}')
+    assert scheduler.holding("worker") == []
+    assert [e.details["task_id"] for e in await h.events("task.completed")] == ["t1"]
+
+    await submit(h, "t2", "worker")
+    assert (await task(h, "t2")).state == "DISPATCHED", "the agent was not freed"
+
+
+async def test_a_submission_that_committed_unheard_is_taken_in_when_submitted_again(
+    h: EngineHarness,
+) -> None:
+    writes = FailingWrites(h.store.tasks, "put")
+    writes.fail(matches=in_state("QUEUED"), committed=True)
+    with pytest.raises(StoreUnavailableError):
+        await submit(h, "t1", "worker")
+    assert (await h.store.tasks.get("t1")) is not None, "the write committed"
+
+    again = await submit(h, "t1", "worker")
+    assert (again.accepted, again.created) == (True, False)
+    dispatched = await task(h, "t1")
+    assert (dispatched.state, dispatched.attempts) == ("DISPATCHED", 1)
+    await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
+    assert (await task(h, "t1")).state == "COMPLETED"
+    submitted = [e for e in await h.events("task.submitted") if e.details["task_id"] == "t1"]
+    assert len(submitted) == 1
+
+
+@pytest.mark.parametrize(
+    ("state", "event"), [("DISPATCHED", "task.dispatched"), ("RUNNING", "task.running")]
+)
+async def test_a_task_write_that_committed_unheard_counts_as_done_once(
+    h: EngineHarness, state: str, event: str
+) -> None:
+    writes = FailingWrites(h.store.tasks, "put")
+    writes.fail(matches=in_state(state), committed=True)
+    await submit(h, "t1", "worker")
+    await ack_task(h, "t1", AckStage.READ)
+    assert writes.failed == 1
+    running = await task(h, "t1")
+    assert (running.state, running.attempts) == ("RUNNING", 1)
+    assert running == await h.store.tasks.get("t1")
+    await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
+    assert (await task(h, "t1")).state == "COMPLETED"
+    assert len(await h.events(event)) == 1, f"{event} logged twice: its write went twice"
+
+
+async def test_an_end_ack_whose_message_write_committed_unheard_reaches_the_scheduler_again(
+    tmp_path: Path,
+) -> None:
+    """The router's write of the agent's FULFILLED committed, but the store reported it
+    unavailable, and the coordinator stopped before the Scheduler heard of it: the message is
+    stored FULFILLED, the task RUNNING. Restarted, the agent sends its ACK again (as the SDK
+    does on unavailable): the message has ended, yet the repeat goes on to the Scheduler,
+    which completes the task, and only once."""
+    url = f"sqlite:///{tmp_path / 'apiary.db'}"
+    async with open_test_engine(store_url=url, data_dir=tmp_path) as before:
+        await ready_agent(before, "worker")
+        # An ACK frame's changes are `record`ed, a single ACK's `apply`d: either may take it.
+        writes = [FailingWrites(before.store.messages, name) for name in ("record", "apply")]
+        await submit(before, "t1", "worker")
+        dispatched = await task(before, "t1")
+        await ack_task(before, "t1", AckStage.READ)
+        for each in writes:
+            each.fail(
+                matches=lambda changes: any(c.state is MessageState.FULFILLED for c in changes),
+                committed=True,
+            )
+        with pytest.raises(StoreUnavailableError):  # the agent hears unavailable
+            await before.ack("worker", dispatched.message_id, AckStage.FULFILLED, note='{"n": 1}')
+        assert sum(each.failed for each in writes) == 1
+    async with open_test_engine(store_url=url, data_dir=tmp_path) as h:
+        stored = await h.store.messages.get(dispatched.message_id)
+        assert stored is not None and stored.state is MessageState.FULFILLED
+        assert (await task(h, "t1")).state == "RUNNING"
+        await ready_agent(h, "worker")
+
+        again = await h.ack("worker", dispatched.message_id, AckStage.FULFILLED, note='{"n": 1}')
+        assert again.accepted
+        done = await task(h, "t1")
+        assert (done.state, done.result) == ("COMPLETED", '{"n": 1}')
+        # A third repeat changes nothing more: the Scheduler takes it as a stale ACK.
+        assert (await h.ack("worker", dispatched.message_id, AckStage.FULFILLED)).accepted
+        assert (await task(h, "t1")).result == '{"n": 1}'
+        assert len(await h.events("task.completed")) == 1
