@@ -31,6 +31,19 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "get_task": {"task_id": "x"},
     "reconnect_channel": {"session_id": "s"},
     "ack_events": {"channel_id": "c", "resume_token": "r", "sequence": 1},
+    "create_task": {"title": "t"},
+    "update_task": {"task_id": "x", "title": "t"},
+    "start_task": {"task_id": "x"},
+    "append_task_progress": {"task_id": "x", "summary": "s"},
+    "pause_task": {"task_id": "x"},
+    "resume_task": {"task_id": "x"},
+    "cancel_task": {"task_id": "x"},
+    "retry_task": {"task_id": "x"},
+    "complete_task": {"task_id": "x"},
+    "fail_task": {"task_id": "x"},
+    "link_tasks": {"task_id": "x", "target_id": "y"},
+    "unlink_tasks": {"task_id": "x", "target_id": "y"},
+    "respond_action": {"action_id": "a", "decision": "approve"},
 }
 
 
@@ -126,6 +139,57 @@ async def test_a_session_is_its_owners_and_others_are_answered_as_if_it_did_not_
             assert response.status == 200
             first = await response.content.readuntil(b"\n\n")
             assert b"event: snapshot" in first
+
+
+async def test_a_task_is_its_owners_and_its_agent_may_only_report_on_it(tmp_path: Path) -> None:
+    async with open_secure(tmp_path) as secure, runtime_http(secure.coordinator) as runtime:
+        await secure.coordinator.registry.register(
+            {"agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"]}
+        )
+        app = await _as(secure, runtime, "app")
+        await app.ok("create_task", task_id="t-1", agent_id="alice", title="mine")
+        await app.ok("create_task", task_id="t-2", session_id=(
+            await app.ok("get_task", task_id="t-1"))["task"]["sessionId"])  # fmt: skip
+        asked: dict[str, dict[str, Any]] = {
+            "get_task": {"task_id": "t-1"},
+            "update_task": {"task_id": "t-1", "title": "theirs"},
+            "start_task": {"task_id": "t-1"},
+            "append_task_progress": {"task_id": "t-1", "summary": "x"},
+            "pause_task": {"task_id": "t-1"},
+            "resume_task": {"task_id": "t-1"},
+            "cancel_task": {"task_id": "t-1"},
+            "retry_task": {"task_id": "t-1"},
+            "complete_task": {"task_id": "t-1"},
+            "fail_task": {"task_id": "t-1"},
+            "link_tasks": {"task_id": "t-1", "target_id": "t-2"},
+            "unlink_tasks": {"task_id": "t-1", "target_id": "t-2"},
+        }
+        before = await secure.coordinator.store.runtime.task("t-1")
+        for who in ("mallory", "no-role"):
+            other = await _as(secure, runtime, who)
+            for command, params in asked.items():
+                error = await other.error(404, command, **params)
+                assert error["code"] == "not_found", (who, command, error)
+            taken = await other.error(409, "create_task", task_id="t-1")
+            assert taken["details"] == {"field": "task_id"}
+        # Another principal's task is not a target either.
+        mallory = await _as(secure, runtime, "mallory")
+        await mallory.ok("create_task", task_id="m-1")
+        refused = await mallory.error(
+            404, "link_tasks", task_id="m-1", target_id="t-1", kind="parent"
+        )
+        assert refused["details"]["field"] == "target_id"
+        assert await secure.coordinator.store.runtime.task("t-1") == before  # unchanged
+        # Its agent reports progress, but does not drive it.
+        alice = await _as(secure, runtime, "alice")
+        await alice.ok("append_task_progress", task_id="t-1", summary="reading")
+        for command in ("start_task", "cancel_task", "update_task"):
+            error = await alice.error(404, command, **asked[command])
+            assert error["code"] == "not_found", command
+        # An operator with `tasks` acts on anyone's.
+        root = await _as(secure, runtime, "root")
+        done = await root.ok("complete_task", task_id="t-1", evidence_refs=["ev"])
+        assert done["task"]["status"] == "completed"
 
 
 async def test_a_session_lives_in_its_principals_tenant(tmp_path: Path) -> None:

@@ -22,10 +22,27 @@ from apiary.core.records import (
     TaskRecord,
     TaskState,
 )
+from apiary.core.runtime.actions import ActionRecord
 from apiary.core.runtime.records import ChannelRecord, SessionRecord, ThreadRecord, TurnRecord
+from apiary.core.runtime.task_records import (
+    CommandKeyRecord,
+    RuntimeTaskRecord,
+    TaskLinkRecord,
+    TaskRunRecord,
+)
 from apiary.core.tools.descriptor import ToolDescriptor, ToolProviderRecord
 from apiary.core.worktrees.records import BindingState, WorktreeBinding
-from apiary.store.sql import dlq, handoffs, hitl, idempotency, runtime, tasks, tools, worktrees
+from apiary.store.sql import (
+    dlq,
+    handoffs,
+    hitl,
+    idempotency,
+    runtime,
+    runtime_tasks,
+    tasks,
+    tools,
+    worktrees,
+)
 from apiary.store.sql.columns import Columns
 
 _numbers = itertools.count(1)
@@ -134,6 +151,41 @@ CASES: list[tuple[str, Any, Callable[[Any], Any], Columns[Any], Callable[[Any], 
         runtime.channel_row,
         runtime.CHANNELS,
         runtime.channel_from_row,
+    ),
+    (
+        "runtime_tasks",
+        distinct(RuntimeTaskRecord, state="running", intent="cancel"),
+        runtime_tasks.task_row,
+        runtime_tasks.TASKS,
+        runtime_tasks.task_from_row,
+    ),
+    (
+        "runtime_task_runs",
+        distinct(TaskRunRecord, state="failed"),
+        runtime_tasks.run_row,
+        runtime_tasks.RUNS,
+        runtime_tasks.run_from_row,
+    ),
+    (
+        "runtime_task_links",
+        distinct(TaskLinkRecord, kind="parent", status="removed"),
+        runtime_tasks.link_row,
+        runtime_tasks.LINKS,
+        runtime_tasks.link_from_row,
+    ),
+    (
+        "runtime_actions",
+        distinct(ActionRecord, state="resolved"),
+        runtime_tasks.action_row,
+        runtime_tasks.ACTIONS,
+        runtime_tasks.action_from_row,
+    ),
+    (
+        "runtime_command_keys",
+        distinct(CommandKeyRecord),
+        runtime_tasks.key_row,
+        runtime_tasks.KEYS,
+        runtime_tasks.key_from_row,
     ),
 ]
 

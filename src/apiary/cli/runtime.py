@@ -1,6 +1,7 @@
 """`apiary runtime ...`: the runtime control plane (docs/control-plane.md) of a coordinator,
 over its HTTP port, through the SDK's RuntimeClient: submit turns to an agent's thread,
-interrupt them, read sessions, threads and tasks, follow a session's events.
+interrupt them, read sessions, threads and tasks, follow a session's events; create and
+drive agent tasks (cli/runtime_tasks.py).
 
 The HTTP address is the first of `--http`, `APIARY_HTTP`, the address a running
 `apiary serve` recorded in the data directory (APIARY_DATA_DIR or ./.apiary), else
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from apiary.cli.calls import PROFILE, refusal
 from apiary.cli.output import console_for_output
+from apiary.cli.runtime_tasks import register as register_task_commands
 from apiary.cli.serving import client_data_dir, recorded
 from apiary.core.runtime.snapshot import RuntimeSnapshot
 from apiary.errors import ApiaryError
@@ -348,3 +350,6 @@ def commands(
     for item in listed:
         table.add_row(item["command"], "yes" if item["served"] else "designed", item["summary"])
     console_for_output().print(table)
+
+
+register_task_commands(app, _run, HTTP, JSONRPC)

@@ -11,6 +11,8 @@ from types import MappingProxyType
 from typing import Any, Final, Generic, TypeVar
 
 from apiary.controlplane import requests as r
+from apiary.controlplane import task_requests as tr
+from apiary.controlplane.actions import RespondAction
 from apiary.controlplane.runtime import RuntimeControl
 from apiary.controlplane.settings import RuntimeSettings
 from apiary.core.access.principal import Principal
@@ -86,6 +88,68 @@ _COMMANDS: list[Command[Any]] = [
     Command(
         "get_task", "One Apiary task, with its result", False,
         _plain(r.GetTask.read), RuntimeControl.get_task,
+    ),
+    Command(
+        "create_task", "Create an agent task (a draft, or started with start: true) with its "
+        "objective, profile, constraints, acceptance; task_id is its idempotency key", True,
+        lambda p, s: tr.CreateTask.read(p, s.max_input_bytes),
+        lambda c, who, req: c.tasks.create(who, req),
+    ),
+    Command(
+        "update_task", "Change a task's metadata (its input, agent, scope and priority while "
+        "no run is in hand)", True, lambda p, s: tr.UpdateTask.read(p, s.max_input_bytes),
+        lambda c, who, req: c.tasks.update(who, req),
+    ),
+    Command(
+        "start_task", "Start a draft task: its first run is submitted to its agent", True,
+        _plain(tr.TaskAction.read), lambda c, who, req: c.tasks.act(who, "start_task", req),
+    ),
+    Command(
+        "append_task_progress", "Record a task's phase, counters, summary, delivery state or "
+        "output refs", True, _plain(tr.AppendTaskProgress.read),
+        lambda c, who, req: c.tasks.progress(who, req),
+    ),
+    Command(
+        "pause_task", "Pause a task: its run is stopped (the intent recorded first)", True,
+        _plain(tr.TaskAction.read), lambda c, who, req: c.tasks.act(who, "pause_task", req),
+    ),
+    Command(
+        "resume_task", "Resume a paused task: a new run is submitted", True,
+        _plain(tr.TaskAction.read), lambda c, who, req: c.tasks.act(who, "resume_task", req),
+    ),
+    Command(
+        "cancel_task", "Cancel a task: the intent recorded first, then its run stopped and its "
+        "child tasks cancelled", True, _plain(tr.CancelTask.read),
+        lambda c, who, req: c.tasks.cancel(who, req),
+    ),
+    Command(
+        "retry_task", "Run a failed or cancelled task again: a new attempt, the old kept", True,
+        _plain(tr.TaskAction.read), lambda c, who, req: c.tasks.act(who, "retry_task", req),
+    ),
+    Command(
+        "complete_task", "Complete a task (its agent's run, or the owner's reconciliation) "
+        "with its result, artifacts and evidence", True,
+        lambda p, s: tr.Reconcile.read_complete(p, s.max_input_bytes),
+        lambda c, who, req: c.tasks.reconcile(who, "complete_task", req),
+    ),
+    Command(
+        "fail_task", "Fail a task with its error, artifacts and evidence", True,
+        _plain(tr.Reconcile.read_fail),
+        lambda c, who, req: c.tasks.reconcile(who, "fail_task", req),
+    ),
+    Command(
+        "link_tasks", "Add a parent, child, dependency, source, artifact, evidence or subagent "
+        "edge to a task", True, _plain(tr.LinkTasks.read),
+        lambda c, who, req: c.tasks.link(who, req, remove=False),
+    ),
+    Command(
+        "unlink_tasks", "Remove a task's edge (kept as removed)", True,
+        _plain(tr.LinkTasks.read), lambda c, who, req: c.tasks.link(who, req, remove=True),
+    ),
+    Command(
+        "respond_action", "Decide an action (a HITL invocation a turn or task waits on): "
+        "approve, deny, modify (with a patch) or defer", True,
+        _plain(RespondAction.read), lambda c, who, req: c.actions.respond(who, req),
     ),
     Command(
         "reconnect_channel", "Open or resume an event channel: the snapshot, then the events "

@@ -6,7 +6,8 @@ tenant's objects do."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from apiary.controlplane.settings import RuntimeSettings
 from apiary.core.access.principal import Principal, PrincipalKind
@@ -15,10 +16,13 @@ from apiary.core.clock import Clock
 from apiary.core.records import TaskRecord
 from apiary.core.runtime.records import SessionRecord, ThreadRecord, TurnRecord, TurnState, may_use
 from apiary.core.runtime.snapshot import RuntimeSnapshot, TaskView
+from apiary.core.runtime.task_views import runtime_task_view, with_tasks
 from apiary.core.runtime.views import ThreadState, snapshot, task_view
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.errors import NotFoundError
 from apiary.store.protocols import RuntimeStore
+
+PendingRequests = Callable[[str], Awaitable[list[dict[str, Any]]]]
 
 
 def no_session(session_id: str) -> NotFoundError:
@@ -54,6 +58,8 @@ class Reads:
         self._clock = clock
         self._settings = settings
         self._runtime_id = runtime_id
+        self.pending_requests: PendingRequests | None = None
+        """A thread's pending requests (the actions waiting on it), once actions are set."""
 
     async def session(self, caller: Principal, session_id: str) -> SessionRecord:
         """The session when `caller` may use it; not_found otherwise."""
@@ -109,7 +115,8 @@ class Reads:
             task = await self.task_of(turn)
             if task is not None:
                 tasks[task.task_id] = task
-        return ThreadState(thread, turns, tasks)
+        pending = await self.pending_requests(thread.thread_id) if self.pending_requests else []
+        return ThreadState(thread, turns, tasks, pending)
 
     async def snapshot(
         self,
@@ -122,10 +129,22 @@ class Reads:
     ) -> RuntimeSnapshot:
         shown = self._settings.turns_shown if turns is None else turns
         states = [await self.thread_state(t, shown) for t in threads]
-        return snapshot(
+        found = snapshot(
             session, states, cursor=cursor, runtime_id=self._runtime_id, now=self._clock.now(),
             detail=detail,
         )  # fmt: skip
+        if detail:
+            return found
+        return with_tasks(found, await self.agent_tasks(session.session_id))
+
+    async def agent_tasks(self, session_id: str) -> list[TaskView]:
+        """The session's last agent tasks (create_task), with their runs and edges."""
+        found: list[TaskView] = []
+        for task in await self._store.session_tasks(session_id, self._settings.tasks_listed):
+            runs = await self._store.runs(task.task_id)
+            links = await self._store.links(task.task_id)
+            found.append(runtime_task_view(task, runs, links, result=False))
+        return found
 
     async def tasks(self, threads: Sequence[ThreadRecord]) -> list[TaskView]:
         """The tasks of the threads' last turns, in the threads' and turns' order."""

@@ -16,6 +16,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
+from apiary.controlplane.actions import Actions
 from apiary.controlplane.channels import Channels, channel_json
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.reads import Reads, no_thread
@@ -31,6 +32,7 @@ from apiary.controlplane.requests import (
     SubmitTurn,
 )
 from apiary.controlplane.settings import RuntimeSettings
+from apiary.controlplane.tasks import TaskCommands
 from apiary.controlplane.turns import ENDED_STATUSES, TurnDriver, queue_fact
 from apiary.core.access.principal import Principal
 from apiary.core.clock import Clock
@@ -51,6 +53,7 @@ from apiary.core.runtime.turns import TurnInput, thread_status
 from apiary.core.runtime.views import turn_view
 from apiary.core.scope_overlap import parse_scope
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.hitl import Hitl
 from apiary.engine.registry import Registry
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.errors import (
@@ -81,6 +84,7 @@ class RuntimeControl:
         *,
         runtime_id: str = "apiary",
         settings: RuntimeSettings | None = None,
+        hitl: Hitl | None = None,
     ) -> None:
         self.settings = settings = settings or RuntimeSettings()
         self._store = store
@@ -93,13 +97,24 @@ class RuntimeControl:
         self.turns = TurnDriver(self._facts, scheduler, clock, self._lock)
         self.reads = Reads(store, scheduler, clock, settings, runtime_id)
         self.channels = Channels(self._facts, self.reads, clock, ids, settings, self._lock)
+        self.tasks = TaskCommands(
+            self._facts, scheduler, registry, self.reads, clock, ids, settings, self._lock
+        )
+        self.actions = Actions(self._facts, hitl, scheduler, clock, self._lock)
+        self.reads.pending_requests = self.actions.pending
 
     async def load(self) -> int:
-        """Follow the started turns again and start what waits; returns the open turns."""
-        return await self.turns.load()
+        """Follow the started turns again and start what waits, and the agent tasks' runs
+        in hand; returns the open turns."""
+        await self.tasks.runs.load()
+        opened = await self.turns.load()
+        self.actions.start()
+        return opened
 
     async def close(self) -> None:
+        await self.actions.close()
         await self.turns.close()
+        await self.tasks.runs.close()
 
     async def wait_after(self, sequence: int) -> None:
         """Return once an event after `sequence` was logged (any: the caller filters)."""
@@ -384,17 +399,23 @@ class RuntimeControl:
         return snapshot.to_json()
 
     async def list_tasks(self, caller: Principal, req: ListTasks) -> dict[str, Any]:
-        """The Apiary tasks of a session's (or a thread's) turns."""
+        """The Apiary tasks of a session's (or a thread's) turns; a session's agent tasks
+        (create_task) follow its turns'."""
         if req.thread_id:
             _, thread = await self.reads.thread(caller, req.thread_id, req.session_id)
-            threads = [thread]
-        else:
-            session = await self.reads.session(caller, req.session_id)
-            threads = await self._store.threads(session.session_id)
-        return {"tasks": [t.to_json() for t in await self.reads.tasks(threads)]}
+            return {"tasks": [t.to_json() for t in await self.reads.tasks([thread])]}
+        session = await self.reads.session(caller, req.session_id)
+        threads = await self._store.threads(session.session_id)
+        found = [t.to_json() for t in await self.reads.tasks(threads)]
+        found += await self.tasks.session_tasks(session.session_id, self.settings.tasks_listed)
+        return {"tasks": found}
 
     async def get_task(self, caller: Principal, req: GetTask) -> dict[str, Any]:
-        """An Apiary task as the contract's task, with its result."""
+        """A runtime agent task with its runs, or an Apiary task as the contract's task,
+        with its result."""
+        own = await self.tasks.find(caller, req.task_id)
+        if own is not None:
+            return {"task": own}
         return {"task": (await self.reads.task(caller, req.task_id)).to_json()}
 
     # ------------------------------------------------------------------ channels

@@ -57,7 +57,7 @@ class ControlPlanes:
         control = RuntimeControl(
             opened.store.runtime, engine.scheduler, engine.registry, engine.events,
             self._runtime.clock, self._runtime.ids, runtime_id=runtime_id(tenant),
-            settings=self._settings,
+            settings=self._settings, hitl=engine.hitl,
         )  # fmt: skip
         await control.load()
         self._controls[tenant] = control

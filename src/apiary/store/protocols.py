@@ -30,12 +30,19 @@ from apiary.core.rooms.records import (
     ProposalRecord,
     VoteRecord,
 )
+from apiary.core.runtime.actions import ActionRecord
 from apiary.core.runtime.records import (
     ChannelRecord,
     RuntimeWrite,
     SessionRecord,
     ThreadRecord,
     TurnRecord,
+)
+from apiary.core.runtime.task_records import (
+    CommandKeyRecord,
+    RuntimeTaskRecord,
+    TaskLinkRecord,
+    TaskRunRecord,
 )
 from apiary.core.swarm_mail import InboxEntry, OutboxEntry
 from apiary.core.tools.descriptor import ToolProviderRecord
@@ -604,6 +611,44 @@ class RuntimeStore(Protocol):
         ...
 
     async def channel(self, channel_id: str) -> ChannelRecord | None: ...
+
+    async def task(self, task_id: str) -> RuntimeTaskRecord | None:
+        """A runtime agent task (not a Scheduler task: its runs are those)."""
+        ...
+
+    async def session_tasks(self, session_id: str, last: int = 100) -> list[RuntimeTaskRecord]:
+        """The session's last `last` agent tasks by creation, oldest first."""
+        ...
+
+    async def open_tasks(self) -> list[RuntimeTaskRecord]:
+        """Agent tasks with a run in hand (queued, preparing, running, cancelling)."""
+        ...
+
+    async def runs(self, task_id: str) -> list[TaskRunRecord]:
+        """The task's runs by attempt (ended ones too)."""
+        ...
+
+    async def run(self, run_id: str) -> TaskRunRecord | None: ...
+
+    async def links(self, task_id: str) -> list[TaskLinkRecord]:
+        """The edges from the task, removed ones too."""
+        ...
+
+    async def links_to(self, target_id: str) -> list[TaskLinkRecord]:
+        """The edges to `target_id`, removed ones too."""
+        ...
+
+    async def command_key(self, owner: str, key: str) -> CommandKeyRecord | None:
+        """The idempotency key `key` of `owner`, once a command stored it."""
+        ...
+
+    async def action(self, action_id: str) -> ActionRecord | None:
+        """An action (a HITL invocation) the runtime reported."""
+        ...
+
+    async def open_actions(self) -> list[ActionRecord]:
+        """The actions still pending, oldest first."""
+        ...
 
 
 class Store(Protocol):

@@ -238,6 +238,23 @@ RUNTIME_RULES: Mapping[str, Rule] = MappingProxyType(
         "get_task": ANYONE,
         "reconnect_channel": ANYONE,
         "ack_events": ANYONE,
+        # Agent tasks are their owner's (and operators' with `tasks`); the task's assigned
+        # agent may also report progress and complete or fail it.
+        "create_task": ANYONE,
+        "update_task": ANYONE,
+        "start_task": ANYONE,
+        "append_task_progress": ANYONE,
+        "pause_task": ANYONE,
+        "resume_task": ANYONE,
+        "cancel_task": ANYONE,
+        "retry_task": ANYONE,
+        "complete_task": ANYONE,
+        "fail_task": ANYONE,
+        "link_tasks": ANYONE,
+        "unlink_tasks": ANYONE,
+        # An action is decided by its session's owner (operators with `tasks` too); the
+        # HITL engine then checks the invocation's approver roles.
+        "respond_action": ANYONE,
     }
 )
 """Rules of the runtime control plane's commands, by name."""

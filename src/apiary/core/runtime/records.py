@@ -14,6 +14,13 @@ from enum import StrEnum
 
 from apiary.core.access.principal import Principal, PrincipalKind
 from apiary.core.access.rules import Role
+from apiary.core.runtime.actions import ActionRecord
+from apiary.core.runtime.task_records import (
+    CommandKeyRecord,
+    RuntimeTaskRecord,
+    TaskLinkRecord,
+    TaskRunRecord,
+)
 
 
 class TurnState(StrEnum):
@@ -152,6 +159,15 @@ class RuntimeWrite:
     threads: tuple[ThreadRecord, ...] = field(default_factory=tuple)
     turns: tuple[TurnRecord, ...] = field(default_factory=tuple)
     channels: tuple[ChannelRecord, ...] = field(default_factory=tuple)
+    tasks: tuple[RuntimeTaskRecord, ...] = field(default_factory=tuple)
+    runs: tuple[TaskRunRecord, ...] = field(default_factory=tuple)
+    links: tuple[TaskLinkRecord, ...] = field(default_factory=tuple)
+    keys: tuple[CommandKeyRecord, ...] = field(default_factory=tuple)
+    """Idempotency keys are inserted once: a key stored already is a StoreError."""
+    actions: tuple[ActionRecord, ...] = field(default_factory=tuple)
 
     def __bool__(self) -> bool:
-        return bool(self.sessions or self.threads or self.turns or self.channels)
+        return bool(
+            self.sessions or self.threads or self.turns or self.channels or self.tasks
+            or self.runs or self.links or self.keys or self.actions
+        )  # fmt: skip

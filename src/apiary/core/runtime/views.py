@@ -133,6 +133,8 @@ class ThreadState:
     thread: ThreadRecord
     turns: Sequence[TurnRecord]
     tasks: Mapping[str, TaskRecord]
+    pending: Sequence[Mapping[str, Any]] = ()
+    """Its pending requests: the actions waiting for a decision (core/runtime/actions.py)."""
 
     def queued(self) -> list[TurnRecord]:
         return sorted(
@@ -165,7 +167,7 @@ def thread_view(state: ThreadState, *, detail: bool = False) -> ThreadView:
         status=thread.status,
         active_turn_id=thread.active_turn_id or None,
         turns=tuple(turn_view(t, state.tasks.get(t.task_id)) for t in state.turns),
-        pending_requests=(),
+        pending_requests=tuple(dict(p) for p in state.pending),
         queued_turns=tuple(
             {"turnId": t.turn_id, "position": i, "submittedAt": iso_utc(t.created_at)}
             for i, t in enumerate(queued, 1)

@@ -76,6 +76,12 @@ protocol error in `data`)."""
 Recheck = Callable[[], object]
 
 
+SUBMITTING: Final = frozenset(
+    {"submit_turn", "create_task", "start_task", "resume_task", "retry_task"}
+)
+"""Commands that may submit a Scheduler task: the tenant's task quota decides them too."""
+
+
 @dataclass(frozen=True, slots=True)
 class Entered:
     """A command's call once decided: who makes it, the control plane of its tenant, and how
@@ -140,8 +146,8 @@ class RuntimeRoutes:
             if self._tenancy is not None:
                 await self._tenancy.open(ctx, tenant)
             await guard.check(action, rule, None, ctx, tenant)
-            if self._tenancy is not None and command == "submit_turn":
-                await self._tenancy.route(ctx, SUBMIT, None)  # a turn is a task: its quota
+            if self._tenancy is not None and command in SUBMITTING:
+                await self._tenancy.route(ctx, SUBMIT, None)  # a turn or run is a task: its quota
             caller = ctx.principal
 
             def again() -> object:

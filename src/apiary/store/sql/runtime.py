@@ -1,6 +1,7 @@
 """The runtime control plane's store: `runtime_sessions`, `runtime_threads`,
-`runtime_turns` and `runtime_channels` (schema version 20). A save writes any of them, with
-its events, in one transaction (`SqlEventLog.write_with`).
+`runtime_turns` and `runtime_channels` (schema version 20), and the agent tasks' tables
+(schema version 21, store/sql/runtime_tasks.py). A save writes any of them, with its events,
+in one transaction (`SqlEventLog.write_with`).
 
 The rows are shared with the memory backend, which runs them so that it refuses what the
 SQL backends refuse.
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from apiary.core.events import EventDraft
+from apiary.core.runtime.actions import ActionRecord
 from apiary.core.runtime.records import (
     OPEN_TURN_STATES,
     ChannelRecord,
@@ -23,6 +25,13 @@ from apiary.core.runtime.records import (
     TurnState,
 )
 from apiary.core.runtime.snapshot import ThreadStatus
+from apiary.core.runtime.task_records import (
+    CommandKeyRecord,
+    RuntimeTaskRecord,
+    TaskLinkRecord,
+    TaskRunRecord,
+)
+from apiary.store.sql import runtime_tasks as t
 from apiary.store.sql.checks import check_limit, checked_int64
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
@@ -144,13 +153,16 @@ def channel_from_row(fetched: Sequence[Any]) -> ChannelRecord:
     return ChannelRecord(*CHANNELS.of(fetched))
 
 
-def write_rows(write: RuntimeWrite) -> tuple[list[Row], list[Row], list[Row], list[Row]]:
+def write_rows(
+    write: RuntimeWrite,
+) -> tuple[list[Row], list[Row], list[Row], list[Row], t.TaskRows]:
     """The rows of a write, checked (ValueError) before anything is written."""
     return (
         [session_row(r) for r in write.sessions],
         [thread_row(r) for r in write.threads],
         [turn_row(r) for r in write.turns],
         [channel_row(r) for r in write.channels],
+        t.task_rows(write),
     )
 
 
@@ -174,14 +186,17 @@ _CHANNEL = QueryOne(f"SELECT {CHANNELS.sql} FROM runtime_channels WHERE channel_
 
 
 def save_runtime(
-    d: Dialect, sessions: list[Row], threads: list[Row], turns: list[Row], channels: list[Row]
-) -> Transaction[None]:
+    d: Dialect, sessions: list[Row], threads: list[Row], turns: list[Row], channels: list[Row],
+    tasks: t.TaskRows,
+) -> Transaction[None]:  # fmt: skip
     """Insert or replace the rows (`write_rows`); a unique index that refuses a turn's
-    place or task raises StoreError and the transaction writes nothing."""
+    place or task, or a command key stored already, raises StoreError and the transaction
+    writes nothing."""
     yield from ExecuteMany(_PUT_SESSION, sessions)
     yield from ExecuteMany(_PUT_THREAD, threads)
     yield from ExecuteMany(_PUT_TURN, turns)
     yield from ExecuteMany(_PUT_CHANNEL, channels)
+    yield from t.save_tasks(d, tasks)
 
 
 class SqlRuntimeStore:
@@ -236,3 +251,47 @@ class SqlRuntimeStore:
     async def channel(self, channel_id: str) -> ChannelRecord | None:
         row = await self._db.read(_CHANNEL, (channel_id,))
         return None if row is None else channel_from_row(row)
+
+    # ------------------------------------------------------------------ agent tasks
+
+    async def task(self, task_id: str) -> RuntimeTaskRecord | None:
+        row = await self._db.read(t.TASK, (task_id,))
+        return None if row is None else t.task_from_row(row)
+
+    async def session_tasks(self, session_id: str, last: int = 100) -> list[RuntimeTaskRecord]:
+        """The session's last `last` tasks, oldest first."""
+        check_limit(last)
+        rows = await self._db.read(t.SESSION_TASKS, (session_id, last))
+        return [t.task_from_row(row) for row in reversed(rows)]
+
+    async def open_tasks(self) -> list[RuntimeTaskRecord]:
+        """Tasks with a run in hand, by task_id."""
+        return [t.task_from_row(row) for row in await self._db.read(t.OPEN_TASKS)]
+
+    async def runs(self, task_id: str) -> list[TaskRunRecord]:
+        """The task's runs by attempt."""
+        return [t.run_from_row(row) for row in await self._db.read(t.RUNS_OF, (task_id,))]
+
+    async def run(self, run_id: str) -> TaskRunRecord | None:
+        row = await self._db.read(t.RUN, (run_id,))
+        return None if row is None else t.run_from_row(row)
+
+    async def links(self, task_id: str) -> list[TaskLinkRecord]:
+        """The edges from the task (removed ones too), oldest first."""
+        return [t.link_from_row(row) for row in await self._db.read(t.LINKS_FROM, (task_id,))]
+
+    async def links_to(self, target_id: str) -> list[TaskLinkRecord]:
+        """The edges to `target_id` (removed ones too), oldest first."""
+        return [t.link_from_row(row) for row in await self._db.read(t.LINKS_TO, (target_id,))]
+
+    async def command_key(self, owner: str, key: str) -> CommandKeyRecord | None:
+        row = await self._db.read(t.KEY, (owner, key))
+        return None if row is None else t.key_from_row(row)
+
+    async def action(self, action_id: str) -> ActionRecord | None:
+        row = await self._db.read(t.ACTION, (action_id,))
+        return None if row is None else t.action_from_row(row)
+
+    async def open_actions(self) -> list[ActionRecord]:
+        """The actions still pending, oldest first."""
+        return [t.action_from_row(row) for row in await self._db.read(t.OPEN_ACTIONS)]

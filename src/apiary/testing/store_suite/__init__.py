@@ -27,6 +27,7 @@ from apiary.testing.store_suite import (
     negotiations,
     rooms,
     runtime,
+    runtime_tasks,
     swarm,
     tasks,
     tools,
@@ -55,6 +56,7 @@ CHECKS: list[Check] = [
     *negotiations.CHECKS,
     *swarm.CHECKS,
     *runtime.CHECKS,
+    *runtime_tasks.CHECKS,
 ]
 """Every check of the suite."""
 
