@@ -27,8 +27,9 @@ CLIENT_COMMANDS_WITHOUT_COORDINATOR = {
     "apiary serve", "apiary demo", "apiary version", "apiary agent keygen",
 }  # fmt: skip
 """Commands that take no coordinator address: the server itself, local files, the demo."""
-LOCAL_GROUPS = ("apiary auth", "apiary certs", "apiary swarm")
-"""Groups that work on local files or swarm peers, not on a coordinator's gRPC port."""
+LOCAL_GROUPS = ("apiary auth", "apiary certs", "apiary swarm", "apiary cluster")
+"""Groups that work on local files, swarm peers or a store (`cluster`), not on a
+coordinator's gRPC port."""
 HTTP_GROUPS = ("apiary runtime",)
 """Groups that call a coordinator's HTTP port (`--http`), not its gRPC port."""
 

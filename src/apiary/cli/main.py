@@ -9,6 +9,7 @@ from apiary.cli import (
     agent,
     auth,
     certs,
+    cluster,
     dlq,
     handoff,
     hitl,
@@ -72,6 +73,7 @@ app.add_typer(task.app, name="task")
 app.add_typer(runtime.app, name="runtime")
 app.add_typer(auth.app, name="auth")
 app.add_typer(certs.app, name="certs")
+app.add_typer(cluster.app, name="cluster")
 
 
 @app.command()

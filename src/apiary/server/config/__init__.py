@@ -17,7 +17,7 @@ Further tables: [router], [hitl] (+ [[hitl.operators]]), [scheduler] (docs/sched
 "Configuration"), [handoff] (docs/handoff.md), [worktrees] (+ [[worktrees.repos]],
 docs/worktrees.md), [rooms] (docs/negotiation-rooms.md, "Configuration"), [tools]
 (docs/tools.md, "Configuration"), [negotiation] (docs/negotiation.md) and [swarm]
-(docs/swarm.md: a swarm peer inside the coordinator).
+(docs/swarm.md: a swarm peer inside the coordinator) and [cluster] (docs/cluster.md).
 
 Environment: APIARY_DATA_DIR, APIARY_GRPC, APIARY_HTTP, APIARY_STORE, APIARY_LOG_LEVEL.
 """

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 from apiary.engine.worktrees.settings import WorktreeSettings
 from apiary.errors import ValidationError
 from apiary.server.config.auth import auth_settings
+from apiary.server.config.cluster import cluster_problem, cluster_settings
 from apiary.server.config.handoff import handoff_policy
 from apiary.server.config.hitl import hitl_settings
 from apiary.server.config.limits import limits_settings
@@ -75,6 +76,7 @@ _PARSERS: dict[str, _Parse] = {
     "auth": _table_of(auth_settings, "auth"),
     "limits": _table_of(limits_settings, "limits"),
     "tracing": _table_of(tracing_settings, "tracing"),
+    "cluster": _table_of(cluster_settings, "cluster"),
 }
 """The parser of each table, keyed by its ServerConfig field, in the order the tables are
 checked (the first error is the one reported); [server] comes before them (apply_layer)."""
@@ -99,6 +101,9 @@ def load_config(
 
 def checked_serving(config: ServerConfig) -> ServerConfig:
     """The checks of a configuration about to serve, once every flag is applied."""
+    problem = cluster_problem(config.cluster, config.store)
+    if problem is not None:
+        raise problem
     return checked_tenants(config)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from apiary.core.handoff_request import HandoffPolicy
 from apiary.core.limits import Limits
+from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.negotiation.policies import NegotiationSettings
 from apiary.engine.negotiation.rooms import RoomSettings
@@ -62,6 +63,8 @@ class ServerConfig:
     """The limits on what clients send: TOML table [limits] (docs/decisions.md, "Limits")."""
     tracing: TracingSettings = field(default_factory=TracingSettings)
     """Spans exported over OTLP: TOML table [tracing] (docs/tracing.md); off by default."""
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    """Cluster mode: TOML table [cluster] (docs/cluster.md); not served yet."""
     swarm: PeerSettings | None = None
     """A swarm peer served by the coordinator: TOML table [swarm] (docs/swarm.md)."""
     tls_cert: Path | None = None

@@ -1,0 +1,122 @@
+"""The cluster's lease table as the engine sees it (DESIGN.md section 8, docs/cluster.md):
+replicas beating, partitions leased with an expiry and a fencing epoch.
+
+Cluster mode is PostgreSQL only (several coordinators share a database server; SQLite is
+one process's file), so `store.postgres.cluster.PostgresClusterLeases` is the one
+implementation; the protocol is what the lease keeper (`engine.cluster.keeper`) needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from apiary.core.cluster.assignment import ClusterView
+from apiary.core.cluster.leases import Lease, Verdict
+from apiary.store.errors import StoreError
+
+
+class FencedError(StoreError):
+    """A fenced write was refused: the partition's lease is no longer the writer's term
+    (another replica took it over, or it was released). Nothing was written."""
+
+    def __init__(self, partition: int, epoch: int, found: Lease) -> None:
+        holder = found.owner or "nobody"
+        super().__init__(
+            f"partition {partition} is fenced: the write was decided under epoch {epoch}, "
+            f"the lease is at epoch {found.epoch} held by {holder}"
+        )
+        self.partition = partition
+        self.epoch = epoch
+        self.found = found
+
+
+class ClusterConfigError(StoreError):
+    """The cluster's tables disagree with this replica's settings; `field` names the
+    setting ([cluster] partitions, [cluster] replica_id)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ReplicaInUseError(ClusterConfigError):
+    """Another live replica beats under this replica_id."""
+
+    def __init__(self, message: str, remaining_s: float, heartbeat_at: float) -> None:
+        super().__init__(message, "cluster.replica_id")
+        self.remaining_s = remaining_s
+        """How long until its heartbeat expires, unless it beats again."""
+        self.heartbeat_at = heartbeat_at
+
+
+class ReplicaEvictedError(StoreError):
+    """This replica's row is gone or belongs to a newer incarnation of the same id: it must
+    stop acting as a replica (its leases are someone else's to take)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Me:
+    """This replica as its requests name it: its id, the incarnation (one per start, so a
+    restarted replica is told from its predecessor), and the address it serves."""
+
+    replica_id: str
+    incarnation: str
+    address: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseOutcome:
+    """One lease after a request: as stored now, and what became of the request."""
+
+    lease: Lease
+    verdict: Verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Beat:
+    """What a heartbeat returns: its renewals and the view read in the same transaction."""
+
+    renewed: tuple[LeaseOutcome, ...]
+    view: ClusterView
+
+
+class ClusterLeases(Protocol):
+    """The lease table's operations; each is one transaction."""
+
+    async def join(self, me: Me, partitions: int, lease_s: float) -> ClusterView:
+        """Record `me` as a live replica and seed the partitions on first use.
+
+        ClusterConfigError (field `cluster.partitions`) when the table holds another
+        number of partitions; ReplicaInUseError when a live replica beats under the same id.
+        Leases a lapsed predecessor with the same id held are released.
+        """
+        ...
+
+    async def beat(self, me: Me, lease_s: float) -> Beat:
+        """Extend `me`'s heartbeat and renew its live leases; ReplicaEvictedError when a
+        newer incarnation took its id or its row is gone."""
+        ...
+
+    async def acquire(
+        self, me: Me, partitions: Sequence[int], lease_s: float
+    ) -> list[LeaseOutcome]:
+        """Acquire (or take over, bumping the epoch) each of `partitions` it can."""
+        ...
+
+    async def release(self, me: Me, partitions: Sequence[int]) -> list[LeaseOutcome]:
+        """Release each of `partitions` `me` holds."""
+        ...
+
+    async def leave(self, me: Me) -> None:
+        """Release every lease of `me` and remove its row (a clean stop)."""
+        ...
+
+    async def view(self) -> ClusterView:
+        """The replicas and leases now."""
+        ...
+
+    def releases(self) -> AsyncIterator[None]:
+        """Yield each time another replica releases leases (a hint: some may be missed)."""
+        ...

@@ -1,0 +1,4 @@
+-- Schema version 22: cluster mode's tables exist in PostgreSQL only (docs/cluster.md: several
+-- coordinators share a database server; a SQLite file belongs to one coordinator, which
+-- claims it, apiary.store.claim). The version is recorded here too so that both backends
+-- count their schema the same way.
