@@ -241,9 +241,9 @@ async def test_a_requeue_that_cannot_be_admitted_says_why(h: EngineHarness) -> N
 async def test_a_diagnostic_bundle_is_exported(h: EngineHarness) -> None:
     bad, failed, expired = await _three_failures(h)
     letters = h.engine.router.dead_letters
-    bundle, count = await letters.export(None, include_payloads=False)
-    doc = json.loads(bundle)
-    assert count == 3 == len(doc["entries"])
+    page = await letters.export(None, include_payloads=False)
+    doc = json.loads(page.bundle)
+    assert page.entries == 3 == len(doc["entries"]) and not page.more
     assert doc["exported_at"] == "2023-11-14T22:16:41Z"
     first = doc["entries"][0]
     assert first["message_id"] == bad
@@ -255,8 +255,19 @@ async def test_a_diagnostic_bundle_is_exported(h: EngineHarness) -> None:
     assert first["attempts"][0]["what"] == "message.received"
     assert first["attempts"][0]["at"] == "2023-11-14T22:13:20Z"
     # Filtered, and with whole payloads when asked for.
-    bundle, count = await letters.export(DlqFilter(error_code="internal_error"), True)
-    (only,) = json.loads(bundle)["entries"]
-    assert (count, only["message_id"]) == (1, failed)
+    page = await letters.export(DlqFilter(error_code="internal_error"), True)
+    (only,) = json.loads(page.bundle)["entries"]
+    assert (page.entries, only["message_id"]) == (1, failed)
     assert json.loads(base64.b64decode(only["payload_base64"])) == {"n": 2}
-    assert expired not in bundle.decode()
+    assert expired not in page.bundle.decode()
+    # Page by page: at most `limit` entries, fewer when the next would pass `max_bytes`
+    # (one entry always goes: a page is never empty while entries remain).
+    first = await letters.export(None, False, limit=2)
+    assert (first.entries, first.more) == (2, True)
+    rest = await letters.export(None, False, after_id=first.last_id, limit=2)
+    assert (rest.entries, rest.more) == (1, False)
+    ids = [e["message_id"] for p in (first, rest) for e in json.loads(p.bundle)["entries"]]
+    assert ids == [bad, failed, expired]
+    small = await letters.export(None, False, max_bytes=1)
+    assert (small.entries, small.more) == (1, True)
+    assert json.loads(small.bundle)["entries"][0]["message_id"] == bad

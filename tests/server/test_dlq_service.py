@@ -9,6 +9,7 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -16,7 +17,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from apiary.testing.clock import DEFAULT_START
 from apiary.wire import pb
-from tests.server.wire_client import Running, envelope, open_running, register
+from tests.server.wire_client import Running, envelope, error_detail, open_running, register
 
 apiary_pb2 = pb.apiary_pb2
 APIARY = [sys.executable, "-m", "apiary.cli.main"]
@@ -199,6 +200,78 @@ async def test_a_filtered_bundle_is_exported_over_grpc(letters: Letters) -> None
     assert all("payload_excerpt_base64" in e for e in bundle["entries"])
 
 
+async def _export_all(
+    stub: pb.apiary_pb2_grpc.DlqServiceStub, **request: Any
+) -> tuple[list[str], list[int]]:
+    """Every page of one export, following the cursor: the message ids, and each page's size."""
+    ids: list[str] = []
+    sizes: list[int] = []
+    cursor = ""
+    while True:
+        reply = await stub.Export(apiary_pb2.ExportDlqRequest(cursor=cursor, **request))
+        page = [e["message_id"] for e in json.loads(reply.bundle)["entries"]]
+        assert reply.entries == len(page)
+        ids += page
+        sizes.append(reply.entries)
+        if not reply.next_cursor:
+            return ids, sizes
+        cursor = reply.next_cursor
+
+
+@pytest.mark.conformance("dlq.ops.export", "dlq.ops.filter")
+async def test_an_export_comes_page_by_page_following_its_cursor(letters: Letters) -> None:
+    stub = _stub(letters)
+    everything = [letters.invalid, letters.failed, letters.unsupported]
+    assert await _export_all(stub, page_size=2) == (everything, [2, 1])
+    assert await _export_all(stub, page_size=1) == (everything, [1, 1, 1])
+    # No page size: one page of up to 100, the whole export here (what a caller that knows
+    # nothing of pages gets, in the same bundle shape).
+    assert await _export_all(stub) == (everything, [3])
+    alice = apiary_pb2.DlqFilter(producer_id="alice")
+    assert await _export_all(stub, filter=alice, page_size=1) == (
+        [letters.invalid, letters.failed], [1, 1],
+    )  # fmt: skip
+    # A page that ends exactly at the last match still says whether more follow.
+    assert await _export_all(stub, filter=alice, page_size=2) == (
+        [letters.invalid, letters.failed], [2],
+    )  # fmt: skip
+
+
+async def test_an_export_that_matches_nothing_is_one_empty_page(letters: Letters) -> None:
+    reply = await _stub(letters).Export(apiary_pb2.ExportDlqRequest(
+        filter=apiary_pb2.DlqFilter(recipient="nobody"), page_size=1))  # fmt: skip
+    assert (reply.entries, reply.next_cursor) == (0, "")
+    assert json.loads(reply.bundle)["entries"] == []
+
+
+async def _refused(stub: pb.apiary_pb2_grpc.DlqServiceStub, **request: Any) -> tuple[str, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await stub.Export(apiary_pb2.ExportDlqRequest(**request))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    detail = error_detail(refused.value)
+    return detail.error_code, detail.details["field"]
+
+
+async def test_a_bad_cursor_or_page_size_is_refused_naming_it(letters: Letters) -> None:
+    stub = _stub(letters)
+    alice = apiary_pb2.DlqFilter(producer_id="alice")
+    first = await stub.Export(apiary_pb2.ExportDlqRequest(filter=alice, page_size=1))
+    assert first.next_cursor
+    bad = ("garbage", "12", f"{2**63}.0123456789abcdef", first.next_cursor + "0", " 1.a")
+    for cursor in bad:
+        assert await _refused(stub, filter=alice, cursor=cursor) == ("validation_error", "cursor")
+    # A cursor is good for the filter it was given with only: another would skip entries.
+    for other in (apiary_pb2.DlqFilter(), apiary_pb2.DlqFilter(producer_id="bob")):
+        assert await _refused(stub, filter=other, cursor=first.next_cursor) == (
+            "validation_error", "cursor",
+        )  # fmt: skip
+    assert await _refused(stub, page_size=1001) == ("validation_error", "page_size")
+    second = await stub.Export(
+        apiary_pb2.ExportDlqRequest(filter=alice, page_size=1, cursor=first.next_cursor)
+    )
+    assert json.loads(second.bundle)["entries"][0]["message_id"] == letters.failed
+
+
 # --- the CLI, as an operator runs it ---------------------------------------------------------
 
 
@@ -244,14 +317,19 @@ async def test_the_dlq_command_inspects_filters_requeues_and_exports(
     assert out.startswith(f"{entry_id}: requeued as ")
     code, out, err = await _cli("requeue", entry_id, "--grpc", address)
     assert code == 1 and "ALREADY_COMPLETED" in err
-    bundle = tmp_path / "dlq.json"
+    bundle = tmp_path / "dlq.jsonl"
     code, out, err = await _cli(
-        "export", "--grpc", address, "-o", str(bundle), "--until", "2023-11-14T22:15:30Z"
-    )
+        "export", "--grpc", address, "-o", str(bundle), "--until", "2023-11-14T22:15:30Z",
+        "--page-size", "1",
+    )  # fmt: skip
     assert code == 0, err
     assert out.strip() == f"wrote 2 entries to {bundle}"
-    exported = json.loads(bundle.read_text())
-    assert [e["message_id"] for e in exported["entries"]] == [letters.invalid, letters.failed]
-    assert exported["entries"][1]["requeued_as"]
+    # Page by page (one entry each here), a progress line for each on stderr.
+    assert err.splitlines() == [
+        "apiary dlq export: 1 written", "apiary dlq export: 2 written",
+    ]  # fmt: skip
+    exported = [json.loads(line) for line in bundle.read_text().splitlines()]
+    assert [e["message_id"] for e in exported] == [letters.invalid, letters.failed]
+    assert exported[1]["requeued_as"]
     code, _, err = await _cli("list", "--grpc", address, "--since", "yesterday")
     assert code == 2 and "ISO-8601" in err

@@ -867,11 +867,22 @@ Global___RequeueDlqResponse: _TypeAlias = RequeueDlqResponse  # noqa: Y015
 
 @_typing.final
 class ExportDlqRequest(_message.Message):
+    """Export is paged: each answer is one bundle of at most page_size entries (0: 100; at most
+    1000), cut short near 3 MiB (one larger entry still makes a page); next_cursor, passed
+    back with the same filter, asks for the next page, and is empty after the last. A caller
+    that sends no cursor gets the first page, as a bundle of the same shape as before paging.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     FILTER_FIELD_NUMBER: _builtins.int
     INCLUDE_PAYLOADS_FIELD_NUMBER: _builtins.int
+    PAGE_SIZE_FIELD_NUMBER: _builtins.int
+    CURSOR_FIELD_NUMBER: _builtins.int
     include_payloads: _builtins.bool
+    page_size: _builtins.int
+    cursor: _builtins.str
+    """next_cursor of the previous page; empty: from the start"""
     @_builtins.property
     def filter(self) -> Global___DlqFilter: ...
     def __init__(
@@ -879,10 +890,12 @@ class ExportDlqRequest(_message.Message):
         *,
         filter: Global___DlqFilter | None = ...,
         include_payloads: _builtins.bool = ...,
+        page_size: _builtins.int = ...,
+        cursor: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["filter", b"filter", "include_payloads", b"include_payloads"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cursor", b"cursor", "filter", b"filter", "include_payloads", b"include_payloads", "page_size", b"page_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -895,19 +908,25 @@ class ExportDlqResponse(_message.Message):
     BUNDLE_FIELD_NUMBER: _builtins.int
     CONTENT_TYPE_FIELD_NUMBER: _builtins.int
     ENTRIES_FIELD_NUMBER: _builtins.int
+    NEXT_CURSOR_FIELD_NUMBER: _builtins.int
     bundle: _builtins.bytes
+    """JSON: {"exported_at", "entries": [...]}"""
     content_type: _builtins.str
     entries: _builtins.int
+    """entries in this page's bundle"""
+    next_cursor: _builtins.str
+    """empty: no entry matches after this page"""
     def __init__(
         self,
         *,
         bundle: _builtins.bytes = ...,
         content_type: _builtins.str = ...,
         entries: _builtins.int = ...,
+        next_cursor: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle", b"bundle", "content_type", b"content_type", "entries", b"entries"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bundle", b"bundle", "content_type", b"content_type", "entries", b"entries", "next_cursor", b"next_cursor"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

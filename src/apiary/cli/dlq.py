@@ -141,7 +141,9 @@ def requeue(
 
 @app.command()
 def export(
-    output: Path = typer.Option(..., "--output", "-o", help="Where to write the JSON bundle"),
+    output: Path = typer.Option(
+        ..., "--output", "-o", help="Where to write the entries, one JSON object a line"
+    ),
     grpc_address: str = COORDINATOR,
     since: str = SINCE,
     until: str = UNTIL,
@@ -149,11 +151,33 @@ def export(
     recipient: str = ROUTE,
     producer: str = PRODUCER,
     payloads: bool = typer.Option(False, "--payloads", help="Include whole payloads"),
+    page_size: int = typer.Option(
+        100, "--page-size", min=1, max=1000, help="Entries asked for per call"
+    ),
 ) -> None:
-    """Export a diagnostic bundle of the matching dead letters."""
+    """Export the diagnostics of every matching dead letter as JSON lines, page by page
+    (progress on stderr)."""
     request = pb.apiary_pb2.ExportDlqRequest(
-        filter=_filter(since, until, error, recipient, producer), include_payloads=payloads
+        filter=_filter(since, until, error, recipient, producer),
+        include_payloads=payloads,
+        page_size=page_size,
     )
-    reply = _run(grpc_address, lambda stub: stub.Export(request))
-    output.write_bytes(reply.bundle)
-    typer.echo(f"wrote {reply.entries} entries to {output}")
+    written = _run(grpc_address, lambda stub: _export_pages(stub, request, output))
+    typer.echo(f"wrote {written} entries to {output}")
+
+
+async def _export_pages(
+    stub: pb.apiary_pb2_grpc.DlqServiceStub, request: pb.apiary_pb2.ExportDlqRequest, output: Path
+) -> int:
+    """Every page of the export, following its cursor, written to `output`; the count."""
+    written = 0
+    with output.open("w", encoding="utf-8") as out:
+        while True:
+            reply: pb.apiary_pb2.ExportDlqResponse = await stub.Export(request)
+            for entry in json.loads(reply.bundle)["entries"]:
+                out.write(json.dumps(entry, sort_keys=True) + "\n")
+            written += reply.entries
+            typer.echo(f"apiary dlq export: {written} written", err=True)
+            if not reply.next_cursor:
+                return written
+            request.cursor = reply.next_cursor

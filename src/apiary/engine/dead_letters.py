@@ -6,7 +6,7 @@ import base64
 import datetime as dt
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from apiary.core.clock import Clock
@@ -22,6 +22,26 @@ from apiary.errors import AlreadyCompletedError, NotFoundError
 from apiary.store.protocols import DlqStore
 
 EXCERPT_BYTES = 512
+EXPORT_PAGE = 100
+"""Entries in one page of an export when the caller names no page size."""
+EXPORT_PAGE_BYTES = 3 * 1024 * 1024
+"""About where an export page stops: under the 4 MiB a gRPC client receives by default."""
+
+
+@dataclass(frozen=True)
+class ExportPage:
+    """One page of a DLQ export."""
+
+    bundle: bytes
+    """JSON: {"exported_at", "entries": [...]}."""
+    entries: int
+    last_id: int
+    """The entry id of its last entry (the `after_id` of the next page); `after_id` when
+    the page is empty."""
+    more: bool
+    """Whether matching entries follow it."""
+
+
 Requeue = Callable[[Envelope, str, bytes, bytes], Awaitable[str]]
 """Admits an envelope for a recipient again, as a requeue (`Outbound.requeue`: no
 deduplication), with the signature and the signed envelope it was derived from (both empty
@@ -127,16 +147,31 @@ class DeadLetters:
         )  # fmt: skip
         return new_id
 
-    async def export(self, where: DlqFilter | None, include_payloads: bool) -> tuple[bytes, int]:
-        """A JSON diagnostic bundle of every matching entry (payload excerpts by default)."""
-        entries: list[DlqEntry] = []
-        after = 0
-        while page := await self._dlq.list(where, after, 500):
-            entries.extend(page)
-            after = page[-1].entry_id
-        docs = [self.describe(e, include_payload=include_payloads) for e in entries]
+    async def export(
+        self,
+        where: DlqFilter | None,
+        include_payloads: bool,
+        *,
+        after_id: int = 0,
+        limit: int = EXPORT_PAGE,
+        max_bytes: int = EXPORT_PAGE_BYTES,
+    ) -> ExportPage:
+        """One page of the JSON diagnostic bundle of the matching entries (payload excerpts
+        by default): those after `after_id`, at most `limit`, and no entry past `max_bytes`
+        of entries once one is in (a larger entry makes a page of its own)."""
+        found = await self._dlq.list(where, after_id, limit + 1)
+        docs: list[dict[str, Any]] = []
+        size, last = 0, after_id
+        for entry in found[:limit]:
+            doc = self.describe(entry, include_payload=include_payloads)
+            cost = len(json.dumps(doc))
+            if docs and size + cost > max_bytes:
+                break
+            docs.append(doc)
+            size, last = size + cost, entry.entry_id
         bundle = {"exported_at": _iso(self._clock.now()), "entries": docs}
-        return json.dumps(bundle, indent=2, sort_keys=True).encode(), len(docs)
+        encoded = json.dumps(bundle, indent=2, sort_keys=True).encode()
+        return ExportPage(encoded, len(docs), last, more=len(docs) < len(found))
 
     def describe(self, entry: DlqEntry, *, include_payload: bool = False) -> dict[str, Any]:
         doc: dict[str, Any] = {

@@ -51,6 +51,7 @@ from apiary.server.dispatch import Dispatcher
 from apiary.server.grpc.server import build_grpc_server, set_serving
 from apiary.server.http.app import build_http_app
 from apiary.server.http.console import ConsoleSources
+from apiary.server.http.request_head import JsonRefusingAppRunner
 from apiary.server.metrics import Metrics
 from apiary.server.services.activity import ActivityBufferHandler, ActivityHandler
 from apiary.server.services.artifacts import ArtifactsHandler
@@ -389,7 +390,7 @@ def _bind_grpc(server: grpc.aio.Server, config: ServerConfig) -> Address:
 async def _serve_http(
     app: web.Application, sock: socket.socket, config: ServerConfig
 ) -> web.AppRunner:
-    runner = web.AppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
+    runner = JsonRefusingAppRunner(app, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     await web.SockSite(runner, sock, ssl_context=http_context(config)).start()
     return runner

@@ -15,6 +15,7 @@ from apiary.server.http.access import access_middleware
 from apiary.server.http.console import ConsoleSources, add_console_routes
 from apiary.server.http.errors import error_middleware
 from apiary.server.http.gateway import MAX_BODY, JsonGateway
+from apiary.server.http.request_head import METRICS_KEY, head_limits_middleware
 from apiary.server.http.runtime import RuntimeRoutes
 from apiary.server.metrics import CONTENT_TYPE, Metrics
 
@@ -36,13 +37,17 @@ def build_http_app(
     """The HTTP app; the console reads `console` (without it, its data panels answer 503).
     Every route is behind the access middleware (same-origin checks, the route's rule), and
     every error, aiohttp's own refusals included (404, 405, 413), answers in the one JSON
-    error shape (errors.py). The runtime control plane's commands run on `runtime` (without
-    it they answer unavailable), each in the tenant of its call (`tenancy`)."""
+    error shape (errors.py); a request target or header field over its limit is refused
+    first (request_head.py, whose runner also answers what aiohttp's parser refuses). The
+    runtime control plane's commands run on `runtime` (without it they answer
+    unavailable), each in the tenant of its call (`tenancy`)."""
     middlewares = [
+        head_limits_middleware(metrics),
         error_middleware(metrics, MAX_BODY, OWN_ERROR_FORMAT),
         access_middleware(guard, metrics),
     ]
     app = web.Application(client_max_size=MAX_BODY, middlewares=middlewares)
+    app[METRICS_KEY] = metrics
 
     async def healthz(_: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "version": __version__})

@@ -1,4 +1,5 @@
-"""apiary.v1.DlqService: inspect, filter, requeue and export dead letters (RFC 21.1).
+"""apiary.v1.DlqService: inspect, filter, requeue and export dead letters (RFC 21.1); an
+export comes page by page, each page naming the cursor of the next (dlq_cursor.py).
 
 A dead letter keeps what its producer sent, valid or not; its view is built defensively
 (stored bytes that are not an Envelope show no excerpt, any stored time is shown), so that
@@ -11,11 +12,12 @@ from google.protobuf.message import DecodeError
 from apiary.core.envelope import Envelope
 from apiary.core.ids import IdGenerator
 from apiary.core.records import DlqEntry, DlqFilter
-from apiary.engine.dead_letters import EXCERPT_BYTES
+from apiary.engine.dead_letters import EXCERPT_BYTES, EXPORT_PAGE
 from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
 from apiary.errors import ApiaryError, ValidationError
 from apiary.server.context import CallContext
+from apiary.server.services.dlq_cursor import export_cursor, read_export_cursor
 from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp, timestamp_to_float
@@ -122,7 +124,16 @@ class DlqHandler:
     async def export(
         self, req: apiary_pb2.ExportDlqRequest, ctx: CallContext
     ) -> apiary_pb2.ExportDlqResponse:
-        bundle, count = await self._letters.export(_filter(req.filter), req.include_payloads)
+        page_size = req.page_size or EXPORT_PAGE
+        if page_size > MAX_LIST:
+            raise ValidationError.for_field("page_size", f"must be at most {MAX_LIST}")
+        after_id = read_export_cursor(req.cursor, req.filter)
+        page = await self._letters.export(
+            _filter(req.filter), req.include_payloads, after_id=after_id, limit=page_size
+        )
         return apiary_pb2.ExportDlqResponse(
-            bundle=bundle, content_type="application/json", entries=count
+            bundle=page.bundle,
+            content_type="application/json",
+            entries=page.entries,
+            next_cursor=export_cursor(page.last_id, req.filter) if page.more else "",
         )
