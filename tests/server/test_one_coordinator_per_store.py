@@ -78,6 +78,14 @@ async def _until(condition: object, what: str) -> None:
     raise AssertionError(f"never: {what}")
 
 
+_TERMINATE_HOLDER = (
+    "SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks l"
+    " WHERE l.locktype = 'advisory' AND l.classid = %s::bigint::oid"
+    " AND l.objid = (hashtext(%s)::bigint & 4294967295)::oid"
+)
+"""Ends the session holding the schema's claim (as a database restart or a cut would)."""
+
+
 async def test_a_postgresql_claim_the_database_dropped_is_taken_again(
     tmp_path: Path, postgres_dsn: str, postgres_schema: str, checked_on_demand: None
 ) -> None:
@@ -89,29 +97,85 @@ async def test_a_postgresql_claim_the_database_dropped_is_taken_again(
         assert not claim.lost
         async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as admin:
             key = [LOCK_NAMESPACE, postgres_schema]
-            await admin.execute(
-                "SELECT pg_terminate_backend(l.pid, 5000) FROM pg_locks l"
-                " WHERE l.locktype = 'advisory' AND l.classid = %s::bigint::oid"
-                " AND l.objid = (hashtext(%s)::bigint & 4294967295)::oid",
-                key,
-            )
-            # Someone else holds it before the claim is checked again: the claim is lost...
+            await admin.execute(_TERMINATE_HOLDER, key)
+            claim.check_now()
+
+            # Nobody took it meanwhile: held again on a new connection.
+            async def held_again() -> bool:
+                taken = await admin.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key)
+                row = await taken.fetchone()
+                if row == (True,):
+                    await admin.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", key)
+                return row == (False,)
+
+            for _ in range(400):
+                if await held_again():
+                    break
+                await asyncio.sleep(0.025)
+            else:
+                raise AssertionError("the dropped claim was never taken again")
+            assert not claim.lost
+
+
+async def test_a_postgresql_claim_another_coordinator_took_is_lost_for_good(
+    tmp_path: Path, postgres_dsn: str, postgres_schema: str, checked_on_demand: None
+) -> None:
+    holder = Holder.here("2026-11-27T00:00:00Z")
+    async with (
+        open_store(f"{postgres_dsn}?apiary_schema={postgres_schema}", tmp_path) as store,
+        claim_store(store, holder) as claim,
+    ):
+        assert not claim.lost
+        async with await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as admin:
+            key = [LOCK_NAMESPACE, postgres_schema]
+            await admin.execute(_TERMINATE_HOLDER, key)
+            # Someone else holds it before the claim is checked again: lost...
             taken = await admin.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key)
             assert (await taken.fetchone()) == (True,)
             claim.check_now()
-            await _until(lambda: claim.lost, "the lost claim is noticed")
+            await asyncio.wait_for(claim.taken.wait(), 10)
             await admin.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", key)
-            # ... and held again once it is free.
+            # ... for good: the other may have served the store meanwhile.
             claim.check_now()
-            await _until(lambda: not claim.lost, "the claim is taken again")
-            again = await admin.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key)
-            assert (await again.fetchone()) == (False,)
+            await asyncio.sleep(0.2)
+            assert claim.lost
+            free = await admin.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key)
+            assert (await free.fetchone()) == (True,), "the lost claim was taken again"
 
 
-def _serve(data_dir: Path) -> subprocess.Popen[str]:
+def test_apiary_serve_stops_when_another_coordinator_takes_its_claim(
+    tmp_path: Path, postgres_dsn: str, postgres_schema: str
+) -> None:
+    """The database drops the serving coordinator's claim and another session takes it
+    before it can take it back: `apiary serve` stops (exit 2) instead of serving a store
+    another coordinator may serve."""
+    url = f"{postgres_dsn}?apiary_schema={postgres_schema}"
+    serving = _serve(tmp_path, "--store", url)
+    try:
+        assert _grpc_line(serving)
+        key = [LOCK_NAMESPACE, postgres_schema]
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            for _ in range(200):  # the claim's connection may be replaced meanwhile
+                admin.execute(_TERMINATE_HOLDER, key)
+                row = admin.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key)
+                if row.fetchone() == (True,):
+                    break
+            else:
+                raise AssertionError("the claim could not be taken from apiary serve")
+            _, err = serving.communicate(timeout=60)
+        assert serving.returncode == 2, err
+        assert "another coordinator took this one's claim on the store" in err, err
+        assert "lost the claim on the PostgreSQL schema" in err, err
+    finally:
+        if serving.poll() is None:
+            serving.kill()
+            serving.wait(timeout=30)
+
+
+def _serve(data_dir: Path, *more: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "apiary.cli.main", "serve", "--data-dir", str(data_dir),
-         "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"],
+         "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", *more],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 

@@ -96,7 +96,7 @@ def serve(
         raise typer.Exit(2)
     log = configure_logging(settings.log_level, settings.data_dir, log_format)
     try:
-        asyncio.run(_run(settings, log, summary=log_format is LogFormat.TEXT))
+        taken = asyncio.run(_run(settings, log, summary=log_format is LogFormat.TEXT))
     except (StoreOpenError, SchemaVersionError, StoreClaimedError) as exc:
         # The store cannot be used as it is: one line naming the file, the cause and the fix.
         typer.echo(f"apiary serve: {exc}", err=True)
@@ -104,9 +104,19 @@ def serve(
     except OSError as exc:
         typer.echo(f"apiary serve: {exc}", err=True)
         raise typer.Exit(1) from None
+    if taken:
+        typer.echo(
+            "apiary serve: another coordinator took this one's claim on the store while the "
+            "database had dropped its connection; stopped, so that two coordinators never "
+            "serve one store (the log names the other)",
+            err=True,
+        )
+        raise typer.Exit(2)
 
 
-async def _run(settings: ServerConfig, log: LogTarget, *, summary: bool) -> None:
+async def _run(settings: ServerConfig, log: LogTarget, *, summary: bool) -> bool:
+    """Serve until SIGTERM or SIGINT; True when it stopped because another coordinator took
+    the store's claim."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -131,10 +141,15 @@ async def _run(settings: ServerConfig, log: LogTarget, *, summary: bool) -> None
             print(f"http={http_at}", flush=True)
             if summary:
                 print("\n".join(summary_lines(coordinator, serving, log, recorded)), flush=True)
-            await stop.wait()
+            signalled = asyncio.ensure_future(stop.wait())
+            taken = asyncio.ensure_future(coordinator.claim_taken.wait())
+            await asyncio.wait({signalled, taken}, return_when=asyncio.FIRST_COMPLETED)
+            signalled.cancel()
+            taken.cancel()
         finally:
             forget(settings.data_dir, serving.pid)
         print("apiary: shutting down", file=sys.stderr, flush=True)
+    return coordinator.claim_taken.is_set()
 
 
 def summary_lines(

@@ -9,7 +9,7 @@ import socket
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import grpc
 from aiohttp import web
@@ -88,7 +88,7 @@ from apiary.server.tenancy import (
 )
 from apiary.server.tls import grpc_credentials, http_context
 from apiary.server.tracing.server_tracing import ServerTracing
-from apiary.store.claim import Holder, claim_store
+from apiary.store.claim import Claim, Holder, claim_store
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.store.sqlite.store import SqliteStore
@@ -129,6 +129,9 @@ class Coordinator:
     """Every tenant's engine; the fields above are the default tenant's."""
     control_planes: ControlPlanes | None = None
     """Every tenant's runtime control plane (docs/control-plane.md)."""
+    claim_taken: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when another coordinator took this one's claim on the store (store/claim.py):
+    it no longer serves (health NOT_SERVING, not ready) and its owner must stop it."""
     ready: bool = False
 
 
@@ -323,6 +326,9 @@ async def open_coordinator(
         await set_serving(health, True)
         tasks = start_engine_tasks(store, engine, runtime)
         tasks.append(asyncio.create_task(reach.run(), name="apiary-store-health"))
+        tasks.append(
+            asyncio.create_task(_stop_serving_once_taken(claim, state, health), name="apiary-claim")
+        )
         engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",
@@ -340,6 +346,17 @@ async def open_coordinator(
         finally:
             state.ready = False
             await _shut_down(engine, server, health, runner, tasks, tenancy, controls)
+
+
+async def _stop_serving_once_taken(
+    claim: Claim, state: Coordinator, health: grpc_health.aio.HealthServicer
+) -> None:
+    """Another coordinator took the store's claim: stop answering as a serving coordinator
+    at once (its owner, `apiary serve`, then shuts it down)."""
+    await claim.taken.wait()
+    state.ready = False
+    await set_serving(health, False)
+    state.claim_taken.set()
 
 
 async def _open_tracing(config: ServerConfig, stack: AsyncExitStack) -> ServerTracing | None:

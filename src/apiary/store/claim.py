@@ -13,7 +13,9 @@ so a restarted coordinator never waits for a claim nobody holds.
   whose `application_name` describes the holder (read back through `pg_locks` and
   `pg_stat_activity` to name it). The connection is watched: when the database drops it (a
   restart, a cut), the claim is taken again on a new one; if another coordinator took it
-  meanwhile, `lost` is set and an error is logged.
+  meanwhile, the claim is lost for good: `taken` is set and an error is logged, and the
+  coordinator stops serving (`apiary serve` exits 2), since the other one may already have
+  served the store.
 - memory: nothing to share, nothing to claim.
 
 Commands that open a store briefly (the CLI's local reads) do not claim it.
@@ -82,8 +84,15 @@ class Claim:
 
     def __init__(self, holder: Holder) -> None:
         self.holder = holder
-        self.lost = False
-        """The database dropped the claim and another coordinator took it (PostgreSQL)."""
+        self.taken = asyncio.Event()
+        """Set when the database dropped the claim and another coordinator took it
+        (PostgreSQL): this one must stop serving. Never cleared: the claim is not taken
+        again, since the other coordinator may have served the store meanwhile."""
+
+    @property
+    def lost(self) -> bool:
+        """Whether another coordinator took the claim (`taken`)."""
+        return self.taken.is_set()
 
     def check_now(self) -> None:
         """Check that the claim is still held without waiting for the next check (a claim
@@ -235,7 +244,7 @@ async def _take(conninfo: str, schema: str, holder: Holder) -> psycopg.AsyncConn
 
 async def _watch(claim: _SchemaClaim, conninfo: str, schema: str) -> None:
     """Keep the claim: check its connection; take the claim again on a new one when the
-    database dropped it."""
+    database dropped it; stop, with `taken` set, when another coordinator holds it now."""
     while True:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(claim.due.wait(), WATCH_EVERY_S)
@@ -249,12 +258,12 @@ async def _watch(claim: _SchemaClaim, conninfo: str, schema: str) -> None:
             await claim.conn.close()
         try:
             claim.conn = await _take(conninfo, schema, claim.holder)
-            if claim.lost:
-                log.warning("the claim on the PostgreSQL schema %s is held again", schema)
-            claim.lost = False
         except StoreClaimedError as exc:
-            if not claim.lost:
-                log.error("lost the claim on the PostgreSQL schema %s: %s", schema, exc)
-            claim.lost = True
+            log.error(
+                "lost the claim on the PostgreSQL schema %s: %s; this coordinator stops "
+                "serving it", schema, exc,
+            )  # fmt: skip
+            claim.taken.set()
+            return
         except StoreError as exc:
             log.warning("the claim on the PostgreSQL schema %s cannot be checked: %s", schema, exc)
