@@ -12,6 +12,7 @@ from typing import Any, Final, Generic, TypeVar
 
 from apiary.controlplane import requests as r
 from apiary.controlplane import task_requests as tr
+from apiary.controlplane import thread_requests as th
 from apiary.controlplane.actions import RespondAction
 from apiary.controlplane.runtime import RuntimeControl
 from apiary.controlplane.settings import RuntimeSettings
@@ -72,6 +73,17 @@ _COMMANDS: list[Command[Any]] = [
     Command(
         "remove_queued_turn", "Take a queued turn out of its thread's queue", True,
         _plain(r.RemoveQueuedTurn.read), RuntimeControl.remove_queued_turn,
+    ),
+    Command(
+        "promote_queued_turn", "Move a queued turn ahead in its thread's queue (to the head, "
+        "or ahead of before_turn_id)", True,
+        _plain(th.PromoteQueuedTurn.read), lambda c, who, req: c.threads.promote(who, req),
+    ),
+    Command(
+        "resume_thread", "Continue a thread explicitly: follow its task again when it is "
+        "still active, run a turn whose task was lost again as a new turn, or start what "
+        "waits", True, _plain(th.ResumeThread.read),
+        lambda c, who, req: c.threads.resume(who, req),
     ),
     Command(
         "get_session", "A session's shell, snapshot and cursor", False,

@@ -33,6 +33,7 @@ from apiary.controlplane.requests import (
 )
 from apiary.controlplane.settings import RuntimeSettings
 from apiary.controlplane.tasks import TaskCommands
+from apiary.controlplane.threads import ThreadCommands
 from apiary.controlplane.turns import ENDED_STATUSES, TurnDriver, queue_fact
 from apiary.core.access.principal import Principal
 from apiary.core.clock import Clock
@@ -99,6 +100,9 @@ class RuntimeControl:
         self.channels = Channels(self._facts, self.reads, clock, ids, settings, self._lock)
         self.tasks = TaskCommands(
             self._facts, scheduler, registry, self.reads, clock, ids, settings, self._lock
+        )
+        self.threads = ThreadCommands(
+            self._facts, self.turns, scheduler, self.reads, clock, ids, self._lock
         )
         self.actions = Actions(self._facts, hitl, scheduler, clock, self._lock)
         self.reads.pending_requests = self.actions.pending

@@ -33,6 +33,7 @@ from apiary.core.runtime.records import (
     ThreadRecord,
     TurnRecord,
     TurnState,
+    queue_key,
 )
 from apiary.core.runtime.turns import (
     INTERRUPT_PREFIX,
@@ -81,11 +82,12 @@ def task_params(turn: TurnRecord) -> bytes:
     return f'{ids[:-1]},"input":{turn.input_json}}}'.encode()
 
 
-def queue_fact(thread: ThreadRecord, queued: list[str]) -> Fact:
-    """queue.changed: the thread's queued turns, in order."""
+def queue_fact(thread: ThreadRecord, queued: list[str], **more: Any) -> Fact:
+    """queue.changed: the thread's queued turns, in order (`more`: other payload
+    properties, what moved)."""
     return Fact(
         _T.QUEUE_CHANGED, thread.session_id, thread.thread_id, agent_id=thread.agent_id,
-        payload={"queuedTurns": queued}, extra={"queueId": f"thread:{thread.thread_id}"},
+        payload={"queuedTurns": queued, **more}, extra={"queueId": f"thread:{thread.thread_id}"},
     )  # fmt: skip
 
 
@@ -221,7 +223,7 @@ class TurnDriver:
         stored = await self._store.open_turns(thread.thread_id)
         others = [t for t in stored if t.turn_id != after.turn_id]
         still_open = [*others, after] if not state.terminal else others
-        still_open.sort(key=lambda t: t.ordinal)
+        still_open.sort(key=queue_key)
         queued = [t.turn_id for t in still_open if t.state == TurnState.QUEUED]
         active = next((TurnState(t.state) for t in still_open if TurnState(t.state).active), None)
         last = state if state.terminal else (
@@ -297,7 +299,7 @@ class TurnDriver:
                 return
             except NotFoundError:
                 async with self._lock:
-                    await self._lost(turn_id)
+                    await self.lost(turn_id)
                 return
             except Exception as exc:  # a store outage, say: follow again (it reads anew)
                 log.warning("following turn %s failed, again in %.2f s: %s", turn_id, pause, exc)
@@ -330,7 +332,9 @@ class TurnDriver:
             after = (await self._store.turn(turn_id)) or after
         return TurnState(after.state).terminal
 
-    async def _lost(self, turn_id: str) -> None:
+    async def lost(self, turn_id: str) -> None:
+        """The turn's task cannot be found: the turn fails `task_lost` (resume_thread runs it
+        again as a new turn)."""
         turn = await self._store.turn(turn_id)
         if turn is None or not TurnState(turn.state).active:
             return
@@ -353,7 +357,7 @@ class TurnDriver:
         except AlreadyCompletedError:
             return thread
         except NotFoundError:
-            await self._lost(turn.turn_id)
+            await self.lost(turn.turn_id)
         else:
             await self.task_changed(turn.turn_id, ended)
         return (await self._store.thread(thread.thread_id)) or thread

@@ -232,6 +232,8 @@ RUNTIME_RULES: Mapping[str, Rule] = MappingProxyType(
         "submit_turn": ANYONE,
         "interrupt_turn": ANYONE,
         "remove_queued_turn": ANYONE,
+        "promote_queued_turn": ANYONE,
+        "resume_thread": ANYONE,
         "get_session": ANYONE,
         "get_thread_read": ANYONE,
         "list_tasks": ANYONE,
