@@ -213,6 +213,7 @@ HTTP_RULES: Mapping[str, Rule] = MappingProxyType(
         "POST /runtime/v1/rpc": PUBLIC,
         "POST /runtime/v1/{command}": PUBLIC,
         "GET /runtime/v1/sessions/{session_id}/events": PUBLIC,
+        "GET /runtime/v1/sessions/{session_id}/socket": PUBLIC,
         # The swarm endpoint authenticates every request by its own signatures
         # (agent-swarm-protocol section 5): the swarm's members are not Apiary principals.
         "POST /swarm/message": PUBLIC,
