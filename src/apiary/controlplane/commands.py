@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Generic, TypeVar
 
+from apiary.controlplane import exports as ex
 from apiary.controlplane import requests as r
 from apiary.controlplane import task_requests as tr
 from apiary.controlplane import thread_requests as th
@@ -100,6 +101,21 @@ _COMMANDS: list[Command[Any]] = [
     Command(
         "get_task", "One Apiary task, with its result", False,
         _plain(r.GetTask.read), RuntimeControl.get_task,
+    ),
+    Command(
+        "export_evidence", "A session's events (a page of them) with the snapshot they lead "
+        "to and a digest over them", False,
+        _plain(ex.ExportEvidence.read), lambda c, who, req: c.exports.evidence(who, req),
+    ),
+    Command(
+        "export_replay", "A session's turns in order: the input to submit again and the "
+        "outcome to compare with", False,
+        _plain(ex.ExportReplay.read), lambda c, who, req: c.exports.replay(who, req),
+    ),
+    Command(
+        "export_review", "A review template of a session: an item per outcome (turns, tasks, "
+        "actions, permissions) with the audit ref of its fact", False,
+        _plain(ex.ExportReview.read), lambda c, who, req: c.exports.review(who, req),
     ),
     Command(
         "create_task", "Create an agent task (a draft, or started with start: true) with its "

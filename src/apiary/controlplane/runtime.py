@@ -18,6 +18,7 @@ from typing import Any
 
 from apiary.controlplane.actions import Actions
 from apiary.controlplane.channels import Channels, channel_json
+from apiary.controlplane.exports import Exports
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.reads import Reads, no_thread
 from apiary.controlplane.requests import (
@@ -98,6 +99,7 @@ class RuntimeControl:
         self.turns = TurnDriver(self._facts, scheduler, clock, self._lock)
         self.reads = Reads(store, scheduler, clock, settings, runtime_id)
         self.channels = Channels(self._facts, self.reads, clock, ids, settings, self._lock)
+        self.exports = Exports(self._facts, self.reads, clock, self._lock)
         self.tasks = TaskCommands(
             self._facts, scheduler, registry, self.reads, clock, ids, settings, self._lock
         )

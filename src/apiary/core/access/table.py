@@ -239,6 +239,9 @@ RUNTIME_RULES: Mapping[str, Rule] = MappingProxyType(
         "get_thread_read": ANYONE,
         "list_tasks": ANYONE,
         "get_task": ANYONE,
+        "export_evidence": ANYONE,
+        "export_replay": ANYONE,
+        "export_review": ANYONE,
         "reconnect_channel": ANYONE,
         "ack_events": ANYONE,
         # Agent tasks are their owner's (and operators' with `tasks`); the task's assigned
