@@ -7,14 +7,17 @@ naming the field. Every event and snapshot in a pack is validated against the co
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from apiary.sdk.runtime import RuntimeClient
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from tests.server.runtime_harness import (
@@ -163,3 +166,44 @@ async def test_bad_parameters_are_refused_naming_the_field(
     assert page["evidence"]["more"] is False
     one = await runtime.ok("export_evidence", session_id=session_id, limit=1)
     assert len(one["evidence"]["events"]) == 1 and one["evidence"]["more"] is True
+
+
+async def _cli(coordinator: Coordinator, *args: str, code: int = 0) -> tuple[str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "apiary.cli.main", "runtime", "export", *args,
+        "--http", str(coordinator.http_address),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == code, (proc.returncode, out.decode(), err.decode())
+    return out.decode(), err.decode()
+
+
+async def test_the_sdk_and_the_command_line_export_every_page(
+    coordinator: Coordinator, runtime: RuntimeHttp, answerer: Answerer, tmp_path: Path
+) -> None:
+    made = await _session(runtime)
+    session_id = made["sessionId"]
+    logged = await session_events(coordinator, session_id)
+    async with RuntimeClient(f"http://{coordinator.http_address}") as client:
+        pages = [page async for page in client.evidence_pages(session_id, limit=5)]
+        assert [e for p in pages for e in p["events"]] == logged
+        replay = await client.export_replay(session_id, thread_id=made["threadId"])
+        assert [t["turnId"] for t in replay["threads"][0]["turns"]] == ["x-1", "x-2"]
+        assert (await client.export_review(session_id))["kind"] == "review"
+    out, err = await _cli(coordinator, "evidence", session_id, "--limit", "5")
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert len(lines) == len(pages) and [e for p in lines for e in p["events"]] == logged
+    assert err.splitlines()[-1] == (
+        f"evidence: {len(logged)} events through sequence {lines[-1]['range']['through']}"
+    )
+    one, _ = await _cli(coordinator, "evidence", session_id, "--after", "0", "--limit", "2")
+    assert [e["sequence"] for e in json.loads(one)["events"]] == [e["sequence"] for e in logged[:2]]
+    target = tmp_path / "replay.json"
+    _, said = await _cli(coordinator, "replay", session_id, "--out", str(target))
+    assert json.loads(target.read_text())["threads"] == replay["threads"]
+    assert said.strip() == f"replay of {session_id} written to {target}"
+    _, refused = await _cli(coordinator, "review", session_id, "--thread", "t", code=2)
+    assert "--thread is for replay only" in refused
+    _, missing = await _cli(coordinator, "review", "no-such-session", code=1)
+    assert "no-such-session" in missing
