@@ -15,8 +15,8 @@ from apiary.server.config.cluster import cluster_problem, cluster_settings
 from apiary.server.config.handoff import handoff_policy
 from apiary.server.config.hitl import hitl_settings
 from apiary.server.config.limits import limits_settings
-from apiary.server.config.presence import presence_settings
 from apiary.server.config.negotiation import negotiation_settings
+from apiary.server.config.presence import presence_settings
 from apiary.server.config.rooms import room_settings
 from apiary.server.config.router import router_settings
 from apiary.server.config.scheduler import scheduler_settings
