@@ -49,6 +49,15 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "link_tasks": {"task_id": "x", "target_id": "y"},
     "unlink_tasks": {"task_id": "x", "target_id": "y"},
     "respond_action": {"action_id": "a", "decision": "approve"},
+    "evaluate_permission": {"thread_id": "t", "tool_name": "x"},
+    "resolve_permission": {"permission_id": "p", "decision": "deny"},
+    "get_tool_inventory": {"thread_id": "t"},
+    "get_execution_environment": {"thread_id": "t"},
+    "spawn_subagent": {"thread_id": "t", "agent_id": "alice"},
+    "send_subagent_input": {"subagent_id": "c", "input": 1},
+    "wait_subagents": {"thread_id": "t"},
+    "close_subagent": {"subagent_id": "c"},
+    "list_subagents": {"thread_id": "t"},
 }
 
 
@@ -230,3 +239,58 @@ async def test_a_session_lives_in_its_principals_tenant(tmp_path: Path) -> None:
         assert TENANT_KEY in named.headers
         read = await named.ok("get_session", session_id=session_id)
         assert read["snapshot"]["runtimeId"] == "apiary:acme"
+
+
+async def test_permissions_tools_and_subagents_are_the_thread_owners(
+    tmp_path: Path,
+) -> None:
+    async with open_secure(tmp_path) as secure, runtime_http(secure.coordinator) as runtime:
+        await secure.coordinator.registry.register(
+            {"agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"]}
+        )
+        app = await _as(secure, runtime, "app")
+        made = await app.ok("submit_turn", agent_id="alice", turn_id="mine", input=1)
+        thread_id = made["threadId"]
+
+        async def call(caller: RuntimeHttp, method: str) -> dict[str, Any]:
+            return await caller.ok(
+                "evaluate_permission", thread_id=thread_id, action_type="call", method=method
+            )
+
+        # Secure mode: the agent is held to its rules as the access guard holds it.
+        assert (await call(app, "/apiary.v1.DlqService/List"))["decision"] == "deny"
+        assert (await call(app, "/sw4rm.registry.RegistryService/Heartbeat"))["decision"] == (
+            "allow"
+        )
+        await app.ok("spawn_subagent", thread_id=thread_id, agent_id="alice", subagent_id="kid")
+        asked = await app.ok(
+            "evaluate_permission", thread_id=thread_id, action_type="call",
+            method="/sw4rm.scheduler.SchedulerService/ShutdownAgent", subjects=["bob"],
+        )  # fmt: skip
+        assert asked["decision"] == "deny"
+        before = await _footprint(secure)
+        for who in ("mallory", "no-role"):
+            other = await _as(secure, runtime, who)
+            error = await other.error(404, "evaluate_permission", thread_id=thread_id,
+                                      tool_name="x")  # fmt: skip
+            assert error["details"]["field"] == "thread_id"
+            for command in ("get_tool_inventory", "get_execution_environment",
+                            "list_subagents", "wait_subagents"):  # fmt: skip
+                error = await other.error(404, command, thread_id=thread_id)
+                assert error["details"]["field"] == "thread_id", command
+            error = await other.error(404, "spawn_subagent", thread_id=thread_id,
+                                      agent_id="alice")  # fmt: skip
+            assert error["details"]["field"] == "thread_id"
+            for command, params in (
+                ("send_subagent_input", {"subagent_id": "kid", "input": 1}),
+                ("close_subagent", {"subagent_id": "kid"}),
+            ):
+                error = await other.error(404, command, **params)
+                assert error["details"]["field"] == "subagent_id", command
+            error = await other.error(
+                404, "resolve_permission", permission_id=asked["permissionId"], decision="deny"
+            )
+            assert error["details"]["field"] == "permission_id"
+        assert await _footprint(secure) == before
+        root = await _as(secure, runtime, "root")
+        assert (await call(root, "/apiary.v1.DlqService/List"))["decision"] == "deny"

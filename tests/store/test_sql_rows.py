@@ -175,7 +175,7 @@ CASES: list[tuple[str, Any, Callable[[Any], Any], Columns[Any], Callable[[Any], 
     ),
     (
         "runtime_actions",
-        distinct(ActionRecord, state="resolved"),
+        distinct(ActionRecord, state="resolved", kind="permission"),
         runtime_tasks.action_row,
         runtime_tasks.ACTIONS,
         runtime_tasks.action_from_row,

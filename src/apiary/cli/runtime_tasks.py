@@ -25,7 +25,7 @@ WAIT = typer.Option(False, "--wait", help="Wait until no run moves the task; pri
 TIMEOUT = typer.Option(0, "--timeout", min=0, help="With --wait: seconds at most")
 
 
-def _json_option(text: str, name: str) -> Any:
+def json_option(text: str, name: str) -> Any:
     if not text:
         return None
     try:
@@ -88,9 +88,9 @@ def _editing(app: typer.Typer, show: Show, http_option: Any, jsonrpc_option: Any
         params = {
             "task_id": task_id, "agent_id": agent, "capability": capability,
             "session_id": session, "title": title, "objective": objective,
-            "input": _json_option(input_json, "--input"),
-            "task_profile": _json_option(profile_json, "--profile-json"),
-            "constraints": _json_option(constraints, "--constraints"),
+            "input": json_option(input_json, "--input"),
+            "task_profile": json_option(profile_json, "--profile-json"),
+            "constraints": json_option(constraints, "--constraints"),
             "parent_task_id": parent, "depends_on": depends_on, "start": start,
         }  # fmt: skip
         show("create-task", http, jsonrpc, lambda c: c.create_task(**params), wait and start,
@@ -111,7 +111,7 @@ def _editing(app: typer.Typer, show: Show, http_option: Any, jsonrpc_option: Any
         changes = {k: v for k, v in (("title", title), ("objective", objective),
                                      ("agent_id", agent)) if v}  # fmt: skip
         if input_json:
-            changes["input"] = _json_option(input_json, "--input")
+            changes["input"] = json_option(input_json, "--input")
         show("update-task", http, jsonrpc, lambda c: c.update_task(task_id, **changes))
 
 
@@ -167,7 +167,7 @@ def _ending(app: typer.Typer, show: Show, http_option: Any, jsonrpc_option: Any)
         profile: str = PROFILE,
     ) -> None:
         """Complete a task that has no run in hand, with its result and evidence."""
-        given = _json_option(result, "--result")
+        given = json_option(result, "--result")
         show("complete-task", http, jsonrpc, lambda c: c.complete_task(
             task_id, result=given, evidence_refs=evidence or None))  # fmt: skip
 
@@ -224,7 +224,7 @@ def _respond(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) 
         profile: str = PROFILE,
     ) -> None:
         """Decide an action a turn or task waits on."""
-        given = _json_option(patch, "--patch")
+        given = json_option(patch, "--patch")
         answer = run(
             "respond", http, jsonrpc,
             lambda c: c.respond_action(action_id, decision, rationale=rationale, patch=given),

@@ -27,6 +27,7 @@ from apiary.core.clock import Clock
 from apiary.core.hitl.vocabulary import HitlState
 from apiary.core.records import HitlRecord
 from apiary.core.runtime.actions import (
+    ActionKind,
     ActionRecord,
     ActionState,
     candidate_tasks,
@@ -37,6 +38,7 @@ from apiary.core.runtime.actions import (
 )
 from apiary.core.runtime.events import RuntimeEventType
 from apiary.core.runtime.log import Fact
+from apiary.core.runtime.permissions import resolution
 from apiary.core.runtime.records import RuntimeWrite, may_use
 from apiary.engine.hitl import Hitl
 from apiary.engine.operators import Operator
@@ -138,7 +140,7 @@ class Actions:
                 await self._required(record)
         for action in known.values():
             if action.action_id not in pending:
-                await self._resolved(action, await self._record(action.action_id))
+                await self.resolved(action, await self._record(action.action_id))
         self._foreign &= set(pending)
 
     async def _record(self, action_id: str) -> HitlRecord | None:
@@ -170,11 +172,14 @@ class Actions:
                 )  # fmt: skip
         return None
 
-    def _fact(self, kind: str, action: ActionRecord, payload: dict[str, Any]) -> Fact:
+    def _fact(
+        self, kind: str, action: ActionRecord, payload: dict[str, Any], status: str = "",
+        **extra: Any,
+    ) -> Fact:  # fmt: skip
         return Fact(
             kind, action.session_id, action.thread_id, action.turn_id, task_id=action.task_id,
-            run_id=action.run_id, status=action.state, payload=payload,
-            extra={"actionId": action.action_id},
+            run_id=action.run_id, status=status or action.state, payload=payload,
+            extra={"actionId": action.action_id, **extra},
         )  # fmt: skip
 
     async def _required(self, record: HitlRecord) -> None:
@@ -187,15 +192,29 @@ class Actions:
         fact = self._fact(_T.ACTION_REQUIRED, action, required_payload(record, scope))
         await self._facts.commit(RuntimeWrite(actions=(action,)), [fact], RUNTIME_ACTOR)
 
-    async def _resolved(self, action: ActionRecord, record: HitlRecord | None) -> ActionRecord:
-        payload = resolved_payload(record) if record is not None else {
-            "decision": None, "approved": False, "via": "lost",
-        }  # fmt: skip
+    async def resolved(self, action: ActionRecord, record: HitlRecord | None) -> ActionRecord:
+        """Store `action` resolved as its invocation `record` ended (None: lost), with its
+        event: `action.resolved`, or `permission.resolved` for a permission (which only an
+        approval allows)."""
+        permission = action.kind == ActionKind.PERMISSION
+        payload: dict[str, Any]
+        if record is None:
+            payload = {"decision": None, "approved": False, "via": "lost"}
+            if permission:
+                payload.update(allowed=False, status="denied")
+        else:
+            payload = resolution(record) if permission else resolved_payload(record)
         after = replace(
             action, state=ActionState.RESOLVED.value, updated_at=self._clock.now(),
             decision=str(payload.get("decision") or ""), via=str(payload["via"]),
         )  # fmt: skip
-        fact = self._fact(_T.ACTION_RESOLVED, after, payload)
+        if permission:
+            status = "allowed" if payload["approved"] else "denied"
+            fact = self._fact(_T.PERMISSION_RESOLVED, after, payload, status=status,
+                              permissionDecision={"status": status,
+                                                  "decision": payload["decision"]})  # fmt: skip
+        else:
+            fact = self._fact(_T.ACTION_RESOLVED, after, payload)
         await self._facts.commit(RuntimeWrite(actions=(after,)), [fact], RUNTIME_ACTOR)
         return after
 
@@ -227,6 +246,11 @@ class Actions:
                     f"no action {req.action_id!r}",
                     {"field": "action_id", "action_id": req.action_id},
                 )
+            if action.kind == ActionKind.PERMISSION:
+                raise ValidationError.for_field(
+                    "action_id", f"{action.action_id} is a permission: resolve_permission "
+                    "decides it",
+                )  # fmt: skip
             if action.state == ActionState.RESOLVED:
                 outcome = action.decision or "no decision"
                 raise AlreadyCompletedError(
@@ -247,7 +271,7 @@ class Actions:
             if decided.state == HitlState.PENDING.value:  # deferred: its deadline moved
                 return {"actionId": action.action_id, "status": action.state,
                         "deadline": decided.deadline}  # fmt: skip
-            after = await self._resolved(action, decided)
+            after = await self.resolved(action, decided)
         return {
             "actionId": after.action_id, "status": after.state,
             "decision": resolved_payload(decided),

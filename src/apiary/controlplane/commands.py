@@ -11,10 +11,13 @@ from types import MappingProxyType
 from typing import Any, Final, Generic, TypeVar
 
 from apiary.controlplane import exports as ex
+from apiary.controlplane import permission_requests as pr
 from apiary.controlplane import requests as r
+from apiary.controlplane import subagents as sa
 from apiary.controlplane import task_requests as tr
 from apiary.controlplane import thread_requests as th
 from apiary.controlplane.actions import RespondAction
+from apiary.controlplane.environment import ThreadQuery
 from apiary.controlplane.runtime import RuntimeControl
 from apiary.controlplane.settings import RuntimeSettings
 from apiary.core.access.principal import Principal
@@ -178,6 +181,53 @@ _COMMANDS: list[Command[Any]] = [
         "respond_action", "Decide an action (a HITL invocation a turn or task waits on): "
         "approve, deny, modify (with a patch) or defer", True,
         _plain(RespondAction.read), lambda c, who, req: c.actions.respond(who, req),
+    ),
+    Command(
+        "evaluate_permission", "Whether the thread's agent may call a tool, send a message or "
+        "make a call (the tool service's checks, the message ACLs, the access rules); one that "
+        "needs approval opens a HITL invocation, pending until resolved", True,
+        _plain(pr.EvaluatePermission.read), lambda c, who, req: c.permissions.evaluate(who, req),
+    ),
+    Command(
+        "resolve_permission", "Decide a pending permission (approve or deny) through the HITL "
+        "engine", True, _plain(pr.ResolvePermission.read),
+        lambda c, who, req: c.permissions.resolve(who, req),
+    ),
+    Command(
+        "get_tool_inventory", "The tools the thread's agent may call: the tool catalogue as "
+        "the tool ACL lets it see it, each with its descriptor", False,
+        _plain(ThreadQuery.read), lambda c, who, req: c.environment.tool_inventory(who, req),
+    ),
+    Command(
+        "get_execution_environment", "Where the thread's agent works (its worktree: cwd and "
+        "workspace roots) and the sandbox, network policy and limits its tool calls run under",
+        False, _plain(ThreadQuery.read),
+        lambda c, who, req: c.environment.execution_environment(who, req),
+    ),
+    Command(
+        "spawn_subagent", "A child thread of a thread, bound to another agent and linked to "
+        "its parent (and turn); its first turn when input is given", True,
+        lambda p, s: sa.SpawnSubagent.read(p, s.max_input_bytes),
+        lambda c, who, req: c.subagents.spawn(who, req),
+    ),
+    Command(
+        "send_subagent_input", "A turn on a subagent's thread, run by its agent", True,
+        lambda p, s: sa.SubagentInput.read(p, s.max_input_bytes),
+        lambda c, who, req: c.subagents.send_input(who, req),
+    ),
+    Command(
+        "wait_subagents", "Wait until subagents settle (all, or any), or the timeout", False,
+        _plain(sa.WaitSubagents.read), lambda c, who, req: c.subagents.wait(who, req),
+    ),
+    Command(
+        "close_subagent", "Interrupt a subagent's work, cancel its queued turns and close its "
+        "thread to new turns", True, _plain(sa.CloseSubagent.read),
+        lambda c, who, req: c.subagents.close(who, req),
+    ),
+    Command(
+        "list_subagents", "The parent-child graph of a session's (or a thread's) subagents, "
+        "each child's state", False, _plain(sa.ListSubagents.read),
+        lambda c, who, req: c.subagents.list(who, req),
     ),
     Command(
         "reconnect_channel", "Open or resume an event channel: the snapshot, then the events "

@@ -18,8 +18,10 @@ from typing import Any
 
 from apiary.controlplane.actions import Actions
 from apiary.controlplane.channels import Channels, channel_json
+from apiary.controlplane.environment import Environment
 from apiary.controlplane.exports import Exports
 from apiary.controlplane.facts import FactWriter
+from apiary.controlplane.permissions import Permissions
 from apiary.controlplane.reads import Reads, no_thread
 from apiary.controlplane.requests import (
     AckEvents,
@@ -33,10 +35,12 @@ from apiary.controlplane.requests import (
     SubmitTurn,
 )
 from apiary.controlplane.settings import RuntimeSettings
+from apiary.controlplane.subagents import Subagents
 from apiary.controlplane.tasks import TaskCommands
 from apiary.controlplane.threads import ThreadCommands
 from apiary.controlplane.turns import ENDED_STATUSES, TurnDriver, queue_fact
 from apiary.core.access.principal import Principal
+from apiary.core.acl import AclPolicy
 from apiary.core.clock import Clock
 from apiary.core.ids import IdGenerator
 from apiary.core.runtime.events import RuntimeEventType
@@ -58,6 +62,8 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import Hitl
 from apiary.engine.registry import Registry
 from apiary.engine.scheduler.scheduler import Scheduler
+from apiary.engine.tools.service import ToolService
+from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.errors import (
     AlreadyCompletedError,
     AlreadyExistsError,
@@ -87,6 +93,10 @@ class RuntimeControl:
         runtime_id: str = "apiary",
         settings: RuntimeSettings | None = None,
         hitl: Hitl | None = None,
+        tools: ToolService | None = None,
+        acl: AclPolicy | None = None,
+        secure: bool = False,
+        worktrees: Worktrees | None = None,
     ) -> None:
         self.settings = settings = settings or RuntimeSettings()
         self._store = store
@@ -108,6 +118,15 @@ class RuntimeControl:
         )
         self.actions = Actions(self._facts, hitl, scheduler, clock, self._lock)
         self.reads.pending_requests = self.actions.pending
+        self.permissions = Permissions(
+            self._facts, self.reads, self.actions, hitl, tools, acl or AclPolicy(), scheduler,
+            clock, ids, self._lock, secure=secure,
+        )  # fmt: skip
+        self.environment = Environment(self._facts, self.reads, tools, worktrees, self._lock)
+        self.subagents = Subagents(
+            self._facts, self.reads, registry, events, self.submit_turn, self.interrupt_turn,
+            clock, ids, self._lock,
+        )  # fmt: skip
 
     async def load(self) -> int:
         """Follow the started turns again and start what waits, and the agent tasks' runs
@@ -205,6 +224,11 @@ class RuntimeControl:
             if found is not None:
                 if found.session_id != session.session_id:
                     raise no_thread(req.thread_id, session.session_id)
+                if found.closed_at:
+                    raise AlreadyCompletedError(
+                        f"thread {found.thread_id} is a closed subagent: it takes no turns",
+                        {"field": "thread_id", "thread_id": found.thread_id},
+                    )
                 if req.agent_id and req.agent_id != found.agent_id:
                     raise ValidationError.for_field(
                         "agent_id", f"thread {found.thread_id} is bound to {found.agent_id}"

@@ -23,13 +23,12 @@ take an `idempotency_key` (controlplane/thread_requests.py).
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
 from typing import Any, Final
 
+from apiary.controlplane.command_keys import CommandKeys
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.reads import Reads
-from apiary.controlplane.task_requests import Keyed
 from apiary.controlplane.thread_requests import PromoteQueuedTurn, ResumeThread
 from apiary.controlplane.turns import TurnDriver, queue_fact
 from apiary.core.access.principal import Principal
@@ -45,13 +44,11 @@ from apiary.core.runtime.records import (
     TurnState,
     owner_of,
 )
-from apiary.core.runtime.task_records import CommandKeyRecord
 from apiary.core.runtime.turns import thread_status
 from apiary.core.runtime.views import turn_view
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.errors import (
     AlreadyCompletedError,
-    AlreadyExistsError,
     AlreadyInProgressError,
     NotFoundError,
     ValidationError,
@@ -79,41 +76,14 @@ class ThreadCommands:
         self._clock = clock
         self._ids = ids
         self._lock = lock
-
-    # ------------------------------------------------------------------ keys
-
-    async def _known(
-        self, caller: Principal, command: str, req: Keyed
-    ) -> tuple[dict[str, Any] | None, CommandKeyRecord | None]:
-        """The stored answer of a retry under `req`'s key, else the key to store with the
-        command's write (None without a key)."""
-        if not req.idempotency_key:
-            return None, None
-        owner, digest = owner_of(caller), req.digest()
-        known = await self._store.command_key(owner, req.idempotency_key)
-        if known is None:
-            key = CommandKeyRecord(owner, req.idempotency_key, command, digest, "{}", 0.0)
-            return None, key
-        if known.command != command or known.digest != digest:
-            raise AlreadyExistsError(
-                f"idempotency_key {req.idempotency_key!r} was used for another request; a "
-                "retry sends the same one", {"field": "idempotency_key"},
-            )  # fmt: skip
-        answer: dict[str, Any] = json.loads(known.answer_json)
-        return answer, None
-
-    def _keep(self, key: CommandKeyRecord | None, answer: dict[str, Any]) -> tuple[Any, ...]:
-        if key is None:
-            return ()
-        text = json.dumps(answer, separators=(",", ":"), ensure_ascii=False)
-        return (replace(key, answer_json=text, created_at=self._clock.now()),)
+        self._keys = CommandKeys(facts.store, clock)
 
     # ------------------------------------------------------------------ promote
 
     async def promote(self, caller: Principal, req: PromoteQueuedTurn) -> dict[str, Any]:
         """Move the queued turn ahead of `before_turn_id` (the head when none)."""
         async with self._lock:
-            replayed, key = await self._known(caller, "promote_queued_turn", req)
+            replayed, key = await self._keys.known(caller, "promote_queued_turn", req)
             turn, thread = await self._reads.turn(
                 caller, req.turn_id, req.thread_id, req.session_id
             )
@@ -128,7 +98,7 @@ class ThreadCommands:
             order = promoted(queue, turn.turn_id, req.before_turn_id)
             moved = [new for new, old in zip(order, queue, strict=True) if new != old]
             answer = {"turnId": turn.turn_id, "moved": bool(moved)}
-            keys = self._keep(key, answer)
+            keys = self._keys.keep(key, answer)
             if moved or keys:
                 facts: list[Fact] = []
                 if moved:
@@ -156,14 +126,14 @@ class ThreadCommands:
     async def resume(self, caller: Principal, req: ResumeThread) -> dict[str, Any]:
         """Continue the thread as the runtime can prove it (module docstring)."""
         async with self._lock:
-            replayed, key = await self._known(caller, "resume_thread", req)
+            replayed, key = await self._keys.known(caller, "resume_thread", req)
             _, thread = await self._reads.thread(caller, req.thread_id, req.session_id)
             if replayed is not None:
                 return await self._resume_answer(thread, replayed, replayed=True)
             named = await self._named(caller, thread, req.turn_id)
             mode, turn = await self._resume(caller, thread, named, req.reason)
             answer = {"mode": mode, "turnId": turn.turn_id if turn is not None else None}
-            keys = self._keep(key, answer)
+            keys = self._keys.keep(key, answer)
             if keys:
                 await self._facts.commit(RuntimeWrite(keys=keys), [], caller.label)
             return await self._resume_answer(thread, answer)

@@ -36,6 +36,7 @@ from apiary.core.runtime.records import (
     TurnState,
     queue_key,
 )
+from apiary.core.runtime.subagents import ended_fact
 from apiary.core.runtime.turns import (
     INTERRUPT_PREFIX,
     TurnEffect,
@@ -189,6 +190,8 @@ class TurnDriver:
             after = replace(after, ended_at=now)
         new_thread, facts = await self._thread_after(turn, after, thread, now, quiet)
         facts[:0] = [self._fact(kind, after, new_thread) for kind in step.events]
+        if step.state.terminal and new_thread.parent_thread_id:  # a subagent's turn ended
+            facts.append(ended_fact(after, new_thread))
         if TurnEffect.PERSIST in step.effects:
             write = RuntimeWrite(threads=(new_thread,), turns=(after,))
             await self._facts.commit(write, facts, actor)

@@ -23,9 +23,16 @@ class ControlPlanes:
     """The tenants' control planes (module docstring)."""
 
     def __init__(
-        self, tenancy: Tenancy, runtime: Runtime, settings: RuntimeSettings | None = None
+        self,
+        tenancy: Tenancy,
+        runtime: Runtime,
+        settings: RuntimeSettings | None = None,
+        *,
+        secure: bool = False,
     ) -> None:
         self._tenancy = tenancy
+        self._secure = secure
+        """Secure mode: evaluate_permission decides as the access guard does."""
         self._runtime = runtime
         self._settings = settings or RuntimeSettings()
         self._controls: dict[str, RuntimeControl] = {}
@@ -57,7 +64,8 @@ class ControlPlanes:
         control = RuntimeControl(
             opened.store.runtime, engine.scheduler, engine.registry, engine.events,
             self._runtime.clock, self._runtime.ids, runtime_id=runtime_id(tenant),
-            settings=self._settings, hitl=engine.hitl,
+            settings=self._settings, hitl=engine.hitl, tools=engine.tools,
+            acl=engine.router.settings.acl, secure=self._secure, worktrees=engine.worktrees,
         )  # fmt: skip
         await control.load()
         self._controls[tenant] = control

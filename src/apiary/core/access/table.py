@@ -261,6 +261,20 @@ RUNTIME_RULES: Mapping[str, Rule] = MappingProxyType(
         # An action is decided by its session's owner (operators with `tasks` too); the
         # HITL engine then checks the invocation's approver roles.
         "respond_action": ANYONE,
+        # A permission is evaluated for a thread of the caller's (its agent's rights, not the
+        # caller's) and resolved by the thread's session owner (operators with `tasks`
+        # too); the HITL engine then checks the invocation's approver roles.
+        "evaluate_permission": ANYONE,
+        "resolve_permission": ANYONE,
+        # What a thread's agent may call and where it works: read by the thread's owner.
+        "get_tool_inventory": ANYONE,
+        "get_execution_environment": ANYONE,
+        # Subagents are child threads of the caller's session: its owner's, as threads are.
+        "spawn_subagent": ANYONE,
+        "send_subagent_input": ANYONE,
+        "wait_subagents": ANYONE,
+        "close_subagent": ANYONE,
+        "list_subagents": ANYONE,
     }
 )
 """Rules of the runtime control plane's commands, by name."""

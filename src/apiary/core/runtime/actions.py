@@ -30,6 +30,16 @@ class ActionState(StrEnum):
     RESOLVED = "resolved"
 
 
+class ActionKind(StrEnum):
+    """What a HITL invocation the runtime follows is to the session."""
+
+    ACTION = "action"
+    """An invocation a turn or task waits on (`action.required`, `respond_action`)."""
+    PERMISSION = "permission"
+    """A permission `evaluate_permission` asked for (`permission.requested`,
+    `resolve_permission`; core/runtime/permissions.py)."""
+
+
 @dataclass(frozen=True, slots=True)
 class ActionRecord:
     """An action the runtime reported: where it belongs, and how it was resolved."""
@@ -51,6 +61,10 @@ class ActionRecord:
     via: str = ""
     """Who resolved it: operator (respond_action, the HITL inbox), deadline, unavailable,
     cancelled, ..."""
+    kind: str = ActionKind.ACTION.value
+    """An ActionKind value."""
+    detail_json: str = "{}"
+    """A permission's request and evaluation (JSON; '{}' for an action)."""
 
 
 def candidate_tasks(record: HitlRecord) -> list[str]:
@@ -117,8 +131,10 @@ def resolved_payload(record: HitlRecord) -> dict[str, Any]:
 
 def pending_request(action: ActionRecord, record: HitlRecord | None) -> dict[str, Any]:
     """A thread read's pending request for an open action."""
-    found: dict[str, Any] = {"actionId": action.action_id, "kind": "action",
+    found: dict[str, Any] = {"actionId": action.action_id, "kind": action.kind,
                              "requestedAt": iso_utc(action.created_at)}  # fmt: skip
+    if action.kind == ActionKind.PERMISSION:
+        found["permissionId"] = action.action_id
     if action.turn_id:
         found["turnId"] = action.turn_id
     if action.task_id:

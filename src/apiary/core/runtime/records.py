@@ -104,6 +104,14 @@ class ThreadRecord:
     """The turn whose task runs now ('' when none)."""
     turn_count: int = 0
     """Turns submitted so far: the next turn's ordinal."""
+    parent_thread_id: str = ""
+    """A subagent's thread: the thread that spawned it ('' for a top-level thread)."""
+    parent_turn_id: str = ""
+    """The parent's turn it was spawned for ('' when none was named)."""
+    role: str = ""
+    """A subagent's role in its parent's work (free text)."""
+    closed_at: float = 0.0
+    """When close_subagent closed it (0.0: open); a closed thread takes no turns."""
 
 
 @dataclass(frozen=True, slots=True)

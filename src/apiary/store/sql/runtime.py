@@ -62,6 +62,10 @@ class ThreadRow(NamedTuple):
     updated_at: float
     active_turn_id: str
     turn_count: int
+    parent_thread_id: str
+    parent_turn_id: str
+    role: str
+    closed_at: float
 
 
 class TurnRow(NamedTuple):
@@ -120,7 +124,8 @@ def thread_row(r: ThreadRecord) -> Row:
     return (
         r.thread_id, r.session_id, r.agent_id, r.scope, QueuePolicy(r.queue_policy).value,
         ThreadStatus(r.status).value, float(r.created_at), float(r.updated_at),
-        r.active_turn_id, checked_int64("turn_count", r.turn_count),
+        r.active_turn_id, checked_int64("turn_count", r.turn_count), r.parent_thread_id,
+        r.parent_turn_id, r.role, float(r.closed_at),
     )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from apiary.core.runtime.actions import ActionRecord, ActionState
+from apiary.core.runtime.actions import ActionKind, ActionRecord, ActionState
 from apiary.core.runtime.records import RuntimeWrite
 from apiary.core.runtime.task_records import (
     CommandKeyRecord,
@@ -102,6 +102,8 @@ class ActionRow(NamedTuple):
     run_id: str
     decision: str
     via: str
+    kind: str
+    detail_json: str
 
 
 TASKS = Columns(TaskRow)
@@ -162,6 +164,7 @@ def action_row(r: ActionRecord) -> Row:
     return (
         r.action_id, r.session_id, ActionState(r.state).value, float(r.created_at),
         float(r.updated_at), r.thread_id, r.turn_id, r.task_id, r.run_id, r.decision, r.via,
+        ActionKind(r.kind).value, r.detail_json,
     )  # fmt: skip
 
 

@@ -162,3 +162,23 @@ async def runtime_actions_are_pending_until_resolved(factory: StoreFactory) -> N
             pass
         else:
             raise AssertionError("an action state that is none was stored")
+
+
+@_check
+async def runtime_permissions_keep_their_kind_and_detail(factory: StoreFactory) -> None:
+    async with factory.open() as store:
+        permission = ActionRecord(
+            "p-1", "s-1", "pending", T0 + 1, T0 + 1, "t-1", kind="permission",
+            detail_json='{"request":{"toolName":"write_file"}}',
+        )  # fmt: skip
+        action = ActionRecord("a-1", "s-1", "pending", T0 + 2, T0 + 2, "t-1")
+        await store.runtime.save(RuntimeWrite(actions=(permission, action)))
+        assert await store.runtime.action("p-1") == permission
+        assert (await store.runtime.action("a-1") or action).kind == "action"
+        assert await store.runtime.open_actions() == [permission, action]
+        try:
+            await store.runtime.save(RuntimeWrite(actions=(replace(action, kind="wish"),)))
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("an action kind that is none was stored")
