@@ -64,7 +64,7 @@ class ServerConfig:
     tracing: TracingSettings = field(default_factory=TracingSettings)
     """Spans exported over OTLP: TOML table [tracing] (docs/tracing.md); off by default."""
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
-    """Cluster mode: TOML table [cluster] (docs/cluster.md); not served yet."""
+    """Cluster mode: TOML table [cluster] (docs/cluster.md); `apiary serve --cluster`."""
     swarm: PeerSettings | None = None
     """A swarm peer served by the coordinator: TOML table [swarm] (docs/swarm.md)."""
     tls_cert: Path | None = None
