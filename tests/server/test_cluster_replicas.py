@@ -200,6 +200,32 @@ async def test_bob_on_a_receives_from_alice_on_b_and_the_ack_reaches_alice(
         await _stop(alice)
 
 
+async def test_an_agent_registered_a_moment_ago_on_one_replica_is_routed_to_by_the_other(
+    tmp_path: Path, url: str
+) -> None:
+    async with _two(tmp_path, url) as (a, b):
+        await _register(a, "bob")
+        bob = _read(a, "bob")
+        await _until(lambda: a.router.streaming("bob"), "bob's stream")
+        # dave registers on B and sends at once, before A's poll or a note could tell A: A
+        # looks dave up in the store when bob's ACK is forwarded to him, and when bob
+        # writes to him, instead of answering no_route.
+        await _register(b, "dave")
+        dave = _read(b, "dave")
+        sent = await _send(b, "dave", "bob", {"n": 1})
+        await _until(lambda: len(bob.messages) == 1, "bob receives it")
+        await _ack(a, "bob", sent, AckStage.FULFILLED)
+        reply = await _send(a, "bob", "dave", {"re": 1})
+        await _until(lambda: len(dave.acks) == 1 and len(dave.messages) == 1, "dave hears back")
+        assert dave.acks[0].ack_for_message_id == sent
+        assert dave.messages[0].message_id == reply
+        # Nobody registered erin anywhere: no_route still, after the store is asked.
+        with pytest.raises(NoRouteError):
+            await a.router.send(Outbound(_envelope("bob", {"n": 2}), "erin"))
+        await _stop(bob)
+        await _stop(dave)
+
+
 async def test_an_agents_messages_through_both_replicas_arrive_in_offset_order(
     tmp_path: Path, url: str
 ) -> None:

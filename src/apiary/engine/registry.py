@@ -119,6 +119,10 @@ class Registry:
         self.on_change: Callable[[str], None] | None = None
         """Cluster mode only (engine/cluster/follower.py): told the id of each agent
         registered or deregistered here, so that the other replicas look again."""
+        self.reads_through = False
+        """Cluster mode only: an agent this view does not know is looked up in the store
+        (`refresh`) before the router refuses it no_route (other replicas register agents
+        in the store this replica reads only now and then)."""
 
     async def load(self) -> None:
         """Fill the in-memory view from the store (at start-up)."""
@@ -133,6 +137,18 @@ class Registry:
         await self.load()
         joined = [a for i, a in self._cache.items() if i not in before]
         return joined, [i for i in before if i not in self._cache]
+
+    async def refresh(self, agent_id: str) -> AgentRecord | None:
+        """`agent_id`'s registration as the store holds it now, taken into this view (or
+        taken out of it when the store has none)."""
+        record = await self._agents.get(agent_id)
+        if record is None:
+            self._cache.pop(agent_id, None)
+            self._keys.pop(agent_id, None)
+        else:
+            self._cache[agent_id] = record
+            self._keys[agent_id] = public_key_of(record)
+        return record
 
     def _changed(self, agent_id: str) -> None:
         if self.on_change is not None:

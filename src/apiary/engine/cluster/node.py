@@ -1,10 +1,12 @@
 """One replica of a cluster (docs/cluster.md): the lease keeper, the follower of the shared
 store, the owner's timers and the ACK deadline writer, hooked into one engine.
 
-The hooks (each None, changing nothing, outside cluster mode): `LiveMessages.placement`
-and `Delivery.follower` (the follower decides what is live here), `Registry.on_change` (a
-note to the others), `Deadlines.on_ack` (ACK deadlines stored for the owner) and
-`Presence.judges` (heartbeats judged by the partition's owner only).
+The hooks (each None or off, changing nothing, outside cluster mode):
+`LiveMessages.placement` and `Delivery.follower` (the follower decides what is live here),
+`Registry.on_change` (a note to the others) and `Registry.reads_through` (an agent this
+replica does not know yet is looked up in the store before no_route), `Deadlines.on_ack`
+(ACK deadlines stored for the owner) and `Presence.judges` (heartbeats judged by the
+partition's owner only).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ def _hook(engine: Engine, node: ClusterNode, clock: Clock) -> None:
     router.deadlines.on_ack = node.deadlines.queue
     engine.delivery.follower = follower
     engine.registry.on_change = follower.agent_changed
+    engine.registry.reads_through = True
     engine.presence.judges = lambda agent_id: (
         keeper.epoch(partition_of(agent_id, partitions)) is not None
     )
@@ -122,6 +125,7 @@ def _unhook(engine: Engine) -> None:
     engine.router.deadlines.on_ack = None
     engine.delivery.follower = None
     engine.registry.on_change = None
+    engine.registry.reads_through = False
     engine.presence.judges = None
 
 
