@@ -4,7 +4,7 @@ either is stored once and delivered, in offset order, to its recipient's stream 
 that is; an ACK sent to either reaches the producer's stream on the other; a replica that
 stops without releasing anything (as a killed process) has its partitions taken over, its
 ACK deadlines fired once by the new owner, and the messages pending for its agents
-delivered on the other replica."""
+delivered on the other replica. A tenant besides the default is refused in cluster mode."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.router.admission import Outbound, is_notice
 from apiary.engine.router.inbox import Handout
 from apiary.engine.settings import RouterSettings
-from apiary.errors import NoRouteError
+from apiary.errors import NoRouteError, UnavailableError
+from apiary.server.auth.settings import AuthSettings
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.wire.convert import ack_to_json
@@ -304,3 +305,16 @@ async def test_a_stopped_replicas_partitions_are_taken_over_and_its_work_goes_on
         assert len(timed_out) == 1
         for reader in (bob_on_b, carol, alice):
             await _stop(reader)
+
+
+async def test_a_tenant_besides_the_default_is_refused_in_cluster_mode(
+    tmp_path: Path, url: str
+) -> None:
+    async with open_test_coordinator(
+        tmp_path / "a", url, cluster=_settings("a"), auth=AuthSettings(secure=True)
+    ) as replica:
+        assert replica.tenancy is not None
+        with pytest.raises(UnavailableError) as refused:
+            await replica.tenancy.engine("acme")
+        assert refused.value.details == {"tenant": "acme", "reason": "tenants_not_clustered"}
+        assert "cluster mode" in refused.value.message
