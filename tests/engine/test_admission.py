@@ -455,7 +455,7 @@ async def test_timestamps_the_coordinator_writes_are_iso8601_with_timezone(
     assert _is_iso_with_zone(notice["cached_at"])
     failed = await h.send("alice", "bob", {"n": 2})
     await h.ack("bob", failed.message_id, AckStage.FAILED, "internal_error", "crashed")
-    bundle, _ = await h.engine.router.dead_letters.export(None, include_payloads=False)
+    bundle = (await h.engine.router.dead_letters.export(None, include_payloads=False)).bundle
     (entry,) = json.loads(bundle)["entries"]
     stamps = [entry["created_at"], entry["failed_at"], *(a["at"] for a in entry["attempts"])]
     assert all(_is_iso_with_zone(s) for s in stamps)

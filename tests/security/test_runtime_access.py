@@ -25,10 +25,15 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "submit_turn": {"agent_id": "alice", "input": "hi"},
     "interrupt_turn": {"thread_id": "t"},
     "remove_queued_turn": {"turn_id": "u"},
+    "promote_queued_turn": {"turn_id": "u"},
+    "resume_thread": {"thread_id": "t"},
     "get_session": {"session_id": "s"},
     "get_thread_read": {"thread_id": "t"},
     "list_tasks": {"session_id": "s"},
     "get_task": {"task_id": "x"},
+    "export_evidence": {"session_id": "s"},
+    "export_replay": {"session_id": "s"},
+    "export_review": {"session_id": "s"},
     "reconnect_channel": {"session_id": "s"},
     "ack_events": {"channel_id": "c", "resume_token": "r", "sequence": 1},
     "create_task": {"title": "t"},
@@ -108,8 +113,13 @@ async def test_a_session_is_its_owners_and_others_are_answered_as_if_it_did_not_
             "get_thread_read": {"thread_id": ids["thread_id"]},
             "list_tasks": {"session_id": ids["session_id"]},
             "get_task": {"task_id": ids["task_id"]},
+            "export_evidence": {"session_id": ids["session_id"]},
+            "export_replay": {"session_id": ids["session_id"]},
+            "export_review": {"session_id": ids["session_id"]},
             "interrupt_turn": {"thread_id": ids["thread_id"]},
             "remove_queued_turn": {"turn_id": "queued"},
+            "promote_queued_turn": {"turn_id": "queued"},
+            "resume_thread": {"thread_id": ids["thread_id"]},
             "reconnect_channel": {"session_id": ids["session_id"]},
             "ack_events": {"channel_id": ids["channel_id"], "resume_token": ids["resume_token"],
                            "sequence": 1},
@@ -127,8 +137,11 @@ async def test_a_session_is_its_owners_and_others_are_answered_as_if_it_did_not_
         assert await _footprint(secure) == before
         # An operator with `tasks` (admin holds every role) acts on anyone's session.
         root = await _as(secure, runtime, "root")
-        for command in ("get_session", "get_thread_read", "list_tasks", "get_task"):
+        for command in ("get_session", "get_thread_read", "list_tasks", "get_task",
+                        "export_evidence", "export_replay", "export_review"):  # fmt: skip
             await root.ok(command, **asked[command])
+        resumed = await root.ok("resume_thread", thread_id=ids["thread_id"])
+        assert resumed["mode"] == "following" and resumed["turnId"] == "mine"
         removed = await root.ok("remove_queued_turn", turn_id="queued")
         assert removed["status"] == "cancelled"
         # The owner's stream; another's is refused as missing.

@@ -456,7 +456,7 @@ async def test_json_rpc_runs_the_same_commands(
     }
     assert (await runtime.call("get_session"))["error"]["code"] == -32602
     assert (await runtime.call("no_such"))["error"]["code"] == -32601
-    assert (await runtime.call("export_replay"))["error"]["code"] == -32601
+    assert (await runtime.call("create_job"))["error"]["code"] == -32601
     status, parse = await runtime.rpc("{not json")  # sent as a JSON string: not a call
     assert status == 200 and parse["error"]["code"] == -32600
     async with runtime.http.post("/runtime/v1/rpc", data=b"{not json") as response:

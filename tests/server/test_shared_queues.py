@@ -235,8 +235,11 @@ async def test_a_higher_priority_preempts_and_recalls_the_prefetched_task(
         gates.gate("step-low").set()
         await low.result(timeout=WAIT_S)
         await waiting.result(timeout=WAIT_S)
-    # The prefetched task went back without running; urgent ran next, then the rest.
-    assert gates.order == [("step-low", 1), ("urgent", 1), ("step-low", 2), ("later", 2)]
+    # The prefetched task went back without running; urgent ran next, then the rest. (Which
+    # of the two runs first after urgent is not this test's subject: the agent's yield and
+    # the recall's are separate ACKs, and once a loaded run saw the recalled one go first.)
+    assert gates.order[:2] == [("step-low", 1), ("urgent", 1)]
+    assert sorted(gates.order[2:]) == [("later", 2), ("step-low", 2)]
     assert (await waiting.status()).attempts == 2
 
 

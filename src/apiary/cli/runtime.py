@@ -20,6 +20,7 @@ from rich.table import Table
 
 from apiary.cli.calls import PROFILE, refusal
 from apiary.cli.output import console_for_output
+from apiary.cli.runtime_exports import register as register_export_commands
 from apiary.cli.runtime_tasks import register as register_task_commands
 from apiary.cli.serving import client_data_dir, recorded
 from apiary.core.runtime.snapshot import RuntimeSnapshot
@@ -165,6 +166,53 @@ def remove(
 ) -> None:
     """Remove a queued turn from its thread's queue."""
     _print_json(_run("remove", http, jsonrpc, lambda c: c.remove_queued_turn(turn, reason=reason)))
+
+
+KEY = typer.Option("", "--idempotency-key", help="A retry with the same key does nothing again")
+
+
+@app.command()
+def promote(
+    turn: str = typer.Argument(..., help="The queued turn to move ahead"),
+    before: str = typer.Option(
+        "", "--before", metavar="TURN", help="Move it ahead of this queued turn [the head]"
+    ),
+    idempotency_key: str = KEY,
+    http: str = HTTP,
+    jsonrpc: bool = JSONRPC,
+    profile: str = PROFILE,
+) -> None:
+    """Move a queued turn ahead in its thread's queue; prints the queue in its new order."""
+
+    async def call(client: RuntimeClient) -> dict[str, Any]:
+        return await client.promote_queued_turn(
+            turn, before_turn_id=before, idempotency_key=idempotency_key
+        )
+
+    _print_json(_run("promote", http, jsonrpc, call))
+
+
+@app.command()
+def resume(
+    thread: str = typer.Argument(..., help="The thread to continue"),
+    turn: str = typer.Option(
+        "", "--turn", help="Run this turn again if its task was lost [the latest lost one]"
+    ),
+    reason: str = typer.Option("", "--reason", help="Why (recorded with the resume)"),
+    idempotency_key: str = KEY,
+    http: str = HTTP,
+    jsonrpc: bool = JSONRPC,
+    profile: str = PROFILE,
+) -> None:
+    """Resume a thread explicitly: follow its task when it is still active, run a turn
+    whose task was lost again as a new turn, or start what waits (`mode` says which)."""
+
+    async def call(client: RuntimeClient) -> dict[str, Any]:
+        return await client.resume_thread(
+            thread, turn_id=turn, reason=reason, idempotency_key=idempotency_key
+        )
+
+    _print_json(_run("resume", http, jsonrpc, call))
 
 
 def _threads_table(snapshot: RuntimeSnapshot, title: str) -> None:
@@ -353,3 +401,4 @@ def commands(
 
 
 register_task_commands(app, _run, HTTP, JSONRPC)
+register_export_commands(app, _run, HTTP, JSONRPC)

@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, Generic, TypeVar
 
+from apiary.controlplane import exports as ex
 from apiary.controlplane import requests as r
 from apiary.controlplane import task_requests as tr
+from apiary.controlplane import thread_requests as th
 from apiary.controlplane.actions import RespondAction
 from apiary.controlplane.runtime import RuntimeControl
 from apiary.controlplane.settings import RuntimeSettings
@@ -74,6 +76,17 @@ _COMMANDS: list[Command[Any]] = [
         _plain(r.RemoveQueuedTurn.read), RuntimeControl.remove_queued_turn,
     ),
     Command(
+        "promote_queued_turn", "Move a queued turn ahead in its thread's queue (to the head, "
+        "or ahead of before_turn_id)", True,
+        _plain(th.PromoteQueuedTurn.read), lambda c, who, req: c.threads.promote(who, req),
+    ),
+    Command(
+        "resume_thread", "Continue a thread explicitly: follow its task again when it is "
+        "still active, run a turn whose task was lost again as a new turn, or start what "
+        "waits", True, _plain(th.ResumeThread.read),
+        lambda c, who, req: c.threads.resume(who, req),
+    ),
+    Command(
         "get_session", "A session's shell, snapshot and cursor", False,
         _plain(r.GetSession.read), RuntimeControl.get_session,
     ),
@@ -88,6 +101,21 @@ _COMMANDS: list[Command[Any]] = [
     Command(
         "get_task", "One Apiary task, with its result", False,
         _plain(r.GetTask.read), RuntimeControl.get_task,
+    ),
+    Command(
+        "export_evidence", "A session's events (a page of them) with the snapshot they lead "
+        "to and a digest over them", False,
+        _plain(ex.ExportEvidence.read), lambda c, who, req: c.exports.evidence(who, req),
+    ),
+    Command(
+        "export_replay", "A session's turns in order: the input to submit again and the "
+        "outcome to compare with", False,
+        _plain(ex.ExportReplay.read), lambda c, who, req: c.exports.replay(who, req),
+    ),
+    Command(
+        "export_review", "A review template of a session: an item per outcome (turns, tasks, "
+        "actions, permissions) with the audit ref of its fact", False,
+        _plain(ex.ExportReview.read), lambda c, who, req: c.exports.review(who, req),
     ),
     Command(
         "create_task", "Create an agent task (a draft, or started with start: true) with its "

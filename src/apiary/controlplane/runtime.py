@@ -18,6 +18,7 @@ from typing import Any
 
 from apiary.controlplane.actions import Actions
 from apiary.controlplane.channels import Channels, channel_json
+from apiary.controlplane.exports import Exports
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.reads import Reads, no_thread
 from apiary.controlplane.requests import (
@@ -33,6 +34,7 @@ from apiary.controlplane.requests import (
 )
 from apiary.controlplane.settings import RuntimeSettings
 from apiary.controlplane.tasks import TaskCommands
+from apiary.controlplane.threads import ThreadCommands
 from apiary.controlplane.turns import ENDED_STATUSES, TurnDriver, queue_fact
 from apiary.core.access.principal import Principal
 from apiary.core.clock import Clock
@@ -97,8 +99,12 @@ class RuntimeControl:
         self.turns = TurnDriver(self._facts, scheduler, clock, self._lock)
         self.reads = Reads(store, scheduler, clock, settings, runtime_id)
         self.channels = Channels(self._facts, self.reads, clock, ids, settings, self._lock)
+        self.exports = Exports(self._facts, self.reads, clock, self._lock)
         self.tasks = TaskCommands(
             self._facts, scheduler, registry, self.reads, clock, ids, settings, self._lock
+        )
+        self.threads = ThreadCommands(
+            self._facts, self.turns, scheduler, self.reads, clock, ids, self._lock
         )
         self.actions = Actions(self._facts, hitl, scheduler, clock, self._lock)
         self.reads.pending_requests = self.actions.pending

@@ -17,14 +17,15 @@ Everything here runs with the control plane's lock held; `load` and the follower
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, Final
 
 from apiary.controlplane.facts import RUNTIME_ACTOR, FactWriter
+from apiary.controlplane.following import TaskFollowers
 from apiary.controlplane.turns import JSON, RESULT_INLINE_BYTES, submitter_of
 from apiary.core.clock import Clock
 from apiary.core.ids import IdGenerator
@@ -60,7 +61,6 @@ log = logging.getLogger("apiary.controlplane")
 _T = RuntimeEventType
 _I = RuntimeTaskInput
 _E = RuntimeTaskEffect
-FOLLOW_PAUSE_S: Final = (0.05, 5.0)
 _REASONS: Final = {_I.START: "start", _I.RESUME: "resume", _I.RETRY: "retry"}
 _RUN_INPUTS: Final = frozenset({
     _I.REFUSE, _I.DISPATCH, _I.RUN, _I.REQUEUE, _I.COMPLETE_RUN, _I.FAIL_RUN, _I.STOP_RUN,
@@ -92,7 +92,7 @@ class TaskRuns:
         self._clock = clock
         self._ids = ids
         self._lock = lock
-        self._followers: dict[str, asyncio.Task[None]] = {}
+        self._followers = TaskFollowers(scheduler, lock, "run")
         self.pending_key: CommandKeyRecord | None = None
         """A command's idempotency key, stored with the command's first write."""
         self.cancel_children: CancelChildren | None = None
@@ -247,45 +247,15 @@ class TaskRuns:
             return len(found)
 
     async def close(self) -> None:
-        followers, self._followers = list(self._followers.values()), {}
-        for follower in followers:
-            follower.cancel()
-        for follower in followers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+        await self._followers.close()
 
     def follow(self, task: RuntimeTaskRecord, run_id: str) -> None:
-        running = self._followers.get(run_id)
-        if running is not None and not running.done():
-            return
-        follower = asyncio.create_task(
-            self._following(task.task_id, run_id, submitter_of(task.owner)),
-            name=f"apiary-runtime-task-{task.task_id}",
-        )
-        self._followers[run_id] = follower
-        follower.add_done_callback(lambda done: self._forget(run_id, done))
-
-    def _forget(self, run_id: str, done: asyncio.Task[None]) -> None:
-        if self._followers.get(run_id) is done:
-            del self._followers[run_id]
-
-    async def _following(self, task_id: str, run_id: str, submitter: str) -> None:
-        pause, longest = FOLLOW_PAUSE_S
-        while True:
-            try:
-                async for found in self._scheduler.watch_tasks(submitter, frozenset({run_id})):
-                    async with self._lock:
-                        if await self.run_changed(task_id, run_id, found):
-                            return
-                return
-            except NotFoundError:
-                async with self._lock:
-                    await self._lost(task_id, run_id)
-                return
-            except Exception as exc:  # a store outage, say: follow again (it reads anew)
-                log.warning("following run %s failed, again in %.2f s: %s", run_id, pause, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, longest)
+        """Follow the run's Scheduler task until the run ends (one follower per run)."""
+        task_id = task.task_id
+        self._followers.follow(
+            run_id, run_id, submitter_of(task.owner),
+            partial(self.run_changed, task_id, run_id), partial(self._lost, task_id, run_id),
+        )  # fmt: skip
 
     async def run_changed(self, task_id: str, run_id: str, found: TaskRecord) -> bool:
         """A stored state of a run's Scheduler task; whether the run has ended for the

@@ -15,14 +15,15 @@ it are `load` and the followers; the commands take it in controlplane/runtime.py
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any, Final
 
 from apiary.controlplane.facts import RUNTIME_ACTOR, FactWriter
+from apiary.controlplane.following import TaskFollowers
 from apiary.core.clock import Clock
 from apiary.core.limits import utf8_size
 from apiary.core.records import TaskRecord
@@ -33,6 +34,7 @@ from apiary.core.runtime.records import (
     ThreadRecord,
     TurnRecord,
     TurnState,
+    queue_key,
 )
 from apiary.core.runtime.turns import (
     INTERRUPT_PREFIX,
@@ -58,7 +60,6 @@ ENDED_STATUSES: Final = frozenset(s.value for s in TurnState if s.terminal)
 RESULT_INLINE_BYTES: Final = 64 * 1024
 """A turn.completed event carries the result up to this size; past it, its size (get_task
 gives the result)."""
-FOLLOW_PAUSE_S: Final = (0.05, 5.0)
 """A follower that failed (a store outage) follows again after a pause doubling up to the
 larger value (real time)."""
 JSON: Final = "application/json"
@@ -81,11 +82,12 @@ def task_params(turn: TurnRecord) -> bytes:
     return f'{ids[:-1]},"input":{turn.input_json}}}'.encode()
 
 
-def queue_fact(thread: ThreadRecord, queued: list[str]) -> Fact:
-    """queue.changed: the thread's queued turns, in order."""
+def queue_fact(thread: ThreadRecord, queued: list[str], **more: Any) -> Fact:
+    """queue.changed: the thread's queued turns, in order (`more`: other payload
+    properties, what moved)."""
     return Fact(
         _T.QUEUE_CHANGED, thread.session_id, thread.thread_id, agent_id=thread.agent_id,
-        payload={"queuedTurns": queued}, extra={"queueId": f"thread:{thread.thread_id}"},
+        payload={"queuedTurns": queued, **more}, extra={"queueId": f"thread:{thread.thread_id}"},
     )  # fmt: skip
 
 
@@ -100,7 +102,7 @@ class TurnDriver:
         self._scheduler = scheduler
         self._clock = clock
         self._lock = lock
-        self._followers: dict[str, asyncio.Task[None]] = {}
+        self._followers = TaskFollowers(scheduler, lock, "turn")
 
     # ------------------------------------------------------------------ life
 
@@ -125,12 +127,7 @@ class TurnDriver:
 
     async def close(self) -> None:
         """Stop following (the turns go on; `load` follows them again)."""
-        followers, self._followers = list(self._followers.values()), {}
-        for task in followers:
-            task.cancel()
-        for task in followers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._followers.close()
 
     def following(self) -> int:
         return len(self._followers)
@@ -221,7 +218,7 @@ class TurnDriver:
         stored = await self._store.open_turns(thread.thread_id)
         others = [t for t in stored if t.turn_id != after.turn_id]
         still_open = [*others, after] if not state.terminal else others
-        still_open.sort(key=lambda t: t.ordinal)
+        still_open.sort(key=queue_key)
         queued = [t.turn_id for t in still_open if t.state == TurnState.QUEUED]
         active = next((TurnState(t.state) for t in still_open if TurnState(t.state).active), None)
         last = state if state.terminal else (
@@ -272,37 +269,11 @@ class TurnDriver:
 
     def follow(self, turn: TurnRecord) -> None:
         """Follow the turn's task until it ends (one follower per turn)."""
-        running = self._followers.get(turn.turn_id)
-        if running is not None and not running.done():
-            return
-        follower = asyncio.create_task(
-            self._following(turn.turn_id, turn.task_id, submitter_of(turn.submitted_by)),
-            name=f"apiary-runtime-turn-{turn.turn_id}",
-        )
-        self._followers[turn.turn_id] = follower
-        follower.add_done_callback(lambda done: self._forget(turn.turn_id, done))
-
-    def _forget(self, turn_id: str, done: asyncio.Task[None]) -> None:
-        if self._followers.get(turn_id) is done:
-            del self._followers[turn_id]
-
-    async def _following(self, turn_id: str, task_id: str, submitter: str) -> None:
-        pause, longest = FOLLOW_PAUSE_S
-        while True:
-            try:
-                async for task in self._scheduler.watch_tasks(submitter, frozenset({task_id})):
-                    async with self._lock:
-                        if await self.task_changed(turn_id, task):
-                            return
-                return
-            except NotFoundError:
-                async with self._lock:
-                    await self._lost(turn_id)
-                return
-            except Exception as exc:  # a store outage, say: follow again (it reads anew)
-                log.warning("following turn %s failed, again in %.2f s: %s", turn_id, pause, exc)
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, longest)
+        turn_id = turn.turn_id
+        self._followers.follow(
+            turn_id, turn.task_id, submitter_of(turn.submitted_by),
+            partial(self.task_changed, turn_id), partial(self.lost, turn_id),
+        )  # fmt: skip
 
     async def task_changed(self, turn_id: str, task: TaskRecord) -> bool:
         """A stored state of the turn's task; whether the turn has ended."""
@@ -330,7 +301,9 @@ class TurnDriver:
             after = (await self._store.turn(turn_id)) or after
         return TurnState(after.state).terminal
 
-    async def _lost(self, turn_id: str) -> None:
+    async def lost(self, turn_id: str) -> None:
+        """The turn's task cannot be found: the turn fails `task_lost` (resume_thread runs it
+        again as a new turn)."""
         turn = await self._store.turn(turn_id)
         if turn is None or not TurnState(turn.state).active:
             return
@@ -353,7 +326,7 @@ class TurnDriver:
         except AlreadyCompletedError:
             return thread
         except NotFoundError:
-            await self._lost(turn.turn_id)
+            await self.lost(turn.turn_id)
         else:
             await self.task_changed(turn.turn_id, ended)
         return (await self._store.thread(thread.thread_id)) or thread

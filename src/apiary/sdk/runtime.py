@@ -32,6 +32,7 @@ from apiary.core.runtime.snapshot import RuntimeSnapshot, TaskView, TurnView
 from apiary.errors import ApiaryError, DeadlineExceededError, error_for_code
 from apiary.sdk.credentials import AUTHORIZATION, BEARER, ClientCredentials, ClientTls
 from apiary.sdk.errors import CoordinatorUnreachableError
+from apiary.sdk.runtime_exports import RuntimeExportCommands
 from apiary.sdk.runtime_tasks import RuntimeTaskCommands
 
 PREFIX: Final = "/runtime/v1"
@@ -113,7 +114,7 @@ class TurnOutcome:
     error: Mapping[str, Any] = field(default_factory=dict)
 
 
-class RuntimeClient(RuntimeTaskCommands):
+class RuntimeClient(RuntimeTaskCommands, RuntimeExportCommands):
     """The runtime control plane of one coordinator (module docstring). `base_url` is its
     HTTP address (`http://host:port`, or HOST:PORT: https when the credentials carry TLS)."""
 
@@ -230,6 +231,27 @@ class RuntimeClient(RuntimeTaskCommands):
 
     async def remove_queued_turn(self, turn_id: str, *, reason: str = "") -> dict[str, Any]:
         return await self.call("remove_queued_turn", turn_id=turn_id, reason=reason or None)
+
+    async def promote_queued_turn(
+        self, turn_id: str, *, before_turn_id: str = "", idempotency_key: str = ""
+    ) -> dict[str, Any]:
+        """Move a queued turn ahead in its thread's queue (to the head, or ahead of
+        `before_turn_id`); the answer has the queue in its new order (`queuedTurns`)."""
+        return await self.call(
+            "promote_queued_turn", turn_id=turn_id, before_turn_id=before_turn_id or None,
+            idempotency_key=idempotency_key or None,
+        )  # fmt: skip
+
+    async def resume_thread(
+        self, thread_id: str, *, turn_id: str = "", reason: str = "", idempotency_key: str = ""
+    ) -> dict[str, Any]:
+        """Continue a thread explicitly: `mode` says what the runtime did (following,
+        reconciled, resubmitted: a turn whose task was lost runs again as `turnId`,
+        started, or idle)."""
+        return await self.call(
+            "resume_thread", thread_id=thread_id, turn_id=turn_id or None,
+            reason=reason or None, idempotency_key=idempotency_key or None,
+        )  # fmt: skip
 
     async def get_session(self, session_id: str, *, turns: int | None = None) -> SessionRead:
         doc = await self.call("get_session", session_id=session_id, turns=turns)

@@ -277,6 +277,8 @@ async def open_coordinator(
     per the [tracing] table.
     """
     runtime = runtime or Runtime(clock=clock or SystemClock())
+    if config.presence is not None:
+        runtime = replace(runtime, presence=config.presence)
     settings = router_settings or config.router
     async with (
         open_store(config.store or None, config.data_dir) as store,

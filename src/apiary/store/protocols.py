@@ -607,7 +607,7 @@ class RuntimeStore(Protocol):
 
     async def open_turns(self, thread_id: str | None = None) -> list[TurnRecord]:
         """Turns not ended (queued, preparing, running) of `thread_id` (every thread when
-        None), by thread_id, then ordinal."""
+        None), by thread_id, then queue order (`queue_key`: queue_rank, ordinal)."""
         ...
 
     async def channel(self, channel_id: str) -> ChannelRecord | None: ...

@@ -213,6 +213,7 @@ HTTP_RULES: Mapping[str, Rule] = MappingProxyType(
         "POST /runtime/v1/rpc": PUBLIC,
         "POST /runtime/v1/{command}": PUBLIC,
         "GET /runtime/v1/sessions/{session_id}/events": PUBLIC,
+        "GET /runtime/v1/sessions/{session_id}/socket": PUBLIC,
         # The swarm endpoint authenticates every request by its own signatures
         # (agent-swarm-protocol section 5): the swarm's members are not Apiary principals.
         "POST /swarm/message": PUBLIC,
@@ -232,10 +233,15 @@ RUNTIME_RULES: Mapping[str, Rule] = MappingProxyType(
         "submit_turn": ANYONE,
         "interrupt_turn": ANYONE,
         "remove_queued_turn": ANYONE,
+        "promote_queued_turn": ANYONE,
+        "resume_thread": ANYONE,
         "get_session": ANYONE,
         "get_thread_read": ANYONE,
         "list_tasks": ANYONE,
         "get_task": ANYONE,
+        "export_evidence": ANYONE,
+        "export_replay": ANYONE,
+        "export_review": ANYONE,
         "reconnect_channel": ANYONE,
         "ack_events": ANYONE,
         # Agent tasks are their owner's (and operators' with `tasks`); the task's assigned

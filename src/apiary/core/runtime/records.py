@@ -4,7 +4,8 @@ threads, the turns queued and run on them, and the event channels applications f
 A session belongs to the principal that created it (`owner`, `owner_of`) in its tenant (each
 tenant has its own store). A thread is bound to one agent, whose Scheduler tasks its turns
 run as; its turns are numbered in submission order (`ordinal`), and the queue is the turns
-still `queued`, in that order. Times are UTC seconds.
+still `queued`, in that order unless a promotion ranked them anew (`queue_key`). Times are
+UTC seconds.
 """
 
 from __future__ import annotations
@@ -134,6 +135,16 @@ class TurnRecord:
     """`owner_of` the principal that submitted it (its task's submitter)."""
     priority: int = 0
     """Its task's priority (-19 highest .. 20)."""
+    queue_rank: int = 0
+    """Its place in its thread's queue before its ordinal (`queue_key`): 0 as submitted,
+    below 0 once promote_queued_turn (or resume_thread) moved it ahead."""
+    resumed_from: str = ""
+    """The turn whose lost task resume_thread ran again as this turn ('' for none)."""
+
+
+def queue_key(turn: TurnRecord) -> tuple[int, int]:
+    """A thread's queue order: its queued turns by (queue_rank, ordinal)."""
+    return (turn.queue_rank, turn.ordinal)
 
 
 @dataclass(frozen=True, slots=True)

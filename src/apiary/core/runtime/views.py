@@ -12,6 +12,7 @@ from typing import Any, Final
 from apiary.core.dedup import iso_utc
 from apiary.core.records import TaskRecord, TaskState
 from apiary.core.runtime.log import SCHEMA_VERSION
+from apiary.core.runtime.queue import queue_of
 from apiary.core.runtime.records import SessionRecord, ThreadRecord, TurnRecord, TurnState
 from apiary.core.runtime.snapshot import (
     RuntimeSnapshot,
@@ -103,6 +104,8 @@ def turn_view(turn: TurnRecord, task: TaskRecord | None = None) -> TurnView:
         extra["error"] = {"code": turn.error_code, "message": turn.message}
     if turn.interrupt:
         extra["interrupt"] = turn.interrupt
+    if turn.resumed_from:
+        extra["resumedFrom"] = turn.resumed_from
     started = turn.state != TurnState.QUEUED
     return TurnView(
         turn_id=turn.turn_id,
@@ -137,9 +140,7 @@ class ThreadState:
     """Its pending requests: the actions waiting for a decision (core/runtime/actions.py)."""
 
     def queued(self) -> list[TurnRecord]:
-        return sorted(
-            (t for t in self.turns if t.state == TurnState.QUEUED), key=lambda t: t.ordinal
-        )
+        return queue_of(self.turns)
 
 
 def thread_view(state: ThreadState, *, detail: bool = False) -> ThreadView:

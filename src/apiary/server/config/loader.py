@@ -16,6 +16,7 @@ from apiary.server.config.handoff import handoff_policy
 from apiary.server.config.hitl import hitl_settings
 from apiary.server.config.limits import limits_settings
 from apiary.server.config.negotiation import negotiation_settings
+from apiary.server.config.presence import presence_settings
 from apiary.server.config.rooms import room_settings
 from apiary.server.config.router import router_settings
 from apiary.server.config.scheduler import scheduler_settings
@@ -77,6 +78,7 @@ _PARSERS: dict[str, _Parse] = {
     "limits": _table_of(limits_settings, "limits"),
     "tracing": _table_of(tracing_settings, "tracing"),
     "cluster": _table_of(cluster_settings, "cluster"),
+    "presence": _table_of(presence_settings, "presence"),
 }
 """The parser of each table, keyed by its ServerConfig field, in the order the tables are
 checked (the first error is the one reported); [server] comes before them (apply_layer)."""

@@ -16,6 +16,7 @@ from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.negotiation.policies import NegotiationSettings
 from apiary.engine.negotiation.rooms import RoomSettings
+from apiary.engine.presence import PresenceSettings
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.tools.settings import ToolSettings
 from apiary.engine.worktrees.settings import WorktreeSettings
@@ -65,6 +66,9 @@ class ServerConfig:
     """Spans exported over OTLP: TOML table [tracing] (docs/tracing.md); off by default."""
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     """Cluster mode: TOML table [cluster] (docs/cluster.md); `apiary serve --cluster`."""
+    presence: PresenceSettings | None = None
+    """Heartbeat checks of connected agents: TOML table [presence] (docs/scheduler.md,
+    "Agent lifecycle"); None: the engine's defaults (or a test's Runtime)."""
     swarm: PeerSettings | None = None
     """A swarm peer served by the coordinator: TOML table [swarm] (docs/swarm.md)."""
     tls_cert: Path | None = None

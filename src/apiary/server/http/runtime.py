@@ -11,6 +11,10 @@ the one command table (controlplane/commands.py):
   and the position replayed after), then every event after that position as `id: <sequence>`
   frames, live; resumed with `channel_id` and `resume_token`, from `Last-Event-ID` (which
   wins), `?after=` or the channel's acknowledged sequence.
+- GET /runtime/v1/sessions/{session_id}/socket: the same channel over a WebSocket, with the
+  same sequence numbers: a `snapshot` message first, then an `event` message per event; the
+  application acknowledges on the socket (`{"type": "ack", "sequence": N}`, answered
+  `acked`), and a message the server cannot take is answered `error` without closing.
 - GET /runtime/v1: the commands of the contract, and which are served.
 
 Each command is decided by its rule (core/access/table.py RUNTIME_RULES) before it runs, in
@@ -21,11 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from apiary.controlplane.commands import COMMANDS, CONTRACT_COMMANDS, lookup
 from apiary.controlplane.requests import Params, ReconnectChannel
@@ -33,6 +37,7 @@ from apiary.controlplane.runtime import RuntimeControl
 from apiary.core.access.principal import ANONYMOUS, Principal
 from apiary.core.access.table import RUNTIME_RULES
 from apiary.core.json_reader import JsonError, read_document
+from apiary.core.runtime.events import RuntimeEvent
 from apiary.errors import (
     ApiaryError,
     NotFoundError,
@@ -53,6 +58,9 @@ from apiary.server.quotas import SUBMIT
 
 PREFIX: Final = "/runtime/v1"
 STREAM_ROUTE: Final = f"{PREFIX}/sessions/{{session_id}}/events"
+SOCKET_ROUTE: Final = f"{PREFIX}/sessions/{{session_id}}/socket"
+MAX_SOCKET_MESSAGE: Final = 64 * 1024
+"""An application's message on the channel's WebSocket at most (acknowledgements are small)."""
 MAX_BODY: Final = 2 * 1024 * 1024
 """A command's body at most (a turn's input is at most 1 MiB of JSON)."""
 MAX_DEPTH: Final = 100
@@ -116,6 +124,7 @@ class RuntimeRoutes:
         app.router.add_post(f"{PREFIX}/{{command}}", self.call)
         # No HEAD: the stream's body would follow a HEAD answer and break the connection.
         app.router.add_get(STREAM_ROUTE, self.stream, allow_head=False)
+        app.router.add_get(SOCKET_ROUTE, self.socket, allow_head=False)
         app.on_shutdown.append(self.close)
 
     async def close(self, _app: web.Application | None = None) -> None:
@@ -221,13 +230,10 @@ class RuntimeRoutes:
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         try:
-            if self._streams >= MAX_STREAMS:
-                raise UnavailableError(f"at most {MAX_STREAMS} runtime event streams at once")
-            req, keepalive = _stream_request(request)
-            entered = await self._enter(request, "reconnect_channel")
-            start = await entered.control.channels.start(entered.caller, req)
+            opened = await self._open_channel(request, sse=True)
         except Exception as exc:
             return error_response(exc, STREAM_ROUTE, self._metrics)
+        entered, req, start, keepalive = opened
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream; charset=utf-8",
@@ -235,6 +241,16 @@ class RuntimeRoutes:
                 "X-Accel-Buffering": "no",
             }
         )
+
+        async def events(found: list[RuntimeEvent]) -> None:
+            await response.write(b"".join(frame(e.sequence, e.to_json()) for e in found))
+
+        async def refused(answer: dict[str, Any]) -> None:
+            await response.write(f"event: error\ndata: {json.dumps(answer)}\n\n".encode())
+
+        async def idle() -> None:
+            await response.write(b": keep-alive\n\n")
+
         self._streams += 1
         try:
             await response.prepare(request)
@@ -245,7 +261,8 @@ class RuntimeRoutes:
             await response.write(
                 f"retry: {RETRY_MS}\nevent: snapshot\ndata: {_line(first)}\n\n".encode()
             )
-            await self._pump(response, entered, req.session_id, start.after, keepalive)
+            pump = _Pump(events, refused, idle)
+            await self._pump(pump, entered, req.session_id, start.after, keepalive)
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away
@@ -253,30 +270,157 @@ class RuntimeRoutes:
             self._streams -= 1
         return response
 
+    async def socket(self, request: web.Request) -> web.StreamResponse:
+        """The channel over a WebSocket (module docstring): refused before the upgrade with
+        the one JSON error shape, like the stream."""
+        try:
+            opened = await self._open_channel(request, sse=False)
+            acking = await self._enter(request, "ack_events")
+        except Exception as exc:
+            return error_response(exc, SOCKET_ROUTE, self._metrics)
+        entered, req, start, keepalive = opened
+        ws = web.WebSocketResponse(heartbeat=keepalive, max_msg_size=MAX_SOCKET_MESSAGE)
+        self._streams += 1
+        try:
+            await ws.prepare(request)
+            await ws.send_json({
+                "type": "snapshot", "channel": start.channel,
+                "snapshot": start.snapshot.to_json(), "after": start.after,
+            })  # fmt: skip
+
+            async def events(found: list[RuntimeEvent]) -> None:
+                for event in found:
+                    await ws.send_json(
+                        {"type": "event", "id": event.sequence, "event": event.to_json()}
+                    )
+
+            async def refused(answer: dict[str, Any]) -> None:
+                await ws.send_json({"type": "error", **answer})
+                await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"refused")
+
+            async def idle() -> None:
+                return None  # the socket's own pings keep it alive
+
+            pump = asyncio.ensure_future(
+                self._pump(_Pump(events, refused, idle), entered, req.session_id, start.after,
+                           keepalive)
+            )  # fmt: skip
+            try:
+                ids = (start.channel["channelId"],
+                       start.channel.get("resumeToken") or req.resume_token)  # fmt: skip
+                await self._read_acks(ws, acking, ids)
+            finally:
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+            if not ws.closed:
+                await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+        except ConnectionError:
+            pass
+        finally:
+            self._streams -= 1
+        return ws
+
+    async def _read_acks(
+        self, ws: web.WebSocketResponse, acking: Entered, channel: tuple[str, str]
+    ) -> None:
+        """The application's messages until it closes the socket or the server shuts down:
+        each `ack` is the ack_events command for this channel, answered `acked` (or `error`,
+        the socket staying open)."""
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            while not ws.closed:
+                receive = asyncio.ensure_future(ws.receive())
+                await asyncio.wait({receive, closing}, return_when=asyncio.FIRST_COMPLETED)
+                if not receive.done():
+                    receive.cancel()
+                    return
+                message = receive.result()
+                if message.type in _SOCKET_ENDS:
+                    return
+                await ws.send_json(await _acked(message, acking, channel))
+        finally:
+            closing.cancel()
+
+    async def _open_channel(
+        self, request: web.Request, *, sse: bool
+    ) -> tuple[Entered, ReconnectChannel, Any, float]:
+        """A channel's stream or socket, decided and started: the caller's call, the
+        request, the channel's start (snapshot) and the keep-alive period."""
+        if self._streams >= MAX_STREAMS:
+            raise UnavailableError(f"at most {MAX_STREAMS} runtime event streams at once")
+        req, keepalive = _stream_request(request, last_event_id=sse)
+        entered = await self._enter(request, "reconnect_channel")
+        start = await entered.control.channels.start(entered.caller, req)
+        return entered, req, start, keepalive
+
     async def _pump(
-        self,
-        response: web.StreamResponse,
-        entered: Entered,
-        session_id: str,
-        after: int,
-        keepalive: float,
+        self, pump: _Pump, entered: Entered, session_id: str, after: int, keepalive: float
     ) -> None:
         """The session's events after `after` until shutdown; before each write the caller
-        is decided again, and a refusal ends the stream with an `error` event."""
+        is decided again, and a refusal ends the stream with an error."""
         control, cursor = entered.control, after
         while not self._closing.is_set():
             replay = await control.channels.replay(session_id, cursor, STREAM_BATCH)
             if entered.recheck is not None and (refused := _refusal(entered.recheck)):
-                await response.write(refused)
+                await pump.refused(refused)
                 return
             if replay.events:
-                frames = [frame(e.sequence, e.to_json()) for e in replay.events]
-                await response.write(b"".join(frames))
+                await pump.events(list(replay.events))
             cursor = replay.cursor
             if replay.more:
                 continue
             if not await woken_before_close(control.wait_after(cursor), self._closing, keepalive):
-                await response.write(b": keep-alive\n\n")
+                await pump.idle()
+
+
+@dataclass(frozen=True, slots=True)
+class _Pump:
+    """How a channel's transport writes: its events, a refusal, a keep-alive."""
+
+    events: Callable[[list[RuntimeEvent]], Awaitable[None]]
+    refused: Callable[[dict[str, Any]], Awaitable[None]]
+    idle: Callable[[], Awaitable[None]]
+
+
+_SOCKET_ENDS: Final = frozenset(
+    {WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR}
+)
+
+
+async def _acked(message: WSMessage, acking: Entered, channel: tuple[str, str]) -> dict[str, Any]:
+    """The answer to an application's socket message: the channel (id, resume token) once
+    acknowledged, or the error that refuses the message."""
+    channel_id, token = channel
+    try:
+        params = {
+            "channel_id": channel_id,
+            "resume_token": token,
+            "sequence": _ack_sequence(message),
+        }
+        acked = await lookup("ack_events")(acking.control, acking.caller, params)
+    except Exception as exc:
+        answer = answer_for(exc, SOCKET_ROUTE)
+        return {"type": "error", "code": answer.code, "message": answer.message,
+                "details": answer.details}  # fmt: skip
+    return {"type": "acked", "channel": acked}
+
+
+def _ack_sequence(message: WSMessage) -> int:
+    """The sequence an application's socket message acknowledges; validation_error naming
+    what is wrong with any other message."""
+    if message.type is not WSMsgType.TEXT:
+        raise ValidationError.for_field("message", "must be a JSON text message")
+    try:
+        doc = read_document(message.data.encode(), max_bytes=MAX_SOCKET_MESSAGE, max_depth=8,
+                            kept=False)  # fmt: skip
+    except JsonError as exc:
+        raise ValidationError.for_field("message", clip(str(exc))) from None
+    if not isinstance(doc, dict) or doc.get("type") != "ack":
+        raise ValidationError.for_field("type", 'must be "ack" (the socket takes acknowledgements)')
+    sequence = doc.get("sequence")
+    if isinstance(sequence, bool) or not isinstance(sequence, int):
+        raise ValidationError.for_field("sequence", "must be an integer")
+    return sequence
 
 
 def _line(doc: object) -> str:
@@ -284,19 +428,20 @@ def _line(doc: object) -> str:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
-def _refusal(recheck: Recheck) -> bytes | None:
+def _refusal(recheck: Recheck) -> dict[str, Any] | None:
     try:
         recheck()
     except ApiaryError as exc:
         answer = answer_for(exc, STREAM_ROUTE)
-        body = {"code": answer.code, "message": answer.message}
-        return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+        return {"code": answer.code, "message": answer.message}
     return None
 
 
-def _stream_request(request: web.Request) -> tuple[ReconnectChannel, float]:
+def _stream_request(
+    request: web.Request, *, last_event_id: bool = True
+) -> tuple[ReconnectChannel, float]:
     query = request.query
-    resume = request.headers.get("Last-Event-ID", "").strip()
+    resume = request.headers.get("Last-Event-ID", "").strip() if last_event_id else ""
     params: dict[str, Any] = {"session_id": request.match_info["session_id"]}
     for name in ("channel_id", "resume_token"):
         if query.get(name):

@@ -13,6 +13,7 @@ from apiary.core.runtime.records import (
     SessionRecord,
     ThreadRecord,
     TurnRecord,
+    queue_key,
 )
 from apiary.core.runtime.task_records import (
     CommandKeyRecord,
@@ -128,7 +129,7 @@ class MemoryRuntimeStore:
             t for t in self._turns.values()
             if t.state in OPEN_TURN_STATES and (thread_id is None or t.thread_id == thread_id)
         ]  # fmt: skip
-        return sorted(found, key=lambda t: (t.thread_id, t.ordinal))
+        return sorted(found, key=lambda t: (t.thread_id, *queue_key(t)))
 
     async def channel(self, channel_id: str) -> ChannelRecord | None:
         return self._channels.get(channel_id)

@@ -1,5 +1,5 @@
 """The runtime control plane's store: `runtime_sessions`, `runtime_threads`,
-`runtime_turns` and `runtime_channels` (schema version 20), and the agent tasks' tables
+`runtime_turns` and `runtime_channels` (schema versions 20 and 23), and the agent tasks' tables
 (schema version 21, store/sql/runtime_tasks.py). A save writes any of them, with its events,
 in one transaction (`SqlEventLog.write_with`).
 
@@ -83,6 +83,8 @@ class TurnRow(NamedTuple):
     status_reason: str
     submitted_by: str
     priority: int
+    queue_rank: int
+    resumed_from: str
 
 
 class ChannelRow(NamedTuple):
@@ -133,7 +135,8 @@ def turn_row(r: TurnRecord) -> Row:
         TurnState(r.state).value, r.input_json, r.task_id, float(r.created_at),
         float(r.updated_at), float(r.started_at), float(r.ended_at), r.error_code, r.message,
         r.result_json, r.interrupt, r.status_reason, r.submitted_by,
-        checked_int64("priority", r.priority),
+        checked_int64("priority", r.priority), checked_int64("queue_rank", r.queue_rank),
+        r.resumed_from,
     )  # fmt: skip
 
 
@@ -239,13 +242,14 @@ class SqlRuntimeStore:
         return [turn_from_row(row) for row in reversed(rows)]
 
     async def open_turns(self, thread_id: str | None = None) -> list[TurnRecord]:
-        """Turns not ended of one thread (of all when None), by thread_id then ordinal."""
+        """Turns not ended of one thread (of all when None), by thread_id, then queue order
+        (queue_rank, ordinal)."""
         params: list[Any] = list(_OPEN)
         sql = _OPEN_TURNS
         if thread_id is not None:
             sql += " AND thread_id = ?"
             params.append(thread_id)
-        rows = await self._db.read(Query(sql + " ORDER BY thread_id, ordinal", params))
+        rows = await self._db.read(Query(sql + " ORDER BY thread_id, queue_rank, ordinal", params))
         return [turn_from_row(row) for row in rows]
 
     async def channel(self, channel_id: str) -> ChannelRecord | None:

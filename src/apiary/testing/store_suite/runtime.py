@@ -130,6 +130,24 @@ async def runtime_turns_are_listed_in_their_threads_order(factory: StoreFactory)
 
 
 @_check
+async def open_turns_follow_their_queue_rank_then_their_ordinal(factory: StoreFactory) -> None:
+    """A promoted turn (a lower queue_rank) is ahead in its thread's queue; turns keep their
+    ordinal (history order), and a resumed turn names the turn it runs again."""
+    async with factory.open() as store:
+        write = await _fixture(store)
+        u1, u2, u3 = write.turns[1:4]
+        promoted = (replace(u3, queue_rank=-2), replace(u2, queue_rank=-1, resumed_from="u-0"))
+        await store.runtime.save(RuntimeWrite(turns=promoted))
+        assert await _turn_ids(store, "t-1") == ["u-3", "u-2", "u-1"]
+        assert await _turn_ids(store, "t-1", 100) == ["u-0", "u-1", "u-2", "u-3"]
+        assert await store.runtime.turn("u-2") == promoted[1]
+        late = turn("u-4", 4)
+        await store.runtime.save(RuntimeWrite(turns=(late,)))
+        assert await _turn_ids(store, "t-1") == ["u-3", "u-2", "u-1", "u-4"]
+        assert u1.queue_rank == 0 and (await store.runtime.turn("u-1")) == u1
+
+
+@_check
 async def a_runtime_save_replaces_records_whole(factory: StoreFactory) -> None:
     async with factory.open() as store:
         write = await _fixture(store)
