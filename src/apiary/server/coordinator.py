@@ -276,9 +276,7 @@ async def open_coordinator(
     coordinator's tracing (tests: an in-memory exporter's), which its owner closes; None:
     per the [tracing] table.
     """
-    runtime = runtime or Runtime(clock=clock or SystemClock())
-    if config.presence is not None:
-        runtime = replace(runtime, presence=config.presence)
+    runtime = _runtime(config, runtime, clock)
     settings = router_settings or config.router
     async with (
         open_store(config.store or None, config.data_dir) as store,
@@ -334,11 +332,13 @@ async def open_coordinator(
         await server.start()
         await set_serving(health, True)
         state.cluster = replica
-        tasks = start_engine_tasks(store, engine, runtime, message_deadlines=replica is None)
-        tasks.append(asyncio.create_task(reach.run(), name="apiary-store-health"))
-        tasks.append(
-            asyncio.create_task(_stop_serving_once_taken(claim, state, health), name="apiary-claim")
-        )
+        tasks = [
+            *start_engine_tasks(store, engine, runtime, message_deadlines=replica is None),
+            asyncio.create_task(reach.run(), name="apiary-store-health"),
+            asyncio.create_task(
+                _stop_serving_once_taken(claim, state, health), name="apiary-claim"
+            ),
+        ]
         engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",
@@ -356,6 +356,15 @@ async def open_coordinator(
         finally:
             state.ready = False
             await _shut_down(engine, server, health, runner, tasks, tenancy, controls)
+
+
+def _runtime(config: ServerConfig, runtime: Runtime | None, clock: Clock | None) -> Runtime:
+    """The engine's runtime: the one given (tests) or the system's, with the [presence]
+    table's settings when the configuration has one."""
+    runtime = runtime or Runtime(clock=clock or SystemClock())
+    if config.presence is None:
+        return runtime
+    return replace(runtime, presence=config.presence)
 
 
 async def _stop_serving_once_taken(
