@@ -1,6 +1,5 @@
 """The [cluster] table: defaults, its settings from TOML, errors that name the setting; and
-a coordinator asked to serve in cluster mode is refused (not served yet) rather than left
-to split the brain."""
+cluster mode is refused on a store that is not PostgreSQL."""
 
 from __future__ import annotations
 
@@ -63,16 +62,13 @@ def test_a_bad_cluster_setting_is_named(tmp_path: Path, text: str, field: str, s
     assert "apiary.toml [cluster]" in caught.value.message
 
 
-def test_cluster_mode_needs_postgresql_and_is_not_served_yet(tmp_path: Path) -> None:
+def test_cluster_mode_needs_postgresql(tmp_path: Path) -> None:
     file = tmp_path / "apiary.toml"
     file.write_text("[cluster]\nenabled = true\n")
     with pytest.raises(ValidationError, match="needs a PostgreSQL store") as caught:
         checked_serving(load_config(file, {}, {}))
     assert caught.value.details["field"] == "cluster.enabled"
-    on_postgres = load_config(file, {}, {"store": PG})
-    with pytest.raises(ValidationError, match="not served yet") as caught:
-        checked_serving(on_postgres)
-    assert caught.value.details["field"] == "cluster.enabled"
+    assert checked_serving(load_config(file, {}, {"store": PG})).cluster.enabled
     # Off (the default), nothing changes.
     file.write_text("[cluster]\nenabled = false\nlease_s = 2\n")
     assert checked_serving(load_config(file, {}, {"store": PG})).cluster.lease_s == 2.0

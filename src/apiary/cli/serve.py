@@ -13,6 +13,7 @@ import asyncio
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -68,6 +69,12 @@ def serve(
         help="Serve a non-loopback address without TLS, authentication and signing (a "
         "trusted network only)",
     ),
+    cluster: bool = typer.Option(
+        False,
+        "--cluster",
+        help="Cluster mode ([cluster] enabled): one of several replicas sharing a "
+        "PostgreSQL store (docs/cluster.md)",
+    ),
 ) -> None:
     """Run the coordinator: every SW4RM service on one gRPC port, HTTP on another."""
     flags = {
@@ -86,6 +93,8 @@ def serve(
             raise ValidationError("--secure and --insecure contradict each other")
         if secure or settings.auth.secure:
             settings = secured(settings)
+        if cluster:
+            settings = replace(settings, cluster=replace(settings.cluster, enabled=True))
         settings = checked_serving(settings)
     except ValidationError as exc:
         typer.echo(f"apiary serve: {exc.message}", err=True)
@@ -158,6 +167,15 @@ def summary_lines(
     """What `apiary serve` tells a person once it serves."""
     settings = coordinator.config
     where = f"{log.file}" if log.file is not None else f"stderr ({log.problem})"
+    node = coordinator.cluster
+    cluster = (
+        []
+        if node is None
+        else [
+            f"  cluster   replica {node.keeper.replica_id} ({node.keeper.settings.partitions} "
+            f"partitions, lease {node.keeper.settings.lease_s:g} s; `apiary cluster status`)"
+        ]
+    )
     return [
         f"Apiary {__version__} is serving:",
         f"  gRPC      {serving.grpc}",
@@ -165,6 +183,7 @@ def summary_lines(
         f"  console   {serving.console_url}",
         f"  store     {_store_text(settings, coordinator.store.backend)}",
         f"  mode      {_mode_text(settings)}",
+        *cluster,
         f"  data dir  {settings.data_dir} ({recorded})",
         f"  log       {where}",
         "Client commands run with this data directory find it (try `apiary status`). "

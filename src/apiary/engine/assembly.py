@@ -189,9 +189,13 @@ def _tool_settings(settings: ToolSettings, data_dir: Path | None) -> ToolSetting
     return settings
 
 
-def start_engine_tasks(store: Store, engine: Engine, runtime: Runtime) -> list[asyncio.Task[None]]:
+def start_engine_tasks(
+    store: Store, engine: Engine, runtime: Runtime, *, message_deadlines: bool = True
+) -> list[asyncio.Task[None]]:
     """The engine's timers and loops as tasks, each kept running through failures (a store
-    outage, say: `supervised`); the caller cancels them at shutdown."""
+    outage, say: `supervised`); the caller cancels them at shutdown. Without
+    `message_deadlines` (cluster mode) the router's deadline loop is left out: the
+    partitions' owners run message deadlines from the store (engine/cluster/timers.py)."""
     router, clock, sleep = engine.router, runtime.clock, runtime.sleep
     loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "apiary-deadlines": lambda: run_deadlines(router.deadlines, clock, router.fire_due, sleep),
@@ -209,6 +213,8 @@ def start_engine_tasks(store: Store, engine: Engine, runtime: Runtime) -> list[a
             store, clock, router.settings, engine.events, sleep
         ),
     }
+    if not message_deadlines:
+        del loops["apiary-deadlines"]
     return [asyncio.create_task(supervised(name, loop), name=name) for name, loop in loops.items()]
 
 
@@ -231,15 +237,18 @@ async def supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -
             pause = min(pause * 2, SUPERVISED_MAX_S)
 
 
-async def load_engine(engine: Engine) -> int:
-    """Every component's durable state, in dependency order; returns recovered messages."""
+async def load_engine(engine: Engine, *, recover_messages: bool = True) -> int:
+    """Every component's durable state, in dependency order; returns recovered messages.
+    Without `recover_messages` (cluster mode) no message is made live at start: a replica
+    reads an agent's messages from the store when the agent's stream opens on it
+    (engine/cluster/follower.py)."""
     await engine.registry.load()
     await engine.hitl.load()
     await engine.scheduler.load()
     await engine.handoffs.load()
     await engine.worktrees.load()
     await engine.tools.load()
-    recovered = await engine.router.recover()
+    recovered = await engine.router.recover() if recover_messages else 0
     await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
     await engine.rooms.load()
     # After the router's recovery: resuming may escalate, which delivers notices.

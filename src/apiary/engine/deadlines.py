@@ -36,6 +36,10 @@ class Deadlines(Timers):
         self.max_age_s = max_age_s
         self._acks: dict[str, float] = {}
         """The ACK deadline of each message a stream holds unacknowledged."""
+        self.on_ack: Callable[[str, float], None] | None = None
+        """Cluster mode only (engine/cluster/ack_deadlines.py): told of each ACK deadline
+        started (message id, when due) and stopped (0.0), so that the store holds it for the
+        partition's owner, which runs it."""
 
     def arm(self, key: str, at: float) -> None:
         """As `Timers.arm`, keeping the heap compact (`_compact`)."""
@@ -77,13 +81,15 @@ class Deadlines(Timers):
         message already acknowledged: the deadline runs to the first ACK only. One pass for
         a batch of hand-outs (what `Timers.arm` does for one)."""
         due = now + self.ack_timeout_s
-        acks, armed, heap = self._acks, self._armed, self._heap
+        acks, armed, heap, on_ack = self._acks, self._armed, self._heap, self.on_ack
         earliest: tuple[float, str] | None = None
         for message in messages:
             if message.acked_stage:
                 continue
             key = message.message_id
             acks[key] = due
+            if on_ack is not None:
+                on_ack(key, due)
             ttl = message.expires_at
             at = ttl if 0 < ttl < due else due
             if armed.get(key) != at:
@@ -100,7 +106,8 @@ class Deadlines(Timers):
     def stop_ack(self, message_id: str) -> None:
         """CANCEL_ACK_TIMER: no ACK is due any more. The timer stays armed; when it fires
         the message is watched again (`watch`), for whatever deadline it has left."""
-        self._acks.pop(message_id, None)
+        if self._acks.pop(message_id, None) is not None and self.on_ack is not None:
+            self.on_ack(message_id, 0.0)
 
     def age_limit(self, message: StoredMessage) -> float:
         """When `message`, waiting unacknowledged for its recipient, ages out; 0: never."""

@@ -75,6 +75,9 @@ class Presence:
         self._lost_listeners: list[LostListener] = []
         self._order = asyncio.Lock()
         """Held while an announcement or a directory is admitted (see `connected`)."""
+        self.judges: Callable[[str], bool] | None = None
+        """Cluster mode only: whether this replica judges an agent's heartbeats (its
+        partition's owner does); None, the default: every agent's."""
 
     async def _broadcast(self, body: dict[str, Any], skip: str, directory_to: str = "") -> None:
         """`body` to every connected agent but `skip`, and the directory to `directory_to`
@@ -134,7 +137,11 @@ class Presence:
         ]
         if beats:
             await self._router.send_many(beats)
+        judges = self.judges
         for agent in agents:
+            if judges is not None and not judges(agent.agent_id):
+                self._misses.pop(agent.agent_id, None)
+                continue
             quiet = now - agent.last_heartbeat_at > self.settings.heartbeat_timeout_s
             if not quiet:
                 self._misses.pop(agent.agent_id, None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -116,11 +116,43 @@ class Registry:
         self._cache: dict[str, AgentRecord] = {}
         self._keys: dict[str, bytes] = {}
         """Registered public keys by agent id, decoded from the descriptors."""
+        self.on_change: Callable[[str], None] | None = None
+        """Cluster mode only (engine/cluster/follower.py): told the id of each agent
+        registered or deregistered here, so that the other replicas look again."""
+        self.reads_through = False
+        """Cluster mode only: an agent this view does not know is looked up in the store
+        (`refresh`) before the router refuses it no_route (other replicas register agents
+        in the store this replica reads only now and then)."""
 
     async def load(self) -> None:
         """Fill the in-memory view from the store (at start-up)."""
         self._cache = {a.agent_id: a for a in await self._agents.list()}
         self._keys = {a.agent_id: public_key_of(a) for a in self._cache.values()}
+
+    async def reload(self) -> tuple[list[AgentRecord], list[str]]:
+        """Read the in-memory view again from the store (cluster mode: other replicas
+        register and deregister agents in it); returns the agents new to this view and the
+        ids of those gone from it."""
+        before = self._cache
+        await self.load()
+        joined = [a for i, a in self._cache.items() if i not in before]
+        return joined, [i for i in before if i not in self._cache]
+
+    async def refresh(self, agent_id: str) -> AgentRecord | None:
+        """`agent_id`'s registration as the store holds it now, taken into this view (or
+        taken out of it when the store has none)."""
+        record = await self._agents.get(agent_id)
+        if record is None:
+            self._cache.pop(agent_id, None)
+            self._keys.pop(agent_id, None)
+        else:
+            self._cache[agent_id] = record
+            self._keys[agent_id] = public_key_of(record)
+        return record
+
+    def _changed(self, agent_id: str) -> None:
+        if self.on_change is not None:
+            self.on_change(agent_id)
 
     async def _put(self, record: AgentRecord, events: Sequence[EventDraft] = ()) -> None:
         """Store `record` with the `events` of its change, in one transaction."""
@@ -196,6 +228,7 @@ class Registry:
                 proven=verifies(current, signed, proof),
             ))  # fmt: skip
         await self._put(record, events)
+        self._changed(record.agent_id)
         return record
 
     def check_proof(self, agent_id: str, signed: bytes, proof: bytes) -> bool:
@@ -278,6 +311,7 @@ class Registry:
             removed = False
         self._cache.pop(agent_id, None)
         self._keys.pop(agent_id, None)
+        self._changed(agent_id)
         return removed
 
     async def get(self, agent_id: str) -> AgentRecord:

@@ -27,6 +27,7 @@ from apiary.engine.assembly import (
     load_engine,
     start_engine_tasks,
 )
+from apiary.engine.cluster.node import ClusterNode
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.handoffs import Handoffs
 from apiary.engine.hitl import Hitl
@@ -44,6 +45,7 @@ from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.server.auth.authenticator import Authenticator
 from apiary.server.auth.guard import AccessGuard
 from apiary.server.auth.keys import KeyRing
+from apiary.server.cluster import open_replica, store_claim
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.control_plane import ControlPlanes
@@ -88,7 +90,7 @@ from apiary.server.tenancy import (
 )
 from apiary.server.tls import grpc_credentials, http_context
 from apiary.server.tracing.server_tracing import ServerTracing
-from apiary.store.claim import Claim, Holder, claim_store
+from apiary.store.claim import Claim, Holder
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
 from apiary.store.sqlite.store import SqliteStore
@@ -129,6 +131,8 @@ class Coordinator:
     """Every tenant's engine; the fields above are the default tenant's."""
     control_planes: ControlPlanes | None = None
     """Every tenant's runtime control plane (docs/control-plane.md)."""
+    cluster: ClusterNode | None = None
+    """This replica's cluster parts, in cluster mode (docs/cluster.md)."""
     claim_taken: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when another coordinator took this one's claim on the store (store/claim.py):
     it no longer serves (health NOT_SERVING, not ready) and its owner must stop it."""
@@ -272,13 +276,11 @@ async def open_coordinator(
     coordinator's tracing (tests: an in-memory exporter's), which its owner closes; None:
     per the [tracing] table.
     """
-    runtime = runtime or Runtime(clock=clock or SystemClock())
-    if config.presence is not None:
-        runtime = replace(runtime, presence=config.presence)
+    runtime = _runtime(config, runtime, clock)
     settings = router_settings or config.router
     async with (
         open_store(config.store or None, config.data_dir) as store,
-        claim_store(store, Holder.here(iso_utc(runtime.clock.now()))) as claim,
+        store_claim(store, Holder.here(iso_utc(runtime.clock.now())), config.cluster) as claim,
         AsyncExitStack() as optional,
     ):
         if tracing is None:
@@ -289,8 +291,11 @@ async def open_coordinator(
             store, settings, runtime, hitl_settings(config), config.scheduler, config.data_dir,
             config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
+        replica = await optional.enter_async_context(
+            open_replica(config.cluster, store, engine, runtime, f"grpc {config.grpc}")
+        )
         swarm = await _start_swarm(config, store, engine, runtime, swarm_client_tls, optional)
-        recovered = await load_engine(engine)
+        recovered = await load_engine(engine, recover_messages=replica is None)
         metrics = Metrics(
             engine.router, engine.activity, engine.scheduler, engine.events,
             store_stats=(lambda: store.stats) if isinstance(store, SqliteStore) else None,
@@ -326,11 +331,14 @@ async def open_coordinator(
         runner = await _serve_http(app, http_socket, config)
         await server.start()
         await set_serving(health, True)
-        tasks = start_engine_tasks(store, engine, runtime)
-        tasks.append(asyncio.create_task(reach.run(), name="apiary-store-health"))
-        tasks.append(
-            asyncio.create_task(_stop_serving_once_taken(claim, state, health), name="apiary-claim")
-        )
+        state.cluster = replica
+        tasks = [
+            *start_engine_tasks(store, engine, runtime, message_deadlines=replica is None),
+            asyncio.create_task(reach.run(), name="apiary-store-health"),
+            asyncio.create_task(
+                _stop_serving_once_taken(claim, state, health), name="apiary-claim"
+            ),
+        ]
         engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",
@@ -348,6 +356,15 @@ async def open_coordinator(
         finally:
             state.ready = False
             await _shut_down(engine, server, health, runner, tasks, tenancy, controls)
+
+
+def _runtime(config: ServerConfig, runtime: Runtime | None, clock: Clock | None) -> Runtime:
+    """The engine's runtime: the one given (tests) or the system's, with the [presence]
+    table's settings when the configuration has one."""
+    runtime = runtime or Runtime(clock=clock or SystemClock())
+    if config.presence is None:
+        return runtime
+    return replace(runtime, presence=config.presence)
 
 
 async def _stop_serving_once_taken(

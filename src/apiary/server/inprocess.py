@@ -9,6 +9,7 @@ from pathlib import Path
 from apiary.core.clock import Clock
 from apiary.core.limits import Limits
 from apiary.engine.assembly import Runtime
+from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.settings import RouterSettings, SchedulerSettings
 from apiary.engine.worktrees.settings import WorktreeSettings
 from apiary.server.auth.settings import AuthSettings
@@ -34,11 +35,13 @@ async def open_test_coordinator(
     auth: AuthSettings | None = None,
     limits: Limits | None = None,
     tracing: ServerTracing | None = None,
+    cluster: ClusterSettings | None = None,
 ) -> AsyncIterator[Coordinator]:
     """A real coordinator (real gRPC and HTTP sockets) bound to 127.0.0.1 free ports; with
     `tls_cert` and `tls_key` both ports serve TLS (mTLS with `tls_client_ca`); `auth` sets
     authentication (AuthSettings(secure=True): default deny, every call a principal);
-    `limits` the `[limits]` table; `tracing` the coordinator's tracing (docs/tracing.md)."""
+    `limits` the `[limits]` table; `tracing` the coordinator's tracing (docs/tracing.md);
+    `cluster` the `[cluster]` table (a replica of a cluster on a PostgreSQL `store`)."""
     config = ServerConfig(
         data_dir=data_dir,
         grpc=Address("127.0.0.1", 0),
@@ -51,6 +54,7 @@ async def open_test_coordinator(
         tls_client_ca=tls_client_ca,
         auth=auth or AuthSettings(),
         limits=limits or Limits(),
+        cluster=cluster or ClusterSettings(),
     )
     async with open_coordinator(
         config, clock=clock, runtime=runtime, router_settings=router_settings, tracing=tracing

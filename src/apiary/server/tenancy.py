@@ -169,6 +169,14 @@ class Tenancy:
                 "`apiary serve --secure` or [router] signing_required = true)",
                 {"tenant": tenant[:64], "reason": "tenants_need_signing"},
             )
+        if config.cluster.enabled:
+            # Another tenant's engine would run on every replica as a lone coordinator
+            # does, recovering and timing its messages on each: a split brain.
+            raise UnavailableError(
+                f"tenant {tenant[:64]!r} cannot be served: in cluster mode a coordinator "
+                f"serves the {DEFAULT_TENANT} tenant only, for now (docs/cluster.md)",
+                {"tenant": tenant[:64], "reason": "tenants_not_clustered"},
+            )
         data_dir = tenant_data_dir(config.data_dir, tenant)
         store = await self._stack.enter_async_context(
             open_store(config.store or None, config.data_dir, tenant)

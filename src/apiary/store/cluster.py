@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from apiary.core.cluster.assignment import ClusterView
 from apiary.core.cluster.leases import Lease, Verdict
+from apiary.core.records import StoredMessage
 from apiary.store.errors import StoreError
 
 
@@ -119,4 +120,51 @@ class ClusterLeases(Protocol):
 
     def releases(self) -> AsyncIterator[None]:
         """Yield each time another replica releases leases (a hint: some may be missed)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class WorkNote:
+    """A wake-up one replica sends the others (a hint: a note may be lost, polling finds
+    the work anyway). `kind` is one of NOTE_KINDS; `agent_id` the agent it concerns."""
+
+    kind: str
+    agent_id: str
+
+
+INBOX: Final = "inbox"
+"""A message for the agent was admitted: its stream's replica reads it from the store."""
+CHANGED: Final = "changed"
+"""One of the agent's messages changed state on another replica (a deadline fired)."""
+AGENTS: Final = "agents"
+"""The agent was registered or deregistered: the others read the registry again."""
+NOTE_KINDS: Final = frozenset({INBOX, CHANGED, AGENTS})
+
+
+class ClusterWork(Protocol):
+    """How replicas hand message work to each other through the store they share
+    (docs/cluster.md, "The message path"): wake-ups, ACK deadlines, and the owner's claim
+    on a deadline that has passed."""
+
+    async def notify(self, notes: Sequence[WorkNote]) -> None:
+        """Send `notes` to every replica listening (this one included)."""
+        ...
+
+    def notes(self) -> AsyncIterator[WorkNote]:
+        """The notes sent by any replica, as they come (StoreError when listening fails)."""
+        ...
+
+    async def set_ack_deadlines(self, deadlines: Sequence[tuple[str, float]]) -> None:
+        """Store each (message_id, due) ACK deadline: a start is kept only while the message
+        awaits its first ACK (RECEIVED or RETRYING, nothing acknowledged); 0.0 clears it."""
+        ...
+
+    async def claim_due(
+        self, me: Me, partition: int, epoch: int, message_id: str, now: float, retry_at: float
+    ) -> StoredMessage | None:
+        """In a transaction fenced by `me`'s term `epoch` of `partition`: the message as it
+        was, when one of its deadlines is due at `now`, that deadline then moved to
+        `retry_at` (fired once, or again at `retry_at` by whoever owns the partition then if
+        the firing never finished); None when it is not due (fired or finished already).
+        FencedError when the term is over."""
         ...

@@ -14,8 +14,8 @@ class ClusterSettings:
     """How a replica takes part in a cluster; checked by `server.config.cluster`."""
 
     enabled: bool = False
-    """Cluster mode: several replicas share one PostgreSQL store (not served yet: see
-    docs/cluster.md, "What is built")."""
+    """Cluster mode: several replicas share one PostgreSQL store (docs/cluster.md, "What is
+    built" says how much of it)."""
     replica_id: str = ""
     """This replica's name in the cluster; empty: `default_replica_id()` (host and pid)."""
     lease_s: float = 5.0

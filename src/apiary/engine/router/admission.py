@@ -158,6 +158,11 @@ class Gate(Enum):
     CHUNK = "chunk"
     ENDPOINT = "endpoint"
     DEDUP = "dedup"
+    AGENT = "agent"
+    """Cluster mode: a recipient this replica does not know yet, looked up in the store
+    (another replica may have registered it since this one last read the registry)."""
+    PRODUCER = "producer"
+    """Cluster mode: the same for the producer an applied ACK is forwarded to."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,10 +217,9 @@ class Admission:
             if acked:
                 target = resolve_recipient(env, item.recipient, acked)
                 if target == acked and self._unreachable(target):
-                    return SendOutcome(
-                        env.message_id, True,
-                        reason=f"acknowledged; {target} is not a registered agent: not forwarded",
-                    ), None  # fmt: skip
+                    if self._registry.reads_through:
+                        return Wait(Gate.PRODUCER, env, target)
+                    return _not_forwarded(env, target)
             else:
                 screened = self._screened(item, now)
                 if screened is None:
@@ -253,6 +257,12 @@ class Admission:
             if assembled is None:
                 return SendOutcome(env.message_id, True, reason="chunk buffered"), None
             return self._assembled(item, assembled, target, now)
+        if wait.gate is Gate.AGENT or wait.gate is Gate.PRODUCER:
+            if await self._registry.refresh(target) is None:
+                if wait.gate is Gate.PRODUCER:
+                    return _not_forwarded(env, target)
+                raise _no_route(env, target)
+            return self._routed(item, env, target, now, wait.raw)
         if wait.gate is Gate.ENDPOINT:
             await self._endpoints[target](env)
             return SendOutcome(env.message_id, True, reason=f"handled by {target}"), None
@@ -367,10 +377,9 @@ class Admission:
             return Wait(Gate.ENDPOINT, env, target)
         agent = self._registry.known(target)
         if agent is None:
-            raise NoRouteError(
-                f"no registered agent {target!r} to deliver {env.message_id} to",
-                {"recipient": target, "message_id": env.message_id},
-            )
+            if self._registry.reads_through:
+                return Wait(Gate.AGENT, env, target, raw)
+            raise _no_route(env, target)
         notice = is_notice(env)
         if notice:
             return self._reserved(item, env, target, now, raw, notice=True)
@@ -443,6 +452,21 @@ class Admission:
             or (now + settings.notice_ttl_s if notice else 0.0),
             0, 0.0, "", signature,
         )  # fmt: skip
+
+
+def _no_route(env: Envelope, target: str) -> NoRouteError:
+    return NoRouteError(
+        f"no registered agent {target!r} to deliver {env.message_id} to",
+        {"recipient": target, "message_id": env.message_id},
+    )
+
+
+def _not_forwarded(env: Envelope, target: str) -> Admitted:
+    """An applied ACK whose producer is no participant: its work is done (`_unreachable`)."""
+    return SendOutcome(
+        env.message_id, True,
+        reason=f"acknowledged; {target} is not a registered agent: not forwarded",
+    ), None  # fmt: skip
 
 
 def _lane(descriptor: object) -> str:

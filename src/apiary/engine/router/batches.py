@@ -312,8 +312,8 @@ class Batches:
             return SendOutcome.refusal(env.message_id, error)
         stored = result
         self._dedup.release(stored.message_id)
-        self._live.add(stored, occupies=not is_notice(stored))
-        if self._tracing is not None:
+        self._live.admitted(stored, occupies=not is_notice(stored))
+        if self._tracing is not None and stored.message_id in self._live.copies:
             trace = item.trace or self._tracing.current()
             if trace is not None:
                 self._live.traces[stored.message_id] = trace

@@ -19,6 +19,7 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from functools import lru_cache
+from typing import Protocol
 
 from apiary.core.message_machine import MessageInput
 from apiary.core.records import StoredMessage, handed_out
@@ -95,6 +96,18 @@ AgentSignal = Callable[[str], Awaitable[None]]
 """Called with an agent's id when its stream reaches a point (see `Delivery`)."""
 
 
+class StreamFollower(Protocol):
+    """Cluster mode's part in an agent's streams (engine/cluster/follower.py): the agent's
+    messages are read from the store the replicas share when a stream opens here, and
+    followed while one is open."""
+
+    async def opening(self, agent_id: str) -> None:
+        """A stream of `agent_id` is about to open here (before its session starts)."""
+
+    def closed(self, agent_id: str, session: int) -> None:
+        """The last stream of `agent_id` here ended; `session` is its inbox's session then."""
+
+
 class Delivery:
     def __init__(
         self, router: Router, registry: Registry, messages: MessageStore, events: EventRecorder,
@@ -112,6 +125,8 @@ class Delivery:
         self._events = events
         self._opened = opened
         self._connected = connected
+        self.follower: StreamFollower | None = None
+        """Cluster mode only: see `StreamFollower`; None, the default, changes nothing."""
 
     async def _check_position(self, agent_id: str, resume_after: int) -> None:
         if resume_after <= 0:
@@ -148,6 +163,8 @@ class Delivery:
                 "credential or an apiary-agent-proof), or once the old connection has closed",
                 {"agent_id": agent_id, "reason": "stream_live"},
             )
+        if self.follower is not None:
+            await self.follower.opening(agent_id)
         session = inbox.open_session(resume_after)
         await self._events.record(
             "stream.opened", agent_id, agent_id=agent_id, resume_after=resume_after,
@@ -194,6 +211,8 @@ class Delivery:
                 inbox.released.set()
                 inbox.offline_since = now = self._router.clock_now()
                 self._lifecycle.streams_ended(agent_id, now)
+                if self.follower is not None:
+                    self.follower.closed(agent_id, inbox.session)
             await self._events.record("stream.closed", agent_id, agent_id=agent_id, session=session)
 
     async def _exhausted(self, batch: list[Handout], now: float) -> list[Handout]:

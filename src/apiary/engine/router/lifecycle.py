@@ -451,6 +451,19 @@ class MessageLifecycle:
             self._locks.pop(message_id, None)  # as `acknowledge`: no lock kept per message
         return fired
 
+    async def fire(self, message_id: str, event: MessageInput, now: float, code: str) -> bool:
+        """Apply a deadline's `event` read from the store (cluster mode: the partition's
+        owner runs the deadlines of messages any replica holds; engine/cluster/timers.py),
+        to the message as the store holds it now, under its lock as `fire_due` does; False
+        when it has finished meanwhile or the machine takes no such input in its state."""
+        async with self._lock(message_id):
+            message = await self._messages.get(message_id)
+            effects: tuple[Effect, ...] = ()
+            if message is not None and not message.state.terminal:
+                effects = await self.apply(message, event, now, error_code=code)
+        self._locks.pop(message_id, None)
+        return bool(effects)
+
     async def _expire(self, message: StoredMessage, now: float) -> None:
         """The input of the deadline of `message` that passed at `now`: its TTL, its ACK
         deadline, or its maximum age while it waits; with none passed (the ACK came, the

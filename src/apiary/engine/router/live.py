@@ -11,7 +11,7 @@ again at the next hand-out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from apiary.core.records import MessageState, StoredMessage
 from apiary.core.trace_context import TraceContext
@@ -25,6 +25,10 @@ DELIVERIES_WRITE_BEHIND_S = 1.0
 _RECOVERY_PAGE = 1000
 _UNFINISHED = frozenset(s for s in MessageState if not s.terminal)
 _BUFFERED = (MessageState.RECEIVED, MessageState.RETRYING)
+
+Placement = Callable[[StoredMessage], bool]
+"""Cluster mode's say over a message admitted here (`LiveMessages.placement`): True when this
+replica keeps it live now, False when it is followed from the store instead."""
 
 
 class LiveMessages:
@@ -42,6 +46,9 @@ class LiveMessages:
         self.traces: dict[str, TraceContext] = {}
         """The trace context of each live message that has one (docs/tracing.md), by id:
         in memory only, so a message recovered after a restart is delivered without one."""
+        self.placement: Placement | None = None
+        """Cluster mode only (engine/cluster/follower.py): decides whether a message admitted
+        here is kept live here (`admitted`); None, the default, keeps every one."""
 
     @property
     def copies(self) -> Mapping[str, StoredMessage]:
@@ -68,6 +75,15 @@ class LiveMessages:
         # limit leaves out what was acknowledged); with a stream open it is handed out at
         # once, and its ACK deadline starts then.
         self._deadlines.watch(message, waiting=occupies and not inbox.streams)
+
+    def admitted(self, message: StoredMessage, *, occupies: bool) -> None:
+        """A message this router admitted: live (`add`), unless cluster mode's `placement`
+        says another replica's stream, or a read of the store, takes it; its buffer slot
+        here is given back then."""
+        if self.placement is None or self.placement(message):
+            self.add(message, occupies=occupies)
+        else:
+            self._inboxes[message.recipient].release(message.message_id)
 
     def waiting(self, message: StoredMessage) -> bool:
         """Whether `message` awaits an ACK with no stream holding it and none of its

@@ -1,7 +1,7 @@
 """The [cluster] table of the configuration file (docs/cluster.md, "Configuration"):
 
 [cluster]
-enabled = false          # cluster mode: not served yet (docs/cluster.md, "What is built")
+enabled = false          # cluster mode (`apiary serve --cluster`); PostgreSQL only
 replica_id = ""          # default: HOST-PID
 lease_s = 5.0            # a dead replica's partitions are taken over within this
 partitions = 64          # the same on every replica of a cluster
@@ -57,13 +57,8 @@ def cluster_settings(values: Mapping[str, Any], source: str) -> ClusterSettings:
 
 
 def cluster_problem(settings: ClusterSettings, store: str) -> ValidationError | None:
-    """Why a coordinator with these settings may not serve `store`, or None.
-
-    Cluster mode needs PostgreSQL (several coordinators share a database server), and it is
-    not served yet: without the router's hand-off between replicas, two coordinators on one
-    store would split the brain (docs/cluster.md), so `enabled = true` is refused rather
-    than ignored.
-    """
+    """Why a coordinator with these settings may not serve `store`, or None: cluster mode
+    needs PostgreSQL (several coordinators share a database server)."""
     if not settings.enabled:
         return None
     if store.partition(":")[0].lower() not in ("postgresql", "postgres"):
@@ -72,9 +67,4 @@ def cluster_problem(settings: ClusterSettings, store: str) -> ValidationError | 
             "--store postgresql://...): replicas share one database server",
             {"field": "cluster.enabled"},
         )
-    return ValidationError(
-        '[cluster] enabled: cluster mode is not served yet (docs/cluster.md, "What is '
-        "built\"); `apiary cluster status` reads a cluster's leases. Serve one coordinator "
-        "per store until then",
-        {"field": "cluster.enabled"},
-    )
+    return None

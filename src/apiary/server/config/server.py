@@ -65,7 +65,7 @@ class ServerConfig:
     tracing: TracingSettings = field(default_factory=TracingSettings)
     """Spans exported over OTLP: TOML table [tracing] (docs/tracing.md); off by default."""
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
-    """Cluster mode: TOML table [cluster] (docs/cluster.md); not served yet."""
+    """Cluster mode: TOML table [cluster] (docs/cluster.md); `apiary serve --cluster`."""
     presence: PresenceSettings | None = None
     """Heartbeat checks of connected agents: TOML table [presence] (docs/scheduler.md,
     "Agent lifecycle"); None: the engine's defaults (or a test's Runtime)."""

@@ -1,0 +1,141 @@
+"""One replica of a cluster (docs/cluster.md): the lease keeper, the follower of the shared
+store, the owner's timers and the ACK deadline writer, hooked into one engine.
+
+The hooks (each None or off, changing nothing, outside cluster mode):
+`LiveMessages.placement` and `Delivery.follower` (the follower decides what is live here),
+`Registry.on_change` (a note to the others) and `Registry.reads_through` (an agent this
+replica does not know yet is looked up in the store before no_route), `Deadlines.on_ack`
+(ACK deadlines stored for the owner) and `Presence.judges` (heartbeats judged by the
+partition's owner only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from apiary.core.clock import Clock
+from apiary.core.cluster.partitions import partition_of
+from apiary.engine.assembly import Engine
+from apiary.engine.cluster.ack_deadlines import AckDeadlineWriter
+from apiary.engine.cluster.follower import POLL_S as FOLLOW_POLL_S
+from apiary.engine.cluster.follower import StoreFollower
+from apiary.engine.cluster.keeper import LeaseKeeper
+from apiary.engine.cluster.settings import ClusterSettings
+from apiary.engine.cluster.timers import POLL_S as TIMER_POLL_S
+from apiary.engine.cluster.timers import OwnerTimers
+from apiary.engine.deadlines import Sleep
+from apiary.store.cluster import ClusterLeases, ClusterWork, ReplicaEvictedError
+from apiary.store.errors import StoreError
+from apiary.store.protocols import MessageStore
+
+log = logging.getLogger("apiary.cluster")
+
+
+@dataclass(slots=True)
+class ClusterNode:
+    """A running replica's cluster parts (`open_cluster_node`)."""
+
+    keeper: LeaseKeeper
+    follower: StoreFollower
+    timers: OwnerTimers
+    deadlines: AckDeadlineWriter
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    halted: bool = False
+
+    def halt(self) -> None:
+        """Stop every loop at once and release nothing, as a killed process would: the
+        leases lapse and another replica takes the partitions over (tests in process)."""
+        self.halted = True
+        for task in self.tasks:
+            task.cancel()
+
+
+@asynccontextmanager
+async def open_cluster_node(
+    engine: Engine,
+    messages: MessageStore,
+    leases: ClusterLeases,
+    work: ClusterWork,
+    settings: ClusterSettings,
+    clock: Clock,
+    sleep: Sleep = asyncio.sleep,
+    *,
+    address: str = "",
+    follow_poll_s: float = FOLLOW_POLL_S,
+    timer_poll_s: float = TIMER_POLL_S,
+) -> AsyncIterator[ClusterNode]:
+    """`engine` as a replica for the duration of the block: joined to the cluster, its
+    hooks set and its loops running; on exit the loops stop and the replica leaves (its
+    leases released at once) unless it was halted."""
+    keeper = LeaseKeeper(leases, settings, clock, sleep, address=address)
+    follower = StoreFollower(
+        engine.router, engine.registry, engine.presence, messages, work, poll_s=follow_poll_s
+    )
+    timers = OwnerTimers(
+        engine.router, messages, work, keeper, clock, sleep, follower.note, poll_s=timer_poll_s
+    )
+    node = ClusterNode(keeper, follower, timers, AckDeadlineWriter(work))
+    await keeper.join()
+    _hook(engine, node, clock)
+    name = f"apiary-cluster-{keeper.replica_id}"
+    loops = {
+        "lease": keeper.run(),
+        "releases": keeper.follow_releases(),
+        "follow": follower.run(),
+        "listen": follower.listen(),
+        "notes": follower.send_notes(),
+        "timers": timers.run(),
+        "ack-deadlines": node.deadlines.run(),
+    }
+    node.tasks = [asyncio.create_task(c, name=f"{name}-{part}") for part, c in loops.items()]
+    try:
+        yield node
+    finally:
+        for task in node.tasks:
+            task.cancel()
+        for task in node.tasks:
+            with contextlib.suppress(asyncio.CancelledError, ReplicaEvictedError):
+                await task
+        _unhook(engine)
+        if not node.halted:
+            await _leave(node)
+
+
+def _hook(engine: Engine, node: ClusterNode, clock: Clock) -> None:
+    router, follower = engine.router, node.follower
+    partitions, keeper = node.keeper.settings.partitions, node.keeper
+    router.live.started_at = clock.now()
+    router.live.placement = follower.place
+    router.deadlines.on_ack = node.deadlines.queue
+    engine.delivery.follower = follower
+    engine.registry.on_change = follower.agent_changed
+    engine.registry.reads_through = True
+    engine.presence.judges = lambda agent_id: (
+        keeper.epoch(partition_of(agent_id, partitions)) is not None
+    )
+
+
+def _unhook(engine: Engine) -> None:
+    engine.router.live.placement = None
+    engine.router.deadlines.on_ack = None
+    engine.delivery.follower = None
+    engine.registry.on_change = None
+    engine.registry.reads_through = False
+    engine.presence.judges = None
+
+
+async def _leave(node: ClusterNode) -> None:
+    """A clean stop: the last ACK deadlines stored, the leases released."""
+    try:
+        await node.deadlines.flush()
+    except StoreError as exc:
+        log.warning("cluster: ACK deadlines not stored at stop: %s", exc)
+    try:
+        await node.keeper.leave()
+    except StoreError as exc:
+        log.warning("could not leave the cluster (leases will lapse instead): %s", exc)

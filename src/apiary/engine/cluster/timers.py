@@ -1,0 +1,113 @@
+"""The message deadlines a partition's owner runs (docs/cluster.md, "Timers").
+
+In a cluster the deadlines of a message (its ACK deadline, stored by the replica that
+handed it out: `ack_deadlines.py`; its TTL, stored at admission) are run by the owner of
+its recipient's partition, and by no other replica: the router's own deadline loop is not
+started in cluster mode (`start_engine_tasks(message_deadlines=False)`). Every `poll_s` the
+owner reads the due messages, keeps those of the partitions it owns now, and claims each in
+a transaction fenced by its lease's epoch (`ClusterWork.claim_due`) before applying the
+deadline's input through the router (`MessageLifecycle.fire`): NACK, dead letter and
+idempotency follow as on one coordinator. A replica whose term ended cannot claim; of two
+claims of one deadline only the first finds it due. The claim moves the deadline to
+`retry_s` later, so that a firing cut short (a crash, a store error) is taken up again then
+by whoever owns the partition; a firing that finished leaves the message finished, never
+due again. Then the recipient's host is told (a note), which forgets the message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from apiary.core.clock import Clock
+from apiary.core.cluster.partitions import partition_of
+from apiary.core.message_machine import MessageInput
+from apiary.core.records import StoredMessage
+from apiary.engine.cluster.keeper import LeaseKeeper
+from apiary.engine.deadlines import Sleep
+from apiary.engine.router.router import Router
+from apiary.store.cluster import CHANGED, ClusterWork, FencedError
+from apiary.store.errors import StoreError
+from apiary.store.protocols import MessageStore
+
+log = logging.getLogger("apiary.cluster")
+
+POLL_S: Final = 0.25
+"""How often the owner reads the due messages: how late, at most, a deadline fires."""
+PAGE: Final = 500
+
+
+class OwnerTimers:
+    """The deadlines of the messages of the partitions this replica owns (module doc)."""
+
+    def __init__(
+        self,
+        router: Router,
+        messages: MessageStore,
+        work: ClusterWork,
+        keeper: LeaseKeeper,
+        clock: Clock,
+        sleep: Sleep,
+        note: Callable[[str, str], None],
+        *,
+        poll_s: float = POLL_S,
+    ) -> None:
+        self._router = router
+        self._messages = messages
+        self._work = work
+        self._keeper = keeper
+        self._clock = clock
+        self._sleep = sleep
+        self._note = note
+        self.poll_s = poll_s
+        self.fired = 0
+        """Deadlines this replica fired since it started."""
+
+    async def run(self) -> None:
+        """Until cancelled: fire what is due, then wait `poll_s`."""
+        while True:
+            try:
+                await self.fire_due()
+            except StoreError as exc:
+                log.warning("cluster: firing deadlines failed (next poll retries): %s", exc)
+            await self._sleep(self.poll_s)
+
+    async def fire_due(self) -> int:
+        """Fire every deadline due now of the partitions owned now; returns how many."""
+        now = self._clock.now()
+        await self._router.transfers.expire(now)
+        owned = self._keeper.owned()
+        if not owned:
+            return 0
+        partitions = self._keeper.settings.partitions
+        retry_at = now + self._keeper.settings.lease_s
+        fired = 0
+        for due in await self._messages.due(now, PAGE):
+            partition = partition_of(due.recipient, partitions)
+            epoch = owned.get(partition)
+            if epoch is None:
+                continue
+            try:
+                claimed = await self._work.claim_due(
+                    self._keeper.me, partition, epoch, due.message_id, now, retry_at
+                )
+            except FencedError as exc:
+                log.info("cluster: %s", exc)
+                continue
+            if claimed is not None and await self._fire(claimed, now):
+                fired += 1
+        self.fired += fired
+        return fired
+
+    async def _fire(self, message: StoredMessage, now: float) -> bool:
+        """Apply the input of the deadline of `message` (as claimed) that passed at `now`."""
+        if 0 < message.expires_at <= now:
+            event, code = MessageInput.TTL_EXPIRE, "ttl_expired"
+        elif 0 < message.ack_deadline <= now:
+            event, code = MessageInput.ACK_TIMEOUT, "ack_timeout"
+        else:
+            return False
+        done = await self._router.lifecycle.fire(message.message_id, event, now, code)
+        self._note(CHANGED, message.recipient)
+        return done

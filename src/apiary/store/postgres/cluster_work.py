@@ -1,0 +1,126 @@
+"""Message work handed between replicas through PostgreSQL (`store.cluster.ClusterWork`;
+docs/cluster.md, "The message path").
+
+- Wake-ups are NOTIFY on the channel `WORK_CHANNEL`, payload JSON naming the schema, the
+  note's kind and its agent; a listener keeps the notes of its own schema. A hint: one sent
+  while a replica was not listening is lost, and every replica polls the store anyway.
+- ACK deadlines are the `ack_deadline` column of `messages` (its generated `due_at` indexes
+  them with the TTLs): the replica that hands a message out stores it, the partition's
+  owner fires it.
+- The owner's claim on a due deadline runs in a transaction fenced by its lease's epoch
+  (`PostgresClusterLeases.fenced`) that locks the message's row: of two replicas that both
+  believe they own the partition, only the current term's claims, and of two claims of one
+  deadline only the first finds it due.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Final
+
+import psycopg
+from psycopg import sql
+
+from apiary.core.records import MessageState, StoredMessage
+from apiary.store.cluster import NOTE_KINDS, Me, WorkNote
+from apiary.store.errors import StoreError
+from apiary.store.postgres.cluster import PostgresClusterLeases
+from apiary.store.postgres.pool import PostgresPool, fetch_rows
+from apiary.store.sql.messages import MESSAGES, message_from_row
+
+WORK_CHANNEL: Final = "apiary_cluster_work"
+_AWAITING_FIRST_ACK: Final = [MessageState.RECEIVED.value, MessageState.RETRYING.value]
+_SET_ACK_DEADLINES: Final = (
+    "UPDATE messages SET ack_deadline = c.due"
+    " FROM (SELECT unnest(%s::text[]) AS id, unnest(%s::float8[]) AS due) AS c"
+    " WHERE messages.message_id = c.id AND (c.due = 0"
+    " OR (messages.acked_stage = '' AND messages.state = ANY(%s::text[])))"
+)
+_DUE_ROW: Final = (
+    f"SELECT {MESSAGES.sql} FROM messages WHERE message_id = %s AND due_at <= %s FOR UPDATE"
+)
+_MOVE_DUE: Final = (
+    "UPDATE messages SET"
+    " ack_deadline = CASE WHEN ack_deadline > 0 AND ack_deadline <= %(now)s"
+    " THEN %(retry)s ELSE ack_deadline END,"
+    " expires_at = CASE WHEN expires_at > 0 AND expires_at <= %(now)s"
+    " THEN %(retry)s ELSE expires_at END"
+    " WHERE message_id = %(id)s"
+)
+
+
+class PostgresClusterWork:
+    """`ClusterWork` on one schema's pool (module docstring)."""
+
+    def __init__(self, pool: PostgresPool, leases: PostgresClusterLeases) -> None:
+        self._pool = pool
+        self._leases = leases
+
+    async def notify(self, notes: Sequence[WorkNote]) -> None:
+        if not notes:
+            return
+        schema = self._pool.schema
+        payloads = [
+            (WORK_CHANNEL, json.dumps({"s": schema, "k": n.kind, "a": n.agent_id})) for n in notes
+        ]
+        try:
+            async with (
+                self._pool.connection() as conn,
+                conn.transaction(),
+                conn.cursor() as cursor,
+            ):
+                await cursor.executemany("SELECT pg_notify(%s, %s)", payloads)
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot notify the other replicas: {exc}") from exc
+
+    async def notes(self) -> AsyncIterator[WorkNote]:
+        try:
+            conn = await psycopg.AsyncConnection.connect(self._pool.conninfo, autocommit=True)
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot listen for the other replicas' notes: {exc}") from exc
+        try:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(WORK_CHANNEL)))
+            async for raw in conn.notifies():
+                note = _parsed(raw.payload, self._pool.schema)
+                if note is not None:
+                    yield note
+        except psycopg.Error as exc:
+            raise StoreError(f"listening for the other replicas' notes: {exc}") from exc
+        finally:
+            await conn.close()
+
+    async def set_ack_deadlines(self, deadlines: Sequence[tuple[str, float]]) -> None:
+        if not deadlines:
+            return
+        ids = [message_id for message_id, _ in deadlines]
+        dues = [float(due) for _, due in deadlines]
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                await conn.execute(_SET_ACK_DEADLINES, [ids, dues, _AWAITING_FIRST_ACK])
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot store ACK deadlines: {exc}") from exc
+
+    async def claim_due(
+        self, me: Me, partition: int, epoch: int, message_id: str, now: float, retry_at: float
+    ) -> StoredMessage | None:
+        try:
+            async with self._leases.fenced(me, partition, epoch) as conn:
+                rows = await fetch_rows(conn, _DUE_ROW, [message_id, now])
+                if not rows:
+                    return None
+                await conn.execute(_MOVE_DUE, {"now": now, "retry": retry_at, "id": message_id})
+                return message_from_row(rows[0])
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot claim the deadline of {message_id}: {exc}") from exc
+
+
+def _parsed(payload: str, schema: str) -> WorkNote | None:
+    """The note `payload` carries when it is one of `schema`'s, else None."""
+    try:
+        doc = json.loads(payload)
+        if doc["s"] != schema or doc["k"] not in NOTE_KINDS:
+            return None
+        return WorkNote(str(doc["k"]), str(doc["a"]))
+    except (ValueError, KeyError, TypeError):
+        return None

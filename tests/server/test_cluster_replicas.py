@@ -1,0 +1,320 @@
+"""Cluster mode in process (docs/cluster.md): two coordinators serving one PostgreSQL schema
+as replicas. An agent registered through one is known to the other; a message admitted by
+either is stored once and delivered, in offset order, to its recipient's stream wherever
+that is; an ACK sent to either reaches the producer's stream on the other; a replica that
+stops without releasing anything (as a killed process) has its partitions taken over, its
+ACK deadlines fired once by the new owner, and the messages pending for its agents
+delivered on the other replica. A tenant besides the default is refused in cluster mode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from apiary.core.cluster.partitions import partition_of
+from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
+from apiary.core.records import MessageState
+from apiary.engine.cluster.keeper import LeaseKeeper
+from apiary.engine.cluster.settings import ClusterSettings
+from apiary.engine.router.admission import Outbound, is_notice
+from apiary.engine.router.inbox import Handout
+from apiary.engine.settings import RouterSettings
+from apiary.errors import NoRouteError, UnavailableError
+from apiary.server.auth.settings import AuthSettings
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
+from apiary.wire.convert import ack_to_json
+
+pytestmark = pytest.mark.postgres
+
+WAIT_S = 30.0
+PARTITIONS = 8
+LEASE_S = 1.5
+ACK_TIMEOUT_S = 2.0
+
+
+@dataclass
+class Reader:
+    """What one agent's stream received, read in the background."""
+
+    messages: list[Envelope] = field(default_factory=list)
+    """Messages from agents (not the coordinator's notices), in the order handed out."""
+    acks: list[Ack] = field(default_factory=list)
+    """ACKs and NACKs for messages the agent produced."""
+    offsets: list[int] = field(default_factory=list)
+    task: asyncio.Task[None] | None = None
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"never: {what}")
+        await asyncio.sleep(0.02)
+
+
+def _settings(replica_id: str) -> ClusterSettings:
+    return ClusterSettings(True, replica_id, LEASE_S, PARTITIONS)
+
+
+@asynccontextmanager
+async def _replica(tmp_path: Path, url: str, replica_id: str) -> AsyncIterator[Coordinator]:
+    async with open_test_coordinator(
+        tmp_path / replica_id, url, cluster=_settings(replica_id),
+        router_settings=RouterSettings(ack_timeout_s=ACK_TIMEOUT_S),
+    ) as coordinator:  # fmt: skip
+        yield coordinator
+
+
+def _envelope(
+    producer: str, body: object, message_type: MessageType = MessageType.DATA
+) -> Envelope:
+    payload = json.dumps(body).encode()
+    return Envelope(
+        message_id=str(uuid.uuid4()), producer_id=producer, message_type=message_type,
+        payload=payload, content_type="application/json", content_length=len(payload),
+        correlation_id=str(uuid.uuid4()),
+    )  # fmt: skip
+
+
+async def _register(replica: Coordinator, agent_id: str) -> None:
+    record = await replica.registry.register({
+        "agent_id": agent_id, "name": agent_id, "reasoning_connectors": ["builtin://rules"],
+        "modalities_supported": ["application/json"],
+    })  # fmt: skip
+    await replica.presence.joined(record)
+
+
+async def _send(replica: Coordinator, producer: str, to: str, body: object) -> str:
+    env = _envelope(producer, body)
+    outcome = await replica.router.send(Outbound(env, to))
+    assert outcome.accepted, outcome.reason
+    return env.message_id
+
+
+async def _ack(replica: Coordinator, agent_id: str, message_id: str, stage: AckStage) -> None:
+    env = _envelope(agent_id, None, MessageType.ACKNOWLEDGEMENT)
+    payload = ack_to_json(Ack(message_id, stage))
+    env = replace(env, payload=payload, content_length=len(payload))
+    outcome = await replica.router.send(Outbound(env))
+    assert outcome.accepted, outcome.reason
+
+
+def _read(replica: Coordinator, agent_id: str) -> Reader:
+    """Open `agent_id`'s stream on `replica` and read it in the background."""
+    reader = Reader()
+    codec = replica.router.codec
+
+    async def read() -> None:
+        stream: AsyncGenerator[list[Handout], None] = replica.delivery.stream(agent_id)
+        try:
+            async for batch in stream:
+                for handout in batch:
+                    env = codec.decode(handout.message.envelope)
+                    if env.message_type is MessageType.ACKNOWLEDGEMENT:
+                        reader.acks.append(codec.decode_ack(env))
+                    elif not is_notice(handout.message):
+                        reader.messages.append(env)
+                        reader.offsets.append(handout.message.offset)
+        finally:
+            await stream.aclose()
+
+    reader.task = asyncio.create_task(read())
+    return reader
+
+
+async def _stop(reader: Reader) -> None:
+    assert reader.task is not None
+    reader.task.cancel()
+    await asyncio.gather(reader.task, return_exceptions=True)
+
+
+def _owned_by(replica: Coordinator, prefix: str) -> str:
+    """An agent id whose partition `replica` owns now."""
+    assert replica.cluster is not None
+    owned = replica.cluster.keeper.owned()
+    return next(
+        f"{prefix}-{n}" for n in range(1000) if partition_of(f"{prefix}-{n}", PARTITIONS) in owned
+    )
+
+
+def _keeper(replica: Coordinator) -> LeaseKeeper:
+    assert replica.cluster is not None
+    return replica.cluster.keeper
+
+
+@asynccontextmanager
+async def _two(tmp_path: Path, url: str) -> AsyncIterator[tuple[Coordinator, Coordinator]]:
+    async with AsyncExitStack() as stack:
+        a = await stack.enter_async_context(_replica(tmp_path, url, "a"))
+        b = await stack.enter_async_context(_replica(tmp_path, url, "b"))
+        a_keeper, b_keeper = _keeper(a), _keeper(b)
+        await _until(
+            lambda: len(a_keeper.owned()) == len(b_keeper.owned()) == PARTITIONS // 2,
+            "the partitions shared between the two replicas",
+        )
+        yield a, b
+
+
+@pytest.fixture
+def url(postgres_dsn: str, postgres_schema: str) -> str:
+    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
+
+
+async def test_bob_on_a_receives_from_alice_on_b_and_the_ack_reaches_alice(
+    tmp_path: Path, url: str
+) -> None:
+    async with _two(tmp_path, url) as (a, b):
+        await _register(a, "bob")
+        await _register(b, "alice")
+        # Registered through A, bob is known to B (and alice to A): routed, not no_route.
+        await _until(lambda: b.registry.known("bob") is not None, "B knows bob")
+        await _until(lambda: a.registry.known("alice") is not None, "A knows alice")
+        bob, alice = _read(a, "bob"), _read(b, "alice")
+        await _until(lambda: a.router.streaming("bob") and b.router.streaming("alice"), "streams")
+
+        sent = await _send(b, "alice", "bob", {"n": 1})
+        await _until(lambda: len(bob.messages) == 1, "bob's stream on A receives it")
+        assert bob.messages[0].message_id == sent
+        await _ack(a, "bob", sent, AckStage.FULFILLED)
+        await _until(lambda: len(alice.acks) == 1, "the ACK reaches alice's stream on B")
+        assert (alice.acks[0].ack_for_message_id, alice.acks[0].ack_stage) == (
+            sent, AckStage.FULFILLED,
+        )  # fmt: skip
+        stored = await b.store.messages.get(sent)
+        assert stored is not None and stored.state is MessageState.FULFILLED
+
+        # Deregistered through A: B forgets bob, and refuses to route to him.
+        await a.registry.deregister("bob", "leaving")
+        await _until(lambda: b.registry.known("bob") is None, "B forgets bob")
+        with pytest.raises(NoRouteError):
+            await b.router.send(Outbound(_envelope("alice", {"n": 2}), "bob"))
+        await _stop(bob)
+        await _stop(alice)
+
+
+async def test_an_agent_registered_a_moment_ago_on_one_replica_is_routed_to_by_the_other(
+    tmp_path: Path, url: str
+) -> None:
+    async with _two(tmp_path, url) as (a, b):
+        await _register(a, "bob")
+        bob = _read(a, "bob")
+        await _until(lambda: a.router.streaming("bob"), "bob's stream")
+        # dave registers on B and sends at once, before A's poll or a note could tell A: A
+        # looks dave up in the store when bob's ACK is forwarded to him, and when bob
+        # writes to him, instead of answering no_route.
+        await _register(b, "dave")
+        dave = _read(b, "dave")
+        sent = await _send(b, "dave", "bob", {"n": 1})
+        await _until(lambda: len(bob.messages) == 1, "bob receives it")
+        await _ack(a, "bob", sent, AckStage.FULFILLED)
+        reply = await _send(a, "bob", "dave", {"re": 1})
+        await _until(lambda: len(dave.acks) == 1 and len(dave.messages) == 1, "dave hears back")
+        assert dave.acks[0].ack_for_message_id == sent
+        assert dave.messages[0].message_id == reply
+        # Nobody registered erin anywhere: no_route still, after the store is asked.
+        with pytest.raises(NoRouteError):
+            await a.router.send(Outbound(_envelope("bob", {"n": 2}), "erin"))
+        await _stop(bob)
+        await _stop(dave)
+
+
+async def test_an_agents_messages_through_both_replicas_arrive_in_offset_order(
+    tmp_path: Path, url: str
+) -> None:
+    async with _two(tmp_path, url) as (a, b):
+        await _register(a, "bob")
+        await _register(b, "alice")
+        await _until(lambda: b.registry.known("bob") is not None, "B knows bob")
+        bob = _read(a, "bob")
+        await _until(lambda: a.router.streaming("bob"), "bob's stream")
+        # One at a time through alternating replicas, then a burst through both at once.
+        sent = [await _send((a, b)[n % 2], "alice", "bob", {"n": n}) for n in range(6)]
+        burst = await asyncio.gather(
+            *(_send((a, b)[n % 2], "alice", "bob", {"n": n}) for n in range(6, 16))
+        )
+        await _until(lambda: len(bob.messages) == 16, "all 16 at bob's stream")
+        received = [env.message_id for env in bob.messages]
+        assert received[:6] == sent
+        assert sorted(received[6:]) == sorted(burst)
+        assert bob.offsets == sorted(bob.offsets)  # handed out in offset order
+        assert len(set(bob.offsets)) == 16  # each once
+        for message_id in received:
+            await _ack(a, "bob", message_id, AckStage.FULFILLED)
+        await _stop(bob)
+
+
+async def test_a_stopped_replicas_partitions_are_taken_over_and_its_work_goes_on(
+    tmp_path: Path, url: str
+) -> None:
+    async with _two(tmp_path, url) as (a, b):
+        assert a.cluster is not None and b.cluster is not None
+        bob = _owned_by(a, "bob")  # A owns bob's partition: A runs his deadlines, until...
+        await _register(a, bob)
+        await _register(a, "carol")
+        await _register(b, "alice")
+        await _until(lambda: b.registry.known(bob) is not None, "B knows bob")
+        bob_on_a, alice = _read(a, bob), _read(b, "alice")
+        await _until(lambda: a.router.streaming(bob) and b.router.streaming("alice"), "streams")
+        held = await _send(b, "alice", bob, {"n": 1})
+        await _until(lambda: len(bob_on_a.messages) == 1, "bob holds it, unacknowledged")
+        for_carol = await _send(a, "alice", "carol", {"n": 2})  # carol has no stream
+
+        for _ in range(int(WAIT_S / 0.02)):  # A stores the deadline of bob's hand-out
+            stored = await b.store.messages.get(held)
+            if stored is not None and stored.ack_deadline > 0:
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the ACK deadline of bob's hand-out was never stored")
+        a.cluster.halt()  # ...A stops as a killed process: nothing released, nothing written
+        await _stop(bob_on_a)
+        await _until(lambda: len(_keeper(b).owned()) == PARTITIONS, "B takes over")
+        assert b.cluster.keeper.takeovers == PARTITIONS // 2
+        later = await _send(b, "alice", bob, {"n": 3})
+
+        # The ACK deadline of what bob held when A stopped fires once, on B, its new owner.
+        await _until(lambda: any(x.ack_for_message_id == held for x in alice.acks), "the NACK")
+        (nack,) = [x for x in alice.acks if x.ack_for_message_id == held]
+        assert nack.ack_stage is AckStage.TIMED_OUT
+        stored = await b.store.messages.get(held)
+        assert stored is not None and stored.state is MessageState.TIMED_OUT
+
+        # Bob and carol connect to B: what waited for them, admitted by A or by B.
+        bob_on_b, carol = _read(b, bob), _read(b, "carol")
+        await _until(lambda: len(bob_on_b.messages) == len(carol.messages) == 1, "delivered")
+        assert bob_on_b.messages[0].message_id == later
+        assert carol.messages[0].message_id == for_carol
+        await _ack(b, bob, later, AckStage.FULFILLED)
+        await _ack(b, "carol", for_carol, AckStage.FULFILLED)
+        await _until(lambda: len(alice.acks) == 3, "both ACKs reach alice")
+        assert [x.ack_for_message_id for x in alice.acks].count(held) == 1
+        timed_out = [
+            e for e in await b.events.read(limit=10_000)
+            if e.event_type == "message.state" and e.details.get("message_id") == held
+            and e.details.get("to") == "TIMED_OUT"
+        ]  # fmt: skip
+        assert len(timed_out) == 1
+        for reader in (bob_on_b, carol, alice):
+            await _stop(reader)
+
+
+async def test_a_tenant_besides_the_default_is_refused_in_cluster_mode(
+    tmp_path: Path, url: str
+) -> None:
+    async with open_test_coordinator(
+        tmp_path / "a", url, cluster=_settings("a"), auth=AuthSettings(secure=True)
+    ) as replica:
+        assert replica.tenancy is not None
+        with pytest.raises(UnavailableError) as refused:
+            await replica.tenancy.engine("acme")
+        assert refused.value.details == {"tenant": "acme", "reason": "tenants_not_clustered"}
+        assert "cluster mode" in refused.value.message
