@@ -286,3 +286,22 @@ async def test_an_id_admitted_elsewhere_meanwhile_is_a_duplicate_and_leaves_no_g
         assert admitted.offset == 2
         assert [m.message_id for m in await store.messages.inbox("b")] == ["first", "y"]
         assert (await store.messages.admit(message("z", "b"))).offset == 3
+
+
+async def test_a_read_on_a_pooled_connection_cut_while_idle_is_answered(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    """The database ended the session of a connection idle in the pool (a restart, an
+    administrator): the next read finds it cut and is answered from a new connection, not
+    `unavailable`, since a read is safe to repeat. Writes are not repeated (their outcome is
+    the caller's to learn)."""
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await store.messages.admit(message("m-1", "bob"))
+        async with store.pool.connection() as conn:  # it goes back to the pool, idle
+            row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+        assert row is not None
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            ended = admin.execute("SELECT pg_terminate_backend(%s, 5000)", [row[0]]).fetchone()
+        assert ended == (True,)
+        inbox = await store.messages.inbox("bob", 0, 10)
+        assert [m.message_id for m in inbox] == ["m-1"]

@@ -107,5 +107,14 @@ class PostgresSqlDatabase:
             async with conn.transaction():
                 return await run_transaction(conn, work, args)
 
-    read = write
-    """Reads run as writes do: the two differ only for SQLite."""
+    async def read(
+        self, work: Statement[T] | Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
+    ) -> T:
+        """Run `work` as `write` does (the two differ only for SQLite), once more on a new
+        connection when the connection lent was found cut (the database restarted, or an
+        administrator ended its session while it was idle in the pool): a read is safe to
+        repeat, and the second connection tells whether the database is there."""
+        try:
+            return await self.write(work, *args)
+        except StoreUnavailableError:
+            return await self.write(work, *args)
