@@ -66,6 +66,11 @@ def test_status_prints_replicas_and_partitions(postgres_dsn: str, postgres_schem
         ("replica-a", 1), ("replica-a", 1), ("replica-a", 1), (None, 1),
     ]  # fmt: skip
     assert all(p["expires_at"] > doc["now"] for p in doc["partitions"][:3])
+    # The lag: time since each replica's heartbeat, on the database's clock.
+    for r in doc["replicas"]:
+        assert r["lag_s"] == round(max(doc["now"] - r["heartbeat_at"], 0.0), 3)
+        assert 0 <= r["lag_s"] < 60
+    assert "lag" in out
 
 
 def test_a_migrated_store_without_replicas_says_so(postgres_dsn: str, postgres_schema: str) -> None:

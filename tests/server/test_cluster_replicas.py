@@ -16,6 +16,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from apiary.core.cluster.partitions import partition_of
@@ -297,6 +298,17 @@ async def test_a_stopped_replicas_partitions_are_taken_over_and_its_work_goes_on
         await _ack(b, "carol", for_carol, AckStage.FULFILLED)
         await _until(lambda: len(alice.acks) == 3, "both ACKs reach alice")
         assert [x.ack_for_message_id for x in alice.acks].count(held) == 1
+        # B's /metrics say so: every partition held, half of them taken over, the deadline.
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://{b.http_address}/metrics") as response,
+        ):
+            figures = _figures(await response.text())
+        assert figures["apiary_cluster_partitions_owned"] == PARTITIONS
+        assert figures["apiary_cluster_partitions"] == PARTITIONS
+        assert figures["apiary_cluster_takeovers_total"] == PARTITIONS // 2
+        assert figures["apiary_cluster_deadlines_fired_total"] >= 1
+        assert figures["apiary_cluster_lease_ticks_total"] >= 1
         timed_out = [
             e for e in await b.events.read(limit=10_000)
             if e.event_type == "message.state" and e.details.get("message_id") == held
@@ -305,6 +317,15 @@ async def test_a_stopped_replicas_partitions_are_taken_over_and_its_work_goes_on
         assert len(timed_out) == 1
         for reader in (bob_on_b, carol, alice):
             await _stop(reader)
+
+
+def _figures(text: str) -> dict[str, float]:
+    """The unlabelled samples of a /metrics page, by name."""
+    return {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("apiary_cluster_") and "{" not in line
+    }
 
 
 async def test_a_tenant_besides_the_default_is_refused_in_cluster_mode(

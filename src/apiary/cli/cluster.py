@@ -3,7 +3,9 @@ straight from the PostgreSQL store the replicas share (docs/cluster.md).
 
 It reads the store, not a coordinator: it works while replicas are down, which is when an
 operator needs it. Access is the database's: whoever may connect with the DSN's credentials
-may read the lease table; nothing is written.
+may read the lease table; nothing is written. A replica's lag is the time since its last
+heartbeat, on the database's clock: more than the lease renewal period (a third of
+`lease_s`) means it is falling behind, more than `lease_s` that it is gone.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def _document(view: ClusterView) -> dict[str, Any]:
                 "live": r.live(view.now),
                 "started_at": r.started_at,
                 "heartbeat_at": r.heartbeat_at,
+                "lag_s": round(max(view.now - r.heartbeat_at, 0.0), 3),
                 "expires_at": r.expires_at,
                 "partitions": held.get(r.replica_id, 0),
             }
@@ -94,12 +97,14 @@ def _print(view: ClusterView, doc: dict[str, Any]) -> None:
         console.print("no replica has joined a cluster on this store yet", markup=False)
         return
     replicas = Table(title=f"Replicas ({len(view.live_replicas())} live)")
-    for column in ("replica", "address", "state", "partitions", "heartbeat", "expires in"):
+    for column in ("replica", "address", "state", "partitions", "heartbeat", "lag",
+                   "expires in"):  # fmt: skip
         replicas.add_column(column, overflow="fold")
     for r in doc["replicas"]:
         replicas.add_row(
             r["replica_id"], r["address"], "live" if r["live"] else "gone",
-            str(r["partitions"]), utc_text(r["heartbeat_at"]), _left(r["expires_at"], view.now),
+            str(r["partitions"]), utc_text(r["heartbeat_at"]), f"{r['lag_s']:.1f} s",
+            _left(r["expires_at"], view.now),
         )  # fmt: skip
     console.print(replicas)
     partitions = Table(title=f"Partitions ({len(view.leases)}, {doc['unowned']} unowned)")

@@ -299,6 +299,7 @@ async def open_coordinator(
         metrics = Metrics(
             engine.router, engine.activity, engine.scheduler, engine.events,
             store_stats=(lambda: store.stats) if isinstance(store, SqliteStore) else None,
+            cluster=replica,
         )  # fmt: skip
         checks = RequestChecks(config.limits)
         handlers = _handlers(engine, runtime, checks)

@@ -20,10 +20,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 
 from apiary.engine.activity import Activity
+from apiary.engine.cluster.node import ClusterNode
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.router.router import Router
 from apiary.engine.router.stats import Timing
 from apiary.engine.scheduler.scheduler import Scheduler
+from apiary.server.metrics_cluster import ClusterCollector
 from apiary.server.thread_cpu import process_cpu_seconds, thread_cpu_seconds
 from apiary.store.sqlite.database import SqliteStats
 
@@ -267,6 +269,7 @@ class Metrics:
         scheduler: Scheduler | None = None,
         events: EventRecorder | None = None,
         store_stats: Callable[[], SqliteStats] | None = None,
+        cluster: ClusterNode | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self._rpcs = Counter(
@@ -292,6 +295,8 @@ class Metrics:
             self.registry.register(_EventCollector(events))
         if store_stats is not None:
             self.registry.register(_SqliteCollector(store_stats))
+        if cluster is not None:
+            self.registry.register(ClusterCollector(cluster))
         self.registry.register(_ThreadCollector())
         # process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds,
         # process_max_fds, process_virtual_memory_bytes, process_start_time_seconds.
