@@ -282,8 +282,9 @@ async def test_a_task_is_one_trace_from_submission_through_dispatch_to_its_compl
         assert (dispatch.attributes or {})["apiary.agent_id"] == "worker"
         (run,) = spans.named("run task", **{"apiary.task_id": handle.task_id})
         _child_of(run, dispatch)
-        # The completion ACK goes within the run's span (its READ, before the span starts).
-        acks = spans.children(run, SEND)
+        # The completion ACK goes within the run's span (its READ, before the span starts),
+        # over the agent's streaming sender.
+        acks = spans.children(run, STREAM)
         assert "ACKNOWLEDGEMENT" in [(a.attributes or {}).get("apiary.message_type") for a in acks]
     (large_run,) = spans.named("run task", **{"apiary.task_id": large.task_id})
     (completion,) = spans.children(large_run, "apiary.v1.TaskQueryService/CompleteTask")

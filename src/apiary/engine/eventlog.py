@@ -12,8 +12,10 @@ The store tells this recorder of every commit (`EventLog.listen`): the log line 
 wake-up of live readers follow from there, for those events and for the rest alike.
 
 The rest, decisions and notes that change no stored state (`note`, `record`), do not wait
-for the database: they are queued and appended in order by one flusher, many per
-transaction, so that a burst costs one commit instead of one each. A store error does not
+for the database: they are queued and go, in order, with the next state change's commit
+(`commit` takes them first) or, when none comes within FLUSH_AFTER_S, by one flusher, many
+per transaction: a burst costs one commit instead of one each, and a task's steps no commit
+of their own. A store error does not
 drop them: the flusher keeps them and tries again with a growing pause, and readers of this
 recorder flush first (the coordinator flushes on shutdown).
 """
@@ -21,6 +23,7 @@ recorder flush first (the coordinator flushes on shutdown).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections import Counter
@@ -37,6 +40,9 @@ T = TypeVar("T")
 RETRY_FIRST_S: Final = 0.05
 RETRY_MAX_S: Final = 2.0
 """The flusher's pause after a failed append doubles from the first to the largest."""
+FLUSH_AFTER_S: Final = 0.005
+"""How long noted events wait for a state change's commit to take them before the flusher
+appends them in a transaction of their own."""
 
 
 class EventRecorder:
@@ -49,6 +55,8 @@ class EventRecorder:
         self._last = 0
         self._pending: list[EventDraft] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._hurry = asyncio.Event()
+        """Set by `flush`: the flusher appends without waiting for FLUSH_AFTER_S."""
         self.counts: Counter[str] = Counter()
         """Events recorded by this process, by type (exported at /metrics)."""
         self.failed_appends = 0
@@ -134,6 +142,12 @@ class EventRecorder:
 
     async def _flush_pending(self) -> None:
         pause = RETRY_FIRST_S
+        # Noted events usually ride with the next state change's commit (`commit` takes
+        # them): the flusher appends only those no commit took within FLUSH_AFTER_S, unless
+        # a reader wants them now (`flush`).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._hurry.wait(), FLUSH_AFTER_S)
+        self._hurry.clear()
         while self._pending:
             batch, self._pending = self._pending, []
             try:
@@ -177,6 +191,7 @@ class EventRecorder:
 
     async def flush(self) -> None:
         """Return once every event recorded so far is in the store."""
+        self._hurry.set()
         while self._flusher is not None and not self._flusher.done():
             await asyncio.shield(self._flusher)
         if self._pending:

@@ -45,6 +45,7 @@ from apiary.sdk.chunking import CHUNK_CONTENT_TYPE, chunk_payloads
 from apiary.sdk.credentials import REGISTER_METHOD, CallProver, ClientCredentials
 from apiary.sdk.provenance import derived_from
 from apiary.sdk.sender import BatchSender, SendResult
+from apiary.sdk.task_acks import AckFrames
 from apiary.system import SystemClock, UuidIds
 from apiary.wire import pb
 from apiary.wire.convert import ack_to_json, envelope_from_proto, envelope_to_proto
@@ -168,6 +169,8 @@ class Connection:
         self._sequence = int(self._clock.now() * 1_000_000)
         self._channel: grpc.aio.Channel | None = None
         self._sender: BatchSender | None = None
+        self._acks: AckFrames | None = None
+        """The task runner's ACKs, many to a frame (`ack_soon`)."""
         self.last_offset = 0
         """The highest inbox offset received."""
         self._unacked: dict[str, int] = {}
@@ -254,6 +257,8 @@ class Connection:
         if self._channel is None:
             return
         try:
+            if self._acks is not None:
+                await self._acks.close()
             if self._sender is not None:
                 await self._sender.close()
             if deregister:
@@ -267,6 +272,7 @@ class Connection:
             await self._channel.close()
             self._channel = None
             self._sender = None
+            self._acks = None
 
     def _signed(self, data: bytes) -> tuple[tuple[str, str], ...]:
         """The `sw4rm-signature` metadata for a request whose payload is `data` (none
@@ -340,12 +346,17 @@ class Connection:
             await self.send_envelope(env, to)
         return transfer_id
 
-    async def send_many(self, items: Sequence[tuple[Envelope, str]]) -> list[SendResult]:
-        """Send many envelopes in one frame of the streaming sender; per-envelope results."""
+    async def send_many(
+        self,
+        items: Sequence[tuple[Envelope, str]],
+        traces: Sequence[TraceContext | None] | None = None,
+    ) -> list[SendResult]:
+        """Send many envelopes in one frame of the streaming sender; per-envelope results.
+        Each carries the span current now, or its own of `traces` when given."""
         if self._sender is None:
             key = self._signing_key
             self._sender = BatchSender(self.channel, key.sign if key is not None else None)
-        return await self._sender.send(items)
+        return await self._sender.send(items, traces)
 
     async def ack(
         self, env: Envelope, stage: AckStage, *, error_code: str = "", note: str = ""
@@ -355,6 +366,24 @@ class Connection:
         await self.send_envelope(ack)
         self._unacked.pop(env.message_id, None)
         return ack
+
+    def ack_soon(
+        self, env: Envelope, stage: AckStage, *, error_code: str = "", note: str = ""
+    ) -> asyncio.Future[None]:
+        """Acknowledge `env` at `stage` over the streaming sender, queued now after the ACKs
+        queued so before it and sent with them in as few frames as the stream allows
+        (sdk/task_acks.py). The future is done once the coordinator took the ACK, or fails
+        with the ApiaryError that refused it."""
+        if self._acks is None:
+            self._acks = AckFrames(self.send_many)
+        done = self._acks.send(self.ack_envelope(env, stage, error_code=error_code, note=note))
+
+        def taken(future: asyncio.Future[None]) -> None:
+            if not future.cancelled() and future.exception() is None:
+                self._unacked.pop(env.message_id, None)
+
+        done.add_done_callback(taken)
+        return done
 
     @property
     def resume_after(self) -> int:

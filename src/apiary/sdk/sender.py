@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from apiary.core.envelope import Envelope
+from apiary.core.trace_context import TraceContext
 from apiary.errors import error_for_code
 from apiary.sdk import errors
 from apiary.sdk.tracing import current
@@ -40,13 +41,20 @@ class BatchSender:
         self._call: Any = None
         self._lock = asyncio.Lock()
 
-    async def send(self, items: Sequence[tuple[Envelope, str]]) -> list[SendResult]:
+    async def send(
+        self,
+        items: Sequence[tuple[Envelope, str]],
+        traces: Sequence[TraceContext | None] | None = None,
+    ) -> list[SendResult]:
+        """One frame; each envelope carries the span current when it is sent, or its own
+        of `traces` (one per item) when given (envelopes queued earlier, each in its span)."""
         frame = pb.apiary_pb2.SendFrame()
-        trace = current()  # each envelope carries the span current when it is sent
-        for env, to in items:
+        now = current()
+        for i, (env, to) in enumerate(items):
             item = frame.items.add(msg=envelope_to_proto(env), recipient=to)
             if self._sign is not None:
                 item.signature = self._sign(item.msg.SerializeToString(deterministic=True))
+            trace = now if traces is None else traces[i]
             if trace is not None:
                 item.traceparent, item.tracestate = trace.traceparent, trace.tracestate
         async with self._lock:

@@ -35,9 +35,15 @@ memory) until `resume`, which reports the agent RUNNING and lets it go on; `shut
 `run()` once no task is left; `recover` reports the agent RUNNABLE (heartbeat) once no task is
 left. Other messages go to `on_message`, or are ACKed FULFILLED when there is none.
 
-Each task gets an activity entry before its handler starts, completed at its end (RFC 10;
-advisory: a refusal is logged and the task runs), and `current_task()` is the task inside
-its handler.
+Each task has an activity entry before its handler starts (RFC 10): the coordinator
+registers it when it applies the READ, which the runner awaits, and completes it when the
+task ends; a task that yields has its entry completed by the runner (it goes back to its
+queue). `current_task()` is the task inside its handler.
+
+The ACKs travel over the agent's streaming sender (`Connection.ack_soon`, sdk/task_acks.py):
+those queued while a frame is in flight go together in the next, in order, so a task's end
+and the next task's READ (a prefetched one, started as soon as a slot frees) travel and
+commit together. A task whose READ is on the way holds its slot.
 """
 
 from __future__ import annotations
@@ -81,8 +87,6 @@ SCHEDULER = "scheduler"
 CANCELLED = "cancelled"
 """The error code of a task stopped by an interrupt (see `Preempted`)."""
 """The Scheduler's participant id: producer of tasks and commands, recipient of sections."""
-ACTIVITY_KEYS = ("repo_id", "worktree_id", "branch", "description")
-"""Fields of a task's JSON params copied into its activity entry (RFC 10)."""
 _EARLY_LIMIT = 1000
 ACK_RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 2.0, 2.0, 2.0)
 """Pauses before acknowledging again after an `unavailable` answer (about 10 s in all)."""
@@ -293,9 +297,13 @@ class TaskRunner:
         self._running: dict[str, _Running] = {}
         self._waiting: OrderedDict[str, tuple[Envelope, TraceContext | None]] = OrderedDict()
         """Tasks that arrived while `concurrency` ran, in arrival order, not started."""
+        self._starting: set[str] = set()
+        """The dispatches (message ids) whose READ is on the way: they hold a slot."""
         self._early: OrderedDict[str, tuple[str, str]] = OrderedDict()
         """Commands for tasks whose DATA has not arrived yet (lanes may reorder them)."""
         self._recover_pending = False
+        self._jobs: set[asyncio.Future[Any]] = set()
+        """ACKs sent without waiting for them (RECEIVED of a prefetched task)."""
         self._stop = asyncio.Event()
         self.shutdown_requested = asyncio.Event()
         """Set when the Scheduler sent `shutdown` (RFC 8.4)."""
@@ -352,12 +360,21 @@ class TaskRunner:
         queued = self._waiting.get(task_id)
         if queued is not None and queued[0].message_id == env.message_id:
             return  # waiting already
-        if len(self._running) >= self._concurrency:
+        if env.message_id in self._starting:
+            return  # being started
+        if self._slots_taken() >= self._concurrency:
             # Prefetched: it waits here, unread, until a running task ends (`_next`).
             self._waiting[task_id] = (env, trace)
-            await self._ack(env, AckStage.RECEIVED)
+            # Not waited for: the next deliveries are read meanwhile (a refusal is logged).
+            self._keep(self._ack_soon(env, AckStage.RECEIVED))
             return
-        if not await self._ack(env, AckStage.READ):
+        # Its slot is taken while its READ is on the way: a task delivered meanwhile waits.
+        self._starting.add(env.message_id)
+        try:
+            read = await self._ack(env, AckStage.READ)
+        finally:
+            self._starting.discard(env.message_id)
+        if not read:
             return
         early = self._early.pop(task_id, None)
         if early is not None and early[0] in ("terminate", "kill"):
@@ -369,7 +386,6 @@ class TaskRunner:
         # its trace, current in the handler's and the supervisor's tasks (docs/tracing.md).
         span = started(trace, "run task", _attributes(context)) if trace is not None else None
         with span.within() if span is not None else NO_SPAN:
-            await self._open_activity(context)
             token = _CURRENT.set(context)
             try:  # the handler's task copies the context: current_task() is this task there
                 handler = asyncio.ensure_future(self._handler(context))
@@ -388,9 +404,12 @@ class TaskRunner:
         # Killed while the handler ignores cancellation: abandon it.
         done = running.handler.done()
         outcome = _outcome(running) if done else Outcome(*forced_outcome("kill"))
+        reported: asyncio.Future[Any] | None = None
         try:
-            await self._close_activity(running.context, outcome.stage)
-            await self._report(running.context, outcome)
+            if outcome.stage is AckStage.FULFILLED and outcome.note == YIELDED:
+                # Back to its queue, not ended: the coordinator leaves its entry alone.
+                await self._close_activity(running.context, outcome.stage)
+            reported = self._report(running.context, outcome)
         finally:
             if self._running.get(running.context.task_id) is running:
                 del self._running[running.context.task_id]
@@ -398,47 +417,38 @@ class TaskRunner:
                 if outcome.code:
                     running.span.fail(outcome.code, outcome.note)
                 running.span.end()
+            # The next task starts now: its READ follows this one's end in the same frame.
             await self._next()
+            if reported is not None:
+                await reported
             await self._settled()
 
     async def _next(self) -> None:
         """Start the tasks waiting here while fewer than `concurrency` run."""
-        while self._waiting and len(self._running) < self._concurrency:
+        while self._waiting and self._slots_taken() < self._concurrency:
             _, (env, trace) = self._waiting.popitem(last=False)
             await self._start(env, trace)
 
-    async def _report(self, context: TaskContext, outcome: Outcome) -> None:
-        """Acknowledge the task's end: in the ACK when it fits, else through CompleteTask
-        first (sdk/task_outcome.py)."""
+    def _slots_taken(self) -> int:
+        """Tasks running, and being started (their READ on the way)."""
+        return len(self._running) + len(self._starting)
+
+    def _report(self, context: TaskContext, outcome: Outcome) -> asyncio.Future[Any]:
+        """Acknowledge the task's end: in the ACK when it fits (queued at once), else through
+        CompleteTask first (sdk/task_outcome.py). Done once acknowledged (or given up)."""
         env = context.envelope
         if outcome.result is None and fits(env, outcome.stage, outcome.code, outcome.note):
-            await self._ack(env, outcome.stage, outcome.code, outcome.note)
-            return
+            return self._ack_soon(env, outcome.stage, outcome.code, outcome.note)
+        return asyncio.ensure_future(self._complete(context, outcome))
+
+    async def _complete(self, context: TaskContext, outcome: Outcome) -> None:
         stage, code, note = await complete(self.agent, context.task_id, outcome, context.attempt)
-        await self._ack(env, stage, code, note)
+        await self._ack(context.envelope, stage, code, note)
 
     # ------------------------------------------------------------------ activity
 
-    async def _open_activity(self, context: TaskContext) -> None:
-        """The task's activity entry, created before it runs (RFC 10). Advisory: a refusal
-        (a full buffer, say) is logged and the task runs anyway."""
-        try:
-            body = context.json()
-        except ValueError:
-            body = None
-        entry = pb.apiary_pb2.ActivityRecord(agent_id=self.agent.agent_id, task_id=context.task_id)
-        for key in ACTIVITY_KEYS:
-            if isinstance(body, dict) and key in body:
-                setattr(entry, key, str(body[key]))
-        request = pb.apiary_pb2.RegisterActivityRequest(entry=entry)
-        stub = pb.apiary_pb2_grpc.ActivityBufferServiceStub(self.agent.channel)
-        try:
-            await errors.call(lambda: stub.Register(request))
-        except ApiaryError as exc:
-            log.warning("task %s runs without an activity entry: %s", context.task_id, exc)
-
     async def _close_activity(self, context: TaskContext, stage: AckStage) -> None:
-        """Remove the task's entry at its end (RFC 10): COMPLETED, or FAILED."""
+        """Finish the task's entry (RFC 10) when the coordinator does not: it yielded."""
         outcome = "COMPLETED" if stage is AckStage.FULFILLED else "FAILED"
         request = pb.apiary_pb2.CompleteActivityRequest(
             agent_id=self.agent.agent_id, task_id=context.task_id, outcome=outcome
@@ -555,14 +565,28 @@ class TaskRunner:
             self._early.popitem(last=False)
 
     async def _ack(self, env: Envelope, stage: AckStage, code: str = "", note: str = "") -> bool:
-        """Acknowledge `env`, again after each `unavailable` answer (the coordinator could not
-        store it, or cannot tell that it did: a repeated ACK is safe), ACK_RETRY_DELAYS_S
-        apart; False (logged) once refused otherwise or those are spent. A task whose READ
-        or end was never acknowledged would otherwise wait for its ACK forever."""
+        """`_ack_soon`, waited for."""
+        return await self._ack_soon(env, stage, code, note)
+
+    def _ack_soon(
+        self, env: Envelope, stage: AckStage, code: str = "", note: str = ""
+    ) -> asyncio.Future[bool]:
+        """Acknowledge `env`, queued now behind the ACKs queued before it (sdk/task_acks.py),
+        and again after each `unavailable` answer (the coordinator could not store it, or
+        cannot tell that it did: a repeated ACK is safe), ACK_RETRY_DELAYS_S apart. The
+        future's result: True once taken, False (logged) once refused otherwise or those are
+        spent. A task whose READ or end was never acknowledged would otherwise wait for its
+        ACK forever."""
+        first = self.agent.ack_soon(env, stage, error_code=code, note=note)
+        return asyncio.ensure_future(self._acked(env, stage, code, note, first))
+
+    async def _acked(
+        self, env: Envelope, stage: AckStage, code: str, note: str, sent: Awaitable[None]
+    ) -> bool:
         delays = iter(ACK_RETRY_DELAYS_S)
         while True:
             try:
-                await self.agent.ack(env, stage, error_code=code, note=note)
+                await sent
             except ApiaryError as exc:
                 delay = next(delays, None) if exc.code == "unavailable" else None
                 if delay is None:
@@ -572,8 +596,14 @@ class TaskRunner:
                     )  # fmt: skip
                     return False
                 await asyncio.sleep(delay)
+                sent = self.agent.ack_soon(env, stage, error_code=code, note=note)
             else:
                 return True
+
+    def _keep(self, job: asyncio.Future[Any]) -> None:
+        """Hold a reference to a job nobody waits for until it ends."""
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
 
 
 async def run_tasks(agent: Connection, handler: Handler, **options: Any) -> None:

@@ -1,4 +1,5 @@
-"""The agents' ACKs of the Scheduler's DATA envelopes: READ -> RUNNING, FULFILLED ->
+"""The agents' ACKs of the Scheduler's DATA envelopes: READ -> RUNNING (with the task's
+activity entry, RFC 10), FULFILLED ->
 COMPLETED (or the yield or termination a preemption expects, engine/scheduler/preemption.py),
 REJECTED/FAILED -> FAILED with the agent's code, TIMED_OUT -> handed out again while the task
 has dispatch attempts left, FAILED after that. An ACK of an envelope no live task's dispatch
@@ -122,8 +123,7 @@ class TaskAcks:
             # taken back (from a lost agent, or not stored).
             await self._losses.stale_ack(producer, message_id, stage)
         elif stage == "READ" and TaskMachine.allows(task.state, TaskInput.READ):
-            changes = {"updated_at": self._clock.now()}
-            await self._transitions.apply(task, TaskInput.READ, changes)
+            await self._transitions.read(task)
         elif stage == "FULFILLED":
             await self._preemptor.fulfilled(task, ack.note.strip())
         elif stage in ("REJECTED", "FAILED", "TIMED_OUT"):

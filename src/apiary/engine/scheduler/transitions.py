@@ -14,11 +14,14 @@ Called with the Scheduler's lock held.
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any, Final
 
+from apiary.core.activity import ActivityEntry
 from apiary.core.agent_lifecycle import AgentInput
 from apiary.core.clock import Clock
 from apiary.core.events import EventDraft
@@ -33,14 +36,33 @@ from apiary.engine.scheduler.agents import drive, finished
 from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.wakeups import Wakeups, shared_target
 from apiary.engine.scheduler.watch import TaskWatch
+from apiary.errors import ApiaryError
 from apiary.store.errors import StoreError, StoreUnavailableError
 from apiary.store.protocols import TaskStore
+
+log = logging.getLogger(__name__)
 
 _E = TaskEffect
 _TEXT: Final = {state: state.value for state in TaskState}
 """Each state's text: events and the activity buffer carry plain strings."""
 IN_DOUBT_WAIT_S: Final = 2.0
 """How long a task write whose connection was lost waits to learn whether it committed."""
+ACTIVITY_KEYS: Final = ("repo_id", "worktree_id", "branch", "description")
+"""Fields of a task's JSON params copied into its activity entry (RFC 10)."""
+
+
+def activity_entry(task: TaskRecord) -> ActivityEntry:
+    """The activity entry of a task its agent has read (RFC 10): the agent and task, and
+    the ACTIVITY_KEYS its JSON params carry (ValidationError when one is not acceptable)."""
+    try:
+        body = json.loads(task.params) if task.params else None
+    except (ValueError, RecursionError):  # not JSON (or nested past the parser's depth)
+        body = None
+    found = body if isinstance(body, dict) else {}
+    repo_id, worktree_id, branch, description = (
+        str(found[key]) if key in found else "" for key in ACTIVITY_KEYS
+    )
+    return ActivityEntry(task.agent_id, task.task_id, repo_id, worktree_id, branch, description)
 
 
 def requeued(task: TaskRecord) -> dict[str, Any]:
@@ -109,6 +131,17 @@ class TaskTransitions:
         if result:
             details["result_size"] = len(result.encode())
         return await self.apply(task, event, changes, **details)
+
+    async def read(self, task: TaskRecord) -> TaskRecord:
+        """The agent read the task (its READ ACK): RUNNING, and its activity entry registered
+        (RFC 10) before the agent hears back, so before its handler starts. The entry is
+        advisory: one refused (a full buffer) is logged and the task runs."""
+        task = await self.apply(task, TaskInput.READ, {"updated_at": self._clock.now()})
+        try:
+            await self._activity.register(activity_entry(task))
+        except ApiaryError as exc:
+            log.warning("task %s runs without an activity entry: %s", task.task_id, exc)
+        return task
 
     def submission_event(self, record: TaskRecord) -> EventDraft:
         """The event of `TaskMachine.SUBMITTED` for a new submission's record (its priority,

@@ -1,0 +1,73 @@
+"""A task's activity entry (RFC 10) is the coordinator's to keep: registered when its agent's
+READ is applied (before the agent hears back, so before its handler starts), with the
+repository fields its JSON params carry, and finished when the task ends; advisory, so a full
+buffer leaves the task running."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from apiary.core.activity import ActivityEntry, ActivityLimits
+from apiary.core.envelope import AckStage
+from apiary.core.records import TaskState
+from apiary.engine.scheduler.scheduler import Submission
+from apiary.testing.engine import EngineHarness, open_test_engine
+from tests.engine.task_harness import ack_task, ready_agent, task
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[EngineHarness]:
+    async with open_test_engine() as harness:
+        yield harness
+
+
+async def _submit(h: EngineHarness, task_id: str, body: object) -> None:
+    params = json.dumps(body).encode()
+    sub = Submission("worker", task_id, params=params, scope=f"repo:{task_id}")
+    assert (await h.engine.scheduler.submit(sub)).accepted
+
+
+async def test_the_read_registers_the_entry_and_the_end_finishes_it(h: EngineHarness) -> None:
+    await ready_agent(h, "worker")
+    body = {"repo_id": "r1", "worktree_id": "w1", "branch": "main", "description": "fix it",
+            "other": 1}  # fmt: skip
+    await _submit(h, "t1", body)
+    buffer = h.engine.activity.buffer
+    assert buffer.active() == []  # dispatched, not read yet
+    await ack_task(h, "t1", AckStage.READ)
+    (entry,) = buffer.active()
+    assert (entry.agent_id, entry.task_id) == ("worker", "t1")
+    assert (entry.repo_id, entry.worktree_id, entry.branch, entry.description) == (
+        "r1", "w1", "main", "fix it",
+    )  # fmt: skip
+    await ack_task(h, "t1", AckStage.FULFILLED)
+    assert buffer.active() == []
+    kinds = [e.event_type for e in await h.events() if e.event_type.startswith("activity.")]
+    assert kinds == ["activity.registered", "activity.completed"]
+
+
+async def test_params_that_are_not_a_json_object_give_a_bare_entry(h: EngineHarness) -> None:
+    await ready_agent(h, "worker")
+    await _submit(h, "t2", ["not", "an", "object"])
+    await ack_task(h, "t2", AckStage.READ)
+    (entry,) = h.engine.activity.buffer.active()
+    assert (entry.task_id, entry.repo_id, entry.description) == ("t2", "", "")
+
+
+async def test_a_full_buffer_leaves_the_task_running_without_an_entry(
+    h: EngineHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    await ready_agent(h, "worker")
+    activity = h.engine.activity
+    for n in range(ActivityLimits().per_agent):  # the agent's share of the buffer, taken
+        await activity.register(ActivityEntry(agent_id="worker", task_id=f"x{n}"))
+    await _submit(h, "t3", {"repo_id": "r3"})
+    await ack_task(h, "t3", AckStage.READ)
+    assert (await task(h, "t3")).state == TaskState.RUNNING
+    assert "t3" not in {e.task_id for e in activity.buffer.active()}
+    assert "t3 runs without an activity entry" in caplog.text
+    await ack_task(h, "t3", AckStage.FULFILLED)
+    assert (await task(h, "t3")).state == TaskState.COMPLETED
