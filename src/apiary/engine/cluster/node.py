@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from apiary.core.clock import Clock
 from apiary.core.cluster.partitions import partition_of
-from apiary.engine.assembly import Engine
+from apiary.engine.assembly import Engine, supervised
 from apiary.engine.cluster.ack_deadlines import AckDeadlineWriter
 from apiary.engine.cluster.follower import POLL_S as FOLLOW_POLL_S
 from apiary.engine.cluster.follower import StoreFollower
@@ -83,16 +84,24 @@ async def open_cluster_node(
     await keeper.join()
     _hook(engine, node, clock)
     name = f"apiary-cluster-{keeper.replica_id}"
-    loops = {
-        "lease": keeper.run(),
-        "releases": keeper.follow_releases(),
-        "follow": follower.run(),
-        "listen": follower.listen(),
-        "notes": follower.send_notes(),
-        "timers": timers.run(),
-        "ack-deadlines": node.deadlines.run(),
+    # The lease keeper ends the replica when it is evicted (ReplicaEvictedError); the other
+    # loops are kept running through failures, as the engine's own are (`supervised`): a
+    # follower that stopped would leave its agents' messages admitted elsewhere undelivered.
+    loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+        "follow": follower.run,
+        "listen": follower.listen,
+        "notes": follower.send_notes,
+        "timers": timers.run,
+        "ack-deadlines": node.deadlines.run,
     }
-    node.tasks = [asyncio.create_task(c, name=f"{name}-{part}") for part, c in loops.items()]
+    node.tasks = [
+        asyncio.create_task(keeper.run(), name=f"{name}-lease"),
+        asyncio.create_task(keeper.follow_releases(), name=f"{name}-releases"),
+        *(
+            asyncio.create_task(supervised(f"{name}-{part}", loop), name=f"{name}-{part}")
+            for part, loop in loops.items()
+        ),
+    ]
     try:
         yield node
     finally:
