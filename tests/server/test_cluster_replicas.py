@@ -9,6 +9,7 @@ delivered on the other replica. A tenant besides the default is refused in clust
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -28,6 +29,7 @@ from apiary.engine.router.admission import Outbound, is_notice
 from apiary.engine.router.inbox import Handout
 from apiary.engine.settings import RouterSettings
 from apiary.errors import NoRouteError, UnavailableError
+from apiary.sdk.connection import Connection
 from apiary.server.auth.settings import AuthSettings
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
@@ -339,3 +341,39 @@ async def test_a_tenant_besides_the_default_is_refused_in_cluster_mode(
             await replica.tenancy.engine("acme")
         assert refused.value.details == {"tenant": "acme", "reason": "tenants_not_clustered"}
         assert "cluster mode" in refused.value.message
+
+
+async def test_an_agent_given_both_replicas_moves_to_the_other_when_its_replica_stops(
+    tmp_path: Path, url: str
+) -> None:
+    """The SDK takes several replicas (`host:port,host:port`): its channel connects to the
+    first it can reach; when that replica stops, the agent's stream reconnects to the other,
+    registers there, and what is sent to it meanwhile reaches it."""
+    async with AsyncExitStack() as stack:
+        a_stack = await stack.enter_async_context(AsyncExitStack())
+        a = await a_stack.enter_async_context(_replica(tmp_path, url, "a"))
+        b = await stack.enter_async_context(_replica(tmp_path, url, "b"))
+        both = f"{a.grpc_address},{b.grpc_address}"
+        got: list[Envelope] = []
+        bob = await stack.enter_async_context(Connection("bob", coordinator=both))
+
+        async def read() -> None:
+            async for delivery in bob.deliveries(reconnect=True):
+                if delivery.envelope.message_type is MessageType.DATA:
+                    got.append(delivery.envelope)
+                    await bob.ack(delivery.envelope, AckStage.FULFILLED)
+
+        reader = asyncio.create_task(read())
+        try:
+            await _until(lambda: a.router.streaming("bob"), "bob streams from A, the first")
+            await _register(b, "alice")
+            first = await _send(b, "alice", "bob", {"n": 1})
+            await _until(lambda: [e.message_id for e in got] == [first], "bob gets it on A")
+            await a_stack.aclose()  # A stops: bob's stream ends, the channel moves to B
+            await _until(lambda: b.router.streaming("bob"), "bob streams from B")
+            second = await _send(b, "alice", "bob", {"n": 2})
+            await _until(lambda: [e.message_id for e in got] == [first, second], "on B")
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader

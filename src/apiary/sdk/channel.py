@@ -61,9 +61,39 @@ def open_channel(
         if source is not None:
             sources.append(source)
     interceptors = _interceptors(sources)
+    target = channel_target(address)
     if chosen_tls is None:
-        return grpc.aio.insecure_channel(address, interceptors=interceptors)
-    return grpc.aio.secure_channel(address, chosen_tls.credentials(), interceptors=interceptors)
+        return grpc.aio.insecure_channel(target, interceptors=interceptors)
+    return grpc.aio.secure_channel(target, chosen_tls.credentials(), interceptors=interceptors)
+
+
+def channel_target(address: str) -> str:
+    """The gRPC target of `address`: as given, or for several coordinator replicas listed
+    `host:port,host:port` (IP literals), an `ipv4:`/`ipv6:` target, which gRPC's default
+    pick_first policy connects to in order, moving to the next when one cannot be reached
+    (an agent's stream then reconnects and registers there: docs/cluster.md). Replicas known
+    by a host name go behind one DNS name that resolves to each of them."""
+    if "," not in address or ":/" in address or address.startswith(("ipv4:", "ipv6:", "dns:")):
+        return address
+    parts = [part.strip() for part in address.split(",") if part.strip()]
+    if all(part.startswith("[") for part in parts):
+        return "ipv6:" + ",".join(parts)
+    if all(_ipv4_with_port(part) for part in parts):
+        return "ipv4:" + ",".join(parts)
+    raise ValueError(
+        f"coordinator: several addresses ({address[:200]!r}) must each be an IP address and "
+        "port (127.0.0.1:50051,127.0.0.1:50052); put replicas known by host name behind one "
+        "DNS name that resolves to each of them"
+    )
+
+
+def _ipv4_with_port(part: str) -> bool:
+    host, _, port = part.rpartition(":")
+    numbers = host.split(".")
+    return (
+        port.isdigit() and len(numbers) == 4
+        and all(n.isdigit() and 0 <= int(n) <= 255 for n in numbers)
+    )  # fmt: skip
 
 
 class _Metadata:
