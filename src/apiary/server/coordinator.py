@@ -310,7 +310,7 @@ async def open_coordinator(
             _known_tenants(config, key_ring(config)),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy)
-        controls = ControlPlanes(tenancy, runtime, secure=config.auth.secure)
+        controls = ControlPlanes(tenancy, runtime, config.runtime, secure=config.auth.secure)
         dispatcher = Dispatcher(handlers, guard, tenancy, tracing=tracing)
         server, health = build_grpc_server(dispatcher, metrics)
         reach = StoreHealth(store, lambda ok: set_serving(health, ok), runtime.sleep)

@@ -19,6 +19,7 @@ from apiary.server.config.negotiation import negotiation_settings
 from apiary.server.config.presence import presence_settings
 from apiary.server.config.rooms import room_settings
 from apiary.server.config.router import router_settings
+from apiary.server.config.runtime import runtime_settings
 from apiary.server.config.scheduler import scheduler_settings
 from apiary.server.config.server import (
     ENV,
@@ -79,6 +80,7 @@ _PARSERS: dict[str, _Parse] = {
     "tracing": _table_of(tracing_settings, "tracing"),
     "cluster": _table_of(cluster_settings, "cluster"),
     "presence": _table_of(presence_settings, "presence"),
+    "runtime": _table_of(runtime_settings, "runtime"),
 }
 """The parser of each table, keyed by its ServerConfig field, in the order the tables are
 checked (the first error is the one reported); [server] comes before them (apply_layer)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from apiary.controlplane.settings import RuntimeSettings
 from apiary.core.handoff_request import HandoffPolicy
 from apiary.core.limits import Limits
 from apiary.engine.cluster.settings import ClusterSettings
@@ -66,6 +67,9 @@ class ServerConfig:
     """Spans exported over OTLP: TOML table [tracing] (docs/tracing.md); off by default."""
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     """Cluster mode: TOML table [cluster] (docs/cluster.md); `apiary serve --cluster`."""
+    runtime: RuntimeSettings = field(default_factory=RuntimeSettings)
+    """The runtime control plane's limits and windows: TOML table [runtime]
+    (docs/control-plane.md, "Configuration")."""
     presence: PresenceSettings | None = None
     """Heartbeat checks of connected agents: TOML table [presence] (docs/scheduler.md,
     "Agent lifecycle"); None: the engine's defaults (or a test's Runtime)."""
