@@ -8,6 +8,7 @@ import pytest
 
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
+from tests.server.runtime_harness import Answerer, RuntimeHttp, running_answerer, runtime_http
 
 
 @pytest.fixture
@@ -20,3 +21,17 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
 async def channel(coordinator: Coordinator) -> AsyncIterator[grpc.aio.Channel]:
     async with grpc.aio.insecure_channel(str(coordinator.grpc_address)) as ch:
         yield ch
+
+
+@pytest.fixture
+async def runtime(coordinator: Coordinator) -> AsyncIterator[RuntimeHttp]:
+    """The runtime control plane's HTTP port of `coordinator`."""
+    async with runtime_http(coordinator) as http:
+        yield http
+
+
+@pytest.fixture
+async def answerer(coordinator: Coordinator) -> AsyncIterator[Answerer]:
+    """An SDK agent `answerer` answering the turns of `coordinator`'s threads."""
+    async with running_answerer(coordinator, "answerer") as running:
+        yield running

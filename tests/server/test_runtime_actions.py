@@ -54,12 +54,6 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
 
 
 @pytest.fixture
-async def runtime(coordinator: Coordinator) -> AsyncIterator[RuntimeHttp]:
-    async with runtime_http(coordinator) as http:
-        yield http
-
-
-@pytest.fixture
 async def asker(coordinator: Coordinator) -> AsyncIterator[None]:
     """An agent whose turns ask for a decision and answer with it."""
     async with Agent(AGENT, coordinator=str(coordinator.grpc_address)) as agent:

@@ -8,20 +8,9 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
 from tests.server.runtime_harness import Answerer, check_event, check_snapshot, running_answerer
-
-
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with open_test_coordinator(tmp_path) as running:
-        yield running
 
 
 async def _cli(coordinator: Coordinator, *args: str, code: int = 0) -> tuple[str, str]:

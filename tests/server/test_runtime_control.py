@@ -7,8 +7,6 @@ and snapshot the tests see is validated against the contract's schemas."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,37 +14,16 @@ import pytest
 from apiary.controlplane.commands import COMMANDS, CONTRACT_COMMANDS
 from apiary.sdk.runtime import RuntimeClient, StreamSnapshot
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
 from tests.server.runtime_harness import (
     WAIT_S,
     Answerer,
     RuntimeHttp,
     check_snapshot,
-    running_answerer,
-    runtime_http,
     session_events,
     types,
 )
 
 AGENT = "answerer"
-
-
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with open_test_coordinator(tmp_path) as running:
-        yield running
-
-
-@pytest.fixture
-async def runtime(coordinator: Coordinator) -> AsyncIterator[RuntimeHttp]:
-    async with runtime_http(coordinator) as http:
-        yield http
-
-
-@pytest.fixture
-async def answerer(coordinator: Coordinator) -> AsyncIterator[Answerer]:
-    async with running_answerer(coordinator, AGENT) as running:
-        yield running
 
 
 async def _register_offline(coordinator: Coordinator, agent_id: str) -> None:

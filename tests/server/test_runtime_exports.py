@@ -11,44 +11,20 @@ import asyncio
 import hashlib
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from apiary.sdk.runtime import RuntimeClient
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
 from tests.server.runtime_harness import (
     Answerer,
     RuntimeHttp,
     check_event,
     check_snapshot,
-    running_answerer,
-    runtime_http,
     session_events,
 )
 
 AGENT = "answerer"
-
-
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with open_test_coordinator(tmp_path) as running:
-        yield running
-
-
-@pytest.fixture
-async def runtime(coordinator: Coordinator) -> AsyncIterator[RuntimeHttp]:
-    async with runtime_http(coordinator) as http:
-        yield http
-
-
-@pytest.fixture
-async def answerer(coordinator: Coordinator) -> AsyncIterator[Answerer]:
-    async with running_answerer(coordinator, AGENT) as running:
-        yield running
 
 
 async def _session(runtime: RuntimeHttp) -> dict[str, Any]:

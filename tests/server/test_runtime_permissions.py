@@ -73,12 +73,6 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
         yield running
 
 
-@pytest.fixture
-async def runtime(coordinator: Coordinator) -> AsyncIterator[RuntimeHttp]:
-    async with runtime_http(coordinator) as http:
-        yield http
-
-
 @pytest.mark.conformance("runtime.action.unresolved-not-approved")
 async def test_an_escalating_tool_call_asks_and_resolve_permission_decides_it(
     coordinator: Coordinator, runtime: RuntimeHttp

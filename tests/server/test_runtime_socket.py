@@ -8,7 +8,6 @@ in secure mode. Every event and snapshot is validated against the contract's sch
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,6 @@ from tests.server.runtime_harness import (
     RuntimeHttp,
     check_event,
     check_snapshot,
-    running_answerer,
-    runtime_http,
     session_events,
 )
 
@@ -35,24 +32,6 @@ UPGRADE = {
     "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
 }  # fmt: skip
 """A WebSocket handshake's headers, sent by hand to read the refusal's body."""
-
-
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with open_test_coordinator(tmp_path) as running:
-        yield running
-
-
-@pytest.fixture
-async def runtime(coordinator: Coordinator) -> AsyncIterator[RuntimeHttp]:
-    async with runtime_http(coordinator) as http:
-        yield http
-
-
-@pytest.fixture
-async def answerer(coordinator: Coordinator) -> AsyncIterator[Answerer]:
-    async with running_answerer(coordinator, AGENT) as running:
-        yield running
 
 
 def _socket_path(session_id: str, **query: Any) -> str:

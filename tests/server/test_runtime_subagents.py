@@ -10,35 +10,17 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
 from tests.server.runtime_harness import (
     RuntimeHttp,
     running_answerer,
-    runtime_http,
     session_events,
     types,
 )
 
 PARENT = "lead"
 CHILD = "helper"
-
-
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with open_test_coordinator(tmp_path) as running:
-        yield running
-
-
-@pytest.fixture
-async def runtime(coordinator: Coordinator) -> AsyncIterator[RuntimeHttp]:
-    async with runtime_http(coordinator) as http:
-        yield http
 
 
 async def _register(coordinator: Coordinator, agent_id: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +21,9 @@ from apiary.sdk.errors import TaskFailedError
 from apiary.sdk.runtime import RuntimeClient
 from apiary.sdk.tasks import TaskContext, TaskRunner
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
 from tests.server.runtime_harness import (
     WAIT_S,
     RuntimeHttp,
-    runtime_http,
     session_events,
     types,
 )
@@ -61,18 +58,6 @@ class Worker:
                 await task.safe_point()
                 await asyncio.sleep(0.01)
         return {"done": body["taskId"], "attempt": body["attempt"]}
-
-
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with open_test_coordinator(tmp_path) as running:
-        yield running
-
-
-@pytest.fixture
-async def runtime(coordinator: Coordinator) -> AsyncIterator[RuntimeHttp]:
-    async with runtime_http(coordinator) as http:
-        yield http
 
 
 @pytest.fixture

@@ -8,22 +8,11 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
 
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
 from tests.server.test_runtime_tasks import AGENT, Worker, worker
 
 __all__ = ["worker"]  # the fixture, shared with test_runtime_tasks.py
-
-
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with open_test_coordinator(tmp_path) as running:
-        yield running
 
 
 async def _cli(coordinator: Coordinator, *args: str, code: int = 0) -> tuple[str, str]:

@@ -10,7 +10,6 @@ import asyncio
 import json
 import sqlite3
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +27,6 @@ from tests.server.runtime_harness import (
 )
 
 AGENT = "later"
-
-
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with open_test_coordinator(tmp_path) as running:
-        yield running
-
-
-@pytest.fixture
-async def runtime(coordinator: Coordinator) -> AsyncIterator[RuntimeHttp]:
-    async with runtime_http(coordinator) as http:
-        yield http
 
 
 async def _register_offline(coordinator: Coordinator) -> None:
