@@ -26,7 +26,7 @@ from apiary.core.runtime.turns import (
     TurnMachine,
     is_interrupt,
     mermaid,
-    task_input,
+    task_inputs,
     thread_status,
 )
 from apiary.errors import PermissionDeniedError, ResumeExpiredError, ValidationError
@@ -93,29 +93,30 @@ def _task(state: TaskState, code: str = "") -> TaskRecord:
 @pytest.mark.parametrize(
     ("turn", "task", "code", "interrupted", "expected"),
     [
-        (S.PREPARING, TaskState.QUEUED, "", False, None),
-        (S.PREPARING, TaskState.HELD, "", False, None),
-        (S.PREPARING, TaskState.DISPATCHED, "", False, None),
-        (S.PREPARING, TaskState.RUNNING, "", False, I.RUN),
-        (S.RUNNING, TaskState.RUNNING, "", False, None),
-        (S.RUNNING, TaskState.QUEUED, "", False, I.REQUEUE),
-        (S.PREPARING, TaskState.COMPLETED, "", False, I.COMPLETE),
-        (S.RUNNING, TaskState.COMPLETED, "", True, I.COMPLETE),  # the interrupt came late
-        (S.RUNNING, TaskState.FAILED, "no_answer", False, I.FAIL),
-        (S.RUNNING, TaskState.FAILED, "no_answer", True, I.FAIL),
-        (S.RUNNING, TaskState.FAILED, "cancelled", False, I.FAIL),
-        (S.RUNNING, TaskState.FAILED, "cancelled", True, I.STOP),
-        (S.RUNNING, TaskState.FAILED, "forced_preemption", True, I.STOP),
-        (S.PREPARING, TaskState.FAILED, "cancelled", True, I.STOP),
-        (S.QUEUED, TaskState.COMPLETED, "", False, None),
-        (S.COMPLETED, TaskState.FAILED, "x", False, None),
+        (S.PREPARING, TaskState.QUEUED, "", False, ()),
+        (S.PREPARING, TaskState.HELD, "", False, ()),
+        (S.PREPARING, TaskState.DISPATCHED, "", False, ()),
+        (S.PREPARING, TaskState.RUNNING, "", False, (I.RUN,)),
+        (S.RUNNING, TaskState.RUNNING, "", False, ()),
+        (S.RUNNING, TaskState.QUEUED, "", False, (I.REQUEUE,)),
+        (S.PREPARING, TaskState.COMPLETED, "", False, (I.RUN, I.COMPLETE)),  # it ran unseen
+        (S.RUNNING, TaskState.COMPLETED, "", True, (I.COMPLETE,)),  # the interrupt came late
+        (S.RUNNING, TaskState.FAILED, "no_answer", False, (I.FAIL,)),
+        (S.RUNNING, TaskState.FAILED, "no_answer", True, (I.FAIL,)),
+        (S.RUNNING, TaskState.FAILED, "cancelled", False, (I.FAIL,)),
+        (S.RUNNING, TaskState.FAILED, "cancelled", True, (I.STOP,)),
+        (S.RUNNING, TaskState.FAILED, "forced_preemption", True, (I.STOP,)),
+        (S.PREPARING, TaskState.FAILED, "cancelled", True, (I.STOP,)),
+        (S.QUEUED, TaskState.COMPLETED, "", False, ()),
+        (S.COMPLETED, TaskState.FAILED, "x", False, ()),
     ],
 )
 def test_a_tasks_stored_state_is_an_input_of_its_turn(
-    turn: TurnState, task: TaskState, code: str, interrupted: bool, expected: TurnInput | None
-) -> None:
+    turn: TurnState, task: TaskState, code: str, interrupted: bool,
+    expected: tuple[TurnInput, ...],
+) -> None:  # fmt: skip
     record = _turn(turn, interrupt="stop" if interrupted else "")
-    assert task_input(record, _task(task, code)) is expected
+    assert task_inputs(record, _task(task, code)) == expected
 
 
 @pytest.mark.parametrize(

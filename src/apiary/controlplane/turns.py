@@ -42,7 +42,7 @@ from apiary.core.runtime.turns import (
     TurnEffect,
     TurnInput,
     TurnMachine,
-    task_input,
+    task_inputs,
     thread_status,
 )
 from apiary.core.runtime.views import json_value
@@ -283,26 +283,27 @@ class TurnDriver:
         turn = await self._store.turn(turn_id)
         if turn is None or TurnState(turn.state).terminal:
             return True
-        event = task_input(turn, task)
-        if event is None:
+        events = task_inputs(turn, task)
+        if not events:
             return False
         thread = await self._store.thread(turn.thread_id)
         assert thread is not None  # a turn is stored with its thread
-        changes: dict[str, Any] = {}
-        if event is TurnInput.RUN:
-            changes["started_at"] = self._clock.now()
-        elif event is TurnInput.COMPLETE:
-            changes["result_json"] = task.result
-        elif event in (TurnInput.FAIL, TurnInput.STOP):
-            changes["error_code"] = task.error_code or "internal_error"
-            changes["message"] = task.note
-            if event is TurnInput.STOP:
-                changes["status_reason"] = "interrupted"
-        after, thread = await self.apply(turn, thread, event, RUNTIME_ACTOR, **changes)
-        if event is TurnInput.REQUEUE and after.interrupt:
-            await self.cancel_task(after, thread, RUNTIME_ACTOR)
-            after = (await self._store.turn(turn_id)) or after
-        return TurnState(after.state).terminal
+        for event in events:
+            changes: dict[str, Any] = {}
+            if event is TurnInput.RUN:
+                changes["started_at"] = self._clock.now()
+            elif event is TurnInput.COMPLETE:
+                changes["result_json"] = task.result
+            elif event in (TurnInput.FAIL, TurnInput.STOP):
+                changes["error_code"] = task.error_code or "internal_error"
+                changes["message"] = task.note
+                if event is TurnInput.STOP:
+                    changes["status_reason"] = "interrupted"
+            turn, thread = await self.apply(turn, thread, event, RUNTIME_ACTOR, **changes)
+            if event is TurnInput.REQUEUE and turn.interrupt:
+                await self.cancel_task(turn, thread, RUNTIME_ACTOR)
+                turn = (await self._store.turn(turn_id)) or turn
+        return TurnState(turn.state).terminal
 
     async def lost(self, turn_id: str) -> None:
         """The turn's task cannot be found: the turn fails `task_lost` (resume_thread runs it

@@ -11,8 +11,8 @@ running task that yields back to its queue REQUEUEs the turn.
 
 `TurnMachine.step(state, input)` gives the next state, the effects the control plane performs
 (controlplane/turns.py) and the contract events the row emits; an input without a row raises
-IllegalTransitionError and changes nothing. `task_input` says which input a change of the
-turn's task is.
+IllegalTransitionError and changes nothing. `task_inputs` says which inputs a change of the
+turn's task is, in order.
 """
 
 from __future__ import annotations
@@ -147,22 +147,25 @@ class TurnMachine:
         return cls.TRANSITIONS.allows(state, event)
 
 
-def task_input(turn: TurnRecord, task: TaskRecord) -> TurnInput | None:
-    """The input a stored state of the turn's task is for the turn, or None when it changes
-    nothing (a task still waiting for a turn that is PREPARING, say)."""
+def task_inputs(turn: TurnRecord, task: TaskRecord) -> tuple[TurnInput, ...]:
+    """The inputs a stored state of the turn's task is for the turn, in order; none when it
+    changes nothing (a task still waiting for a turn that is PREPARING, say). A task that
+    completed while the turn had not yet seen it run ran all the same: RUN comes first, so
+    the turn reports it started before it completed."""
     state = TurnState(turn.state)
     if state.terminal or state is TurnState.QUEUED:
-        return None
+        return ()
     if task.state == TaskState.COMPLETED:
-        return TurnInput.COMPLETE
+        ran = (TurnInput.RUN,) if state is TurnState.PREPARING else ()
+        return (*ran, TurnInput.COMPLETE)
     if task.state == TaskState.FAILED:
         interrupted = bool(turn.interrupt) and task.error_code in STOPPED_CODES
-        return TurnInput.STOP if interrupted else TurnInput.FAIL
+        return (TurnInput.STOP if interrupted else TurnInput.FAIL,)
     if task.state == TaskState.RUNNING:
-        return TurnInput.RUN if state is TurnState.PREPARING else None
+        return (TurnInput.RUN,) if state is TurnState.PREPARING else ()
     if task.state in (TaskState.QUEUED, TaskState.HELD):
-        return TurnInput.REQUEUE if state is TurnState.RUNNING else None
-    return None  # DISPATCHED: the agent has not started it yet
+        return (TurnInput.REQUEUE,) if state is TurnState.RUNNING else ()
+    return ()  # DISPATCHED: the agent has not started it yet
 
 
 def thread_status(active: TurnState | None, last_ended: TurnState | None, queued: int) -> str:
