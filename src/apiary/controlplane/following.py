@@ -1,9 +1,9 @@
 """Followers of Scheduler tasks: the turns and the task runs of a control plane each run as a
 Scheduler task, and each is followed until it ends. One follower per key watches its task
-(the Scheduler's WatchTasks stream, as its submitter), hands every stored state to `changed`
-under the control plane's lock until that says the follow is over, calls `lost` when the
-Scheduler no longer knows the task, and after any other failure (a store outage) follows
-again from what is stored, with a pause that grows from 0.05 s to 5 s."""
+(the Scheduler's WatchTasks stream, as its submitter, every change), hands each stored state
+to `changed` in order under the control plane's lock until that says the follow is over,
+calls `lost` when the Scheduler no longer knows the task, and after any other failure (a
+store outage) follows again from what is stored, with a pause that grows from 0.05 s to 5 s."""
 
 from __future__ import annotations
 
@@ -70,7 +70,9 @@ class TaskFollowers:
         pause, longest = FOLLOW_PAUSE_S
         while True:
             try:
-                async for task in self._scheduler.watch_tasks(submitter, frozenset({task_id})):
+                async for task in self._scheduler.watch_tasks(
+                    submitter, frozenset({task_id}), every=True
+                ):
                     async with self._lock:
                         if await changed(task):
                             return

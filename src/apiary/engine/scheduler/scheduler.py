@@ -231,10 +231,10 @@ class Scheduler:
         return await self.watch.wait(task_id, timeout_s)
 
     def watch_tasks(
-        self, submitter: str, task_ids: frozenset[str] = frozenset()
+        self, submitter: str, task_ids: frozenset[str] = frozenset(), *, every: bool = False
     ) -> AsyncIterator[TaskRecord]:
         """WatchTasks: the submitter's tasks as they change (`TaskWatch.changes`)."""
-        return self.watch.changes(submitter, task_ids)
+        return self.watch.changes(submitter, task_ids, every=every)
 
     async def list_tasks(
         self, states: frozenset[str] | None, agent_id: str | None, after_seq: int, limit: int,

@@ -5,7 +5,9 @@ waiter never sees a state the store lacks.
 
 A feed keeps the latest record of each task it has not handed out yet, so that a slow
 reader holds one record per task, not one per change: it may miss a state in between, never
-the last one (an ended task's end is always read).
+the last one (an ended task's end is always read). A feed of `every` change (the control
+plane's followers of the tasks it submitted itself, a few changes per attempt) keeps each one
+instead, in the order they were stored.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ def ended(task: TaskRecord) -> bool:
 
 
 class TaskFeed:
-    """The changes of one submitter's tasks (of `task_ids` only, when given) not read yet."""
+    """The changes of one submitter's tasks (of `task_ids` only, when given) not read yet:
+    the latest of each task, or with `every` each change."""
 
-    def __init__(self, submitter: str, task_ids: frozenset[str]) -> None:
+    def __init__(self, submitter: str, task_ids: frozenset[str], *, every: bool = False) -> None:
         self.submitter = submitter
         self.task_ids = task_ids
-        self._pending: dict[str, TaskRecord] = {}
+        self.every = every
+        self._pending: dict[str, list[TaskRecord]] = {}
         self._ready = asyncio.Event()
 
     def wants(self, task: TaskRecord) -> bool:
@@ -41,19 +45,27 @@ class TaskFeed:
         )
 
     def offer(self, task: TaskRecord, *, newer: bool = True) -> None:
-        """Keep `task` as the next of its id to hand out; with `newer` false (a record read
-        earlier), only when no change of it is pending."""
-        if newer or task.task_id not in self._pending:
-            self._pending[task.task_id] = task
-            self._ready.set()
+        """Keep `task` as the next of its id to hand out (after the pending ones with
+        `every`); with `newer` false (a record read earlier), only when no change of it is
+        pending."""
+        held = self._pending.get(task.task_id)
+        if held is None:
+            self._pending[task.task_id] = [task]
+        elif not newer:
+            return
+        elif self.every:
+            held.append(task)
+        else:
+            held[-1] = task
+        self._ready.set()
 
     async def next(self) -> list[TaskRecord]:
         """The pending records, in the order their tasks first changed, once there are any."""
         while not self._pending:
             self._ready.clear()
             await self._ready.wait()
-        taken, self._pending = list(self._pending.values()), {}
-        return taken
+        taken, self._pending = self._pending, {}
+        return [task for changes in taken.values() for task in changes]
 
 
 class TaskWatch:
@@ -97,9 +109,11 @@ class TaskWatch:
             waiter.cancel()
 
     @contextmanager
-    def feed(self, submitter: str, task_ids: frozenset[str] = frozenset()) -> Iterator[TaskFeed]:
+    def feed(
+        self, submitter: str, task_ids: frozenset[str] = frozenset(), *, every: bool = False
+    ) -> Iterator[TaskFeed]:
         """A feed of the submitter's task changes, open for the block's duration."""
-        feed = TaskFeed(submitter, task_ids)
+        feed = TaskFeed(submitter, task_ids, every=every)
         feeds = self._feeds.setdefault(submitter, set())
         feeds.add(feed)
         try:
@@ -127,12 +141,13 @@ class TaskWatch:
             return end.result() if end.done() else await self._find(task_id)
 
     async def changes(
-        self, submitter: str, task_ids: frozenset[str] = frozenset()
+        self, submitter: str, task_ids: frozenset[str] = frozenset(), *, every: bool = False
     ) -> AsyncIterator[TaskRecord]:
         """The submitter's tasks as they change: first each that has not ended (each of
         `task_ids` as it stands, when given: NotFoundError for one that is not the
-        submitter's), then every stored change; with `task_ids`, until all have ended."""
-        with self.feed(submitter, task_ids) as feed:  # before the reads, as in `wait`
+        submitter's), then their stored changes (the latest of each, or with `every` each
+        one); with `task_ids`, until all have ended."""
+        with self.feed(submitter, task_ids, every=every) as feed:  # before the reads, as in `wait`
             if task_ids:
                 first = [await self._find(task_id) for task_id in sorted(task_ids)]
                 for task in first:
