@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Final
 
+from apiary.controlplane.command_keys import CommandKeys
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.job_requests import CancelJob, CreateJob, GetJob, JobItem
 from apiary.controlplane.reads import Reads
@@ -88,34 +89,39 @@ class JobCommands:
         self._clock = clock
         self._ids = ids
         self._lock = lock
+        self._keys = CommandKeys(facts.store, clock)
         self._runs.along = self.along
         tasks.cancel_jobs = self.cancel_children
 
     # ------------------------------------------------------------------ shared
 
     async def _keyed(
-        self, caller: Principal, command: str, req: Keyed, key: str,
+        self, caller: Principal, command: str, req: Keyed,
         run: Callable[[CommandKeyRecord | None], Awaitable[str]],
     ) -> dict[str, Any]:  # fmt: skip
-        """Run `run` under the lock once per idempotency key: it returns the job's id and
-        writes the key (given to it) with its first write; a retry answers that job."""
+        """Run `run` under the lock once per idempotency key (controlplane/command_keys.py):
+        it returns the job's id and writes the key it is given with its first write; a
+        retry answers that job as it stands."""
         async with self._lock:
-            pending: CommandKeyRecord | None = None
-            if key:
-                owner, digest = owner_of(caller), req.digest()
-                known = await self._store.command_key(owner, key)
-                if known is not None:
-                    field = "job_id" if key.startswith(CREATE_KEY) else "idempotency_key"
-                    if known.command != command or known.digest != digest:
-                        raise AlreadyExistsError(
-                            f"{field} {key.removeprefix(CREATE_KEY)!r} was used for another "
-                            "request; a retry sends the same one", {"field": field},
-                        )  # fmt: skip
-                    job_id = str(json.loads(known.answer_json).get("jobId", ""))
-                    return await self._answer(job_id, replayed=True, **_created(command, False))
-                pending = CommandKeyRecord(owner, key, command, digest, "{}", self._clock.now())
+            try:
+                known, pending = await self._keys.known(caller, command, req)
+            except AlreadyExistsError:
+                if not req.idempotency_key.startswith(CREATE_KEY):
+                    raise
+                raise AlreadyExistsError(
+                    f"job_id {req.idempotency_key.removeprefix(CREATE_KEY)!r} names a job "
+                    "created with another request; a retry sends the same one",
+                    {"field": "job_id"},
+                ) from None
+            if known is not None:
+                job_id = str(known.get("jobId", ""))
+                return await self._answer(job_id, replayed=True, **_created(command, False))
             job_id = await run(pending)
             return await self._answer(job_id, **_created(command, True))
+
+    def _keep(self, pending: CommandKeyRecord | None, job_id: str) -> tuple[Any, ...]:
+        """The key to write with the command's first write (none without a key)."""
+        return self._keys.keep(pending, {"jobId": job_id})
 
     async def _answer(self, job_id: str, **more: Any) -> dict[str, Any]:
         job = await self._store.job(job_id)
@@ -143,15 +149,14 @@ class JobCommands:
         job = await self._job(caller, req.job_id)
         return {"job": job_view(job, await self._store.job_items(job.job_id))}
 
-    async def session_jobs(self, session_id: str, last: int) -> list[dict[str, Any]]:
-        return [job_summary(j) for j in await self._store.session_jobs(session_id, last)]
-
     # ------------------------------------------------------------------ create_job
 
     async def create(self, caller: Principal, req: CreateJob) -> dict[str, Any]:
-        key = req.idempotency_key or (CREATE_KEY + req.job_id if req.job_id else "")
+        keyed = req
+        if req.job_id and not req.idempotency_key:
+            keyed = replace(req, idempotency_key=CREATE_KEY + req.job_id)
         return await self._keyed(
-            caller, "create_job", req, key, lambda pending: self._create(caller, req, pending)
+            caller, "create_job", keyed, lambda pending: self._create(caller, req, pending)
         )
 
     async def _create(
@@ -184,10 +189,9 @@ class JobCommands:
             view = runtime_task_view(task, ()).to_json()
             facts.append(self._runs.fact(_T.TASK_CREATED, task, payload={
                 "agentId": task.agent_id or None}, task=view, jobId=job_id))  # fmt: skip
-        keys = (replace(pending, answer_json=json.dumps({"jobId": job_id})),) if pending else ()
         write = RuntimeWrite(
             sessions=(session,) if new_session else (), tasks=tasks, jobs=(job,),
-            job_items=items, keys=keys,
+            job_items=items, keys=self._keep(pending, job_id),
         )  # fmt: skip
         await self._facts.commit(write, facts, caller.label)
         for task in tasks:
@@ -303,17 +307,13 @@ class JobCommands:
                 why = req.reason or f"cancelled by {caller.label}"
                 await self._cancel(job, why, caller.label, pending)
             elif pending is not None:  # asked already: the key answers the job
-                await self._facts.commit(RuntimeWrite(keys=(self._keep(pending, job),)), [],
-                                         caller.label)  # fmt: skip
+                keys = self._keep(pending, job.job_id)
+                await self._facts.commit(RuntimeWrite(keys=keys), [], caller.label)
             return job.job_id
 
-        answer = await self._keyed(caller, "cancel_job", req, req.idempotency_key, run)
+        answer = await self._keyed(caller, "cancel_job", req, run)
         done = answer["status"] == JobStatus.CANCELLED
         return {**answer, "cancel": "cancelled" if done else "requested"}
-
-    @staticmethod
-    def _keep(pending: CommandKeyRecord, job: JobRecord) -> CommandKeyRecord:
-        return replace(pending, answer_json=json.dumps({"jobId": job.job_id}))
 
     async def _cancel(
         self, job: JobRecord, why: str, actor: str, pending: CommandKeyRecord | None = None
@@ -328,13 +328,14 @@ class JobCommands:
         if step.status.ended:  # no item left to stop
             facts.append(self._fact(_T.JOB_CANCELLED, intended, {"reason": why}))
             intended = replace(intended, ended_at=intended.updated_at)
-        keys = (self._keep(pending, job),) if pending is not None else ()
+        keys = self._keep(pending, job.job_id)
         await self._facts.commit(RuntimeWrite(jobs=(intended,), keys=keys), facts, actor)
-        for _item, task in await self._store.job_items(job.job_id):
-            if task.intent == Intent.CANCEL or not RuntimeTaskMachine.allows(
-                _S(task.state), _I.CANCEL
-            ):
-                continue  # ended (completed ones stay), or being cancelled already
+        for item, _ in await self._store.job_items(job.job_id):
+            task = await self._store.task(item.task_id)  # as it stands after the ones before
+            if task is None or task.intent == Intent.CANCEL:
+                continue  # being cancelled already
+            if not RuntimeTaskMachine.allows(_S(task.state), _I.CANCEL):
+                continue  # ended: completed ones stay as they are
             await self._runs.apply(
                 task, _I.CANCEL, actor, intent=Intent.CANCEL.value,
                 intent_reason=f"its job {job.job_id} was cancelled: {why}",
