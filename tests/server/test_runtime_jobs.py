@@ -87,6 +87,7 @@ async def test_a_jobs_status_derives_from_its_items_and_a_retried_item_writes_on
     assert failed_item["lastError"]["code"] == "tool_failed"
     item = (await runtime.ok("get_task", task_id="i-c"))["task"]
     assert item["title"] == "third" and item["taskKind"] == "job_item"
+    assert item["jobId"] == "batch-1"
     # A completed item is not run again: its output stays the one it wrote.
     error = await runtime.error(409, "retry_task", task_id="i-a")
     assert error["code"] == "already_completed"

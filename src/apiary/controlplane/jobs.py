@@ -233,7 +233,8 @@ class JobCommands:
         agent_id = item.agent_id or ("" if item.capability else req.agent_id)
         capability = item.capability or ("" if item.agent_id else req.capability)
         meta = {"title": item.title or (f"{req.title} #{n + 1}" if req.title else ""),
-                "objective": item.objective or req.objective, "taskKind": "job_item"}  # fmt: skip
+                "objective": item.objective or req.objective, "taskKind": "job_item",
+                "jobId": job_id}  # fmt: skip
         return RuntimeTaskRecord(
             task_id, session_id, owner, _S.DRAFT.value, now, now, agent_id=agent_id,
             capability=capability, scope=f"resource:runtime-task/{task_id}",
