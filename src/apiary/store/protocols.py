@@ -266,10 +266,12 @@ class TaskStore(Protocol):
         after_seq: int = -1,
         limit: int = 100,
         queue: str | None = None,
+        submitter: str | None = None,
     ) -> list[TaskRecord]:
         """Records in `states` (all when None) for `agent_id` (all when None) in the shared
-        `queue` (all when None; '' for the tasks submitted to one agent) with seq above
-        `after_seq`, in seq order, at most `limit`."""
+        `queue` (all when None; '' for the tasks submitted to one agent) submitted by
+        `submitter` (all when None) with seq above `after_seq`, in seq order, at most
+        `limit`."""
         ...
 
     async def max_seq(self) -> int:
