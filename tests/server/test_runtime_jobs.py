@@ -214,6 +214,13 @@ async def test_cancelling_a_parent_task_cancels_its_job(
     job = await _job(runtime, "under", "cancelled")
     assert [i["status"] for i in job["items"]] == ["cancelled", "cancelled"]
     assert job["intent"]["reason"] == "its parent task lead was cancelled"
+    # `propagate: false` cancels the task alone: its job goes on.
+    await runtime.ok("create_task", task_id="lone", agent_id=OFFLINE)
+    await runtime.ok("create_job", job_id="kept", agent_id=OFFLINE, parent_task_id="lone",
+                     items=[{}])  # fmt: skip
+    await runtime.ok("cancel_task", task_id="lone", propagate=False)
+    kept = (await runtime.ok("get_job", job_id="kept"))["job"]
+    assert kept["status"] == "queued" and "intent" not in kept
     # An item cancelled on its own counts as not completed: the job fails.
     alone = await runtime.ok("create_job", agent_id=OFFLINE, items=[{"task_id": "solo"}])
     await runtime.ok("cancel_task", task_id="solo")
