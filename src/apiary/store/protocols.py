@@ -31,6 +31,7 @@ from apiary.core.rooms.records import (
     VoteRecord,
 )
 from apiary.core.runtime.actions import ActionRecord
+from apiary.core.runtime.jobs import JobItemRecord, JobRecord
 from apiary.core.runtime.records import (
     ChannelRecord,
     RuntimeWrite,
@@ -650,6 +651,26 @@ class RuntimeStore(Protocol):
 
     async def open_actions(self) -> list[ActionRecord]:
         """The actions still pending, oldest first."""
+        ...
+
+    async def job(self, job_id: str) -> JobRecord | None:
+        """A runtime job (create_job)."""
+        ...
+
+    async def session_jobs(self, session_id: str, last: int = 100) -> list[JobRecord]:
+        """The session's last `last` jobs by creation, oldest first."""
+        ...
+
+    async def child_jobs(self, task_id: str) -> list[JobRecord]:
+        """The jobs not ended whose parent task is `task_id`, by job_id."""
+        ...
+
+    async def job_item_of(self, task_id: str) -> JobItemRecord | None:
+        """The job item whose task is `task_id`, if it is one."""
+        ...
+
+    async def job_items(self, job_id: str) -> list[tuple[JobItemRecord, RuntimeTaskRecord]]:
+        """The job's items by ordinal, each with its task."""
         ...
 
 

@@ -276,6 +276,10 @@ RUNTIME_RULES: Mapping[str, Rule] = MappingProxyType(
         "wait_subagents": ANYONE,
         "close_subagent": ANYONE,
         "list_subagents": ANYONE,
+        # Jobs are their owner's (and operators' with `tasks`), as their item tasks are.
+        "create_job": ANYONE,
+        "get_job": ANYONE,
+        "cancel_job": ANYONE,
     }
 )
 """Rules of the runtime control plane's commands, by name."""
