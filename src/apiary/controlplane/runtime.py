@@ -22,6 +22,7 @@ from apiary.controlplane.environment import Environment
 from apiary.controlplane.exports import Exports
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.permissions import Permissions
+from apiary.controlplane.processes import Processes
 from apiary.controlplane.reads import Reads, no_thread
 from apiary.controlplane.requests import (
     AckEvents,
@@ -123,6 +124,7 @@ class RuntimeControl:
             clock, ids, self._lock, secure=secure,
         )  # fmt: skip
         self.environment = Environment(self._facts, self.reads, tools, worktrees, self._lock)
+        self.processes = Processes(self._facts, self.reads, tools, scheduler, clock, settings)
         self.subagents = Subagents(
             self._facts, self.reads, registry, events, self.submit_turn, self.interrupt_turn,
             clock, ids, self._lock,
@@ -134,9 +136,11 @@ class RuntimeControl:
         await self.tasks.runs.load()
         opened = await self.turns.load()
         self.actions.start()
+        self.processes.start()
         return opened
 
     async def close(self) -> None:
+        await self.processes.close()
         await self.actions.close()
         await self.turns.close()
         await self.tasks.runs.close()

@@ -23,3 +23,10 @@ class RuntimeSettings:
     """A channel unused (no reconnect, no ack) this long expires."""
     text_bytes: int = 16 * KIB
     """Free text (reasons, titles) at most."""
+    max_stdin_bytes: int = 64 * KIB
+    """write_process_stdin: the input one call writes at most."""
+    process_output_chunk_bytes: int = 4 * KIB
+    """A process.output event's text at most (longer output is cut into several)."""
+    process_output_bytes: int = 256 * KIB
+    """A process's output reported in process.output events at most; the rest is counted
+    (`droppedBytes` of its last event), not reported."""
