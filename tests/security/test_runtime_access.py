@@ -58,6 +58,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "wait_subagents": {"thread_id": "t"},
     "close_subagent": {"subagent_id": "c"},
     "list_subagents": {"thread_id": "t"},
+    "write_process_stdin": {"process_id": "p", "text": "x"},
+    "terminate_process": {"process_id": "p"},
 }
 
 

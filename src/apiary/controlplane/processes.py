@@ -302,8 +302,8 @@ class Processes:
                 top = await events.last_sequence()
                 found = await events.read(after=seen, limit=_READ_PAGE, where=where) if (
                     self._live) else []  # fmt: skip
-                seen = max(top, found[-1].sequence) if len(found) < _READ_PAGE else (
-                    found[-1].sequence)  # fmt: skip
+                full = len(found) == _READ_PAGE  # more to read: go on from the last
+                seen = found[-1].sequence if full else max([top, *(e.sequence for e in found)])
                 owners = {
                     str(event.details.get(key)) for event in found
                     if event.event_type[len(FAMILY):] in STOPPING_FACTS
