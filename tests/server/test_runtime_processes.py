@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -24,8 +25,9 @@ from apiary.core.tools.policy import ExecutionPolicy
 from apiary.engine.assembly import Runtime
 from apiary.engine.tools.command_tools import CommandToolSpec
 from apiary.engine.tools.settings import ToolSettings
-from apiary.errors import ApiaryError
+from apiary.errors import ApiaryError, UnavailableError
 from apiary.sdk.agent import Agent
+from apiary.sdk.runtime import RuntimeClient
 from apiary.sdk.tasks import TaskContext, TaskRunner
 from apiary.server.config.loader import load_config
 from apiary.server.coordinator import Coordinator
@@ -270,3 +272,37 @@ def test_the_runtime_table_sets_the_process_limits(tmp_path: Path) -> None:
     with pytest.raises(ApiaryError) as caught:
         load_config(file, {}, {})
     assert caught.value.details["field"] == "runtime.max_stdin_bytes"
+
+
+async def _cli(
+    coordinator: Coordinator, *args: str, code: int = 0, stdin: bytes = b""
+) -> tuple[str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "apiary.cli.main", "runtime", "process", *args,
+        "--http", str(coordinator.http_address), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
+    assert proc.returncode == code, (proc.returncode, out.decode(), err.decode())
+    return out.decode(), err.decode()
+
+
+async def test_the_sdk_and_the_command_line_write_and_terminate(
+    coordinator: Coordinator, runtime: RuntimeHttp, shell: Shell
+) -> None:
+    turn, started = await _started(coordinator, runtime)
+    process_id = started["payload"]["processId"]
+    async with RuntimeClient(f"http://{coordinator.http_address}") as client:
+        written = await client.write_process_stdin(process_id, b"sdk\n")
+        assert written["written"] == 4
+        with pytest.raises(UnavailableError):
+            await client.terminate_process("call-nope", thread_id=turn["threadId"])
+    out, _ = await _cli(coordinator, "write", process_id, "cli", "--line")
+    assert json.loads(out)["written"] == 4
+    await _cli(coordinator, "write", process_id, stdin=b"piped\n")
+    events = await _events(coordinator, turn["sessionId"], lambda f: "got piped" in _printed(f))
+    assert _printed(events) == "ready\ngot sdk\ngot cli\ngot piped\n"
+    out, _ = await _cli(coordinator, "terminate", process_id, "--reason", "from the shell")
+    assert json.loads(out)["process"]["status"] == "terminated"
+    _, err = await _cli(coordinator, "terminate", process_id, code=1)
+    assert "unavailable" in err and process_id in err
