@@ -306,3 +306,25 @@ async def test_the_sdk_and_the_command_line_write_and_terminate(
     assert json.loads(out)["process"]["status"] == "terminated"
     _, err = await _cli(coordinator, "terminate", process_id, code=1)
     assert "unavailable" in err and process_id in err
+
+
+async def test_an_agent_tasks_run_owns_its_process_and_cancelling_the_task_ends_it(
+    coordinator: Coordinator, runtime: RuntimeHttp, shell: Shell
+) -> None:
+    created = await runtime.ok(
+        "create_task", task_id="chat-1", agent_id=AGENT, title="Chat", input={"tool": "chat"},
+        start=True,
+    )  # fmt: skip
+    session_id = created["sessionId"]
+    events = await _events(coordinator, session_id, lambda f: "ready" in _printed(f))
+    (started,) = _of(events, "process.started")
+    assert started["taskId"] == "chat-1" and started["runId"]
+    process_id = started["payload"]["processId"]
+    written = await runtime.ok("write_process_stdin", process_id=process_id, text="hi\n")
+    assert written["process"]["taskId"] == "chat-1"
+    await _events(coordinator, session_id, lambda f: "got hi" in _printed(f))
+    await runtime.ok("cancel_task", task_id="chat-1", reason="not needed")
+    events = await _events(coordinator, session_id, lambda f: _of(f, "process.terminated"))
+    (terminated,) = _of(events, "process.terminated")
+    assert terminated["taskId"] == "chat-1" and terminated["runId"] == started["runId"]
+    assert terminated["payload"]["terminatedBy"] == "runtime"

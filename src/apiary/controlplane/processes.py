@@ -49,7 +49,7 @@ from apiary.core.runtime.processes import (
     ending,
     output_payload,
 )
-from apiary.core.runtime.records import RuntimeWrite, may_use
+from apiary.core.runtime.records import RuntimeWrite, TurnState, may_use
 from apiary.core.tools.calls import ToolCallState
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.engine.tools.calls import PendingCall
@@ -70,6 +70,7 @@ TERMINATE_SLACK_S = 2.0
 WRITE_TIMEOUT_S = 10.0
 """How long write_process_stdin waits for a process that does not read its input."""
 _READ_PAGE = 500
+OWNER_STOPPED = "its owner was cancelled or ended"
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,7 @@ class Processes:
         """Calls running that are no runtime process (their notices are ignored)."""
         self._notices: asyncio.Queue[_Notice] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping: set[asyncio.Task[str]] = set()
 
     # ------------------------------------------------------------------ lifetime
 
@@ -148,7 +150,9 @@ class Processes:
     # ------------------------------------------------------------------ the tool service's notices
 
     def call_started(self, call: PendingCall) -> None:
-        owners = [call.correlation_id] if call.correlation_id else []
+        # The call's own correlation id (its call id, by default) names no task.
+        named = call.correlation_id and call.correlation_id != call.call_id
+        owners = [call.correlation_id] if named else []
         if call.caller:
             owners += [t.task_id for t in self._scheduler.holding(call.caller)]
         if not owners:
@@ -223,6 +227,8 @@ class Processes:
             self._settings.process_output_chunk_bytes, self._settings.process_output_bytes
         )
         self._gone[process.process_id] = asyncio.Event()
+        if await self._owner_stopped(process):  # before the follower could see it
+            self._spawn_stop(process)
         payload = {"processId": process.process_id, "toolId": process.tool_id,
                    "agentId": process.agent_id, "interactive": process.interactive}  # fmt: skip
         return [self._fact(_T.PROCESS_STARTED, process, payload)]
@@ -236,10 +242,21 @@ class Processes:
                                     turn_id=turn.turn_id, task_id=task_id)  # fmt: skip
             run = await self._store.run(task_id)
             task = await self._store.task(run.task_id) if run is not None else None
-            if run is not None and task is not None and task.thread_id:
+            if run is not None and task is not None:
                 return self._record(notice, task.session_id, task.thread_id,
                                     task_id=task.task_id, run_id=run.run_id)  # fmt: skip
         return None
+
+    async def _owner_stopped(self, process: ProcessRecord) -> bool:
+        """Whether the process's turn was interrupted or has ended already (a fact the
+        follower, which looks only while processes run, may have passed over)."""
+        turn = await self._store.turn(process.turn_id) if process.turn_id else None
+        return turn is not None and (bool(turn.interrupt) or TurnState(turn.state).terminal)
+
+    def _spawn_stop(self, process: ProcessRecord) -> None:
+        task = asyncio.create_task(self._stop(process, OWNER_STOPPED, RUNTIME_ACTOR))
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
 
     @staticmethod
     def _record(
@@ -298,10 +315,12 @@ class Processes:
         where = EventFilter(event_types=frozenset({FAMILY}))
         while True:
             await events.wait_after(seen)
+            if not self._live:  # nothing to stop: no store read (see _started)
+                seen = max(seen, events.last_committed)
+                continue
             try:
                 top = await events.last_sequence()
-                found = await events.read(after=seen, limit=_READ_PAGE, where=where) if (
-                    self._live) else []  # fmt: skip
+                found = await events.read(after=seen, limit=_READ_PAGE, where=where)
                 full = len(found) == _READ_PAGE  # more to read: go on from the last
                 seen = found[-1].sequence if full else max([top, *(e.sequence for e in found)])
                 owners = {
@@ -310,7 +329,7 @@ class Processes:
                     for key in ("turnId", "taskId", "runId") if event.details.get(key)
                 }  # fmt: skip
                 for process in [p for p in self._live.values() if p.owned_by(owners)]:
-                    await self._stop(process, "its owner was cancelled or ended", RUNTIME_ACTOR)
+                    await self._stop(process, OWNER_STOPPED, RUNTIME_ACTOR)
             except Exception:  # a store outage, say: the next events are looked at again
                 log.exception("runtime processes: following the owners failed")
 
