@@ -130,6 +130,7 @@ async def _started(
     return turn, started
 
 
+@pytest.mark.conformance("runtime.process.known-process-id", "runtime.process.unavailable-warning")
 async def test_the_application_writes_to_a_turns_process_and_terminates_it(
     coordinator: Coordinator, runtime: RuntimeHttp, shell: Shell
 ) -> None:
@@ -204,6 +205,7 @@ async def test_interrupting_the_turn_terminates_its_process(
     assert terminated["payload"]["terminatedBy"] == "runtime"
 
 
+@pytest.mark.conformance("runtime.process.known-process-id", "runtime.process.unavailable-warning")
 async def test_unknown_processes_and_bad_input_are_refused_naming_the_field(
     coordinator: Coordinator, runtime: RuntimeHttp, shell: Shell
 ) -> None:
@@ -308,6 +310,7 @@ async def test_the_sdk_and_the_command_line_write_and_terminate(
     assert "unavailable" in err and process_id in err
 
 
+@pytest.mark.conformance("runtime.task.cancel-intent-first")
 async def test_an_agent_tasks_run_owns_its_process_and_cancelling_the_task_ends_it(
     coordinator: Coordinator, runtime: RuntimeHttp, shell: Shell
 ) -> None:
