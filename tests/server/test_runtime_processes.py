@@ -15,6 +15,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +30,11 @@ from apiary.errors import ApiaryError, UnavailableError
 from apiary.sdk.agent import Agent
 from apiary.sdk.runtime import RuntimeClient
 from apiary.sdk.tasks import TaskContext, TaskRunner
+from apiary.server.config.address import Address
 from apiary.server.config.loader import load_config
-from apiary.server.coordinator import Coordinator
+from apiary.server.coordinator import Coordinator, open_coordinator
 from apiary.server.inprocess import open_test_coordinator
-from tests.server.runtime_harness import WAIT_S, RuntimeHttp, session_events
+from tests.server.runtime_harness import WAIT_S, RuntimeHttp, runtime_http, session_events
 
 AGENT = "shell"
 CHAT = (
@@ -331,3 +333,33 @@ async def test_an_agent_tasks_run_owns_its_process_and_cancelling_the_task_ends_
     (terminated,) = _of(events, "process.terminated")
     assert terminated["taskId"] == "chat-1" and terminated["runId"] == started["runId"]
     assert terminated["payload"]["terminatedBy"] == "runtime"
+
+
+async def test_a_configured_interactive_command_and_its_bounded_output(tmp_path: Path) -> None:
+    """From the configuration file: `stdin = "stream"` and the [runtime] output bounds."""
+    file = tmp_path / "apiary.toml"
+    file.write_text(
+        f"[runtime]\nprocess_output_bytes = 10\nprocess_output_chunk_bytes = 64\n"
+        f'[[tools.commands]]\nprovider = "sh"\nname = "chat"\nstdin = "stream"\n'
+        f"argv = ['{sys.executable}', '-c', '''{CHAT}''']\n"
+        f"[tools.commands.policy]\nbudget_wall_ms = 60000\n"
+    )
+    config = replace(
+        load_config(file, {}, {}), data_dir=tmp_path / "data", store="memory://",
+        grpc=Address("127.0.0.1", 0), http=Address("127.0.0.1", 0),
+    )  # fmt: skip
+    async with (
+        open_coordinator(config) as coordinator,
+        runtime_http(coordinator) as runtime,
+        running_shell(coordinator),
+    ):
+        turn, started = await _started(coordinator, runtime)
+        process_id = started["payload"]["processId"]
+        await runtime.ok("write_process_stdin", process_id=process_id, text="hello\n", eof=True)
+        events = await _events(coordinator, turn["sessionId"], lambda f: _of(f, "turn.completed"))
+        assert _printed(events) == "ready\ngot "  # the first 10 bytes of 20
+        (completed,) = _of(events, "process.completed")
+        assert completed["payload"]["outputBytes"] == 10
+        assert completed["payload"]["droppedBytes"] == 10
+        task = await runtime.ok("get_task", task_id=turn["taskId"])
+        assert task["task"]["result"]["printed"] == "ready\ngot hello\nbye\n"  # the call's own

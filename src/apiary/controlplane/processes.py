@@ -87,6 +87,8 @@ class _Started:
 class _Output:
     call_id: str
     data: bytes
+    dropped: int
+    """Bytes past the process's output bound, not kept in the notice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +124,8 @@ class Processes:
         self._gone: dict[str, asyncio.Event] = {}
         self._foreign: set[str] = set()
         """Calls running that are no runtime process (their notices are ignored)."""
+        self._unread: dict[str, int] = {}
+        """Output bytes each running call may still pass on (process_output_bytes)."""
         self._notices: asyncio.Queue[_Notice] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping: set[asyncio.Task[str]] = set()
@@ -168,10 +172,16 @@ class Processes:
         )  # fmt: skip
 
     def call_output(self, call: PendingCall, data: bytes) -> None:
-        if call.call_id not in self._foreign:
-            self._notices.put_nowait(_Output(call.call_id, data))
+        if call.call_id in self._foreign:
+            return
+        # Bounded here already: notices waiting on a slow store never hold more than that.
+        left = self._unread.get(call.call_id, self._settings.process_output_bytes)
+        kept = data[:left]
+        self._unread[call.call_id] = left - len(kept)
+        self._notices.put_nowait(_Output(call.call_id, kept, len(data) - len(kept)))
 
     def call_finished(self, call: PendingCall) -> None:
+        self._unread.pop(call.call_id, None)
         if call.call_id in self._foreign:
             self._foreign.discard(call.call_id)
             return
@@ -212,6 +222,7 @@ class Processes:
             return []
         cutter = self._cutters[process.process_id]
         if isinstance(notice, _Output):
+            cutter.dropped += notice.dropped
             return self._output(process, cutter, cutter.feed(notice.data))
         facts = self._output(process, cutter, cutter.flush())
         del self._cutters[process.process_id]
