@@ -115,6 +115,13 @@ def _of(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e for e in events if e["type"] == kind]
 
 
+def _ended(events: list[dict[str, Any]]) -> bool:
+    """The turn and its process have ended (their events come in either order: the agent
+    may have its final frame before the tool service closes the call)."""
+    done = ("process.completed", "process.failed", "process.terminated")
+    return bool(_of(events, "turn.completed")) and any(_of(events, kind) for kind in done)
+
+
 def _printed(events: list[dict[str, Any]]) -> str:
     return "".join(e["payload"]["text"] for e in _of(events, "process.output"))
 
@@ -156,7 +163,7 @@ async def test_the_application_writes_to_a_turns_process_and_terminates_it(
     # Stopped on request: SIGTERM, the call ends CANCELLED, the process terminated.
     stopped = await runtime.ok("terminate_process", process_id=process_id, reason="enough")
     assert stopped["process"]["status"] == "terminated" and stopped["reason"] == "enough"
-    events = await _events(coordinator, session_id, lambda f: _of(f, "turn.completed"))
+    events = await _events(coordinator, session_id, _ended)
     (terminated,) = _of(events, "process.terminated")
     assert terminated["toolCallId"] == process_id and terminated["status"] == "terminated"
     assert terminated["payload"]["reason"] == "enough"
@@ -187,7 +194,7 @@ async def test_eof_closes_the_input_and_the_process_completes(
     process_id = started["payload"]["processId"]
     done = await runtime.ok("write_process_stdin", process_id=process_id, text="last\n", eof=True)
     assert done["eof"] is True and done["process"]["stdinOpen"] is False
-    events = await _events(coordinator, turn["sessionId"], lambda f: _of(f, "turn.completed"))
+    events = await _events(coordinator, turn["sessionId"], _ended)
     (completed,) = _of(events, "process.completed")
     assert completed["payload"]["processId"] == process_id
     assert _printed(events) == "ready\ngot last\nbye\n"
@@ -252,7 +259,7 @@ async def test_a_process_that_takes_no_input_refuses_it(
     coordinator: Coordinator, runtime: RuntimeHttp, shell: Shell
 ) -> None:
     turn = await runtime.ok("submit_turn", agent_id=AGENT, turn_id="t-1", input={"tool": "once"})
-    events = await _events(coordinator, turn["sessionId"], lambda f: _of(f, "turn.completed"))
+    events = await _events(coordinator, turn["sessionId"], _ended)
     (started,) = _of(events, "process.started")
     assert started["payload"]["interactive"] is False
     assert _of(events, "process.completed") and _printed(events) == "ready\ngot {}\nbye\n"
@@ -356,7 +363,7 @@ async def test_a_configured_interactive_command_and_its_bounded_output(tmp_path:
         turn, started = await _started(coordinator, runtime)
         process_id = started["payload"]["processId"]
         await runtime.ok("write_process_stdin", process_id=process_id, text="hello\n", eof=True)
-        events = await _events(coordinator, turn["sessionId"], lambda f: _of(f, "turn.completed"))
+        events = await _events(coordinator, turn["sessionId"], _ended)
         assert _printed(events) == "ready\ngot "  # the first 10 bytes of 20
         (completed,) = _of(events, "process.completed")
         assert completed["payload"]["outputBytes"] == 10
