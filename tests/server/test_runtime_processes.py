@@ -86,9 +86,11 @@ async def running_shell(coordinator: Coordinator) -> AsyncIterator[Shell]:
                 await job
 
 
-@pytest.fixture
-async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
-    async with open_test_coordinator(tmp_path, runtime=Runtime(tools=TOOLS)) as running:
+@pytest.fixture(params=["memory", "sqlite"])
+async def coordinator(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Coordinator]:
+    """A coordinator with TOOLS, its state in memory or in a SQLite file."""
+    store = f"sqlite:///{tmp_path / 'apiary.db'}" if request.param == "sqlite" else "memory://"
+    async with open_test_coordinator(tmp_path, store, runtime=Runtime(tools=TOOLS)) as running:
         yield running
 
 
