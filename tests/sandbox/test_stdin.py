@@ -54,3 +54,16 @@ async def test_a_program_started_with_its_input_closed_takes_none() -> None:
         assert not process.interactive
         with pytest.raises(AlreadyCompletedError):
             await process.write_stdin(b"more\n")
+
+
+async def test_a_program_that_closed_its_input_refuses_more() -> None:
+    deaf = "import os, sys, time\nos.close(0)\nprint('closed', flush=True)\ntime.sleep(30)\n"
+    spec = SandboxSpec(python(deaf), ExecutionPolicy(budget_wall_ms=20_000), keep_stdin=True)
+    async with await start(spec) as process:
+        await _read_until(process, b"closed")
+        with pytest.raises(AlreadyCompletedError, match="no longer reads"):
+            for _ in range(2):  # the first write may still be taken by the pipe
+                await process.write_stdin(b"x\n")
+        assert not process.takes_input
+        await process.cancel(grace_s=0.5)
+        assert (await process.wait()).outcome is Outcome.CANCELLED

@@ -57,6 +57,7 @@ from apiary.engine.tools.command_tools import CommandToolProvider
 from apiary.engine.tools.service import ToolService
 from apiary.errors import (
     AlreadyCompletedError,
+    AlreadyInProgressError,
     NotFoundError,
     UnavailableError,
 )
@@ -144,7 +145,8 @@ class Processes:
     async def close(self) -> None:
         if self._tools is not None:
             self._tools.observers.remove(self)
-        tasks, self._tasks = self._tasks, []
+        tasks: list[asyncio.Task[Any]] = [*self._tasks, *self._stopping]
+        self._tasks = []
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -384,11 +386,16 @@ class Processes:
                 f"process {process.process_id} did not read its input within "
                 f"{WRITE_TIMEOUT_S:g} s", {"field": "process_id", "process_id": process.process_id},
             ) from None  # fmt: skip
-        except (NotFoundError, AlreadyCompletedError):  # it ended meanwhile
+        except AlreadyInProgressError as exc:  # between two attempts of its call
+            raise AlreadyInProgressError(
+                exc.message, {"field": "process_id", "process_id": process.process_id}
+            ) from None
+        except (NotFoundError, AlreadyCompletedError) as exc:  # it ended, or closed its input
             await self.settled()
             raise await self._unavailable(
-                process.process_id, "write_process_stdin", process, "it has ended"
-            ) from None
+                process.process_id, "write_process_stdin", process,
+                f"its input cannot be written ({exc.message})",
+            ) from None  # fmt: skip
         process.input_bytes += len(req.data)
         process.stdin_closed = process.stdin_closed or req.eof
         payload = {"processId": process.process_id, "bytes": len(req.data), "eof": req.eof,
