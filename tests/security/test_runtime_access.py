@@ -61,6 +61,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "create_job": {"agent_id": "alice", "items": [{}]},
     "get_job": {"job_id": "j"},
     "cancel_job": {"job_id": "j"},
+    "write_process_stdin": {"process_id": "p", "text": "x"},
+    "terminate_process": {"process_id": "p"},
 }
 
 

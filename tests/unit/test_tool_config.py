@@ -142,3 +142,10 @@ def test_approver_roles_of_escalations_are_a_list_of_role_names() -> None:
     with pytest.raises(ValidationError) as caught:
         tool_settings({"hitl_approver_roles": "release"}, "t")
     assert caught.value.details["field"] == "tools.hitl_approver_roles"
+
+
+def test_a_command_may_keep_its_input_open() -> None:
+    settings = tool_settings({"commands": [command(stdin="stream")]}, "apiary.toml [tools]")
+    assert settings.commands[0].stdin == "stream"
+    with pytest.raises(ValidationError, match="'args', 'none' or 'stream'"):
+        tool_settings({"commands": [command(stdin="pty")]}, "apiary.toml [tools]")

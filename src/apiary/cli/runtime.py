@@ -23,6 +23,7 @@ from apiary.cli.output import console_for_output
 from apiary.cli.runtime_exports import register as register_export_commands
 from apiary.cli.runtime_jobs import register as register_job_commands
 from apiary.cli.runtime_permissions import register as register_permission_commands
+from apiary.cli.runtime_processes import register as register_process_commands
 from apiary.cli.runtime_tasks import register as register_task_commands
 from apiary.cli.serving import client_data_dir, recorded
 from apiary.core.runtime.snapshot import RuntimeSnapshot
@@ -406,3 +407,4 @@ register_task_commands(app, _run, HTTP, JSONRPC)
 register_permission_commands(app, _run, HTTP, JSONRPC)
 register_export_commands(app, _run, HTTP, JSONRPC)
 register_job_commands(app, _run, HTTP, JSONRPC)
+register_process_commands(app, _run, HTTP, JSONRPC)

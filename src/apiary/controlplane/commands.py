@@ -13,6 +13,7 @@ from typing import Any, Final, Generic, TypeVar
 from apiary.controlplane import exports as ex
 from apiary.controlplane import job_requests as jr
 from apiary.controlplane import permission_requests as pr
+from apiary.controlplane import process_requests as pq
 from apiary.controlplane import requests as r
 from apiary.controlplane import subagents as sa
 from apiary.controlplane import task_requests as tr
@@ -243,6 +244,17 @@ _COMMANDS: list[Command[Any]] = [
         "list_subagents", "The parent-child graph of a session's (or a thread's) subagents, "
         "each child's state", False, _plain(sa.ListSubagents.read),
         lambda c, who, req: c.subagents.list(who, req),
+    ),
+    Command(
+        "write_process_stdin", "Write to the standard input of a running process (a tool "
+        "call of the thread's agent whose command keeps its input open); eof closes it", True,
+        lambda p, s: pq.WriteProcessStdin.read(p, s.max_stdin_bytes),
+        lambda c, who, req: c.processes.write_stdin(who, req),
+    ),
+    Command(
+        "terminate_process", "Stop a running process (its tool call is cancelled: SIGTERM, "
+        "then SIGKILL after the grace period)", True, _plain(pq.TerminateProcess.read),
+        lambda c, who, req: c.processes.terminate(who, req),
     ),
     Command(
         "reconnect_channel", "Open or resume an event channel: the snapshot, then the events "

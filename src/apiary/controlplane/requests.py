@@ -52,6 +52,10 @@ class Params:
     def has(self, name: str) -> bool:
         return name in self._values
 
+    def raw(self, name: str) -> Any:
+        """The parameter as given (None when absent), for a reader of its own type."""
+        return self._get(name)
+
     def id(self, name: str, *, required: bool = False) -> str:
         """An id: printable text of at most ID_BYTES bytes ('' when absent)."""
         value = self._get(name)

@@ -23,6 +23,7 @@ from apiary.controlplane.exports import Exports
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.jobs import JobCommands
 from apiary.controlplane.permissions import Permissions
+from apiary.controlplane.processes import Processes
 from apiary.controlplane.reads import Reads, no_thread
 from apiary.controlplane.requests import (
     AckEvents,
@@ -127,6 +128,7 @@ class RuntimeControl:
             clock, ids, self._lock, secure=secure,
         )  # fmt: skip
         self.environment = Environment(self._facts, self.reads, tools, worktrees, self._lock)
+        self.processes = Processes(self._facts, self.reads, tools, scheduler, clock, settings)
         self.subagents = Subagents(
             self._facts, self.reads, registry, events, self.submit_turn, self.interrupt_turn,
             clock, ids, self._lock,
@@ -138,9 +140,11 @@ class RuntimeControl:
         await self.tasks.runs.load()
         opened = await self.turns.load()
         self.actions.start()
+        self.processes.start()
         return opened
 
     async def close(self) -> None:
+        await self.processes.close()
         await self.actions.close()
         await self.turns.close()
         await self.tasks.runs.close()

@@ -25,3 +25,10 @@ class RuntimeSettings:
     """Free text (reasons, titles) at most."""
     max_job_items: int = 1000
     """create_job: items (tasks) one job holds at most."""
+    max_stdin_bytes: int = 64 * KIB
+    """write_process_stdin: the input one call writes at most."""
+    process_output_chunk_bytes: int = 4 * KIB
+    """A process.output event's text at most (longer output is cut into several)."""
+    process_output_bytes: int = 256 * KIB
+    """A process's output reported in process.output events at most; the rest is counted
+    (`droppedBytes` of its last event), not reported."""

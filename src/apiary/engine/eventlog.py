@@ -220,6 +220,11 @@ class EventRecorder:
         await self.flush()
         return await self._events.last_sequence()
 
+    @property
+    def last_committed(self) -> int:
+        """The highest sequence `wait_after` has seen committed (no store read)."""
+        return self._last
+
     async def wait_after(self, sequence: int) -> None:
         """Return once an event with a sequence above `sequence` was committed here."""
         while self._last <= sequence:

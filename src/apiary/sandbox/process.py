@@ -26,7 +26,7 @@ from typing import Final, Self
 
 import apiary
 from apiary.core.tools.policy import ExecutionPolicy
-from apiary.errors import InternalError, PermissionDeniedError
+from apiary.errors import AlreadyCompletedError, InternalError, PermissionDeniedError
 from apiary.sandbox.plan import LaunchPlan
 from apiary.sandbox.proctree import TreeCpuMeter, kill_tree
 from apiary.sandbox.result import Outcome, SandboxResult
@@ -49,6 +49,9 @@ class SandboxSpec:
     env: Mapping[str, str] | None = None
     """Default: PATH and LANG from the coordinator, HOME = the working directory."""
     stdin: bytes = b""
+    keep_stdin: bool = False
+    """Leave standard input open after `stdin` for `SandboxedProcess.write_stdin` (an
+    interactive program); False: it is closed once `stdin` is written."""
     expose: tuple[str, ...] = ()
     """Directories MINIMAL and DEFAULT need to see beyond those the sandbox infers from the
     program (its interpreter, virtual environment, node_modules); read-only, absolute."""
@@ -164,6 +167,8 @@ class SandboxedProcess:
         self._cpu_ms = 0
         self._setup_error: dict[str, str] | None = None
         self._started = asyncio.Event()
+        self._stdin_lock = asyncio.Lock()
+        self._stdin_open = True
         self._exit = asyncio.ensure_future(proc.wait())
         self._io = [
             asyncio.ensure_future(self._read_stdout()),
@@ -193,6 +198,38 @@ class SandboxedProcess:
     async def wait(self) -> SandboxResult:
         """The result once the program and everything it started are gone."""
         return await asyncio.shield(self._result)
+
+    @property
+    def interactive(self) -> bool:
+        """Whether the program was started interactive (SandboxSpec.keep_stdin)."""
+        return self._spec.keep_stdin
+
+    @property
+    def takes_input(self) -> bool:
+        """Whether `write_stdin` may still write: an interactive program (SandboxSpec.keep_stdin)
+        whose standard input is open and which has not ended."""
+        return self._spec.keep_stdin and self._stdin_open and not self._exit.done()
+
+    async def write_stdin(self, data: bytes, *, eof: bool = False) -> None:
+        """Write `data` to an interactive program's standard input (after SandboxSpec.stdin,
+        in the order of the calls), then close it when `eof`; returns once the pipe took it.
+        AlreadyCompletedError when the input is closed or the program has ended."""
+        async with self._stdin_lock:
+            stdin = self._proc.stdin
+            assert stdin is not None
+            if not self.takes_input:
+                why = "has ended" if self._exit.done() else "has its standard input closed"
+                raise AlreadyCompletedError(f"the program {why}")
+            try:
+                if data:
+                    stdin.write(data)
+                    await stdin.drain()
+                if eof:
+                    self._stdin_open = False
+                    stdin.close()
+            except ConnectionError as exc:  # it closed its end (exited, or closed fd 0)
+                self._stdin_open = False
+                raise AlreadyCompletedError("the program no longer reads its input") from exc
 
     async def cancel(self, grace_s: float = 2.0) -> None:
         """SIGTERM the program, SIGKILL its whole tree after `grace_s`; the result is CANCELLED
@@ -326,11 +363,14 @@ class SandboxedProcess:
     async def _write_stdin(self) -> None:
         stdin = self._proc.stdin
         assert stdin is not None
-        with contextlib.suppress(ConnectionError):
-            if self._spec.stdin:
-                stdin.write(self._spec.stdin)
-                await stdin.drain()
-            stdin.close()
+        async with self._stdin_lock:
+            with contextlib.suppress(ConnectionError):
+                if self._spec.stdin:
+                    stdin.write(self._spec.stdin)
+                    await stdin.drain()
+                if not self._spec.keep_stdin:
+                    self._stdin_open = False
+                    stdin.close()
 
     async def _finish(self) -> SandboxResult:
         try:
@@ -344,6 +384,9 @@ class SandboxedProcess:
         finally:
             for task in [*self._io, self._reports, self._watcher]:
                 task.cancel()
+            self._stdin_open = False
+            if self._proc.stdin is not None:  # an interactive program's, still open
+                self._proc.stdin.close()
             _remove(self._tempdir)
 
     def _result_for(self, returncode: int, ended_at: float) -> SandboxResult:

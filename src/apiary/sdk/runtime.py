@@ -35,6 +35,7 @@ from apiary.sdk.errors import CoordinatorUnreachableError
 from apiary.sdk.runtime_exports import RuntimeExportCommands
 from apiary.sdk.runtime_jobs import RuntimeJobCommands
 from apiary.sdk.runtime_permissions import RuntimePermissionCommands
+from apiary.sdk.runtime_processes import RuntimeProcessCommands
 from apiary.sdk.runtime_tasks import RuntimeTaskCommands
 
 PREFIX: Final = "/runtime/v1"
@@ -117,7 +118,11 @@ class TurnOutcome:
 
 
 class RuntimeClient(
-    RuntimeTaskCommands, RuntimePermissionCommands, RuntimeExportCommands, RuntimeJobCommands
+    RuntimeTaskCommands,
+    RuntimePermissionCommands,
+    RuntimeExportCommands,
+    RuntimeJobCommands,
+    RuntimeProcessCommands,
 ):
     """The runtime control plane of one coordinator (module docstring). `base_url` is its
     HTTP address (`http://host:port`, or HOST:PORT: https when the credentials carry TLS)."""

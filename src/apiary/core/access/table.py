@@ -280,6 +280,11 @@ RUNTIME_RULES: Mapping[str, Rule] = MappingProxyType(
         "create_job": ANYONE,
         "get_job": ANYONE,
         "cancel_job": ANYONE,
+        # A process (a tool call of a thread's agent) is its session owner's to write to and
+        # terminate (operators with `tasks` too); anyone else is answered as if it did not
+        # exist.
+        "write_process_stdin": ANYONE,
+        "terminate_process": ANYONE,
     }
 )
 """Rules of the runtime control plane's commands, by name."""

@@ -2,7 +2,10 @@
 sandbox under each call's execution policy (RFC 18.4, 18.5).
 
 A call fills the command's argv template from its JSON arguments (`core/tools/argv.py`) and,
-unless `stdin = "none"`, writes the arguments' JSON to the command's standard input. Standard
+with `stdin = "args"` (the default), writes the arguments' JSON to the command's standard
+input and closes it; with `stdin = "none"` it writes nothing. With `stdin = "stream"` the
+command is interactive: its standard input stays open while it runs, and what
+`write_stdin` is given goes to it (the runtime control plane's write_process_stdin). Standard
 output streams back as frames; the final frame carries the exit code and the times. A tool
 that needs a worktree runs with the caller's bound worktree root as its working directory.
 
@@ -13,10 +16,12 @@ CANCELLED, a program that cannot start `unavailable`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from apiary.core.tools.argv import render_argv
 from apiary.core.tools.descriptor import ProviderKind, ToolDescriptor
@@ -30,17 +35,20 @@ from apiary.engine.tools.launch import (
 )
 from apiary.engine.tools.providers import READY, Frame, Invocation
 from apiary.errors import (
+    AlreadyInProgressError,
     ApiaryError,
     CallCancelledError,
     CpuBudgetExceededError,
     ToolFailedError,
     UnavailableError,
+    ValidationError,
     WallTimeoutError,
 )
 
 log = logging.getLogger("apiary.tools")
 STDERR_TAIL = 2000
 CANCEL_GRACE_S = 2.0
+STDIN_MODES: Final = ("args", "none", "stream")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +63,8 @@ class CommandToolSpec:
     env: Mapping[str, str] | None = None
     """The command's whole environment; None: the sandbox's default."""
     stdin: str = "args"
-    """'args': the arguments' JSON on standard input; 'none': nothing."""
+    """'args': the arguments' JSON on standard input; 'none': nothing; 'stream': nothing at
+    first, and standard input stays open for `CommandToolProvider.write_stdin`."""
     content_type: str = "text/plain"
     """The content type of the command's output."""
 
@@ -96,6 +105,8 @@ class CommandToolProvider:
         self._specs = {s.descriptor.tool_name: s for s in specs}
         self._launcher = launcher
         self._running: dict[str, SandboxedProcess] = {}
+        self._launching: dict[str, asyncio.Event] = {}
+        """Calls whose process is being started (write_stdin waits for it)."""
 
     @property
     def provider_id(self) -> str:
@@ -118,11 +129,17 @@ class CommandToolProvider:
     async def call(self, invocation: Invocation) -> AsyncGenerator[Frame, None]:
         spec = self._specs[invocation.tool.tool_name]
         argv = render_argv(spec.argv, invocation.arguments)
-        stdin = b"" if spec.stdin == "none" else json.dumps(invocation.arguments).encode()
-        process = await self._launcher.start(
-            SandboxSpec(argv, invocation.policy, cwd=invocation.cwd, env=spec.env, stdin=stdin)
-        )
-        self._running[invocation.call_id] = process
+        stdin = json.dumps(invocation.arguments).encode() if spec.stdin == "args" else b""
+        launched = self._launching[invocation.call_id] = asyncio.Event()
+        try:
+            process = await self._launcher.start(
+                SandboxSpec(argv, invocation.policy, cwd=invocation.cwd, env=spec.env,
+                            stdin=stdin, keep_stdin=spec.stdin == "stream")
+            )  # fmt: skip
+            self._running[invocation.call_id] = process
+        finally:
+            del self._launching[invocation.call_id]
+            launched.set()
         done = False
         try:
             async for chunk in process.chunks():
@@ -144,6 +161,27 @@ class CommandToolProvider:
             "wall_ms": result.wall_ms,
         }
         yield Frame(b"", spec.content_type, final=True, summary=summary)
+
+    async def write_stdin(self, call_id: str, data: bytes, *, eof: bool = False) -> None:
+        """Write to the standard input of the running call `call_id` (a `stdin = "stream"`
+        tool's); AlreadyCompletedError when its process has ended or closed its input,
+        ValidationError when its tool takes no input, AlreadyInProgressError when its process
+        is not running (ended, or between attempts)."""
+        launching = self._launching.get(call_id)
+        if launching is not None:  # its process starts: the input is for it
+            await launching.wait()
+        process = self._running.get(call_id)
+        if process is None:
+            raise AlreadyInProgressError(
+                f"tool call {call_id} has no running process now (between attempts, or ended)",
+                {"call_id": call_id},
+            )
+        if not process.interactive:
+            raise ValidationError.for_field(
+                "call_id", f"{call_id} runs a command whose standard input is not open "
+                '(its tool is not configured with stdin = "stream")',
+            )  # fmt: skip
+        await process.write_stdin(data, eof=eof)
 
     async def cancel(self, call_id: str) -> None:
         process = self._running.get(call_id)

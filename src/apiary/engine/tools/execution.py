@@ -37,6 +37,7 @@ from apiary.core.tools.schema import check_result
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.tools.calls import PendingCall
 from apiary.engine.tools.catalog import ProviderEntry
+from apiary.engine.tools.observers import CallObservers
 from apiary.engine.tools.providers import Frame, Invocation
 from apiary.errors import (
     ApiaryError,
@@ -88,8 +89,12 @@ def deadline_s(prepared: Prepared) -> tuple[float | None, type[ApiaryError]]:
 
 
 class CallRunner:
-    def __init__(self, events: EventRecorder, retry: RetrySettings, cancel_grace_s: float) -> None:
+    def __init__(
+        self, events: EventRecorder, retry: RetrySettings, cancel_grace_s: float,
+        observers: CallObservers | None = None,
+    ) -> None:  # fmt: skip
         self._events = events
+        self._observers = observers or CallObservers()
         self._retry = retry
         self.cancel_grace_s = cancel_grace_s
 
@@ -177,6 +182,7 @@ class CallRunner:
                 call.bytes += len(frame.data)
                 if frame.data:
                     call.data_frames += 1
+                    self._observers.output(call, frame.data)
                 if not call.stream or prepared.tool.output_schema:
                     collected += frame.data
                 if frame.final and frame.summary.get("cancelled"):

@@ -60,11 +60,14 @@ from apiary.engine.tools.command_tools import CommandToolProvider
 from apiary.engine.tools.execution import CallRunner, Prepared, RetrySettings
 from apiary.engine.tools.launch import Launcher, SandboxLauncher
 from apiary.engine.tools.mcp_bridge import McpProvider, McpServerSpec
+from apiary.engine.tools.observers import CallObservers
 from apiary.engine.tools.providers import NoWorktrees, WorktreeBindings
 from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import (
+    AlreadyCompletedError,
     AlreadyExistsError,
     ApiaryError,
+    NotFoundError,
     PermissionDeniedError,
     ValidationError,
     WorktreeNotBoundError,
@@ -129,10 +132,12 @@ class ToolService:
         self._router = router
         self.catalog = ToolCatalog(store, events, clock)
         self.calls = CallTable()
+        self.observers = CallObservers()
         self._runner = CallRunner(
             events,
             RetrySettings(self.settings.retry_base_s, self.settings.retry_cap_s),
             self.settings.cancel_grace_s,
+            self.observers,
         )
         self._policies: dict[tuple[str, str], ExecutionPolicy] = {}
         self._slots: dict[tuple[str, str], asyncio.Semaphore] = {}
@@ -358,6 +363,7 @@ class ToolService:
                     yield self._runner.cancelled_frame(call)
                     return
                 call.apply(ToolCallInput.START)
+                self.observers.started(call)
                 async with contextlib.aclosing(self._runner.run(call, prepared)) as frames:
                     async for frame in frames:
                         yield frame
@@ -461,12 +467,42 @@ class ToolService:
 
     async def _finished(self, call: PendingCall) -> None:
         self.calls.close(call)
+        self.observers.finished(call)
         await self._events.record(
             "tool.call_finished", call.caller or "anonymous", correlation_id=call.correlation_id,
             agent_id=call.caller, call_id=call.call_id, provider_id=call.provider_id,
             tool_name=call.tool_name, state=call.state.value, error_code=call.error_code,
             stream=call.stream, frames=call.frames, bytes=call.bytes, attempts=call.attempts,
             duration_ms=round((self._clock.now() - call.started_at) * 1000),
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ input
+
+    async def write_stdin(
+        self, call_id: str, data: bytes, *, eof: bool = False, by: str = ""
+    ) -> None:
+        """Write to the standard input of the running call `call_id`, a command tool's with
+        `stdin = "stream"` (docs/tools.md); `eof` closes it after `data`. NotFoundError for
+        a call never seen (or long forgotten), AlreadyCompletedError for one that ended or
+        whose input is closed, ValidationError naming call_id for a call that takes no input."""
+        call = self.calls.get(call_id)
+        if call is None or call.state.terminal:
+            state = self.calls.state_of(call_id)
+            if state is None:
+                raise NotFoundError(f"no tool call {call_id!r}", {"call_id": call_id})
+            raise AlreadyCompletedError(
+                f"tool call {call_id} has ended ({state.value})",
+                {"call_id": call_id, "state": state.value},
+            )
+        if not isinstance(call.provider, CommandToolProvider):
+            raise ValidationError.for_field(
+                "call_id", f"{call_id} calls {call.provider_id}/{call.tool_name}, which takes no "
+                'input: only a command tool with stdin = "stream" does',
+            )  # fmt: skip
+        await call.provider.write_stdin(call_id, data, eof=eof)
+        await self._events.record(
+            "tool.stdin_written", by or "anonymous", correlation_id=call.correlation_id,
+            agent_id=call.caller, call_id=call_id, bytes=len(data), eof=eof,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ cancel

@@ -10,6 +10,9 @@ replay_limit = 500          # events one reconnect_channel answer replays (more:
 channel_ttl_s = 86400.0     # a channel unused this long expires
 text_bytes = 16384          # free text (reasons, titles) at most
 max_job_items = 1000        # create_job: items (tasks) one job holds at most
+max_stdin_bytes = 65536     # write_process_stdin: the input one call writes at most
+process_output_chunk_bytes = 4096   # a process.output event's text at most
+process_output_bytes = 262144       # a process's output reported in events at most
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ _BOUNDS: Final[dict[str, tuple[type, float, float]]] = {
     "channel_ttl_s": (float, 60.0, 30 * 24 * 3600.0),
     "text_bytes": (int, 1, 64 * KIB),
     "max_job_items": (int, 1, 100_000),
+    "max_stdin_bytes": (int, 1, 1 * MIB),
+    "process_output_chunk_bytes": (int, 64, 64 * KIB),
+    "process_output_bytes": (int, 0, 16 * MIB),
 }
 """Each setting's type and its least and greatest value."""
 

@@ -47,7 +47,7 @@ from apiary.core.tools.argv import template_fields
 from apiary.core.tools.descriptor import ToolDescriptor, check_provider_id, validate_tool
 from apiary.core.tools.policy import ExecutionPolicy, parse_host_port
 from apiary.core.tools.requests import RequestedPolicy, effective_policy
-from apiary.engine.tools.command_tools import CommandToolSpec
+from apiary.engine.tools.command_tools import STDIN_MODES, CommandToolSpec
 from apiary.engine.tools.mcp_bridge import McpServerSpec
 from apiary.engine.tools.settings import PREAPPROVAL_LEVELS, ToolSettings
 from apiary.errors import ValidationError
@@ -182,8 +182,8 @@ def _command(values: Any, where: _Where) -> CommandToolSpec:
     except ValueError as exc:
         raise where.error("argv", str(exc)) from None
     stdin = fields.get("stdin", "args")
-    if stdin not in ("args", "none"):
-        raise where.error("stdin", "must be 'args' or 'none'")
+    if stdin not in STDIN_MODES:
+        raise where.error("stdin", "must be 'args', 'none' or 'stream'")
     descriptor = ToolDescriptor(
         tool_name=fields["name"],
         input_schema=_schema(fields.get("input_schema"), "input_schema", where),

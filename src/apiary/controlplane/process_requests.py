@@ -1,0 +1,89 @@
+"""The parameters of write_process_stdin and terminate_process (controlplane/processes.py)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+
+from apiary.controlplane.requests import Params
+from apiary.errors import ValidationError
+
+
+@dataclass(frozen=True, slots=True)
+class WriteProcessStdin:
+    process_id: str
+    data: bytes
+    """What to write: `data` (base64) or `text` (UTF-8), at most [runtime] max_stdin_bytes."""
+    eof: bool = False
+    """Close the process's standard input after `data`."""
+    session_id: str = ""
+    """The session to warn (runtime.warning) when process_id is unknown to the runtime."""
+    thread_id: str = ""
+
+    @classmethod
+    def read(cls, p: Params, max_stdin_bytes: int) -> WriteProcessStdin:
+        process_id = p.id("process_id", required=True)
+        eof = _flag(p, "eof")
+        if p.has("data") and p.has("text"):
+            raise ValidationError.for_field("text", "give data (base64) or text, not both")
+        if p.has("data"):
+            name, data = "data", _base64(p)
+        elif p.has("text"):
+            name, data = "text", _text(p)
+        elif eof:
+            name, data = "data", b""
+        else:
+            raise ValidationError.for_field(
+                "data", "is required: the input as base64 (data) or UTF-8 (text), or eof: true"
+            )
+        if len(data) > max_stdin_bytes:
+            raise ValidationError.for_field(
+                name, f"is {len(data)} bytes; at most {max_stdin_bytes} are written at once "
+                "([runtime] max_stdin_bytes)",
+            )  # fmt: skip
+        return cls(process_id, data, eof, p.id("session_id"), p.id("thread_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class TerminateProcess:
+    process_id: str
+    reason: str = ""
+    session_id: str = ""
+    thread_id: str = ""
+
+    @classmethod
+    def read(cls, p: Params) -> TerminateProcess:
+        return cls(
+            p.id("process_id", required=True), p.text("reason"), p.id("session_id"),
+            p.id("thread_id"),
+        )  # fmt: skip
+
+
+def _flag(p: Params, name: str) -> bool:
+    value = p.raw(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValidationError.for_field(name, "must be true or false")
+    return value
+
+
+def _base64(p: Params) -> bytes:
+    value = p.raw("data")
+    if not isinstance(value, str):
+        raise ValidationError.for_field("data", "must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValidationError.for_field("data", "is not valid base64") from None
+
+
+def _text(p: Params) -> bytes:
+    value = p.raw("text")
+    if not isinstance(value, str):
+        raise ValidationError.for_field("text", "must be a string")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError.for_field("text", "is not valid UTF-8 (a lone surrogate)") from None
