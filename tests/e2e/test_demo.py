@@ -417,6 +417,12 @@ def test_the_demo_prints_where_its_evidence_export_is_a_valid_pack_of_the_log(
     (thread,) = pages[-1]["snapshot"]["threads"]
     assert thread["agentId"] == "indexer" and thread["status"] == "completed"
     assert "runtime session" in run.output  # the summary's row
+    # The progress lines show the turns as they are submitted and end.
+    assert (
+        len(re.findall(r"application +turn \S+ for indexer \(runtime control plane\)", run.output))
+        == 2
+    )
+    assert len(re.findall(r"indexer +turn \S+ completed", run.output)) == 2
 
 
 def _as(data_dir: Path, principal: str) -> ClientCredentials:
