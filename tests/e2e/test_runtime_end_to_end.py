@@ -255,6 +255,10 @@ async def _interrupted_turn(app: RuntimeClient, follower: Follower, thread_id: s
     return stopped
 
 
+@pytest.mark.conformance(
+    "runtime.channel.reconnect-params", "runtime.channel.snapshot-then-replay",
+    "runtime.queue.survives-restart",
+)  # fmt: skip
 async def test_an_application_runs_turns_through_a_crash_and_exports_the_evidence(
     serve: ServeProcess,
 ) -> None:
