@@ -17,6 +17,10 @@ full (low priority, e.g. 10)
 lookup (urgent, e.g. -5)
     Where a symbol is defined and used, from the index: `on_task` returns it, and the
     submitter's task handle gives it back (`await handle.result()`).
+a turn of the runtime control plane (docs/control-plane.md)
+    An application's question on a thread bound to the indexer: its task's params are the
+    turn (`{"sessionId", "threadId", "turnId", "input"}`) and its input `{"symbol": S}` asks
+    the same lookup, whose answer is the turn's result.
 
 Each returns its result as a JSON value from `on_task`: the SDK reports it with the task's
 end, and the coordinator keeps it with the task for its submitter.
@@ -62,6 +66,8 @@ class Indexer(apiary.Agent):
 
     async def on_task(self, task: apiary.TaskContext) -> object:
         params = task.json()
+        if "turnId" in params:  # a turn: its input asks a lookup
+            return self.lookup(str(params["input"]["symbol"]))
         if params["kind"] == "full":
             return await self.full(task, float(params.get("rate", 100)))
         if params["kind"] == "lookup":

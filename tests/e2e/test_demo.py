@@ -16,6 +16,7 @@ merge fails the demo with the reason and the events that explain it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
@@ -35,6 +36,7 @@ import pytest
 
 from apiary.core.events import Event
 from apiary.core.ids import is_uuid4
+from apiary.core.runtime.log import is_runtime, runtime_event
 from apiary.demo.job import DemoError, DemoOptions, run_demo
 from apiary.demo.operator import Invocation, Verdict
 from apiary.errors import AgentUnavailableError, PermissionDeniedError
@@ -46,12 +48,14 @@ from apiary.server.config.server import exposure_problem, secured
 from apiary.server.coordinator import open_coordinator
 from apiary.store.open import open_store
 from apiary.wire import pb
+from tests.server.runtime_harness import check_event, check_snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENTS = {"planner", "coder", "critic-ruff", "critic-pytest", "merger", "indexer"}
 RUN_TIMEOUT_S = 240
 OPERATOR = "operator:demo-operator@default"
 DRIVER = "operator:demo-driver@default"
+APPLICATION = "application:demo-app@default"
 
 
 KEPT_READ = "GET /console/api/finished"
@@ -170,7 +174,7 @@ def test_the_command_exits_0_and_says_where_to_look(run: DemoRun) -> None:
     # Without a terminal the progress is one line per notable event, not a live view.
     assert "asks a human: TOOL_PRIVILEGE_ESCALATION (git_merge)" in run.output
     # The summary says the run was secure, and who took part with which roles.
-    assert "secure mode: TLS + mTLS on gRPC and HTTP, 9 principals" in run.output
+    assert "secure mode: TLS + mTLS on gRPC and HTTP, 10 principals" in run.output
     assert "every envelope signed (Ed25519), default-deny authorization" in run.output
     assert f"{OPERATOR}" in run.output and "roles: release_manager" in run.output
     assert f"{DRIVER}" in run.output and "roles: dlq, events" in run.output
@@ -345,13 +349,19 @@ def test_every_call_was_a_principals_over_mtls_and_none_was_refused(run: DemoRun
     # certificate, none anonymous.
     assert {e.details["mechanism"] for e in decided} == {"mtls"}
     by = {e.actor for e in decided}
-    assert by == {f"agent:{a}@default" for a in (*AGENTS, "user")} | {OPERATOR, DRIVER}
+    assert by == {f"agent:{a}@default" for a in (*AGENTS, "user")} | {
+        OPERATOR, DRIVER, APPLICATION,
+    }  # fmt: skip
     # Each principal did what it is there for, and the operators nothing else.
     actions = {(e.actor, e.details["action"]) for e in decided}
     assert {a for who, a in actions if who == OPERATOR} == {
         "/apiary.v1.HitlOperatorService/Watch", "/apiary.v1.HitlOperatorService/Decide",
     }  # fmt: skip
     assert {a for who, a in actions if who == DRIVER} == {"GET /console/api/workflows"}
+    assert {a for who, a in actions if who == APPLICATION} >= {
+        "/runtime/v1/submit_turn", "/runtime/v1/export_evidence",
+    }  # fmt: skip
+    assert all(a.startswith("/runtime/v1/") for who, a in actions if who == APPLICATION)
     assert ("agent:user@default", "/sw4rm.router.RouterService/SendMessage") in actions
     assert ("agent:planner@default", "/sw4rm.workflow.WorkflowService/CreateWorkflow") in actions
     (decision,) = run.of("hitl.decided")
@@ -368,6 +378,51 @@ def test_each_agent_registered_its_own_signing_key(run: DemoRun) -> None:
     assert all((run.data_dir / "keys" / k).stat().st_mode & 0o077 == 0 for k in keys)
     # Signing is required: a message that was not signed would have been refused.
     assert not run.of("dlq.added") and run.of("message.received")
+
+
+def test_the_demo_prints_where_its_evidence_export_is_a_valid_pack_of_the_log(
+    run: DemoRun,
+) -> None:
+    """The application's runtime session: its turns asked the indexer through the control
+    plane, and its evidence export, at the path the demo printed, holds the session's events
+    as the log has them, each valid against the contract's schema, under digests anyone can
+    recompute."""
+    found = re.search(
+        r"^evidence export: (\S+) \((\d+) events of runtime session (\S+);", run.output, re.M
+    )
+    assert found, run.output
+    path, count, session_id = Path(found.group(1)), int(found.group(2)), found.group(3)
+    assert path.is_file() and path.parent == run.data_dir
+    pages = [json.loads(line) for line in path.read_text().splitlines()]
+    events: list[dict[str, Any]] = []
+    for page in pages:
+        assert (page["kind"], page["sessionId"]) == ("evidence", session_id)
+        text = json.dumps(page["events"], sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        assert page["digest"] == "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+        check_snapshot(page["snapshot"])
+        for event in page["events"]:
+            check_event(event)
+        events.extend(page["events"])
+    assert not pages[-1]["more"] and len(events) == count
+    through = int(pages[-1]["range"]["through"])
+    logged = [runtime_event(e).to_json() for e in run.events if is_runtime(e)]
+    of_session = [e for e in logged if e.get("sessionId") == session_id]
+    assert [e for e in of_session if e["sequence"] <= through] == events
+    assert {e["runtimeId"] for e in events} == {"apiary:default"}
+    # Two turns on one thread bound to the indexer, answered with its lookups.
+    done = [e for e in events if e["type"] == "turn.completed"]
+    answers = {e["payload"]["result"]["symbol"]: e["payload"]["result"] for e in done}
+    assert set(answers) == {"apply_discount", "total"}
+    assert [d["file"] for d in answers["apply_discount"]["definitions"]] == ["shop/pricing.py"]
+    (thread,) = pages[-1]["snapshot"]["threads"]
+    assert thread["agentId"] == "indexer" and thread["status"] == "completed"
+    assert "runtime session" in run.output  # the summary's row
+    # The progress lines show the turns as they are submitted and end.
+    assert (
+        len(re.findall(r"application +turn \S+ for indexer \(runtime control plane\)", run.output))
+        == 2
+    )
+    assert len(re.findall(r"indexer +turn \S+ completed", run.output)) == 2
 
 
 def _as(data_dir: Path, principal: str) -> ClientCredentials:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,71 +20,21 @@ import pytest
 
 from apiary.errors import NotFoundError
 from apiary.sdk.runtime import RuntimeClient
+from tests.e2e.coordinator_process import ROOT, ServeProcess, kill, start_agent
 from tests.server.runtime_harness import check_event, check_snapshot
 
-ROOT = Path(__file__).resolve().parents[2]
 WAIT_S = 30.0
 AGENT = "answerer"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Serve:
-    """`apiary serve` on fixed ports (a restart binds them again)."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.grpc = f"127.0.0.1:{_free_port()}"
-        self.http = f"127.0.0.1:{_free_port()}"
-        self.proc: asyncio.subprocess.Process | None = None
-
-    async def start(self) -> None:
-        log = (self.data_dir.parent / "coordinator.log").open("ab")
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "apiary.cli.main", "serve", "--data-dir", str(self.data_dir),
-            "--grpc", self.grpc, "--http", self.http,
-            cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=log,
-        )  # fmt: skip
-        log.close()
-        assert self.proc.stdout is not None
-        for _ in range(2):
-            line = await asyncio.wait_for(self.proc.stdout.readline(), WAIT_S)
-            assert line, "apiary serve exited early"
-
-    async def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        await self.proc.wait()
-
-
-async def _agent(serve: Serve) -> asyncio.subprocess.Process:
-    log = (serve.data_dir.parent / "agent.log").open("ab")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "apiary.cli.main", "agent", "run",
-        "tests.e2e.runtime_agents:Answerer", "--coordinator", serve.grpc,
-        cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=log,
-    )  # fmt: skip
-    log.close()
-    return proc
-
-
-async def _kill(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.send_signal(signal.SIGKILL)
-        await proc.wait()
+TARGET = "tests.e2e.runtime_agents:Answerer"
 
 
 @pytest.fixture
-async def serve(tmp_path: Path) -> AsyncIterator[Serve]:
-    running = Serve(tmp_path / "state")
+async def serve(tmp_path: Path) -> AsyncIterator[ServeProcess]:
+    running = ServeProcess(tmp_path / "state")
     await running.start()
     yield running
     if running.proc is not None:
-        await _kill(running.proc)
+        await kill(running.proc)
 
 
 async def _until(ready: Any) -> Any:
@@ -104,7 +52,7 @@ def _turns(snapshot: Any) -> dict[str, str]:
     return {t.turn_id: t.status for thread in snapshot.threads for t in thread.turns or ()}
 
 
-async def _cli(serve: Serve, *args: str) -> dict[str, Any]:
+async def _cli(serve: ServeProcess, *args: str) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "apiary.cli.main", "runtime", *args, "--http", serve.http,
         cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
@@ -115,9 +63,9 @@ async def _cli(serve: Serve, *args: str) -> dict[str, Any]:
 
 
 async def test_an_application_drives_an_sdk_agent_through_the_runtime_control_plane(
-    serve: Serve,
+    serve: ServeProcess,
 ) -> None:
-    agent = await _agent(serve)
+    agent = await start_agent(serve, TARGET)
     try:
         async with RuntimeClient(serve.http) as app:
             first = await _until(lambda: _submit_when_registered(app))
@@ -140,7 +88,7 @@ async def test_an_application_drives_an_sdk_agent_through_the_runtime_control_pl
             stopped = await app.wait_turn(session_id, "e-3", timeout=WAIT_S)
             assert stopped.status == "cancelled" and stopped.error["code"] == "cancelled"
             # The agent goes away; turns wait in the thread; the coordinator is killed.
-            await _kill(agent)
+            await kill(agent)
             for n in (4, 5):
                 await app.submit_turn({"value": n}, thread_id=thread_id, turn_id=f"e-{n}")
             read = await app.get_session(session_id)
@@ -149,7 +97,7 @@ async def test_an_application_drives_an_sdk_agent_through_the_runtime_control_pl
         assert serve.proc is not None
         await serve.kill()
         await serve.start()
-        agent = await _agent(serve)
+        agent = await start_agent(serve, TARGET)
         async with RuntimeClient(serve.http) as app:
             resumed = await app.reconnect_channel(
                 session_id, channel_id=channel.channel_id, resume_token=channel.resume_token
@@ -184,7 +132,7 @@ async def test_an_application_drives_an_sdk_agent_through_the_runtime_control_pl
                 "completed",
             ]
     finally:
-        await _kill(agent)
+        await kill(agent)
 
 
 async def _submit_when_registered(app: RuntimeClient) -> Any:

@@ -158,6 +158,21 @@ async def test_resume_follows_work_it_can_prove_active_and_is_idle_with_none(
     assert idle["mode"] == "idle" and not idle["resumed"] and "turnId" not in idle
 
 
+async def test_after_a_restart_resume_follows_the_task_the_store_holds(tmp_path: Path) -> None:
+    """The active turn's task, read back from the store after a restart, is followed again
+    (its stored state proves it waits), not an internal error."""
+    data = tmp_path / "state"
+    async with open_test_coordinator(data, store="") as first, runtime_http(first) as runtime:
+        await _register_offline(first)
+        _, thread_id = await _queue(runtime, 1)
+    async with open_test_coordinator(data, store="") as second, runtime_http(second) as runtime:
+        resumed = await runtime.ok("resume_thread", thread_id=thread_id)
+        assert (resumed["mode"], resumed["turnId"]) == ("following", "q-1")
+        async with running_answerer(second, AGENT):
+            read = await runtime.thread_status(thread_id, "completed")
+        assert read["threads"][0]["lastOutcome"]["result"] == {"answer": 1}
+
+
 @pytest.mark.conformance("runtime.queue.explicit-resume")
 async def test_a_turn_whose_task_was_lost_runs_again_only_on_an_explicit_resume(
     tmp_path: Path,

@@ -34,6 +34,7 @@ from apiary.controlplane.turns import TurnDriver, queue_fact
 from apiary.core.access.principal import Principal
 from apiary.core.clock import Clock
 from apiary.core.ids import IdGenerator
+from apiary.core.records import TaskState
 from apiary.core.runtime.events import RuntimeEventType
 from apiary.core.runtime.log import Fact
 from apiary.core.runtime.queue import head_rank, promoted, queue_of
@@ -197,11 +198,13 @@ class ThreadCommands:
         except NotFoundError:
             await self._turns.lost(active.turn_id)
             return None
-        if not task.state.terminal:
+        # A task read back from the store carries its state as the stored text.
+        state = TaskState(task.state)
+        if not state.terminal:
             self._turns.follow(active)
-            return "following", active, task.state.value
+            return "following", active, state.value
         await self._turns.task_changed(active.turn_id, task)
-        return "reconciled", active, task.state.value
+        return "reconciled", active, state.value
 
     async def _latest_lost(self, thread: ThreadRecord) -> TurnRecord | None:
         """The thread's latest turn whose task was lost and that no turn resumed yet."""

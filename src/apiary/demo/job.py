@@ -21,11 +21,14 @@ repository with a failing test, and six real agent processes that fix it.
    result came back through its handle. The merge waits for a HITL decision, which the
    job's operator gives through HitlOperatorService (a prompt or the demo operator),
    authenticated by its operator certificate.
-4. Once the planner answered (the workflow and the background index have ended), the agents
-   shut down gracefully, the job's driver (`demo-driver`, roles `events` and `dlq`) checks the
-   operator console and its data over HTTPS, and the job judges the run from the event log
-   and from the repository itself (demo/verdict.py): it succeeds only when the fix is merged
-   into main, main's tests and lint pass, and no call of the run was refused.
+4. Once the planner answered (the workflow and the background index have ended), the run's
+   application asks the indexer where the fixed function is through the runtime control
+   plane (a session, a turn per question, demo/application.py) and exports the session's
+   evidence to the run's directory; then the agents shut down gracefully, the job's driver
+   (`demo-driver`, roles `events` and `dlq`) checks the operator console and its data over
+   HTTPS, and the job judges the run from the event log and from the repository itself
+   (demo/verdict.py): it succeeds only when the fix is merged into main, main's tests and
+   lint pass, the application's turns completed, and no call of the run was refused.
 5. With `DemoOptions.linger` (--keep) the coordinator then keeps serving, judged result in
    hand, until `linger` returns.
 """
@@ -49,6 +52,7 @@ import aiohttp
 
 from apiary.core.envelope import AckStage, MessageType
 from apiary.core.events import Event
+from apiary.demo.application import ApplicationSession, answer_line, ask_the_indexer
 from apiary.demo.configuration import (
     DEMO_OPERATOR,
     OPERATOR_ROLES,
@@ -117,6 +121,9 @@ class DemoResult:
     data to the driver)."""
     principals: RunPrincipals | None = None
     """Who took part, with their certificates and keys (None before they were issued)."""
+    application: ApplicationSession | None = None
+    """The application's runtime control plane session and its evidence export (None when
+    the run did not get that far)."""
 
 
 def _directory(given: Path | None) -> Path:
@@ -297,6 +304,13 @@ async def _console_path(http: str, reader: Member) -> str:
     return CONSOLE_PATH
 
 
+def _check_application(session: ApplicationSession) -> None:
+    """DemoError when a turn of the application's session did not complete."""
+    if not session.completed:
+        ended = "; ".join(answer_line(o) for o in session.outcomes)
+        raise DemoError(f"the application's turns did not complete: {ended}")
+
+
 async def _read_all(coordinator: Coordinator) -> list[Event]:
     events: list[Event] = []
     while True:
@@ -328,6 +342,9 @@ async def _run_coordinated(
         follower = asyncio.ensure_future(run.follow())
         try:
             result.report = await run.work()
+            application = principals.application
+            result.application = await ask_the_indexer(result.http, application, result.data_dir)
+            _check_application(result.application)
         except (DemoError, ApiaryError, OSError) as exc:
             reason = str(exc) or type(exc).__name__
         finally:

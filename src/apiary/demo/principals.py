@@ -20,7 +20,9 @@ The principals, each with what it needs and no more:
   the roles of its `[[hitl.operators]]` entry: deciding an invocation needs an operator;
 - `demo-driver`, the job's reader and the browser's: an operator holding `events` and `dlq`,
   what the operator console reads (the event log, the dead letters), so that a person
-  watching the run in the console is refused nothing.
+  watching the run in the console is refused nothing;
+- `demo-app`, the run's application: it drives a session of the runtime control plane (its
+  own: a session belongs to the principal that made it) and exports its evidence.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ USER = "user"
 DRIVER = "demo-driver"
 DRIVER_ROLES = (Role.DLQ.value, Role.EVENTS.value)
 """The console's reads: the event log (`events`) and its dead letter panel (`dlq`)."""
+APPLICATION = "demo-app"
+"""The application principal that drives the run's runtime control plane session."""
 CERTIFICATE_DAYS = 30
 """Long enough to reopen the run with `apiary serve --config` for a while, no longer."""
 
@@ -101,6 +105,10 @@ class RunPrincipals:
     def driver(self) -> Member:
         return self._find(PrincipalKind.OPERATOR, DRIVER)
 
+    @property
+    def application(self) -> Member:
+        return self._find(PrincipalKind.APPLICATION, APPLICATION)
+
     def _find(self, kind: PrincipalKind, name: str) -> Member:
         for member in self.members:
             if member.principal.kind is kind and member.principal.name == name:
@@ -118,7 +126,7 @@ def issue_principals(
 ) -> RunPrincipals:
     """Write the run's CA, certificates, client configurations and signing keys under
     `directory` for `agents` ((agent id, what it does) each), `user`, the HITL `operator`
-    with `operator_roles`, and the driver. ValidationError when a name cannot be a
+    with `operator_roles`, the driver and the application. ValidationError when a name cannot be a
     principal's (the message names it) or is taken twice."""
     wanted = [
         *((Principal(PrincipalKind.AGENT, a), does) for a, does in agents),
@@ -130,6 +138,11 @@ def issue_principals(
         (
             Principal(PrincipalKind.OPERATOR, DRIVER, roles=frozenset(DRIVER_ROLES)),
             "the job's reader: checks the operator console and its data (a browser's too)",
+        ),
+        (
+            Principal(PrincipalKind.APPLICATION, APPLICATION),
+            "the application: asks the indexer through the runtime control plane, exports "
+            "the session's evidence",
         ),
     ]
     certs = directory / CERTS_DIR

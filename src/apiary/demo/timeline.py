@@ -321,6 +321,15 @@ def _message(state: RunState, event: Event, kind: str, d: Any) -> None:
         state.failed_messages[str(d.get("message_id"))] = f"{d.get('to')} {d.get('error_code')}"
 
 
+def _runtime(state: RunState, event: Event, kind: str, d: Any) -> None:
+    """The runtime control plane's turns (the run's application, demo/application.py)."""
+    turn = str(d.get("turnId", ""))
+    if kind == "runtime.turn.submitted":
+        state.note("application", f"turn {turn} for {event.agent_id} (runtime control plane)")
+    elif kind in ("runtime.turn.completed", "runtime.turn.failed"):
+        state.note(event.agent_id, f"turn {turn} {d.get('status', '')}")
+
+
 _HANDLERS = {
     "agent": _agent,
     "task": _task,
@@ -331,4 +340,5 @@ _HANDLERS = {
     "worktree": _worktree,
     "message": _message,
     "access": _access,
+    "runtime": _runtime,
 }

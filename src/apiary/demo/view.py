@@ -22,6 +22,7 @@ from rich.prompt import Prompt
 from rich.table import Table
 from rich.text import Text
 
+from apiary.demo.application import ApplicationSession, answer_line
 from apiary.demo.job import CONSOLE_DATA, DemoResult
 from apiary.demo.operator import Invocation, Verdict
 from apiary.demo.principals import Member, RunPrincipals
@@ -309,6 +310,10 @@ class DemoView:
 
     def summary(self, result: DemoResult) -> None:
         self.console.print(summary_table(result))
+        if result.application is not None:
+            self.console.print(
+                evidence_line(result.application), highlight=False, markup=False, soft_wrap=True
+            )
         if result.ok:
             self.console.print(
                 "[bold green]demo ok[/]: the fix is merged into main and its tests pass"
@@ -327,6 +332,14 @@ class DemoView:
         for agent_id, tail in result.logs.items():
             if tail and agent_id in result.reason:
                 self.console.print(Panel(tail, title=f"{agent_id}'s log (end)"))
+
+
+def evidence_line(session: ApplicationSession) -> str:
+    """Where the application's evidence export is (one line, never wrapped: a path to copy)."""
+    return (
+        f"evidence export: {session.evidence} ({session.events} events of runtime session "
+        f"{session.session_id}; digests {', '.join(session.digests)})"
+    )
 
 
 def console_line(http: str, principals: RunPrincipals) -> str:
@@ -402,6 +415,13 @@ def summary_table(result: DemoResult) -> Table:
                 f"{task.task_id} for {task.agent_id}: {task.state}, "
                 f"{task.attempts} attempt(s), yielded {task.yielded}x",
             )
+    if result.application is not None:
+        session = result.application
+        table.add_row(
+            "runtime session",
+            f"{session.session_id}, a thread bound to the indexer: "
+            + "; ".join(answer_line(o) for o in session.outcomes),
+        )
     tools = ", ".join(
         f"{k.removeprefix('tool:')} x{v}"
         for k, v in sorted(state.counts.items())
