@@ -142,17 +142,21 @@ def interrupt(
         False, "--clear-queue", help="Cancel the thread's queued turns as well"
     ),
     reason: str = typer.Option("", "--reason", help="Why (recorded with the interrupt)"),
+    keep_subagents: bool = typer.Option(
+        False, "--keep-subagents", help="Leave the subagents spawned with the turn running"
+    ),
     http: str = HTTP,
     jsonrpc: bool = JSONRPC,
     profile: str = PROFILE,
 ) -> None:
     """Interrupt a turn: a queued one is cancelled, a started one's task cancelled or
-    asked to stop."""
+    asked to stop; the subagents spawned with it are closed."""
 
     async def call(client: RuntimeClient) -> dict[str, Any]:
         return await client.interrupt_turn(
-            thread_id=thread, turn_id=turn, clear_queue=clear_queue, reason=reason
-        )
+            thread_id=thread, turn_id=turn, clear_queue=clear_queue, reason=reason,
+            close_subagents=not keep_subagents,
+        )  # fmt: skip
 
     _print_json(_run("interrupt", http, jsonrpc, call))
 

@@ -81,6 +81,14 @@ class Params:
             raise ValidationError.for_field(name, f"must be within {minimum}..{maximum}")
         return value
 
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self._get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ValidationError.for_field(name, "must be true or false")
+        return value
+
     def choice(self, name: str, allowed: tuple[str, ...], default: str) -> str:
         value = self._get(name)
         if value is None:
@@ -149,6 +157,8 @@ class InterruptTurn:
     queued: str = "preserve"
     """What happens to the thread's queued turns: kept (preserve) or cancelled (clear)."""
     reason: str = ""
+    propagate: bool = True
+    """Whether the subagents spawned with the turn are closed too (false: they go on)."""
 
     @classmethod
     def read(cls, p: Params) -> InterruptTurn:
@@ -158,6 +168,7 @@ class InterruptTurn:
             session_id=p.id("session_id"),
             queued=p.choice("queued", QUEUED_WORK, "preserve"),
             reason=p.text("reason"),
+            propagate=p.boolean("propagate", True),
         )
 
 

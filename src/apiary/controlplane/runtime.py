@@ -124,9 +124,10 @@ class RuntimeControl:
         )  # fmt: skip
         self.environment = Environment(self._facts, self.reads, tools, worktrees, self._lock)
         self.subagents = Subagents(
-            self._facts, self.reads, registry, events, self.submit_turn, self.interrupt_turn,
+            self._facts, self.reads, registry, events, self.submit_turn, self.stop_turn,
             clock, ids, self._lock,
         )  # fmt: skip
+        self.tasks.close_subagent = self.subagents.close_named
 
     async def load(self) -> int:
         """Follow the started turns again and start what waits, and the agent tasks' runs
@@ -320,7 +321,8 @@ class RuntimeControl:
     async def interrupt_turn(self, caller: Principal, req: InterruptTurn) -> dict[str, Any]:
         """Stop a turn: a queued one is cancelled at once; a started one records the intent
         (task.cancel_requested), then its task is cancelled while it waits or asked to stop
-        while it runs. `queued: clear` cancels the thread's queued turns too."""
+        while it runs. `queued: clear` cancels the thread's queued turns too; the subagents
+        spawned with the turn are closed after it unless `propagate` is false."""
         async with self._lock:
             if req.turn_id:
                 turn, thread = await self.reads.turn(
@@ -342,43 +344,61 @@ class RuntimeControl:
                     f"turn {turn.turn_id} has already ended ({turn.state})",
                     {"field": "turn_id", "turn_id": turn.turn_id, "state": turn.state},
                 )
-            cleared: list[str] = []
-            if req.queued == "clear":  # first: the interrupted turn's end starts the next
-                for queued in await self._store.open_turns(thread.thread_id):
-                    if queued.state == TurnState.QUEUED and queued.turn_id != turn.turn_id:
-                        await self._cancel_queued(caller, queued, "cleared by an interrupt")
-                        cleared.append(queued.turn_id)
-                thread = (await self._store.thread(thread.thread_id)) or thread
-            turn = await self._interrupt(caller, turn, thread, reason)
-            turn = (await self._store.turn(turn.turn_id)) or turn
+            turn, cleared, closed = await self.stop_turn(
+                turn, thread, reason, caller.label, clear=req.queued == "clear",
+                propagate=req.propagate,
+            )  # fmt: skip
         return {
             "turnId": turn.turn_id, "status": turn.state,
             "interrupt": "cancelled" if turn.state == TurnState.CANCELLED else (
                 "requested" if turn.interrupt else turn.state
             ),
-            "clearedTurns": cleared, "turn": turn_view(turn).to_json(),
+            "clearedTurns": cleared, "closedSubagents": closed, "turn": turn_view(turn).to_json(),
         }  # fmt: skip
 
+    async def stop_turn(
+        self, turn: TurnRecord, thread: ThreadRecord, reason: str, actor: str, *,
+        clear: bool = False, propagate: bool = True,
+    ) -> tuple[TurnRecord, list[str], list[str]]:  # fmt: skip
+        """Stop an open turn (the lock held): a queued one is cancelled at once, a started
+        one records the intent, then its task is cancelled or asked to stop; with `clear`
+        the thread's queued turns are cancelled too; with `propagate` the subagents spawned
+        with the turn are closed after it, each recording its own intent first. The turn as
+        it stands, the cleared turns and the closed subagents."""
+        cleared: list[str] = []
+        if clear:  # first: the interrupted turn's end starts the next
+            for queued in await self._store.open_turns(thread.thread_id):
+                if queued.state == TurnState.QUEUED and queued.turn_id != turn.turn_id:
+                    await self._cancel_queued(actor, queued, "cleared by an interrupt")
+                    cleared.append(queued.turn_id)
+            thread = (await self._store.thread(thread.thread_id)) or thread
+        turn = await self._interrupt(actor, turn, thread, reason)
+        closed: list[str] = []
+        if propagate:
+            why = f"its parent turn {turn.turn_id} was interrupted: {reason}"
+            closed = await self.subagents.close_spawned(thread, turn.turn_id, why, actor)
+        return (await self._store.turn(turn.turn_id)) or turn, cleared, closed
+
     async def _interrupt(
-        self, caller: Principal, turn: TurnRecord, thread: ThreadRecord, reason: str
+        self, actor: str, turn: TurnRecord, thread: ThreadRecord, reason: str
     ) -> TurnRecord:
         state = TurnState(turn.state)
         if state is TurnState.QUEUED:
-            return await self._cancel_queued(caller, turn, reason, "interrupted")
+            return await self._cancel_queued(actor, turn, reason, "interrupted")
         if turn.interrupt:
             return turn  # asked already: the task's end will tell
         after, _ = await self.turns.apply(
-            turn, thread, TurnInput.INTERRUPT, caller.label, interrupt=reason
+            turn, thread, TurnInput.INTERRUPT, actor, interrupt=reason
         )
         return after
 
     async def _cancel_queued(
-        self, caller: Principal, turn: TurnRecord, reason: str, why: str = "removed"
+        self, actor: str, turn: TurnRecord, reason: str, why: str = "removed"
     ) -> TurnRecord:
         thread = await self._store.thread(turn.thread_id)
         assert thread is not None
         after, _ = await self.turns.apply(
-            turn, thread, TurnInput.CANCEL, caller.label, status_reason=why,
+            turn, thread, TurnInput.CANCEL, actor, status_reason=why,
             error_code="cancelled", message=reason,
         )  # fmt: skip
         return after
@@ -399,7 +419,7 @@ class RuntimeControl:
                     "stops it", {"field": "turn_id", "turn_id": turn.turn_id, "state": turn.state},
                 )  # fmt: skip
             reason = req.reason or f"removed by {caller.label}"
-            turn = await self._cancel_queued(caller, turn, reason)
+            turn = await self._cancel_queued(caller.label, turn, reason)
         return {"turnId": turn.turn_id, "status": turn.state, "removed": True}
 
     # ------------------------------------------------------------------ reads

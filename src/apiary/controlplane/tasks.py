@@ -67,6 +67,7 @@ from apiary.store.protocols import RuntimeStore
 _T = RuntimeEventType
 _I = RuntimeTaskInput
 _S = RuntimeTaskState
+CloseSubagent = Callable[[str, str, str, str], Awaitable[bool]]
 CREATE_KEY: Final = "task:"
 """create_task keeps its task_id as its idempotency key under this prefix."""
 
@@ -100,6 +101,8 @@ class TaskCommands:
         self.runs.cancel_children = self._cancel_children
         self._propagate = True
         """cancel_task's `propagate` while it runs (the lock is held)."""
+        self.close_subagent: CloseSubagent | None = None
+        """Subagents.close_named: a cancelled task's subagent edges close their subagents."""
 
     # ------------------------------------------------------------------ shared
 
@@ -390,7 +393,8 @@ class TaskCommands:
 
     async def _cancel_children(self, parent: RuntimeTaskRecord, actor: str) -> None:
         """Cancel the parent's child tasks that have not ended (each records its intent
-        first, then stops its run and its own children)."""
+        first, then stops its run and its own children), then close the subagents its
+        `subagent` edges name (each child turn's interrupt recorded first)."""
         if not self._propagate:
             return
         children = {
@@ -409,6 +413,15 @@ class TaskCommands:
             why = f"its parent task {parent.task_id} was cancelled"
             await self.runs.apply(child, _I.CANCEL, actor, intent=Intent.CANCEL.value,
                                   intent_reason=why)  # fmt: skip
+        await self._close_subagents(parent, actor)
+
+    async def _close_subagents(self, parent: RuntimeTaskRecord, actor: str) -> None:
+        if self.close_subagent is None:
+            return
+        why = f"its task {parent.task_id} was cancelled"
+        for link in await self._store.links(parent.task_id):
+            if link.kind == LinkKind.SUBAGENT and link.status == LinkStatus.ACTIVE:
+                await self.close_subagent(link.target_id, parent.owner, why, actor)
 
     # ------------------------------------------------------------------ progress, outcome
 

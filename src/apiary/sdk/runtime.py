@@ -222,12 +222,15 @@ class RuntimeClient(RuntimeTaskCommands, RuntimePermissionCommands, RuntimeExpor
 
     async def interrupt_turn(
         self, *, thread_id: str = "", turn_id: str = "", clear_queue: bool = False,
-        reason: str = "",
+        reason: str = "", close_subagents: bool = True,
     ) -> dict[str, Any]:  # fmt: skip
-        """Stop the thread's running turn (or the turn `turn_id` names)."""
+        """Stop the thread's running turn (or the turn `turn_id` names); the subagents
+        spawned with it are closed too (`closedSubagents`) unless `close_subagents` is
+        false."""
         return await self.call(
             "interrupt_turn", thread_id=thread_id or None, turn_id=turn_id or None,
             queued="clear" if clear_queue else None, reason=reason or None,
+            propagate=None if close_subagents else False,
         )  # fmt: skip
 
     async def remove_queued_turn(self, turn_id: str, *, reason: str = "") -> dict[str, Any]:
