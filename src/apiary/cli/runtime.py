@@ -86,6 +86,9 @@ def _print_json(doc: object) -> None:
 def submit(
     text: str = typer.Argument(..., help="The turn's input: text, or JSON with --input-json"),
     agent: str = typer.Option("", "--agent", help="The agent a new thread is bound to"),
+    capability: str = typer.Option(
+        "", "--capability", help="Or the capability queue a new thread is bound to"
+    ),
     session: str = typer.Option("", "--session", help="The session (default: a new one)"),
     thread: str = typer.Option("", "--thread", help="The thread (default: a new one)"),
     turn_id: str = typer.Option(
@@ -112,7 +115,7 @@ def submit(
     async def call(client: RuntimeClient) -> dict[str, Any]:
         turn = await client.submit_turn(
             value, agent_id=agent, session_id=session, thread_id=thread, turn_id=turn_id,
-            queue_policy=queue_policy or None,
+            queue_policy=queue_policy or None, capability=capability,
         )  # fmt: skip
         shown: dict[str, Any] = {
             "created": turn.created, "session_id": turn.session_id,

@@ -129,6 +129,8 @@ class SubmitTurn:
     priority: int = 0
     workspace_id: str = ""
     title: str = ""
+    capability: str = ""
+    """A new thread's capability queue (instead of `agent_id`)."""
 
     @classmethod
     def read(cls, p: Params, max_input_bytes: int) -> SubmitTurn:
@@ -143,6 +145,7 @@ class SubmitTurn:
             priority=p.integer("priority", minimum=-19, maximum=20) or 0,
             workspace_id=p.id("workspace_id"),
             title=p.text("title"),
+            capability=p.id("capability"),
         )
 
 

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from apiary.controlplane.actions import Actions
+from apiary.controlplane.binding import binding_of, bound_to, check_binding
 from apiary.controlplane.channels import Channels, channel_json
 from apiary.controlplane.environment import Environment
 from apiary.controlplane.exports import Exports
@@ -179,6 +180,7 @@ class RuntimeControl:
                 ("session_id", req.session_id, known.session_id),
                 ("thread_id", req.thread_id, known.thread_id),
                 ("agent_id", req.agent_id, thread.agent_id),
+                ("capability", req.capability, thread.capability),
             ) if given and given != stored
         ]  # fmt: skip
         if json.loads(req.input_json) != json.loads(known.input_json):
@@ -230,24 +232,22 @@ class RuntimeControl:
                         f"thread {found.thread_id} is a closed subagent: it takes no turns",
                         {"field": "thread_id", "thread_id": found.thread_id},
                     )
-                if req.agent_id and req.agent_id != found.agent_id:
-                    raise ValidationError.for_field(
-                        "agent_id", f"thread {found.thread_id} is bound to {found.agent_id}"
-                    )
+                for name, given, bound in (
+                    ("agent_id", req.agent_id, found.agent_id),
+                    ("capability", req.capability, found.capability),
+                ):
+                    if given and given != bound:
+                        raise ValidationError.for_field(name, f"thread {found.thread_id} is "
+                            f"bound to {bound_to(found.agent_id, found.capability)}")  # fmt: skip
                 return found, False
-        if not req.agent_id:
-            raise ValidationError.for_field(
-                "agent_id", "is required to start a thread (the agent its turns run on)"
-            )
-        if await self._registry.find(req.agent_id) is None:
-            raise NotFoundError(f"no agent {req.agent_id!r} is registered", {"field": "agent_id"})
+        await check_binding(self._registry, req.agent_id, req.capability)
         thread_id = req.thread_id or self._ids.new_id()
         scope = req.scope or f"resource:runtime-thread/{thread_id}"
         parse_scope(scope)
         now = self._clock.now()
         thread = ThreadRecord(
             thread_id, session.session_id, req.agent_id, scope, req.queue_policy,
-            ThreadStatus.IDLE.value, now, now,
+            ThreadStatus.IDLE.value, now, now, capability=req.capability,
         )  # fmt: skip
         return thread, True
 
@@ -297,7 +297,7 @@ class RuntimeControl:
                     thread.thread_id,
                     agent_id=agent,
                     status=thread.status,
-                    payload={"agentId": agent, "queuePolicy": thread.queue_policy},
+                    payload={**binding_of(thread), "queuePolicy": thread.queue_policy},
                 )
             )
         facts.append(

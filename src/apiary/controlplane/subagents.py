@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from apiary.controlplane.binding import binding_of, check_binding
 from apiary.controlplane.command_keys import CommandKeys
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.reads import Reads
@@ -54,7 +55,9 @@ Stop = Callable[..., Awaitable[tuple[TurnRecord, list[str], list[str]]]]
 @dataclass(frozen=True, slots=True)
 class SpawnSubagent(Keyed):
     thread_id: str
-    agent_id: str
+    agent_id: str = ""
+    capability: str = ""
+    """Or the capability queue the child's turns go to (any capable agent runs each)."""
     subagent_id: str = ""
     turn_id: str = ""
     role: str = ""
@@ -66,7 +69,8 @@ class SpawnSubagent(Keyed):
         return cls(
             idempotency_key=p.id("idempotency_key"),
             thread_id=p.id("thread_id", required=True),
-            agent_id=p.id("agent_id", required=True),
+            agent_id=p.id("agent_id", required=not p.has("capability")),
+            capability=p.id("capability"),
             subagent_id=p.id("subagent_id"),
             turn_id=p.id("turn_id"),
             role=p.text("role"),
@@ -195,10 +199,7 @@ class Subagents:
                     f"subagent_id {req.subagent_id!r} names a thread that exists; a retry "
                     "sends its idempotency_key", {"field": "subagent_id"},
                 )  # fmt: skip
-            if await self._registry.find(req.agent_id) is None:
-                raise NotFoundError(
-                    f"no agent {req.agent_id!r} is registered", {"field": "agent_id"}
-                )
+            await check_binding(self._registry, req.agent_id, req.capability)
             child_id = req.subagent_id or self._ids.new_id()
             scope = req.scope or f"resource:runtime-thread/{child_id}"
             parse_scope(scope)
@@ -206,13 +207,13 @@ class Subagents:
             child = ThreadRecord(
                 child_id, session.session_id, req.agent_id, scope, QueuePolicy.QUEUE.value,
                 ThreadStatus.IDLE.value, now, now, parent_thread_id=parent.thread_id,
-                parent_turn_id=req.turn_id, role=req.role,
+                parent_turn_id=req.turn_id, role=req.role, capability=req.capability,
             )  # fmt: skip
             facts = [
                 Fact(
                     _T.THREAD_STARTED, session.session_id, child.thread_id,
                     agent_id=child.agent_id, status=child.status,
-                    payload={"agentId": child.agent_id, "queuePolicy": child.queue_policy,
+                    payload={**binding_of(child), "queuePolicy": child.queue_policy,
                              "parentThreadId": parent.thread_id},
                 ),
                 subagent_fact(_T.SUBAGENT_SPAWNED, child,

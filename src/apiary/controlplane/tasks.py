@@ -204,10 +204,11 @@ class TaskCommands:
         if req.task_id and await self._store.task(req.task_id) is not None:
             raise AlreadyExistsError(f"task_id {req.task_id!r} is taken", {"field": "task_id"})
         session, new_session = await self._session_for(caller, req)
-        agent_id, scope = req.agent_id, req.scope
+        agent_id, capability, scope = req.agent_id, req.capability, req.scope
         if req.thread_id:
             _, thread = await self._reads.thread(caller, req.thread_id, session.session_id)
-            agent_id = agent_id or (thread.agent_id if not req.capability else "")
+            if not (agent_id or capability):  # the thread's agent or capability queue
+                agent_id, capability = thread.agent_id, thread.capability
             scope = scope or thread.scope
         if agent_id and await self._registry.find(agent_id) is None:
             raise NotFoundError(f"no agent {agent_id!r} is registered", {"field": "agent_id"})
@@ -222,7 +223,7 @@ class TaskCommands:
         now = self._clock.now()
         task = RuntimeTaskRecord(
             task_id, session.session_id, owner_of(caller), _S.DRAFT.value, now, now,
-            thread_id=req.thread_id, agent_id=agent_id, capability=req.capability, scope=scope,
+            thread_id=req.thread_id, agent_id=agent_id, capability=capability, scope=scope,
             priority=req.priority, input_json=req.input_json,
             meta_json=json.dumps(req.meta.changes(), ensure_ascii=False, separators=(",", ":")),
         )  # fmt: skip
