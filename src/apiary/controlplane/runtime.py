@@ -22,6 +22,7 @@ from apiary.controlplane.channels import Channels, channel_json
 from apiary.controlplane.environment import Environment
 from apiary.controlplane.exports import Exports
 from apiary.controlplane.facts import FactWriter
+from apiary.controlplane.model_progress import ModelProgress
 from apiary.controlplane.permissions import Permissions
 from apiary.controlplane.reads import Reads, no_thread
 from apiary.controlplane.requests import (
@@ -129,6 +130,8 @@ class RuntimeControl:
             clock, ids, self._lock,
         )  # fmt: skip
         self.tasks.close_subagent = self.subagents.close_named
+        self.model_progress = ModelProgress(self._facts)
+        scheduler.take_reports(self.model_progress.report)
 
     async def load(self) -> int:
         """Follow the started turns again and start what waits, and the agent tasks' runs
