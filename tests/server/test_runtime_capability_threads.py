@@ -90,6 +90,9 @@ async def test_a_capability_threads_turns_run_on_any_capable_agent_one_at_a_time
     assert thread_started["payload"]["capability"] == "review"
     ends = [e["turnId"] for e in events if e["type"] == "turn.completed"]
     assert ends.index("a-1") < ends.index("a-2")  # one turn at a time, in order
+    case = (await runtime.ok("export_replay", session_id=first["sessionId"],
+                             thread_id=thread_id))["replay"]  # fmt: skip
+    assert case["threads"][0]["capability"] == "review"  # what a replay submits to again
 
 
 async def test_a_capability_subagent_and_an_agent_task_of_a_capability_thread(
