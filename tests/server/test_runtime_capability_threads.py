@@ -7,6 +7,9 @@ against the contract's schemas."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 from typing import Any
 
 import pytest
@@ -149,3 +152,35 @@ async def test_bad_bindings_name_their_field(
     with pytest.raises(NotFoundError):
         await COMMANDS["submit_turn"](control, mallory, {"thread_id": thread["threadId"],
                                                          "input": 3})  # fmt: skip
+
+
+async def test_interrupting_a_capability_threads_turn_stops_it_on_the_agent_holding_it(
+    coordinator: Coordinator, runtime: RuntimeHttp
+) -> None:
+    async with running_answerer(coordinator, "r-1", REVIEW) as one:
+        turn = await runtime.ok("submit_turn", capability="review", turn_id="l-1",
+                                input={"mode": "loop"})  # fmt: skip
+        await one.running("l-1")
+        answer = await runtime.ok("interrupt_turn", turn_id="l-1", reason="enough")
+        assert answer["interrupt"] == "requested"
+        read = await runtime.thread_status(turn["threadId"], "cancelled")
+    assert _turns(read)["l-1"]["agentId"] == "r-1"
+
+
+async def test_the_command_line_submits_to_a_capability_queue(
+    coordinator: Coordinator, runtime: RuntimeHttp
+) -> None:
+    async with running_answerer(coordinator, "r-1", REVIEW):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "apiary.cli.main", "runtime", "submit", '{"value": 9}',
+            "--input-json", "--capability", "review", "--wait", "--timeout", "30", "--json",
+            "--http", str(coordinator.http_address),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, (out.decode(), err.decode())
+    shown = json.loads(out)
+    read = await runtime.ok("get_thread_read", thread_id=shown["thread_id"])
+    assert read["threads"][0]["capability"] == "review"
+    assert read["threads"][0]["lastOutcome"]["result"] == {"answer": 9}

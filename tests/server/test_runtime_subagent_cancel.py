@@ -6,6 +6,9 @@ them. Every event is validated against the contract's schema."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 from typing import Any
 
 from apiary.controlplane.commands import COMMANDS
@@ -83,6 +86,20 @@ async def test_an_interrupt_with_propagate_false_keeps_the_subagents(
     assert answer["closedSubagents"] == [] and answer["interrupt"] == "cancelled"
     (kid,) = (await runtime.ok("list_subagents", thread_id=parent["threadId"]))["subagents"]
     assert not kid["closed"] and kid["status"] == "queued"
+    # The command line's --keep-subagents is the same policy.
+    await runtime.ok("submit_turn", thread_id=parent["threadId"], turn_id="p-2", input="more")
+    await runtime.ok("spawn_subagent", thread_id=parent["threadId"], agent_id="helper",
+                     subagent_id="kid-2", turn_id="p-2")  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "apiary.cli.main", "runtime", "interrupt", parent["threadId"],
+        "--turn", "p-2", "--keep-subagents", "--http", str(coordinator.http_address),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, (out.decode(), err.decode())
+    assert json.loads(out)["closedSubagents"] == []
+    listed = await _subagents(runtime, parent["threadId"])
+    assert not listed["kid"]["closed"] and not listed["kid-2"]["closed"]
     events = await session_events(coordinator, parent["sessionId"])
     assert not [e for e in events if e["type"] == "subagent.closed"]
 
