@@ -2,7 +2,8 @@
 PostgreSQL schema, side by side in one run.
 
     .venv/bin/python bench/cluster.py [--unary 2000] [--stream 20000] [--replicas 1,2,3]
-        [--store postgresql://postgres@127.0.0.1:5432/test] [--rounds 1]
+        [--store postgresql://postgres@127.0.0.1:5432/test] [--rounds 1] [--stall-s 120]
+        [--keep-stalled] [--log-dir DIR]
 
 Each row starts its replicas afresh on a schema of its own (dropped afterwards), puts the
 consumer agent on the first replica and the producer on the last (so with more than one,
@@ -10,8 +11,10 @@ every message crosses replicas: admitted on one, followed from the store by the 
 runs bench/route.py's producer and consumer: the canonical unary SendMessage (64 in flight)
 and the streaming sender. Prints msgs/s and send-to-FULFILLED latency (p50/p99) per replica
 count and mode, and the ratio to one replica; a row whose messages were not all FULFILLED
-within `--stall-s` says STALLED (cross-replica delivery has been seen to stall: see
-docs/cluster.md, "Known gaps").
+within `--stall-s` says STALLED. To look into one: `--keep-stalled` keeps the row's schema
+(the messages table says which messages are stuck and in what state) and `--log-dir` keeps
+each process's stderr (a consumer whose stream failed says why there; it does not
+reconnect, so its row stalls).
 
 On two cores, more replicas are not faster: they share the cores and the database server,
 and a message crossing replicas waits for the recipient's replica to read it from the store
@@ -23,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import socket
 import sys
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 from psycopg import sql
@@ -46,14 +50,17 @@ def _port() -> int:
         return int(sock.getsockname()[1])
 
 
-async def _spawn(*args: str) -> asyncio.subprocess.Process:
+async def _spawn(*args: str, log: IO[bytes] | None = None) -> asyncio.subprocess.Process:
+    """A Python process of ours; its stderr to `log` (else dropped)."""
     return await asyncio.create_subprocess_exec(
         sys.executable, *args, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL, cwd=ROOT,
+        stderr=asyncio.subprocess.DEVNULL if log is None else log, cwd=ROOT,
     )  # fmt: skip
 
 
-async def _replica(data: Path, store: str, n: int) -> tuple[asyncio.subprocess.Process, str]:
+async def _replica(
+    data: Path, store: str, n: int, log: IO[bytes] | None
+) -> tuple[asyncio.subprocess.Process, str]:
     """`apiary serve --cluster` as replica `n`; its gRPC address once it serves."""
     port = _port()
     config = data / "bench.toml"
@@ -61,7 +68,7 @@ async def _replica(data: Path, store: str, n: int) -> tuple[asyncio.subprocess.P
     proc = await _spawn(
         "-m", "apiary.cli.main", "serve", "--cluster", "--store", store, "--config", str(config),
         "--data-dir", str(data / f"replica-{n}"), "--grpc", f"127.0.0.1:{port}",
-        "--http", f"127.0.0.1:{_port()}", "--log-level", "WARNING",
+        "--http", f"127.0.0.1:{_port()}", "--log-level", "WARNING", log=log,
     )  # fmt: skip
     assert proc.stdout is not None
     for _ in range(2):  # grpc=..., http=...
@@ -81,14 +88,24 @@ async def _run(replicas: int, args: argparse.Namespace) -> dict[str, dict[str, A
     store = f"{args.store}?apiary_schema={schema}"
     procs: list[asyncio.subprocess.Process] = []
     results: dict[str, dict[str, Any]] = {}
+    logs = contextlib.ExitStack()
+
+    def log(name: str) -> IO[bytes] | None:
+        """The file `--log-dir` keeps `name`'s stderr in, for this row."""
+        if args.log_dir is None:
+            return None
+        return logs.enter_context((args.log_dir / f"{replicas}-{name}.log").open("ab"))
+
     try:
-        with tempfile.TemporaryDirectory() as tmp:
+        with logs, tempfile.TemporaryDirectory() as tmp:
             addresses = []
             for n in range(replicas):  # one at a time: the first migrates the schema
-                proc, address = await _replica(Path(tmp), store, n)
+                proc, address = await _replica(Path(tmp), store, n, log(f"replica-{n}"))
                 procs.append(proc)
                 addresses.append(address)
-            consumer = await _spawn(str(ROUTE), "consumer", addresses[0], "consumer")
+            consumer = await _spawn(
+                str(ROUTE), "consumer", addresses[0], "consumer", log=log("consumer")
+            )
             procs.append(consumer)
             assert consumer.stdout is not None
             await asyncio.wait_for(consumer.stdout.readline(), 60)
@@ -107,6 +124,8 @@ async def _run(replicas: int, args: argparse.Namespace) -> dict[str, dict[str, A
                     await producer.wait()
                     results[mode] = {"stalled": True, "messages": n, "msgs_per_s": 0,
                                      "p50_ms": "-", "p99_ms": "-"}  # fmt: skip
+                    if consumer.returncode is not None:  # (its stream failed: see its log)
+                        results[mode]["consumer_exit"] = consumer.returncode
                     continue
                 results[mode] = json.loads(out.decode().strip().splitlines()[-1])
     finally:
@@ -115,7 +134,10 @@ async def _run(replicas: int, args: argparse.Namespace) -> dict[str, dict[str, A
                 proc.terminate()
         for proc in procs:
             await proc.wait()
-        _drop(args.store, schema)
+        if args.keep_stalled and any(r.get("stalled") for r in results.values()):
+            print(f"{replicas} replicas stalled: schema {schema} kept", file=sys.stderr)
+        else:
+            _drop(args.store, schema)
     return results
 
 
@@ -152,6 +174,14 @@ def main() -> None:
     parser.add_argument(
         "--stall-s", type=float, default=120.0,
         help="a producer whose messages are not all FULFILLED by then is reported STALLED",
+    )  # fmt: skip
+    parser.add_argument(
+        "--keep-stalled", action="store_true",
+        help="keep the schema of a row that stalled (its name on stderr), to look into it",
+    )  # fmt: skip
+    parser.add_argument(
+        "--log-dir", type=Path,
+        help="keep each process's stderr in DIR (R-replica-N.log, R-consumer.log for R replicas)",
     )  # fmt: skip
     args = parser.parse_args()
     counts = [int(c) for c in args.replicas.split(",")]

@@ -58,6 +58,9 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "wait_subagents": {"thread_id": "t"},
     "close_subagent": {"subagent_id": "c"},
     "list_subagents": {"thread_id": "t"},
+    "create_job": {"agent_id": "alice", "items": [{}]},
+    "get_job": {"job_id": "j"},
+    "cancel_job": {"job_id": "j"},
 }
 
 

@@ -1,7 +1,7 @@
-"""A task is its submitter's: in secure mode only it (or an operator with `tasks`) waits for
-it, watches it and cancels it, and only the agent it was dispatched to reports its outcome.
-Each refusal is permission_denied (unauthenticated for an anonymous caller) and changes
-nothing."""
+"""A task is its submitter's: in secure mode only it (or an operator with `tasks`) reads it,
+lists it, waits for it, watches it and cancels it, and only the agent it was dispatched to
+reports its outcome. Each refusal is permission_denied (unauthenticated for an anonymous
+caller) and changes nothing."""
 
 from __future__ import annotations
 
@@ -100,6 +100,46 @@ async def test_a_submitter_watches_its_own_tasks_and_no_one_elses(tmp_path: Path
         # Naming a task that is not the caller's own is answered as a missing one.
         other = a.WatchTasksRequest(task_ids=[task_id])
         assert await _status(secure, "WatchTasks", other, "mallory") == grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_task_is_read_and_listed_by_its_submitter_not_by_other_principals(
+    tmp_path: Path,
+) -> None:
+    async with open_secure(tmp_path) as secure:
+        await secure.coordinator.registry.register({
+            "agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"],
+        })  # fmt: skip
+        apps = await _submitted(secure, "app")
+        mallorys = await _submitted(secure, "mallory")
+        get = a.GetTaskRequest(task_id=apps)
+        denied = grpc.StatusCode.PERMISSION_DENIED
+        for who, expected in [
+            (None, grpc.StatusCode.UNAUTHENTICATED),
+            ("mallory", denied),
+            ("alice", denied),  # the agent that runs it is not its submitter
+            ("no-role", denied),
+        ]:
+            assert await _status(secure, "GetTask", get, who) == expected, who
+        for who in ("app", "root"):
+            found = await _status(secure, "GetTask", get, who)
+            assert isinstance(found, a.TaskView) and found.params == b"{}", who
+
+        async def listed(who: str, **fields: str) -> list[str]:
+            answer = await _status(secure, "ListTasks", a.ListTasksRequest(**fields), who)
+            assert isinstance(answer, a.ListTasksResponse), (who, answer)
+            return [t.task_id for t in answer.tasks]
+
+        # Each principal lists what it submitted; `tasks` operators list every task.
+        assert await listed("app") == [apps]
+        assert await listed("mallory") == [mallorys]
+        assert await listed("no-role") == []
+        assert await listed("alice") == []
+        assert await listed("root") == [apps, mallorys]
+        # An agent listing its own queue sees the tasks given to it, whoever submitted them;
+        # naming another agent lists only what the caller submitted to it.
+        assert await listed("alice", agent_id="alice") == [apps, mallorys]
+        assert await listed("mallory", agent_id="alice") == [mallorys]
+        assert await listed("app", agent_id="alice") == [apps]
 
 
 async def test_only_the_agent_a_task_was_dispatched_to_reports_its_outcome(

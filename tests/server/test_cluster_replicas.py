@@ -255,6 +255,44 @@ async def test_an_agents_messages_through_both_replicas_arrive_in_offset_order(
         await _stop(bob)
 
 
+async def test_a_message_whose_note_is_lost_goes_live_at_the_next_poll(
+    tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LISTEN/NOTIFY is the hint, polling the guarantee: with A not listening (every note B
+    sends it is lost), what B admits for bob, streaming on A, is made live by A's first full
+    poll that begins after the admission, and reaches bob's stream."""
+    async with _two(tmp_path, url) as (a, b):
+        assert a.cluster is not None
+        (listening,) = [t for t in a.cluster.tasks if t.get_name().endswith("-listen")]
+        listening.cancel()
+        await _register(a, "bob")
+        await _register(b, "alice")
+        bob = _read(a, "bob")
+        await _until(lambda: a.router.streaming("bob"), "bob's stream")
+        follower, sweep = a.cluster.follower, a.cluster.follower.sweep
+        admitted: list[str] = []
+        polls: list[bool] = []
+        """Per full poll of A begun after the admission: whether it left the message live."""
+
+        async def poll(*, full: bool = True) -> None:
+            before = list(admitted)
+            await sweep(full=full)
+            if full and before:
+                polls.append(all(m in a.router.live.copies for m in before))
+
+        monkeypatch.setattr(follower, "sweep", poll)
+        for n in range(3):
+            admitted.append(await _send(b, "alice", "bob", {"n": n}))
+            await _until(
+                lambda: len(bob.messages) == len(admitted) and bool(polls),
+                "bob receives it, and a poll of A begins after its admission",
+            )
+            assert polls[0], "the first poll after the admission missed the message"
+            polls.clear()
+        assert [env.message_id for env in bob.messages] == admitted
+        await _stop(bob)
+
+
 async def test_a_stopped_replicas_partitions_are_taken_over_and_its_work_goes_on(
     tmp_path: Path, url: str
 ) -> None:

@@ -23,6 +23,7 @@ from apiary.core.records import (
     TaskState,
 )
 from apiary.core.runtime.actions import ActionRecord
+from apiary.core.runtime.jobs import JobItemRecord, JobRecord
 from apiary.core.runtime.records import ChannelRecord, SessionRecord, ThreadRecord, TurnRecord
 from apiary.core.runtime.task_records import (
     CommandKeyRecord,
@@ -38,6 +39,7 @@ from apiary.store.sql import (
     hitl,
     idempotency,
     runtime,
+    runtime_jobs,
     runtime_tasks,
     tasks,
     tools,
@@ -179,6 +181,20 @@ CASES: list[tuple[str, Any, Callable[[Any], Any], Columns[Any], Callable[[Any], 
         runtime_tasks.action_row,
         runtime_tasks.ACTIONS,
         runtime_tasks.action_from_row,
+    ),
+    (
+        "runtime_jobs",
+        distinct(JobRecord, state="cancelling"),
+        runtime_jobs.job_row,
+        runtime_jobs.JOBS,
+        runtime_jobs.job_from_row,
+    ),
+    (
+        "runtime_job_items",
+        distinct(JobItemRecord),
+        runtime_jobs.item_row,
+        runtime_jobs.ITEMS,
+        runtime_jobs.item_from_row,
     ),
     (
         "runtime_command_keys",

@@ -1,7 +1,7 @@
 """`apiary runtime ...`: the runtime control plane (docs/control-plane.md) of a coordinator,
 over its HTTP port, through the SDK's RuntimeClient: submit turns to an agent's thread,
 interrupt them, read sessions, threads and tasks, follow a session's events; create and
-drive agent tasks (cli/runtime_tasks.py).
+drive agent tasks (cli/runtime_tasks.py) and jobs (cli/runtime_jobs.py).
 
 The HTTP address is the first of `--http`, `APIARY_HTTP`, the address a running
 `apiary serve` recorded in the data directory (APIARY_DATA_DIR or ./.apiary), else
@@ -21,6 +21,7 @@ from rich.table import Table
 from apiary.cli.calls import PROFILE, refusal
 from apiary.cli.output import console_for_output
 from apiary.cli.runtime_exports import register as register_export_commands
+from apiary.cli.runtime_jobs import register as register_job_commands
 from apiary.cli.runtime_permissions import register as register_permission_commands
 from apiary.cli.runtime_tasks import register as register_task_commands
 from apiary.cli.serving import client_data_dir, recorded
@@ -411,3 +412,4 @@ def commands(
 register_task_commands(app, _run, HTTP, JSONRPC)
 register_permission_commands(app, _run, HTTP, JSONRPC)
 register_export_commands(app, _run, HTTP, JSONRPC)
+register_job_commands(app, _run, HTTP, JSONRPC)

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any, Final, Generic, TypeVar
 
 from apiary.controlplane import exports as ex
+from apiary.controlplane import job_requests as jr
 from apiary.controlplane import permission_requests as pr
 from apiary.controlplane import requests as r
 from apiary.controlplane import subagents as sa
@@ -176,6 +177,20 @@ _COMMANDS: list[Command[Any]] = [
     Command(
         "unlink_tasks", "Remove a task's edge (kept as removed)", True,
         _plain(tr.LinkTasks.read), lambda c, who, req: c.tasks.link(who, req, remove=True),
+    ),
+    Command(
+        "create_job", "Create a job: a batch of agent tasks (its items) of a session, started "
+        "together; job_id is its idempotency key", True, jr.CreateJob.read,
+        lambda c, who, req: c.jobs.create(who, req),
+    ),
+    Command(
+        "get_job", "A job: its status, and each item's own status and output", False,
+        _plain(jr.GetJob.read), lambda c, who, req: c.jobs.get(who, req),
+    ),
+    Command(
+        "cancel_job", "Cancel a job: the intent recorded first, then its items not ended "
+        "cancelled (completed ones kept)", True, _plain(jr.CancelJob.read),
+        lambda c, who, req: c.jobs.cancel(who, req),
     ),
     Command(
         "respond_action", "Decide an action (a HITL invocation a turn or task waits on): "

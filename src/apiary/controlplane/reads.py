@@ -14,6 +14,7 @@ from apiary.core.access.principal import Principal, PrincipalKind
 from apiary.core.access.rules import Role
 from apiary.core.clock import Clock
 from apiary.core.records import TaskRecord
+from apiary.core.runtime.job_views import with_jobs
 from apiary.core.runtime.records import SessionRecord, ThreadRecord, TurnRecord, TurnState, may_use
 from apiary.core.runtime.snapshot import RuntimeSnapshot, TaskView
 from apiary.core.runtime.task_views import runtime_task_view, with_tasks
@@ -135,7 +136,9 @@ class Reads:
         )  # fmt: skip
         if detail:
             return found
-        return with_tasks(found, await self.agent_tasks(session.session_id))
+        found = with_tasks(found, await self.agent_tasks(session.session_id))
+        jobs = await self._store.session_jobs(session.session_id, self._settings.tasks_listed)
+        return with_jobs(found, jobs)
 
     async def agent_tasks(self, session_id: str) -> list[TaskView]:
         """The session's last agent tasks (create_task), with their runs and edges."""

@@ -22,6 +22,7 @@ from apiary.controlplane.channels import Channels, channel_json
 from apiary.controlplane.environment import Environment
 from apiary.controlplane.exports import Exports
 from apiary.controlplane.facts import FactWriter
+from apiary.controlplane.jobs import JobCommands
 from apiary.controlplane.model_progress import ModelProgress
 from apiary.controlplane.permissions import Permissions
 from apiary.controlplane.reads import Reads, no_thread
@@ -114,6 +115,9 @@ class RuntimeControl:
         self.exports = Exports(self._facts, self.reads, clock, self._lock)
         self.tasks = TaskCommands(
             self._facts, scheduler, registry, self.reads, clock, ids, settings, self._lock
+        )
+        self.jobs = JobCommands(
+            self._facts, self.tasks, self.reads, registry, clock, ids, self._lock
         )
         self.threads = ThreadCommands(
             self._facts, self.turns, scheduler, self.reads, clock, ids, self._lock

@@ -23,3 +23,5 @@ class RuntimeSettings:
     """A channel unused (no reconnect, no ack) this long expires."""
     text_bytes: int = 16 * KIB
     """Free text (reasons, titles) at most."""
+    max_job_items: int = 1000
+    """create_job: items (tasks) one job holds at most."""

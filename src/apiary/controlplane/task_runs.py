@@ -32,6 +32,7 @@ from apiary.core.ids import IdGenerator
 from apiary.core.limits import utf8_size
 from apiary.core.records import TaskRecord
 from apiary.core.runtime.events import RuntimeEventType
+from apiary.core.runtime.jobs import JobRecord
 from apiary.core.runtime.log import Fact
 from apiary.core.runtime.records import RuntimeWrite
 from apiary.core.runtime.task_records import CommandKeyRecord, RuntimeTaskRecord, TaskRunRecord
@@ -68,6 +69,12 @@ _RUN_INPUTS: Final = frozenset({
 })  # fmt: skip
 
 CancelChildren = Callable[[RuntimeTaskRecord, str], Awaitable[None]]
+Along = Callable[
+    [RuntimeTaskRecord, RuntimeTaskRecord], Awaitable[tuple[tuple[JobRecord, ...], list[Fact]]]
+]
+"""What a task's change from the first record to the second brings along in its write:
+its job as it stands after it, with the job's events (controlplane/jobs.py); raising
+refuses the change."""
 
 
 def run_params(task: RuntimeTaskRecord, run: TaskRunRecord, objective: str) -> bytes:
@@ -96,6 +103,7 @@ class TaskRuns:
         self.pending_key: CommandKeyRecord | None = None
         """A command's idempotency key, stored with the command's first write."""
         self.cancel_children: CancelChildren | None = None
+        self.along: Along | None = None
 
     # ------------------------------------------------------------------ writing
 
@@ -187,7 +195,11 @@ class TaskRuns:
             self.fact(kind, after, run, self._payload(kind, after, run)) for kind in step.events
         ]
         if _E.PERSIST in step.effects:
-            await self.commit((after,), facts, actor, (run,) if run is not None else ())
+            jobs: tuple[JobRecord, ...] = ()
+            if self.along is not None:
+                jobs, brought = await self.along(task, after)
+                facts += brought
+            await self.commit((after,), facts, actor, (run,) if run is not None else (), jobs=jobs)
         for effect in step.effects:
             if effect is _E.SUBMIT_RUN and run is not None:
                 after = await self._submit(after, run, actor)

@@ -30,7 +30,7 @@ from apiary.controlplane.task_requests import (
     TaskAction,
     UpdateTask,
 )
-from apiary.controlplane.task_runs import TaskRuns
+from apiary.controlplane.task_runs import CancelChildren, TaskRuns
 from apiary.core.access.principal import Principal, PrincipalKind
 from apiary.core.clock import Clock
 from apiary.core.ids import IdGenerator
@@ -103,6 +103,8 @@ class TaskCommands:
         """cancel_task's `propagate` while it runs (the lock is held)."""
         self.close_subagent: CloseSubagent | None = None
         """Subagents.close_named: a cancelled task's subagent edges close their subagents."""
+        self.cancel_jobs: CancelChildren | None = None
+        """Cancels the jobs a cancelled task is the parent of (controlplane/jobs.py)."""
 
     # ------------------------------------------------------------------ shared
 
@@ -394,8 +396,8 @@ class TaskCommands:
 
     async def _cancel_children(self, parent: RuntimeTaskRecord, actor: str) -> None:
         """Cancel the parent's child tasks that have not ended (each records its intent
-        first, then stops its run and its own children), then close the subagents its
-        `subagent` edges name (each child turn's interrupt recorded first)."""
+        first, then stops its run and its own children), then its child jobs, then close the
+        subagents its `subagent` edges name (each child turn's interrupt recorded first)."""
         if not self._propagate:
             return
         children = {
@@ -414,6 +416,8 @@ class TaskCommands:
             why = f"its parent task {parent.task_id} was cancelled"
             await self.runs.apply(child, _I.CANCEL, actor, intent=Intent.CANCEL.value,
                                   intent_reason=why)  # fmt: skip
+        if self.cancel_jobs is not None:
+            await self.cancel_jobs(parent, actor)
         await self._close_subagents(parent, actor)
 
     async def _close_subagents(self, parent: RuntimeTaskRecord, actor: str) -> None:

@@ -33,6 +33,7 @@ from apiary.errors import ApiaryError, DeadlineExceededError, error_for_code
 from apiary.sdk.credentials import AUTHORIZATION, BEARER, ClientCredentials, ClientTls
 from apiary.sdk.errors import CoordinatorUnreachableError
 from apiary.sdk.runtime_exports import RuntimeExportCommands
+from apiary.sdk.runtime_jobs import RuntimeJobCommands
 from apiary.sdk.runtime_permissions import RuntimePermissionCommands
 from apiary.sdk.runtime_tasks import RuntimeTaskCommands
 
@@ -115,7 +116,9 @@ class TurnOutcome:
     error: Mapping[str, Any] = field(default_factory=dict)
 
 
-class RuntimeClient(RuntimeTaskCommands, RuntimePermissionCommands, RuntimeExportCommands):
+class RuntimeClient(
+    RuntimeTaskCommands, RuntimePermissionCommands, RuntimeExportCommands, RuntimeJobCommands
+):
     """The runtime control plane of one coordinator (module docstring). `base_url` is its
     HTTP address (`http://host:port`, or HOST:PORT: https when the credentials carry TLS)."""
 

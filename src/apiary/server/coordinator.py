@@ -139,7 +139,9 @@ class Coordinator:
     ready: bool = False
 
 
-def _handlers(engine: Engine, runtime: Runtime, checks: RequestChecks) -> dict[str, object]:
+def _handlers(
+    engine: Engine, runtime: Runtime, checks: RequestChecks, secure: bool
+) -> dict[str, object]:
     return {
         "sw4rm.registry.RegistryService": RegistryHandler(
             engine.registry, engine.presence, engine.scheduler, checks=checks
@@ -169,7 +171,7 @@ def _handlers(engine: Engine, runtime: Runtime, checks: RequestChecks) -> dict[s
         ),
         "apiary.v1.AgentControlService": AgentControlHandler(engine.scheduler, checks=checks),
         "apiary.v1.TaskQueryService": TaskQueryHandler(
-            engine.scheduler, engine.hitl, checks=checks
+            engine.scheduler, engine.hitl, checks=checks, secure=secure
         ),
         "sw4rm.reasoning.InferenceProxy": InferenceHandler(checks=checks),
         "sw4rm.reasoning.ReasoningProxy": InferenceHandler(checks=checks),
@@ -302,11 +304,11 @@ async def open_coordinator(
             cluster=replica,
         )  # fmt: skip
         checks = RequestChecks(config.limits)
-        handlers = _handlers(engine, runtime, checks)
+        handlers = _handlers(engine, runtime, checks, config.auth.secure)
         default = config.auth.quota(DEFAULT_TENANT)
         tenancy = Tenancy(
             config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
-            lambda tenant_engine: _handlers(tenant_engine, runtime, checks),
+            lambda tenant_engine: _handlers(tenant_engine, runtime, checks, config.auth.secure),
             _known_tenants(config, key_ring(config)),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy)

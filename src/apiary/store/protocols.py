@@ -31,6 +31,7 @@ from apiary.core.rooms.records import (
     VoteRecord,
 )
 from apiary.core.runtime.actions import ActionRecord
+from apiary.core.runtime.jobs import JobItemRecord, JobRecord
 from apiary.core.runtime.records import (
     ChannelRecord,
     RuntimeWrite,
@@ -265,10 +266,12 @@ class TaskStore(Protocol):
         after_seq: int = -1,
         limit: int = 100,
         queue: str | None = None,
+        submitter: str | None = None,
     ) -> list[TaskRecord]:
         """Records in `states` (all when None) for `agent_id` (all when None) in the shared
-        `queue` (all when None; '' for the tasks submitted to one agent) with seq above
-        `after_seq`, in seq order, at most `limit`."""
+        `queue` (all when None; '' for the tasks submitted to one agent) submitted by
+        `submitter` (all when None) with seq above `after_seq`, in seq order, at most
+        `limit`."""
         ...
 
     async def max_seq(self) -> int:
@@ -648,6 +651,26 @@ class RuntimeStore(Protocol):
 
     async def open_actions(self) -> list[ActionRecord]:
         """The actions still pending, oldest first."""
+        ...
+
+    async def job(self, job_id: str) -> JobRecord | None:
+        """A runtime job (create_job)."""
+        ...
+
+    async def session_jobs(self, session_id: str, last: int = 100) -> list[JobRecord]:
+        """The session's last `last` jobs by creation, oldest first."""
+        ...
+
+    async def child_jobs(self, task_id: str) -> list[JobRecord]:
+        """The jobs not ended whose parent task is `task_id`, by job_id."""
+        ...
+
+    async def job_item_of(self, task_id: str) -> JobItemRecord | None:
+        """The job item whose task is `task_id`, if it is one."""
+        ...
+
+    async def job_items(self, job_id: str) -> list[tuple[JobItemRecord, RuntimeTaskRecord]]:
+        """The job's items by ordinal, each with its task."""
         ...
 
 

@@ -156,3 +156,9 @@ def _actor(
             PERMISSION_DENIED,
         )
     return Decision(True, "acts as itself")
+
+
+def sees_every_row(principal: Principal, rule: Rule, *, secure: bool) -> bool:
+    """Whether a listing under `rule` (table.LISTING_RULES) shows `principal` every row
+    rather than its own: the rule's decision, so dev mode trusts as it does for calls."""
+    return decide(principal, rule, secure=secure).allowed

@@ -58,10 +58,11 @@ METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
         "/sw4rm.scheduler.SchedulerService/PurgeActivity": _AGENT,
         "/apiary.v1.AgentControlService/Suspend": _role(Role.AGENTS),
         "/apiary.v1.AgentControlService/Resume": _role(Role.AGENTS),
+        # A task is its submitter's: it reads it, waits for it, watches it and cancels it;
+        # `tasks` operators act on anyone's. Its agent alone reports its outcome. A listing
+        # shows each principal its own tasks (LISTING_RULES).
         "/apiary.v1.TaskQueryService/ListTasks": ANYONE,
-        "/apiary.v1.TaskQueryService/GetTask": ANYONE,
-        # A task is its submitter's: it waits for it, watches it and cancels it; `tasks`
-        # operators act on anyone's. Its agent alone reports its outcome.
+        "/apiary.v1.TaskQueryService/GetTask": _TASK_OWNER,
         "/apiary.v1.TaskQueryService/CancelTask": _TASK_OWNER_IF_CONFIGURED,
         "/apiary.v1.TaskQueryService/SubmitTask": ANYONE,
         "/apiary.v1.TaskQueryService/WaitTask": _TASK_OWNER,
@@ -275,9 +276,24 @@ RUNTIME_RULES: Mapping[str, Rule] = MappingProxyType(
         "wait_subagents": ANYONE,
         "close_subagent": ANYONE,
         "list_subagents": ANYONE,
+        # Jobs are their owner's (and operators' with `tasks`), as their item tasks are.
+        "create_job": ANYONE,
+        "get_job": ANYONE,
+        "cancel_job": ANYONE,
     }
 )
 """Rules of the runtime control plane's commands, by name."""
+
+
+LISTING_RULES: Mapping[str, Rule] = MappingProxyType(
+    {
+        # Who sees every task; any other principal sees the tasks it submitted, and an
+        # agent those given to it when it lists its own (`agent_id` its name).
+        "/apiary.v1.TaskQueryService/ListTasks": _role(Role.TASKS),
+    }
+)
+"""Rules of the listings whose rows are narrowed per principal: who their rule allows sees
+every row, any other principal its own (the listing's handler says which rows are)."""
 
 
 def describe(rule: Rule) -> str:
@@ -321,4 +337,6 @@ def markdown() -> str:
     lines += [f"| `{route}` | {describe(rule)} |" for route, rule in HTTP_RULES.items()]
     lines += ["", "| runtime command | who may call |", "|---|---|"]
     lines += [f"| `{name}` | {describe(rule)} |" for name, rule in RUNTIME_RULES.items()]
+    lines += ["", "| listing | who sees every row (any other principal: its own) |", "|---|---|"]
+    lines += [f"| `{path}` | {describe(rule)} |" for path, rule in LISTING_RULES.items()]
     return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ from enum import StrEnum
 from apiary.core.access.principal import Principal, PrincipalKind
 from apiary.core.access.rules import Role
 from apiary.core.runtime.actions import ActionRecord
+from apiary.core.runtime.jobs import JobItemRecord, JobRecord
 from apiary.core.runtime.task_records import (
     CommandKeyRecord,
     RuntimeTaskRecord,
@@ -189,9 +190,12 @@ class RuntimeWrite:
     keys: tuple[CommandKeyRecord, ...] = field(default_factory=tuple)
     """Idempotency keys are inserted once: a key stored already is a StoreError."""
     actions: tuple[ActionRecord, ...] = field(default_factory=tuple)
+    jobs: tuple[JobRecord, ...] = field(default_factory=tuple)
+    job_items: tuple[JobItemRecord, ...] = field(default_factory=tuple)
 
     def __bool__(self) -> bool:
         return bool(
             self.sessions or self.threads or self.turns or self.channels or self.tasks
-            or self.runs or self.links or self.keys or self.actions
+            or self.runs or self.links or self.keys or self.actions or self.jobs
+            or self.job_items
         )  # fmt: skip

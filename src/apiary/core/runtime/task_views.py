@@ -62,7 +62,7 @@ def relationship(link: TaskLinkRecord) -> dict[str, Any]:
 
 _META_KEYS = (
     "taskProfile", "constraints", "acceptance", "progress", "artifacts", "evidenceRefs",
-    "deliveryState", "visibility", "taskFamily",
+    "deliveryState", "visibility", "taskFamily", "jobId",
 )  # fmt: skip
 
 

@@ -243,13 +243,15 @@ class Scheduler:
 
     async def list_tasks(
         self, states: frozenset[str] | None, agent_id: str | None, after_seq: int, limit: int,
-        queue: str | None = None,
+        queue: str | None = None, submitter: str | None = None,
     ) -> list[TaskRecord]:  # fmt: skip
         """Stored tasks (every change is stored) in `states` of `agent_id` in the shared
-        `queue`, by submission order after `after_seq`; a state that does not exist is a
-        ValidationError."""
+        `queue` submitted by `submitter` (None: anyone), by submission order after
+        `after_seq`; a state that does not exist is a ValidationError."""
         check_members(states or (), TaskState, "states")
-        found = await self._store.list(states, agent_id, after_seq, limit, queue=queue)
+        found = await self._store.list(
+            states, agent_id, after_seq, limit, queue=queue, submitter=submitter
+        )
         return [self._shown(task) for task in found]
 
     def running(self, agent_id: str) -> TaskRecord | None:

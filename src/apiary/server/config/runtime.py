@@ -9,6 +9,7 @@ tasks_listed = 200          # list_tasks: the tasks of each thread's last turns
 replay_limit = 500          # events one reconnect_channel answer replays (more: `more`)
 channel_ttl_s = 86400.0     # a channel unused this long expires
 text_bytes = 16384          # free text (reasons, titles) at most
+max_job_items = 1000        # create_job: items (tasks) one job holds at most
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ _BOUNDS: Final[dict[str, tuple[type, float, float]]] = {
     "replay_limit": (int, 1, 5000),
     "channel_ttl_s": (float, 60.0, 30 * 24 * 3600.0),
     "text_bytes": (int, 1, 64 * KIB),
+    "max_job_items": (int, 1, 100_000),
 }
 """Each setting's type and its least and greatest value."""
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Final
 
+from apiary.core.access.decision import sees_every_row
 from apiary.core.access.principal import PrincipalKind
+from apiary.core.access.table import LISTING_RULES
 from apiary.core.json_reader import check_nesting, read_json
 from apiary.core.limits import utf8_size
 from apiary.core.records import TaskRecord
@@ -35,6 +37,7 @@ a = pb.apiary_pb2
 SUBMITTER_METADATA = "apiary-submitter"
 """Optional call metadata naming the submitting agent: its communication class is the
 task's lane (RFC 7.3)."""
+_LIST_TASKS: Final = "/apiary.v1.TaskQueryService/ListTasks"
 
 
 def _submitter(ctx: CallContext) -> str:
@@ -159,13 +162,18 @@ def task_view(
 @checked
 class TaskQueryHandler:
     def __init__(
-        self, scheduler: Scheduler, hitl: Hitl, checks: RequestChecks = DEFAULT_CHECKS
-    ) -> None:
+        self, scheduler: Scheduler, hitl: Hitl, checks: RequestChecks = DEFAULT_CHECKS, *,
+        secure: bool = False,
+    ) -> None:  # fmt: skip
         self._scheduler = scheduler
         self._hitl = hitl
         self._checks = checks
+        self._secure = secure
+        """Secure mode: who is not trusted with every task sees its own (LISTING_RULES)."""
 
     async def list_tasks(self, req: a.ListTasksRequest, ctx: CallContext) -> a.ListTasksResponse:
+        """The tasks the caller may see: every one under LISTING_RULES, else those it
+        submitted, or (an agent listing its own, `agent_id` its name) those given to it."""
         states = frozenset(s.strip().upper() for s in req.states) or None
         if req.queue:
             try:
@@ -174,10 +182,14 @@ class TaskQueryHandler:
                 raise ValidationError.for_field(
                     "queue", "names a shared queue: capability:<name> or agent_type:<name>"
                 ) from None
+        principal = ctx.principal
+        every = sees_every_row(principal, LISTING_RULES[_LIST_TASKS], secure=self._secure)
+        own = every or (principal.kind is PrincipalKind.AGENT and req.agent_id == principal.name)
         tasks = await self._scheduler.list_tasks(
             states, req.agent_id or None,
             int(req.after_seq) if req.HasField("after_seq") else -1,
             min(req.limit or 100, MAX_TASKS), queue=req.queue or None,
+            submitter=None if own else principal.name,
         )  # fmt: skip
         return a.ListTasksResponse(tasks=[task_view(t, with_result=False) for t in tasks])
 

@@ -24,6 +24,7 @@ from apiary.core.runtime.task_records import (
 from apiary.core.runtime.tasks import OPEN_TASK_STATES
 from apiary.store.errors import StoreError
 from apiary.store.memory.events import MemoryEventLog
+from apiary.store.memory.runtime_jobs import MemoryJobs
 from apiary.store.sql import runtime_tasks as t
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.runtime import (
@@ -35,11 +36,12 @@ from apiary.store.sql.runtime import (
 )
 
 
-class MemoryRuntimeStore:
+class MemoryRuntimeStore(MemoryJobs):
     """`RuntimeStore` over dicts keyed by id, with the SQL backends' unique indexes on a
-    turn's (thread_id, ordinal) and task_id."""
+    turn's (thread_id, ordinal) and task_id; jobs are `MemoryJobs`'."""
 
     def __init__(self, log: MemoryEventLog) -> None:
+        super().__init__()
         self._sessions: dict[str, SessionRecord] = {}
         self._threads: dict[str, ThreadRecord] = {}
         self._turns: dict[str, TurnRecord] = {}
@@ -54,7 +56,7 @@ class MemoryRuntimeStore:
     async def save(self, write: RuntimeWrite, events: Sequence[EventDraft] = ()) -> None:
         """Insert or replace the records of `write` with `events`, all or nothing."""
         # Through the SQL rows and back: refuses and coerces as the SQL backends do.
-        sessions, threads, turns, channels, tasks = write_rows(write)
+        sessions, threads, turns, channels, tasks, job_rows = write_rows(write)
         stored_turns = [turn_from_row(row) for row in turns]
         self._check_unique(stored_turns)
         runs = [t.run_from_row(row) for row in tasks.runs]
@@ -67,6 +69,7 @@ class MemoryRuntimeStore:
         taken = [(k.owner, k.key) for k in keys]
         if len(set(taken)) != len(taken) or any(key in self._keys for key in taken):
             raise StoreError("a command key is stored already")
+        jobs, items = self.check_jobs(job_rows)
         drafts = self._log.checked(events)
         for row in sessions:
             self._sessions[row[0]] = session_from_row(row)
@@ -87,6 +90,7 @@ class MemoryRuntimeStore:
             self._keys[(key.owner, key.key)] = key
         for row in tasks.actions:
             self._actions[row[0]] = t.action_from_row(row)
+        self.put_jobs(jobs, items)
         self._log.append_now(drafts)
 
     def _check_unique(self, turns: list[TurnRecord]) -> None:

@@ -49,9 +49,11 @@ class MemoryTaskStore:
         after_seq: int = -1,
         limit: int = 100,
         queue: str | None = None,
+        submitter: str | None = None,
     ) -> list[TaskRecord]:
         """Records in `states` (all when None) for `agent_id` (all when None) in `queue`
-        (all when None) with seq above `after_seq`, in seq order, at most `limit`."""
+        (all when None) submitted by `submitter` (all when None) with seq above
+        `after_seq`, in seq order, at most `limit`."""
         check_limit(limit)
         found: list[TaskRecord] = []
         for seq in sorted(s for s in self._task_by_seq if s > after_seq):
@@ -62,6 +64,7 @@ class MemoryTaskStore:
                 (states is None or record.state in states)
                 and (agent_id is None or record.agent_id == agent_id)
                 and (queue is None or record.queue == queue)
+                and (submitter is None or record.submitter == submitter)
             ):
                 found.append(record)
         return found

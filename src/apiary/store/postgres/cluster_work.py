@@ -6,7 +6,9 @@ docs/cluster.md, "The message path").
   while a replica was not listening is lost, and every replica polls the store anyway.
 - ACK deadlines are the `ack_deadline` column of `messages` (its generated `due_at` indexes
   them with the TTLs): the replica that hands a message out stores it, the partition's
-  owner fires it.
+  owner fires it. Their writes lock the rows in key order first, as the store's other
+  writers of several messages do (`store.sql.messages`), so they wait for an ACK to the
+  same messages instead of deadlocking with it.
 - The owner's claim on a due deadline runs in a transaction fenced by its lease's epoch
   (`PostgresClusterLeases.fenced`) that locks the message's row: of two replicas that both
   believe they own the partition, only the current term's claims, and of two claims of one
@@ -31,6 +33,10 @@ from apiary.store.sql.messages import MESSAGES, message_from_row
 
 WORK_CHANNEL: Final = "apiary_cluster_work"
 _AWAITING_FIRST_ACK: Final = [MessageState.RECEIVED.value, MessageState.RETRYING.value]
+_LOCK_IN_KEY_ORDER: Final = (
+    "SELECT message_id FROM messages WHERE message_id = ANY(%s::text[])"
+    " ORDER BY message_id FOR UPDATE"
+)
 _SET_ACK_DEADLINES: Final = (
     "UPDATE messages SET ack_deadline = c.due"
     " FROM (SELECT unnest(%s::text[]) AS id, unnest(%s::float8[]) AS due) AS c"
@@ -97,6 +103,10 @@ class PostgresClusterWork:
         dues = [float(due) for _, due in deadlines]
         try:
             async with self._pool.connection() as conn, conn.transaction():
+                # The rows locked first, in key order, as the store's other writers lock
+                # them (`store.sql.messages`): the UPDATE alone locks them in whatever order
+                # its plan meets them, and deadlocked with ACKs to the same messages.
+                await conn.execute(_LOCK_IN_KEY_ORDER, [sorted(set(ids))])
                 await conn.execute(_SET_ACK_DEADLINES, [ids, dues, _AWAITING_FIRST_ACK])
         except psycopg.Error as exc:
             raise StoreError(f"cannot store ACK deadlines: {exc}") from exc

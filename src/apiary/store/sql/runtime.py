@@ -1,7 +1,8 @@
 """The runtime control plane's store: `runtime_sessions`, `runtime_threads`,
 `runtime_turns` and `runtime_channels` (schema versions 20, 23 and 27), and the agent tasks'
-tables (schema version 21, store/sql/runtime_tasks.py). A save writes any of them, with its
-events, in one transaction (`SqlEventLog.write_with`).
+tables (schema version 21, store/sql/runtime_tasks.py) and the jobs' (schema version 25,
+store/sql/runtime_jobs.py). A save writes any of them, with its events, in one transaction
+(`SqlEventLog.write_with`).
 
 The rows are shared with the memory backend, which runs them so that it refuses what the
 SQL backends refuse.
@@ -31,6 +32,7 @@ from apiary.core.runtime.task_records import (
     TaskLinkRecord,
     TaskRunRecord,
 )
+from apiary.store.sql import runtime_jobs as j
 from apiary.store.sql import runtime_tasks as t
 from apiary.store.sql.checks import check_limit, checked_int64
 from apiary.store.sql.columns import Columns
@@ -165,7 +167,7 @@ def channel_from_row(fetched: Sequence[Any]) -> ChannelRecord:
 
 def write_rows(
     write: RuntimeWrite,
-) -> tuple[list[Row], list[Row], list[Row], list[Row], t.TaskRows]:
+) -> tuple[list[Row], list[Row], list[Row], list[Row], t.TaskRows, j.JobRows]:
     """The rows of a write, checked (ValueError) before anything is written."""
     return (
         [session_row(r) for r in write.sessions],
@@ -173,6 +175,7 @@ def write_rows(
         [turn_row(r) for r in write.turns],
         [channel_row(r) for r in write.channels],
         t.task_rows(write),
+        j.job_rows(write),
     )
 
 
@@ -197,7 +200,7 @@ _CHANNEL = QueryOne(f"SELECT {CHANNELS.sql} FROM runtime_channels WHERE channel_
 
 def save_runtime(
     d: Dialect, sessions: list[Row], threads: list[Row], turns: list[Row], channels: list[Row],
-    tasks: t.TaskRows,
+    tasks: t.TaskRows, jobs: j.JobRows,
 ) -> Transaction[None]:  # fmt: skip
     """Insert or replace the rows (`write_rows`); a unique index that refuses a turn's
     place or task, or a command key stored already, raises StoreError and the transaction
@@ -207,11 +210,12 @@ def save_runtime(
     yield from ExecuteMany(_PUT_TURN, turns)
     yield from ExecuteMany(_PUT_CHANNEL, channels)
     yield from t.save_tasks(d, tasks)
+    yield from j.save_jobs(d, jobs)
 
 
-class SqlRuntimeStore:
+class SqlRuntimeStore(j.SqlJobReads):
     """`RuntimeStore` in the runtime_* tables; events that commit with a write go through
-    `log`."""
+    `log`; the jobs' reads are `SqlJobReads`."""
 
     def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
         self._db = database

@@ -153,15 +153,18 @@ class SqlTaskStore:
         after_seq: int = -1,
         limit: int = 100,
         queue: str | None = None,
+        submitter: str | None = None,
     ) -> list[TaskRecord]:
         """Records in `states` (all when None) for `agent_id` (all when None) in `queue`
-        (all when None) with seq above `after_seq`, in seq order, at most `limit`."""
+        (all when None) submitted by `submitter` (all when None) with seq above
+        `after_seq`, in seq order, at most `limit`."""
         check_limit(limit)
         where = (
             Where()
             .term("seq > ?", int(after_seq))
             .compare("agent_id =", agent_id)
             .compare("queue =", queue)
+            .compare("submitter =", submitter)
             .among("state", states)
         )
         if where.impossible:

@@ -27,6 +27,7 @@ from apiary.testing.store_suite import (
     negotiations,
     rooms,
     runtime,
+    runtime_jobs,
     runtime_tasks,
     swarm,
     tasks,
@@ -57,6 +58,7 @@ CHECKS: list[Check] = [
     *swarm.CHECKS,
     *runtime.CHECKS,
     *runtime_tasks.CHECKS,
+    *runtime_jobs.CHECKS,
 ]
 """Every check of the suite."""
 

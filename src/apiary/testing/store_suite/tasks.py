@@ -115,6 +115,10 @@ async def tasks_are_put_and_read(factory: StoreFactory) -> None:
         assert (other.submitter, other.result) == ("", "")
         assert other.attempts == 0
         assert await store.tasks.list() == [full, minimal]
+        # A submitter's tasks (ListTasks shows a principal its own).
+        assert await store.tasks.list(submitter="app:ci") == [full]
+        assert await store.tasks.list(submitter="") == [minimal]
+        assert await store.tasks.list(submitter="app") == []
         # Unknown ids, ids that differ in case only, and the empty id are not found.
         assert await store.tasks.get("task-3") is None
         assert await store.tasks.get("TASK-1") is None
