@@ -1,6 +1,7 @@
 """What the runtime control plane's tests share: the contract's schemas (every event and
 snapshot a test sees is validated against them), an HTTP caller of the commands (HTTP JSON
-and JSON-RPC), and an SDK agent whose turns' inputs choose what it does:
+and JSON-RPC), and an SDK agent whose turns' inputs (an agent task's run's too, known by its
+task id) choose what it does:
 
     {"mode": "answer", "value": V}   returns {"answer": V}
     {"mode": "fail"}                 fails with error code no_answer
@@ -173,7 +174,7 @@ class Answerer:
 
     async def handle(self, task: TaskContext) -> object:
         body = task.json()
-        turn_id, given = body["turnId"], body["input"]
+        turn_id, given = body.get("turnId") or body["taskId"], body["input"]
         self.seen.append(turn_id)
         self._event(self.started, turn_id).set()
         mode = given.get("mode", "answer") if isinstance(given, dict) else "answer"
@@ -190,10 +191,11 @@ class Answerer:
 
 @asynccontextmanager
 async def running_answerer(
-    coordinator: Coordinator, agent_id: str = "answerer"
+    coordinator: Coordinator, agent_id: str = "answerer", capabilities: tuple[str, ...] = ()
 ) -> AsyncIterator[Answerer]:
     answerer = Answerer()
-    async with Agent(agent_id, coordinator=str(coordinator.grpc_address)) as agent:
+    address = str(coordinator.grpc_address)
+    async with Agent(agent_id, coordinator=address, capabilities=capabilities) as agent:
         job = asyncio.create_task(TaskRunner(agent, answerer.handle).run())
         try:
             yield answerer

@@ -88,6 +88,9 @@ def _print_json(doc: object) -> None:
 def submit(
     text: str = typer.Argument(..., help="The turn's input: text, or JSON with --input-json"),
     agent: str = typer.Option("", "--agent", help="The agent a new thread is bound to"),
+    capability: str = typer.Option(
+        "", "--capability", help="Or the capability queue a new thread is bound to"
+    ),
     session: str = typer.Option("", "--session", help="The session (default: a new one)"),
     thread: str = typer.Option("", "--thread", help="The thread (default: a new one)"),
     turn_id: str = typer.Option(
@@ -114,7 +117,7 @@ def submit(
     async def call(client: RuntimeClient) -> dict[str, Any]:
         turn = await client.submit_turn(
             value, agent_id=agent, session_id=session, thread_id=thread, turn_id=turn_id,
-            queue_policy=queue_policy or None,
+            queue_policy=queue_policy or None, capability=capability,
         )  # fmt: skip
         shown: dict[str, Any] = {
             "created": turn.created, "session_id": turn.session_id,
@@ -144,17 +147,21 @@ def interrupt(
         False, "--clear-queue", help="Cancel the thread's queued turns as well"
     ),
     reason: str = typer.Option("", "--reason", help="Why (recorded with the interrupt)"),
+    keep_subagents: bool = typer.Option(
+        False, "--keep-subagents", help="Leave the subagents spawned with the turn running"
+    ),
     http: str = HTTP,
     jsonrpc: bool = JSONRPC,
     profile: str = PROFILE,
 ) -> None:
     """Interrupt a turn: a queued one is cancelled, a started one's task cancelled or
-    asked to stop."""
+    asked to stop; the subagents spawned with it are closed."""
 
     async def call(client: RuntimeClient) -> dict[str, Any]:
         return await client.interrupt_turn(
-            thread_id=thread, turn_id=turn, clear_queue=clear_queue, reason=reason
-        )
+            thread_id=thread, turn_id=turn, clear_queue=clear_queue, reason=reason,
+            close_subagents=not keep_subagents,
+        )  # fmt: skip
 
     _print_json(_run("interrupt", http, jsonrpc, call))
 

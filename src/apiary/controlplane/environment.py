@@ -18,6 +18,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from apiary.controlplane.binding import agent_of
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.reads import Reads
 from apiary.controlplane.requests import Params
@@ -69,7 +70,7 @@ class Environment:
         tools = self._tools_of()
         async with self._lock:
             session, thread = await self._reads.thread(caller, req.thread_id, req.session_id)
-            agent = thread.agent_id
+            agent = agent_of(thread)
             bound = tools.worktrees.bound_root(agent) is not None
             entries, withheld = [], 0
             for entry in sorted(tools.catalog.entries(), key=lambda e: e.record.provider_id):
@@ -108,7 +109,7 @@ class Environment:
     async def execution_environment(self, caller: Principal, req: ThreadQuery) -> dict[str, Any]:
         """Where the thread's agent works and what its tool calls run under."""
         session, thread = await self._reads.thread(caller, req.thread_id, req.session_id)
-        agent = thread.agent_id
+        agent = agent_of(thread)
         record = self._worktrees.binding(agent) if self._worktrees else WorktreeBinding(agent)
         tools = self._tools_of()
         root = tools.worktrees.bound_root(agent)  # where its tools run: the same answer

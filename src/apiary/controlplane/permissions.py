@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from apiary.controlplane.actions import Actions
+from apiary.controlplane.binding import agent_of
 from apiary.controlplane.command_keys import CommandKeys
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.permission_requests import EvaluatePermission, ResolvePermission
@@ -196,7 +197,7 @@ class Permissions:
         self, caller: Principal, req: EvaluatePermission, thread: ThreadRecord
     ) -> tuple[dict[str, Any], list[Check]]:
         """What is asked (as the events show it) and the checks' answers."""
-        agent = thread.agent_id
+        agent = agent_of(thread)
         request: dict[str, Any] = {"actionType": req.kind.value, "agentId": agent}
         if req.scope:
             request["scope"] = req.scope

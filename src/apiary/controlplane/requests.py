@@ -85,6 +85,14 @@ class Params:
             raise ValidationError.for_field(name, f"must be within {minimum}..{maximum}")
         return value
 
+    def boolean(self, name: str, default: bool) -> bool:
+        value = self._get(name)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ValidationError.for_field(name, "must be true or false")
+        return value
+
     def choice(self, name: str, allowed: tuple[str, ...], default: str) -> str:
         value = self._get(name)
         if value is None:
@@ -125,6 +133,8 @@ class SubmitTurn:
     priority: int = 0
     workspace_id: str = ""
     title: str = ""
+    capability: str = ""
+    """A new thread's capability queue (instead of `agent_id`)."""
 
     @classmethod
     def read(cls, p: Params, max_input_bytes: int) -> SubmitTurn:
@@ -139,6 +149,7 @@ class SubmitTurn:
             priority=p.integer("priority", minimum=-19, maximum=20) or 0,
             workspace_id=p.id("workspace_id"),
             title=p.text("title"),
+            capability=p.id("capability"),
         )
 
 
@@ -153,6 +164,8 @@ class InterruptTurn:
     queued: str = "preserve"
     """What happens to the thread's queued turns: kept (preserve) or cancelled (clear)."""
     reason: str = ""
+    propagate: bool = True
+    """Whether the subagents spawned with the turn are closed too (false: they go on)."""
 
     @classmethod
     def read(cls, p: Params) -> InterruptTurn:
@@ -162,6 +175,7 @@ class InterruptTurn:
             session_id=p.id("session_id"),
             queued=p.choice("queued", QUEUED_WORK, "preserve"),
             reason=p.text("reason"),
+            propagate=p.boolean("propagate", True),
         )
 
 

@@ -17,11 +17,13 @@ from dataclasses import replace
 from typing import Any
 
 from apiary.controlplane.actions import Actions
+from apiary.controlplane.binding import binding_of, bound_to, check_binding
 from apiary.controlplane.channels import Channels, channel_json
 from apiary.controlplane.environment import Environment
 from apiary.controlplane.exports import Exports
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.jobs import JobCommands
+from apiary.controlplane.model_progress import ModelProgress
 from apiary.controlplane.permissions import Permissions
 from apiary.controlplane.processes import Processes
 from apiary.controlplane.reads import Reads, no_thread
@@ -130,9 +132,12 @@ class RuntimeControl:
         self.environment = Environment(self._facts, self.reads, tools, worktrees, self._lock)
         self.processes = Processes(self._facts, self.reads, tools, scheduler, clock, settings)
         self.subagents = Subagents(
-            self._facts, self.reads, registry, events, self.submit_turn, self.interrupt_turn,
+            self._facts, self.reads, registry, events, self.submit_turn, self.stop_turn,
             clock, ids, self._lock,
         )  # fmt: skip
+        self.tasks.close_subagent = self.subagents.close_named
+        self.model_progress = ModelProgress(self._facts)
+        scheduler.take_reports(self.model_progress.report)
 
     async def load(self) -> int:
         """Follow the started turns again and start what waits, and the agent tasks' runs
@@ -186,6 +191,7 @@ class RuntimeControl:
                 ("session_id", req.session_id, known.session_id),
                 ("thread_id", req.thread_id, known.thread_id),
                 ("agent_id", req.agent_id, thread.agent_id),
+                ("capability", req.capability, thread.capability),
             ) if given and given != stored
         ]  # fmt: skip
         if json.loads(req.input_json) != json.loads(known.input_json):
@@ -237,24 +243,22 @@ class RuntimeControl:
                         f"thread {found.thread_id} is a closed subagent: it takes no turns",
                         {"field": "thread_id", "thread_id": found.thread_id},
                     )
-                if req.agent_id and req.agent_id != found.agent_id:
-                    raise ValidationError.for_field(
-                        "agent_id", f"thread {found.thread_id} is bound to {found.agent_id}"
-                    )
+                for name, given, bound in (
+                    ("agent_id", req.agent_id, found.agent_id),
+                    ("capability", req.capability, found.capability),
+                ):
+                    if given and given != bound:
+                        raise ValidationError.for_field(name, f"thread {found.thread_id} is "
+                            f"bound to {bound_to(found.agent_id, found.capability)}")  # fmt: skip
                 return found, False
-        if not req.agent_id:
-            raise ValidationError.for_field(
-                "agent_id", "is required to start a thread (the agent its turns run on)"
-            )
-        if await self._registry.find(req.agent_id) is None:
-            raise NotFoundError(f"no agent {req.agent_id!r} is registered", {"field": "agent_id"})
+        await check_binding(self._registry, req.agent_id, req.capability)
         thread_id = req.thread_id or self._ids.new_id()
         scope = req.scope or f"resource:runtime-thread/{thread_id}"
         parse_scope(scope)
         now = self._clock.now()
         thread = ThreadRecord(
             thread_id, session.session_id, req.agent_id, scope, req.queue_policy,
-            ThreadStatus.IDLE.value, now, now,
+            ThreadStatus.IDLE.value, now, now, capability=req.capability,
         )  # fmt: skip
         return thread, True
 
@@ -304,7 +308,7 @@ class RuntimeControl:
                     thread.thread_id,
                     agent_id=agent,
                     status=thread.status,
-                    payload={"agentId": agent, "queuePolicy": thread.queue_policy},
+                    payload={**binding_of(thread), "queuePolicy": thread.queue_policy},
                 )
             )
         facts.append(
@@ -328,7 +332,8 @@ class RuntimeControl:
     async def interrupt_turn(self, caller: Principal, req: InterruptTurn) -> dict[str, Any]:
         """Stop a turn: a queued one is cancelled at once; a started one records the intent
         (task.cancel_requested), then its task is cancelled while it waits or asked to stop
-        while it runs. `queued: clear` cancels the thread's queued turns too."""
+        while it runs. `queued: clear` cancels the thread's queued turns too; the subagents
+        spawned with the turn are closed after it unless `propagate` is false."""
         async with self._lock:
             if req.turn_id:
                 turn, thread = await self.reads.turn(
@@ -350,43 +355,61 @@ class RuntimeControl:
                     f"turn {turn.turn_id} has already ended ({turn.state})",
                     {"field": "turn_id", "turn_id": turn.turn_id, "state": turn.state},
                 )
-            cleared: list[str] = []
-            if req.queued == "clear":  # first: the interrupted turn's end starts the next
-                for queued in await self._store.open_turns(thread.thread_id):
-                    if queued.state == TurnState.QUEUED and queued.turn_id != turn.turn_id:
-                        await self._cancel_queued(caller, queued, "cleared by an interrupt")
-                        cleared.append(queued.turn_id)
-                thread = (await self._store.thread(thread.thread_id)) or thread
-            turn = await self._interrupt(caller, turn, thread, reason)
-            turn = (await self._store.turn(turn.turn_id)) or turn
+            turn, cleared, closed = await self.stop_turn(
+                turn, thread, reason, caller.label, clear=req.queued == "clear",
+                propagate=req.propagate,
+            )  # fmt: skip
         return {
             "turnId": turn.turn_id, "status": turn.state,
             "interrupt": "cancelled" if turn.state == TurnState.CANCELLED else (
                 "requested" if turn.interrupt else turn.state
             ),
-            "clearedTurns": cleared, "turn": turn_view(turn).to_json(),
+            "clearedTurns": cleared, "closedSubagents": closed, "turn": turn_view(turn).to_json(),
         }  # fmt: skip
 
+    async def stop_turn(
+        self, turn: TurnRecord, thread: ThreadRecord, reason: str, actor: str, *,
+        clear: bool = False, propagate: bool = True,
+    ) -> tuple[TurnRecord, list[str], list[str]]:  # fmt: skip
+        """Stop an open turn (the lock held): a queued one is cancelled at once, a started
+        one records the intent, then its task is cancelled or asked to stop; with `clear`
+        the thread's queued turns are cancelled too; with `propagate` the subagents spawned
+        with the turn are closed after it, each recording its own intent first. The turn as
+        it stands, the cleared turns and the closed subagents."""
+        cleared: list[str] = []
+        if clear:  # first: the interrupted turn's end starts the next
+            for queued in await self._store.open_turns(thread.thread_id):
+                if queued.state == TurnState.QUEUED and queued.turn_id != turn.turn_id:
+                    await self._cancel_queued(actor, queued, "cleared by an interrupt")
+                    cleared.append(queued.turn_id)
+            thread = (await self._store.thread(thread.thread_id)) or thread
+        turn = await self._interrupt(actor, turn, thread, reason)
+        closed: list[str] = []
+        if propagate:
+            why = f"its parent turn {turn.turn_id} was interrupted: {reason}"
+            closed = await self.subagents.close_spawned(thread, turn.turn_id, why, actor)
+        return (await self._store.turn(turn.turn_id)) or turn, cleared, closed
+
     async def _interrupt(
-        self, caller: Principal, turn: TurnRecord, thread: ThreadRecord, reason: str
+        self, actor: str, turn: TurnRecord, thread: ThreadRecord, reason: str
     ) -> TurnRecord:
         state = TurnState(turn.state)
         if state is TurnState.QUEUED:
-            return await self._cancel_queued(caller, turn, reason, "interrupted")
+            return await self._cancel_queued(actor, turn, reason, "interrupted")
         if turn.interrupt:
             return turn  # asked already: the task's end will tell
         after, _ = await self.turns.apply(
-            turn, thread, TurnInput.INTERRUPT, caller.label, interrupt=reason
+            turn, thread, TurnInput.INTERRUPT, actor, interrupt=reason
         )
         return after
 
     async def _cancel_queued(
-        self, caller: Principal, turn: TurnRecord, reason: str, why: str = "removed"
+        self, actor: str, turn: TurnRecord, reason: str, why: str = "removed"
     ) -> TurnRecord:
         thread = await self._store.thread(turn.thread_id)
         assert thread is not None
         after, _ = await self.turns.apply(
-            turn, thread, TurnInput.CANCEL, caller.label, status_reason=why,
+            turn, thread, TurnInput.CANCEL, actor, status_reason=why,
             error_code="cancelled", message=reason,
         )  # fmt: skip
         return after
@@ -407,7 +430,7 @@ class RuntimeControl:
                     "stops it", {"field": "turn_id", "turn_id": turn.turn_id, "state": turn.state},
                 )  # fmt: skip
             reason = req.reason or f"removed by {caller.label}"
-            turn = await self._cancel_queued(caller, turn, reason)
+            turn = await self._cancel_queued(caller.label, turn, reason)
         return {"turnId": turn.turn_id, "status": turn.state, "removed": True}
 
     # ------------------------------------------------------------------ reads

@@ -3,8 +3,10 @@ the caller's thread, bound to another agent and linked to its parent (and the pa
 turn); send_subagent_input is a turn on the child thread (submit_turn's own path: queued
 by the child's policy, run as the child agent's task); wait_subagents follows the children
 until they settle (every turn ended) or the timeout; close_subagent interrupts the child's
-turn, cancels what it has queued, then closes the thread to new turns; list_subagents is
-the parent-child graph with each child's state. A child's events go to its parent's thread
+turn, cancels what it has queued, then closes the thread to new turns (an interrupt of
+the parent's turn closes the children spawned with it, a cancelled task the children its
+`subagent` edges name: `close_spawned`, `close_named`); list_subagents is the parent-child
+graph with each child's state. A child's events go to its parent's thread
 as well (`subagent.*`, `subagentId`). Spawn, input and close take an `idempotency_key`;
 `subagent_id` and an input's `turn_id` are caller ids that a retry names again."""
 
@@ -16,10 +18,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
+from apiary.controlplane.binding import binding_of, check_binding
 from apiary.controlplane.command_keys import CommandKeys
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.reads import Reads
-from apiary.controlplane.requests import InterruptTurn, Params, SubmitTurn
+from apiary.controlplane.requests import Params, SubmitTurn
 from apiary.controlplane.task_requests import Keyed, ids
 from apiary.core.access.principal import Principal
 from apiary.core.clock import Clock
@@ -27,7 +30,7 @@ from apiary.core.ids import IdGenerator
 from apiary.core.limits import DEFAULT_LIMITS
 from apiary.core.runtime.events import RuntimeEventType
 from apiary.core.runtime.log import Fact
-from apiary.core.runtime.records import QueuePolicy, RuntimeWrite, ThreadRecord
+from apiary.core.runtime.records import QueuePolicy, RuntimeWrite, ThreadRecord, TurnRecord
 from apiary.core.runtime.snapshot import ThreadStatus
 from apiary.core.runtime.subagents import SETTLED, graph, subagent_fact, subagent_view
 from apiary.core.scope_overlap import parse_scope
@@ -45,13 +48,16 @@ _T = RuntimeEventType
 MAX_WAIT_S: Final = 3600
 WAIT_MODES: Final = ("all", "any")
 Submit = Callable[[Principal, SubmitTurn], Awaitable[dict[str, Any]]]
-Interrupt = Callable[[Principal, InterruptTurn], Awaitable[dict[str, Any]]]
+Stop = Callable[..., Awaitable[tuple[TurnRecord, list[str], list[str]]]]
+"""RuntimeControl.stop_turn: stop an open turn, the lock held."""
 
 
 @dataclass(frozen=True, slots=True)
 class SpawnSubagent(Keyed):
     thread_id: str
-    agent_id: str
+    agent_id: str = ""
+    capability: str = ""
+    """Or the capability queue the child's turns go to (any capable agent runs each)."""
     subagent_id: str = ""
     turn_id: str = ""
     role: str = ""
@@ -63,7 +69,8 @@ class SpawnSubagent(Keyed):
         return cls(
             idempotency_key=p.id("idempotency_key"),
             thread_id=p.id("thread_id", required=True),
-            agent_id=p.id("agent_id", required=True),
+            agent_id=p.id("agent_id", required=not p.has("capability")),
+            capability=p.id("capability"),
             subagent_id=p.id("subagent_id"),
             turn_id=p.id("turn_id"),
             role=p.text("role"),
@@ -147,7 +154,7 @@ class Subagents:
 
     def __init__(
         self, facts: FactWriter, reads: Reads, registry: Registry, events: EventRecorder,
-        submit: Submit, interrupt: Interrupt, clock: Clock, ids: IdGenerator,
+        submit: Submit, stop: Stop, clock: Clock, ids: IdGenerator,
         lock: asyncio.Lock,
     ) -> None:  # fmt: skip
         self._facts = facts
@@ -156,7 +163,7 @@ class Subagents:
         self._registry = registry
         self._events = events
         self._submit = submit
-        self._interrupt = interrupt
+        self._stop = stop
         self._clock = clock
         self._ids = ids
         self._lock = lock
@@ -192,10 +199,7 @@ class Subagents:
                     f"subagent_id {req.subagent_id!r} names a thread that exists; a retry "
                     "sends its idempotency_key", {"field": "subagent_id"},
                 )  # fmt: skip
-            if await self._registry.find(req.agent_id) is None:
-                raise NotFoundError(
-                    f"no agent {req.agent_id!r} is registered", {"field": "agent_id"}
-                )
+            await check_binding(self._registry, req.agent_id, req.capability)
             child_id = req.subagent_id or self._ids.new_id()
             scope = req.scope or f"resource:runtime-thread/{child_id}"
             parse_scope(scope)
@@ -203,13 +207,13 @@ class Subagents:
             child = ThreadRecord(
                 child_id, session.session_id, req.agent_id, scope, QueuePolicy.QUEUE.value,
                 ThreadStatus.IDLE.value, now, now, parent_thread_id=parent.thread_id,
-                parent_turn_id=req.turn_id, role=req.role,
+                parent_turn_id=req.turn_id, role=req.role, capability=req.capability,
             )  # fmt: skip
             facts = [
                 Fact(
                     _T.THREAD_STARTED, session.session_id, child.thread_id,
                     agent_id=child.agent_id, status=child.status,
-                    payload={"agentId": child.agent_id, "queuePolicy": child.queue_policy,
+                    payload={**binding_of(child), "queuePolicy": child.queue_policy,
                              "parentThreadId": parent.thread_id},
                 ),
                 subagent_fact(_T.SUBAGENT_SPAWNED, child,
@@ -298,26 +302,62 @@ class Subagents:
                     f"subagent {child.thread_id} is closed already",
                     {"field": "subagent_id", "subagent_id": child.thread_id},
                 )
-            open_turns = await self._store.open_turns(child.thread_id)
-        reason = req.reason or f"subagent closed by {caller.label}"
+            reason = req.reason or f"subagent closed by {caller.label}"
+            closed, interrupted = await self.close_held(child, reason, caller.label, key)
+        return {**await self._answer(closed), "interruptedTurns": interrupted}
+
+    async def close_held(
+        self, child: ThreadRecord, reason: str, actor: str, key: Any = None
+    ) -> tuple[ThreadRecord, list[str]]:
+        """Close `child` (the lock held): its turn is interrupted and its queued turns
+        cancelled (each recording its intent first, and closing the subagents spawned
+        with them), then the thread is closed (`subagent.closed`). The closed thread and
+        the turns it stopped."""
+        open_turns = await self._store.open_turns(child.thread_id)
         interrupted: list[str] = []
         if open_turns:
-            target = child.active_turn_id or open_turns[0].turn_id
-            done = await self._interrupt(
-                caller, InterruptTurn(child.thread_id, target, queued="clear", reason=reason)
+            target = next(
+                (t for t in open_turns if t.turn_id == child.active_turn_id), open_turns[0]
             )
-            interrupted = [done["turnId"], *done["clearedTurns"]]
-        async with self._lock:
-            child = await self._store.thread(child.thread_id) or child
-            now = self._clock.now()
-            closed = replace(child, closed_at=now, updated_at=now)
-            fact = subagent_fact(
-                _T.SUBAGENT_CLOSED, closed, {"reason": reason, "interruptedTurns": interrupted}
-            )
-            keys = self._keys.keep(key, {"subagentId": child.thread_id})
-            await self._facts.commit(RuntimeWrite(threads=(closed,), keys=keys), [fact],
-                                     caller.label)  # fmt: skip
-        return {**await self._answer(closed), "interruptedTurns": interrupted}
+            turn, cleared, _ = await self._stop(target, child, reason, actor, clear=True)
+            interrupted = [turn.turn_id, *cleared]
+        child = await self._store.thread(child.thread_id) or child
+        now = self._clock.now()
+        closed = replace(child, closed_at=now, updated_at=now)
+        fact = subagent_fact(
+            _T.SUBAGENT_CLOSED, closed, {"reason": reason, "interruptedTurns": interrupted}
+        )
+        keys = self._keys.keep(key, {"subagentId": child.thread_id})
+        await self._facts.commit(RuntimeWrite(threads=(closed,), keys=keys), [fact], actor)
+        return closed, interrupted
+
+    async def close_spawned(
+        self, parent: ThreadRecord, turn_id: str, reason: str, actor: str
+    ) -> list[str]:
+        """Close the open subagents spawned with the parent's turn `turn_id` (the lock
+        held: an interrupt of that turn propagates to them); their ids."""
+        threads = await self._store.threads(parent.session_id)
+        spawned = [
+            t for t in threads
+            if t.parent_thread_id == parent.thread_id and t.parent_turn_id == turn_id
+            and not t.closed_at
+        ]  # fmt: skip
+        for child in spawned:
+            await self.close_held(child, reason, actor)
+        return [child.thread_id for child in spawned]
+
+    async def close_named(self, subagent_id: str, owner: str, reason: str, actor: str) -> bool:
+        """Close the subagent `subagent_id` when it is open and its session is `owner`'s
+        (the lock held: a cancelled task's subagent edge propagates to it); whether it
+        was closed."""
+        child = await self._store.thread(subagent_id)
+        if child is None or not child.parent_thread_id or child.closed_at:
+            return False
+        session = await self._store.session(child.session_id)
+        if session is None or session.owner != owner:
+            return False
+        await self.close_held(child, reason, actor)
+        return True
 
     # ------------------------------------------------------------------ list
 

@@ -67,12 +67,7 @@ def ids(p: Params, name: str) -> tuple[str, ...]:
 
 
 def boolean(p: Params, name: str, default: bool) -> bool:
-    value = _json(p, name, 16)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ValidationError.for_field(name, "must be true or false")
-    return value
+    return p.boolean(name, default)
 
 
 def optional_input(p: Params, name: str, limit: int) -> str | None:

@@ -67,6 +67,7 @@ from apiary.store.protocols import RuntimeStore
 _T = RuntimeEventType
 _I = RuntimeTaskInput
 _S = RuntimeTaskState
+CloseSubagent = Callable[[str, str, str, str], Awaitable[bool]]
 CREATE_KEY: Final = "task:"
 """create_task keeps its task_id as its idempotency key under this prefix."""
 
@@ -100,6 +101,8 @@ class TaskCommands:
         self.runs.cancel_children = self._cancel_children
         self._propagate = True
         """cancel_task's `propagate` while it runs (the lock is held)."""
+        self.close_subagent: CloseSubagent | None = None
+        """Subagents.close_named: a cancelled task's subagent edges close their subagents."""
         self.cancel_jobs: CancelChildren | None = None
         """Cancels the jobs a cancelled task is the parent of (controlplane/jobs.py)."""
 
@@ -203,10 +206,11 @@ class TaskCommands:
         if req.task_id and await self._store.task(req.task_id) is not None:
             raise AlreadyExistsError(f"task_id {req.task_id!r} is taken", {"field": "task_id"})
         session, new_session = await self._session_for(caller, req)
-        agent_id, scope = req.agent_id, req.scope
+        agent_id, capability, scope = req.agent_id, req.capability, req.scope
         if req.thread_id:
             _, thread = await self._reads.thread(caller, req.thread_id, session.session_id)
-            agent_id = agent_id or (thread.agent_id if not req.capability else "")
+            if not (agent_id or capability):  # the thread's agent or capability queue
+                agent_id, capability = thread.agent_id, thread.capability
             scope = scope or thread.scope
         if agent_id and await self._registry.find(agent_id) is None:
             raise NotFoundError(f"no agent {agent_id!r} is registered", {"field": "agent_id"})
@@ -221,7 +225,7 @@ class TaskCommands:
         now = self._clock.now()
         task = RuntimeTaskRecord(
             task_id, session.session_id, owner_of(caller), _S.DRAFT.value, now, now,
-            thread_id=req.thread_id, agent_id=agent_id, capability=req.capability, scope=scope,
+            thread_id=req.thread_id, agent_id=agent_id, capability=capability, scope=scope,
             priority=req.priority, input_json=req.input_json,
             meta_json=json.dumps(req.meta.changes(), ensure_ascii=False, separators=(",", ":")),
         )  # fmt: skip
@@ -392,7 +396,8 @@ class TaskCommands:
 
     async def _cancel_children(self, parent: RuntimeTaskRecord, actor: str) -> None:
         """Cancel the parent's child tasks that have not ended (each records its intent
-        first, then stops its run and its own children), then its child jobs."""
+        first, then stops its run and its own children), then its child jobs, then close the
+        subagents its `subagent` edges name (each child turn's interrupt recorded first)."""
         if not self._propagate:
             return
         children = {
@@ -413,6 +418,15 @@ class TaskCommands:
                                   intent_reason=why)  # fmt: skip
         if self.cancel_jobs is not None:
             await self.cancel_jobs(parent, actor)
+        await self._close_subagents(parent, actor)
+
+    async def _close_subagents(self, parent: RuntimeTaskRecord, actor: str) -> None:
+        if self.close_subagent is None:
+            return
+        why = f"its task {parent.task_id} was cancelled"
+        for link in await self._store.links(parent.task_id):
+            if link.kind == LinkKind.SUBAGENT and link.status == LinkStatus.ACTIVE:
+                await self.close_subagent(link.target_id, parent.owner, why, actor)
 
     # ------------------------------------------------------------------ progress, outcome
 

@@ -22,6 +22,7 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Final
 
+from apiary.controlplane.binding import binding_of
 from apiary.controlplane.facts import RUNTIME_ACTOR, FactWriter
 from apiary.controlplane.following import TaskFollowers
 from apiary.core.clock import Clock
@@ -155,7 +156,7 @@ class TurnDriver:
         submission = Submission(
             agent_id=thread.agent_id, task_id=turn.task_id, priority=turn.priority,
             params=task_params(turn), content_type=JSON, scope=thread.scope,
-            submitter=submitter_of(turn.submitted_by),
+            submitter=submitter_of(turn.submitted_by), capability=thread.capability,
         )  # fmt: skip
         try:
             result = await self._scheduler.submit(submission)
@@ -249,8 +250,9 @@ class TurnDriver:
     def _fact(self, kind: str, turn: TurnRecord, thread: ThreadRecord) -> Fact:
         """The contract event `kind` of the turn as it stands now."""
         payload: dict[str, Any] = {}
+        agent = turn.agent_id or thread.agent_id
         if kind in (_T.TASK_CREATED, _T.TASK_STARTED, _T.TURN_STARTED):
-            payload["agentId"] = thread.agent_id
+            payload.update({"agentId": agent} if agent else binding_of(thread))
         if kind == _T.TURN_COMPLETED and turn.result_json:
             size = utf8_size(turn.result_json)
             if size <= RESULT_INLINE_BYTES:
@@ -265,7 +267,7 @@ class TurnDriver:
         return Fact(
             kind, turn.session_id, turn.thread_id, turn.turn_id,
             task_id=turn.task_id if started else "", status=turn.state,
-            status_reason=turn.status_reason, payload=payload or None, agent_id=thread.agent_id,
+            status_reason=turn.status_reason, payload=payload or None, agent_id=agent,
         )  # fmt: skip
 
     # ------------------------------------------------------------------ tasks
@@ -290,6 +292,8 @@ class TurnDriver:
         assert thread is not None  # a turn is stored with its thread
         for event in events:
             changes: dict[str, Any] = {}
+            if task.agent_id:  # the agent that took it (any capable one, for a capability)
+                changes["agent_id"] = task.agent_id
             if event is TurnInput.RUN:
                 changes["started_at"] = self._clock.now()
             elif event is TurnInput.COMPLETE:
@@ -340,6 +344,12 @@ class TurnDriver:
         reason starts with INTERRUPT_PREFIX: an SDK agent fails it `cancelled` at its next
         safe point; one that never reaches one is terminated by the Scheduler)."""
         reason = f"{INTERRUPT_PREFIX} {turn.interrupt or 'interrupted'}"
-        asked = await self._scheduler.request_preemption(thread.agent_id, turn.task_id, reason)
+        holder = thread.agent_id
+        if not holder:  # a capability queue's task: ask the agent that holds it now
+            try:
+                holder = (await self._scheduler.find(turn.task_id)).agent_id
+            except NotFoundError:
+                return
+        asked = await self._scheduler.request_preemption(holder, turn.task_id, reason)
         if not asked:
             log.info("turn %s: its task %s was not preemptible now", turn.turn_id, turn.task_id)

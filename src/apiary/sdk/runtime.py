@@ -213,12 +213,13 @@ class RuntimeClient(
     async def submit_turn(
         self, input: Any, *, agent_id: str = "", session_id: str = "", thread_id: str = "",
         turn_id: str = "", queue_policy: str | None = None, scope: str = "", priority: int = 0,
-        title: str = "",
+        title: str = "", capability: str = "",
     ) -> SubmittedTurn:  # fmt: skip
-        """Queue a turn (a new thread needs `agent_id`); retrying with the same `turn_id`
-        answers the same turn."""
+        """Queue a turn (a new thread needs `agent_id`, or `capability`: a shared queue any
+        capable agent takes its turns from); retrying with the same `turn_id` answers the
+        same turn."""
         doc = await self.call(
-            "submit_turn", input=input, agent_id=agent_id or None,
+            "submit_turn", input=input, agent_id=agent_id or None, capability=capability or None,
             session_id=session_id or None, thread_id=thread_id or None, turn_id=turn_id or None,
             queue_policy=queue_policy, scope=scope or None, priority=priority or None,
             title=title or None,
@@ -230,12 +231,15 @@ class RuntimeClient(
 
     async def interrupt_turn(
         self, *, thread_id: str = "", turn_id: str = "", clear_queue: bool = False,
-        reason: str = "",
+        reason: str = "", close_subagents: bool = True,
     ) -> dict[str, Any]:  # fmt: skip
-        """Stop the thread's running turn (or the turn `turn_id` names)."""
+        """Stop the thread's running turn (or the turn `turn_id` names); the subagents
+        spawned with it are closed too (`closedSubagents`) unless `close_subagents` is
+        false."""
         return await self.call(
             "interrupt_turn", thread_id=thread_id or None, turn_id=turn_id or None,
             queued="clear" if clear_queue else None, reason=reason or None,
+            propagate=None if close_subagents else False,
         )  # fmt: skip
 
     async def remove_queued_turn(self, turn_id: str, *, reason: str = "") -> dict[str, Any]:

@@ -75,13 +75,15 @@ class RuntimePermissionCommands:
         return await self.call("get_execution_environment", thread_id=thread_id)
 
     async def spawn_subagent(
-        self, thread_id: str, agent_id: str, *, subagent_id: str = "", turn_id: str = "",
+        self, thread_id: str, agent_id: str = "", *, subagent_id: str = "", turn_id: str = "",
         role: str = "", scope: str = "", input: Any = None, idempotency_key: str = "",
+        capability: str = "",
     ) -> dict[str, Any]:  # fmt: skip
-        """A child thread of `thread_id` bound to `agent_id` (its id `subagentId`), its
-        first turn run with `input` when given."""
+        """A child thread of `thread_id` bound to `agent_id` (or to the `capability` queue;
+        its id `subagentId`), its first turn run with `input` when given."""
         return await self.call(
-            "spawn_subagent", thread_id=thread_id, agent_id=agent_id,
+            "spawn_subagent", thread_id=thread_id, agent_id=agent_id or None,
+            capability=capability or None,
             subagent_id=subagent_id or None, turn_id=turn_id or None, role=role or None,
             scope=scope or None, input=input, idempotency_key=idempotency_key or None,
         )  # fmt: skip

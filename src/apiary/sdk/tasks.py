@@ -67,6 +67,7 @@ from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.connection import Connection, Delivery
 from apiary.sdk.errors import TaskFailedError
+from apiary.sdk.model_reports import ModelReporter
 from apiary.sdk.task_outcome import (
     YIELDED,
     Outcome,
@@ -119,6 +120,8 @@ class TaskContext:
         self.content_type = envelope.content_type
         self.attempt = _attempt(envelope.idempotency_token)
         """1 for the first dispatch; a yielded or retried task comes back with the next."""
+        self.model = ModelReporter(self._command)
+        """Model and reasoning progress reported from this task (sdk/model_reports.py)."""
         self._preempt_reason: str | None = None
         self._in_section = False
         self._resumed = asyncio.Event()

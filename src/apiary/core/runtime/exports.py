@@ -68,7 +68,9 @@ def replay_case(
         "kind": "replay", "version": PACK_VERSION, "sessionId": session_id,
         "exportedAt": exported_at, "cursor": cursor,
         "threads": [
-            {"threadId": thread.thread_id, "agentId": thread.agent_id, "scope": thread.scope,
+            {"threadId": thread.thread_id, "scope": thread.scope,
+             **({"capability": thread.capability} if thread.capability else
+                {"agentId": thread.agent_id}),
              "turns": [_replayed(turn) for turn in turns]}
             for thread, turns in threads
         ],

@@ -92,7 +92,7 @@ class ThreadRecord:
     thread_id: str
     session_id: str
     agent_id: str
-    """The agent its turns run on."""
+    """The agent its turns run on ('' when it is bound to a capability queue)."""
     scope: str
     """The scope of its turns' tasks (RFC 9.2)."""
     queue_policy: str
@@ -113,6 +113,8 @@ class ThreadRecord:
     """A subagent's role in its parent's work (free text)."""
     closed_at: float = 0.0
     """When close_subagent closed it (0.0: open); a closed thread takes no turns."""
+    capability: str = ""
+    """Or the capability queue its turns' tasks go to: any capable agent runs each."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +151,9 @@ class TurnRecord:
     below 0 once promote_queued_turn (or resume_thread) moved it ahead."""
     resumed_from: str = ""
     """The turn whose lost task resume_thread ran again as this turn ('' for none)."""
+    agent_id: str = ""
+    """The agent that took its task ('' until one did): a capability thread's turns may run
+    on different agents."""
 
 
 def queue_key(turn: TurnRecord) -> tuple[int, int]:

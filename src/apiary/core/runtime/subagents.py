@@ -29,7 +29,9 @@ def subagent_fact(
     """An event of `child` on its parent's thread."""
     return Fact(
         kind, child.session_id, child.parent_thread_id, child.parent_turn_id or turn_id,
-        status=child.status, payload={"agentId": child.agent_id, **payload},
+        status=child.status,
+        payload={**({"capability": child.capability} if child.capability else
+                    {"agentId": child.agent_id}), **payload},
         agent_id=child.agent_id, extra={"subagentId": child.thread_id},
     )  # fmt: skip
 
@@ -47,7 +49,9 @@ def ended_fact(turn: TurnRecord, child: ThreadRecord) -> Fact:
 def subagent_view(child: ThreadRecord, last: TurnRecord | None = None) -> dict[str, Any]:
     """A child thread as list_subagents and wait_subagents show it."""
     found: dict[str, Any] = {
-        "subagentId": child.thread_id, "threadId": child.thread_id, "agentId": child.agent_id,
+        "subagentId": child.thread_id, "threadId": child.thread_id,
+        **({"capability": child.capability} if child.capability else
+           {"agentId": child.agent_id}),
         "parentThreadId": child.parent_thread_id, "status": child.status,
         "closed": child.closed_at > 0, "settled": child.status in SETTLED,
         "createdAt": iso_utc(child.created_at),

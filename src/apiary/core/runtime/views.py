@@ -106,6 +106,9 @@ def turn_view(turn: TurnRecord, task: TaskRecord | None = None) -> TurnView:
         extra["interrupt"] = turn.interrupt
     if turn.resumed_from:
         extra["resumedFrom"] = turn.resumed_from
+    ran_on = turn.agent_id or (task.agent_id if task is not None else "")
+    if ran_on:
+        extra["agentId"] = ran_on  # the agent that took its task (of a capability queue too)
     started = turn.state != TurnState.QUEUED
     return TurnView(
         turn_id=turn.turn_id,
@@ -152,13 +155,16 @@ def thread_view(state: ThreadState, *, detail: bool = False) -> ThreadView:
         "agentId": thread.agent_id, "queuePolicy": thread.queue_policy,
         "turnCount": thread.turn_count,
     }  # fmt: skip
+    if thread.capability:  # bound to a capability queue: each turn says its agent
+        del extra["agentId"]
+        extra["capability"] = thread.capability
     if detail:
         ended = [t for t in state.turns if TurnState(t.state).terminal]
         if ended:
             extra["lastOutcome"] = outcome(max(ended, key=lambda t: t.ordinal))
         active = state.tasks.get(_active_task(state))
         extra["diagnostics"] = {
-            "agentId": thread.agent_id,
+            "agentId": thread.agent_id or (active.agent_id if active is not None else None),
             "queueLength": len(queued),
             "activeTaskState": active.state if active is not None else None,
             "activeTaskNote": active.note if active is not None and active.note else None,

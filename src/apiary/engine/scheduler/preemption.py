@@ -1,13 +1,16 @@
 """The Scheduler's cooperative preemption (RFC 7.1, 7.2; C.4, C.5): preempt requests, the
 PreemptionMachine's steps and their effects (control commands, deadlines on the Scheduler's
 timer heap, forced termination, requeueing a yielded task), and the commands a running agent
-sends the Scheduler (enter_section, leave_section, progress). The rules are
+sends the Scheduler (enter_section, leave_section, progress, report). The rules are
 core/preemption.py, and for an agent holding several tasks (or a shared queue's agents)
 core/tasks/capacity.py picks what a higher priority preempts and recalls; the wire protocol
 is in docs/scheduler.md.
 
 Everything here runs with the Scheduler's lock held: the entry points (`request`,
-`on_command`) take it, the rest is called from Scheduler code that holds it.
+`on_command`) take it, the rest is called from Scheduler code that holds it. A `report`
+(model and reasoning progress, core/runtime/model_reports.py) is the exception: checked to
+come from the agent holding the task, it goes to the `reporter` (the runtime control plane)
+without the lock, which the reporter's own lock must never wait behind.
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ from apiary.engine.scheduler.wakeups import Wakeups, preempt_key
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import PermissionDeniedError, UnavailableError, ValidationError
 from apiary.store.errors import StoreError
+
+Reporter = Callable[[TaskRecord, dict[str, Any]], Awaitable[None]]
+"""Takes a `report` command of the agent holding the task (its body as sent)."""
 
 _YIELD = PreemptionInput.SAFE_POINT_YIELD
 _TERMINATED = PreemptionInput.TERMINATED
@@ -85,6 +91,8 @@ class SchedulerPreemption:
         self._lock = lock
         self._drain = drain
         """Dispatches to the agents woken meanwhile (`SchedulerDispatch.drain`)."""
+        self.reporter: Reporter | None = None
+        """Takes the running agents' `report` commands (set by the runtime control plane)."""
 
     async def request(self, agent_id: str, task_id: str, reason: str) -> bool:
         """RequestPreemption: start cooperative preemption of the agent's task `task_id`
@@ -267,7 +275,8 @@ class SchedulerPreemption:
             await self._transitions.end(task, TaskInput.FULFIL, "", note, result_from_note(note))
 
     async def on_command(self, env: Envelope) -> None:
-        """A running agent's CONTROL command: enter_section, leave_section or progress."""
+        """A running agent's CONTROL command: enter_section, leave_section, progress or
+        report."""
         try:
             body = json.loads(env.payload)
         except ValueError:
@@ -275,15 +284,14 @@ class SchedulerPreemption:
         if not isinstance(body, dict):
             raise ValidationError.for_field("payload", "must be a JSON object")
         command = body.get("command")
+        if command == "report":
+            held = self._held(env, body)  # no await before the check: as under the lock
+            if self.reporter is None:
+                raise UnavailableError("no runtime control plane takes reports here")
+            await self.reporter(held, body)
+            return
         async with self._lock:
-            task = self._live.tasks.get(str(body.get("task_id") or ""))
-            if task is None or not self._live.holds(task.agent_id, task.task_id):
-                raise ValidationError.for_field("task_id", "names no task running now")
-            if env.producer_id != task.agent_id:
-                raise PermissionDeniedError(
-                    f"{env.producer_id} does not run task {task.task_id}",
-                    {"task_id": task.task_id},
-                )
+            task = self._held(env, body)
             if command == "progress":
                 await self._progress(task, body)
                 return
@@ -306,7 +314,8 @@ class SchedulerPreemption:
                 )
             if command not in ("enter_section", "leave_section"):
                 raise ValidationError.for_field(
-                    "command", f"{command!r} is not enter_section, leave_section or progress"
+                    "command",
+                    f"{command!r} is not enter_section, leave_section, progress or report",
                 )
             try:
                 if command == "enter_section":
@@ -317,6 +326,18 @@ class SchedulerPreemption:
                 raise ValidationError.for_field("command", str(exc)) from None
             await self.perform(task, step)
             await self._drain()
+
+    def _held(self, env: Envelope, body: dict[str, Any]) -> TaskRecord:
+        """The running task the command names, held by the agent that sent it."""
+        task = self._live.tasks.get(str(body.get("task_id") or ""))
+        if task is None or not self._live.holds(task.agent_id, task.task_id):
+            raise ValidationError.for_field("task_id", "names no task running now")
+        if env.producer_id != task.agent_id:
+            raise PermissionDeniedError(
+                f"{env.producer_id} does not run task {task.task_id}",
+                {"task_id": task.task_id, "field": "task_id"},
+            )
+        return task
 
     async def _progress(self, task: TaskRecord, body: dict[str, Any]) -> None:
         """A running task's progress report (RFC 8.1), recorded in the event log."""

@@ -82,7 +82,7 @@ from apiary.engine.scheduler.jobs import Arrival, SchedulerJobs, Submission, Sub
 from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.losses import LostTasks
 from apiary.engine.scheduler.pools import AgentPools
-from apiary.engine.scheduler.preemption import SchedulerPreemption
+from apiary.engine.scheduler.preemption import Reporter, SchedulerPreemption
 from apiary.engine.scheduler.traces import TaskTraces
 from apiary.engine.scheduler.transitions import TaskTransitions
 from apiary.engine.scheduler.wakeups import RECONCILE_KEY, SEP, Wakeups, shared_target
@@ -191,6 +191,11 @@ class Scheduler:
         router.attach(SCHEDULER, self._on_envelope)
         if worktrees is not None:
             worktrees.subscribe(self.wake)
+
+    def take_reports(self, reporter: Reporter) -> None:
+        """Send the running agents' `report` commands (model and reasoning progress from a
+        task they hold, checked to come from its holder) to `reporter`, outside the lock."""
+        self._preemptor.reporter = reporter
 
     def add_end_listener(self, listener: Callable[[TaskRecord], None]) -> None:
         """Call `listener` with every task that ends (COMPLETED or FAILED), once it is stored.

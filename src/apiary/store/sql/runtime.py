@@ -1,8 +1,8 @@
 """The runtime control plane's store: `runtime_sessions`, `runtime_threads`,
-`runtime_turns` and `runtime_channels` (schema versions 20 and 23), and the agent tasks' tables
-(schema version 21, store/sql/runtime_tasks.py) and the jobs' (schema version 25,
-store/sql/runtime_jobs.py). A save writes any of them, with its events,
-in one transaction (`SqlEventLog.write_with`).
+`runtime_turns` and `runtime_channels` (schema versions 20, 23 and 27), and the agent tasks'
+tables (schema version 21, store/sql/runtime_tasks.py) and the jobs' (schema version 25,
+store/sql/runtime_jobs.py). A save writes any of them, with its events, in one transaction
+(`SqlEventLog.write_with`).
 
 The rows are shared with the memory backend, which runs them so that it refuses what the
 SQL backends refuse.
@@ -68,6 +68,7 @@ class ThreadRow(NamedTuple):
     parent_turn_id: str
     role: str
     closed_at: float
+    capability: str
 
 
 class TurnRow(NamedTuple):
@@ -91,6 +92,7 @@ class TurnRow(NamedTuple):
     priority: int
     queue_rank: int
     resumed_from: str
+    agent_id: str
 
 
 class ChannelRow(NamedTuple):
@@ -127,7 +129,7 @@ def thread_row(r: ThreadRecord) -> Row:
         r.thread_id, r.session_id, r.agent_id, r.scope, QueuePolicy(r.queue_policy).value,
         ThreadStatus(r.status).value, float(r.created_at), float(r.updated_at),
         r.active_turn_id, checked_int64("turn_count", r.turn_count), r.parent_thread_id,
-        r.parent_turn_id, r.role, float(r.closed_at),
+        r.parent_turn_id, r.role, float(r.closed_at), r.capability,
     )  # fmt: skip
 
 
@@ -143,7 +145,7 @@ def turn_row(r: TurnRecord) -> Row:
         float(r.updated_at), float(r.started_at), float(r.ended_at), r.error_code, r.message,
         r.result_json, r.interrupt, r.status_reason, r.submitted_by,
         checked_int64("priority", r.priority), checked_int64("queue_rank", r.queue_rank),
-        r.resumed_from,
+        r.resumed_from, r.agent_id,
     )  # fmt: skip
 
 

@@ -75,9 +75,13 @@ def channel(channel_id: str = "c-1", **fields: Any) -> ChannelRecord:
 async def _fixture(store: Store) -> RuntimeWrite:
     write = RuntimeWrite(
         sessions=(session(),),
-        threads=(thread("t-2", 5), thread("t-1", 1), thread("t-other", 0, session_id="s-2")),
+        threads=(
+            thread("t-2", 5, agent_id="", capability="review"), thread("t-1", 1),
+            thread("t-other", 0, session_id="s-2"),
+        ),
         turns=(
-            turn("u-0", 0, state="completed", result_json='{"answer": 42}', ended_at=T0 + 3),
+            turn("u-0", 0, state="completed", result_json='{"answer": 42}', ended_at=T0 + 3,
+                 agent_id="coder"),
             turn("u-1", 1, state="running", started_at=T0 + 4),
             turn("u-2", 2), turn("u-3", 3),
             turn("v-0", 0, thread_id="t-2", state="preparing"),
@@ -104,6 +108,7 @@ async def runtime_records_are_saved_and_read(factory: StoreFactory) -> None:
         runtime = store.runtime
         assert await runtime.session("s-1") == write.sessions[0]
         assert await runtime.thread("t-1") == write.threads[1]
+        assert await runtime.thread("t-2") == write.threads[0]  # bound to a capability
         assert [t.thread_id for t in await runtime.threads("s-1")] == ["t-1", "t-2"]
         assert await runtime.threads("s-none") == []
         for record in write.turns:
