@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+from apiary.controlplane.commands import CONTRACT_COMMANDS
 from apiary.server.coordinator import Coordinator
 from tests.server.runtime_harness import Answerer, check_event, check_snapshot, running_answerer
 
@@ -59,8 +60,9 @@ async def test_the_command_line_drives_a_thread(coordinator: Coordinator) -> Non
         ))[0])  # fmt: skip
         assert acked["acknowledged_sequence"] == events[-1]["sequence"]
         await _interrupt(coordinator, answerer, thread)
-        listed, _ = await _cli(coordinator, "commands")
-        assert "submit_turn" in listed and "designed" in listed
+        listed, _ = await _cli(coordinator, "commands", "--json")
+        served = {c["command"]: c["served"] for c in json.loads(listed)}
+        assert set(served) == set(CONTRACT_COMMANDS) and all(served.values())
 
 
 async def _interrupt(coordinator: Coordinator, answerer: Answerer, thread: str) -> None:
