@@ -6,6 +6,8 @@ on a different replica and given all three addresses (tests/e2e/cluster_load.py)
   printed), its agents and producers move to the others on their own, and nothing accepted
   is lost, nothing refused is delivered, each producer's messages reach each agent in the
   order sent, and no idempotency token is run as two messages.
+- A rolling restart (each replica in turn stopped with SIGTERM and started again) under
+  load: the same checks.
 """
 
 from __future__ import annotations
@@ -148,3 +150,23 @@ async def test_a_replica_killed_mid_load_loses_nothing_and_its_partitions_are_ta
     load.check(states)
     assert takeover_s < TAKEOVER_BOUND_S
 
+
+async def test_a_rolling_restart_under_load_loses_nothing_and_keeps_order(
+    tmp_path: Path, postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with (
+        _cluster(tmp_path, postgres_dsn, postgres_schema) as replicas,
+        _load(replicas, 100_000) as (load, producing),
+    ):
+        await load.progress(150)
+        for replica in replicas:
+            assert await replica.stop() == 0, replica.log_tail()
+            await replica.start()
+            await _holds_its_share(postgres_dsn, postgres_schema, replica)
+            await load.progress(load.answered + 100)  # the load goes on meanwhile
+        load.stop.set()
+        await asyncio.wait_for(producing, WAIT_S)
+        states = await load.settled(postgres_dsn, postgres_schema)
+        print(load.summary())
+    assert not load.refused
+    load.check(states)
