@@ -88,6 +88,29 @@ async def test_an_ack_aborted_by_a_deadlock_is_run_again_and_applies(
 
 
 @pytest.mark.postgres
+async def test_a_lone_statement_aborted_by_a_deadlock_is_run_again(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await store.messages.admit_many([_message("m-a"), _message("m-z")])
+        async with (
+            await psycopg.AsyncConnection.connect(postgres_dsn, autocommit=True) as watcher,
+            await _other_writer(postgres_dsn, postgres_schema) as other,
+        ):
+            await other.execute(LOCK, ["m-z"])
+            # One statement, run without a transaction around it: it locks m-a, waits for
+            # m-z; the other side's ask for m-a closes the cycle.
+            finishing = asyncio.create_task(store.messages.finish_delivered(["m-a", "m-z"], 7.0))
+            await _blocked_by(watcher, other.info.backend_pid)
+            await asyncio.wait_for(other.execute(LOCK, ["m-a"]), WAIT_S)
+            await other.commit()
+        await asyncio.wait_for(finishing, WAIT_S)
+        for message_id in ("m-a", "m-z"):
+            stored = await store.messages.get(message_id)
+            assert stored is not None and stored.state is MessageState.FULFILLED
+
+
+@pytest.mark.postgres
 async def test_the_retention_delete_waits_for_an_ack_writer_without_holding_what_it_wants_next(
     postgres_dsn: str, postgres_schema: str
 ) -> None:
