@@ -13,6 +13,8 @@ docs/cluster.md, "The message path").
   (`PostgresClusterLeases.fenced`) that locks the message's row: of two replicas that both
   believe they own the partition, only the current term's claims, and of two claims of one
   deadline only the first finds it due.
+- Both writes are run again whole when PostgreSQL aborts them for a deadlock or a
+  serialization failure (`rerun`): each is one transaction that did nothing when aborted.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from apiary.store.cluster import NOTE_KINDS, Me, WorkNote
 from apiary.store.errors import StoreError
 from apiary.store.postgres.cluster import PostgresClusterLeases
 from apiary.store.postgres.pool import PostgresPool, fetch_rows
+from apiary.store.postgres.rerun import rerun_when_aborted
 from apiary.store.sql.messages import MESSAGES, message_from_row
 
 WORK_CHANNEL: Final = "apiary_cluster_work"
@@ -102,27 +105,37 @@ class PostgresClusterWork:
         ids = [message_id for message_id, _ in deadlines]
         dues = [float(due) for _, due in deadlines]
         try:
-            async with self._pool.connection() as conn, conn.transaction():
-                # The rows locked first, in key order, as the store's other writers lock
-                # them (`store.sql.messages`): the UPDATE alone locks them in whatever order
-                # its plan meets them, and deadlocked with ACKs to the same messages.
-                await conn.execute(_LOCK_IN_KEY_ORDER, [sorted(set(ids))])
-                await conn.execute(_SET_ACK_DEADLINES, [ids, dues, _AWAITING_FIRST_ACK])
+            await rerun_when_aborted(lambda: self._set_ack_deadlines(ids, dues))
         except psycopg.Error as exc:
             raise StoreError(f"cannot store ACK deadlines: {exc}") from exc
+
+    async def _set_ack_deadlines(self, ids: list[str], dues: list[float]) -> None:
+        async with self._pool.connection() as conn, conn.transaction():
+            # The rows locked first, in key order, as the store's other writers lock them
+            # (`store.sql.messages`): the UPDATE alone locks them in whatever order its plan
+            # meets them, and deadlocked with ACKs to the same messages.
+            await conn.execute(_LOCK_IN_KEY_ORDER, [sorted(set(ids))])
+            await conn.execute(_SET_ACK_DEADLINES, [ids, dues, _AWAITING_FIRST_ACK])
 
     async def claim_due(
         self, me: Me, partition: int, epoch: int, message_id: str, now: float, retry_at: float
     ) -> StoredMessage | None:
         try:
-            async with self._leases.fenced(me, partition, epoch) as conn:
-                rows = await fetch_rows(conn, _DUE_ROW, [message_id, now])
-                if not rows:
-                    return None
-                await conn.execute(_MOVE_DUE, {"now": now, "retry": retry_at, "id": message_id})
-                return message_from_row(rows[0])
+            return await rerun_when_aborted(
+                lambda: self._claim_due(me, partition, epoch, message_id, now, retry_at)
+            )
         except psycopg.Error as exc:
             raise StoreError(f"cannot claim the deadline of {message_id}: {exc}") from exc
+
+    async def _claim_due(
+        self, me: Me, partition: int, epoch: int, message_id: str, now: float, retry_at: float
+    ) -> StoredMessage | None:
+        async with self._leases.fenced(me, partition, epoch) as conn:
+            rows = await fetch_rows(conn, _DUE_ROW, [message_id, now])
+            if not rows:
+                return None
+            await conn.execute(_MOVE_DUE, {"now": now, "retry": retry_at, "id": message_id})
+            return message_from_row(rows[0])
 
 
 def _parsed(payload: str, schema: str) -> WorkNote | None:

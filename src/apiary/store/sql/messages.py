@@ -349,7 +349,7 @@ class SqlMessageStore:
         Offsets come from `inbox_offsets`, which this leaves alone: no offset is reused.
         """
         # finished_at: the generated column of migration 0002, indexed where not NULL.
-        return await self._db.write(Execute(_PURGE, (float(before),)))
+        return await self._db.write(Execute(_purge_sql(self._db.dialect), (float(before),)))
 
     async def _scalar(self, sql: str, params: Sequence[Any]) -> int:
         row = await self._db.read(QueryOne(sql, params))
@@ -362,7 +362,6 @@ _GET = f"SELECT {MESSAGES.sql} FROM messages WHERE message_id = ?"
 # next_deadline's ORDER BY ... LIMIT 1 does where MIN(due_at) would not (SQLite).
 _DUE = f"SELECT {MESSAGES.sql} FROM messages WHERE due_at <= ? ORDER BY due_at, message_id LIMIT ?"
 _NEXT_DEADLINE = "SELECT due_at FROM messages WHERE due_at IS NOT NULL ORDER BY due_at LIMIT 1"
-_PURGE = "DELETE FROM messages WHERE finished_at < ?"
 _BY_SEQUENCE = (
     f"SELECT {MESSAGES.sql} FROM messages WHERE producer_id = ? AND sequence_number = ?"
     " ORDER BY created_at DESC, inbox_offset DESC, message_id DESC LIMIT 1"
@@ -436,6 +435,20 @@ def _finish_sql(d: Dialect, count: int) -> str:
         "UPDATE messages SET deliveries = deliveries + 1, last_delivered_at = ?,"
         f" state = '{MessageState.FULFILLED.value}', updated_at = ?, error_code = ''"
         f" WHERE {ids}"
+    )
+
+
+@lru_cache(maxsize=4)
+def _purge_sql(d: Dialect) -> str:
+    """Deletes the messages finished before the parameter; in PostgreSQL their rows are
+    locked in key order first, as every other writer of several messages locks them: the
+    DELETE alone locks them in the order the finished_at index gives, and deadlocked with a
+    writer holding one of them and waiting for another."""
+    if not d.lock_rows:
+        return "DELETE FROM messages WHERE finished_at < ?"
+    return (
+        "DELETE FROM messages WHERE message_id IN (SELECT message_id FROM messages"
+        f" WHERE finished_at < ? ORDER BY message_id{d.lock_rows})"
     )
 
 

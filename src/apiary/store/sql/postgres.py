@@ -2,6 +2,9 @@
 
 A transaction runs on one pooled connection inside `conn.transaction()`; a lone statement
 runs on its own in autocommit mode, one round trip instead of three (BEGIN, it, COMMIT).
+Either is run again whole when PostgreSQL aborts it for a deadlock or a serialization
+failure (`store.postgres.rerun`): a description of statements keeps no state outside itself,
+so its second run is its first run over.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import psycopg
 
 from apiary.store.errors import StoreError, StoreUnavailableError
 from apiary.store.postgres.pool import Connection, PostgresPool
+from apiary.store.postgres.rerun import rerun_when_aborted
 from apiary.store.sql.dialect import POSTGRESQL, Dialect
 from apiary.store.sql.statements import (
     Execute,
@@ -99,11 +103,17 @@ class PostgresSqlDatabase:
     async def write(
         self, work: Statement[T] | Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
     ) -> T:
-        """Run `work` in a transaction of its own (a lone statement in autocommit)."""
+        """Run `work` in a transaction of its own (a lone statement in autocommit), again
+        when PostgreSQL aborts it for a deadlock or a serialization failure."""
+        return await rerun_when_aborted(lambda: self._run(work, args))
+
+    async def _run(
+        self, work: Statement[T] | Callable[..., Transaction[T]], args: tuple[Any, ...]
+    ) -> T:
         async with self._pool.connection() as conn:
             if isinstance(work, Statement):
                 params = args[0] if args else None
-                return await run_statement(conn, work, params)  # type: ignore[arg-type]
+                return await run_statement(conn, work, params)
             async with conn.transaction():
                 return await run_transaction(conn, work, args)
 

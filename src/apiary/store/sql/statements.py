@@ -15,6 +15,9 @@ there as the function's name and its arguments, so a write transaction is a modu
 function of plain values), the PostgreSQL driver on an async psycopg connection. A database
 error reaches the generator as a StoreError thrown at the statement's `yield`; it may
 catch it to raise a clearer error, but not go on (PostgreSQL has aborted the transaction).
+Since it keeps no state outside itself (nor changes its arguments), a driver may run it
+again from the start: PostgreSQL's does when the database aborted it for a deadlock or a
+serialization failure (`store.postgres.rerun`).
 
 A lone statement is a transaction of its own (`SqlDatabase.write(Execute(...))`): the
 drivers run it without BEGIN and COMMIT around it where the database allows. One that runs
