@@ -393,3 +393,40 @@ async def _replay_case(
             assert expected["result"] == end.payload["result"]
         else:
             assert expected["error"]["code"] == end.payload["error"]["code"]
+
+
+async def test_a_turn_on_an_agent_that_outlived_a_crash_of_the_coordinator_is_interrupted(
+    serve: ServeProcess,
+) -> None:
+    """The coordinator is SIGKILLed while a turn runs; the agent keeps running and comes
+    back to the restarted coordinator. interrupt_turn answers, and the turn stops at the
+    agent's next safe point: the Scheduler's stop request after the restart is a new
+    message, not taken for one it sent before the crash (docs/decisions.md, Idempotency)."""
+    agent = await start_agent(serve, TARGET)
+    try:
+        async with RuntimeClient(serve.http) as app:
+            session_id, thread_id = await _first_turn(app)
+            await app.wait_turn(session_id, "t-1", timeout=WAIT_S)
+            await app.submit_turn({"mode": "loop"}, thread_id=thread_id, turn_id="t-2")
+            await asyncio.wait_for(_running(app, thread_id, "t-2"), WAIT_S)
+        await serve.kill()
+        await serve.start()
+        async with RuntimeClient(serve.http) as app:
+            asked = await asyncio.wait_for(
+                app.interrupt_turn(thread_id=thread_id, reason="after the crash"), WAIT_S
+            )
+            assert (asked["turnId"], asked["interrupt"]) == ("t-2", "requested")
+            stopped = await app.wait_turn(session_id, "t-2", timeout=WAIT_S)
+            assert stopped.status == "cancelled" and stopped.error["code"] == "cancelled"
+            # The Scheduler still serves the agent: the next turn is answered.
+            await app.submit_turn({"value": 3}, thread_id=thread_id, turn_id="t-3")
+            done = await app.wait_turn(session_id, "t-3", timeout=WAIT_S)
+            assert done.result == {"answer": 3, "turn": "t-3"}
+    finally:
+        await kill(agent)
+
+
+async def _running(app: RuntimeClient, thread_id: str, turn_id: str) -> None:
+    # The turn's state is read over HTTP from another process: there is no event to await.
+    while _turns(await app.get_thread_read(thread_id)).get(turn_id) != "running":  # noqa: ASYNC110
+        await asyncio.sleep(0.05)

@@ -4,6 +4,7 @@ join/leave notifications and heartbeats."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from apiary.core.clock import Clock
@@ -41,6 +42,14 @@ class NoticeFactory:
         # Every notice carries an HLC timestamp, so that it passes admission when the router
         # requires one (RFC 11: with HLC enabled, messages MUST include hlc_timestamp).
         self._hlc = HybridLogicalClock(producer)
+
+    async def resume(self, last_sequence: Callable[[str], Awaitable[int]]) -> None:
+        """Number on after `last_sequence(producer)`, the highest sequence number the
+        producer's stored messages carry (`Router.last_sequence`), at start-up: the router
+        deduplicates by (producer_id, sequence_number) (RFC 11.2), so a restarted coordinator
+        that numbered from 1 again would have its new messages refused as ones it sent
+        before the restart (sequence numbers are monotonic per producer, RFC 11.3)."""
+        self._sequence = max(self._sequence, await last_sequence(self._producer))
 
     def _envelope(
         self, message_type: MessageType, body: dict[str, Any], correlation_id: str

@@ -109,6 +109,7 @@ async def open_swarm_peer(
         bridge = None
         if router is not None:
             notices = NoticeFactory(clock, ids, SWARM_BRIDGE)
+            await notices.resume(router.last_sequence)
             bridge = SwarmBridge(node, router, notices, config.bridge_agent)
         if config.wake:
             node.add_hook(WakeHook(node, config.wake))

@@ -95,6 +95,10 @@ class RoomNotifier:
         self._notices = notices
         self._events = events
 
+    async def load(self) -> None:
+        """Number notifications on from those sent before a restart (at start-up)."""
+        await self._notices.resume(self._router.last_sequence)
+
     async def send(self, recipient: str, body: dict[str, Any], token: str, room_id: str) -> bool:
         """Deliver one notification; False (and a room.notice_refused event) when the router
         refused it, e.g. an unregistered agent (no_route) or a full buffer. The same token

@@ -150,6 +150,7 @@ class NegotiationRooms:
 
     async def load(self) -> int:
         """Resume every open and escalated room after a (re)start; returns how many."""
+        await self._notifier.load()
         current = self.settings.policy
         await self._store.put_policy(current.record(self._clock.now()))
         for record in await self._store.list_policies():

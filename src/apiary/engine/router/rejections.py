@@ -44,7 +44,7 @@ class Rejections:
         self._endpoints = endpoints
         self._deliver = deliver
         self._background: set[asyncio.Future[None]] = set()
-        """NACKs on their way to coordinator endpoints (`rejected`)."""
+        """Refusals' answers on their way to coordinator endpoints (`rejected`)."""
 
     async def rejected(self, item: Outbound, outcome: SendOutcome) -> None:
         """Never silent: count it, log it, NACK the producer (the call answered it already)."""
@@ -67,17 +67,19 @@ class Rejections:
             reason=error.message,
         )
         if error.code == "duplicate_detected" and outcome.details:
-            await self._notify_duplicate(env, outcome)
+            answer = self._notify_duplicate(env, outcome)
         elif env.message_type is not MessageType.ACKNOWLEDGEMENT:
-            nack = self.nack(env.producer_id, env.message_id, env.correlation_id,
-                             AckStage.REJECTED, error.code, error.message, "SENT")  # fmt: skip
-            if env.producer_id in self._endpoints:
-                # A coordinator component's own send, which this refusal answers: it may hold
-                # its lock around the send (the Scheduler does around a dispatch), so its NACK
-                # follows once the send returned instead of calling it back inside it.
-                self._later(nack)
-            else:
-                await nack
+            answer = self.nack(env.producer_id, env.message_id, env.correlation_id,
+                               AckStage.REJECTED, error.code, error.message, "SENT")  # fmt: skip
+        else:
+            return
+        if env.producer_id in self._endpoints:
+            # A coordinator component's own send, which this refusal answers: it may hold its
+            # lock around the send (the Scheduler does around a dispatch or a preemption), so
+            # the answer follows once the send returned instead of calling it back inside it.
+            self._later(answer)
+        else:
+            await answer
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
         job = asyncio.ensure_future(work)
@@ -87,7 +89,7 @@ class Rejections:
     def _done(self, job: asyncio.Future[None]) -> None:
         self._background.discard(job)
         if not job.cancelled() and job.exception() is not None:
-            log.warning("a NACK to a coordinator endpoint failed: %s", job.exception())
+            log.warning("a refusal's answer to a coordinator endpoint failed: %s", job.exception())
 
     async def _notify_duplicate(self, env: Envelope, outcome: SendOutcome) -> None:
         stage = AckStage[outcome.details.get("original_status", "FULFILLED")]

@@ -67,6 +67,7 @@ class Router:
         self.codec = codec
         self._clock = clock
         self._registry = registry
+        self._messages = store.messages
         self._endpoints: dict[str, LocalEndpoint] = {}
         self._inboxes = Inboxes(settings.buffer_capacity, settings.lanes)
         self.deadlines = Deadlines(settings.ack_timeout_s, settings.max_age_s)
@@ -125,6 +126,11 @@ class Router:
         handed to `handler` instead of an inbox. A handler that raises rejects the envelope
         with its error, as admission would."""
         self._endpoints[endpoint_id] = handler
+
+    async def last_sequence(self, producer_id: str) -> int:
+        """The highest sequence number of `producer_id`'s stored messages (0: none), which a
+        coordinator endpoint's numbering continues after at start-up (`NoticeFactory.resume`)."""
+        return await self._messages.max_sequence(producer_id)
 
     def clock_now(self) -> float:
         return self._clock.now()

@@ -142,7 +142,7 @@ class Scheduler:
         self._activity = activity
         self._on_negotiation = on_negotiation
         self.resources = resources or ResourceTracker(events, None)
-        envelopes = NoticeFactory(clock, ids, SCHEDULER)
+        self._envelopes = envelopes = NoticeFactory(clock, ids, SCHEDULER)
         self._wakeups = wakeups = Wakeups()
         self._live = live = LiveTasks(clock, wakeups)
         self._pools = pools = AgentPools(settings.prefetch)
@@ -297,6 +297,7 @@ class Scheduler:
 
     async def load(self) -> int:
         """Rebuild queues and running tasks from the store after a (re)start."""
+        await self._envelopes.resume(self._router.last_sequence)
         for agent in await self._registry.list():
             await self.lifecycles.registered(agent.agent_id, agent.name)
             self._pools.join(agent)

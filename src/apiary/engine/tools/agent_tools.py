@@ -149,6 +149,10 @@ class AgentToolLink:
         self._by_message: dict[str, str] = {}
         router.attach(TOOLS, self._on_envelope)
 
+    async def load(self) -> None:
+        """Number TOOL_CALL envelopes on from those sent before a restart (at start-up)."""
+        await self._notices.resume(self._router.last_sequence)
+
     def open(self, call_id: str, agent_id: str) -> _Channel:
         self.close(call_id)
         channel = self._channels[call_id] = _Channel(agent_id)

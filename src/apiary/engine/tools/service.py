@@ -147,6 +147,7 @@ class ToolService:
 
     async def load(self) -> None:
         """Serve the stored catalogue and the configured providers (at start-up)."""
+        await self.link.load()
         stored = {r.provider_id: r for r in await self.catalog.stored()}
         configured: set[str] = set()
         commands = sorted(self.settings.commands, key=lambda s: s.provider_id)
