@@ -6,8 +6,16 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from apiary.core.dedup import advance
 from apiary.core.events import EventDraft
-from apiary.core.records import AdmissionWrites, MessageState, StateChange, StoredMessage, changed
+from apiary.core.records import (
+    AdmissionWrites,
+    MessageState,
+    StateChange,
+    StoredMessage,
+    TokenProgress,
+    changed,
+)
 from apiary.store.errors import DuplicateMessageError
 from apiary.store.memory.events import MemoryEventLog
 from apiary.store.memory.idempotency import MemoryIdempotencyStore
@@ -112,28 +120,42 @@ class MemoryMessageStore:
         return (await self.apply([StateChange(message_id, state, at, error_code)]))[0]
 
     async def apply(
-        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+        self,
+        changes: Sequence[StateChange],
+        events: Sequence[EventDraft] = (),
+        tokens: Sequence[TokenProgress] = (),
     ) -> list[StoredMessage]:
-        """Apply state changes in order, appending `events` with them; unknown ids raise
-        LookupError and apply nothing."""
+        """Apply state changes in order, appending `events` and the idempotency records'
+        progress `tokens` with them (core/dedup.py `advance`, each step's event appended when
+        it changed the cached outcome); unknown ids raise LookupError and apply nothing."""
         for change in changes:
             if change.message_id not in self._messages:
                 raise LookupError(f"no message {change.message_id!r}")
         drafts = self._log.checked(events)
+        steps = [(t, self._log.checked([t.cached])[0] if t.cached else None) for t in tokens]
         applied: list[StoredMessage] = []
         for change in changes:
             current = self._messages[change.message_id]
             after = changed(current, change)
             self._messages[change.message_id] = after
             applied.append(after)
+        for step, cached in steps:
+            updated, outcome = advance(self._tokens.get_now(step.key), step)
+            if updated is not None:
+                self._tokens.put_now(self._tokens.checked(updated))
+            if outcome and cached is not None:
+                drafts.append(cached)
         self._log.append_now(drafts)
         return applied
 
     async def record(
-        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+        self,
+        changes: Sequence[StateChange],
+        events: Sequence[EventDraft] = (),
+        tokens: Sequence[TokenProgress] = (),
     ) -> None:
         """Apply state changes as `apply` does, without the answer."""
-        await self.apply(changes, events)
+        await self.apply(changes, events, tokens)
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """One more delivery at `at`, then FULFILLED at `at` (unknown ids are ignored)."""
