@@ -91,6 +91,10 @@ class Outbound:
     trace: TraceContext | None = None
     """The trace context the message continues (docs/tracing.md), when its sender gives one;
     else, with tracing on, the router takes the context current at admission."""
+    new_token: bool = False
+    """The producer vouches that the envelope's idempotency token is new (the Scheduler's
+    `task:<id>:<attempt>`, one per dispatch attempt): its record is started without the
+    store being asked for one. Honoured for the coordinator's own endpoints only."""
 
 
 @dataclass(slots=True)
@@ -385,8 +389,14 @@ class Admission:
             return self._reserved(item, env, target, now, raw, notice=True)
         check_modality(env.content_type, agent.descriptor.get("modalities_supported") or ())
         if item.requeue or not self._dedup.fresh(env):
-            return Wait(Gate.DEDUP, env, target, raw)
+            new = item.new_token and not item.requeue and self._own(item)
+            if not (new and self._dedup.claim(env)):
+                return Wait(Gate.DEDUP, env, target, raw)
         return self._reserved(item, env, target, now, raw, notice=False)
+
+    def _own(self, item: Outbound) -> bool:
+        """Whether `item` was produced inside the coordinator by one of its endpoints."""
+        return not item.remote and item.envelope.producer_id in self._endpoints
 
     def _reserved(
         self, item: Outbound, env: Envelope, target: str, now: float, raw: bytes, *,

@@ -111,6 +111,25 @@ class DedupGate:
         self._high[env.producer_id] = number
         return True
 
+    def claim(self, env: Envelope) -> bool:
+        """Reserve `env`'s token for a NEW operation without asking the store: for a token
+        its producer vouches is new (`Outbound.new_token`). False (nothing reserved) when it
+        has no token or the token is being admitted right now: `check` decides then."""
+        token = env.idempotency_token
+        if not token:
+            return False
+        key = cache_key(env.producer_id, token)
+        if key in self._reserved:
+            return False
+        self._events.note(
+            "idempotency.decision", env.producer_id, correlation_id=env.correlation_id,
+            message_id=env.message_id, decision=dedup.DedupKind.NEW,
+            original_message_id=env.message_id, token=token,
+        )  # fmt: skip
+        self._reserved.add(key)
+        self._plans[env.message_id] = _Plan(key, None)
+        return True
+
     async def _log(self, env: Envelope, decision: str, original: str, **details: str) -> None:
         await self._events.record(
             "idempotency.decision", env.producer_id, correlation_id=env.correlation_id,

@@ -260,7 +260,9 @@ class SchedulerDispatch:
     async def _send(
         self, task: TaskRecord, choice: LaneChoice, agent_id: str, env: Envelope, attempt: int
     ) -> bool:
-        item = Outbound(env, agent_id, lane=task.lane)
+        # The token names this attempt, counted even when its send failed: it is new, so the
+        # router starts its record without looking for one.
+        item = Outbound(env, agent_id, lane=task.lane, new_token=True)
         if self._traces is None:
             (outcome,) = await self._router.send_many([item])
         else:
