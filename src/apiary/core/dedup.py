@@ -2,7 +2,9 @@
 
 One `IdempotencyRecord` per token tracks every attempt (message_id) of one logical operation.
 `decide` answers what to do with a new arrival carrying the token; `start`, `attempt` and
-`progress` return updated records (records are immutable; the caller persists them).
+`progress` return updated records (records are immutable; the caller persists them);
+`advance` is `progress` as the store applies it, in the transaction of the attempt's own
+state change (core/records.py `TokenProgress`).
 
 Reconciliation (RFC 11.1 rule 4, "reflect the earliest successful completion"): a terminal
 outcome (FULFILLED, REJECTED, FAILED) of *any* attempt, late or not, is cached when none is.
