@@ -192,6 +192,9 @@ class AdmissionWrites:
 
     events: tuple[EventDraft, ...] = ()
     idempotency: IdempotencyRecord | None = None
+    task: TaskRecord | None = None
+    """A task record stored with the message: the Scheduler's dispatch, the task DISPATCHED
+    with the envelope that carries it to its agent."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from apiary.core.envelope_rules import (
     ttl_deadline,
     validate_envelope,
 )
-from apiary.core.records import MessageState, StoredMessage
+from apiary.core.records import AdmissionWrites, MessageState, StoredMessage
 from apiary.core.signatures import SIGNATURE_KEY, verifies, with_origin
 from apiary.core.trace_context import TraceContext
 from apiary.core.value import value
@@ -95,6 +95,10 @@ class Outbound:
     """The producer vouches that the envelope's idempotency token is new (the Scheduler's
     `task:<id>:<attempt>`, one per dispatch attempt): its record is started without the
     store being asked for one. Honoured for the coordinator's own endpoints only."""
+    stored_with: AdmissionWrites | None = None
+    """The producer's own writes that commit with the envelope's admission, or not at all
+    (the Scheduler's dispatch: the task DISPATCHED, with its event). The coordinator's own
+    endpoints only: anyone else's is refused."""
 
 
 @dataclass(slots=True)
@@ -388,6 +392,11 @@ class Admission:
         if notice:
             return self._reserved(item, env, target, now, raw, notice=True)
         check_modality(env.content_type, agent.descriptor.get("modalities_supported") or ())
+        if item.stored_with is not None and not self._own(item):
+            raise PermissionDeniedError(
+                f"{env.producer_id} may not store other writes with {env.message_id}",
+                {"message_id": env.message_id},
+            )
         if item.requeue or not self._dedup.fresh(env):
             new = item.new_token and not item.requeue and self._own(item)
             if not (new and self._dedup.claim(env)):

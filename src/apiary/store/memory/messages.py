@@ -19,6 +19,7 @@ from apiary.core.records import (
 from apiary.store.errors import DuplicateMessageError
 from apiary.store.memory.events import MemoryEventLog
 from apiary.store.memory.idempotency import MemoryIdempotencyStore
+from apiary.store.memory.tasks import MemoryTaskStore
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.messages import message_values
 
@@ -54,11 +55,14 @@ class MemoryMessageStore:
     """`MessageStore` over a dict of messages and one `_Inbox` per recipient; what commits
     with a change goes to `log` and `tokens` in the same step."""
 
-    def __init__(self, log: MemoryEventLog, tokens: MemoryIdempotencyStore) -> None:
+    def __init__(
+        self, log: MemoryEventLog, tokens: MemoryIdempotencyStore, tasks: MemoryTaskStore
+    ) -> None:
         self._messages: dict[str, StoredMessage] = {}
         self._inboxes: dict[str, _Inbox] = {}
         self._log = log
         self._tokens = tokens
+        self._tasks = tasks
 
     async def admit(self, message: StoredMessage) -> StoredMessage:
         """Record a new message with the recipient's next inbox offset."""
@@ -80,6 +84,7 @@ class MemoryMessageStore:
             (
                 self._log.checked(w.events),
                 None if w.idempotency is None else self._tokens.checked(w.idempotency),
+                None if w.task is None else self._tasks.checked(w.task),
             )
             for w in writes
         ]
@@ -92,10 +97,12 @@ class MemoryMessageStore:
                 outcomes.append(duplicate)
                 continue
             if extras:
-                drafts, token = extras[i]
+                drafts, token, task = extras[i]
                 appended.extend(drafts)
                 if token is not None:
                     self._tokens.put_now(token)
+                if task is not None:
+                    self._tasks.put_now(task)
         self._log.append_now(appended)
         return outcomes
 

@@ -46,6 +46,7 @@ from apiary.store.sql.idempotency import (
     idempotency_row,
 )
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Row, Transaction
+from apiary.store.sql.tasks import PUT_TASK, task_row
 from apiary.store.sql.where import Where
 
 
@@ -534,14 +535,16 @@ def admit_new(d: Dialect, values: list[tuple[Any, ...]]) -> Transaction[list[int
     return offsets
 
 
-AdmissionExtras = list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]]
-"""Per member of an admission: its events' rows (`event_rows`) and its idempotency row."""
+AdmissionExtras = list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None, tuple[Any, ...] | None]]
+"""Per member of an admission: its events' rows (`event_rows`), its idempotency row and its
+task row."""
 
 
 def _admission_extras(d: Dialect, writes: Sequence[AdmissionWrites]) -> AdmissionExtras:
     return [
         (event_rows(d, w.events) if w.events else [],
-         None if w.idempotency is None else idempotency_row(w.idempotency))
+         None if w.idempotency is None else idempotency_row(w.idempotency),
+         None if w.task is None else task_row(w.task))
         for w in writes
     ]  # fmt: skip
 
@@ -558,14 +561,17 @@ def admit_with(
     extras: AdmissionExtras,
 ) -> Transaction[tuple[list[int], int]]:  # fmt: skip
     """`admit_new`, then the events' rows `lead` and, for each member admitted (`extras`:
-    none, or one per member), its idempotency record and events (the first event's sequence
-    is returned with the offsets; 0 when there were none)."""
+    none, or one per member), its idempotency record, task record and events (the first
+    event's sequence is returned with the offsets; 0 when there were none)."""
     offsets = yield from admit_new(d, values)
     admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
-    tokens = [row for _, row in admitted if row is not None]
+    tokens = [row for _, row, _ in admitted if row is not None]
     if tokens:
         yield from ExecuteMany(PUT_IDEMPOTENCY.sql, tokens)
-    rows = lead + [row for events, _ in admitted for row in events]
+    tasks = [row for _, _, row in admitted if row is not None]
+    if tasks:
+        yield from ExecuteMany(PUT_TASK.sql, tasks)
+    rows = lead + [row for events, _, _ in admitted for row in events]
     first = (yield from append_events(d, rows)) if rows else 0
     return offsets, first
 

@@ -28,6 +28,7 @@ from apiary.testing.store_suite.base import (
     message_ids,
     registry,
 )
+from apiary.testing.store_suite.tasks import task_record
 
 CHECKS: list[Check] = []
 _check = registry(CHECKS)
@@ -418,6 +419,25 @@ async def apply_with_an_unknown_id_applies_nothing(factory: StoreFactory) -> Non
                 raise AssertionError("apply with an unknown message_id did not raise")
             assert [await store.messages.get(m) for m in ("m-1", "m-2", "m-3")] == before
         assert await store.messages.count("agent-b", TERMINAL_STATES) == 0
+
+
+@_check
+async def a_task_record_commits_with_the_admission_of_its_member(factory: StoreFactory) -> None:
+    """`AdmissionWrites.task` is stored with its member's admission, and with its events;
+    a member refused as a duplicate stores neither."""
+    async with factory.open() as store:
+        await store.messages.admit(message("m-1"))
+        one = task_record("t-1", 1, state="DISPATCHED", message_id="m-1")
+        two = task_record("t-2", 2, state="DISPATCHED", message_id="m-2")
+        writes = [
+            AdmissionWrites((draft(1),), task=one),
+            AdmissionWrites((draft(2),), task=two),
+        ]
+        outcomes = await store.messages.admit_many([message("m-1"), message("m-2")], writes)
+        assert isinstance(outcomes[0], DuplicateMessageError)
+        assert await store.tasks.get("t-1") is None
+        assert await store.tasks.get("t-2") == two
+        assert [e.details for e in await store.events.read()] == [{"n": 2}]
 
 
 @_check
