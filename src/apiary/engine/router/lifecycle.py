@@ -2,10 +2,10 @@
 
 The pure MessageMachine (core/message_machine.py) decides every transition; this module
 performs the effects: state writes, NACKs to the producer, DLQ entries, idempotency cache
-updates (committed with the state change they follow, engine/router/dedup_gate.py
-`progress_of`), credit release and events. Its inputs are agents' ACKs (one at a time, or a frame's
-together), the deadlines (ACK timeouts, TTL expiry, maximum age) and delivery's hand-outs and
-lost streams, which start and stop the ACK deadlines.
+updates (committed with the state change they follow: engine/router/dedup_gate.py
+`progress_of`), credit release and events. Its inputs are agents' ACKs (one at a time, or a
+frame's together), the deadlines (ACK timeouts, TTL expiry, maximum age) and delivery's
+hand-outs and lost streams, which start and stop the ACK deadlines.
 """
 
 from __future__ import annotations
@@ -173,6 +173,7 @@ class MessageLifecycle:
             changes: list[StateChange] = []
             drafts: list[EventDraft] = []
             tokens: list[TokenProgress] = []
+            folded: set[str] = set()  # (the messages whose token's progress is in `tokens`)
             stored: dict[str, StoredMessage] = {}
             for _, original, ack, plan in planned:
                 if plan is None:
@@ -191,6 +192,7 @@ class MessageLifecycle:
                     token = self._token_of(plan[0], original, after, ack.error_code, ack.note, now)
                     if token is not None:
                         tokens.append(token)
+                        folded.add(original.message_id)
             if changes:
                 record = partial(self._messages.record, changes, tokens=tokens)
                 await self._events.commit(drafts, record)
@@ -201,8 +203,9 @@ class MessageLifecycle:
                     updated = stored[original.message_id]
                     event = ACK_INPUTS[ack.ack_stage]
                     awaited, updated = self._settle(
-                        original, updated, event, step, now, ack, cached=plan[1] is not None
-                    )
+                        original, updated, event, step, now, ack,
+                        cached=original.message_id in folded,
+                    )  # fmt: skip
                     if awaited:
                         await self._perform_all(awaited, original, updated, ack, "", "", now)
                     effects = step.effects
