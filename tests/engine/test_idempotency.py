@@ -7,6 +7,7 @@ without one, by (producer_id, sequence_number).
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,13 +15,17 @@ from typing import Any
 import pytest
 
 from apiary.core.dedup import iso_utc
-from apiary.core.envelope import AckStage, MessageType
+from apiary.core.envelope import Ack, AckStage, MessageType
+from apiary.core.records import MessageState
 from apiary.engine.notices import COORDINATOR
+from apiary.engine.router.admission import Outbound
 from apiary.engine.router.dedup_gate import cache_key
 from apiary.engine.settings import RouterSettings
+from apiary.store.errors import StoreError
 from apiary.testing.clock import FakeClock
 from apiary.testing.engine import EngineHarness, open_test_engine
 from apiary.testing.ids import SequentialIds
+from apiary.wire.convert import ack_to_json
 
 TOKEN = "alice:create-user:9f2c4e"
 
@@ -325,3 +330,86 @@ async def test_the_duplicate_notice_is_json_with_the_rfc_fields(h: EngineHarness
     assert notice.message_type is MessageType.ACKNOWLEDGEMENT
     body = json.loads(notice.payload)
     assert {"status", "original_message_id", "original_status", "cached_at"} <= set(body)
+
+
+async def test_a_token_record_commits_with_the_state_it_records(tmp_path: Path) -> None:
+    """A write fault between the message's state change and its token's record (a trigger
+    that fails the record's write, in the same transaction) leaves neither: the message
+    stays READ, the record READ, nothing is logged as cached; the ACK sent again applies
+    both, with one `idempotency.cached` event."""
+    path = tmp_path / "apiary.db"
+    async with open_test_engine(store_url=f"sqlite://{path}") as h:
+        await h.register("alice")
+        await h.register("bob")
+        sent = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN)
+        await h.take("bob")
+        await h.ack("bob", sent.message_id, AckStage.READ)
+        key = cache_key("alice", TOKEN)
+        with sqlite3.connect(path) as db:
+            db.execute(
+                "CREATE TRIGGER token_fault BEFORE INSERT ON idempotency"
+                " BEGIN SELECT RAISE(ABORT, 'injected fault'); END"
+            )
+        with pytest.raises(StoreError):
+            await h.ack("bob", sent.message_id, AckStage.FULFILLED, note="created")
+        assert (await h.message(sent.message_id)).state is MessageState.READ
+        record = await h.store.idempotency.get(key)
+        assert record is not None and (record.status, record.outcome_at) == ("READ", 0.0)
+        assert await h.events("idempotency.cached") == []
+        with sqlite3.connect(path) as db:
+            db.execute("DROP TRIGGER token_fault")
+        await h.ack("bob", sent.message_id, AckStage.FULFILLED, note="created")
+        assert (await h.message(sent.message_id)).state is MessageState.FULFILLED
+        record = await h.store.idempotency.get(key)
+        assert record is not None and (record.status, record.result) == ("FULFILLED", "created")
+        (cached,) = await h.events("idempotency.cached")
+        assert cached.details["message_id"] == sent.message_id
+
+
+async def test_a_late_success_and_the_next_attempts_progress_both_reach_the_record(
+    h: EngineHarness,
+) -> None:
+    """A timed-out attempt's late FULFILLED and the retry's READ, applied together (one
+    frame), each update the token's record as the other left it: the late success is
+    cached, and stays cached."""
+    first = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN)
+    await h.take("bob")
+    h.clock.advance(10.5)
+    await h.fire()
+    retry = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN, retry_count=1)
+    assert retry.accepted
+    await h.take("bob")
+    acks = [
+        h.envelope(
+            "bob",
+            ack_to_json(Ack(message_id, stage, "", note)),
+            message_type=MessageType.ACKNOWLEDGEMENT,
+        )
+        for message_id, stage, note in (
+            (first.message_id, AckStage.FULFILLED, "late"),
+            (retry.message_id, AckStage.READ, ""),
+        )
+    ]
+    outcomes = await h.engine.router.send_many([Outbound(env) for env in acks])
+    assert all(o.accepted for o in outcomes)
+    record = await h.store.idempotency.get(cache_key("alice", TOKEN))
+    assert record is not None
+    assert (record.status, record.original_message_id, record.result) == (
+        "FULFILLED",
+        first.message_id,
+        "late",
+    )
+    assert record.attempts == (first.message_id, retry.message_id)
+
+
+async def test_a_token_vouched_new_is_honoured_for_coordinator_endpoints_only(
+    h: EngineHarness,
+) -> None:
+    """`Outbound.new_token` from a participant (not one of the coordinator's endpoints)
+    is deduplicated as any other envelope: a token in progress is refused."""
+    first = await h.send("alice", "bob", {"n": 1}, idempotency_token=TOKEN)
+    env = h.envelope("alice", {"n": 1}, idempotency_token=TOKEN, retry_count=1)
+    again = await h.engine.router.send(Outbound(env, "bob", new_token=True))
+    assert (again.accepted, again.error_code) == (False, "already_in_progress")
+    record = await h.store.idempotency.get(cache_key("alice", TOKEN))
+    assert record is not None and record.attempts == (first.message_id,)

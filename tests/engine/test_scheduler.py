@@ -17,6 +17,7 @@ from apiary.core.scope_overlap import ParallelismVerdict
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.inference import RuleInference
 from apiary.engine.notices import SCHEDULER
+from apiary.engine.router.dedup_gate import cache_key
 from apiary.engine.scheduler.scheduler import Submission
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import (
@@ -97,6 +98,40 @@ async def test_the_task_arrives_as_a_data_envelope_from_the_scheduler(h: EngineH
     assert [e.details["state"] for e in await h.events() if e.event_type.startswith("task.")] == [
         "QUEUED", "DISPATCHED", "RUNNING", "COMPLETED"
     ]  # fmt: skip
+
+
+async def test_a_dispatch_starts_its_token_record_without_looking_for_one(
+    h: EngineHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dispatch token `task:<id>:<attempt>` is new by construction: the router starts
+    its record (committed with the envelope) without reading the cache, logs the NEW
+    decision, and the record follows the envelope's fate to the cached outcome."""
+    await _ready(h, "worker")
+    lookups: list[str] = []
+    cache = h.store.idempotency
+    looked_up = cache.get
+
+    async def get(token: str) -> Any:
+        lookups.append(token)
+        return await looked_up(token)
+
+    monkeypatch.setattr(cache, "get", get)
+    assert (await _submit(h, "t1")).accepted
+    assert lookups == []
+    held = await _sched(h).find("t1")
+    key = cache_key(SCHEDULER, "task:t1:1")
+    record = await looked_up(key)
+    assert record is not None
+    assert (record.status, record.attempts) == ("RECEIVED", (held.message_id,))
+    (decision,) = await h.events("idempotency.decision")
+    assert (decision.details["decision"], decision.details["message_id"]) == (
+        "NEW",
+        held.message_id,
+    )
+    await h.ack("worker", held.message_id, AckStage.READ)
+    await h.ack("worker", held.message_id, AckStage.FULFILLED, note="done")
+    record = await looked_up(key)
+    assert record is not None and (record.status, record.result) == ("FULFILLED", "done")
 
 
 async def test_an_agent_failure_fails_the_task_with_its_code(h: EngineHarness) -> None:

@@ -1,8 +1,9 @@
 """The Scheduler recovers from a task transition whose write the store failed (a cut
 PostgreSQL connection, tests/server/test_tasks_under_cut.py). A transition writes first and
-changes nothing in memory when the write fails; a dispatch whose DISPATCH write or router
-send failed goes back to its queue (the envelope that may have gone out stale, its attempt
-counted) and goes out again after `retry_after_s`; an agent's ACK whose write failed is kept
+changes nothing in memory when the write fails; a dispatch whose write failed (the task's
+DISPATCHED commits with the envelope's admission) goes back to its queue (its attempt
+counted) and goes out again after `retry_after_s`, one whose write committed unheard counts
+as dispatched; an agent's ACK whose write failed is kept
 and applied again from the Scheduler's loop until the store takes it; a submission whose
 write committed although its caller heard `unavailable` is taken in when it is submitted
 again. A write whose connection was lost but that committed (read back) counts as done.
@@ -89,33 +90,57 @@ async def _dispatch_again(h: EngineHarness) -> None:
     await h.engine.scheduler.fire_due()
 
 
-async def test_a_dispatch_whose_write_failed_changes_nothing_and_goes_out_again(
+async def test_a_dispatch_whose_write_committed_unheard_counts_as_dispatched_once(
     h: EngineHarness,
 ) -> None:
-    writes = FailingWrites(h.store.tasks, "put")
-    writes.fail(matches=in_state("DISPATCHED"))
+    """The task's DISPATCHED record commits with the envelope's admission: a write the
+    store reported unavailable but that committed (the router finds the envelope stored)
+    is a dispatch like any other, stored once with its event."""
+    sends = FailingWrites(h.store.messages, "admit_many")
+    sends.fail(matches=lambda records: any(r.recipient == "worker" for r in records),
+               committed=True)  # fmt: skip
     submitted = await submit(h, "t1", "worker")
-    assert submitted.accepted and writes.failed == 1
-    scheduler = h.engine.scheduler
-    queued = await task(h, "t1")
-    assert (queued.state, queued.attempts) == ("QUEUED", 1)
-    assert scheduler.holding("worker") == [], "the agent was taken by a dispatch never stored"
-    assert [t.task_id for t in scheduler.queued("worker")] == ["t1"]
-    # The envelope went out all the same: the agent's ACKs of it change nothing.
-    (first,) = await _data_ids(h, "worker")
-    assert (await h.ack("worker", first, AckStage.READ)).accepted
-    assert (await h.ack("worker", first, AckStage.FULFILLED, note='{"n": 0}')).accepted
-    assert (await task(h, "t1")).state == "QUEUED"
-    assert [e.details["message_id"] for e in await h.events("task.stale_ack")] == [first] * 2
-
-    await _dispatch_again(h)
-    again = await task(h, "t1")
-    assert (again.state, again.attempts) == ("DISPATCHED", 2)
-    assert (await _data_ids(h, "worker"))[1:] == [again.message_id]
+    assert submitted.accepted and sends.failed == 1
+    dispatched = await task(h, "t1")
+    assert (dispatched.state, dispatched.attempts) == ("DISPATCHED", 1)
+    assert dispatched == await h.store.tasks.get("t1")
+    assert await _data_ids(h, "worker") == [dispatched.message_id]
     await ack_task(h, "t1", AckStage.READ)
     await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
-    done = await task(h, "t1")
-    assert (done.state, done.result) == ("COMPLETED", '{"n": 1}')
+    assert (await task(h, "t1")).state == "COMPLETED"
+    assert len(await h.events("task.dispatched")) == 1
+
+
+async def test_a_dispatch_found_committed_only_later_is_taken_as_it_was_stored(
+    h: EngineHarness,
+) -> None:
+    """The admission of a dispatch commits (the task DISPATCHED with its envelope), but the
+    store answers no read for longer than the router waits to tell: the Scheduler hears
+    `unavailable` and puts the task back in its queue. Before the task goes out again the
+    store is asked: the dispatch that committed is the task's, stored once, and its agent's
+    ACKs of it complete the task."""
+    sends = FailingWrites(h.store.messages, "admit_many")
+    reads = FailingWrites(h.store.messages, "get")
+    sends.fail(matches=lambda records: any(r.recipient == "worker" for r in records),
+               committed=True)  # fmt: skip
+    reads.fail(10_000)
+    submitted = await submit(h, "t1", "worker")
+    assert submitted.accepted and sends.failed == 1
+    assert (await task(h, "t1")).state == "QUEUED"
+    stored = await h.store.tasks.get("t1")
+    assert stored is not None and stored.state == "DISPATCHED", "the write committed"
+    reads.fail(0)
+
+    await _dispatch_again(h)
+    dispatched = await task(h, "t1")
+    assert dispatched == stored
+    assert await _data_ids(h, "worker") == [stored.message_id]
+    await ack_task(h, "t1", AckStage.READ)
+    await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
+    assert (await task(h, "t1")).state == "COMPLETED"
+    assert [e.details["message_id"] for e in await h.events("task.dispatched")] == [
+        stored.message_id
+    ]
 
 
 async def test_a_dispatch_whose_send_failed_goes_back_to_its_queue_and_out_again(
@@ -128,6 +153,10 @@ async def test_a_dispatch_whose_send_failed_goes_back_to_its_queue_and_out_again
     queued = await task(h, "t1")
     assert (queued.state, queued.attempts) == ("QUEUED", 1)
     assert [t.task_id for t in h.engine.scheduler.queued("worker")] == ["t1"]
+    # Nothing of the dispatch was stored: the task's record commits with the envelope.
+    stored = await h.store.tasks.get("t1")
+    assert stored is not None and stored.state == "QUEUED"
+    assert await h.events("task.dispatched") == []
 
     await _dispatch_again(h)
     again = await task(h, "t1")
@@ -189,12 +218,10 @@ async def test_a_submission_that_committed_unheard_is_taken_in_when_submitted_ag
     assert len(submitted) == 1
 
 
-@pytest.mark.parametrize(
-    ("state", "event"), [("DISPATCHED", "task.dispatched"), ("RUNNING", "task.running")]
-)
 async def test_a_task_write_that_committed_unheard_counts_as_done_once(
-    h: EngineHarness, state: str, event: str
+    h: EngineHarness,
 ) -> None:
+    state, event = "RUNNING", "task.running"
     writes = FailingWrites(h.store.tasks, "put")
     writes.fail(matches=in_state(state), committed=True)
     await submit(h, "t1", "worker")

@@ -2,7 +2,9 @@
 
 One `IdempotencyRecord` per token tracks every attempt (message_id) of one logical operation.
 `decide` answers what to do with a new arrival carrying the token; `start`, `attempt` and
-`progress` return updated records (records are immutable; the caller persists them).
+`progress` return updated records (records are immutable; the caller persists them);
+`advance` is `progress` as the store applies it, in the transaction of the attempt's own
+state change (core/records.py `TokenProgress`).
 
 Reconciliation (RFC 11.1 rule 4, "reflect the earliest successful completion"): a terminal
 outcome (FULFILLED, REJECTED, FAILED) of *any* attempt, late or not, is cached when none is.
@@ -23,7 +25,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from apiary.core.idempotency import DEFAULT_DEDUP_WINDOW_S, is_within_window
-from apiary.core.records import IdempotencyRecord, MessageState
+from apiary.core.records import IdempotencyRecord, MessageState, TokenProgress
 
 OUTCOMES: Final = frozenset({MessageState.FULFILLED, MessageState.REJECTED, MessageState.FAILED})
 """The terminal states that are outcomes of the operation and get cached."""
@@ -195,6 +197,23 @@ def progress(
     if current in _PROGRESS_RANK and _PROGRESS_RANK[state] > _PROGRESS_RANK[current]:
         return replace(record, status=state.value, updated_at=now)
     return record
+
+
+def advance(
+    record: IdempotencyRecord | None, step: TokenProgress
+) -> tuple[IdempotencyRecord | None, bool]:
+    """`progress` of `record` (as stored; None: no record) by `step`: the record to write
+    (None: nothing changes, or `step`'s attempt is not one of the record's) and whether its
+    cached outcome changed (`step.cached` is logged then)."""
+    if record is None or step.message_id not in record.attempts:
+        return None, False
+    updated = progress(
+        record, step.message_id, step.state, step.at,
+        error_code=step.error_code, result=step.result,
+    )  # fmt: skip
+    if updated == record:
+        return None, False
+    return updated, updated.outcome_at != record.outcome_at
 
 
 def duplicate_payload(record: IdempotencyRecord) -> dict[str, Any]:

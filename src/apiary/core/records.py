@@ -192,6 +192,29 @@ class AdmissionWrites:
 
     events: tuple[EventDraft, ...] = ()
     idempotency: IdempotencyRecord | None = None
+    task: TaskRecord | None = None
+    """A task record stored with the message: the Scheduler's dispatch, the task DISPATCHED
+    with the envelope that carries it to its agent."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenProgress:
+    """An attempt's new state, to be reflected in its token's idempotency record
+    (core/dedup.py `advance`) by the store in the transaction that stores the attempt's own
+    state change: read, updated and written there, so that the record commits with the state
+    it records and no other write of the token comes between its read and its write.
+
+    `cached` is the event appended with it when the attempt's outcome becomes the one the
+    record caches (its `original_message_id` is then `message_id`, its status `state`)."""
+
+    key: str
+    """The record's key (the producer-scoped token, engine/router/dedup_gate.py)."""
+    message_id: str
+    state: MessageState
+    at: float
+    error_code: str = ""
+    result: str = ""
+    cached: EventDraft | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,7 @@ from apiary.core.records import (
     StateChange,
     StoredMessage,
     TaskRecord,
+    TokenProgress,
 )
 from apiary.core.rooms.records import (
     DecisionRecord,
@@ -143,14 +144,22 @@ class MessageStore(Protocol):
         ...
 
     async def apply(
-        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+        self,
+        changes: Sequence[StateChange],
+        events: Sequence[EventDraft] = (),
+        tokens: Sequence[TokenProgress] = (),
     ) -> list[StoredMessage]:
         """Apply state changes in order (one transaction, which appends `events` to the event
-        log too); unknown ids raise LookupError and apply nothing."""
+        log too, and reflects each of `tokens` in order in its idempotency record as the
+        transaction reads it, with the token's event when its cached outcome changes:
+        core/dedup.py `advance`); unknown ids raise LookupError and apply nothing."""
         ...
 
     async def record(
-        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+        self,
+        changes: Sequence[StateChange],
+        events: Sequence[EventDraft] = (),
+        tokens: Sequence[TokenProgress] = (),
     ) -> None:
         """Apply state changes as `apply` does, without reading the messages back: for a
         caller that holds them already (`core.records.changed` gives the result)."""

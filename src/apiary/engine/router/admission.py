@@ -27,7 +27,7 @@ from apiary.core.envelope_rules import (
     ttl_deadline,
     validate_envelope,
 )
-from apiary.core.records import MessageState, StoredMessage
+from apiary.core.records import AdmissionWrites, MessageState, StoredMessage
 from apiary.core.signatures import SIGNATURE_KEY, verifies, with_origin
 from apiary.core.trace_context import TraceContext
 from apiary.core.value import value
@@ -91,6 +91,14 @@ class Outbound:
     trace: TraceContext | None = None
     """The trace context the message continues (docs/tracing.md), when its sender gives one;
     else, with tracing on, the router takes the context current at admission."""
+    new_token: bool = False
+    """The producer vouches that the envelope's idempotency token is new (the Scheduler's
+    `task:<id>:<attempt>`, one per dispatch attempt): its record is started without the
+    store being asked for one. Honoured for the coordinator's own endpoints only."""
+    stored_with: AdmissionWrites | None = None
+    """The producer's own writes that commit with the envelope's admission, or not at all
+    (the Scheduler's dispatch: the task DISPATCHED, with its event). The coordinator's own
+    endpoints only: anyone else's is refused."""
 
 
 @dataclass(slots=True)
@@ -384,9 +392,20 @@ class Admission:
         if notice:
             return self._reserved(item, env, target, now, raw, notice=True)
         check_modality(env.content_type, agent.descriptor.get("modalities_supported") or ())
+        if item.stored_with is not None and not self._own(item):
+            raise PermissionDeniedError(
+                f"{env.producer_id} may not store other writes with {env.message_id}",
+                {"message_id": env.message_id},
+            )
         if item.requeue or not self._dedup.fresh(env):
-            return Wait(Gate.DEDUP, env, target, raw)
+            new = item.new_token and not item.requeue and self._own(item)
+            if not (new and self._dedup.claim(env)):
+                return Wait(Gate.DEDUP, env, target, raw)
         return self._reserved(item, env, target, now, raw, notice=False)
+
+    def _own(self, item: Outbound) -> bool:
+        """Whether `item` was produced inside the coordinator by one of its endpoints."""
+        return not item.remote and item.envelope.producer_id in self._endpoints
 
     def _reserved(
         self, item: Outbound, env: Envelope, target: str, now: float, raw: bytes, *,

@@ -278,8 +278,9 @@ class Batches:
     ) -> list[AdmissionWrites]:
         """What commits with each member's admission: its event (notices are logged by their
         causes: message.state, agent.joined, ...; a received event for each would repeat
-        those and every heartbeat) and its token's record (`DedupGate.record_for`; the
-        records are read concurrently: shared reads)."""
+        those and every heartbeat), its token's record (`DedupGate.record_for`; the
+        records are read concurrently: shared reads) and its producer's own writes
+        (`Outbound.stored_with`, their events after the member's)."""
         dedup, draft = self._dedup, self._events.draft
         held = [r for _, r in admit if dedup.holds(r.message_id)] if dedup.holding() else []
         tokens = await asyncio.gather(*(dedup.record_for(r, now) for r in held))
@@ -292,7 +293,12 @@ class Batches:
                 agent_id=record.recipient, message_id=env.message_id,
                 message_type=MESSAGE_TYPE_NAMES[env.message_type], lane=record.lane,
             ),)  # fmt: skip
-            writes.append(AdmissionWrites(event, by_id.get(record.message_id)))
+            token = by_id.get(record.message_id)
+            own = items[index].stored_with
+            if own is None:
+                writes.append(AdmissionWrites(event, token))
+            else:
+                writes.append(AdmissionWrites((*event, *own.events), token, own.task))
         return writes
 
     def _admitted(

@@ -5,16 +5,22 @@ RFC 19 (cache decisions are logged, linked to the original attempt): every decis
 token, and every decision by sequence number other than "new", is an `idempotency.decision`
 event naming the arrival and the original attempt; every change of a token's cached outcome
 is an `idempotency.cached` event. Rejections are also logged by the router.
+
+A token's record follows its attempts' fate in the transaction that stores their state
+changes (`progress_of`, applied by the message store): read and written there, so that the
+record, the state it records and the `idempotency.cached` event commit together, and no
+other write of the token comes between the record's read and its write.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 from apiary.core import dedup
 from apiary.core.envelope import Envelope
 from apiary.core.idempotency import is_within_window
-from apiary.core.records import IdempotencyRecord, StoredMessage
+from apiary.core.records import IdempotencyRecord, StoredMessage, TokenProgress
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.router.admission import SendOutcome
 from apiary.errors import AlreadyInProgressError, DuplicateDetectedError
@@ -103,6 +109,25 @@ class DedupGate:
         if high is None or number <= high:
             return False
         self._high[env.producer_id] = number
+        return True
+
+    def claim(self, env: Envelope) -> bool:
+        """Reserve `env`'s token for a NEW operation without asking the store: for a token
+        its producer vouches is new (`Outbound.new_token`). False (nothing reserved) when it
+        has no token or the token is being admitted right now: `check` decides then."""
+        token = env.idempotency_token
+        if not token:
+            return False
+        key = cache_key(env.producer_id, token)
+        if key in self._reserved:
+            return False
+        self._events.note(
+            "idempotency.decision", env.producer_id, correlation_id=env.correlation_id,
+            message_id=env.message_id, decision=dedup.DedupKind.NEW,
+            original_message_id=env.message_id, token=token,
+        )  # fmt: skip
+        self._reserved.add(key)
+        self._plans[env.message_id] = _Plan(key, None)
         return True
 
     async def _log(self, env: Envelope, decision: str, original: str, **details: str) -> None:
@@ -206,25 +231,32 @@ class DedupGate:
         if plan is not None:
             self._reserved.discard(plan.token)
 
-    async def progress(
+    def progress_of(
         self, message: StoredMessage, message_id: str, now: float, code: str, note: str
-    ) -> IdempotencyRecord | None:
-        """Reflect the message's new state in its token's record (RFC 11.1 rule 4)."""
+    ) -> TokenProgress | None:
+        """The progress that reflects `message`'s new state (as it is once stored) in its
+        token's record (RFC 11.1 rule 4), for the store to apply in the transaction that
+        stores that state (`MessageStore.record`'s `tokens`); None when it has no token.
+        `message_id` is the attempt's id (`message` may be a late ACK's view of it)."""
         token = message.idempotency_token
         if not token:
             return None
-        record = await self._cache.get(cache_key(message.producer_id, token))
-        if record is None or message_id not in record.attempts:
-            return None
-        updated = dedup.progress(
-            record, message_id, message.state, now, error_code=code, result=note
-        )
-        if updated != record:
-            await self._cache.put(updated)
-            if updated.outcome_at != record.outcome_at:
-                await self._events.record(
-                    "idempotency.cached", message.producer_id,
-                    correlation_id=message.correlation_id, token=token, message_id=message_id,
-                    original_message_id=updated.original_message_id, status=updated.status,
-                )  # fmt: skip
-        return updated
+        state = message.state
+        cached = None
+        if state in dedup.OUTCOMES:  # (only an outcome can change the cached one)
+            cached = self._events.draft(
+                "idempotency.cached", message.producer_id,
+                correlation_id=message.correlation_id, token=token, message_id=message_id,
+                original_message_id=message_id, status=state.value,
+            )  # fmt: skip
+        key = cache_key(message.producer_id, token)
+        return TokenProgress(key, message_id, state, now, code, note, cached)
+
+    async def progress(
+        self, message: StoredMessage, message_id: str, now: float, code: str, note: str
+    ) -> None:
+        """`progress_of` committed on its own: for a step that stores no state change of
+        its message (a late ACK)."""
+        step = self.progress_of(message, message_id, now, code, note)
+        if step is not None:
+            await self._events.commit([], partial(self._messages.record, [], tokens=[step]))

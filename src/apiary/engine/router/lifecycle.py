@@ -2,9 +2,10 @@
 
 The pure MessageMachine (core/message_machine.py) decides every transition; this module
 performs the effects: state writes, NACKs to the producer, DLQ entries, idempotency cache
-updates, credit release and events. Its inputs are agents' ACKs (one at a time, or a frame's
-together), the deadlines (ACK timeouts, TTL expiry, maximum age) and delivery's hand-outs and
-lost streams, which start and stop the ACK deadlines.
+updates (committed with the state change they follow: engine/router/dedup_gate.py
+`progress_of`), credit release and events. Its inputs are agents' ACKs (one at a time, or a
+frame's together), the deadlines (ACK timeouts, TTL expiry, maximum age) and delivery's
+hand-outs and lost streams, which start and stop the ACK deadlines.
 """
 
 from __future__ import annotations
@@ -19,7 +20,14 @@ from apiary.core.dedup import iso_utc
 from apiary.core.envelope import ACK_STAGE_NAMES, Ack, AckStage, Envelope
 from apiary.core.events import EventDraft
 from apiary.core.message_machine import ACK_INPUTS, Effect, MessageInput, MessageMachine, Step
-from apiary.core.records import MessageState, StateChange, StoredMessage, changed, state_text
+from apiary.core.records import (
+    MessageState,
+    StateChange,
+    StoredMessage,
+    TokenProgress,
+    changed,
+    state_text,
+)
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.dead_letters import DeadLetters
 from apiary.engine.deadlines import Deadlines
@@ -40,8 +48,8 @@ Nack = Callable[[str, str, str, AckStage, str, str, str], Awaitable[None]]
 note, failed_stage), as `Rejections.nack`."""
 Plan = tuple[Step, StateChange | None]
 """A machine step and the state change to store for it (None: nothing to write)."""
-Write = tuple[StateChange, EventDraft | None]
-"""A state change and the event that commits with it."""
+Write = tuple[StateChange, EventDraft | None, TokenProgress | None]
+"""A state change, the event that commits with it and its token's progress (if any)."""
 
 _STAGE_ORDER = {s.name: i for i, s in enumerate(AckStage)}
 _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
@@ -101,13 +109,18 @@ class MessageLifecycle:
             return ()
         step, change = plan
         code = ack.error_code if ack else error_code
+        token = None
         if change is None:
             updated = message
             self._event_of(plan, message, message, event, code, now)
         else:
-            draft = self._event_of(plan, message, changed(message, change), event, code, now)
-            updated = await self._changes.submit((change, draft))
-        awaited, updated = self._settle(message, updated, event, step, now, ack)
+            after = changed(message, change)
+            draft = self._event_of(plan, message, after, event, code, now)
+            token = self._token_of(step, message, after, code, ack.note if ack else note, now)
+            updated = await self._changes.submit((change, draft, token))
+        awaited, updated = self._settle(
+            message, updated, event, step, now, ack, cached=token is not None
+        )
         if awaited:
             await self._perform_all(awaited, message, updated, ack, error_code, note, now)
         return step.effects
@@ -159,6 +172,8 @@ class MessageLifecycle:
         try:
             changes: list[StateChange] = []
             drafts: list[EventDraft] = []
+            tokens: list[TokenProgress] = []
+            folded: set[str] = set()  # (the messages whose token's progress is in `tokens`)
             stored: dict[str, StoredMessage] = {}
             for _, original, ack, plan in planned:
                 if plan is None:
@@ -174,15 +189,23 @@ class MessageLifecycle:
                 if change is not None:
                     changes.append(change)
                     drafts.extend([] if draft is None else [draft])
+                    token = self._token_of(plan[0], original, after, ack.error_code, ack.note, now)
+                    if token is not None:
+                        tokens.append(token)
+                        folded.add(original.message_id)
             if changes:
-                await self._events.commit(drafts, partial(self._messages.record, changes))
+                record = partial(self._messages.record, changes, tokens=tokens)
+                await self._events.commit(drafts, record)
             for key, original, ack, plan in planned:
                 effects: tuple[Effect, ...] = ()
                 if plan is not None:
                     step = plan[0]
                     updated = stored[original.message_id]
                     event = ACK_INPUTS[ack.ack_stage]
-                    awaited, updated = self._settle(original, updated, event, step, now, ack)
+                    awaited, updated = self._settle(
+                        original, updated, event, step, now, ack,
+                        cached=original.message_id in folded,
+                    )  # fmt: skip
                     if awaited:
                         await self._perform_all(awaited, original, updated, ack, "", "", now)
                     effects = step.effects
@@ -290,14 +313,25 @@ class MessageLifecycle:
         self._live.writes_count(message_id, deliveries)
         return step, change
 
+    def _token_of(
+        self, step: Step, before: StoredMessage, after: StoredMessage, code: str, note: str,
+        now: float,
+    ) -> TokenProgress | None:  # fmt: skip
+        """The progress of `after`'s token record that commits with the step's state change
+        (None: the step updates no record)."""
+        if Effect.UPDATE_IDEMPOTENCY not in step.effects:
+            return None
+        return self._dedup.progress_of(after, before.message_id, now, code, note)
+
     def _settle(
         self, message: StoredMessage, updated: StoredMessage, event: MessageInput, step: Step,
-        now: float, ack: Ack | None,
+        now: float, ack: Ack | None, *, cached: bool = False,
     ) -> tuple[list[Effect], StoredMessage]:  # fmt: skip
         """What follows a step once its state change and event (if any) are stored: the live
         copy and the effects that need no store; returns those that may wait on it (in
-        order, for `_perform_all`) with the message they apply to. An ACK frame awaits
-        nothing for most ACKs."""
+        order, for `_perform_all`) with the message they apply to. `cached`: the token's
+        record committed with the state change (UPDATE_IDEMPOTENCY is done). An ACK frame
+        awaits nothing for most ACKs."""
         finished = self._live.changed(updated, acked=ack is not None)
         if finished:
             self._finished(updated)
@@ -315,7 +349,8 @@ class MessageLifecycle:
             elif effect is Effect.START_ACK_TIMER:
                 self._deadlines.start_ack(updated, now)
             elif effect in _AWAITED_EFFECTS and (
-                effect is not Effect.UPDATE_IDEMPOTENCY or self._dedup.cached(updated)
+                effect is not Effect.UPDATE_IDEMPOTENCY
+                or (not cached and self._dedup.cached(updated))
             ):
                 awaited.append(effect)
         return awaited, updated
@@ -332,9 +367,12 @@ class MessageLifecycle:
     async def _write(self, writes: Sequence[Write]) -> Sequence[StoredMessage]:
         """Store state changes with their events, in one transaction (the Coalescer's batch:
         each write alone when the batch fails)."""
-        drafts = [draft for _, draft in writes if draft is not None]
-        changes = [change for change, _ in writes]
-        return await self._events.commit(drafts, partial(self._messages.apply, changes))
+        drafts = [draft for _, draft, _ in writes if draft is not None]
+        changes = [change for change, _, _ in writes]
+        tokens = [token for _, _, token in writes if token is not None]
+        return await self._events.commit(
+            drafts, partial(self._messages.apply, changes, tokens=tokens)
+        )
 
     def _event_of(
         self, plan: Plan, before: StoredMessage, after: StoredMessage, event: MessageInput,

@@ -5,10 +5,12 @@ the shared queues it serves (core/tasks/shared.py), and send it unless it must w
 bound worktree (`worktree:required`), for a free instance of the agent's type
 (max_parallel_instances) or behind a running task whose scope conflicts
 (engine/conflict_gate.py). A head that must wait lets the next queue's head go. The task goes
-out as a DATA envelope from `scheduler`; a full buffer retries it later on the Scheduler's
-timer heap, and so does a store that fails on the way (the router's write or the task's
-DISPATCH): the task stays as stored, back in its queue, the envelope that may have gone out
-stale and its attempt counted, so that the next one goes out under a token of its own.
+out as a DATA envelope from `scheduler`, stored DISPATCHED (with its event) in the
+transaction that admits the envelope (`Outbound.stored_with`); a full buffer retries it
+later on the Scheduler's timer heap, and so does a store that fails on the way: the task
+stays as the Scheduler holds it, back in its queue, the envelope that may have gone out
+(with the record naming it, when a write in doubt committed after all) stale and its
+attempt counted, so that the next one goes out under a token of its own.
 
 A shared queue's task is offered to its agents fairly (`offer`): one task at a time to the
 least-loaded agent with room, the one served longest ago among equals.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -27,7 +30,7 @@ from apiary.core.agent_lifecycle import AgentLifecycleState
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
-from apiary.core.records import TaskRecord
+from apiary.core.records import AdmissionWrites, TaskRecord
 from apiary.core.tasks.capacity import Seat, fair_order
 from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.queue import QueuedTask
@@ -40,7 +43,7 @@ from apiary.engine.router.router import Router
 from apiary.engine.scheduler.live import LiveTasks, queue_key, target_of
 from apiary.engine.scheduler.pools import AgentPools
 from apiary.engine.scheduler.traces import TaskTraces
-from apiary.engine.scheduler.transitions import TaskTransitions
+from apiary.engine.scheduler.transitions import Prepared, TaskTransitions
 from apiary.engine.scheduler.wakeups import Wakeups, retry_key, shared_queue, shared_target
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import UnavailableError
@@ -99,6 +102,9 @@ class SchedulerDispatch:
         self._traces = traces
         """With tracing on: each dispatch is a span of the task's trace (docs/tracing.md)."""
         self._lanes: dict[str, LaneScheduler] = {}
+        self._doubts: dict[str, Prepared] = {}
+        """By task: its last dispatch, whose write the store failed and may have committed
+        all the same (an unknown outcome); the store is asked before the task goes on."""
 
     async def drain(self) -> None:
         """Dispatch to every agent (and offer every shared queue) woken so far (lock held)."""
@@ -170,6 +176,8 @@ class SchedulerDispatch:
         alone = self._pools.concurrency(agent_id) == 1
         for head in heads:
             task = live.tasks[head.task_id]
+            if task.task_id in self._doubts and await self._dispatched_after_all(task):
+                return True
             if task.queue and not self._pools.takes(agent_id, task.content_type):
                 continue
             if live.needs_worktree(task) and not self._bound(agent_id):
@@ -239,6 +247,25 @@ class SchedulerDispatch:
             ),
         )  # fmt: skip
 
+    async def _dispatched_after_all(self, task: TaskRecord) -> bool:
+        """Whether the task's last dispatch, whose write the store failed, committed all
+        the same (the store is asked; its StoreError propagates, the task staying as it is):
+        then it is taken as dispatched (its envelope live again), and the task goes no
+        further here. False: it did not, and the task goes on as queued."""
+        doubt = self._doubts[task.task_id]
+        stored = await self._transitions.stored_record(task.task_id)
+        del self._doubts[task.task_id]
+        if stored != doubt.after:
+            return False
+        log.warning("dispatch of task %s as %s committed after all", task.task_id,
+                    doubt.after.message_id)  # fmt: skip
+        self._live.queue.remove(task.task_id)
+        self._live.stale.pop(doubt.after.message_id, None)
+        await self._transitions.stored(replace(doubt, before=task))
+        if task.queue:
+            self._pools.served(doubt.after.agent_id)
+        return True
+
     async def _dispatch(self, task: TaskRecord, choice: LaneChoice, agent_id: str) -> bool:
         """Send the task to the agent; False when it has to wait (the task is back in its
         queue, and the agent tried again after `retry_after_s`): the agent's inbound buffer
@@ -248,19 +275,43 @@ class SchedulerDispatch:
             MessageType.DATA, task.params, task.content_type, correlation_id=task.flow_id,
             idempotency_token=f"task:{task.task_id}:{attempt}",
         )  # fmt: skip
+        dispatched = self._prepare(task, choice, agent_id, env, attempt)
         try:
-            return await self._send(task, choice, agent_id, env, attempt)
+            return await self._send(task, agent_id, env, attempt, dispatched)
         except (StoreError, UnavailableError) as exc:
-            # The router may have committed the envelope (its agent runs it) while the task's
-            # DISPATCH was not stored: that envelope is stale and its attempt spent.
+            # The router's write (the envelope with the task DISPATCHED) may have committed
+            # unheard: the store is asked before the task goes on (`_doubts`); until then
+            # that envelope is stale and its attempt spent.
             log.warning("dispatch of task %s to %s failed: %s", task.task_id, agent_id, exc)
+            self._doubts[task.task_id] = dispatched
             self._later(self._live.unsent(task, env.message_id, attempt), agent_id)
             return False
 
-    async def _send(
+    def _prepare(
         self, task: TaskRecord, choice: LaneChoice, agent_id: str, env: Envelope, attempt: int
+    ) -> Prepared:
+        """The task's DISPATCH as `env`, for the envelope's admission to commit."""
+        changes: dict[str, object] = {
+            "message_id": env.message_id, "attempts": attempt, "updated_at": self._clock.now(),
+            "note": "",
+        }  # fmt: skip
+        if task.queue:
+            member = self._pools.member(agent_id)
+            changes["agent_id"] = agent_id
+            changes["agent_type"] = member.agent_type if member is not None else ""
+        return self._transitions.prepare(
+            task, TaskInput.DISPATCH, changes, message_id=env.message_id, attempt=attempt,
+            lane=task.lane, urgent=choice.urgent, overflowed=choice.overflowed,
+        )  # fmt: skip
+
+    async def _send(
+        self, task: TaskRecord, agent_id: str, env: Envelope, attempt: int, dispatched: Prepared
     ) -> bool:
-        item = Outbound(env, agent_id, lane=task.lane)
+        # The task is stored DISPATCHED with the envelope that carries it, or neither is. The
+        # token names this attempt, counted even when its send failed: it is new, so the
+        # router starts its record without looking for one.
+        writes = AdmissionWrites((dispatched.event,), task=dispatched.after)
+        item = Outbound(env, agent_id, lane=task.lane, new_token=True, stored_with=writes)
         if self._traces is None:
             (outcome,) = await self._router.send_many([item])
         else:
@@ -271,24 +322,14 @@ class SchedulerDispatch:
                 self._later(task, agent_id)
                 return False
             if code == "unavailable":  # a store fault: the envelope's fate is unknown
+                self._doubts[task.task_id] = dispatched
                 self._later(self._live.unsent(task, env.message_id, attempt), agent_id)
                 return False
             await self._transitions.end(
                 task, TaskInput.REFUSE, code or "internal_error", outcome.reason
             )
             return True
-        changes: dict[str, object] = {
-            "message_id": env.message_id, "attempts": attempt, "updated_at": self._clock.now(),
-            "note": "",
-        }  # fmt: skip
-        if task.queue:
-            member = self._pools.member(agent_id)
-            changes["agent_id"] = agent_id
-            changes["agent_type"] = member.agent_type if member is not None else ""
-        await self._transitions.apply(
-            task, TaskInput.DISPATCH, changes, message_id=env.message_id, attempt=attempt,
-            lane=task.lane, urgent=choice.urgent, overflowed=choice.overflowed,
-        )  # fmt: skip
+        await self._transitions.stored(dispatched)
         if task.queue:
             self._pools.served(agent_id)
         return True

@@ -1,7 +1,9 @@
 """The task machine's engine: every change of a task's state is `TaskTransitions.apply`,
 which steps core/tasks/machine.py and performs the row's effects in their order (the store,
 the live tasks and their watchers, the event log, the activity buffer, the agent's
-lifecycle, end listeners). The store's write comes first: a transition whose write fails
+lifecycle, end listeners). The store's write comes first (the transition's own, or, for a
+transition `prepare`d, another write it commits with: the dispatch's envelope admission,
+then `stored`): a transition whose write fails
 raises having changed nothing, in memory as in the store (a write the lost connection cut
 short counts as done when the record read back shows it committed; the callers decide what
 follows a failed one:
@@ -17,7 +19,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Final
 
@@ -71,6 +73,18 @@ def requeued(task: TaskRecord) -> dict[str, Any]:
     return {"agent_id": ""} if task.queue else {}
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A transition decided and not yet stored (`TaskTransitions.prepare`): the record after
+    it and its event, for another write to commit (`stored` performs the rest)."""
+
+    step: TaskStep
+    before: TaskRecord
+    after: TaskRecord
+    details: Mapping[str, Any]
+    event: EventDraft
+
+
 class TaskTransitions:
     """Applies task inputs: the machine decides, this performs (see the module docstring)."""
 
@@ -118,6 +132,28 @@ class TaskTransitions:
         after = replace(task, state=step.state, **changes)
         await self._perform(step, task, after, details)
         return after
+
+    def prepare(
+        self, task: TaskRecord, event: TaskInput, changes: Mapping[str, Any], **details: Any
+    ) -> Prepared:
+        """`apply`'s step, record and event without the write: for a row that persists and
+        logs, whose record and event another write commits (then `stored`).
+        IllegalTransitionError when the table has no row."""
+        step = TaskMachine.step(task.state, event)
+        if _E.PERSIST not in step.effects or _E.EMIT_EVENT not in step.effects:
+            raise ValueError(f"{event} from {task.state} is not stored with an event")
+        after = replace(task, state=step.state, **changes)
+        return Prepared(step, task, after, details, self._event(step, after, details))
+
+    async def stored(self, prepared: Prepared) -> TaskRecord:
+        """The effects of a `prepare`d transition whose record and event are committed."""
+        p = prepared
+        await self._perform(p.step, p.before, p.after, p.details, write=False)
+        return p.after
+
+    async def stored_record(self, task_id: str) -> TaskRecord | None:
+        """The task as the store holds it (StoreError when it does not answer)."""
+        return await self._store.get(task_id)
 
     async def end(
         self, task: TaskRecord, event: TaskInput, code: str, note: str, result: str = ""

@@ -18,6 +18,11 @@ class MemoryIdempotencyStore:
         """The record of `token`, or None."""
         return self._records.get(token)
 
+    def get_now(self, token: str) -> IdempotencyRecord | None:
+        """The record of `token`, or None, at once (for a change that updates it in the same
+        step, `MemoryMessageStore.apply`)."""
+        return self._records.get(token)
+
     async def put(self, record: IdempotencyRecord) -> None:
         """Insert or replace the record for record.token."""
         self.put_now(self.checked(record))

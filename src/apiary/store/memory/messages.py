@@ -6,11 +6,20 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from apiary.core.dedup import advance
 from apiary.core.events import EventDraft
-from apiary.core.records import AdmissionWrites, MessageState, StateChange, StoredMessage, changed
+from apiary.core.records import (
+    AdmissionWrites,
+    MessageState,
+    StateChange,
+    StoredMessage,
+    TokenProgress,
+    changed,
+)
 from apiary.store.errors import DuplicateMessageError
 from apiary.store.memory.events import MemoryEventLog
 from apiary.store.memory.idempotency import MemoryIdempotencyStore
+from apiary.store.memory.tasks import MemoryTaskStore
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.messages import message_values
 
@@ -46,11 +55,14 @@ class MemoryMessageStore:
     """`MessageStore` over a dict of messages and one `_Inbox` per recipient; what commits
     with a change goes to `log` and `tokens` in the same step."""
 
-    def __init__(self, log: MemoryEventLog, tokens: MemoryIdempotencyStore) -> None:
+    def __init__(
+        self, log: MemoryEventLog, tokens: MemoryIdempotencyStore, tasks: MemoryTaskStore
+    ) -> None:
         self._messages: dict[str, StoredMessage] = {}
         self._inboxes: dict[str, _Inbox] = {}
         self._log = log
         self._tokens = tokens
+        self._tasks = tasks
 
     async def admit(self, message: StoredMessage) -> StoredMessage:
         """Record a new message with the recipient's next inbox offset."""
@@ -72,6 +84,7 @@ class MemoryMessageStore:
             (
                 self._log.checked(w.events),
                 None if w.idempotency is None else self._tokens.checked(w.idempotency),
+                None if w.task is None else self._tasks.checked(w.task),
             )
             for w in writes
         ]
@@ -84,10 +97,12 @@ class MemoryMessageStore:
                 outcomes.append(duplicate)
                 continue
             if extras:
-                drafts, token = extras[i]
+                drafts, token, task = extras[i]
                 appended.extend(drafts)
                 if token is not None:
                     self._tokens.put_now(token)
+                if task is not None:
+                    self._tasks.put_now(task)
         self._log.append_now(appended)
         return outcomes
 
@@ -112,28 +127,42 @@ class MemoryMessageStore:
         return (await self.apply([StateChange(message_id, state, at, error_code)]))[0]
 
     async def apply(
-        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+        self,
+        changes: Sequence[StateChange],
+        events: Sequence[EventDraft] = (),
+        tokens: Sequence[TokenProgress] = (),
     ) -> list[StoredMessage]:
-        """Apply state changes in order, appending `events` with them; unknown ids raise
-        LookupError and apply nothing."""
+        """Apply state changes in order, appending `events` and the idempotency records'
+        progress `tokens` with them (core/dedup.py `advance`, each step's event appended when
+        it changed the cached outcome); unknown ids raise LookupError and apply nothing."""
         for change in changes:
             if change.message_id not in self._messages:
                 raise LookupError(f"no message {change.message_id!r}")
         drafts = self._log.checked(events)
+        steps = [(t, self._log.checked([t.cached])[0] if t.cached else None) for t in tokens]
         applied: list[StoredMessage] = []
         for change in changes:
             current = self._messages[change.message_id]
             after = changed(current, change)
             self._messages[change.message_id] = after
             applied.append(after)
+        for step, cached in steps:
+            updated, outcome = advance(self._tokens.get_now(step.key), step)
+            if updated is not None:
+                self._tokens.put_now(self._tokens.checked(updated))
+            if outcome and cached is not None:
+                drafts.append(cached)
         self._log.append_now(drafts)
         return applied
 
     async def record(
-        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+        self,
+        changes: Sequence[StateChange],
+        events: Sequence[EventDraft] = (),
+        tokens: Sequence[TokenProgress] = (),
     ) -> None:
         """Apply state changes as `apply` does, without the answer."""
-        await self.apply(changes, events)
+        await self.apply(changes, events, tokens)
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """One more delivery at `at`, then FULFILLED at `at` (unknown ids are ignored)."""

@@ -24,19 +24,30 @@ class MemoryTaskStore:
         """Insert or replace the record with this task_id, appending `events` with it;
         StoreError when its seq belongs to another task (as the SQL backends' unique index
         refuses it)."""
+        stored = self.checked(record)
+        drafts = self._log.checked(events)
+        self.put_now(stored)
+        self._log.append_now(drafts)
+
+    def checked(self, record: TaskRecord) -> TaskRecord:
+        """`record` as stored; what the SQL backends refuse raises (ValueError, StoreError
+        when its seq belongs to another task, as their unique index refuses it)."""
         # Through the SQL row and back: refuses what the SQL backends refuse and coerces as
         # they do (bytearray params become bytes, an int submitted_at a float).
         stored = task_from_row(task_row(record))
         holder = self._task_by_seq.get(stored.seq)
         if holder is not None and holder != stored.task_id:
             raise StoreError(f"seq {stored.seq} already belongs to task {holder!r}")
-        drafts = self._log.checked(events)
+        return stored
+
+    def put_now(self, stored: TaskRecord) -> None:
+        """Store a `checked` record (another aggregate's write stores it this way, in the
+        same step as its own change)."""
         previous = self._records.get(stored.task_id)
         if previous is not None:
             del self._task_by_seq[previous.seq]
         self._records[stored.task_id] = stored
         self._task_by_seq[stored.seq] = stored.task_id
-        self._log.append_now(drafts)
 
     async def get(self, task_id: str) -> TaskRecord | None:
         """The record, or None (records hold immutable values only: no copy needed)."""

@@ -17,15 +17,18 @@ bench/store_rows.py replays these transactions as the router writes them (SQLite
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Final, NamedTuple
 
+from apiary.core.dedup import advance
 from apiary.core.events import EventDraft
 from apiary.core.records import (
     AdmissionWrites,
     MessageState,
     StateChange,
     StoredMessage,
+    TokenProgress,
     at_offset,
     state_text,
 )
@@ -36,8 +39,14 @@ from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, in_list
 from apiary.store.sql.events import SqlEventLog, append_events, event_rows
-from apiary.store.sql.idempotency import PUT_IDEMPOTENCY, idempotency_row
+from apiary.store.sql.idempotency import (
+    IDEMPOTENCY,
+    PUT_IDEMPOTENCY,
+    idempotency_from_row,
+    idempotency_row,
+)
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Row, Transaction
+from apiary.store.sql.tasks import PUT_TASK, task_row
 from apiary.store.sql.where import Where
 
 
@@ -240,23 +249,54 @@ class SqlMessageStore:
         return after
 
     async def apply(
-        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+        self,
+        changes: Sequence[StateChange],
+        events: Sequence[EventDraft] = (),
+        tokens: Sequence[TokenProgress] = (),
     ) -> list[StoredMessage]:
-        """Apply state changes in order, in one transaction with the append of `events`; an
-        unknown id raises LookupError and nothing is applied."""
-        if not changes:
+        """Apply state changes in order, in one transaction with the append of `events` and
+        the idempotency records' progress `tokens`; an unknown id raises LookupError and
+        nothing is applied."""
+        if tokens:
+            rows = await self._with_tokens(changes, events, tokens, True)
+        elif not changes:
             return []
-        params = change_params(changes)
-        rows = await self._log.write_with(events, apply_changes, params, True)
+        else:
+            params = change_params(changes)
+            rows = await self._log.write_with(events, apply_changes, params, True)
         return [message_from_row(row) for row in rows]
 
     async def record(
-        self, changes: Sequence[StateChange], events: Sequence[EventDraft] = ()
+        self,
+        changes: Sequence[StateChange],
+        events: Sequence[EventDraft] = (),
+        tokens: Sequence[TokenProgress] = (),
     ) -> None:
         """Apply state changes as `apply` does, without reading the messages back: about a
         third of the statement's cost, and no rows to decode on the event loop."""
-        if changes:
+        if tokens:
+            await self._with_tokens(changes, events, tokens, False)
+        elif changes:
             await self._log.write_with(events, apply_changes, change_params(changes), False)
+
+    async def _with_tokens(
+        self, changes: Sequence[StateChange], events: Sequence[EventDraft],
+        tokens: Sequence[TokenProgress], returning: bool,
+    ) -> list[Row]:  # fmt: skip
+        """`apply_with_tokens`, the events it appended told to the log's listeners."""
+        d = self._db.dialect
+        steps = [
+            (replace(t, cached=None), None if t.cached is None else event_rows(d, [t.cached])[0])
+            for t in tokens
+        ]
+        rows, taken, first = await self._db.write(
+            apply_with_tokens, change_params(changes), returning, event_rows(d, events), steps
+        )
+        cached = [t.cached for t, took in zip(tokens, taken, strict=True) if took]
+        appended = [*events, *(c for c in cached if c is not None)]
+        if appended:
+            self._log.committed(first, appended)
+        return rows
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """One more delivery, then FULFILLED at `at`, one row update per message (unknown
@@ -508,14 +548,16 @@ def admit_new(d: Dialect, values: list[tuple[Any, ...]]) -> Transaction[list[int
     return offsets
 
 
-AdmissionExtras = list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None]]
-"""Per member of an admission: its events' rows (`event_rows`) and its idempotency row."""
+AdmissionExtras = list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None, tuple[Any, ...] | None]]
+"""Per member of an admission: its events' rows (`event_rows`), its idempotency row and its
+task row."""
 
 
 def _admission_extras(d: Dialect, writes: Sequence[AdmissionWrites]) -> AdmissionExtras:
     return [
         (event_rows(d, w.events) if w.events else [],
-         None if w.idempotency is None else idempotency_row(w.idempotency))
+         None if w.idempotency is None else idempotency_row(w.idempotency),
+         None if w.task is None else task_row(w.task))
         for w in writes
     ]  # fmt: skip
 
@@ -532,14 +574,17 @@ def admit_with(
     extras: AdmissionExtras,
 ) -> Transaction[tuple[list[int], int]]:  # fmt: skip
     """`admit_new`, then the events' rows `lead` and, for each member admitted (`extras`:
-    none, or one per member), its idempotency record and events (the first event's sequence
-    is returned with the offsets; 0 when there were none)."""
+    none, or one per member), its idempotency record, task record and events (the first
+    event's sequence is returned with the offsets; 0 when there were none)."""
     offsets = yield from admit_new(d, values)
     admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
-    tokens = [row for _, row in admitted if row is not None]
+    tokens = [row for _, row, _ in admitted if row is not None]
     if tokens:
         yield from ExecuteMany(PUT_IDEMPOTENCY.sql, tokens)
-    rows = lead + [row for events, _ in admitted for row in events]
+    tasks = [row for _, _, row in admitted if row is not None]
+    if tasks:
+        yield from ExecuteMany(PUT_TASK.sql, tasks)
+    rows = lead + [row for events, _, _ in admitted for row in events]
     first = (yield from append_events(d, rows)) if rows else 0
     return offsets, first
 
@@ -571,6 +616,38 @@ def apply_changes(
     if (len(rows) if returning else changed) != len(ids):
         yield from _missing(d, ids)
     return [rows[i] for i in ids] if returning else []
+
+
+TokenStep = tuple[TokenProgress, "tuple[Any, ...] | None"]
+"""A token's progress (its event left out) and the row of that event (`event_rows`)."""
+
+
+@lru_cache(maxsize=2)
+def _token_sql(d: Dialect) -> str:
+    return f"SELECT {IDEMPOTENCY.sql} FROM idempotency WHERE token = ?{d.lock_rows}"
+
+
+def apply_with_tokens(
+    d: Dialect, params: list[tuple[Any, ...]], returning: bool, events: list[tuple[Any, ...]],
+    steps: list[TokenStep],
+) -> Transaction[tuple[list[Row], list[bool], int]]:  # fmt: skip
+    """`apply_changes`, then each token's progress (`steps`, in order) on its record as
+    this transaction reads it (locked in PostgreSQL: no other write of the token comes
+    between), then the append of `events` and of the event of each step that changed its
+    record's cached outcome. Returns the changed messages (when `returning`), whether each
+    step's event was appended, and the first event's sequence (0: none)."""
+    rows = (yield from apply_changes(d, params, returning)) if params else []
+    taken: list[bool] = []
+    for step, cached_row in steps:
+        found = yield from QueryOne(_token_sql(d), (step.key,))
+        updated, outcome = advance(None if found is None else idempotency_from_row(found), step)
+        if updated is not None:
+            yield from Execute(PUT_IDEMPOTENCY.sql, idempotency_row(updated))
+        if outcome and cached_row is not None:
+            events = [*events, cached_row]
+        taken.append(outcome and cached_row is not None)
+    first = (yield from append_events(d, events)) if events else 0
+    return rows, taken, first
 
 
 def _apply_in_turn(

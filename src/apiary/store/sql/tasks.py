@@ -115,14 +115,15 @@ def task_from_row(fetched: Sequence[Any]) -> TaskRecord:
     )
 
 
-_PUT = Execute(by_dialect(lambda d: d.upsert("tasks", TASKS, "task_id")))
+PUT_TASK = Execute(by_dialect(lambda d: d.upsert("tasks", TASKS, "task_id")))
+"""Inserts or replaces one task (`task_row`)."""
 _GET = QueryOne(f"SELECT {TASKS.sql} FROM tasks WHERE task_id = ?")
 _MAX_SEQ = QueryOne("SELECT COALESCE(MAX(seq), -1) FROM tasks")
 
 
 def put_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
     """Insert or replace one task (`task_row`)."""
-    yield from Execute(_PUT.sql, row)
+    yield from Execute(PUT_TASK.sql, row)
 
 
 class SqlTaskStore:
@@ -139,7 +140,7 @@ class SqlTaskStore:
         if events:
             await self._log.write_with(events, put_task, task_row(record))
         else:
-            await self._db.write(_PUT, task_row(record))
+            await self._db.write(PUT_TASK, task_row(record))
 
     async def get(self, task_id: str) -> TaskRecord | None:
         """The record, or None."""

@@ -7,7 +7,15 @@ import itertools
 from collections.abc import Awaitable
 from dataclasses import replace
 
-from apiary.core.records import MessageState, StateChange, StoredMessage, changed
+from apiary.core.records import (
+    AdmissionWrites,
+    IdempotencyRecord,
+    MessageState,
+    StateChange,
+    StoredMessage,
+    TokenProgress,
+    changed,
+)
 from apiary.store.errors import DuplicateMessageError
 from apiary.testing.store_suite.base import (
     T0,
@@ -15,10 +23,12 @@ from apiary.testing.store_suite.base import (
     UINT64_MAX,
     Check,
     StoreFactory,
+    draft,
     message,
     message_ids,
     registry,
 )
+from apiary.testing.store_suite.tasks import task_record
 
 CHECKS: list[Check] = []
 _check = registry(CHECKS)
@@ -409,6 +419,82 @@ async def apply_with_an_unknown_id_applies_nothing(factory: StoreFactory) -> Non
                 raise AssertionError("apply with an unknown message_id did not raise")
             assert [await store.messages.get(m) for m in ("m-1", "m-2", "m-3")] == before
         assert await store.messages.count("agent-b", TERMINAL_STATES) == 0
+
+
+@_check
+async def a_task_record_commits_with_the_admission_of_its_member(factory: StoreFactory) -> None:
+    """`AdmissionWrites.task` is stored with its member's admission, and with its events;
+    a member refused as a duplicate stores neither."""
+    async with factory.open() as store:
+        await store.messages.admit(message("m-1"))
+        one = task_record("t-1", 1, state="DISPATCHED", message_id="m-1")
+        two = task_record("t-2", 2, state="DISPATCHED", message_id="m-2")
+        writes = [
+            AdmissionWrites((draft(1),), task=one),
+            AdmissionWrites((draft(2),), task=two),
+        ]
+        outcomes = await store.messages.admit_many([message("m-1"), message("m-2")], writes)
+        assert isinstance(outcomes[0], DuplicateMessageError)
+        assert await store.tasks.get("t-1") is None
+        assert await store.tasks.get("t-2") == two
+        assert [e.details for e in await store.events.read()] == [{"n": 2}]
+
+
+@_check
+async def a_token_progresses_in_the_transaction_of_its_state_change(
+    factory: StoreFactory,
+) -> None:
+    """`tokens` update their records as the transaction reads them, in order, with the
+    event of each step that changes the cached outcome; a step of an attempt the record does
+    not list, or of a token without a record, writes nothing; a change that fails (an
+    unknown message) leaves the records as they were."""
+    token = IdempotencyRecord("k", "agent-a", "m-1", "m-1", "RECEIVED", T0, T0,
+                              attempts=("m-1", "m-2"))  # fmt: skip
+    async with factory.open() as store:
+        await store.messages.admit_many(
+            [message("m-1"), message("m-2")], [AdmissionWrites((), token), AdmissionWrites()]
+        )
+        done = draft(7, event_type="idempotency.cached")
+        steps = [
+            TokenProgress("k", "m-1", MessageState.READ, T0 + 1),
+            TokenProgress("k", "m-1", MessageState.FULFILLED, T0 + 2, "", "ok", done),
+            TokenProgress("k", "m-2", MessageState.FAILED, T0 + 3, "e", "no", done),
+            TokenProgress("k", "m-9", MessageState.FULFILLED, T0 + 4, "", "", done),
+            TokenProgress("none", "m-1", MessageState.FULFILLED, T0 + 4, "", "", done),
+        ]
+        failing = [
+            StateChange("m-1", MessageState.READ, T0 + 1),
+            StateChange("x", MessageState.READ, T0),
+        ]
+        try:
+            await store.messages.record(failing, [draft(1)], steps)
+        except LookupError:
+            pass
+        else:
+            raise AssertionError("record with an unknown message_id did not raise")
+        assert await store.idempotency.get("k") == token
+        assert await store.events.read() == []
+        change = StateChange("m-1", MessageState.FULFILLED, T0 + 2, acked_stage="FULFILLED")
+        await store.messages.record([change], [draft(1)], steps)
+        expected = replace(
+            token, status="FULFILLED", outcome_at=T0 + 2, updated_at=T0 + 2, result="ok"
+        )
+        assert await store.idempotency.get("k") == expected
+        assert await store.idempotency.get("none") is None
+        assert [(e.event_type, e.details) for e in await store.events.read()] == [
+            ("test.event", {"n": 1}), ("idempotency.cached", {"n": 7})
+        ]  # fmt: skip
+        # A token's progress alone (no state change) commits too: the later failure of an
+        # attempt leaves the cached success.
+        (applied,) = await store.messages.apply(
+            [StateChange("m-2", MessageState.FAILED, T0 + 5, "e")], (),
+            [TokenProgress("k", "m-2", MessageState.FAILED, T0 + 5, "e", "no", done)],
+        )  # fmt: skip
+        assert applied.state is MessageState.FAILED
+        assert await store.idempotency.get("k") == expected
+        await store.messages.record([], (), [TokenProgress("k", "m-2", MessageState.READ, T0 + 6)])
+        assert await store.idempotency.get("k") == expected
+        assert len(await store.events.read()) == 2
 
 
 @_check

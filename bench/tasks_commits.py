@@ -1,0 +1,78 @@
+"""Store writes per task on the task path: the SQLite writer's commits and write jobs
+(`apiary_store_commits`, `apiary_store_jobs` on /metrics) and the events recorded, over
+bench/tasks_apiary.py's workload, divided by the tasks run. Unlike tasks/s these counts do
+not depend on how loaded the machine is, which makes them the figure to compare revisions
+by on a busy machine (docs/performance.md, "Tasks against Celery + Redis and
+Procrastinate").
+
+    .venv/bin/python bench/tasks_commits.py --workers 1 --n 300 --unloaded 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import tasks_apiary
+
+_COUNTERS = {
+    "apiary_store_commits_total": "commits",
+    "apiary_store_jobs_total": "write_jobs",
+}
+_ports: list[int] = []
+
+
+def _recording_port() -> int:
+    """A free port, remembered: `open_coordinator` takes the gRPC port, then the HTTP one."""
+    port = _free_port()
+    _ports.append(port)
+    return port
+
+
+_free_port = tasks_apiary._port
+tasks_apiary._port = _recording_port
+
+
+def scrape(http_port: int) -> dict[str, float]:
+    """The counters of /metrics this benchmark reads (events summed over their types)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics") as answer:
+        text = answer.read().decode()
+    found: dict[str, float] = {"events": 0.0}
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name in _COUNTERS:
+            found[_COUNTERS[name]] = float(value)
+        elif name.startswith("apiary_events_total{"):
+            found["events"] += float(value)
+    return found
+
+
+async def bench(workers: int, n: int, unloaded: int) -> dict[str, float]:
+    agents = [f"bench-worker-{k}" for k in range(workers)]
+    with tempfile.TemporaryDirectory(prefix="apiary-bench-commits-") as tmp:
+        async with tasks_apiary.open_coordinator(Path(tmp) / "state", None) as address:
+            http_port = _ports[-1]
+            async with tasks_apiary.open_workers(address, agents):
+                before = scrape(http_port)
+                await tasks_apiary._measure(address, agents, n, unloaded)
+                after = scrape(http_port)
+    tasks = n + unloaded
+    return {key: round((after[key] - before.get(key, 0.0)) / tasks, 2) for key in after}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--n", type=int, default=300)
+    parser.add_argument("--unloaded", type=int, default=50)
+    args = parser.parse_args()
+    per_task = asyncio.run(bench(args.workers, args.n, args.unloaded))
+    print(json.dumps({"workers": args.workers, "per_task": per_task}))
+
+
+if __name__ == "__main__":
+    main()
