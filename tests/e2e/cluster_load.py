@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -173,7 +174,7 @@ class Load:
                     self.accepted[token] = env.message_id
                     break
                 except (AlreadyInProgressError, DuplicateDetectedError) as answer:
-                    self.accepted[token] = str(answer.details["original_message_id"])
+                    self.accepted[token] = _original(answer)
                     break
                 except ApiaryError as exc:
                     unanswered = isinstance(exc, CoordinatorUnreachableError)
@@ -318,3 +319,18 @@ async def owned_by(dsn: str, schema: str, replica_id: str) -> int:
         row = await cursor.fetchone()
         assert row is not None
         return int(row[0])
+
+
+ORIGINAL = re.compile(r" as ([0-9a-f-]{36}) ")
+
+
+def _original(answer: ApiaryError) -> str:
+    """The message a resent token was admitted as: the refusal's details when it came as a
+    gRPC error, else its text (SendMessage answers `accepted=false` with the reason only,
+    "token T already completed as <id> (...)"; the producer's ACK carries the details)."""
+    named = answer.details.get("original_message_id")
+    if named:
+        return str(named)
+    found = ORIGINAL.search(answer.message)
+    assert found is not None, f"the refusal names no original message: {answer.message}"
+    return found.group(1)
