@@ -16,9 +16,13 @@ from typing import Any
 
 import pytest
 
+from apiary.controlplane.commands import COMMANDS
+from apiary.core.access.principal import Principal, PrincipalKind
+from apiary.core.access.rules import Role
 from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.errors import AlreadyCompletedError
 from apiary.sdk.agent import Agent
 from apiary.sdk.runtime import RuntimeClient
 from apiary.sdk.tasks import TaskContext, TaskRunner
@@ -152,3 +156,36 @@ async def test_an_action_left_alone_is_never_approved_its_deadline_denies_it(
             409, "respond_action", action_id=required["actionId"], decision="approve"
         )
         assert late["code"] == "already_completed"
+
+
+@pytest.mark.conformance("runtime.idempotency.mutating-keys")
+async def test_a_retried_respond_action_answers_the_first_decision(
+    coordinator: Coordinator, runtime: RuntimeHttp, asker: None
+) -> None:
+    turn = await runtime.ok("submit_turn", agent_id=AGENT, turn_id="ship", input="v2")
+    required = await _event(coordinator, turn["sessionId"], "action.required", turnId="ship")
+    action_id = required["actionId"]
+    async with RuntimeClient(f"http://{coordinator.http_address}") as client:
+        first = await client.respond_action(action_id, "approve", idempotency_key="d-1")
+    assert first["status"] == "resolved" and first["decision"]["approved"] is True
+    assert "replayed" not in first
+    # The answer was lost: the retry answers the first decision, not already_completed.
+    again = await runtime.ok("respond_action", action_id=action_id, decision="approve",
+                             idempotency_key="d-1")  # fmt: skip
+    assert again == {**first, "replayed": True}
+    other = await runtime.error(409, "respond_action", action_id=action_id, decision="deny",
+                                idempotency_key="d-1")  # fmt: skip
+    assert other["code"] == "already_exists" and other["details"]["field"] == "idempotency_key"
+    done = await runtime.thread_status(turn["threadId"], "completed")
+    assert done["threads"][0]["lastOutcome"]["result"] == {"decision": "approve"}
+    events = await session_events(coordinator, turn["sessionId"])
+    assert [e["type"] for e in events].count("action.resolved") == 1
+    # Keys are per principal: under the same key an operator's request is its own, and the
+    # action it names is resolved already.
+    assert coordinator.control_planes is not None
+    control = await coordinator.control_planes.of("default")
+    operator = Principal(PrincipalKind.OPERATOR, "ops", roles=frozenset({Role.TASKS}))
+    params = {"action_id": action_id, "decision": "approve", "idempotency_key": "d-1"}
+    with pytest.raises(AlreadyCompletedError) as refused:
+        await COMMANDS["respond_action"](control, operator, params)
+    assert refused.value.details["field"] == "action_id"

@@ -21,6 +21,9 @@ from typing import Any
 
 import pytest
 
+from apiary.controlplane.commands import COMMANDS
+from apiary.core.access.principal import Principal, PrincipalKind
+from apiary.core.access.rules import Role
 from apiary.core.tools.descriptor import ToolDescriptor
 from apiary.core.tools.policy import ExecutionPolicy
 from apiary.engine.assembly import Runtime
@@ -187,6 +190,62 @@ async def test_the_application_writes_to_a_turns_process_and_terminates_it(
     ]  # fmt: skip
     assert all(w["threadId"] == turn["threadId"] for w in warnings)
     assert warnings[0]["payload"]["processId"] == process_id
+
+
+@pytest.mark.conformance("runtime.idempotency.mutating-keys")
+async def test_a_retried_write_or_terminate_answers_its_first_answer_and_does_nothing_again(
+    coordinator: Coordinator, runtime: RuntimeHttp, shell: Shell
+) -> None:
+    turn, started = await _started(coordinator, runtime)
+    session_id, process_id = turn["sessionId"], started["payload"]["processId"]
+    first = await runtime.ok("write_process_stdin", process_id=process_id, text="hello\n",
+                             idempotency_key="w-1")  # fmt: skip
+    assert first["written"] == 6 and "replayed" not in first
+    # The answer was lost: the retry answers the first answer and writes nothing again.
+    again = await runtime.ok("write_process_stdin", process_id=process_id, text="hello\n",
+                             idempotency_key="w-1")  # fmt: skip
+    assert again == {**first, "replayed": True}
+    for other in ({"text": "other\n"}, {"text": "hello\n", "eof": True}):
+        error = await runtime.error(409, "write_process_stdin", process_id=process_id,
+                                    idempotency_key="w-1", **other)  # fmt: skip
+        assert error["code"] == "already_exists"
+        assert error["details"]["field"] == "idempotency_key"
+    # Keys are per principal: under the same key an operator's write is its own.
+    assert coordinator.control_planes is not None
+    control = await coordinator.control_planes.of("default")
+    operator = Principal(PrincipalKind.OPERATOR, "ops", roles=frozenset({Role.TASKS}))
+    params = {"process_id": process_id, "text": "ops\n", "idempotency_key": "w-1"}
+    by_operator = await COMMANDS["write_process_stdin"](control, operator, params)
+    assert by_operator["written"] == 4 and "replayed" not in by_operator
+    # The command line passes its key through: its retry writes nothing either.
+    for _ in range(2):
+        out, _ = await _cli(coordinator, "write", process_id, "cli", "--line",
+                            "--idempotency-key", "w-cli")  # fmt: skip
+    assert json.loads(out)["replayed"] is True
+    events = await _events(coordinator, session_id, lambda f: "got cli" in _printed(f))
+    assert _printed(events) == "ready\ngot hello\ngot ops\ngot cli\n"  # each input once
+    assert [e["payload"]["text"] for e in _of(events, "process.input")] == [
+        "hello\n", "ops\n", "cli\n",
+    ]  # fmt: skip
+    stopped = await runtime.ok("terminate_process", process_id=process_id, reason="enough",
+                               idempotency_key="t-1")  # fmt: skip
+    assert stopped["process"]["status"] == "terminated"
+    # The retry answers the first terminate's answer, not unavailable for the ended process.
+    again = await runtime.ok("terminate_process", process_id=process_id, reason="enough",
+                             idempotency_key="t-1")  # fmt: skip
+    assert again == {**stopped, "replayed": True}
+    error = await runtime.error(409, "terminate_process", process_id=process_id,
+                                reason="later", idempotency_key="t-1")  # fmt: skip
+    assert error["code"] == "already_exists" and error["details"]["field"] == "idempotency_key"
+    late = await runtime.error(503, "terminate_process", process_id=process_id,
+                               idempotency_key="t-2")  # fmt: skip
+    assert late["code"] == "unavailable"  # a new request: the process has ended
+    replayed = await runtime.ok("write_process_stdin", process_id=process_id, text="hello\n",
+                                idempotency_key="w-1")  # fmt: skip
+    assert replayed == {**first, "replayed": True}  # once ended too
+    events = await _events(coordinator, session_id, _ended)
+    assert len(_of(events, "process.terminated")) == 1
+    assert len(_of(events, "process.input")) == 3
 
 
 async def test_eof_closes_the_input_and_the_process_completes(

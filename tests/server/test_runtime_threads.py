@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from apiary.controlplane.commands import COMMANDS
+from apiary.core.access.principal import Principal, PrincipalKind
+from apiary.core.access.rules import Role
 from apiary.sdk.runtime import RuntimeClient
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
@@ -137,6 +140,54 @@ async def test_promote_and_resume_take_idempotency_keys(
     assert len(resumes) == 1  # the replay wrote nothing
     promoted = [e for e in events if e["type"] == "queue.changed" and "promoted" in e["payload"]]
     assert len(promoted) == 2
+
+
+@pytest.mark.conformance("runtime.idempotency.mutating-keys")
+async def test_interrupt_and_remove_replay_their_first_answer_under_a_key(
+    coordinator: Coordinator, runtime: RuntimeHttp
+) -> None:
+    await _register_offline(coordinator)
+    session_id, thread_id = await _queue(runtime, 4)
+    removed = await runtime.ok("remove_queued_turn", turn_id="q-3", idempotency_key="rm-1")
+    assert removed["removed"] and removed["status"] == "cancelled" and "replayed" not in removed
+    # The retry answers the first answer, not already_completed for the removed turn.
+    address = str(coordinator.http_address)
+    async with RuntimeClient(address, transport="jsonrpc") as client:
+        again = await client.remove_queued_turn("q-3", idempotency_key="rm-1")
+    assert again == {**removed, "replayed": True}
+    error = await runtime.error(409, "remove_queued_turn", turn_id="q-4", idempotency_key="rm-1")
+    assert error["code"] == "already_exists" and error["details"]["field"] == "idempotency_key"
+    # The thread's running turn is interrupted; a retry after the next turn started
+    # answers the first interrupt's answer and interrupts nothing else.
+    stopped = await runtime.ok("interrupt_turn", thread_id=thread_id, idempotency_key="i-1")
+    assert stopped["turnId"] == "q-1" and "replayed" not in stopped
+    read = await runtime.until(
+        "get_thread_read", lambda d: d["threads"][0]["activeTurnId"] == "q-2",
+        thread_id=thread_id,
+    )  # fmt: skip
+    again = await runtime.ok("interrupt_turn", thread_id=thread_id, idempotency_key="i-1")
+    assert again == {**stopped, "replayed": True}
+    out = await _cli(address, "interrupt", thread_id, "--idempotency-key", "i-1")
+    assert json.loads(out) == again
+    error = await runtime.error(409, "interrupt_turn", thread_id=thread_id, reason="other",
+                                idempotency_key="i-1")  # fmt: skip
+    assert error["code"] == "already_exists" and error["details"]["field"] == "idempotency_key"
+    read = await runtime.ok("get_thread_read", thread_id=thread_id)
+    assert read["threads"][0]["activeTurnId"] == "q-2" and _queued(read) == ["q-4"]
+    events = await session_events(coordinator, session_id)
+    assert types(events).count("task.cancel_requested") == 1  # the interrupt, once
+    ended = [(e["turnId"], e["status"]) for e in events if e["type"] == "turn.failed"]
+    assert ended == [("q-3", "cancelled"), ("q-1", "cancelled")]
+    # Keys are per principal: the same key is an operator's own, a new request.
+    assert coordinator.control_planes is not None
+    control = await coordinator.control_planes.of("default")
+    operator = Principal(PrincipalKind.OPERATOR, "ops", roles=frozenset({Role.TASKS}))
+    params = {"turn_id": "q-4", "idempotency_key": "rm-1"}
+    by_operator = await COMMANDS["remove_queued_turn"](control, operator, params)
+    assert by_operator["turnId"] == "q-4" and "replayed" not in by_operator
+    params = {"thread_id": thread_id, "idempotency_key": "i-1"}
+    by_operator = await COMMANDS["interrupt_turn"](control, operator, params)
+    assert by_operator["turnId"] == "q-2" and "replayed" not in by_operator
 
 
 async def test_resume_follows_work_it_can_prove_active_and_is_idle_with_none(

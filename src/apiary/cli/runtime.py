@@ -139,6 +139,9 @@ def submit(
         raise typer.Exit(1)
 
 
+KEY = typer.Option("", "--idempotency-key", help="A retry with the same key does nothing again")
+
+
 @app.command()
 def interrupt(
     thread: str = typer.Argument(..., help="The thread whose running turn to stop"),
@@ -150,6 +153,7 @@ def interrupt(
     keep_subagents: bool = typer.Option(
         False, "--keep-subagents", help="Leave the subagents spawned with the turn running"
     ),
+    idempotency_key: str = KEY,
     http: str = HTTP,
     jsonrpc: bool = JSONRPC,
     profile: str = PROFILE,
@@ -160,7 +164,7 @@ def interrupt(
     async def call(client: RuntimeClient) -> dict[str, Any]:
         return await client.interrupt_turn(
             thread_id=thread, turn_id=turn, clear_queue=clear_queue, reason=reason,
-            close_subagents=not keep_subagents,
+            close_subagents=not keep_subagents, idempotency_key=idempotency_key,
         )  # fmt: skip
 
     _print_json(_run("interrupt", http, jsonrpc, call))
@@ -170,15 +174,17 @@ def interrupt(
 def remove(
     turn: str = typer.Argument(..., help="The queued turn to take out of its thread's queue"),
     reason: str = typer.Option("", "--reason", help="Why (recorded)"),
+    idempotency_key: str = KEY,
     http: str = HTTP,
     jsonrpc: bool = JSONRPC,
     profile: str = PROFILE,
 ) -> None:
     """Remove a queued turn from its thread's queue."""
-    _print_json(_run("remove", http, jsonrpc, lambda c: c.remove_queued_turn(turn, reason=reason)))
 
+    async def call(client: RuntimeClient) -> dict[str, Any]:
+        return await client.remove_queued_turn(turn, reason=reason, idempotency_key=idempotency_key)
 
-KEY = typer.Option("", "--idempotency-key", help="A retry with the same key does nothing again")
+    _print_json(_run("remove", http, jsonrpc, call))
 
 
 @app.command()

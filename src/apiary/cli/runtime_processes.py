@@ -12,7 +12,7 @@ from typing import Any
 import typer
 
 from apiary.cli.calls import PROFILE
-from apiary.cli.runtime_tasks import Run
+from apiary.cli.runtime_tasks import KEY, Run
 
 
 def register(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) -> None:
@@ -35,6 +35,7 @@ def register(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) 
         thread: str = typer.Option(
             "", "--thread", help="Where a warning goes when the runtime does not know it"
         ),
+        key: str = KEY,
         http: str = http_option,
         jsonrpc: bool = jsonrpc_option,
         profile: str = PROFILE,
@@ -45,7 +46,9 @@ def register(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) 
         )  # fmt: skip
         answer = run(
             "process write", http, jsonrpc,
-            lambda c: c.write_process_stdin(process_id, data, eof=eof, thread_id=thread),
+            lambda c: c.write_process_stdin(
+                process_id, data, eof=eof, thread_id=thread, idempotency_key=key
+            ),
         )  # fmt: skip
         typer.echo(json.dumps(answer, indent=2, ensure_ascii=False))
 
@@ -56,6 +59,7 @@ def register(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) 
         thread: str = typer.Option(
             "", "--thread", help="Where a warning goes when the runtime does not know it"
         ),
+        key: str = KEY,
         http: str = http_option,
         jsonrpc: bool = jsonrpc_option,
         profile: str = PROFILE,
@@ -63,6 +67,8 @@ def register(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) 
         """Stop a process: SIGTERM, then SIGKILL after the grace period."""
         answer = run(
             "process terminate", http, jsonrpc,
-            lambda c: c.terminate_process(process_id, reason=reason, thread_id=thread),
+            lambda c: c.terminate_process(
+                process_id, reason=reason, thread_id=thread, idempotency_key=key
+            ),
         )  # fmt: skip
         typer.echo(json.dumps(answer, indent=2, ensure_ascii=False))

@@ -219,6 +219,7 @@ def _respond(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) 
         decision: str = typer.Argument(..., help="approve, deny, modify, defer (or its own)"),
         rationale: str = typer.Option("", "--rationale", help="Why (recorded)"),
         patch: str = typer.Option("", "--patch", help="With modify: the change (JSON)"),
+        key: str = KEY,
         http: str = http_option,
         jsonrpc: bool = jsonrpc_option,
         profile: str = PROFILE,
@@ -227,6 +228,8 @@ def _respond(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) 
         given = json_option(patch, "--patch")
         answer = run(
             "respond", http, jsonrpc,
-            lambda c: c.respond_action(action_id, decision, rationale=rationale, patch=given),
+            lambda c: c.respond_action(
+                action_id, decision, rationale=rationale, patch=given, idempotency_key=key
+            ),
         )  # fmt: skip
         typer.echo(json.dumps(answer, indent=2, ensure_ascii=False))

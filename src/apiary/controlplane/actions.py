@@ -17,11 +17,13 @@ import asyncio
 import contextlib
 import json
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from apiary.controlplane.command_keys import CommandKeys
 from apiary.controlplane.facts import RUNTIME_ACTOR, FactWriter
 from apiary.controlplane.requests import Params
+from apiary.controlplane.task_requests import Keyed
 from apiary.core.access.principal import Principal, PrincipalKind
 from apiary.core.clock import Clock
 from apiary.core.hitl.vocabulary import HitlState
@@ -40,6 +42,7 @@ from apiary.core.runtime.events import RuntimeEventType
 from apiary.core.runtime.log import Fact
 from apiary.core.runtime.permissions import resolution
 from apiary.core.runtime.records import RuntimeWrite, may_use
+from apiary.core.runtime.task_records import CommandKeyRecord
 from apiary.engine.hitl import Hitl
 from apiary.engine.operators import Operator
 from apiary.engine.scheduler.scheduler import Scheduler
@@ -54,16 +57,15 @@ log = logging.getLogger("apiary.controlplane")
 _T = RuntimeEventType
 
 
-class RespondAction:
-    """respond_action's parameters."""
+@dataclass(frozen=True, slots=True)
+class RespondAction(Keyed):
+    """respond_action's parameters; a retry under its `idempotency_key` answers the first
+    decision's answer (`replayed`) instead of already_completed."""
 
-    __slots__ = ("action_id", "decision", "patch", "rationale")
-
-    def __init__(self, action_id: str, decision: str, rationale: str, patch: Any) -> None:
-        self.action_id = action_id
-        self.decision = decision
-        self.rationale = rationale
-        self.patch = patch
+    action_id: str
+    decision: str
+    rationale: str = ""
+    patch: dict[str, Any] | None = None
 
     @classmethod
     def read(cls, p: Params) -> RespondAction:
@@ -73,10 +75,11 @@ class RespondAction:
             if not isinstance(patch, dict):
                 raise ValidationError.for_field("patch", "must be a JSON object")
         return cls(
-            p.id("action_id", required=True),
-            p.id("decision", required=True).lower(),
-            p.text("rationale"),
-            patch,
+            idempotency_key=p.id("idempotency_key"),
+            action_id=p.id("action_id", required=True),
+            decision=p.id("decision", required=True).lower(),
+            rationale=p.text("rationale"),
+            patch=patch,
         )
 
 
@@ -93,6 +96,7 @@ class Actions:
         self._scheduler = scheduler
         self._clock = clock
         self._lock = lock
+        self._keys = CommandKeys(facts.store, clock)
         self._foreign: set[str] = set()
         """Pending invocations that are no runtime action (not looked up again)."""
         self._watcher: asyncio.Task[None] | None = None
@@ -192,10 +196,13 @@ class Actions:
         fact = self._fact(_T.ACTION_REQUIRED, action, required_payload(record, scope))
         await self._facts.commit(RuntimeWrite(actions=(action,)), [fact], RUNTIME_ACTOR)
 
-    async def resolved(self, action: ActionRecord, record: HitlRecord | None) -> ActionRecord:
+    async def resolved(
+        self, action: ActionRecord, record: HitlRecord | None,
+        keys: tuple[CommandKeyRecord, ...] = (),
+    ) -> ActionRecord:  # fmt: skip
         """Store `action` resolved as its invocation `record` ended (None: lost), with its
         event: `action.resolved`, or `permission.resolved` for a permission (which only an
-        approval allows)."""
+        approval allows); `keys`: the deciding command's idempotency key, kept with it."""
         permission = action.kind == ActionKind.PERMISSION
         payload: dict[str, Any]
         if record is None:
@@ -215,7 +222,7 @@ class Actions:
                                                   "decision": payload["decision"]})  # fmt: skip
         else:
             fact = self._fact(_T.ACTION_RESOLVED, after, payload)
-        await self._facts.commit(RuntimeWrite(actions=(after,)), [fact], RUNTIME_ACTOR)
+        await self._facts.commit(RuntimeWrite(actions=(after,), keys=keys), [fact], RUNTIME_ACTOR)
         return after
 
     # ------------------------------------------------------------------ reads
@@ -238,6 +245,9 @@ class Actions:
         if self._hitl is None:
             raise UnavailableError("this control plane has no HITL engine to decide actions on")
         async with self._lock:
+            replayed, key = await self._keys.known(caller, "respond_action", req)
+            if replayed is not None:
+                return {**replayed, "replayed": True}
             await self.sync()
             action = await self._store.action(req.action_id)
             session = await self._store.session(action.session_id) if action else None
@@ -269,10 +279,15 @@ class Actions:
                 rationale, req.patch,
             )  # fmt: skip
             if decided.state == HitlState.PENDING.value:  # deferred: its deadline moved
-                return {"actionId": action.action_id, "status": action.state,
-                        "deadline": decided.deadline}  # fmt: skip
-            after = await self.resolved(action, decided)
-        return {
-            "actionId": after.action_id, "status": after.state,
-            "decision": resolved_payload(decided),
-        }  # fmt: skip
+                answer: dict[str, Any] = {"actionId": action.action_id, "status": action.state,
+                                          "deadline": decided.deadline}  # fmt: skip
+                if key is not None:
+                    write = RuntimeWrite(keys=self._keys.keep(key, answer))
+                    await self._facts.commit(write, [], caller.label)
+                return answer
+            answer = {
+                "actionId": action.action_id, "status": ActionState.RESOLVED.value,
+                "decision": resolved_payload(decided),
+            }  # fmt: skip
+            await self.resolved(action, decided, self._keys.keep(key, answer))
+        return answer

@@ -74,11 +74,11 @@ _COMMANDS: list[Command[Any]] = [
     Command(
         "interrupt_turn", "Stop a turn (a queued one at once, a started one by cancelling or "
         "preempting its task); clear or preserve the thread's queued turns", True,
-        _plain(r.InterruptTurn.read), RuntimeControl.interrupt_turn,
+        _plain(th.InterruptTurn.read), RuntimeControl.interrupt_turn,
     ),
     Command(
         "remove_queued_turn", "Take a queued turn out of its thread's queue", True,
-        _plain(r.RemoveQueuedTurn.read), RuntimeControl.remove_queued_turn,
+        _plain(th.RemoveQueuedTurn.read), RuntimeControl.remove_queued_turn,
     ),
     Command(
         "promote_queued_turn", "Move a queued turn ahead in its thread's queue (to the head, "

@@ -1,4 +1,6 @@
-"""The parameters of write_process_stdin and terminate_process (controlplane/processes.py)."""
+"""The parameters of write_process_stdin and terminate_process (controlplane/processes.py).
+Both take an `idempotency_key`, kept in memory with the process (controlplane/
+process_keys.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import binascii
 from dataclasses import dataclass
 
 from apiary.controlplane.requests import Params
+from apiary.controlplane.task_requests import Keyed
 from apiary.errors import ValidationError
 
 
 @dataclass(frozen=True, slots=True)
-class WriteProcessStdin:
+class WriteProcessStdin(Keyed):
     process_id: str
     data: bytes
     """What to write: `data` (base64) or `text` (UTF-8), at most [runtime] max_stdin_bytes."""
@@ -42,11 +45,14 @@ class WriteProcessStdin:
                 name, f"is {len(data)} bytes; at most {max_stdin_bytes} are written at once "
                 "([runtime] max_stdin_bytes)",
             )  # fmt: skip
-        return cls(process_id, data, eof, p.id("session_id"), p.id("thread_id"))
+        return cls(
+            idempotency_key=p.id("idempotency_key"), process_id=process_id, data=data, eof=eof,
+            session_id=p.id("session_id"), thread_id=p.id("thread_id"),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
-class TerminateProcess:
+class TerminateProcess(Keyed):
     process_id: str
     reason: str = ""
     session_id: str = ""
@@ -55,8 +61,8 @@ class TerminateProcess:
     @classmethod
     def read(cls, p: Params) -> TerminateProcess:
         return cls(
-            p.id("process_id", required=True), p.text("reason"), p.id("session_id"),
-            p.id("thread_id"),
+            idempotency_key=p.id("idempotency_key"), process_id=p.id("process_id", required=True),
+            reason=p.text("reason"), session_id=p.id("session_id"), thread_id=p.id("thread_id"),
         )  # fmt: skip
 
 

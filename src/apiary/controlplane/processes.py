@@ -13,7 +13,9 @@ write_process_stdin writes to a running process whose command keeps standard inp
 (`stdin = "stream"`) and logs `process.input`; terminate_process cancels its call
 (ToolService.Cancel: SIGTERM, SIGKILL after the grace period) and answers once it ended (or
 the grace period passed). A process whose turn or task is cancelled (or ends) is terminated
-the same way: a follower of the event log sees the owner's facts. Only the session's owner
+the same way: a follower of the event log sees the owner's facts. Both commands take an
+`idempotency_key`, kept in memory with the process (controlplane/process_keys.py): a retry
+answers the first answer, so a lost answer never writes the input twice. Only the session's owner
 (or an operator with `tasks`) reaches a process; anyone else gets not_found. A process id
 the runtime does not know, or a process that has ended (or was lost when the coordinator
 restarted: processes live in the coordinator that runs them), answers `unavailable` naming
@@ -29,9 +31,11 @@ import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from apiary.controlplane.facts import RUNTIME_ACTOR, FactWriter
+from apiary.controlplane.process_keys import ProcessKeys
 from apiary.controlplane.process_requests import TerminateProcess, WriteProcessStdin
 from apiary.controlplane.reads import Reads
 from apiary.controlplane.settings import RuntimeSettings
@@ -130,6 +134,7 @@ class Processes:
         self._notices: asyncio.Queue[_Notice] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping: set[asyncio.Task[str]] = set()
+        self._keys = ProcessKeys()
 
     # ------------------------------------------------------------------ lifetime
 
@@ -302,7 +307,8 @@ class Processes:
         self._live.pop(process.process_id, None)
         self._ended[process.process_id] = process
         while len(self._ended) > KEEP_ENDED:
-            self._ended.popitem(last=False)
+            forgotten, _ = self._ended.popitem(last=False)
+            self._keys.forget(forgotten)
         gone = self._gone.pop(process.process_id, None)
         if gone is not None:
             gone.set()
@@ -362,8 +368,15 @@ class Processes:
         return self._tools
 
     async def write_stdin(self, caller: Principal, req: WriteProcessStdin) -> dict[str, Any]:
-        """Write to the process's standard input (module docstring)."""
+        """Write to the process's standard input (module docstring), once per idempotency
+        key."""
         tools = self._tools_of()
+        write = partial(self._write_stdin, tools, caller, req)
+        return await self._keys.once(caller, "write_process_stdin", req.process_id, req, write)
+
+    async def _write_stdin(
+        self, tools: ToolService, caller: Principal, req: WriteProcessStdin
+    ) -> dict[str, Any]:
         process = await self._running(caller, req.process_id, "write_process_stdin",
                                       req.session_id, req.thread_id)  # fmt: skip
         if not process.interactive:
@@ -408,8 +421,14 @@ class Processes:
 
     async def terminate(self, caller: Principal, req: TerminateProcess) -> dict[str, Any]:
         """Cancel the process's call; answer once it ended, or the grace period passed
-        (`status` then says `terminating`)."""
+        (`status` then says `terminating`), once per idempotency key."""
         tools = self._tools_of()
+        stop = partial(self._terminate, tools, caller, req)
+        return await self._keys.once(caller, "terminate_process", req.process_id, req, stop)
+
+    async def _terminate(
+        self, tools: ToolService, caller: Principal, req: TerminateProcess
+    ) -> dict[str, Any]:
         process = await self._running(caller, req.process_id, "terminate_process",
                                       req.session_id, req.thread_id)  # fmt: skip
         reason = req.reason or f"terminated by {caller.label}"

@@ -153,49 +153,6 @@ class SubmitTurn:
         )
 
 
-QUEUED_WORK: Final = ("preserve", "clear")
-
-
-@dataclass(frozen=True, slots=True)
-class InterruptTurn:
-    thread_id: str
-    turn_id: str = ""
-    session_id: str = ""
-    queued: str = "preserve"
-    """What happens to the thread's queued turns: kept (preserve) or cancelled (clear)."""
-    reason: str = ""
-    propagate: bool = True
-    """Whether the subagents spawned with the turn are closed too (false: they go on)."""
-
-    @classmethod
-    def read(cls, p: Params) -> InterruptTurn:
-        return cls(
-            thread_id=p.id("thread_id", required=not p.has("turn_id")),
-            turn_id=p.id("turn_id"),
-            session_id=p.id("session_id"),
-            queued=p.choice("queued", QUEUED_WORK, "preserve"),
-            reason=p.text("reason"),
-            propagate=p.boolean("propagate", True),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RemoveQueuedTurn:
-    turn_id: str
-    thread_id: str = ""
-    session_id: str = ""
-    reason: str = ""
-
-    @classmethod
-    def read(cls, p: Params) -> RemoveQueuedTurn:
-        return cls(
-            turn_id=p.id("turn_id", required=True),
-            thread_id=p.id("thread_id"),
-            session_id=p.id("session_id"),
-            reason=p.text("reason"),
-        )
-
-
 @dataclass(frozen=True, slots=True)
 class GetSession:
     session_id: str

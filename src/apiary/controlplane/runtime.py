@@ -19,6 +19,7 @@ from typing import Any
 from apiary.controlplane.actions import Actions
 from apiary.controlplane.binding import binding_of, bound_to, check_binding
 from apiary.controlplane.channels import Channels, channel_json
+from apiary.controlplane.command_keys import CommandKeys
 from apiary.controlplane.environment import Environment
 from apiary.controlplane.exports import Exports
 from apiary.controlplane.facts import FactWriter
@@ -32,15 +33,14 @@ from apiary.controlplane.requests import (
     GetSession,
     GetTask,
     GetThreadRead,
-    InterruptTurn,
     ListTasks,
     ReconnectChannel,
-    RemoveQueuedTurn,
     SubmitTurn,
 )
 from apiary.controlplane.settings import RuntimeSettings
 from apiary.controlplane.subagents import Subagents
 from apiary.controlplane.tasks import TaskCommands
+from apiary.controlplane.thread_requests import InterruptTurn, RemoveQueuedTurn
 from apiary.controlplane.threads import ThreadCommands
 from apiary.controlplane.turns import ENDED_STATUSES, TurnDriver, queue_fact
 from apiary.core.access.principal import Principal
@@ -59,6 +59,7 @@ from apiary.core.runtime.records import (
     owner_of,
 )
 from apiary.core.runtime.snapshot import ThreadStatus
+from apiary.core.runtime.task_records import CommandKeyRecord
 from apiary.core.runtime.turns import TurnInput, thread_status
 from apiary.core.runtime.views import turn_view
 from apiary.core.scope_overlap import parse_scope
@@ -110,6 +111,7 @@ class RuntimeControl:
         self._ids = ids
         self._lock = asyncio.Lock()
         self._facts = FactWriter(store, events, ids, runtime_id)
+        self._keys = CommandKeys(store, clock)
         self.turns = TurnDriver(self._facts, scheduler, clock, self._lock)
         self.reads = Reads(store, scheduler, clock, settings, runtime_id)
         self.channels = Channels(self._facts, self.reads, clock, ids, settings, self._lock)
@@ -333,8 +335,12 @@ class RuntimeControl:
         """Stop a turn: a queued one is cancelled at once; a started one records the intent
         (task.cancel_requested), then its task is cancelled while it waits or asked to stop
         while it runs. `queued: clear` cancels the thread's queued turns too; the subagents
-        spawned with the turn are closed after it unless `propagate` is false."""
+        spawned with the turn are closed after it unless `propagate` is false. A retry under
+        its `idempotency_key` answers the first interrupt's answer (`replayed`)."""
         async with self._lock:
+            replayed, key = await self._keys.known(caller, "interrupt_turn", req)
+            if replayed is not None:
+                return {**replayed, "replayed": True}
             if req.turn_id:
                 turn, thread = await self.reads.turn(
                     caller, req.turn_id, req.thread_id, req.session_id
@@ -359,13 +365,25 @@ class RuntimeControl:
                 turn, thread, reason, caller.label, clear=req.queued == "clear",
                 propagate=req.propagate,
             )  # fmt: skip
-        return {
-            "turnId": turn.turn_id, "status": turn.state,
-            "interrupt": "cancelled" if turn.state == TurnState.CANCELLED else (
-                "requested" if turn.interrupt else turn.state
-            ),
-            "clearedTurns": cleared, "closedSubagents": closed, "turn": turn_view(turn).to_json(),
-        }  # fmt: skip
+            answer = {
+                "turnId": turn.turn_id, "status": turn.state,
+                "interrupt": "cancelled" if turn.state == TurnState.CANCELLED else (
+                    "requested" if turn.interrupt else turn.state
+                ),
+                "clearedTurns": cleared, "closedSubagents": closed,
+                "turn": turn_view(turn).to_json(),
+            }  # fmt: skip
+            await self._keep(caller, key, answer)
+        return answer
+
+    async def _keep(
+        self, caller: Principal, key: CommandKeyRecord | None, answer: dict[str, Any]
+    ) -> None:
+        """Store a command's idempotency key with its answer, once its writes are done (the
+        lock held)."""
+        keys = self._keys.keep(key, answer)
+        if keys:
+            await self._facts.commit(RuntimeWrite(keys=keys), [], caller.label)
 
     async def stop_turn(
         self, turn: TurnRecord, thread: ThreadRecord, reason: str, actor: str, *,
@@ -415,8 +433,12 @@ class RuntimeControl:
         return after
 
     async def remove_queued_turn(self, caller: Principal, req: RemoveQueuedTurn) -> dict[str, Any]:
-        """Take a queued turn out of its thread's queue (it ends cancelled, never run)."""
+        """Take a queued turn out of its thread's queue (it ends cancelled, never run); a
+        retry under its `idempotency_key` answers the first answer (`replayed`)."""
         async with self._lock:
+            replayed, key = await self._keys.known(caller, "remove_queued_turn", req)
+            if replayed is not None:
+                return {**replayed, "replayed": True}
             turn, _ = await self.reads.turn(caller, req.turn_id, req.thread_id, req.session_id)
             state = TurnState(turn.state)
             if state.terminal:
@@ -431,7 +453,9 @@ class RuntimeControl:
                 )  # fmt: skip
             reason = req.reason or f"removed by {caller.label}"
             turn = await self._cancel_queued(caller.label, turn, reason)
-        return {"turnId": turn.turn_id, "status": turn.state, "removed": True}
+            answer = {"turnId": turn.turn_id, "status": turn.state, "removed": True}
+            await self._keep(caller, key, answer)
+        return answer
 
     # ------------------------------------------------------------------ reads
 

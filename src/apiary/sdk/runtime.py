@@ -231,19 +231,25 @@ class RuntimeClient(
 
     async def interrupt_turn(
         self, *, thread_id: str = "", turn_id: str = "", clear_queue: bool = False,
-        reason: str = "", close_subagents: bool = True,
+        reason: str = "", close_subagents: bool = True, idempotency_key: str = "",
     ) -> dict[str, Any]:  # fmt: skip
         """Stop the thread's running turn (or the turn `turn_id` names); the subagents
         spawned with it are closed too (`closedSubagents`) unless `close_subagents` is
-        false."""
+        false. A retry under `idempotency_key` answers the first interrupt's answer."""
         return await self.call(
             "interrupt_turn", thread_id=thread_id or None, turn_id=turn_id or None,
             queued="clear" if clear_queue else None, reason=reason or None,
             propagate=None if close_subagents else False,
+            idempotency_key=idempotency_key or None,
         )  # fmt: skip
 
-    async def remove_queued_turn(self, turn_id: str, *, reason: str = "") -> dict[str, Any]:
-        return await self.call("remove_queued_turn", turn_id=turn_id, reason=reason or None)
+    async def remove_queued_turn(
+        self, turn_id: str, *, reason: str = "", idempotency_key: str = ""
+    ) -> dict[str, Any]:
+        return await self.call(
+            "remove_queued_turn", turn_id=turn_id, reason=reason or None,
+            idempotency_key=idempotency_key or None,
+        )  # fmt: skip
 
     async def promote_queued_turn(
         self, turn_id: str, *, before_turn_id: str = "", idempotency_key: str = ""

@@ -27,26 +27,30 @@ class RuntimeProcessCommands:
 
     async def write_process_stdin(
         self, process_id: str, data: bytes | None = None, *, text: str | None = None,
-        eof: bool = False, thread_id: str = "", session_id: str = "",
+        eof: bool = False, thread_id: str = "", session_id: str = "", idempotency_key: str = "",
     ) -> dict[str, Any]:  # fmt: skip
         """Write `data` (bytes) or `text` to the process's standard input, then close it
         when `eof`. `thread_id` or `session_id` name where a warning goes when the runtime
-        does not know `process_id`."""
+        does not know `process_id`. A retry under `idempotency_key` (the same input)
+        answers the first answer and writes nothing again."""
         if data is not None and text is not None:
             raise ValueError("give data or text, not both")
         return await self.call(
             "write_process_stdin", process_id=process_id,
             data=base64.b64encode(data).decode() if data is not None else None, text=text,
             eof=eof or None, thread_id=thread_id or None, session_id=session_id or None,
+            idempotency_key=idempotency_key or None,
         )  # fmt: skip
 
     async def terminate_process(
-        self, process_id: str, *, reason: str = "", thread_id: str = "", session_id: str = ""
-    ) -> dict[str, Any]:
+        self, process_id: str, *, reason: str = "", thread_id: str = "", session_id: str = "",
+        idempotency_key: str = "",
+    ) -> dict[str, Any]:  # fmt: skip
         """Stop the process (SIGTERM, SIGKILL after the tool service's grace period); the
         answer comes once it ended, or with `status: terminating` when the grace period
-        passed first."""
+        passed first. A retry under `idempotency_key` answers the first answer."""
         return await self.call(
             "terminate_process", process_id=process_id, reason=reason or None,
             thread_id=thread_id or None, session_id=session_id or None,
+            idempotency_key=idempotency_key or None,
         )  # fmt: skip

@@ -159,13 +159,14 @@ class RuntimeTaskCommands:
 
     async def respond_action(
         self, action_id: str, decision: str, *, rationale: str = "",
-        patch: Mapping[str, Any] | None = None,
+        patch: Mapping[str, Any] | None = None, idempotency_key: str = "",
     ) -> dict[str, Any]:  # fmt: skip
         """Decide an action (`action.required`'s `actionId`): approve, deny, modify (with a
-        `patch`) or defer, or one of the decisions it lists."""
+        `patch`) or defer, or one of the decisions it lists. A retry under
+        `idempotency_key` answers the first decision."""
         return await self.call(
             "respond_action", action_id=action_id, decision=decision,
-            rationale=rationale or None, patch=patch,
+            rationale=rationale or None, patch=patch, idempotency_key=idempotency_key or None,
         )  # fmt: skip
 
     async def wait_task(
