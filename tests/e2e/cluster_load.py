@@ -179,7 +179,7 @@ class Load:
                 except ApiaryError as exc:
                     unanswered = isinstance(exc, CoordinatorUnreachableError)
                     if not unanswered and exc.code not in UNANSWERED:
-                        self.refused[token] = exc.code
+                        self.refused[token] = f"{exc.code}: {exc.message[:160]}"
                         break
                     if loop.time() > deadline:
                         raise AssertionError(f"{token}: no answer within {WAIT_S} s") from exc

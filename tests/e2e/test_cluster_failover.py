@@ -168,5 +168,5 @@ async def test_a_rolling_restart_under_load_loses_nothing_and_keeps_order(
         await asyncio.wait_for(producing, WAIT_S)
         states = await load.settled(postgres_dsn, postgres_schema)
         print(load.summary())
-    assert not load.refused
+    assert not load.refused, "\n".join(f"--- {r.replica_id}:\n{r.log_tail()}" for r in replicas)
     load.check(states)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import grpc
 import pytest
 
 from apiary.cli.calls import coordinator_address, credentials_of, refusal, unreachable
@@ -184,3 +185,35 @@ async def test_a_lost_connection_is_agent_unavailable_to_code_that_retries_on_it
     # command line tells it apart from the coordinator's own agent_unavailable answer.
     assert caught.value.code == "agent_unavailable"
     assert isinstance(caught.value, CoordinatorUnreachableError)
+
+
+@pytest.mark.parametrize("status", ["CANCELLED", "UNAVAILABLE"])
+async def test_a_call_the_server_ended_unanswered_is_unreachable_not_internal(status: str) -> None:
+    """A replica stopping with a call in flight ends it CANCELLED or UNAVAILABLE without the
+    coordinator's error trailer: the outcome is unknown, so code that retries on
+    agent_unavailable (with the same idempotency token) retries it."""
+    code = grpc.StatusCode[status]
+
+    async def ended(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        await context.abort(code, "stopping")
+
+    method = grpc.unary_unary_rpc_method_handler(ended)
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "apiary.v1.DiscoveryService", {"ListAgents": method}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        with pytest.raises(ApiaryError) as caught:
+            async with Client(f"127.0.0.1:{port}", credentials=ClientCredentials()) as client:
+                await client.discovery.ListAgents(pb.apiary_pb2.ListAgentsRequest())
+    finally:
+        await server.stop(0)
+    assert isinstance(caught.value, CoordinatorUnreachableError), caught.value
+    assert caught.value.code == "agent_unavailable"
+    assert f"{status}: stopping" in caught.value.message

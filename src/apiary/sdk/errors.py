@@ -21,8 +21,10 @@ T = TypeVar("T")
 
 
 class CoordinatorUnreachableError(AgentUnavailableError):
-    """The call never reached a coordinator (nothing answers at the address, the name does
-    not resolve, the connection broke): `agent_unavailable` to code that retries on it, and
+    """The call never reached a coordinator or got no answer from it (nothing answers at the
+    address, the name does not resolve, the connection broke, the coordinator stopped with the
+    call in flight: its outcome is unknown, and a retry with the same idempotency token is
+    safe): `agent_unavailable` to code that retries on it, and
     told apart from the coordinator's own `agent_unavailable` answers, which carry an error
     trailer, so that a command line can say "cannot reach the coordinator at X"."""
 
@@ -96,7 +98,9 @@ def translate(exc: grpc.aio.AioRpcError) -> ApiaryError:
     text = f"{status.name if status else 'UNKNOWN'}: {exc.details() or ''}".strip()
     if status is grpc.StatusCode.UNIMPLEMENTED:
         return UnimplementedError(text)
-    if status is grpc.StatusCode.UNAVAILABLE:
+    if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        # CANCELLED without the coordinator's trailer: the call ended unanswered (a replica
+        # stopping with it in flight; a caller's own cancellation raises CancelledError).
         return CoordinatorUnreachableError(f"coordinator unreachable: {text}")
     return error_for_code("internal_error", text)
 
