@@ -255,6 +255,52 @@ async def test_an_agents_messages_through_both_replicas_arrive_in_offset_order(
         await _stop(bob)
 
 
+async def test_one_token_sent_to_both_replicas_at_once_is_admitted_once(
+    tmp_path: Path, url: str
+) -> None:
+    """Each replica reserves a token in memory while it admits it; across replicas the
+    store decides (the token's record is inserted with the admission, over none or the one
+    deduplication found): of two attempts of one token sent at the same moment to the two
+    replicas, exactly one is admitted, the other answered already_in_progress naming it;
+    once the admitted one is FULFILLED, attempts to both are answered duplicate_detected with
+    the cached outcome."""
+    async with _two(tmp_path, url) as (a, b):
+        await _register(a, "bob")
+        await _register(b, "alice")
+        await _until(lambda: a.registry.known("alice") is not None, "A knows alice")
+        await _until(lambda: b.registry.known("bob") is not None, "B knows bob")
+        admitted: dict[str, str] = {}
+        for n in range(60):
+            token = f"tok-{n}"
+            attempts = [replace(_envelope("alice", {"n": n}), idempotency_token=token)
+                        for _ in range(2)]  # fmt: skip
+            outcomes = await asyncio.gather(*(
+                replica.router.send(Outbound(env, "bob"))
+                for replica, env in zip((a, b), attempts, strict=True)
+            ))  # fmt: skip
+            accepted = [o.message_id for o in outcomes if o.accepted]
+            assert len(accepted) == 1, [o.reason for o in outcomes]
+            (refused,) = [o for o in outcomes if not o.accepted]
+            assert refused.error_code == "already_in_progress", refused.reason
+            assert refused.error is not None
+            assert refused.error.details["original_message_id"] == accepted[0]
+            admitted[token] = accepted[0]
+        stored = await a.store.messages.inbox("bob", limit=1000)
+        by_token = sorted((m.idempotency_token, m.message_id) for m in stored)
+        assert by_token == sorted(admitted.items())  # one message per token, the admitted
+
+        await _ack(a, "bob", admitted["tok-0"], AckStage.FULFILLED)
+        again = [replace(_envelope("alice", {}), idempotency_token="tok-0") for _ in range(2)]
+        outcomes = await asyncio.gather(*(
+            replica.router.send(Outbound(env, "bob"))
+            for replica, env in zip((a, b), again, strict=True)
+        ))  # fmt: skip
+        for outcome in outcomes:
+            assert outcome.error_code == "duplicate_detected", outcome.reason
+            assert outcome.details["original_message_id"] == admitted["tok-0"]
+            assert outcome.details["original_status"] == "FULFILLED"
+
+
 async def test_a_message_whose_note_is_lost_goes_live_at_the_next_poll(
     tmp_path: Path, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,7 +6,7 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from apiary.core.dedup import advance
+from apiary.core.dedup import advance, unchanged
 from apiary.core.events import EventDraft
 from apiary.core.records import (
     AdmissionWrites,
@@ -16,7 +16,7 @@ from apiary.core.records import (
     TokenProgress,
     changed,
 )
-from apiary.store.errors import DuplicateMessageError
+from apiary.store.errors import DuplicateMessageError, TokenTakenError
 from apiary.store.memory.events import MemoryEventLog
 from apiary.store.memory.idempotency import MemoryIdempotencyStore
 from apiary.store.memory.tasks import MemoryTaskStore
@@ -73,10 +73,10 @@ class MemoryMessageStore:
         messages: Sequence[StoredMessage],
         writes: Sequence[AdmissionWrites] = (),
         events: Sequence[EventDraft] = (),
-    ) -> list[StoredMessage | DuplicateMessageError]:
+    ) -> list[StoredMessage | DuplicateMessageError | TokenTakenError]:
         """Admit each message as `admit` does; a duplicate (of a stored message or of an
-        earlier member) fails only its own member. `writes` go in with the members
-        admitted, after `events`, which go in any case."""
+        earlier member), or a member whose token was taken, fails only its own member.
+        `writes` go in with the members admitted, after `events`, which go in any case."""
         for message in messages:
             message_values(message)  # validate every member before admitting any
         lead = self._log.checked(events)
@@ -88,9 +88,13 @@ class MemoryMessageStore:
             )
             for w in writes
         ]
-        outcomes: list[StoredMessage | DuplicateMessageError] = []
+        outcomes: list[StoredMessage | DuplicateMessageError | TokenTakenError] = []
         appended: list[EventDraft] = lead
         for i, message in enumerate(messages):
+            taken = self._taken(message, writes[i]) if writes else None
+            if taken is not None and message.message_id not in self._messages:
+                outcomes.append(taken)
+                continue
             try:
                 outcomes.append(self._admit(message))
             except DuplicateMessageError as duplicate:
@@ -105,6 +109,17 @@ class MemoryMessageStore:
                     self._tasks.put_now(task)
         self._log.append_now(appended)
         return outcomes
+
+    def _taken(self, message: StoredMessage, writes: AdmissionWrites) -> TokenTakenError | None:
+        """The refusal of `message` when its token's record is not the one its admission
+        found (`core.dedup.unchanged`); None when its record may be written."""
+        if writes.idempotency is None or writes.idempotency_forced:
+            return None
+        stored = self._tokens.get_now(writes.idempotency.token)
+        if unchanged(stored, writes.idempotency_found):
+            return None
+        assert stored is not None
+        return TokenTakenError(message.message_id, stored)
 
     def _admit(self, message: StoredMessage) -> StoredMessage:
         if message.message_id in self._messages:

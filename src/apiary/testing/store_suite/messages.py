@@ -6,6 +6,7 @@ import asyncio
 import itertools
 from collections.abc import Awaitable
 from dataclasses import replace
+from typing import Any
 
 from apiary.core.records import (
     AdmissionWrites,
@@ -16,7 +17,7 @@ from apiary.core.records import (
     TokenProgress,
     changed,
 )
-from apiary.store.errors import DuplicateMessageError
+from apiary.store.errors import DuplicateMessageError, TokenTakenError
 from apiary.testing.store_suite.base import (
     T0,
     TERMINAL_STATES,
@@ -438,6 +439,69 @@ async def a_task_record_commits_with_the_admission_of_its_member(factory: StoreF
         assert await store.tasks.get("t-1") is None
         assert await store.tasks.get("t-2") == two
         assert [e.details for e in await store.events.read()] == [{"n": 2}]
+
+
+@_check
+async def a_token_is_written_with_an_admission_only_over_the_record_it_found(
+    factory: StoreFactory,
+) -> None:
+    """A member's token record is written only if the stored one is still the record its
+    deduplication found (`AdmissionWrites.idempotency_found`), or none is stored: else the
+    member is refused (`TokenTakenError`, with the stored record), consumes no offset and
+    writes nothing; a forced write (a requeue) goes over anything; a duplicate message id
+    writes no token; of two admissions of one new token at once, one is admitted."""
+
+    def claim(
+        message_id: str, token: str = "k", found: IdempotencyRecord | None = None,
+        forced: bool = False, **fields: Any,
+    ) -> tuple[StoredMessage, AdmissionWrites, IdempotencyRecord]:  # fmt: skip
+        record = IdempotencyRecord(token, "agent-a", message_id, message_id, "RECEIVED",
+                                   T0, T0, attempts=(message_id,))  # fmt: skip
+        record = replace(record, **fields)
+        writes = AdmissionWrites((draft(len(message_id)),), record, None, found, forced)
+        return message(message_id), writes, record
+
+    async with factory.open() as store:
+
+        async def admit(*claims: tuple[StoredMessage, AdmissionWrites, IdempotencyRecord]) -> list[
+            StoredMessage | DuplicateMessageError | TokenTakenError
+        ]:  # fmt: skip
+            return await store.messages.admit_many([c[0] for c in claims], [c[1] for c in claims])
+
+        first = claim("m-1")
+        (one,) = await admit(first)
+        assert isinstance(one, StoredMessage) and one.offset == 1
+        assert await store.idempotency.get("k") == first[2]
+        (refused,) = await admit(claim("m-22"))
+        assert isinstance(refused, TokenTakenError) and refused.record == first[2]
+        assert await store.messages.get("m-22") is None
+        timed_out = replace(first[2], status="TIMED_OUT", updated_at=T0 + 1)
+        await store.idempotency.put(timed_out)
+        retry = claim("m-3", found=timed_out, attempts=("m-1", "m-3"), updated_at=T0 + 2)
+        (three,) = await admit(retry)
+        assert isinstance(three, StoredMessage) and three.offset == 2  # m-22 took none
+        assert await store.idempotency.get("k") == retry[2]
+        (late,) = await admit(claim("m-44", found=timed_out))
+        assert isinstance(late, TokenTakenError) and late.record == retry[2]
+        (forced,) = await admit(claim("m-5", found=timed_out, forced=True))
+        assert isinstance(forced, StoredMessage)
+        assert (await store.idempotency.get("k")) == claim("m-5")[2]
+        pair = await admit(claim("m-6", "j"), claim("m-77", "j"), claim("m-1", "z"))
+        assert isinstance(pair[0], StoredMessage)
+        assert isinstance(pair[1], TokenTakenError)
+        assert pair[1].record.current_message_id == "m-6"
+        assert isinstance(pair[2], DuplicateMessageError)
+        assert await store.idempotency.get("z") is None
+        gone = claim("m-8", "purged", found=timed_out)
+        assert isinstance((await admit(gone))[0], StoredMessage)
+        assert await store.idempotency.get("purged") == gone[2]
+        assert [e.details["n"] for e in await store.events.read()] == [3, 3, 3, 3, 3]
+        racing = await asyncio.gather(*(admit(claim(f"m-race-{i}", "r")) for i in range(4)))
+        admitted = [o for (o,) in racing if isinstance(o, StoredMessage)]
+        assert len(admitted) == 1, racing
+        record = await store.idempotency.get("r")
+        assert record is not None and record.current_message_id == admitted[0].message_id
+        assert all(o.record == record for (o,) in racing if isinstance(o, TokenTakenError))
 
 
 @_check
