@@ -28,7 +28,7 @@ from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.router.admission import Outbound, is_notice
 from apiary.engine.router.inbox import Handout
 from apiary.engine.settings import RouterSettings
-from apiary.errors import NoRouteError, UnavailableError
+from apiary.errors import ApiaryError, NoRouteError, UnavailableError
 from apiary.sdk.connection import Connection
 from apiary.server.auth.settings import AuthSettings
 from apiary.server.coordinator import Coordinator
@@ -299,6 +299,69 @@ async def test_one_token_sent_to_both_replicas_at_once_is_admitted_once(
             assert outcome.error_code == "duplicate_detected", outcome.reason
             assert outcome.details["original_message_id"] == admitted["tok-0"]
             assert outcome.details["original_status"] == "FULFILLED"
+
+
+async def test_every_replica_sees_every_dead_letter_and_requeues_it_once(
+    tmp_path: Path, url: str
+) -> None:
+    """Dead letters are in the store: each replica lists, reads and exports those every
+    replica recorded; an entry is marked requeued in the transaction that admits its copy,
+    only if no requeue marked it first, so that requeues of one entry sent at the same
+    moment to both replicas admit one copy, which reaches the recipient's stream once."""
+    async with _two(tmp_path, url) as (a, b):
+        await _register(a, "bob")
+        await _register(b, "alice")
+        await _until(lambda: b.registry.known("bob") is not None, "B knows bob")
+        bob = _read(a, "bob")
+        await _until(lambda: a.router.streaming("bob"), "bob's stream")
+        sent = [await _send((a, b)[n % 2], "alice", "bob", {"n": n}) for n in range(10)]
+        await _until(lambda: len(bob.messages) == 10, "bob receives them")
+        for n, message_id in enumerate(sent):  # failed through either replica
+            await _ack((a, b)[n % 2], "bob", message_id, AckStage.FAILED)
+        for replica in (a, b):
+            entries = await replica.router.dead_letters.list(None, 0, 100)
+            assert sorted(e.message_id for e in entries) == sorted(sent)
+            assert (await replica.router.dead_letters.get(entries[0].entry_id)) == entries[0]
+            page = await replica.router.dead_letters.export(None, False)
+            exported = json.loads(page.bundle)["entries"]
+            assert sorted(e["message_id"] for e in exported) == sorted(sent)
+
+        async def requeue(replica: Coordinator, entry_id: int) -> str:
+            async def send(
+                env: Envelope, recipient: str, signature: bytes, origin: bytes, entry: int
+            ) -> str:
+                item = Outbound(env, recipient, requeue=True, signature=signature,
+                                origin=origin, dead_letter=entry)  # fmt: skip
+                outcome = await replica.router.send(item)
+                if outcome.error is not None:
+                    raise outcome.error
+                return outcome.message_id
+
+            return await replica.router.dead_letters.requeue(entry_id, _Ids(), send)
+
+        copies: list[str] = []
+        for entry in await a.router.dead_letters.list(None, 0, 100):
+            results = await asyncio.gather(
+                requeue(a, entry.entry_id), requeue(b, entry.entry_id), return_exceptions=True
+            )
+            admitted = [r for r in results if isinstance(r, str)]
+            assert len(admitted) == 1, results
+            (refused,) = [r for r in results if not isinstance(r, str)]
+            assert isinstance(refused, ApiaryError) and refused.code == "ALREADY_COMPLETED"
+            assert (await b.router.dead_letters.get(entry.entry_id)).requeued_as == admitted[0]
+            copies.append(admitted[0])
+        await _until(lambda: len(bob.messages) == 20, "bob receives the copies")
+        assert sorted(env.message_id for env in bob.messages[10:]) == sorted(copies)
+        stored = await a.store.messages.inbox("bob", limit=100)
+        assert len([m for m in stored if m.producer_id == "alice"]) == 20  # each copy once
+        for message_id in copies:
+            await _ack(a, "bob", message_id, AckStage.FULFILLED)
+        await _stop(bob)
+
+
+class _Ids:
+    def new_id(self) -> str:
+        return str(uuid.uuid4())
 
 
 async def test_a_message_whose_note_is_lost_goes_live_at_the_next_poll(

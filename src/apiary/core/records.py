@@ -202,6 +202,11 @@ class AdmissionWrites:
     came first, and the message is not admitted (`store.errors.TokenTakenError`)."""
     idempotency_forced: bool = False
     """Write `idempotency` whatever is stored (an operator's requeue of a dead letter)."""
+    requeues: int = 0
+    """The dead letter (DLQ entry id) the message requeues (0: none): marked requeued as
+    the message, at its `created_at`, in the admission's transaction, if no requeue marked
+    it before; else the message is not admitted (`store.errors.RequeuedError`), so that
+    of two requeues of one entry at once (on two replicas) one is admitted."""
 
 
 @dataclass(frozen=True, slots=True)

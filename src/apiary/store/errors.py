@@ -24,6 +24,15 @@ class TokenTakenError(StoreError):
         self.record = record
 
 
+class RequeuedError(StoreError):
+    """A requeue of a dead letter was not admitted: another requeue marked the entry first
+    (or the entry is gone; `AdmissionWrites.requeues`)."""
+
+    def __init__(self, message_id: str, entry_id: int) -> None:
+        super().__init__(f"{message_id}: DLQ entry {entry_id} was requeued by another requeue")
+        self.entry_id = entry_id
+
+
 class StoreUnavailableError(StoreError, UnavailableError):
     """The database cannot be reached now (connection refused, lost, or the server shut it
     down): the operation did not happen, or its outcome is unknown, and a retry is the

@@ -39,9 +39,10 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.rejections import Rejections
 from apiary.engine.router.stats import RouterStats
 from apiary.engine.tracing import Tracing
-from apiary.errors import ValidationError
+from apiary.errors import AlreadyCompletedError, ValidationError
 from apiary.store.errors import (
     DuplicateMessageError,
+    RequeuedError,
     StoreError,
     StoreUnavailableError,
     TokenTakenError,
@@ -210,7 +211,7 @@ class Batches:
         admit_many = partial(self._messages.admit_many, records, writes)
         try:
             results: Sequence[
-                StoredMessage | DuplicateMessageError | TokenTakenError | None
+                StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError | None
             ] = await self._events.commit([], admit_many)
         except StoreUnavailableError:
             # The database went away during the write: it may have committed or not.
@@ -302,16 +303,20 @@ class Batches:
                 message_type=MESSAGE_TYPE_NAMES[env.message_type], lane=record.lane,
             ),)  # fmt: skip
             token = by_id.get(record.message_id) or _NO_TOKEN
-            own = items[index].stored_with
+            item = items[index]
+            own, requeues = item.stored_with, item.dead_letter if item.requeue else 0
             if own is None:
-                writes.append(replace(token, events=event))
+                writes.append(replace(token, events=event, requeues=requeues))
             else:
-                writes.append(replace(token, events=(*event, *own.events), task=own.task))
+                writes.append(replace(
+                    token, events=(*event, *own.events), task=own.task, requeues=requeues
+                ))  # fmt: skip
         return writes
 
     def _admitted(
         self, item: Outbound, record: StoredMessage,
-        result: StoredMessage | DuplicateMessageError | TokenTakenError | None, now: float,
+        result: StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError | None,
+        now: float,
     ) -> SendOutcome:  # fmt: skip
         """The outcome of `item`, whose `record` the store answered with `result` (None: a
         member found missing after an admission in doubt had committed: a duplicate)."""
@@ -319,6 +324,13 @@ class Batches:
         if isinstance(result, TokenTakenError):
             self._free(env, record)
             return self._dedup.taken(env, result.record, now)
+        if isinstance(result, RequeuedError):
+            self._free(env, record)
+            entry = str(result.entry_id)
+            done = AlreadyCompletedError(
+                f"DLQ entry {entry} was requeued meanwhile", {"entry_id": entry}
+            )
+            return SendOutcome.refusal(env.message_id, done)
         if not isinstance(result, StoredMessage):
             self._free(env, record)
             # message_id is unique per attempt (RFC 11.3): reusing one is a malformed request,

@@ -17,13 +17,14 @@ from apiary.core.records import (
     TokenProgress,
     changed,
 )
-from apiary.store.errors import DuplicateMessageError, TokenTakenError
+from apiary.store.errors import DuplicateMessageError, RequeuedError, TokenTakenError
 from apiary.testing.store_suite.base import (
     T0,
     TERMINAL_STATES,
     UINT64_MAX,
     Check,
     StoreFactory,
+    dlq_entry,
     draft,
     message,
     message_ids,
@@ -464,7 +465,7 @@ async def a_token_is_written_with_an_admission_only_over_the_record_it_found(
     async with factory.open() as store:
 
         async def admit(*claims: tuple[StoredMessage, AdmissionWrites, IdempotencyRecord]) -> list[
-            StoredMessage | DuplicateMessageError | TokenTakenError
+            StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError
         ]:  # fmt: skip
             return await store.messages.admit_many([c[0] for c in claims], [c[1] for c in claims])
 
@@ -502,6 +503,32 @@ async def a_token_is_written_with_an_admission_only_over_the_record_it_found(
         record = await store.idempotency.get("r")
         assert record is not None and record.current_message_id == admitted[0].message_id
         assert all(o.record == record for (o,) in racing if isinstance(o, TokenTakenError))
+
+
+@_check
+async def a_requeue_marks_its_dead_letter_with_its_admission_once(factory: StoreFactory) -> None:
+    """`AdmissionWrites.requeues`: the entry is marked requeued as the member (at its
+    created_at) in the admission, unless a requeue marked it first or it is gone: that
+    member is refused (`RequeuedError`), takes no offset and writes nothing."""
+    async with factory.open() as store:
+        entry = await store.dlq.add(dlq_entry("m-0"))
+
+        def copy(message_id: str, entry_id: int) -> AdmissionWrites:
+            return AdmissionWrites((draft(len(message_id)),), requeues=entry_id)
+
+        first, second, gone = await store.messages.admit_many(
+            [message("m-1", created_at=T0 + 5), message("m-22"), message("m-33")],
+            [copy("m-1", entry.entry_id), copy("m-22", entry.entry_id), copy("m-33", 99)],
+        )
+        assert isinstance(first, StoredMessage) and first.offset == 1
+        assert isinstance(second, RequeuedError) and second.entry_id == entry.entry_id
+        assert isinstance(gone, RequeuedError) and gone.entry_id == 99
+        marked = await store.dlq.get(entry.entry_id)
+        assert marked is not None and (marked.requeued_as, marked.requeued_at) == ("m-1", T0 + 5)
+        (late,) = await store.messages.admit_many([message("m-44")], [copy("m-44", entry.entry_id)])
+        assert isinstance(late, RequeuedError)
+        assert [await store.messages.get(m) for m in ("m-22", "m-33", "m-44")] == [None] * 3
+        assert [e.details["n"] for e in await store.events.read()] == [3]
 
 
 @_check
