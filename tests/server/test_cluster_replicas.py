@@ -4,7 +4,9 @@ either is stored once and delivered, in offset order, to its recipient's stream 
 that is; an ACK sent to either reaches the producer's stream on the other; a replica that
 stops without releasing anything (as a killed process) has its partitions taken over, its
 ACK deadlines fired once by the new owner, and the messages pending for its agents
-delivered on the other replica. A tenant besides the default is refused in cluster mode."""
+delivered on the other replica. One idempotency token sent to both at once is admitted
+once; every dead letter is seen on both and requeued once. A tenant besides the default is
+refused in cluster mode."""
 
 from __future__ import annotations
 
