@@ -4,6 +4,7 @@ and export."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator
@@ -30,8 +31,12 @@ async def h() -> AsyncIterator[EngineHarness]:
 async def _requeue(h: EngineHarness, entry_id: int) -> str:
     """What an operator's requeue does (apiary.v1.DlqService.Requeue)."""
 
-    async def send(env: Envelope, recipient: str, signature: bytes, origin: bytes) -> str:
-        item = Outbound(env, recipient, requeue=True, signature=signature, origin=origin)
+    async def send(
+        env: Envelope, recipient: str, signature: bytes, origin: bytes, entry_id: int
+    ) -> str:
+        item = Outbound(
+            env, recipient, requeue=True, signature=signature, origin=origin, dead_letter=entry_id
+        )
         outcome = await h.engine.router.send(item)
         if outcome.error is not None:
             raise outcome.error
@@ -196,6 +201,22 @@ async def test_a_selected_entry_is_requeued_as_a_new_attempt(h: EngineHarness) -
     assert entry.entry_id not in [
         e.entry_id for e in await h.engine.router.dead_letters.list(only_pending, 0, 10)
     ]
+
+
+async def test_two_requeues_of_one_entry_at_once_admit_one_copy(h: EngineHarness) -> None:
+    """The entry is marked requeued in the transaction that admits its copy, only if no
+    requeue marked it first: of two requeues racing (past the check that the entry is not
+    requeued yet), one is admitted and the other refused ALREADY_COMPLETED."""
+    _, failed, _ = await _three_failures(h)
+    entry = await _entry(h, failed)
+    results = await asyncio.gather(
+        _requeue(h, entry.entry_id), _requeue(h, entry.entry_id), return_exceptions=True
+    )
+    copies = [r for r in results if isinstance(r, str)]
+    (refused,) = [r for r in results if isinstance(r, ApiaryError)]
+    assert len(copies) == 1 and refused.code == "ALREADY_COMPLETED"
+    assert (await h.engine.router.dead_letters.get(entry.entry_id)).requeued_as == copies[0]
+    assert [x.message.message_id for x in await h.take("bob")] == copies
 
 
 @pytest.mark.conformance("dlq.ops.requeue")

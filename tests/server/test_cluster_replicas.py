@@ -4,7 +4,9 @@ either is stored once and delivered, in offset order, to its recipient's stream 
 that is; an ACK sent to either reaches the producer's stream on the other; a replica that
 stops without releasing anything (as a killed process) has its partitions taken over, its
 ACK deadlines fired once by the new owner, and the messages pending for its agents
-delivered on the other replica. A tenant besides the default is refused in cluster mode."""
+delivered on the other replica. One idempotency token sent to both at once is admitted
+once; every dead letter is seen on both and requeued once. A tenant besides the default is
+refused in cluster mode."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.router.admission import Outbound, is_notice
 from apiary.engine.router.inbox import Handout
 from apiary.engine.settings import RouterSettings
-from apiary.errors import NoRouteError, UnavailableError
+from apiary.errors import ApiaryError, NoRouteError, UnavailableError
 from apiary.sdk.connection import Connection
 from apiary.server.auth.settings import AuthSettings
 from apiary.server.coordinator import Coordinator
@@ -253,6 +255,115 @@ async def test_an_agents_messages_through_both_replicas_arrive_in_offset_order(
         for message_id in received:
             await _ack(a, "bob", message_id, AckStage.FULFILLED)
         await _stop(bob)
+
+
+async def test_one_token_sent_to_both_replicas_at_once_is_admitted_once(
+    tmp_path: Path, url: str
+) -> None:
+    """Each replica reserves a token in memory while it admits it; across replicas the
+    store decides (the token's record is inserted with the admission, over none or the one
+    deduplication found): of two attempts of one token sent at the same moment to the two
+    replicas, exactly one is admitted, the other answered already_in_progress naming it;
+    once the admitted one is FULFILLED, attempts to both are answered duplicate_detected with
+    the cached outcome."""
+    async with _two(tmp_path, url) as (a, b):
+        await _register(a, "bob")
+        await _register(b, "alice")
+        await _until(lambda: a.registry.known("alice") is not None, "A knows alice")
+        await _until(lambda: b.registry.known("bob") is not None, "B knows bob")
+        admitted: dict[str, str] = {}
+        for n in range(60):
+            token = f"tok-{n}"
+            attempts = [replace(_envelope("alice", {"n": n}), idempotency_token=token)
+                        for _ in range(2)]  # fmt: skip
+            outcomes = await asyncio.gather(*(
+                replica.router.send(Outbound(env, "bob"))
+                for replica, env in zip((a, b), attempts, strict=True)
+            ))  # fmt: skip
+            accepted = [o.message_id for o in outcomes if o.accepted]
+            assert len(accepted) == 1, [o.reason for o in outcomes]
+            (refused,) = [o for o in outcomes if not o.accepted]
+            assert refused.error_code == "already_in_progress", refused.reason
+            assert refused.error is not None
+            assert refused.error.details["original_message_id"] == accepted[0]
+            admitted[token] = accepted[0]
+        stored = await a.store.messages.inbox("bob", limit=1000)
+        by_token = sorted((m.idempotency_token, m.message_id) for m in stored)
+        assert by_token == sorted(admitted.items())  # one message per token, the admitted
+
+        await _ack(a, "bob", admitted["tok-0"], AckStage.FULFILLED)
+        again = [replace(_envelope("alice", {}), idempotency_token="tok-0") for _ in range(2)]
+        outcomes = await asyncio.gather(*(
+            replica.router.send(Outbound(env, "bob"))
+            for replica, env in zip((a, b), again, strict=True)
+        ))  # fmt: skip
+        for outcome in outcomes:
+            assert outcome.error_code == "duplicate_detected", outcome.reason
+            assert outcome.details["original_message_id"] == admitted["tok-0"]
+            assert outcome.details["original_status"] == "FULFILLED"
+
+
+async def test_every_replica_sees_every_dead_letter_and_requeues_it_once(
+    tmp_path: Path, url: str
+) -> None:
+    """Dead letters are in the store: each replica lists, reads and exports those every
+    replica recorded; an entry is marked requeued in the transaction that admits its copy,
+    only if no requeue marked it first, so that requeues of one entry sent at the same
+    moment to both replicas admit one copy, which reaches the recipient's stream once."""
+    async with _two(tmp_path, url) as (a, b):
+        await _register(a, "bob")
+        await _register(b, "alice")
+        await _until(lambda: b.registry.known("bob") is not None, "B knows bob")
+        bob = _read(a, "bob")
+        await _until(lambda: a.router.streaming("bob"), "bob's stream")
+        sent = [await _send((a, b)[n % 2], "alice", "bob", {"n": n}) for n in range(10)]
+        await _until(lambda: len(bob.messages) == 10, "bob receives them")
+        for n, message_id in enumerate(sent):  # failed through either replica
+            await _ack((a, b)[n % 2], "bob", message_id, AckStage.FAILED)
+        for replica in (a, b):
+            entries = await replica.router.dead_letters.list(None, 0, 100)
+            assert sorted(e.message_id for e in entries) == sorted(sent)
+            assert (await replica.router.dead_letters.get(entries[0].entry_id)) == entries[0]
+            page = await replica.router.dead_letters.export(None, False)
+            exported = json.loads(page.bundle)["entries"]
+            assert sorted(e["message_id"] for e in exported) == sorted(sent)
+
+        async def requeue(replica: Coordinator, entry_id: int) -> str:
+            async def send(
+                env: Envelope, recipient: str, signature: bytes, origin: bytes, entry: int
+            ) -> str:
+                item = Outbound(env, recipient, requeue=True, signature=signature,
+                                origin=origin, dead_letter=entry)  # fmt: skip
+                outcome = await replica.router.send(item)
+                if outcome.error is not None:
+                    raise outcome.error
+                return outcome.message_id
+
+            return await replica.router.dead_letters.requeue(entry_id, _Ids(), send)
+
+        copies: list[str] = []
+        for entry in await a.router.dead_letters.list(None, 0, 100):
+            results = await asyncio.gather(
+                requeue(a, entry.entry_id), requeue(b, entry.entry_id), return_exceptions=True
+            )
+            admitted = [r for r in results if isinstance(r, str)]
+            assert len(admitted) == 1, results
+            (refused,) = [r for r in results if not isinstance(r, str)]
+            assert isinstance(refused, ApiaryError) and refused.code == "ALREADY_COMPLETED"
+            assert (await b.router.dead_letters.get(entry.entry_id)).requeued_as == admitted[0]
+            copies.append(admitted[0])
+        await _until(lambda: len(bob.messages) == 20, "bob receives the copies")
+        assert sorted(env.message_id for env in bob.messages[10:]) == sorted(copies)
+        stored = await a.store.messages.inbox("bob", limit=100)
+        assert len([m for m in stored if m.producer_id == "alice"]) == 20  # each copy once
+        for message_id in copies:
+            await _ack(a, "bob", message_id, AckStage.FULFILLED)
+        await _stop(bob)
+
+
+class _Ids:
+    def new_id(self) -> str:
+        return str(uuid.uuid4())
 
 
 async def test_a_message_whose_note_is_lost_goes_live_at_the_next_poll(

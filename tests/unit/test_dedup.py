@@ -19,6 +19,7 @@ from apiary.core.dedup import (
     iso_utc,
     progress,
     start,
+    unchanged,
 )
 from apiary.core.records import IdempotencyRecord, MessageState
 
@@ -333,3 +334,16 @@ def test_iso_utc(seconds: float, text: str) -> None:
 def test_iso_utc_refuses_bad_times(seconds: float) -> None:
     with pytest.raises(ValueError, match="finite"):
         iso_utc(seconds)
+
+
+# --- unchanged (the store's test before it writes an admission's record) ---------------------
+
+
+def test_an_admission_writes_over_the_record_it_found_or_none() -> None:
+    found = timed_out(fresh(), T0 + 1)
+    assert unchanged(None, None) and unchanged(None, found)  # none stored (or purged)
+    assert unchanged(found, found)
+    assert not unchanged(fresh(), None)  # another admission inserted it first
+    retried = attempt(found, M2, T0 + 2)  # another replica's retry came first
+    assert not unchanged(retried, found)
+    assert not unchanged(progress(found, M1, S.FULFILLED, T0 + 3), found)  # a late outcome

@@ -216,6 +216,21 @@ def advance(
     return updated, updated.outcome_at != record.outcome_at
 
 
+def unchanged(stored: IdempotencyRecord | None, found: IdempotencyRecord | None) -> bool:
+    """Whether an admission that found a token's record as `found` (None: none) may write
+    its own over `stored`, the record as its transaction reads it: none is stored (a record
+    found then is gone: purged), or the one stored is still the one found (the same current
+    attempt, status and last change). Otherwise another admission of the token came first
+    (on another replica: one replica reserves its tokens in memory)."""
+    if stored is None:
+        return True
+    return found is not None and (
+        stored.current_message_id == found.current_message_id
+        and stored.status == found.status
+        and stored.updated_at == found.updated_at
+    )
+
+
 def duplicate_payload(record: IdempotencyRecord) -> dict[str, Any]:
     """The DUPLICATE_DETECTED JSON object of RFC 21 and Appendix C.2 for a cached outcome.
 

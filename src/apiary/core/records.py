@@ -195,6 +195,18 @@ class AdmissionWrites:
     task: TaskRecord | None = None
     """A task record stored with the message: the Scheduler's dispatch, the task DISPATCHED
     with the envelope that carries it to its agent."""
+    idempotency_found: IdempotencyRecord | None = None
+    """The token's record as deduplication found it before admitting the message (None:
+    none). `idempotency` is written only if the stored record is still that one, or absent
+    (`core.dedup.unchanged`): otherwise another admission of the token (on another replica)
+    came first, and the message is not admitted (`store.errors.TokenTakenError`)."""
+    idempotency_forced: bool = False
+    """Write `idempotency` whatever is stored (an operator's requeue of a dead letter)."""
+    requeues: int = 0
+    """The dead letter (DLQ entry id) the message requeues (0: none): marked requeued as
+    the message, at its `created_at`, in the admission's transaction, if no requeue marked
+    it before; else the message is not admitted (`store.errors.RequeuedError`), so that
+    of two requeues of one entry at once (on two replicas) one is admitted."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,10 +42,11 @@ class ExportPage:
     """Whether matching entries follow it."""
 
 
-Requeue = Callable[[Envelope, str, bytes, bytes], Awaitable[str]]
+Requeue = Callable[[Envelope, str, bytes, bytes, int], Awaitable[str]]
 """Admits an envelope for a recipient again, as a requeue (`Outbound.requeue`: no
 deduplication), with the signature and the signed envelope it was derived from (both empty
-without signing); returns the new message_id."""
+without signing), marking the DLQ entry (its id last) requeued as it in the admission's
+transaction (`Outbound.dead_letter`); returns the new message_id."""
 
 
 def excerpt(entry: DlqEntry, codec: EnvelopeCodec) -> bytes:
@@ -127,7 +128,9 @@ class DeadLetters:
         return entry
 
     async def requeue(self, entry_id: int, ids: IdGenerator, send: Requeue) -> str:
-        """Admit the entry's envelope again as a new attempt (new message_id, same token)."""
+        """Admit the entry's envelope again as a new attempt (new message_id, same token);
+        the entry is marked requeued with the admission, once (a requeue of it racing this
+        one, on this replica or another, is refused already_completed)."""
         entry = await self.get(entry_id)
         if entry.requeued_as:
             raise AlreadyCompletedError(
@@ -138,8 +141,7 @@ class DeadLetters:
         # What vouched for the dead letter vouches for the copy: the signature over the
         # envelope the producer signed (this one, or the one it was derived from).
         signature, origin = split_origin(entry.signature)
-        new_id = await send(retry, entry.recipient, signature, origin or entry.envelope)
-        await self._dlq.mark_requeued(entry_id, self._clock.now(), new_id)
+        new_id = await send(retry, entry.recipient, signature, origin or entry.envelope, entry_id)
         await self._events.record(
             "dlq.requeued", "operator", correlation_id=entry.correlation_id,
             agent_id=entry.recipient, entry_id=entry_id, message_id=entry.message_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from apiary.core.records import IdempotencyRecord
 from apiary.errors import UnavailableError
 
 
@@ -11,6 +12,25 @@ class StoreError(Exception):
 
 class DuplicateMessageError(StoreError):
     """A message with this message_id is already recorded."""
+
+
+class TokenTakenError(StoreError):
+    """A message was not admitted: its idempotency token's record changed since its
+    deduplication read it (another admission of the token, on another replica, came first;
+    `AdmissionWrites.idempotency_found`). `record` is the token's record as stored now."""
+
+    def __init__(self, message_id: str, record: IdempotencyRecord) -> None:
+        super().__init__(f"{message_id}: token {record.token!r} was taken by another admission")
+        self.record = record
+
+
+class RequeuedError(StoreError):
+    """A requeue of a dead letter was not admitted: another requeue marked the entry first
+    (or the entry is gone; `AdmissionWrites.requeues`)."""
+
+    def __init__(self, message_id: str, entry_id: int) -> None:
+        super().__init__(f"{message_id}: DLQ entry {entry_id} was requeued by another requeue")
+        self.entry_id = entry_id
 
 
 class StoreUnavailableError(StoreError, UnavailableError):

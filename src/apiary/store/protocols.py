@@ -52,7 +52,7 @@ from apiary.core.workflow.definition import WorkflowSpec
 from apiary.core.workflow.node import NodeRun
 from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowSummary
 from apiary.core.worktrees.records import WorktreeBinding
-from apiary.store.errors import DuplicateMessageError
+from apiary.store.errors import DuplicateMessageError, RequeuedError, TokenTakenError
 
 
 class EventLog(Protocol):
@@ -136,9 +136,12 @@ class MessageStore(Protocol):
         messages: Sequence[StoredMessage],
         writes: Sequence[AdmissionWrites] = (),
         events: Sequence[EventDraft] = (),
-    ) -> list[StoredMessage | DuplicateMessageError]:
+    ) -> list[StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError]:
         """Admit each message as `admit` does, in one transaction where the backend has
-        them; a duplicate fails only its own member (per-message outcomes, RFC 5.4).
+        them; a duplicate fails only its own member (per-message outcomes, RFC 5.4), and so
+        does a member whose token's record is no longer the one its admission found
+        (`AdmissionWrites.idempotency_found`: another admission of the token came first),
+        and a requeue whose dead letter another requeue marked (`AdmissionWrites.requeues`).
         `writes` (empty, or one per message) commit with the members admitted; `events`
         are appended in the transaction in any case, ahead of the members' events."""
         ...

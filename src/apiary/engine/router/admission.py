@@ -77,6 +77,10 @@ class Outbound:
     requeue: bool = False
     """An operator's requeue of a dead letter (RFC 21.1): admitted without deduplication,
     since re-running the operation is the point."""
+    dead_letter: int = 0
+    """For a requeue: the dead letter's DLQ entry id, marked requeued as the copy in the
+    admission's transaction, once (`AdmissionWrites.requeues`): of two requeues of one
+    entry at once, on any replicas, one is admitted, the other refused already_completed."""
     lane: str = ""
     """The communication-class lane (RFC 7.3) when the producer chooses it per message (the
     Scheduler dispatches each task in its submitter's lane); '' for the producer's class."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any, Final
 
@@ -38,8 +39,14 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.rejections import Rejections
 from apiary.engine.router.stats import RouterStats
 from apiary.engine.tracing import Tracing
-from apiary.errors import ValidationError
-from apiary.store.errors import DuplicateMessageError, StoreError, StoreUnavailableError
+from apiary.errors import AlreadyCompletedError, ValidationError
+from apiary.store.errors import (
+    DuplicateMessageError,
+    RequeuedError,
+    StoreError,
+    StoreUnavailableError,
+    TokenTakenError,
+)
 from apiary.store.protocols import MessageStore
 
 IN_DOUBT_WAIT_S: Final = 2.0
@@ -48,6 +55,8 @@ answered accepted when it did, `unavailable` when it did not or nobody can tell 
 retry: the idempotency record commits with the admission)."""
 _ACK = MessageType.ACKNOWLEDGEMENT
 _ACK_TYPE = int(MessageType.ACKNOWLEDGEMENT)
+_NO_TOKEN: Final = AdmissionWrites()
+"""The writes of a member admitted under no token, before its own are added."""
 _Handing = list[tuple[Inbox, HandOver, list[tuple[int, StoredMessage]]]]
 """Forwarded ACKs handed to producers' streams: per producer, its inbox, the hand-over and
 the members (index in the batch, record)."""
@@ -202,7 +211,7 @@ class Batches:
         admit_many = partial(self._messages.admit_many, records, writes)
         try:
             results: Sequence[
-                StoredMessage | DuplicateMessageError | None
+                StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError | None
             ] = await self._events.commit([], admit_many)
         except StoreUnavailableError:
             # The database went away during the write: it may have committed or not.
@@ -293,21 +302,35 @@ class Batches:
                 agent_id=record.recipient, message_id=env.message_id,
                 message_type=MESSAGE_TYPE_NAMES[env.message_type], lane=record.lane,
             ),)  # fmt: skip
-            token = by_id.get(record.message_id)
-            own = items[index].stored_with
+            token = by_id.get(record.message_id) or _NO_TOKEN
+            item = items[index]
+            own, requeues = item.stored_with, item.dead_letter if item.requeue else 0
             if own is None:
-                writes.append(AdmissionWrites(event, token))
+                writes.append(replace(token, events=event, requeues=requeues))
             else:
-                writes.append(AdmissionWrites((*event, *own.events), token, own.task))
+                writes.append(replace(
+                    token, events=(*event, *own.events), task=own.task, requeues=requeues
+                ))  # fmt: skip
         return writes
 
     def _admitted(
         self, item: Outbound, record: StoredMessage,
-        result: StoredMessage | DuplicateMessageError | None, now: float,
+        result: StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError | None,
+        now: float,
     ) -> SendOutcome:  # fmt: skip
         """The outcome of `item`, whose `record` the store answered with `result` (None: a
         member found missing after an admission in doubt had committed: a duplicate)."""
         env = item.envelope
+        if isinstance(result, TokenTakenError):
+            self._free(env, record)
+            return self._dedup.taken(env, result.record, now)
+        if isinstance(result, RequeuedError):
+            self._free(env, record)
+            entry = str(result.entry_id)
+            done = AlreadyCompletedError(
+                f"DLQ entry {entry} was requeued meanwhile", {"entry_id": entry}
+            )
+            return SendOutcome.refusal(env.message_id, done)
         if not isinstance(result, StoredMessage):
             self._free(env, record)
             # message_id is unique per attempt (RFC 11.3): reusing one is a malformed request,

@@ -6,6 +6,12 @@ token, and every decision by sequence number other than "new", is an `idempotenc
 event naming the arrival and the original attempt; every change of a token's cached outcome
 is an `idempotency.cached` event. Rejections are also logged by the router.
 
+A token is reserved in memory while it is admitted on this replica (a second attempt then is
+answered already_in_progress without asking the store); across replicas the store decides:
+the admission's record is written only over the record its check found (or none), in the
+admitting transaction, so that of two attempts of one token admitted at once on two
+replicas one is admitted and the other answered from the first's record (`taken`).
+
 A token's record follows its attempts' fate in the transaction that stores their state
 changes (`progress_of`, applied by the message store): read and written there, so that the
 record, the state it records and the `idempotency.cached` event commit together, and no
@@ -20,7 +26,7 @@ from functools import partial
 from apiary.core import dedup
 from apiary.core.envelope import Envelope
 from apiary.core.idempotency import is_within_window
-from apiary.core.records import IdempotencyRecord, StoredMessage, TokenProgress
+from apiary.core.records import AdmissionWrites, IdempotencyRecord, StoredMessage, TokenProgress
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.router.admission import SendOutcome
 from apiary.errors import AlreadyInProgressError, DuplicateDetectedError
@@ -33,6 +39,31 @@ class _Plan:
     record: IdempotencyRecord | None
     """The record a RETRY continues; None for a NEW operation."""
     requeue: bool = False
+    found: IdempotencyRecord | None = None
+    """The record as `check` found it (None: none): the store writes the admission's own
+    only over that one (`AdmissionWrites.idempotency_found`)."""
+
+
+_REFUSED = frozenset({dedup.DedupKind.DUPLICATE, dedup.DedupKind.IN_PROGRESS})
+
+
+def _refusal(env: Envelope, record: IdempotencyRecord, kind: dedup.DedupKind) -> SendOutcome:
+    """The refusal of `env` under `record`, its token's: duplicate_detected with the cached
+    outcome (`kind` DUPLICATE), else already_in_progress naming the current attempt."""
+    token = env.idempotency_token
+    if kind is dedup.DedupKind.DUPLICATE:
+        payload = {k: str(v) for k, v in dedup.duplicate_payload(record).items()}
+        error = DuplicateDetectedError(
+            f"token {token} already completed as {record.original_message_id} "
+            f"({record.status}) at {payload.get('cached_at', '')}",
+            payload,
+        )
+        return SendOutcome.refusal(env.message_id, error, payload)
+    running = AlreadyInProgressError(
+        f"token {token} is in progress as {record.current_message_id} ({record.status})",
+        {"original_message_id": record.current_message_id, "status": record.status},
+    )
+    return SendOutcome.refusal(env.message_id, running, {})
 
 
 def cache_key(producer_id: str, token: str) -> str:
@@ -147,26 +178,26 @@ class DedupGate:
         decision = dedup.decide(record, now, self._window)
         original = record.original_message_id if record else env.message_id
         await self._log(env, decision.kind, original, token=token)
-        if decision.kind is dedup.DedupKind.DUPLICATE:
-            assert record is not None
-            payload = {k: str(v) for k, v in dedup.duplicate_payload(record).items()}
-            error = DuplicateDetectedError(
-                f"token {token} already completed as {decision.original_message_id} "
-                f"({decision.status}) at {payload.get('cached_at', '')}",
-                payload,
-            )
-            return SendOutcome.refusal(env.message_id, error, payload)
-        if decision.kind is dedup.DedupKind.IN_PROGRESS:
-            assert record is not None
-            running = AlreadyInProgressError(
-                f"token {token} is in progress as {record.current_message_id} ({record.status})",
-                {"original_message_id": record.current_message_id, "status": record.status},
-            )
-            return SendOutcome.refusal(env.message_id, running, {})
+        if record is not None and decision.kind in _REFUSED:
+            return _refusal(env, record, decision.kind)
         self._reserved.add(key)
         keep = record if decision.kind is dedup.DedupKind.RETRY else None
-        self._plans[env.message_id] = _Plan(key, keep)
+        self._plans[env.message_id] = _Plan(key, keep, found=record)
         return None
+
+    def taken(self, env: Envelope, record: IdempotencyRecord, now: float) -> SendOutcome:
+        """The answer to `env`, which the store did not admit because another admission of
+        its token came first (on another replica: `TokenTakenError`), from `record`, the
+        token's record as the store found it: duplicate_detected with the cached outcome
+        once there is one, else already_in_progress naming the attempt it records."""
+        cached = dedup.decide(record, now, self._window).kind is dedup.DedupKind.DUPLICATE
+        kind = dedup.DedupKind.DUPLICATE if cached else dedup.DedupKind.IN_PROGRESS
+        self._events.note(
+            "idempotency.decision", env.producer_id, correlation_id=env.correlation_id,
+            message_id=env.message_id, decision=kind,
+            original_message_id=record.original_message_id, token=env.idempotency_token,
+        )  # fmt: skip
+        return _refusal(env, record, kind)
 
     async def _requeue(self, env: Envelope, key: str) -> None:
         record = await self._cache.get(key) if key else None
@@ -174,7 +205,7 @@ class DedupGate:
         await self._log(env, "REQUEUE", original, token=env.idempotency_token)
         if record is not None:
             self._reserved.add(key)
-            self._plans[env.message_id] = _Plan(key, record, requeue=True)
+            self._plans[env.message_id] = _Plan(key, record, requeue=True, found=record)
 
     async def _by_sequence(self, env: Envelope, now: float) -> SendOutcome | None:
         high = self._high.get(env.producer_id)
@@ -211,18 +242,23 @@ class DedupGate:
         )
         return SendOutcome.refusal(env.message_id, running, {})
 
-    async def record_for(self, message: StoredMessage, now: float) -> IdempotencyRecord | None:
-        """The token's record that commits with the admission of `message` (None: it was
-        admitted under no token); `release` follows the write."""
+    async def record_for(self, message: StoredMessage, now: float) -> AdmissionWrites | None:
+        """The token's record that commits with the admission of `message`, as the store is
+        to write it (the `AdmissionWrites` token fields; None: it was admitted under no
+        token); `release` follows the write."""
         plan = self._plans.get(message.message_id)
         if plan is None:
             return None
         if plan.record is None:
-            return dedup.start(plan.token, message.producer_id, message.message_id, now)
-        if plan.requeue:
+            record = dedup.start(plan.token, message.producer_id, message.message_id, now)
+        elif plan.requeue:  # an operator's: written over whatever is stored
             current = await self._cache.get(plan.token) or plan.record
-            return dedup.requeue_attempt(current, message.message_id, now)
-        return dedup.attempt(plan.record, message.message_id, now)
+            record = dedup.requeue_attempt(current, message.message_id, now)
+        else:
+            record = dedup.attempt(plan.record, message.message_id, now)
+        return AdmissionWrites(
+            idempotency=record, idempotency_found=plan.found, idempotency_forced=plan.requeue
+        )
 
     def release(self, message_id: str) -> None:
         """The admission of `message_id` ended after `check` passed (committed with its

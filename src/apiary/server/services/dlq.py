@@ -114,8 +114,12 @@ class DlqHandler:
                 )
         return apiary_pb2.RequeueDlqResponse(results=results)
 
-    async def _send(self, env: Envelope, recipient: str, signature: bytes, origin: bytes) -> str:
-        item = Outbound(env, recipient, requeue=True, signature=signature, origin=origin)
+    async def _send(
+        self, env: Envelope, recipient: str, signature: bytes, origin: bytes, entry_id: int
+    ) -> str:
+        item = Outbound(
+            env, recipient, requeue=True, signature=signature, origin=origin, dead_letter=entry_id
+        )
         outcome = await self._router.send(item)
         if not outcome.accepted:
             raise outcome.error or ValidationError(outcome.reason)

@@ -55,6 +55,17 @@ class MemoryDlqStore:
         self._entries[entry_id] = changed
         return self._copy(changed)
 
+    def requeue_now(self, entry_id: int, at: float, new_message_id: str) -> bool:
+        """Mark the entry requeued as `new_message_id` unless it is already (or gone):
+        whether it was marked (`AdmissionWrites.requeues`)."""
+        entry = self._entries.get(entry_id)
+        if entry is None or entry.requeued_as:
+            return False
+        self._entries[entry_id] = dataclasses.replace(
+            entry, requeued_at=at, requeued_as=new_message_id
+        )
+        return True
+
     async def purge(self, before: float) -> int:
         """Delete entries that failed before `before`; returns how many."""
         doomed = [i for i, e in self._entries.items() if e.failed_at < before]

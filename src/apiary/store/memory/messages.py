@@ -6,7 +6,7 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 
-from apiary.core.dedup import advance
+from apiary.core.dedup import advance, unchanged
 from apiary.core.events import EventDraft
 from apiary.core.records import (
     AdmissionWrites,
@@ -16,7 +16,8 @@ from apiary.core.records import (
     TokenProgress,
     changed,
 )
-from apiary.store.errors import DuplicateMessageError
+from apiary.store.errors import DuplicateMessageError, RequeuedError, TokenTakenError
+from apiary.store.memory.dlq import MemoryDlqStore
 from apiary.store.memory.events import MemoryEventLog
 from apiary.store.memory.idempotency import MemoryIdempotencyStore
 from apiary.store.memory.tasks import MemoryTaskStore
@@ -56,13 +57,15 @@ class MemoryMessageStore:
     with a change goes to `log` and `tokens` in the same step."""
 
     def __init__(
-        self, log: MemoryEventLog, tokens: MemoryIdempotencyStore, tasks: MemoryTaskStore
-    ) -> None:
+        self, log: MemoryEventLog, tokens: MemoryIdempotencyStore, tasks: MemoryTaskStore,
+        dlq: MemoryDlqStore,
+    ) -> None:  # fmt: skip
         self._messages: dict[str, StoredMessage] = {}
         self._inboxes: dict[str, _Inbox] = {}
         self._log = log
         self._tokens = tokens
         self._tasks = tasks
+        self._dlq = dlq
 
     async def admit(self, message: StoredMessage) -> StoredMessage:
         """Record a new message with the recipient's next inbox offset."""
@@ -73,10 +76,11 @@ class MemoryMessageStore:
         messages: Sequence[StoredMessage],
         writes: Sequence[AdmissionWrites] = (),
         events: Sequence[EventDraft] = (),
-    ) -> list[StoredMessage | DuplicateMessageError]:
+    ) -> list[StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError]:
         """Admit each message as `admit` does; a duplicate (of a stored message or of an
-        earlier member) fails only its own member. `writes` go in with the members
-        admitted, after `events`, which go in any case."""
+        earlier member), or a member whose token was taken or whose dead letter was
+        requeued, fails only its own member.
+        `writes` go in with the members admitted, after `events`, which go in any case."""
         for message in messages:
             message_values(message)  # validate every member before admitting any
         lead = self._log.checked(events)
@@ -88,9 +92,15 @@ class MemoryMessageStore:
             )
             for w in writes
         ]
-        outcomes: list[StoredMessage | DuplicateMessageError] = []
+        outcomes: list[StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError]
+        outcomes = []
         appended: list[EventDraft] = lead
         for i, message in enumerate(messages):
+            if writes and message.message_id not in self._messages:
+                refused = self._refused(message, writes[i])
+                if refused is not None:
+                    outcomes.append(refused)
+                    continue
             try:
                 outcomes.append(self._admit(message))
             except DuplicateMessageError as duplicate:
@@ -105,6 +115,23 @@ class MemoryMessageStore:
                     self._tasks.put_now(task)
         self._log.append_now(appended)
         return outcomes
+
+    def _refused(
+        self, message: StoredMessage, writes: AdmissionWrites
+    ) -> TokenTakenError | RequeuedError | None:
+        """The refusal of `message` (new) when its token's record is not the one its
+        admission found (`core.dedup.unchanged`) or the dead letter it requeues was requeued
+        before; None when it may be admitted (its dead letter is marked then)."""
+        token = writes.idempotency
+        if token is not None and not writes.idempotency_forced:
+            stored = self._tokens.get_now(token.token)
+            if not unchanged(stored, writes.idempotency_found):
+                assert stored is not None
+                return TokenTakenError(message.message_id, stored)
+        entry = writes.requeues
+        if entry and not self._dlq.requeue_now(entry, message.created_at, message.message_id):
+            return RequeuedError(message.message_id, entry)
+        return None
 
     def _admit(self, message: StoredMessage) -> StoredMessage:
         if message.message_id in self._messages:

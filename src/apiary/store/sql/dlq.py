@@ -14,7 +14,7 @@ from apiary.store.sql.checks import check_limit
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import by_dialect
-from apiary.store.sql.statements import Execute, Query, QueryOne
+from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
 
@@ -115,6 +115,24 @@ _REQUEUED = Query(
     f"UPDATE dlq SET requeued_at = ?, requeued_as = ? WHERE entry_id = ? RETURNING {DLQ.sql}"
 )
 _PURGE = Execute("DELETE FROM dlq WHERE failed_at < ?")
+_REQUEUED_ONCE = (
+    "UPDATE dlq SET requeued_at = ?, requeued_as = ? WHERE entry_id = ? AND requeued_as = ''"
+)
+
+DlqMark = tuple[int, float, str, int]
+"""A requeue marked with its admission: the member's index, the time, the requeued
+message's id and the entry's id (`core.records.AdmissionWrites.requeues`)."""
+
+
+def mark_requeued_once(marks: Sequence[DlqMark]) -> Transaction[set[int]]:
+    """Mark each entry requeued as its message unless a requeue marked it before (or it is
+    gone); the members refused. The update locks the entry's row: a concurrent requeue of
+    it waits for this transaction and then finds it marked."""
+    refused: set[int] = set()
+    for index, at, message_id, entry_id in sorted(marks, key=lambda m: m[3]):
+        if (yield from Execute(_REQUEUED_ONCE, (float(at), message_id, entry_id))) != 1:
+            refused.add(index)
+    return refused
 
 
 class SqlDlqStore:

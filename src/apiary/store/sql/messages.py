@@ -16,7 +16,7 @@ bench/store_rows.py replays these transactions as the router writes them (SQLite
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Final, NamedTuple
@@ -25,6 +25,7 @@ from apiary.core.dedup import advance
 from apiary.core.events import EventDraft
 from apiary.core.records import (
     AdmissionWrites,
+    IdempotencyRecord,
     MessageState,
     StateChange,
     StoredMessage,
@@ -32,16 +33,25 @@ from apiary.core.records import (
     at_offset,
     state_text,
 )
-from apiary.store.errors import DuplicateMessageError, StoreError
+from apiary.store.errors import (
+    DuplicateMessageError,
+    RequeuedError,
+    StoreError,
+    TokenTakenError,
+)
 from apiary.store.sql.bulk import chunks, markers, values_rows
 from apiary.store.sql.checks import check_limit, sequence_from_sql, sequence_to_sql
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, in_list
+from apiary.store.sql.dlq import DlqMark, mark_requeued_once
 from apiary.store.sql.events import SqlEventLog, append_events, event_rows
 from apiary.store.sql.idempotency import (
     IDEMPOTENCY,
     PUT_IDEMPOTENCY,
+    TokenClaim,
+    TokenRacedError,
+    claim_tokens,
     idempotency_from_row,
     idempotency_row,
 )
@@ -198,7 +208,7 @@ class SqlMessageStore:
     async def admit(self, message: StoredMessage) -> StoredMessage:
         """Durably record a new message with the recipient's next inbox offset."""
         (outcome,) = await self.admit_many([message])
-        if isinstance(outcome, DuplicateMessageError):
+        if not isinstance(outcome, StoredMessage):  # (no token is written: never taken)
             raise outcome
         return outcome
 
@@ -207,9 +217,11 @@ class SqlMessageStore:
         messages: Sequence[StoredMessage],
         writes: Sequence[AdmissionWrites] = (),
         events: Sequence[EventDraft] = (),
-    ) -> list[StoredMessage | DuplicateMessageError]:
+    ) -> list[StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError]:
         """Admit each message as `admit` does, in one transaction; a duplicate (of a stored
-        message or of an earlier member) fails only its own member. `writes` (one per
+        message or of an earlier member), or a member whose token another admission took
+        (`claim_tokens`) or whose dead letter another requeue marked, fails only its own
+        member. `writes` (one per
         message, or none) commit in the same transaction for the members admitted, after
         `events`, which are appended in any case."""
         if not messages:
@@ -218,20 +230,27 @@ class SqlMessageStore:
         values = [message_values(m) for m in messages]
         d = self._db.dialect
         lead = event_rows(d, events) if events else []
-        extras = _admission_extras(d, writes) if writes or lead else None
+        extras = _admission_extras(d, messages, writes) if writes or lead else None
+        taken: dict[int, IdempotencyRecord] = {}
+        requeued: set[int] = set()
         for _ in range(_ADMIT_ATTEMPTS):
             try:
                 if extras is None:
                     offsets = await self._db.write(admit_new, values)
                 else:
-                    offsets, first = await self._db.write(admit_with, values, lead, extras)
+                    offsets, first, taken, requeued = await self._db.write(
+                        admit_with, values, lead, extras
+                    )
                     self._log.committed(first, [*events, *_admitted_events(writes, offsets)])
-            except AdmissionRacedError:
+            except (AdmissionRacedError, TokenRacedError):
                 continue
             return [
-                at_offset(m, o) if o else DuplicateMessageError(m.message_id)
-                for m, o in zip(messages, offsets, strict=True)
-            ]
+                at_offset(m, o) if o else
+                TokenTakenError(m.message_id, taken[i]) if i in taken else
+                RequeuedError(m.message_id, writes[i].requeues) if i in requeued else
+                DuplicateMessageError(m.message_id)
+                for i, (m, o) in enumerate(zip(messages, offsets, strict=True))
+            ]  # fmt: skip
         raise StoreError(
             f"admitting {len(messages)} messages kept racing with concurrent admissions"
         )
@@ -510,9 +529,12 @@ def _deliveries_sql(d: Dialect, count: int) -> str:
     )
 
 
-def admit_new(d: Dialect, values: list[tuple[Any, ...]]) -> Transaction[list[int]]:
+def admit_new(
+    d: Dialect, values: list[tuple[Any, ...]], screen: Screen | None = None
+) -> Transaction[list[int]]:
     """Insert the members (`message_values`) that are new; their offsets in input order, 0
-    for duplicates.
+    for duplicates and for those `screen` refuses (given the indices of the new members,
+    once the duplicates are known: a token's record is written for new members only).
 
     The recipients' counters are created and locked before the duplicate check, so
     admissions to the same recipients wait for this one and cannot slip in between (in
@@ -527,16 +549,21 @@ def admit_new(d: Dialect, values: list[tuple[Any, ...]]) -> Transaction[list[int
     first = {recipient: int(offset) for recipient, offset in counters}
     last = dict(first)
     taken = yield from _existing_ids(d, [v[_ID] for v in values])
+    new: list[int] = []
+    for index, value in enumerate(values):
+        if value[_ID] not in taken:
+            taken.add(value[_ID])
+            new.append(index)
+    if screen is not None:
+        refused = yield from screen(new)
+        new = [index for index in new if index not in refused]
     rows: list[tuple[Any, ...]] = []
-    offsets: list[int] = []
-    for value in values:
-        message_id, recipient = value[_ID], value[_RECIPIENT]
-        if message_id in taken:
-            offsets.append(0)
-            continue
-        taken.add(message_id)
+    offsets = [0] * len(values)
+    for index in new:
+        value = values[index]
+        recipient = value[_RECIPIENT]
         last[recipient] = offset = last[recipient] + 1
-        offsets.append(offset)
+        offsets[index] = offset
         rows.append((*value, offset))
     inserted = 0
     for count, params in chunks(d, rows, MESSAGES.count):
@@ -548,17 +575,25 @@ def admit_new(d: Dialect, values: list[tuple[Any, ...]]) -> Transaction[list[int
     return offsets
 
 
-AdmissionExtras = list[tuple[list[tuple[Any, ...]], tuple[Any, ...] | None, tuple[Any, ...] | None]]
-"""Per member of an admission: its events' rows (`event_rows`), its idempotency row and its
-task row."""
+Screen = Callable[[list[int]], Transaction[Collection[int]]]
+"""A step of `admit_new` that refuses some of the new members (by index)."""
+AdmissionExtras = list[
+    tuple[list[tuple[Any, ...]], TokenClaim | None, tuple[Any, ...] | None, DlqMark | None]
+]
+"""Per member of an admission: its events' rows (`event_rows`), its token's record to write,
+its task row and the dead letter it requeues."""
 
 
-def _admission_extras(d: Dialect, writes: Sequence[AdmissionWrites]) -> AdmissionExtras:
+def _admission_extras(
+    d: Dialect, messages: Sequence[StoredMessage], writes: Sequence[AdmissionWrites]
+) -> AdmissionExtras:
     return [
         (event_rows(d, w.events) if w.events else [],
-         None if w.idempotency is None else idempotency_row(w.idempotency),
-         None if w.task is None else task_row(w.task))
-        for w in writes
+         None if w.idempotency is None else (
+             i, idempotency_row(w.idempotency), w.idempotency_found, w.idempotency_forced),
+         None if w.task is None else task_row(w.task),
+         (i, m.created_at, m.message_id, w.requeues) if w.requeues else None)
+        for i, (m, w) in enumerate(zip(messages, writes, strict=True))
     ]  # fmt: skip
 
 
@@ -572,21 +607,34 @@ def _admitted_events(writes: Sequence[AdmissionWrites], offsets: list[int]) -> l
 def admit_with(
     d: Dialect, values: list[tuple[Any, ...]], lead: list[tuple[Any, ...]],
     extras: AdmissionExtras,
-) -> Transaction[tuple[list[int], int]]:  # fmt: skip
-    """`admit_new`, then the events' rows `lead` and, for each member admitted (`extras`:
-    none, or one per member), its idempotency record, task record and events (the first
-    event's sequence is returned with the offsets; 0 when there were none)."""
-    offsets = yield from admit_new(d, values)
+) -> Transaction[tuple[list[int], int, dict[int, IdempotencyRecord], set[int]]]:  # fmt: skip
+    """`admit_new`, its new members' tokens claimed first (`claim_tokens`: a member whose
+    token another admission took is refused) and the dead letters they requeue marked
+    (`mark_requeued_once`: one another requeue marked refuses its member), then the events'
+    rows `lead` and, for each member admitted (`extras`: none, or one per member), its task
+    record and events. Returns the offsets, the first event's sequence (0 when there were
+    none), the members refused for their tokens, with the records that refused them, and
+    those refused for their dead letters."""
+    taken: dict[int, IdempotencyRecord] = {}
+    requeued: set[int] = set()
+
+    def claim(new: list[int]) -> Transaction[Collection[int]]:
+        claims = [c for i in new if (c := extras[i][1]) is not None] if extras else []
+        if claims:
+            taken.update((yield from claim_tokens(d, claims)))
+        marks = [m for i in new if (m := extras[i][3]) is not None and i not in taken]
+        if marks:
+            requeued.update((yield from mark_requeued_once(marks)))
+        return {*taken, *requeued}
+
+    offsets = yield from admit_new(d, values, claim)
     admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
-    tokens = [row for _, row, _ in admitted if row is not None]
-    if tokens:
-        yield from ExecuteMany(PUT_IDEMPOTENCY.sql, tokens)
-    tasks = [row for _, _, row in admitted if row is not None]
+    tasks = [row for _, _, row, _ in admitted if row is not None]
     if tasks:
         yield from ExecuteMany(PUT_TASK.sql, tasks)
-    rows = lead + [row for events, _, _ in admitted for row in events]
+    rows = lead + [row for events, _, _, _ in admitted for row in events]
     first = (yield from append_events(d, rows)) if rows else 0
-    return offsets, first
+    return offsets, first, taken, requeued
 
 
 def apply_changes(

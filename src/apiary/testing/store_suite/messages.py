@@ -6,6 +6,7 @@ import asyncio
 import itertools
 from collections.abc import Awaitable
 from dataclasses import replace
+from typing import Any
 
 from apiary.core.records import (
     AdmissionWrites,
@@ -16,13 +17,14 @@ from apiary.core.records import (
     TokenProgress,
     changed,
 )
-from apiary.store.errors import DuplicateMessageError
+from apiary.store.errors import DuplicateMessageError, RequeuedError, TokenTakenError
 from apiary.testing.store_suite.base import (
     T0,
     TERMINAL_STATES,
     UINT64_MAX,
     Check,
     StoreFactory,
+    dlq_entry,
     draft,
     message,
     message_ids,
@@ -438,6 +440,95 @@ async def a_task_record_commits_with_the_admission_of_its_member(factory: StoreF
         assert await store.tasks.get("t-1") is None
         assert await store.tasks.get("t-2") == two
         assert [e.details for e in await store.events.read()] == [{"n": 2}]
+
+
+@_check
+async def a_token_is_written_with_an_admission_only_over_the_record_it_found(
+    factory: StoreFactory,
+) -> None:
+    """A member's token record is written only if the stored one is still the record its
+    deduplication found (`AdmissionWrites.idempotency_found`), or none is stored: else the
+    member is refused (`TokenTakenError`, with the stored record), consumes no offset and
+    writes nothing; a forced write (a requeue) goes over anything; a duplicate message id
+    writes no token; of two admissions of one new token at once, one is admitted."""
+
+    def claim(
+        message_id: str, token: str = "k", found: IdempotencyRecord | None = None,
+        forced: bool = False, **fields: Any,
+    ) -> tuple[StoredMessage, AdmissionWrites, IdempotencyRecord]:  # fmt: skip
+        record = IdempotencyRecord(token, "agent-a", message_id, message_id, "RECEIVED",
+                                   T0, T0, attempts=(message_id,))  # fmt: skip
+        record = replace(record, **fields)
+        writes = AdmissionWrites((draft(len(message_id)),), record, None, found, forced)
+        return message(message_id), writes, record
+
+    async with factory.open() as store:
+
+        async def admit(*claims: tuple[StoredMessage, AdmissionWrites, IdempotencyRecord]) -> list[
+            StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError
+        ]:  # fmt: skip
+            return await store.messages.admit_many([c[0] for c in claims], [c[1] for c in claims])
+
+        first = claim("m-1")
+        (one,) = await admit(first)
+        assert isinstance(one, StoredMessage) and one.offset == 1
+        assert await store.idempotency.get("k") == first[2]
+        (refused,) = await admit(claim("m-22"))
+        assert isinstance(refused, TokenTakenError) and refused.record == first[2]
+        assert await store.messages.get("m-22") is None
+        timed_out = replace(first[2], status="TIMED_OUT", updated_at=T0 + 1)
+        await store.idempotency.put(timed_out)
+        retry = claim("m-3", found=timed_out, attempts=("m-1", "m-3"), updated_at=T0 + 2)
+        (three,) = await admit(retry)
+        assert isinstance(three, StoredMessage) and three.offset == 2  # m-22 took none
+        assert await store.idempotency.get("k") == retry[2]
+        (late,) = await admit(claim("m-44", found=timed_out))
+        assert isinstance(late, TokenTakenError) and late.record == retry[2]
+        (forced,) = await admit(claim("m-5", found=timed_out, forced=True))
+        assert isinstance(forced, StoredMessage)
+        assert (await store.idempotency.get("k")) == claim("m-5")[2]
+        pair = await admit(claim("m-6", "j"), claim("m-77", "j"), claim("m-1", "z"))
+        assert isinstance(pair[0], StoredMessage)
+        assert isinstance(pair[1], TokenTakenError)
+        assert pair[1].record.current_message_id == "m-6"
+        assert isinstance(pair[2], DuplicateMessageError)
+        assert await store.idempotency.get("z") is None
+        gone = claim("m-8", "purged", found=timed_out)
+        assert isinstance((await admit(gone))[0], StoredMessage)
+        assert await store.idempotency.get("purged") == gone[2]
+        assert [e.details["n"] for e in await store.events.read()] == [3, 3, 3, 3, 3]
+        racing = await asyncio.gather(*(admit(claim(f"m-race-{i}", "r")) for i in range(4)))
+        admitted = [o for (o,) in racing if isinstance(o, StoredMessage)]
+        assert len(admitted) == 1, racing
+        record = await store.idempotency.get("r")
+        assert record is not None and record.current_message_id == admitted[0].message_id
+        assert all(o.record == record for (o,) in racing if isinstance(o, TokenTakenError))
+
+
+@_check
+async def a_requeue_marks_its_dead_letter_with_its_admission_once(factory: StoreFactory) -> None:
+    """`AdmissionWrites.requeues`: the entry is marked requeued as the member (at its
+    created_at) in the admission, unless a requeue marked it first or it is gone: that
+    member is refused (`RequeuedError`), takes no offset and writes nothing."""
+    async with factory.open() as store:
+        entry = await store.dlq.add(dlq_entry("m-0"))
+
+        def copy(message_id: str, entry_id: int) -> AdmissionWrites:
+            return AdmissionWrites((draft(len(message_id)),), requeues=entry_id)
+
+        first, second, gone = await store.messages.admit_many(
+            [message("m-1", created_at=T0 + 5), message("m-22"), message("m-33")],
+            [copy("m-1", entry.entry_id), copy("m-22", entry.entry_id), copy("m-33", 99)],
+        )
+        assert isinstance(first, StoredMessage) and first.offset == 1
+        assert isinstance(second, RequeuedError) and second.entry_id == entry.entry_id
+        assert isinstance(gone, RequeuedError) and gone.entry_id == 99
+        marked = await store.dlq.get(entry.entry_id)
+        assert marked is not None and (marked.requeued_as, marked.requeued_at) == ("m-1", T0 + 5)
+        (late,) = await store.messages.admit_many([message("m-44")], [copy("m-44", entry.entry_id)])
+        assert isinstance(late, RequeuedError)
+        assert [await store.messages.get(m) for m in ("m-22", "m-33", "m-44")] == [None] * 3
+        assert [e.details["n"] for e in await store.events.read()] == [3]
 
 
 @_check
