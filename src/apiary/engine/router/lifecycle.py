@@ -3,7 +3,9 @@
 The pure MessageMachine (core/message_machine.py) decides every transition; this module
 performs the effects: state writes, NACKs to the producer, DLQ entries, idempotency cache
 updates (committed with the state change they follow: engine/router/dedup_gate.py
-`progress_of`), credit release and events. Its inputs are agents' ACKs (one at a time, or a
+`progress_of`), credit release and events; a frame's ACKs commit with the writes of the
+endpoint they would be forwarded to (engine/router/ack_joins.py: the Scheduler's task
+transitions). Its inputs are agents' ACKs (one at a time, or a
 frame's together), the deadlines (ACK timeouts, TTL expiry, maximum age) and delivery's
 hand-outs and lost streams, which start and stop the ACK deadlines.
 """
@@ -73,9 +75,9 @@ class MessageLifecycle:
     ) -> None:  # fmt: skip
         self._messages = messages
         self._endpoints = endpoints
+        """The coordinator's own endpoints (the router's live view): see `_forward_target`."""
         self._joins: Mapping[str, AckJoin] = {} if joins is None else joins
         """The endpoints whose writes commit with the ACKs of their messages (`_join`)."""
-        """The coordinator's own endpoints (the router's live view): see `_forward_target`."""
         self._live = live
         self._copies = live.copies
         self._deadlines = deadlines

@@ -3,7 +3,8 @@ which steps core/tasks/machine.py and performs the row's effects in their order 
 the live tasks and their watchers, the event log, the activity buffer, the agent's
 lifecycle, end listeners). The store's write comes first (the transition's own, or, for a
 transition `prepare`d, another write it commits with: the dispatch's envelope admission,
-then `stored`): a transition whose write fails
+the router's commit of the agent's ACK (engine/router/ack_joins.py); then `stored`): a
+transition whose write fails
 raises having changed nothing, in memory as in the store (a write the lost connection cut
 short counts as done when the record read back shows it committed; the callers decide what
 follows a failed one:
