@@ -3,8 +3,10 @@ PostgreSQL connection, tests/server/test_tasks_under_cut.py). A transition write
 changes nothing in memory when the write fails; a dispatch whose write failed (the task's
 DISPATCHED commits with the envelope's admission) goes back to its queue (its attempt
 counted) and goes out again after `retry_after_s`, one whose write committed unheard counts
-as dispatched; an agent's ACK whose write failed is kept
-and applied again from the Scheduler's loop until the store takes it; a submission whose
+as dispatched; an agent's ACK whose write (its message's state with the
+task's transition, one transaction) failed unheard is kept with that transition, looked up
+again from the Scheduler's loop until the store answers, and applied anew when it had not
+committed; a submission whose
 write committed although its caller heard `unavailable` is taken in when it is submitted
 again. A write whose connection was lost but that committed (read back) counts as done.
 
@@ -64,6 +66,21 @@ class FailingWrites:
         if self._committed:
             await self._write(first, *args, **kwargs)
         raise StoreUnavailableError("PostgreSQL: the connection was cut (FailingWrites)")
+
+
+class FailingReads:
+    """Wraps one read method of the real store (`target.name`): while `on`, every call fails
+    with StoreUnavailableError, as a store that does not answer."""
+
+    def __init__(self, target: Any, name: str) -> None:
+        self._read: Callable[..., Awaitable[Any]] = getattr(target, name)
+        setattr(target, name, self._call)
+        self.on = True
+
+    async def _call(self, *args: Any, **kwargs: Any) -> Any:
+        if self.on:
+            raise StoreUnavailableError("PostgreSQL: no connection (FailingReads)")
+        return await self._read(*args, **kwargs)
 
 
 def in_state(state: str) -> Callable[[Any], bool]:
@@ -168,26 +185,35 @@ async def test_a_dispatch_whose_send_failed_goes_back_to_its_queue_and_out_again
 async def test_an_end_ack_whose_write_failed_is_applied_again_until_the_store_takes_it(
     h: EngineHarness,
 ) -> None:
+    """The FULFILLED's write (the message's state with the task's COMPLETED, one
+    transaction) is reported unavailable and the store answers no read: the ACK is kept with
+    its transition, the task RUNNING and held meanwhile, and looked up again from the
+    Scheduler's loop, with a longer pause while the store still does not answer."""
     await submit(h, "t1", "worker")
     await ack_task(h, "t1", AckStage.READ)
-    writes = FailingWrites(h.store.tasks, "put")
-    writes.fail(2, matches=in_state("COMPLETED"))
+    writes = FailingWrites(h.store.messages, "record")
+    writes.fail(matches=lambda changes: any(c.state is MessageState.FULFILLED for c in changes))
+    reads = FailingReads(h.store.tasks, "get")
     (data,) = await _data_ids(h, "worker")
-    assert (await h.ack("worker", data, AckStage.FULFILLED, note='{"n": 1}')).accepted
+    with pytest.raises(StoreUnavailableError):
+        await h.ack("worker", data, AckStage.FULFILLED, note='{"n": 1}')
     scheduler = h.engine.scheduler
     running = await task(h, "t1")
     assert running.state == "RUNNING"
     assert scheduler.holding("worker") == [running], "the agent let go of a task still RUNNING"
-    # The same ACK again (the agent's retry) waits with the kept one: no second write.
-    await h.ack("worker", data, AckStage.FULFILLED, note='{"n": 1}')
-    assert writes.failed == 1
+    # The same ACK again (the agent's retry: the router stores the message's FULFILLED now)
+    # waits with the kept one: no second task write.
+    assert (await h.ack("worker", data, AckStage.FULFILLED, note='{"n": 1}')).accepted
+    assert (await h.store.messages.get(data)).state is MessageState.FULFILLED  # type: ignore[union-attr]
+    assert scheduler.get("t1") == running
 
     h.clock.advance(RETRY_FIRST_S)
-    await scheduler.fire_due()  # the store fails it again: the next try waits longer
-    assert (writes.failed, (await task(h, "t1")).state) == (2, "RUNNING")
+    await scheduler.fire_due()  # the store answers no read yet: the next try waits longer
+    assert scheduler.get("t1") == running
+    reads.on = False
     h.clock.advance(RETRY_FIRST_S)
     await scheduler.fire_due()
-    assert (await task(h, "t1")).state == "RUNNING"
+    assert scheduler.get("t1") == running
     h.clock.advance(2 * RETRY_FIRST_S)
     await scheduler.fire_due()
     done = await task(h, "t1")
@@ -221,55 +247,51 @@ async def test_a_submission_that_committed_unheard_is_taken_in_when_submitted_ag
 async def test_a_task_write_that_committed_unheard_counts_as_done_once(
     h: EngineHarness,
 ) -> None:
-    state, event = "RUNNING", "task.running"
+    """The Scheduler's own write of a transition (here the agent's CompleteTask) reported
+    unavailable but committed: read back, it counts as done, logged once."""
+    state, event = "COMPLETED", "task.completed"
     writes = FailingWrites(h.store.tasks, "put")
     writes.fail(matches=in_state(state), committed=True)
     await submit(h, "t1", "worker")
     await ack_task(h, "t1", AckStage.READ)
+    done = await h.engine.scheduler.complete("t1", "worker", result='{"n": 1}')
     assert writes.failed == 1
-    running = await task(h, "t1")
-    assert (running.state, running.attempts) == ("RUNNING", 1)
-    assert running == await h.store.tasks.get("t1")
-    await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
-    assert (await task(h, "t1")).state == "COMPLETED"
+    assert (done.state, done.result) == ("COMPLETED", '{"n": 1}')
+    assert done == await h.store.tasks.get("t1")
+    assert h.engine.scheduler.holding("worker") == []
     assert len(await h.events(event)) == 1, f"{event} logged twice: its write went twice"
 
 
-async def test_an_end_ack_whose_message_write_committed_unheard_reaches_the_scheduler_again(
+async def test_an_end_ack_whose_write_committed_unheard_is_the_tasks_end_once(
     tmp_path: Path,
 ) -> None:
-    """The router's write of the agent's FULFILLED committed, but the store reported it
-    unavailable, and the coordinator stopped before the Scheduler heard of it: the message is
-    stored FULFILLED, the task RUNNING. Restarted, the agent sends its ACK again (as the SDK
-    does on unavailable): the message has ended, yet the repeat goes on to the Scheduler,
-    which completes the task, and only once."""
+    """The agent's FULFILLED and the task's COMPLETED commit together, but the store
+    reported the write unavailable: the Scheduler reads the task back, finds it stored and
+    takes the end as it was stored. Restarted, the agent's repeat of its ACK (as the SDK
+    does on unavailable) changes nothing: one `task.completed`."""
     url = f"sqlite:///{tmp_path / 'apiary.db'}"
     async with open_test_engine(store_url=url, data_dir=tmp_path) as before:
         await ready_agent(before, "worker")
-        # An ACK frame's changes are `record`ed, a single ACK's `apply`d: either may take it.
-        writes = [FailingWrites(before.store.messages, name) for name in ("record", "apply")]
+        writes = FailingWrites(before.store.messages, "record")
         await submit(before, "t1", "worker")
         dispatched = await task(before, "t1")
         await ack_task(before, "t1", AckStage.READ)
-        for each in writes:
-            each.fail(
-                matches=lambda changes: any(c.state is MessageState.FULFILLED for c in changes),
-                committed=True,
-            )
+        writes.fail(
+            matches=lambda changes: any(c.state is MessageState.FULFILLED for c in changes),
+            committed=True,
+        )
         with pytest.raises(StoreUnavailableError):  # the agent hears unavailable
             await before.ack("worker", dispatched.message_id, AckStage.FULFILLED, note='{"n": 1}')
-        assert sum(each.failed for each in writes) == 1
+        assert writes.failed == 1
+        assert (await task(before, "t1")).state == "COMPLETED"
+        assert before.engine.scheduler.holding("worker") == []
     async with open_test_engine(store_url=url, data_dir=tmp_path) as h:
         stored = await h.store.messages.get(dispatched.message_id)
         assert stored is not None and stored.state is MessageState.FULFILLED
-        assert (await task(h, "t1")).state == "RUNNING"
-        await ready_agent(h, "worker")
-
-        again = await h.ack("worker", dispatched.message_id, AckStage.FULFILLED, note='{"n": 1}')
-        assert again.accepted
         done = await task(h, "t1")
         assert (done.state, done.result) == ("COMPLETED", '{"n": 1}')
-        # A third repeat changes nothing more: the Scheduler takes it as a stale ACK.
-        assert (await h.ack("worker", dispatched.message_id, AckStage.FULFILLED)).accepted
-        assert (await task(h, "t1")).result == '{"n": 1}'
+        await ready_agent(h, "worker")
+        again = await h.ack("worker", dispatched.message_id, AckStage.FULFILLED, note='{"n": 1}')
+        assert again.accepted
+        assert await task(h, "t1") == done
         assert len(await h.events("task.completed")) == 1

@@ -151,11 +151,14 @@ class MessageStore(Protocol):
         changes: Sequence[StateChange],
         events: Sequence[EventDraft] = (),
         tokens: Sequence[TokenProgress] = (),
+        tasks: Sequence[TaskRecord] = (),
     ) -> list[StoredMessage]:
         """Apply state changes in order (one transaction, which appends `events` to the event
-        log too, and reflects each of `tokens` in order in its idempotency record as the
+        log too, reflects each of `tokens` in order in its idempotency record as the
         transaction reads it, with the token's event when its cached outcome changes:
-        core/dedup.py `advance`); unknown ids raise LookupError and apply nothing."""
+        core/dedup.py `advance`, and inserts or replaces the task records `tasks`: the
+        Scheduler's transitions the ACKs of its dispatches cause); unknown ids raise
+        LookupError and apply nothing."""
         ...
 
     async def record(
@@ -163,6 +166,7 @@ class MessageStore(Protocol):
         changes: Sequence[StateChange],
         events: Sequence[EventDraft] = (),
         tokens: Sequence[TokenProgress] = (),
+        tasks: Sequence[TaskRecord] = (),
     ) -> None:
         """Apply state changes as `apply` does, without reading the messages back: for a
         caller that holds them already (`core.records.changed` gives the result)."""

@@ -3,7 +3,9 @@
 The pure MessageMachine (core/message_machine.py) decides every transition; this module
 performs the effects: state writes, NACKs to the producer, DLQ entries, idempotency cache
 updates (committed with the state change they follow: engine/router/dedup_gate.py
-`progress_of`), credit release and events. Its inputs are agents' ACKs (one at a time, or a
+`progress_of`), credit release and events; a frame's ACKs commit with the writes of the
+endpoint they would be forwarded to (engine/router/ack_joins.py: the Scheduler's task
+transitions). Its inputs are agents' ACKs (one at a time, or a
 frame's together), the deadlines (ACK timeouts, TTL expiry, maximum age) and delivery's
 hand-outs and lost streams, which start and stop the ACK deadlines.
 """
@@ -11,7 +13,7 @@ hand-outs and lost streams, which start and stop the ACK deadlines.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 
@@ -33,6 +35,7 @@ from apiary.engine.dead_letters import DeadLetters
 from apiary.engine.deadlines import Deadlines
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR
+from apiary.engine.router.ack_joins import AckJoin, JoinedAcks
 from apiary.engine.router.admission import is_notice
 from apiary.engine.router.coalesce import Coalescer
 from apiary.engine.router.credit_control import CreditControl
@@ -41,6 +44,7 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.stats import RouterStats
 from apiary.engine.transfers import Transfers
 from apiary.errors import ApiaryError, PermissionDeniedError
+from apiary.store.errors import StoreUnavailableError
 from apiary.store.protocols import MessageStore
 
 Nack = Callable[[str, str, str, AckStage, str, str, str], Awaitable[None]]
@@ -67,10 +71,13 @@ class MessageLifecycle:
         codec: EnvelopeCodec, events: EventRecorder, clock: Clock, stats: RouterStats,
         credits: CreditControl, dedup: DedupGate, dead_letters: DeadLetters,
         transfers: Transfers, nack: Nack, endpoints: Collection[str] = (),
+        joins: Mapping[str, AckJoin] | None = None,
     ) -> None:  # fmt: skip
         self._messages = messages
         self._endpoints = endpoints
         """The coordinator's own endpoints (the router's live view): see `_forward_target`."""
+        self._joins: Mapping[str, AckJoin] = {} if joins is None else joins
+        """The endpoints whose writes commit with the ACKs of their messages (`_join`)."""
         self._live = live
         self._copies = live.copies
         self._deadlines = deadlines
@@ -193,23 +200,13 @@ class MessageLifecycle:
                     if token is not None:
                         tokens.append(token)
                         folded.add(original.message_id)
-            if changes:
-                record = partial(self._messages.record, changes, tokens=tokens)
-                await self._events.commit(drafts, record)
-            for key, original, ack, plan in planned:
-                effects: tuple[Effect, ...] = ()
-                if plan is not None:
-                    step = plan[0]
-                    updated = stored[original.message_id]
-                    event = ACK_INPUTS[ack.ack_stage]
-                    awaited, updated = self._settle(
-                        original, updated, event, step, now, ack,
-                        cached=original.message_id in folded,
-                    )  # fmt: skip
-                    if awaited:
-                        await self._perform_all(awaited, original, updated, ack, "", "", now)
-                    effects = step.effects
-                early[key] = self._forward_target(original, effects, ack)
+            joined, taken = await self._join(planned)
+            await self._commit_frame(changes, drafts, tokens, joined)
+            try:
+                await self._settle_frame(planned, stored, folded, taken, now, early)
+            finally:
+                if joined is not None:
+                    await joined.committed()
         finally:
             frame_lock.release()
             locks = self._locks
@@ -217,6 +214,83 @@ class MessageLifecycle:
                 if locks.get(original.message_id) is frame_lock:
                     del locks[original.message_id]
         return early
+
+    async def _commit_frame(
+        self, changes: list[StateChange], drafts: list[EventDraft], tokens: list[TokenProgress],
+        joined: JoinedAcks | None,
+    ) -> None:  # fmt: skip
+        """One commit of a frame's state changes, events and token progress, with the
+        writes its endpoint joined (told when the commit fails)."""
+        tasks = () if joined is None else joined.tasks
+        if not (changes or tasks):
+            return
+        record = partial(self._messages.record, changes, tokens=tokens, tasks=tasks)
+        if joined is not None:
+            drafts = [*drafts, *joined.events]
+        try:
+            await self._events.commit(drafts, record)
+        except BaseException as exc:
+            if joined is not None:
+                doubt = isinstance(exc, StoreUnavailableError | asyncio.CancelledError)
+                await joined.failed(exc, doubt)
+            raise
+
+    async def _settle_frame(
+        self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]],
+        stored: dict[str, StoredMessage], folded: set[str], taken: set[str], now: float,
+        early: dict[int, str | ApiaryError],
+    ) -> None:  # fmt: skip
+        """What follows a frame's commit for each of its ACKs (`_settle`), and where each
+        goes on to (into `early`): nowhere for those its endpoint took with the commit."""
+        for key, original, ack, plan in planned:
+            effects: tuple[Effect, ...] = ()
+            if plan is not None:
+                step = plan[0]
+                updated = stored[original.message_id]
+                event = ACK_INPUTS[ack.ack_stage]
+                awaited, updated = self._settle(
+                    original, updated, event, step, now, ack,
+                    cached=original.message_id in folded,
+                )  # fmt: skip
+                if awaited:
+                    await self._perform_all(awaited, original, updated, ack, "", "", now)
+                effects = step.effects
+            if original.message_id in taken:
+                early[key] = COORDINATOR
+            else:
+                early[key] = self._forward_target(original, effects, ack)
+
+    async def _join(
+        self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]]
+    ) -> tuple[JoinedAcks | None, set[str]]:
+        """The writes that commit with a frame's ACKs from the endpoint whose messages they
+        acknowledge and would be forwarded to (engine/router/ack_joins.py), and the ids of
+        the messages whose ACKs it took; none when the frame's ACKs go to more than one
+        endpoint, or one of its steps NACKs (a NACK goes to its endpoint while the frame is
+        settled, and the endpoint is held until that is done)."""
+        joins = self._joins
+        if not joins:
+            return None, set()
+        endpoint = ""
+        acks: list[tuple[str, Ack]] = []
+        ids: set[str] = set()
+        for _, original, ack, plan in planned:
+            if plan is None:
+                continue
+            step = plan[0]
+            if Effect.NACK in step.effects:
+                return None, set()
+            producer = original.producer_id
+            if producer in joins and Effect.FORWARD_ACK in step.effects and not step.late:
+                if endpoint and producer != endpoint:
+                    return None, set()
+                endpoint = producer
+                acks.append((original.recipient, ack))
+                ids.add(original.message_id)
+        if not acks:
+            return None, set()
+        joined = await joins[endpoint](acks)
+        return (None, set()) if joined is None else (joined, ids)
 
     def _forward_target(
         self, original: StoredMessage, effects: tuple[Effect, ...], ack: Ack

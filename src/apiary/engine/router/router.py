@@ -24,6 +24,7 @@ from apiary.engine.deadlines import Deadlines
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.registry import Registry
+from apiary.engine.router.ack_joins import AckJoin
 from apiary.engine.router.admission import (
     SOFT_REJECTIONS,
     Admission,
@@ -69,6 +70,7 @@ class Router:
         self._registry = registry
         self._messages = store.messages
         self._endpoints: dict[str, LocalEndpoint] = {}
+        self._joins: dict[str, AckJoin] = {}
         self._inboxes = Inboxes(settings.buffer_capacity, settings.lanes)
         self.deadlines = Deadlines(settings.ack_timeout_s, settings.max_age_s)
         self.live = LiveMessages(store.messages, self._inboxes, self.deadlines)
@@ -83,7 +85,7 @@ class Router:
         self.lifecycle = MessageLifecycle(
             store.messages, self.live, self.deadlines, codec, events, clock, stats,
             self._credits, self.dedup, self.dead_letters, self.transfers, rejections.nack,
-            self._endpoints.keys(),
+            self._endpoints.keys(), self._joins,
         )  # fmt: skip
         admission = Admission(
             settings, registry, codec, events, self._inboxes, self._credits, self.dedup,
@@ -126,6 +128,12 @@ class Router:
         handed to `handler` instead of an inbox. A handler that raises rejects the envelope
         with its error, as admission would."""
         self._endpoints[endpoint_id] = handler
+
+    def join_acks(self, endpoint_id: str, join: AckJoin) -> None:
+        """Let the attached endpoint `endpoint_id` commit writes of its own with the ACKs of
+        its messages that a stream's frame brings (engine/router/ack_joins.py): `join` is
+        asked for them before the router's commit of the frame."""
+        self._joins[endpoint_id] = join
 
     async def last_sequence(self, producer_id: str) -> int:
         """The highest sequence number of `producer_id`'s stored messages (0: none), which a

@@ -16,12 +16,23 @@ transition whose write fails changes nothing (engine/scheduler/transitions.py), 
 applied again is applied as if for the first time. Kept ACKs live in memory: a coordinator
 that stops before the store answers again loses them.
 
+The ACKs of a stream's frame that only step their tasks (READ -> RUNNING, FULFILLED ->
+COMPLETED, REJECTED/FAILED -> FAILED) are not handed over after the router's commit: the
+router asks for their transitions first (`prepare`: records and events, nothing changed in
+memory) and commits them with the messages' states (engine/router/ack_joins.py); their
+effects follow that commit (`joined`). A commit that fails changes nothing here; one whose
+outcome the store could not tell is looked up (`in_doubt`): the transitions found stored
+take effect, and when the store does not answer, the ACKs are kept with their records, to
+be looked up again before they are applied anew.
+
 Called with the Scheduler's lock held.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from apiary.core.clock import Clock
@@ -31,7 +42,7 @@ from apiary.core.tasks.machine import TaskInput, TaskMachine
 from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.losses import LostTasks
 from apiary.engine.scheduler.preemption import SchedulerPreemption
-from apiary.engine.scheduler.transitions import TaskTransitions, requeued
+from apiary.engine.scheduler.transitions import Prepared, TaskTransitions, requeued
 from apiary.engine.scheduler.wakeups import SEP, Wakeups
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import UnavailableError
@@ -49,6 +60,16 @@ def failure_code(code: str) -> str:
     """The error code a task fails with for an agent's code (an ACK's or CompleteTask's):
     lower case, as the Scheduler's own codes are."""
     return code.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class JoinedAck:
+    """An agent's ACK whose task transition commits with the router's write of the ACK
+    (`TaskAcks.prepare`)."""
+
+    producer: str
+    ack: Ack
+    prepared: Prepared
 
 
 class TaskAcks:
@@ -71,8 +92,10 @@ class TaskAcks:
         self._wakeups = wakeups
         self._settings = settings
         self._clock = clock
-        self._kept: list[tuple[str, Ack]] = []
-        """(producer, ACK) whose write the store failed, in the order they came."""
+        self._kept: list[tuple[str, Ack, Prepared | None]] = []
+        """(producer, ACK, transition in doubt) whose write the store failed, in the order
+        they came; the transition, when one was written with the router's commit and nobody
+        could tell whether it committed (`in_doubt`)."""
         self._pause = RETRY_FIRST_S
 
     @property
@@ -85,26 +108,94 @@ class TaskAcks:
         sent again while one is kept waits with it (applied once)."""
         if any(
             kept.ack_for_message_id == ack.ack_for_message_id and kept.ack_stage is ack.ack_stage
-            for _, kept in self._kept
+            for _, kept, _ in self._kept
         ):
             return
         try:
             await self._apply(producer, ack)
         except (StoreError, UnavailableError) as exc:
-            log.warning(
-                "%s ACK of %s kept until the store takes it: %s",
-                ack.ack_stage.name, ack.ack_for_message_id, exc,
-            )  # fmt: skip
-            self._kept.append((producer, ack))
-            if len(self._kept) == 1:
-                self._wakeups.arm(ACKS_KEY, self._clock.now() + self._pause)
+            self._keep(producer, ack, None, exc)
+
+    def _keep(self, producer: str, ack: Ack, prepared: Prepared | None, exc: BaseException) -> None:
+        log.warning(
+            "%s ACK of %s kept until the store takes it: %s",
+            ack.ack_stage.name, ack.ack_for_message_id, exc,
+        )  # fmt: skip
+        self._kept.append((producer, ack, prepared))
+        if len(self._kept) == 1:
+            self._wakeups.arm(ACKS_KEY, self._clock.now() + self._pause)
+
+    def prepare(self, acks: Sequence[tuple[str, Ack]]) -> list[JoinedAck] | None:
+        """The transitions of `acks` (producer, ACK; one frame's, of the Scheduler's
+        dispatches), decided and not stored, for the router to commit with its write of the
+        ACKs (`joined` follows it); None when any of them is not a plain step of a live task
+        (a stale ACK, a yield, a retry, a second ACK of one task, ACKs kept for the store):
+        then they all come the usual way, after the router's commit, in their order. A live
+        task's RECEIVED joins with nothing to write."""
+        if self._kept:
+            return None
+        joined: list[JoinedAck] = []
+        seen: set[str] = set()
+        live = self._live
+        for producer, ack in acks:
+            task_id = live.by_message.get(ack.ack_for_message_id)
+            task = live.tasks.get(task_id) if task_id else None
+            stage = ack.ack_stage.name
+            if task is not None and stage == "RECEIVED":
+                continue  # (a live task's RECEIVED steps nothing: `_apply`)
+            if task is None or task.task_id in seen:
+                return None
+            seen.add(task.task_id)
+            prepared: Prepared | None = None
+            if stage == "READ" and TaskMachine.allows(task.state, TaskInput.READ):
+                prepared = self._transitions.prepare_read(task)
+            elif stage == "FULFILLED" and TaskMachine.allows(task.state, TaskInput.FULFIL):
+                prepared = self._preemptor.prepare_fulfilled(task, ack.note.strip())
+            elif stage in ("REJECTED", "FAILED") and TaskMachine.allows(task.state, TaskInput.FAIL):
+                code = failure_code(ack.error_code or "internal_error")
+                prepared = self._transitions.prepare_end(task, TaskInput.FAIL, code, ack.note)
+            if prepared is None:
+                return None
+            joined.append(JoinedAck(producer, ack, prepared))
+        return joined
+
+    async def joined(self, joined: Sequence[JoinedAck]) -> None:
+        """The effects of `prepare`d transitions, committed with the router's write."""
+        transitions = self._transitions
+        for item in joined:
+            if item.ack.ack_stage.name == "READ":
+                await transitions.read_stored(item.prepared)
+            else:
+                await transitions.stored(item.prepared)
+
+    async def in_doubt(self, joined: Sequence[JoinedAck], exc: BaseException) -> None:
+        """The router's write of `joined` failed without telling whether it committed: each
+        transition found stored takes effect; when the store does not answer, the ACK is
+        kept with it (`retry` looks it up again); one found not stored changes nothing (the
+        router's write did not commit: the agent's ACK was refused)."""
+        for i, item in enumerate(joined):
+            found = await self._transitions.committed_as(item.prepared.after)
+            if found is None:
+                for rest in joined[i:]:
+                    self._keep(rest.producer, rest.ack, rest.prepared, exc)
+                return
+            if found:
+                await self.joined([item])
 
     async def retry(self) -> None:
         """Apply the kept ACKs again, in order, up to the first the store fails again (it and
         those after it wait for the next try, after a longer pause)."""
         kept, self._kept = self._kept, []
-        for i, (producer, ack) in enumerate(kept):
+        for i, (producer, ack, prepared) in enumerate(kept):
             try:
+                if prepared is not None:
+                    found = await self._transitions.committed_as(prepared.after)
+                    if found is None:
+                        raise UnavailableError("the store does not answer")
+                    if found:
+                        await self.joined([JoinedAck(producer, ack, prepared)])
+                        continue
+                    kept[i] = (producer, ack, None)  # (not committed: applied anew)
                 await self._apply(producer, ack)
             except (StoreError, UnavailableError):
                 self._kept[:0] = kept[i:]

@@ -42,7 +42,7 @@ from apiary.engine.router.router import Router
 from apiary.engine.scheduler.agents import drive, finished
 from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.pools import AgentPools
-from apiary.engine.scheduler.transitions import TaskTransitions, requeued
+from apiary.engine.scheduler.transitions import Prepared, TaskTransitions, requeued
 from apiary.engine.scheduler.wakeups import Wakeups, preempt_key
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import PermissionDeniedError, UnavailableError, ValidationError
@@ -273,6 +273,17 @@ class SchedulerPreemption:
             await finished(self._lifecycles, task.agent_id)
         else:
             await self._transitions.end(task, TaskInput.FULFIL, "", note, result_from_note(note))
+
+    def prepare_fulfilled(self, task: TaskRecord, note: str) -> Prepared | None:
+        """`fulfilled` as `TaskTransitions.prepare` does it, for a FULFILLED ACK that completes
+        the task (its `Prepared` ending); None for a note that a preemption in progress may
+        take as a yield or a termination (`fulfilled` decides those)."""
+        said = note.lower()
+        if said.startswith(("yielded", "terminated")):
+            return None
+        return self._transitions.prepare_end(
+            task, TaskInput.FULFIL, "", note, result_from_note(note)
+        )
 
     async def on_command(self, env: Envelope) -> None:
         """A running agent's CONTROL command: enter_section, leave_section, progress or

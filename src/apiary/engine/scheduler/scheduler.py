@@ -52,13 +52,15 @@ applied again when the store fails their write).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleMachine, AgentLifecycleState
 from apiary.core.clock import Clock
-from apiary.core.envelope import Envelope, MessageType
+from apiary.core.envelope import Ack, Envelope, MessageType
+from apiary.core.events import EventDraft
 from apiary.core.ids import IdGenerator
 from apiary.core.limits import check_members
 from apiary.core.machine import IllegalTransitionError
@@ -74,8 +76,9 @@ from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import SCHEDULER, NoticeFactory
 from apiary.engine.registry import Registry
 from apiary.engine.resources import ResourceTracker
+from apiary.engine.router.ack_joins import JoinedAcks
 from apiary.engine.router.router import Router
-from apiary.engine.scheduler.acks import TaskAcks, failure_code
+from apiary.engine.scheduler.acks import JoinedAck, TaskAcks, failure_code
 from apiary.engine.scheduler.agents import SchedulerAgents
 from apiary.engine.scheduler.dispatch import SchedulerDispatch, WorktreeView
 from apiary.engine.scheduler.jobs import Arrival, SchedulerJobs, Submission, SubmitResult
@@ -93,11 +96,15 @@ from apiary.errors import (
     AgentUnavailableError,
     AlreadyCompletedError,
     AlreadyInProgressError,
+    ApiaryError,
     NotFoundError,
     PermissionDeniedError,
     ValidationError,
 )
+from apiary.store.errors import StoreError
 from apiary.store.protocols import TaskStore
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Scheduler", "Submission", "SubmitResult"]
 
@@ -189,6 +196,7 @@ class Scheduler:
             live, self._transitions, self._preemptor, self._losses, wakeups, settings, clock
         )
         router.attach(SCHEDULER, self._on_envelope)
+        router.join_acks(SCHEDULER, self._join_acks)
         if worktrees is not None:
             worktrees.subscribe(self.wake)
 
@@ -553,6 +561,21 @@ class Scheduler:
                 f"{env.message_type.name}",
             )
 
+    async def _join_acks(self, acks: Sequence[tuple[str, Ack]]) -> JoinedAcks | None:
+        """The router's question for a frame's ACKs of the Scheduler's dispatches
+        (engine/router/ack_joins.py): their task transitions, prepared under the lock, which
+        stays held until the router's commit has taken them (or failed)."""
+        await self._lock.acquire()
+        try:
+            joined = self._acks.prepare(acks)
+        except BaseException:
+            self._lock.release()
+            raise
+        if joined is None:
+            self._lock.release()
+            return None
+        return _JoinedTaskAcks(self._lock, self._acks, self._dispatcher.drain, joined)
+
     async def _on_ack(self, env: Envelope) -> None:
         ack = self._router.codec.decode_ack(env)
         async with self._lock:
@@ -617,6 +640,41 @@ class Scheduler:
     async def close(self) -> None:
         await self.gate.close()
         await self._jobs.close()
+
+
+class _JoinedTaskAcks:
+    """The Scheduler's part of the router's commit of a frame's ACKs (`Scheduler.
+    _join_acks`): the task transitions that commit with it, and their effects after it, with
+    the Scheduler's lock held from their preparation to the end of those effects."""
+
+    def __init__(
+        self, lock: asyncio.Lock, acks: TaskAcks, drain: Callable[[], Awaitable[None]],
+        joined: list[JoinedAck],
+    ) -> None:  # fmt: skip
+        self._lock = lock
+        self._acks = acks
+        self._drain = drain
+        self._joined = joined
+        self.tasks: Sequence[TaskRecord] = [item.prepared.after for item in joined]
+        self.events: Sequence[EventDraft] = [item.prepared.event for item in joined]
+
+    async def committed(self) -> None:
+        try:
+            await self._acks.joined(self._joined)
+            await self._drain()
+        except (StoreError, ApiaryError) as exc:
+            # Stored already: what failed after it is what an ACK handed over would have
+            # refused; the ACKs are the router's to answer, and it answered them.
+            log.warning("task ACKs stored; their effects stopped short: %s", exc)
+        finally:
+            self._lock.release()
+
+    async def failed(self, error: BaseException, in_doubt: bool) -> None:
+        try:
+            if in_doubt:
+                await self._acks.in_doubt(self._joined, error)
+        finally:
+            self._lock.release()
 
 
 async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:

@@ -3,7 +3,8 @@ which steps core/tasks/machine.py and performs the row's effects in their order 
 the live tasks and their watchers, the event log, the activity buffer, the agent's
 lifecycle, end listeners). The store's write comes first (the transition's own, or, for a
 transition `prepare`d, another write it commits with: the dispatch's envelope admission,
-then `stored`): a transition whose write fails
+the router's commit of the agent's ACK (engine/router/ack_joins.py); then `stored`): a
+transition whose write fails
 raises having changed nothing, in memory as in the store (a write the lost connection cut
 short counts as done when the record read back shows it committed; the callers decide what
 follows a failed one:
@@ -161,23 +162,54 @@ class TaskTransitions:
         """`apply` of an input that ends the task, with its error code (empty when it
         completed), note and result (JSON text, core/tasks/result.py), logged with the event
         (the result by its size)."""
+        changes, details = self._ending(code, note, result)
+        return await self.apply(task, event, changes, **details)
+
+    def prepare_end(
+        self, task: TaskRecord, event: TaskInput, code: str, note: str, result: str = ""
+    ) -> Prepared:
+        """`end` as `prepare` does it: the ending's record and event, for another write."""
+        changes, details = self._ending(code, note, result)
+        return self.prepare(task, event, changes, **details)
+
+    def _ending(self, code: str, note: str, result: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The record's changes and the event's details of an ending (`end`)."""
         changes = {"error_code": code, "note": note, "updated_at": self._clock.now(),
                    "result": result}  # fmt: skip
         details: dict[str, Any] = {"error_code": code, "note": note}
         if result:
             details["result_size"] = len(result.encode())
-        return await self.apply(task, event, changes, **details)
+        return changes, details
 
     async def read(self, task: TaskRecord) -> TaskRecord:
         """The agent read the task (its READ ACK): RUNNING, and its activity entry registered
         (RFC 10) before the agent hears back, so before its handler starts. The entry is
         advisory: one refused (a full buffer) is logged and the task runs."""
         task = await self.apply(task, TaskInput.READ, {"updated_at": self._clock.now()})
+        await self._register(task)
+        return task
+
+    def prepare_read(self, task: TaskRecord) -> Prepared:
+        """`read` as `prepare` does it (`read_stored` follows the write)."""
+        return self.prepare(task, TaskInput.READ, {"updated_at": self._clock.now()})
+
+    async def read_stored(self, prepared: Prepared) -> TaskRecord:
+        """`read`'s effects once its `prepare_read` record and event are committed."""
+        task = await self.stored(prepared)
+        await self._register(task)
+        return task
+
+    async def _register(self, task: TaskRecord) -> None:
         try:
             await self._activity.register(activity_entry(task))
         except ApiaryError as exc:
             log.warning("task %s runs without an activity entry: %s", task.task_id, exc)
-        return task
+
+    async def committed_as(self, after: TaskRecord) -> bool | None:
+        """Whether a write of `after` whose outcome the store could not tell committed: the
+        record read back is `after` (True) or not (False); None when the store does not
+        answer within IN_DOUBT_WAIT_S."""
+        return await self._stored_as(after)
 
     def submission_event(self, record: TaskRecord) -> EventDraft:
         """The event of `TaskMachine.SUBMITTED` for a new submission's record (its priority,

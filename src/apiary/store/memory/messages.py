@@ -13,6 +13,7 @@ from apiary.core.records import (
     MessageState,
     StateChange,
     StoredMessage,
+    TaskRecord,
     TokenProgress,
     changed,
 )
@@ -158,15 +159,18 @@ class MemoryMessageStore:
         changes: Sequence[StateChange],
         events: Sequence[EventDraft] = (),
         tokens: Sequence[TokenProgress] = (),
+        tasks: Sequence[TaskRecord] = (),
     ) -> list[StoredMessage]:
-        """Apply state changes in order, appending `events` and the idempotency records'
-        progress `tokens` with them (core/dedup.py `advance`, each step's event appended when
-        it changed the cached outcome); unknown ids raise LookupError and apply nothing."""
+        """Apply state changes in order, appending `events`, the idempotency records'
+        progress `tokens` (core/dedup.py `advance`, each step's event appended when it
+        changed the cached outcome) and the task records `tasks` with them; unknown ids raise
+        LookupError and apply nothing."""
         for change in changes:
             if change.message_id not in self._messages:
                 raise LookupError(f"no message {change.message_id!r}")
         drafts = self._log.checked(events)
         steps = [(t, self._log.checked([t.cached])[0] if t.cached else None) for t in tokens]
+        records = [self._tasks.checked(task) for task in tasks]
         applied: list[StoredMessage] = []
         for change in changes:
             current = self._messages[change.message_id]
@@ -179,6 +183,8 @@ class MemoryMessageStore:
                 self._tokens.put_now(self._tokens.checked(updated))
             if outcome and cached is not None:
                 drafts.append(cached)
+        for record in records:
+            self._tasks.put_now(record)
         self._log.append_now(drafts)
         return applied
 
@@ -187,9 +193,10 @@ class MemoryMessageStore:
         changes: Sequence[StateChange],
         events: Sequence[EventDraft] = (),
         tokens: Sequence[TokenProgress] = (),
+        tasks: Sequence[TaskRecord] = (),
     ) -> None:
         """Apply state changes as `apply` does, without the answer."""
-        await self.apply(changes, events, tokens)
+        await self.apply(changes, events, tokens, tasks)
 
     async def finish_delivered(self, message_ids: Sequence[str], at: float) -> None:
         """One more delivery at `at`, then FULFILLED at `at` (unknown ids are ignored)."""

@@ -29,6 +29,7 @@ from apiary.core.records import (
     MessageState,
     StateChange,
     StoredMessage,
+    TaskRecord,
     TokenProgress,
     at_offset,
     state_text,
@@ -272,12 +273,13 @@ class SqlMessageStore:
         changes: Sequence[StateChange],
         events: Sequence[EventDraft] = (),
         tokens: Sequence[TokenProgress] = (),
+        tasks: Sequence[TaskRecord] = (),
     ) -> list[StoredMessage]:
-        """Apply state changes in order, in one transaction with the append of `events` and
-        the idempotency records' progress `tokens`; an unknown id raises LookupError and
-        nothing is applied."""
-        if tokens:
-            rows = await self._with_tokens(changes, events, tokens, True)
+        """Apply state changes in order, in one transaction with the append of `events`, the
+        idempotency records' progress `tokens` and the task records `tasks`; an unknown id
+        raises LookupError and nothing is applied."""
+        if tokens or tasks:
+            rows = await self._with_tokens(changes, events, tokens, tasks, True)
         elif not changes:
             return []
         else:
@@ -290,17 +292,18 @@ class SqlMessageStore:
         changes: Sequence[StateChange],
         events: Sequence[EventDraft] = (),
         tokens: Sequence[TokenProgress] = (),
+        tasks: Sequence[TaskRecord] = (),
     ) -> None:
         """Apply state changes as `apply` does, without reading the messages back: about a
         third of the statement's cost, and no rows to decode on the event loop."""
-        if tokens:
-            await self._with_tokens(changes, events, tokens, False)
+        if tokens or tasks:
+            await self._with_tokens(changes, events, tokens, tasks, False)
         elif changes:
             await self._log.write_with(events, apply_changes, change_params(changes), False)
 
     async def _with_tokens(
         self, changes: Sequence[StateChange], events: Sequence[EventDraft],
-        tokens: Sequence[TokenProgress], returning: bool,
+        tokens: Sequence[TokenProgress], tasks: Sequence[TaskRecord], returning: bool,
     ) -> list[Row]:  # fmt: skip
         """`apply_with_tokens`, the events it appended told to the log's listeners."""
         d = self._db.dialect
@@ -309,8 +312,9 @@ class SqlMessageStore:
             for t in tokens
         ]
         rows, taken, first = await self._db.write(
-            apply_with_tokens, change_params(changes), returning, event_rows(d, events), steps
-        )
+            apply_with_tokens, change_params(changes), returning, event_rows(d, events), steps,
+            [task_row(t) for t in tasks],
+        )  # fmt: skip
         cached = [t.cached for t, took in zip(tokens, taken, strict=True) if took]
         appended = [*events, *(c for c in cached if c is not None)]
         if appended:
@@ -677,13 +681,15 @@ def _token_sql(d: Dialect) -> str:
 
 def apply_with_tokens(
     d: Dialect, params: list[tuple[Any, ...]], returning: bool, events: list[tuple[Any, ...]],
-    steps: list[TokenStep],
+    steps: list[TokenStep], tasks: list[tuple[Any, ...]],
 ) -> Transaction[tuple[list[Row], list[bool], int]]:  # fmt: skip
     """`apply_changes`, then each token's progress (`steps`, in order) on its record as
     this transaction reads it (locked in PostgreSQL: no other write of the token comes
-    between), then the append of `events` and of the event of each step that changed its
-    record's cached outcome. Returns the changed messages (when `returning`), whether each
-    step's event was appended, and the first event's sequence (0: none)."""
+    between), the task records `tasks` (`task_row`: the Scheduler's transitions of the
+    tasks the changed messages carry), then the append of `events` and of the event of
+    each step that changed its record's cached outcome. Returns the changed messages (when
+    `returning`), whether each step's event was appended, and the first event's sequence
+    (0: none)."""
     rows = (yield from apply_changes(d, params, returning)) if params else []
     taken: list[bool] = []
     for step, cached_row in steps:
@@ -694,6 +700,8 @@ def apply_with_tokens(
         if outcome and cached_row is not None:
             events = [*events, cached_row]
         taken.append(outcome and cached_row is not None)
+    if tasks:
+        yield from ExecuteMany(PUT_TASK.sql, tasks)
     first = (yield from append_events(d, events)) if events else 0
     return rows, taken, first
 

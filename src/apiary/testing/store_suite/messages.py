@@ -14,6 +14,7 @@ from apiary.core.records import (
     MessageState,
     StateChange,
     StoredMessage,
+    TaskState,
     TokenProgress,
     changed,
 )
@@ -586,6 +587,39 @@ async def a_token_progresses_in_the_transaction_of_its_state_change(
         await store.messages.record([], (), [TokenProgress("k", "m-2", MessageState.READ, T0 + 6)])
         assert await store.idempotency.get("k") == expected
         assert len(await store.events.read()) == 2
+
+
+@_check
+async def task_records_commit_with_the_state_changes_they_follow(factory: StoreFactory) -> None:
+    """`tasks` are stored in the transaction of `record`'s (and `apply`'s) state changes,
+    with its events; a change that fails (an unknown message) stores none of them."""
+    async with factory.open() as store:
+        await store.messages.admit(message("m-1"))
+        running = task_record("t-1", 1, state="RUNNING", message_id="m-1")
+        failing = [
+            StateChange("m-1", MessageState.READ, T0 + 1),
+            StateChange("x", MessageState.READ, T0),
+        ]
+        try:
+            await store.messages.record(failing, [draft(1)], tasks=[running])
+        except LookupError:
+            pass
+        else:
+            raise AssertionError("record with an unknown message_id did not raise")
+        assert await store.tasks.get("t-1") is None
+        assert await store.events.read() == []
+        await store.messages.record(
+            [StateChange("m-1", MessageState.READ, T0 + 1)], [draft(1)], tasks=[running]
+        )
+        assert await store.tasks.get("t-1") == running
+        assert (await store.messages.get("m-1")).state is MessageState.READ  # type: ignore[union-attr]
+        done = replace(running, state=TaskState.COMPLETED, result='{"ok": true}')
+        (applied,) = await store.messages.apply(
+            [StateChange("m-1", MessageState.FULFILLED, T0 + 2)], [draft(2)], tasks=[done]
+        )
+        assert applied.state is MessageState.FULFILLED
+        assert await store.tasks.get("t-1") == done
+        assert [e.details for e in await store.events.read()] == [{"n": 1}, {"n": 2}]
 
 
 @_check
