@@ -27,7 +27,7 @@ class WriteProcessStdin(Keyed):
     @classmethod
     def read(cls, p: Params, max_stdin_bytes: int) -> WriteProcessStdin:
         process_id = p.id("process_id", required=True)
-        eof = _flag(p, "eof")
+        eof = p.boolean("eof", False)
         if p.has("data") and p.has("text"):
             raise ValidationError.for_field("text", "give data (base64) or text, not both")
         if p.has("data"):
@@ -64,15 +64,6 @@ class TerminateProcess(Keyed):
             idempotency_key=p.id("idempotency_key"), process_id=p.id("process_id", required=True),
             reason=p.text("reason"), session_id=p.id("session_id"), thread_id=p.id("thread_id"),
         )  # fmt: skip
-
-
-def _flag(p: Params, name: str) -> bool:
-    value = p.raw(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ValidationError.for_field(name, "must be true or false")
-    return value
 
 
 def _base64(p: Params) -> bytes:

@@ -66,10 +66,6 @@ def ids(p: Params, name: str) -> tuple[str, ...]:
     return tuple(found)
 
 
-def boolean(p: Params, name: str, default: bool) -> bool:
-    return p.boolean(name, default)
-
-
 def optional_input(p: Params, name: str, limit: int) -> str | None:
     """A JSON value of any type as compact text, None when absent."""
     return p.json_value(name, limit) if p.has(name) else None
@@ -155,7 +151,7 @@ class CreateTask(Keyed):
             meta=TaskMeta.read(p),
             parent_task_id=p.id("parent_task_id"),
             depends_on=ids(p, "depends_on"),
-            start=boolean(p, "start", False),
+            start=p.boolean("start", False),
         )
         if found.agent_id and found.capability:
             raise ValidationError.for_field("capability", "names a queue; agent_id an agent: one")
@@ -216,7 +212,7 @@ class CancelTask(Keyed):
     def read(cls, p: Params) -> CancelTask:
         return cls(
             p.id("idempotency_key"), p.id("task_id", required=True), p.text("reason"),
-            boolean(p, "propagate", True),
+            p.boolean("propagate", True),
         )  # fmt: skip
 
 
@@ -287,7 +283,7 @@ class Reconcile(Keyed):
             task_id=p.id("task_id", required=True),
             error_code=code[: DEFAULT_LIMITS.id_bytes],
             message=message[:TEXT_BYTES],
-            retryable=boolean(p, "retryable", True),
+            retryable=p.boolean("retryable", True),
             **cls._along(p),
         )
 
