@@ -1,9 +1,10 @@
-"""Store writes per task on the task path: the SQLite writer's commits and write jobs
-(`apiary_store_commits`, `apiary_store_jobs` on /metrics) and the events recorded, over
-bench/tasks_apiary.py's workload, divided by the tasks run. Unlike tasks/s these counts do
-not depend on how loaded the machine is, which makes them the figure to compare revisions
-by on a busy machine (docs/performance.md, "Tasks against Celery + Redis and
-Procrastinate").
+"""Store writes and CPU per task on the task path: the SQLite writer's commits and write jobs
+(`apiary_store_commits`, `apiary_store_jobs` on /metrics), the events recorded, and the CPU
+time of each process (the coordinator, the worker agents, the submitter; from /proc), over
+bench/tasks_apiary.py's workload, divided by the tasks run. Unlike tasks/s these figures
+hardly depend on how loaded the machine is (the counts not at all, CPU time little), which
+makes them the figures to compare revisions by on a busy machine (docs/performance.md,
+"Tasks against Celery + Redis and Procrastinate").
 
     .venv/bin/python bench/tasks_commits.py --workers 1 --n 300 --unloaded 50
 """
@@ -13,9 +14,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import tasks_apiary
 
@@ -35,6 +39,37 @@ def _recording_port() -> int:
 
 _free_port = tasks_apiary._port
 tasks_apiary._port = _recording_port
+_spawned: list[Any] = []
+
+
+async def _recording_spawn(*args: str) -> Any:
+    """`tasks_apiary._spawn`, remembering each process (the coordinator first, then the
+    workers) to read its CPU time."""
+    proc = await _spawn(*args)
+    _spawned.append(proc)
+    return proc
+
+
+_spawn = tasks_apiary._spawn
+tasks_apiary._spawn = _recording_spawn
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) * _TICK_S
+
+
+def cpu_now() -> dict[str, float]:
+    """CPU seconds so far: the coordinator, the workers together, this process (the
+    submitter)."""
+    coordinator, *workers = _spawned
+    return {
+        "coordinator_cpu_ms": 1000 * cpu_seconds(coordinator.pid),
+        "workers_cpu_ms": 1000 * sum(cpu_seconds(w.pid) for w in workers),
+        "submitter_cpu_ms": 1000 * time.process_time(),
+    }
 
 
 def scrape(http_port: int) -> dict[str, float]:
@@ -57,9 +92,9 @@ async def bench(workers: int, n: int, unloaded: int) -> dict[str, float]:
         async with tasks_apiary.open_coordinator(Path(tmp) / "state", None) as address:
             http_port = _ports[-1]
             async with tasks_apiary.open_workers(address, agents):
-                before = scrape(http_port)
+                before = scrape(http_port) | cpu_now()
                 await tasks_apiary._measure(address, agents, n, unloaded)
-                after = scrape(http_port)
+                after = scrape(http_port) | cpu_now()
     tasks = n + unloaded
     return {key: round((after[key] - before.get(key, 0.0)) / tasks, 2) for key in after}
 

@@ -106,7 +106,8 @@ async def test_the_agent_frees_once_its_last_task_ends(h: EngineHarness) -> None
 
 @pytest.mark.conformance("preemption.trigger.higher-priority")
 async def test_preemption_takes_the_lowest_priority_running_task(h: EngineHarness) -> None:
-    async with open_test_engine() as h0:  # no prefetch: 3 running, nothing waiting
+    # No prefetch: 3 running, nothing waiting.
+    async with open_test_engine(scheduler=SchedulerSettings(prefetch=0)) as h0:
         await _agent(h0, "worker", task_concurrency=3)
         for task_id, priority in (("p0", 0), ("p9", 9), ("p5", 5)):
             await _submit(h0, task_id, priority=priority)
@@ -145,7 +146,7 @@ async def test_a_higher_priority_recalls_lower_prefetched_tasks(h: EngineHarness
 async def test_a_shared_task_preempts_the_lowest_priority_among_its_agents(
     h: EngineHarness,
 ) -> None:
-    async with open_test_engine() as h0:
+    async with open_test_engine(scheduler=SchedulerSettings(prefetch=0)) as h0:
         for agent in ("x", "y"):
             await _agent(h0, agent, "review", task_concurrency=2)
         for task_id, priority in (("x0", 0), ("x3", 3), ("y1", 1), ("y7", 7)):

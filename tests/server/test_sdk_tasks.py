@@ -16,6 +16,7 @@ from apiary.core.envelope import MessageType
 from apiary.core.events import Event
 from apiary.core.records import TaskState
 from apiary.engine.scheduler.scheduler import Scheduler
+from apiary.engine.settings import SchedulerSettings
 from apiary.errors import ToolTimeoutError, ValidationError
 from apiary.sdk.agent import Agent
 from apiary.sdk.scheduler import SchedulerClient
@@ -186,8 +187,41 @@ async def test_a_non_preemptible_section_needs_a_maximum_duration(
     "preemption.trigger.not-equal-or-lower",
 )
 async def test_queued_tasks_run_by_priority_then_fifo_without_preemption(
+    tmp_path: Path,
+) -> None:
+    async with (
+        open_test_coordinator(tmp_path, scheduler_settings=SchedulerSettings(prefetch=0)) as c,
+        SchedulerClient(str(c.grpc_address)) as client,
+    ):
+        order = await _run_in_priority_order(c, client, answer="queued behind running task busy")
+        assert order == ["busy", *QUEUED_ORDER]
+        events = await c.events.read(limit=10_000)
+        assert not [e for e in events if e.event_type == "task.preempt_requested"]
+
+
+async def test_a_prefetched_task_gives_way_to_a_higher_priority_one(
     coordinator: Coordinator, client: SchedulerClient
 ) -> None:
+    """With the default prefetch the first task queued behind `busy` is at the agent at
+    once; each higher-priority task recalls the one prefetched, so they still run by
+    priority, then in submission order."""
+    order = await _run_in_priority_order(coordinator, client)
+    assert order == ["busy", *QUEUED_ORDER]
+    events = await coordinator.events.read(limit=10_000)
+    recalled = [e for e in events if e.event_type == "task.preempt_requested"]
+    assert recalled and all("recalled for" in str(e.details["reason"]) for e in recalled)
+    assert "busy" not in {e.details["task_id"] for e in recalled}
+
+
+QUEUED = (("low", 5), ("mid-1", 0), ("top-1", -19), ("mid-2", 0), ("top-2", -19))
+QUEUED_ORDER = ["top-1", "top-2", "mid-1", "mid-2", "low"]
+
+
+async def _run_in_priority_order(
+    coordinator: Coordinator, client: SchedulerClient, answer: str = ""
+) -> list[str]:
+    """`busy` runs while QUEUED are submitted (each answered `answer` when given); then it
+    ends: the order in which every task started."""
     order: list[str] = []
     busy = asyncio.Event()
     release = asyncio.Event()
@@ -201,19 +235,18 @@ async def test_queued_tasks_run_by_priority_then_fifo_without_preemption(
     async with _running_agent(coordinator, "worker", handler):
         await client.submit_task("worker", "busy", {"n": 0}, priority=-19, scope=SCOPE)
         await asyncio.wait_for(busy.wait(), WAIT_S)
-        queued = [("low", 5), ("mid-1", 0), ("top-1", -19), ("mid-2", 0), ("top-2", -19)]
-        for n, (task_id, priority) in enumerate(queued, 1):
+        for n, (task_id, priority) in enumerate(QUEUED, 1):
             accepted, reason = await client.submit_task(
                 "worker", task_id, {"n": n}, priority=priority, scope=SCOPE
             )
-            assert accepted and reason == "queued behind running task busy", reason
-        expected = ["top-1", "top-2", "mid-1", "mid-2", "low"]
-        assert [t.task_id for t in _scheduler(coordinator).queued("worker")] == expected
+            assert accepted, reason
+            if answer:
+                assert reason == answer, reason
+        if answer:
+            assert [t.task_id for t in _scheduler(coordinator).queued("worker")] == QUEUED_ORDER
         release.set()
         await _ended(coordinator, "low")
-    assert order == ["busy", *expected]
-    events = await coordinator.events.read(limit=10_000)
-    assert not [e for e in events if e.event_type == "task.preempt_requested"]
+    return order
 
 
 @pytest.mark.conformance("scheduler.priority.range")

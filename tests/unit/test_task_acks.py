@@ -12,6 +12,7 @@ import pytest
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.trace_context import TraceContext
 from apiary.errors import ApiaryError, UnavailableError
+from apiary.sdk import task_acks
 from apiary.sdk.sender import SendResult
 from apiary.sdk.task_acks import AckFrames
 
@@ -102,3 +103,52 @@ async def test_closing_fails_what_is_still_queued() -> None:
     for ack in (in_flight, queued):
         with pytest.raises(ApiaryError):
             await ack
+
+
+async def test_a_lazy_ack_rides_with_the_next_eager_one() -> None:
+    stream = Stream()
+    frames = AckFrames(stream.send)
+    received = frames.send(_ack(1), lazy=True)
+    await asyncio.sleep(0)
+    assert stream.frames == []  # no frame of its own
+    ended = frames.send(_ack(2))
+    await asyncio.sleep(0)
+    assert stream.frames == [["01", "02"]]
+    await stream.answers.put(stream.accept("01", "02"))
+    await asyncio.gather(received, ended)
+
+
+async def test_a_lazy_ack_queued_during_a_frame_waits_for_an_eager_one() -> None:
+    stream = Stream()
+    frames = AckFrames(stream.send)
+    first = frames.send(_ack(1))
+    await asyncio.sleep(0)
+    received = frames.send(_ack(2), lazy=True)
+    await stream.answers.put(stream.accept("01"))
+    await first
+    await asyncio.sleep(0)
+    assert stream.frames == [["01"]]  # the frame's answer sent no frame for the lazy one
+    frames.send(_ack(3))
+    await asyncio.sleep(0)
+    assert stream.frames == [["01"], ["02", "03"]]
+    await stream.answers.put(stream.accept("02", "03"))
+    await received
+
+
+async def test_a_lazy_ack_alone_goes_after_its_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(task_acks, "LAZY_S", 0.001)
+    stream = Stream()
+    frames = AckFrames(stream.send)
+    received = frames.send(_ack(1), lazy=True)
+    await asyncio.sleep(0.05)  # far past LAZY_S: the frame left on its own
+    assert stream.frames == [["01"]]
+    await stream.answers.put(stream.accept("01"))
+    await received
+
+
+async def test_closing_fails_a_lazy_ack_no_frame_took() -> None:
+    frames = AckFrames(Stream().send)
+    received = frames.send(_ack(1), lazy=True)
+    await frames.close()
+    with pytest.raises(ApiaryError, match="not sent"):
+        await received

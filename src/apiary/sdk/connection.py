@@ -368,7 +368,13 @@ class Connection:
         return ack
 
     def ack_soon(
-        self, env: Envelope, stage: AckStage, *, error_code: str = "", note: str = ""
+        self,
+        env: Envelope,
+        stage: AckStage,
+        *,
+        error_code: str = "",
+        note: str = "",
+        lazy: bool = False,
     ) -> asyncio.Future[None]:
         """Acknowledge `env` at `stage` over the streaming sender, queued now after the ACKs
         queued so before it and sent with them in as few frames as the stream allows
@@ -376,7 +382,9 @@ class Connection:
         with the ApiaryError that refused it."""
         if self._acks is None:
             self._acks = AckFrames(self.send_many)
-        done = self._acks.send(self.ack_envelope(env, stage, error_code=error_code, note=note))
+        done = self._acks.send(
+            self.ack_envelope(env, stage, error_code=error_code, note=note), lazy=lazy
+        )
 
         def taken(future: asyncio.Future[None]) -> None:
             if not future.cancelled() and future.exception() is None:

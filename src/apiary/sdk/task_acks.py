@@ -7,6 +7,11 @@ its last task's end to be recorded before the next one's READ even leaves. `AckF
 the ACKs queued while a frame is in flight together in the next frame, in the order they were
 queued (the coordinator applies a frame's ACKs in order): a task's end and the next task's
 READ travel and commit together. Each ACK's own outcome still comes back to its sender.
+
+A prefetched task's RECEIVED is lazy: it leaves no frame of its own but rides with the next
+eager ACK (a task's READ or end), or goes after LAZY_S when none comes. Sent at once, it took
+a frame, a round trip and a commit of its own between a task's end and the next task's READ,
+which then waited for it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,10 @@ Send = Callable[
 results, in order."""
 
 
+LAZY_S = 0.01
+"""How long a lazy ACK waits for an eager one to carry it before it goes alone."""
+
+
 class AckFrames:
     """ACK envelopes queued now and sent, in order, in as few frames as the stream allows."""
 
@@ -35,20 +44,40 @@ class AckFrames:
         self._send = send
         self._queued: list[tuple[Envelope, TraceContext | None, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._due = False
+        """An ACK queued is eager (or a lazy one waited LAZY_S): the next frame leaves as
+        soon as the stream allows."""
+        self._timer: asyncio.TimerHandle | None = None
 
-    def send(self, ack: Envelope) -> asyncio.Future[None]:
+    def send(self, ack: Envelope, *, lazy: bool = False) -> asyncio.Future[None]:
         """Queue `ack` now (it goes after every ACK queued before it, in the span current
         now); the future is done once the coordinator took it, or fails with the ApiaryError
-        that refused it."""
+        that refused it. A `lazy` ACK (a prefetched task's RECEIVED, which nobody waits for)
+        does not make a frame leave: it goes with the next eager ACK, or after LAZY_S."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queued.append((ack, current(), done))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.ensure_future(self._flush())
+        if lazy:
+            self._wait_lazily()
+        else:
+            self._make_due()
         return done
 
+    def _wait_lazily(self) -> None:
+        if self._queued and not self._due and self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(LAZY_S, self._make_due)
+
+    def _make_due(self) -> None:
+        self._due = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.ensure_future(self._flush())
+
     async def _flush(self) -> None:
-        while self._queued:
+        while self._queued and self._due:
             frame, self._queued = self._queued, []
+            self._due = False
             try:
                 results = await self._send(
                     [(ack, "") for ack, _, _ in frame], [trace for _, trace, _ in frame]
@@ -56,6 +85,7 @@ class AckFrames:
             except ApiaryError as exc:
                 for _, _, done in frame:
                     _settle(done, exc)
+                self._wait_lazily()
                 continue
             except BaseException as exc:  # cancelled (closing) or a bug: nobody waits forever
                 for _, _, done in [*frame, *self._queued]:
@@ -71,13 +101,20 @@ class AckFrames:
                         {"message_id": ack.message_id},
                     )
                     _settle(done, error_for_code(code, result.reason, details))
+            self._wait_lazily()
 
     async def close(self) -> None:
         """Stop sending; ACKs still queued fail."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._flusher is not None:
             self._flusher.cancel()
             with contextlib.suppress(BaseException):
                 await self._flusher
+        for _, _, done in self._queued:  # lazy ones no frame took
+            _settle(done, ApiaryError("the ACK was not sent: the stream closed"))
+        self._queued = []
 
 
 def _settle(done: asyncio.Future[None], error: BaseException | None) -> None:

@@ -14,9 +14,10 @@
 The runner reads the agent's deliveries. A DATA envelope from producer `scheduler` is a task:
 it is acknowledged READ (the task becomes RUNNING), the handler runs as its own asyncio task,
 up to `concurrency` of them at once (the `task_concurrency` the agent declared, 1 by default;
-a task that arrives while that many run waits, acknowledged RECEIVED, and starts when one
-ends: the Scheduler's prefetch; a preempt_request, terminate or kill for it ends it at once,
-yielded or forced, without running it),
+a task that arrives while that many run waits, acknowledged RECEIVED (lazily: with the next
+READ or end, sdk/task_acks.py), and starts when one ends: the Scheduler's prefetch; a
+preempt_request, terminate or kill for it ends it at once, yielded or forced, without
+running it),
 and its end is acknowledged: FULFILLED with the handler's return value as the task's result
 (what the submitter's `TaskHandle.result()` returns, the output of a workflow node), FULFILLED
 `yielded` when it raised `Preempted` at a safe point, FAILED with the code and message of
@@ -580,7 +581,9 @@ class TaskRunner:
         future's result: True once taken, False (logged) once refused otherwise or those are
         spent. A task whose READ or end was never acknowledged would otherwise wait for its
         ACK forever."""
-        first = self.agent.ack_soon(env, stage, error_code=code, note=note)
+        first = self.agent.ack_soon(
+            env, stage, error_code=code, note=note, lazy=stage is AckStage.RECEIVED
+        )
         return asyncio.ensure_future(self._acked(env, stage, code, note, first))
 
     async def _acked(

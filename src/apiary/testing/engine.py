@@ -93,7 +93,9 @@ class EngineHarness:
     ) -> SendOutcome:
         payload = ack_to_json(Ack(message_id, stage, error_code, note))
         env = self.envelope(agent, payload, message_type=MessageType.ACKNOWLEDGEMENT)
-        return await self.engine.router.send(Outbound(env))
+        outcome = await self.engine.router.send(Outbound(env))
+        await self.engine.scheduler.settled()  # the dispatches the ACK made possible
+        return outcome
 
     async def take(
         self, agent: str, resume_after: int = 0, *, notices: bool = False

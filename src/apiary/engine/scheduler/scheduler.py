@@ -156,6 +156,8 @@ class Scheduler:
         self.watch = TaskWatch(self.find, live.tasks.values, sleep)
         self._queue = live.queue
         self._lock = asyncio.Lock()
+        self._follow_ups: set[asyncio.Future[None]] = set()
+        """Dispatches after a frame's task ACKs, running on after the frame was answered."""
         self._arrivals: list[Arrival] = []
         """Submissions admitted and waiting for the lock (`submit`)."""
         hooks = SchedulerAgents(
@@ -574,7 +576,15 @@ class Scheduler:
         if joined is None:
             self._lock.release()
             return None
-        return _JoinedTaskAcks(self._lock, self._acks, self._dispatcher.drain, joined)
+        return _JoinedTaskAcks(
+            self._lock, self._acks, self._dispatcher.drain, self._follow_up, joined
+        )
+
+    def _follow_up(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` after the caller returns, kept until it ends (`close` waits for it)."""
+        job = asyncio.ensure_future(work)
+        self._follow_ups.add(job)
+        job.add_done_callback(self._follow_ups.discard)
 
     async def _on_ack(self, env: Envelope) -> None:
         ack = self._router.codec.decode_ack(env)
@@ -637,7 +647,13 @@ class Scheduler:
                 for item in pending:
                     item.cancel()
 
+    async def settled(self) -> None:
+        """Once the dispatches that follow task ACKs already answered have been made."""
+        while self._follow_ups:
+            await asyncio.gather(*self._follow_ups, return_exceptions=True)
+
     async def close(self) -> None:
+        await self.settled()
         await self.gate.close()
         await self._jobs.close()
 
@@ -649,23 +665,38 @@ class _JoinedTaskAcks:
 
     def __init__(
         self, lock: asyncio.Lock, acks: TaskAcks, drain: Callable[[], Awaitable[None]],
-        joined: list[JoinedAck],
+        after: Callable[[Coroutine[Any, Any, None]], None], joined: list[JoinedAck],
     ) -> None:  # fmt: skip
         self._lock = lock
         self._acks = acks
         self._drain = drain
+        self._after = after
         self._joined = joined
         self.tasks: Sequence[TaskRecord] = [item.prepared.after for item in joined]
         self.events: Sequence[EventDraft] = [item.prepared.event for item in joined]
 
     async def committed(self) -> None:
+        """The transitions' effects, then the dispatches they made possible, which go on
+        after this returns (the router answers the frame meanwhile: the agent's next ACKs
+        are on their way while the next task is dispatched) with the lock still held."""
         try:
             await self._acks.joined(self._joined)
-            await self._drain()
         except (StoreError, ApiaryError) as exc:
             # Stored already: what failed after it is what an ACK handed over would have
             # refused; the ACKs are the router's to answer, and it answered them.
             log.warning("task ACKs stored; their effects stopped short: %s", exc)
+        except BaseException:
+            self._lock.release()
+            raise
+        self._after(self._drain_and_release())
+
+    async def _drain_and_release(self) -> None:
+        try:
+            await self._drain()
+        except (StoreError, ApiaryError) as exc:
+            log.warning("dispatch after task ACKs stopped short: %s", exc)
+        except Exception:  # nobody awaits this: a bug must still be seen
+            log.exception("dispatch after task ACKs failed")
         finally:
             self._lock.release()
 
