@@ -27,10 +27,11 @@ from apiary.engine.cluster.follower import POLL_S as FOLLOW_POLL_S
 from apiary.engine.cluster.follower import StoreFollower
 from apiary.engine.cluster.keeper import LeaseKeeper
 from apiary.engine.cluster.settings import ClusterSettings
+from apiary.engine.cluster.stream_holds import StreamHolds
 from apiary.engine.cluster.timers import POLL_S as TIMER_POLL_S
 from apiary.engine.cluster.timers import OwnerTimers
 from apiary.engine.deadlines import Sleep
-from apiary.store.cluster import ClusterLeases, ClusterWork, ReplicaEvictedError
+from apiary.store.cluster import ClusterLeases, ClusterWork, ReplicaEvictedError, StreamHolders
 from apiary.store.errors import StoreError
 from apiary.store.protocols import MessageStore
 
@@ -62,6 +63,7 @@ async def open_cluster_node(
     messages: MessageStore,
     leases: ClusterLeases,
     work: ClusterWork,
+    holders: StreamHolders,
     settings: ClusterSettings,
     clock: Clock,
     sleep: Sleep = asyncio.sleep,
@@ -74,9 +76,11 @@ async def open_cluster_node(
     hooks set and its loops running; on exit the loops stop and the replica leaves (its
     leases released at once) unless it was halted."""
     keeper = LeaseKeeper(leases, settings, clock, sleep, address=address)
+    holds = StreamHolds(engine.router, holders, keeper.me)
     follower = StoreFollower(
-        engine.router, engine.registry, engine.presence, messages, work, poll_s=follow_poll_s
-    )
+        engine.router, engine.registry, engine.presence, messages, work, holds,
+        poll_s=follow_poll_s,
+    )  # fmt: skip
     timers = OwnerTimers(
         engine.router, messages, work, keeper, clock, sleep, follower.note, poll_s=timer_poll_s
     )

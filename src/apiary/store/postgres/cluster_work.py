@@ -70,9 +70,7 @@ class PostgresClusterWork:
         if not notes:
             return
         schema = self._pool.schema
-        payloads = [
-            (WORK_CHANNEL, json.dumps({"s": schema, "k": n.kind, "a": n.agent_id})) for n in notes
-        ]
+        payloads = [(WORK_CHANNEL, note_payload(schema, n)) for n in notes]
         try:
             async with (
                 self._pool.connection() as conn,
@@ -136,6 +134,11 @@ class PostgresClusterWork:
                 return None
             await conn.execute(_MOVE_DUE, {"now": now, "retry": retry_at, "id": message_id})
             return message_from_row(rows[0])
+
+
+def note_payload(schema: str, note: WorkNote) -> str:
+    """The NOTIFY payload of `note` for the replicas of `schema`."""
+    return json.dumps({"s": schema, "k": note.kind, "a": note.agent_id})
 
 
 def _parsed(payload: str, schema: str) -> WorkNote | None:
