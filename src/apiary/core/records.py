@@ -184,6 +184,21 @@ class IdempotencyRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionBound:
+    """Cluster mode: the limits a message's admission is held to by the store, counted in
+    the admitting transaction over every replica's admissions (`core.admission_bounds`);
+    0 for a limit not applied."""
+
+    capacity: int = 0
+    """The recipient's buffer capacity: its messages admitted and not yet READ (RFC 13)."""
+    window: int = 0
+    """The recipient's credit window: its messages in flight (not finished), from every
+    producer (RFC 13.1)."""
+    cap: int = 0
+    """The per-producer cap: its messages in flight from this one producer."""
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionWrites:
     """What commits with one message's admission, in its transaction, when the message is
     admitted (a duplicate member writes none of it): its events and, for a message sent
@@ -207,6 +222,9 @@ class AdmissionWrites:
     the message, at its `created_at`, in the admission's transaction, if no requeue marked
     it before; else the message is not admitted (`store.errors.RequeuedError`), so that
     of two requeues of one entry at once (on two replicas) one is admitted."""
+    bound: AdmissionBound | None = None
+    """Cluster mode: the limits the store holds the admission to (`AdmissionBound`); a
+    member over one is not admitted (`store.errors.BoundExceededError`)."""
 
 
 @dataclass(frozen=True, slots=True)

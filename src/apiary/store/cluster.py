@@ -163,6 +163,21 @@ class ClusterWork(Protocol):
         awaits its first ACK (RECEIVED or RETRYING, nothing acknowledged); 0.0 clears it."""
         ...
 
+    async def aged(self, born_before: float, limit: int) -> list[StoredMessage]:
+        """Up to `limit` messages past the maximum age, oldest first: admitted at
+        `born_before` or earlier, awaiting their first ACK with no stream holding them (no
+        ACK deadline stored), notices aside, whose recipients stream on no replica."""
+        ...
+
+    async def claim_aged(
+        self, me: Me, partition: int, epoch: int, message_id: str, born_before: float
+    ) -> StoredMessage | None:
+        """In a transaction fenced by `me`'s term `epoch` of `partition`: the message, when
+        it is still past the maximum age as `aged` tells (its row locked while it is read);
+        None when it is not (acknowledged, handed out, its recipient streaming, finished).
+        FencedError when the term is over."""
+        ...
+
     async def claim_due(
         self, me: Me, partition: int, epoch: int, message_id: str, now: float, retry_at: float
     ) -> StoredMessage | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from apiary.core.records import IdempotencyRecord
 from apiary.errors import UnavailableError
 
@@ -31,6 +33,24 @@ class RequeuedError(StoreError):
     def __init__(self, message_id: str, entry_id: int) -> None:
         super().__init__(f"{message_id}: DLQ entry {entry_id} was requeued by another requeue")
         self.entry_id = entry_id
+
+
+class BoundExceededError(StoreError):
+    """A message was not admitted: its recipient's buffer, or the credits its producer may
+    hold there, are full in the store (cluster mode's `AdmissionWrites.bound`; `limit` names
+    which: `core.admission_bounds`)."""
+
+    def __init__(self, message_id: str, limit: str, count: int, bound: int) -> None:
+        super().__init__(f"{message_id}: {limit} ({count}/{bound})")
+        self.limit = limit
+        self.count = count
+        self.bound = bound
+
+
+AdmissionRefusal: TypeAlias = (
+    DuplicateMessageError | TokenTakenError | RequeuedError | BoundExceededError
+)
+"""Why a member of `MessageStore.admit_many` was not admitted (it alone)."""
 
 
 class StoreUnavailableError(StoreError, UnavailableError):

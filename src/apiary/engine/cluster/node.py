@@ -125,6 +125,7 @@ def _hook(engine: Engine, node: ClusterNode, clock: Clock) -> None:
     router.live.started_at = clock.now()
     router.live.placement = follower.place
     router.deadlines.on_ack = node.deadlines.queue
+    router.count_in_store(True)
     engine.delivery.follower = follower
     engine.registry.on_change = follower.agent_changed
     engine.registry.reads_through = True
@@ -136,6 +137,7 @@ def _hook(engine: Engine, node: ClusterNode, clock: Clock) -> None:
 def _unhook(engine: Engine) -> None:
     engine.router.live.placement = None
     engine.router.deadlines.on_ack = None
+    engine.router.count_in_store(False)
     engine.delivery.follower = None
     engine.registry.on_change = None
     engine.registry.reads_through = False

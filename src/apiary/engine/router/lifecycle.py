@@ -563,16 +563,20 @@ class MessageLifecycle:
             self._locks.pop(message_id, None)  # as `acknowledge`: no lock kept per message
         return fired
 
-    async def fire(self, message_id: str, event: MessageInput, now: float, code: str) -> bool:
+    async def fire(
+        self, message_id: str, event: MessageInput, now: float, code: str, *, away: str = ""
+    ) -> bool:
         """Apply a deadline's `event` read from the store (cluster mode: the partition's
         owner runs the deadlines of messages any replica holds; engine/cluster/timers.py),
         to the message as the store holds it now, under its lock as `fire_due` does; False
-        when it has finished meanwhile or the machine takes no such input in its state."""
+        when it has finished meanwhile or the machine takes no such input in its state.
+        `away`: for AGE_EXPIRE, how long its recipient has had no stream, as the note says."""
         async with self._lock(message_id):
             message = await self._messages.get(message_id)
             effects: tuple[Effect, ...] = ()
             if message is not None and not message.state.terminal:
-                effects = await self.apply(message, event, now, error_code=code)
+                note = self._age_note(message, away) if event is MessageInput.AGE_EXPIRE else ""
+                effects = await self.apply(message, event, now, error_code=code, note=note)
         self._locks.pop(message_id, None)
         return bool(effects)
 
@@ -594,8 +598,9 @@ class MessageLifecycle:
         else:
             self._live.watch(message)
 
-    def _age_note(self, message: StoredMessage) -> str:
-        """Why `message` aged out, for its DLQ entry and its producer's NACK."""
+    def _age_note(self, message: StoredMessage, away: str = "") -> str:
+        """Why `message` aged out, for its DLQ entry and its producer's NACK; `away`: how
+        long its recipient has had no stream (else since its last one here ended)."""
         limit = f"not acknowledged within max_age_s ({self._deadlines.max_age_s:g} s)"
         if message.deliveries:
             times = "time" if message.deliveries == 1 else "times"
@@ -605,8 +610,9 @@ class MessageLifecycle:
             )
         else:
             held = "never handed out"
-        since = self._live.offline_since(message.recipient)
-        away = f"since {iso_utc(since)}" if since else "since the coordinator started"
+        if not away:
+            since = self._live.offline_since(message.recipient)
+            away = f"since {iso_utc(since)}" if since else "since the coordinator started"
         return f"{limit}: {held}; {message.recipient} has had no live stream {away}"
 
 

@@ -21,15 +21,12 @@ import psycopg
 from apiary.core.cluster.streams import StreamClaim, StreamHolder, StreamVerdict, claim_stream
 from apiary.store.cluster import STREAM, Me, WorkNote
 from apiary.store.errors import StoreError
-from apiary.store.postgres.cluster_work import WORK_CHANNEL, note_payload
+from apiary.store.postgres.cluster_work import STREAMING, WORK_CHANNEL, note_payload
 from apiary.store.postgres.pool import Connection, PostgresPool, fetch_rows
 from apiary.store.postgres.rerun import rerun_when_aborted
 
 _COLUMNS: Final = "agent_id, replica_id, incarnation, generation"
-_LIVE: Final = (
-    "SELECT expires_at > extract(epoch FROM clock_timestamp())::float8 FROM cluster_replicas"
-    " WHERE replica_id = %s AND incarnation = %s"
-)
+_LIVE: Final = f"SELECT {STREAMING.format(agent='%s')}"
 
 
 class PostgresStreamHolders:
@@ -107,5 +104,5 @@ async def _live(conn: Connection, found: StreamHolder) -> bool:
     """Whether `found`'s holder beats (its heartbeat, on the database's clock, not expired)."""
     if not found.replica_id:
         return False
-    rows = await fetch_rows(conn, _LIVE, [found.replica_id, found.incarnation])
+    rows = await fetch_rows(conn, _LIVE, [found.agent_id])
     return bool(rows and rows[0][0])

@@ -21,6 +21,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Final, NamedTuple
 
+from apiary.core.admission_bounds import Member
 from apiary.core.dedup import advance
 from apiary.core.events import EventDraft
 from apiary.core.records import (
@@ -35,11 +36,14 @@ from apiary.core.records import (
     state_text,
 )
 from apiary.store.errors import (
+    AdmissionRefusal,
+    BoundExceededError,
     DuplicateMessageError,
     RequeuedError,
     StoreError,
     TokenTakenError,
 )
+from apiary.store.sql.bounds import Refusals, held_to_bounds
 from apiary.store.sql.bulk import chunks, markers, values_rows
 from apiary.store.sql.checks import check_limit, sequence_from_sql, sequence_to_sql
 from apiary.store.sql.columns import Columns
@@ -218,7 +222,7 @@ class SqlMessageStore:
         messages: Sequence[StoredMessage],
         writes: Sequence[AdmissionWrites] = (),
         events: Sequence[EventDraft] = (),
-    ) -> list[StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError]:
+    ) -> list[StoredMessage | AdmissionRefusal]:
         """Admit each message as `admit` does, in one transaction; a duplicate (of a stored
         message or of an earlier member), or a member whose token another admission took
         (`claim_tokens`) or whose dead letter another requeue marked, fails only its own
@@ -234,12 +238,13 @@ class SqlMessageStore:
         extras = _admission_extras(d, messages, writes) if writes or lead else None
         taken: dict[int, IdempotencyRecord] = {}
         requeued: set[int] = set()
+        bounded: Refusals = {}
         for _ in range(_ADMIT_ATTEMPTS):
             try:
                 if extras is None:
                     offsets = await self._db.write(admit_new, values)
                 else:
-                    offsets, first, taken, requeued = await self._db.write(
+                    offsets, first, taken, requeued, bounded = await self._db.write(
                         admit_with, values, lead, extras
                     )
                     self._log.committed(first, [*events, *_admitted_events(writes, offsets)])
@@ -249,6 +254,7 @@ class SqlMessageStore:
                 at_offset(m, o) if o else
                 TokenTakenError(m.message_id, taken[i]) if i in taken else
                 RequeuedError(m.message_id, writes[i].requeues) if i in requeued else
+                BoundExceededError(m.message_id, *bounded[i]) if i in bounded else
                 DuplicateMessageError(m.message_id)
                 for i, (m, o) in enumerate(zip(messages, offsets, strict=True))
             ]  # fmt: skip
@@ -582,10 +588,16 @@ def admit_new(
 Screen = Callable[[list[int]], Transaction[Collection[int]]]
 """A step of `admit_new` that refuses some of the new members (by index)."""
 AdmissionExtras = list[
-    tuple[list[tuple[Any, ...]], TokenClaim | None, tuple[Any, ...] | None, DlqMark | None]
+    tuple[
+        list[tuple[Any, ...]],
+        TokenClaim | None,
+        tuple[Any, ...] | None,
+        DlqMark | None,
+        Member | None,
+    ]
 ]
 """Per member of an admission: its events' rows (`event_rows`), its token's record to write,
-its task row and the dead letter it requeues."""
+its task row, the dead letter it requeues and the limits it is held to."""
 
 
 def _admission_extras(
@@ -596,7 +608,8 @@ def _admission_extras(
          None if w.idempotency is None else (
              i, idempotency_row(w.idempotency), w.idempotency_found, w.idempotency_forced),
          None if w.task is None else task_row(w.task),
-         (i, m.created_at, m.message_id, w.requeues) if w.requeues else None)
+         (i, m.created_at, m.message_id, w.requeues) if w.requeues else None,
+         None if w.bound is None else (i, m.recipient, m.producer_id, w.bound))
         for i, (m, w) in enumerate(zip(messages, writes, strict=True))
     ]  # fmt: skip
 
@@ -608,37 +621,49 @@ def _admitted_events(writes: Sequence[AdmissionWrites], offsets: list[int]) -> l
     return [e for w, o in zip(writes, offsets, strict=True) if o for e in w.events]
 
 
+Admitted = tuple[list[int], int, dict[int, IdempotencyRecord], set[int], Refusals]
+"""What `admit_with` returns (its docstring)."""
+
+
 def admit_with(
     d: Dialect, values: list[tuple[Any, ...]], lead: list[tuple[Any, ...]],
     extras: AdmissionExtras,
-) -> Transaction[tuple[list[int], int, dict[int, IdempotencyRecord], set[int]]]:  # fmt: skip
+) -> Transaction[Admitted]:  # fmt: skip
     """`admit_new`, its new members' tokens claimed first (`claim_tokens`: a member whose
     token another admission took is refused) and the dead letters they requeue marked
     (`mark_requeued_once`: one another requeue marked refuses its member), then the events'
     rows `lead` and, for each member admitted (`extras`: none, or one per member), its task
     record and events. Returns the offsets, the first event's sequence (0 when there were
     none), the members refused for their tokens, with the records that refused them, and
-    those refused for their dead letters."""
+    those refused for their dead letters, and those past their limits (`held_to_bounds`,
+    counted first: a member refused later, for its token or dead letter, counts there as
+    admitted, so a batch may be refused a little early, never admitted past a limit)."""
     taken: dict[int, IdempotencyRecord] = {}
     requeued: set[int] = set()
+    bounded: Refusals = {}
 
     def claim(new: list[int]) -> Transaction[Collection[int]]:
-        claims = [c for i in new if (c := extras[i][1]) is not None] if extras else []
+        # The limits first: a member past one must not claim its token or mark its entry.
+        held = [b for i in new if (b := extras[i][4]) is not None] if extras else []
+        if held:
+            bounded.update((yield from held_to_bounds(held)))
+        left = [i for i in new if i not in bounded]
+        claims = [c for i in left if (c := extras[i][1]) is not None] if extras else []
         if claims:
             taken.update((yield from claim_tokens(d, claims)))
-        marks = [m for i in new if (m := extras[i][3]) is not None and i not in taken]
+        marks = [m for i in left if (m := extras[i][3]) is not None and i not in taken]
         if marks:
             requeued.update((yield from mark_requeued_once(marks)))
-        return {*taken, *requeued}
+        return {*bounded, *taken, *requeued}
 
     offsets = yield from admit_new(d, values, claim)
     admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
-    tasks = [row for _, _, row, _ in admitted if row is not None]
+    tasks = [row for _, _, row, _, _ in admitted if row is not None]
     if tasks:
         yield from ExecuteMany(PUT_TASK.sql, tasks)
-    rows = lead + [row for events, _, _, _ in admitted for row in events]
+    rows = lead + [row for events, _, _, _, _ in admitted for row in events]
     first = (yield from append_events(d, rows)) if rows else 0
-    return offsets, first, taken, requeued
+    return offsets, first, taken, requeued, bounded
 
 
 def apply_changes(

@@ -12,3 +12,10 @@ CREATE TABLE stream_holders (
     generation  BIGINT           NOT NULL DEFAULT 0 CHECK (generation >= 0),
     opened_at   DOUBLE PRECISION NOT NULL DEFAULT 0
 );
+
+-- Cluster mode's maximum age (docs/cluster.md, "Buffers, credits and the maximum age"): the
+-- partition's owner reads the messages that await their first ACK, oldest first, to fail
+-- those that waited past max_age_s for an agent with no stream on any replica. Only such
+-- messages are indexed: one leaves the index at its first ACK or when it finishes.
+CREATE INDEX messages_awaiting_ack ON messages (created_at, message_id)
+    WHERE acked_stage = '' AND state IN ('RECEIVED', 'RETRYING');
