@@ -140,6 +140,11 @@ class StateChange:
     next change); a store keeps the larger of this and the count it has."""
     last_delivered_at: float = 0.0
     """The last hand-out's time, kept the same way."""
+    expected: str = ""
+    """When non-empty, the state the change was decided from: it applies only while the
+    message is still in it (cluster mode, where another replica may have changed the
+    message since it was read); else the store applies nothing of the call and raises
+    `store.errors.StaleStateError`."""
 
 
 def changed(message: StoredMessage, change: StateChange) -> StoredMessage:

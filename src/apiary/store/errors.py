@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TypeAlias
 
 from apiary.core.records import IdempotencyRecord
@@ -45,6 +46,17 @@ class BoundExceededError(StoreError):
         self.limit = limit
         self.count = count
         self.bound = bound
+
+
+class StaleStateError(StoreError):
+    """State changes were not applied (none of the call): the message of one was no longer
+    in the state the change expected (`StateChange.expected`: another replica changed it
+    since it was read). The caller reads it again and decides anew."""
+
+    def __init__(self, message_ids: Sequence[str]) -> None:
+        super().__init__(f"changed meanwhile: {', '.join(message_ids)}")
+        self.message_ids = tuple(message_ids)
+        """The messages whose changes may have been refused (at least the stale one)."""
 
 
 AdmissionRefusal: TypeAlias = (

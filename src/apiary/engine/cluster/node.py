@@ -3,7 +3,9 @@ store, the owner's timers and the ACK deadline writer, hooked into one engine.
 
 The hooks (each None or off, changing nothing, outside cluster mode):
 `LiveMessages.placement` and `Delivery.follower` (the follower decides what is live here),
-`Registry.on_change` (a note to the others) and `Registry.reads_through` (an agent this
+`Registry.on_change` (a note to the others), `Router.count_in_store` (buffers and credits
+counted by the store), `MessageLifecycle.conditional` (state changes stored only from the
+state they were decided from) and `Registry.reads_through` (an agent this
 replica does not know yet is looked up in the store before no_route), `Deadlines.on_ack`
 (ACK deadlines stored for the owner) and `Presence.judges` (heartbeats judged by the
 partition's owner only).
@@ -126,6 +128,7 @@ def _hook(engine: Engine, node: ClusterNode, clock: Clock) -> None:
     router.live.placement = follower.place
     router.deadlines.on_ack = node.deadlines.queue
     router.count_in_store(True)
+    router.lifecycle.conditional = True
     engine.delivery.follower = follower
     engine.registry.on_change = follower.agent_changed
     engine.registry.reads_through = True
@@ -138,6 +141,7 @@ def _unhook(engine: Engine) -> None:
     engine.router.live.placement = None
     engine.router.deadlines.on_ack = None
     engine.router.count_in_store(False)
+    engine.router.lifecycle.conditional = False
     engine.delivery.follower = None
     engine.registry.on_change = None
     engine.registry.reads_through = False

@@ -23,6 +23,7 @@ from apiary.store.errors import (
     BoundExceededError,
     DuplicateMessageError,
     RequeuedError,
+    StaleStateError,
     TokenTakenError,
 )
 from apiary.store.memory.dlq import MemoryDlqStore
@@ -197,6 +198,7 @@ class MemoryMessageStore:
         for change in changes:
             if change.message_id not in self._messages:
                 raise LookupError(f"no message {change.message_id!r}")
+        self._check_expected(changes)
         drafts = self._log.checked(events)
         steps = [(t, self._log.checked([t.cached])[0] if t.cached else None) for t in tokens]
         records = [self._tasks.checked(task) for task in tasks]
@@ -216,6 +218,18 @@ class MemoryMessageStore:
             self._tasks.put_now(record)
         self._log.append_now(drafts)
         return applied
+
+    def _check_expected(self, changes: Sequence[StateChange]) -> None:
+        """StaleStateError when a change's message will not be in the state the change
+        expects when its turn comes (`StateChange.expected`)."""
+        states = {c.message_id: self._messages[c.message_id].state for c in changes}
+        stale = []
+        for change in changes:
+            if change.expected and states[change.message_id] != change.expected:
+                stale.append(change.message_id)
+            states[change.message_id] = change.state
+        if stale:
+            raise StaleStateError(stale)
 
     async def record(
         self,

@@ -40,6 +40,7 @@ from apiary.store.errors import (
     BoundExceededError,
     DuplicateMessageError,
     RequeuedError,
+    StaleStateError,
     StoreError,
     TokenTakenError,
 )
@@ -100,6 +101,7 @@ class ChangeParams(NamedTuple):
     clear_ack_deadline: bool
     deliveries: int
     last_delivered_at: float
+    expected: str
     message_id: str
 
 
@@ -180,6 +182,7 @@ def change_params(changes: Sequence[StateChange]) -> list[tuple[Any, ...]]:
             bool(c.clear_ack_deadline),
             int(c.deliveries),
             float(c.last_delivered_at),
+            c.expected,
             c.message_id,
         )
         for c in changes
@@ -474,7 +477,8 @@ def _update_sql(d: Dialect, count: int, returning: bool) -> str:
         f" deliveries = {big}(deliveries, c.column6),"
         f" last_delivered_at = {big}(last_delivered_at, c.column7)"
         f" FROM (VALUES {values_rows(count, markers(_UPDATE_WIDTH))}) AS c"
-        " WHERE messages.message_id = c.column8"
+        " WHERE messages.message_id = c.column9"
+        " AND messages.state = COALESCE(NULLIF(c.column8, ''), messages.state)"
     )
     return f"{sql} RETURNING {MESSAGES.sql}" if returning else sql
 
@@ -488,7 +492,7 @@ def _update_one_sql(d: Dialect, returning: bool) -> str:
         " acked_stage = COALESCE(NULLIF(?, ''), acked_stage),"
         " ack_deadline = CASE WHEN ? THEN 0 ELSE ack_deadline END,"
         f" deliveries = {big}(deliveries, ?), last_delivered_at = {big}(last_delivered_at, ?)"
-        " WHERE message_id = ?"
+        " WHERE state = COALESCE(NULLIF(?, ''), state) AND message_id = ?"
     )
     return f"{sql} RETURNING {MESSAGES.sql}" if returning else sql
 
@@ -692,6 +696,7 @@ def apply_changes(
             changed += yield from Execute(sql, flat)
     if (len(rows) if returning else changed) != len(ids):
         yield from _missing(d, ids)
+        raise StaleStateError([i for i in ids if i not in rows] if returning else ids)
     return [rows[i] for i in ids] if returning else []
 
 
@@ -736,8 +741,9 @@ def _apply_in_turn(
 ) -> Transaction[list[Row]]:
     """Apply the changes one at a time: a message changed twice is returned as each change
     left it."""
-    if d.lock_rows and not returning:
-        # Every row is locked and known: the changes go pipelined (PostgreSQL).
+    if d.lock_rows and not returning and not any(p[-2] for p in params):
+        # Every row is locked and known, and no change is conditional: the changes go
+        # pipelined (PostgreSQL).
         yield from ExecuteMany(_update_one_sql(d, False), params)
         return []
     rows: list[Row] = []
@@ -749,15 +755,18 @@ def _apply_in_turn(
         else:
             found = (yield from Execute(_update_one_sql(d, False), change)) == 1
         if not found:
-            raise LookupError(f"no message {change[-1]!r}")
+            yield from _missing(d, [change[-1]])
+            raise StaleStateError([change[-1]])
     return rows
 
 
 def _missing(d: Dialect, ids: list[str]) -> Transaction[None]:
-    """Raise LookupError naming the first of `ids` that is not stored."""
+    """Raise LookupError naming the first of `ids` that is not stored; return when every
+    one is (a change left one alone: its message was no longer in the state it expected)."""
     known = yield from _existing_ids(d, ids)
     missing = next((i for i in ids if i not in known), None)
-    raise LookupError(f"no message {missing!r}")
+    if missing is not None:
+        raise LookupError(f"no message {missing!r}")
 
 
 def _existing_ids(d: Dialect, message_ids: list[str]) -> Transaction[set[str]]:

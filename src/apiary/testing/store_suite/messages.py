@@ -24,6 +24,7 @@ from apiary.store.errors import (
     BoundExceededError,
     DuplicateMessageError,
     RequeuedError,
+    StaleStateError,
     TokenTakenError,
 )
 from apiary.testing.store_suite.base import (
@@ -582,6 +583,44 @@ async def an_admission_is_held_to_its_bound_counting_what_is_stored(
         )
         assert isinstance(mine, BoundExceededError) and mine.limit == "producer_cap"
         assert isinstance(theirs, StoredMessage) and theirs.offset == 7
+
+
+@_check
+async def a_change_that_expects_a_state_applies_only_from_it(factory: StoreFactory) -> None:
+    """`StateChange.expected`: a change applies only while its message is in the state it
+    expects (a change before it in the same call counts); otherwise nothing of the call is
+    applied, its events neither, and `StaleStateError` names the message (among others the
+    store could not tell from it). An unknown id is still a LookupError."""
+    async with factory.open() as store:
+        messages = store.messages
+        await messages.admit_many([message("m-1"), message("m-2")])
+        read = StateChange("m-1", MessageState.READ, T0 + 1, expected="RECEIVED")
+        failed = StateChange("m-1", MessageState.FAILED, T0 + 2, "x", expected="READ")
+        (after_read, after_failed) = await messages.apply([read, failed], [draft(1)])
+        assert (after_read.state, after_failed.state) == (MessageState.READ, MessageState.FAILED)
+        other = StateChange("m-2", MessageState.READ, T0 + 3, expected="RECEIVED")
+        for call in (messages.apply, messages.record):
+            try:
+                await call([other, replace(failed, at=T0 + 4)], [draft(2)])
+            except StaleStateError as stale:
+                assert "m-1" in stale.message_ids
+            else:
+                raise AssertionError("a change from a state its message left was applied")
+        first, second = await messages.get("m-1"), await messages.get("m-2")
+        assert first is not None and (first.state, first.updated_at) == (
+            MessageState.FAILED,
+            T0 + 2,
+        )
+        assert second is not None and second.state is MessageState.RECEIVED
+        assert [e.details["n"] for e in await store.events.read()] == [1]
+        (unconditional,) = await messages.apply([StateChange("m-1", MessageState.READ, T0 + 5)])
+        assert unconditional.state is MessageState.READ
+        try:
+            await messages.apply([StateChange("m-9", MessageState.READ, T0, expected="READ")])
+        except LookupError:
+            pass
+        else:
+            raise AssertionError("a change of an unknown message was applied")
 
 
 @_check
