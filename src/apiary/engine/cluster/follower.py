@@ -115,8 +115,16 @@ class StoreFollower:
         async with self._lock(agent_id):
             await self._holds.claim(agent_id, take_over)
             self._closing.pop(agent_id, None)
+            fresh = agent_id not in self._cursor
             self._cursor.setdefault(agent_id, 0)
-            await self._sync(agent_id)
+            try:
+                await self._sync(agent_id)
+            except BaseException:
+                # The stream does not open: unless another here streams, let the agent go
+                # (its live copies, its holder row) as when a last stream ends.
+                if fresh and not self._router.streaming(agent_id):
+                    self.closed(agent_id, self._router.inbox(agent_id).session)
+                raise
 
     def closed(self, agent_id: str, session: int) -> None:
         """`Delivery.follower`: the last stream of `agent_id` here ended; unless another
