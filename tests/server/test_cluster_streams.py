@@ -3,7 +3,8 @@ coordinators serving one PostgreSQL schema. A newer stream of an agent opened on
 replica by the agent itself supersedes the older one, which ends there as it would on one
 coordinator; one that did not prove it is the agent is refused while the older one is live,
 and opens once it ended; two opened at once on the two replicas leave one live stream, the
-one the store's holder row names."""
+one the store's holder row names; a replica that missed the note ends its superseded
+stream at its next poll."""
 
 from __future__ import annotations
 
@@ -132,3 +133,22 @@ async def test_two_streams_of_one_agent_opened_at_once_on_both_replicas_leave_on
         assert survivor.messages[0].message_id == sent
         assert _ended(survivor) is None
         await _stop(survivor)
+
+
+async def test_a_superseded_replica_that_missed_the_note_ends_its_stream_at_its_next_poll(
+    tmp_path: Path, url: str
+) -> None:
+    """The note is a hint, the poll the guarantee: with A not listening, bob's newer stream
+    on B still ends his older one on A, at A's next full poll."""
+    async with _two(tmp_path, url) as (a, b):
+        assert a.cluster is not None
+        (listening,) = [t for t in a.cluster.tasks if t.get_name().endswith("-listen")]
+        listening.cancel()
+        await _register(a, "bob")
+        old = _read(a, "bob")
+        await _until(lambda: a.router.streaming("bob"), "bob streams on A")
+        new = _read(b, "bob")
+        await _until(lambda: _ended(old) is not None, "the older stream, on A, ends")
+        assert isinstance(_ended(old), AgentUnavailableError)
+        assert _ended(new) is None and await _holder(a, "bob") == "b"
+        await _stop(new)
