@@ -9,6 +9,10 @@ the suite); on, each does what the cluster relies on.
   its buffer slot back.
 - `Deadlines.on_ack`: told each ACK deadline a hand-out starts and each one a lost stream
   stops.
+- `Router.count_in_store`: buffer capacity and credits counted by the store (what another
+  replica admitted counts; this replica's memory holds none of it).
+- `MessageLifecycle.conditional`: a change decided from a live copy another replica has
+  overtaken is decided again from the stored message.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from dataclasses import replace
 import pytest
 
 from apiary.core.envelope import AckStage
-from apiary.core.records import StoredMessage
+from apiary.core.records import MessageState, StateChange, StoredMessage
+from apiary.engine.settings import RouterSettings
 from apiary.errors import NoRouteError
 from apiary.testing.engine import EngineHarness, open_test_engine
 
@@ -94,3 +99,44 @@ async def test_on_ack_hears_each_ack_deadline_started_and_stopped() -> None:
         assert handed == [(sent.message_id, h.clock.now() + timeout)]
         await stream.aclose()  # the stream is lost: its deadline stops
         assert heard[-1] == (sent.message_id, 0.0)
+
+
+async def test_count_in_store_counts_what_the_store_holds_for_the_recipient() -> None:
+    async with open_test_engine(RouterSettings(credit_window=5, per_producer_cap=1)) as h:
+        await h.register("bob", capacity=2)
+        await h.register("alice")
+        await h.register("carol")
+        h.engine.router.live.placement = lambda message: False  # (bob streams elsewhere)
+        h.engine.router.count_in_store(True)
+        first = await h.send("alice", "bob", {"n": 1})
+        assert first.accepted
+        capped = await h.send("alice", "bob", {"n": 2})
+        assert not capped.accepted and "producer_cap (1/1)" in capped.reason
+        assert (await h.send("carol", "bob", {"n": 3})).accepted
+        full = await h.send("dave", "bob", {"n": 4})
+        assert not full.accepted and "capacity exceeded for agent=bob (2/2)" in full.reason
+        # Finished elsewhere (in the store): alice's credit and slot are back.
+        await h.store.messages.apply([StateChange(first.message_id, MessageState.FULFILLED, 1.0)])
+        assert (await h.send("alice", "bob", {"n": 5})).accepted
+
+
+async def test_conditional_decides_again_from_the_stored_message() -> None:
+    async with open_test_engine() as h:
+        await h.register("bob")
+        await h.register("alice")
+        h.engine.router.lifecycle.conditional = True
+        sent = await h.send("alice", "bob", {"n": 1})
+        (handout,) = await h.take("bob")
+        assert handout.message.message_id == sent.message_id
+        # Another replica applied bob's FAILED ACK (and recorded its dead letter there).
+        await h.store.messages.apply([
+            StateChange(sent.message_id, MessageState.FAILED, h.clock.now(), "x",
+                        acked_stage="FAILED", expected="RECEIVED")
+        ])  # fmt: skip
+        acked = await h.ack("bob", sent.message_id, AckStage.FAILED)
+        assert acked.accepted
+        # Decided again from FAILED: a late ACK, no second dead letter, no second forward.
+        assert await h.store.dlq.list() == []
+        assert (await h.message(sent.message_id)).state is MessageState.FAILED
+        assert sent.message_id not in h.engine.router.live.copies
+        assert await h.events("message.late_ack") != []

@@ -43,6 +43,9 @@ WAIT_S = 30.0
 PARTITIONS = 8
 LEASE_S = 1.5
 ACK_TIMEOUT_S = 2.0
+BUFFER = 1000
+"""Room for every message a test sends an agent before it reads them (the store counts an
+agent's buffer over both replicas: tests/server/test_cluster_limits.py)."""
 
 
 @dataclass
@@ -74,7 +77,7 @@ def _settings(replica_id: str) -> ClusterSettings:
 async def _replica(tmp_path: Path, url: str, replica_id: str) -> AsyncIterator[Coordinator]:
     async with open_test_coordinator(
         tmp_path / replica_id, url, cluster=_settings(replica_id),
-        router_settings=RouterSettings(ack_timeout_s=ACK_TIMEOUT_S),
+        router_settings=RouterSettings(ack_timeout_s=ACK_TIMEOUT_S, buffer_capacity=BUFFER),
     ) as coordinator:  # fmt: skip
         yield coordinator
 

@@ -140,6 +140,11 @@ class StateChange:
     next change); a store keeps the larger of this and the count it has."""
     last_delivered_at: float = 0.0
     """The last hand-out's time, kept the same way."""
+    expected: str = ""
+    """When non-empty, the state the change was decided from: it applies only while the
+    message is still in it (cluster mode, where another replica may have changed the
+    message since it was read); else the store applies nothing of the call and raises
+    `store.errors.StaleStateError`."""
 
 
 def changed(message: StoredMessage, change: StateChange) -> StoredMessage:
@@ -184,6 +189,21 @@ class IdempotencyRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionBound:
+    """Cluster mode: the limits a message's admission is held to by the store, counted in
+    the admitting transaction over every replica's admissions (`core.admission_bounds`);
+    0 for a limit not applied."""
+
+    capacity: int = 0
+    """The recipient's buffer capacity: its messages admitted and not yet READ (RFC 13)."""
+    window: int = 0
+    """The recipient's credit window: its messages in flight (not finished), from every
+    producer (RFC 13.1)."""
+    cap: int = 0
+    """The per-producer cap: its messages in flight from this one producer."""
+
+
+@dataclass(frozen=True, slots=True)
 class AdmissionWrites:
     """What commits with one message's admission, in its transaction, when the message is
     admitted (a duplicate member writes none of it): its events and, for a message sent
@@ -207,6 +227,9 @@ class AdmissionWrites:
     the message, at its `created_at`, in the admission's transaction, if no requeue marked
     it before; else the message is not admitted (`store.errors.RequeuedError`), so that
     of two requeues of one entry at once (on two replicas) one is admitted."""
+    bound: AdmissionBound | None = None
+    """Cluster mode: the limits the store holds the admission to (`AdmissionBound`); a
+    member over one is not admitted (`store.errors.BoundExceededError`)."""
 
 
 @dataclass(frozen=True, slots=True)

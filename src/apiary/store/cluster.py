@@ -14,6 +14,7 @@ from typing import Final, Protocol
 
 from apiary.core.cluster.assignment import ClusterView
 from apiary.core.cluster.leases import Lease, Verdict
+from apiary.core.cluster.streams import StreamClaim, StreamHolder
 from apiary.core.records import StoredMessage
 from apiary.store.errors import StoreError
 
@@ -138,7 +139,10 @@ CHANGED: Final = "changed"
 """One of the agent's messages changed state on another replica (a deadline fired)."""
 AGENTS: Final = "agents"
 """The agent was registered or deregistered: the others read the registry again."""
-NOTE_KINDS: Final = frozenset({INBOX, CHANGED, AGENTS})
+STREAM: Final = "stream"
+"""A newer stream of the agent opened on another replica: the holder of its older one
+ends it (`StreamHolders`)."""
+NOTE_KINDS: Final = frozenset({INBOX, CHANGED, AGENTS, STREAM})
 
 
 class ClusterWork(Protocol):
@@ -159,6 +163,21 @@ class ClusterWork(Protocol):
         awaits its first ACK (RECEIVED or RETRYING, nothing acknowledged); 0.0 clears it."""
         ...
 
+    async def aged(self, born_before: float, limit: int) -> list[StoredMessage]:
+        """Up to `limit` messages past the maximum age, oldest first: admitted at
+        `born_before` or earlier, awaiting their first ACK with no stream holding them (no
+        ACK deadline stored), notices aside, whose recipients stream on no replica."""
+        ...
+
+    async def claim_aged(
+        self, me: Me, partition: int, epoch: int, message_id: str, born_before: float
+    ) -> StoredMessage | None:
+        """In a transaction fenced by `me`'s term `epoch` of `partition`: the message, when
+        it is still past the maximum age as `aged` tells (its row locked while it is read);
+        None when it is not (acknowledged, handed out, its recipient streaming, finished).
+        FencedError when the term is over."""
+        ...
+
     async def claim_due(
         self, me: Me, partition: int, epoch: int, message_id: str, now: float, retry_at: float
     ) -> StoredMessage | None:
@@ -167,4 +186,25 @@ class ClusterWork(Protocol):
         `retry_at` (fired once, or again at `retry_at` by whoever owns the partition then if
         the firing never finished); None when it is not due (fired or finished already).
         FencedError when the term is over."""
+        ...
+
+
+class StreamHolders(Protocol):
+    """Which replica's stream of an agent is its live one (docs/cluster.md, "One stream per
+    agent"): one holder row per agent, decided by the store under a row lock with the rules
+    of `core.cluster.streams`."""
+
+    async def claim(self, me: Me, agent_id: str, take_over: bool) -> StreamClaim:
+        """Ask for `agent_id`'s holder row for a stream opening on `me` (`take_over`: its
+        caller proved it is the agent). When the claim supersedes another replica's stream,
+        that replica is sent a note (kind STREAM) as the claim commits."""
+        ...
+
+    async def release(self, me: Me, agent_id: str, generation: int) -> bool:
+        """Free the row when `me` still holds it under `generation` (its last stream of the
+        agent ended); False when a newer stream took it since."""
+        ...
+
+    async def holders(self, agent_ids: Sequence[str]) -> dict[str, StreamHolder]:
+        """The holder rows of `agent_ids` there are."""
         ...

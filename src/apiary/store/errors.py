@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeAlias
+
 from apiary.core.records import IdempotencyRecord
 from apiary.errors import UnavailableError
 
@@ -31,6 +34,35 @@ class RequeuedError(StoreError):
     def __init__(self, message_id: str, entry_id: int) -> None:
         super().__init__(f"{message_id}: DLQ entry {entry_id} was requeued by another requeue")
         self.entry_id = entry_id
+
+
+class BoundExceededError(StoreError):
+    """A message was not admitted: its recipient's buffer, or the credits its producer may
+    hold there, are full in the store (cluster mode's `AdmissionWrites.bound`; `limit` names
+    which: `core.admission_bounds`)."""
+
+    def __init__(self, message_id: str, limit: str, count: int, bound: int) -> None:
+        super().__init__(f"{message_id}: {limit} ({count}/{bound})")
+        self.limit = limit
+        self.count = count
+        self.bound = bound
+
+
+class StaleStateError(StoreError):
+    """State changes were not applied (none of the call): the message of one was no longer
+    in the state the change expected (`StateChange.expected`: another replica changed it
+    since it was read). The caller reads it again and decides anew."""
+
+    def __init__(self, message_ids: Sequence[str]) -> None:
+        super().__init__(f"changed meanwhile: {', '.join(message_ids)}")
+        self.message_ids = tuple(message_ids)
+        """The messages whose changes may have been refused (at least the stale one)."""
+
+
+AdmissionRefusal: TypeAlias = (
+    DuplicateMessageError | TokenTakenError | RequeuedError | BoundExceededError
+)
+"""Why a member of `MessageStore.admit_many` was not admitted (it alone)."""
 
 
 class StoreUnavailableError(StoreError, UnavailableError):

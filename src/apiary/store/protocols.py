@@ -52,7 +52,9 @@ from apiary.core.workflow.definition import WorkflowSpec
 from apiary.core.workflow.node import NodeRun
 from apiary.core.workflow.run import StoredWorkflow, WorkflowRun, WorkflowSummary
 from apiary.core.worktrees.records import WorktreeBinding
-from apiary.store.errors import DuplicateMessageError, RequeuedError, TokenTakenError
+from apiary.store.errors import (
+    AdmissionRefusal,
+)
 
 
 class EventLog(Protocol):
@@ -136,7 +138,7 @@ class MessageStore(Protocol):
         messages: Sequence[StoredMessage],
         writes: Sequence[AdmissionWrites] = (),
         events: Sequence[EventDraft] = (),
-    ) -> list[StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError]:
+    ) -> list[StoredMessage | AdmissionRefusal]:
         """Admit each message as `admit` does, in one transaction where the backend has
         them; a duplicate fails only its own member (per-message outcomes, RFC 5.4), and so
         does a member whose token's record is no longer the one its admission found

@@ -28,11 +28,12 @@ import logging
 from typing import Final
 
 from apiary.core.records import MessageState, StoredMessage
+from apiary.engine.cluster.stream_holds import StreamHolds
 from apiary.engine.presence import Presence
 from apiary.engine.registry import Registry
 from apiary.engine.router.admission import is_notice
 from apiary.engine.router.router import Router
-from apiary.store.cluster import AGENTS, INBOX, ClusterWork, WorkNote
+from apiary.store.cluster import AGENTS, INBOX, STREAM, ClusterWork, WorkNote
 from apiary.store.errors import StoreError
 from apiary.store.protocols import MessageStore
 
@@ -58,6 +59,7 @@ class StoreFollower:
         presence: Presence,
         messages: MessageStore,
         work: ClusterWork,
+        holds: StreamHolds,
         *,
         poll_s: float = POLL_S,
     ) -> None:
@@ -67,6 +69,7 @@ class StoreFollower:
         self._presence = presence
         self._messages = messages
         self._work = work
+        self._holds = holds
         self.poll_s = poll_s
         self._cursor: dict[str, int] = {}
         """The agents followed here (a stream of theirs is open), each with the highest
@@ -75,6 +78,8 @@ class StoreFollower:
         """Agents whose last stream here ended, with their inbox's session then."""
         self._locks: dict[str, asyncio.Lock] = {}
         self._dirty: set[str] = set()
+        self._contested: set[str] = set()
+        """Agents a note said a newer stream of opened on another replica."""
         self._agents_dirty = False
         self._wake = asyncio.Event()
         self._outbox: dict[WorkNote, None] = {}
@@ -102,13 +107,24 @@ class StoreFollower:
         self._wake.set()
         return False
 
-    async def opening(self, agent_id: str) -> None:
-        """`Delivery.follower`: a stream of `agent_id` opens here; its unfinished messages
-        are read from the store and followed from now on."""
+    async def opening(self, agent_id: str, take_over: bool) -> None:
+        """`Delivery.follower`: a stream of `agent_id` opens here once it holds the agent's
+        stream across the replicas (`StreamHolds.claim`: AlreadyInProgressError when another
+        replica's is live and not `take_over`); its unfinished messages are read from the
+        store and followed from now on."""
         async with self._lock(agent_id):
+            await self._holds.claim(agent_id, take_over)
             self._closing.pop(agent_id, None)
+            fresh = agent_id not in self._cursor
             self._cursor.setdefault(agent_id, 0)
-            await self._sync(agent_id)
+            try:
+                await self._sync(agent_id)
+            except BaseException:
+                # The stream does not open: unless another here streams, let the agent go
+                # (its live copies, its holder row) as when a last stream ends.
+                if fresh and not self._router.streaming(agent_id):
+                    self.closed(agent_id, self._router.inbox(agent_id).session)
+                raise
 
     def closed(self, agent_id: str, session: int) -> None:
         """`Delivery.follower`: the last stream of `agent_id` here ended; unless another
@@ -151,6 +167,11 @@ class StoreFollower:
             await self._reload_registry()
         for agent_id, session in list(self._closing.items()):
             await self._let_go(agent_id, session)
+        if full:
+            await self._release_idle()
+        contested = self._holds.held() if full else list(self._contested)
+        self._contested.difference_update(contested)
+        await self._supersede(contested)
         agents = list(self._cursor) if full else [a for a in self._dirty if a in self._cursor]
         self._dirty.difference_update(agents)
         for agent_id in agents:
@@ -167,6 +188,8 @@ class StoreFollower:
                 async for note in self._work.notes():
                     if note.kind == AGENTS:
                         self._agents_dirty = True
+                    elif note.kind == STREAM:
+                        self._contested.add(note.agent_id)
                     elif note.agent_id in self._cursor:
                         self._dirty.add(note.agent_id)
                     else:
@@ -236,9 +259,26 @@ class StoreFollower:
                 return
             self._cursor.pop(agent_id, None)
             self._dirty.discard(agent_id)
+            await self._holds.release(agent_id)
             live = self._live
             for copy in [c for c in live.copies.values() if c.recipient == agent_id]:
                 live.forget(copy)
+
+    async def _release_idle(self) -> None:
+        """Free the rows of agents no longer followed here whose release failed."""
+        for agent_id in self._holds.held():
+            async with self._lock(agent_id):
+                if agent_id not in self._cursor and not self._router.streaming(agent_id):
+                    await self._holds.release(agent_id)
+
+    async def _supersede(self, agent_ids: list[str]) -> None:
+        """End the streams here of those of `agent_ids` whose live stream is now another
+        replica's (read again under the agent's lock: a stream may have opened here since)."""
+        for agent_id in await self._holds.superseded(agent_ids):
+            async with self._lock(agent_id):
+                if await self._holds.superseded([agent_id]):
+                    log.info("cluster: %s's stream here superseded by another replica's", agent_id)
+                    self._holds.supersede(agent_id)
 
     def _forget_strays(self) -> None:
         """Forget live copies of agents not followed here: an ACK applied here to a message

@@ -3,7 +3,9 @@ store, the owner's timers and the ACK deadline writer, hooked into one engine.
 
 The hooks (each None or off, changing nothing, outside cluster mode):
 `LiveMessages.placement` and `Delivery.follower` (the follower decides what is live here),
-`Registry.on_change` (a note to the others) and `Registry.reads_through` (an agent this
+`Registry.on_change` (a note to the others), `Router.count_in_store` (buffers and credits
+counted by the store), `MessageLifecycle.conditional` (state changes stored only from the
+state they were decided from) and `Registry.reads_through` (an agent this
 replica does not know yet is looked up in the store before no_route), `Deadlines.on_ack`
 (ACK deadlines stored for the owner) and `Presence.judges` (heartbeats judged by the
 partition's owner only).
@@ -27,10 +29,11 @@ from apiary.engine.cluster.follower import POLL_S as FOLLOW_POLL_S
 from apiary.engine.cluster.follower import StoreFollower
 from apiary.engine.cluster.keeper import LeaseKeeper
 from apiary.engine.cluster.settings import ClusterSettings
+from apiary.engine.cluster.stream_holds import StreamHolds
 from apiary.engine.cluster.timers import POLL_S as TIMER_POLL_S
 from apiary.engine.cluster.timers import OwnerTimers
 from apiary.engine.deadlines import Sleep
-from apiary.store.cluster import ClusterLeases, ClusterWork, ReplicaEvictedError
+from apiary.store.cluster import ClusterLeases, ClusterWork, ReplicaEvictedError, StreamHolders
 from apiary.store.errors import StoreError
 from apiary.store.protocols import MessageStore
 
@@ -62,6 +65,7 @@ async def open_cluster_node(
     messages: MessageStore,
     leases: ClusterLeases,
     work: ClusterWork,
+    holders: StreamHolders,
     settings: ClusterSettings,
     clock: Clock,
     sleep: Sleep = asyncio.sleep,
@@ -74,9 +78,11 @@ async def open_cluster_node(
     hooks set and its loops running; on exit the loops stop and the replica leaves (its
     leases released at once) unless it was halted."""
     keeper = LeaseKeeper(leases, settings, clock, sleep, address=address)
+    holds = StreamHolds(engine.router, holders, keeper.me)
     follower = StoreFollower(
-        engine.router, engine.registry, engine.presence, messages, work, poll_s=follow_poll_s
-    )
+        engine.router, engine.registry, engine.presence, messages, work, holds,
+        poll_s=follow_poll_s,
+    )  # fmt: skip
     timers = OwnerTimers(
         engine.router, messages, work, keeper, clock, sleep, follower.note, poll_s=timer_poll_s
     )
@@ -121,6 +127,8 @@ def _hook(engine: Engine, node: ClusterNode, clock: Clock) -> None:
     router.live.started_at = clock.now()
     router.live.placement = follower.place
     router.deadlines.on_ack = node.deadlines.queue
+    router.count_in_store(True)
+    router.lifecycle.conditional = True
     engine.delivery.follower = follower
     engine.registry.on_change = follower.agent_changed
     engine.registry.reads_through = True
@@ -132,6 +140,8 @@ def _hook(engine: Engine, node: ClusterNode, clock: Clock) -> None:
 def _unhook(engine: Engine) -> None:
     engine.router.live.placement = None
     engine.router.deadlines.on_ack = None
+    engine.router.count_in_store(False)
+    engine.router.lifecycle.conditional = False
     engine.delivery.follower = None
     engine.registry.on_change = None
     engine.registry.reads_through = False

@@ -36,6 +36,7 @@ log = logging.getLogger("apiary.cluster")
 POLL_S: Final = 0.25
 """How often the owner reads the due messages: how late, at most, a deadline fires."""
 PAGE: Final = 500
+_AWAY: Final = "on any replica"
 
 
 class OwnerTimers:
@@ -97,7 +98,39 @@ class OwnerTimers:
                 continue
             if claimed is not None and await self._fire(claimed, now):
                 fired += 1
+        fired += await self._fire_aged(now, owned)
         self.fired += fired
+        return fired
+
+    async def _fire_aged(self, now: float, owned: dict[int, int]) -> int:
+        """Fail the messages of the partitions owned that waited past `max_age_s` for a
+        recipient with no stream on any replica (AGE_EXPIRE, as on one coordinator)."""
+        max_age_s = self._router.deadlines.max_age_s
+        if not max_age_s:
+            return 0
+        born_before = now - max_age_s
+        partitions = self._keeper.settings.partitions
+        fired = 0
+        for aged in await self._work.aged(born_before, PAGE):
+            partition = partition_of(aged.recipient, partitions)
+            epoch = owned.get(partition)
+            if epoch is None:
+                continue
+            try:
+                claimed = await self._work.claim_aged(
+                    self._keeper.me, partition, epoch, aged.message_id, born_before
+                )
+            except FencedError as exc:
+                log.info("cluster: %s", exc)
+                continue
+            if claimed is None:
+                continue
+            if await self._router.lifecycle.fire(
+                claimed.message_id, MessageInput.AGE_EXPIRE, now, "agent_unavailable",
+                away=_AWAY,
+            ):  # fmt: skip
+                fired += 1
+            self._note(CHANGED, claimed.recipient)
         return fired
 
     async def _fire(self, message: StoredMessage, now: float) -> bool:

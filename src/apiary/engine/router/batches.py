@@ -15,9 +15,10 @@ from dataclasses import replace
 from functools import partial
 from typing import Any, Final
 
+from apiary.core.admission_bounds import CAPACITY
 from apiary.core.clock import Clock
 from apiary.core.envelope import MESSAGE_TYPE_NAMES, Envelope, MessageType
-from apiary.core.records import AdmissionWrites, StoredMessage
+from apiary.core.records import AdmissionBound, AdmissionWrites, StoredMessage
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR
 from apiary.engine.router.admission import (
@@ -39,9 +40,10 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.rejections import Rejections
 from apiary.engine.router.stats import RouterStats
 from apiary.engine.tracing import Tracing
-from apiary.errors import AlreadyCompletedError, ValidationError
+from apiary.errors import AlreadyCompletedError, BufferFullError, ValidationError
 from apiary.store.errors import (
-    DuplicateMessageError,
+    AdmissionRefusal,
+    BoundExceededError,
     RequeuedError,
     StoreError,
     StoreUnavailableError,
@@ -83,6 +85,10 @@ class Batches:
         self._hand_over_wait_s = hand_over_wait_s
         self._tracing = tracing
         self._background: set[asyncio.Future[None]] = set()
+        self.bounds_in_store = False
+        """Cluster mode: each member's buffer capacity and credits are counted by the store
+        in the admitting transaction (`AdmissionWrites.bound`), over every replica's
+        messages; a member past one is refused buffer_full as on one coordinator."""
 
     async def prepare(self, items: Sequence[Outbound]) -> PreparedSend:
         """Every member through the admission gates, without the durable write; `complete`
@@ -210,9 +216,9 @@ class Batches:
             raise
         admit_many = partial(self._messages.admit_many, records, writes)
         try:
-            results: Sequence[
-                StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError | None
-            ] = await self._events.commit([], admit_many)
+            results: Sequence[StoredMessage | AdmissionRefusal | None] = await self._events.commit(
+                [], admit_many
+            )
         except StoreUnavailableError:
             # The database went away during the write: it may have committed or not.
             found = await self._in_doubt(records, IN_DOUBT_WAIT_S)
@@ -303,6 +309,8 @@ class Batches:
                 message_type=MESSAGE_TYPE_NAMES[env.message_type], lane=record.lane,
             ),)  # fmt: skip
             token = by_id.get(record.message_id) or _NO_TOKEN
+            if self.bounds_in_store and not is_notice(record):
+                token = replace(token, bound=self._bound(record))
             item = items[index]
             own, requeues = item.stored_with, item.dead_letter if item.requeue else 0
             if own is None:
@@ -313,9 +321,14 @@ class Batches:
                 ))  # fmt: skip
         return writes
 
+    def _bound(self, record: StoredMessage) -> AdmissionBound:
+        """The limits the store holds `record`'s admission to (`bounds_in_store`)."""
+        window, cap = self._credits.bound(record.recipient)
+        return AdmissionBound(self._inboxes[record.recipient].capacity, window, cap)
+
     def _admitted(
         self, item: Outbound, record: StoredMessage,
-        result: StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError | None,
+        result: StoredMessage | AdmissionRefusal | None,
         now: float,
     ) -> SendOutcome:  # fmt: skip
         """The outcome of `item`, whose `record` the store answered with `result` (None: a
@@ -324,6 +337,9 @@ class Batches:
         if isinstance(result, TokenTakenError):
             self._free(env, record)
             return self._dedup.taken(env, result.record, now)
+        if isinstance(result, BoundExceededError):
+            self._free(env, record)
+            return SendOutcome.refusal(env.message_id, _bound_refusal(env, record, result))
         if isinstance(result, RequeuedError):
             self._free(env, record)
             entry = str(result.entry_id)
@@ -404,3 +420,20 @@ class Batches:
                     )
         if late:
             await self._persist(late, items, outcomes, now)
+
+
+def _bound_refusal(
+    env: Envelope, record: StoredMessage, exc: BoundExceededError
+) -> BufferFullError:
+    """buffer_full for a member the store found past a limit, worded as on one coordinator
+    (`Admission._reserve`, `CreditControl.consume`)."""
+    recipient = record.recipient
+    if exc.limit == CAPACITY:
+        return BufferFullError(
+            f"Inbound buffer capacity exceeded for agent={recipient} ({exc.count}/{exc.bound})",
+            {"recipient": recipient, "capacity": str(exc.bound)},
+        )
+    return BufferFullError(
+        f"no credit for {env.producer_id} at {recipient}: {exc.limit} ({exc.count}/{exc.bound})",
+        {"recipient": recipient, "reason": "credit"},
+    )

@@ -29,9 +29,16 @@ class CreditControl:
         """Whether admission takes a credit per message (read per message: an attribute)."""
         self.adaptive = self._policy is not None
         """Whether finished messages' service times resize the windows (`observe`)."""
+        self.in_store = False
+        """Cluster mode: credits are counted by the store in each admitting transaction,
+        over every replica's messages (`bound`), not in this replica's ledgers: a message
+        admitted here may finish on another replica, whose release this one never sees."""
 
     def consume(self, recipient: str, producer: str) -> None:
-        """Take one of `producer`'s credits at `recipient`; BufferFullError when none is left."""
+        """Take one of `producer`'s credits at `recipient`; BufferFullError when none is left
+        (nothing when `in_store`: the store decides)."""
+        if self.in_store:
+            return
         decision = self._ledger(recipient).try_consume(producer)
         if not decision.granted:
             raise BufferFullError(
@@ -41,6 +48,8 @@ class CreditControl:
 
     def release(self, message: StoredMessage) -> None:
         """Give back the credit `message` took (its recipient acknowledged or it ended)."""
+        if self.in_store:
+            return
         ledger = self._ledgers.get(message.recipient)
         if ledger is not None and ledger.in_flight(message.producer_id) > 0:
             ledger.release(message.producer_id)
@@ -59,6 +68,14 @@ class CreditControl:
                 before=change.before, after=change.after, reason=change.reason,
                 smoothed_latency_s=round(change.smoothed_latency_s, 6),
             )  # fmt: skip
+
+    def bound(self, recipient: str) -> tuple[int, int]:
+        """The recipient's credit window and the per-producer cap the store holds an
+        admission to (`in_store`; 0: none): the window as it stands here (adapted by what
+        this replica observed, with adaptation on)."""
+        if not self.enabled:
+            return 0, 0
+        return self._ledger(recipient).window, self._cap or 0
 
     def window(self, recipient: str) -> int | None:
         """The recipient's current credit window (None until it has one)."""

@@ -101,8 +101,10 @@ class StreamFollower(Protocol):
     messages are read from the store the replicas share when a stream opens here, and
     followed while one is open."""
 
-    async def opening(self, agent_id: str) -> None:
-        """A stream of `agent_id` is about to open here (before its session starts)."""
+    async def opening(self, agent_id: str, take_over: bool) -> None:
+        """A stream of `agent_id` is about to open here (before its session starts):
+        AlreadyInProgressError when another replica's stream of the agent is live and
+        `take_over` is false; with `take_over`, that stream is superseded."""
 
     def closed(self, agent_id: str, session: int) -> None:
         """The last stream of `agent_id` here ended; `session` is its inbox's session then."""
@@ -164,7 +166,7 @@ class Delivery:
                 {"agent_id": agent_id, "reason": "stream_live"},
             )
         if self.follower is not None:
-            await self.follower.opening(agent_id)
+            await self.follower.opening(agent_id, take_over)
         session = inbox.open_session(resume_after)
         await self._events.record(
             "stream.opened", agent_id, agent_id=agent_id, resume_after=resume_after,

@@ -180,6 +180,13 @@ class Inbox:
         self.arrived.set()
         return self.session
 
+    def supersede(self) -> None:
+        """End the streams reading this inbox: a newer stream of the agent opened on another
+        replica (cluster mode). Each sees a newer session at its next read, as when a newer
+        stream opens here."""
+        self.session += 1
+        self.arrived.set()
+
     def awaiting(self) -> list[str]:
         """The ids of the messages queued for a stream or handed out and not acknowledged
         (notices handed over from memory aside): what a stream could hold."""

@@ -44,7 +44,7 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.stats import RouterStats
 from apiary.engine.transfers import Transfers
 from apiary.errors import ApiaryError, PermissionDeniedError
-from apiary.store.errors import StoreUnavailableError
+from apiary.store.errors import StaleStateError, StoreUnavailableError
 from apiary.store.protocols import MessageStore
 
 Nack = Callable[[str, str, str, AckStage, str, str, str], Awaitable[None]]
@@ -60,6 +60,9 @@ _ACKED_STATE = {stage: MessageState[stage.name] for stage in ACK_INPUTS}
 """The message state an ACK stage reports."""
 _ACK_EVENTS = frozenset(ACK_INPUTS.values())
 _END_STAGES = frozenset({AckStage.FULFILLED, AckStage.REJECTED, AckStage.FAILED})
+STALE_TRIES = 4
+"""How often a state change is decided again from the message as stored, when the store
+refused it because the message changed meanwhile (cluster mode), before giving up."""
 _AWAITED_EFFECTS = frozenset({Effect.NACK, Effect.DEAD_LETTER, Effect.UPDATE_IDEMPOTENCY})
 """The effects `_perform` carries out (they may wait on the store); `_settle` does
 RELEASE_CREDIT itself, and the rest need nothing after the step."""
@@ -92,6 +95,11 @@ class MessageLifecycle:
         self._nack = nack
         self._changes: Coalescer[Write, StoredMessage] = Coalescer(self._write)
         self._locks: dict[str, asyncio.Lock] = {}
+        self.conditional = False
+        """Cluster mode: each state change is stored only while its message is still in
+        the state the change was decided from (`StateChange.expected`): another replica may
+        have changed it since (an ACK there, a deadline fired by the partition's owner). A
+        change refused so is decided again from the message as stored (`_carry_out`)."""
 
     async def apply(
         self,
@@ -109,9 +117,11 @@ class MessageLifecycle:
 
     async def _carry_out(
         self, message: StoredMessage, event: MessageInput, plan: Plan | None, now: float,
-        ack: Ack | None, error_code: str, note: str,
+        ack: Ack | None, error_code: str, note: str, tries: int = STALE_TRIES,
     ) -> tuple[Effect, ...]:  # fmt: skip
-        """`plan` for `message`: its state change stored, then what follows the step."""
+        """`plan` for `message`: its state change stored, then what follows the step. A
+        change the store refuses because the message changed meanwhile (`conditional`) is
+        decided again from the message as stored, `tries` times at most."""
         if plan is None:
             return ()
         step, change = plan
@@ -124,13 +134,32 @@ class MessageLifecycle:
             after = changed(message, change)
             draft = self._event_of(plan, message, after, event, code, now)
             token = self._token_of(step, message, after, code, ack.note if ack else note, now)
-            updated = await self._changes.submit((change, draft, token))
+            try:
+                updated = await self._changes.submit((change, draft, token))
+            except StaleStateError:
+                if tries <= 1:
+                    raise
+                stored = await self._reread(message.message_id)
+                if stored is None:
+                    return ()
+                plan = self._plan(stored, event, now, ack, error_code)
+                return await self._carry_out(
+                    stored, event, plan, now, ack, error_code, note, tries - 1
+                )
         awaited, updated = self._settle(
             message, updated, event, step, now, ack, cached=token is not None
         )
         if awaited:
             await self._perform_all(awaited, message, updated, ack, error_code, note, now)
         return step.effects
+
+    async def _reread(self, message_id: str) -> StoredMessage | None:
+        """The message as stored now, its live copy brought in step with it (another replica
+        changed it: a change decided from the copy was refused)."""
+        stored = await self._messages.get(message_id)
+        if stored is not None and message_id in self._copies:
+            self._live.changed(stored, acked=bool(stored.acked_stage))
+        return stored
 
     # ------------------------------------------------------------------ acknowledgements
 
@@ -201,7 +230,13 @@ class MessageLifecycle:
                         tokens.append(token)
                         folded.add(original.message_id)
             joined, taken = await self._join(planned)
-            await self._commit_frame(changes, drafts, tokens, joined)
+            try:
+                await self._commit_frame(changes, drafts, tokens, joined)
+            except StaleStateError:
+                # One of the messages changed on another replica: nothing was stored, and
+                # the frame's ACKs go one at a time (`acknowledge`), each decided anew from
+                # the message as stored when its change is refused.
+                return early
             try:
                 await self._settle_frame(planned, stored, folded, taken, now, early)
             finally:
@@ -383,6 +418,7 @@ class MessageLifecycle:
         change = StateChange(
             message_id, step.state, now, code, stage if further else "",
             Effect.CANCEL_ACK_TIMER in effects, deliveries, message.last_delivered_at,
+            state_text(message.state) if self.conditional else "",
         )  # fmt: skip
         self._live.writes_count(message_id, deliveries)
         return step, change
@@ -563,16 +599,20 @@ class MessageLifecycle:
             self._locks.pop(message_id, None)  # as `acknowledge`: no lock kept per message
         return fired
 
-    async def fire(self, message_id: str, event: MessageInput, now: float, code: str) -> bool:
+    async def fire(
+        self, message_id: str, event: MessageInput, now: float, code: str, *, away: str = ""
+    ) -> bool:
         """Apply a deadline's `event` read from the store (cluster mode: the partition's
         owner runs the deadlines of messages any replica holds; engine/cluster/timers.py),
         to the message as the store holds it now, under its lock as `fire_due` does; False
-        when it has finished meanwhile or the machine takes no such input in its state."""
+        when it has finished meanwhile or the machine takes no such input in its state.
+        `away`: for AGE_EXPIRE, how long its recipient has had no stream, as the note says."""
         async with self._lock(message_id):
             message = await self._messages.get(message_id)
             effects: tuple[Effect, ...] = ()
             if message is not None and not message.state.terminal:
-                effects = await self.apply(message, event, now, error_code=code)
+                note = self._age_note(message, away) if event is MessageInput.AGE_EXPIRE else ""
+                effects = await self.apply(message, event, now, error_code=code, note=note)
         self._locks.pop(message_id, None)
         return bool(effects)
 
@@ -594,8 +634,9 @@ class MessageLifecycle:
         else:
             self._live.watch(message)
 
-    def _age_note(self, message: StoredMessage) -> str:
-        """Why `message` aged out, for its DLQ entry and its producer's NACK."""
+    def _age_note(self, message: StoredMessage, away: str = "") -> str:
+        """Why `message` aged out, for its DLQ entry and its producer's NACK; `away`: how
+        long its recipient has had no stream (else since its last one here ended)."""
         limit = f"not acknowledged within max_age_s ({self._deadlines.max_age_s:g} s)"
         if message.deliveries:
             times = "time" if message.deliveries == 1 else "times"
@@ -605,8 +646,9 @@ class MessageLifecycle:
             )
         else:
             held = "never handed out"
-        since = self._live.offline_since(message.recipient)
-        away = f"since {iso_utc(since)}" if since else "since the coordinator started"
+        if not away:
+            since = self._live.offline_since(message.recipient)
+            away = f"since {iso_utc(since)}" if since else "since the coordinator started"
         return f"{limit}: {held}; {message.recipient} has had no live stream {away}"
 
 

@@ -118,6 +118,13 @@ class Router:
         """Per-agent buffer capacity (RFC 13: configurable per agent)."""
         return self._inboxes.set_capacity(agent_id, capacity)
 
+    def count_in_store(self, on: bool) -> None:
+        """Cluster mode: buffer capacity and credits counted by the store in each admitting
+        transaction, over every replica's messages, instead of in this replica's memory
+        alone (docs/cluster.md, "Buffers and credits")."""
+        self._credits.in_store = on
+        self._batches.bounds_in_store = on
+
     def credit_window(self, recipient: str) -> int | None:
         """The recipient's current credit window (None without credit-based flow control)."""
         return self._credits.window(recipient)

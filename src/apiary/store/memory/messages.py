@@ -6,6 +6,7 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 
+from apiary.core.admission_bounds import counts, exceeding
 from apiary.core.dedup import advance, unchanged
 from apiary.core.events import EventDraft
 from apiary.core.records import (
@@ -17,7 +18,14 @@ from apiary.core.records import (
     TokenProgress,
     changed,
 )
-from apiary.store.errors import DuplicateMessageError, RequeuedError, TokenTakenError
+from apiary.store.errors import (
+    AdmissionRefusal,
+    BoundExceededError,
+    DuplicateMessageError,
+    RequeuedError,
+    StaleStateError,
+    TokenTakenError,
+)
 from apiary.store.memory.dlq import MemoryDlqStore
 from apiary.store.memory.events import MemoryEventLog
 from apiary.store.memory.idempotency import MemoryIdempotencyStore
@@ -77,7 +85,7 @@ class MemoryMessageStore:
         messages: Sequence[StoredMessage],
         writes: Sequence[AdmissionWrites] = (),
         events: Sequence[EventDraft] = (),
-    ) -> list[StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError]:
+    ) -> list[StoredMessage | AdmissionRefusal]:
         """Admit each message as `admit` does; a duplicate (of a stored message or of an
         earlier member), or a member whose token was taken or whose dead letter was
         requeued, fails only its own member.
@@ -93,7 +101,7 @@ class MemoryMessageStore:
             )
             for w in writes
         ]
-        outcomes: list[StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError]
+        outcomes: list[StoredMessage | AdmissionRefusal]
         outcomes = []
         appended: list[EventDraft] = lead
         for i, message in enumerate(messages):
@@ -119,10 +127,17 @@ class MemoryMessageStore:
 
     def _refused(
         self, message: StoredMessage, writes: AdmissionWrites
-    ) -> TokenTakenError | RequeuedError | None:
+    ) -> TokenTakenError | RequeuedError | BoundExceededError | None:
         """The refusal of `message` (new) when its token's record is not the one its
         admission found (`core.dedup.unchanged`) or the dead letter it requeues was requeued
-        before; None when it may be admitted (its dead letter is marked then)."""
+        before, or it is past a limit it is held to (`AdmissionWrites.bound`); None when it
+        may be admitted (its dead letter is marked then)."""
+        bound = writes.bound
+        if bound is not None:
+            member = (0, message.recipient, message.producer_id, bound)
+            over = exceeding([member], *self._held(message.recipient))
+            if over:
+                return BoundExceededError(message.message_id, *over[0])
         token = writes.idempotency
         if token is not None and not writes.idempotency_forced:
             stored = self._tokens.get_now(token.token)
@@ -133,6 +148,21 @@ class MemoryMessageStore:
         if entry and not self._dlq.requeue_now(entry, message.created_at, message.message_id):
             return RequeuedError(message.message_id, entry)
         return None
+
+    def _held(self, recipient: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+        """What `recipient`'s stored messages occupy and hold (`core.admission_bounds`)."""
+        buffered: dict[str, int] = {}
+        in_flight: dict[tuple[str, str], int] = {}
+        for m in self._messages.values():
+            if m.recipient != recipient:
+                continue
+            occupies, holds = counts(m.producer_id, m.message_type, m.state)
+            if occupies:
+                buffered[recipient] = buffered.get(recipient, 0) + 1
+            if holds:
+                pair = (recipient, m.producer_id)
+                in_flight[pair] = in_flight.get(pair, 0) + 1
+        return buffered, in_flight
 
     def _admit(self, message: StoredMessage) -> StoredMessage:
         if message.message_id in self._messages:
@@ -168,6 +198,7 @@ class MemoryMessageStore:
         for change in changes:
             if change.message_id not in self._messages:
                 raise LookupError(f"no message {change.message_id!r}")
+        self._check_expected(changes)
         drafts = self._log.checked(events)
         steps = [(t, self._log.checked([t.cached])[0] if t.cached else None) for t in tokens]
         records = [self._tasks.checked(task) for task in tasks]
@@ -187,6 +218,18 @@ class MemoryMessageStore:
             self._tasks.put_now(record)
         self._log.append_now(drafts)
         return applied
+
+    def _check_expected(self, changes: Sequence[StateChange]) -> None:
+        """StaleStateError when a change's message will not be in the state the change
+        expects when its turn comes (`StateChange.expected`)."""
+        states = {c.message_id: self._messages[c.message_id].state for c in changes}
+        stale = []
+        for change in changes:
+            if change.expected and states[change.message_id] != change.expected:
+                stale.append(change.message_id)
+            states[change.message_id] = change.state
+        if stale:
+            raise StaleStateError(stale)
 
     async def record(
         self,

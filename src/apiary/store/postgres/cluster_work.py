@@ -26,6 +26,7 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
+from apiary.core.admission_bounds import NOTICE_PRODUCER, NOTICE_TYPES
 from apiary.core.records import MessageState, StoredMessage
 from apiary.store.cluster import NOTE_KINDS, Me, WorkNote
 from apiary.store.errors import StoreError
@@ -49,6 +50,31 @@ _SET_ACK_DEADLINES: Final = (
 _DUE_ROW: Final = (
     f"SELECT {MESSAGES.sql} FROM messages WHERE message_id = %s AND due_at <= %s FOR UPDATE"
 )
+STREAMING: Final = (
+    "EXISTS (SELECT 1 FROM stream_holders h JOIN cluster_replicas r"
+    " ON r.replica_id = h.replica_id AND r.incarnation = h.incarnation"
+    " WHERE h.agent_id = {agent} AND r.expires_at > extract(epoch FROM clock_timestamp()))"
+)
+"""SQL true when the agent (an SQL expression) has a live stream on some replica: its holder
+row (`cluster_streams`) names a replica, that start of it, whose heartbeat has not expired."""
+
+
+_AGED: Final = (
+    "acked_stage = '' AND state IN ('RECEIVED', 'RETRYING') AND ack_deadline = 0"
+    " AND created_at <= %(born)s AND producer_id <> %(notices)s"
+    " AND message_type <> ALL(%(notice_types)s)"
+    f" AND NOT {STREAMING.format(agent='messages.recipient')}"
+)
+"""SQL true for a message past the maximum age (`core.admission_bounds` tells notices):
+admitted at `born` or before, awaiting its first ACK, held by no stream (no ACK deadline
+stored) and its recipient streaming on no replica."""
+_AGED_PAGE: Final = (
+    f"SELECT {MESSAGES.sql} FROM messages WHERE {_AGED}"
+    " ORDER BY created_at, message_id LIMIT %(limit)s"
+)
+_AGED_ROW: Final = (
+    f"SELECT {MESSAGES.sql} FROM messages WHERE message_id = %(id)s AND {_AGED} FOR UPDATE"
+)
 _MOVE_DUE: Final = (
     "UPDATE messages SET"
     " ack_deadline = CASE WHEN ack_deadline > 0 AND ack_deadline <= %(now)s"
@@ -70,9 +96,7 @@ class PostgresClusterWork:
         if not notes:
             return
         schema = self._pool.schema
-        payloads = [
-            (WORK_CHANNEL, json.dumps({"s": schema, "k": n.kind, "a": n.agent_id})) for n in notes
-        ]
+        payloads = [(WORK_CHANNEL, note_payload(schema, n)) for n in notes]
         try:
             async with (
                 self._pool.connection() as conn,
@@ -117,6 +141,35 @@ class PostgresClusterWork:
             await conn.execute(_LOCK_IN_KEY_ORDER, [sorted(set(ids))])
             await conn.execute(_SET_ACK_DEADLINES, [ids, dues, _AWAITING_FIRST_ACK])
 
+    async def aged(self, born_before: float, limit: int) -> list[StoredMessage]:
+        try:
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(
+                    _AGED_PAGE, {**_aged_params(born_before), "limit": limit}
+                )
+                rows = await cursor.fetchall()
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot read the messages past the maximum age: {exc}") from exc
+        return [message_from_row(row) for row in rows]
+
+    async def claim_aged(
+        self, me: Me, partition: int, epoch: int, message_id: str, born_before: float
+    ) -> StoredMessage | None:
+        try:
+            return await rerun_when_aborted(
+                lambda: self._claim_aged(me, partition, epoch, message_id, born_before)
+            )
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot claim the maximum age of {message_id}: {exc}") from exc
+
+    async def _claim_aged(
+        self, me: Me, partition: int, epoch: int, message_id: str, born_before: float
+    ) -> StoredMessage | None:
+        async with self._leases.fenced(me, partition, epoch) as conn:
+            params = {**_aged_params(born_before), "id": message_id}
+            rows = await (await conn.execute(_AGED_ROW, params)).fetchall()
+            return message_from_row(rows[0]) if rows else None
+
     async def claim_due(
         self, me: Me, partition: int, epoch: int, message_id: str, now: float, retry_at: float
     ) -> StoredMessage | None:
@@ -136,6 +189,17 @@ class PostgresClusterWork:
                 return None
             await conn.execute(_MOVE_DUE, {"now": now, "retry": retry_at, "id": message_id})
             return message_from_row(rows[0])
+
+
+def _aged_params(born_before: float) -> dict[str, object]:
+    return {
+        "born": born_before, "notices": NOTICE_PRODUCER, "notice_types": list(NOTICE_TYPES),
+    }  # fmt: skip
+
+
+def note_payload(schema: str, note: WorkNote) -> str:
+    """The NOTIFY payload of `note` for the replicas of `schema`."""
+    return json.dumps({"s": schema, "k": note.kind, "a": note.agent_id})
 
 
 def _parsed(payload: str, schema: str) -> WorkNote | None:

@@ -21,6 +21,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Final, NamedTuple
 
+from apiary.core.admission_bounds import Member
 from apiary.core.dedup import advance
 from apiary.core.events import EventDraft
 from apiary.core.records import (
@@ -35,11 +36,15 @@ from apiary.core.records import (
     state_text,
 )
 from apiary.store.errors import (
+    AdmissionRefusal,
+    BoundExceededError,
     DuplicateMessageError,
     RequeuedError,
+    StaleStateError,
     StoreError,
     TokenTakenError,
 )
+from apiary.store.sql.bounds import Refusals, held_to_bounds
 from apiary.store.sql.bulk import chunks, markers, values_rows
 from apiary.store.sql.checks import check_limit, sequence_from_sql, sequence_to_sql
 from apiary.store.sql.columns import Columns
@@ -96,6 +101,7 @@ class ChangeParams(NamedTuple):
     clear_ack_deadline: bool
     deliveries: int
     last_delivered_at: float
+    expected: str
     message_id: str
 
 
@@ -176,6 +182,7 @@ def change_params(changes: Sequence[StateChange]) -> list[tuple[Any, ...]]:
             bool(c.clear_ack_deadline),
             int(c.deliveries),
             float(c.last_delivered_at),
+            c.expected,
             c.message_id,
         )
         for c in changes
@@ -218,7 +225,7 @@ class SqlMessageStore:
         messages: Sequence[StoredMessage],
         writes: Sequence[AdmissionWrites] = (),
         events: Sequence[EventDraft] = (),
-    ) -> list[StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError]:
+    ) -> list[StoredMessage | AdmissionRefusal]:
         """Admit each message as `admit` does, in one transaction; a duplicate (of a stored
         message or of an earlier member), or a member whose token another admission took
         (`claim_tokens`) or whose dead letter another requeue marked, fails only its own
@@ -234,12 +241,13 @@ class SqlMessageStore:
         extras = _admission_extras(d, messages, writes) if writes or lead else None
         taken: dict[int, IdempotencyRecord] = {}
         requeued: set[int] = set()
+        bounded: Refusals = {}
         for _ in range(_ADMIT_ATTEMPTS):
             try:
                 if extras is None:
                     offsets = await self._db.write(admit_new, values)
                 else:
-                    offsets, first, taken, requeued = await self._db.write(
+                    offsets, first, taken, requeued, bounded = await self._db.write(
                         admit_with, values, lead, extras
                     )
                     self._log.committed(first, [*events, *_admitted_events(writes, offsets)])
@@ -249,6 +257,7 @@ class SqlMessageStore:
                 at_offset(m, o) if o else
                 TokenTakenError(m.message_id, taken[i]) if i in taken else
                 RequeuedError(m.message_id, writes[i].requeues) if i in requeued else
+                BoundExceededError(m.message_id, *bounded[i]) if i in bounded else
                 DuplicateMessageError(m.message_id)
                 for i, (m, o) in enumerate(zip(messages, offsets, strict=True))
             ]  # fmt: skip
@@ -468,7 +477,8 @@ def _update_sql(d: Dialect, count: int, returning: bool) -> str:
         f" deliveries = {big}(deliveries, c.column6),"
         f" last_delivered_at = {big}(last_delivered_at, c.column7)"
         f" FROM (VALUES {values_rows(count, markers(_UPDATE_WIDTH))}) AS c"
-        " WHERE messages.message_id = c.column8"
+        " WHERE messages.message_id = c.column9"
+        " AND messages.state = COALESCE(NULLIF(c.column8, ''), messages.state)"
     )
     return f"{sql} RETURNING {MESSAGES.sql}" if returning else sql
 
@@ -482,7 +492,7 @@ def _update_one_sql(d: Dialect, returning: bool) -> str:
         " acked_stage = COALESCE(NULLIF(?, ''), acked_stage),"
         " ack_deadline = CASE WHEN ? THEN 0 ELSE ack_deadline END,"
         f" deliveries = {big}(deliveries, ?), last_delivered_at = {big}(last_delivered_at, ?)"
-        " WHERE message_id = ?"
+        " WHERE state = COALESCE(NULLIF(?, ''), state) AND message_id = ?"
     )
     return f"{sql} RETURNING {MESSAGES.sql}" if returning else sql
 
@@ -582,10 +592,16 @@ def admit_new(
 Screen = Callable[[list[int]], Transaction[Collection[int]]]
 """A step of `admit_new` that refuses some of the new members (by index)."""
 AdmissionExtras = list[
-    tuple[list[tuple[Any, ...]], TokenClaim | None, tuple[Any, ...] | None, DlqMark | None]
+    tuple[
+        list[tuple[Any, ...]],
+        TokenClaim | None,
+        tuple[Any, ...] | None,
+        DlqMark | None,
+        Member | None,
+    ]
 ]
 """Per member of an admission: its events' rows (`event_rows`), its token's record to write,
-its task row and the dead letter it requeues."""
+its task row, the dead letter it requeues and the limits it is held to."""
 
 
 def _admission_extras(
@@ -596,7 +612,8 @@ def _admission_extras(
          None if w.idempotency is None else (
              i, idempotency_row(w.idempotency), w.idempotency_found, w.idempotency_forced),
          None if w.task is None else task_row(w.task),
-         (i, m.created_at, m.message_id, w.requeues) if w.requeues else None)
+         (i, m.created_at, m.message_id, w.requeues) if w.requeues else None,
+         None if w.bound is None else (i, m.recipient, m.producer_id, w.bound))
         for i, (m, w) in enumerate(zip(messages, writes, strict=True))
     ]  # fmt: skip
 
@@ -608,37 +625,49 @@ def _admitted_events(writes: Sequence[AdmissionWrites], offsets: list[int]) -> l
     return [e for w, o in zip(writes, offsets, strict=True) if o for e in w.events]
 
 
+Admitted = tuple[list[int], int, dict[int, IdempotencyRecord], set[int], Refusals]
+"""What `admit_with` returns (its docstring)."""
+
+
 def admit_with(
     d: Dialect, values: list[tuple[Any, ...]], lead: list[tuple[Any, ...]],
     extras: AdmissionExtras,
-) -> Transaction[tuple[list[int], int, dict[int, IdempotencyRecord], set[int]]]:  # fmt: skip
+) -> Transaction[Admitted]:  # fmt: skip
     """`admit_new`, its new members' tokens claimed first (`claim_tokens`: a member whose
     token another admission took is refused) and the dead letters they requeue marked
     (`mark_requeued_once`: one another requeue marked refuses its member), then the events'
     rows `lead` and, for each member admitted (`extras`: none, or one per member), its task
     record and events. Returns the offsets, the first event's sequence (0 when there were
     none), the members refused for their tokens, with the records that refused them, and
-    those refused for their dead letters."""
+    those refused for their dead letters, and those past their limits (`held_to_bounds`,
+    counted first: a member refused later, for its token or dead letter, counts there as
+    admitted, so a batch may be refused a little early, never admitted past a limit)."""
     taken: dict[int, IdempotencyRecord] = {}
     requeued: set[int] = set()
+    bounded: Refusals = {}
 
     def claim(new: list[int]) -> Transaction[Collection[int]]:
-        claims = [c for i in new if (c := extras[i][1]) is not None] if extras else []
+        # The limits first: a member past one must not claim its token or mark its entry.
+        held = [b for i in new if (b := extras[i][4]) is not None] if extras else []
+        if held:
+            bounded.update((yield from held_to_bounds(held)))
+        left = [i for i in new if i not in bounded]
+        claims = [c for i in left if (c := extras[i][1]) is not None] if extras else []
         if claims:
             taken.update((yield from claim_tokens(d, claims)))
-        marks = [m for i in new if (m := extras[i][3]) is not None and i not in taken]
+        marks = [m for i in left if (m := extras[i][3]) is not None and i not in taken]
         if marks:
             requeued.update((yield from mark_requeued_once(marks)))
-        return {*taken, *requeued}
+        return {*bounded, *taken, *requeued}
 
     offsets = yield from admit_new(d, values, claim)
     admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
-    tasks = [row for _, _, row, _ in admitted if row is not None]
+    tasks = [row for _, _, row, _, _ in admitted if row is not None]
     if tasks:
         yield from ExecuteMany(PUT_TASK.sql, tasks)
-    rows = lead + [row for events, _, _, _ in admitted for row in events]
+    rows = lead + [row for events, _, _, _, _ in admitted for row in events]
     first = (yield from append_events(d, rows)) if rows else 0
-    return offsets, first, taken, requeued
+    return offsets, first, taken, requeued, bounded
 
 
 def apply_changes(
@@ -667,6 +696,7 @@ def apply_changes(
             changed += yield from Execute(sql, flat)
     if (len(rows) if returning else changed) != len(ids):
         yield from _missing(d, ids)
+        raise StaleStateError([i for i in ids if i not in rows] if returning else ids)
     return [rows[i] for i in ids] if returning else []
 
 
@@ -711,8 +741,9 @@ def _apply_in_turn(
 ) -> Transaction[list[Row]]:
     """Apply the changes one at a time: a message changed twice is returned as each change
     left it."""
-    if d.lock_rows and not returning:
-        # Every row is locked and known: the changes go pipelined (PostgreSQL).
+    if d.lock_rows and not returning and not any(p[-2] for p in params):
+        # Every row is locked and known, and no change is conditional: the changes go
+        # pipelined (PostgreSQL).
         yield from ExecuteMany(_update_one_sql(d, False), params)
         return []
     rows: list[Row] = []
@@ -724,15 +755,18 @@ def _apply_in_turn(
         else:
             found = (yield from Execute(_update_one_sql(d, False), change)) == 1
         if not found:
-            raise LookupError(f"no message {change[-1]!r}")
+            yield from _missing(d, [change[-1]])
+            raise StaleStateError([change[-1]])
     return rows
 
 
 def _missing(d: Dialect, ids: list[str]) -> Transaction[None]:
-    """Raise LookupError naming the first of `ids` that is not stored."""
+    """Raise LookupError naming the first of `ids` that is not stored; return when every
+    one is (a change left one alone: its message was no longer in the state it expected)."""
     known = yield from _existing_ids(d, ids)
     missing = next((i for i in ids if i not in known), None)
-    raise LookupError(f"no message {missing!r}")
+    if missing is not None:
+        raise LookupError(f"no message {missing!r}")
 
 
 def _existing_ids(d: Dialect, message_ids: list[str]) -> Transaction[set[str]]:

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from apiary.core.records import (
+    AdmissionBound,
     AdmissionWrites,
     IdempotencyRecord,
     MessageState,
@@ -18,7 +19,14 @@ from apiary.core.records import (
     TokenProgress,
     changed,
 )
-from apiary.store.errors import DuplicateMessageError, RequeuedError, TokenTakenError
+from apiary.store.errors import (
+    AdmissionRefusal,
+    BoundExceededError,
+    DuplicateMessageError,
+    RequeuedError,
+    StaleStateError,
+    TokenTakenError,
+)
 from apiary.testing.store_suite.base import (
     T0,
     TERMINAL_STATES,
@@ -466,7 +474,7 @@ async def a_token_is_written_with_an_admission_only_over_the_record_it_found(
     async with factory.open() as store:
 
         async def admit(*claims: tuple[StoredMessage, AdmissionWrites, IdempotencyRecord]) -> list[
-            StoredMessage | DuplicateMessageError | TokenTakenError | RequeuedError
+            StoredMessage | AdmissionRefusal
         ]:  # fmt: skip
             return await store.messages.admit_many([c[0] for c in claims], [c[1] for c in claims])
 
@@ -530,6 +538,89 @@ async def a_requeue_marks_its_dead_letter_with_its_admission_once(factory: Store
         assert isinstance(late, RequeuedError)
         assert [await store.messages.get(m) for m in ("m-22", "m-33", "m-44")] == [None] * 3
         assert [e.details["n"] for e in await store.events.read()] == [3]
+
+
+@_check
+async def an_admission_is_held_to_its_bound_counting_what_is_stored(
+    factory: StoreFactory,
+) -> None:
+    """`AdmissionWrites.bound`: the store counts the recipient's stored messages (buffered:
+    RECEIVED or RETRYING; in flight: unfinished; notices neither) and the members before, and
+    refuses a member past the capacity, the window or the per-producer cap
+    (`BoundExceededError` naming it); it takes no offset and writes nothing."""
+    async with factory.open() as store:
+        messages = store.messages
+        await messages.admit_many([
+            message("m-read", state=MessageState.READ),
+            message("m-done", state=MessageState.FULFILLED),
+            message("m-ack", message_type=5),
+            message("m-note", producer_id="coordinator"),
+            message("m-other", "agent-c"),
+        ])  # fmt: skip
+
+        def held(n: int, bound: AdmissionBound) -> AdmissionWrites:
+            return AdmissionWrites((draft(n),), bound=bound)
+
+        capacity = AdmissionBound(capacity=2)
+        outcomes = await messages.admit_many(
+            [message("m-1"), message("m-2"), message("m-3")],
+            [held(1, capacity), held(2, capacity), held(3, capacity)],
+        )
+        assert [type(o) for o in outcomes[:2]] == [StoredMessage, StoredMessage]
+        full = outcomes[2]
+        assert isinstance(full, BoundExceededError)
+        assert (full.limit, full.count, full.bound) == ("capacity", 2, 2)
+        assert await messages.get("m-3") is None
+        assert [e.details["n"] for e in await store.events.read()] == [1, 2]
+        # In flight: m-read, m-1 and m-2 from agent-a (m-done finished; notices aside).
+        window, cap = AdmissionBound(window=3), AdmissionBound(cap=3)
+        by_d = message("m-d", producer_id="agent-d")
+        (no_window,) = await messages.admit_many([by_d], [held(4, window)])
+        assert isinstance(no_window, BoundExceededError)
+        assert (no_window.limit, no_window.count) == ("window_exhausted", 3)
+        mine, theirs = await messages.admit_many(
+            [message("m-4"), message("m-e", producer_id="agent-e")], [held(5, cap), held(6, cap)]
+        )
+        assert isinstance(mine, BoundExceededError) and mine.limit == "producer_cap"
+        assert isinstance(theirs, StoredMessage) and theirs.offset == 7
+
+
+@_check
+async def a_change_that_expects_a_state_applies_only_from_it(factory: StoreFactory) -> None:
+    """`StateChange.expected`: a change applies only while its message is in the state it
+    expects (a change before it in the same call counts); otherwise nothing of the call is
+    applied, its events neither, and `StaleStateError` names the message (among others the
+    store could not tell from it). An unknown id is still a LookupError."""
+    async with factory.open() as store:
+        messages = store.messages
+        await messages.admit_many([message("m-1"), message("m-2")])
+        read = StateChange("m-1", MessageState.READ, T0 + 1, expected="RECEIVED")
+        failed = StateChange("m-1", MessageState.FAILED, T0 + 2, "x", expected="READ")
+        (after_read, after_failed) = await messages.apply([read, failed], [draft(1)])
+        assert (after_read.state, after_failed.state) == (MessageState.READ, MessageState.FAILED)
+        other = StateChange("m-2", MessageState.READ, T0 + 3, expected="RECEIVED")
+        for call in (messages.apply, messages.record):
+            try:
+                await call([other, replace(failed, at=T0 + 4)], [draft(2)])
+            except StaleStateError as stale:
+                assert "m-1" in stale.message_ids
+            else:
+                raise AssertionError("a change from a state its message left was applied")
+        first, second = await messages.get("m-1"), await messages.get("m-2")
+        assert first is not None and (first.state, first.updated_at) == (
+            MessageState.FAILED,
+            T0 + 2,
+        )
+        assert second is not None and second.state is MessageState.RECEIVED
+        assert [e.details["n"] for e in await store.events.read()] == [1]
+        (unconditional,) = await messages.apply([StateChange("m-1", MessageState.READ, T0 + 5)])
+        assert unconditional.state is MessageState.READ
+        try:
+            await messages.apply([StateChange("m-9", MessageState.READ, T0, expected="READ")])
+        except LookupError:
+            pass
+        else:
+            raise AssertionError("a change of an unknown message was applied")
 
 
 @_check

@@ -1,0 +1,3 @@
+-- Schema version 27: cluster mode's stream holders (docs/cluster.md, "One stream per
+-- agent") exist in PostgreSQL only, as the rest of cluster mode's tables (version 22). The
+-- version is recorded here too so that both backends count their schema the same way.

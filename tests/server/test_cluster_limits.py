@@ -1,0 +1,150 @@
+"""Buffer capacity, credits and the maximum age in cluster mode (docs/cluster.md, "Buffers,
+credits and the maximum age"): two coordinators serving one PostgreSQL schema. An agent's
+buffer fills with the messages both replicas admitted for it, and the one past its capacity
+is refused buffer_full whichever replica admits it; a producer's credits at an agent are
+counted over both, and a credit comes back when the agent acknowledges on either; a message
+waiting past `max_age_s` for an agent with no stream on any replica fails once, on the
+owner of its partition, and one whose agent streams on the other replica does not."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from apiary.core.envelope import AckStage, Envelope, MessageType
+from apiary.core.records import MessageState
+from apiary.engine.router.admission import Outbound, SendOutcome
+from apiary.engine.settings import RouterSettings
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
+from tests.server.test_cluster_replicas import (
+    PARTITIONS,
+    _ack,
+    _keeper,
+    _read,
+    _register,
+    _settings,
+    _stop,
+    _until,
+)
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def url(postgres_dsn: str, postgres_schema: str) -> str:
+    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
+
+
+@asynccontextmanager
+async def _two(
+    tmp_path: Path, url: str, settings: RouterSettings
+) -> AsyncIterator[tuple[Coordinator, Coordinator]]:
+    async with AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_test_coordinator(
+                    tmp_path / name, url, cluster=_settings(name), router_settings=settings
+                )
+            )
+            for name in ("a", "b")
+        ]
+        await _until(
+            lambda: len(_keeper(a).owned()) == len(_keeper(b).owned()) == PARTITIONS // 2,
+            "the partitions shared between the two replicas",
+        )
+        yield a, b
+
+
+async def _offer(replica: Coordinator, producer: str, to: str) -> SendOutcome:
+    payload = json.dumps({"n": 1}).encode()
+    env = Envelope(
+        message_id=str(uuid.uuid4()), producer_id=producer, message_type=MessageType.DATA,
+        payload=payload, content_type="application/json", content_length=len(payload),
+        correlation_id=str(uuid.uuid4()),
+    )  # fmt: skip
+    return await replica.router.send(Outbound(env, to))
+
+
+async def test_an_agents_buffer_is_counted_over_both_replicas(tmp_path: Path, url: str) -> None:
+    async with _two(tmp_path, url, RouterSettings(buffer_capacity=3)) as (a, b):
+        await _register(a, "bob")
+        await _register(a, "alice")
+        await _until(lambda: b.registry.known("bob") is not None, "B knows bob")
+        admitted = [await _offer(r, "alice", "bob") for r in (a, b, a)]
+        assert all(o.accepted for o in admitted), [o.reason for o in admitted]
+        # Bob has no stream: neither replica holds his messages in memory; the store counts.
+        for replica in (b, a):
+            full = await _offer(replica, "alice", "bob")
+            assert not full.accepted and full.error_code == "buffer_full"
+            assert "capacity exceeded for agent=bob (3/3)" in full.reason
+        assert await a.store.messages.count("bob", frozenset({MessageState.RECEIVED})) == 3
+
+        # Bob reads one (READ leaves the buffer) through B: there is room again on A.
+        reader = _read(b, "bob")
+        await _until(lambda: len(reader.messages) == 3, "bob's stream on B receives the three")
+        await _ack(b, "bob", reader.messages[0].message_id, AckStage.READ)
+        room = await _offer(a, "alice", "bob")
+        assert room.accepted, room.reason
+        await _stop(reader)
+
+
+async def test_a_producers_credits_are_counted_over_both_replicas(tmp_path: Path, url: str) -> None:
+    settings = RouterSettings(credit_window=4, per_producer_cap=2)
+    async with _two(tmp_path, url, settings) as (a, b):
+        for agent in ("bob", "alice", "carol"):
+            await _register(a, agent)
+        await _until(lambda: b.registry.known("carol") is not None, "B knows everyone")
+        first, second = await _offer(a, "alice", "bob"), await _offer(b, "alice", "bob")
+        assert first.accepted and second.accepted
+        # Alice holds her cap of 2 at bob, one through each replica.
+        for replica in (a, b):
+            capped = await _offer(replica, "alice", "bob")
+            assert not capped.accepted and capped.error_code == "buffer_full"
+            assert capped.reason.endswith("no credit for alice at bob: producer_cap (2/2)")
+        both = [await _offer(r, "carol", "bob") for r in (b, a)]
+        assert all(o.accepted for o in both)
+        window = await _offer(b, "carol", "bob")
+        assert not window.accepted and "window_exhausted (4/4)" in window.reason
+
+        # Bob finishes alice's first message through B: the credit comes back on A too.
+        reader = _read(b, "bob")
+        await _until(lambda: len(reader.messages) == 4, "bob's stream receives the four")
+        done = next(m for m in reader.messages if m.message_id == first.message_id)
+        await _ack(b, "bob", done.message_id, AckStage.FULFILLED)
+        again = await _offer(a, "alice", "bob")
+        assert again.accepted, again.reason
+        await _stop(reader)
+
+
+async def test_a_message_past_the_maximum_age_fails_once_on_its_partitions_owner(
+    tmp_path: Path, url: str
+) -> None:
+    settings = RouterSettings(max_age_s=1.0, ack_timeout_s=60.0)
+    async with _two(tmp_path, url, settings) as (a, b):
+        await _register(a, "bob")
+        await _register(a, "alice")
+        await _until(lambda: b.registry.known("alice") is not None, "B knows alice")
+        alice = _read(b, "alice")
+        await _until(lambda: b.router.streaming("alice"), "alice streams on B")
+        # Bob has no stream on any replica: the message waits, then ages out.
+        sent = await _offer(a, "alice", "bob")
+        assert sent.accepted
+        await _until(lambda: len(alice.acks) == 1, "alice is NACKed once")
+        nack = alice.acks[0]
+        assert (nack.ack_for_message_id, nack.error_code) == (sent.message_id, "agent_unavailable")
+        assert "bob has had no live stream on any replica" in nack.note
+        stored = await b.store.messages.get(sent.message_id)
+        assert stored is not None and stored.state is MessageState.FAILED
+        entries = await a.store.dlq.list()
+        assert [(e.message_id, e.error_code) for e in entries] == [
+            (sent.message_id, "agent_unavailable")
+        ]
+        fired = [r.cluster.timers.fired for r in (a, b) if r.cluster is not None]
+        assert sorted(fired) == [0, 1]
+        await _stop(alice)
