@@ -17,7 +17,7 @@ due again. Then the recipient's host is told (a note), which forgets the message
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 from apiary.core.clock import Clock
@@ -27,11 +27,14 @@ from apiary.core.records import StoredMessage
 from apiary.engine.cluster.keeper import LeaseKeeper
 from apiary.engine.deadlines import Sleep
 from apiary.engine.router.router import Router
-from apiary.store.cluster import CHANGED, ClusterWork, FencedError
+from apiary.store.cluster import CHANGED, ClusterWork, FencedError, Me
 from apiary.store.errors import StoreError
 from apiary.store.protocols import MessageStore
 
 log = logging.getLogger("apiary.cluster")
+Claimed = Awaitable[StoredMessage | None]
+Claim = Callable[[Me, int, int, str], Claimed]
+"""A store claim of one message (replica, partition, term, message id) under that term."""
 
 POLL_S: Final = 0.25
 """How often the owner reads the due messages: how late, at most, a deadline fires."""
@@ -81,22 +84,15 @@ class OwnerTimers:
         owned = self._keeper.owned()
         if not owned:
             return 0
-        partitions = self._keeper.settings.partitions
         retry_at = now + self._keeper.settings.lease_s
         fired = 0
-        for due in await self._messages.due(now, PAGE):
-            partition = partition_of(due.recipient, partitions)
-            epoch = owned.get(partition)
-            if epoch is None:
-                continue
-            try:
-                claimed = await self._work.claim_due(
-                    self._keeper.me, partition, epoch, due.message_id, now, retry_at
-                )
-            except FencedError as exc:
-                log.info("cluster: %s", exc)
-                continue
-            if claimed is not None and await self._fire(claimed, now):
+        due = await self._messages.due(now, PAGE)
+
+        def claim(me: Me, partition: int, epoch: int, message_id: str) -> Claimed:
+            return self._work.claim_due(me, partition, epoch, message_id, now, retry_at)
+
+        async for claimed in self._claimed(due, owned, claim):
+            if await self._fire(claimed, now):
                 fired += 1
         fired += await self._fire_aged(now, owned)
         self.fired += fired
@@ -109,22 +105,13 @@ class OwnerTimers:
         if not max_age_s:
             return 0
         born_before = now - max_age_s
-        partitions = self._keeper.settings.partitions
         fired = 0
-        for aged in await self._work.aged(born_before, PAGE):
-            partition = partition_of(aged.recipient, partitions)
-            epoch = owned.get(partition)
-            if epoch is None:
-                continue
-            try:
-                claimed = await self._work.claim_aged(
-                    self._keeper.me, partition, epoch, aged.message_id, born_before
-                )
-            except FencedError as exc:
-                log.info("cluster: %s", exc)
-                continue
-            if claimed is None:
-                continue
+        aged = await self._work.aged(born_before, PAGE)
+
+        def claim(me: Me, partition: int, epoch: int, message_id: str) -> Claimed:
+            return self._work.claim_aged(me, partition, epoch, message_id, born_before)
+
+        async for claimed in self._claimed(aged, owned, claim):
             if await self._router.lifecycle.fire(
                 claimed.message_id, MessageInput.AGE_EXPIRE, now, "agent_unavailable",
                 away=_AWAY,
@@ -132,6 +119,26 @@ class OwnerTimers:
                 fired += 1
             self._note(CHANGED, claimed.recipient)
         return fired
+
+    async def _claimed(
+        self, found: list[StoredMessage], owned: dict[int, int], claim: Claim
+    ) -> AsyncIterator[StoredMessage]:
+        """Each of `found` in a partition owned (by its term, `owned`) that `claim` takes
+        under that term; one whose term is over (fenced) or that no longer qualifies is
+        left out."""
+        partitions = self._keeper.settings.partitions
+        for message in found:
+            partition = partition_of(message.recipient, partitions)
+            epoch = owned.get(partition)
+            if epoch is None:
+                continue
+            try:
+                claimed = await claim(self._keeper.me, partition, epoch, message.message_id)
+            except FencedError as exc:
+                log.info("cluster: %s", exc)
+                continue
+            if claimed is not None:
+                yield claimed
 
     async def _fire(self, message: StoredMessage, now: float) -> bool:
         """Apply the input of the deadline of `message` (as claimed) that passed at `now`."""
