@@ -37,6 +37,12 @@ async def test_the_command_line_creates_waits_for_shows_and_cancels_a_job(
     cancelled = json.loads(out)
     assert cancelled["status"] == "cancelled"
     assert cancelled["intent"] == {"kind": "cancel", "reason": "by hand"}
+    # Waited for, a job that did not complete prints as it ended and exits 1.
+    out, _ = await _cli(
+        coordinator, "job", "create", "--job-id", "failing", "--agent", AGENT,
+        "--item", '{"input": {"mode": "fail"}}', "--wait", "--timeout", "30", code=1,
+    )  # fmt: skip
+    assert json.loads(out)["status"] == "failed"
     # A refusal says what went wrong and exits 1; a bad option exits 2.
     _, err = await _cli(coordinator, "job", "cancel", "cli-job", code=1)
     assert "cli-job" in err and "completed" in err

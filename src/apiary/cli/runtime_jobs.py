@@ -5,7 +5,6 @@ prints the job as it stands after the command (JSON), or, with `--wait`, once it
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
@@ -13,12 +12,16 @@ from typing import Any
 import typer
 
 from apiary.cli.calls import PROFILE
-from apiary.cli.runtime_tasks import KEY, REASON, TIMEOUT, Run, json_option
+from apiary.cli.runtime_tasks import KEY, REASON, TIMEOUT, Run, json_option, show_after
 from apiary.sdk.runtime import RuntimeClient
 from apiary.sdk.runtime_jobs import JobInfo
 
 JOB = typer.Argument(..., help="The job")
 WAIT = typer.Option(False, "--wait", help="Wait until every item has ended; print the job then")
+
+
+def _document(job: JobInfo) -> dict[str, Any]:
+    return {**{k: v for k, v in asdict(job).items() if k != "extra"}, **job.extra}
 
 
 def _items(items_json: str, item: list[str]) -> list[dict[str, Any]]:
@@ -41,17 +44,13 @@ def register(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) 
         call: Callable[[RuntimeClient], Awaitable[JobInfo]], wait: bool = False,
         timeout: float = 0, fine: str = "completed",
     ) -> None:  # fmt: skip
-        async def then(client: RuntimeClient) -> JobInfo:
-            found = await call(client)
-            if wait:
-                return await client.wait_job(found.job_id, timeout=timeout or None)
-            return found
+        async def settle(client: RuntimeClient, job: JobInfo) -> JobInfo:
+            return await client.wait_job(job.job_id, timeout=timeout or None)
 
-        job: JobInfo = run(program, http, jsonrpc, then)
-        doc = {**{k: v for k, v in asdict(job).items() if k != "extra"}, **job.extra}
-        typer.echo(json.dumps(doc, indent=2, ensure_ascii=False))
-        if wait and job.status != fine:
-            raise typer.Exit(1)
+        show_after(
+            run, program, http, jsonrpc, call, settle=settle if wait else None,
+            document=_document, failed=lambda j: j.status != fine,
+        )  # fmt: skip
 
     @jobs.command("create")
     def create(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import typer
 
@@ -18,11 +18,31 @@ from apiary.sdk.runtime import RuntimeClient
 Run = Callable[[str, str, bool, Callable[[RuntimeClient], Awaitable[Any]]], Any]
 """cli/runtime.py's `_run`: (program, http, jsonrpc, call) -> what the call answered."""
 
+T = TypeVar("T")
+
 TASK = typer.Argument(..., help="The task")
 REASON = typer.Option("", "--reason", help="Why (recorded with the change)")
 KEY = typer.Option("", "--idempotency-key", help="A retry with the same key does nothing again")
 WAIT = typer.Option(False, "--wait", help="Wait until no run moves the task; print it then")
 TIMEOUT = typer.Option(0, "--timeout", min=0, help="With --wait: seconds at most")
+
+
+def show_after(
+    run: Run, program: str, http: str, jsonrpc: bool, call: Callable[[RuntimeClient], Awaitable[T]],
+    *, settle: Callable[[RuntimeClient, T], Awaitable[T]] | None,
+    document: Callable[[T], object], failed: Callable[[T], bool],
+) -> None:  # fmt: skip
+    """Run `call`, then, given `settle`, wait with it for what `call` answered to settle;
+    print the result as JSON (`document`), exit 1 when it settled `failed`."""
+
+    async def then(client: RuntimeClient) -> T:
+        found = await call(client)
+        return found if settle is None else await settle(client, found)
+
+    found: T = run(program, http, jsonrpc, then)
+    typer.echo(json.dumps(document(found), indent=2, ensure_ascii=False))
+    if settle is not None and failed(found):
+        raise typer.Exit(1)
 
 
 def json_option(text: str, name: str) -> Any:
@@ -46,16 +66,13 @@ def register(app: typer.Typer, run: Run, http_option: Any, jsonrpc_option: Any) 
         call: Callable[[RuntimeClient], Awaitable[TaskView]], wait: bool = False,
         timeout: float = 0,
     ) -> None:  # fmt: skip
-        async def then(client: RuntimeClient) -> TaskView:
-            found = await call(client)
-            if wait:
-                return await client.wait_task(found.task_id, timeout=timeout or None)
-            return found
+        async def settle(client: RuntimeClient, task: TaskView) -> TaskView:
+            return await client.wait_task(task.task_id, timeout=timeout or None)
 
-        task: TaskView = run(program, http, jsonrpc, then)
-        typer.echo(json.dumps(task.to_json(), indent=2, ensure_ascii=False))
-        if wait and task.status in ("failed", "cancelled"):
-            raise typer.Exit(1)
+        show_after(
+            run, program, http, jsonrpc, call, settle=settle if wait else None,
+            document=TaskView.to_json, failed=lambda t: t.status in ("failed", "cancelled"),
+        )  # fmt: skip
 
     _editing(app, show, http_option, jsonrpc_option)
     _running(app, show, http_option, jsonrpc_option)
