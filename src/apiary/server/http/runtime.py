@@ -261,7 +261,7 @@ class RuntimeRoutes:
             await response.write(
                 f"retry: {RETRY_MS}\nevent: snapshot\ndata: {_line(first)}\n\n".encode()
             )
-            pump = _Pump(events, refused, idle)
+            pump = _Pump(events, refused, idle, STREAM_ROUTE)
             await self._pump(pump, entered, req.session_id, start.after, keepalive)
             await response.write_eof()
         except ConnectionError:
@@ -301,10 +301,10 @@ class RuntimeRoutes:
             async def idle() -> None:
                 return None  # the socket's own pings keep it alive
 
+            writes = _Pump(events, refused, idle, SOCKET_ROUTE)
             pump = asyncio.ensure_future(
-                self._pump(_Pump(events, refused, idle), entered, req.session_id, start.after,
-                           keepalive)
-            )  # fmt: skip
+                self._pump(writes, entered, req.session_id, start.after, keepalive)
+            )
             try:
                 ids = (start.channel["channelId"],
                        start.channel.get("resumeToken") or req.resume_token)  # fmt: skip
@@ -361,7 +361,7 @@ class RuntimeRoutes:
         control, cursor = entered.control, after
         while not self._closing.is_set():
             replay = await control.channels.replay(session_id, cursor, STREAM_BATCH)
-            if entered.recheck is not None and (refused := _refusal(entered.recheck)):
+            if entered.recheck is not None and (refused := _refusal(entered.recheck, pump.route)):
                 await pump.refused(refused)
                 return
             if replay.events:
@@ -380,6 +380,8 @@ class _Pump:
     events: Callable[[list[RuntimeEvent]], Awaitable[None]]
     refused: Callable[[dict[str, Any]], Awaitable[None]]
     idle: Callable[[], Awaitable[None]]
+    route: str
+    """The transport's route, which its refusals are logged and counted under."""
 
 
 _SOCKET_ENDS: Final = frozenset(
@@ -428,11 +430,13 @@ def _line(doc: object) -> str:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
-def _refusal(recheck: Recheck) -> dict[str, Any] | None:
+def _refusal(recheck: Recheck, route: str) -> dict[str, Any] | None:
+    """The error a channel's renewed decision (`recheck`) ends it with, under its `route`;
+    None while the caller is still allowed."""
     try:
         recheck()
     except ApiaryError as exc:
-        answer = answer_for(exc, STREAM_ROUTE)
+        answer = answer_for(exc, route)
         return {"code": answer.code, "message": answer.message}
     return None
 
