@@ -190,12 +190,15 @@ def _tool_settings(settings: ToolSettings, data_dir: Path | None) -> ToolSetting
 
 
 def start_engine_tasks(
-    store: Store, engine: Engine, runtime: Runtime, *, message_deadlines: bool = True
-) -> list[asyncio.Task[None]]:
+    store: Store, engine: Engine, runtime: Runtime, *, message_deadlines: bool = True,
+    scheduler: bool = True,
+) -> list[asyncio.Task[None]]:  # fmt: skip
     """The engine's timers and loops as tasks, each kept running through failures (a store
     outage, say: `supervised`); the caller cancels them at shutdown. Without
     `message_deadlines` (cluster mode) the router's deadline loop is left out: the
-    partitions' owners run message deadlines from the store (engine/cluster/timers.py)."""
+    partitions' owners run message deadlines from the store (engine/cluster/timers.py);
+    without `scheduler` (cluster mode) the Scheduler's loop is too: it runs on the cluster's
+    leader only (engine/cluster/leader_role.py)."""
     router, clock, sleep = engine.router, runtime.clock, runtime.sleep
     loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "apiary-deadlines": lambda: run_deadlines(router.deadlines, clock, router.fire_due, sleep),
@@ -215,6 +218,8 @@ def start_engine_tasks(
     }
     if not message_deadlines:
         del loops["apiary-deadlines"]
+    if not scheduler:
+        del loops["apiary-scheduler"]
     return [asyncio.create_task(supervised(name, loop), name=name) for name, loop in loops.items()]
 
 
@@ -237,14 +242,19 @@ async def supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -
             pause = min(pause * 2, SUPERVISED_MAX_S)
 
 
-async def load_engine(engine: Engine, *, recover_messages: bool = True) -> int:
+async def load_engine(
+    engine: Engine, *, recover_messages: bool = True, scheduler: bool = True
+) -> int:
     """Every component's durable state, in dependency order; returns recovered messages.
     Without `recover_messages` (cluster mode) no message is made live at start: a replica
     reads an agent's messages from the store when the agent's stream opens on it
-    (engine/cluster/follower.py)."""
+    (engine/cluster/follower.py); without `scheduler` (cluster mode) the Scheduler is
+    loaded when this replica's term as the cluster's leader begins
+    (engine/cluster/leader_role.py)."""
     await engine.registry.load()
     await engine.hitl.load()
-    await engine.scheduler.load()
+    if scheduler:
+        await engine.scheduler.load()
     await engine.handoffs.load()
     await engine.worktrees.load()
     await engine.tools.load()

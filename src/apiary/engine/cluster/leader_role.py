@@ -1,0 +1,156 @@
+"""This replica's part in the cluster's leadership (docs/cluster.md, "The leader"): a
+follower's Scheduler hands its inputs to the relay; once this replica's term as leader
+begins, its Scheduler is loaded from the store (as a restarted coordinator's is), runs, and
+applies what the other replicas relayed; a term that ends without a release ends the
+replica (`lost`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any, Final
+
+from apiary.engine.assembly import Engine, supervised
+from apiary.engine.cluster.leader import (
+    LeaderInbox,
+    LeaderLease,
+    LeadershipLostError,
+    Relay,
+)
+from apiary.engine.deadlines import Sleep
+from apiary.store.cluster import ClusterLeader, Leadership, Me
+from apiary.store.errors import StoreError
+
+log = logging.getLogger("apiary.cluster")
+
+LOOK_S: Final = 0.05
+"""How often a call waiting for a leader looks again."""
+
+
+class LeaderRole:
+    """The leader's lease, the relay and the leader's loops of one replica."""
+
+    def __init__(
+        self, store: ClusterLeader, me: Me, lease_s: float, engine: Engine, clock: Any,
+        sleep: Sleep,
+    ) -> None:  # fmt: skip
+        self.lease = LeaderLease(store, me, lease_s, clock, sleep)
+        self.relay = Relay(store, me, engine.router.codec)
+        self.inbox = LeaderInbox(
+            store, self.lease, engine.scheduler, engine.registry, engine.router, sleep
+        )
+        self.forward_key = ""
+        """The cluster's key for forwarded calls (`core.cluster.forwarding`)."""
+        self.loaded = asyncio.Event()
+        """Set once this replica leads with its Scheduler loaded."""
+        self.lost = asyncio.Event()
+        """Set when this replica's term ended without a release: it must stop."""
+        self.tasks: list[asyncio.Task[None]] = []
+        self._store = store
+        self._engine = engine
+        self._sleep = sleep
+        self._name = f"apiary-cluster-{me.replica_id}"
+        self.lease.on_lead = self._lead
+        self.lease.on_term = self._term
+        engine.scheduler.deputy = self.relay
+
+    async def seed(self) -> None:
+        """The cluster's leader row (created by the first replica), and its key."""
+        found = await self._store.seed(secrets.token_hex(32))
+        self.forward_key = found.forward_key
+
+    def start(self, address: str) -> None:
+        """Seek (or keep) the lease from now on, recording `address` as where this replica
+        serves calls forwarded to the leader."""
+        self.lease.me = replace(self.lease.me, address=address)
+        self.tasks += [
+            asyncio.create_task(self._keep(), name=f"{self._name}-leader"),
+            asyncio.create_task(
+                self.lease.follow(self.inbox.woken), name=f"{self._name}-leader-notes"
+            ),
+        ]
+
+    def leads(self) -> bool:
+        return self.loaded.is_set() and self.lease.leads()
+
+    async def address(self, wait_s: float, not_this: str = "") -> str:
+        """The leader's address (another than `not_this`), waiting up to `wait_s` for one;
+        '' when there is none by then."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_s
+        while True:
+            found = self.lease.address
+            if found and found != not_this and not self.lost.is_set():
+                return found
+            if loop.time() >= until:
+                return ""
+            self.lease.wake()
+            await asyncio.sleep(LOOK_S)
+
+    async def release(self) -> None:
+        """A clean stop: stop leading first, then let the next leader take over at once."""
+        self._engine.scheduler.deputy = self.relay
+        self.loaded.clear()
+        try:
+            await self.lease.release()
+        except StoreError as exc:
+            log.warning("the leader's lease was not released (it will lapse): %s", exc)
+
+    async def _keep(self) -> None:
+        try:
+            await supervised_lease(self.lease.run)
+        except LeadershipLostError as exc:
+            log.error("%s: stopping (a supervisor starts the replica again)", exc)
+            self._engine.scheduler.deputy = self.relay
+            self.loaded.clear()
+            for task in self.tasks[2:]:
+                task.cancel()
+            self.lost.set()
+
+    async def _lead(self, epoch: int) -> None:
+        """This replica's term begins: the Scheduler as a restarted coordinator's, then the
+        readiness of the agents streaming here, then the relay."""
+        engine = self._engine
+        scheduler = engine.scheduler
+        scheduler.deputy = None
+        await scheduler.load()
+        loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "scheduler": lambda: scheduler.run(self._sleep),
+            "relay": self.inbox.run,
+        }
+        self.tasks += [
+            asyncio.create_task(supervised(f"{self._name}-{n}", loop), name=f"{self._name}-{n}")
+            for n, loop in loops.items()
+        ]
+        for agent_id in _streaming(engine):
+            await scheduler.agent_ready(agent_id)
+        self.loaded.set()
+        log.warning("leading the cluster (epoch %d)", epoch)
+
+    async def _term(self, found: Leadership) -> None:
+        """A new term of another replica: it learns which agents stream here."""
+        if found.leader() != self.lease.me.replica_id:
+            self.loaded.clear()
+            await self.relay.streaming(_streaming(self._engine))
+
+
+def _streaming(engine: Engine) -> list[str]:
+    router = engine.router
+    return sorted(a for a in router.inboxes() if router.streaming(a))
+
+
+async def supervised_lease(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """The lease's loop: LeadershipLostError ends it; anything else is logged and the loop
+    started again (the term runs out on its own when renewals keep failing)."""
+    while True:
+        try:
+            await run()
+            return
+        except LeadershipLostError:
+            raise
+        except Exception as exc:
+            log.warning("the leader's lease loop failed, starting again: %s", exc)
+            await asyncio.sleep(0.5)

@@ -1,0 +1,217 @@
+"""The cluster's leader in process (docs/cluster.md, "The leader"): three coordinators
+serving one PostgreSQL schema as replicas, one of them the leader (the holder of the
+leader's lease), where the Scheduler runs.
+
+- A task submitted through one follower, for an agent whose stream is on the other
+  follower, runs there and its result reaches the submitter waiting through the leader; and
+  the other way round.
+- A leader that stops without releasing anything (as a killed process) is replaced within
+  the lease's time; the new leader loads the tasks from the store and a task accepted
+  before runs to its end.
+- The forwarding metadata is refused from a caller that is not a replica: unsigned, signed
+  with another key, replayed, on a coordinator that is not in cluster mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+import apiary
+from apiary.core.access.principal import Mechanism, Principal, PrincipalKind
+from apiary.core.cluster.forwarding import FORWARD_KEY, Forwarded, sign_forward
+from apiary.engine.cluster.leader_role import LeaderRole
+from apiary.engine.cluster.settings import ClusterSettings
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
+from apiary.wire import pb
+from apiary.wire.errordetail import error_from_trailers
+
+pytestmark = pytest.mark.postgres
+
+WAIT_S = 30.0
+PARTITIONS = 8
+LEASE_S = 1.5
+SCOPE = "repo:app"
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"never: {what}")
+        await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def _replica(tmp_path: Path, url: str, replica_id: str) -> AsyncIterator[Coordinator]:
+    settings = ClusterSettings(True, replica_id, LEASE_S, PARTITIONS)
+    async with open_test_coordinator(tmp_path / replica_id, url, cluster=settings) as replica:
+        yield replica
+
+
+def _role(replica: Coordinator) -> LeaderRole:
+    assert replica.cluster is not None and replica.cluster.leader is not None
+    return replica.cluster.leader
+
+
+@asynccontextmanager
+async def _three(tmp_path: Path, url: str) -> AsyncIterator[list[Coordinator]]:
+    """Three replicas, the leader first, once one leads."""
+    async with AsyncExitStack() as stack:
+        replicas = [
+            await stack.enter_async_context(_replica(tmp_path, url, name)) for name in "abc"
+        ]
+        await _until(lambda: sum(_role(r).leads() for r in replicas) == 1, "one leader")
+        await _until(lambda: all(_role(r).lease.address for r in replicas), "every replica sees it")
+        replicas.sort(key=lambda r: not _role(r).leads())
+        yield replicas
+
+
+class Doubler(apiary.Agent):
+    agent_id = "doubler"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ran: list[str] = []
+
+    async def on_task(self, task: apiary.TaskContext) -> object:
+        self.ran.append(task.task_id)
+        return {"twice": task.json()["n"] * 2}
+
+
+@asynccontextmanager
+async def _running(agent: apiary.Agent) -> AsyncIterator[None]:
+    job = asyncio.create_task(agent.run())
+    try:
+        await _until(lambda: agent._runner is not None, f"{agent.agent_id} runs")
+        yield
+    finally:
+        job.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await job
+
+
+@pytest.fixture
+def url(postgres_dsn: str, postgres_schema: str) -> str:
+    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
+
+
+async def test_a_task_submitted_on_one_follower_runs_on_another_and_its_result_reaches_the_leader(
+    tmp_path: Path, url: str
+) -> None:
+    async with _three(tmp_path, url) as (leader, f1, f2):
+        agent = Doubler(coordinator=str(f1.grpc_address))
+        async with (
+            _running(agent),
+            apiary.Client(str(f2.grpc_address), agent_id="app") as submitter,
+            apiary.Client(str(leader.grpc_address), agent_id="app") as waiter,
+            apiary.Client(str(f1.grpc_address), agent_id="app") as other,
+        ):
+            handle = await submitter.submit_task("doubler", {"n": 21}, scope=SCOPE)
+            assert await waiter.task(handle.task_id).result(timeout=WAIT_S) == {"twice": 42}
+            # The other way round: submitted through the leader, waited for on a follower.
+            second = await waiter.submit_task("doubler", {"n": 5}, scope=SCOPE, task_id="t-2")
+            assert await other.task(second.task_id).result(timeout=WAIT_S) == {"twice": 10}
+            status = await submitter.task("t-2").status()
+            assert (status.state, status.agent_id) == ("COMPLETED", "doubler")
+        assert agent.ran == [handle.task_id, "t-2"]
+        assert leader.scheduler is not None and f1.scheduler is not None
+        assert (await f1.scheduler.find("t-2")).state == "COMPLETED"  # (read from the store)
+
+
+class Holder(apiary.Agent):
+    """Holds each task until released."""
+
+    agent_id = "holder"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.ran: list[str] = []
+
+    async def on_task(self, task: apiary.TaskContext) -> object:
+        self.ran.append(task.task_id)
+        self.started.set()
+        await self.release.wait()
+        return "held"
+
+
+async def test_a_killed_leader_is_replaced_and_the_task_it_dispatched_ends(
+    tmp_path: Path, url: str
+) -> None:
+    async with _three(tmp_path, url) as (leader, f1, f2):
+        agent = Holder(coordinator=str(f1.grpc_address))
+        async with (
+            _running(agent),
+            apiary.Client(str(f2.grpc_address), agent_id="app") as client,
+        ):
+            handle = await client.submit_task("holder", {"n": 1}, scope=SCOPE, task_id="t-k")
+            await asyncio.wait_for(agent.started.wait(), WAIT_S)
+            assert leader.cluster is not None
+            leader.cluster.halt()  # (as SIGKILL: nothing released)
+            started = time.monotonic()
+            await _until(lambda: _role(f1).leads() or _role(f2).leads(), "a new leader")
+            print(f"a new leader after {time.monotonic() - started:.2f} s (lease_s {LEASE_S})")
+            # The agent's ACK reaches the new leader through the relay.
+            agent.release.set()
+            assert await handle.result(timeout=WAIT_S) == "held"
+            # And the new leader dispatches what comes next.
+            second = await client.submit_task("holder", {"n": 2}, scope=SCOPE, task_id="t-l")
+            assert await second.result(timeout=WAIT_S) == "held"
+        assert agent.ran == ["t-k", "t-l"]
+
+
+def _forwarded(key: str, method: str, name: str = "mallory") -> str:
+    principal = Principal(PrincipalKind.OPERATOR, name, roles=frozenset({"admin"}),
+                          mechanism=Mechanism.OPERATOR_TOKEN)  # fmt: skip
+    forwarded = Forwarded(principal, "x", int(time.time() * 1000), secrets.token_hex(8))
+    return sign_forward(key, method, forwarded)
+
+
+async def _list_tasks(address: str, metadata: list[tuple[str, str]]) -> str:
+    """The error code ListTasks answers with `metadata` ('ok' when it answers)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb.apiary_pb2_grpc.TaskQueryServiceStub(channel)
+        try:
+            await stub.ListTasks(pb.apiary_pb2.ListTasksRequest(), metadata=metadata)
+        except grpc.aio.AioRpcError as exc:
+            error = error_from_trailers(exc.trailing_metadata() or ())
+            assert error is not None
+            return f"{exc.code().name} {error.code} {error.details.get('field', '')}"
+    return "ok"
+
+
+async def test_the_forwarding_metadata_is_refused_from_a_caller_that_is_not_a_replica(
+    tmp_path: Path, url: str
+) -> None:
+    path = "/apiary.v1.TaskQueryService/ListTasks"
+    refused = f"UNAUTHENTICATED unauthenticated {FORWARD_KEY}"
+    async with _three(tmp_path, url) as (leader, f1, _f2):
+        for replica in (leader, f1):
+            address = str(replica.grpc_address)
+            assert await _list_tasks(address, [(FORWARD_KEY, "v1.e30.00")]) == refused
+            forged = _forwarded(secrets.token_hex(32), path)
+            assert await _list_tasks(address, [(FORWARD_KEY, forged)]) == refused
+        key = _role(leader).forward_key
+        genuine = _forwarded(key, path)
+        assert await _list_tasks(str(leader.grpc_address), [(FORWARD_KEY, genuine)]) == "ok"
+        # Once only: the same metadata again is a replay.
+        assert await _list_tasks(str(leader.grpc_address), [(FORWARD_KEY, genuine)]) == refused
+        # Signed for another method: refused for this one.
+        other = _forwarded(key, "/apiary.v1.TaskQueryService/GetTask")
+        assert await _list_tasks(str(leader.grpc_address), [(FORWARD_KEY, other)]) == refused
+    async with open_test_coordinator(tmp_path / "alone") as alone:
+        forged = _forwarded(secrets.token_hex(32), path)
+        assert await _list_tasks(str(alone.grpc_address), [(FORWARD_KEY, forged)]) == refused
