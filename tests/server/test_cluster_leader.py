@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -29,8 +30,11 @@ import pytest
 import apiary
 from apiary.core.access.principal import Mechanism, Principal, PrincipalKind
 from apiary.core.cluster.forwarding import FORWARD_KEY, Forwarded, sign_forward
+from apiary.engine.assembly import Runtime
 from apiary.engine.cluster.leader_role import LeaderRole
 from apiary.engine.cluster.settings import ClusterSettings
+from apiary.engine.hitl import HitlSettings
+from apiary.engine.operators import OperatorEntry, token_digest
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
@@ -42,6 +46,11 @@ WAIT_S = 30.0
 PARTITIONS = 8
 LEASE_S = 1.5
 SCOPE = "repo:app"
+TOKEN = "s3cret-operator-token"
+OPERATORS = Runtime(
+    hitl=HitlSettings(operators=(OperatorEntry("olivia", token_digest(TOKEN), ("admin",)),))
+)
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:
@@ -54,9 +63,13 @@ async def _until(condition: Callable[[], bool], what: str) -> None:
 
 
 @asynccontextmanager
-async def _replica(tmp_path: Path, url: str, replica_id: str) -> AsyncIterator[Coordinator]:
+async def _replica(
+    tmp_path: Path, url: str, replica_id: str, runtime: Runtime | None
+) -> AsyncIterator[Coordinator]:
     settings = ClusterSettings(True, replica_id, LEASE_S, PARTITIONS)
-    async with open_test_coordinator(tmp_path / replica_id, url, cluster=settings) as replica:
+    async with open_test_coordinator(
+        tmp_path / replica_id, url, cluster=settings, runtime=runtime
+    ) as replica:
         yield replica
 
 
@@ -66,11 +79,14 @@ def _role(replica: Coordinator) -> LeaderRole:
 
 
 @asynccontextmanager
-async def _three(tmp_path: Path, url: str) -> AsyncIterator[list[Coordinator]]:
+async def _three(
+    tmp_path: Path, url: str, runtime: Runtime | None = None
+) -> AsyncIterator[list[Coordinator]]:
     """Three replicas, the leader first, once one leads."""
     async with AsyncExitStack() as stack:
         replicas = [
-            await stack.enter_async_context(_replica(tmp_path, url, name)) for name in "abc"
+            await stack.enter_async_context(_replica(tmp_path, url, name, runtime))
+            for name in "abc"
         ]
         await _until(lambda: sum(_role(r).leads() for r in replicas) == 1, "one leader")
         await _until(lambda: all(_role(r).lease.address for r in replicas), "every replica sees it")
@@ -87,7 +103,10 @@ class Doubler(apiary.Agent):
 
     async def on_task(self, task: apiary.TaskContext) -> object:
         self.ran.append(task.task_id)
-        return {"twice": task.json()["n"] * 2}
+        params = task.json()
+        if "n" not in params:  # (a workflow's node: its input as the workflow gives it)
+            return params
+        return {"twice": params["n"] * 2}
 
 
 @asynccontextmanager
@@ -215,3 +234,68 @@ async def test_the_forwarding_metadata_is_refused_from_a_caller_that_is_not_a_re
     async with open_test_coordinator(tmp_path / "alone") as alone:
         forged = _forwarded(secrets.token_hex(32), path)
         assert await _list_tasks(str(alone.grpc_address), [(FORWARD_KEY, forged)]) == refused
+
+
+async def test_a_hitl_escalation_opened_through_one_follower_is_decided_through_another(
+    tmp_path: Path, url: str
+) -> None:
+    """HITL runs on the leader: its services' calls, on any replica, reach the invocation
+    the leader holds, and a waiter there sees the decision."""
+    a = pb.apiary_pb2
+    async with (
+        _three(tmp_path, url, OPERATORS) as (leader, f1, f2),
+        grpc.aio.insecure_channel(str(f1.grpc_address)) as one,
+        grpc.aio.insecure_channel(str(f2.grpc_address)) as two,
+    ):
+        opened = await pb.apiary_pb2_grpc.HitlOperatorServiceStub(one).Escalate(
+            a.EscalateRequest(reason_type="SECURITY_APPROVAL", requested_by="planner"),
+            metadata=AUTH,
+        )
+        assert leader.hitl is not None and f1.hitl is not None
+        assert opened.invocation_id not in {r.invocation_id for r in await f1.hitl.list()}
+        waiting = asyncio.create_task(leader.hitl.wait(opened.invocation_id))
+        listed = await pb.apiary_pb2_grpc.HitlOperatorServiceStub(two).List(
+            a.ListInvocationsRequest(), metadata=AUTH
+        )
+        assert opened.invocation_id in {i.invocation_id for i in listed.invocations}
+        assert opened.state == "PENDING"
+        await pb.apiary_pb2_grpc.HitlOperatorServiceStub(two).Decide(
+            a.DecideInvocationRequest(
+                invocation_id=opened.invocation_id, action="approve", rationale="ok"
+            ),
+            metadata=AUTH,
+        )
+        decided = await asyncio.wait_for(waiting, WAIT_S)
+        assert decided.state != "PENDING" and "olivia" in json.dumps(decided.decision)
+
+
+async def test_a_workflow_started_through_a_follower_runs_its_task_on_an_agent_of_another(
+    tmp_path: Path, url: str
+) -> None:
+    """Workflows run on the leader: created and started through one follower, their tasks
+    run by an agent streaming on the other, their state read through either."""
+    w = pb.workflow_pb2
+    definition = w.WorkflowDefinition(workflow_id="wf")
+    definition.nodes["double"].CopyFrom(w.WorkflowNode(node_id="double", agent_id="doubler"))
+    async with _three(tmp_path, url) as (_leader, f1, f2):
+        agent = Doubler(coordinator=str(f1.grpc_address))
+        async with (
+            _running(agent),
+            apiary.Client(str(f2.grpc_address)) as client,
+            apiary.Client(str(f1.grpc_address)) as other,
+        ):
+            await client.workflow.CreateWorkflow(w.CreateWorkflowRequest(definition=definition))
+            await client.workflow.StartWorkflow(
+                w.StartWorkflowRequest(workflow_id="wf", workflow_data='{"n": 4}')
+            )
+            loop = asyncio.get_running_loop()
+            until = loop.time() + WAIT_S
+            status = ""
+            while status != "COMPLETED" and loop.time() < until:
+                got = await other.workflow.GetWorkflowState(
+                    w.GetWorkflowStateRequest(workflow_id="wf")
+                )
+                status = got.state.metadata["status"]
+                await asyncio.sleep(0.05)
+        assert status == "COMPLETED"
+        assert len(agent.ran) == 1

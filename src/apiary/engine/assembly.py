@@ -191,21 +191,18 @@ def _tool_settings(settings: ToolSettings, data_dir: Path | None) -> ToolSetting
 
 def start_engine_tasks(
     store: Store, engine: Engine, runtime: Runtime, *, message_deadlines: bool = True,
-    scheduler: bool = True,
+    leader: bool = True,
 ) -> list[asyncio.Task[None]]:  # fmt: skip
     """The engine's timers and loops as tasks, each kept running through failures (a store
     outage, say: `supervised`); the caller cancels them at shutdown. Without
     `message_deadlines` (cluster mode) the router's deadline loop is left out: the
     partitions' owners run message deadlines from the store (engine/cluster/timers.py);
-    without `scheduler` (cluster mode) the Scheduler's loop is too: it runs on the cluster's
-    leader only (engine/cluster/leader_role.py)."""
+    without `leader` (cluster mode) the loops of LEADER_PARTS are too: they run on the
+    cluster's leader only (engine/cluster/leader_role.py)."""
     router, clock, sleep = engine.router, runtime.clock, runtime.sleep
     loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "apiary-deadlines": lambda: run_deadlines(router.deadlines, clock, router.fire_due, sleep),
         "apiary-heartbeats": lambda: engine.presence.run(sleep),
-        "apiary-hitl": lambda: engine.hitl.run(sleep),
-        "apiary-scheduler": lambda: engine.scheduler.run(sleep),
-        "apiary-workflows": lambda: engine.workflows.run(sleep),
         "apiary-handoffs": lambda: engine.handoffs.run(sleep),
         "apiary-worktrees": lambda: engine.worktrees.run(sleep),
         "apiary-rooms": lambda: run_deadlines(
@@ -218,8 +215,8 @@ def start_engine_tasks(
     }
     if not message_deadlines:
         del loops["apiary-deadlines"]
-    if not scheduler:
-        del loops["apiary-scheduler"]
+    if leader:
+        loops.update({f"apiary-{part}": loop for part, loop in leader_loops(engine, sleep).items()})
     return [asyncio.create_task(supervised(name, loop), name=name) for name, loop in loops.items()]
 
 
@@ -242,24 +239,46 @@ async def supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -
             pause = min(pause * 2, SUPERVISED_MAX_S)
 
 
-async def load_engine(
-    engine: Engine, *, recover_messages: bool = True, scheduler: bool = True
-) -> int:
+LEADER_PARTS: Final = ("hitl", "scheduler", "workflows")
+"""The components that run on the cluster's leader only, in cluster mode: loaded, and their
+loops started, when a replica's term as leader begins (engine/cluster/leader_role.py)."""
+
+
+async def load_leader_parts(engine: Engine) -> None:
+    """The durable state of LEADER_PARTS, in dependency order (see `load_engine`)."""
+    await engine.hitl.load()
+    await engine.scheduler.load()
+    await engine.workflows.load()  # may submit tasks
+
+
+def leader_loops(
+    engine: Engine, sleep: Sleep
+) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+    """The loops of LEADER_PARTS, by part."""
+    return {
+        "hitl": lambda: engine.hitl.run(sleep),
+        "scheduler": lambda: engine.scheduler.run(sleep),
+        "workflows": lambda: engine.workflows.run(sleep),
+    }
+
+
+async def load_engine(engine: Engine, *, recover_messages: bool = True, leader: bool = True) -> int:
     """Every component's durable state, in dependency order; returns recovered messages.
     Without `recover_messages` (cluster mode) no message is made live at start: a replica
     reads an agent's messages from the store when the agent's stream opens on it
-    (engine/cluster/follower.py); without `scheduler` (cluster mode) the Scheduler is
-    loaded when this replica's term as the cluster's leader begins
-    (engine/cluster/leader_role.py)."""
+    (engine/cluster/follower.py); without `leader` (cluster mode) LEADER_PARTS are loaded
+    when this replica's term as the cluster's leader begins (engine/cluster/leader_role.py).
+    """
     await engine.registry.load()
-    await engine.hitl.load()
-    if scheduler:
+    if leader:
+        await engine.hitl.load()
         await engine.scheduler.load()
     await engine.handoffs.load()
     await engine.worktrees.load()
     await engine.tools.load()
     recovered = await engine.router.recover() if recover_messages else 0
-    await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
+    if leader:
+        await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
     await engine.rooms.load()
     # After the router's recovery: resuming may escalate, which delivers notices.
     await engine.negotiations.load()

@@ -38,9 +38,14 @@ LEADER_SERVICES: Final = frozenset(
         "apiary.v1.TaskQueryService",
         "apiary.v1.AgentControlService",
         "apiary.v1.ActivityBufferService",
+        "sw4rm.hitl.HitlService",
+        "apiary.v1.HitlOperatorService",
+        "sw4rm.workflow.WorkflowService",
+        "apiary.v1.WorkflowQueryService",
     }
 )
-"""The services whose component runs on the leader only (docs/cluster.md's table)."""
+"""The services whose component runs on the leader only (`engine.assembly.LEADER_PARTS`,
+docs/cluster.md's table)."""
 RETRIED: Final = frozenset(
     {
         "/apiary.v1.TaskQueryService/GetTask",

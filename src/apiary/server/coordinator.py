@@ -309,7 +309,7 @@ async def open_coordinator(
         )
         swarm = await _start_swarm(config, store, engine, runtime, swarm_client_tls, optional)
         recovered = await load_engine(
-            engine, recover_messages=replica is None, scheduler=replica is None
+            engine, recover_messages=replica is None, leader=replica is None
         )
         metrics = Metrics(
             engine.router, engine.activity, engine.scheduler, engine.events,
@@ -352,7 +352,7 @@ async def open_coordinator(
         tasks = [
             *start_engine_tasks(
                 store, engine, runtime, message_deadlines=replica is None,
-                scheduler=replica is None,
+                leader=replica is None,
             ),
             asyncio.create_task(reach.run(), name="apiary-store-health"),
             asyncio.create_task(

@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Final
 
-from apiary.engine.assembly import Engine, supervised
+from apiary.engine.assembly import Engine, leader_loops, load_leader_parts, supervised
 from apiary.engine.cluster.leader import (
     LeaderInbox,
     LeaderLease,
@@ -111,16 +111,15 @@ class LeaderRole:
             self.lost.set()
 
     async def _lead(self, epoch: int) -> None:
-        """This replica's term begins: the Scheduler as a restarted coordinator's, then the
-        readiness of the agents streaming here, then the relay."""
+        """This replica's term begins: the leader's components (`assembly.LEADER_PARTS`:
+        HITL, the Scheduler, workflows) loaded as a restarted coordinator's are and their
+        loops started, then the readiness of the agents streaming here, then the relay."""
         engine = self._engine
         scheduler = engine.scheduler
         scheduler.deputy = None
-        await scheduler.load()
-        loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
-            "scheduler": lambda: scheduler.run(self._sleep),
-            "relay": self.inbox.run,
-        }
+        await load_leader_parts(engine)
+        loops = leader_loops(engine, self._sleep)
+        loops["relay"] = self.inbox.run
         self.tasks += [
             asyncio.create_task(supervised(f"{self._name}-{n}", loop), name=f"{self._name}-{n}")
             for n, loop in loops.items()
