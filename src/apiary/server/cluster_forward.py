@@ -15,6 +15,8 @@ leader goes away mid-call, until the call's deadline; other calls answer unavail
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -55,6 +57,8 @@ RETRIED: Final = frozenset(
 )
 """Reads, forwarded again to the next leader when the leader goes away mid-call."""
 _NOT_FORWARDED: Final = frozenset({"authorization", PROOF_KEY, FORWARD_KEY, "user-agent"})
+RETRY_PAUSE_S: Final = 0.1
+"""The pause before a read is forwarded again after its leader went away."""
 LEADER_WAIT_S: Final = 30.0
 """How long a call waits for a leader when the cluster has none (its deadline first)."""
 
@@ -67,11 +71,19 @@ class Forwarder:
         self._tls_root = tls_root
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    def local(self) -> bool:
-        """Whether this replica leads now, its components loaded."""
-        return self._role.leads()
+    async def local(self) -> bool:
+        """Whether this replica serves the call: it leads now, its components loaded (a term
+        that has just begun is waited for while they load)."""
+        role = self._role
+        if role.lease.leads() and not role.loaded.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(role.loaded.wait(), LEADER_WAIT_S)
+        return role.leads()
 
     async def unary(self, method: RpcMethod, request: Message, ctx: CallContext) -> Message:
+        loop = asyncio.get_running_loop()
+        remaining = ctx.time_remaining()
+        until = loop.time() + (LEADER_WAIT_S if remaining is None else remaining)
         while True:
             address = await self._leader(ctx)
             call = self._channel(address).unary_unary(
@@ -86,9 +98,10 @@ class Forwarder:
                 return response
             except grpc.aio.AioRpcError as exc:
                 error = _error(exc, address)
-                if not (_leader_gone(exc) and method.path in RETRIED):
+                if not (_leader_gone(exc) and method.path in RETRIED) or loop.time() > until:
                     raise error from None
-            await self._role.address(LEADER_WAIT_S, not_this=address)
+            self._role.lease.wake()  # (look at the lease again: the leader may be gone)
+            await asyncio.sleep(RETRY_PAUSE_S)
 
     async def stream(
         self, method: RpcMethod, request: Message, ctx: CallContext
@@ -195,7 +208,7 @@ class LeaderRouted:
         if method.server_streaming:
 
             async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:
-                items = local(request, ctx) if forwarder.local() else None
+                items = local(request, ctx) if await forwarder.local() else None
                 if items is None:
                     items = forwarder.stream(method, request, ctx)
                 async for item in items:
@@ -204,7 +217,7 @@ class LeaderRouted:
             return stream
 
         async def unary(request: Message, ctx: CallContext) -> Message:
-            if forwarder.local():
+            if await forwarder.local():
                 answer: Message = await local(request, ctx)
                 return answer
             return await forwarder.unary(method, request, ctx)

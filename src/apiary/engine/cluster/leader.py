@@ -5,8 +5,10 @@ the coordinator-level components (the Scheduler), the holder of the leader's lea
 acquires the lease when it is free or lapsed (a takeover: a new epoch, which fences the old
 leader's reads of the relay). A term is acted on until `lease_s` after the request that
 granted or last renewed it was sent, on this replica's monotonic clock (as a partition's,
-`core.cluster.holdings`): past that, the term is over here whatever the store says, and a
-leader whose term ended that way stops leading for good (`lost`: the replica stops, and its
+`core.cluster.holdings`): past that, the leader's work stops here (`on_suspend`) whatever
+the store says. A term renewed late, or a lapsed lease taken again with the very next epoch
+(no other replica led meanwhile), goes on (`on_resume`); when another term began, this
+replica has lost the leadership for good (LeadershipLostError: the replica stops and its
 supervisor starts it again as a follower; the Scheduler's memory is not rebuilt in place).
 
 While another replica leads, this replica's Scheduler hands what it is told to the relay
@@ -85,6 +87,12 @@ class LeaderLease:
         """Called once this replica's term begins (with its epoch), before it is announced."""
         self.on_term: Callable[[Leadership], Awaitable[None]] = _nothing_seen
         """Called at each new term seen, this replica's or another's."""
+        self.suspended = False
+        """This replica's term ran past its local deadline and is not renewed yet."""
+        self.on_suspend: Callable[[], Awaitable[None]] = _nothing_more
+        """Called when this replica's term runs past its local deadline unrenewed."""
+        self.on_resume: Callable[[], Awaitable[None]] = _nothing_more
+        """Called when a suspended term is renewed (or taken again with no other between)."""
 
     def epoch(self) -> int | None:
         """The epoch of this replica's term, while it may act on it; None otherwise."""
@@ -101,38 +109,74 @@ class LeaderLease:
 
     async def run(self) -> None:
         """Renew or seek the lease every `lease_s / 3` until cancelled;
-        LeadershipLostError when this replica's term ended without its release."""
+        LeadershipLostError when this replica's term ended and another began. A term past
+        its local deadline is suspended (`on_suspend`: the leader's work stops) until it is
+        renewed or, lapsed, taken again with no other term between (`on_resume`)."""
         while True:
             started = self._clock.monotonic()
             try:
                 await self.tick()
             except StoreError as exc:
                 log.warning("the leader's lease was not renewed or sought: %s", exc)
-            if self._term is not None and self.epoch() is None:
-                raise LeadershipLostError(
-                    f"replica {self.me.replica_id}'s term {self._term.epoch} as the cluster's "
-                    "leader ran out before it was renewed"
-                )
+            await self.check_term()
             await self._pause(started + self.lease_s / 3)
+
+    async def check_term(self) -> None:
+        """Suspend the term held when it ran past its local deadline unrenewed."""
+        if self._term is not None and self.epoch() is None and not self.suspended:
+            log.warning(
+                "the leader's term %d ran out before it was renewed: its work stops until it "
+                "is renewed", self._term.epoch,
+            )  # fmt: skip
+            self.suspended = True
+            await self.on_suspend()
 
     async def tick(self) -> None:
         """Renew the term held, or acquire the lease when it is free or lapsed."""
         sent = self._clock.monotonic()
-        held = self._term is not None
-        action = LeaseAction.RENEW if held else LeaseAction.ACQUIRE
-        outcome = await self._store.step(self.me, action, self.lease_s, self.me.address)
-        lease = outcome.lease
-        if outcome.verdict.granted:
-            self._term = Term(lease.epoch, sent + self.lease_s)
-            if not held:
+        held = self._term
+        if held is not None:
+            await self._renew(held, sent)
+        else:
+            outcome = await self._store.step(
+                self.me, LeaseAction.ACQUIRE, self.lease_s, self.me.address
+            )
+            lease = outcome.lease
+            if outcome.verdict.granted:
+                self._term = Term(lease.epoch, sent + self.lease_s)
                 if outcome.verdict is Verdict.TOOK_OVER:
                     log.warning("took over as the cluster's leader (epoch %d)", lease.epoch)
                 await self.on_lead(lease.epoch)
-        elif held:
-            self._term = None
-            raise LeadershipLostError(
-                f"replica {self.me.replica_id} lost the cluster's leadership: {outcome.verdict}"
+        await self._look()
+
+    async def _renew(self, held: Term, sent: float) -> None:
+        """Renew `held`; a lease that lapsed before its renewal is taken again, and the term
+        goes on when no other began meanwhile (the epoch is the next one): nobody else acted
+        as the leader, so what this replica holds in memory is still the truth."""
+        outcome = await self._store.step(self.me, LeaseAction.RENEW, self.lease_s)
+        if not outcome.verdict.granted:
+            outcome = await self._store.step(
+                self.me, LeaseAction.ACQUIRE, self.lease_s, self.me.address
             )
+            if outcome.verdict is not Verdict.ACQUIRED or outcome.lease.epoch != held.epoch + 1:
+                self._term = None
+                if outcome.verdict.granted:  # (another term began and ended meanwhile)
+                    await self._store.step(self.me, LeaseAction.RELEASE, self.lease_s)
+                raise LeadershipLostError(
+                    f"replica {self.me.replica_id} lost the cluster's leadership: another "
+                    f"term began after its term {held.epoch} lapsed"
+                )
+            log.warning(
+                "the leader's lease lapsed before its renewal; taken again with no other term "
+                "between (epoch %d -> %d)", held.epoch, outcome.lease.epoch,
+            )  # fmt: skip
+        self._term = Term(outcome.lease.epoch, sent + self.lease_s)
+        if self.suspended:
+            self.suspended = False
+            await self.on_resume()
+
+    async def _look(self) -> None:
+        """Read who leads; a new term seen is announced (`on_term`)."""
         found = await self._store.read()
         leader = found.leader()
         self.address = found.address if leader else ""
@@ -176,6 +220,10 @@ async def _nothing(_epoch: int) -> None:
 
 
 async def _nothing_seen(_found: Leadership) -> None:
+    return None
+
+
+async def _nothing_more() -> None:
     return None
 
 

@@ -7,12 +7,14 @@ replica (`lost`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any, Final
 
+from apiary.core.clock import Clock
 from apiary.engine.assembly import Engine, leader_loops, load_leader_parts, supervised
 from apiary.engine.cluster.leader import (
     LeaderInbox,
@@ -34,7 +36,7 @@ class LeaderRole:
     """The leader's lease, the relay and the leader's loops of one replica."""
 
     def __init__(
-        self, store: ClusterLeader, me: Me, lease_s: float, engine: Engine, clock: Any,
+        self, store: ClusterLeader, me: Me, lease_s: float, engine: Engine, clock: Clock,
         sleep: Sleep,
     ) -> None:  # fmt: skip
         self.lease = LeaderLease(store, me, lease_s, clock, sleep)
@@ -49,12 +51,16 @@ class LeaderRole:
         self.lost = asyncio.Event()
         """Set when this replica's term ended without a release: it must stop."""
         self.tasks: list[asyncio.Task[None]] = []
+        """The lease's loops, and the leader's while it leads (`_loops` too)."""
+        self._loops: list[asyncio.Task[None]] = []
         self._store = store
         self._engine = engine
         self._sleep = sleep
         self._name = f"apiary-cluster-{me.replica_id}"
         self.lease.on_lead = self._lead
         self.lease.on_term = self._term
+        self.lease.on_suspend = self._suspend
+        self.lease.on_resume = self._resume
         engine.scheduler.deputy = self.relay
 
     async def seed(self) -> None:
@@ -76,14 +82,14 @@ class LeaderRole:
     def leads(self) -> bool:
         return self.loaded.is_set() and self.lease.leads()
 
-    async def address(self, wait_s: float, not_this: str = "") -> str:
-        """The leader's address (another than `not_this`), waiting up to `wait_s` for one;
-        '' when there is none by then."""
+    async def address(self, wait_s: float) -> str:
+        """The leader's address, waiting up to `wait_s` for one; '' when there is none by
+        then."""
         loop = asyncio.get_running_loop()
         until = loop.time() + wait_s
         while True:
             found = self.lease.address
-            if found and found != not_this and not self.lost.is_set():
+            if found and not self.lost.is_set():
                 return found
             if loop.time() >= until:
                 return ""
@@ -101,13 +107,10 @@ class LeaderRole:
 
     async def _keep(self) -> None:
         try:
-            await supervised_lease(self.lease.run)
+            await _supervised_lease(self.lease.run)
         except LeadershipLostError as exc:
             log.error("%s: stopping (a supervisor starts the replica again)", exc)
-            self._engine.scheduler.deputy = self.relay
-            self.loaded.clear()
-            for task in self.tasks[2:]:
-                task.cancel()
+            await self._suspend()
             self.lost.set()
 
     async def _lead(self, epoch: int) -> None:
@@ -118,16 +121,39 @@ class LeaderRole:
         scheduler = engine.scheduler
         scheduler.deputy = None
         await load_leader_parts(engine)
-        loops = leader_loops(engine, self._sleep)
-        loops["relay"] = self.inbox.run
-        self.tasks += [
-            asyncio.create_task(supervised(f"{self._name}-{n}", loop), name=f"{self._name}-{n}")
-            for n, loop in loops.items()
-        ]
+        self._start_loops()
         for agent_id in _streaming(engine):
             await scheduler.agent_ready(agent_id)
         self.loaded.set()
         log.warning("leading the cluster (epoch %d)", epoch)
+
+    def _start_loops(self) -> None:
+        loops = leader_loops(self._engine, self._sleep)
+        loops["relay"] = self.inbox.run
+        self._loops = [
+            asyncio.create_task(supervised(f"{self._name}-{n}", loop), name=f"{self._name}-{n}")
+            for n, loop in loops.items()
+        ]
+        self.tasks += self._loops
+
+    async def _suspend(self) -> None:
+        """The leader's work stops: inputs go to the relay again, its loops end."""
+        self._engine.scheduler.deputy = self.relay
+        self.loaded.clear()
+        loops, self._loops = self._loops, []
+        for task in loops:
+            task.cancel()
+        for task in loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self.tasks = [t for t in self.tasks if t not in loops]
+
+    async def _resume(self) -> None:
+        """A suspended term goes on: the components' memory is still the truth."""
+        self._engine.scheduler.deputy = None
+        self._start_loops()
+        self.loaded.set()
+        log.warning("leading the cluster again (epoch %s)", self.lease.epoch())
 
     async def _term(self, found: Leadership) -> None:
         """A new term of another replica: it learns which agents stream here."""
@@ -141,7 +167,7 @@ def _streaming(engine: Engine) -> list[str]:
     return sorted(a for a in router.inboxes() if router.streaming(a))
 
 
-async def supervised_lease(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+async def _supervised_lease(run: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """The lease's loop: LeadershipLostError ends it; anything else is logged and the loop
     started again (the term runs out on its own when renewals keep failing)."""
     while True:
