@@ -49,10 +49,11 @@ class LeaderRole:
         self.loaded = asyncio.Event()
         """Set once this replica leads with its Scheduler loaded."""
         self.lost = asyncio.Event()
-        """Set when this replica's term ended without a release: it must stop."""
+        """Set when another term began after this replica's lapsed: it must stop."""
         self.tasks: list[asyncio.Task[None]] = []
         """The lease's loops, and the leader's while it leads (`_loops` too)."""
         self._loops: list[asyncio.Task[None]] = []
+        self._loading = False
         self._store = store
         self._engine = engine
         self._sleep = sleep
@@ -110,21 +111,30 @@ class LeaderRole:
             await _supervised_lease(self.lease.run)
         except LeadershipLostError as exc:
             log.error("%s: stopping (a supervisor starts the replica again)", exc)
+            self.lost.set()  # (first: a load finishing now starts nothing)
             await self._suspend()
-            self.lost.set()
 
     async def _lead(self, epoch: int) -> None:
-        """This replica's term begins: the leader's components (`assembly.LEADER_PARTS`:
-        HITL, the Scheduler, workflows) loaded as a restarted coordinator's are and their
-        loops started, then the readiness of the agents streaming here, then the relay."""
+        """This replica's term begins: its components are loaded in a task of their own, so
+        that the lease is renewed meanwhile however long loading takes."""
+        self._loading = True
+        self.tasks.append(asyncio.create_task(self._load(epoch), name=f"{self._name}-leader-load"))
+
+    async def _load(self, epoch: int) -> None:
+        """The leader's components (`assembly.LEADER_PARTS`: HITL, the Scheduler,
+        workflows) loaded as a restarted coordinator's are, their loops started, then the
+        readiness of the agents streaming here. Until then, what agents tell this replica's
+        Scheduler goes to the relay, which the leader applies once loaded."""
         engine = self._engine
-        scheduler = engine.scheduler
-        scheduler.deputy = None
-        await load_leader_parts(engine)
-        self._start_loops()
+        try:
+            await load_leader_parts(engine)
+        finally:
+            self._loading = False
+        if self.lease.suspended or self.lost.is_set():
+            return  # (`_resume` starts the work once the term is renewed)
+        await self._resume()
         for agent_id in _streaming(engine):
-            await scheduler.agent_ready(agent_id)
-        self.loaded.set()
+            await engine.scheduler.agent_ready(agent_id)
         log.warning("leading the cluster (epoch %d)", epoch)
 
     def _start_loops(self) -> None:
@@ -149,11 +159,13 @@ class LeaderRole:
         self.tasks = [t for t in self.tasks if t not in loops]
 
     async def _resume(self) -> None:
-        """A suspended term goes on: the components' memory is still the truth."""
+        """The leader's work starts (once loaded) or goes on after a suspension: the
+        components' memory is still the truth."""
+        if self._loading or self.lost.is_set():
+            return  # (`_load` starts it when it is done)
         self._engine.scheduler.deputy = None
         self._start_loops()
         self.loaded.set()
-        log.warning("leading the cluster again (epoch %s)", self.lease.epoch())
 
     async def _term(self, found: Leadership) -> None:
         """A new term of another replica: it learns which agents stream here."""
