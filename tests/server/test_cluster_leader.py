@@ -24,6 +24,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 
@@ -144,6 +145,15 @@ async def test_a_task_submitted_on_one_follower_runs_on_another_and_its_result_r
             assert await other.task(second.task_id).result(timeout=WAIT_S) == {"twice": 10}
             status = await submitter.task("t-2").status()
             assert (status.state, status.agent_id) == ("COMPLETED", "doubler")
+            # The JSON gateway of a follower forwards the same way.
+            async with aiohttp.ClientSession() as session:
+                http = f"http://{f2.http_address}/v1/apiary.v1.TaskQueryService/GetTask"
+                async with session.post(
+                    http, json={"task_id": "t-2"}, headers={"sw4rm-agent-id": "app"}
+                ) as response:
+                    assert response.status == 200, await response.text()
+                    view = await response.json()
+            assert (view["task_id"], view["state"]) == ("t-2", "COMPLETED")
         assert agent.ran == [handle.task_id, "t-2"]
         assert leader.scheduler is not None and f1.scheduler is not None
         assert (await f1.scheduler.find("t-2")).state == "COMPLETED"  # (read from the store)

@@ -56,7 +56,12 @@ RETRIED: Final = frozenset(
     }
 )
 """Reads, forwarded again to the next leader when the leader goes away mid-call."""
-_NOT_FORWARDED: Final = frozenset({"authorization", PROOF_KEY, FORWARD_KEY, "user-agent"})
+_NOT_FORWARDED: Final = frozenset({PROOF_KEY, FORWARD_KEY})
+"""The caller's credentials stay here: the forwarded call acts as the principal signed."""
+_FORWARDED_PREFIXES: Final = ("sw4rm-", "apiary-")
+_FORWARDED: Final = frozenset({"traceparent", "tracestate", "baggage"})
+"""What of a call's metadata (or an HTTP call's headers) the leader's handlers may read,
+besides the protocol's and Apiary's own keys: the trace context."""
 RETRY_PAUSE_S: Final = 0.1
 """The pause before a read is forwarded again after its leader went away."""
 LEADER_WAIT_S: Final = 30.0
@@ -149,7 +154,7 @@ class Forwarder:
         )
         kept = [
             (k, v) for k, v in ctx.metadata.items()
-            if k not in _NOT_FORWARDED and not k.startswith((":", "grpc-"))
+            if k not in _NOT_FORWARDED and (k.startswith(_FORWARDED_PREFIXES) or k in _FORWARDED)
         ]  # fmt: skip
         return [*kept, (FORWARD_KEY, sign_forward(self._role.forward_key, method.path, forwarded))]
 
