@@ -40,6 +40,8 @@ from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 from apiary.wire.errordetail import error_from_trailers
+from apiary.wire.handoff import seconds_duration
+from tests.server.wire_client import descriptor
 
 pytestmark = pytest.mark.postgres
 
@@ -279,14 +281,34 @@ async def test_a_hitl_escalation_opened_through_one_follower_is_decided_through_
         assert decided.state != "PENDING" and "olivia" in json.dumps(decided.decision)
 
 
+async def _workflow_status(client: apiary.Client, workflow_id: str, status: str) -> str:
+    """The workflow's status once it is `status` (or as it stands after WAIT_S)."""
+    w = pb.workflow_pb2
+    loop = asyncio.get_running_loop()
+    until = loop.time() + WAIT_S
+    found = ""
+    while found != status and loop.time() < until:
+        got = await client.workflow.GetWorkflowState(
+            w.GetWorkflowStateRequest(workflow_id=workflow_id)
+        )
+        found = got.state.metadata["status"]
+        await asyncio.sleep(0.05)
+    return found
+
+
 async def test_a_workflow_started_through_a_follower_runs_its_task_on_an_agent_of_another(
     tmp_path: Path, url: str
 ) -> None:
     """Workflows run on the leader: created and started through one follower, their tasks
-    run by an agent streaming on the other, their state read through either."""
+    run by an agent streaming on the other, their state read through either; a message to
+    `workflow` admitted by a follower reaches the leader's workflows (an EVENT node)."""
     w = pb.workflow_pb2
-    definition = w.WorkflowDefinition(workflow_id="wf")
-    definition.nodes["double"].CopyFrom(w.WorkflowNode(node_id="double", agent_id="doubler"))
+    plain = w.WorkflowDefinition(workflow_id="wf")
+    plain.nodes["double"].CopyFrom(w.WorkflowNode(node_id="double", agent_id="doubler"))
+    evented = w.WorkflowDefinition(workflow_id="wf-event")
+    evented.nodes["wait"].CopyFrom(
+        w.WorkflowNode(node_id="wait", agent_id="doubler", trigger_type=w.EVENT)
+    )
     async with _three(tmp_path, url) as (_leader, f1, f2):
         agent = Doubler(coordinator=str(f1.grpc_address))
         async with (
@@ -294,18 +316,55 @@ async def test_a_workflow_started_through_a_follower_runs_its_task_on_an_agent_o
             apiary.Client(str(f2.grpc_address)) as client,
             apiary.Client(str(f1.grpc_address)) as other,
         ):
-            await client.workflow.CreateWorkflow(w.CreateWorkflowRequest(definition=definition))
-            await client.workflow.StartWorkflow(
-                w.StartWorkflowRequest(workflow_id="wf", workflow_data='{"n": 4}')
-            )
-            loop = asyncio.get_running_loop()
-            until = loop.time() + WAIT_S
-            status = ""
-            while status != "COMPLETED" and loop.time() < until:
-                got = await other.workflow.GetWorkflowState(
-                    w.GetWorkflowStateRequest(workflow_id="wf")
+            for definition in (plain, evented):
+                await client.workflow.CreateWorkflow(w.CreateWorkflowRequest(definition=definition))
+                await client.workflow.StartWorkflow(
+                    w.StartWorkflowRequest(
+                        workflow_id=definition.workflow_id, workflow_data='{"n": 4}'
+                    )
                 )
-                status = got.state.metadata["status"]
-                await asyncio.sleep(0.05)
-        assert status == "COMPLETED"
-        assert len(agent.ran) == 1
+            assert await _workflow_status(other, "wf", "COMPLETED") == "COMPLETED"
+            event = agent.envelope({"workflow_id": "wf-event", "node_id": "wait"})
+            await agent.send_envelope(event, "workflow")  # (admitted by f1, a follower)
+            assert await _workflow_status(client, "wf-event", "COMPLETED") == "COMPLETED"
+        assert len(agent.ran) == 2
+
+
+async def test_a_handoff_requested_through_one_follower_is_accepted_through_another(
+    tmp_path: Path, url: str
+) -> None:
+    """Handoffs run on the leader: requested, accepted and completed through the replicas
+    the two agents use, seen by the leader as one handoff."""
+    h = pb.handoff_pb2
+    async with (
+        _three(tmp_path, url) as (leader, f1, f2),
+        apiary.Client(str(f1.grpc_address), agent_id="alice") as alice,
+        apiary.Client(str(f2.grpc_address), agent_id="bob") as bob,
+    ):
+        for client, agent_id in ((alice, "alice"), (bob, "bob")):
+            agent = descriptor(agent_id, capabilities=["review"])
+            reply = await client.registry.RegisterAgent(
+                pb.registry_pb2.RegisterAgentRequest(agent=agent)
+            )
+            assert reply.accepted, reply.reason
+        await _until(
+            lambda: all(leader.registry.known(a) is not None for a in ("alice", "bob")),
+            "the leader knows both agents",
+        )
+        await alice.handoff.RequestHandoff(
+            h.HandoffRequest(
+                request_id="h-1", from_agent="alice", to_agent="bob", reason="review it",
+                context_snapshot=b'{"pr": 7}', capabilities_required=["review"],
+                timeout=seconds_duration(60),
+            )
+        )  # fmt: skip
+        pending = await bob.handoff.GetPendingHandoffs(h.GetPendingHandoffsRequest(agent_id="bob"))
+        assert [p.request_id for p in pending.pending_requests] == ["h-1"]
+        await bob.handoff.AcceptHandoff(h.HandoffResponse(request_id="h-1", accepted=True))
+        done = await alice.handoff.CompleteHandoff(
+            h.CompleteHandoffRequest(request_id="h-1", status=h.COMPLETED)
+        )
+        assert done.success, done.message
+        assert leader.handoffs is not None
+        found = await leader.handoffs.get("h-1", caller="alice")
+        assert (found.state, found.to_agent) == ("COMPLETED", "bob")

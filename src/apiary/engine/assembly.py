@@ -203,7 +203,6 @@ def start_engine_tasks(
     loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "apiary-deadlines": lambda: run_deadlines(router.deadlines, clock, router.fire_due, sleep),
         "apiary-heartbeats": lambda: engine.presence.run(sleep),
-        "apiary-handoffs": lambda: engine.handoffs.run(sleep),
         "apiary-worktrees": lambda: engine.worktrees.run(sleep),
         "apiary-rooms": lambda: run_deadlines(
             engine.rooms.timers, clock, engine.rooms.fire_due, sleep
@@ -239,7 +238,7 @@ async def supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -
             pause = min(pause * 2, SUPERVISED_MAX_S)
 
 
-LEADER_PARTS: Final = ("hitl", "scheduler", "workflows")
+LEADER_PARTS: Final = ("hitl", "scheduler", "handoffs", "workflows")
 """The components that run on the cluster's leader only, in cluster mode: loaded, and their
 loops started, when a replica's term as leader begins (engine/cluster/leader_role.py)."""
 
@@ -248,6 +247,7 @@ async def load_leader_parts(engine: Engine) -> None:
     """The durable state of LEADER_PARTS, in dependency order (see `load_engine`)."""
     await engine.hitl.load()
     await engine.scheduler.load()
+    await engine.handoffs.load()
     await engine.workflows.load()  # may submit tasks
 
 
@@ -258,6 +258,7 @@ def leader_loops(
     return {
         "hitl": lambda: engine.hitl.run(sleep),
         "scheduler": lambda: engine.scheduler.run(sleep),
+        "handoffs": lambda: engine.handoffs.run(sleep),
         "workflows": lambda: engine.workflows.run(sleep),
     }
 
@@ -273,7 +274,7 @@ async def load_engine(engine: Engine, *, recover_messages: bool = True, leader: 
     if leader:
         await engine.hitl.load()
         await engine.scheduler.load()
-    await engine.handoffs.load()
+        await engine.handoffs.load()
     await engine.worktrees.load()
     await engine.tools.load()
     recovered = await engine.router.recover() if recover_messages else 0

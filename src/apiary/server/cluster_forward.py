@@ -44,6 +44,8 @@ LEADER_SERVICES: Final = frozenset(
         "apiary.v1.HitlOperatorService",
         "sw4rm.workflow.WorkflowService",
         "apiary.v1.WorkflowQueryService",
+        "sw4rm.handoff.HandoffService",
+        "apiary.v1.HandoffQueryService",
     }
 )
 """The services whose component runs on the leader only (`engine.assembly.LEADER_PARTS`,

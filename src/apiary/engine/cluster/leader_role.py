@@ -12,6 +12,7 @@ import logging
 import secrets
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
+from functools import partial
 from typing import Any, Final
 
 from apiary.core.clock import Clock
@@ -23,11 +24,14 @@ from apiary.engine.cluster.leader import (
     Relay,
 )
 from apiary.engine.deadlines import Sleep
+from apiary.engine.workflows import WORKFLOW
 from apiary.store.cluster import ClusterLeader, Leadership, Me
 from apiary.store.errors import StoreError
 
 log = logging.getLogger("apiary.cluster")
 
+LEADER_ENDPOINTS: Final = (WORKFLOW,)
+"""The router endpoints of the leader's components besides the Scheduler's."""
 LOOK_S: Final = 0.05
 """How often a call waiting for a leader looks again."""
 
@@ -62,7 +66,14 @@ class LeaderRole:
         self.lease.on_term = self._term
         self.lease.on_suspend = self._suspend
         self.lease.on_resume = self._resume
-        engine.scheduler.deputy = self.relay
+        self._endpoints = {
+            name: handler
+            for name in LEADER_ENDPOINTS
+            if (handler := engine.router.endpoint(name)) is not None
+        }
+        """The leader's router endpoints besides the Scheduler's (which hands its envelopes
+        to its deputy), relayed while this replica does not lead."""
+        self._relay_endpoints()
 
     async def seed(self) -> None:
         """The cluster's leader row (created by the first replica), and its key."""
@@ -146,9 +157,23 @@ class LeaderRole:
         ]
         self.tasks += self._loops
 
+    def _relay_endpoints(self) -> None:
+        """What agents tell the leader's components here goes to the relay."""
+        self._engine.scheduler.deputy = self.relay
+        router = self._engine.router
+        for name in self._endpoints:
+            router.attach(name, partial(self.relay.envelope, name))
+
+    def _serve_endpoints(self) -> None:
+        """What agents tell the leader's components here is theirs to act on."""
+        self._engine.scheduler.deputy = None
+        router = self._engine.router
+        for name, handler in self._endpoints.items():
+            router.attach(name, handler)
+
     async def _suspend(self) -> None:
         """The leader's work stops: inputs go to the relay again, its loops end."""
-        self._engine.scheduler.deputy = self.relay
+        self._relay_endpoints()
         self.loaded.clear()
         loops, self._loops = self._loops, []
         for task in loops:
@@ -163,7 +188,7 @@ class LeaderRole:
         components' memory is still the truth."""
         if self._loading or self.lost.is_set():
             return  # (`_load` starts it when it is done)
-        self._engine.scheduler.deputy = None
+        self._serve_endpoints()
         self._start_loops()
         self.loaded.set()
 
