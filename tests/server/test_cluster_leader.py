@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from google.protobuf.duration_pb2 import Duration
 
 import apiary
 from apiary.core.access.principal import Mechanism, Principal, PrincipalKind
@@ -368,3 +369,85 @@ async def test_a_handoff_requested_through_one_follower_is_accepted_through_anot
         assert leader.handoffs is not None
         found = await leader.handoffs.get("h-1", caller="alice")
         assert (found.state, found.to_agent) == ("COMPLETED", "bob")
+
+
+async def test_a_negotiation_opened_through_one_follower_goes_on_through_another(
+    tmp_path: Path, url: str
+) -> None:
+    """Negotiations run on the leader: opened, proposed, countered and evaluated through
+    the two followers, decided there once; its artifacts read through either."""
+    n = pb.negotiation_pb2
+    async with (
+        _three(tmp_path, url, OPERATORS) as (leader, f1, f2),
+        apiary.Client(str(f1.grpc_address)) as one,
+        apiary.Client(str(f2.grpc_address)) as two,
+    ):
+        for client, agent_id in ((one, "frontend"), (two, "graphql")):
+            reply = await client.registry.RegisterAgent(
+                pb.registry_pb2.RegisterAgentRequest(agent=descriptor(agent_id))
+            )
+            assert reply.accepted, reply.reason
+        await _until(
+            lambda: all(leader.registry.known(a) for a in ("frontend", "graphql")),
+            "the leader knows both agents",
+        )
+        await one.negotiation.Open(
+            n.NegotiationOpen(
+                negotiation_id="neg-1", topic="/api/v3/orders",
+                participants=["frontend", "graphql"], intensity=pb.common_pb2.HIGH,
+                debate_timeout=Duration(seconds=300), correlation_id="neg-1",
+            )
+        )  # fmt: skip
+        await two.negotiation.Propose(
+            n.Proposal(negotiation_id="neg-1", from_agent="frontend",
+                       content_type="application/json", payload=b'{"fields": ["id"]}')
+        )  # fmt: skip
+        await one.negotiation.Counter(
+            n.CounterProposal(negotiation_id="neg-1", from_agent="graphql",
+                              content_type="application/json", payload=b'{"fields": ["n"]}')
+        )  # fmt: skip
+        await two.negotiation.Evaluate(
+            n.Evaluation(negotiation_id="neg-1", from_agent="frontend", confidence_score=0.95)
+        )
+        assert leader.negotiations is not None
+        assert (await leader.negotiations.get("neg-1")).state == "DECIDED"
+        listed = await one.activity.ListArtifacts(
+            pb.activity_pb2.ListArtifactsRequest(negotiation_id="neg-1")
+        )
+        assert "decision" in {item.kind for item in listed.items}
+        async with apiary.Client(str(f2.grpc_address), metadata=dict(AUTH)) as operator:
+            view = await operator.negotiation_operator.Get(
+                pb.apiary_pb2.GetNegotiationRequest(negotiation_id="neg-1")
+            )
+        assert view.state == "DECIDED"
+
+
+async def test_a_room_proposal_submitted_through_one_follower_is_read_through_another(
+    tmp_path: Path, url: str
+) -> None:
+    """Negotiation rooms run on the leader."""
+    nr = pb.negotiation_room_pb2
+    async with (
+        _three(tmp_path, url, OPERATORS) as (leader, f1, f2),
+        apiary.Client(str(f1.grpc_address), agent_id="producer") as one,
+        apiary.Client(str(f2.grpc_address)) as two,
+    ):
+        for agent_id in ("producer", "critic"):
+            reply = await one.registry.RegisterAgent(
+                pb.registry_pb2.RegisterAgentRequest(agent=descriptor(agent_id))
+            )
+            assert reply.accepted, reply.reason
+        await _until(
+            lambda: all(leader.registry.known(a) for a in ("producer", "critic")),
+            "the leader knows both agents",
+        )
+        proposal = nr.NegotiationProposal(
+            artifact_type=nr.CODE, artifact_id="art-1", artifact=b"def f(): return 1\n",
+            artifact_content_type="text/x-python", requested_critics=["critic"],
+            negotiation_room_id="room-1",
+        )  # fmt: skip
+        await one.negotiation_room.SubmitProposal(nr.SubmitProposalRequest(proposal=proposal))
+        found = await two.negotiation_room_query.GetProposal(
+            pb.apiary_pb2.GetRoomProposalRequest(artifact_id="art-1")
+        )
+        assert (found.proposal.artifact_id, found.state) == ("art-1", "OPEN")

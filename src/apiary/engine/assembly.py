@@ -204,10 +204,6 @@ def start_engine_tasks(
         "apiary-deadlines": lambda: run_deadlines(router.deadlines, clock, router.fire_due, sleep),
         "apiary-heartbeats": lambda: engine.presence.run(sleep),
         "apiary-worktrees": lambda: engine.worktrees.run(sleep),
-        "apiary-rooms": lambda: run_deadlines(
-            engine.rooms.timers, clock, engine.rooms.fire_due, sleep
-        ),
-        "apiary-negotiations": lambda: engine.negotiations.run(sleep),
         "apiary-retention": lambda: run_retention(
             store, clock, router.settings, engine.events, sleep
         ),
@@ -215,7 +211,9 @@ def start_engine_tasks(
     if not message_deadlines:
         del loops["apiary-deadlines"]
     if leader:
-        loops.update({f"apiary-{part}": loop for part, loop in leader_loops(engine, sleep).items()})
+        loops.update(
+            {f"apiary-{part}": loop for part, loop in leader_loops(engine, clock, sleep).items()}
+        )
     return [asyncio.create_task(supervised(name, loop), name=name) for name, loop in loops.items()]
 
 
@@ -238,7 +236,7 @@ async def supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -
             pause = min(pause * 2, SUPERVISED_MAX_S)
 
 
-LEADER_PARTS: Final = ("hitl", "scheduler", "handoffs", "workflows")
+LEADER_PARTS: Final = ("hitl", "scheduler", "handoffs", "workflows", "rooms", "negotiations")
 """The components that run on the cluster's leader only, in cluster mode: loaded, and their
 loops started, when a replica's term as leader begins (engine/cluster/leader_role.py)."""
 
@@ -249,10 +247,12 @@ async def load_leader_parts(engine: Engine) -> None:
     await engine.scheduler.load()
     await engine.handoffs.load()
     await engine.workflows.load()  # may submit tasks
+    await engine.rooms.load()
+    await engine.negotiations.load()  # may escalate
 
 
 def leader_loops(
-    engine: Engine, sleep: Sleep
+    engine: Engine, clock: Clock, sleep: Sleep
 ) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
     """The loops of LEADER_PARTS, by part."""
     return {
@@ -260,6 +260,8 @@ def leader_loops(
         "scheduler": lambda: engine.scheduler.run(sleep),
         "handoffs": lambda: engine.handoffs.run(sleep),
         "workflows": lambda: engine.workflows.run(sleep),
+        "rooms": lambda: run_deadlines(engine.rooms.timers, clock, engine.rooms.fire_due, sleep),
+        "negotiations": lambda: engine.negotiations.run(sleep),
     }
 
 
@@ -280,9 +282,9 @@ async def load_engine(engine: Engine, *, recover_messages: bool = True, leader: 
     recovered = await engine.router.recover() if recover_messages else 0
     if leader:
         await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
-    await engine.rooms.load()
-    # After the router's recovery: resuming may escalate, which delivers notices.
-    await engine.negotiations.load()
+        await engine.rooms.load()
+        # After the router's recovery: resuming may escalate, which delivers notices.
+        await engine.negotiations.load()
     return recovered
 
 

@@ -46,6 +46,12 @@ LEADER_SERVICES: Final = frozenset(
         "apiary.v1.WorkflowQueryService",
         "sw4rm.handoff.HandoffService",
         "apiary.v1.HandoffQueryService",
+        "sw4rm.negotiation_room.NegotiationRoomService",
+        "apiary.v1.NegotiationRoomQueryService",
+        "sw4rm.negotiation.NegotiationService",
+        "apiary.v1.NegotiationOperatorService",
+        "sw4rm.scheduler.SchedulerPolicyService",
+        "sw4rm.activity.ActivityService",
     }
 )
 """The services whose component runs on the leader only (`engine.assembly.LEADER_PARTS`,

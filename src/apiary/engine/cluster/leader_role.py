@@ -61,6 +61,7 @@ class LeaderRole:
         self._store = store
         self._engine = engine
         self._sleep = sleep
+        self._clock = clock
         self._name = f"apiary-cluster-{me.replica_id}"
         self.lease.on_lead = self._lead
         self.lease.on_term = self._term
@@ -149,7 +150,7 @@ class LeaderRole:
         log.warning("leading the cluster (epoch %d)", epoch)
 
     def _start_loops(self) -> None:
-        loops = leader_loops(self._engine, self._sleep)
+        loops = leader_loops(self._engine, self._clock, self._sleep)
         loops["relay"] = self.inbox.run
         self._loops = [
             asyncio.create_task(supervised(f"{self._name}-{n}", loop), name=f"{self._name}-{n}")
