@@ -159,8 +159,10 @@ class LeaderRole:
         self.tasks += self._loops
 
     def _relay_endpoints(self) -> None:
-        """What agents tell the leader's components here goes to the relay."""
+        """What agents tell the leader's components here goes to the relay (and HITL is
+        refused: its invocations live on the leader)."""
         self._engine.scheduler.deputy = self.relay
+        self._engine.hitl.leading = False
         router = self._engine.router
         for name in self._endpoints:
             router.attach(name, partial(self.relay.envelope, name))
@@ -168,6 +170,7 @@ class LeaderRole:
     def _serve_endpoints(self) -> None:
         """What agents tell the leader's components here is theirs to act on."""
         self._engine.scheduler.deputy = None
+        self._engine.hitl.leading = True
         router = self._engine.router
         for name, handler in self._endpoints.items():
             router.attach(name, handler)
