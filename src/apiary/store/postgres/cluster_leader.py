@@ -29,6 +29,7 @@ from apiary.core.cluster.leases import Lease, LeaseAction, LeaseMachine
 from apiary.store.cluster import LEADER, FencedError, Leadership, LeaseOutcome, Me, Relayed
 from apiary.store.errors import StoreError
 from apiary.store.postgres.pool import Connection, PostgresPool, fetch_rows
+from apiary.store.postgres.store import DEFAULT_SCHEMA, split_schema_parameter
 
 LEADER_CHANNEL: Final = "apiary_cluster_leader"
 LEADER_NOTE: Final = "leader"
@@ -164,3 +165,31 @@ class PostgresClusterLeader:
 async def _notify(conn: Connection, schema: str, kind: str = LEADER_NOTE) -> None:
     payload = schema if kind == LEADER_NOTE else f"{schema}\t{kind}"
     await conn.execute("SELECT pg_notify(%s, %s)", [LEADER_CHANNEL, payload])
+
+
+async def read_leader(dsn: str) -> tuple[Lease, str, float] | None:
+    """The leader's lease, its address and the database's clock in the schema `dsn` names,
+    reading those columns only (never the forwarding key: an operator's account may be
+    granted these alone); None when no replica of this version has run there (`apiary
+    cluster status`)."""
+    conninfo, schema = split_schema_parameter(dsn)
+    pool = PostgresPool(conninfo, schema or DEFAULT_SCHEMA, size=1)
+    try:
+        async with pool.connection() as conn:
+            rows = await fetch_rows(
+                conn,
+                "SELECT owner, epoch, expires_at, address,"
+                " extract(epoch FROM clock_timestamp())::float8 FROM cluster_leader"
+                " WHERE name = %s",
+                [LEADER],
+            )
+    except StoreError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+            return None
+        raise
+    finally:
+        await pool.close()
+    if not rows:
+        return None
+    owner, epoch, expires_at, address, now = rows[0]
+    return Lease(LEADER_PARTITION, owner, int(epoch), float(expires_at)), address, float(now)
