@@ -146,6 +146,8 @@ class Submissions:
     accepted: dict[str, str] = field(default_factory=dict)
     """task_id -> the agent it was submitted for."""
     resubmitted: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set: each submitter ends after its current task."""
 
     async def submit(self, client: apiary.Client, agent: str, task_id: str) -> None:
         loop = asyncio.get_running_loop()
@@ -166,9 +168,13 @@ class Submissions:
             self.resubmitted += 1
             await asyncio.sleep(0.05)
 
-    async def produce(self, client: apiary.Client, name: str, agents: list[str]) -> None:
-        for n in range(PER_PAIR):
+    async def produce(
+        self, client: apiary.Client, name: str, agents: list[str], per_pair: int = PER_PAIR
+    ) -> None:
+        for n in range(per_pair):
             for agent in agents:
+                if self.stop.is_set():
+                    return
                 await self.submit(client, agent, f"{name}>{agent}#{n}")
 
 
@@ -269,3 +275,60 @@ def _at_least(submissions: Submissions, count: int) -> Any:
         return len(submissions.accepted) >= count
 
     return check
+
+
+async def test_a_rolling_restart_under_a_load_of_tasks_loses_none(
+    tmp_path: Path, postgres_dsn: str, postgres_schema: str
+) -> None:
+    """Each replica in turn stopped (SIGTERM: the leader releases its lease) and started
+    again under load: every accepted task ends COMPLETED, none runs twice at once."""
+    runs, submissions = Runs(), Submissions()
+    agents = [f"w{i}" for i in range(REPLICAS)]
+    async with (
+        _cluster(tmp_path, postgres_dsn, postgres_schema) as replicas,
+        AsyncExitStack() as stack,
+    ):
+        jobs = [
+            asyncio.create_task(Worker(agent_id, runs, coordinator=_addresses(replicas, i)).run())
+            for i, agent_id in enumerate(agents)
+        ]
+        clients = [
+            await stack.enter_async_context(
+                apiary.Client(_addresses(replicas, (i + 1) % REPLICAS), agent_id=f"s{i}")
+            )
+            for i in range(REPLICAS)
+        ]
+        try:
+            await _settle(_registered(postgres_dsn, postgres_schema, agents), "agents registered")
+            producing = asyncio.gather(
+                *(submissions.produce(c, f"s{i}", agents, 10_000) for i, c in enumerate(clients))
+            )
+            await _settle(_at_least(submissions, 30), "the load under way")
+            for replica in replicas:
+                assert await replica.stop() == 0, replica.log_tail()
+                await replica.start()
+                count = len(submissions.accepted)
+                await _settle(_at_least(submissions, count + 30), "the load goes on")
+            submissions.stop.set()
+            await asyncio.wait_for(producing, WAIT_S)
+            states: dict[str, str] = {}
+
+            async def all_ended() -> bool:
+                nonlocal states
+                states = await _states(postgres_dsn, postgres_schema)
+                return all(states.get(t) == "COMPLETED" for t in submissions.accepted)
+
+            with contextlib.suppress(AssertionError):
+                await _settle(all_ended, "every task COMPLETED")
+            unfinished = {
+                t: states.get(t) for t in submissions.accepted if states.get(t) != "COMPLETED"
+            }
+            assert not unfinished, (
+                f"{len(unfinished)} not COMPLETED: {list(unfinished.items())[:5]}"
+            )
+        finally:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+    assert not runs.overlaps, f"tasks run twice at once: {runs.overlaps[:5]}"
+    print(f"{len(submissions.accepted)} tasks, {submissions.resubmitted} submissions sent again")

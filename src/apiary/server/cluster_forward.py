@@ -72,6 +72,13 @@ _FORWARDED: Final = frozenset({"traceparent", "tracestate", "baggage"})
 besides the protocol's and Apiary's own keys: the trace context."""
 RETRY_PAUSE_S: Final = 0.1
 """The pause before a read is forwarded again after its leader went away."""
+CHANNEL_OPTIONS: Final = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+"""A replica restarted at the leader's address (a rolling restart) is reached again within
+a second, not after grpc's default backoff of up to two minutes."""
 LEADER_WAIT_S: Final = 30.0
 """How long a call waits for a leader when the cluster has none (its deadline first)."""
 
@@ -170,10 +177,10 @@ class Forwarder:
         channel = self._channels.get(address)
         if channel is None:
             if self._tls_root is None:
-                channel = grpc.aio.insecure_channel(address)
+                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             else:
                 creds = grpc.ssl_channel_credentials(root_certificates=self._tls_root)
-                channel = grpc.aio.secure_channel(address, creds)
+                channel = grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
             self._channels[address] = channel
         return channel
 
