@@ -1,7 +1,8 @@
-"""Cluster benchmark: the route with 1, 2 and 3 `apiary serve --cluster` replicas on one
-PostgreSQL schema, side by side in one run.
+"""Cluster benchmark: the route and the Scheduler's tasks with 1, 2 and 3 `apiary serve
+--cluster` replicas on one PostgreSQL schema, side by side in one run.
 
-    .venv/bin/python bench/cluster.py [--unary 2000] [--stream 20000] [--replicas 1,2,3]
+    .venv/bin/python bench/cluster.py [--unary 2000] [--stream 20000] [--tasks 1000]
+        [--task-workers 2] [--replicas 1,2,3]
         [--store postgresql://postgres@127.0.0.1:5432/test] [--rounds 1] [--stall-s 120]
         [--keep-stalled] [--log-dir DIR]
 
@@ -15,6 +16,13 @@ within `--stall-s` says STALLED. To look into one: `--keep-stalled` keeps the ro
 (the messages table says which messages are stuck and in what state) and `--log-dir` keeps
 each process's stderr (a consumer whose stream failed says why there; it does not
 reconnect, so its row stalls).
+
+Tasks (`tasks` rows; the msgs/s column is tasks/s): `--task-workers` worker agents
+(bench/tasks_apiary.py's) stream on the first replica; the tasks are submitted through the
+last replica and waited for (WaitTask) through the middle one, 64 in flight, each timed from
+its submission to the answer of its WaitTask. With more than one replica, the Scheduler runs
+on one of them (the leader, docs/cluster.md): calls made on the others are forwarded to it,
+and the agents' ACKs reach it through the store's relay when they stream elsewhere.
 
 On two cores, more replicas are not faster: they share the cores and the database server,
 and a message crossing replicas waits for the recipient's replica to read it from the store
@@ -40,6 +48,8 @@ from psycopg import sql
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUTE = ROOT / "bench" / "route.py"
+TASK_WORKER = ROOT / "bench" / "tasks_apiary.py"
+TASKS_IN_FLIGHT = 64
 DEFAULT_STORE = "postgresql://postgres@127.0.0.1:5432/test"
 CONFIG = "[router]\nbuffer_capacity = 1000000\nack_timeout_s = 300\n"
 
@@ -128,6 +138,8 @@ async def _run(replicas: int, args: argparse.Namespace) -> dict[str, dict[str, A
                         results[mode]["consumer_exit"] = consumer.returncode
                     continue
                 results[mode] = json.loads(out.decode().strip().splitlines()[-1])
+            if args.tasks > 0:
+                results["tasks"] = await _tasks(addresses, args, log)
     finally:
         for proc in procs:
             if proc.returncode is None:
@@ -139,6 +151,64 @@ async def _run(replicas: int, args: argparse.Namespace) -> dict[str, dict[str, A
         else:
             _drop(args.store, schema)
     return results
+
+
+async def _tasks(addresses: list[str], args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    """`args.tasks` tasks for worker agents on the first replica, submitted through the last
+    and waited for through the middle one (module docstring)."""
+    # Imported here: the route rows need none of the SDK in this process.
+    from apiary.sdk.client import Client  # noqa: PLC0415
+
+    agents = [f"bench-worker-{k}" for k in range(args.task_workers)]
+    workers = [
+        await _spawn(str(TASK_WORKER), "worker", agent, addresses[0], log=log(agent))
+        for agent in agents
+    ]
+    run = uuid.uuid4().hex[:8]
+    loop = asyncio.get_running_loop()
+    latencies: list[float] = []
+    try:
+        for worker in workers:
+            assert worker.stdout is not None
+            await asyncio.wait_for(worker.stdout.readline(), 60)  # "ready"
+        async with (
+            Client(addresses[-1]) as submitter,
+            Client(addresses[len(addresses) // 2]) as waiter,
+        ):
+            gate = asyncio.Semaphore(TASKS_IN_FLIGHT)
+
+            async def one(i: int) -> None:
+                agent = agents[i % len(agents)]
+                async with gate:
+                    start = loop.time()
+                    handle = await submitter.submit_task(
+                        agent, {"n": i}, scope=f"repo:{agent}", task_id=f"bench-{run}-{i}"
+                    )
+                    status = await waiter.task(handle.task_id).wait(args.stall_s)
+                    if status.state != "COMPLETED":
+                        raise RuntimeError(f"task {handle.task_id}: {status.state}")
+                    latencies.append(loop.time() - start)
+
+            began = loop.time()
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(*(one(i) for i in range(args.tasks))), args.stall_s
+                )
+            except (TimeoutError, RuntimeError):
+                return {"stalled": True, "messages": args.tasks, "msgs_per_s": 0,
+                        "p50_ms": "-", "p99_ms": "-"}  # fmt: skip
+            elapsed = loop.time() - began
+    finally:
+        for worker in workers:
+            if worker.returncode is None:
+                worker.kill()
+            await worker.wait()
+    ranked = sorted(latencies)
+    return {
+        "messages": args.tasks, "msgs_per_s": int(args.tasks / elapsed),
+        "p50_ms": round(ranked[len(ranked) // 2] * 1000, 1),
+        "p99_ms": round(ranked[min(len(ranked) - 1, int(len(ranked) * 0.99))] * 1000, 1),
+    }  # fmt: skip
 
 
 def _median(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -167,6 +237,8 @@ def main() -> None:
     parser.add_argument("--unary", type=int, default=2000, help="messages on the unary path")
     parser.add_argument("--stream", type=int, default=20000, help="messages on the streaming path")
     parser.add_argument("--frame", type=int, default=200, help="envelopes per SendStream frame")
+    parser.add_argument("--tasks", type=int, default=1000, help="Scheduler tasks (0: none)")
+    parser.add_argument("--task-workers", type=int, default=2, help="worker agents for them")
     parser.add_argument("--window", type=int, default=8, help="frames in flight")
     parser.add_argument("--replicas", default="1,2,3", help="replica counts to run, in turns")
     parser.add_argument("--store", default=DEFAULT_STORE, help="the PostgreSQL server (a DSN)")

@@ -13,8 +13,10 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from apiary.cli.main import app
+from apiary.core.cluster.leases import LeaseAction
 from apiary.store.cluster import Me
 from apiary.store.postgres.cluster import PostgresClusterLeases
+from apiary.store.postgres.cluster_leader import PostgresClusterLeader
 from apiary.store.postgres.store import open_postgres_store
 
 pytestmark = pytest.mark.postgres
@@ -34,7 +36,7 @@ def _cli(*argv: str, env: dict[str, str] | None = None) -> Result:
 
 
 async def _two_replicas(dsn: str, schema: str) -> None:
-    """a holds 0-2 and b 3; then b leaves 3 free (epoch kept)."""
+    """a holds 0-2 and b 3; then b leaves 3 free (epoch kept); b leads."""
     async with open_postgres_store(dsn, schema=schema) as store:
         leases = PostgresClusterLeases(store.pool)
         await leases.join(A, 4, 60.0)
@@ -42,6 +44,9 @@ async def _two_replicas(dsn: str, schema: str) -> None:
         await leases.acquire(A, [0, 1, 2], 60.0)
         await leases.acquire(B, [3], 60.0)
         await leases.release(B, [3])
+        leader = PostgresClusterLeader(store.pool)
+        await leader.seed("the-forwarding-key")
+        await leader.step(B, LeaseAction.ACQUIRE, 60.0, B.address)
 
 
 def test_status_prints_replicas_and_partitions(postgres_dsn: str, postgres_schema: str) -> None:
@@ -71,6 +76,13 @@ def test_status_prints_replicas_and_partitions(postgres_dsn: str, postgres_schem
         assert r["lag_s"] == round(max(doc["now"] - r["heartbeat_at"], 0.0), 3)
         assert 0 <= r["lag_s"] < 60
     assert "lag" in out
+    # The leader, and never the forwarding key.
+    assert "Leader: replica-b, epoch 1, at 10.0.0.2:50051" in out
+    leader = doc["leader"]
+    assert (leader["replica_id"], leader["epoch"], leader["address"]) == (
+        "replica-b", 1, "10.0.0.2:50051"
+    )  # fmt: skip
+    assert "the-forwarding-key" not in out + as_json.output
 
 
 def test_a_migrated_store_without_replicas_says_so(postgres_dsn: str, postgres_schema: str) -> None:

@@ -1,5 +1,6 @@
-"""`apiary cluster status`: the replicas of a cluster and who leases which partition, read
-straight from the PostgreSQL store the replicas share (docs/cluster.md).
+"""`apiary cluster status`: the replicas of a cluster, who leases which partition and which
+replica leads, read straight from the PostgreSQL store the replicas share
+(docs/cluster.md).
 
 It reads the store, not a coordinator: it works while replicas are down, which is when an
 operator needs it. Access is the database's: whoever may connect with the DSN's credentials
@@ -19,8 +20,10 @@ from rich.table import Table
 
 from apiary.cli.output import console_for_output, utc_text
 from apiary.core.cluster.assignment import ClusterView
+from apiary.core.cluster.leases import Lease
 from apiary.store.errors import StoreError
 from apiary.store.postgres.cluster import read_cluster
+from apiary.store.postgres.cluster_leader import read_leader
 
 app = typer.Typer(help="Cluster mode: replicas and partition leases.", no_args_is_help=True)
 
@@ -38,7 +41,7 @@ def status(
     store: str = STORE,
     as_json: bool = typer.Option(False, "--json", help="One JSON document"),
 ) -> None:
-    """Replicas (live or gone), partitions, their owners, epochs and expiries."""
+    """Replicas (live or gone), partitions, their owners, epochs and expiries; the leader."""
     if store.partition(":")[0].lower() not in ("postgresql", "postgres"):
         typer.echo(
             "apiary cluster status: --store must name the replicas' PostgreSQL store "
@@ -48,10 +51,12 @@ def status(
         raise typer.Exit(2)
     try:
         view = asyncio.run(read_cluster(store))
+        leader = asyncio.run(read_leader(store))
     except StoreError as exc:
         typer.echo(f"apiary cluster status: {exc}", err=True)
         raise typer.Exit(1) from None
     doc = _document(view)
+    doc["leader"] = _leader(leader)
     if as_json:
         typer.echo(json.dumps(doc, indent=2))
     else:
@@ -91,6 +96,20 @@ def _document(view: ClusterView) -> dict[str, Any]:
     }
 
 
+def _leader(found: tuple[Lease, str, float] | None) -> dict[str, Any] | None:
+    """The leader's lease as the document shows it (docs/cluster.md, "The leader")."""
+    if found is None:
+        return None
+    lease, address, now = found
+    return {
+        "replica_id": lease.owner if lease.live(now) else None,
+        "last_replica_id": lease.owner,
+        "address": address,
+        "epoch": lease.epoch,
+        "expires_at": lease.expires_at,
+    }
+
+
 def _print(view: ClusterView, doc: dict[str, Any]) -> None:
     console = console_for_output()
     if not view.leases:
@@ -116,6 +135,14 @@ def _print(view: ClusterView, doc: dict[str, Any]) -> None:
             str(p["partition"]), owner, str(p["epoch"]), _left(p["expires_at"], view.now)
         )
     console.print(partitions)
+    leader = doc["leader"]
+    if leader is not None:
+        who = leader["replica_id"] or f"none (was {leader['last_replica_id'] or 'nobody'})"
+        console.print(
+            f"Leader: {who}, epoch {leader['epoch']}, at {leader['address'] or '-'}, "
+            f"expires in {_left(leader['expires_at'], view.now)}",
+            markup=False,
+        )
 
 
 def _left(expires_at: float, now: float) -> str:

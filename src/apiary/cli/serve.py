@@ -152,12 +152,21 @@ async def _run(settings: ServerConfig, log: LogTarget, *, summary: bool) -> bool
                 print("\n".join(summary_lines(coordinator, serving, log, recorded)), flush=True)
             signalled = asyncio.ensure_future(stop.wait())
             taken = asyncio.ensure_future(coordinator.claim_taken.wait())
-            await asyncio.wait({signalled, taken}, return_when=asyncio.FIRST_COMPLETED)
-            signalled.cancel()
-            taken.cancel()
+            lost = asyncio.ensure_future(coordinator.leadership_lost.wait())
+            await asyncio.wait({signalled, taken, lost}, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (signalled, taken, lost):
+                waiter.cancel()
         finally:
             forget(settings.data_dir, serving.pid)
         print("apiary: shutting down", file=sys.stderr, flush=True)
+    if coordinator.leadership_lost.is_set():
+        print(
+            "apiary serve: this replica's term as the cluster's leader ran out before it was "
+            "renewed (the database was out of reach?); stopped, so that two replicas never "
+            "lead at once: start it again",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+        raise SystemExit(2)
     return coordinator.claim_taken.is_set()
 
 

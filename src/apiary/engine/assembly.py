@@ -190,31 +190,30 @@ def _tool_settings(settings: ToolSettings, data_dir: Path | None) -> ToolSetting
 
 
 def start_engine_tasks(
-    store: Store, engine: Engine, runtime: Runtime, *, message_deadlines: bool = True
-) -> list[asyncio.Task[None]]:
+    store: Store, engine: Engine, runtime: Runtime, *, message_deadlines: bool = True,
+    leader: bool = True,
+) -> list[asyncio.Task[None]]:  # fmt: skip
     """The engine's timers and loops as tasks, each kept running through failures (a store
     outage, say: `supervised`); the caller cancels them at shutdown. Without
     `message_deadlines` (cluster mode) the router's deadline loop is left out: the
-    partitions' owners run message deadlines from the store (engine/cluster/timers.py)."""
+    partitions' owners run message deadlines from the store (engine/cluster/timers.py);
+    without `leader` (cluster mode) the loops of LEADER_PARTS are too: they run on the
+    cluster's leader only (engine/cluster/leader_role.py)."""
     router, clock, sleep = engine.router, runtime.clock, runtime.sleep
     loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "apiary-deadlines": lambda: run_deadlines(router.deadlines, clock, router.fire_due, sleep),
         "apiary-heartbeats": lambda: engine.presence.run(sleep),
-        "apiary-hitl": lambda: engine.hitl.run(sleep),
-        "apiary-scheduler": lambda: engine.scheduler.run(sleep),
-        "apiary-workflows": lambda: engine.workflows.run(sleep),
-        "apiary-handoffs": lambda: engine.handoffs.run(sleep),
         "apiary-worktrees": lambda: engine.worktrees.run(sleep),
-        "apiary-rooms": lambda: run_deadlines(
-            engine.rooms.timers, clock, engine.rooms.fire_due, sleep
-        ),
-        "apiary-negotiations": lambda: engine.negotiations.run(sleep),
         "apiary-retention": lambda: run_retention(
             store, clock, router.settings, engine.events, sleep
         ),
     }
     if not message_deadlines:
         del loops["apiary-deadlines"]
+    if leader:
+        loops.update(
+            {f"apiary-{part}": loop for part, loop in leader_loops(engine, clock, sleep).items()}
+        )
     return [asyncio.create_task(supervised(name, loop), name=name) for name, loop in loops.items()]
 
 
@@ -237,22 +236,55 @@ async def supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -
             pause = min(pause * 2, SUPERVISED_MAX_S)
 
 
-async def load_engine(engine: Engine, *, recover_messages: bool = True) -> int:
-    """Every component's durable state, in dependency order; returns recovered messages.
-    Without `recover_messages` (cluster mode) no message is made live at start: a replica
-    reads an agent's messages from the store when the agent's stream opens on it
-    (engine/cluster/follower.py)."""
-    await engine.registry.load()
+LEADER_PARTS: Final = ("hitl", "scheduler", "handoffs", "workflows", "rooms", "negotiations")
+"""The components that run on the cluster's leader only, in cluster mode: loaded, and their
+loops started, when a replica's term as leader begins (engine/cluster/leader_role.py)."""
+
+
+async def load_leader_parts(engine: Engine) -> None:
+    """The durable state of LEADER_PARTS, in dependency order (see `load_engine`)."""
     await engine.hitl.load()
     await engine.scheduler.load()
     await engine.handoffs.load()
+    await engine.workflows.load()  # may submit tasks
+    await engine.rooms.load()
+    await engine.negotiations.load()  # may escalate
+
+
+def leader_loops(
+    engine: Engine, clock: Clock, sleep: Sleep
+) -> dict[str, Callable[[], Coroutine[Any, Any, None]]]:
+    """The loops of LEADER_PARTS, by part."""
+    return {
+        "hitl": lambda: engine.hitl.run(sleep),
+        "scheduler": lambda: engine.scheduler.run(sleep),
+        "handoffs": lambda: engine.handoffs.run(sleep),
+        "workflows": lambda: engine.workflows.run(sleep),
+        "rooms": lambda: run_deadlines(engine.rooms.timers, clock, engine.rooms.fire_due, sleep),
+        "negotiations": lambda: engine.negotiations.run(sleep),
+    }
+
+
+async def load_engine(engine: Engine, *, recover_messages: bool = True, leader: bool = True) -> int:
+    """Every component's durable state, in dependency order; returns recovered messages.
+    Without `recover_messages` (cluster mode) no message is made live at start: a replica
+    reads an agent's messages from the store when the agent's stream opens on it
+    (engine/cluster/follower.py); without `leader` (cluster mode) LEADER_PARTS are loaded
+    when this replica's term as the cluster's leader begins (engine/cluster/leader_role.py).
+    """
+    await engine.registry.load()
+    if leader:
+        await engine.hitl.load()
+        await engine.scheduler.load()
+        await engine.handoffs.load()
     await engine.worktrees.load()
     await engine.tools.load()
     recovered = await engine.router.recover() if recover_messages else 0
-    await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
-    await engine.rooms.load()
-    # After the router's recovery: resuming may escalate, which delivers notices.
-    await engine.negotiations.load()
+    if leader:
+        await engine.workflows.load()  # may submit tasks: after the router's inboxes are back
+        await engine.rooms.load()
+        # After the router's recovery: resuming may escalate, which delivers notices.
+        await engine.negotiations.load()
     return recovered
 
 

@@ -28,7 +28,7 @@ from apiary.engine.notices import NoticeFactory
 from apiary.engine.operators import Operator, OperatorEntry, Operators
 from apiary.engine.registry import Registry
 from apiary.engine.router.router import Router
-from apiary.errors import NotFoundError
+from apiary.errors import NotFoundError, UnavailableError
 from apiary.store.protocols import HitlStore
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -78,6 +78,19 @@ class Hitl:
         self.changed = asyncio.Condition()
         """Notified on every new invocation and every decision (operator watch streams)."""
         self.version = 0
+        self.leading = True
+        """False on a replica of a cluster that does not lead (docs/cluster.md, "The
+        leader"): invocations are opened and decided on the leader only, whose memory holds
+        their waiters; here they are refused `unavailable` (`_check_leading`)."""
+
+    def _check_leading(self) -> None:
+        if not self.leading:
+            raise UnavailableError(
+                "this replica does not lead the cluster: HITL invocations are opened and "
+                "decided on the leader (HitlService and HitlOperatorService calls are "
+                "forwarded to it)",
+                {"component": "hitl"},
+            )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -115,6 +128,7 @@ class Hitl:
         correlation_id: str = "",
         priority: int = 0,
     ) -> HitlRecord:
+        self._check_leading()
         self._check_flow_id("correlation_id", correlation_id)
         now = self._clock.now()
         step = HitlMachine.open(
@@ -157,6 +171,7 @@ class Hitl:
         rationale: str,
         patch: Mapping[str, Any] | None = None,
     ) -> HitlRecord:
+        self._check_leading()
         record = await self.get(invocation_id)
         now = self._clock.now()
         self.operators.seen(operator, now)
@@ -169,6 +184,7 @@ class Hitl:
         return step.record
 
     async def cancel(self, invocation_id: str, by: str, reason: str) -> HitlRecord:
+        self._check_leading()
         record = await self.get(invocation_id)
         step = HitlMachine.cancel(record, by=by, reason=reason, now=self._clock.now())
         await self._perform(step)

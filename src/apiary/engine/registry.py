@@ -121,8 +121,8 @@ class Registry:
         registered or deregistered here, so that the other replicas look again."""
         self.reads_through = False
         """Cluster mode only: an agent this view does not know is looked up in the store
-        (`refresh`) before the router refuses it no_route (other replicas register agents
-        in the store this replica reads only now and then)."""
+        (`refresh`) before the router refuses it no_route, or `get` not_found (other
+        replicas register agents in the store this replica reads only now and then)."""
 
     async def load(self) -> None:
         """Fill the in-memory view from the store (at start-up)."""
@@ -315,7 +315,11 @@ class Registry:
         return removed
 
     async def get(self, agent_id: str) -> AgentRecord:
+        """The agent's registration; NotFoundError when it has none (in cluster mode, once
+        the store was asked too: another replica may have registered it a moment ago)."""
         record = self._cache.get(agent_id)
+        if record is None and self.reads_through:
+            record = await self.refresh(agent_id)
         if record is None:
             raise NotFoundError(f"agent {agent_id!r} is not registered", {"agent_id": agent_id})
         return record

@@ -67,7 +67,7 @@ from apiary.core.trace_context import TraceContext
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
 from apiary.sdk.connection import Connection, Delivery
-from apiary.sdk.errors import TaskFailedError
+from apiary.sdk.errors import CoordinatorUnreachableError, TaskFailedError
 from apiary.sdk.model_reports import ModelReporter
 from apiary.sdk.task_outcome import (
     YIELDED,
@@ -577,7 +577,9 @@ class TaskRunner:
     ) -> asyncio.Future[bool]:
         """Acknowledge `env`, queued now behind the ACKs queued before it (sdk/task_acks.py),
         and again after each `unavailable` answer (the coordinator could not store it, or
-        cannot tell that it did: a repeated ACK is safe), ACK_RETRY_DELAYS_S apart. The
+        cannot tell that it did: a repeated ACK is safe) or none at all (the coordinator, or
+        the replica of a cluster, went away: the channel moves to the next address it has),
+        ACK_RETRY_DELAYS_S apart. The
         future's result: True once taken, False (logged) once refused otherwise or those are
         spent. A task whose READ or end was never acknowledged would otherwise wait for its
         ACK forever."""
@@ -594,7 +596,8 @@ class TaskRunner:
             try:
                 await sent
             except ApiaryError as exc:
-                delay = next(delays, None) if exc.code == "unavailable" else None
+                unknown = exc.code == "unavailable" or isinstance(exc, CoordinatorUnreachableError)
+                delay = next(delays, None) if unknown else None
                 if delay is None:
                     log.warning(
                         "%s could not acknowledge %s %s: %s", self.agent.agent_id,

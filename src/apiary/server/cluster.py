@@ -12,6 +12,7 @@ from apiary.engine.cluster.settings import ClusterSettings
 from apiary.errors import ValidationError
 from apiary.store.claim import Claim, Holder, claim_store
 from apiary.store.postgres.cluster import PostgresClusterLeases
+from apiary.store.postgres.cluster_leader import PostgresClusterLeader
 from apiary.store.postgres.cluster_streams import PostgresStreamHolders
 from apiary.store.postgres.cluster_work import PostgresClusterWork
 from apiary.store.postgres.store import PostgresStore
@@ -52,6 +53,6 @@ async def open_replica(
     work = PostgresClusterWork(store.pool, leases)
     async with open_cluster_node(
         engine, store.messages, leases, work, PostgresStreamHolders(store.pool), settings,
-        runtime.clock, runtime.sleep, address=address,
+        runtime.clock, runtime.sleep, address=address, leader=PostgresClusterLeader(store.pool),
     ) as node:  # fmt: skip
         yield node

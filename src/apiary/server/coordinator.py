@@ -7,6 +7,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -43,9 +44,11 @@ from apiary.engine.tools.service import ToolService
 from apiary.engine.workflows import Workflows
 from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.server.auth.authenticator import Authenticator
+from apiary.server.auth.forwarded import ForwardedCalls
 from apiary.server.auth.guard import AccessGuard
 from apiary.server.auth.keys import KeyRing
 from apiary.server.cluster import open_replica, store_claim
+from apiary.server.cluster_forward import LEADER_SERVICES, Forwarder, LeaderRouted
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.control_plane import ControlPlanes
@@ -136,6 +139,9 @@ class Coordinator:
     claim_taken: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when another coordinator took this one's claim on the store (store/claim.py):
     it no longer serves (health NOT_SERVING, not ready) and its owner must stop it."""
+    leadership_lost: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when this replica's term as the cluster's leader ran out unrenewed (cluster
+    mode, docs/cluster.md "The leader"): it no longer serves and its owner must stop it."""
     ready: bool = False
 
 
@@ -217,15 +223,20 @@ def _known_tenants(config: ServerConfig, keys: KeyRing) -> Callable[[], set[str]
 
 
 def _access_guard(
-    config: ServerConfig, engine: Engine, runtime: Runtime, metrics: Metrics, tenancy: Tenancy
-) -> AccessGuard:
-    """The one access guard of every surface (docs/security.md)."""
+    config: ServerConfig, engine: Engine, runtime: Runtime, metrics: Metrics, tenancy: Tenancy,
+    replica: ClusterNode | None,
+) -> AccessGuard:  # fmt: skip
+    """The one access guard of every surface (docs/security.md); in cluster mode it takes
+    the calls other replicas forward, signed with the cluster's key."""
     auth = config.auth
+    forwarded = {}
+    if replica is not None and replica.leader is not None:
+        forwarded["forwarded"] = ForwardedCalls(replica.leader.forward_key, time.time).principal
     authenticator = Authenticator(
         operators=engine.hitl.operators, keys=key_ring(config),
         certificates=auth.certificates, public_key=tenancy.public_key,
         now=runtime.clock.now, audience=auth.audience, window_s=auth.proof_window_s,
-        secure=auth.secure,
+        secure=auth.secure, **forwarded,
     )  # fmt: skip
     return AccessGuard(
         authenticator, tenancy.events, secure=auth.secure, denied=metrics.access_denied,
@@ -297,7 +308,9 @@ async def open_coordinator(
             open_replica(config.cluster, store, engine, runtime, f"grpc {config.grpc}")
         )
         swarm = await _start_swarm(config, store, engine, runtime, swarm_client_tls, optional)
-        recovered = await load_engine(engine, recover_messages=replica is None)
+        recovered = await load_engine(
+            engine, recover_messages=replica is None, leader=replica is None
+        )
         metrics = Metrics(
             engine.router, engine.activity, engine.scheduler, engine.events,
             store_stats=(lambda: store.stats) if isinstance(store, SqliteStore) else None,
@@ -305,13 +318,14 @@ async def open_coordinator(
         )  # fmt: skip
         checks = RequestChecks(config.limits)
         handlers = _handlers(engine, runtime, checks, config.auth.secure)
+        _route_to_leader(handlers, replica, config, optional)
         default = config.auth.quota(DEFAULT_TENANT)
         tenancy = Tenancy(
             config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
             lambda tenant_engine: _handlers(tenant_engine, runtime, checks, config.auth.secure),
             _known_tenants(config, key_ring(config)),
         )  # fmt: skip
-        guard = _access_guard(config, engine, runtime, metrics, tenancy)
+        guard = _access_guard(config, engine, runtime, metrics, tenancy, replica)
         controls = ControlPlanes(tenancy, runtime, config.runtime, secure=config.auth.secure)
         dispatcher = Dispatcher(handlers, guard, tenancy, tracing=tracing)
         server, health = build_grpc_server(dispatcher, metrics)
@@ -336,12 +350,16 @@ async def open_coordinator(
         await set_serving(health, True)
         state.cluster = replica
         tasks = [
-            *start_engine_tasks(store, engine, runtime, message_deadlines=replica is None),
+            *start_engine_tasks(
+                store, engine, runtime, message_deadlines=replica is None,
+                leader=replica is None,
+            ),
             asyncio.create_task(reach.run(), name="apiary-store-health"),
             asyncio.create_task(
                 _stop_serving_once_taken(claim, state, health), name="apiary-claim"
             ),
-        ]
+            *_lead(replica, state, health),
+        ]  # fmt: skip
         engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",
@@ -379,6 +397,53 @@ async def _stop_serving_once_taken(
     state.ready = False
     await set_serving(health, False)
     state.claim_taken.set()
+
+
+def _route_to_leader(
+    handlers: dict[str, object], replica: ClusterNode | None, config: ServerConfig,
+    stack: AsyncExitStack,
+) -> None:  # fmt: skip
+    """In cluster mode: the leader's services served here while this replica leads, else
+    forwarded to the leader (`server.cluster_forward`); `handlers` are changed in place, the
+    forwarder's channels closed with `stack`."""
+    if replica is None or replica.leader is None:
+        return
+    root = config.tls_cert.read_bytes() if config.tls_cert is not None else None
+    forwarder = Forwarder(replica.leader, root)
+    stack.push_async_callback(forwarder.close)
+    for service in LEADER_SERVICES:
+        handlers[service] = LeaderRouted(service, handlers[service], forwarder)
+
+
+def _lead(
+    replica: ClusterNode | None, state: Coordinator, health: grpc_health.aio.HealthServicer
+) -> list[asyncio.Task[None]]:
+    """In cluster mode, once this replica serves: seek the leader's lease, recording where it
+    serves; and stop serving should a term of this replica's end unrenewed."""
+    if replica is None or replica.leader is None:
+        return []
+    replica.leader.start(_advertised(state.grpc_address))
+    stop = _stop_serving_once_lost(replica, state, health)
+    return [asyncio.create_task(stop, name="apiary-leader")]
+
+
+def _advertised(address: Address) -> str:
+    """Where the other replicas reach this one's gRPC port: its host, or this machine's
+    name when it listens on every interface."""
+    host = socket.gethostname() if address.host in ("", "0.0.0.0", "::") else address.host
+    return str(Address(host, address.port))
+
+
+async def _stop_serving_once_lost(
+    replica: ClusterNode, state: Coordinator, health: grpc_health.aio.HealthServicer
+) -> None:
+    """This replica's term as leader ran out unrenewed: stop answering at once (its owner,
+    `apiary serve`, then shuts it down, and a supervisor starts it again as a follower)."""
+    assert replica.leader is not None
+    await replica.leader.lost.wait()
+    state.ready = False
+    await set_serving(health, False)
+    state.leadership_lost.set()
 
 
 async def _open_tracing(config: ServerConfig, stack: AsyncExitStack) -> ServerTracing | None:

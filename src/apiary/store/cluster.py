@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from apiary.core.cluster.assignment import ClusterView
-from apiary.core.cluster.leases import Lease, Verdict
+from apiary.core.cluster.leases import Lease, LeaseAction, Verdict
 from apiary.core.cluster.streams import StreamClaim, StreamHolder
 from apiary.core.records import StoredMessage
 from apiary.store.errors import StoreError
@@ -207,4 +207,89 @@ class StreamHolders(Protocol):
 
     async def holders(self, agent_ids: Sequence[str]) -> dict[str, StreamHolder]:
         """The holder rows of `agent_ids` there are."""
+        ...
+
+
+LEADER: Final = "coordinator"
+"""The name of the leader's lease row (`cluster_leader`): one leader per cluster."""
+
+
+@dataclass(frozen=True, slots=True)
+class Leadership:
+    """The leader's lease as stored, with the address its holder serves and the key the
+    replicas sign forwarded calls with (docs/cluster.md, "The leader")."""
+
+    lease: Lease
+    address: str
+    forward_key: str
+    now: float
+    """The database's clock when it was read."""
+
+    def leader(self) -> str | None:
+        """The replica leading now (its lease live), else None."""
+        return self.lease.owner if self.lease.live(self.now) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Relayed:
+    """One thing another replica handed the leader's components (`ClusterLeader.relay`):
+    `kind` is one of RELAY_KINDS; `envelope` the encoded envelope of an ENVELOPE."""
+
+    kind: str
+    agent_id: str = ""
+    detail: str = ""
+    envelope: bytes = b""
+    seq: int = 0
+    """Its place in the relay table, in the order it was stored (0 before it is stored)."""
+
+
+ENVELOPE: Final = "envelope"
+"""An envelope for a leader's endpoint (`detail` names it): an ACK of a dispatch, a NACK."""
+READY: Final = "ready"
+"""The agent's stream opened on a replica (again at each new term of the leader)."""
+REGISTERED: Final = "registered"
+"""The agent registered (`detail`: its type)."""
+REPORTED: Final = "reported"
+"""The agent's own state in a heartbeat (`detail`)."""
+LOST: Final = "lost"
+"""The agent missed its heartbeats (`detail`: why), judged by its partition's owner."""
+DEREGISTERED: Final = "deregistered"
+RELAY_KINDS: Final = frozenset({ENVELOPE, READY, REGISTERED, REPORTED, LOST, DEREGISTERED})
+
+
+class ClusterLeader(Protocol):
+    """The leader's lease and the relay to the leader; each operation one transaction."""
+
+    async def seed(self, forward_key: str) -> Leadership:
+        """The leader's row, created with `forward_key` when there is none yet (the first
+        replica's key is everyone's)."""
+        ...
+
+    async def step(
+        self, me: Me, action: LeaseAction, lease_s: float, address: str = ""
+    ) -> LeaseOutcome:
+        """The lease machine's `action` on the leader's row for `me`; an acquisition
+        records `address` as the leader's."""
+        ...
+
+    async def read(self) -> Leadership:
+        """The leader's row now."""
+        ...
+
+    async def relay(self, me: Me, items: Sequence[Relayed]) -> None:
+        """Store `items` for the leader (and wake it)."""
+        ...
+
+    async def relayed(self, me: Me, epoch: int, limit: int) -> list[Relayed]:
+        """Up to `limit` stored items in the order they were stored, read under `me`'s term
+        `epoch` of the leader's lease (FencedError when that term is over)."""
+        ...
+
+    async def applied(self, me: Me, epoch: int, through: Sequence[int]) -> None:
+        """Delete the items `through` names, once applied, under `me`'s term `epoch`."""
+        ...
+
+    def wakes(self) -> AsyncIterator[str]:
+        """Yield "relay" each time a replica relays something, "leader" each time the
+        leader's lease changes hands (a hint: some may be missed)."""
         ...

@@ -28,12 +28,19 @@ from apiary.engine.cluster.ack_deadlines import AckDeadlineWriter
 from apiary.engine.cluster.follower import POLL_S as FOLLOW_POLL_S
 from apiary.engine.cluster.follower import StoreFollower
 from apiary.engine.cluster.keeper import LeaseKeeper
+from apiary.engine.cluster.leader_role import LeaderRole
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.cluster.stream_holds import StreamHolds
 from apiary.engine.cluster.timers import POLL_S as TIMER_POLL_S
 from apiary.engine.cluster.timers import OwnerTimers
 from apiary.engine.deadlines import Sleep
-from apiary.store.cluster import ClusterLeases, ClusterWork, ReplicaEvictedError, StreamHolders
+from apiary.store.cluster import (
+    ClusterLeader,
+    ClusterLeases,
+    ClusterWork,
+    ReplicaEvictedError,
+    StreamHolders,
+)
 from apiary.store.errors import StoreError
 from apiary.store.protocols import MessageStore
 
@@ -48,6 +55,8 @@ class ClusterNode:
     follower: StoreFollower
     timers: OwnerTimers
     deadlines: AckDeadlineWriter
+    leader: LeaderRole | None = None
+    """The leader's lease and relay (docs/cluster.md, "The leader"), with a leader store."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     halted: bool = False
 
@@ -55,8 +64,13 @@ class ClusterNode:
         """Stop every loop at once and release nothing, as a killed process would: the
         leases lapse and another replica takes the partitions over (tests in process)."""
         self.halted = True
-        for task in self.tasks:
+        if self.leader is not None:
+            self.leader.loaded.clear()
+        for task in self._all_tasks():
             task.cancel()
+
+    def _all_tasks(self) -> list[asyncio.Task[None]]:
+        return [*self.tasks, *(self.leader.tasks if self.leader is not None else ())]
 
 
 @asynccontextmanager
@@ -71,6 +85,7 @@ async def open_cluster_node(
     sleep: Sleep = asyncio.sleep,
     *,
     address: str = "",
+    leader: ClusterLeader | None = None,
     follow_poll_s: float = FOLLOW_POLL_S,
     timer_poll_s: float = TIMER_POLL_S,
 ) -> AsyncIterator[ClusterNode]:
@@ -88,6 +103,9 @@ async def open_cluster_node(
     )
     node = ClusterNode(keeper, follower, timers, AckDeadlineWriter(work))
     await keeper.join()
+    if leader is not None:
+        node.leader = LeaderRole(leader, keeper.me, settings.lease_s, engine, clock, sleep)
+        await node.leader.seed()
     _hook(engine, node, clock)
     name = f"apiary-cluster-{keeper.replica_id}"
     # The lease keeper ends the replica when it is evicted (ReplicaEvictedError); the other
@@ -111,9 +129,12 @@ async def open_cluster_node(
     try:
         yield node
     finally:
-        for task in node.tasks:
+        if node.leader is not None and not node.halted:
+            await node.leader.release()
+        tasks = node._all_tasks()
+        for task in tasks:
             task.cancel()
-        for task in node.tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, ReplicaEvictedError):
                 await task
         _unhook(engine)

@@ -136,6 +136,11 @@ class Router:
         with its error, as admission would."""
         self._endpoints[endpoint_id] = handler
 
+    def endpoint(self, endpoint_id: str) -> LocalEndpoint | None:
+        """The handler attached as `endpoint_id`, if any: what the cluster's leader hands
+        the envelopes other replicas relayed to (docs/cluster.md, "The leader")."""
+        return self._endpoints.get(endpoint_id)
+
     def join_acks(self, endpoint_id: str, join: AckJoin) -> None:
         """Let the attached endpoint `endpoint_id` commit writes of its own with the ACKs of
         its messages that a stream's frame brings (engine/router/ack_joins.py): `join` is

@@ -55,7 +55,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleMachine, AgentLifecycleState
 from apiary.core.clock import Clock
@@ -99,6 +99,7 @@ from apiary.errors import (
     ApiaryError,
     NotFoundError,
     PermissionDeniedError,
+    UnavailableError,
     ValidationError,
 )
 from apiary.store.errors import StoreError
@@ -111,6 +112,23 @@ __all__ = ["Scheduler", "Submission", "SubmitResult"]
 OPEN_STATES = frozenset(s.value for s in TaskState if not s.terminal)
 RECONCILE_EVERY_S = 60.0
 """How often the activity buffer is reconciled with task states (RFC 10)."""
+
+
+class Deputy(Protocol):
+    """Where the Scheduler's inputs go while another replica leads the cluster
+    (docs/cluster.md, "The leader"): the leader's Scheduler acts on them."""
+
+    async def registered(self, agent_id: str, agent_type: str) -> None: ...
+
+    async def ready(self, agent_id: str) -> None: ...
+
+    async def reported(self, agent_id: str, state: str) -> None: ...
+
+    async def deregistered(self, agent_id: str) -> None: ...
+
+    async def lost(self, agent_id: str, reason: str) -> None: ...
+
+    async def envelope(self, endpoint: str, env: Envelope) -> None: ...
 
 
 class Scheduler:
@@ -159,6 +177,10 @@ class Scheduler:
         self._follow_ups: set[asyncio.Future[None]] = set()
         """Dispatches after a frame's task ACKs, running on after the frame was answered."""
         self._arrivals: list[Arrival] = []
+        self.deputy: Deputy | None = None
+        """In cluster mode, while another replica leads: what the agents' inputs (readiness,
+        reports, losses, the envelopes addressed to the Scheduler) are handed to instead of
+        acted on here; requests that change tasks are refused (`leading`)."""
         """Submissions admitted and waiting for the lock (`submit`)."""
         hooks = SchedulerAgents(
             self, router, envelopes, events, registry, hitl, activity, self.resources,
@@ -327,6 +349,16 @@ class Scheduler:
 
     # ------------------------------------------------------------------ submission
 
+    def leading(self) -> None:
+        """UnavailableError while another replica leads (cluster mode): tasks are changed
+        by the leader's Scheduler only, which the calls are forwarded to."""
+        if self.deputy is not None:
+            raise UnavailableError(
+                "this replica does not lead the cluster: the Scheduler runs on the leader "
+                "(try again: calls are forwarded to it)",
+                {"component": SCHEDULER},
+            )
+
     async def submit(self, sub: Submission) -> SubmitResult:
         """SubmitTask: refusals of well-formed requests answer accepted=false with the reason;
         malformed ones raise (ValidationError naming the field, NotFoundError, ...).
@@ -334,6 +366,7 @@ class Scheduler:
         Submissions that arrive while the lock is taken are decided together by the first of
         them to get it, in arrival order, their task records stored in one group commit
         instead of one commit each (`SchedulerJobs.submit_together`)."""
+        self.leading()
         if sub.task_id:
             known = await self._jobs.resubmitted(sub)
             if known is not None:
@@ -363,6 +396,7 @@ class Scheduler:
         """An operator's cancellation of a task that has not started (QUEUED or HELD): it
         ends FAILED with error code `cancelled`. A dispatched or running task is refused
         (already_in_progress: preempt it instead), an ended one is already_completed."""
+        self.leading()
         async with self._lock:
             task = self._live.tasks.get(task_id)
             if task is None:
@@ -423,10 +457,12 @@ class Scheduler:
 
     async def request_preemption(self, agent_id: str, task_id: str, reason: str) -> bool:
         """RequestPreemption: start cooperative preemption of the agent's running task."""
+        self.leading()
         return await self._preemptor.request(agent_id, task_id, reason)
 
     async def shutdown_agent(self, agent_id: str, grace_s: float | None) -> None:
         """ShutdownAgent (RFC 8.4): SHUTTING_DOWN with a grace period."""
+        self.leading()
         await self._registry.get(agent_id)
         async with self._lock:
             try:
@@ -440,10 +476,12 @@ class Scheduler:
     async def suspend_agent(self, agent_id: str) -> None:
         """Pause a RUNNING agent (RFC 8.1 SUSPENDED): it keeps its task and state.
         ValidationError naming `agent_id` when its state cannot be suspended."""
+        self.leading()
         await self._operator_input(agent_id, AgentInput.SUSPEND)
 
     async def resume_agent(self, agent_id: str) -> None:
         """Let a SUSPENDED agent go on (RESUMED, then RUNNING once it reports)."""
+        self.leading()
         await self._operator_input(agent_id, AgentInput.RESUME)
 
     async def _operator_input(self, agent_id: str, event: AgentInput) -> None:
@@ -460,6 +498,9 @@ class Scheduler:
     async def agent_registered(self, agent_id: str, agent_type: str) -> None:
         """The agent registered (again): its lifecycle, and the shared queues and capacity
         its registration declares."""
+        if self.deputy is not None:
+            await self.deputy.registered(agent_id, agent_type)
+            return
         async with self._lock:
             await self.lifecycles.registered(agent_id, agent_type)
             self._join(agent_id)
@@ -472,6 +513,9 @@ class Scheduler:
 
     async def agent_ready(self, agent_id: str) -> None:
         """The agent opened its inbound stream (RFC 8.1: RUNNABLE agents indicate readiness)."""
+        if self.deputy is not None:
+            await self.deputy.ready(agent_id)
+            return
         async with self._lock:
             if self.lifecycles.state(agent_id) is None:
                 agent = await self._registry.find(agent_id)
@@ -484,6 +528,9 @@ class Scheduler:
 
     async def agent_reported(self, agent_id: str, state: str) -> None:
         """The agent's own state in its Heartbeat (sw4rm.common.AgentState name)."""
+        if self.deputy is not None:
+            await self.deputy.reported(agent_id, state)
+            return
         try:
             reported = AgentLifecycleState(state)
         except ValueError:
@@ -498,6 +545,9 @@ class Scheduler:
             await self._dispatcher.drain()
 
     async def agent_deregistered(self, agent_id: str) -> None:
+        if self.deputy is not None:
+            await self.deputy.deregistered(agent_id)
+            return
         async with self._lock:
             for task in self._live.holding(agent_id):
                 await self._losses.lost_with(
@@ -511,6 +561,9 @@ class Scheduler:
         """The agent missed its heartbeats (engine/presence.py): its lifecycle fails (LOST,
         agent_unavailable) from wherever it takes or holds tasks, abandoning them: shared
         ones go back to their queues. It recovers as any failed agent does."""
+        if self.deputy is not None:
+            await self.deputy.lost(agent_id, reason)
+            return
         async with self._lock:
             state = self.lifecycles.state(agent_id)
             if state is None or not AgentLifecycleMachine.allows(state, AgentInput.LOST):
@@ -550,6 +603,9 @@ class Scheduler:
     async def _on_envelope(self, env: Envelope) -> None:
         """Router endpoint: ACKs of the Scheduler's envelopes, agents' CONTROL commands and
         NEGOTIATION events (RFC 17)."""
+        if self.deputy is not None:
+            await self.deputy.envelope(SCHEDULER, env)
+            return
         if env.message_type is MessageType.ACKNOWLEDGEMENT:
             await self._on_ack(env)
         elif env.message_type is MessageType.CONTROL:
@@ -567,6 +623,8 @@ class Scheduler:
         """The router's question for a frame's ACKs of the Scheduler's dispatches
         (engine/router/ack_joins.py): their task transitions, prepared under the lock, which
         stays held until the router's commit has taken them (or failed)."""
+        if self.deputy is not None:
+            return None
         await self._lock.acquire()
         try:
             joined = self._acks.prepare(acks)

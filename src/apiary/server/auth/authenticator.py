@@ -17,10 +17,12 @@ from apiary.core.access.principal import (
     PrincipalKind,
 )
 from apiary.core.access.proof import DEFAULT_AUDIENCE, PROOF_KEY, parse_proof, proof_payload
+from apiary.core.cluster.forwarding import FORWARD_KEY
 from apiary.core.signatures import verifies
 from apiary.engine.operators import BEARER, Operators
 from apiary.errors import InternalError, UnauthenticatedError
 from apiary.server.auth.certificates import CertificateRule, principal_from_pem
+from apiary.server.auth.forwarded import not_clustered
 from apiary.server.auth.keys import KEY_PREFIX, CredentialsFileError, KeyRing
 from apiary.server.auth.replay import ReplayWindow
 from apiary.server.context import CallContext
@@ -41,8 +43,12 @@ class Authenticator:
         audience: str = DEFAULT_AUDIENCE,
         window_s: float = 60.0,
         secure: bool = False,
+        forwarded: Callable[[str, str], Principal] = not_clustered,
     ) -> None:
         self._operators = operators
+        self._forwarded = forwarded
+        """The principal of a call another replica forwarded (cluster mode), or the
+        refusal (`server.auth.forwarded`)."""
         self._keys = keys
         self._certificates = tuple(certificates)
         self._public_key = public_key
@@ -58,7 +64,12 @@ class Authenticator:
         return self._operators.configured
 
     def principal(self, ctx: CallContext, method: str) -> Principal:
-        """Who the call is; UnauthenticatedError for a credential that does not hold."""
+        """Who the call is; UnauthenticatedError for a credential that does not hold. A call
+        forwarded by another replica of the cluster acts as the principal that replica
+        established, once its signature holds (`server.auth.forwarded`)."""
+        forwarded = ctx.get(FORWARD_KEY)
+        if forwarded:
+            return self._forwarded(forwarded, method)
         authorization = ctx.get("authorization")
         if authorization:
             return self._bearer(authorization)

@@ -1,0 +1,245 @@
+"""The calls of the leader's services, forwarded to the leader by the other replicas
+(docs/cluster.md, "The leader").
+
+In cluster mode the handlers of `LEADER_SERVICES` are wrapped (`LeaderRouted`): on the
+leader a call is served by the local handler; on another replica it is forwarded, after
+this replica's access guard admitted it, to the address the leader recorded, as the same
+method with the same request and metadata plus `FORWARD_KEY` (the principal established
+here, signed: `core.cluster.forwarding`), which the leader's authenticator accepts from
+replicas only. The leader's answer, or its error, is this call's. A call that arrives
+forwarded on a replica that no longer leads is not forwarded again: it is unavailable, for
+the caller to try again. Reads (`RETRIED`) are forwarded again to the next leader when the
+leader goes away mid-call, until the call's deadline; other calls answer unavailable then
+(the caller decides: a task submitted with its own task_id may be submitted again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+import grpc
+from google.protobuf.message import Message
+
+from apiary.core.access.proof import PROOF_KEY
+from apiary.core.cluster.forwarding import FORWARD_KEY, Forwarded, sign_forward
+from apiary.engine.cluster.leader_role import LeaderRole
+from apiary.errors import UnavailableError
+from apiary.server.context import CallContext
+from apiary.server.dispatch import snake_case
+from apiary.wire.errordetail import error_from_trailers
+from apiary.wire.services import SERVICES, RpcMethod
+
+LEADER_SERVICES: Final = frozenset(
+    {
+        "sw4rm.scheduler.SchedulerService",
+        "apiary.v1.TaskQueryService",
+        "apiary.v1.AgentControlService",
+        "apiary.v1.ActivityBufferService",
+        "sw4rm.hitl.HitlService",
+        "apiary.v1.HitlOperatorService",
+        "sw4rm.workflow.WorkflowService",
+        "apiary.v1.WorkflowQueryService",
+        "sw4rm.handoff.HandoffService",
+        "apiary.v1.HandoffQueryService",
+        "sw4rm.negotiation_room.NegotiationRoomService",
+        "apiary.v1.NegotiationRoomQueryService",
+        "sw4rm.negotiation.NegotiationService",
+        "apiary.v1.NegotiationOperatorService",
+        "sw4rm.scheduler.SchedulerPolicyService",
+        "sw4rm.activity.ActivityService",
+    }
+)
+"""The services whose component runs on the leader only (`engine.assembly.LEADER_PARTS`,
+docs/cluster.md's table)."""
+RETRIED: Final = frozenset(
+    {
+        "/apiary.v1.TaskQueryService/GetTask",
+        "/apiary.v1.TaskQueryService/WaitTask",
+        "/apiary.v1.TaskQueryService/ListTasks",
+    }
+)
+"""Reads, forwarded again to the next leader when the leader goes away mid-call."""
+_NOT_FORWARDED: Final = frozenset({PROOF_KEY, FORWARD_KEY})
+"""The caller's credentials stay here: the forwarded call acts as the principal signed."""
+_FORWARDED_PREFIXES: Final = ("sw4rm-", "apiary-")
+_FORWARDED: Final = frozenset({"traceparent", "tracestate", "baggage"})
+"""What of a call's metadata (or an HTTP call's headers) the leader's handlers may read,
+besides the protocol's and Apiary's own keys: the trace context."""
+RETRY_PAUSE_S: Final = 0.1
+"""The pause before a read is forwarded again after its leader went away."""
+CHANNEL_OPTIONS: Final = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+"""A replica restarted at the leader's address (a rolling restart) is reached again within
+a second, not after grpc's default backoff of up to two minutes."""
+LEADER_WAIT_S: Final = 30.0
+"""How long a call waits for a leader when the cluster has none (its deadline first)."""
+
+
+class Forwarder:
+    """Forwards calls to the cluster's leader (module docstring)."""
+
+    def __init__(self, role: LeaderRole, tls_root: bytes | None = None) -> None:
+        self._role = role
+        self._tls_root = tls_root
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def local(self) -> bool:
+        """Whether this replica serves the call: it leads now, its components loaded (a term
+        that has just begun is waited for while they load)."""
+        role = self._role
+        if role.lease.leads() and not role.loaded.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(role.loaded.wait(), LEADER_WAIT_S)
+        return role.leads()
+
+    async def unary(self, method: RpcMethod, request: Message, ctx: CallContext) -> Message:
+        loop = asyncio.get_running_loop()
+        remaining = ctx.time_remaining()
+        until = loop.time() + (LEADER_WAIT_S if remaining is None else remaining)
+        while True:
+            address = await self._leader(ctx)
+            call = self._channel(address).unary_unary(
+                method.path,
+                request_serializer=type(request).SerializeToString,
+                response_deserializer=method.response_type.FromString,
+            )
+            try:
+                response: Message = await call(
+                    request, metadata=self._metadata(method, ctx), timeout=ctx.time_remaining()
+                )
+                return response
+            except grpc.aio.AioRpcError as exc:
+                error = _error(exc, address)
+                if not (_leader_gone(exc) and method.path in RETRIED) or loop.time() > until:
+                    raise error from None
+            self._role.lease.wake()  # (look at the lease again: the leader may be gone)
+            await asyncio.sleep(RETRY_PAUSE_S)
+
+    async def stream(
+        self, method: RpcMethod, request: Message, ctx: CallContext
+    ) -> AsyncIterator[Message]:
+        address = await self._leader(ctx)
+        call = self._channel(address).unary_stream(
+            method.path,
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=method.response_type.FromString,
+        )
+        answers = call(request, metadata=self._metadata(method, ctx), timeout=ctx.time_remaining())
+        try:
+            async for item in answers:
+                yield item
+        except grpc.aio.AioRpcError as exc:
+            raise _error(exc, address) from None
+        finally:
+            answers.cancel()
+
+    async def _leader(self, ctx: CallContext) -> str:
+        if ctx.get(FORWARD_KEY):
+            raise UnavailableError(
+                "the call was forwarded to this replica as the cluster's leader, but it no "
+                "longer leads: try again",
+                {"component": "leader"},
+            )
+        remaining = ctx.time_remaining()
+        wait_s = LEADER_WAIT_S if remaining is None else max(0.0, min(remaining, LEADER_WAIT_S))
+        address = await self._role.address(wait_s)
+        if not address:
+            raise UnavailableError(
+                "the cluster has no leader right now (one is taken over within [cluster] "
+                "lease_s): try again",
+                {"component": "leader"},
+            )
+        return address
+
+    def _metadata(self, method: RpcMethod, ctx: CallContext) -> list[tuple[str, str]]:
+        principal = ctx.principal
+        forwarded = Forwarded(
+            principal,
+            self._role.lease.me.replica_id,
+            int(time.time() * 1000),
+            secrets.token_hex(12),
+        )
+        kept = [
+            (k, v) for k, v in ctx.metadata.items()
+            if k not in _NOT_FORWARDED and (k.startswith(_FORWARDED_PREFIXES) or k in _FORWARDED)
+        ]  # fmt: skip
+        return [*kept, (FORWARD_KEY, sign_forward(self._role.forward_key, method.path, forwarded))]
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            if self._tls_root is None:
+                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            else:
+                creds = grpc.ssl_channel_credentials(root_certificates=self._tls_root)
+                channel = grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
+            self._channels[address] = channel
+        return channel
+
+    async def close(self) -> None:
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()
+
+
+def _leader_gone(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether the leader went away (or stopped leading) before answering."""
+    if exc.code() is not grpc.StatusCode.UNAVAILABLE:
+        return False
+    found = error_from_trailers(exc.trailing_metadata() or ())
+    return found is None or found.details.get("component") == "leader"
+
+
+def _error(exc: grpc.aio.AioRpcError, address: str) -> Exception:
+    found = error_from_trailers(exc.trailing_metadata() or ())
+    if found is not None:
+        return found
+    return UnavailableError(
+        f"the cluster's leader at {address} did not answer ({exc.code().name}): try again",
+        {"component": "leader"},
+    )
+
+
+class LeaderRouted:
+    """A service's handler in cluster mode: each method served here while this replica
+    leads, forwarded to the leader otherwise (module docstring)."""
+
+    def __init__(self, service: str, handler: object, forwarder: Forwarder) -> None:
+        self._handler = handler
+        self._forwarder = forwarder
+        self._methods = {snake_case(m.name): m for m in SERVICES[service]}
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        method = self._methods.get(name)
+        local: Callable[..., Any] | None = getattr(self._handler, name, None)
+        if method is None or local is None:
+            raise AttributeError(name)
+        forwarder = self._forwarder
+        if method.client_streaming:
+            return local  # (no leader service takes a client stream)
+        if method.server_streaming:
+
+            async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:
+                items = local(request, ctx) if await forwarder.local() else None
+                if items is None:
+                    items = forwarder.stream(method, request, ctx)
+                async for item in items:
+                    yield item
+
+            return stream
+
+        async def unary(request: Message, ctx: CallContext) -> Message:
+            if await forwarder.local():
+                answer: Message = await local(request, ctx)
+                return answer
+            return await forwarder.unary(method, request, ctx)
+
+        return unary
