@@ -187,11 +187,12 @@ async def test_a_lost_connection_is_agent_unavailable_to_code_that_retries_on_it
     assert isinstance(caught.value, CoordinatorUnreachableError)
 
 
-@pytest.mark.parametrize("status", ["CANCELLED", "UNAVAILABLE"])
+@pytest.mark.parametrize("status", ["CANCELLED", "UNAVAILABLE", "INTERNAL", "UNKNOWN"])
 async def test_a_call_the_server_ended_unanswered_is_unreachable_not_internal(status: str) -> None:
-    """A replica stopping with a call in flight ends it CANCELLED or UNAVAILABLE without the
-    coordinator's error trailer: the outcome is unknown, so code that retries on
-    agent_unavailable (with the same idempotency token) retries it."""
+    """A replica stopping with a call in flight ends it CANCELLED, UNAVAILABLE or (the
+    connection torn mid-stream) INTERNAL without the coordinator's error trailer: the outcome
+    is unknown, so code that retries on agent_unavailable (with the same idempotency token)
+    retries it."""
     code = grpc.StatusCode[status]
 
     async def ended(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:

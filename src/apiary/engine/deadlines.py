@@ -19,6 +19,24 @@ from apiary.engine.timers import Timers
 
 Sleep = Callable[[float], Awaitable[None]]
 
+
+async def pause_until(until: float, clock: Clock, sleep: Sleep, wake: asyncio.Event) -> None:
+    """Until the monotonic time `until`, or sooner once `wake` is set (then cleared). The
+    sleep is measured when its task starts, not now: the clock may move first."""
+
+    async def sleep_until() -> None:
+        await sleep(max(0.0, until - clock.monotonic()))
+
+    sleeper = asyncio.ensure_future(sleep_until())
+    waker = asyncio.ensure_future(wake.wait())
+    try:
+        await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (sleeper, waker):
+            task.cancel()
+        wake.clear()
+
+
 COMPACT_ABOVE = 4096
 """A heap this long, more than half of it entries left by re-armed or cancelled timers, is
 rebuilt from the armed ones (see `Deadlines.arm`)."""

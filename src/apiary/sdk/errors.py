@@ -89,6 +89,13 @@ class TaskHeldError(TaskTimeoutError):
         return self.details.get("note", "")
 
 
+_UNANSWERED = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.INTERNAL,
+     grpc.StatusCode.UNKNOWN}
+)  # fmt: skip
+"""Statuses that, without the coordinator's error trailer, mean no coordinator answered."""
+
+
 def translate(exc: grpc.aio.AioRpcError) -> ApiaryError:
     """The Apiary exception for a failed call (from the error trailer when present)."""
     found = error_from_trailers(exc.trailing_metadata() or ())
@@ -98,9 +105,11 @@ def translate(exc: grpc.aio.AioRpcError) -> ApiaryError:
     text = f"{status.name if status else 'UNKNOWN'}: {exc.details() or ''}".strip()
     if status is grpc.StatusCode.UNIMPLEMENTED:
         return UnimplementedError(text)
-    if status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-        # CANCELLED without the coordinator's trailer: the call ended unanswered (a replica
-        # stopping with it in flight; a caller's own cancellation raises CancelledError).
+    if status in _UNANSWERED:
+        # Without the coordinator's trailer (its own refusals, internal errors included, all
+        # carry one): the call ended unanswered, a replica stopping with it in flight (gRPC's
+        # core ends it CANCELLED, or INTERNAL when the connection is torn mid-stream); a
+        # caller's own cancellation raises CancelledError.
         return CoordinatorUnreachableError(f"coordinator unreachable: {text}")
     return error_for_code("internal_error", text)
 

@@ -12,7 +12,6 @@ import grpc
 
 from apiary.core.envelope import Envelope
 from apiary.core.trace_context import TraceContext
-from apiary.errors import error_for_code
 from apiary.sdk import errors
 from apiary.sdk.tracing import current
 from apiary.wire import pb
@@ -70,12 +69,13 @@ class BatchSender:
                 # The stream already ended (the coordinator went away between frames):
                 # drop it, so that the next send opens a new one.
                 self._call = None
-                raise error_for_code(
-                    "agent_unavailable", "the send stream ended; send again to reconnect"
+                raise errors.CoordinatorUnreachableError(
+                    "the send stream ended; send again to reconnect"
                 ) from None
         if reply is grpc.aio.EOF:
+            # Closed with the frame unanswered: its outcome is unknown (a repeat is safe).
             self._call = None
-            raise error_for_code("agent_unavailable", "the send stream closed")
+            raise errors.CoordinatorUnreachableError("the send stream closed")
         return [
             SendResult(r.message_id, r.accepted, r.error_code, r.reason, r.recipient, r.offset)
             for r in reply.results

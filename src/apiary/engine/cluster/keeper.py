@@ -33,7 +33,7 @@ from apiary.core.cluster.assignment import ClusterView, plan
 from apiary.core.cluster.holdings import Holdings
 from apiary.core.cluster.leases import Lease, Verdict
 from apiary.engine.cluster.settings import ClusterSettings
-from apiary.engine.deadlines import Sleep
+from apiary.engine.deadlines import Sleep, pause_until
 from apiary.store.cluster import (
     ClusterLeases,
     LeaseOutcome,
@@ -193,18 +193,7 @@ class LeaseKeeper:
                 )  # fmt: skip
 
     async def _pause(self, until: float) -> None:
-        # The sleep is measured when its task starts, not now: the clock may move first.
-        sleeper = asyncio.ensure_future(self._sleep_until(until))
-        waker = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (sleeper, waker):
-                task.cancel()
-            self._wake.clear()
-
-    async def _sleep_until(self, until: float) -> None:
-        await self._sleep(max(0.0, until - self._clock.monotonic()))
+        await pause_until(until, self._clock, self._sleep, self._wake)
 
     async def _notify(self) -> None:
         async with self._changed:

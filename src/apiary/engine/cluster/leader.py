@@ -33,7 +33,7 @@ from apiary.core.cluster.holdings import Term
 from apiary.core.cluster.leases import LeaseAction, Verdict
 from apiary.core.envelope import Envelope
 from apiary.engine.codec import EnvelopeCodec
-from apiary.engine.deadlines import Sleep
+from apiary.engine.deadlines import Sleep, pause_until
 from apiary.engine.registry import Registry
 from apiary.engine.router.router import Router
 from apiary.engine.scheduler.scheduler import Scheduler
@@ -205,14 +205,7 @@ class LeaderLease:
             log.warning("not listening for the leader's notes (polling goes on): %s", exc)
 
     async def _pause(self, until: float) -> None:
-        sleeper = asyncio.ensure_future(self._sleep(max(0.0, until - self._clock.monotonic())))
-        waker = asyncio.ensure_future(self._wake.wait())
-        try:
-            await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (sleeper, waker):
-                task.cancel()
-            self._wake.clear()
+        await pause_until(until, self._clock, self._sleep, self._wake)
 
 
 async def _nothing(_epoch: int) -> None:
