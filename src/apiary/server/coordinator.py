@@ -10,6 +10,7 @@ import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import grpc
 from aiohttp import web
@@ -26,6 +27,7 @@ from apiary.engine.assembly import (
     close_engine,
     load_engine,
     start_engine_tasks,
+    supervised,
 )
 from apiary.engine.cluster.node import ClusterNode
 from apiary.engine.eventlog import EventRecorder
@@ -45,7 +47,7 @@ from apiary.engine.worktrees.worktrees import Worktrees
 from apiary.server.auth.authenticator import Authenticator
 from apiary.server.auth.guard import AccessGuard
 from apiary.server.auth.keys import KeyRing
-from apiary.server.cluster import open_replica, store_claim
+from apiary.server.cluster import follow_tenants, open_replica, store_claim, tenant_replicas
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.control_plane import ControlPlanes
@@ -310,6 +312,7 @@ async def open_coordinator(
             config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
             lambda tenant_engine: _handlers(tenant_engine, runtime, checks, config.auth.secure),
             _known_tenants(config, key_ring(config)),
+            None if replica is None else tenant_replicas(replica, store, runtime),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy)
         controls = ControlPlanes(tenancy, runtime, config.runtime, secure=config.auth.secure)
@@ -351,6 +354,10 @@ async def open_coordinator(
         if serves_tenants(config):
             for tenant in sorted(_known_tenants(config, key_ring(config))() - {DEFAULT_TENANT}):
                 await tenancy.engine(tenant)
+            if replica is not None:
+                tasks.append(asyncio.create_task(supervised("apiary-cluster-tenants", partial(
+                    follow_tenants, store, tenancy.opened, tenancy.engine, runtime.sleep
+                )), name="apiary-cluster-tenants"))  # fmt: skip
         state.control_planes = controls
         await controls.start()
         state.ready = True
