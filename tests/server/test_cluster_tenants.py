@@ -9,11 +9,13 @@ default tenant and of another tenant on either replica."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import psycopg
 import pytest
 from psycopg import sql
@@ -23,11 +25,15 @@ from apiary.core.envelope import AckStage
 from apiary.core.records import MessageState
 from apiary.engine.router.admission import Outbound
 from apiary.errors import NoRouteError
+from apiary.server.auth.keys import credentials_path
 from apiary.server.auth.settings import AuthSettings
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.server.tenancy import TenantEngine
 from apiary.store.open import tenant_schema
+from apiary.wire import pb
+from tests.security.tenant_harness import Tenants, create_keys, items_until
+from tests.security.test_tenants import register, send
 from tests.server.test_cluster_replicas import (
     PARTITIONS,
     _ack,
@@ -155,3 +161,54 @@ async def test_a_tenant_opened_on_one_replica_is_opened_on_the_other_whose_parti
         assert len(failed) == 1
         assert on_b.fired == 0
         assert a.cluster.timers.fired == b.cluster.timers.fired == 0  # (the default tenant's)
+
+
+async def test_over_grpc_each_tenants_agent_on_a_receives_only_its_tenants_messages_sent_through_b(
+    tmp_path: Path, url: str
+) -> None:
+    """The same across replicas over real gRPC, each caller's credential naming its
+    tenant (tests/security/test_tenants.py on one coordinator): alice of acme and alice of
+    globex stream on A; acme's application and globex's bob send to "alice" through B."""
+    keys = create_keys(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    shutil.copy2(credentials_path(tmp_path / "a"), credentials_path(tmp_path / "b"))
+    async with (
+        _two(tmp_path, url) as (a, b),
+        grpc.aio.insecure_channel(str(a.grpc_address)) as to_a,
+        grpc.aio.insecure_channel(str(b.grpc_address)) as to_b,
+    ):
+        on_a, on_b = Tenants(a, to_a, keys), Tenants(b, to_b, keys)
+        await register(on_a, "alice@acme", capabilities=["acme-secret"])
+        await register(on_a, "alice@globex", capabilities=["globex-only"])
+        await register(on_b, "bob@globex")
+        for who, capability in (("alice@acme", "acme-secret"), ("alice@globex", "globex-only")):
+            request = pb.apiary_pb2.GetAgentRequest(agent_id="alice")
+            found = await on_b.call("DiscoveryService/GetAgent", request, who)
+            assert list(found.descriptor.capabilities) == [capability]
+
+        inbox = pb.router_pb2.StreamRequest(agent_id="alice")
+        in_acme = on_a.stream("RouterService/StreamIncoming", inbox, "alice@acme")
+        in_globex = on_a.stream("RouterService/StreamIncoming", inbox, "alice@globex")
+        try:
+            tenancy = a.tenancy
+            assert tenancy is not None
+            await _until(
+                lambda: all(
+                    (opened := tenancy.opened(tenant)) is not None
+                    and opened.engine.router.streaming("alice")
+                    for tenant in (TENANT, OTHER)
+                ),
+                "both alices stream on A",
+            )
+            secret, answer = await send(on_b, "app@acme", "alice")
+            assert answer.accepted, answer.reason
+            marker, answer = await send(on_b, "bob@globex", "alice")
+            assert answer.accepted, answer.reason
+            # An inbox is FIFO: had acme's message reached globex's alice, it would come first.
+            delivered = await items_until(in_globex, marker.message_id)
+            assert [item.msg.message_id for item in delivered] == [marker.message_id]
+            (got,) = await items_until(in_acme, secret.message_id)
+            assert (got.msg.producer_id, got.msg.payload) == ("app", secret.payload)
+        finally:
+            in_acme.cancel()
+            in_globex.cancel()
