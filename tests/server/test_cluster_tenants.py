@@ -181,6 +181,18 @@ async def test_over_grpc_each_tenants_agent_on_a_receives_only_its_tenants_messa
         await register(on_a, "alice@acme", capabilities=["acme-secret"])
         await register(on_a, "alice@globex", capabilities=["globex-only"])
         await register(on_b, "bob@globex")
+        # B's view of each tenant's registry is read again at each poll and note (a lookup
+        # is not read through; routing is): GetAgent through B once B has seen them.
+        b_tenancy = b.tenancy
+        assert b_tenancy is not None
+        await _until(
+            lambda: all(
+                (opened := b_tenancy.opened(tenant)) is not None
+                and opened.engine.registry.known("alice") is not None
+                for tenant in (TENANT, OTHER)
+            ),
+            "B knows both alices",
+        )
         for who, capability in (("alice@acme", "acme-secret"), ("alice@globex", "globex-only")):
             request = pb.apiary_pb2.GetAgentRequest(agent_id="alice")
             found = await on_b.call("DiscoveryService/GetAgent", request, who)
