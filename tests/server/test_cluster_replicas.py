@@ -5,8 +5,8 @@ that is; an ACK sent to either reaches the producer's stream on the other; a rep
 stops without releasing anything (as a killed process) has its partitions taken over, its
 ACK deadlines fired once by the new owner, and the messages pending for its agents
 delivered on the other replica. One idempotency token sent to both at once is admitted
-once; every dead letter is seen on both and requeued once. A tenant besides the default is
-refused in cluster mode."""
+once; every dead letter is seen on both and requeued once. (Tenants besides the default:
+tests/server/test_cluster_tenants.py.)"""
 
 from __future__ import annotations
 
@@ -30,9 +30,8 @@ from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.router.admission import Outbound, is_notice
 from apiary.engine.router.inbox import Handout
 from apiary.engine.settings import RouterSettings
-from apiary.errors import ApiaryError, NoRouteError, UnavailableError
+from apiary.errors import ApiaryError, NoRouteError
 from apiary.sdk.connection import Connection
-from apiary.server.auth.settings import AuthSettings
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.wire.convert import ack_to_json
@@ -480,19 +479,6 @@ def _figures(text: str) -> dict[str, float]:
         for line in text.splitlines()
         if line.startswith("apiary_cluster_") and "{" not in line
     }
-
-
-async def test_a_tenant_besides_the_default_is_refused_in_cluster_mode(
-    tmp_path: Path, url: str
-) -> None:
-    async with open_test_coordinator(
-        tmp_path / "a", url, cluster=_settings("a"), auth=AuthSettings(secure=True)
-    ) as replica:
-        assert replica.tenancy is not None
-        with pytest.raises(UnavailableError) as refused:
-            await replica.tenancy.engine("acme")
-        assert refused.value.details == {"tenant": "acme", "reason": "tenants_not_clustered"}
-        assert "cluster mode" in refused.value.message
 
 
 async def test_an_agent_given_both_replicas_moves_to_the_other_when_its_replica_stops(

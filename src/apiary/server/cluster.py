@@ -1,22 +1,38 @@
 """Cluster mode's wiring on the server side (docs/cluster.md): the store's claim or the
-replica's membership, and the cluster node over the PostgreSQL store's pool."""
+replica's membership, the cluster node over the PostgreSQL store's pool, and the parts of
+the replica for each other tenant's engine, over its schema (`tenant_replicas`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Final
 
 from apiary.engine.assembly import Engine, Runtime
-from apiary.engine.cluster.node import ClusterNode, open_cluster_node
+from apiary.engine.cluster.node import (
+    ClusterNode,
+    EngineReplica,
+    open_cluster_node,
+    open_engine_replica,
+)
 from apiary.engine.cluster.settings import ClusterSettings
-from apiary.errors import ValidationError
+from apiary.engine.deadlines import Sleep
+from apiary.errors import ApiaryError, ValidationError
 from apiary.store.claim import Claim, Holder, claim_store
+from apiary.store.errors import StoreError
 from apiary.store.postgres.cluster import PostgresClusterLeases
 from apiary.store.postgres.cluster_leader import PostgresClusterLeader
 from apiary.store.postgres.cluster_streams import PostgresStreamHolders
+from apiary.store.postgres.cluster_tenants import PostgresClusterTenants
 from apiary.store.postgres.cluster_work import PostgresClusterWork
 from apiary.store.postgres.store import PostgresStore
 from apiary.store.protocols import Store
+
+log = logging.getLogger("apiary.cluster")
+
+TENANTS_POLL_S: Final = 1.0
+"""How often a replica reads the cluster's list of tenants (`follow_tenants`)."""
 
 
 def store_claim(
@@ -56,3 +72,63 @@ async def open_replica(
         runtime.clock, runtime.sleep, address=address, leader=PostgresClusterLeader(store.pool),
     ) as node:  # fmt: skip
         yield node
+
+
+TenantReplicas = Callable[[str, Store, Engine], AbstractAsyncContextManager[EngineReplica]]
+"""Opens a tenant's engine's parts of this replica (`tenant_replicas`)."""
+
+
+def tenant_replicas(node: ClusterNode, cluster: Store, runtime: Runtime) -> TenantReplicas:
+    """How another tenant's engine becomes part of the replica `node` (the default tenant's,
+    on `cluster`): over the tenant's schema (its messages, its stream holders, its notes),
+    its deadlines fired by the owner of the agent's partition in the one lease table,
+    fenced by it (docs/cluster.md, "Tenants"). The tenant is recorded in the cluster's list,
+    for the other replicas to open it too (`follow_tenants`)."""
+    assert isinstance(cluster, PostgresStore)
+    leases = PostgresClusterLeases(cluster.pool)
+    roster = PostgresClusterTenants(cluster.pool)
+
+    @asynccontextmanager
+    async def replicate(tenant: str, store: Store, engine: Engine) -> AsyncIterator[EngineReplica]:
+        if not isinstance(store, PostgresStore):
+            raise ValidationError(
+                f"tenant {tenant[:64]!r} in cluster mode needs a PostgreSQL store",
+                {"field": "cluster.enabled"},
+            )
+        work = PostgresClusterWork(store.pool, leases)
+        holders = PostgresStreamHolders(store.pool, leases.schema)
+        name = f"apiary-cluster-{node.keeper.replica_id}-t-{tenant[:32]}"
+        async with open_engine_replica(
+            engine, store.messages, work, holders, node.keeper, runtime.clock, runtime.sleep,
+            name=name,
+        ) as part:  # fmt: skip
+            node.tenants[tenant] = part
+            await roster.add(tenant)  # every replica opens it too (`follow_tenants`)
+            try:
+                yield part
+            finally:
+                node.tenants.pop(tenant, None)
+
+    return replicate
+
+
+async def follow_tenants(
+    cluster: Store, opened: Callable[[str], object | None],
+    open_tenant: Callable[[str], Awaitable[object]], sleep: Sleep,
+    poll_s: float = TENANTS_POLL_S,
+) -> None:  # fmt: skip
+    """Until cancelled: every `poll_s`, open the engine of each tenant in the cluster's list
+    (another replica opened it) that is not `opened` here, so that this replica runs the
+    deadlines of its messages in the partitions it owns and follows its agents' streams.
+    A tenant that cannot be opened now is tried again at the next poll."""
+    assert isinstance(cluster, PostgresStore)
+    roster = PostgresClusterTenants(cluster.pool)
+    while True:
+        for tenant in await roster.names():
+            if opened(tenant) is not None:
+                continue
+            try:
+                await open_tenant(tenant)
+            except (ApiaryError, StoreError) as exc:
+                log.warning("cluster: cannot open tenant %s yet: %s", tenant[:64], exc)
+        await sleep(poll_s)

@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import grpc
 from aiohttp import web
@@ -27,6 +28,7 @@ from apiary.engine.assembly import (
     close_engine,
     load_engine,
     start_engine_tasks,
+    supervised,
 )
 from apiary.engine.cluster.node import ClusterNode
 from apiary.engine.eventlog import EventRecorder
@@ -47,7 +49,7 @@ from apiary.server.auth.authenticator import Authenticator
 from apiary.server.auth.forwarded import ForwardedCalls
 from apiary.server.auth.guard import AccessGuard
 from apiary.server.auth.keys import KeyRing
-from apiary.server.cluster import open_replica, store_claim
+from apiary.server.cluster import follow_tenants, open_replica, store_claim, tenant_replicas
 from apiary.server.cluster_forward import LEADER_SERVICES, Forwarder, LeaderRouted
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
@@ -324,6 +326,7 @@ async def open_coordinator(
             config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
             lambda tenant_engine: _handlers(tenant_engine, runtime, checks, config.auth.secure),
             _known_tenants(config, key_ring(config)),
+            None if replica is None else tenant_replicas(replica, store, runtime),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy, replica)
         controls = ControlPlanes(tenancy, runtime, config.runtime, secure=config.auth.secure)
@@ -366,9 +369,7 @@ async def open_coordinator(
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,
             recovered_messages=recovered,
         )  # fmt: skip
-        if serves_tenants(config):
-            for tenant in sorted(_known_tenants(config, key_ring(config))() - {DEFAULT_TENANT}):
-                await tenancy.engine(tenant)
+        tasks += await _open_tenants(config, tenancy, store, replica, runtime)
         state.control_planes = controls
         await controls.start()
         state.ready = True
@@ -377,6 +378,26 @@ async def open_coordinator(
         finally:
             state.ready = False
             await _shut_down(engine, server, health, runner, tasks, tenancy, controls)
+
+
+async def _open_tenants(
+    config: ServerConfig, tenancy: Tenancy, store: Store, replica: ClusterNode | None,
+    runtime: Runtime,
+) -> list[asyncio.Task[None]]:  # fmt: skip
+    """Open the engines of the tenants the configuration and the credentials name; in
+    cluster mode, the loop that opens those other replicas opened (`follow_tenants`)."""
+    if not serves_tenants(config):
+        return []
+    for tenant in sorted(_known_tenants(config, key_ring(config))() - {DEFAULT_TENANT}):
+        await tenancy.engine(tenant)
+    if replica is None:
+        return []
+    follow = partial(follow_tenants, store, tenancy.opened, tenancy.engine, runtime.sleep)
+    return [
+        asyncio.create_task(
+            supervised("apiary-cluster-tenants", follow), name="apiary-cluster-tenants"
+        )
+    ]
 
 
 def _runtime(config: ServerConfig, runtime: Runtime | None, clock: Clock | None) -> Runtime:

@@ -47,5 +47,6 @@ class ClusterCollector(Collector):
         yield CounterMetricFamily(
             "apiary_cluster_deadlines_fired",
             "Message deadlines (ACK, TTL) this replica fired as its partitions' owner.",
-            value=self._node.timers.fired,
+            value=self._node.timers.fired
+            + sum(part.timers.fired for part in self._node.tenants.values()),
         )

@@ -32,6 +32,7 @@ from apiary.engine.hitl import HitlSettings
 from apiary.errors import NotFoundError, UnavailableError
 from apiary.server.auth.keys import KeyRing, credentials_path
 from apiary.server.auth.settings import Quota
+from apiary.server.cluster import TenantReplicas
 from apiary.server.config.server import ServerConfig
 from apiary.server.context import CallContext
 from apiary.server.quotas import TenantQuota
@@ -91,8 +92,11 @@ class Tenancy:
         default: TenantEngine,
         handlers_of: HandlersOf,
         known: Callable[[], set[str]],
+        replicate: TenantReplicas | None = None,
     ) -> None:
         self._config = config
+        self._replicate = replicate
+        """Cluster mode: how a tenant's engine joins this replica (`server.cluster`)."""
         self._runtime = runtime
         self._handlers_of = handlers_of
         self._known = known
@@ -100,6 +104,7 @@ class Tenancy:
         self._tenants: dict[str, TenantEngine] = {DEFAULT_TENANT: default}
         self._opening: dict[str, asyncio.Task[TenantEngine]] = {}
         self._stack = AsyncExitStack()
+        self._closed = False
 
     def names(self) -> list[str]:
         return sorted(self._tenants)
@@ -162,20 +167,17 @@ class Tenancy:
 
     async def _open(self, tenant: str) -> TenantEngine:
         config = self._config
+        if self._closed:
+            raise UnavailableError(
+                f"tenant {tenant[:64]!r} cannot be served: the coordinator is stopping",
+                {"tenant": tenant[:64], "reason": "stopping"},
+            )
         if not serves_tenants(config):
             raise UnavailableError(
                 f"tenant {tenant[:64]!r} cannot be served: a coordinator serves tenants besides "
                 f"{DEFAULT_TENANT} only in secure mode or with message signing on (RFC 6.2; "
                 "`apiary serve --secure` or [router] signing_required = true)",
                 {"tenant": tenant[:64], "reason": "tenants_need_signing"},
-            )
-        if config.cluster.enabled:
-            # Another tenant's engine would run on every replica as a lone coordinator
-            # does, recovering and timing its messages on each: a split brain.
-            raise UnavailableError(
-                f"tenant {tenant[:64]!r} cannot be served: in cluster mode a coordinator "
-                f"serves the {DEFAULT_TENANT} tenant only, for now (docs/cluster.md)",
-                {"tenant": tenant[:64], "reason": "tenants_not_clustered"},
             )
         data_dir = tenant_data_dir(config.data_dir, tenant)
         store = await self._stack.enter_async_context(
@@ -185,11 +187,19 @@ class Tenancy:
             store, config.router, self._runtime, hitl_settings(config), config.scheduler, data_dir,
             config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
-        recovered = await load_engine(engine)
+        clustered = self._replicate is not None
+        if self._replicate is not None:
+            # A replica of the cluster for this tenant too: its messages followed from the
+            # store and its deadlines fired by their partitions' owners, never recovered
+            # and timed on every replica (a split brain).
+            await self._stack.enter_async_context(self._replicate(tenant, store, engine))
+        recovered = await load_engine(engine, recover_messages=not clustered)
         opened = tenant_engine(
             tenant, store, engine, self._handlers_of(engine), config.auth.quota(tenant)
         )
-        opened.tasks = start_engine_tasks(store, engine, self._runtime)
+        opened.tasks = start_engine_tasks(
+            store, engine, self._runtime, message_deadlines=not clustered
+        )
         engine.tools.start()
         await engine.events.record(
             "tenant.opened", "coordinator", tenant=tenant, store=store.backend,
@@ -201,6 +211,7 @@ class Tenancy:
 
     async def close(self) -> None:
         """Stop every tenant's engine but the default's (the coordinator stops that one)."""
+        self._closed = True
         for name, opened in list(self._tenants.items()):
             if name == DEFAULT_TENANT:
                 continue

@@ -48,17 +48,59 @@ log = logging.getLogger("apiary.cluster")
 
 
 @dataclass(slots=True)
-class ClusterNode:
-    """A running replica's cluster parts (`open_cluster_node`)."""
+class EngineReplica:
+    """One engine's parts of a replica (`open_engine_replica`): the default tenant's, or
+    another tenant's over its own schema, beside the replica's one lease keeper."""
 
-    keeper: LeaseKeeper
     follower: StoreFollower
     timers: OwnerTimers
     deadlines: AckDeadlineWriter
-    leader: LeaderRole | None = None
-    """The leader's lease and relay (docs/cluster.md, "The leader"), with a leader store."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     halted: bool = False
+
+    def halt(self) -> None:
+        """Stop every loop at once, writing nothing more (as a killed process would)."""
+        self.halted = True
+        for task in self.tasks:
+            task.cancel()
+
+
+@dataclass(slots=True)
+class ClusterNode:
+    """A running replica's cluster parts (`open_cluster_node`): its lease keeper and the
+    default tenant's engine's parts; `tenants`, those of the other tenants' engines opened
+    since (`open_engine_replica`, keyed by tenant)."""
+
+    keeper: LeaseKeeper
+    part: EngineReplica
+    leasing: list[asyncio.Task[None]] = field(default_factory=list)
+    """The lease keeper's loops."""
+    halted: bool = False
+    tenants: dict[str, EngineReplica] = field(default_factory=dict)
+    leader: LeaderRole | None = None
+    """The leader's lease and relay (docs/cluster.md, "The leader"), with a leader store:
+    the default tenant's coordinator-level components run on the replica that leads."""
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The loops of the lease keeper, the leader's role and the default tenant's
+        engine's parts."""
+        return [*self.leasing, *self._leading(), *self.part.tasks]
+
+    def _leading(self) -> list[asyncio.Task[None]]:
+        return list(self.leader.tasks) if self.leader is not None else []
+
+    @property
+    def follower(self) -> StoreFollower:
+        return self.part.follower
+
+    @property
+    def timers(self) -> OwnerTimers:
+        return self.part.timers
+
+    @property
+    def deadlines(self) -> AckDeadlineWriter:
+        return self.part.deadlines
 
     def halt(self) -> None:
         """Stop every loop at once and release nothing, as a killed process would: the
@@ -66,11 +108,10 @@ class ClusterNode:
         self.halted = True
         if self.leader is not None:
             self.leader.loaded.clear()
-        for task in self._all_tasks():
+        for part in (self.part, *self.tenants.values()):
+            part.halt()
+        for task in [*self.leasing, *self._leading()]:
             task.cancel()
-
-    def _all_tasks(self) -> list[asyncio.Task[None]]:
-        return [*self.tasks, *(self.leader.tasks if self.leader is not None else ())]
 
 
 @asynccontextmanager
@@ -93,6 +134,58 @@ async def open_cluster_node(
     hooks set and its loops running; on exit the loops stop and the replica leaves (its
     leases released at once) unless it was halted."""
     keeper = LeaseKeeper(leases, settings, clock, sleep, address=address)
+    await keeper.join()
+    name = f"apiary-cluster-{keeper.replica_id}"
+    # The lease keeper ends the replica when it is evicted (ReplicaEvictedError).
+    tasks = [
+        asyncio.create_task(keeper.run(), name=f"{name}-lease"),
+        asyncio.create_task(keeper.follow_releases(), name=f"{name}-releases"),
+    ]
+    node: ClusterNode | None = None
+    role: LeaderRole | None = None
+    try:
+        if leader is not None:
+            role = LeaderRole(leader, keeper.me, settings.lease_s, engine, clock, sleep)
+            await role.seed()
+        async with open_engine_replica(
+            engine, messages, work, holders, keeper, clock, sleep, name=name,
+            follow_poll_s=follow_poll_s, timer_poll_s=timer_poll_s,
+        ) as part:  # fmt: skip
+            node = ClusterNode(keeper, part, tasks, leader=role)
+            try:
+                yield node
+            finally:
+                if role is not None and not node.halted:
+                    await role.release()
+    finally:
+        leading = list(role.tasks) if role is not None else []
+        for task in [*tasks, *leading]:
+            task.cancel()
+        for task in [*tasks, *leading]:
+            with contextlib.suppress(asyncio.CancelledError, ReplicaEvictedError):
+                await task
+    if node is not None and not node.halted:
+        await _leave(node)
+
+
+@asynccontextmanager
+async def open_engine_replica(
+    engine: Engine,
+    messages: MessageStore,
+    work: ClusterWork,
+    holders: StreamHolders,
+    keeper: LeaseKeeper,
+    clock: Clock,
+    sleep: Sleep = asyncio.sleep,
+    *,
+    name: str,
+    follow_poll_s: float = FOLLOW_POLL_S,
+    timer_poll_s: float = TIMER_POLL_S,
+) -> AsyncIterator[EngineReplica]:
+    """`engine`'s parts of the replica `keeper` runs, over its store (`messages`, `work`,
+    `holders`: the default tenant's schema or another tenant's), for the duration of the
+    block: its hooks set and its loops running (named `name`-...); on exit the loops stop
+    and, unless it was halted, the last ACK deadlines are stored."""
     holds = StreamHolds(engine.router, holders, keeper.me)
     follower = StoreFollower(
         engine.router, engine.registry, engine.presence, messages, work, holds,
@@ -101,53 +194,44 @@ async def open_cluster_node(
     timers = OwnerTimers(
         engine.router, messages, work, keeper, clock, sleep, follower.note, poll_s=timer_poll_s
     )
-    node = ClusterNode(keeper, follower, timers, AckDeadlineWriter(work))
-    await keeper.join()
-    if leader is not None:
-        node.leader = LeaderRole(leader, keeper.me, settings.lease_s, engine, clock, sleep)
-        await node.leader.seed()
-    _hook(engine, node, clock)
-    name = f"apiary-cluster-{keeper.replica_id}"
-    # The lease keeper ends the replica when it is evicted (ReplicaEvictedError); the other
-    # loops are kept running through failures, as the engine's own are (`supervised`): a
-    # follower that stopped would leave its agents' messages admitted elsewhere undelivered.
+    part = EngineReplica(follower, timers, AckDeadlineWriter(work))
+    _hook(engine, part, keeper, clock)
+    # The loops are kept running through failures, as the engine's own are (`supervised`):
+    # a follower that stopped would leave its agents' messages admitted elsewhere
+    # undelivered.
     loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "follow": follower.run,
         "listen": follower.listen,
         "notes": follower.send_notes,
         "timers": timers.run,
-        "ack-deadlines": node.deadlines.run,
+        "ack-deadlines": part.deadlines.run,
     }
-    node.tasks = [
-        asyncio.create_task(keeper.run(), name=f"{name}-lease"),
-        asyncio.create_task(keeper.follow_releases(), name=f"{name}-releases"),
-        *(
-            asyncio.create_task(supervised(f"{name}-{part}", loop), name=f"{name}-{part}")
-            for part, loop in loops.items()
-        ),
+    part.tasks = [
+        asyncio.create_task(supervised(f"{name}-{loop}", run), name=f"{name}-{loop}")
+        for loop, run in loops.items()
     ]
     try:
-        yield node
+        yield part
     finally:
-        if node.leader is not None and not node.halted:
-            await node.leader.release()
-        tasks = node._all_tasks()
-        for task in tasks:
+        for task in part.tasks:
             task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, ReplicaEvictedError):
+        for task in part.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
         _unhook(engine)
-        if not node.halted:
-            await _leave(node)
+        if not part.halted:
+            try:
+                await part.deadlines.flush()
+            except StoreError as exc:
+                log.warning("cluster: ACK deadlines not stored at stop: %s", exc)
 
 
-def _hook(engine: Engine, node: ClusterNode, clock: Clock) -> None:
-    router, follower = engine.router, node.follower
-    partitions, keeper = node.keeper.settings.partitions, node.keeper
+def _hook(engine: Engine, part: EngineReplica, keeper: LeaseKeeper, clock: Clock) -> None:
+    router, follower = engine.router, part.follower
+    partitions = keeper.settings.partitions
     router.live.started_at = clock.now()
     router.live.placement = follower.place
-    router.deadlines.on_ack = node.deadlines.queue
+    router.deadlines.on_ack = part.deadlines.queue
     router.count_in_store(True)
     router.lifecycle.conditional = True
     engine.delivery.follower = follower
@@ -170,11 +254,7 @@ def _unhook(engine: Engine) -> None:
 
 
 async def _leave(node: ClusterNode) -> None:
-    """A clean stop: the last ACK deadlines stored, the leases released."""
-    try:
-        await node.deadlines.flush()
-    except StoreError as exc:
-        log.warning("cluster: ACK deadlines not stored at stop: %s", exc)
+    """A clean stop (the last ACK deadlines were stored): the leases released."""
     try:
         await node.keeper.leave()
     except StoreError as exc:

@@ -40,10 +40,16 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.rejections import Rejections
 from apiary.engine.router.stats import RouterStats
 from apiary.engine.tracing import Tracing
-from apiary.errors import AlreadyCompletedError, BufferFullError, ValidationError
+from apiary.errors import (
+    AlreadyCompletedError,
+    BufferFullError,
+    UnavailableError,
+    ValidationError,
+)
 from apiary.store.errors import (
     AdmissionRefusal,
     BoundExceededError,
+    DuplicateMessageError,
     RequeuedError,
     StoreError,
     StoreUnavailableError,
@@ -216,7 +222,7 @@ class Batches:
             raise
         admit_many = partial(self._messages.admit_many, records, writes)
         try:
-            results: Sequence[StoredMessage | AdmissionRefusal | None] = await self._events.commit(
+            results: Sequence[StoredMessage | AdmissionRefusal] = await self._events.commit(
                 [], admit_many
             )
         except StoreUnavailableError:
@@ -225,10 +231,12 @@ class Batches:
             if found is None:
                 self._track(self._in_doubt_later(admit, items, now))
                 raise
-            if not any(found):
-                self._release(admit, items)
+            settled = await self._settled(admit, items, found, now)
+            if settled is None:
                 raise
-            results = found
+            for (index, _), outcome in zip(admit, settled, strict=True):
+                outcomes[index] = outcome
+            return
         except Exception:
             self._release(admit, items)  # refused by the database: nothing committed
             raise
@@ -238,25 +246,62 @@ class Batches:
         for (index, record), result in zip(admit, results, strict=True):
             outcomes[index] = self._admitted(items[index], record, result, now)
 
+    async def _settled(
+        self, admit: list[tuple[int, StoredMessage]], items: Sequence[Outbound],
+        found: list[StoredMessage | None], now: float,
+    ) -> list[SendOutcome] | None:  # fmt: skip
+        """The outcome of each member of an admission in doubt, from what the store holds
+        (`found`, by `_in_doubt`): accepted when its message is stored as it was sent (the
+        admission committed). One that is not was refused by a transaction that committed,
+        or rolled back with it: it is answered as a retry of it would be when another
+        message holds its id (already used) or its token's record refuses it now
+        (already_in_progress naming the attempt that holds the token, or duplicate_detected
+        with the cached outcome: `DedupGate.settle`), else `unavailable` (its outcome is not
+        known: a retry is answered rightly). None when every member is `unavailable` (the
+        caller raises it; their reservations are released)."""
+        settled: list[SendOutcome] = []
+        known = False
+        for (index, record), stored in zip(admit, found, strict=True):
+            item = items[index]
+            if stored is not None and stored.envelope == record.envelope:
+                settled.append(self._admitted(item, record, stored, now))
+                known = True
+                continue
+            if stored is not None:  # (`_admitted` releases its reservations)
+                used = DuplicateMessageError(stored.message_id)
+                settled.append(self._admitted(item, record, used, now))
+                known = True
+                continue
+            self._free(item.envelope, record)
+            outcome = await self._dedup.settle(item.envelope, now)
+            if outcome is not None:
+                known = True
+            else:
+                lost = UnavailableError(
+                    f"the store was lost while admitting {record.message_id}, which it did "
+                    "not admit; the outcome of its attempt is not known: send it again",
+                    {"message_id": record.message_id},
+                )
+                outcome = SendOutcome.refusal(record.message_id, lost)
+            settled.append(outcome)
+        return settled if known else None
+
     async def _in_doubt(
         self, records: list[StoredMessage], wait_s: float
     ) -> list[StoredMessage | None] | None:
-        """Whether an admission whose outcome the store could not tell committed: each
-        member as stored (None: not stored by it), or None when the store does not answer
-        within `wait_s`."""
+        """What the store holds under the ids of an admission whose outcome it could not
+        tell: each member's id as stored (None: nothing is), or None when the store does not
+        answer within `wait_s`."""
         deadline = asyncio.get_running_loop().time() + wait_s
         pause = 0.05
         while True:
             try:
-                stored = [await self._messages.get(r.message_id) for r in records]
+                return [await self._messages.get(r.message_id) for r in records]
             except StoreError:
                 if asyncio.get_running_loop().time() + pause > deadline:
                     return None
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
-                continue
-            return [s if s is not None and s.envelope == r.envelope else None
-                    for s, r in zip(stored, records, strict=True)]  # fmt: skip
 
     async def _in_doubt_later(
         self, admit: list[tuple[int, StoredMessage]], items: Sequence[Outbound], now: float
@@ -264,14 +309,14 @@ class Batches:
         """An admission still in doubt when its caller was answered `unavailable`: its
         reservations (buffer space, credit, the idempotency token: a retry is answered
         already_in_progress meanwhile) stay until the store tells whether it committed; then
-        the members are delivered as admitted, or released."""
+        the members stored as sent are delivered as admitted, the others released."""
         found = await self._in_doubt([r for _, r in admit], float("inf"))
         assert found is not None
-        if not any(found):
-            self._release(admit, items)
-            return
         for (index, record), stored in zip(admit, found, strict=True):
-            self._admitted(items[index], record, stored, now)
+            if stored is not None and stored.envelope == record.envelope:
+                self._admitted(items[index], record, stored, now)
+            else:
+                self._free(items[index].envelope, record)
 
     def _release(self, admit: list[tuple[int, StoredMessage]], items: Sequence[Outbound]) -> None:
         """Free what the admission of `admit` reserved: it did not commit."""
@@ -328,11 +373,10 @@ class Batches:
 
     def _admitted(
         self, item: Outbound, record: StoredMessage,
-        result: StoredMessage | AdmissionRefusal | None,
+        result: StoredMessage | AdmissionRefusal,
         now: float,
     ) -> SendOutcome:  # fmt: skip
-        """The outcome of `item`, whose `record` the store answered with `result` (None: a
-        member found missing after an admission in doubt had committed: a duplicate)."""
+        """The outcome of `item`, whose `record` the store answered with `result`."""
         env = item.envelope
         if isinstance(result, TokenTakenError):
             self._free(env, record)

@@ -30,6 +30,7 @@ from apiary.core.records import AdmissionWrites, IdempotencyRecord, StoredMessag
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.router.admission import SendOutcome
 from apiary.errors import AlreadyInProgressError, DuplicateDetectedError
+from apiary.store.errors import StoreError
 from apiary.store.protocols import IdempotencyStore, MessageStore
 
 
@@ -198,6 +199,24 @@ class DedupGate:
             original_message_id=record.original_message_id, token=env.idempotency_token,
         )  # fmt: skip
         return _refusal(env, record, kind)
+
+    async def settle(self, env: Envelope, now: float) -> SendOutcome | None:
+        """The answer to `env`, which an admission the store lost in doubt did not admit,
+        when its token's record refuses it now (another attempt holds the token: `taken`'s
+        answer); None when it has no token, the record does not refuse it (none, stale, or
+        a retry may proceed) or cannot be read: whether it was refused is not known."""
+        token = env.idempotency_token
+        if not token:
+            return None
+        try:
+            record = await self._cache.get(cache_key(env.producer_id, token))
+        except StoreError:
+            return None
+        if record is None or record.current_message_id == env.message_id:
+            return None
+        if dedup.decide(record, now, self._window).kind not in _REFUSED:
+            return None
+        return self.taken(env, record, now)
 
     async def _requeue(self, env: Envelope, key: str) -> None:
         record = await self._cache.get(key) if key else None

@@ -52,12 +52,25 @@ _LEASE_COLUMNS: Final = "partition, owner, epoch, expires_at"
 _REPLICA_COLUMNS: Final = "replica_id, address, started_at, heartbeat_at, expires_at"
 
 
+def qualified(schema: str, table: str) -> str:
+    """`table` of `schema`, quoted for SQL: the cluster's tables named from a transaction on
+    another tenant's schema (its connections' search_path is that schema)."""
+    quoted = schema.replace('"', '""')
+    return f'"{quoted}".{table}'
+
+
 class PostgresClusterLeases:
-    """The lease table of one schema (module docstring)."""
+    """The lease table of one schema (module docstring): the cluster's, the default
+    tenant's; the other tenants' message work is fenced by it too (`fenced`'s `pool`)."""
 
     def __init__(self, pool: PostgresPool, clock: Clock | None = None) -> None:
         self._pool = pool
         self._clock = clock
+
+    @property
+    def schema(self) -> str:
+        """The schema of the cluster's tables."""
+        return self._pool.schema
 
     async def join(self, me: Me, partitions: int, lease_s: float) -> ClusterView:
         check_partitions(partitions)
@@ -174,16 +187,20 @@ class PostgresClusterLeases:
             return await _read_view(conn, await self._now(conn))
 
     @asynccontextmanager
-    async def fenced(self, me: Me, partition: int, epoch: int) -> AsyncIterator[Connection]:
+    async def fenced(
+        self, me: Me, partition: int, epoch: int, pool: PostgresPool | None = None
+    ) -> AsyncIterator[Connection]:
         """A transaction whose writes commit only under `me`'s term `epoch` of `partition`.
 
         The lease row is locked FOR KEY SHARE until the transaction ends (module docstring);
         FencedError, before anything is written, when the lease is another term or not
-        `me`'s. The block's statements run on the yielded connection; leaving the block
-        commits them, an exception rolls them back.
+        `me`'s. The block's statements run on the yielded connection, of `pool` (another
+        tenant's schema; None: this one's); leaving the block commits them, an exception
+        rolls them back.
         """
-        async with self._pool.connection() as conn, conn.transaction():
-            leases = await _locked(conn, "partition = %s", [partition], "FOR KEY SHARE")
+        table = qualified(self._pool.schema, "partition_leases")
+        async with (pool or self._pool).connection() as conn, conn.transaction():
+            leases = await _locked(conn, "partition = %s", [partition], "FOR KEY SHARE", table)
             _check_found(leases, [partition])
             found = leases[0]
             if found.owner != me.replica_id or found.epoch != epoch:
@@ -234,12 +251,14 @@ def _evicted(me: Me) -> ReplicaEvictedError:
     )
 
 
-async def _locked(conn: Connection, where: str, params: list[object], lock: str) -> list[Lease]:
+async def _locked(
+    conn: Connection, where: str, params: list[object], lock: str,
+    table: str = "partition_leases",
+) -> list[Lease]:  # fmt: skip
     rows = await fetch_rows(
-        conn,
-        f"SELECT {_LEASE_COLUMNS} FROM partition_leases WHERE {where} ORDER BY partition {lock}",
+        conn, f"SELECT {_LEASE_COLUMNS} FROM {table} WHERE {where} ORDER BY partition {lock}",
         params,
-    )
+    )  # fmt: skip
     return [Lease(int(p), owner, int(epoch), float(exp)) for p, owner, epoch, exp in rows]
 
 

@@ -21,19 +21,23 @@ import psycopg
 from apiary.core.cluster.streams import StreamClaim, StreamHolder, StreamVerdict, claim_stream
 from apiary.store.cluster import STREAM, Me, WorkNote
 from apiary.store.errors import StoreError
-from apiary.store.postgres.cluster_work import STREAMING, WORK_CHANNEL, note_payload
+from apiary.store.postgres.cluster import qualified
+from apiary.store.postgres.cluster_work import WORK_CHANNEL, note_payload, streaming
 from apiary.store.postgres.pool import Connection, PostgresPool, fetch_rows
 from apiary.store.postgres.rerun import rerun_when_aborted
 
 _COLUMNS: Final = "agent_id, replica_id, incarnation, generation"
-_LIVE: Final = f"SELECT {STREAMING.format(agent='%s')}"
 
 
 class PostgresStreamHolders:
-    """`StreamHolders` on one schema's pool (module docstring)."""
+    """`StreamHolders` on one schema's pool (module docstring): the default tenant's, or
+    another tenant's, whose holders' liveness is read in the cluster's `cluster_replicas`
+    (of `cluster_schema`; None: the pool's schema is the cluster's)."""
 
-    def __init__(self, pool: PostgresPool) -> None:
+    def __init__(self, pool: PostgresPool, cluster_schema: str | None = None) -> None:
         self._pool = pool
+        replicas = qualified(cluster_schema or pool.schema, "cluster_replicas")
+        self._live = f"SELECT {streaming('%s', replicas)}"
 
     async def claim(self, me: Me, agent_id: str, take_over: bool) -> StreamClaim:
         try:
@@ -52,7 +56,7 @@ class PostgresStreamHolders:
                 [agent_id],
             )  # fmt: skip
             found = _holder(rows[0])
-            live = await _live(conn, found)
+            live = await self._holder_live(conn, found)
             claim = claim_stream(found, me.replica_id, me.incarnation, live, take_over)
             if not claim.granted:
                 return claim
@@ -67,6 +71,14 @@ class PostgresStreamHolders:
                 payload = note_payload(self._pool.schema, WorkNote(STREAM, agent_id))
                 await conn.execute("SELECT pg_notify(%s, %s)", [WORK_CHANNEL, payload])
             return claim
+
+    async def _holder_live(self, conn: Connection, found: StreamHolder) -> bool:
+        """Whether `found`'s holder beats (its heartbeat, on the database's clock, not
+        expired)."""
+        if not found.replica_id:
+            return False
+        rows = await fetch_rows(conn, self._live, [found.agent_id])
+        return bool(rows and rows[0][0])
 
     async def release(self, me: Me, agent_id: str, generation: int) -> bool:
         try:
@@ -98,11 +110,3 @@ class PostgresStreamHolders:
 def _holder(row: tuple[Any, ...]) -> StreamHolder:
     agent_id, replica_id, incarnation, generation = row
     return StreamHolder(agent_id, replica_id, incarnation, int(generation))
-
-
-async def _live(conn: Connection, found: StreamHolder) -> bool:
-    """Whether `found`'s holder beats (its heartbeat, on the database's clock, not expired)."""
-    if not found.replica_id:
-        return False
-    rows = await fetch_rows(conn, _LIVE, [found.agent_id])
-    return bool(rows and rows[0][0])

@@ -30,7 +30,7 @@ from apiary.core.admission_bounds import NOTICE_PRODUCER, NOTICE_TYPES
 from apiary.core.records import MessageState, StoredMessage
 from apiary.store.cluster import NOTE_KINDS, Me, WorkNote
 from apiary.store.errors import StoreError
-from apiary.store.postgres.cluster import PostgresClusterLeases
+from apiary.store.postgres.cluster import PostgresClusterLeases, qualified
 from apiary.store.postgres.pool import PostgresPool, fetch_rows
 from apiary.store.postgres.rerun import rerun_when_aborted
 from apiary.store.sql.messages import MESSAGES, message_from_row
@@ -50,31 +50,32 @@ _SET_ACK_DEADLINES: Final = (
 _DUE_ROW: Final = (
     f"SELECT {MESSAGES.sql} FROM messages WHERE message_id = %s AND due_at <= %s FOR UPDATE"
 )
-STREAMING: Final = (
-    "EXISTS (SELECT 1 FROM stream_holders h JOIN cluster_replicas r"
-    " ON r.replica_id = h.replica_id AND r.incarnation = h.incarnation"
-    " WHERE h.agent_id = {agent} AND r.expires_at > extract(epoch FROM clock_timestamp()))"
-)
-"""SQL true when the agent (an SQL expression) has a live stream on some replica: its holder
-row (`cluster_streams`) names a replica, that start of it, whose heartbeat has not expired."""
 
 
-_AGED: Final = (
-    "acked_stage = '' AND state IN ('RECEIVED', 'RETRYING') AND ack_deadline = 0"
-    " AND created_at <= %(born)s AND producer_id <> %(notices)s"
-    " AND message_type <> ALL(%(notice_types)s)"
-    f" AND NOT {STREAMING.format(agent='messages.recipient')}"
-)
-"""SQL true for a message past the maximum age (`core.admission_bounds` tells notices):
-admitted at `born` or before, awaiting its first ACK, held by no stream (no ACK deadline
-stored) and its recipient streaming on no replica."""
-_AGED_PAGE: Final = (
-    f"SELECT {MESSAGES.sql} FROM messages WHERE {_AGED}"
-    " ORDER BY created_at, message_id LIMIT %(limit)s"
-)
-_AGED_ROW: Final = (
-    f"SELECT {MESSAGES.sql} FROM messages WHERE message_id = %(id)s AND {_AGED} FOR UPDATE"
-)
+def streaming(agent: str, replicas: str) -> str:
+    """SQL true when the agent (an SQL expression) has a live stream on some replica: its
+    holder row (`cluster_streams`, in its tenant's schema) names a replica, that start of
+    it, whose heartbeat in `replicas` (the cluster's `cluster_replicas`, qualified) has not
+    expired."""
+    return (
+        f"EXISTS (SELECT 1 FROM stream_holders h JOIN {replicas} r"
+        " ON r.replica_id = h.replica_id AND r.incarnation = h.incarnation"
+        f" WHERE h.agent_id = {agent} AND r.expires_at > extract(epoch FROM clock_timestamp()))"
+    )
+
+
+def _aged(replicas: str) -> str:
+    """SQL true for a message past the maximum age (`core.admission_bounds` tells notices):
+    admitted at `born` or before, awaiting its first ACK, held by no stream (no ACK deadline
+    stored) and its recipient streaming on no replica."""
+    return (
+        "acked_stage = '' AND state IN ('RECEIVED', 'RETRYING') AND ack_deadline = 0"
+        " AND created_at <= %(born)s AND producer_id <> %(notices)s"
+        " AND message_type <> ALL(%(notice_types)s)"
+        f" AND NOT {streaming('messages.recipient', replicas)}"
+    )
+
+
 _MOVE_DUE: Final = (
     "UPDATE messages SET"
     " ack_deadline = CASE WHEN ack_deadline > 0 AND ack_deadline <= %(now)s"
@@ -86,11 +87,20 @@ _MOVE_DUE: Final = (
 
 
 class PostgresClusterWork:
-    """`ClusterWork` on one schema's pool (module docstring)."""
+    """`ClusterWork` on one schema's pool (module docstring): the default tenant's, or
+    another tenant's, fenced by the cluster's `leases` either way."""
 
     def __init__(self, pool: PostgresPool, leases: PostgresClusterLeases) -> None:
         self._pool = pool
         self._leases = leases
+        aged = _aged(qualified(leases.schema, "cluster_replicas"))
+        self._aged_page = (
+            f"SELECT {MESSAGES.sql} FROM messages WHERE {aged}"
+            " ORDER BY created_at, message_id LIMIT %(limit)s"
+        )
+        self._aged_row = (
+            f"SELECT {MESSAGES.sql} FROM messages WHERE message_id = %(id)s AND {aged} FOR UPDATE"
+        )
 
     async def notify(self, notes: Sequence[WorkNote]) -> None:
         if not notes:
@@ -145,7 +155,7 @@ class PostgresClusterWork:
         try:
             async with self._pool.connection() as conn:
                 cursor = await conn.execute(
-                    _AGED_PAGE, {**_aged_params(born_before), "limit": limit}
+                    self._aged_page, {**_aged_params(born_before), "limit": limit}
                 )
                 rows = await cursor.fetchall()
         except psycopg.Error as exc:
@@ -165,9 +175,9 @@ class PostgresClusterWork:
     async def _claim_aged(
         self, me: Me, partition: int, epoch: int, message_id: str, born_before: float
     ) -> StoredMessage | None:
-        async with self._leases.fenced(me, partition, epoch) as conn:
+        async with self._leases.fenced(me, partition, epoch, self._pool) as conn:
             params = {**_aged_params(born_before), "id": message_id}
-            rows = await (await conn.execute(_AGED_ROW, params)).fetchall()
+            rows = await (await conn.execute(self._aged_row, params)).fetchall()
             return message_from_row(rows[0]) if rows else None
 
     async def claim_due(
@@ -183,7 +193,7 @@ class PostgresClusterWork:
     async def _claim_due(
         self, me: Me, partition: int, epoch: int, message_id: str, now: float, retry_at: float
     ) -> StoredMessage | None:
-        async with self._leases.fenced(me, partition, epoch) as conn:
+        async with self._leases.fenced(me, partition, epoch, self._pool) as conn:
             rows = await fetch_rows(conn, _DUE_ROW, [message_id, now])
             if not rows:
                 return None

@@ -1,0 +1,3 @@
+-- Schema version 29: the tenants a cluster serves, in PostgreSQL only (docs/cluster.md,
+-- "Tenants"; a SQLite file belongs to one coordinator). The version is recorded here too so
+-- that both backends count their schema the same way.
