@@ -199,15 +199,17 @@ async def test_queued_tasks_run_by_priority_then_fifo_without_preemption(
         assert not [e for e in events if e.event_type == "task.preempt_requested"]
 
 
-async def test_a_prefetched_task_gives_way_to_a_higher_priority_one(
-    coordinator: Coordinator, client: SchedulerClient
-) -> None:
-    """With the default prefetch the first task queued behind `busy` is at the agent at
-    once; each higher-priority task recalls the one prefetched, so they still run by
-    priority, then in submission order."""
-    order = await _run_in_priority_order(coordinator, client)
+async def test_a_prefetched_task_gives_way_to_a_higher_priority_one(tmp_path: Path) -> None:
+    """With a prefetch the first task queued behind `busy` is at the agent at once; each
+    higher-priority task recalls the one prefetched, so they still run by priority, then in
+    submission order."""
+    async with (
+        open_test_coordinator(tmp_path, scheduler_settings=SchedulerSettings(prefetch=1)) as c,
+        SchedulerClient(str(c.grpc_address)) as client,
+    ):
+        order = await _run_in_priority_order(c, client)
+        events = await c.events.read(limit=10_000)
     assert order == ["busy", *QUEUED_ORDER]
-    events = await coordinator.events.read(limit=10_000)
     recalled = [e for e in events if e.event_type == "task.preempt_requested"]
     assert recalled and all("recalled for" in str(e.details["reason"]) for e in recalled)
     assert "busy" not in {e.details["task_id"] for e in recalled}
