@@ -42,9 +42,11 @@ from typing import Any
 from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.open import open_store
+from apiary.store.sql.admission import admit_new
 from apiary.store.sql.dialect import SQLITE
 from apiary.store.sql.events import append_events, event_rows
-from apiary.store.sql.messages import admit_new, apply_changes, change_params, message_values
+from apiary.store.sql.message_rows import message_values
+from apiary.store.sql.messages import apply_changes, change_params
 from apiary.store.sql.sqlite import run_transaction
 from apiary.store.sqlite.checkpoint import WalCheckpointer
 from apiary.store.sqlite.database import SqliteOptions, connect_sqlite, enable_wal

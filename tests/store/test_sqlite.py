@@ -22,7 +22,7 @@ from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, SchemaVersionError, StoreError
 from apiary.store.migrations import load_migrations
 from apiary.store.sql.hitl import HITL
-from apiary.store.sql.messages import MESSAGES
+from apiary.store.sql.message_rows import MESSAGES
 from apiary.store.sqlite.checkpoint import RESTART_RETRY_COMMITS
 from apiary.store.sqlite.database import (
     SqliteDatabase,

@@ -31,7 +31,7 @@ from apiary.store.memory.events import MemoryEventLog
 from apiary.store.memory.idempotency import MemoryIdempotencyStore
 from apiary.store.memory.tasks import MemoryTaskStore
 from apiary.store.sql.checks import check_limit
-from apiary.store.sql.messages import message_values
+from apiary.store.sql.message_rows import message_values
 
 
 @dataclasses.dataclass(slots=True)

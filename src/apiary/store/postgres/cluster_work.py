@@ -33,7 +33,7 @@ from apiary.store.errors import StoreError
 from apiary.store.postgres.cluster import PostgresClusterLeases, qualified
 from apiary.store.postgres.pool import PostgresPool, fetch_rows
 from apiary.store.postgres.rerun import rerun_when_aborted
-from apiary.store.sql.messages import MESSAGES, message_from_row
+from apiary.store.sql.message_rows import MESSAGES, message_from_row
 
 WORK_CHANNEL: Final = "apiary_cluster_work"
 _AWAITING_FIRST_ACK: Final = [MessageState.RECEIVED.value, MessageState.RETRYING.value]

@@ -16,12 +16,11 @@ bench/store_rows.py replays these transactions as the router writes them (SQLite
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any, Final, NamedTuple
 
-from apiary.core.admission_bounds import Member
 from apiary.core.dedup import advance
 from apiary.core.events import EventDraft
 from apiary.core.records import (
@@ -44,51 +43,36 @@ from apiary.store.errors import (
     StoreError,
     TokenTakenError,
 )
-from apiary.store.sql.bounds import Refusals, held_to_bounds
+from apiary.store.sql.admission import (
+    AdmissionRacedError,
+    admission_extras,
+    admit_new,
+    admit_with,
+    admitted_events,
+)
+from apiary.store.sql.bounds import Refusals
 from apiary.store.sql.bulk import chunks, markers, values_rows
 from apiary.store.sql.checks import check_limit, sequence_from_sql, sequence_to_sql
-from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, in_list
-from apiary.store.sql.dlq import DlqMark, mark_requeued_once
 from apiary.store.sql.events import SqlEventLog, append_events, event_rows
 from apiary.store.sql.idempotency import (
     IDEMPOTENCY,
     PUT_IDEMPOTENCY,
-    TokenClaim,
     TokenRacedError,
-    claim_tokens,
     idempotency_from_row,
     idempotency_row,
+)
+from apiary.store.sql.message_rows import (
+    ID_CHUNK,
+    MESSAGES,
+    existing_ids,
+    message_from_row,
+    message_values,
 )
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Row, Transaction
 from apiary.store.sql.tasks import PUT_TASK, task_row
 from apiary.store.sql.where import Where
-
-
-class MessageRow(NamedTuple):
-    """A row of `messages`; inbox_offset comes last (the store assigns it)."""
-
-    message_id: str
-    recipient: str
-    producer_id: str
-    correlation_id: str
-    message_type: int
-    envelope: bytes
-    state: str
-    created_at: float
-    updated_at: float
-    error_code: str
-    idempotency_token: str
-    sequence_number: int
-    lane: str
-    ack_deadline: float
-    expires_at: float
-    deliveries: int
-    last_delivered_at: float
-    acked_stage: str
-    signature: bytes
-    inbox_offset: int
 
 
 class ChangeParams(NamedTuple):
@@ -105,70 +89,8 @@ class ChangeParams(NamedTuple):
     message_id: str
 
 
-MESSAGES = Columns(MessageRow)
-_ID: Final = MESSAGES.names.index("message_id")
-_RECIPIENT: Final = MESSAGES.names.index("recipient")
-_ID_CHUNK: Final = 500
-"""Message ids per `IN (...)` list, well under either database's limit on parameters."""
 _ADMIT_ATTEMPTS: Final = 5
 """How often a batch is retried when a concurrent admission took one of its ids."""
-
-
-def message_values(message: StoredMessage) -> tuple[Any, ...]:
-    """The values of `MessageRow` for `message` but the last, inbox_offset.
-
-    A plain tuple in `MessageRow`'s field order: built once per admitted message, on the
-    event loop, where a named tuple would cost half as much again. Raises ValueError for a
-    sequence number that is not a uint64.
-    """
-    return (
-        message.message_id,
-        message.recipient,
-        message.producer_id,
-        message.correlation_id,
-        int(message.message_type),
-        bytes(message.envelope),
-        state_text(message.state),
-        float(message.created_at),
-        float(message.updated_at),
-        message.error_code,
-        message.idempotency_token,
-        sequence_to_sql(message.sequence_number),
-        message.lane,
-        float(message.ack_deadline),
-        float(message.expires_at),
-        int(message.deliveries),
-        float(message.last_delivered_at),
-        message.acked_stage,
-        bytes(message.signature),
-    )
-
-
-def message_from_row(fetched: Row) -> StoredMessage:
-    """A `StoredMessage` from a fetched row of `MESSAGES`."""
-    row = MESSAGES.of(fetched)
-    return StoredMessage(
-        message_id=row.message_id,
-        recipient=row.recipient,
-        producer_id=row.producer_id,
-        correlation_id=row.correlation_id,
-        message_type=row.message_type,
-        envelope=bytes(row.envelope),
-        state=MessageState(row.state),
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        offset=row.inbox_offset,
-        error_code=row.error_code,
-        idempotency_token=row.idempotency_token,
-        sequence_number=sequence_from_sql(row.sequence_number),
-        lane=row.lane,
-        ack_deadline=row.ack_deadline,
-        expires_at=row.expires_at,
-        deliveries=row.deliveries,
-        last_delivered_at=row.last_delivered_at,
-        acked_stage=row.acked_stage,
-        signature=bytes(row.signature),
-    )
 
 
 def change_params(changes: Sequence[StateChange]) -> list[tuple[Any, ...]]:
@@ -198,11 +120,6 @@ def latest_deliveries(counts: Sequence[tuple[str, int, float]]) -> dict[str, tup
             (int(n), float(at)) if seen is None else (max(seen[0], int(n)), max(seen[1], at))
         )
     return latest
-
-
-class AdmissionRacedError(StoreError):
-    """Another transaction admitted one of the batch's ids after the duplicate check (only
-    PostgreSQL's concurrent writers can); the batch is tried again."""
 
 
 class SqlMessageStore:
@@ -238,7 +155,7 @@ class SqlMessageStore:
         values = [message_values(m) for m in messages]
         d = self._db.dialect
         lead = event_rows(d, events) if events else []
-        extras = _admission_extras(d, messages, writes) if writes or lead else None
+        extras = admission_extras(d, messages, writes) if writes or lead else None
         taken: dict[int, IdempotencyRecord] = {}
         requeued: set[int] = set()
         bounded: Refusals = {}
@@ -250,7 +167,7 @@ class SqlMessageStore:
                     offsets, first, taken, requeued, bounded = await self._db.write(
                         admit_with, values, lead, extras
                     )
-                    self._log.committed(first, [*events, *_admitted_events(writes, offsets)])
+                    self._log.committed(first, [*events, *admitted_events(writes, offsets)])
             except (AdmissionRacedError, TokenRacedError):
                 continue
             return [
@@ -334,7 +251,7 @@ class SqlMessageStore:
         """One more delivery, then FULFILLED at `at`, one row update per message (unknown
         ids are ignored; an id given twice counts once)."""
         unique = list(dict.fromkeys(message_ids))
-        if len(unique) <= _ID_CHUNK:  # one statement: PostgreSQL runs it in one round trip
+        if len(unique) <= ID_CHUNK:  # one statement: PostgreSQL runs it in one round trip
             if unique:
                 d = self._db.dialect
                 params = [float(at), float(at), *unique]
@@ -445,24 +362,7 @@ _MAX_SEQUENCE = (
     " MAX(CASE WHEN sequence_number >= 0 THEN sequence_number END)"
     " FROM messages WHERE producer_id = ?"
 )
-_INSERT = (
-    f"INSERT INTO messages ({MESSAGES.sql}) VALUES {{rows}} ON CONFLICT (message_id) DO NOTHING"
-)
-_MESSAGE_MARKERS = markers(MESSAGES.count)
 _UPDATE_WIDTH = len(ChangeParams._fields)
-_SET_COUNTER = "UPDATE inbox_offsets SET last_offset = ? WHERE recipient = ?"
-
-
-@lru_cache(maxsize=64)
-def _counters_sql(count: int) -> str:
-    """Creates the missing counters of `count` recipients (given in key order) and returns
-    every one's last offset; the no-op update is what row-locks an existing counter in
-    PostgreSQL."""
-    return (
-        "INSERT INTO inbox_offsets (recipient, last_offset)"
-        f" VALUES {values_rows(count, '?, 0')} ON CONFLICT (recipient)"
-        " DO UPDATE SET last_offset = inbox_offsets.last_offset RETURNING recipient, last_offset"
-    )
 
 
 @lru_cache(maxsize=1024)
@@ -541,133 +441,6 @@ def _deliveries_sql(d: Dialect, count: int) -> str:
         f" FROM (VALUES {values_rows(count, '?, ?, ?')}) AS c"
         " WHERE messages.message_id = c.column3"
     )
-
-
-def admit_new(
-    d: Dialect, values: list[tuple[Any, ...]], screen: Screen | None = None
-) -> Transaction[list[int]]:
-    """Insert the members (`message_values`) that are new; their offsets in input order, 0
-    for duplicates and for those `screen` refuses (given the indices of the new members,
-    once the duplicates are known: a token's record is written for new members only).
-
-    The recipients' counters are created and locked before the duplicate check, so
-    admissions to the same recipients wait for this one and cannot slip in between (in
-    PostgreSQL; SQLite runs one transaction at a time). Duplicates are found before
-    anything is written, so a duplicate never consumes an offset. An admission of one of
-    these ids to another recipient can still slip in (PostgreSQL): a row then turns out to
-    exist after all, which would leave a gap in the offsets, so the transaction is undone
-    and AdmissionRacedError raised, for the caller to try again.
-    """
-    recipients = sorted({v[_RECIPIENT] for v in values})
-    counters = yield from Query(_counters_sql(len(recipients)), recipients)
-    first = {recipient: int(offset) for recipient, offset in counters}
-    last = dict(first)
-    taken = yield from _existing_ids(d, [v[_ID] for v in values])
-    new: list[int] = []
-    for index, value in enumerate(values):
-        if value[_ID] not in taken:
-            taken.add(value[_ID])
-            new.append(index)
-    if screen is not None:
-        refused = yield from screen(new)
-        new = [index for index in new if index not in refused]
-    rows: list[tuple[Any, ...]] = []
-    offsets = [0] * len(values)
-    for index in new:
-        value = values[index]
-        recipient = value[_RECIPIENT]
-        last[recipient] = offset = last[recipient] + 1
-        offsets[index] = offset
-        rows.append((*value, offset))
-    inserted = 0
-    for count, params in chunks(d, rows, MESSAGES.count):
-        rows_sql = values_rows(count, _MESSAGE_MARKERS)
-        inserted += yield from Execute(_INSERT.format(rows=rows_sql), params)
-    if inserted != len(rows):
-        raise AdmissionRacedError("a concurrent admission took one of the ids")
-    yield from ExecuteMany(_SET_COUNTER, [(n, r) for r, n in last.items() if n != first[r]])
-    return offsets
-
-
-Screen = Callable[[list[int]], Transaction[Collection[int]]]
-"""A step of `admit_new` that refuses some of the new members (by index)."""
-AdmissionExtras = list[
-    tuple[
-        list[tuple[Any, ...]],
-        TokenClaim | None,
-        tuple[Any, ...] | None,
-        DlqMark | None,
-        Member | None,
-    ]
-]
-"""Per member of an admission: its events' rows (`event_rows`), its token's record to write,
-its task row, the dead letter it requeues and the limits it is held to."""
-
-
-def _admission_extras(
-    d: Dialect, messages: Sequence[StoredMessage], writes: Sequence[AdmissionWrites]
-) -> AdmissionExtras:
-    return [
-        (event_rows(d, w.events) if w.events else [],
-         None if w.idempotency is None else (
-             i, idempotency_row(w.idempotency), w.idempotency_found, w.idempotency_forced),
-         None if w.task is None else task_row(w.task),
-         (i, m.created_at, m.message_id, w.requeues) if w.requeues else None,
-         None if w.bound is None else (i, m.recipient, m.producer_id, w.bound))
-        for i, (m, w) in enumerate(zip(messages, writes, strict=True))
-    ]  # fmt: skip
-
-
-def _admitted_events(writes: Sequence[AdmissionWrites], offsets: list[int]) -> list[EventDraft]:
-    """The members' events `admit_with` appended: those of the members admitted, in order."""
-    if not writes:
-        return []
-    return [e for w, o in zip(writes, offsets, strict=True) if o for e in w.events]
-
-
-Admitted = tuple[list[int], int, dict[int, IdempotencyRecord], set[int], Refusals]
-"""What `admit_with` returns (its docstring)."""
-
-
-def admit_with(
-    d: Dialect, values: list[tuple[Any, ...]], lead: list[tuple[Any, ...]],
-    extras: AdmissionExtras,
-) -> Transaction[Admitted]:  # fmt: skip
-    """`admit_new`, its new members' tokens claimed first (`claim_tokens`: a member whose
-    token another admission took is refused) and the dead letters they requeue marked
-    (`mark_requeued_once`: one another requeue marked refuses its member), then the events'
-    rows `lead` and, for each member admitted (`extras`: none, or one per member), its task
-    record and events. Returns the offsets, the first event's sequence (0 when there were
-    none), the members refused for their tokens, with the records that refused them, and
-    those refused for their dead letters, and those past their limits (`held_to_bounds`,
-    counted first: a member refused later, for its token or dead letter, counts there as
-    admitted, so a batch may be refused a little early, never admitted past a limit)."""
-    taken: dict[int, IdempotencyRecord] = {}
-    requeued: set[int] = set()
-    bounded: Refusals = {}
-
-    def claim(new: list[int]) -> Transaction[Collection[int]]:
-        # The limits first: a member past one must not claim its token or mark its entry.
-        held = [b for i in new if (b := extras[i][4]) is not None] if extras else []
-        if held:
-            bounded.update((yield from held_to_bounds(held)))
-        left = [i for i in new if i not in bounded]
-        claims = [c for i in left if (c := extras[i][1]) is not None] if extras else []
-        if claims:
-            taken.update((yield from claim_tokens(d, claims)))
-        marks = [m for i in left if (m := extras[i][3]) is not None and i not in taken]
-        if marks:
-            requeued.update((yield from mark_requeued_once(marks)))
-        return {*bounded, *taken, *requeued}
-
-    offsets = yield from admit_new(d, values, claim)
-    admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
-    tasks = [row for _, _, row, _, _ in admitted if row is not None]
-    if tasks:
-        yield from ExecuteMany(PUT_TASK.sql, tasks)
-    rows = lead + [row for events, _, _, _, _ in admitted for row in events]
-    first = (yield from append_events(d, rows)) if rows else 0
-    return offsets, first, taken, requeued, bounded
 
 
 def apply_changes(
@@ -763,36 +536,25 @@ def _apply_in_turn(
 def _missing(d: Dialect, ids: list[str]) -> Transaction[None]:
     """Raise LookupError naming the first of `ids` that is not stored; return when every
     one is (a change left one alone: its message was no longer in the state it expected)."""
-    known = yield from _existing_ids(d, ids)
+    known = yield from existing_ids(d, ids)
     missing = next((i for i in ids if i not in known), None)
     if missing is not None:
         raise LookupError(f"no message {missing!r}")
-
-
-def _existing_ids(d: Dialect, message_ids: list[str]) -> Transaction[set[str]]:
-    unique = list(dict.fromkeys(message_ids))
-    found: set[str] = set()
-    for start in range(0, len(unique), _ID_CHUNK):
-        chunk = unique[start : start + _ID_CHUNK]
-        sql = f"SELECT message_id FROM messages WHERE {in_list('message_id', len(chunk))}"
-        rows = yield from Query(sql, chunk)
-        found.update(row[0] for row in rows)
-    return found
 
 
 def _lock(d: Dialect, message_ids: list[str]) -> Transaction[int]:
     """Row-lock the messages in key order (PostgreSQL); how many of them exist."""
     ordered = sorted(set(message_ids))
     found = 0
-    for start in range(0, len(ordered), _ID_CHUNK):
-        chunk = ordered[start : start + _ID_CHUNK]
+    for start in range(0, len(ordered), ID_CHUNK):
+        chunk = ordered[start : start + ID_CHUNK]
         found += len((yield from Query(_lock_sql(d, len(chunk)), chunk)))
     return found
 
 
 def _finish_delivered(d: Dialect, unique: list[str], at: float) -> Transaction[None]:
-    for start in range(0, len(unique), _ID_CHUNK):
-        chunk = unique[start : start + _ID_CHUNK]
+    for start in range(0, len(unique), ID_CHUNK):
+        chunk = unique[start : start + ID_CHUNK]
         yield from Execute(_finish_sql(d, len(chunk)), [at, at, *chunk])
 
 
