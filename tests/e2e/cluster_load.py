@@ -27,7 +27,7 @@ import socket
 import sys
 from asyncio.subprocess import Process
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -277,6 +277,17 @@ def _first_disorder(order: list[int]) -> str:
         if order[i] < order[i - 1]:
             return f"{order[i]} after {order[i - 1]} (position {i})"
     return "none"
+
+
+async def settle(check: Callable[[], Awaitable[bool]], what: str) -> float:
+    """Seconds until `check()` is true (polled); AssertionError after WAIT_S."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while not await check():
+        if loop.time() - start > WAIT_S:
+            raise AssertionError(f"never: {what}")
+        await asyncio.sleep(0.05)
+    return loop.time() - start
 
 
 async def _until(condition: Callable[[], bool], what: str) -> None:

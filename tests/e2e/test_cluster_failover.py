@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from tests.e2e.cluster_load import (
     Replica,
     lapsed_or_held_by,
     owned_by,
+    settle,
 )
 
 pytestmark = pytest.mark.postgres
@@ -39,17 +40,6 @@ PER_PAIR = 250
 TAKEOVER_BOUND_S = LEASE_S + 10.0
 """Generous: the keeper takes a dead replica's partitions over as its leases lapse, within
 `lease_s` of its last renewal; the rest is for a loaded machine."""
-
-
-async def _settle(check: Callable[[], Awaitable[bool]], what: str) -> float:
-    """Seconds until `check()` is true (polled)."""
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not await check():
-        if loop.time() - start > WAIT_S:
-            raise AssertionError(f"never: {what}")
-        await asyncio.sleep(0.05)
-    return loop.time() - start
 
 
 @asynccontextmanager
@@ -78,7 +68,7 @@ async def _holds_its_share(dsn: str, schema: str, replica: Replica) -> None:
     async def holds() -> bool:
         return await owned_by(dsn, schema, replica.replica_id) >= share
 
-    await _settle(holds, f"{replica.replica_id} holds {share} partitions")
+    await settle(holds, f"{replica.replica_id} holds {share} partitions")
 
 
 def _addresses(replicas: list[Replica], first: int) -> str:
@@ -138,7 +128,7 @@ async def test_a_replica_killed_mid_load_loses_nothing_and_its_partitions_are_ta
         async def taken_over() -> bool:
             return await lapsed_or_held_by(postgres_dsn, postgres_schema, "r0") == 0
 
-        takeover_s = await _settle(taken_over, "r0's partitions taken over")
+        takeover_s = await settle(taken_over, "r0's partitions taken over")
         print(
             f"SIGKILL of r0: its partitions taken over after {takeover_s:.2f} s (lease_s {LEASE_S})"
         )

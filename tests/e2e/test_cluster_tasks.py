@@ -32,7 +32,7 @@ from psycopg import sql
 import apiary
 from apiary.errors import ApiaryError
 from apiary.sdk.errors import CoordinatorUnreachableError
-from tests.e2e.cluster_load import LEASE_S, UNANSWERED, WAIT_S, Replica
+from tests.e2e.cluster_load import LEASE_S, UNANSWERED, WAIT_S, Replica, settle
 
 pytestmark = pytest.mark.postgres
 
@@ -104,16 +104,6 @@ async def _states(dsn: str, schema: str) -> dict[str, str]:
         }
 
 
-async def _settle(check: Any, what: str) -> float:
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-    while not await check():
-        if loop.time() - start > WAIT_S:
-            raise AssertionError(f"never: {what}")
-        await asyncio.sleep(0.05)
-    return loop.time() - start
-
-
 @asynccontextmanager
 async def _cluster(tmp_path: Path, dsn: str, schema: str) -> AsyncIterator[list[Replica]]:
     url = f"{dsn}?apiary_schema={schema}"
@@ -125,7 +115,7 @@ async def _cluster(tmp_path: Path, dsn: str, schema: str) -> AsyncIterator[list[
         async def led() -> bool:
             return await _leader(dsn, schema) is not None
 
-        await _settle(led, "a leader")
+        await settle(led, "a leader")
         yield replicas
     except BaseException:
         for replica in replicas:
@@ -200,11 +190,11 @@ async def test_the_leader_killed_mid_load_loses_no_task_and_runs_none_twice_at_o
         ]
         try:
             states = await _states(postgres_dsn, postgres_schema)
-            await _settle(_registered(postgres_dsn, postgres_schema, agents), "agents registered")
+            await settle(_registered(postgres_dsn, postgres_schema, agents), "agents registered")
             producing = asyncio.gather(
                 *(submissions.produce(c, f"s{i}", agents) for i, c in enumerate(clients))
             )
-            await _settle(_at_least(submissions, total // 3), "a third submitted")
+            await settle(_at_least(submissions, total // 3), "a third submitted")
             leader = await _leader(postgres_dsn, postgres_schema)
             victim = next(r for r in replicas if r.replica_id == leader)
             victim.kill()
@@ -215,7 +205,7 @@ async def test_the_leader_killed_mid_load_loses_no_task_and_runs_none_twice_at_o
                 found = await _leader(postgres_dsn, postgres_schema)
                 return found is not None and found != leader
 
-            took = await _settle(replaced, "a new leader")
+            took = await settle(replaced, "a new leader")
             print(
                 f"SIGKILL of the leader {leader}: a new leader after {took:.2f} s "
                 f"(lease_s {LEASE_S})"
@@ -228,7 +218,7 @@ async def test_the_leader_killed_mid_load_loses_no_task_and_runs_none_twice_at_o
                 return all(states.get(t) == "COMPLETED" for t in submissions.accepted)
 
             with contextlib.suppress(AssertionError):
-                await _settle(all_ended, "every task COMPLETED")
+                await settle(all_ended, "every task COMPLETED")
             unfinished = {
                 t: states.get(t) for t in submissions.accepted if states.get(t) != "COMPLETED"
             }
@@ -299,16 +289,16 @@ async def test_a_rolling_restart_under_a_load_of_tasks_loses_none(
             for i in range(REPLICAS)
         ]
         try:
-            await _settle(_registered(postgres_dsn, postgres_schema, agents), "agents registered")
+            await settle(_registered(postgres_dsn, postgres_schema, agents), "agents registered")
             producing = asyncio.gather(
                 *(submissions.produce(c, f"s{i}", agents, 10_000) for i, c in enumerate(clients))
             )
-            await _settle(_at_least(submissions, 30), "the load under way")
+            await settle(_at_least(submissions, 30), "the load under way")
             for replica in replicas:
                 assert await replica.stop() == 0, replica.log_tail()
                 await replica.start()
                 count = len(submissions.accepted)
-                await _settle(_at_least(submissions, count + 30), "the load goes on")
+                await settle(_at_least(submissions, count + 30), "the load goes on")
             submissions.stop.set()
             await asyncio.wait_for(producing, WAIT_S)
             states: dict[str, str] = {}
@@ -319,7 +309,7 @@ async def test_a_rolling_restart_under_a_load_of_tasks_loses_none(
                 return all(states.get(t) == "COMPLETED" for t in submissions.accepted)
 
             with contextlib.suppress(AssertionError):
-                await _settle(all_ended, "every task COMPLETED")
+                await settle(all_ended, "every task COMPLETED")
             unfinished = {
                 t: states.get(t) for t in submissions.accepted if states.get(t) != "COMPLETED"
             }

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from dataclasses import dataclass, replace
 from typing import Any
@@ -71,7 +70,7 @@ class RespondAction(Keyed):
     def read(cls, p: Params) -> RespondAction:
         patch = None
         if p.has("patch"):
-            patch = json.loads(p.json_value("patch", 256 * 1024))
+            patch = p.json("patch", 256 * 1024)
             if not isinstance(patch, dict):
                 raise ValidationError.for_field("patch", "must be a JSON object")
         return cls(

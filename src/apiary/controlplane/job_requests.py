@@ -4,7 +4,6 @@ ValidationError naming the field; an item's fields are named `items[2].agent_id`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from apiary.controlplane.requests import Params
@@ -96,7 +95,7 @@ def _items(p: Params, settings: RuntimeSettings) -> tuple[JobItem, ...]:
     """The items, their JSON at most max_input_bytes, at most max_job_items of them."""
     if not p.has("items"):
         raise ValidationError.for_field("items", "is required (an array of item objects)")
-    found = json.loads(p.json_value("items", settings.max_input_bytes))
+    found = p.json("items", settings.max_input_bytes)
     if not isinstance(found, list) or not found:
         raise ValidationError.for_field("items", "must be a non-empty array of item objects")
     if len(found) > settings.max_job_items:

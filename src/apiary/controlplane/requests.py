@@ -104,14 +104,22 @@ class Params:
     def json_value(self, name: str, limit: int) -> str:
         """A required JSON value of any type, as compact JSON text of at most `limit`
         bytes."""
+        return self._json(name, limit)[1]
+
+    def json(self, name: str, limit: int) -> Any:
+        """A required JSON value of any type, checked as `json_value` checks it."""
+        return self._json(name, limit)[0]
+
+    def _json(self, name: str, limit: int) -> tuple[Any, str]:
         if not self.has(name):
             raise ValidationError.for_field(name, "is required (any JSON value)")
-        text = json.dumps(self._get(name), ensure_ascii=False, separators=(",", ":"))
+        value = self._get(name)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
         size = utf8_size(text)
         if size > limit:
             raise ValidationError.for_field(name, f"is {size} bytes of JSON; at most {limit}")
         check_nesting(text, name, DEFAULT_LIMITS.json_depth)
-        return text
+        return value, text
 
     def done(self) -> None:
         unknown = sorted(set(self._values) - self._read)

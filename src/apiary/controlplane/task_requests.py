@@ -28,7 +28,7 @@ def _json(p: Params, name: str, limit: int = META_BYTES) -> Any:
     """A JSON parameter's value (None when absent)."""
     if not p.has(name):
         return None
-    return json.loads(p.json_value(name, limit))
+    return p.json(name, limit)
 
 
 def obj(p: Params, name: str) -> dict[str, Any] | None:

@@ -53,10 +53,7 @@ def _text(body: Mapping[str, Any], name: str, limit: int, *, required: bool = Fa
         return ""
     if not isinstance(value, str):
         raise ValidationError.for_field(name, "must be a string")
-    size = utf8_size(value)
-    if size > limit:
-        raise ValidationError.for_field(name, f"is {size} bytes; at most {limit}")
-    return check_text(value, name, limit)
+    return check_text(value, name, limit)  # (its size in bytes checked there)
 
 
 def _count(body: Mapping[str, Any], name: str, *, required: bool = False) -> int | None:
