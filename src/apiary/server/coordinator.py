@@ -93,7 +93,7 @@ from apiary.server.tenancy import (
     serves_tenants,
     tenant_engine,
 )
-from apiary.server.tls import grpc_credentials, http_context
+from apiary.server.tls import grpc_credentials, http_context, replica_tls
 from apiary.server.tracing.server_tracing import ServerTracing
 from apiary.store.claim import Claim, Holder
 from apiary.store.open import open_store
@@ -429,8 +429,7 @@ def _route_to_leader(
     forwarder's channels closed with `stack`."""
     if replica is None or replica.leader is None:
         return
-    root = config.tls_cert.read_bytes() if config.tls_cert is not None else None
-    forwarder = Forwarder(replica.leader, root)
+    forwarder = Forwarder(replica.leader, replica_tls(config))
     stack.push_async_callback(forwarder.close)
     for service in LEADER_SERVICES:
         handlers[service] = LeaderRouted(service, handlers[service], forwarder)
