@@ -4,7 +4,8 @@ buffer fills with the messages both replicas admitted for it, and the one past i
 is refused buffer_full whichever replica admits it; a producer's credits at an agent are
 counted over both, and a credit comes back when the agent acknowledges on either; a message
 waiting past `max_age_s` for an agent with no stream on any replica fails once, on the
-owner of its partition, and one whose agent streams on the other replica does not."""
+owner of its partition, and one whose agent streams on the other replica does not; a
+tenant's `queued_messages` quota counts the messages admitted on both."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+import grpc
 import pytest
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
 from apiary.core.records import MessageState
 from apiary.engine.router.admission import Outbound, SendOutcome
 from apiary.engine.settings import RouterSettings
+from apiary.server.auth.settings import AuthSettings, Quota
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
+from apiary.wire import pb
 from tests.server.test_cluster_replicas import (
     PARTITIONS,
     _ack,
@@ -32,6 +36,7 @@ from tests.server.test_cluster_replicas import (
     _stop,
     _until,
 )
+from tests.server.wire_client import envelope, error_detail
 
 pytestmark = pytest.mark.postgres
 
@@ -148,3 +153,51 @@ async def test_a_message_past_the_maximum_age_fails_once_on_its_partitions_owner
         fired = [r.cluster.timers.fired for r in (a, b) if r.cluster is not None]
         assert sorted(fired) == [0, 1]
         await _stop(alice)
+
+
+async def _send_over_grpc(replica: Coordinator, producer: str, to: str) -> str:
+    """What SendMessage through `replica` answers: 'accepted', or the error's code, limit
+    and message."""
+    async with grpc.aio.insecure_channel(str(replica.grpc_address)) as channel:
+        router = pb.router_pb2_grpc.RouterServiceStub(channel)
+        try:
+            reply = await router.SendMessage(
+                pb.router_pb2.SendMessageRequest(msg=envelope(producer, {"n": 1})),
+                metadata=(("sw4rm-recipient", to),),
+            )
+        except grpc.aio.AioRpcError as exc:
+            detail = error_detail(exc)
+            return f"{detail.error_code} {detail.details['limit']}: {detail.message}"
+    return "accepted" if reply.accepted else f"refused: {reply.reason}"
+
+
+async def test_a_tenants_queued_messages_quota_is_counted_over_both_replicas(
+    tmp_path: Path, url: str
+) -> None:
+    """The tenant's messages admitted on either replica count: at its quota on A, it is
+    refused on B (to another recipient), with the quota's error; a message read makes room."""
+    auth = AuthSettings(quotas={"*": Quota(queued_messages=2)})
+    async with AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_test_coordinator(tmp_path / name, url, cluster=_settings(name), auth=auth)
+            )
+            for name in ("a", "b")
+        ]
+        for agent in ("alice", "bob", "carol"):
+            await _register(a, agent)
+        await _until(lambda: b.registry.known("carol") is not None, "B knows carol")
+        assert await _send_over_grpc(a, "alice", "bob") == "accepted"
+        first_on_b = await _send_over_grpc(b, "alice", "carol")
+        assert first_on_b == "accepted"
+        for replica, to in ((a, "bob"), (b, "carol"), (b, "bob")):
+            refused = await _send_over_grpc(replica, "alice", to)
+            used = "tenant default has used its queued_messages quota (2 of 2)"
+            assert refused.startswith(f"quota_exceeded queued_messages: {used}"), refused
+        # Neither replica holds the messages in memory (no stream): the store counted.
+        assert a.router.queued() == b.router.queued() == 0
+        # bob reads his message (through A): room again, on B.
+        (message,) = [m for m in await a.store.messages.inbox("bob") if m.producer_id == "alice"]
+        await _ack(a, "bob", message.message_id, AckStage.READ)
+        assert await _send_over_grpc(b, "alice", "carol") == "accepted"
+        assert (await _send_over_grpc(a, "alice", "bob")).startswith("quota_exceeded")
