@@ -10,8 +10,7 @@ with a CA made for the test.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
 from apiary.wire.errordetail import error_from_trailers
+from tests.server.test_cluster_replicas import _until
 from tests.swarm.pki import Pki, make_pki
 
 pytestmark = pytest.mark.postgres
@@ -36,15 +36,6 @@ SETTINGS = ClusterSettings(True, "", 1.5, 4)
 @pytest.fixture
 def url(postgres_dsn: str, postgres_schema: str) -> str:
     return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"never: {what}")
-        await asyncio.sleep(0.02)
 
 
 def _leads(replica: Coordinator) -> bool:

@@ -62,9 +62,12 @@ RETRIED: Final = frozenset(
         "/apiary.v1.TaskQueryService/GetTask",
         "/apiary.v1.TaskQueryService/WaitTask",
         "/apiary.v1.TaskQueryService/ListTasks",
+        "/apiary.v1.DiscoveryService/ListAgents",
+        "/apiary.v1.DiscoveryService/GetAgent",
     }
 )
-"""Reads, forwarded again to the next leader when the leader goes away mid-call."""
+"""Reads, forwarded again to the next leader when the leader goes away mid-call (the
+agents' states of DiscoveryService: `server.cluster_reads`)."""
 _NOT_FORWARDED: Final = frozenset({PROOF_KEY, FORWARD_KEY})
 """The caller's credentials stay here: the forwarded call acts as the principal signed."""
 _FORWARDED_PREFIXES: Final = ("sw4rm-", "apiary-")
