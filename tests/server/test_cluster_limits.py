@@ -9,6 +9,7 @@ tenant's `queued_messages` quota counts the messages admitted on both."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -196,8 +197,37 @@ async def test_a_tenants_queued_messages_quota_is_counted_over_both_replicas(
             assert refused.startswith(f"quota_exceeded queued_messages: {used}"), refused
         # Neither replica holds the messages in memory (no stream): the store counted.
         assert a.router.queued() == b.router.queued() == 0
-        # bob reads his message (through A): room again, on B.
-        (message,) = [m for m in await a.store.messages.inbox("bob") if m.producer_id == "alice"]
-        await _ack(a, "bob", message.message_id, AckStage.READ)
+        # What the coordinator produces itself (not a client's call: a Scheduler's
+        # dispatch) is not refused by the quota, as on one coordinator; it counts.
+        assert (await _offer(b, "alice", "bob")).accepted
+        # bob reads his two messages (through A): 1 of 2 queued, room again, on B.
+        for message in await a.store.messages.inbox("bob"):
+            await _ack(a, "bob", message.message_id, AckStage.READ)
         assert await _send_over_grpc(b, "alice", "carol") == "accepted"
         assert (await _send_over_grpc(a, "alice", "bob")).startswith("quota_exceeded")
+
+
+async def test_admissions_at_once_on_both_replicas_never_pass_the_quota(
+    tmp_path: Path, url: str
+) -> None:
+    """Sends to different recipients (whose offset counters do not serialize them) at once
+    through both replicas: the quota's row lock does, so exactly the quota is admitted."""
+    auth = AuthSettings(quotas={"*": Quota(queued_messages=4)})
+    recipients = [f"r{i}" for i in range(12)]
+    async with AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_test_coordinator(tmp_path / name, url, cluster=_settings(name), auth=auth)
+            )
+            for name in ("a", "b")
+        ]
+        for agent in ("alice", *recipients):
+            await _register(a, agent)
+        await _until(lambda: b.registry.known(recipients[-1]) is not None, "B knows them")
+        answers = await asyncio.gather(*(
+            _send_over_grpc((a, b)[i % 2], "alice", to) for i, to in enumerate(recipients)
+        ))  # fmt: skip
+        assert answers.count("accepted") == 4, answers
+        assert all(x == "accepted" or x.startswith("quota_exceeded") for x in answers), answers
+        stored = [len(await a.store.messages.inbox(to)) for to in recipients]
+        assert sum(stored) == 4

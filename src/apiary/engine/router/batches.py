@@ -358,9 +358,9 @@ class Batches:
                 message_type=MESSAGE_TYPE_NAMES[env.message_type], lane=record.lane,
             ),)  # fmt: skip
             token = by_id.get(record.message_id) or _NO_TOKEN
-            if self.bounds_in_store and not is_notice(record):
-                token = replace(token, bound=self._bound(record))
             item = items[index]
+            if self.bounds_in_store and not is_notice(record):
+                token = replace(token, bound=self._bound(record, item.remote))
             own, requeues = item.stored_with, item.dead_letter if item.requeue else 0
             if own is None:
                 writes.append(replace(token, events=event, requeues=requeues))
@@ -370,10 +370,13 @@ class Batches:
                 ))  # fmt: skip
         return writes
 
-    def _bound(self, record: StoredMessage) -> AdmissionBound:
-        """The limits the store holds `record`'s admission to (`bounds_in_store`)."""
+    def _bound(self, record: StoredMessage, remote: bool) -> AdmissionBound:
+        """The limits the store holds `record`'s admission to (`bounds_in_store`); the
+        quota only when it came from a client's call (`remote`), the calls one coordinator
+        checks the quota on: what the coordinator produces (a Scheduler's dispatch) counts
+        towards it and is never refused by it."""
         window, cap = self._credits.bound(record.recipient)
-        queued = 0 if self.queued_quota is None else self.queued_quota[1]
+        queued = 0 if self.queued_quota is None or not remote else self.queued_quota[1]
         return AdmissionBound(self._inboxes[record.recipient].capacity, window, cap, queued)
 
     def _admitted(
