@@ -11,6 +11,12 @@ forwarded on a replica that no longer leads is not forwarded again: it is unavai
 the caller to try again. Reads (`RETRIED`) are forwarded again to the next leader when the
 leader goes away mid-call, until the call's deadline; other calls answer unavailable then
 (the caller decides: a task submitted with its own task_id may be submitted again).
+
+Over TLS the replica trusts the certificate it serves itself and presents its client
+certificate (`server.tls.ReplicaTls`: `[cluster] client_cert`, by default its own
+`tls_cert`) to a leader that requires one; a leader that refuses it is told apart from a
+leader gone (`ReplicaTls.refusal`) and the call answers unavailable naming the setting,
+without being forwarded again.
 """
 
 from __future__ import annotations
@@ -84,6 +90,8 @@ CHANNEL_OPTIONS: Final = (
 """A replica restarted at the leader's address (a rolling restart) is reached again within
 a second, not after grpc's default backoff of up to two minutes."""
 LEADER_WAIT_S: Final = 30.0
+CLIENT_CERT: Final = "cluster.client_cert"
+"""The setting named when the leader refuses this replica's client certificate."""
 """How long a call waits for a leader when the cluster has none (its deadline first)."""
 
 
@@ -122,7 +130,8 @@ class Forwarder:
                 return response
             except grpc.aio.AioRpcError as exc:
                 error = await self._error(exc, address)
-                gone = _leader_gone(exc) and "field" not in error.details  # (not refused)
+                refused = error.details.get("field") == CLIENT_CERT  # (refused again)
+                gone = _leader_gone(exc) and not refused
                 if not (gone and method.path in RETRIED) or loop.time() > until:
                     raise error from None
             self._role.lease.wake()  # (look at the lease again: the leader may be gone)
@@ -203,7 +212,7 @@ class Forwarder:
                 f"({tls.setting} = {tls.cert}: {refused}): a leader with tls_client_ca takes "
                 "a certificate its CA signed that allows client authentication; set "
                 "cluster.client_cert and cluster.client_key to one",
-                {"component": "leader", "field": "cluster.client_cert"},
+                {"component": "leader", "field": CLIENT_CERT},
             )
         return UnavailableError(
             f"the cluster's leader at {address} did not answer ({exc.code().name}): try again",

@@ -1,5 +1,5 @@
-"""DiscoveryService on the replicas of a cluster (docs/cluster.md, "The leader"): each
-agent's `state` is the leader's.
+"""DiscoveryService on the replicas of a cluster (docs/cluster.md, "Reads of the leader's
+memory"): each agent's `state` is the leader's.
 
 An agent's shown state (`core.agent_state.shown_state`) comes from the registry, which is
 the store's and alike on every replica, and from the Scheduler's lifecycle, which lives in
