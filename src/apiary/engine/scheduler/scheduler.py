@@ -110,6 +110,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Scheduler", "Submission", "SubmitResult"]
 
 OPEN_STATES = frozenset(s.value for s in TaskState if not s.terminal)
+_DISPATCHED = frozenset({TaskState.DISPATCHED, TaskState.RUNNING})
 RECONCILE_EVERY_S = 60.0
 """How often the activity buffer is reconciled with task states (RFC 10)."""
 
@@ -345,7 +346,26 @@ class Scheduler:
             else:
                 self._live.occupy(record)
                 self.gate.started(record)
+        await self._settle_stored_acks(records)
         return len(records)
+
+    async def _settle_stored_acks(self, records: Sequence[TaskRecord]) -> None:
+        """Each task loaded DISPATCHED or RUNNING whose dispatch the store records as READ
+        or ended (its agent's ACK committed, and the task's change never: the coordinator,
+        or the replica that relayed the ACK, died in between) takes that ACK now, as if it
+        had just come (its note, the result, as its token's record cached it). A task the
+        ACK moved on already is not loaded so: an ACK is applied once."""
+        async with self._lock:
+            for record in records:
+                if record.state not in _DISPATCHED or not record.message_id:
+                    continue
+                ack = await self._router.stored_ack(record.message_id)
+                if ack is not None:
+                    log.info(
+                        "task %s: the %s ACK of its dispatch %s was stored and not applied; "
+                        "applied now", record.task_id, ack.ack_stage.name, record.message_id,
+                    )  # fmt: skip
+                    await self._acks.take(record.agent_id, ack)
 
     # ------------------------------------------------------------------ submission
 
