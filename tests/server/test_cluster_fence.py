@@ -14,6 +14,7 @@ import pytest
 
 import apiary
 from apiary.core.cluster.leases import LeaseAction
+from apiary.core.records import TaskRecord
 from apiary.engine.cluster.leader_role import LeaderRole
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.server.coordinator import Coordinator
@@ -52,6 +53,10 @@ async def _take_over(store: PostgresStore) -> int:
         await asyncio.sleep(0.05)
 
 
+def _state(task: TaskRecord | None) -> str:
+    return "" if task is None else task.state
+
+
 async def _relayed_envelopes(store: PostgresStore) -> int:
     async with store.pool.connection() as conn:
         cursor = await conn.execute(
@@ -78,13 +83,8 @@ async def test_a_leader_paused_past_its_term_has_its_task_write_refused_and_stop
         ):
             await client.submit_task("holder", {"n": 1}, scope="repo:app", task_id="t-p")
             await asyncio.wait_for(agent.started.wait(), WAIT_S)
-            await _until(
-                lambda: (
-                    replica.scheduler.get("t-p") is not None  # type: ignore[union-attr]
-                    and replica.scheduler.get("t-p").state == "RUNNING"
-                ),  # type: ignore[union-attr]
-                "the task runs",
-            )
+            scheduler = replica.scheduler
+            await _until(lambda: _state(scheduler.get("t-p")) == "RUNNING", "the task runs")
             # The pause: the lease's loop stops (nothing renews, nothing notices), the lease
             # lapses and another replica's term begins. The Scheduler goes on as it was.
             keeper = next(t for t in role.tasks if t.get_name().endswith("-leader"))
@@ -95,7 +95,7 @@ async def test_a_leader_paused_past_its_term_has_its_task_write_refused_and_stop
             agent.release.set()
             await _until(role.lost.is_set, "the refused write ends the leadership")
             await _until(replica.leadership_lost.is_set, "the replica stops serving")
-            assert not role.leads() and replica.scheduler.deputy is role.relay
+            assert not role.leads() and scheduler.deputy is role.relay
             # The agent's ACK is applied alone and goes to the relay, for the next leader.
             loop = asyncio.get_running_loop()
             until = loop.time() + WAIT_S

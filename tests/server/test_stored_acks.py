@@ -5,7 +5,8 @@ is stored (the message's state, the result cached in its token's record), and th
 Scheduler takes it from there:
 
 - a single coordinator started again on its store completes the task with its result, once;
-- a coordinator that goes on does when the agent's stream opens again;
+- a coordinator that goes on does when the agent's stream opens again, or when the agent
+  deregisters (rather than failing the task agent_unavailable);
 - in cluster mode, a follower that died before relaying the ACK (and the leader with it):
   the next leader completes the task with its result as it loads.
 
@@ -113,27 +114,27 @@ async def test_a_coordinator_started_again_applies_the_ack_it_stored_and_never_a
         await _completed_once(second.store, "t-r")
 
 
-async def test_a_coordinator_that_goes_on_applies_the_ack_when_the_agents_stream_opens_again(
-    tmp_path: Path,
+@pytest.mark.parametrize("then", ["stream", "deregistered"])
+async def test_a_coordinator_that_goes_on_applies_the_ack_at_the_agents_next_stream_or_end(
+    tmp_path: Path, then: str
 ) -> None:
     url = f"sqlite://{tmp_path / 'apiary.db'}"
     async with open_test_coordinator(tmp_path / "one", url) as coordinator:
         agent = Holder(coordinator=str(coordinator.grpc_address))
         scheduler = coordinator.scheduler
         assert scheduler is not None
-        handler = coordinator.router.endpoint(SCHEDULER)
-        join = scheduler._join_acks
         async with _running(agent):
             await _held_task_acked(coordinator, agent, "t-s")
             assert scheduler.get("t-s") is not None  # (the Scheduler never heard of the ACK)
-            assert handler is not None
-            coordinator.router.attach(SCHEDULER, handler)
-            coordinator.router.join_acks(SCHEDULER, join)
-            # What the agent's stream opening again tells the Scheduler (its replica died
-            # with the ACK, and it reconnected here).
-            await scheduler.agent_ready("holder")
-            assert scheduler.get("t-s") is None
-            assert agent.ran == ["t-s"]  # (its dispatch had ended: not handed out again)
+            if then == "stream":
+                # What the agent's stream opening again tells the Scheduler (its replica
+                # died with the ACK, and it reconnected here).
+                await scheduler.agent_ready("holder")
+                assert scheduler.get("t-s") is None
+        # Otherwise the agent deregisters as it stops: its task is settled from the store
+        # first, not failed agent_unavailable.
+        await _until(lambda: scheduler.get("t-s") is None, "the task ends")
+        assert agent.ran == ["t-s"]  # (its dispatch had ended: not handed out again)
         await _completed_once(coordinator.store, "t-s")
 
 

@@ -578,6 +578,7 @@ class Scheduler:
             await self.deputy.deregistered(agent_id)
             return
         async with self._lock:
+            await self._settle_stored_acks(self._live.holding(agent_id))
             for task in self._live.holding(agent_id):
                 await self._losses.lost_with(
                     task, AgentUnavailableError.code, "the agent deregistered"
@@ -594,6 +595,7 @@ class Scheduler:
             await self.deputy.lost(agent_id, reason)
             return
         async with self._lock:
+            await self._settle_stored_acks(self._live.holding(agent_id))
             state = self.lifecycles.state(agent_id)
             if state is None or not AgentLifecycleMachine.allows(state, AgentInput.LOST):
                 return
