@@ -24,14 +24,16 @@ from apiary.engine.cluster.leader import (
     Relay,
 )
 from apiary.engine.deadlines import Sleep
+from apiary.engine.notices import TOOLS, WORKTREES
 from apiary.engine.workflows import WORKFLOW
 from apiary.store.cluster import ClusterLeader, Leadership, Me
 from apiary.store.errors import StoreError
 
 log = logging.getLogger("apiary.cluster")
 
-LEADER_ENDPOINTS: Final = (WORKFLOW,)
-"""The router endpoints of the leader's components besides the Scheduler's."""
+LEADER_ENDPOINTS: Final = (WORKFLOW, TOOLS, WORKTREES)
+"""The router endpoints of the leader's components besides the Scheduler's: EVENT nodes'
+messages, tool providers' results (and the ACKs of their TOOL_CALLs), WORKTREE_CONTROL."""
 LOOK_S: Final = 0.05
 """How often a call waiting for a leader looks again."""
 
@@ -134,12 +136,14 @@ class LeaderRole:
 
     async def _load(self, epoch: int) -> None:
         """The leader's components (`assembly.LEADER_PARTS`: HITL, the Scheduler,
-        workflows) loaded as a restarted coordinator's are, their loops started, then the
-        readiness of the agents streaming here. Until then, what agents tell this replica's
-        Scheduler goes to the relay, which the leader applies once loaded."""
+        workflows, tools, ...) loaded as a restarted coordinator's are, its MCP servers
+        started, their loops started, then the readiness of the agents streaming here.
+        Until then, what agents tell this replica's Scheduler goes to the relay, which the
+        leader applies once loaded."""
         engine = self._engine
         try:
             await load_leader_parts(engine)
+            engine.tools.start()
         finally:
             self._loading = False
         if self.lease.suspended or self.lost.is_set():
