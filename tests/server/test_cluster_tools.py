@@ -30,7 +30,6 @@ import pytest
 
 import apiary
 from apiary.core.envelope import MessageType
-from apiary.engine.assembly import Runtime
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.worktrees.settings import RepoEntry, WorktreeSettings
 from apiary.sdk.tool_provider import Tool, ToolCallContext, ToolHost
@@ -49,7 +48,9 @@ from tests.server.test_cluster_leader import (
     _role,
     _until,
 )
+from tests.server.test_worktree_service import _worktree_reply
 from tests.server.tool_agents import never, raw_provider, tool_agent
+from tests.server.wire_client import envelope, register
 
 pytestmark = pytest.mark.postgres
 
@@ -166,7 +167,9 @@ async def test_a_worktree_bound_through_one_follower_is_seen_and_released_throug
         pending = await operator.List(a.ListInvocationsRequest(), metadata=AUTH)
         (invocation,) = [i for i in pending.invocations if i.reason_type == "WORKTREE_OVERRIDE"]
         await operator.Decide(
-            a.DecideInvocationRequest(invocation_id=invocation.invocation_id, action="approve", rationale="ok"),
+            a.DecideInvocationRequest(
+                invocation_id=invocation.invocation_id, action="approve", rationale="ok"
+            ),
             metadata=AUTH,
         )
         await _until_state(one, "dev", "BOUND_NON_HOME")
@@ -221,6 +224,51 @@ async def test_with_a_shared_root_a_worktree_bound_under_one_leader_is_the_next_
         assert (home / "work.txt").read_text() == "uncommitted\n"  # (the same directory)
 
 
+async def test_worktree_control_and_tool_results_through_a_follower_reach_the_leader(
+    tmp_path: Path, url: str, repos: WorktreeSettings
+) -> None:
+    """The `worktrees` and `tools` endpoints are the leader's: a follower relays what is
+    sent to them, after refusing what the leader would refuse without its memory (a
+    malformed request, another agent's binding) as one coordinator does."""
+    async with (
+        _cluster(tmp_path, url, repos) as cluster,
+        grpc.aio.insecure_channel(str(cluster.replicas[1].grpc_address)) as channel,
+    ):
+        await register(channel, "dev")
+        router = pb.router_pb2_grpc.RouterServiceStub(channel)
+        inbound = pb.apiary_pb2_grpc.RouterStreamServiceStub(channel).Inbound(
+            a.InboundRequest(agent_id="dev")
+        )
+        to_worktrees = (("sw4rm-recipient", "worktrees"),)
+        control = pb.common_pb2.WORKTREE_CONTROL
+        request = envelope(
+            "dev", {"action": "bind", "repo_id": "api", "worktree_id": "w"}, message_type=control
+        )
+        sent = await router.SendMessage(
+            pb.router_pb2.SendMessageRequest(msg=request), metadata=to_worktrees
+        )
+        assert sent.accepted, sent.reason
+        reply = await asyncio.wait_for(_worktree_reply(inbound), WAIT_S)
+        assert (reply["in_reply_to"], reply["state"]) == (request.message_id, "BOUND_HOME")
+        inbound.cancel()
+        for body, code in (
+            ({"action": "bind", "repo_id": "api"}, grpc.StatusCode.INVALID_ARGUMENT),
+            ({"action": "unbind", "agent_id": "someone"}, grpc.StatusCode.PERMISSION_DENIED),
+        ):
+            bad = envelope("dev", body, message_type=control)
+            refusal = await _refused(
+                router.SendMessage(pb.router_pb2.SendMessageRequest(msg=bad), metadata=to_worktrees)
+            )
+            assert refusal[0] == code, (body, refusal)
+        result = envelope("dev", {"status": "OK"}, message_type=pb.common_pb2.TOOL_RESULT)
+        assert await _refused(
+            router.SendMessage(
+                pb.router_pb2.SendMessageRequest(msg=result),
+                metadata=(("sw4rm-recipient", "tools"),),
+            )
+        ) == (grpc.StatusCode.INVALID_ARGUMENT, "validation_error")  # (no call_id)
+
+
 def _name(replica: Coordinator) -> str:
     return _role(replica).lease.me.replica_id
 
@@ -244,7 +292,11 @@ class Calculator(apiary.Agent):
             return "ignored"
         self.served.append(doc["call_id"])
         args = doc["args"]
-        answer = {"call_id": doc["call_id"], "status": "OK", "result": {"sum": args["a"] + args["b"]}}
+        answer = {
+            "call_id": doc["call_id"],
+            "status": "OK",
+            "result": {"sum": args["a"] + args["b"]},
+        }
         env = self.envelope(
             answer, message_type=MessageType.TOOL_RESULT, correlation_id=msg.correlation_id
         )
@@ -287,7 +339,8 @@ async def test_a_caller_without_the_right_is_refused_by_the_follower_before_forw
             stub = pb.apiary_pb2_grpc.ToolProviderServiceStub(channel)
             request = a.RegisterMcpServerRequest(provider_id="fs", command="/bin/true")
             assert await _refused(stub.RegisterMcpServer(request)) == (
-                grpc.StatusCode.UNAUTHENTICATED, "unauthenticated"
+                grpc.StatusCode.UNAUTHENTICATED,
+                "unauthenticated",
             )  # fmt: skip (operators are configured: one of them, with the role `tools`)
         # The follower decided (its guard counted the refusal); the leader saw nothing.
         assert await _denied(f1, register) == 1
@@ -298,15 +351,18 @@ async def test_a_caller_without_the_right_is_refused_by_the_follower_before_forw
             raw_provider(str(f1.grpc_address), "counter", [Tool("count", never)]) as provider,
             grpc.aio.insecure_channel(str(f2.grpc_address)) as channel,
         ):
-            stub = pb.tool_pb2_grpc.ToolServiceStub(channel)
+            tools = pb.tool_pb2_grpc.ToolServiceStub(channel)
             running = asyncio.create_task(
                 ToolClient(channel, agent_id="alice").call("count", {}, call_id="alice-1")
             )
             env, _ = await provider.next_call()
-            cancel = stub.Cancel(
+            cancel = tools.Cancel(
                 pb.tool_pb2.ToolCall(call_id="alice-1"), metadata=(("sw4rm-agent-id", "mallory"),)
             )
-            assert await _refused(cancel) == (grpc.StatusCode.PERMISSION_DENIED, "permission_denied")
+            assert await _refused(cancel) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                "permission_denied",
+            )
             assert await _denied(leader, "/sw4rm.tool.ToolService/Cancel") == 1
             await provider.result(env, {"result": {"n": 1}})
             assert (await asyncio.wait_for(running, WAIT_S)).json() == {"n": 1}

@@ -178,7 +178,8 @@ def _worktrees(
     attached to the router."""
     status = WorktreeStatus(router, registry, notices)
     worktrees = build_worktrees(settings, store.worktrees, events, clock, hitl, data_dir, status)
-    router.attach(WORKTREES, WorktreeControl(worktrees, status).on_envelope)
+    control = WorktreeControl(worktrees, status)
+    router.attach(WORKTREES, control.on_envelope, control.check)
     return worktrees
 
 

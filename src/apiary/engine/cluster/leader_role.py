@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any, Final
 
 from apiary.core.clock import Clock
+from apiary.core.envelope import Envelope
 from apiary.engine.assembly import Engine, leader_loops, load_leader_parts, supervised
 from apiary.engine.cluster.leader import (
     LeaderInbox,
@@ -25,6 +26,7 @@ from apiary.engine.cluster.leader import (
 )
 from apiary.engine.deadlines import Sleep
 from apiary.engine.notices import TOOLS, WORKTREES
+from apiary.engine.router.admission import EndpointCheck
 from apiary.engine.workflows import WORKFLOW
 from apiary.store.cluster import ClusterLeader, Leadership, Me
 from apiary.store.errors import StoreError
@@ -69,13 +71,14 @@ class LeaderRole:
         self.lease.on_term = self._term
         self.lease.on_suspend = self._suspend
         self.lease.on_resume = self._resume
+        router = engine.router
         self._endpoints = {
-            name: handler
+            name: (handler, router.endpoint_check(name))
             for name in LEADER_ENDPOINTS
-            if (handler := engine.router.endpoint(name)) is not None
+            if (handler := router.endpoint(name)) is not None
         }
         """The leader's router endpoints besides the Scheduler's (which hands its envelopes
-        to its deputy), relayed while this replica does not lead."""
+        to its deputy), with their checks, relayed while this replica does not lead."""
         self._relay_endpoints()
 
     async def seed(self) -> None:
@@ -168,16 +171,23 @@ class LeaderRole:
         self._engine.scheduler.deputy = self.relay
         self._engine.hitl.leading = False
         router = self._engine.router
-        for name in self._endpoints:
-            router.attach(name, partial(self.relay.envelope, name))
+        for name, (_, check) in self._endpoints.items():
+            router.attach(name, partial(self._relayed, name, check), check)
 
     def _serve_endpoints(self) -> None:
         """What agents tell the leader's components here is theirs to act on."""
         self._engine.scheduler.deputy = None
         self._engine.hitl.leading = True
         router = self._engine.router
-        for name, handler in self._endpoints.items():
-            router.attach(name, handler)
+        for name, (handler, check) in self._endpoints.items():
+            router.attach(name, handler, check)
+
+    async def _relayed(self, name: str, check: EndpointCheck | None, env: Envelope) -> None:
+        """An envelope for the leader's endpoint `name`, refused here if its check refuses
+        it (as the leader would), else relayed."""
+        if check is not None:
+            check(env)
+        await self.relay.envelope(name, env)
 
     async def _suspend(self) -> None:
         """The leader's work stops: inputs go to the relay again, its loops end."""
