@@ -6,9 +6,13 @@ on the leader, their calls made through any replica.
   the other, its TOOL_RESULT relayed to the leader; the catalogue reads the same through
   every replica.
 - A worktree bound through one follower is seen and released through another; a switch's
-  HITL approval is opened by the leader and decided through a third replica.
+  HITL approval is opened by the leader and decided through a third replica; a tool that
+  needs a worktree, called through a follower, is given the caller's; WORKTREE_CONTROL
+  through a follower reaches the leader, and what is malformed is refused there.
 - When the leader stops, the provider (connected to it) moves to another replica, the new
-  leader loads the catalogue from the store, and the provider serves calls again.
+  leader loads the catalogue from the store, and the provider serves calls again; a killed
+  leader's successor does the same; with a shared `[worktrees] root` the next leader finds
+  the worktrees the last one made.
 - A caller without the right is refused by the follower it called, before anything is
   forwarded; the owner of a running call is known to the leader, which refuses another
   caller's Cancel.
@@ -32,6 +36,7 @@ import apiary
 from apiary.core.envelope import MessageType
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.worktrees.settings import RepoEntry, WorktreeSettings
+from apiary.errors import ApiaryError
 from apiary.sdk.tool_provider import Tool, ToolCallContext, ToolHost
 from apiary.sdk.tools import ToolClient
 from apiary.server.coordinator import Coordinator
@@ -129,10 +134,15 @@ async def test_a_provider_connected_through_one_follower_serves_a_call_made_thro
             assert [t.tool_name for t in described] == ["add"]
             frames = [frame async for frame in client.stream("add", {"a": 20, "b": 22})]
             assert frames[-1].final and frames[-1].json() == {"sum": 42}
-        # The call ran on the leader: the followers' tool services hold nothing.
-        assert leader.tools is not None and f2.tools is not None
-        assert leader.tools.catalog.get("calc") is not None
-        assert f2.tools.catalog.get("calc") is None
+            # The call ran on the leader: the followers' tool services hold nothing.
+            assert leader.tools is not None and f2.tools is not None
+            assert leader.tools.catalog.get("calc") is not None
+            assert f2.tools.catalog.get("calc") is None
+            # A killed leader's successor loads the catalogue from the store and calls it.
+            assert leader.cluster is not None
+            leader.cluster.halt()  # (as SIGKILL: nothing released, the lease lapses)
+            await _until(lambda: _role(f1).leads() or _role(f2).leads(), "a new leader")
+            assert (await client.call("add", {"a": 2, "b": 2})).json() == {"sum": 4}
 
 
 async def test_a_worktree_bound_through_one_follower_is_seen_and_released_through_another(
@@ -182,6 +192,33 @@ async def test_a_worktree_bound_through_one_follower_is_seen_and_released_throug
         status = await three.Status(w.StatusRequest(agent_id="dev"))
         assert status.state == "UNBOUND"
         assert f1.worktrees is not None and f1.worktrees.list() == []  # (nothing held there)
+
+
+async def test_a_worktree_tool_called_through_a_follower_runs_in_a_binding_made_through_another(
+    tmp_path: Path, url: str, repos: WorktreeSettings
+) -> None:
+    """A tool that needs a worktree is given the caller's, which the leader bound."""
+    roots: list[str] = []
+
+    async def note(call: ToolCallContext) -> Any:
+        roots.append(call.worktree_root)
+        return "noted"
+
+    async with _cluster(tmp_path, url, repos) as cluster:
+        leader, f1, f2 = cluster.replicas
+        async with (
+            grpc.aio.insecure_channel(str(f1.grpc_address)) as one,
+            grpc.aio.insecure_channel(str(f2.grpc_address)) as two,
+            tool_agent(str(f2.grpc_address), "notes", [Tool("note", note, needs_worktree=True)]),
+        ):
+            bind = w.BindRequest(agent_id="dev", repo_id="api", worktree_id="w")
+            assert (await pb.worktree_pb2_grpc.WorktreeServiceStub(one).Bind(bind)).ok
+            with pytest.raises(ApiaryError) as unbound:
+                await ToolClient(two, agent_id="stranger").call("note", {})
+            assert unbound.value.code == "worktree_not_bound"
+            done = await ToolClient(two, agent_id="dev").call("note", {})
+            assert done.text() == "noted"
+    assert roots == [str(tmp_path / _name(leader) / "worktrees" / "api" / "w")]
 
 
 async def _until_state(
