@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
@@ -35,6 +36,7 @@ import pytest
 import apiary
 from apiary.core.envelope import MessageType
 from apiary.engine.cluster.settings import ClusterSettings
+from apiary.engine.tools.mcp_bridge import McpProvider
 from apiary.engine.worktrees.settings import RepoEntry, WorktreeSettings
 from apiary.errors import ApiaryError
 from apiary.sdk.tool_provider import Tool, ToolCallContext, ToolHost
@@ -49,6 +51,7 @@ from tests.server.test_cluster_leader import (
     LEASE_S,
     OPERATORS,
     PARTITIONS,
+    TOKEN,
     WAIT_S,
     _role,
     _until,
@@ -364,6 +367,40 @@ async def test_when_the_leader_stops_the_provider_moves_and_the_next_leader_call
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await job
         assert agent.served == ["before", "after"]
+
+
+async def test_an_mcp_server_registered_through_a_follower_runs_on_the_leader_and_the_next(
+    tmp_path: Path, url: str
+) -> None:
+    """Processes of tools are the leader's: an MCP server an operator registers through a
+    follower is started by the leader, and by the next leader as it loads the catalogue."""
+    server = (sys.executable, "-m", "mcp_server_time")
+    async with _cluster(tmp_path, url) as cluster:
+        leader, f1, f2 = cluster.replicas
+        async with (
+            grpc.aio.insecure_channel(str(f1.grpc_address)) as one,
+            grpc.aio.insecure_channel(str(f2.grpc_address)) as two,
+        ):
+            info = await ToolClient(one, token=TOKEN).register_mcp_server(
+                "clock", server[0], server[1:], startup_timeout_s=int(WAIT_S)
+            )
+            assert (info.state, info.registered_by) == ("READY", "olivia")
+            assert leader.tools is not None and f1.tools is not None
+            assert leader.tools.catalog.get("clock") is not None
+            assert f1.tools.catalog.get("clock") is None  # (no process here)
+            frame = await ToolClient(two).call("get_current_time", {"timezone": "UTC"})
+            assert frame.json()["timezone"] == "UTC"
+            assert leader.cluster is not None
+            leader.cluster.halt()
+            await _until(lambda: _role(f1).leads() or _role(f2).leads(), "a new leader")
+            (now,) = [r for r in (f1, f2) if _role(r).leads()]
+            assert now.tools is not None
+            entry = now.tools.catalog.get("clock")
+            assert entry is not None and isinstance(entry.provider, McpProvider)
+            await entry.provider.wait_ready(WAIT_S)
+            frame = await ToolClient(two).call("get_current_time", {"timezone": "UTC"})
+            assert frame.json()["timezone"] == "UTC"
+            assert await ToolClient(one, token=TOKEN).remove_provider("clock")
 
 
 async def test_a_caller_without_the_right_is_refused_by_the_follower_before_forwarding(
