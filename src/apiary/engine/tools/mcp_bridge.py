@@ -42,6 +42,10 @@ if TYPE_CHECKING:
     from apiary.engine.tools.mcp_session import McpSession
 
 log = logging.getLogger("apiary.tools")
+RESTART_DELAYS_S: Final = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
+CLOSE_TIMEOUT_S: Final = 10.0
+OnTools = Callable[[str, tuple[ToolDescriptor, ...]], Awaitable[None]]
+"""(provider_id, descriptors) -> record the manifest a server listed."""
 
 
 def _session_opener() -> Callable[..., contextlib.AbstractAsyncContextManager[McpSession]]:
@@ -51,12 +55,6 @@ def _session_opener() -> Callable[..., contextlib.AbstractAsyncContextManager[Mc
     from apiary.engine.tools.mcp_session import open_session  # noqa: PLC0415
 
     return open_session
-
-
-RESTART_DELAYS_S: Final = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
-CLOSE_TIMEOUT_S: Final = 10.0
-OnTools = Callable[[str, tuple[ToolDescriptor, ...]], Awaitable[None]]
-"""(provider_id, descriptors) -> record the manifest a server listed."""
 
 
 @dataclass(frozen=True, slots=True)
