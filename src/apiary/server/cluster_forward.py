@@ -59,6 +59,11 @@ LEADER_SERVICES: Final = frozenset(
         "apiary.v1.NegotiationOperatorService",
         "sw4rm.scheduler.SchedulerPolicyService",
         "sw4rm.activity.ActivityService",
+        "sw4rm.tool.ToolService",
+        "sw4rm.connector.ConnectorService",
+        "apiary.v1.ToolProviderService",
+        "sw4rm.worktree.WorktreeService",
+        "apiary.v1.WorktreeBindingService",
     }
 )
 """The services whose component runs on the leader only (`engine.assembly.LEADER_PARTS`,

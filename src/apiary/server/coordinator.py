@@ -366,7 +366,8 @@ async def open_coordinator(
             ),
             *_lead(replica, state, health),
         ]  # fmt: skip
-        engine.tools.start()
+        if replica is None:  # (in cluster mode the leader starts them with its term)
+            engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,

@@ -185,9 +185,12 @@ class Tenancy:
                 config.store or None, config.data_dir, tenant, grouped=not config.cluster.enabled
             )
         )
+        worktrees = config.worktrees
+        if worktrees.root is not None:  # (a tenant's worktrees apart, as its other files are)
+            worktrees = replace(worktrees, root=tenant_data_dir(worktrees.root, tenant))
         engine = build_engine(
             store, config.router, self._runtime, hitl_settings(config), config.scheduler, data_dir,
-            config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
+            config.handoff, worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
         clustered = self._replicate is not None
         if self._replicate is not None:

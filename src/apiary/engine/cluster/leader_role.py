@@ -16,6 +16,7 @@ from functools import partial
 from typing import Any, Final
 
 from apiary.core.clock import Clock
+from apiary.core.envelope import Envelope
 from apiary.engine.assembly import Engine, leader_loops, load_leader_parts, supervised
 from apiary.engine.cluster.leader import (
     LeaderInbox,
@@ -24,14 +25,17 @@ from apiary.engine.cluster.leader import (
     Relay,
 )
 from apiary.engine.deadlines import Sleep
+from apiary.engine.notices import TOOLS, WORKTREES
+from apiary.engine.router.admission import EndpointCheck
 from apiary.engine.workflows import WORKFLOW
 from apiary.store.cluster import ClusterLeader, FencedError, Leadership, Me
 from apiary.store.errors import StoreError
 
 log = logging.getLogger("apiary.cluster")
 
-LEADER_ENDPOINTS: Final = (WORKFLOW,)
-"""The router endpoints of the leader's components besides the Scheduler's."""
+LEADER_ENDPOINTS: Final = (WORKFLOW, TOOLS, WORKTREES)
+"""The router endpoints of the leader's components besides the Scheduler's: EVENT nodes'
+messages, tool providers' results (and the ACKs of their TOOL_CALLs), WORKTREE_CONTROL."""
 LOOK_S: Final = 0.05
 """How often a call waiting for a leader looks again."""
 
@@ -68,13 +72,14 @@ class LeaderRole:
         self.lease.on_term = self._term
         self.lease.on_suspend = self._suspend
         self.lease.on_resume = self._resume
+        router = engine.router
         self._endpoints = {
-            name: handler
+            name: (handler, router.endpoint_check(name))
             for name in LEADER_ENDPOINTS
-            if (handler := engine.router.endpoint(name)) is not None
+            if (handler := router.endpoint(name)) is not None
         }
         """The leader's router endpoints besides the Scheduler's (which hands its envelopes
-        to its deputy), relayed while this replica does not lead."""
+        to its deputy), with their checks, relayed while this replica does not lead."""
         self._relay_endpoints()
 
     async def seed(self) -> None:
@@ -157,12 +162,14 @@ class LeaderRole:
 
     async def _load(self, epoch: int) -> None:
         """The leader's components (`assembly.LEADER_PARTS`: HITL, the Scheduler,
-        workflows) loaded as a restarted coordinator's are, their loops started, then the
-        readiness of the agents streaming here. Until then, what agents tell this replica's
-        Scheduler goes to the relay, which the leader applies once loaded."""
+        workflows, tools, ...) loaded as a restarted coordinator's are, its MCP servers
+        started, their loops started, then the readiness of the agents streaming here.
+        Until then, what agents tell this replica's Scheduler goes to the relay, which the
+        leader applies once loaded."""
         engine = self._engine
         try:
             await load_leader_parts(engine)
+            engine.tools.start()
         finally:
             self._loading = False
         if self.lease.suspended or self.lost.is_set():
@@ -187,16 +194,23 @@ class LeaderRole:
         self._engine.scheduler.deputy = self.relay
         self._engine.hitl.leading = False
         router = self._engine.router
-        for name in self._endpoints:
-            router.attach(name, partial(self.relay.envelope, name))
+        for name, (_, check) in self._endpoints.items():
+            router.attach(name, partial(self._relayed, name, check), check)
 
     def _serve_endpoints(self) -> None:
         """What agents tell the leader's components here is theirs to act on."""
         self._engine.scheduler.deputy = None
         self._engine.hitl.leading = True
         router = self._engine.router
-        for name, handler in self._endpoints.items():
-            router.attach(name, handler)
+        for name, (handler, check) in self._endpoints.items():
+            router.attach(name, handler, check)
+
+    async def _relayed(self, name: str, check: EndpointCheck | None, env: Envelope) -> None:
+        """An envelope for the leader's endpoint `name`, refused here if its check refuses
+        it (as the leader would), else relayed."""
+        if check is not None:
+            check(env)
+        await self.relay.envelope(name, env)
 
     async def _suspend(self) -> None:
         """The leader's work stops: inputs go to the relay again, its loops end."""

@@ -29,6 +29,7 @@ from apiary.engine.router.ack_joins import AckJoin
 from apiary.engine.router.admission import (
     SOFT_REJECTIONS,
     Admission,
+    EndpointCheck,
     LocalEndpoint,
     Outbound,
     PreparedSend,
@@ -78,6 +79,7 @@ class Router:
         self._registry = registry
         self._messages = store.messages
         self._endpoints: dict[str, LocalEndpoint] = {}
+        self._checks: dict[str, EndpointCheck] = {}
         self._joins: dict[str, AckJoin] = {}
         self._inboxes = Inboxes(settings.buffer_capacity, settings.lanes)
         self.deadlines = Deadlines(settings.ack_timeout_s, settings.max_age_s)
@@ -150,17 +152,29 @@ class Router:
         """The recipient's current credit window (None without credit-based flow control)."""
         return self._credits.window(recipient)
 
-    def attach(self, endpoint_id: str, handler: LocalEndpoint) -> None:
+    def attach(
+        self, endpoint_id: str, handler: LocalEndpoint, check: EndpointCheck | None = None
+    ) -> None:
         """Make `endpoint_id` a coordinator-internal participant (the Scheduler): envelopes
         addressed to it, the ACKs of the messages it produced and the NACKs it is owed are
         handed to `handler` instead of an inbox. A handler that raises rejects the envelope
-        with its error, as admission would."""
+        with its error, as admission would. `check` is the part of the handler's decision
+        that needs none of its state (the handler makes it too): a replica that relays the
+        envelope to the cluster's leader makes it first (docs/cluster.md, "The leader")."""
         self._endpoints[endpoint_id] = handler
+        if check is None:
+            self._checks.pop(endpoint_id, None)
+        else:
+            self._checks[endpoint_id] = check
 
     def endpoint(self, endpoint_id: str) -> LocalEndpoint | None:
         """The handler attached as `endpoint_id`, if any: what the cluster's leader hands
         the envelopes other replicas relayed to (docs/cluster.md, "The leader")."""
         return self._endpoints.get(endpoint_id)
+
+    def endpoint_check(self, endpoint_id: str) -> EndpointCheck | None:
+        """The check attached with `endpoint_id`'s handler, if any."""
+        return self._checks.get(endpoint_id)
 
     def join_acks(self, endpoint_id: str, join: AckJoin) -> None:
         """Let the attached endpoint `endpoint_id` commit writes of its own with the ACKs of
