@@ -51,6 +51,7 @@ from apiary.server.auth.guard import AccessGuard
 from apiary.server.auth.keys import KeyRing
 from apiary.server.cluster import follow_tenants, open_replica, store_claim, tenant_replicas
 from apiary.server.cluster_forward import LEADER_SERVICES, Forwarder, LeaderRouted
+from apiary.server.cluster_hitl import ForwardedHitl
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.control_plane import ControlPlanes
@@ -65,7 +66,12 @@ from apiary.server.services.artifacts import ArtifactsHandler
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
 from apiary.server.services.handoff import HandoffHandler, HandoffQueryHandler
-from apiary.server.services.hitl import HitlDecisions, HitlHandler, HitlOperatorHandler
+from apiary.server.services.hitl import (
+    HitlDecisions,
+    HitlHandler,
+    HitlOperatorHandler,
+    served_decision,
+)
 from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.negotiation import NegotiationHandler, NegotiationOperatorHandler
@@ -150,14 +156,15 @@ class Coordinator:
 def _handlers(
     engine: Engine, runtime: Runtime, checks: RequestChecks, secure: bool
 ) -> dict[str, object]:
-    return {
+    handlers: dict[str, object] = {}
+    handlers |= {
         "sw4rm.registry.RegistryService": RegistryHandler(
             engine.registry, engine.presence, engine.scheduler, checks=checks
         ),
         "sw4rm.router.RouterService": RouterHandler(
             engine.router,
             engine.delivery,
-            HitlDecisions(engine.hitl, checks.limits),
+            HitlDecisions(served_decision(handlers), checks.limits),
             checks=checks,
         ),
         "sw4rm.logging.LoggingService": LoggingHandler(engine.events, checks=checks),
@@ -212,6 +219,7 @@ def _handlers(
             engine.negotiations.artifacts, checks=checks
         ),
     }
+    return handlers
 
 
 def _known_tenants(config: ServerConfig, keys: KeyRing) -> Callable[[], set[str]]:
@@ -320,7 +328,7 @@ async def open_coordinator(
         )  # fmt: skip
         checks = RequestChecks(config.limits)
         handlers = _handlers(engine, runtime, checks, config.auth.secure)
-        _route_to_leader(handlers, replica, config, optional)
+        forwarder = _route_to_leader(handlers, engine, replica, config, optional)
         default = config.auth.quota(DEFAULT_TENANT)
         tenancy = Tenancy(
             config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
@@ -421,19 +429,22 @@ async def _stop_serving_once_taken(
 
 
 def _route_to_leader(
-    handlers: dict[str, object], replica: ClusterNode | None, config: ServerConfig,
-    stack: AsyncExitStack,
-) -> None:  # fmt: skip
+    handlers: dict[str, object], engine: Engine, replica: ClusterNode | None,
+    config: ServerConfig, stack: AsyncExitStack,
+) -> Forwarder | None:  # fmt: skip
     """In cluster mode: the leader's services served here while this replica leads, else
-    forwarded to the leader (`server.cluster_forward`); `handlers` are changed in place, the
-    forwarder's channels closed with `stack`."""
+    forwarded to the leader (`server.cluster_forward`), and so are the HITL invocations of
+    this replica's own components (`server.cluster_hitl`); `handlers` are changed in place,
+    the forwarder's channels closed with `stack`."""
     if replica is None or replica.leader is None:
-        return
+        return None
     root = config.tls_cert.read_bytes() if config.tls_cert is not None else None
     forwarder = Forwarder(replica.leader, root)
     stack.push_async_callback(forwarder.close)
     for service in LEADER_SERVICES:
         handlers[service] = LeaderRouted(service, handlers[service], forwarder)
+    engine.hitl.leader = ForwardedHitl(forwarder, engine.hitl.get)
+    return forwarder
 
 
 def _lead(
@@ -443,7 +454,7 @@ def _lead(
     serves; and stop serving should a term of this replica's end unrenewed."""
     if replica is None or replica.leader is None:
         return []
-    replica.leader.start(_advertised(state.grpc_address))
+    replica.leader.start(_advertised(state.grpc_address), _advertised(state.http_address))
     stop = _stop_serving_once_lost(replica, state, health)
     return [asyncio.create_task(stop, name="apiary-leader")]
 
