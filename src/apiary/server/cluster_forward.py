@@ -166,18 +166,6 @@ class Forwarder:
             )
         return address
 
-    async def http_address(self, ctx: CallContext) -> str:
-        """Where the leader serves HTTP (waiting for a leader as a call does)."""
-        await self._leader(ctx)
-        address = self._role.lease.http_address
-        if not address:
-            raise UnavailableError(
-                "the cluster's leader recorded no HTTP address (a replica of an older "
-                "version leads): try again once it is replaced",
-                {"component": "leader"},
-            )
-        return address
-
     def signed(self, path: str, ctx: CallContext) -> list[tuple[str, str]]:
         """The metadata (or HTTP headers) forwarding the call of `path` as `ctx`'s
         principal: what the leader may read of `ctx`'s, and the signed principal."""

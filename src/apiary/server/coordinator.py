@@ -82,6 +82,7 @@ from apiary.server.services.negotiation_room import (
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.request_checks import RequestChecks
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
+from apiary.server.services.runtime_control import RuntimeControlHandler
 from apiary.server.services.scheduler import (
     AgentControlHandler,
     SchedulerHandler,
@@ -337,7 +338,12 @@ async def open_coordinator(
             None if replica is None else tenant_replicas(replica, store, runtime),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy, replica)
-        controls = ControlPlanes(tenancy, runtime, config.runtime, secure=config.auth.secure)
+        controls = ControlPlanes(
+            tenancy, runtime, config.runtime, secure=config.auth.secure, forwarder=forwarder
+        )
+        handlers["apiary.v1.RuntimeControlService"] = RuntimeControlHandler(
+            controls, guard, tenancy
+        )
         dispatcher = Dispatcher(handlers, guard, tenancy, tracing=tracing)
         server, health = build_grpc_server(dispatcher, metrics)
         reach = StoreHealth(store, lambda ok: set_serving(health, ok), runtime.sleep)
@@ -380,6 +386,7 @@ async def open_coordinator(
         tasks += await _open_tenants(config, tenancy, store, replica, runtime)
         state.control_planes = controls
         await controls.start()
+        tasks += _control_plane_once_leading(replica, controls)
         state.ready = True
         try:
             yield state
@@ -447,6 +454,22 @@ def _route_to_leader(
     return forwarder
 
 
+def _control_plane_once_leading(
+    replica: ClusterNode | None, controls: ControlPlanes
+) -> list[asyncio.Task[None]]:
+    """In cluster mode: the default tenant's control plane takes up its work once this
+    replica leads (`ControlPlanes.lead`)."""
+    if replica is None or replica.leader is None:
+        return []
+    loaded = replica.leader.loaded
+
+    async def lead() -> None:
+        await loaded.wait()
+        await controls.lead()
+
+    return [asyncio.create_task(lead(), name="apiary-runtime-lead")]
+
+
 def _lead(
     replica: ClusterNode | None, state: Coordinator, health: grpc_health.aio.HealthServicer
 ) -> list[asyncio.Task[None]]:
@@ -454,7 +477,7 @@ def _lead(
     serves; and stop serving should a term of this replica's end unrenewed."""
     if replica is None or replica.leader is None:
         return []
-    replica.leader.start(_advertised(state.grpc_address), _advertised(state.http_address))
+    replica.leader.start(_advertised(state.grpc_address))
     stop = _stop_serving_once_lost(replica, state, health)
     return [asyncio.create_task(stop, name="apiary-leader")]
 

@@ -66,9 +66,6 @@ class Me:
     replica_id: str
     incarnation: str
     address: str = ""
-    http_address: str = ""
-    """Where it serves HTTP (recorded for the leader: the runtime control plane's requests
-    are forwarded there)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +224,6 @@ class Leadership:
     forward_key: str
     now: float
     """The database's clock when it was read."""
-    http_address: str = ""
-    """Where the leader serves HTTP (schema version 33)."""
 
     def leader(self) -> str | None:
         """The replica leading now (its lease live), else None."""
@@ -274,7 +269,7 @@ class ClusterLeader(Protocol):
         self, me: Me, action: LeaseAction, lease_s: float, address: str = ""
     ) -> LeaseOutcome:
         """The lease machine's `action` on the leader's row for `me`; an acquisition
-        records `address` (and `me.http_address`) as the leader's."""
+        records `address` as the leader's."""
         ...
 
     async def read(self) -> Leadership:

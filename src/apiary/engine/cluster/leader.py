@@ -76,8 +76,6 @@ class LeaderLease:
         """(leader, epoch) as last read: a change is a new term of some leader."""
         self.address = ""
         """The address the leader serves, as last read ('' while there is none)."""
-        self.http_address = ""
-        """Where the leader serves HTTP, as last read ('' while there is none)."""
         self._store = store
         self._clock = clock
         self._sleep = sleep
@@ -182,7 +180,6 @@ class LeaderLease:
         found = await self._store.read()
         leader = found.leader()
         self.address = found.address if leader else ""
-        self.http_address = found.http_address if leader else ""
         if (leader, found.lease.epoch) != self.seen and leader is not None:
             self.seen = (leader, found.lease.epoch)
             self.changed.set()

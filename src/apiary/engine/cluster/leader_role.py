@@ -81,10 +81,10 @@ class LeaderRole:
         found = await self._store.seed(secrets.token_hex(32))
         self.forward_key = found.forward_key
 
-    def start(self, address: str, http_address: str = "") -> None:
-        """Seek (or keep) the lease from now on, recording `address` (and `http_address`)
-        as where this replica serves calls (and HTTP requests) forwarded to the leader."""
-        self.lease.me = replace(self.lease.me, address=address, http_address=http_address)
+    def start(self, address: str) -> None:
+        """Seek (or keep) the lease from now on, recording `address` as where this replica
+        serves calls forwarded to the leader."""
+        self.lease.me = replace(self.lease.me, address=address)
         self.tasks += [
             asyncio.create_task(self._keep(), name=f"{self._name}-leader"),
             asyncio.create_task(

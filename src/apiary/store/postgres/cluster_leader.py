@@ -38,9 +38,7 @@ RELAY_NOTE: Final = "relay"
 """A note that something was relayed to the leader."""
 LEADER_PARTITION: Final = -1
 """The partition number the leader's lease goes by in the lease machine and its errors."""
-_ROW: Final = (
-    "SELECT owner, epoch, expires_at, address, forward_key, http_address FROM cluster_leader"
-)
+_ROW: Final = "SELECT owner, epoch, expires_at, address, forward_key FROM cluster_leader"
 
 
 class PostgresClusterLeader:
@@ -70,13 +68,10 @@ class PostgresClusterLeader:
                 await conn.execute(
                     "UPDATE cluster_leader SET owner = %s, epoch = %s, expires_at = %s,"
                     " acquired_at = CASE WHEN %s THEN %s ELSE acquired_at END,"
-                    " address = CASE WHEN %s THEN %s ELSE address END,"
-                    " http_address = CASE WHEN %s THEN %s ELSE http_address END"
-                    " WHERE name = %s",
+                    " address = CASE WHEN %s THEN %s ELSE address END WHERE name = %s",
                     [
                         step.lease.owner, step.lease.epoch, step.lease.expires_at,
-                        term_begins, found.now, term_begins, address, term_begins,
-                        me.http_address, LEADER,
+                        term_begins, found.now, term_begins, address, LEADER,
                     ],
                 )  # fmt: skip
                 if term_begins or action is LeaseAction.RELEASE:
@@ -156,9 +151,9 @@ class PostgresClusterLeader:
         rows = await fetch_rows(conn, f"{_ROW} WHERE name = %s{lock}", [LEADER])
         if not rows:
             raise StoreError("the cluster has no leader row: a replica seeds it as it joins")
-        owner, epoch, expires_at, address, key, http_address = rows[0]
+        owner, epoch, expires_at, address, key = rows[0]
         lease = Lease(LEADER_PARTITION, owner, int(epoch), float(expires_at))
-        return Leadership(lease, address, key, await self._now(conn), http_address)
+        return Leadership(lease, address, key, await self._now(conn))
 
     async def _now(self, conn: Connection) -> float:
         if self._clock is not None:

@@ -1,3 +1,0 @@
--- Schema version 33: the cluster's leader's HTTP address, in PostgreSQL only (docs/cluster.md:
--- a SQLite file belongs to one coordinator, which claims it). The version is recorded here
--- too so that both backends count their schema the same way.
