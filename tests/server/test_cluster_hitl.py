@@ -99,7 +99,7 @@ async def test_an_invocation_opened_on_a_follower_is_decided_through_another_and
                 {"tool": "deploy"},
                 requested_by="builder",
                 approver_roles=("admin",),
-            )  # fmt: skip
+            )
         )
         loop = asyncio.get_running_loop()
         until = loop.time() + WAIT_S

@@ -5,13 +5,15 @@ command and forward it there.
 
 - A turn submitted over HTTP through a follower runs as a task of an agent streaming on the
   other follower; its result is read back through the first follower, over HTTP JSON,
-  JSON-RPC and gRPC (RuntimeControlService.Call), and its work was the leader's.
+  JSON-RPC and gRPC (RuntimeControlService.Call), and its work was the leader's; a turn
+  followed on the first follower's event stream ends there.
 - A caller whose credential does not hold is refused on the follower, before anything is
   forwarded: the follower counts the refusal, the leader sees no call.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -19,10 +21,11 @@ import aiohttp
 import grpc
 import pytest
 
+from apiary.sdk.runtime import RuntimeClient
 from apiary.server.coordinator import Coordinator
 from apiary.wire import pb
 from tests.server.runtime_harness import running_answerer, runtime_http
-from tests.server.test_cluster_leader import AUTH, OPERATORS, TOKEN, _three
+from tests.server.test_cluster_leader import AUTH, OPERATORS, TOKEN, WAIT_S, _three
 
 pytestmark = pytest.mark.postgres
 
@@ -46,7 +49,7 @@ async def _call(replica: Coordinator, command: str, metadata: object, **params: 
                 metadata=metadata,
             )
         except grpc.aio.AioRpcError as exc:
-            return exc.code().name
+            return str(exc.code().name)
     return str(answer.result_json)
 
 
@@ -70,7 +73,7 @@ async def test_a_turn_submitted_through_a_follower_runs_and_is_read_back_through
 ) -> None:
     async with (
         _three(tmp_path, url, OPERATORS) as (leader, f1, f2),
-        running_answerer(f1),
+        running_answerer(f1) as answerer,
         runtime_http(f2, HEADERS) as runtime,
     ):
         submitted = await runtime.ok(
@@ -92,6 +95,19 @@ async def test_a_turn_submitted_through_a_follower_runs_and_is_read_back_through
                 "submit_turn", agent_id="answerer", turn_id="turn-1", input={"value": 42}
             )
         assert (again["created"], again["taskId"]) == (False, submitted["taskId"])
+        # A turn followed on the follower's event stream: the leader's events reach it.
+        async with RuntimeClient(f"http://{f2.http_address}", headers=HEADERS) as client:
+            held = await client.submit_turn(
+                {"mode": "hold"}, agent_id="answerer", thread_id=submitted["threadId"],
+                turn_id="turn-2",
+            )  # fmt: skip
+            waiting = asyncio.create_task(
+                client.wait_turn(held.session_id, "turn-2", timeout=WAIT_S)
+            )
+            await answerer.running("turn-2")
+            answerer.release("turn-2")
+            ended = await waiting
+        assert (ended.status, ended.result) == ("completed", {"answer": None})
         # The leader ran it: its Scheduler, its control plane following the turn.
         assert leader.scheduler is not None
         assert (await leader.scheduler.find(submitted["taskId"])).state == "COMPLETED"

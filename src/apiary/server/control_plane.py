@@ -161,6 +161,11 @@ class ControlPlanes:
             self._loaded.add(tenant)
             await control.load()
 
+    def wakes(self, tenant: str) -> bool:
+        """Whether the events of `tenant`'s control plane are committed here, waking its
+        channels; else (a replica of a cluster that does not lead) they read the store."""
+        return tenant != DEFAULT_TENANT or self._leading
+
     def opened(self, tenant: str = DEFAULT_TENANT) -> RuntimeControl | None:
         return self._controls.get(tenant)
 

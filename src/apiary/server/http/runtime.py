@@ -71,6 +71,9 @@ MAX_BATCH: Final = 100
 """Calls in one JSON-RPC batch at most."""
 KEEPALIVE_S: Final = 15.0
 KEEPALIVE_RANGE: Final = (0.05, 300.0)
+STORE_POLL_S: Final = 0.5
+"""How often a channel reads the store when the events it follows are committed on another
+replica of a cluster (the leader's: docs/control-plane.md, "Cluster mode")."""
 RETRY_MS: Final = 3000
 STREAM_BATCH: Final = 200
 MAX_STREAMS: Final = 64
@@ -365,6 +368,11 @@ class RuntimeRoutes:
         """The session's events after `after` until shutdown; before each write the caller
         is decided again, and a refusal ends the stream with an error."""
         control, cursor = await self._control(entered), after
+        assert self._controls is not None  # (`_enter` refused it otherwise)
+        wait_s = keepalive
+        if not self._controls.wakes(entered.tenant):
+            wait_s = min(keepalive, STORE_POLL_S)
+        quiet_s = 0.0
         while not self._closing.is_set():
             replay = await control.channels.replay(session_id, cursor, STREAM_BATCH)
             if entered.recheck is not None and (refused := _refusal(entered.recheck, pump.route)):
@@ -375,8 +383,13 @@ class RuntimeRoutes:
             cursor = replay.cursor
             if replay.more:
                 continue
-            if not await woken_before_close(control.wait_after(cursor), self._closing, keepalive):
+            if await woken_before_close(control.wait_after(cursor), self._closing, wait_s):
+                quiet_s = 0.0
+                continue
+            quiet_s += wait_s
+            if quiet_s >= keepalive or self._closing.is_set():
                 await pump.idle()
+                quiet_s = 0.0
 
 
 @dataclass(frozen=True, slots=True)
