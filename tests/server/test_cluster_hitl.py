@@ -6,6 +6,8 @@ serving one PostgreSQL schema, HITL running on the leader.
 - An invocation a follower's own component opens (as a tool call or a worktree binding
   asking for an approval does) is opened on the leader, decided through the other follower,
   and its requester, waiting on its own replica, gets the decision.
+- A privileged tool call made on a follower (its tools are that replica's) waits for an
+  approval opened on the leader, decided through the other follower, and then runs.
 - A decision sent through a follower by an operator without the invocation's approver role
   is refused as the leader refuses it, and the invocation stays pending.
 """
@@ -23,9 +25,12 @@ import pytest
 from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.sdk.tool_provider import Tool, ToolCallContext
+from apiary.sdk.tools import ToolClient
 from apiary.server.coordinator import Coordinator
 from apiary.wire import pb
 from tests.server.test_cluster_leader import AUTH, TOKEN, WAIT_S, _three
+from tests.server.tool_agents import tool_agent
 
 pytestmark = pytest.mark.postgres
 
@@ -122,6 +127,52 @@ async def test_an_invocation_opened_on_a_follower_is_decided_through_another_and
         decided = await asyncio.wait_for(asking, WAIT_S)
         assert decided.invocation_id == invocation.invocation_id
         assert (decided.decision["action"], decided.decision["decided_by"]) == ("deny", "olivia")
+
+
+async def test_a_privileged_tool_call_on_a_follower_runs_once_approved_through_another(
+    tmp_path: Path, url: str
+) -> None:
+    runs: list[str] = []
+
+    async def reboot(call: ToolCallContext) -> object:
+        runs.append(call.call_id)
+        return {"rebooted": True}
+
+    async with (
+        _three(tmp_path, url, OPERATORS) as (leader, f1, f2),
+        tool_agent(str(f1.grpc_address), "ops", [Tool("reboot", reboot)]),
+        grpc.aio.insecure_channel(str(f1.grpc_address)) as one,
+        grpc.aio.insecure_channel(str(f2.grpc_address)) as two,
+    ):
+        calling = asyncio.create_task(
+            ToolClient(one, agent_id="alice").call(
+                "reboot",
+                {"host": "db-1"},
+                call_id="p-1",
+                policy={"privilege_level": "PRIVILEGED"},
+            )
+        )
+        operators = pb.apiary_pb2_grpc.HitlOperatorServiceStub(two)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + WAIT_S
+        while not (
+            listed := await operators.List(a.ListInvocationsRequest(), metadata=AUTH)
+        ).invocations:
+            assert loop.time() < until and not calling.done(), "no approval was asked for"
+            await asyncio.sleep(0.05)
+        (view,) = listed.invocations
+        assert (view.reason_type, view.requested_by) == ("TOOL_PRIVILEGE_ESCALATION", "alice")
+        assert runs == []  # (nothing runs before the decision)
+        assert leader.hitl is not None
+        assert [r.invocation_id for r in await leader.hitl.list()] == [view.invocation_id]
+        await operators.Decide(
+            a.DecideInvocationRequest(
+                invocation_id=view.invocation_id, action="approve", rationale="planned"
+            ),
+            metadata=AUTH,
+        )
+        frame = await asyncio.wait_for(calling, WAIT_S)
+    assert frame.json() == {"rebooted": True} and runs == ["p-1"]
 
 
 async def test_a_decision_through_a_follower_is_authorized_as_on_the_leader(
