@@ -168,7 +168,6 @@ class RuntimeRoutes:
 
     async def _run(self, request: web.Request, name: str, params: Any) -> dict[str, Any]:
         """The command `name` decided and run (by the cluster's leader in cluster mode)."""
-        lookup(name)
         entered = await self._enter(request, name)
         assert self._controls is not None  # (`_enter` refused it otherwise)
         return await self._controls.run(name, params, entered.ctx, entered.tenant)
@@ -183,6 +182,7 @@ class RuntimeRoutes:
         name = request.match_info["command"]
         label = f"{PREFIX}/{name}" if name in COMMANDS else UNKNOWN_METHOD
         try:
+            lookup(name)
             body = await _body(request)
             result = await self._run(request, name, body)
         except Exception as exc:
@@ -226,6 +226,7 @@ class RuntimeRoutes:
             return None if notification else answer
         label = f"{PREFIX}/{method}" if method in COMMANDS else UNKNOWN_METHOD
         try:
+            lookup(method)
             result = await self._run(request, method, params)
         except Exception as exc:
             answer = _rpc_refusal(call_id, exc, label)
