@@ -8,6 +8,8 @@ serving one PostgreSQL schema, HITL running on the leader.
   and its requester, waiting on its own replica, gets the decision.
 - A privileged tool call made on a follower (its tools are that replica's) waits for an
   approval opened on the leader, decided through the other follower, and then runs.
+- A tool call cancelled on that follower while its approval is pending withdraws the
+  approval: the leader cancels the invocation (relayed through the store).
 - A decision sent through a follower by an operator without the invocation's approver role
   is refused as the leader refuses it, and the invocation stays pending.
 """
@@ -18,6 +20,7 @@ import asyncio
 import json
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -106,12 +109,7 @@ async def test_an_invocation_opened_on_a_follower_is_decided_through_another_and
                 approver_roles=("admin",),
             )
         )
-        loop = asyncio.get_running_loop()
-        until = loop.time() + WAIT_S
-        while not (pending := await leader.hitl.list()):  # (opened on the leader)
-            assert loop.time() < until and not asking.done(), "never opened on the leader"
-            await asyncio.sleep(0.05)
-        invocation = pending[0]
+        invocation = await leader.hitl.get(await _until_listed(leader, asking))
         assert (invocation.requested_by, invocation.reason_type) == (
             "builder",
             "TOOL_PRIVILEGE_ESCALATION",
@@ -153,18 +151,11 @@ async def test_a_privileged_tool_call_on_a_follower_runs_once_approved_through_a
             )
         )
         operators = pb.apiary_pb2_grpc.HitlOperatorServiceStub(two)
-        loop = asyncio.get_running_loop()
-        until = loop.time() + WAIT_S
-        while not (
-            listed := await operators.List(a.ListInvocationsRequest(), metadata=AUTH)
-        ).invocations:
-            assert loop.time() < until and not calling.done(), "no approval was asked for"
-            await asyncio.sleep(0.05)
+        await _until_listed(leader, calling)
+        listed = await operators.List(a.ListInvocationsRequest(), metadata=AUTH)
         (view,) = listed.invocations
         assert (view.reason_type, view.requested_by) == ("TOOL_PRIVILEGE_ESCALATION", "alice")
         assert runs == []  # (nothing runs before the decision)
-        assert leader.hitl is not None
-        assert [r.invocation_id for r in await leader.hitl.list()] == [view.invocation_id]
         await operators.Decide(
             a.DecideInvocationRequest(
                 invocation_id=view.invocation_id, action="approve", rationale="planned"
@@ -173,6 +164,50 @@ async def test_a_privileged_tool_call_on_a_follower_runs_once_approved_through_a
         )
         frame = await asyncio.wait_for(calling, WAIT_S)
     assert frame.json() == {"rebooted": True} and runs == ["p-1"]
+
+
+async def test_a_tool_call_cancelled_on_a_follower_withdraws_its_approval_on_the_leader(
+    tmp_path: Path, url: str
+) -> None:
+    async def reboot(call: ToolCallContext) -> object:
+        raise AssertionError("ran without an approval")
+
+    async with (
+        _three(tmp_path, url, OPERATORS) as (leader, f1, _f2),
+        tool_agent(str(f1.grpc_address), "ops", [Tool("reboot", reboot)]),
+        grpc.aio.insecure_channel(str(f1.grpc_address)) as one,
+    ):
+        client = ToolClient(one, agent_id="alice")
+        stream = client.stream(
+            "reboot", {}, call_id="w-1", policy={"privilege_level": "PRIVILEGED"}
+        )
+        first = asyncio.ensure_future(anext(stream))
+        assert leader.hitl is not None
+        pending = await _until_listed(leader, first)
+        assert await client.cancel("w-1") == (
+            "CANCELLED",
+            "w-1: cancellation initiated (CANCELLED)",
+        )
+        frame = await asyncio.wait_for(first, WAIT_S)
+        assert frame.final and frame.summary["status"] == "CANCELLED"
+        loop = asyncio.get_running_loop()
+        until = loop.time() + WAIT_S
+        while (found := await leader.hitl.get(pending)).state == "PENDING":
+            assert loop.time() < until, "the approval was never withdrawn"
+            await asyncio.sleep(0.05)
+        assert found.state == "CANCELLED"
+
+
+async def _until_listed(leader: Coordinator, asking: asyncio.Future[Any]) -> str:
+    """The one invocation pending on the leader, once there is one."""
+    assert leader.hitl is not None
+    loop = asyncio.get_running_loop()
+    until = loop.time() + WAIT_S
+    while not (pending := await leader.hitl.list()):
+        assert loop.time() < until and not asking.done(), "never opened on the leader"
+        await asyncio.sleep(0.05)
+    (record,) = pending
+    return record.invocation_id
 
 
 async def test_a_decision_through_a_follower_is_authorized_as_on_the_leader(

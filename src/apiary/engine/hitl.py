@@ -80,6 +80,11 @@ class HitlLeader(Protocol):
         """The invocation once it is no longer pending (decided, timed out, cancelled)."""
         ...
 
+    async def cancel(self, invocation_id: str, by: str, reason: str) -> None:
+        """The invocation withdrawn: cancelled by the leader when it is still pending
+        (handed over, not awaited)."""
+        ...
+
 
 class Hitl:
     def __init__(
@@ -241,12 +246,12 @@ class Hitl:
         return step.record
 
     async def cancel(self, invocation_id: str, by: str, reason: str) -> HitlRecord:
-        if not self.leading:
-            raise UnavailableError(
-                "this replica does not lead the cluster: HITL invocations are cancelled on "
-                "the leader (one left pending takes its deadline's fallback there)",
-                {"component": "hitl"},
-            )
+        """Withdraw a pending invocation. On a replica that does not lead the leader cancels
+        it a moment later: the record answered is the invocation as stored now."""
+        leader = self._elsewhere()
+        if leader is not None:
+            await leader.cancel(invocation_id, by, reason)
+            return await self.get(invocation_id)
         record = await self.get(invocation_id)
         step = HitlMachine.cancel(record, by=by, reason=reason, now=self._clock.now())
         await self._perform(step)

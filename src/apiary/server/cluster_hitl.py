@@ -4,9 +4,12 @@ approval) and the decisions they apply are the leader's, forwarded to it as the
 HitlOperatorService calls that do the same (`server.cluster_forward`: signed with the
 cluster's key; refused `unavailable` only when the cluster has no leader). Opened as the
 replica (an application named after it, which `requested_by` does not change), decided as
-the operator deciding. The requester here waits for the decision in the store, which the
-leader writes before it answers anyone: read again every `WAIT_POLL_S`, so a decision made
-by any replica, or a deadline's fallback applied by the next leader, reaches it."""
+the operator deciding. A withdrawal (a tool call cancelled while its approval is pending)
+is relayed to the leader through the store, which cancels the invocation if it is still
+pending (HitlOperatorService has no cancel: a component's withdrawal is no operator's).
+The requester here waits for the decision in the store, which the leader writes before it
+answers anyone: read again every `WAIT_POLL_S`, so a decision made by any replica, or a
+deadline's fallback applied by the next leader, reaches it."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from typing import Any, Final
 from apiary.core.access.principal import Principal, PrincipalKind
 from apiary.core.hitl.vocabulary import HitlState
 from apiary.core.records import HitlRecord
+from apiary.engine.cluster.leader import Relay
 from apiary.engine.hitl import HitlOpening
 from apiary.engine.operators import Operator
 from apiary.server.cluster_forward import Forwarder
@@ -40,8 +44,11 @@ def _method(name: str) -> RpcMethod:
 class ForwardedHitl:
     """`engine.hitl.HitlLeader` over the forwarder (module docstring)."""
 
-    def __init__(self, forwarder: Forwarder, get: Callable[[str], Awaitable[HitlRecord]]) -> None:
+    def __init__(
+        self, forwarder: Forwarder, relay: Relay, get: Callable[[str], Awaitable[HitlRecord]]
+    ) -> None:
         self._forwarder = forwarder
+        self._relay = relay
         self._get = get
 
     async def open(self, opening: HitlOpening) -> str:
@@ -67,6 +74,9 @@ class ForwardedHitl:
         )  # fmt: skip
         who = Principal(PrincipalKind.OPERATOR, operator.name, roles=frozenset(operator.roles))
         await self._forwarder.unary(_method("Decide"), request, _as(who))
+
+    async def cancel(self, invocation_id: str, by: str, reason: str) -> None:
+        await self._relay.hitl_cancel(invocation_id, by, reason)
 
     async def wait(self, invocation_id: str) -> HitlRecord:
         while True:

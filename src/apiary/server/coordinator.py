@@ -450,7 +450,7 @@ def _route_to_leader(
     stack.push_async_callback(forwarder.close)
     for service in LEADER_SERVICES:
         handlers[service] = LeaderRouted(service, handlers[service], forwarder)
-    engine.hitl.leader = ForwardedHitl(forwarder, engine.hitl.get)
+    engine.hitl.leader = ForwardedHitl(forwarder, replica.leader.relay, engine.hitl.get)
     return forwarder
 
 
