@@ -45,7 +45,7 @@ async def _call(replica: Coordinator, command: str, metadata: object, **params: 
         stub = pb.apiary_pb2_grpc.RuntimeControlServiceStub(channel)
         try:
             answer = await stub.Call(
-                a.RuntimeCommandRequest(command=command, params_json=json.dumps(params)),
+                a.RuntimeCommandRequest(command=command, params_json=json.dumps(params).encode()),
                 metadata=metadata,
             )
         except grpc.aio.AioRpcError as exc:

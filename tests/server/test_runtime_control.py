@@ -470,7 +470,7 @@ async def test_the_commands_are_served_over_grpc_as_over_http(
     stub = pb.apiary_pb2_grpc.RuntimeControlServiceStub(channel)
 
     async def call(command: str, params: str) -> Any:
-        request = pb.apiary_pb2.RuntimeCommandRequest(command=command, params_json=params)
+        request = pb.apiary_pb2.RuntimeCommandRequest(command=command, params_json=params.encode())
         return json.loads((await stub.Call(request)).result_json)
 
     submitted = await call(

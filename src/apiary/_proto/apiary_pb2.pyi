@@ -3244,13 +3244,13 @@ class RuntimeCommandRequest(_message.Message):
     PARAMS_JSON_FIELD_NUMBER: _builtins.int
     command: _builtins.str
     """a served command's name, e.g. submit_turn"""
-    params_json: _builtins.str
-    """its parameters, a JSON object ('' = {})"""
+    params_json: _builtins.bytes
+    """its parameters, a JSON object in UTF-8 (empty = {}),"""
     def __init__(
         self,
         *,
         command: _builtins.str = ...,
-        params_json: _builtins.str = ...,
+        params_json: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...

@@ -121,7 +121,7 @@ class ControlPlanes:
         forwarder = self._forwarder
         if forwarder is not None and tenant == DEFAULT_TENANT and not await forwarder.local():
             request = pb.apiary_pb2.RuntimeCommandRequest(
-                command=name, params_json=json.dumps(params or {})
+                command=name, params_json=json.dumps(params or {}).encode()
             )
             answer = await forwarder.unary(_CALL, request, ctx)
             result: dict[str, Any] = json.loads(answer.result_json)  # type: ignore[attr-defined]

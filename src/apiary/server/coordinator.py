@@ -342,7 +342,7 @@ async def open_coordinator(
             tenancy, runtime, config.runtime, secure=config.auth.secure, forwarder=forwarder
         )
         handlers["apiary.v1.RuntimeControlService"] = RuntimeControlHandler(
-            controls, guard, tenancy
+            controls, guard, tenancy, checks
         )
         dispatcher = Dispatcher(handlers, guard, tenancy, tracing=tracing)
         server, health = build_grpc_server(dispatcher, metrics)

@@ -13,15 +13,19 @@ from apiary.server.auth.guard import AccessGuard
 from apiary.server.context import CallContext
 from apiary.server.control_plane import ControlPlanes, admit_command, command_params
 from apiary.server.dispatch import TenantHandlers
+from apiary.server.services.request_checks import DEFAULT_CHECKS, RequestChecks, checked
 from apiary.wire import pb
 
 apiary_pb2 = pb.apiary_pb2
 
 
+@checked
 class RuntimeControlHandler:
     def __init__(
-        self, controls: ControlPlanes, guard: AccessGuard | None, tenancy: TenantHandlers | None
-    ) -> None:
+        self, controls: ControlPlanes, guard: AccessGuard | None, tenancy: TenantHandlers | None,
+        checks: RequestChecks = DEFAULT_CHECKS,
+    ) -> None:  # fmt: skip
+        self._checks = checks
         self._controls = controls
         self._guard = guard
         self._tenancy = tenancy
