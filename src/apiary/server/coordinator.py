@@ -330,20 +330,25 @@ async def open_coordinator(
         checks = RequestChecks(config.limits)
         handlers = _handlers(engine, runtime, checks, config.auth.secure)
         forwarder = _route_to_leader(handlers, engine, replica, config, optional)
-        default = config.auth.quota(DEFAULT_TENANT)
+        # (the services of every tenant, serving each call in its tenant: set below, as
+        # they need the tenancy)
+        every_tenant: dict[str, object] = {}
         tenancy = Tenancy(
-            config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
-            lambda tenant_engine: _handlers(tenant_engine, runtime, checks, config.auth.secure),
+            config, runtime,
+            tenant_engine(
+                DEFAULT_TENANT, store, engine, handlers, config.auth.quota(DEFAULT_TENANT)
+            ),
+            lambda tenant_engine: {
+                **_handlers(tenant_engine, runtime, checks, config.auth.secure), **every_tenant
+            },
             _known_tenants(config, key_ring(config)),
             None if replica is None else tenant_replicas(replica, store, runtime),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy, replica)
-        controls = ControlPlanes(
-            tenancy, runtime, config.runtime, secure=config.auth.secure, forwarder=forwarder
+        controls, every_tenant["apiary.v1.RuntimeControlService"] = _control_planes(
+            config, runtime, tenancy, guard, forwarder, checks
         )
-        handlers["apiary.v1.RuntimeControlService"] = RuntimeControlHandler(
-            controls, guard, tenancy, checks
-        )
+        handlers.update(every_tenant)
         dispatcher = Dispatcher(handlers, guard, tenancy, tracing=tracing)
         server, health = build_grpc_server(dispatcher, metrics)
         reach = StoreHealth(store, lambda ok: set_serving(health, ok), runtime.sleep)
@@ -452,6 +457,18 @@ def _route_to_leader(
         handlers[service] = LeaderRouted(service, handlers[service], forwarder)
     engine.hitl.leader = ForwardedHitl(forwarder, replica.leader.relay, engine.hitl.get)
     return forwarder
+
+
+def _control_planes(
+    config: ServerConfig, runtime: Runtime, tenancy: Tenancy, guard: AccessGuard,
+    forwarder: Forwarder | None, checks: RequestChecks,
+) -> tuple[ControlPlanes, RuntimeControlHandler]:  # fmt: skip
+    """Every tenant's runtime control plane, and their gRPC service (RuntimeControlService,
+    serving each call in its tenant)."""
+    controls = ControlPlanes(
+        tenancy, runtime, config.runtime, secure=config.auth.secure, forwarder=forwarder
+    )
+    return controls, RuntimeControlHandler(controls, guard, tenancy, checks)
 
 
 def _control_plane_once_leading(
