@@ -71,6 +71,8 @@ async def open_replica(
         engine, store.messages, leases, work, PostgresStreamHolders(store.pool), settings,
         runtime.clock, runtime.sleep, address=address, leader=PostgresClusterLeader(store.pool),
     ) as node:  # fmt: skip
+        # The leader's components write under its term only (docs/cluster.md, "The leader").
+        store.leader_writes.fence = node.leader
         yield node
 
 

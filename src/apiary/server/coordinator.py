@@ -52,6 +52,7 @@ from apiary.server.auth.keys import KeyRing
 from apiary.server.cluster import follow_tenants, open_replica, store_claim, tenant_replicas
 from apiary.server.cluster_forward import LEADER_SERVICES, Forwarder, LeaderRouted
 from apiary.server.cluster_hitl import ForwardedHitl
+from apiary.server.cluster_reads import DISCOVERY, DiscoveryThroughLeader
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.control_plane import ControlPlanes
@@ -100,7 +101,7 @@ from apiary.server.tenancy import (
     serves_tenants,
     tenant_engine,
 )
-from apiary.server.tls import grpc_credentials, http_context
+from apiary.server.tls import grpc_credentials, http_context, replica_tls
 from apiary.server.tracing.server_tracing import ServerTracing
 from apiary.store.claim import Claim, Holder
 from apiary.store.open import open_store
@@ -303,7 +304,9 @@ async def open_coordinator(
     runtime = _runtime(config, runtime, clock)
     settings = router_settings or config.router
     async with (
-        open_store(config.store or None, config.data_dir) as store,
+        open_store(
+            config.store or None, config.data_dir, grouped=not config.cluster.enabled
+        ) as store,
         store_claim(store, Holder.here(iso_utc(runtime.clock.now())), config.cluster) as claim,
         AsyncExitStack() as optional,
     ):
@@ -446,15 +449,18 @@ def _route_to_leader(
 ) -> Forwarder | None:  # fmt: skip
     """In cluster mode: the leader's services served here while this replica leads, else
     forwarded to the leader (`server.cluster_forward`), and so are the HITL invocations of
-    this replica's own components (`server.cluster_hitl`); `handlers` are changed in place,
-    the forwarder's channels closed with `stack`."""
+    this replica's own components (`server.cluster_hitl`); the agents' states of
+    DiscoveryService read from the leader (`server.cluster_reads`); `handlers` are changed
+    in place, the forwarder's channels closed with `stack`."""
     if replica is None or replica.leader is None:
         return None
-    root = config.tls_cert.read_bytes() if config.tls_cert is not None else None
-    forwarder = Forwarder(replica.leader, root)
+    forwarder = Forwarder(replica.leader, replica_tls(config))
     stack.push_async_callback(forwarder.close)
     for service in LEADER_SERVICES:
         handlers[service] = LeaderRouted(service, handlers[service], forwarder)
+    discovery = handlers[DISCOVERY]
+    assert isinstance(discovery, DiscoveryHandler)
+    handlers[DISCOVERY] = DiscoveryThroughLeader(discovery, forwarder)
     engine.hitl.leader = ForwardedHitl(forwarder, replica.leader.relay, engine.hitl.get)
     return forwarder
 

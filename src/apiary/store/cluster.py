@@ -212,6 +212,8 @@ class StreamHolders(Protocol):
 
 LEADER: Final = "coordinator"
 """The name of the leader's lease row (`cluster_leader`): one leader per cluster."""
+LEADER_PARTITION: Final = -1
+"""The partition number the leader's lease goes by in the lease machine and its errors."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,9 @@ class LeaderLease:
         self._clock = clock
         self._sleep = sleep
         self._term: Term | None = None
+        self.last_epoch = 0
+        """The epoch of the last term this replica held (0: it never led); kept when the
+        term ends, so that writes made under it are refused from then on."""
         self._wake = asyncio.Event()
         self.changed = asyncio.Event()
         """Set at each new term seen (cleared by whoever waits for it)."""
@@ -147,6 +150,7 @@ class LeaderLease:
             lease = outcome.lease
             if outcome.verdict.granted:
                 self._term = Term(lease.epoch, sent + self.lease_s)
+                self.last_epoch = lease.epoch
                 if outcome.verdict is Verdict.TOOK_OVER:
                     log.warning("took over as the cluster's leader (epoch %d)", lease.epoch)
                 await self.on_lead(lease.epoch)
@@ -174,6 +178,7 @@ class LeaderLease:
                 "between (epoch %d -> %d)", held.epoch, outcome.lease.epoch,
             )  # fmt: skip
         self._term = Term(outcome.lease.epoch, sent + self.lease_s)
+        self.last_epoch = outcome.lease.epoch
         if self.suspended:
             self.suspended = False
             await self.on_resume()

@@ -25,7 +25,7 @@ from apiary.engine.cluster.leader import (
 )
 from apiary.engine.deadlines import Sleep
 from apiary.engine.workflows import WORKFLOW
-from apiary.store.cluster import ClusterLeader, Leadership, Me
+from apiary.store.cluster import ClusterLeader, FencedError, Leadership, Me
 from apiary.store.errors import StoreError
 
 log = logging.getLogger("apiary.cluster")
@@ -59,6 +59,7 @@ class LeaderRole:
         """The lease's loops, and the leader's while it leads (`_loops` too)."""
         self._loops: list[asyncio.Task[None]] = []
         self._loading = False
+        self._released = False
         self._store = store
         self._engine = engine
         self._sleep = sleep
@@ -110,8 +111,30 @@ class LeaderRole:
             self.lease.wake()
             await asyncio.sleep(LOOK_S)
 
+    def term(self) -> tuple[str, int]:
+        """The term the leader's components write under (`store.sql.leader_writes`): the
+        last this replica held, whether or not it still does (the store decides)."""
+        return self.lease.me.replica_id, self.lease.last_epoch
+
+    def refused(self, error: FencedError) -> None:
+        """A write of the leader's components was refused: another replica's term began
+        (this one was paused past its own, say). This replica stops leading at once, as
+        when its lease's loop finds the term taken (`lost`: `apiary serve` exits 2, to be
+        started again as a follower); what agents tell it goes to the relay from now on."""
+        if self._released or self.lost.is_set() or not self.lease.last_epoch:
+            return  # (stopping, stopped, or never led: nothing to stop)
+        log.error(
+            "a write of the leader's components was refused (%s): stopping (a supervisor "
+            "starts the replica again)", error,
+        )  # fmt: skip
+        self.lost.set()
+        self._relay_endpoints()
+        self.loaded.clear()
+        self.tasks.append(asyncio.create_task(self._suspend(), name=f"{self._name}-fenced"))
+
     async def release(self) -> None:
         """A clean stop: stop leading first, then let the next leader take over at once."""
+        self._released = True
         self._engine.scheduler.deputy = self.relay
         self.loaded.clear()
         try:

@@ -35,6 +35,7 @@ from apiary.engine.dead_letters import DeadLetters
 from apiary.engine.deadlines import Deadlines
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR
+from apiary.engine.router.ack_groups import AckGroups
 from apiary.engine.router.ack_joins import AckJoin, JoinedAcks
 from apiary.engine.router.admission import is_notice
 from apiary.engine.router.coalesce import Coalescer
@@ -44,6 +45,7 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.stats import RouterStats
 from apiary.engine.transfers import Transfers
 from apiary.errors import ApiaryError, PermissionDeniedError
+from apiary.store.cluster import FencedError
 from apiary.store.errors import StaleStateError, StoreUnavailableError
 from apiary.store.protocols import MessageStore
 
@@ -83,6 +85,7 @@ class MessageLifecycle:
         """The endpoints whose writes commit with the ACKs of their messages (`_join`)."""
         self._live = live
         self._copies = live.copies
+        self._frames = AckGroups(self._acknowledge_frame)
         self._deadlines = deadlines
         self._codec = codec
         self._events = events
@@ -187,6 +190,13 @@ class MessageLifecycle:
     async def acknowledge_frame(
         self, acks: Sequence[tuple[int, Envelope]], now: float
     ) -> dict[int, str | ApiaryError]:
+        """`_acknowledge_frame`, with the frames of other streams that arrive while one is
+        being applied applied together after it (engine/router/ack_groups.py)."""
+        return await self._frames.acknowledge(acks, now)
+
+    async def _acknowledge_frame(
+        self, acks: Sequence[tuple[int, Envelope]], now: float
+    ) -> dict[int, str | ApiaryError]:
         """Apply a frame's agent ACKs (`acks`: by the caller's key) together: one batch of
         state changes (one writer job) instead of a task, a lock wait and a store round trip
         per ACK. The changes are recorded without reading the messages back: the live
@@ -232,10 +242,12 @@ class MessageLifecycle:
             joined, taken = await self._join(planned)
             try:
                 await self._commit_frame(changes, drafts, tokens, joined)
-            except StaleStateError:
-                # One of the messages changed on another replica: nothing was stored, and
-                # the frame's ACKs go one at a time (`acknowledge`), each decided anew from
-                # the message as stored when its change is refused.
+            except (StaleStateError, FencedError):
+                # One of the messages changed on another replica, or the endpoint's writes
+                # were refused (cluster mode: this replica's term as leader is over, it no
+                # longer leads): nothing was stored, and the frame's ACKs go one at a time
+                # (`acknowledge`, which joins nothing), each decided anew from the message
+                # as stored when its change is refused.
                 return early
             try:
                 await self._settle_frame(planned, stored, folded, taken, now, early)

@@ -12,12 +12,13 @@ agents is `delivery.py`; the deadline loop is `engine/deadlines.py`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from apiary.core.clock import Clock
-from apiary.core.envelope import Ack, Envelope
+from apiary.core.envelope import Ack, AckStage, Envelope
 from apiary.core.envelope_ids import check_flow_id
 from apiary.core.message_machine import Effect, MessageInput
-from apiary.core.records import StoredMessage
+from apiary.core.records import MessageState, StoredMessage
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.dead_letters import DeadLetters
 from apiary.engine.deadlines import Deadlines
@@ -45,6 +46,13 @@ from apiary.engine.settings import RouterSettings
 from apiary.engine.tracing import Tracing
 from apiary.engine.transfers import Transfers
 from apiary.store.protocols import Store
+
+_STORED_ACKS: Final = {
+    MessageState[stage.name]: stage
+    for stage in (AckStage.READ, AckStage.FULFILLED, AckStage.REJECTED, AckStage.FAILED,
+                  AckStage.TIMED_OUT)
+}  # fmt: skip
+"""The ACK stage a message's stored state records (`Router.stored_ack`)."""
 
 
 class Router:
@@ -124,6 +132,19 @@ class Router:
         alone (docs/cluster.md, "Buffers and credits")."""
         self._credits.in_store = on
         self._batches.bounds_in_store = on
+
+    @property
+    def counts_in_store(self) -> bool:
+        """Whether the store counts buffers, credits and the queued_messages quota in each
+        admitting transaction (`count_in_store`)."""
+        return self._batches.bounds_in_store
+
+    def hold_queued(self, tenant: str, allowed: int | None) -> None:
+        """Hold admissions to `tenant`'s `queued_messages` quota (None: unlimited) in the
+        store, while it counts (`count_in_store`): every replica's messages admitted and
+        not yet read, counted in the admitting transaction; outside cluster mode the
+        quota is checked before the call, on this coordinator's memory (`server.quotas`)."""
+        self._batches.queued_quota = None if allowed is None else (tenant, allowed)
 
     def credit_window(self, recipient: str) -> int | None:
         """The recipient's current credit window (None without credit-based flow control)."""
@@ -210,6 +231,21 @@ class Router:
         return await self.lifecycle.apply(
             message, event, now, ack=ack, error_code=error_code, note=note
         )
+
+    async def stored_ack(self, message_id: str) -> Ack | None:
+        """The agent's ACK that the message as stored records: its stage by the message's
+        state (READ, or an end: FULFILLED, REJECTED, FAILED, TIMED_OUT), its error code, and
+        its note as the token's record cached it with the outcome; None when the message is
+        not stored or records no such ACK. What an ACK committed and never applied by its
+        producer's endpoint (the Scheduler) would have told it."""
+        message = await self._messages.get(message_id)
+        stage = None if message is None else _STORED_ACKS.get(message.state)
+        if message is None or stage is None:
+            return None
+        record = await self.dedup.outcome_of(message)
+        if record is None:
+            return Ack(message_id, stage, message.error_code)
+        return Ack(message_id, stage, record.error_code, record.result)
 
     def refresh(self, message: StoredMessage) -> None:
         """Keep the live copy of an unfinished message in step with the store."""
