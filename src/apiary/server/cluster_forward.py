@@ -108,6 +108,10 @@ class Forwarder:
         self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
 
+    @property
+    def replica_id(self) -> str:
+        return self._role.lease.me.replica_id
+
     async def local(self) -> bool:
         """Whether this replica serves the call: it leads now, its components loaded (a term
         that has just begun is waited for while they load)."""
@@ -130,8 +134,9 @@ class Forwarder:
             )
             try:
                 response: Message = await call(
-                    request, metadata=self._metadata(method, ctx), timeout=ctx.time_remaining()
-                )
+                    request, metadata=self.signed(method.path, ctx),
+                    timeout=ctx.time_remaining(),
+                )  # fmt: skip
                 return response
             except grpc.aio.AioRpcError as exc:
                 error = await self._error(exc, address)
@@ -151,7 +156,9 @@ class Forwarder:
             request_serializer=type(request).SerializeToString,
             response_deserializer=method.response_type.FromString,
         )
-        answers = call(request, metadata=self._metadata(method, ctx), timeout=ctx.time_remaining())
+        answers = call(
+            request, metadata=self.signed(method.path, ctx), timeout=ctx.time_remaining()
+        )
         try:
             async for item in answers:
                 yield item
@@ -178,7 +185,9 @@ class Forwarder:
             )
         return address
 
-    def _metadata(self, method: RpcMethod, ctx: CallContext) -> list[tuple[str, str]]:
+    def signed(self, path: str, ctx: CallContext) -> list[tuple[str, str]]:
+        """The metadata (or HTTP headers) forwarding the call of `path` as `ctx`'s
+        principal: what the leader may read of `ctx`'s, and the signed principal."""
         principal = ctx.principal
         forwarded = Forwarded(
             principal,
@@ -190,7 +199,7 @@ class Forwarder:
             (k, v) for k, v in ctx.metadata.items()
             if k not in _NOT_FORWARDED and (k.startswith(_FORWARDED_PREFIXES) or k in _FORWARDED)
         ]  # fmt: skip
-        return [*kept, (FORWARD_KEY, sign_forward(self._role.forward_key, method.path, forwarded))]
+        return [*kept, (FORWARD_KEY, sign_forward(self._role.forward_key, path, forwarded))]
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)

@@ -51,6 +51,7 @@ from apiary.server.auth.guard import AccessGuard
 from apiary.server.auth.keys import KeyRing
 from apiary.server.cluster import follow_tenants, open_replica, store_claim, tenant_replicas
 from apiary.server.cluster_forward import LEADER_SERVICES, Forwarder, LeaderRouted
+from apiary.server.cluster_hitl import ForwardedHitl
 from apiary.server.cluster_reads import DISCOVERY, DiscoveryThroughLeader
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
@@ -66,7 +67,12 @@ from apiary.server.services.artifacts import ArtifactsHandler
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
 from apiary.server.services.handoff import HandoffHandler, HandoffQueryHandler
-from apiary.server.services.hitl import HitlDecisions, HitlHandler, HitlOperatorHandler
+from apiary.server.services.hitl import (
+    HitlDecisions,
+    HitlHandler,
+    HitlOperatorHandler,
+    served_decision,
+)
 from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.negotiation import NegotiationHandler, NegotiationOperatorHandler
@@ -77,6 +83,7 @@ from apiary.server.services.negotiation_room import (
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.request_checks import RequestChecks
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
+from apiary.server.services.runtime_control import RuntimeControlHandler
 from apiary.server.services.scheduler import (
     AgentControlHandler,
     SchedulerHandler,
@@ -151,14 +158,15 @@ class Coordinator:
 def _handlers(
     engine: Engine, runtime: Runtime, checks: RequestChecks, secure: bool
 ) -> dict[str, object]:
-    return {
+    handlers: dict[str, object] = {}
+    handlers |= {
         "sw4rm.registry.RegistryService": RegistryHandler(
             engine.registry, engine.presence, engine.scheduler, checks=checks
         ),
         "sw4rm.router.RouterService": RouterHandler(
             engine.router,
             engine.delivery,
-            HitlDecisions(engine.hitl, checks.limits),
+            HitlDecisions(served_decision(handlers), checks.limits),
             checks=checks,
         ),
         "sw4rm.logging.LoggingService": LoggingHandler(engine.events, checks=checks),
@@ -213,6 +221,7 @@ def _handlers(
             engine.negotiations.artifacts, checks=checks
         ),
     }
+    return handlers
 
 
 def _known_tenants(config: ServerConfig, keys: KeyRing) -> Callable[[], set[str]]:
@@ -323,16 +332,26 @@ async def open_coordinator(
         )  # fmt: skip
         checks = RequestChecks(config.limits)
         handlers = _handlers(engine, runtime, checks, config.auth.secure)
-        _route_to_leader(handlers, replica, config, optional)
-        default = config.auth.quota(DEFAULT_TENANT)
+        forwarder = _route_to_leader(handlers, engine, replica, config, optional)
+        # (the services of every tenant, serving each call in its tenant: set below, as
+        # they need the tenancy)
+        every_tenant: dict[str, object] = {}
         tenancy = Tenancy(
-            config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
-            lambda tenant_engine: _handlers(tenant_engine, runtime, checks, config.auth.secure),
+            config, runtime,
+            tenant_engine(
+                DEFAULT_TENANT, store, engine, handlers, config.auth.quota(DEFAULT_TENANT)
+            ),
+            lambda tenant_engine: {
+                **_handlers(tenant_engine, runtime, checks, config.auth.secure), **every_tenant
+            },
             _known_tenants(config, key_ring(config)),
             None if replica is None else tenant_replicas(replica, store, runtime),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy, replica)
-        controls = ControlPlanes(tenancy, runtime, config.runtime, secure=config.auth.secure)
+        controls, every_tenant["apiary.v1.RuntimeControlService"] = _control_planes(
+            config, runtime, tenancy, guard, forwarder, checks
+        )
+        handlers.update(every_tenant)
         dispatcher = Dispatcher(handlers, guard, tenancy, tracing=tracing)
         server, health = build_grpc_server(dispatcher, metrics)
         reach = StoreHealth(store, lambda ok: set_serving(health, ok), runtime.sleep)
@@ -374,8 +393,7 @@ async def open_coordinator(
             recovered_messages=recovered,
         )  # fmt: skip
         tasks += await _open_tenants(config, tenancy, store, replica, runtime)
-        state.control_planes = controls
-        await controls.start()
+        tasks += await _start_control_planes(state, controls, replica)
         state.ready = True
         try:
             yield state
@@ -425,15 +443,16 @@ async def _stop_serving_once_taken(
 
 
 def _route_to_leader(
-    handlers: dict[str, object], replica: ClusterNode | None, config: ServerConfig,
-    stack: AsyncExitStack,
-) -> None:  # fmt: skip
+    handlers: dict[str, object], engine: Engine, replica: ClusterNode | None,
+    config: ServerConfig, stack: AsyncExitStack,
+) -> Forwarder | None:  # fmt: skip
     """In cluster mode: the leader's services served here while this replica leads, else
-    forwarded to the leader (`server.cluster_forward`), and the agents' states of
+    forwarded to the leader (`server.cluster_forward`), and so are the HITL invocations of
+    this replica's own components (`server.cluster_hitl`); the agents' states of
     DiscoveryService read from the leader (`server.cluster_reads`); `handlers` are changed
     in place, the forwarder's channels closed with `stack`."""
     if replica is None or replica.leader is None:
-        return
+        return None
     forwarder = Forwarder(replica.leader, replica_tls(config))
     stack.push_async_callback(forwarder.close)
     for service in LEADER_SERVICES:
@@ -441,6 +460,46 @@ def _route_to_leader(
     discovery = handlers[DISCOVERY]
     assert isinstance(discovery, DiscoveryHandler)
     handlers[DISCOVERY] = DiscoveryThroughLeader(discovery, forwarder)
+    engine.hitl.leader = ForwardedHitl(forwarder, replica.leader.relay, engine.hitl.get)
+    return forwarder
+
+
+def _control_planes(
+    config: ServerConfig, runtime: Runtime, tenancy: Tenancy, guard: AccessGuard,
+    forwarder: Forwarder | None, checks: RequestChecks,
+) -> tuple[ControlPlanes, RuntimeControlHandler]:  # fmt: skip
+    """Every tenant's runtime control plane, and their gRPC service (RuntimeControlService,
+    serving each call in its tenant)."""
+    controls = ControlPlanes(
+        tenancy, runtime, config.runtime, secure=config.auth.secure, forwarder=forwarder
+    )
+    return controls, RuntimeControlHandler(controls, guard, tenancy, checks)
+
+
+async def _start_control_planes(
+    state: Coordinator, controls: ControlPlanes, replica: ClusterNode | None
+) -> list[asyncio.Task[None]]:
+    """The control planes started; in cluster mode, the task that has the default tenant's
+    take up its work once this replica leads."""
+    state.control_planes = controls
+    await controls.start()
+    return _control_plane_once_leading(replica, controls)
+
+
+def _control_plane_once_leading(
+    replica: ClusterNode | None, controls: ControlPlanes
+) -> list[asyncio.Task[None]]:
+    """In cluster mode: the default tenant's control plane takes up its work once this
+    replica leads (`ControlPlanes.lead`)."""
+    if replica is None or replica.leader is None:
+        return []
+    loaded = replica.leader.loaded
+
+    async def lead() -> None:
+        await loaded.wait()
+        await controls.lead()
+
+    return [asyncio.create_task(lead(), name="apiary-runtime-lead")]
 
 
 def _lead(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -34,12 +35,14 @@ from apiary.core.cluster.leases import LeaseAction, Verdict
 from apiary.core.envelope import Envelope
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.deadlines import Sleep, pause_until
+from apiary.engine.hitl import Hitl
 from apiary.engine.registry import Registry
 from apiary.engine.router.router import Router
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.store.cluster import (
     DEREGISTERED,
     ENVELOPE,
+    HITL_CANCEL,
     LOST,
     READY,
     REGISTERED,
@@ -255,6 +258,10 @@ class Relay:
     async def envelope(self, endpoint: str, env: Envelope) -> None:
         await self._put(Relayed(ENVELOPE, env.producer_id, endpoint, self._codec.encode(env)))
 
+    async def hitl_cancel(self, invocation_id: str, by: str, reason: str) -> None:
+        """A HITL invocation withdrawn here, for the leader to cancel (when still pending)."""
+        await self._put(Relayed(HITL_CANCEL, invocation_id, json.dumps([by, reason])))
+
     async def streaming(self, agent_ids: list[str]) -> None:
         """The agents streaming on this replica, relayed as ready (a new leader's term)."""
         await self._store.relay(self._me, [Relayed(READY, a) for a in agent_ids])
@@ -273,10 +280,12 @@ class LeaderInbox:
         router: Router,
         sleep: Sleep,
         poll_s: float = INBOX_POLL_S,
+        hitl: Hitl | None = None,
     ) -> None:
         self._store = store
         self._lease = lease
         self._scheduler = scheduler
+        self._hitl = hitl
         self._registry = registry
         self._router = router
         self._sleep = sleep
@@ -342,6 +351,9 @@ class LeaderInbox:
             elif item.kind == DEREGISTERED:
                 await self._registry.refresh(agent)
                 await scheduler.agent_deregistered(agent)
+            elif item.kind == HITL_CANCEL and self._hitl is not None:
+                by, reason = json.loads(item.detail)
+                await self._hitl.cancel(agent, str(by), str(reason))
         except StoreError:
             raise  # (kept in the relay: applied again at the next pass)
         except Exception as exc:

@@ -50,8 +50,9 @@ class LeaderRole:
         self.lease = LeaderLease(store, me, lease_s, clock, sleep)
         self.relay = Relay(store, me, engine.router.codec)
         self.inbox = LeaderInbox(
-            store, self.lease, engine.scheduler, engine.registry, engine.router, sleep
-        )
+            store, self.lease, engine.scheduler, engine.registry, engine.router, sleep,
+            hitl=engine.hitl,
+        )  # fmt: skip
         self.forward_key = ""
         """The cluster's key for forwarded calls (`core.cluster.forwarding`)."""
         self.loaded = asyncio.Event()
