@@ -321,7 +321,9 @@ async def open_coordinator(
         replica = await optional.enter_async_context(
             open_replica(config.cluster, store, engine, runtime, f"grpc {config.grpc}")
         )
-        swarm = await _start_swarm(config, store, engine, runtime, swarm_client_tls, optional)
+        swarm = await _start_swarm(
+            config, store, engine, runtime, swarm_client_tls, optional, replica
+        )
         recovered = await load_engine(
             engine, recover_messages=replica is None, leader=replica is None
         )
@@ -550,10 +552,14 @@ async def _start_swarm(
     runtime: Runtime,
     client_tls: ssl.SSLContext | None,
     stack: AsyncExitStack,
+    replica: ClusterNode | None,
 ) -> SwarmPeer | None:
-    """The swarm peer of the [swarm] table, bridged to the router, for the stack's lifetime."""
+    """The swarm peer of the [swarm] table, bridged to the router, for the stack's lifetime;
+    in cluster mode its outbox retried by the leader only (docs/cluster.md, "The swarm
+    peer")."""
     if config.swarm is None:
         return None
+    leader = None if replica is None else replica.leader
     return await stack.enter_async_context(
         open_swarm_peer(
             config.swarm,
@@ -562,6 +568,7 @@ async def _start_swarm(
             clock=runtime.clock,
             ids=runtime.ids,
             ssl_context=client_tls,
+            retries_when=None if leader is None else leader.leads,
         )
     )
 
