@@ -60,10 +60,11 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     run = sql_postgres.run_statement
 
     async def counted(
-        conn: Connection, statement: Statement[Any], params: Sequence[Any] | None = None
-    ) -> Any:
+        conn: Connection, statement: Statement[Any], params: Sequence[Any] | None = None,
+        pipeline: Any = None,
+    ) -> Any:  # fmt: skip
         seen.append(POSTGRESQL.render(statement.sql))
-        return await run(conn, statement, params)
+        return await run(conn, statement, params, pipeline)
 
     monkeypatch.setattr(sql_postgres, "run_statement", counted)
     return seen

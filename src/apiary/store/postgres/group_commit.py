@@ -28,15 +28,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import psycopg
+
 from apiary.store.errors import StoreUnavailableError
-from apiary.store.postgres.pool import Connection, PostgresPool
+from apiary.store.postgres.pool import Connection, Pipeline, PostgresPool, store_error
 from apiary.store.postgres.rerun import aborted_by_conflict, rerun_when_aborted
 
 MAX_GROUP: Final = 256
 """The most jobs one transaction runs."""
 
-Grouped = Callable[[Connection], Awaitable[Any]]
-"""A job's statements, run on the group's connection inside its transaction."""
+Grouped = Callable[[Connection, Pipeline], Awaitable[Any]]
+"""A job's statements, run on the group's connection inside its transaction and pipeline."""
 Alone = Callable[[], Awaitable[Any]]
 """The same job as a transaction of its own (or a lone statement in autocommit)."""
 Outcome = tuple[Any, BaseException | None]
@@ -110,20 +112,32 @@ class GroupCommit:
         aborted the transaction for a conflict (the group runs again) or the connection
         went (the group fails)."""
         outcomes: list[Outcome] = []
-        async with self._pool.connection() as conn, conn.transaction():
+        async with (
+            self._pool.connection() as conn,
+            conn.pipeline() as pipeline,
+            conn.transaction(),
+        ):
             for job in group:
                 try:
                     async with conn.transaction():  # a savepoint
-                        outcomes.append((await job.grouped(conn), None))
+                        outcomes.append((await job.grouped(conn, pipeline), None))
+                except psycopg.Error as exc:  # (its savepoint's end, say)
+                    outcomes.append((None, _job_error(store_error(exc))))
                 except Exception as exc:
-                    if aborted_by_conflict(exc) or isinstance(exc, StoreUnavailableError):
-                        raise
-                    outcomes.append((None, exc))
+                    outcomes.append((None, _job_error(exc)))
         return outcomes
 
     def _count(self, jobs: int) -> None:
         self.commits += 1
         self.jobs += jobs
+
+
+def _job_error(error: Exception) -> Exception:
+    """A job's error, kept as its outcome; raised instead when the whole group must run
+    again (PostgreSQL aborted it for a conflict) or fails (the connection went)."""
+    if aborted_by_conflict(error) or isinstance(error, StoreUnavailableError):
+        raise error
+    return error
 
 
 def _settle(job: _Job, result: Any, error: BaseException | None) -> None:

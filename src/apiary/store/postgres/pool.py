@@ -47,6 +47,7 @@ class Backoff:
 
 
 Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
+Pipeline: TypeAlias = psycopg.AsyncPipeline
 
 
 class PostgresPool:
@@ -89,10 +90,8 @@ class PostgresPool:
             conn = self._idle.pop() if self._idle else await self._connect()
             try:
                 yield conn
-            except psycopg.OperationalError as exc:
-                raise StoreUnavailableError(f"PostgreSQL: {exc}") from exc
             except psycopg.Error as exc:
-                raise StoreError(f"PostgreSQL: {exc}") from exc
+                raise store_error(exc) from exc
             finally:
                 await self._give_back(conn)
 
@@ -134,6 +133,16 @@ class PostgresPool:
             self._idle.append(conn)
         else:
             await conn.close()
+
+
+def store_error(exc: psycopg.Error) -> StoreError:
+    """A psycopg error as the store's: StoreUnavailableError for a connection that could not
+    be made or was lost (retry), StoreError otherwise; the driver's error kept as the
+    cause."""
+    lost = isinstance(exc, psycopg.OperationalError)
+    error = (StoreUnavailableError if lost else StoreError)(f"PostgreSQL: {exc}")
+    error.__cause__ = exc
+    return error
 
 
 async def set_search_path(conn: Connection, schema: str) -> None:
