@@ -80,9 +80,11 @@ TenantReplicas = Callable[[str, Store, Engine], AbstractAsyncContextManager[Engi
 
 def tenant_replicas(node: ClusterNode, cluster: Store, runtime: Runtime) -> TenantReplicas:
     """How another tenant's engine becomes part of the replica `node` (the default tenant's,
-    on `cluster`): over the tenant's schema (its messages, its stream holders, its notes),
-    its deadlines fired by the owner of the agent's partition in the one lease table,
-    fenced by it (docs/cluster.md, "Tenants"). The tenant is recorded in the cluster's list,
+    on `cluster`): over the tenant's schema (its messages, its stream holders, its notes,
+    its relay to the leader), its deadlines fired by the owner of the agent's partition in
+    the one lease table, fenced by it, and its leader's components run by the one leader,
+    under its lease (`EngineReplica.leader`, which joins the terms once the tenant's engine
+    is loaded; docs/cluster.md, "Tenants"). The tenant is recorded in the cluster's list,
     for the other replicas to open it too (`follow_tenants`)."""
     assert isinstance(cluster, PostgresStore)
     leases = PostgresClusterLeases(cluster.pool)
@@ -102,12 +104,19 @@ def tenant_replicas(node: ClusterNode, cluster: Store, runtime: Runtime) -> Tena
             engine, store.messages, work, holders, node.keeper, runtime.clock, runtime.sleep,
             name=name,
         ) as part:  # fmt: skip
+            if node.leader is not None:
+                relay = PostgresClusterLeader(store.pool, cluster_schema=leases.schema)
+                part.leader = node.leader.tenant_part(tenant, relay, engine)
             node.tenants[tenant] = part
             await roster.add(tenant)  # every replica opens it too (`follow_tenants`)
             try:
                 yield part
             finally:
                 node.tenants.pop(tenant, None)
+                if part.leader is not None and node.leader is not None:
+                    if not part.halted:
+                        await part.leader.leave()
+                    node.leader.forget(tenant)
 
     return replicate
 

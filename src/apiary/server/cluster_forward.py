@@ -1,16 +1,18 @@
 """The calls of the leader's services, forwarded to the leader by the other replicas
 (docs/cluster.md, "The leader").
 
-In cluster mode the handlers of `LEADER_SERVICES` are wrapped (`LeaderRouted`): on the
-leader a call is served by the local handler; on another replica it is forwarded, after
-this replica's access guard admitted it, to the address the leader recorded, as the same
-method with the same request and metadata plus `FORWARD_KEY` (the principal established
-here, signed: `core.cluster.forwarding`), which the leader's authenticator accepts from
-replicas only. The leader's answer, or its error, is this call's. A call that arrives
-forwarded on a replica that no longer leads is not forwarded again: it is unavailable, for
-the caller to try again. Reads (`RETRIED`) are forwarded again to the next leader when the
-leader goes away mid-call, until the call's deadline; other calls answer unavailable then
-(the caller decides: a task submitted with its own task_id may be submitted again).
+In cluster mode the handlers of `LEADER_SERVICES` are wrapped (`LeaderRouted`), every
+tenant's: on the leader a call is served by the local handler of the tenant it acts in; on
+another replica it is forwarded, after this replica's access guard admitted it, to the
+address the leader recorded, as the same method with the same request and metadata plus
+`FORWARD_KEY` (the principal established here, signed: `core.cluster.forwarding`), which
+the leader's authenticator accepts from replicas only; the principal's tenant and the
+call's `apiary-tenant` go with it, so the leader serves it in the same tenant. The leader's
+answer, or its error, is this call's. A call that arrives forwarded on a replica that no
+longer leads is not forwarded again: it is unavailable, for the caller to try again. Reads
+(`RETRIED`) are forwarded again to the next leader when the leader goes away mid-call,
+until the call's deadline; other calls answer unavailable then (the caller decides: a task
+submitted with its own task_id may be submitted again).
 """
 
 from __future__ import annotations
@@ -91,14 +93,19 @@ class Forwarder:
         self._tls_root = tls_root
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    async def local(self) -> bool:
-        """Whether this replica serves the call: it leads now, its components loaded (a term
-        that has just begun is waited for while they load)."""
-        role = self._role
-        if role.lease.leads() and not role.loaded.is_set():
+    async def local(self, ctx: CallContext) -> bool:
+        """Whether this replica serves the call: it leads now, the components of the tenant
+        the call acts in loaded (a term that has just begun, or a tenant just opened here,
+        is waited for while they load). Forwarded, the call acts in the same tenant on the
+        leader: its principal and its `apiary-tenant` metadata go with it."""
+        role, tenant = self._role, ctx.tenant()
+        part = role.parts.get(tenant)
+        if part is None:
+            return False
+        if role.lease.leads() and not part.loaded.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(role.loaded.wait(), LEADER_WAIT_S)
-        return role.leads()
+                await asyncio.wait_for(part.loaded.wait(), LEADER_WAIT_S)
+        return role.leads(tenant)
 
     async def unary(self, method: RpcMethod, request: Message, ctx: CallContext) -> Message:
         loop = asyncio.get_running_loop()
@@ -228,7 +235,7 @@ class LeaderRouted:
         if method.server_streaming:
 
             async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:
-                items = local(request, ctx) if await forwarder.local() else None
+                items = local(request, ctx) if await forwarder.local(ctx) else None
                 if items is None:
                     items = forwarder.stream(method, request, ctx)
                 async for item in items:
@@ -237,7 +244,7 @@ class LeaderRouted:
             return stream
 
         async def unary(request: Message, ctx: CallContext) -> Message:
-            if await forwarder.local():
+            if await forwarder.local(ctx):
                 answer: Message = await local(request, ctx)
                 return answer
             return await forwarder.unary(method, request, ctx)

@@ -319,12 +319,14 @@ async def open_coordinator(
             cluster=replica,
         )  # fmt: skip
         checks = RequestChecks(config.limits)
-        handlers = _handlers(engine, runtime, checks, config.auth.secure)
-        _route_to_leader(handlers, replica, config, optional)
+        forwarder = _forwarder(replica, config, optional)
+        handlers = _leader_routed(_handlers(engine, runtime, checks, config.auth.secure), forwarder)
         default = config.auth.quota(DEFAULT_TENANT)
         tenancy = Tenancy(
             config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
-            lambda tenant_engine: _handlers(tenant_engine, runtime, checks, config.auth.secure),
+            lambda tenant_engine: _leader_routed(
+                _handlers(tenant_engine, runtime, checks, config.auth.secure), forwarder
+            ),
             _known_tenants(config, key_ring(config)),
             None if replica is None else tenant_replicas(replica, store, runtime),
         )  # fmt: skip
@@ -420,20 +422,26 @@ async def _stop_serving_once_taken(
     state.claim_taken.set()
 
 
-def _route_to_leader(
-    handlers: dict[str, object], replica: ClusterNode | None, config: ServerConfig,
-    stack: AsyncExitStack,
-) -> None:  # fmt: skip
-    """In cluster mode: the leader's services served here while this replica leads, else
-    forwarded to the leader (`server.cluster_forward`); `handlers` are changed in place, the
-    forwarder's channels closed with `stack`."""
+def _forwarder(
+    replica: ClusterNode | None, config: ServerConfig, stack: AsyncExitStack
+) -> Forwarder | None:
+    """In cluster mode, what forwards the leader's services' calls to the leader
+    (`server.cluster_forward`), its channels closed with `stack`; None otherwise."""
     if replica is None or replica.leader is None:
-        return
+        return None
     root = config.tls_cert.read_bytes() if config.tls_cert is not None else None
     forwarder = Forwarder(replica.leader, root)
     stack.push_async_callback(forwarder.close)
-    for service in LEADER_SERVICES:
-        handlers[service] = LeaderRouted(service, handlers[service], forwarder)
+    return forwarder
+
+
+def _leader_routed(handlers: dict[str, object], forwarder: Forwarder | None) -> dict[str, object]:
+    """`handlers` (the default tenant's or another's), with the leader's services served
+    here while this replica leads, else forwarded to the leader, in the same tenant."""
+    if forwarder is not None:
+        for service in LEADER_SERVICES:
+            handlers[service] = LeaderRouted(service, handlers[service], forwarder)
+    return handlers
 
 
 def _lead(

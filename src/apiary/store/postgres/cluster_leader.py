@@ -28,6 +28,7 @@ from apiary.core.clock import Clock
 from apiary.core.cluster.leases import Lease, LeaseAction, LeaseMachine
 from apiary.store.cluster import LEADER, FencedError, Leadership, LeaseOutcome, Me, Relayed
 from apiary.store.errors import StoreError
+from apiary.store.postgres.cluster import qualified
 from apiary.store.postgres.pool import Connection, PostgresPool, fetch_rows
 from apiary.store.postgres.store import DEFAULT_SCHEMA, split_schema_parameter
 
@@ -38,20 +39,25 @@ RELAY_NOTE: Final = "relay"
 """A note that something was relayed to the leader."""
 LEADER_PARTITION: Final = -1
 """The partition number the leader's lease goes by in the lease machine and its errors."""
-_ROW: Final = "SELECT owner, epoch, expires_at, address, forward_key FROM cluster_leader"
 
 
 class PostgresClusterLeader:
-    """The leader's row and the relay of one schema (module docstring)."""
+    """The leader's row and the relay of one schema (module docstring): the default
+    tenant's, or another tenant's relay under the leader's row of `cluster_schema` (None:
+    the pool's schema is the cluster's), on whose lease every tenant's relay is read."""
 
-    def __init__(self, pool: PostgresPool, clock: Clock | None = None) -> None:
+    def __init__(
+        self, pool: PostgresPool, clock: Clock | None = None, cluster_schema: str | None = None
+    ) -> None:
         self._pool = pool
         self._clock = clock
+        self._leader = qualified(cluster_schema or pool.schema, "cluster_leader")
+        self._row = f"SELECT owner, epoch, expires_at, address, forward_key FROM {self._leader}"
 
     async def seed(self, forward_key: str) -> Leadership:
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute(
-                "INSERT INTO cluster_leader (name, forward_key) VALUES (%s, %s)"
+                f"INSERT INTO {self._leader} (name, forward_key) VALUES (%s, %s)"
                 " ON CONFLICT (name) DO NOTHING",
                 [LEADER, forward_key],
             )
@@ -66,7 +72,7 @@ class PostgresClusterLeader:
             if step.verdict.granted:
                 term_begins = step.lease.epoch != found.lease.epoch
                 await conn.execute(
-                    "UPDATE cluster_leader SET owner = %s, epoch = %s, expires_at = %s,"
+                    f"UPDATE {self._leader} SET owner = %s, epoch = %s, expires_at = %s,"
                     " acquired_at = CASE WHEN %s THEN %s ELSE acquired_at END,"
                     " address = CASE WHEN %s THEN %s ELSE address END WHERE name = %s",
                     [
@@ -139,7 +145,7 @@ class PostgresClusterLeader:
     async def _fence(self, conn: Connection, me: Me, epoch: int) -> None:
         rows = await fetch_rows(
             conn,
-            "SELECT owner, epoch, expires_at FROM cluster_leader WHERE name = %s FOR KEY SHARE",
+            f"SELECT owner, epoch, expires_at FROM {self._leader} WHERE name = %s FOR KEY SHARE",
             [LEADER],
         )
         owner, found_epoch, expires_at = rows[0] if rows else (None, 0, 0.0)
@@ -148,7 +154,7 @@ class PostgresClusterLeader:
             raise FencedError(LEADER_PARTITION, epoch, found)
 
     async def _read(self, conn: Connection, lock: str) -> Leadership:
-        rows = await fetch_rows(conn, f"{_ROW} WHERE name = %s{lock}", [LEADER])
+        rows = await fetch_rows(conn, f"{self._row} WHERE name = %s{lock}", [LEADER])
         if not rows:
             raise StoreError("the cluster has no leader row: a replica seeds it as it joins")
         owner, epoch, expires_at, address, key = rows[0]

@@ -1,0 +1,270 @@
+"""Every tenant's leader's components on the cluster's leader only (docs/cluster.md, "The
+leader" and "Tenants"): three secure coordinators serving one PostgreSQL schema as
+replicas, each with the engines of tenants acme and globex over their own schemas.
+
+- A task of acme submitted through one follower runs once on acme's agent streaming on the
+  other follower, its result read through the leader; only the leader's acme Scheduler
+  holds it (the followers' relay), and its status is read through every replica.
+- A leader that stops without releasing anything (as a killed process) is replaced; the
+  new leader loads acme's tasks from acme's schema: the task running and the one waiting
+  behind it both end, each run once.
+- The forwarding path keeps each call in its tenant: acme's application reaches none of
+  globex's tasks through a follower (answered as a task that does not exist, or refused
+  for naming globex), and the leader refuses a forwarded call whose signed principal is
+  acme's but which names globex.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import grpc
+import psycopg
+import pytest
+from psycopg import sql
+
+import apiary
+from apiary.core.access.principal import TENANT_KEY, Mechanism, Principal, PrincipalKind
+from apiary.core.cluster.forwarding import FORWARD_KEY, Forwarded, sign_forward
+from apiary.engine.cluster.leader_role import LeaderRole
+from apiary.engine.cluster.settings import ClusterSettings
+from apiary.sdk.credentials import ClientCredentials
+from apiary.server.auth.keys import credentials_path
+from apiary.server.auth.settings import AuthSettings
+from apiary.server.coordinator import Coordinator
+from apiary.server.inprocess import open_test_coordinator
+from apiary.store.open import tenant_schema
+from apiary.wire import pb
+from tests.security.tenant_harness import ACME, GLOBEX, create_keys, refusal_of
+
+pytestmark = pytest.mark.postgres
+
+WAIT_S = 30.0
+PARTITIONS = 8
+LEASE_S = 1.5
+SCOPE = "repo:app"
+GET_TASK = "/apiary.v1.TaskQueryService/GetTask"
+
+
+async def _until(condition: Callable[[], bool], what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"never: {what}")
+        await asyncio.sleep(0.02)
+
+
+def _role(replica: Coordinator) -> LeaderRole:
+    assert replica.cluster is not None and replica.cluster.leader is not None
+    return replica.cluster.leader
+
+
+def _scheduler(replica: Coordinator, tenant: str = ACME) -> Any:
+    assert replica.tenancy is not None
+    opened = replica.tenancy.opened(tenant)
+    assert opened is not None, f"{tenant} is not open on a replica"
+    return opened.engine.scheduler
+
+
+@pytest.fixture
+def url(postgres_dsn: str, postgres_schema: str) -> AsyncIterator[str]:
+    yield f"{postgres_dsn}?apiary_schema={postgres_schema}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        for tenant in (ACME, GLOBEX):
+            schema = tenant_schema(postgres_schema, tenant)
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+
+
+@asynccontextmanager
+async def _three(
+    tmp_path: Path, url: str
+) -> AsyncIterator[tuple[list[Coordinator], dict[str, str]]]:
+    """Three secure replicas sharing one key ring, the leader first, once it leads acme's
+    and globex's components too; and every principal's key."""
+    keys = create_keys(tmp_path / "a")
+    for name in "bc":
+        (tmp_path / name).mkdir()
+        shutil.copy2(credentials_path(tmp_path / "a"), credentials_path(tmp_path / name))
+    async with AsyncExitStack() as stack:
+        replicas = [
+            await stack.enter_async_context(
+                open_test_coordinator(
+                    tmp_path / name,
+                    url,
+                    cluster=ClusterSettings(True, name, LEASE_S, PARTITIONS),
+                    auth=AuthSettings(secure=True),
+                )  # fmt: skip
+            )
+            for name in "abc"
+        ]
+        await _until(
+            lambda: (
+                sum(_role(r).leads() for r in replicas) == 1
+                and all(_role(r).lease.address for r in replicas)
+            ),
+            "one leader, seen by every replica",
+        )
+        replicas.sort(key=lambda r: not _role(r).leads())
+        leader = _role(replicas[0])
+        await _until(lambda: leader.leads(ACME) and leader.leads(GLOBEX), "it leads the tenants")
+        yield replicas, keys
+
+
+def _as(keys: dict[str, str], who: str) -> ClientCredentials:
+    return ClientCredentials(api_key=keys[who])
+
+
+class Holder(apiary.Agent):
+    """acme's agent alice: holds each task until released (one at a time)."""
+
+    agent_id = "alice"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.ran: list[str] = []
+
+    async def on_task(self, task: apiary.TaskContext) -> object:
+        self.ran.append(task.task_id)
+        self.started.set()
+        await self.release.wait()
+        return {"twice": task.json()["n"] * 2}
+
+
+@asynccontextmanager
+async def _running(agent: apiary.Agent) -> AsyncIterator[None]:
+    job = asyncio.create_task(agent.run())
+    try:
+        await _until(lambda: agent._runner is not None, f"{agent.agent_id} runs")
+        yield
+    finally:
+        job.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await job
+
+
+async def test_a_tenants_task_submitted_through_a_follower_runs_once_dispatched_by_the_leader(
+    tmp_path: Path, url: str
+) -> None:
+    async with _three(tmp_path, url) as ((leader, f1, f2), keys):
+        agent = Holder(coordinator=str(f1.grpc_address), credentials=_as(keys, "alice@acme"))
+        async with (
+            _running(agent),
+            apiary.Client(str(f2.grpc_address), credentials=_as(keys, "app@acme")) as submitter,
+            apiary.Client(str(leader.grpc_address), credentials=_as(keys, "app@acme")) as waiter,
+            apiary.Client(str(f1.grpc_address), credentials=_as(keys, "app@acme")) as other,
+        ):
+            handle = await submitter.submit_task("alice", {"n": 21}, scope=SCOPE, task_id="t-1")
+            await asyncio.wait_for(agent.started.wait(), WAIT_S)
+            # Only the leader's acme Scheduler holds the task; the followers' relay.
+            assert _scheduler(leader).get("t-1") is not None
+            for follower in (f1, f2):
+                assert _scheduler(follower).get("t-1") is None
+                assert _scheduler(follower).deputy is not None
+            assert _scheduler(leader).deputy is None
+            agent.release.set()
+            assert await waiter.task(handle.task_id).result(timeout=WAIT_S) == {"twice": 42}
+            for client in (submitter, other):
+                status = await client.task("t-1").status()
+                assert (status.state, status.agent_id) == ("COMPLETED", "alice")
+        assert agent.ran == ["t-1"]
+        # The default tenant's Scheduler knows nothing of it, on any replica.
+        for replica in (leader, f1, f2):
+            assert replica.scheduler is not None
+            assert replica.scheduler.get("t-1") is None
+            assert await replica.store.tasks.get("t-1") is None
+
+
+async def test_a_killed_leader_is_replaced_and_the_next_runs_the_tenants_pending_tasks(
+    tmp_path: Path, url: str
+) -> None:
+    async with _three(tmp_path, url) as ((leader, f1, f2), keys):
+        agent = Holder(coordinator=str(f1.grpc_address), credentials=_as(keys, "alice@acme"))
+        async with (
+            _running(agent),
+            apiary.Client(str(f2.grpc_address), credentials=_as(keys, "app@acme")) as client,
+        ):
+            running = await client.submit_task("alice", {"n": 1}, scope=SCOPE, task_id="t-k")
+            await asyncio.wait_for(agent.started.wait(), WAIT_S)
+            waiting = await client.submit_task("alice", {"n": 2}, scope=SCOPE, task_id="t-p")
+            assert (await waiting.status()).state == "QUEUED"
+            assert leader.cluster is not None
+            leader.cluster.halt()  # (as SIGKILL: nothing released)
+            started = time.monotonic()
+            await _until(
+                lambda: _role(f1).leads(ACME) or _role(f2).leads(ACME), "a new leader of acme"
+            )
+            print(f"acme led again after {time.monotonic() - started:.2f} s (lease_s {LEASE_S})")
+            successor = f1 if _role(f1).leads(ACME) else f2
+            assert _scheduler(successor).get("t-p") is not None  # (loaded from acme's schema)
+            agent.release.set()
+            assert await running.result(timeout=WAIT_S) == {"twice": 2}
+            assert await waiting.result(timeout=WAIT_S) == {"twice": 4}
+            after = await client.submit_task("alice", {"n": 3}, scope=SCOPE, task_id="t-l")
+            assert await after.result(timeout=WAIT_S) == {"twice": 6}
+        assert agent.ran == ["t-k", "t-p", "t-l"]
+
+
+def _forwarded(key: str, principal: Principal) -> str:
+    forwarded = Forwarded(principal, "x", int(time.time() * 1000), secrets.token_hex(8))
+    return sign_forward(key, GET_TASK, forwarded)
+
+
+async def _get_task(address: str, task_id: str, metadata: list[tuple[str, str]]) -> Any:
+    """GetTask's answer, or its refusal."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb.apiary_pb2_grpc.TaskQueryServiceStub(channel)
+        try:
+            return await stub.GetTask(
+                pb.apiary_pb2.GetTaskRequest(task_id=task_id), metadata=metadata
+            )
+        except grpc.aio.AioRpcError as exc:
+            return refusal_of(exc)
+
+
+async def test_the_forwarding_path_keeps_a_call_in_its_principals_tenant(
+    tmp_path: Path, url: str
+) -> None:
+    async with _three(tmp_path, url) as ((leader, f1, _f2), keys):
+        async with apiary.Client(
+            str(f1.grpc_address), credentials=_as(keys, "bob@globex")
+        ) as globex:
+            await globex.submit_task(capability="review", scope=SCOPE, task_id="t-globex")
+        assert _scheduler(leader, GLOBEX).get("t-globex") is not None
+        acme = [("authorization", f"Bearer {keys['app@acme']}")]
+        bob = [("authorization", f"Bearer {keys['bob@globex']}")]
+        for replica in (f1, leader):
+            address = str(replica.grpc_address)
+            # globex's submitter reads its task through either; acme's application finds
+            # none, exactly as for a task that does not exist.
+            found = await _get_task(address, "t-globex", bob)
+            assert found.task_id == "t-globex"
+            hidden = await _get_task(address, "t-globex", acme)
+            missing = await _get_task(address, "t-nothing", acme)
+            assert hidden.naming("t-globex") == missing.naming("t-nothing")
+            assert hidden.status is grpc.StatusCode.NOT_FOUND
+            # Naming globex is refused to acme's application.
+            named = await _get_task(address, "t-globex", [*acme, (TENANT_KEY, GLOBEX)])
+            assert (named.status, named.details.get("field")) == (
+                grpc.StatusCode.PERMISSION_DENIED,
+                TENANT_KEY,
+            )
+        # A forwarded call is in its signed principal's tenant on the leader too: acme's
+        # principal naming globex is refused there, and finds no globex task without it.
+        app = Principal(PrincipalKind.APPLICATION, "app", ACME, mechanism=Mechanism.API_KEY)
+        key, address = _role(leader).forward_key, str(leader.grpc_address)
+        signed = [(FORWARD_KEY, _forwarded(key, app)), (TENANT_KEY, GLOBEX)]
+        named = await _get_task(address, "t-globex", signed)
+        assert named.status is grpc.StatusCode.PERMISSION_DENIED
+        plain = await _get_task(address, "t-globex", [(FORWARD_KEY, _forwarded(key, app))])
+        assert plain.status is grpc.StatusCode.NOT_FOUND
