@@ -1,6 +1,7 @@
 """Every tenant's leader's components on the cluster's leader only (docs/cluster.md, "The
-leader" and "Tenants"): three secure coordinators serving one PostgreSQL schema as
-replicas, each with the engines of tenants acme and globex over their own schemas.
+leader" and "Tenants"): three (or two) secure coordinators serving one PostgreSQL schema as
+replicas, each with the engines of the tenants their key ring names (acme, and globex)
+over their own schemas.
 
 - A task of acme submitted through one follower runs once on acme's agent streaming on the
   other follower, its result read through the leader; only the leader's acme Scheduler
@@ -21,7 +22,7 @@ import contextlib
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -37,13 +38,13 @@ from apiary.core.cluster.forwarding import FORWARD_KEY, Forwarded, sign_forward
 from apiary.engine.cluster.leader_role import LeaderRole
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.sdk.credentials import ClientCredentials
-from apiary.server.auth.keys import credentials_path
+from apiary.server.auth.keys import KeyRing, credentials_path
 from apiary.server.auth.settings import AuthSettings
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.store.open import tenant_schema
 from apiary.wire import pb
-from tests.security.tenant_harness import ACME, GLOBEX, create_keys, refusal_of
+from tests.security.tenant_harness import ACME, GLOBEX, PRINCIPALS, refusal_of
 
 pytestmark = pytest.mark.postgres
 
@@ -76,7 +77,7 @@ def _scheduler(replica: Coordinator, tenant: str = ACME) -> Any:
 
 
 @pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> AsyncIterator[str]:
+def url(postgres_dsn: str, postgres_schema: str) -> Iterator[str]:
     yield f"{postgres_dsn}?apiary_schema={postgres_schema}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         for tenant in (ACME, GLOBEX):
@@ -84,27 +85,35 @@ def url(postgres_dsn: str, postgres_schema: str) -> AsyncIterator[str]:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
 
 
+def _keys(data_dir: Path, tenants: tuple[str, ...]) -> dict[str, str]:
+    """An API key for each principal of PRINCIPALS in `tenants` (a tenant named by no key
+    is not opened: fewer connections to the shared server)."""
+    ring = KeyRing(credentials_path(data_dir))
+    return {
+        who: ring.create(kind, name, tenant=tenant, roles=roles, now=time.time())[1]
+        for who, (kind, name, tenant, roles) in PRINCIPALS.items()
+        if tenant in tenants
+    }
+
+
+def _replica(data_dir: Path, url: str, name: str) -> Any:
+    settings = ClusterSettings(True, name, LEASE_S, PARTITIONS)
+    return open_test_coordinator(data_dir, url, cluster=settings, auth=AuthSettings(secure=True))
+
+
 @asynccontextmanager
-async def _three(
-    tmp_path: Path, url: str
+async def _cluster(
+    tmp_path: Path, url: str, names: str = "abc", tenants: tuple[str, ...] = (ACME,)
 ) -> AsyncIterator[tuple[list[Coordinator], dict[str, str]]]:
-    """Three secure replicas sharing one key ring, the leader first, once it leads acme's
-    and globex's components too; and every principal's key."""
-    keys = create_keys(tmp_path / "a")
-    for name in "bc":
+    """Secure replicas (one per letter of `names`) sharing one key ring, which names
+    `tenants`; the leader first, once it leads their components too; and the keys."""
+    keys = _keys(tmp_path / names[0], tenants)
+    for name in names[1:]:
         (tmp_path / name).mkdir()
-        shutil.copy2(credentials_path(tmp_path / "a"), credentials_path(tmp_path / name))
+        shutil.copy2(credentials_path(tmp_path / names[0]), credentials_path(tmp_path / name))
     async with AsyncExitStack() as stack:
         replicas = [
-            await stack.enter_async_context(
-                open_test_coordinator(
-                    tmp_path / name,
-                    url,
-                    cluster=ClusterSettings(True, name, LEASE_S, PARTITIONS),
-                    auth=AuthSettings(secure=True),
-                )  # fmt: skip
-            )
-            for name in "abc"
+            await stack.enter_async_context(_replica(tmp_path / name, url, name)) for name in names
         ]
         await _until(
             lambda: (
@@ -115,7 +124,7 @@ async def _three(
         )
         replicas.sort(key=lambda r: not _role(r).leads())
         leader = _role(replicas[0])
-        await _until(lambda: leader.leads(ACME) and leader.leads(GLOBEX), "it leads the tenants")
+        await _until(lambda: all(leader.leads(t) for t in tenants), "it leads the tenants")
         yield replicas, keys
 
 
@@ -156,7 +165,7 @@ async def _running(agent: apiary.Agent) -> AsyncIterator[None]:
 async def test_a_tenants_task_submitted_through_a_follower_runs_once_dispatched_by_the_leader(
     tmp_path: Path, url: str
 ) -> None:
-    async with _three(tmp_path, url) as ((leader, f1, f2), keys):
+    async with _cluster(tmp_path, url) as ((leader, f1, f2), keys):
         agent = Holder(coordinator=str(f1.grpc_address), credentials=_as(keys, "alice@acme"))
         async with (
             _running(agent),
@@ -188,7 +197,7 @@ async def test_a_tenants_task_submitted_through_a_follower_runs_once_dispatched_
 async def test_a_killed_leader_is_replaced_and_the_next_runs_the_tenants_pending_tasks(
     tmp_path: Path, url: str
 ) -> None:
-    async with _three(tmp_path, url) as ((leader, f1, f2), keys):
+    async with _cluster(tmp_path, url) as ((leader, f1, f2), keys):
         agent = Holder(coordinator=str(f1.grpc_address), credentials=_as(keys, "alice@acme"))
         async with (
             _running(agent),
@@ -235,7 +244,7 @@ async def _get_task(address: str, task_id: str, metadata: list[tuple[str, str]])
 async def test_the_forwarding_path_keeps_a_call_in_its_principals_tenant(
     tmp_path: Path, url: str
 ) -> None:
-    async with _three(tmp_path, url) as ((leader, f1, _f2), keys):
+    async with _cluster(tmp_path, url, "ab", (ACME, GLOBEX)) as ((leader, f1), keys):
         async with apiary.Client(
             str(f1.grpc_address), credentials=_as(keys, "bob@globex")
         ) as globex:
@@ -268,3 +277,42 @@ async def test_the_forwarding_path_keeps_a_call_in_its_principals_tenant(
         assert named.status is grpc.StatusCode.PERMISSION_DENIED
         plain = await _get_task(address, "t-globex", [(FORWARD_KEY, _forwarded(key, app))])
         assert plain.status is grpc.StatusCode.NOT_FOUND
+
+
+async def test_a_tenants_escalation_opened_through_one_follower_is_decided_through_another(
+    tmp_path: Path, url: str
+) -> None:
+    """acme's HITL runs on the leader: an invocation opened by acme's operator through one
+    follower is held by the leader's acme HITL only, listed and decided through the other
+    follower."""
+    a = pb.apiary_pb2
+    async with (
+        _cluster(tmp_path, url) as ((leader, f1, f2), keys),
+        grpc.aio.insecure_channel(str(f1.grpc_address)) as one,
+        grpc.aio.insecure_channel(str(f2.grpc_address)) as two,
+    ):
+        ops = (("authorization", f"Bearer {keys['ops@acme']}"),)
+        opened = await pb.apiary_pb2_grpc.HitlOperatorServiceStub(one).Escalate(
+            a.EscalateRequest(reason_type="SECURITY_APPROVAL", requested_by="planner"),
+            metadata=ops,
+        )
+        assert leader.tenancy is not None and f1.tenancy is not None
+        on_leader = leader.tenancy.opened(ACME)
+        on_f1 = f1.tenancy.opened(ACME)
+        assert on_leader is not None and on_f1 is not None
+        held = {r.invocation_id for r in await on_leader.engine.hitl.list()}
+        assert opened.invocation_id in held
+        assert opened.invocation_id not in {r.invocation_id for r in await on_f1.engine.hitl.list()}
+        waiting = asyncio.create_task(on_leader.engine.hitl.wait(opened.invocation_id))
+        listed = await pb.apiary_pb2_grpc.HitlOperatorServiceStub(two).List(
+            a.ListInvocationsRequest(), metadata=ops
+        )
+        assert opened.invocation_id in {i.invocation_id for i in listed.invocations}
+        await pb.apiary_pb2_grpc.HitlOperatorServiceStub(two).Decide(
+            a.DecideInvocationRequest(
+                invocation_id=opened.invocation_id, action="approve", rationale="ok"
+            ),
+            metadata=ops,
+        )
+        decided = await asyncio.wait_for(waiting, WAIT_S)
+        assert decided.state != "PENDING"

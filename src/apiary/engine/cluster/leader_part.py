@@ -57,6 +57,8 @@ class LeaderPart:
         """The load under way and the leader's loops while it leads."""
         self._loops: list[asyncio.Task[None]] = []
         self._loading = False
+        self._ready = False
+        """Whether the components were loaded (they are once, in the first term led)."""
         self._store = store
         self._engine = engine
         self._clock = clock
@@ -100,6 +102,7 @@ class LeaderPart:
         engine = self._engine
         try:
             await load_leader_parts(engine)
+            self._ready = True
         finally:
             self._loading = False
         if self.lease.suspended or self._lost.is_set() or not self.joined:
@@ -126,6 +129,11 @@ class LeaderPart:
         components' memory is still the truth."""
         if self._loading or self._lost.is_set() or not self.joined:
             return  # (`_load` starts it when it is done)
+        if not self._ready:  # (it joined while the term was suspended: loaded now)
+            epoch = self.lease.epoch()
+            if epoch is not None:
+                await self.lead(epoch)
+            return
         self._serve_endpoints()
         self._start_loops()
         self.loaded.set()
