@@ -291,7 +291,8 @@ def test_certificates_carry_their_names_key_usages_and_p256_keys(certs: DevCerti
         ipaddress.ip_address("::1"),
     ]
     usage = server.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
-    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    # (client authentication too: a replica presents it to an mTLS leader)
+    assert list(usage) == [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
     for client in certs.clients:
         certificate = _load(client.cert)
         certificate.verify_directly_issued_by(ca)

@@ -451,3 +451,62 @@ async def test_a_room_proposal_submitted_through_one_follower_is_read_through_an
             pb.apiary_pb2.GetRoomProposalRequest(artifact_id="art-1")
         )
         assert (found.proposal.artifact_id, found.state) == ("art-1", "OPEN")
+
+
+async def _agent_state(address: str, agent_id: str) -> tuple[str, str]:
+    """The agent's state through DiscoveryService at `address`: (GetAgent, ListAgents)."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = pb.apiary_pb2_grpc.DiscoveryServiceStub(channel)
+        one = await stub.GetAgent(pb.apiary_pb2.GetAgentRequest(agent_id=agent_id))
+        listed = await stub.ListAgents(pb.apiary_pb2.ListAgentsRequest())
+    (found,) = [a.state for a in listed.agents if a.descriptor.agent_id == agent_id]
+    return one.state, found
+
+
+async def _metrics(replica: Coordinator) -> str:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://{replica.http_address}/metrics") as response,
+    ):
+        assert response.status == 200
+        return await response.text()
+
+
+async def test_agent_states_read_through_any_replica_are_the_leaders(
+    tmp_path: Path, url: str
+) -> None:
+    """The lifecycle of an agent streaming on one follower is on the leader: DiscoveryService
+    on every replica shows it (RUNNING its task, then SUSPENDED by an operator through the
+    other follower); /metrics shows the Scheduler's figures on the leader only."""
+    async with _three(tmp_path, url) as (leader, f1, f2):
+        assert leader.scheduler is not None and f2.scheduler is not None
+        lifecycles = leader.scheduler.lifecycles
+        agent = Holder(coordinator=str(f1.grpc_address))
+        async with (
+            _running(agent),
+            apiary.Client(str(f2.grpc_address), agent_id="app") as client,
+        ):
+            handle = await client.submit_task("holder", {"n": 1}, scope=SCOPE, task_id="t-s")
+            await asyncio.wait_for(agent.started.wait(), WAIT_S)
+            await _until(lambda: str(lifecycles.state("holder")) == "RUNNING", "running")
+            assert f2.scheduler.lifecycles.state("holder") is None  # (idle off the leader)
+            for replica in (leader, f1, f2):
+                assert await _agent_state(str(replica.grpc_address), "holder") == (
+                    "RUNNING", "RUNNING",
+                )  # fmt: skip
+            async with grpc.aio.insecure_channel(str(f2.grpc_address)) as channel:
+                control = pb.apiary_pb2_grpc.AgentControlServiceStub(channel)
+                request = pb.apiary_pb2.AgentControlRequest(agent_id="holder", reason="test")
+                assert (await control.Suspend(request)).state == "SUSPENDED"
+            for replica in (f1, f2):
+                assert await _agent_state(str(replica.grpc_address), "holder") == (
+                    "SUSPENDED", "SUSPENDED",
+                )  # fmt: skip
+            assert handle.task_id == "t-s"
+        leading, following = await _metrics(leader), await _metrics(f1)
+        assert "apiary_cluster_leader 1.0" in leading
+        assert "apiary_cluster_leader 0.0" in following
+        for family in ("apiary_scheduler_tasks", "apiary_activity_buffer_entries"):
+            assert f"# TYPE {family} gauge" in leading
+            assert f"# TYPE {family} " not in following
+        assert "# TYPE apiary_router_inbound_queue_depth gauge" in following  # (its own)

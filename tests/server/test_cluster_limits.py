@@ -4,24 +4,29 @@ buffer fills with the messages both replicas admitted for it, and the one past i
 is refused buffer_full whichever replica admits it; a producer's credits at an agent are
 counted over both, and a credit comes back when the agent acknowledges on either; a message
 waiting past `max_age_s` for an agent with no stream on any replica fails once, on the
-owner of its partition, and one whose agent streams on the other replica does not."""
+owner of its partition, and one whose agent streams on the other replica does not; a
+tenant's `queued_messages` quota counts the messages admitted on both."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+import grpc
 import pytest
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
 from apiary.core.records import MessageState
 from apiary.engine.router.admission import Outbound, SendOutcome
 from apiary.engine.settings import RouterSettings
+from apiary.server.auth.settings import AuthSettings, Quota
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
+from apiary.wire import pb
 from tests.server.test_cluster_replicas import (
     PARTITIONS,
     _ack,
@@ -32,6 +37,7 @@ from tests.server.test_cluster_replicas import (
     _stop,
     _until,
 )
+from tests.server.wire_client import envelope, error_detail
 
 pytestmark = pytest.mark.postgres
 
@@ -148,3 +154,80 @@ async def test_a_message_past_the_maximum_age_fails_once_on_its_partitions_owner
         fired = [r.cluster.timers.fired for r in (a, b) if r.cluster is not None]
         assert sorted(fired) == [0, 1]
         await _stop(alice)
+
+
+async def _send_over_grpc(replica: Coordinator, producer: str, to: str) -> str:
+    """What SendMessage through `replica` answers: 'accepted', or the error's code, limit
+    and message."""
+    async with grpc.aio.insecure_channel(str(replica.grpc_address)) as channel:
+        router = pb.router_pb2_grpc.RouterServiceStub(channel)
+        try:
+            reply = await router.SendMessage(
+                pb.router_pb2.SendMessageRequest(msg=envelope(producer, {"n": 1})),
+                metadata=(("sw4rm-recipient", to),),
+            )
+        except grpc.aio.AioRpcError as exc:
+            detail = error_detail(exc)
+            return f"{detail.error_code} {detail.details['limit']}: {detail.message}"
+    return "accepted" if reply.accepted else f"refused: {reply.reason}"
+
+
+async def test_a_tenants_queued_messages_quota_is_counted_over_both_replicas(
+    tmp_path: Path, url: str
+) -> None:
+    """The tenant's messages admitted on either replica count: at its quota on A, it is
+    refused on B (to another recipient), with the quota's error; a message read makes room."""
+    auth = AuthSettings(quotas={"*": Quota(queued_messages=2)})
+    async with AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_test_coordinator(tmp_path / name, url, cluster=_settings(name), auth=auth)
+            )
+            for name in ("a", "b")
+        ]
+        for agent in ("alice", "bob", "carol"):
+            await _register(a, agent)
+        await _until(lambda: b.registry.known("carol") is not None, "B knows carol")
+        assert await _send_over_grpc(a, "alice", "bob") == "accepted"
+        first_on_b = await _send_over_grpc(b, "alice", "carol")
+        assert first_on_b == "accepted"
+        for replica, to in ((a, "bob"), (b, "carol"), (b, "bob")):
+            refused = await _send_over_grpc(replica, "alice", to)
+            used = "tenant default has used its queued_messages quota (2 of 2)"
+            assert refused.startswith(f"quota_exceeded queued_messages: {used}"), refused
+        # Neither replica holds the messages in memory (no stream): the store counted.
+        assert a.router.queued() == b.router.queued() == 0
+        # What the coordinator produces itself (not a client's call: a Scheduler's
+        # dispatch) is not refused by the quota, as on one coordinator; it counts.
+        assert (await _offer(b, "alice", "bob")).accepted
+        # bob reads his two messages (through A): 1 of 2 queued, room again, on B.
+        for message in await a.store.messages.inbox("bob"):
+            await _ack(a, "bob", message.message_id, AckStage.READ)
+        assert await _send_over_grpc(b, "alice", "carol") == "accepted"
+        assert (await _send_over_grpc(a, "alice", "bob")).startswith("quota_exceeded")
+
+
+async def test_admissions_at_once_on_both_replicas_never_pass_the_quota(
+    tmp_path: Path, url: str
+) -> None:
+    """Sends to different recipients (whose offset counters do not serialize them) at once
+    through both replicas: the quota's row lock does, so exactly the quota is admitted."""
+    auth = AuthSettings(quotas={"*": Quota(queued_messages=4)})
+    recipients = [f"r{i}" for i in range(12)]
+    async with AsyncExitStack() as stack:
+        a, b = [
+            await stack.enter_async_context(
+                open_test_coordinator(tmp_path / name, url, cluster=_settings(name), auth=auth)
+            )
+            for name in ("a", "b")
+        ]
+        for agent in ("alice", *recipients):
+            await _register(a, agent)
+        await _until(lambda: b.registry.known(recipients[-1]) is not None, "B knows them")
+        answers = await asyncio.gather(*(
+            _send_over_grpc((a, b)[i % 2], "alice", to) for i, to in enumerate(recipients)
+        ))  # fmt: skip
+        assert answers.count("accepted") == 4, answers
+        assert all(x == "accepted" or x.startswith("quota_exceeded") for x in answers), answers
+        stored = [len(await a.store.messages.inbox(to)) for to in recipients]
+        assert sum(stored) == 4

@@ -49,3 +49,14 @@ def test_the_window_counts_every_producer_in_flight() -> None:
     bound = AdmissionBound(window=3)
     in_flight = {("bob", "alice"): 2, ("bob", "carol"): 1}
     assert exceeding([(0, "bob", "dave", bound)], {}, in_flight) == {0: ("window_exhausted", 3, 3)}
+
+
+def test_the_tenants_queued_quota_counts_every_recipient_and_comes_first() -> None:
+    quota = AdmissionBound(capacity=1, queued=3)
+    members = [
+        (0, "bob", "alice", quota),  # 2 stored elsewhere + this: 3
+        (1, "erin", "alice", AdmissionBound()),  # held to nothing, admitted: it counts
+        (2, "carol", "alice", quota),  # the quota (4 of 3) before carol's capacity
+    ]
+    refused = exceeding(members, {"carol": 1}, {}, tenant_queued=2)
+    assert refused == {2: ("queued_messages", 4, 3)}

@@ -516,6 +516,34 @@ def test_tls_settings_go_together_and_must_be_readable(
     assert caught.value.details["field"] == field
 
 
+@pytest.mark.parametrize(
+    ("cluster", "tls", "field"),
+    [
+        ('client_cert = "CERT"', True, "cluster.client_key"),
+        ('client_key = "KEY"', True, "cluster.client_cert"),
+        ('client_cert = "CERT"\nclient_key = "KEY"', False, "cluster.client_cert"),
+        ('client_cert = "CERT"\nclient_key = "missing.pem"', True, "cluster.client_key"),
+    ],
+)
+def test_a_replicas_client_certificate_takes_its_key_tls_and_readable_files(
+    tmp_path: Path, cluster: str, tls: bool, field: str
+) -> None:
+    (tmp_path / "cert.pem").write_text("certificate")
+    (tmp_path / "key.pem").write_text("key")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    table = cluster.replace("CERT", str(cert)).replace("KEY", str(key))
+    table = table.replace("missing.pem", str(tmp_path / "missing.pem"))
+    path = tmp_path / "apiary.toml"
+    path.write_text(f"[cluster]\n{table}\n")
+    flags = {"tls_cert": str(cert), "tls_key": str(key)} if tls else {}
+    with pytest.raises(ValidationError) as caught:
+        load_config(path, {}, flags)
+    assert caught.value.details["field"] == field
+    path.write_text(f'[cluster]\nclient_cert = "{cert}"\nclient_key = "{key}"\n')
+    loaded = load_config(path, {}, {"tls_cert": str(cert), "tls_key": str(key)}).cluster
+    assert (loaded.client_cert, loaded.client_key) == (cert, key)
+
+
 @pytest.mark.conformance("security.signing.required-cross-network")
 def test_serve_refuses_a_non_loopback_address_without_signing(tmp_path: Path) -> None:
     done = subprocess.run(

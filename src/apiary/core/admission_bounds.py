@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 from apiary.core.envelope import MessageType
+from apiary.core.quota import QUEUED_MESSAGES
 from apiary.core.records import AdmissionBound, MessageState
 
 NOTICE_PRODUCER: Final = "coordinator"
@@ -44,10 +45,13 @@ def exceeding(
     members: Sequence[Member],
     buffered: Mapping[str, int],
     in_flight: Mapping[tuple[str, str], int],
+    tenant_queued: int = 0,
 ) -> dict[int, tuple[str, int, int]]:
     """The members past a limit, by index: (the limit's name, the count, the limit), given
-    what is stored: `buffered` by recipient, `in_flight` by (recipient, producer). Members
-    are taken in order, each one admitted counting for the next."""
+    what is stored: `buffered` by recipient, `in_flight` by (recipient, producer), and
+    `tenant_queued` buffered to any recipient (the tenant's `queued_messages` quota, checked
+    first: on one coordinator it refuses the call before routing). Members are taken in
+    order, each one admitted counting for the next."""
     queued: Counter[str] = Counter(buffered)
     held: Counter[tuple[str, str]] = Counter(in_flight)
     total: Counter[str] = Counter()
@@ -56,7 +60,9 @@ def exceeding(
     refused: dict[int, tuple[str, int, int]] = {}
     for index, recipient, producer, bound in members:
         pair = (recipient, producer)
-        if bound.capacity and queued[recipient] >= bound.capacity:
+        if bound.queued and tenant_queued >= bound.queued:
+            refused[index] = (QUEUED_MESSAGES, tenant_queued, bound.queued)
+        elif bound.capacity and queued[recipient] >= bound.capacity:
             refused[index] = (CAPACITY, queued[recipient], bound.capacity)
         elif bound.window and total[recipient] >= bound.window:
             refused[index] = (WINDOW, total[recipient], bound.window)
@@ -64,6 +70,7 @@ def exceeding(
             refused[index] = (PRODUCER_CAP, held[pair], bound.cap)
         else:
             queued[recipient] += 1
+            tenant_queued += 1
             total[recipient] += 1
             held[pair] += 1
     return refused

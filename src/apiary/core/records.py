@@ -201,6 +201,9 @@ class AdmissionBound:
     producer (RFC 13.1)."""
     cap: int = 0
     """The per-producer cap: its messages in flight from this one producer."""
+    queued: int = 0
+    """The tenant's `queued_messages` quota: its messages admitted and not yet READ, to
+    every recipient (the store's whole table)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,12 @@ longer leads is not forwarded again: it is unavailable, for the caller to try ag
 (`RETRIED`) are forwarded again to the next leader when the leader goes away mid-call,
 until the call's deadline; other calls answer unavailable then (the caller decides: a task
 submitted with its own task_id may be submitted again).
+
+Over TLS the replica trusts the certificate it serves itself and presents its client
+certificate (`server.tls.ReplicaTls`: `[cluster] client_cert`, by default its own
+`tls_cert`) to a leader that requires one; a leader that refuses it is told apart from a
+leader gone (`ReplicaTls.refusal`) and the call answers unavailable naming the setting,
+without being forwarded again.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ from google.protobuf.message import Message
 from apiary.core.access.proof import PROOF_KEY
 from apiary.core.cluster.forwarding import FORWARD_KEY, Forwarded, sign_forward
 from apiary.engine.cluster.leader_role import LeaderRole
-from apiary.errors import UnavailableError
+from apiary.errors import ApiaryError, UnavailableError
 from apiary.server.context import CallContext
 from apiary.server.dispatch import snake_case
+from apiary.server.tls import ReplicaTls
 from apiary.wire.errordetail import error_from_trailers
 from apiary.wire.services import SERVICES, RpcMethod
 
@@ -63,9 +70,12 @@ RETRIED: Final = frozenset(
         "/apiary.v1.TaskQueryService/GetTask",
         "/apiary.v1.TaskQueryService/WaitTask",
         "/apiary.v1.TaskQueryService/ListTasks",
+        "/apiary.v1.DiscoveryService/ListAgents",
+        "/apiary.v1.DiscoveryService/GetAgent",
     }
 )
-"""Reads, forwarded again to the next leader when the leader goes away mid-call."""
+"""Reads, forwarded again to the next leader when the leader goes away mid-call (the
+agents' states of DiscoveryService: `server.cluster_reads`)."""
 _NOT_FORWARDED: Final = frozenset({PROOF_KEY, FORWARD_KEY})
 """The caller's credentials stay here: the forwarded call acts as the principal signed."""
 _FORWARDED_PREFIXES: Final = ("sw4rm-", "apiary-")
@@ -82,15 +92,17 @@ CHANNEL_OPTIONS: Final = (
 """A replica restarted at the leader's address (a rolling restart) is reached again within
 a second, not after grpc's default backoff of up to two minutes."""
 LEADER_WAIT_S: Final = 30.0
+CLIENT_CERT: Final = "cluster.client_cert"
+"""The setting named when the leader refuses this replica's client certificate."""
 """How long a call waits for a leader when the cluster has none (its deadline first)."""
 
 
 class Forwarder:
     """Forwards calls to the cluster's leader (module docstring)."""
 
-    def __init__(self, role: LeaderRole, tls_root: bytes | None = None) -> None:
+    def __init__(self, role: LeaderRole, tls: ReplicaTls | None = None) -> None:
         self._role = role
-        self._tls_root = tls_root
+        self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     async def local(self, ctx: CallContext) -> bool:
@@ -124,8 +136,10 @@ class Forwarder:
                 )
                 return response
             except grpc.aio.AioRpcError as exc:
-                error = _error(exc, address)
-                if not (_leader_gone(exc) and method.path in RETRIED) or loop.time() > until:
+                error = await self._error(exc, address)
+                refused = error.details.get("field") == CLIENT_CERT  # (refused again)
+                gone = _leader_gone(exc) and not refused
+                if not (gone and method.path in RETRIED) or loop.time() > until:
                     raise error from None
             self._role.lease.wake()  # (look at the lease again: the leader may be gone)
             await asyncio.sleep(RETRY_PAUSE_S)
@@ -144,7 +158,7 @@ class Forwarder:
             async for item in answers:
                 yield item
         except grpc.aio.AioRpcError as exc:
-            raise _error(exc, address) from None
+            raise await self._error(exc, address) from None
         finally:
             answers.cancel()
 
@@ -183,18 +197,44 @@ class Forwarder:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            if self._tls_root is None:
+            if self._tls is None:
                 channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
             else:
-                creds = grpc.ssl_channel_credentials(root_certificates=self._tls_root)
+                creds = self._tls.credentials()
                 channel = grpc.aio.secure_channel(address, creds, options=CHANNEL_OPTIONS)
             self._channels[address] = channel
         return channel
+
+    async def _error(self, exc: grpc.aio.AioRpcError, address: str) -> ApiaryError:
+        """The leader's error, or why it gave none: it did not answer, or (TLS) it refused
+        this replica's client certificate, which names the setting to change."""
+        found = error_from_trailers(exc.trailing_metadata() or ())
+        if found is not None:
+            return found
+        tls = self._tls
+        refused = await tls.refusal(address) if tls is not None and _unreached(exc) else None
+        if tls is not None and refused is not None:
+            return UnavailableError(
+                f"the cluster's leader at {address} refused this replica's client certificate "
+                f"({tls.setting} = {tls.cert}: {refused}): a leader with tls_client_ca takes "
+                "a certificate its CA signed that allows client authentication; set "
+                "cluster.client_cert and cluster.client_key to one",
+                {"component": "leader", "field": CLIENT_CERT},
+            )
+        return UnavailableError(
+            f"the cluster's leader at {address} did not answer ({exc.code().name}): try again",
+            {"component": "leader"},
+        )
 
     async def close(self) -> None:
         channels, self._channels = self._channels, {}
         for channel in channels.values():
             await channel.close()
+
+
+def _unreached(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether the call failed before the leader's handlers saw it (no connection)."""
+    return exc.code() is grpc.StatusCode.UNAVAILABLE and not exc.trailing_metadata()
 
 
 def _leader_gone(exc: grpc.aio.AioRpcError) -> bool:
@@ -203,16 +243,6 @@ def _leader_gone(exc: grpc.aio.AioRpcError) -> bool:
         return False
     found = error_from_trailers(exc.trailing_metadata() or ())
     return found is None or found.details.get("component") == "leader"
-
-
-def _error(exc: grpc.aio.AioRpcError, address: str) -> Exception:
-    found = error_from_trailers(exc.trailing_metadata() or ())
-    if found is not None:
-        return found
-    return UnavailableError(
-        f"the cluster's leader at {address} did not answer ({exc.code().name}): try again",
-        {"component": "leader"},
-    )
 
 
 class LeaderRouted:

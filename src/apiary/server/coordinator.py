@@ -51,6 +51,7 @@ from apiary.server.auth.guard import AccessGuard
 from apiary.server.auth.keys import KeyRing
 from apiary.server.cluster import follow_tenants, open_replica, store_claim, tenant_replicas
 from apiary.server.cluster_forward import LEADER_SERVICES, Forwarder, LeaderRouted
+from apiary.server.cluster_reads import DISCOVERY, DiscoveryThroughLeader
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.control_plane import ControlPlanes
@@ -93,7 +94,7 @@ from apiary.server.tenancy import (
     serves_tenants,
     tenant_engine,
 )
-from apiary.server.tls import grpc_credentials, http_context
+from apiary.server.tls import grpc_credentials, http_context, replica_tls
 from apiary.server.tracing.server_tracing import ServerTracing
 from apiary.store.claim import Claim, Holder
 from apiary.store.open import open_store
@@ -294,7 +295,9 @@ async def open_coordinator(
     runtime = _runtime(config, runtime, clock)
     settings = router_settings or config.router
     async with (
-        open_store(config.store or None, config.data_dir) as store,
+        open_store(
+            config.store or None, config.data_dir, grouped=not config.cluster.enabled
+        ) as store,
         store_claim(store, Holder.here(iso_utc(runtime.clock.now())), config.cluster) as claim,
         AsyncExitStack() as optional,
     ):
@@ -429,18 +432,23 @@ def _forwarder(
     (`server.cluster_forward`), its channels closed with `stack`; None otherwise."""
     if replica is None or replica.leader is None:
         return None
-    root = config.tls_cert.read_bytes() if config.tls_cert is not None else None
-    forwarder = Forwarder(replica.leader, root)
+    forwarder = Forwarder(replica.leader, replica_tls(config))
     stack.push_async_callback(forwarder.close)
     return forwarder
 
 
 def _leader_routed(handlers: dict[str, object], forwarder: Forwarder | None) -> dict[str, object]:
-    """`handlers` (the default tenant's or another's), with the leader's services served
-    here while this replica leads, else forwarded to the leader, in the same tenant."""
-    if forwarder is not None:
-        for service in LEADER_SERVICES:
-            handlers[service] = LeaderRouted(service, handlers[service], forwarder)
+    """`handlers` (the default tenant's or another's), in cluster mode: the leader's
+    services served here while this replica leads, else forwarded to the leader, in the
+    same tenant; and the agents' states of DiscoveryService read from the leader
+    (`server.cluster_reads`)."""
+    if forwarder is None:
+        return handlers
+    for service in LEADER_SERVICES:
+        handlers[service] = LeaderRouted(service, handlers[service], forwarder)
+    discovery = handlers[DISCOVERY]
+    assert isinstance(discovery, DiscoveryHandler)
+    handlers[DISCOVERY] = DiscoveryThroughLeader(discovery, forwarder)
     return handlers
 
 

@@ -261,6 +261,22 @@ class _ThreadCollector(Collector):
         )  # fmt: skip
 
 
+class _LeaderOnly(Collector):
+    """The figures of a component that runs on the cluster's leader only (the Scheduler's,
+    the Activity Buffer's: docs/cluster.md, "The leader"): left out of /metrics while this
+    replica does not lead, where the component is idle and its zeros would be misread as
+    the cluster's. `apiary_cluster_leader` says which replica's to read; outside cluster
+    mode (`leads` None) always there."""
+
+    def __init__(self, inner: Collector, leads: Callable[[], bool] | None) -> None:
+        self._inner = inner
+        self._leads = leads
+
+    def collect(self) -> Iterator[Any]:
+        if self._leads is None or self._leads():
+            yield from self._inner.collect()
+
+
 class Metrics:
     def __init__(
         self,
@@ -287,10 +303,11 @@ class Metrics:
         )
         if router is not None:
             self.registry.register(_RouterCollector(router))
+        leads = cluster.leader.leads if cluster is not None and cluster.leader else None
         if activity is not None:
-            self.registry.register(_ActivityCollector(activity))
+            self.registry.register(_LeaderOnly(_ActivityCollector(activity), leads))
         if scheduler is not None:
-            self.registry.register(_SchedulerCollector(scheduler))
+            self.registry.register(_LeaderOnly(_SchedulerCollector(scheduler), leads))
         if events is not None:
             self.registry.register(_EventCollector(events))
         if store_stats is not None:

@@ -29,6 +29,13 @@ class ClusterCollector(Collector):
             "Partitions of the cluster ([cluster] partitions).",
             value=keeper.settings.partitions,
         )
+        leader = self._node.leader
+        yield GaugeMetricFamily(
+            "apiary_cluster_leader",
+            "1 while this replica leads the cluster (its apiary_scheduler_* and "
+            "apiary_activity_buffer_* figures are the cluster's; other replicas have none).",
+            value=1 if leader is not None and leader.leads() else 0,
+        )
         yield GaugeMetricFamily(
             "apiary_cluster_replicas_live",
             "Replicas whose heartbeat had not expired at this replica's last lease tick.",

@@ -1,6 +1,8 @@
 """Per-tenant quotas (RFC 6.5, DESIGN.md section 9): before a call adds an agent, a message
 or a task to its tenant, or writes while the tenant's store is over its size, the call is
-refused with quota_exceeded naming the limit, what is used and how to get room."""
+refused with quota_exceeded naming the limit, what is used and how to get room (`core.quota`).
+In cluster mode the `queued_messages` quota is the store's to count, in each admitting
+transaction (`Router.hold_queued`), not this replica's memory."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from apiary.core.quota import QUEUED_MESSAGES, quota_exceeded
 from apiary.engine.assembly import Engine
-from apiary.errors import QuotaExceededError
 from apiary.server.auth.settings import Quota
 from apiary.store.protocols import Store
 from apiary.store.size import stored_bytes
@@ -48,6 +50,9 @@ class TenantQuota:
         self._store = store
         self._monotonic = monotonic
         self._size = _Measured()
+        # In cluster mode the router holds each admission to the queued_messages quota in
+        # its transaction, over every replica's messages (docs/cluster.md, "Tenants").
+        engine.router.hold_queued(tenant, quota.queued_messages)
         self.limited = any(
             v is not None
             for v in (quota.agents, quota.queued_messages, quota.tasks, quota.stored_bytes)
@@ -62,30 +67,21 @@ class TenantQuota:
             agent_id = getattr(getattr(request, "agent", None), "agent_id", "")
             registry = self._engine.registry
             if registry.known(agent_id) is None:
-                self._within("agents", registry.count(), quota.agents, "deregister agents")
+                self._within("agents", registry.count(), quota.agents)
         elif method in (SEND, SEND_STREAM):
-            self._within(
-                "queued_messages", self._engine.router.queued(), quota.queued_messages,
-                "let recipients read their messages",
-            )  # fmt: skip
+            router = self._engine.router
+            if not router.counts_in_store:  # (in cluster mode the admission counts: below)
+                self._within(QUEUED_MESSAGES, router.queued(), quota.queued_messages)
         elif method in (SUBMIT, SUBMIT_V1):
-            self._within(
-                "tasks", self._engine.scheduler.open_tasks(), quota.tasks,
-                "let tasks finish or cancel some",
-            )  # fmt: skip
+            self._within("tasks", self._engine.scheduler.open_tasks(), quota.tasks)
         if quota.stored_bytes is not None:
             used = await self._stored()
             if used is not None:
-                self._within("stored_bytes", used, quota.stored_bytes, "let retention purge")
+                self._within("stored_bytes", used, quota.stored_bytes)
 
-    def _within(self, limit: str, used: int, allowed: int | None, remedy: str) -> None:
+    def _within(self, limit: str, used: int, allowed: int | None) -> None:
         if allowed is not None and used >= allowed:
-            raise QuotaExceededError(
-                f"tenant {self._tenant} has used its {limit} quota ({used} of {allowed}): "
-                f"{remedy}, or an operator raises [auth.quotas.{self._tenant}] {limit}",
-                {"tenant": self._tenant, "limit": limit, "used": str(used),
-                 "allowed": str(allowed)},
-            )  # fmt: skip
+            raise quota_exceeded(self._tenant, limit, used, allowed)
 
     async def _stored(self) -> int | None:
         now = self._monotonic()

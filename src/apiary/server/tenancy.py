@@ -184,7 +184,9 @@ class Tenancy:
             )
         data_dir = tenant_data_dir(config.data_dir, tenant)
         store = await self._stack.enter_async_context(
-            open_store(config.store or None, config.data_dir, tenant)
+            open_store(
+                config.store or None, config.data_dir, tenant, grouped=not config.cluster.enabled
+            )
         )
         engine = build_engine(
             store, config.router, self._runtime, hitl_settings(config), config.scheduler, data_dir,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 from apiary.core.cluster.partitions import DEFAULT_PARTITIONS
 
@@ -23,6 +24,12 @@ class ClusterSettings:
     partitions wait for another replica."""
     partitions: int = DEFAULT_PARTITIONS
     """How many partitions agents' queues are split into; the same on every replica."""
+    client_cert: Path | None = None
+    """The certificate (PEM chain) this replica presents to the leader on forwarded calls,
+    for a leader that requires client certificates (`tls_client_ca`); None: the server's own
+    (`tls_cert`), which must then allow client authentication (docs/cluster.md)."""
+    client_key: Path | None = None
+    """The key of `client_cert`; None with it: `tls_key`."""
 
     @property
     def renew_s(self) -> float:

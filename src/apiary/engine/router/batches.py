@@ -18,6 +18,7 @@ from typing import Any, Final
 from apiary.core.admission_bounds import CAPACITY
 from apiary.core.clock import Clock
 from apiary.core.envelope import MESSAGE_TYPE_NAMES, Envelope, MessageType
+from apiary.core.quota import QUEUED_MESSAGES, quota_exceeded
 from apiary.core.records import AdmissionBound, AdmissionWrites, StoredMessage
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR
@@ -95,6 +96,9 @@ class Batches:
         """Cluster mode: each member's buffer capacity and credits are counted by the store
         in the admitting transaction (`AdmissionWrites.bound`), over every replica's
         messages; a member past one is refused buffer_full as on one coordinator."""
+        self.queued_quota: tuple[str, int] | None = None
+        """The tenant and its `queued_messages` quota, which the store holds each member to
+        along with the bounds above (`bounds_in_store`): quota_exceeded past it."""
 
     async def prepare(self, items: Sequence[Outbound]) -> PreparedSend:
         """Every member through the admission gates, without the durable write; `complete`
@@ -354,9 +358,9 @@ class Batches:
                 message_type=MESSAGE_TYPE_NAMES[env.message_type], lane=record.lane,
             ),)  # fmt: skip
             token = by_id.get(record.message_id) or _NO_TOKEN
-            if self.bounds_in_store and not is_notice(record):
-                token = replace(token, bound=self._bound(record))
             item = items[index]
+            if self.bounds_in_store and not is_notice(record):
+                token = replace(token, bound=self._bound(record, item.remote))
             own, requeues = item.stored_with, item.dead_letter if item.requeue else 0
             if own is None:
                 writes.append(replace(token, events=event, requeues=requeues))
@@ -366,10 +370,14 @@ class Batches:
                 ))  # fmt: skip
         return writes
 
-    def _bound(self, record: StoredMessage) -> AdmissionBound:
-        """The limits the store holds `record`'s admission to (`bounds_in_store`)."""
+    def _bound(self, record: StoredMessage, remote: bool) -> AdmissionBound:
+        """The limits the store holds `record`'s admission to (`bounds_in_store`); the
+        quota only when it came from a client's call (`remote`), the calls one coordinator
+        checks the quota on: what the coordinator produces (a Scheduler's dispatch) counts
+        towards it and is never refused by it."""
         window, cap = self._credits.bound(record.recipient)
-        return AdmissionBound(self._inboxes[record.recipient].capacity, window, cap)
+        queued = 0 if self.queued_quota is None or not remote else self.queued_quota[1]
+        return AdmissionBound(self._inboxes[record.recipient].capacity, window, cap, queued)
 
     def _admitted(
         self, item: Outbound, record: StoredMessage,
@@ -383,6 +391,10 @@ class Batches:
             return self._dedup.taken(env, result.record, now)
         if isinstance(result, BoundExceededError):
             self._free(env, record)
+            if result.limit == QUEUED_MESSAGES and self.queued_quota is not None:
+                tenant = self.queued_quota[0]
+                over = quota_exceeded(tenant, QUEUED_MESSAGES, result.count, result.bound)
+                return SendOutcome.refusal(env.message_id, over)
             return SendOutcome.refusal(env.message_id, _bound_refusal(env, record, result))
         if isinstance(result, RequeuedError):
             self._free(env, record)

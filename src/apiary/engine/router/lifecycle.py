@@ -35,6 +35,7 @@ from apiary.engine.dead_letters import DeadLetters
 from apiary.engine.deadlines import Deadlines
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR
+from apiary.engine.router.ack_groups import AckGroups
 from apiary.engine.router.ack_joins import AckJoin, JoinedAcks
 from apiary.engine.router.admission import is_notice
 from apiary.engine.router.coalesce import Coalescer
@@ -83,6 +84,7 @@ class MessageLifecycle:
         """The endpoints whose writes commit with the ACKs of their messages (`_join`)."""
         self._live = live
         self._copies = live.copies
+        self._frames = AckGroups(self._acknowledge_frame)
         self._deadlines = deadlines
         self._codec = codec
         self._events = events
@@ -185,6 +187,13 @@ class MessageLifecycle:
         return self._forward_target(original, effects, ack)
 
     async def acknowledge_frame(
+        self, acks: Sequence[tuple[int, Envelope]], now: float
+    ) -> dict[int, str | ApiaryError]:
+        """`_acknowledge_frame`, with the frames of other streams that arrive while one is
+        being applied applied together after it (engine/router/ack_groups.py)."""
+        return await self._frames.acknowledge(acks, now)
+
+    async def _acknowledge_frame(
         self, acks: Sequence[tuple[int, Envelope]], now: float
     ) -> dict[int, str | ApiaryError]:
         """Apply a frame's agent ACKs (`acks`: by the caller's key) together: one batch of

@@ -125,6 +125,19 @@ class Router:
         self._credits.in_store = on
         self._batches.bounds_in_store = on
 
+    @property
+    def counts_in_store(self) -> bool:
+        """Whether the store counts buffers, credits and the queued_messages quota in each
+        admitting transaction (`count_in_store`)."""
+        return self._batches.bounds_in_store
+
+    def hold_queued(self, tenant: str, allowed: int | None) -> None:
+        """Hold admissions to `tenant`'s `queued_messages` quota (None: unlimited) in the
+        store, while it counts (`count_in_store`): every replica's messages admitted and
+        not yet read, counted in the admitting transaction; outside cluster mode the
+        quota is checked before the call, on this coordinator's memory (`server.quotas`)."""
+        self._batches.queued_quota = None if allowed is None else (tenant, allowed)
+
     def credit_window(self, recipient: str) -> int | None:
         """The recipient's current credit window (None without credit-based flow control)."""
         return self._credits.window(recipient)

@@ -232,7 +232,10 @@ def _leaf(
     not_after: dt.datetime,
 ) -> x509.Certificate:
     public = key.public_key()
-    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    # A server's certificate is also its client certificate towards other replicas of a
+    # cluster whose leader requires one (docs/cluster.md, `cluster.client_cert`).
+    usages = [ExtendedKeyUsageOID.SERVER_AUTH] if server else []
+    usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
     return (
         x509.CertificateBuilder()
         # A common name is at most 64 characters; the SAN carries the full identity.
@@ -257,7 +260,7 @@ def _leaf(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectAlternativeName(list(names)), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .add_extension(

@@ -5,6 +5,8 @@ enabled = false          # cluster mode (`apiary serve --cluster`); PostgreSQL o
 replica_id = ""          # default: HOST-PID
 lease_s = 5.0            # a dead replica's partitions are taken over within this
 partitions = 64          # the same on every replica of a cluster
+client_cert = ""         # presented to an mTLS leader on forwarded calls; default tls_cert
+client_key = ""          # its key; default tls_key
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final
 
 from apiary.core.cluster.partitions import MAX_PARTITIONS
@@ -24,7 +27,10 @@ _TYPES: Final[dict[str, type]] = {
     "replica_id": str,
     "lease_s": float,
     "partitions": int,
+    "client_cert": str,
+    "client_key": str,
 }
+_PATHS: Final = ("client_cert", "client_key")
 MIN_LEASE_S: Final = 0.5
 MAX_LEASE_S: Final = 300.0
 MAX_REPLICA_ID: Final = 128
@@ -33,7 +39,11 @@ _REPLICA_ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$")
 
 def cluster_settings(values: Mapping[str, Any], source: str) -> ClusterSettings:
     """ClusterSettings from the [cluster] table; errors name the setting and `source`."""
-    settings = ClusterSettings(**typed_fields(values, _TYPES, "cluster.", source))
+    fields = typed_fields(values, _TYPES, "cluster.", source)
+    for name in _PATHS:
+        if text := fields.pop(name, ""):
+            fields[name] = Path(text)
+    settings = ClusterSettings(**fields)
     if not MIN_LEASE_S <= settings.lease_s <= MAX_LEASE_S or not math.isfinite(settings.lease_s):
         raise ValidationError(
             f"{source}: cluster.lease_s must be between {MIN_LEASE_S} and {MAX_LEASE_S} "

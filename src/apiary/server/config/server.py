@@ -182,7 +182,8 @@ def checked_tenants(config: ServerConfig) -> ServerConfig:
 
 
 def checked_tls(config: ServerConfig) -> ServerConfig:
-    """`config`, once its TLS settings are known to go together and their files readable."""
+    """`config`, once its TLS settings (and the client certificate a replica presents to the
+    cluster's leader) are known to go together and their files readable."""
     if (config.tls_cert is None) != (config.tls_key is None):
         missing = "tls_key" if config.tls_key is None else "tls_cert"
         raise ValidationError(
@@ -193,8 +194,21 @@ def checked_tls(config: ServerConfig) -> ServerConfig:
             "tls_client_ca (mTLS) needs TLS on: set tls_cert and tls_key",
             {"field": "tls_client_ca"},
         )
-    for name in ("tls_cert", "tls_key", "tls_client_ca"):
-        path = getattr(config, name)
+    cluster = config.cluster
+    if (cluster.client_cert is None) != (cluster.client_key is None):
+        missing = "client_key" if cluster.client_key is None else "client_cert"
+        raise ValidationError(
+            f"cluster.{missing} is needed too: a replica's client certificate takes its key",
+            {"field": f"cluster.{missing}"},
+        )
+    if cluster.client_cert is not None and config.tls_cert is None:
+        raise ValidationError(
+            "cluster.client_cert is presented to the leader over TLS: set tls_cert and tls_key",
+            {"field": "cluster.client_cert"},
+        )
+    files = [(name, getattr(config, name)) for name in ("tls_cert", "tls_key", "tls_client_ca")]
+    files += [(f"cluster.{name}", getattr(cluster, name)) for name in ("client_cert", "client_key")]
+    for name, path in files:
         if path is not None and not os.access(path, os.R_OK):
             raise ValidationError(f"{name}: cannot read {path}", {"field": name})
     return config

@@ -135,7 +135,7 @@ class MemoryMessageStore:
         bound = writes.bound
         if bound is not None:
             member = (0, message.recipient, message.producer_id, bound)
-            over = exceeding([member], *self._held(message.recipient))
+            over = exceeding([member], *self._held(message.recipient, bound.queued > 0))
             if over:
                 return BoundExceededError(message.message_id, *over[0])
         token = writes.idempotency
@@ -149,20 +149,27 @@ class MemoryMessageStore:
             return RequeuedError(message.message_id, entry)
         return None
 
-    def _held(self, recipient: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
-        """What `recipient`'s stored messages occupy and hold (`core.admission_bounds`)."""
+    def _held(
+        self, recipient: str, every: bool
+    ) -> tuple[dict[str, int], dict[tuple[str, str], int], int]:
+        """What `recipient`'s stored messages occupy and hold, and (`every`) how many of
+        every recipient's occupy buffer space (`core.admission_bounds`)."""
         buffered: dict[str, int] = {}
         in_flight: dict[tuple[str, str], int] = {}
+        queued = 0
         for m in self._messages.values():
             if m.recipient != recipient:
+                if every:
+                    queued += counts(m.producer_id, m.message_type, m.state)[0]
                 continue
             occupies, holds = counts(m.producer_id, m.message_type, m.state)
+            queued += occupies
             if occupies:
                 buffered[recipient] = buffered.get(recipient, 0) + 1
             if holds:
                 pair = (recipient, m.producer_id)
                 in_flight[pair] = in_flight.get(pair, 0) + 1
-        return buffered, in_flight
+        return buffered, in_flight, queued
 
     def _admit(self, message: StoredMessage) -> StoredMessage:
         if message.message_id in self._messages:

@@ -4,7 +4,8 @@ A transaction runs on one pooled connection inside `conn.transaction()`; a lone 
 runs on its own in autocommit mode, one round trip instead of three (BEGIN, it, COMMIT).
 Either is run again whole when PostgreSQL aborts it for a deadlock or a serialization
 failure (`store.postgres.rerun`): a description of statements keeps no state outside itself,
-so its second run is its first run over.
+so its second run is its first run over. Writes that wait for the one running commit together
+(`store.postgres.group_commit`), unless the database is made with `group_commit=False`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, TypeVar, TypeVarTuple
 import psycopg
 
 from apiary.store.errors import StoreError, StoreUnavailableError
+from apiary.store.postgres.group_commit import GroupCommit
 from apiary.store.postgres.pool import Connection, PostgresPool
 from apiary.store.postgres.rerun import rerun_when_aborted
 from apiary.store.sql.dialect import POSTGRESQL, Dialect
@@ -58,6 +60,15 @@ async def run_statement(
     return result  # type: ignore[no-any-return]
 
 
+def store_error(exc: psycopg.Error) -> StoreError:
+    """A psycopg error as the store's: a lost connection stays what it is (retry), as the
+    pool says of one lost outside a transaction's statements."""
+    lost = isinstance(exc, psycopg.OperationalError)
+    error = (StoreUnavailableError if lost else StoreError)(f"PostgreSQL: {exc}")
+    error.__cause__ = exc
+    return error
+
+
 async def run_transaction(
     conn: Connection, function: Callable[..., Transaction[T]], args: tuple[Any, ...]
 ) -> T:
@@ -71,12 +82,7 @@ async def run_transaction(
             try:
                 result = await run_statement(conn, statement)
             except psycopg.Error as exc:
-                # A lost connection stays what it is (retry), as the pool says of one lost
-                # outside a transaction's statements.
-                lost = isinstance(exc, psycopg.OperationalError)
-                error = (StoreUnavailableError if lost else StoreError)(f"PostgreSQL: {exc}")
-                error.__cause__ = exc
-                statement = transaction.throw(error)
+                statement = transaction.throw(store_error(exc))
             else:
                 statement = transaction.send(result)
     except StopIteration as done:
@@ -85,10 +91,13 @@ async def run_transaction(
 
 
 class PostgresSqlDatabase:
-    """`SqlDatabase` over a `PostgresPool`."""
+    """`SqlDatabase` over a `PostgresPool`; its writes group-committed (`GroupCommit`)
+    unless `group_commit` is False (the replicas of a cluster: see group_commit.py)."""
 
-    def __init__(self, pool: PostgresPool) -> None:
+    def __init__(self, pool: PostgresPool, *, group_commit: bool = True) -> None:
         self._pool = pool
+        self.group = GroupCommit(pool) if group_commit else None
+        """The group commit of the writes; None: each write is a transaction of its own."""
 
     @property
     def dialect(self) -> Dialect:
@@ -103,9 +112,15 @@ class PostgresSqlDatabase:
     async def write(
         self, work: Statement[T] | Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
     ) -> T:
-        """Run `work` in a transaction of its own (a lone statement in autocommit), again
-        when PostgreSQL aborts it for a deadlock or a serialization failure."""
-        return await rerun_when_aborted(lambda: self._run(work, args))
+        """Run `work` in a transaction (a lone statement in autocommit when it runs alone),
+        again when PostgreSQL aborts it for a deadlock or a serialization failure; with the
+        writes waiting with it in one transaction (`GroupCommit`)."""
+        if self.group is None:
+            return await rerun_when_aborted(lambda: self._run(work, args))
+        result: T = await self.group.submit(
+            lambda conn: _grouped(conn, work, args), lambda: self._run(work, args)
+        )
+        return result
 
     async def _run(
         self, work: Statement[T] | Callable[..., Transaction[T]], args: tuple[Any, ...]
@@ -120,11 +135,24 @@ class PostgresSqlDatabase:
     async def read(
         self, work: Statement[T] | Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
     ) -> T:
-        """Run `work` as `write` does (the two differ only for SQLite), once more on a new
+        """Run `work` as a write alone is (never in a group), once more on a new
         connection when the connection lent was found cut (the database restarted, or an
         administrator ended its session while it was idle in the pool): a read is safe to
         repeat, and the second connection tells whether the database is there."""
         try:
-            return await self.write(work, *args)
+            return await rerun_when_aborted(lambda: self._run(work, args))
         except StoreUnavailableError:
-            return await self.write(work, *args)
+            return await rerun_when_aborted(lambda: self._run(work, args))
+
+
+async def _grouped(
+    conn: Connection, work: Statement[T] | Callable[..., Transaction[T]], args: tuple[Any, ...]
+) -> T:
+    """`work` on `conn`, inside the group's transaction; a statement's psycopg error as the
+    StoreError a transaction's would be."""
+    if not isinstance(work, Statement):
+        return await run_transaction(conn, work, args)
+    try:
+        return await run_statement(conn, work, args[0] if args else None)
+    except psycopg.Error as exc:
+        raise store_error(exc) from exc

@@ -546,8 +546,9 @@ async def an_admission_is_held_to_its_bound_counting_what_is_stored(
 ) -> None:
     """`AdmissionWrites.bound`: the store counts the recipient's stored messages (buffered:
     RECEIVED or RETRYING; in flight: unfinished; notices neither) and the members before, and
-    refuses a member past the capacity, the window or the per-producer cap
-    (`BoundExceededError` naming it); it takes no offset and writes nothing."""
+    refuses a member past the capacity, the window or the per-producer cap, or past the
+    tenant's queued_messages quota (every recipient's buffered messages) (`BoundExceededError`
+    naming it); it takes no offset and writes nothing."""
     async with factory.open() as store:
         messages = store.messages
         await messages.admit_many([
@@ -583,6 +584,15 @@ async def an_admission_is_held_to_its_bound_counting_what_is_stored(
         )
         assert isinstance(mine, BoundExceededError) and mine.limit == "producer_cap"
         assert isinstance(theirs, StoredMessage) and theirs.offset == 7
+        # The tenant's queued_messages quota: buffered messages to every recipient (m-other,
+        # m-1, m-2, m-e), checked before the recipient's own limits.
+        quota = AdmissionBound(capacity=1, queued=5)
+        to_f, to_g = await messages.admit_many(
+            [message("m-f", "agent-f"), message("m-g", "agent-g")], [held(7, quota), held(8, quota)]
+        )
+        assert isinstance(to_f, StoredMessage)
+        assert isinstance(to_g, BoundExceededError)
+        assert (to_g.limit, to_g.count, to_g.bound) == ("queued_messages", 5, 5)
 
 
 @_check
