@@ -5,10 +5,13 @@ over their own schemas.
 
 - A task of acme submitted through one follower runs once on acme's agent streaming on the
   other follower, its result read through the leader; only the leader's acme Scheduler
-  holds it (the followers' relay), and its status is read through every replica.
+  holds it (the followers' relay), and its status is read through every replica; its
+  agent's state, asked through a follower, is the leader's acme lifecycle (RUNNING).
 - A leader that stops without releasing anything (as a killed process) is replaced; the
   new leader loads acme's tasks from acme's schema: the task running and the one waiting
   behind it both end, each run once.
+- acme's HITL escalation opened through one follower is held by the leader's acme HITL
+  and decided through the other.
 - The forwarding path keeps each call in its tenant: acme's application reaches none of
   globex's tasks through a follower (answered as a task that does not exist, or refused
   for naming globex), and the leader refuses a forwarded call whose signed principal is
@@ -135,6 +138,16 @@ def _app(replica: Coordinator, keys: dict[str, str]) -> apiary.Client:
     return apiary.Client(str(replica.grpc_address), credentials=_as(keys, "app@acme"))
 
 
+async def _state(replica: Coordinator, agent_id: str, keys: dict[str, str]) -> str:
+    """The agent's state through `replica`'s DiscoveryService, asked by acme's application."""
+    async with grpc.aio.insecure_channel(str(replica.grpc_address)) as channel:
+        found = await pb.apiary_pb2_grpc.DiscoveryServiceStub(channel).GetAgent(
+            pb.apiary_pb2.GetAgentRequest(agent_id=agent_id),
+            metadata=(("authorization", f"Bearer {keys['app@acme']}"),),
+        )
+    return str(found.state)
+
+
 async def test_a_tenants_task_submitted_through_a_follower_runs_once_dispatched_by_the_leader(
     tmp_path: Path, url: str
 ) -> None:
@@ -154,6 +167,12 @@ async def test_a_tenants_task_submitted_through_a_follower_runs_once_dispatched_
                 assert _scheduler(follower).get("t-1") is None
                 assert _scheduler(follower).deputy is not None
             assert _scheduler(leader).deputy is None
+            # Its agent's state, through any replica, is the leader's acme lifecycle.
+            lifecycles = _scheduler(leader).lifecycles
+            await _until(lambda: str(lifecycles.state("alice")) == "RUNNING", "alice runs")
+            for replica in (f1, f2):
+                assert _scheduler(replica).lifecycles.state("alice") is None
+                assert await _state(replica, "alice", keys) == "RUNNING"
             agent.release.set()
             assert await waiter.task(handle.task_id).result(timeout=WAIT_S) == "held"
             for client in (submitter, other):
