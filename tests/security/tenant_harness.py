@@ -24,6 +24,7 @@ from apiary.core.access.principal import TENANT_KEY, PrincipalKind
 from apiary.engine.assembly import Runtime
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.engine.worktrees.settings import WorktreeSettings
 from apiary.server.auth.keys import KeyRing, credentials_path
 from apiary.server.auth.settings import AuthSettings
 from apiary.server.coordinator import Coordinator
@@ -187,14 +188,22 @@ def create_keys(data_dir: Path) -> dict[str, str]:
 
 @asynccontextmanager
 async def open_tenants(
-    data_dir: Path, store: str, keys: dict[str, str] | None = None
+    data_dir: Path,
+    store: str,
+    keys: dict[str, str] | None = None,
+    worktrees: WorktreeSettings | None = None,
 ) -> AsyncIterator[Tenants]:
     """A secure coordinator over `store` (a `--store` URL; "" for DATA_DIR/apiary.db) whose
-    key ring holds `keys`, made afresh when None (a restart passes the keys it made)."""
+    key ring holds `keys`, made afresh when None (a restart passes the keys it made), with
+    the `[worktrees]` table `worktrees`."""
     keys = keys if keys is not None else create_keys(data_dir)
     async with (
         open_test_coordinator(
-            data_dir, store=store, runtime=Runtime(hitl=HITL), auth=AuthSettings(secure=True)
+            data_dir,
+            store=store,
+            runtime=Runtime(hitl=HITL),
+            auth=AuthSettings(secure=True),
+            worktrees=worktrees,
         ) as running,
         grpc.aio.insecure_channel(str(running.grpc_address)) as channel,
     ):

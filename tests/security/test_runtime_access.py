@@ -1,20 +1,23 @@
 """The runtime control plane's access rules in secure mode: every command is decided by its
-rule (core/access/table.py RUNTIME_RULES) over HTTP JSON, JSON-RPC and the event stream
-alike, so an anonymous caller reaches none; and a session is its owner's: another principal
-is answered as if it did not exist (operators with `tasks` excepted), and a refusal changes
-nothing."""
+rule (core/access/table.py RUNTIME_RULES) over HTTP JSON, JSON-RPC, the event stream and
+gRPC (RuntimeControlService.Call) alike, so an anonymous caller reaches none; and a session
+is its owner's: another principal is answered as if it did not exist (operators with
+`tasks` excepted), and a refusal changes nothing."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 from apiary.controlplane.commands import COMMANDS
 from apiary.core.access.principal import TENANT_KEY
 from apiary.core.access.rules import Who
 from apiary.core.access.table import RUNTIME_RULES
+from apiary.wire import pb
 from tests.security.access_harness import Secure, open_secure
 from tests.security.tenant_harness import ACME, open_tenants
 from tests.server.runtime_harness import RuntimeHttp, runtime_http
@@ -244,6 +247,17 @@ async def test_a_session_lives_in_its_principals_tenant(tmp_path: Path) -> None:
         assert TENANT_KEY in named.headers
         read = await named.ok("get_session", session_id=session_id)
         assert read["snapshot"]["runtimeId"] == "apiary:acme"
+        # Over gRPC (RuntimeControlService.Call) as over HTTP, in the caller's tenant.
+        async with grpc.aio.insecure_channel(str(tenants.coordinator.grpc_address)) as channel:
+            stub = pb.apiary_pb2_grpc.RuntimeControlServiceStub(channel)
+            request = pb.apiary_pb2.RuntimeCommandRequest(
+                command="get_session", params_json=json.dumps({"session_id": session_id}).encode()
+            )
+            answer = await stub.Call(request, metadata=tenants.metadata("app@acme"))
+            assert json.loads(answer.result_json)["snapshot"]["runtimeId"] == "apiary:acme"
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.Call(request, metadata=tenants.metadata("ops@globex"))
+            assert refused.value.code() is grpc.StatusCode.NOT_FOUND
 
 
 async def test_permissions_tools_and_subagents_are_the_thread_owners(

@@ -26,8 +26,10 @@ from google.protobuf.duration_pb2 import Duration
 from google.protobuf.message import Message
 
 from apiary.core.access.principal import DEFAULT_TENANT, PrincipalKind
+from apiary.engine.worktrees.settings import RepoEntry, WorktreeSettings
 from apiary.store.open import open_store, tenant_data_dir
 from apiary.wire import pb
+from tests.gitrepo import make_repo
 from tests.security.tenant_harness import (
     ACME,
     GLOBEX,
@@ -362,6 +364,23 @@ async def test_another_tenants_worktree_binding_answers_like_none(world: Tenants
         ),
     )
     assert unbound == 'agent_id: "<id>"\nstate: "UNBOUND"\n'
+
+
+async def test_each_tenants_worktrees_are_under_a_root_of_its_own(tmp_path: Path) -> None:
+    """`[worktrees] root` is the default tenant's; another tenant's worktrees are made under
+    `ROOT/tenants/TENANT`, as its other files are under DATA_DIR/tenants/TENANT."""
+    root = tmp_path / "worktrees"
+    repos = (RepoEntry("api", make_repo(tmp_path / "repos" / "api")),)
+    settings = WorktreeSettings(repos=repos, root=root)
+    async with open_tenants(tmp_path / "data", "memory://", worktrees=settings) as t:
+        for who, worktree in (("alice@acme", "home"), ("alice@globex", "other")):
+            await register(t, who)
+            bind = w.BindRequest(agent_id="alice", repo_id="api", worktree_id=worktree)
+            bound = await t.call("WorktreeService/Bind", bind, who)
+            assert (bound.ok, bound.reason) == (True, "")
+    made = sorted(str(p.relative_to(root)) for p in root.glob("tenants/*/api/*"))
+    assert made == ["tenants/acme/api/home", "tenants/globex/api/other"]
+    assert not (root / "api").exists()
 
 
 @pytest.mark.conformance(

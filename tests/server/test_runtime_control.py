@@ -7,13 +7,16 @@ and snapshot the tests see is validated against the contract's schemas."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
+import grpc
 import pytest
 
 from apiary.controlplane.commands import COMMANDS, CONTRACT_COMMANDS
 from apiary.sdk.runtime import RuntimeClient, StreamSnapshot
 from apiary.server.coordinator import Coordinator
+from apiary.wire import pb
 from tests.server.runtime_harness import (
     WAIT_S,
     Answerer,
@@ -22,6 +25,7 @@ from tests.server.runtime_harness import (
     session_events,
     types,
 )
+from tests.server.wire_client import error_detail
 
 AGENT = "answerer"
 
@@ -456,3 +460,37 @@ async def test_json_rpc_runs_the_same_commands(
         {"jsonrpc": "2.0", "method": "get_session", "params": {"session_id": "nope"}}
     )
     assert (status, nothing) == (204, None)
+
+
+async def test_the_commands_are_served_over_grpc_as_over_http(
+    coordinator: Coordinator, channel: grpc.aio.Channel, answerer: Answerer
+) -> None:
+    """RuntimeControlService.Call: a command's parameters and result as JSON text, its
+    refusal the call's status with the protocol error."""
+    stub = pb.apiary_pb2_grpc.RuntimeControlServiceStub(channel)
+
+    async def call(command: str, params: str) -> Any:
+        request = pb.apiary_pb2.RuntimeCommandRequest(command=command, params_json=params.encode())
+        return json.loads((await stub.Call(request)).result_json)
+
+    submitted = await call(
+        "submit_turn", json.dumps({"agent_id": AGENT, "turn_id": "g-1", "input": {"value": 7}})
+    )
+    assert submitted["created"] and submitted["turnId"] == "g-1"
+    await answerer.running("g-1")
+    async with RuntimeClient(f"http://{coordinator.http_address}") as client:
+        ended = await client.wait_turn(submitted["sessionId"], "g-1", timeout=WAIT_S)
+    assert (ended.status, ended.result) == ("completed", {"answer": 7})
+    got = await call("get_task", json.dumps({"task_id": submitted["taskId"]}))
+    assert got["task"]["result"] == {"answer": 7}
+    for command, params, code, field in (
+        ("no_such_command", "", grpc.StatusCode.NOT_FOUND, ""),
+        ("get_task", "[1]", grpc.StatusCode.INVALID_ARGUMENT, "params_json"),
+        ("get_task", "{", grpc.StatusCode.INVALID_ARGUMENT, "params_json"),
+        ("get_task", '{"task_id": "none-such"}', grpc.StatusCode.NOT_FOUND, ""),
+    ):
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await call(command, params)
+        assert refused.value.code() is code, (command, params, refused.value.details())
+        if field:
+            assert error_detail(refused.value).details["field"] == field

@@ -19,6 +19,7 @@ from apiary.core.records import MessageState, StoredMessage
 from apiary.store.postgres.cluster import PostgresClusterLeases
 from apiary.store.postgres.cluster_work import PostgresClusterWork
 from apiary.store.postgres.store import open_postgres_store
+from tests.store.pg_waits import blocked_by
 
 pytestmark = pytest.mark.postgres
 
@@ -29,20 +30,6 @@ def _message(message_id: str) -> StoredMessage:
     return StoredMessage(
         message_id, "bob", "alice", "c", 2, b"payload", MessageState.RECEIVED, 1.0, 1.0
     )
-
-
-async def _blocked_by(conn: psycopg.AsyncConnection[tuple[object, ...]], pid: int) -> None:
-    """Until some backend waits for a lock that backend `pid` holds (polled, bounded:
-    PostgreSQL offers no notification of it)."""
-    for _ in range(WAIT_S * 100):
-        cursor = await conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [pid]
-        )
-        row = await cursor.fetchone()
-        if row is not None and row[0] > 0:
-            return
-        await asyncio.sleep(0.01)
-    raise TimeoutError(f"nothing ever waited for backend {pid}")
 
 
 async def test_ack_deadlines_written_while_an_ack_holds_their_messages_wait_without_deadlock(
@@ -62,7 +49,7 @@ async def test_ack_deadlines_written_while_an_ack_holds_their_messages_wait_with
             # order, and holds m-a when the deadlines of the two are written here.
             await ack.execute(lock, ["m-a"])
             writing = asyncio.create_task(work.set_ack_deadlines([("m-z", 50.0), ("m-a", 60.0)]))
-            await _blocked_by(watcher, ack.info.backend_pid)
+            await blocked_by(watcher, ack.info.backend_pid)
             # The ACK goes on to m-z: the deadline writer must not be holding it.
             await asyncio.wait_for(ack.execute(lock, ["m-z"]), WAIT_S)
             await ack.commit()

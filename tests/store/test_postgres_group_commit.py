@@ -19,6 +19,7 @@ from apiary.store.postgres.store import PostgresStore, open_postgres_store
 from apiary.store.sql.dialect import Dialect
 from apiary.store.sql.postgres import PostgresSqlDatabase
 from apiary.store.sql.statements import Execute, Query, Transaction
+from tests.store.pg_waits import blocked_by
 
 pytestmark = pytest.mark.postgres
 
@@ -130,7 +131,7 @@ async def test_a_group_aborted_by_a_deadlock_runs_again_each_job_once(
         await _taken_alone()
         grouped = [asyncio.create_task(database.write(_bump, name)) for name in ("a", "z", "solo")]
         await first
-        await _waits_for(watcher, other.info.backend_pid)
+        await blocked_by(watcher, other.info.backend_pid)
         # The other side asks for "a", which the group holds: a deadlock; the group's
         # transaction is aborted, which lets this lock be granted, and runs again.
         await asyncio.wait_for(
@@ -205,16 +206,3 @@ async def test_without_group_commit_each_write_is_its_own(
             await conn.execute("CREATE TABLE scratch (name TEXT PRIMARY KEY, n INTEGER)")
         await asyncio.gather(*(database.write(_insert, f"s{i}") for i in range(5)))
         assert len(await _rows(store)) == 5
-
-
-async def _waits_for(conn: psycopg.AsyncConnection[tuple[object, ...]], pid: int) -> None:
-    """Until some backend waits for a lock that backend `pid` holds (polled, bounded)."""
-    for _ in range(WAIT_S * 100):
-        cursor = await conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [pid]
-        )
-        row = await cursor.fetchone()
-        if row is not None and row[0] > 0:
-            return
-        await asyncio.sleep(0.01)
-    raise TimeoutError(f"nothing ever waited for backend {pid}")

@@ -22,6 +22,7 @@ from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import StoreError, StoreUnavailableError
 from apiary.store.postgres.rerun import ATTEMPTS, aborted_by_conflict, rerun_when_aborted
 from apiary.store.postgres.store import open_postgres_store
+from tests.store.pg_waits import blocked_by
 
 WAIT_S = 30
 LOCK = "SELECT message_id FROM messages WHERE message_id = %s FOR UPDATE"
@@ -31,19 +32,6 @@ def _message(message_id: str) -> StoredMessage:
     return StoredMessage(
         message_id, "bob", "alice", "c", 2, b"payload", MessageState.RECEIVED, 1.0, 1.0
     )
-
-
-async def _blocked_by(conn: psycopg.AsyncConnection[tuple[object, ...]], pid: int) -> None:
-    """Until some backend waits for a lock that backend `pid` holds (polled, bounded)."""
-    for _ in range(WAIT_S * 100):
-        cursor = await conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", [pid]
-        )
-        row = await cursor.fetchone()
-        if row is not None and row[0] > 0:
-            return
-        await asyncio.sleep(0.01)
-    raise TimeoutError(f"nothing ever waited for backend {pid}")
 
 
 async def _other_writer(dsn: str, schema: str) -> psycopg.AsyncConnection[tuple[object, ...]]:
@@ -73,7 +61,7 @@ async def test_an_ack_aborted_by_a_deadlock_is_run_again_and_applies(
             ]
             # The ACK locks m-a (key order), then waits for m-z.
             acking = asyncio.create_task(store.messages.apply(changes))
-            await _blocked_by(watcher, other.info.backend_pid)
+            await blocked_by(watcher, other.info.backend_pid)
             # The other side asks for m-a: a deadlock, and the store's side is aborted
             # (which is what lets this lock be granted at all).
             await asyncio.wait_for(other.execute(LOCK, ["m-a"]), WAIT_S)
@@ -101,7 +89,7 @@ async def test_a_lone_statement_aborted_by_a_deadlock_is_run_again(
             # One statement, run without a transaction around it: it locks m-a, waits for
             # m-z; the other side's ask for m-a closes the cycle.
             finishing = asyncio.create_task(store.messages.finish_delivered(["m-a", "m-z"], 7.0))
-            await _blocked_by(watcher, other.info.backend_pid)
+            await blocked_by(watcher, other.info.backend_pid)
             await asyncio.wait_for(other.execute(LOCK, ["m-a"]), WAIT_S)
             await other.commit()
         await asyncio.wait_for(finishing, WAIT_S)
@@ -128,7 +116,7 @@ async def test_the_retention_delete_waits_for_an_ack_writer_without_holding_what
             # order: it holds m-a when retention runs.
             await other.execute(LOCK, ["m-a"])
             purging = asyncio.create_task(store.messages.purge_finished(10.0))
-            await _blocked_by(watcher, other.info.backend_pid)
+            await blocked_by(watcher, other.info.backend_pid)
             # Retention waits for m-a holding nothing after it: m-z is free at once.
             await other.execute(LOCK.replace("FOR UPDATE", "FOR UPDATE NOWAIT"), ["m-z"])
             await other.commit()

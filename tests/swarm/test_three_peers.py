@@ -4,6 +4,7 @@ checked after each step."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -218,3 +219,40 @@ def test_the_background_waits_double_up_to_a_ceiling() -> None:
     policy = RetryPolicy(first_backoff_s=5.0, max_backoff_s=300.0)
     assert [policy.backoff(n) for n in range(8)] == [5, 10, 20, 40, 80, 160, 300, 300]
     assert policy.backoff(10_000) == 300
+
+
+async def test_background_retries_run_only_in_the_rounds_they_are_active(
+    tmp_path: Path, pki: Pki
+) -> None:
+    # The replicas of a cluster share one outbox: the leader's rounds retry it, the others'
+    # pass (docs/cluster.md, "The swarm peer").
+    patient = NodeSettings(
+        retry_delays=(), retry=RetryPolicy(interval_s=0.005, first_backoff_s=0.0)
+    )
+    async with open_peer(tmp_path, "alpha", pki, settings=patient) as alpha:
+        sid = alpha.node.create("builders").swarm_id
+        async with open_peer(tmp_path, "beta", pki) as beta:
+            await beta.node.join(alpha.node.invite(sid).url)
+            port = int(beta.endpoint.split(":")[2].split("/")[0])
+        message, (row,) = await alpha.node.send(sid, "beta", "are you there?")
+        assert row.status == "retrying"
+        rounds: list[bool] = []
+        leads = False
+
+        def active() -> bool:
+            rounds.append(leads)
+            return leads
+
+        retries = asyncio.create_task(alpha.node.courier.run(alpha.node.endpoint_of, active))
+        try:
+            async with open_peer(tmp_path, "beta", pki, port=port) as beta:
+                await until(lambda: len(rounds) >= 5)
+                (waiting,) = await alpha.store.swarm.outbox_get(message.message_id)
+                assert (waiting.status, waiting.attempts) == ("retrying", row.attempts)
+                leads = True
+                await until(lambda: _contents(beta, sid))
+                assert await _contents(beta, sid) == ["are you there?"]
+            (delivered,) = await alpha.store.swarm.outbox_get(message.message_id)
+            assert delivered.status == "delivered"
+        finally:
+            retries.cancel()

@@ -412,7 +412,7 @@ def test_worktrees_table_round_trips_into_the_settings(tmp_path: Path) -> None:
     file = tmp_path / "apiary.toml"
     file.write_text(
         "[worktrees]\nretry_base_s = 0.5\nmax_retries = 5\nrecovery_timeout_s = 120\n"
-        "default_ttl_s = 600\nmax_ttl_s = 3600\nhitl_timeout_s = 30\n"
+        'default_ttl_s = 600\nmax_ttl_s = 3600\nhitl_timeout_s = 30\nroot = "shared/wt"\n'
         '[[worktrees.repos]]\nid = "api"\npath = "/srv/git/api"\n'
         '[[worktrees.repos]]\nid = "docs"\npath = "repos/docs"\n'
     )
@@ -428,11 +428,12 @@ def test_worktrees_table_round_trips_into_the_settings(tmp_path: Path) -> None:
     assert settings.repo_paths() == {
         "api": Path("/srv/git/api"), "docs": (tmp_path / "repos" / "docs").resolve(),
     }  # fmt: skip
+    assert settings.root == (tmp_path / "shared" / "wt").resolve()
 
 
 def test_worktrees_defaults_when_the_table_is_absent(tmp_path: Path) -> None:
     settings = load_config(None, {}, {}).worktrees
-    assert settings.repos == ()
+    assert (settings.repos, settings.root) == ((), None)
     policy = settings.policy
     assert (policy.retry_base_s, policy.max_retries, policy.recovery_timeout_s) == (1.0, 3, 60.0)
     assert policy.default_ttl_s == 900.0
@@ -447,6 +448,8 @@ def test_worktrees_defaults_when_the_table_is_absent(tmp_path: Path) -> None:
         ("recovery_timeout_s = 0", "recovery_timeout_s"),
         ("teleport = true", "teleport"),
         ("hitl_timeout_s = -1", "hitl_timeout_s"),
+        ("root = 7", "root"),
+        ('root = ""', "root"),
         ('repos = "api"', "repos"),
         ('[[worktrees.repos]]\nid = "../api"\npath = "/x"', "repos.id"),
         ('[[worktrees.repos]]\nid = "api"', "repos.path"),

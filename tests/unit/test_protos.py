@@ -92,6 +92,7 @@ def test_extensions_live_in_their_own_package() -> None:
         "apiary.v1.AgentControlService",
         "apiary.v1.TaskQueryService",
         "apiary.v1.WorkflowQueryService",
+        "apiary.v1.RuntimeControlService",
     }
 
 

@@ -3229,3 +3229,53 @@ class WorkflowHistoryResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WorkflowHistoryResponse: _TypeAlias = WorkflowHistoryResponse  # noqa: Y015
+
+@_typing.final
+class RuntimeCommandRequest(_message.Message):
+    """---- The runtime control plane (docs/control-plane.md) over gRPC: one command, as
+    POST /runtime/v1/{command} runs it (each command decided by its runtime rule). In
+    cluster mode a replica that does not lead forwards the control plane's commands, from
+    HTTP and from here, to the leader (docs/cluster.md, "The leader") ----
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMAND_FIELD_NUMBER: _builtins.int
+    PARAMS_JSON_FIELD_NUMBER: _builtins.int
+    command: _builtins.str
+    """a served command's name, e.g. submit_turn"""
+    params_json: _builtins.bytes
+    """its parameters, a JSON object in UTF-8 (empty = {}),"""
+    def __init__(
+        self,
+        *,
+        command: _builtins.str = ...,
+        params_json: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["command", b"command", "params_json", b"params_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuntimeCommandRequest: _TypeAlias = RuntimeCommandRequest  # noqa: Y015
+
+@_typing.final
+class RuntimeCommandResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULT_JSON_FIELD_NUMBER: _builtins.int
+    result_json: _builtins.str
+    """its result, a JSON object"""
+    def __init__(
+        self,
+        *,
+        result_json: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["result_json", b"result_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RuntimeCommandResponse: _TypeAlias = RuntimeCommandResponse  # noqa: Y015

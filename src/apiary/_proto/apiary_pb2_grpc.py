@@ -2494,3 +2494,75 @@ class WorkflowQueryService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class RuntimeControlServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Call = channel.unary_unary(
+                '/apiary.v1.RuntimeControlService/Call',
+                request_serializer=apiary__pb2.RuntimeCommandRequest.SerializeToString,
+                response_deserializer=apiary__pb2.RuntimeCommandResponse.FromString,
+                _registered_method=True)
+
+
+class RuntimeControlServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Call(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_RuntimeControlServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Call': grpc.unary_unary_rpc_method_handler(
+                    servicer.Call,
+                    request_deserializer=apiary__pb2.RuntimeCommandRequest.FromString,
+                    response_serializer=apiary__pb2.RuntimeCommandResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'apiary.v1.RuntimeControlService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('apiary.v1.RuntimeControlService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class RuntimeControlService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Call(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.RuntimeControlService/Call',
+            apiary__pb2.RuntimeCommandRequest.SerializeToString,
+            apiary__pb2.RuntimeCommandResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -757,3 +757,25 @@ class WorkflowQueryServiceServicer(metaclass=_abc_1.ABCMeta):
         """The run's events from the event log: those with the workflow id as correlation id."""
 
 def add_WorkflowQueryServiceServicer_to_server(servicer: WorkflowQueryServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
+
+class RuntimeControlServiceStub:
+    @_typing.overload
+    def __new__(cls, channel: _grpc.Channel) -> _Self: ...
+    @_typing.overload
+    def __new__(cls, channel: _aio.Channel) -> RuntimeControlServiceAsyncStub: ...
+    Call: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.RuntimeCommandRequest, _apiary_pb2.RuntimeCommandResponse]
+
+@_typing.type_check_only
+class RuntimeControlServiceAsyncStub(RuntimeControlServiceStub):
+    def __init__(self, channel: _aio.Channel) -> None: ...
+    Call: _aio.UnaryUnaryMultiCallable[_apiary_pb2.RuntimeCommandRequest, _apiary_pb2.RuntimeCommandResponse]  # type: ignore[assignment]
+
+class RuntimeControlServiceServicer(metaclass=_abc_1.ABCMeta):
+    @_abc_1.abstractmethod
+    def Call(
+        self,
+        request: _apiary_pb2.RuntimeCommandRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.RuntimeCommandResponse, _abc.Awaitable[_apiary_pb2.RuntimeCommandResponse]]: ...
+
+def add_RuntimeControlServiceServicer_to_server(servicer: RuntimeControlServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

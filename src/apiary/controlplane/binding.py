@@ -14,6 +14,15 @@ from apiary.engine.scheduler.pools import member_of
 from apiary.errors import NotFoundError, ValidationError
 
 
+async def check_agent(registry: Registry, agent_id: str, field: str) -> None:
+    """Refuse an agent that is not registered, naming `field` (in cluster mode once the
+    store was asked too: it may have registered on another replica a moment ago)."""
+    try:
+        await registry.get(agent_id)
+    except NotFoundError:
+        raise NotFoundError(f"no agent {agent_id!r} is registered", {"field": field}) from None
+
+
 async def check_binding(registry: Registry, agent_id: str, capability: str) -> None:
     """Refuse a binding that names neither or both, an agent that is not registered, a
     capability no registered agent offers (each naming its field)."""
@@ -24,8 +33,7 @@ async def check_binding(registry: Registry, agent_id: str, capability: str) -> N
         )  # fmt: skip
     queue = queue_name(agent_id=agent_id, capability=capability)
     if agent_id:
-        if await registry.find(agent_id) is None:
-            raise NotFoundError(f"no agent {agent_id!r} is registered", {"field": "agent_id"})
+        await check_agent(registry, agent_id, "agent_id")
         return
     if not any(queue in member_of(agent).queues for agent in await registry.list()):
         raise NotFoundError(

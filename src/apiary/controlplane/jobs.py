@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Final
 
+from apiary.controlplane.binding import check_agent
 from apiary.controlplane.command_keys import CommandKeys
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.job_requests import CancelJob, CreateJob, GetJob, JobItem
@@ -217,8 +218,7 @@ class JobCommands:
         known: set[str] = set()
         for field, agent_id in named:
             if agent_id and agent_id not in known:
-                if await self._registry.find(agent_id) is None:
-                    raise NotFoundError(f"no agent {agent_id!r} is registered", {"field": field})
+                await check_agent(self._registry, agent_id, field)
                 known.add(agent_id)
         for n, item in enumerate(req.items):
             if item.task_id and await self._store.task(item.task_id) is not None:

@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import Any, Final
 
+from apiary.controlplane.binding import check_agent
 from apiary.controlplane.facts import FactWriter
 from apiary.controlplane.reads import Reads
 from apiary.controlplane.settings import RuntimeSettings
@@ -212,8 +213,8 @@ class TaskCommands:
             if not (agent_id or capability):  # the thread's agent or capability queue
                 agent_id, capability = thread.agent_id, thread.capability
             scope = scope or thread.scope
-        if agent_id and await self._registry.find(agent_id) is None:
-            raise NotFoundError(f"no agent {agent_id!r} is registered", {"field": "agent_id"})
+        if agent_id:
+            await check_agent(self._registry, agent_id, "agent_id")
         parents = [req.parent_task_id] if req.parent_task_id else []
         for name, targets in (("parent_task_id", parents), ("depends_on", req.depends_on)):
             for target in targets:
@@ -276,9 +277,8 @@ class TaskCommands:
                     f"task {task.task_id} has a run in hand: {shaping[0]} shapes its next run; "
                     "pause or cancel it first", {"field": shaping[0].removesuffix("_json")},
                 )  # fmt: skip
-            if req.agent_id and await self._registry.find(req.agent_id) is None:
-                raise NotFoundError(f"no agent {req.agent_id!r} is registered",
-                                    {"field": "agent_id"})  # fmt: skip
+            if req.agent_id:
+                await check_agent(self._registry, req.agent_id, "agent_id")
             if req.scope:
                 parse_scope(req.scope)
             changes: dict[str, Any] = {"meta_json": self._meta(task, **req.meta.changes())}

@@ -178,7 +178,8 @@ def _worktrees(
     attached to the router."""
     status = WorktreeStatus(router, registry, notices)
     worktrees = build_worktrees(settings, store.worktrees, events, clock, hitl, data_dir, status)
-    router.attach(WORKTREES, WorktreeControl(worktrees, status).on_envelope)
+    control = WorktreeControl(worktrees, status)
+    router.attach(WORKTREES, control.on_envelope, control.check)
     return worktrees
 
 
@@ -203,7 +204,6 @@ def start_engine_tasks(
     loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
         "apiary-deadlines": lambda: run_deadlines(router.deadlines, clock, router.fire_due, sleep),
         "apiary-heartbeats": lambda: engine.presence.run(sleep),
-        "apiary-worktrees": lambda: engine.worktrees.run(sleep),
         "apiary-retention": lambda: run_retention(
             store, clock, router.settings, engine.events, sleep
         ),
@@ -236,7 +236,9 @@ async def supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -
             pause = min(pause * 2, SUPERVISED_MAX_S)
 
 
-LEADER_PARTS: Final = ("hitl", "scheduler", "handoffs", "workflows", "rooms", "negotiations")
+LEADER_PARTS: Final = (
+    "hitl", "scheduler", "handoffs", "worktrees", "tools", "workflows", "rooms", "negotiations",
+)  # fmt: skip
 """The components that run on the cluster's leader only, in cluster mode: loaded, and their
 loops started, when a replica's term as leader begins (engine/cluster/leader_role.py)."""
 
@@ -246,6 +248,8 @@ async def load_leader_parts(engine: Engine) -> None:
     await engine.hitl.load()
     await engine.scheduler.load()
     await engine.handoffs.load()
+    await engine.worktrees.load()  # may await HITL decisions
+    await engine.tools.load()
     await engine.workflows.load()  # may submit tasks
     await engine.rooms.load()
     await engine.negotiations.load()  # may escalate
@@ -259,6 +263,7 @@ def leader_loops(
         "hitl": lambda: engine.hitl.run(sleep),
         "scheduler": lambda: engine.scheduler.run(sleep),
         "handoffs": lambda: engine.handoffs.run(sleep),
+        "worktrees": lambda: engine.worktrees.run(sleep),
         "workflows": lambda: engine.workflows.run(sleep),
         "rooms": lambda: run_deadlines(engine.rooms.timers, clock, engine.rooms.fire_due, sleep),
         "negotiations": lambda: engine.negotiations.run(sleep),
@@ -277,8 +282,8 @@ async def load_engine(engine: Engine, *, recover_messages: bool = True, leader: 
         await engine.hitl.load()
         await engine.scheduler.load()
         await engine.handoffs.load()
-    await engine.worktrees.load()
-    await engine.tools.load()
+        await engine.worktrees.load()
+        await engine.tools.load()
     recovered = await engine.router.recover() if recover_messages else 0
     if leader:
         await engine.workflows.load()  # may submit tasks: after the router's inboxes are back

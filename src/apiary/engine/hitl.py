@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from apiary.core.clock import Clock
 from apiary.core.hitl.machine import HitlMachine, HitlStep
@@ -41,6 +41,49 @@ UNAVAILABLE_AFTER_S = 5.0
 HITL_CAPABILITY = "hitl"
 """Agents declaring this capability are HITL components: they receive HITL_INVOCATION
 envelopes for new invocations and notifications of timeouts, fallbacks and cancellations."""
+
+
+@dataclass(frozen=True, slots=True)
+class HitlOpening:
+    """An invocation to open, as `Hitl.open` takes it (what a replica that does not lead
+    hands the leader: `HitlLeader.open`)."""
+
+    reason_type: str
+    context: Mapping[str, Any]
+    requested_by: str
+    subject: Mapping[str, Any]
+    suggested_action: str
+    proposed_actions: tuple[str, ...]
+    approver_roles: tuple[str, ...]
+    timeout_s: float
+    correlation_id: str
+    priority: int
+
+
+class HitlLeader(Protocol):
+    """How a replica of a cluster that does not lead reaches the leader's HITL
+    (docs/cluster.md, "The leader"; `server.cluster_hitl`): each operation is the leader's,
+    or refused `unavailable` when the cluster has no leader."""
+
+    async def open(self, opening: HitlOpening) -> str:
+        """The invocation opened on the leader: its id."""
+        ...
+
+    async def decide(
+        self, invocation_id: str, action: str, operator: Operator, rationale: str,
+        patch: Mapping[str, Any] | None,
+    ) -> None:  # fmt: skip
+        """The decision of `operator`, applied by the leader."""
+        ...
+
+    async def wait(self, invocation_id: str) -> HitlRecord:
+        """The invocation once it is no longer pending (decided, timed out, cancelled)."""
+        ...
+
+    async def cancel(self, invocation_id: str, by: str, reason: str) -> None:
+        """The invocation withdrawn: cancelled by the leader when it is still pending
+        (handed over, not awaited)."""
+        ...
 
 
 class Hitl:
@@ -81,16 +124,22 @@ class Hitl:
         self.leading = True
         """False on a replica of a cluster that does not lead (docs/cluster.md, "The
         leader"): invocations are opened and decided on the leader only, whose memory holds
-        their waiters; here they are refused `unavailable` (`_check_leading`)."""
+        their waiters; here they are handed to `leader`."""
+        self.leader: HitlLeader | None = None
+        """How this replica reaches the leader's HITL while it does not lead (cluster mode)."""
 
-    def _check_leading(self) -> None:
-        if not self.leading:
+    def _elsewhere(self) -> HitlLeader | None:
+        """The leader to hand an operation to: None while this replica leads (or is no
+        replica); unavailable when it does not lead and cannot reach the leader."""
+        if self.leading:
+            return None
+        if self.leader is None:
             raise UnavailableError(
                 "this replica does not lead the cluster: HITL invocations are opened and "
-                "decided on the leader (HitlService and HitlOperatorService calls are "
-                "forwarded to it)",
+                "decided on the leader",
                 {"component": "hitl"},
             )
+        return self.leader
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -128,7 +177,14 @@ class Hitl:
         correlation_id: str = "",
         priority: int = 0,
     ) -> HitlRecord:
-        self._check_leading()
+        leader = self._elsewhere()
+        if leader is not None:
+            opening = HitlOpening(
+                reason_type, dict(context), requested_by, dict(subject or {}),
+                suggested_action, tuple(proposed_actions), tuple(approver_roles), timeout_s,
+                correlation_id, priority,
+            )  # fmt: skip
+            return await self.get(await leader.open(opening))
         self._check_flow_id("correlation_id", correlation_id)
         now = self._clock.now()
         step = HitlMachine.open(
@@ -154,6 +210,9 @@ class Hitl:
         return await self.wait(record.invocation_id)
 
     async def wait(self, invocation_id: str) -> HitlRecord:
+        leader = self._elsewhere()
+        if leader is not None:  # (its waiters are the leader's: the decision is stored)
+            return await leader.wait(invocation_id)
         record = await self.get(invocation_id)
         if record.state != HitlState.PENDING.value:
             return record
@@ -171,7 +230,10 @@ class Hitl:
         rationale: str,
         patch: Mapping[str, Any] | None = None,
     ) -> HitlRecord:
-        self._check_leading()
+        leader = self._elsewhere()
+        if leader is not None:
+            await leader.decide(invocation_id, action, operator, rationale, patch)
+            return await self.get(invocation_id)
         record = await self.get(invocation_id)
         now = self._clock.now()
         self.operators.seen(operator, now)
@@ -184,7 +246,12 @@ class Hitl:
         return step.record
 
     async def cancel(self, invocation_id: str, by: str, reason: str) -> HitlRecord:
-        self._check_leading()
+        """Withdraw a pending invocation. On a replica that does not lead the leader cancels
+        it a moment later: the record answered is the invocation as stored now."""
+        leader = self._elsewhere()
+        if leader is not None:
+            await leader.cancel(invocation_id, by, reason)
+            return await self.get(invocation_id)
         record = await self.get(invocation_id)
         step = HitlMachine.cancel(record, by=by, reason=reason, now=self._clock.now())
         await self._perform(step)

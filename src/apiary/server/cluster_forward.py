@@ -33,6 +33,7 @@ from typing import Any, Final
 import grpc
 from google.protobuf.message import Message
 
+from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.core.access.proof import PROOF_KEY
 from apiary.core.cluster.forwarding import FORWARD_KEY, Forwarded, sign_forward
 from apiary.engine.cluster.leader_role import LeaderRole
@@ -61,6 +62,11 @@ LEADER_SERVICES: Final = frozenset(
         "apiary.v1.NegotiationOperatorService",
         "sw4rm.scheduler.SchedulerPolicyService",
         "sw4rm.activity.ActivityService",
+        "sw4rm.tool.ToolService",
+        "sw4rm.connector.ConnectorService",
+        "apiary.v1.ToolProviderService",
+        "sw4rm.worktree.WorktreeService",
+        "apiary.v1.WorktreeBindingService",
     }
 )
 """The services whose component runs on the leader only (`engine.assembly.LEADER_PARTS`,
@@ -105,12 +111,16 @@ class Forwarder:
         self._tls = tls
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    async def local(self, ctx: CallContext) -> bool:
-        """Whether this replica serves the call: it leads now, the components of the tenant
-        the call acts in loaded (a term that has just begun, or a tenant just opened here,
-        is waited for while they load). Forwarded, the call acts in the same tenant on the
+    @property
+    def replica_id(self) -> str:
+        return self._role.lease.me.replica_id
+
+    async def local(self, tenant: str = DEFAULT_TENANT) -> bool:
+        """Whether this replica serves a call in `tenant`: it leads now, the tenant's
+        components loaded (a term that has just begun, or a tenant just opened here, is
+        waited for while they load). Forwarded, a call acts in the same tenant on the
         leader: its principal and its `apiary-tenant` metadata go with it."""
-        role, tenant = self._role, ctx.tenant()
+        role = self._role
         part = role.parts.get(tenant)
         if part is None:
             return False
@@ -132,8 +142,9 @@ class Forwarder:
             )
             try:
                 response: Message = await call(
-                    request, metadata=self._metadata(method, ctx), timeout=ctx.time_remaining()
-                )
+                    request, metadata=self.signed(method.path, ctx),
+                    timeout=ctx.time_remaining(),
+                )  # fmt: skip
                 return response
             except grpc.aio.AioRpcError as exc:
                 error = await self._error(exc, address)
@@ -153,7 +164,9 @@ class Forwarder:
             request_serializer=type(request).SerializeToString,
             response_deserializer=method.response_type.FromString,
         )
-        answers = call(request, metadata=self._metadata(method, ctx), timeout=ctx.time_remaining())
+        answers = call(
+            request, metadata=self.signed(method.path, ctx), timeout=ctx.time_remaining()
+        )
         try:
             async for item in answers:
                 yield item
@@ -180,7 +193,9 @@ class Forwarder:
             )
         return address
 
-    def _metadata(self, method: RpcMethod, ctx: CallContext) -> list[tuple[str, str]]:
+    def signed(self, path: str, ctx: CallContext) -> list[tuple[str, str]]:
+        """The metadata (or HTTP headers) forwarding the call of `path` as `ctx`'s
+        principal: what the leader may read of `ctx`'s, and the signed principal."""
         principal = ctx.principal
         forwarded = Forwarded(
             principal,
@@ -192,7 +207,7 @@ class Forwarder:
             (k, v) for k, v in ctx.metadata.items()
             if k not in _NOT_FORWARDED and (k.startswith(_FORWARDED_PREFIXES) or k in _FORWARDED)
         ]  # fmt: skip
-        return [*kept, (FORWARD_KEY, sign_forward(self._role.forward_key, method.path, forwarded))]
+        return [*kept, (FORWARD_KEY, sign_forward(self._role.forward_key, path, forwarded))]
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -265,7 +280,7 @@ class LeaderRouted:
         if method.server_streaming:
 
             async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:
-                items = local(request, ctx) if await forwarder.local(ctx) else None
+                items = local(request, ctx) if await forwarder.local(ctx.tenant()) else None
                 if items is None:
                     items = forwarder.stream(method, request, ctx)
                 async for item in items:
@@ -274,7 +289,7 @@ class LeaderRouted:
             return stream
 
         async def unary(request: Message, ctx: CallContext) -> Message:
-            if await forwarder.local(ctx):
+            if await forwarder.local(ctx.tenant()):
                 answer: Message = await local(request, ctx)
                 return answer
             return await forwarder.unary(method, request, ctx)

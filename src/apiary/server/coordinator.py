@@ -51,6 +51,7 @@ from apiary.server.auth.guard import AccessGuard
 from apiary.server.auth.keys import KeyRing
 from apiary.server.cluster import follow_tenants, open_replica, store_claim, tenant_replicas
 from apiary.server.cluster_forward import LEADER_SERVICES, Forwarder, LeaderRouted
+from apiary.server.cluster_hitl import ForwardedHitl
 from apiary.server.cluster_reads import DISCOVERY, DiscoveryThroughLeader
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
@@ -66,7 +67,12 @@ from apiary.server.services.artifacts import ArtifactsHandler
 from apiary.server.services.discovery import DiscoveryHandler
 from apiary.server.services.dlq import DlqHandler
 from apiary.server.services.handoff import HandoffHandler, HandoffQueryHandler
-from apiary.server.services.hitl import HitlDecisions, HitlHandler, HitlOperatorHandler
+from apiary.server.services.hitl import (
+    HitlDecisions,
+    HitlHandler,
+    HitlOperatorHandler,
+    served_decision,
+)
 from apiary.server.services.inference import InferenceHandler
 from apiary.server.services.logging import EventLogHandler, LoggingHandler
 from apiary.server.services.negotiation import NegotiationHandler, NegotiationOperatorHandler
@@ -77,6 +83,7 @@ from apiary.server.services.negotiation_room import (
 from apiary.server.services.registry import RegistryHandler
 from apiary.server.services.request_checks import RequestChecks
 from apiary.server.services.router import RouterHandler, RouterStreamHandler
+from apiary.server.services.runtime_control import RuntimeControlHandler
 from apiary.server.services.scheduler import (
     AgentControlHandler,
     SchedulerHandler,
@@ -151,14 +158,15 @@ class Coordinator:
 def _handlers(
     engine: Engine, runtime: Runtime, checks: RequestChecks, secure: bool
 ) -> dict[str, object]:
-    return {
+    handlers: dict[str, object] = {}
+    handlers |= {
         "sw4rm.registry.RegistryService": RegistryHandler(
             engine.registry, engine.presence, engine.scheduler, checks=checks
         ),
         "sw4rm.router.RouterService": RouterHandler(
             engine.router,
             engine.delivery,
-            HitlDecisions(engine.hitl, checks.limits),
+            HitlDecisions(served_decision(handlers), checks.limits),
             checks=checks,
         ),
         "sw4rm.logging.LoggingService": LoggingHandler(engine.events, checks=checks),
@@ -213,6 +221,7 @@ def _handlers(
             engine.negotiations.artifacts, checks=checks
         ),
     }
+    return handlers
 
 
 def _known_tenants(config: ServerConfig, keys: KeyRing) -> Callable[[], set[str]]:
@@ -312,7 +321,9 @@ async def open_coordinator(
         replica = await optional.enter_async_context(
             open_replica(config.cluster, store, engine, runtime, f"grpc {config.grpc}")
         )
-        swarm = await _start_swarm(config, store, engine, runtime, swarm_client_tls, optional)
+        swarm = await _start_swarm(
+            config, store, engine, runtime, swarm_client_tls, optional, replica
+        )
         recovered = await load_engine(
             engine, recover_messages=replica is None, leader=replica is None
         )
@@ -322,19 +333,30 @@ async def open_coordinator(
             cluster=replica,
         )  # fmt: skip
         checks = RequestChecks(config.limits)
-        forwarder = _forwarder(replica, config, optional)
+        forwarder = _forwarder(replica, engine, config, optional)
         handlers = _leader_routed(_handlers(engine, runtime, checks, config.auth.secure), forwarder)
-        default = config.auth.quota(DEFAULT_TENANT)
+        # (the services of every tenant, serving each call in its tenant: set below, as
+        # they need the tenancy)
+        every_tenant: dict[str, object] = {}
         tenancy = Tenancy(
-            config, runtime, tenant_engine(DEFAULT_TENANT, store, engine, handlers, default),
-            lambda tenant_engine: _leader_routed(
-                _handlers(tenant_engine, runtime, checks, config.auth.secure), forwarder
+            config, runtime,
+            tenant_engine(
+                DEFAULT_TENANT, store, engine, handlers, config.auth.quota(DEFAULT_TENANT)
             ),
+            lambda tenant_engine: {
+                **_leader_routed(
+                    _handlers(tenant_engine, runtime, checks, config.auth.secure), forwarder
+                ),
+                **every_tenant,
+            },
             _known_tenants(config, key_ring(config)),
-            None if replica is None else tenant_replicas(replica, store, runtime),
+            None if replica is None else tenant_replicas(replica, store, runtime, forwarder),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy, replica)
-        controls = ControlPlanes(tenancy, runtime, config.runtime, secure=config.auth.secure)
+        controls, every_tenant["apiary.v1.RuntimeControlService"] = _control_planes(
+            config, runtime, tenancy, guard, forwarder, checks
+        )
+        handlers.update(every_tenant)
         dispatcher = Dispatcher(handlers, guard, tenancy, tracing=tracing)
         server, health = build_grpc_server(dispatcher, metrics)
         reach = StoreHealth(store, lambda ok: set_serving(health, ok), runtime.sleep)
@@ -368,15 +390,15 @@ async def open_coordinator(
             ),
             *_lead(replica, state, health),
         ]  # fmt: skip
-        engine.tools.start()
+        if replica is None:  # (in cluster mode the leader starts them with its term)
+            engine.tools.start()
         await engine.events.record(
             "coordinator.started", "coordinator",
             grpc=str(state.grpc_address), http=str(state.http_address), store=store.backend,
             recovered_messages=recovered,
         )  # fmt: skip
         tasks += await _open_tenants(config, tenancy, store, replica, runtime)
-        state.control_planes = controls
-        await controls.start()
+        tasks += await _start_control_planes(state, controls, replica)
         state.ready = True
         try:
             yield state
@@ -426,14 +448,17 @@ async def _stop_serving_once_taken(
 
 
 def _forwarder(
-    replica: ClusterNode | None, config: ServerConfig, stack: AsyncExitStack
+    replica: ClusterNode | None, engine: Engine, config: ServerConfig, stack: AsyncExitStack
 ) -> Forwarder | None:
     """In cluster mode, what forwards the leader's services' calls to the leader
-    (`server.cluster_forward`), its channels closed with `stack`; None otherwise."""
+    (`server.cluster_forward`), and the HITL invocations of the default tenant's own
+    components (`server.cluster_hitl`; another tenant's: `server.cluster.tenant_replicas`),
+    its channels closed with `stack`; None otherwise."""
     if replica is None or replica.leader is None:
         return None
     forwarder = Forwarder(replica.leader, replica_tls(config))
     stack.push_async_callback(forwarder.close)
+    engine.hitl.leader = ForwardedHitl(forwarder, replica.leader.part.relay, engine.hitl.get)
     return forwarder
 
 
@@ -450,6 +475,44 @@ def _leader_routed(handlers: dict[str, object], forwarder: Forwarder | None) -> 
     assert isinstance(discovery, DiscoveryHandler)
     handlers[DISCOVERY] = DiscoveryThroughLeader(discovery, forwarder)
     return handlers
+
+
+def _control_planes(
+    config: ServerConfig, runtime: Runtime, tenancy: Tenancy, guard: AccessGuard,
+    forwarder: Forwarder | None, checks: RequestChecks,
+) -> tuple[ControlPlanes, RuntimeControlHandler]:  # fmt: skip
+    """Every tenant's runtime control plane, and their gRPC service (RuntimeControlService,
+    serving each call in its tenant)."""
+    controls = ControlPlanes(
+        tenancy, runtime, config.runtime, secure=config.auth.secure, forwarder=forwarder
+    )
+    return controls, RuntimeControlHandler(controls, guard, tenancy, checks)
+
+
+async def _start_control_planes(
+    state: Coordinator, controls: ControlPlanes, replica: ClusterNode | None
+) -> list[asyncio.Task[None]]:
+    """The control planes started; in cluster mode, the task that has the default tenant's
+    take up its work once this replica leads."""
+    state.control_planes = controls
+    await controls.start()
+    return _control_plane_once_leading(replica, controls)
+
+
+def _control_plane_once_leading(
+    replica: ClusterNode | None, controls: ControlPlanes
+) -> list[asyncio.Task[None]]:
+    """In cluster mode: the default tenant's control plane takes up its work once this
+    replica leads (`ControlPlanes.lead`)."""
+    if replica is None or replica.leader is None:
+        return []
+    loaded = replica.leader.loaded
+
+    async def lead() -> None:
+        await loaded.wait()
+        await controls.lead()
+
+    return [asyncio.create_task(lead(), name="apiary-runtime-lead")]
 
 
 def _lead(
@@ -500,10 +563,14 @@ async def _start_swarm(
     runtime: Runtime,
     client_tls: ssl.SSLContext | None,
     stack: AsyncExitStack,
+    replica: ClusterNode | None,
 ) -> SwarmPeer | None:
-    """The swarm peer of the [swarm] table, bridged to the router, for the stack's lifetime."""
+    """The swarm peer of the [swarm] table, bridged to the router, for the stack's lifetime;
+    in cluster mode its outbox retried by the leader only (docs/cluster.md, "The swarm
+    peer")."""
     if config.swarm is None:
         return None
+    leader = None if replica is None else replica.leader
     return await stack.enter_async_context(
         open_swarm_peer(
             config.swarm,
@@ -512,6 +579,7 @@ async def _start_swarm(
             clock=runtime.clock,
             ids=runtime.ids,
             ssl_context=client_tls,
+            retries_when=None if leader is None else leader.leads,
         )
     )
 

@@ -188,9 +188,12 @@ class Tenancy:
                 config.store or None, config.data_dir, tenant, grouped=not config.cluster.enabled
             )
         )
+        worktrees = config.worktrees
+        if worktrees.root is not None:  # (a tenant's worktrees apart, as its other files are)
+            worktrees = replace(worktrees, root=tenant_data_dir(worktrees.root, tenant))
         engine = build_engine(
             store, config.router, self._runtime, hitl_settings(config), config.scheduler, data_dir,
-            config.handoff, config.worktrees, config.rooms, config.tools, config.negotiation,
+            config.handoff, worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
         replica = None
         if self._replicate is not None:
@@ -210,7 +213,8 @@ class Tenancy:
         )
         if replica is not None and replica.leader is not None:
             await replica.leader.join()  # (loaded now, if this replica leads)
-        engine.tools.start()
+        if not clustered:  # (in cluster mode the leader starts them with its term)
+            engine.tools.start()
         await engine.events.record(
             "tenant.opened", "coordinator", tenant=tenant, store=store.backend,
             recovered_messages=recovered,

@@ -212,6 +212,8 @@ class StreamHolders(Protocol):
 
 LEADER: Final = "coordinator"
 """The name of the leader's lease row (`cluster_leader`): one leader per cluster."""
+LEADER_PARTITION: Final = -1
+"""The partition number the leader's lease goes by in the lease machine and its errors."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +256,13 @@ REPORTED: Final = "reported"
 LOST: Final = "lost"
 """The agent missed its heartbeats (`detail`: why), judged by its partition's owner."""
 DEREGISTERED: Final = "deregistered"
-RELAY_KINDS: Final = frozenset({ENVELOPE, READY, REGISTERED, REPORTED, LOST, DEREGISTERED})
+HITL_CANCEL: Final = "hitl_cancel"
+"""A HITL invocation withdrawn by a component of another replica (a tool call cancelled
+while its approval was pending): `agent_id` holds the invocation's id, `detail` the JSON
+`[by, reason]`."""
+RELAY_KINDS: Final = frozenset(
+    {ENVELOPE, READY, REGISTERED, REPORTED, LOST, DEREGISTERED, HITL_CANCEL}
+)
 
 
 class ClusterLeader(Protocol):

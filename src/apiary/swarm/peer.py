@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -78,9 +78,12 @@ async def open_swarm_peer(
     settings: PeerSettings, store: SwarmStore, router: Router | None = None, *,
     clock: Clock | None = None, ids: IdGenerator | None = None,
     node_settings: NodeSettings | None = None, ssl_context: ssl.SSLContext | None = None,
+    retries_when: Callable[[], bool] | None = None,
 ) -> AsyncIterator[SwarmPeer]:  # fmt: skip
     """Run the peer for the duration of the block. `ssl_context` is the client side's (peers'
-    certificates); the listener's comes from `settings.cert` and `settings.key`."""
+    certificates); the listener's comes from `settings.cert` and `settings.key`.
+    `retries_when`: the outbox's background retries run only while it returns True (a
+    cluster's replicas share the outbox: its leader retries it); None: always."""
     clock = clock or SystemClock()
     ids = ids or UuidIds()
     home = SwarmHome(settings.home)
@@ -104,7 +107,8 @@ async def open_swarm_peer(
             )
         )
         # Unreachable destinations are tried again for as long as the peer serves.
-        retries = asyncio.create_task(node.courier.run(node.endpoint_of), name="swarm-retries")
+        rounds = node.courier.run(node.endpoint_of, *([retries_when] if retries_when else []))
+        retries = asyncio.create_task(rounds, name="swarm-retries")
         stack.push_async_callback(_stop, retries)
         bridge = None
         if router is not None:

@@ -174,6 +174,9 @@ METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
         "/apiary.v1.DlqService/Get": _role(Role.DLQ),
         "/apiary.v1.DlqService/Requeue": _role(Role.DLQ),
         "/apiary.v1.DlqService/Export": _role(Role.DLQ),
+        # The runtime control plane over gRPC: each command is then decided by RUNTIME_RULES,
+        # as over HTTP (every command there asks for a principal at least).
+        "/apiary.v1.RuntimeControlService/Call": ANYONE,
     }
 )
 

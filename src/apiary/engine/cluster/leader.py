@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -34,12 +35,14 @@ from apiary.core.cluster.leases import LeaseAction, Verdict
 from apiary.core.envelope import Envelope
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.deadlines import Sleep, pause_until
+from apiary.engine.hitl import Hitl
 from apiary.engine.registry import Registry
 from apiary.engine.router.router import Router
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.store.cluster import (
     DEREGISTERED,
     ENVELOPE,
+    HITL_CANCEL,
     LOST,
     READY,
     REGISTERED,
@@ -80,6 +83,9 @@ class LeaderLease:
         self._clock = clock
         self._sleep = sleep
         self._term: Term | None = None
+        self.last_epoch = 0
+        """The epoch of the last term this replica held (0: it never led); kept when the
+        term ends, so that writes made under it are refused from then on."""
         self._wake = asyncio.Event()
         self.changed = asyncio.Event()
         """Set at each new term seen (cleared by whoever waits for it)."""
@@ -144,6 +150,7 @@ class LeaderLease:
             lease = outcome.lease
             if outcome.verdict.granted:
                 self._term = Term(lease.epoch, sent + self.lease_s)
+                self.last_epoch = lease.epoch
                 if outcome.verdict is Verdict.TOOK_OVER:
                     log.warning("took over as the cluster's leader (epoch %d)", lease.epoch)
                 await self.on_lead(lease.epoch)
@@ -171,6 +178,7 @@ class LeaderLease:
                 "between (epoch %d -> %d)", held.epoch, outcome.lease.epoch,
             )  # fmt: skip
         self._term = Term(outcome.lease.epoch, sent + self.lease_s)
+        self.last_epoch = outcome.lease.epoch
         if self.suspended:
             self.suspended = False
             await self.on_resume()
@@ -250,6 +258,10 @@ class Relay:
     async def envelope(self, endpoint: str, env: Envelope) -> None:
         await self._put(Relayed(ENVELOPE, env.producer_id, endpoint, self._codec.encode(env)))
 
+    async def hitl_cancel(self, invocation_id: str, by: str, reason: str) -> None:
+        """A HITL invocation withdrawn here, for the leader to cancel (when still pending)."""
+        await self._put(Relayed(HITL_CANCEL, invocation_id, json.dumps([by, reason])))
+
     async def streaming(self, agent_ids: list[str]) -> None:
         """The agents streaming on this replica, relayed as ready (a new leader's term)."""
         await self._store.relay(self._me, [Relayed(READY, a) for a in agent_ids])
@@ -268,10 +280,12 @@ class LeaderInbox:
         router: Router,
         sleep: Sleep,
         poll_s: float = INBOX_POLL_S,
+        hitl: Hitl | None = None,
     ) -> None:
         self._store = store
         self._lease = lease
         self._scheduler = scheduler
+        self._hitl = hitl
         self._registry = registry
         self._router = router
         self._sleep = sleep
@@ -337,6 +351,9 @@ class LeaderInbox:
             elif item.kind == DEREGISTERED:
                 await self._registry.refresh(agent)
                 await scheduler.agent_deregistered(agent)
+            elif item.kind == HITL_CANCEL and self._hitl is not None:
+                by, reason = json.loads(item.detail)
+                await self._hitl.cancel(agent, str(by), str(reason))
         except StoreError:
             raise  # (kept in the relay: applied again at the next pass)
         except Exception as exc:

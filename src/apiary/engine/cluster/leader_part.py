@@ -20,17 +20,21 @@ from functools import partial
 from typing import Any, Final
 
 from apiary.core.clock import Clock
+from apiary.core.envelope import Envelope
 from apiary.engine.assembly import Engine, leader_loops, load_leader_parts, supervised
 from apiary.engine.cluster.leader import LeaderInbox, LeaderLease, Relay
 from apiary.engine.deadlines import Sleep
+from apiary.engine.notices import TOOLS, WORKTREES
+from apiary.engine.router.admission import EndpointCheck
 from apiary.engine.workflows import WORKFLOW
 from apiary.store.cluster import ClusterLeader, Leadership
 from apiary.store.errors import StoreError
 
 log = logging.getLogger("apiary.cluster")
 
-LEADER_ENDPOINTS: Final = (WORKFLOW,)
-"""The router endpoints of the leader's components besides the Scheduler's."""
+LEADER_ENDPOINTS: Final = (WORKFLOW, TOOLS, WORKTREES)
+"""The router endpoints of the leader's components besides the Scheduler's: EVENT nodes'
+messages, tool providers' results (and the ACKs of their TOOL_CALLs), WORKTREE_CONTROL."""
 RELAY = "relay"
 """The kind of note that something was relayed (`ClusterLeader.wakes`)."""
 
@@ -47,8 +51,9 @@ class LeaderPart:
         self.lease = lease
         self.relay = Relay(store, lease.me, engine.router.codec)
         self.inbox = LeaderInbox(
-            store, lease, engine.scheduler, engine.registry, engine.router, sleep
-        )
+            store, lease, engine.scheduler, engine.registry, engine.router, sleep,
+            hitl=engine.hitl,
+        )  # fmt: skip
         self.loaded = asyncio.Event()
         """Set while this replica leads with this engine's components loaded and running."""
         self.joined = False
@@ -66,13 +71,14 @@ class LeaderPart:
         self._name = name
         self._lost = lost
         self._listens = listens
+        router = engine.router
         self._endpoints = {
-            endpoint: handler
+            endpoint: (handler, router.endpoint_check(endpoint))
             for endpoint in LEADER_ENDPOINTS
-            if (handler := engine.router.endpoint(endpoint)) is not None
+            if (handler := router.endpoint(endpoint)) is not None
         }
         """The leader's router endpoints besides the Scheduler's (which hands its envelopes
-        to its deputy), relayed while this replica does not lead."""
+        to its deputy), with their checks, relayed while this replica does not lead."""
         self.relay_endpoints()
 
     def leads(self) -> bool:
@@ -95,13 +101,14 @@ class LeaderPart:
         self.tasks.append(asyncio.create_task(self._load(epoch), name=f"{self._name}-leader-load"))
 
     async def _load(self, epoch: int) -> None:
-        """The leader's components loaded as a restarted coordinator's are, their loops
-        started, then the readiness of the agents streaming here. Until then, what agents
-        tell this replica's Scheduler goes to the relay, which the leader applies once
-        loaded."""
+        """The leader's components loaded as a restarted coordinator's are, its MCP servers
+        started, their loops started, then the readiness of the agents streaming here.
+        Until then, what agents tell this replica's Scheduler goes to the relay, which the
+        leader applies once loaded."""
         engine = self._engine
         try:
             await load_leader_parts(engine)
+            engine.tools.start()
             self._ready = True
         finally:
             self._loading = False
@@ -172,16 +179,23 @@ class LeaderPart:
         self._engine.scheduler.deputy = self.relay
         self._engine.hitl.leading = False
         router = self._engine.router
-        for endpoint in self._endpoints:
-            router.attach(endpoint, partial(self.relay.envelope, endpoint))
+        for endpoint, (_, check) in self._endpoints.items():
+            router.attach(endpoint, partial(self._relayed, endpoint, check), check)
 
     def _serve_endpoints(self) -> None:
         """What agents tell the leader's components here is theirs to act on."""
         self._engine.scheduler.deputy = None
         self._engine.hitl.leading = True
         router = self._engine.router
-        for endpoint, handler in self._endpoints.items():
-            router.attach(endpoint, handler)
+        for endpoint, (handler, check) in self._endpoints.items():
+            router.attach(endpoint, handler, check)
+
+    async def _relayed(self, endpoint: str, check: EndpointCheck | None, env: Envelope) -> None:
+        """An envelope for the leader's endpoint `endpoint`, refused here if its check
+        refuses it (as the leader would), else relayed."""
+        if check is not None:
+            check(env)
+        await self.relay.envelope(endpoint, env)
 
     def _start_loops(self) -> None:
         loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = dict(

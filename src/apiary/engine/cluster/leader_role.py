@@ -18,10 +18,10 @@ from typing import Any, Final
 from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.core.clock import Clock
 from apiary.engine.assembly import Engine
-from apiary.engine.cluster.leader import LeaderLease, LeadershipLostError
+from apiary.engine.cluster.leader import LeaderLease, LeadershipLostError, Relay
 from apiary.engine.cluster.leader_part import LeaderPart
 from apiary.engine.deadlines import Sleep
-from apiary.store.cluster import ClusterLeader, Leadership, Me
+from apiary.store.cluster import ClusterLeader, FencedError, Leadership, Me
 from apiary.store.errors import StoreError
 
 log = logging.getLogger("apiary.cluster")
@@ -54,6 +54,7 @@ class LeaderRole:
         self.parts: dict[str, LeaderPart] = {DEFAULT_TENANT: self.part}
         """Each engine's share, by tenant: the default's, and each tenant's opened here."""
         self._leasing: list[asyncio.Task[None]] = []
+        self._released = False
         self._store = store
         self.lease.on_lead = self._lead
         self.lease.on_term = self._term
@@ -64,6 +65,11 @@ class LeaderRole:
     def loaded(self) -> asyncio.Event:
         """Set once this replica leads with the default tenant's components loaded."""
         return self.part.loaded
+
+    @property
+    def relay(self) -> Relay:
+        """The default tenant's relay to the leader."""
+        return self.part.relay
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
@@ -120,8 +126,32 @@ class LeaderRole:
             self.lease.wake()
             await asyncio.sleep(LOOK_S)
 
+    def term(self) -> tuple[str, int]:
+        """The term the leader's components write under (`store.sql.leader_writes`), every
+        tenant's: the last this replica held, whether or not it still does (the store
+        decides)."""
+        return self.lease.me.replica_id, self.lease.last_epoch
+
+    def refused(self, error: FencedError) -> None:
+        """A write of the leader's components (of any tenant) was refused: another
+        replica's term began (this one was paused past its own, say). This replica stops
+        leading at once, as when its lease's loop finds the term taken (`lost`: `apiary
+        serve` exits 2, to be started again as a follower); what agents tell it goes to the
+        relays from now on."""
+        if self._released or self.lost.is_set() or not self.lease.last_epoch:
+            return  # (stopping, stopped, or never led: nothing to stop)
+        log.error(
+            "a write of the leader's components was refused (%s): stopping (a supervisor "
+            "starts the replica again)", error,
+        )  # fmt: skip
+        self.lost.set()
+        for part in self.parts.values():
+            part.release()
+        self._leasing.append(asyncio.create_task(self._suspend(), name=f"{self._name}-fenced"))
+
     async def release(self) -> None:
         """A clean stop: stop leading first, then let the next leader take over at once."""
+        self._released = True
         for part in self.parts.values():
             part.release()
         try:

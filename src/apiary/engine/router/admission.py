@@ -55,6 +55,9 @@ _ACK = MessageType.ACKNOWLEDGEMENT
 
 LocalEndpoint = Callable[[Envelope], Awaitable[None]]
 """A coordinator-internal participant's handler (see Router.attach)."""
+EndpointCheck = Callable[[Envelope], object]
+"""What of an envelope an endpoint decides without its state (its type, its payload's
+shape, its sender's right): raises to refuse it (see Router.attach)."""
 
 
 def is_notice(message: StoredMessage | Envelope) -> bool:

@@ -120,6 +120,16 @@ class DedupGate:
         to update; a notice with one keeps its stored row, see `Enqueuer`)."""
         return bool(message.idempotency_token)
 
+    async def outcome_of(self, message: StoredMessage) -> IdempotencyRecord | None:
+        """`message`'s token's record when it caches `message`'s own outcome (its error
+        code and result: the terminal ACK's note); None otherwise."""
+        if not message.idempotency_token:
+            return None
+        record = await self._cache.get(cache_key(message.producer_id, message.idempotency_token))
+        if record is None or record.outcome_at <= 0:
+            return None
+        return record if record.original_message_id == message.message_id else None
+
     def holding(self) -> bool:
         """Whether any admission awaits `admitted` (a token reserved by `check`)."""
         return bool(self._plans)

@@ -45,6 +45,7 @@ from apiary.engine.router.live import LiveMessages
 from apiary.engine.router.stats import RouterStats
 from apiary.engine.transfers import Transfers
 from apiary.errors import ApiaryError, PermissionDeniedError
+from apiary.store.cluster import FencedError
 from apiary.store.errors import StaleStateError, StoreUnavailableError
 from apiary.store.protocols import MessageStore
 
@@ -241,10 +242,12 @@ class MessageLifecycle:
             joined, taken = await self._join(planned)
             try:
                 await self._commit_frame(changes, drafts, tokens, joined)
-            except StaleStateError:
-                # One of the messages changed on another replica: nothing was stored, and
-                # the frame's ACKs go one at a time (`acknowledge`), each decided anew from
-                # the message as stored when its change is refused.
+            except (StaleStateError, FencedError):
+                # One of the messages changed on another replica, or the endpoint's writes
+                # were refused (cluster mode: this replica's term as leader is over, it no
+                # longer leads): nothing was stored, and the frame's ACKs go one at a time
+                # (`acknowledge`, which joins nothing), each decided anew from the message
+                # as stored when its change is refused.
                 return early
             try:
                 await self._settle_frame(planned, stored, folded, taken, now, early)

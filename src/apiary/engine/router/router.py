@@ -12,12 +12,13 @@ agents is `delivery.py`; the deadline loop is `engine/deadlines.py`.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 from apiary.core.clock import Clock
-from apiary.core.envelope import Ack, Envelope
+from apiary.core.envelope import Ack, AckStage, Envelope
 from apiary.core.envelope_ids import check_flow_id
 from apiary.core.message_machine import Effect, MessageInput
-from apiary.core.records import StoredMessage
+from apiary.core.records import MessageState, StoredMessage
 from apiary.engine.codec import EnvelopeCodec
 from apiary.engine.dead_letters import DeadLetters
 from apiary.engine.deadlines import Deadlines
@@ -28,6 +29,7 @@ from apiary.engine.router.ack_joins import AckJoin
 from apiary.engine.router.admission import (
     SOFT_REJECTIONS,
     Admission,
+    EndpointCheck,
     LocalEndpoint,
     Outbound,
     PreparedSend,
@@ -45,6 +47,13 @@ from apiary.engine.settings import RouterSettings
 from apiary.engine.tracing import Tracing
 from apiary.engine.transfers import Transfers
 from apiary.store.protocols import Store
+
+_STORED_ACKS: Final = {
+    MessageState[stage.name]: stage
+    for stage in (AckStage.READ, AckStage.FULFILLED, AckStage.REJECTED, AckStage.FAILED,
+                  AckStage.TIMED_OUT)
+}  # fmt: skip
+"""The ACK stage a message's stored state records (`Router.stored_ack`)."""
 
 
 class Router:
@@ -70,6 +79,7 @@ class Router:
         self._registry = registry
         self._messages = store.messages
         self._endpoints: dict[str, LocalEndpoint] = {}
+        self._checks: dict[str, EndpointCheck] = {}
         self._joins: dict[str, AckJoin] = {}
         self._inboxes = Inboxes(settings.buffer_capacity, settings.lanes)
         self.deadlines = Deadlines(settings.ack_timeout_s, settings.max_age_s)
@@ -142,17 +152,29 @@ class Router:
         """The recipient's current credit window (None without credit-based flow control)."""
         return self._credits.window(recipient)
 
-    def attach(self, endpoint_id: str, handler: LocalEndpoint) -> None:
+    def attach(
+        self, endpoint_id: str, handler: LocalEndpoint, check: EndpointCheck | None = None
+    ) -> None:
         """Make `endpoint_id` a coordinator-internal participant (the Scheduler): envelopes
         addressed to it, the ACKs of the messages it produced and the NACKs it is owed are
         handed to `handler` instead of an inbox. A handler that raises rejects the envelope
-        with its error, as admission would."""
+        with its error, as admission would. `check` is the part of the handler's decision
+        that needs none of its state (the handler makes it too): a replica that relays the
+        envelope to the cluster's leader makes it first (docs/cluster.md, "The leader")."""
         self._endpoints[endpoint_id] = handler
+        if check is None:
+            self._checks.pop(endpoint_id, None)
+        else:
+            self._checks[endpoint_id] = check
 
     def endpoint(self, endpoint_id: str) -> LocalEndpoint | None:
         """The handler attached as `endpoint_id`, if any: what the cluster's leader hands
         the envelopes other replicas relayed to (docs/cluster.md, "The leader")."""
         return self._endpoints.get(endpoint_id)
+
+    def endpoint_check(self, endpoint_id: str) -> EndpointCheck | None:
+        """The check attached with `endpoint_id`'s handler, if any."""
+        return self._checks.get(endpoint_id)
 
     def join_acks(self, endpoint_id: str, join: AckJoin) -> None:
         """Let the attached endpoint `endpoint_id` commit writes of its own with the ACKs of
@@ -223,6 +245,21 @@ class Router:
         return await self.lifecycle.apply(
             message, event, now, ack=ack, error_code=error_code, note=note
         )
+
+    async def stored_ack(self, message_id: str) -> Ack | None:
+        """The agent's ACK that the message as stored records: its stage by the message's
+        state (READ, or an end: FULFILLED, REJECTED, FAILED, TIMED_OUT), its error code, and
+        its note as the token's record cached it with the outcome; None when the message is
+        not stored or records no such ACK. What an ACK committed and never applied by its
+        producer's endpoint (the Scheduler) would have told it."""
+        message = await self._messages.get(message_id)
+        stage = None if message is None else _STORED_ACKS.get(message.state)
+        if message is None or stage is None:
+            return None
+        record = await self.dedup.outcome_of(message)
+        if record is None:
+            return Ack(message_id, stage, message.error_code)
+        return Ack(message_id, stage, record.error_code, record.result)
 
     def refresh(self, message: StoredMessage) -> None:
         """Keep the live copy of an unfinished message in step with the store."""

@@ -110,6 +110,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Scheduler", "Submission", "SubmitResult"]
 
 OPEN_STATES = frozenset(s.value for s in TaskState if not s.terminal)
+_DISPATCHED = frozenset({TaskState.DISPATCHED, TaskState.RUNNING})
 RECONCILE_EVERY_S = 60.0
 """How often the activity buffer is reconciled with task states (RFC 10)."""
 
@@ -345,7 +346,34 @@ class Scheduler:
             else:
                 self._live.occupy(record)
                 self.gate.started(record)
+        async with self._lock:
+            await self._settle_stored_acks(records)
         return len(records)
+
+    async def _settle_stored_acks(self, records: Sequence[TaskRecord]) -> None:
+        """Each of `records` DISPATCHED or RUNNING whose dispatch the store records as READ
+        or ended (its agent's ACK committed and the task's change never: the coordinator,
+        or the replica that was to relay the ACK, died in between) takes that ACK now, as
+        if it had just come (its note, the result, as its token's record cached it). Asked
+        at load, for every open task, and when an agent's stream opens, for the tasks it
+        holds (its stream's replica may have died with the ACK: docs/cluster.md, "ACKs
+        committed and not applied"). The ACK moves the task on, so it is applied once; one
+        that arrives after it is stale and changes nothing. Called with the lock held."""
+        for record in records:
+            if record.state not in _DISPATCHED or not record.message_id:
+                continue
+            try:
+                ack = await self._router.stored_ack(record.message_id)
+            except StoreError as exc:
+                log.warning("stored ACKs not read (asked again at the next stream): %s", exc)
+                return
+            if ack is None or (ack.ack_stage.name == "READ" and record.state != "DISPATCHED"):
+                continue
+            log.info(
+                "task %s: the %s ACK of its dispatch %s was stored and not applied: applied",
+                record.task_id, ack.ack_stage.name, record.message_id,
+            )  # fmt: skip
+            await self._acks.take(record.agent_id, ack)
 
     # ------------------------------------------------------------------ submission
 
@@ -523,6 +551,7 @@ class Scheduler:
                     return
                 await self.lifecycles.registered(agent_id, agent.name)
             self._join(agent_id)
+            await self._settle_stored_acks(self._live.holding(agent_id))
             await self.lifecycles.ready(agent_id)
             await self._dispatcher.try_dispatch(agent_id)
 
@@ -549,6 +578,7 @@ class Scheduler:
             await self.deputy.deregistered(agent_id)
             return
         async with self._lock:
+            await self._settle_stored_acks(self._live.holding(agent_id))
             for task in self._live.holding(agent_id):
                 await self._losses.lost_with(
                     task, AgentUnavailableError.code, "the agent deregistered"
@@ -565,6 +595,7 @@ class Scheduler:
             await self.deputy.lost(agent_id, reason)
             return
         async with self._lock:
+            await self._settle_stored_acks(self._live.holding(agent_id))
             state = self.lifecycles.state(agent_id)
             if state is None or not AgentLifecycleMachine.allows(state, AgentInput.LOST):
                 return

@@ -147,7 +147,7 @@ class AgentToolLink:
         self._events = events
         self._channels: dict[str, _Channel] = {}
         self._by_message: dict[str, str] = {}
-        router.attach(TOOLS, self._on_envelope)
+        router.attach(TOOLS, self._on_envelope, self.check)
 
     async def load(self) -> None:
         """Number TOOL_CALL envelopes on from those sent before a restart (at start-up)."""
@@ -186,17 +186,24 @@ class AgentToolLink:
             raise outcome.error
         return env.message_id
 
-    async def _on_envelope(self, env: Envelope) -> None:
+    def check(self, env: Envelope) -> dict[str, Any] | None:
+        """The payload of a TOOL_RESULT or TOOL_ERROR, checked (None for an ACK); raising
+        refuses the envelope."""
         if env.message_type is MessageType.ACKNOWLEDGEMENT:
-            self._on_ack(env)
-            return
+            return None
         if env.message_type not in (MessageType.TOOL_RESULT, MessageType.TOOL_ERROR):
             raise ValidationError.for_field(
                 "message_type",
                 f"the tools endpoint takes TOOL_RESULT, TOOL_ERROR and ACKNOWLEDGEMENT "
                 f"envelopes, not {env.message_type.name}",
             )
-        doc = _payload(env, self._router.settings.limits.limit_for(env.message_type))
+        return _payload(env, self._router.settings.limits.limit_for(env.message_type))
+
+    async def _on_envelope(self, env: Envelope) -> None:
+        doc = self.check(env)
+        if doc is None:
+            self._on_ack(env)
+            return
         call_id = doc["call_id"]
         channel = self._channels.get(call_id)
         if channel is None:

@@ -48,6 +48,15 @@ OnTools = Callable[[str, tuple[ToolDescriptor, ...]], Awaitable[None]]
 """(provider_id, descriptors) -> record the manifest a server listed."""
 
 
+def _session_opener() -> Callable[..., contextlib.AbstractAsyncContextManager[McpSession]]:
+    """`mcp_session.open_session`, imported here: only coordinators that run MCP servers
+    pay for the SDK's import, and (called in a worker thread) not in the event loop, which
+    half a second of import would stall (a cluster's leader renewing its lease, say)."""
+    from apiary.engine.tools.mcp_session import open_session  # noqa: PLC0415
+
+    return open_session
+
+
 @dataclass(frozen=True, slots=True)
 class McpServerSpec:
     """One MCP stdio server: `[[tools.mcp]]` or RegisterMcpServer."""
@@ -212,9 +221,7 @@ class McpProvider:
         self._state = STOPPED
 
     async def _serve_once(self) -> None:
-        # Imported here: only coordinators that run MCP servers pay for the SDK's import.
-        from apiary.engine.tools.mcp_session import open_session  # noqa: PLC0415
-
+        open_session = await asyncio.to_thread(_session_opener)
         spec = self.spec
         cwd = Path(spec.cwd) if spec.cwd else None
         path = (spec.env or {}).get("PATH", os.environ.get("PATH", os.defpath))

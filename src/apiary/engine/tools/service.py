@@ -225,10 +225,12 @@ class ToolService:
                 "coordinator's configuration",
                 {"provider_id": provider_id},
             )
-        if self._registry.known(provider_id) is None:
+        try:  # (in cluster mode the store is asked too: registered through another replica)
+            await self._registry.get(provider_id)
+        except NotFoundError:
             raise ValidationError.for_field(
                 "provider_id", f"no registered agent {provider_id!r}: register the agent first"
-            )
+            ) from None
         checked = validate_tools(tools)
         provider = AgentToolProvider(provider_id, checked, self.link, self._registry)
         entry = await self.catalog.put(provider, checked, registered_by=caller or provider_id)

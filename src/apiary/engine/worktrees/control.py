@@ -82,8 +82,16 @@ class WorktreeControl:
 
     async def on_envelope(self, env: Envelope) -> None:
         """Router endpoint: one agent's WORKTREE_CONTROL request (raising rejects it)."""
+        request = self.check(env)
+        if request is not None:
+            await self._handle(request, env)
+
+    @staticmethod
+    def check(env: Envelope) -> ControlRequest | None:
+        """The request `env` carries, checked: its type, its payload, the sender's own
+        binding (None for an ACK, which asks nothing). Raising refuses it."""
         if env.message_type is MessageType.ACKNOWLEDGEMENT:
-            return  # nothing the endpoint sends asks for one
+            return None  # nothing the endpoint sends asks for one
         if env.message_type is not MessageType.WORKTREE_CONTROL:
             raise ValidationError.for_field(
                 "message_type",
@@ -95,7 +103,7 @@ class WorktreeControl:
                 f"{env.producer_id} may not control the worktree binding of {request.agent_id}",
                 {"field": "agent_id", "agent_id": request.agent_id},
             )
-        await self._handle(request, env)
+        return request
 
     async def _handle(self, request: ControlRequest, env: Envelope) -> None:
         wt, agent = self._worktrees, request.agent_id

@@ -24,6 +24,9 @@ class WorktreeSettings:
     repos: tuple[RepoEntry, ...] = ()
     hitl_timeout_s: float = 0.0
     """Deadline of the HITL invocations of switches and escalations; 0: the [hitl] default."""
+    root: Path | None = None
+    """Where worktrees are made; None: `<data_dir>/worktrees`. In cluster mode, storage
+    every replica that may lead reaches at this path (docs/cluster.md, "The leader")."""
 
     def repo_paths(self) -> dict[str, Path]:
         return {r.repo_id: r.path for r in self.repos}

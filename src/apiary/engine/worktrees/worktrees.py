@@ -552,7 +552,8 @@ def build_worktrees(
     data_dir: Path | None,
     notify: Notify,
 ) -> Worktrees:
-    """The manager with worktrees under `<data_dir>/worktrees` (none without a data dir),
-    telling agents their status through `notify`."""
-    git = GitWorktrees(data_dir / "worktrees" if data_dir else None, settings.repo_paths())
+    """The manager with worktrees under the configured root, else `<data_dir>/worktrees`
+    (none without either), telling agents their status through `notify`."""
+    root = settings.root or (data_dir / "worktrees" if data_dir else None)
+    git = GitWorktrees(root, settings.repo_paths())
     return Worktrees(store, events, clock, hitl, git, notify, settings)

@@ -48,10 +48,10 @@ def _repo_entries(values: Any, source: str, base: Path) -> tuple[RepoEntry, ...]
 
 
 def worktree_settings(values: Mapping[str, Any], source: str, base: Path) -> WorktreeSettings:
-    """WorktreeSettings from the [worktrees] table: policy keys, `hitl_timeout_s` and the
-    [[worktrees.repos]] tables (`id`, `path`; a relative path is taken from `base`, the
-    configuration file's directory)."""
-    scalars = {k: v for k, v in values.items() if k not in ("repos", "hitl_timeout_s")}
+    """WorktreeSettings from the [worktrees] table: policy keys, `hitl_timeout_s`, `root`
+    and the [[worktrees.repos]] tables (`id`, `path`; a relative path, of a repository or
+    the root, is taken from `base`, the configuration file's directory)."""
+    scalars = {k: v for k, v in values.items() if k not in ("repos", "hitl_timeout_s", "root")}
     policy = typed_fields(scalars, _WORKTREE_POLICY, "", source)
     changes: dict[str, Any] = {"policy": built(BindingPolicy, source, **policy)}
     if "hitl_timeout_s" in values:
@@ -62,6 +62,13 @@ def worktree_settings(values: Mapping[str, Any], source: str, base: Path) -> Wor
                 {"field": "hitl_timeout_s"},
             )
         changes["hitl_timeout_s"] = timeout
+    if "root" in values:
+        root = values["root"]
+        if not isinstance(root, str) or not root:
+            raise ValidationError(
+                f"{source}: root must be a directory's path (a string)", {"field": "root"}
+            )
+        changes["root"] = (base / Path(root).expanduser()).resolve()
     if "repos" in values:
         changes["repos"] = _repo_entries(values["repos"], source, base)
     return WorktreeSettings(**changes)

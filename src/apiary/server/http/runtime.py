@@ -34,7 +34,7 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 from apiary.controlplane.commands import COMMANDS, CONTRACT_COMMANDS, lookup
 from apiary.controlplane.requests import Params, ReconnectChannel
 from apiary.controlplane.runtime import RuntimeControl
-from apiary.core.access.principal import ANONYMOUS, Principal
+from apiary.core.access.principal import DEFAULT_TENANT, Principal
 from apiary.core.access.table import RUNTIME_RULES
 from apiary.core.json_reader import JsonError, read_document
 from apiary.core.runtime.events import RuntimeEvent
@@ -46,7 +46,14 @@ from apiary.errors import (
     ValidationError,
 )
 from apiary.server.auth.guard import AccessGuard
-from apiary.server.control_plane import ControlPlanes
+from apiary.server.context import CallContext
+from apiary.server.control_plane import (
+    MAX_BODY,
+    MAX_DEPTH,
+    ControlPlanes,
+    admit_command,
+    command_params,
+)
 from apiary.server.dispatch import TenantHandlers
 from apiary.server.errormap import answer_for, clip
 from apiary.server.http.access import http_context
@@ -54,20 +61,19 @@ from apiary.server.http.errors import error_response, oversize_error
 from apiary.server.http.query import cursor_param
 from apiary.server.http.sse import frame, woken_before_close
 from apiary.server.metrics import UNKNOWN_METHOD, Metrics
-from apiary.server.quotas import SUBMIT
 
 PREFIX: Final = "/runtime/v1"
 STREAM_ROUTE: Final = f"{PREFIX}/sessions/{{session_id}}/events"
 SOCKET_ROUTE: Final = f"{PREFIX}/sessions/{{session_id}}/socket"
 MAX_SOCKET_MESSAGE: Final = 64 * 1024
 """An application's message on the channel's WebSocket at most (acknowledgements are small)."""
-MAX_BODY: Final = 2 * 1024 * 1024
-"""A command's body at most (a turn's input is at most 1 MiB of JSON)."""
-MAX_DEPTH: Final = 100
 MAX_BATCH: Final = 100
 """Calls in one JSON-RPC batch at most."""
 KEEPALIVE_S: Final = 15.0
 KEEPALIVE_RANGE: Final = (0.05, 300.0)
+STORE_POLL_S: Final = 0.5
+"""How often a channel reads the store when the events it follows are committed on another
+replica of a cluster (the leader's: docs/control-plane.md, "Cluster mode")."""
 RETRY_MS: Final = 3000
 STREAM_BATCH: Final = 200
 MAX_STREAMS: Final = 64
@@ -84,20 +90,18 @@ protocol error in `data`)."""
 Recheck = Callable[[], object]
 
 
-SUBMITTING: Final = frozenset(
-    {"submit_turn", "create_task", "start_task", "resume_task", "retry_task"}
-)
-"""Commands that may submit a Scheduler task: the tenant's task quota decides them too."""
-
-
 @dataclass(frozen=True, slots=True)
 class Entered:
-    """A command's call once decided: who makes it, the control plane of its tenant, and how
-    to decide it again (a long-lived stream)."""
+    """A command's call once decided: who makes it, the tenant it acts in, and how to decide
+    it again (a long-lived stream)."""
 
-    caller: Principal
-    control: RuntimeControl
+    ctx: CallContext
+    tenant: str
     recheck: Recheck | None
+
+    @property
+    def caller(self) -> Principal:
+        return self.ctx.principal
 
 
 class RuntimeRoutes:
@@ -142,28 +146,35 @@ class RuntimeRoutes:
     # ------------------------------------------------------------------ deciding
 
     async def _enter(self, request: web.Request, command: str) -> Entered:
-        """Decide the call of `command` by its rule, in its tenant; its control plane."""
+        """Decide the call of `command` by its rule, in its tenant."""
         if self._controls is None:
             raise UnavailableError("this server runs no runtime control plane")
         action = f"{PREFIX}/{command}"
         ctx = http_context(request)
-        caller, tenant, recheck = ANONYMOUS, "default", None
+        tenant, recheck = DEFAULT_TENANT, None
         if self._guard is not None:
             guard, rule = self._guard, RUNTIME_RULES[command]
             opened = ctx
             ctx, tenant = guard.authenticate(action, ctx)
             if self._tenancy is not None:
                 await self._tenancy.open(ctx, tenant)
-            await guard.check(action, rule, None, ctx, tenant)
-            if self._tenancy is not None and command in SUBMITTING:
-                await self._tenancy.route(ctx, SUBMIT, None)  # a turn or run is a task: its quota
-            caller = ctx.principal
 
             def again() -> object:
                 return guard.admit(action, rule, None, opened, again=True)
 
             recheck = again
-        return Entered(caller, await self._controls.of(tenant), recheck)
+            await admit_command(guard, self._tenancy, command, ctx, tenant)
+        return Entered(ctx, tenant, recheck)
+
+    async def _run(self, request: web.Request, name: str, params: Any) -> dict[str, Any]:
+        """The command `name` decided and run (by the cluster's leader in cluster mode)."""
+        entered = await self._enter(request, name)
+        assert self._controls is not None  # (`_enter` refused it otherwise)
+        return await self._controls.run(name, params, entered.ctx, entered.tenant)
+
+    async def _control(self, entered: Entered) -> RuntimeControl:
+        assert self._controls is not None  # (`_enter` refused it otherwise)
+        return await self._controls.of(entered.tenant)
 
     # ------------------------------------------------------------------ HTTP JSON
 
@@ -171,10 +182,9 @@ class RuntimeRoutes:
         name = request.match_info["command"]
         label = f"{PREFIX}/{name}" if name in COMMANDS else UNKNOWN_METHOD
         try:
-            command = lookup(name)
+            lookup(name)
             body = await _body(request)
-            entered = await self._enter(request, name)
-            result = await command(entered.control, entered.caller, body)
+            result = await self._run(request, name, body)
         except Exception as exc:
             return error_response(exc, label, self._metrics)
         self._metrics.rpc_done("http", label, "ok")
@@ -216,9 +226,8 @@ class RuntimeRoutes:
             return None if notification else answer
         label = f"{PREFIX}/{method}" if method in COMMANDS else UNKNOWN_METHOD
         try:
-            command = lookup(method)
-            entered = await self._enter(request, method)
-            result = await command(entered.control, entered.caller, params)
+            lookup(method)
+            result = await self._run(request, method, params)
         except Exception as exc:
             answer = _rpc_refusal(call_id, exc, label)
             self._metrics.rpc_done("http", label, answer["error"]["data"]["code"])
@@ -337,7 +346,8 @@ class RuntimeRoutes:
                 message = receive.result()
                 if message.type in _SOCKET_ENDS:
                     return
-                await ws.send_json(await _acked(message, acking, channel))
+                control = await self._control(acking)
+                await ws.send_json(await _acked(message, acking, control, channel))
         finally:
             closing.cancel()
 
@@ -350,7 +360,7 @@ class RuntimeRoutes:
             raise UnavailableError(f"at most {MAX_STREAMS} runtime event streams at once")
         req, keepalive = _stream_request(request, last_event_id=sse)
         entered = await self._enter(request, "reconnect_channel")
-        start = await entered.control.channels.start(entered.caller, req)
+        start = await (await self._control(entered)).channels.start(entered.caller, req)
         return entered, req, start, keepalive
 
     async def _pump(
@@ -358,7 +368,12 @@ class RuntimeRoutes:
     ) -> None:
         """The session's events after `after` until shutdown; before each write the caller
         is decided again, and a refusal ends the stream with an error."""
-        control, cursor = entered.control, after
+        control, cursor = await self._control(entered), after
+        assert self._controls is not None  # (`_enter` refused it otherwise)
+        wait_s = keepalive
+        if not self._controls.wakes(entered.tenant):
+            wait_s = min(keepalive, STORE_POLL_S)
+        quiet_s = 0.0
         while not self._closing.is_set():
             replay = await control.channels.replay(session_id, cursor, STREAM_BATCH)
             if entered.recheck is not None and (refused := _refusal(entered.recheck, pump.route)):
@@ -369,8 +384,13 @@ class RuntimeRoutes:
             cursor = replay.cursor
             if replay.more:
                 continue
-            if not await woken_before_close(control.wait_after(cursor), self._closing, keepalive):
+            if await woken_before_close(control.wait_after(cursor), self._closing, wait_s):
+                quiet_s = 0.0
+                continue
+            quiet_s += wait_s
+            if quiet_s >= keepalive or self._closing.is_set():
                 await pump.idle()
+                quiet_s = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +409,9 @@ _SOCKET_ENDS: Final = frozenset(
 )
 
 
-async def _acked(message: WSMessage, acking: Entered, channel: tuple[str, str]) -> dict[str, Any]:
+async def _acked(
+    message: WSMessage, acking: Entered, control: RuntimeControl, channel: tuple[str, str]
+) -> dict[str, Any]:
     """The answer to an application's socket message: the channel (id, resume token) once
     acknowledged, or the error that refuses the message."""
     channel_id, token = channel
@@ -399,7 +421,7 @@ async def _acked(message: WSMessage, acking: Entered, channel: tuple[str, str]) 
             "resume_token": token,
             "sequence": _ack_sequence(message),
         }
-        acked = await lookup("ack_events")(acking.control, acking.caller, params)
+        acked = await lookup("ack_events")(control, acking.caller, params)
     except Exception as exc:
         answer = answer_for(exc, SOCKET_ROUTE)
         return {"type": "error", "code": answer.code, "message": answer.message,
@@ -476,16 +498,7 @@ async def _read(request: web.Request) -> bytes:
 
 async def _body(request: web.Request) -> object:
     """A command's body: a JSON object (empty: no parameters)."""
-    raw = await _read(request)
-    if not raw.strip():
-        return None
-    try:
-        doc = read_document(raw, max_bytes=MAX_BODY, max_depth=MAX_DEPTH, kept=False)
-    except JsonError as exc:
-        raise ValidationError.for_field("body", clip(str(exc))) from None
-    if not isinstance(doc, dict):
-        raise ValidationError.for_field("body", "must be a JSON object of the command's parameters")
-    return doc
+    return command_params(await _read(request), "body")
 
 
 def _rpc_error(call_id: object, code: int, message: str, data: Any = None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -167,19 +168,44 @@ class HitlHandler:
         )
 
 
+Decide = Callable[
+    [apiary_pb2.DecideInvocationRequest, CallContext], Awaitable[apiary_pb2.HitlInvocationView]
+]
+"""HitlOperatorService.Decide as the coordinator serves it (forwarded to the cluster's
+leader on a replica that does not lead: `server.cluster_forward`)."""
+
+
+def served_decision(handlers: Mapping[str, object]) -> Decide:
+    """HitlOperatorService.Decide as `handlers` serve it at the time of the call (in
+    cluster mode the handler is wrapped after `handlers` is built)."""
+
+    def decide(
+        req: apiary_pb2.DecideInvocationRequest, ctx: CallContext
+    ) -> Awaitable[apiary_pb2.HitlInvocationView]:
+        served: Any = handlers["apiary.v1.HitlOperatorService"]
+        decided: Awaitable[apiary_pb2.HitlInvocationView] = served.decide(req, ctx)
+        return decided
+
+    return decide
+
+
 class HitlDecisions:
     """RFC 15.2 HITL_DECISION envelopes sent with RouterService.SendMessage: applied as the
     decision of the operator the call authenticates, instead of being routed (the router
-    service's interceptor, `server.services.router.Interceptor`)."""
+    service's interceptor, `server.services.router.Interceptor`), through
+    HitlOperatorService.Decide as served here: so in cluster mode a decision sent to any
+    replica is the leader's, authorized there as it would be sent to the leader."""
 
-    def __init__(self, hitl: Hitl, limits: Limits = DEFAULT_LIMITS) -> None:
-        self._hitl = hitl
+    def __init__(self, decide: Decide, limits: Limits = DEFAULT_LIMITS) -> None:
+        self._decide = decide
         self._limits = limits
 
     def __call__(self, env: Envelope, ctx: CallContext) -> Awaitable[str] | None:
         """None unless `env` is a decision; else its application, to await."""
         doc = decision_in(env, self._limits)
-        return None if doc is None else apply_decision_envelope(self._hitl, doc, ctx, self._limits)
+        if doc is None:
+            return None
+        return apply_decision_envelope(self._decide, doc, ctx, self._limits)
 
 
 def decision_in(env: Envelope, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any] | None:
@@ -204,20 +230,22 @@ def decision_in(env: Envelope, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any
 
 
 async def apply_decision_envelope(
-    hitl: Hitl, doc: dict[str, Any], ctx: CallContext, limits: Limits = DEFAULT_LIMITS
+    decide: Decide, doc: dict[str, Any], ctx: CallContext, limits: Limits = DEFAULT_LIMITS
 ) -> str:
     """Apply a HITL_DECISION envelope's decision as the authenticated operator."""
-    operator = ctx.operator()
+    ctx.operator()
     patch: dict[str, Any] | None = None
     if doc.get("patch_b64"):
         patch = _json_object(_base64(doc["patch_b64"], "patch_b64"), "patch_b64", limits)
     elif isinstance(doc.get("patch"), dict):
         patch = doc["patch"]
-    record = await hitl.decide(
-        _string(doc["invocation_id"], "invocation_id", limits.id_bytes, check_id),
-        _string(doc["decision"], "decision", limits.name_bytes, check_id), operator,
-        _string(doc.get("rationale", ""), "rationale", limits.text_bytes, check_text), patch,
+    request = apiary_pb2.DecideInvocationRequest(
+        invocation_id=_string(doc["invocation_id"], "invocation_id", limits.id_bytes, check_id),
+        action=_string(doc["decision"], "decision", limits.name_bytes, check_id),
+        rationale=_string(doc.get("rationale", ""), "rationale", limits.text_bytes, check_text),
+        patch_json=json.dumps(patch) if patch is not None else "",
     )  # fmt: skip
+    record = await decide(request, ctx)
     return f"{record.invocation_id} {record.state}"
 
 

@@ -26,19 +26,26 @@ from psycopg import sql
 
 from apiary.core.clock import Clock
 from apiary.core.cluster.leases import Lease, LeaseAction, LeaseMachine
-from apiary.store.cluster import LEADER, FencedError, Leadership, LeaseOutcome, Me, Relayed
+from apiary.store.cluster import (
+    LEADER,
+    LEADER_PARTITION,
+    Leadership,
+    LeaseOutcome,
+    Me,
+    Relayed,
+)
 from apiary.store.errors import StoreError
 from apiary.store.postgres.cluster import qualified
 from apiary.store.postgres.pool import Connection, PostgresPool, fetch_rows
 from apiary.store.postgres.store import DEFAULT_SCHEMA, split_schema_parameter
+from apiary.store.sql.leader_writes import check_leader_term
+from apiary.store.sql.postgres import run_transaction
 
 LEADER_CHANNEL: Final = "apiary_cluster_leader"
 LEADER_NOTE: Final = "leader"
 """A note that the leader's lease changed hands (a new term, a release)."""
 RELAY_NOTE: Final = "relay"
 """A note that something was relayed to the leader."""
-LEADER_PARTITION: Final = -1
-"""The partition number the leader's lease goes by in the lease machine and its errors."""
 
 
 class PostgresClusterLeader:
@@ -66,8 +73,11 @@ class PostgresClusterLeader:
     async def step(
         self, me: Me, action: LeaseAction, lease_s: float, address: str = ""
     ) -> LeaseOutcome:
+        # A renewal keeps the term: it locks FOR NO KEY UPDATE, which the KEY SHARE locks of
+        # the term's fenced writes do not hold up; a new term waits for them (FOR UPDATE).
+        lock = " FOR NO KEY UPDATE" if action is LeaseAction.RENEW else " FOR UPDATE"
         async with self._pool.connection() as conn, conn.transaction():
-            found = await self._read(conn, " FOR UPDATE")
+            found = await self._read(conn, lock)
             step = LeaseMachine.step(found.lease, me.replica_id, action, found.now, lease_s)
             if step.verdict.granted:
                 term_begins = step.lease.epoch != found.lease.epoch
@@ -143,15 +153,7 @@ class PostgresClusterLeader:
             await conn.close()
 
     async def _fence(self, conn: Connection, me: Me, epoch: int) -> None:
-        rows = await fetch_rows(
-            conn,
-            f"SELECT owner, epoch, expires_at FROM {self._leader} WHERE name = %s FOR KEY SHARE",
-            [LEADER],
-        )
-        owner, found_epoch, expires_at = rows[0] if rows else (None, 0, 0.0)
-        found = Lease(LEADER_PARTITION, owner, int(found_epoch), float(expires_at))
-        if found.owner != me.replica_id or found.epoch != epoch:
-            raise FencedError(LEADER_PARTITION, epoch, found)
+        await run_transaction(conn, check_leader_term, (me.replica_id, epoch, self._leader))
 
     async def _read(self, conn: Connection, lock: str) -> Leadership:
         rows = await fetch_rows(conn, f"{self._row} WHERE name = %s{lock}", [LEADER])

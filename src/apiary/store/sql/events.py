@@ -147,6 +147,13 @@ class SqlEventLog:
         self._db = database
         self._listeners: list[Callable[[Sequence[Event]], None]] = []
 
+    def over(self, database: SqlDatabase) -> SqlEventLog:
+        """This log writing through `database` (the leader's writes, `leader_writes`), its
+        listeners shared."""
+        log = SqlEventLog(database)
+        log._listeners = self._listeners
+        return log
+
     def listen(self, listener: Callable[[Sequence[Event]], None]) -> None:
         """Call `listener` with every append's events once committed (see EventLog)."""
         self._listeners.append(listener)

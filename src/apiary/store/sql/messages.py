@@ -124,11 +124,16 @@ def latest_deliveries(counts: Sequence[tuple[str, int, float]]) -> dict[str, tup
 
 class SqlMessageStore:
     """`MessageStore` in the `messages` table, offsets counted in `inbox_offsets`; events
-    that commit with a change go through `log`."""
+    that commit with a change go through `log`. A write that carries task records (a
+    dispatch's admission, an ACK's task transition) goes through `leader`, the database of
+    the cluster leader's writes (`leader_writes`: fenced by its term in cluster mode)."""
 
-    def __init__(self, database: SqlDatabase, log: SqlEventLog) -> None:
+    def __init__(
+        self, database: SqlDatabase, log: SqlEventLog, leader: SqlDatabase | None = None
+    ) -> None:
         self._db = database
         self._log = log
+        self._leader = database if leader is None else leader
 
     async def admit(self, message: StoredMessage) -> StoredMessage:
         """Durably record a new message with the recipient's next inbox offset."""
@@ -159,12 +164,13 @@ class SqlMessageStore:
         taken: dict[int, IdempotencyRecord] = {}
         requeued: set[int] = set()
         bounded: Refusals = {}
+        db = self._leader if any(w.task is not None for w in writes) else self._db
         for _ in range(_ADMIT_ATTEMPTS):
             try:
                 if extras is None:
                     offsets = await self._db.write(admit_new, values)
                 else:
-                    offsets, first, taken, requeued, bounded = await self._db.write(
+                    offsets, first, taken, requeued, bounded = await db.write(
                         admit_with, values, lead, extras
                     )
                     self._log.committed(first, [*events, *admitted_events(writes, offsets)])
@@ -237,7 +243,8 @@ class SqlMessageStore:
             (replace(t, cached=None), None if t.cached is None else event_rows(d, [t.cached])[0])
             for t in tokens
         ]
-        rows, taken, first = await self._db.write(
+        db = self._leader if tasks else self._db
+        rows, taken, first = await db.write(
             apply_with_tokens, change_params(changes), returning, event_rows(d, events), steps,
             [task_row(t) for t in tasks],
         )  # fmt: skip

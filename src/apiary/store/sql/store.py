@@ -10,6 +10,7 @@ from apiary.store.sql.events import SqlEventLog
 from apiary.store.sql.handoffs import SqlHandoffStore
 from apiary.store.sql.hitl import SqlHitlStore
 from apiary.store.sql.idempotency import SqlIdempotencyStore
+from apiary.store.sql.leader_writes import LeaderWrites
 from apiary.store.sql.messages import SqlMessageStore
 from apiary.store.sql.negotiations import SqlArtifactStore, SqlNegotiationStore
 from apiary.store.sql.rooms import SqlRoomStore
@@ -28,18 +29,21 @@ class SqlStore:
     def __init__(self, database: SqlDatabase) -> None:
         self._db = database
         self.events = SqlEventLog(database)
+        self.leader_writes = leader = LeaderWrites(database)
+        """What the cluster leader's components write goes through (`leader_writes`)."""
+        led = self.events.over(leader)
         self.agents = SqlAgentStore(database, self.events)
-        self.messages = SqlMessageStore(database, self.events)
+        self.messages = SqlMessageStore(database, self.events, leader)
         self.idempotency = SqlIdempotencyStore(database)
         self.dlq = SqlDlqStore(database)
-        self.hitl = SqlHitlStore(database, self.events)
-        self.tasks = SqlTaskStore(database, self.events)
-        self.workflows = SqlWorkflowStore(database, self.events)
-        self.handoffs = SqlHandoffStore(database, self.events)
+        self.hitl = SqlHitlStore(leader, led)
+        self.tasks = SqlTaskStore(leader, led)
+        self.workflows = SqlWorkflowStore(leader, led)
+        self.handoffs = SqlHandoffStore(leader, led)
         self.worktrees = SqlWorktreeStore(database, self.events)
-        self.rooms = SqlRoomStore(database, self.events)
+        self.rooms = SqlRoomStore(leader, led)
         self.tools = SqlToolStore(database)
-        self.negotiations = SqlNegotiationStore(database, self.events)
+        self.negotiations = SqlNegotiationStore(leader, led)
         self.artifacts = SqlArtifactStore(database, self.events)
         self.swarm = SqlSwarmStore(database)
         self.runtime = SqlRuntimeStore(database, self.events)
