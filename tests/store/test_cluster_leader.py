@@ -14,9 +14,12 @@ import pytest
 
 from apiary.core.cluster.leases import LeaseAction, Verdict
 from apiary.store.cluster import ENVELOPE, READY, FencedError, Me, Relayed
+from apiary.store.open import tenant_schema
 from apiary.store.postgres.cluster_leader import PostgresClusterLeader
+from apiary.store.postgres.pool import fetch_rows
 from apiary.store.postgres.store import open_postgres_store
 from apiary.testing.clock import FakeClock
+from tests.security.tenant_harness import drop_schemas
 
 pytestmark = pytest.mark.postgres
 
@@ -101,3 +104,48 @@ async def test_the_relay_is_read_in_order_by_the_current_term_only(
     with pytest.raises(FencedError):
         await a.applied(A, 1, [items[1].seq])
     assert [i.agent_id for i in await b.relayed(B, 2, 10)] == ["bob", "carol"]
+
+
+async def test_a_tenants_relay_is_its_schemas_and_read_under_the_clusters_leader_lease(
+    postgres_dsn: str, postgres_schema: str, stores: list[PostgresClusterLeader], clock: FakeClock
+) -> None:
+    """Another tenant's relay (docs/cluster.md, "Tenants"): rows in the tenant's schema,
+    read and deleted under the term of the cluster's one leader's lease (the leader's row
+    of the cluster's schema, locked from the tenant's connection), never under a lease of
+    the tenant's schema's own."""
+    a, b = stores
+    schema = tenant_schema(postgres_schema, "acme")
+    try:
+        async with AsyncExitStack() as stack:
+            pools = [
+                (
+                    await stack.enter_async_context(
+                        open_postgres_store(postgres_dsn, schema=schema)
+                    )
+                ).pool
+                for _ in range(2)
+            ]
+            ta, tb = (
+                PostgresClusterLeader(p, clock, cluster_schema=postgres_schema) for p in pools
+            )
+            await a.seed("key")
+            assert (await a.step(A, LeaseAction.ACQUIRE, L, A.address)).lease.epoch == 1
+            assert (await ta.read()).leader() == A.replica_id  # (the cluster's row)
+            await tb.relay(B, [Relayed(READY, "bob")])
+            await b.relay(B, [Relayed(READY, "carol")])
+            assert [i.agent_id for i in await ta.relayed(A, 1, 10)] == ["bob"]
+            assert [i.agent_id for i in await a.relayed(A, 1, 10)] == ["carol"]
+            with pytest.raises(FencedError):
+                await tb.relayed(B, 1, 10)  # (b does not lead)
+            clock.advance(L)
+            assert (await b.step(B, LeaseAction.ACQUIRE, L, B.address)).lease.epoch == 2
+            with pytest.raises(FencedError):
+                await ta.relayed(A, 1, 10)
+            (item,) = await tb.relayed(B, 2, 10)
+            await tb.applied(B, 2, [item.seq])
+            assert await tb.relayed(B, 2, 10) == []
+            async with pools[0].connection() as conn:
+                rows = await fetch_rows(conn, "SELECT count(*) FROM cluster_leader")
+            assert rows == [(0,)]  # (the tenant's schema's own row: never made)
+    finally:
+        drop_schemas(postgres_dsn, [schema])

@@ -19,12 +19,15 @@ from apiary.core.cluster.leases import LeaseAction, Verdict
 from apiary.core.events import EventDraft
 from apiary.core.records import AdmissionWrites, MessageState, StoredMessage, TaskRecord
 from apiary.store.cluster import FencedError, Me
+from apiary.store.open import tenant_schema
+from apiary.store.postgres.cluster import qualified
 from apiary.store.postgres.cluster_leader import PostgresClusterLeader
 from apiary.store.postgres.pool import Connection
 from apiary.store.postgres.store import PostgresStore, open_postgres_store
 from apiary.store.sql.dialect import POSTGRESQL
 from apiary.store.sql.statements import Statement
 from apiary.testing.clock import FakeClock
+from tests.security.tenant_harness import drop_schemas
 
 pytestmark = pytest.mark.postgres
 
@@ -174,3 +177,28 @@ async def _waiting_for_a_lock(store: PostgresStore, step: asyncio.Future[Any]) -
         assert not step.done(), "the takeover did not wait for the write of the old term"
         assert loop.time() < until, "the takeover never waited for a lock"
         await asyncio.sleep(0.02)
+
+
+async def test_a_tenants_writes_are_fenced_by_the_clusters_leader_row(
+    postgres_dsn: str, postgres_schema: str, store: PostgresStore
+) -> None:
+    """Another tenant's store (its own schema) checks the term in the leader's row of the
+    cluster's schema (`LeaderWrites.table`; docs/cluster.md, "Tenants"): its writes commit
+    under the cluster's current term and are refused once another replica took it over."""
+    clock = FakeClock()
+    leader, term = await _leading(store, clock)
+    schema = tenant_schema(postgres_schema, "acme")
+    try:
+        async with open_postgres_store(postgres_dsn, schema=schema) as acme:
+            acme.leader_writes.fence = term
+            acme.leader_writes.table = qualified(postgres_schema, "cluster_leader")
+            await acme.tasks.put(_task("t-1"), [_event("t-1")])
+            assert (await acme.tasks.get("t-1")) is not None and term.refusals == []
+            clock.advance(L)
+            assert (await leader.step(B, LeaseAction.ACQUIRE, L, B.address)).lease.epoch == 2
+            with pytest.raises(FencedError):
+                await acme.tasks.put(_task("t-2"))
+            assert await acme.tasks.get("t-2") is None
+            assert [e.found.owner for e in term.refusals] == [B.replica_id]
+    finally:
+        drop_schemas(postgres_dsn, [schema])

@@ -19,9 +19,11 @@ from apiary.engine.cluster.node import (
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.deadlines import Sleep
 from apiary.errors import ApiaryError, ValidationError
+from apiary.server.cluster_forward import Forwarder
+from apiary.server.cluster_hitl import ForwardedHitl
 from apiary.store.claim import Claim, Holder, claim_store
 from apiary.store.errors import StoreError
-from apiary.store.postgres.cluster import PostgresClusterLeases
+from apiary.store.postgres.cluster import PostgresClusterLeases, qualified
 from apiary.store.postgres.cluster_leader import PostgresClusterLeader
 from apiary.store.postgres.cluster_streams import PostgresStreamHolders
 from apiary.store.postgres.cluster_tenants import PostgresClusterTenants
@@ -80,11 +82,15 @@ TenantReplicas = Callable[[str, Store, Engine], AbstractAsyncContextManager[Engi
 """Opens a tenant's engine's parts of this replica (`tenant_replicas`)."""
 
 
-def tenant_replicas(node: ClusterNode, cluster: Store, runtime: Runtime) -> TenantReplicas:
+def tenant_replicas(
+    node: ClusterNode, cluster: Store, runtime: Runtime, forwarder: Forwarder | None = None
+) -> TenantReplicas:
     """How another tenant's engine becomes part of the replica `node` (the default tenant's,
-    on `cluster`): over the tenant's schema (its messages, its stream holders, its notes),
-    its deadlines fired by the owner of the agent's partition in the one lease table,
-    fenced by it (docs/cluster.md, "Tenants"). The tenant is recorded in the cluster's list,
+    on `cluster`): over the tenant's schema (its messages, its stream holders, its notes,
+    its relay to the leader), its deadlines fired by the owner of the agent's partition in
+    the one lease table, fenced by it, and its leader's components run by the one leader,
+    under its lease (`EngineReplica.leader`, which joins the terms once the tenant's engine
+    is loaded; docs/cluster.md, "Tenants"). The tenant is recorded in the cluster's list,
     for the other replicas to open it too (`follow_tenants`)."""
     assert isinstance(cluster, PostgresStore)
     leases = PostgresClusterLeases(cluster.pool)
@@ -104,12 +110,27 @@ def tenant_replicas(node: ClusterNode, cluster: Store, runtime: Runtime) -> Tena
             engine, store.messages, work, holders, node.keeper, runtime.clock, runtime.sleep,
             name=name,
         ) as part:  # fmt: skip
+            if node.leader is not None:
+                relay = PostgresClusterLeader(store.pool, cluster_schema=leases.schema)
+                part.leader = node.leader.tenant_part(tenant, relay, engine)
+                # Its leader's components write under the cluster's leader's term, and
+                # its own components' HITL invocations are the leader's (in the tenant).
+                store.leader_writes.fence = node.leader
+                store.leader_writes.table = qualified(leases.schema, "cluster_leader")
+                if forwarder is not None:
+                    engine.hitl.leader = ForwardedHitl(
+                        forwarder, part.leader.relay, engine.hitl.get, tenant
+                    )
             node.tenants[tenant] = part
             await roster.add(tenant)  # every replica opens it too (`follow_tenants`)
             try:
                 yield part
             finally:
                 node.tenants.pop(tenant, None)
+                if part.leader is not None and node.leader is not None:
+                    if not part.halted:
+                        await part.leader.leave()
+                    node.leader.forget(tenant)
 
     return replicate
 

@@ -1,16 +1,18 @@
 """The calls of the leader's services, forwarded to the leader by the other replicas
 (docs/cluster.md, "The leader").
 
-In cluster mode the handlers of `LEADER_SERVICES` are wrapped (`LeaderRouted`): on the
-leader a call is served by the local handler; on another replica it is forwarded, after
-this replica's access guard admitted it, to the address the leader recorded, as the same
-method with the same request and metadata plus `FORWARD_KEY` (the principal established
-here, signed: `core.cluster.forwarding`), which the leader's authenticator accepts from
-replicas only. The leader's answer, or its error, is this call's. A call that arrives
-forwarded on a replica that no longer leads is not forwarded again: it is unavailable, for
-the caller to try again. Reads (`RETRIED`) are forwarded again to the next leader when the
-leader goes away mid-call, until the call's deadline; other calls answer unavailable then
-(the caller decides: a task submitted with its own task_id may be submitted again).
+In cluster mode the handlers of `LEADER_SERVICES` are wrapped (`LeaderRouted`), every
+tenant's: on the leader a call is served by the local handler of the tenant it acts in; on
+another replica it is forwarded, after this replica's access guard admitted it, to the
+address the leader recorded, as the same method with the same request and metadata plus
+`FORWARD_KEY` (the principal established here, signed: `core.cluster.forwarding`), which
+the leader's authenticator accepts from replicas only; the principal's tenant and the
+call's `apiary-tenant` go with it, so the leader serves it in the same tenant. The leader's
+answer, or its error, is this call's. A call that arrives forwarded on a replica that no
+longer leads is not forwarded again: it is unavailable, for the caller to try again. Reads
+(`RETRIED`) are forwarded again to the next leader when the leader goes away mid-call,
+until the call's deadline; other calls answer unavailable then (the caller decides: a task
+submitted with its own task_id may be submitted again).
 
 Over TLS the replica trusts the certificate it serves itself and presents its client
 certificate (`server.tls.ReplicaTls`: `[cluster] client_cert`, by default its own
@@ -31,6 +33,7 @@ from typing import Any, Final
 import grpc
 from google.protobuf.message import Message
 
+from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.core.access.proof import PROOF_KEY
 from apiary.core.cluster.forwarding import FORWARD_KEY, Forwarded, sign_forward
 from apiary.engine.cluster.leader_role import LeaderRole
@@ -112,14 +115,19 @@ class Forwarder:
     def replica_id(self) -> str:
         return self._role.lease.me.replica_id
 
-    async def local(self) -> bool:
-        """Whether this replica serves the call: it leads now, its components loaded (a term
-        that has just begun is waited for while they load)."""
+    async def local(self, tenant: str = DEFAULT_TENANT) -> bool:
+        """Whether this replica serves a call in `tenant`: it leads now, the tenant's
+        components loaded (a term that has just begun, or a tenant just opened here, is
+        waited for while they load). Forwarded, a call acts in the same tenant on the
+        leader: its principal and its `apiary-tenant` metadata go with it."""
         role = self._role
-        if role.lease.leads() and not role.loaded.is_set():
+        part = role.parts.get(tenant)
+        if part is None:
+            return False
+        if role.lease.leads() and not part.loaded.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(role.loaded.wait(), LEADER_WAIT_S)
-        return role.leads()
+                await asyncio.wait_for(part.loaded.wait(), LEADER_WAIT_S)
+        return role.leads(tenant)
 
     async def unary(self, method: RpcMethod, request: Message, ctx: CallContext) -> Message:
         loop = asyncio.get_running_loop()
@@ -272,7 +280,7 @@ class LeaderRouted:
         if method.server_streaming:
 
             async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:
-                items = local(request, ctx) if await forwarder.local() else None
+                items = local(request, ctx) if await forwarder.local(ctx.tenant()) else None
                 if items is None:
                     items = forwarder.stream(method, request, ctx)
                 async for item in items:
@@ -281,7 +289,7 @@ class LeaderRouted:
             return stream
 
         async def unary(request: Message, ctx: CallContext) -> Message:
-            if await forwarder.local():
+            if await forwarder.local(ctx.tenant()):
                 answer: Message = await local(request, ctx)
                 return answer
             return await forwarder.unary(method, request, ctx)

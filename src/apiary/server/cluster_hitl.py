@@ -19,7 +19,7 @@ import math
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
-from apiary.core.access.principal import Principal, PrincipalKind
+from apiary.core.access.principal import DEFAULT_TENANT, Principal, PrincipalKind
 from apiary.core.hitl.vocabulary import HitlState
 from apiary.core.records import HitlRecord
 from apiary.engine.cluster.leader import Relay
@@ -45,11 +45,14 @@ class ForwardedHitl:
     """`engine.hitl.HitlLeader` over the forwarder (module docstring)."""
 
     def __init__(
-        self, forwarder: Forwarder, relay: Relay, get: Callable[[str], Awaitable[HitlRecord]]
-    ) -> None:
+        self, forwarder: Forwarder, relay: Relay, get: Callable[[str], Awaitable[HitlRecord]],
+        tenant: str = DEFAULT_TENANT,
+    ) -> None:  # fmt: skip
         self._forwarder = forwarder
         self._relay = relay
         self._get = get
+        self._tenant = tenant
+        """The tenant whose components open and decide (the call acts in it, forwarded)."""
 
     async def open(self, opening: HitlOpening) -> str:
         request = apiary_pb2.EscalateRequest(
@@ -60,7 +63,7 @@ class ForwardedHitl:
             approver_roles=list(opening.approver_roles),
             timeout_s=math.ceil(opening.timeout_s), priority=opening.priority,
         )  # fmt: skip
-        me = Principal(PrincipalKind.APPLICATION, self._forwarder.replica_id)
+        me = Principal(PrincipalKind.APPLICATION, self._forwarder.replica_id, self._tenant)
         view = await self._forwarder.unary(_method("Escalate"), request, _as(me))
         return str(view.invocation_id)  # type: ignore[attr-defined]
 
@@ -72,7 +75,9 @@ class ForwardedHitl:
             invocation_id=invocation_id, action=action, rationale=rationale,
             patch_json=_json(patch) if patch is not None else "",
         )  # fmt: skip
-        who = Principal(PrincipalKind.OPERATOR, operator.name, roles=frozenset(operator.roles))
+        who = Principal(
+            PrincipalKind.OPERATOR, operator.name, self._tenant, frozenset(operator.roles)
+        )
         await self._forwarder.unary(_method("Decide"), request, _as(who))
 
     async def cancel(self, invocation_id: str, by: str, reason: str) -> None:

@@ -39,7 +39,7 @@ class DiscoveryThroughLeader:
         self, req: apiary_pb2.ListAgentsRequest, ctx: CallContext
     ) -> apiary_pb2.ListAgentsResponse:
         mine = await self._handler.list_agents(req, ctx)
-        if await self._forwarder.local():
+        if await self._forwarder.local(ctx.tenant()):
             return mine
         theirs = await self._forwarder.unary(_METHODS["ListAgents"], req, ctx)
         assert isinstance(theirs, apiary_pb2.ListAgentsResponse)
@@ -52,7 +52,7 @@ class DiscoveryThroughLeader:
         self, req: apiary_pb2.GetAgentRequest, ctx: CallContext
     ) -> apiary_pb2.AgentInfo:
         mine = await self._handler.get_agent(req, ctx)
-        if await self._forwarder.local():
+        if await self._forwarder.local(ctx.tenant()):
             return mine
         try:
             theirs = await self._forwarder.unary(_METHODS["GetAgent"], req, ctx)

@@ -333,8 +333,8 @@ async def open_coordinator(
             cluster=replica,
         )  # fmt: skip
         checks = RequestChecks(config.limits)
-        handlers = _handlers(engine, runtime, checks, config.auth.secure)
-        forwarder = _route_to_leader(handlers, engine, replica, config, optional)
+        forwarder = _forwarder(replica, engine, config, optional)
+        handlers = _leader_routed(_handlers(engine, runtime, checks, config.auth.secure), forwarder)
         # (the services of every tenant, serving each call in its tenant: set below, as
         # they need the tenancy)
         every_tenant: dict[str, object] = {}
@@ -344,10 +344,13 @@ async def open_coordinator(
                 DEFAULT_TENANT, store, engine, handlers, config.auth.quota(DEFAULT_TENANT)
             ),
             lambda tenant_engine: {
-                **_handlers(tenant_engine, runtime, checks, config.auth.secure), **every_tenant
+                **_leader_routed(
+                    _handlers(tenant_engine, runtime, checks, config.auth.secure), forwarder
+                ),
+                **every_tenant,
             },
             _known_tenants(config, key_ring(config)),
-            None if replica is None else tenant_replicas(replica, store, runtime),
+            None if replica is None else tenant_replicas(replica, store, runtime, forwarder),
         )  # fmt: skip
         guard = _access_guard(config, engine, runtime, metrics, tenancy, replica)
         controls, every_tenant["apiary.v1.RuntimeControlService"] = _control_planes(
@@ -444,26 +447,34 @@ async def _stop_serving_once_taken(
     state.claim_taken.set()
 
 
-def _route_to_leader(
-    handlers: dict[str, object], engine: Engine, replica: ClusterNode | None,
-    config: ServerConfig, stack: AsyncExitStack,
-) -> Forwarder | None:  # fmt: skip
-    """In cluster mode: the leader's services served here while this replica leads, else
-    forwarded to the leader (`server.cluster_forward`), and so are the HITL invocations of
-    this replica's own components (`server.cluster_hitl`); the agents' states of
-    DiscoveryService read from the leader (`server.cluster_reads`); `handlers` are changed
-    in place, the forwarder's channels closed with `stack`."""
+def _forwarder(
+    replica: ClusterNode | None, engine: Engine, config: ServerConfig, stack: AsyncExitStack
+) -> Forwarder | None:
+    """In cluster mode, what forwards the leader's services' calls to the leader
+    (`server.cluster_forward`), and the HITL invocations of the default tenant's own
+    components (`server.cluster_hitl`; another tenant's: `server.cluster.tenant_replicas`),
+    its channels closed with `stack`; None otherwise."""
     if replica is None or replica.leader is None:
         return None
     forwarder = Forwarder(replica.leader, replica_tls(config))
     stack.push_async_callback(forwarder.close)
+    engine.hitl.leader = ForwardedHitl(forwarder, replica.leader.part.relay, engine.hitl.get)
+    return forwarder
+
+
+def _leader_routed(handlers: dict[str, object], forwarder: Forwarder | None) -> dict[str, object]:
+    """`handlers` (the default tenant's or another's), in cluster mode: the leader's
+    services served here while this replica leads, else forwarded to the leader, in the
+    same tenant; and the agents' states of DiscoveryService read from the leader
+    (`server.cluster_reads`)."""
+    if forwarder is None:
+        return handlers
     for service in LEADER_SERVICES:
         handlers[service] = LeaderRouted(service, handlers[service], forwarder)
     discovery = handlers[DISCOVERY]
     assert isinstance(discovery, DiscoveryHandler)
     handlers[DISCOVERY] = DiscoveryThroughLeader(discovery, forwarder)
-    engine.hitl.leader = ForwardedHitl(forwarder, replica.leader.relay, engine.hitl.get)
-    return forwarder
+    return handlers
 
 
 def _control_planes(

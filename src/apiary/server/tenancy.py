@@ -27,6 +27,7 @@ from apiary.engine.assembly import (
     load_engine,
     start_engine_tasks,
 )
+from apiary.engine.cluster.node import EngineReplica
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.hitl import HitlSettings
 from apiary.errors import NotFoundError, UnavailableError
@@ -52,6 +53,8 @@ class TenantEngine:
     handlers: Mapping[str, object]
     quota: TenantQuota
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    replica: EngineReplica | None = None
+    """Cluster mode: the tenant's engine's parts of this replica (`server.cluster`)."""
 
 
 def tenant_engine(
@@ -192,20 +195,26 @@ class Tenancy:
             store, config.router, self._runtime, hitl_settings(config), config.scheduler, data_dir,
             config.handoff, worktrees, config.rooms, config.tools, config.negotiation,
         )  # fmt: skip
-        clustered = self._replicate is not None
+        replica = None
         if self._replicate is not None:
             # A replica of the cluster for this tenant too: its messages followed from the
-            # store and its deadlines fired by their partitions' owners, never recovered
-            # and timed on every replica (a split brain).
-            await self._stack.enter_async_context(self._replicate(tenant, store, engine))
-        recovered = await load_engine(engine, recover_messages=not clustered)
+            # store and its deadlines fired by their partitions' owners, its Scheduler and
+            # the other leader's components run by the cluster's leader only, never
+            # recovered, timed and run on every replica (a split brain).
+            replica = await self._stack.enter_async_context(self._replicate(tenant, store, engine))
+        clustered = replica is not None
+        recovered = await load_engine(engine, recover_messages=not clustered, leader=not clustered)
         opened = tenant_engine(
             tenant, store, engine, self._handlers_of(engine), config.auth.quota(tenant)
         )
+        opened.replica = replica
         opened.tasks = start_engine_tasks(
-            store, engine, self._runtime, message_deadlines=not clustered
+            store, engine, self._runtime, message_deadlines=not clustered, leader=not clustered
         )
-        engine.tools.start()
+        if replica is not None and replica.leader is not None:
+            await replica.leader.join()  # (loaded now, if this replica leads)
+        if not clustered:  # (in cluster mode the leader starts them with its term)
+            engine.tools.start()
         await engine.events.record(
             "tenant.opened", "coordinator", tenant=tenant, store=store.backend,
             recovered_messages=recovered,
@@ -221,6 +230,8 @@ class Tenancy:
             if name == DEFAULT_TENANT:
                 continue
             await opened.engine.tools.close()
+            if opened.replica is not None and opened.replica.leader is not None:
+                await opened.replica.leader.leave()
             for task in opened.tasks:
                 task.cancel()
             for task in opened.tasks:

@@ -28,6 +28,7 @@ from apiary.engine.cluster.ack_deadlines import AckDeadlineWriter
 from apiary.engine.cluster.follower import POLL_S as FOLLOW_POLL_S
 from apiary.engine.cluster.follower import StoreFollower
 from apiary.engine.cluster.keeper import LeaseKeeper
+from apiary.engine.cluster.leader_part import LeaderPart
 from apiary.engine.cluster.leader_role import LeaderRole
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.cluster.stream_holds import StreamHolds
@@ -57,12 +58,17 @@ class EngineReplica:
     deadlines: AckDeadlineWriter
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     halted: bool = False
+    leader: LeaderPart | None = None
+    """Another tenant's engine's share of the leadership (`LeaderRole.tenant_part`): its
+    leader's components run on the replica that leads, with the default tenant's."""
 
     def halt(self) -> None:
         """Stop every loop at once, writing nothing more (as a killed process would)."""
         self.halted = True
         for task in self.tasks:
             task.cancel()
+        if self.leader is not None:
+            self.leader.halt()
 
 
 @dataclass(slots=True)
@@ -78,8 +84,8 @@ class ClusterNode:
     halted: bool = False
     tenants: dict[str, EngineReplica] = field(default_factory=dict)
     leader: LeaderRole | None = None
-    """The leader's lease and relay (docs/cluster.md, "The leader"), with a leader store:
-    the default tenant's coordinator-level components run on the replica that leads."""
+    """The leader's lease and relays (docs/cluster.md, "The leader"), with a leader store:
+    every tenant's coordinator-level components run on the replica that leads."""
 
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
@@ -107,10 +113,10 @@ class ClusterNode:
         leases lapse and another replica takes the partitions over (tests in process)."""
         self.halted = True
         if self.leader is not None:
-            self.leader.loaded.clear()
+            self.leader.halt()
         for part in (self.part, *self.tenants.values()):
             part.halt()
-        for task in [*self.leasing, *self._leading()]:
+        for task in self.leasing:
             task.cancel()
 
 

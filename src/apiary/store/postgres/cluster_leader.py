@@ -35,6 +35,7 @@ from apiary.store.cluster import (
     Relayed,
 )
 from apiary.store.errors import StoreError
+from apiary.store.postgres.cluster import qualified
 from apiary.store.postgres.pool import Connection, PostgresPool, fetch_rows
 from apiary.store.postgres.store import DEFAULT_SCHEMA, split_schema_parameter
 from apiary.store.sql.leader_writes import check_leader_term
@@ -45,20 +46,25 @@ LEADER_NOTE: Final = "leader"
 """A note that the leader's lease changed hands (a new term, a release)."""
 RELAY_NOTE: Final = "relay"
 """A note that something was relayed to the leader."""
-_ROW: Final = "SELECT owner, epoch, expires_at, address, forward_key FROM cluster_leader"
 
 
 class PostgresClusterLeader:
-    """The leader's row and the relay of one schema (module docstring)."""
+    """The leader's row and the relay of one schema (module docstring): the default
+    tenant's, or another tenant's relay under the leader's row of `cluster_schema` (None:
+    the pool's schema is the cluster's), on whose lease every tenant's relay is read."""
 
-    def __init__(self, pool: PostgresPool, clock: Clock | None = None) -> None:
+    def __init__(
+        self, pool: PostgresPool, clock: Clock | None = None, cluster_schema: str | None = None
+    ) -> None:
         self._pool = pool
         self._clock = clock
+        self._leader = qualified(cluster_schema or pool.schema, "cluster_leader")
+        self._row = f"SELECT owner, epoch, expires_at, address, forward_key FROM {self._leader}"
 
     async def seed(self, forward_key: str) -> Leadership:
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute(
-                "INSERT INTO cluster_leader (name, forward_key) VALUES (%s, %s)"
+                f"INSERT INTO {self._leader} (name, forward_key) VALUES (%s, %s)"
                 " ON CONFLICT (name) DO NOTHING",
                 [LEADER, forward_key],
             )
@@ -76,7 +82,7 @@ class PostgresClusterLeader:
             if step.verdict.granted:
                 term_begins = step.lease.epoch != found.lease.epoch
                 await conn.execute(
-                    "UPDATE cluster_leader SET owner = %s, epoch = %s, expires_at = %s,"
+                    f"UPDATE {self._leader} SET owner = %s, epoch = %s, expires_at = %s,"
                     " acquired_at = CASE WHEN %s THEN %s ELSE acquired_at END,"
                     " address = CASE WHEN %s THEN %s ELSE address END WHERE name = %s",
                     [
@@ -147,10 +153,10 @@ class PostgresClusterLeader:
             await conn.close()
 
     async def _fence(self, conn: Connection, me: Me, epoch: int) -> None:
-        await run_transaction(conn, check_leader_term, (me.replica_id, epoch))
+        await run_transaction(conn, check_leader_term, (me.replica_id, epoch, self._leader))
 
     async def _read(self, conn: Connection, lock: str) -> Leadership:
-        rows = await fetch_rows(conn, f"{_ROW} WHERE name = %s{lock}", [LEADER])
+        rows = await fetch_rows(conn, f"{self._row} WHERE name = %s{lock}", [LEADER])
         if not rows:
             raise StoreError("the cluster has no leader row: a replica seeds it as it joins")
         owner, epoch, expires_at, address, key = rows[0]

@@ -27,7 +27,9 @@ from apiary.store.sql.statements import QueryOne, Statement, Transaction
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
-_TERM = "SELECT owner, epoch, expires_at FROM cluster_leader WHERE name = ? FOR KEY SHARE"
+LEADER_TABLE = "cluster_leader"
+"""The leader's table of the store's own schema: the cluster's (a tenant's store names the
+cluster's schema's, `LeaderWrites.table`)."""
 
 
 class LeaderTerm(Protocol):
@@ -44,10 +46,13 @@ class LeaderTerm(Protocol):
         ...
 
 
-def check_leader_term(_d: Dialect, replica_id: str, epoch: int) -> Transaction[None]:
-    """Lock the leader's row FOR KEY SHARE (until the transaction ends) and check that the
-    lease is `replica_id`'s term `epoch`; FencedError otherwise."""
-    row = yield from QueryOne(_TERM, (LEADER,))
+def check_leader_term(
+    _d: Dialect, replica_id: str, epoch: int, table: str = LEADER_TABLE
+) -> Transaction[None]:
+    """Lock the leader's row of `table` FOR KEY SHARE (until the transaction ends) and check
+    that the lease is `replica_id`'s term `epoch`; FencedError otherwise."""
+    term = f"SELECT owner, epoch, expires_at FROM {table} WHERE name = ? FOR KEY SHARE"
+    row = yield from QueryOne(term, (LEADER,))
     owner, found_epoch, expires_at = row if row is not None else (None, 0, 0.0)
     found = Lease(LEADER_PARTITION, owner, int(found_epoch), float(expires_at))
     if found.owner != replica_id or found.epoch != epoch:
@@ -55,11 +60,11 @@ def check_leader_term(_d: Dialect, replica_id: str, epoch: int) -> Transaction[N
 
 
 def fenced(
-    d: Dialect, replica_id: str, epoch: int, work: Any, args: tuple[Any, ...]
+    d: Dialect, replica_id: str, epoch: int, table: str, work: Any, args: tuple[Any, ...]
 ) -> Transaction[Any]:
-    """`check_leader_term`, then `work` (a statement, or a transaction function with
-    `args`), in one transaction."""
-    yield from check_leader_term(d, replica_id, epoch)
+    """`check_leader_term` on `table`, then `work` (a statement, or a transaction function
+    with `args`), in one transaction."""
+    yield from check_leader_term(d, replica_id, epoch, table)
     if isinstance(work, Statement):
         return (yield from type(work)(work.sql, args[0] if args else work.params))
     return (yield from work(d, *args))
@@ -72,6 +77,9 @@ class LeaderWrites:
         self._db = database
         self.fence: LeaderTerm | None = None
         """Cluster mode: the leader's term every write is checked against."""
+        self.table = LEADER_TABLE
+        """The leader's table the term is read in: another tenant's store names the
+        cluster's schema's (`store.postgres.cluster.qualified`)."""
 
     @property
     def dialect(self) -> Dialect:
@@ -85,7 +93,7 @@ class LeaderWrites:
             return await self._db.write(work, *args)  # type: ignore[arg-type]
         replica_id, epoch = fence.term()
         try:
-            result: T = await self._db.write(fenced, replica_id, epoch, work, args)
+            result: T = await self._db.write(fenced, replica_id, epoch, self.table, work, args)
         except FencedError as exc:
             fence.refused(exc)
             raise
