@@ -21,6 +21,7 @@ over their own schemas.
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 import shutil
 import time
@@ -308,3 +309,54 @@ async def test_a_tenants_escalation_opened_through_one_follower_is_decided_throu
         )
         decided = await asyncio.wait_for(waiting, WAIT_S)
         assert decided.state != "PENDING"
+
+
+async def _runtime(replica: Coordinator, key: str, command: str, **params: object) -> Any:
+    """RuntimeControlService.Call through `replica` with `key`: its result, decoded."""
+    async with grpc.aio.insecure_channel(str(replica.grpc_address)) as channel:
+        answer = await pb.apiary_pb2_grpc.RuntimeControlServiceStub(channel).Call(
+            pb.apiary_pb2.RuntimeCommandRequest(
+                command=command, params_json=json.dumps(params).encode()
+            ),
+            metadata=(("authorization", f"Bearer {key}"),),
+        )
+    return json.loads(answer.result_json)
+
+
+async def test_a_tenants_turn_submitted_through_a_follower_is_run_by_the_leader(
+    tmp_path: Path, url: str
+) -> None:
+    async with _cluster(tmp_path, url) as ((leader, f1, f2), keys):
+        agent = _alice(f1, keys)
+        app = keys["app@acme"]
+        async with _running(agent):
+            submitted = await _runtime(
+                f2, app, "submit_turn", agent_id="alice", turn_id="turn-1", input={"n": 1}
+            )
+            assert submitted["created"]
+            await asyncio.wait_for(agent.started.wait(), WAIT_S)
+            # The leader's acme control plane follows the turn; the followers' none.
+            control = leader.control_planes.opened(ACME) if leader.control_planes else None
+            assert control is not None and control.turns.following() == 1
+            for follower in (f1, f2):
+                assert follower.control_planes is not None
+                opened = follower.control_planes.opened(ACME)
+                assert opened is None or opened.turns.following() == 0
+            agent.release.set()
+
+            async def ended() -> bool:
+                got = await _runtime(f1, app, "get_task", task_id=submitted["taskId"])
+                return bool(got["task"]["status"] == "completed")
+
+            await _until_async(ended, "the turn's task completed, read through a follower")
+        got = await _runtime(f2, app, "get_task", task_id=submitted["taskId"])
+        assert got["task"]["result"] == "held"
+        assert agent.ran == [submitted["taskId"]]
+
+
+async def _until_async(check: Any, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    until = loop.time() + WAIT_S
+    while not await check():
+        assert loop.time() < until, f"never: {what}"
+        await asyncio.sleep(0.05)

@@ -3,8 +3,8 @@ tenants open at start-up started with the coordinator (`start`: turns whose task
 running are followed again, queued ones start), another tenant's when its first command
 arrives; all stopped before the engines close (`close`).
 
-In cluster mode (docs/cluster.md, "The leader") the default tenant's control plane is the
-leader's, as its Scheduler is: on a replica that does not lead its commands, from HTTP and
+In cluster mode (docs/cluster.md, "The leader") each tenant's control plane is the leader's,
+as the tenant's Scheduler is: on a replica that does not lead its commands, from HTTP and
 gRPC alike, are decided here (`admit_command`) and then forwarded to the leader as
 RuntimeControlService.Call, signed with the cluster's key (`server.cluster_forward`), which
 runs them (`run`); its turns and runs are followed, and the queued ones started, by the
@@ -94,10 +94,10 @@ class ControlPlanes:
         self._runtime = runtime
         self._settings = settings or RuntimeSettings()
         self._forwarder = forwarder
-        """In cluster mode: the default tenant's commands go to the leader through it."""
+        """In cluster mode: the tenants' commands go to the leader through it."""
         self._leading = forwarder is None
-        """Whether the default tenant's control plane runs its work here (the replica leads,
-        or is no replica)."""
+        """Whether the tenants' control planes run their work here (the replica leads, or is
+        no replica)."""
         self._controls: dict[str, RuntimeControl] = {}
         self._loaded: set[str] = set()
         self._opening: dict[str, asyncio.Task[RuntimeControl]] = {}
@@ -109,24 +109,29 @@ class ControlPlanes:
             await self.of(tenant)
 
     async def lead(self) -> None:
-        """This replica leads the cluster: the default tenant's control plane takes up its
-        work (as after a restart: the started turns followed, the queued ones started)."""
+        """This replica leads the cluster: the tenants' control planes take up their work
+        (as after a restart: the started turns followed, the queued ones started), each once
+        its tenant's components lead here."""
         self._leading = True
-        await self._load(DEFAULT_TENANT, await self.of(DEFAULT_TENANT))
+        for tenant in sorted({DEFAULT_TENANT, *self._controls}):
+            control = await self.of(tenant)
+            if self._forwarder is None or await self._forwarder.local(tenant):
+                await self._load(tenant, control)
 
     async def run(self, name: str, params: object, ctx: CallContext, tenant: str) -> dict[str, Any]:
         """The command `name` of the call `ctx` (decided already), run by the control plane
-        of `tenant`: the leader's, for the default tenant in cluster mode."""
+        of `tenant`: the leader's, in cluster mode."""
         command = lookup(name)
+        control = await self.of(tenant)
         forwarder = self._forwarder
-        if forwarder is not None and tenant == DEFAULT_TENANT and not await forwarder.local():
+        if forwarder is not None and not await forwarder.local(tenant):
             request = pb.apiary_pb2.RuntimeCommandRequest(
                 command=name, params_json=json.dumps(params or {}).encode()
             )
             answer = await forwarder.unary(_CALL, request, ctx)
             result: dict[str, Any] = json.loads(answer.result_json)  # type: ignore[attr-defined]
             return result
-        return await command(await self.of(tenant), ctx.principal, params)
+        return await command(control, ctx.principal, params)
 
     async def of(self, tenant: str) -> RuntimeControl:
         """The control plane of `tenant` (its engine must be open or openable)."""
@@ -151,7 +156,7 @@ class ControlPlanes:
             settings=self._settings, hitl=engine.hitl, tools=engine.tools,
             acl=engine.router.settings.acl, secure=self._secure, worktrees=engine.worktrees,
         )  # fmt: skip
-        if tenant != DEFAULT_TENANT or self._leading:
+        if self._leading and (self._forwarder is None or await self._forwarder.local(tenant)):
             await self._load(tenant, control)
         self._controls[tenant] = control
         return control
@@ -164,7 +169,7 @@ class ControlPlanes:
     def wakes(self, tenant: str) -> bool:
         """Whether the events of `tenant`'s control plane are committed here, waking its
         channels; else (a replica of a cluster that does not lead) they read the store."""
-        return tenant != DEFAULT_TENANT or self._leading
+        return tenant in self._loaded
 
     def opened(self, tenant: str = DEFAULT_TENANT) -> RuntimeControl | None:
         return self._controls.get(tenant)
