@@ -244,6 +244,16 @@ async def test_the_gateway_takes_the_trace_context_from_http_headers(
     _child_of(handling, send)
 
 
+def _completion_acked(spans: SpanLog, task_id: str) -> list[ReadableSpan]:
+    """The task's run span once it has ended with an ACK sent within it (else none)."""
+    runs = spans.named("run task", **{"apiary.task_id": task_id})
+    acked = bool(runs) and any(
+        (a.attributes or {}).get("apiary.message_type") == "ACKNOWLEDGEMENT"
+        for a in spans.children(runs[0], STREAM)
+    )
+    return list(runs) if acked else []
+
+
 class Worker(Agent):
     agent_id = "worker"
 
@@ -265,10 +275,10 @@ async def test_a_task_is_one_trace_from_submission_through_dispatch_to_its_compl
             large = await scheduler.submit("worker", {"size": 6000}, scope=SCOPE)
         assert (await small.result(timeout=WAIT_S))["blob"] == "xxx"
         assert len((await large.result(timeout=WAIT_S))["blob"]) == 6000
+        # The runs, and their completion ACKs (sent after the result was read, for the
+        # large one), before the agent stops.
         for handle in (small, large):
-            await spans.wait(
-                lambda h=handle: spans.named("run task", **{"apiary.task_id": h.task_id})
-            )
+            await spans.wait(lambda h=handle: _completion_acked(spans, h.task_id))
     (root,) = spans.named("submitter")
     for handle in (small, large):
         (submit,) = spans.named(

@@ -63,11 +63,10 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     run = sql_postgres.run_statement
 
     async def counted(
-        conn: Connection, statement: Statement[Any], params: Sequence[Any] | None = None,
-        pipeline: Any = None,
-    ) -> Any:  # fmt: skip
+        conn: Connection, statement: Statement[Any], params: Sequence[Any] | None = None
+    ) -> Any:
         seen.append(POSTGRESQL.render(statement.sql))
-        return await run(conn, statement, params, pipeline)
+        return await run(conn, statement, params)
 
     monkeypatch.setattr(sql_postgres, "run_statement", counted)
     return seen

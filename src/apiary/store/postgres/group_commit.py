@@ -31,14 +31,14 @@ from typing import Any, Final
 import psycopg
 
 from apiary.store.errors import StoreUnavailableError
-from apiary.store.postgres.pool import Connection, Pipeline, PostgresPool, store_error
+from apiary.store.postgres.pool import Connection, PostgresPool, store_error
 from apiary.store.postgres.rerun import aborted_by_conflict, rerun_when_aborted
 
 MAX_GROUP: Final = 256
 """The most jobs one transaction runs."""
 
-Grouped = Callable[[Connection, Pipeline], Awaitable[Any]]
-"""A job's statements, run on the group's connection inside its transaction and pipeline."""
+Grouped = Callable[[Connection], Awaitable[Any]]
+"""A job's statements, run on the group's connection inside its transaction."""
 Alone = Callable[[], Awaitable[Any]]
 """The same job as a transaction of its own (or a lone statement in autocommit)."""
 Outcome = tuple[Any, BaseException | None]
@@ -112,15 +112,11 @@ class GroupCommit:
         aborted the transaction for a conflict (the group runs again) or the connection
         went (the group fails)."""
         outcomes: list[Outcome] = []
-        async with (
-            self._pool.connection() as conn,
-            conn.pipeline() as pipeline,
-            conn.transaction(),
-        ):
+        async with self._pool.connection() as conn, conn.transaction():
             for job in group:
                 try:
                     async with conn.transaction():  # a savepoint
-                        outcomes.append((await job.grouped(conn, pipeline), None))
+                        outcomes.append((await job.grouped(conn), None))
                 except psycopg.Error as exc:  # (its savepoint's end, say)
                     outcomes.append((None, _job_error(store_error(exc))))
                 except Exception as exc:

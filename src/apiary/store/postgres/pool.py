@@ -47,7 +47,6 @@ class Backoff:
 
 
 Connection: TypeAlias = psycopg.AsyncConnection[TupleRow]
-Pipeline: TypeAlias = psycopg.AsyncPipeline
 
 
 class PostgresPool:

@@ -28,7 +28,7 @@ from apiary.store.sql.checks import check_limit
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, by_dialect, in_list
-from apiary.store.sql.statements import Query, QueryOne, Row, Transaction, Write
+from apiary.store.sql.statements import Execute, Query, QueryOne, Row, Transaction
 from apiary.store.sql.where import Where
 from apiary.store.sqlite.database import CORRELATION_BUCKET_BITS, correlation_key
 
@@ -121,7 +121,7 @@ def append_events(d: Dialect, rows: list[tuple[Any, ...]]) -> Transaction[int]:
     if d.name not in _AUTOINCREMENT:
         rows = [(first + i, *row) for i, row in enumerate(rows)]
     for count, params in chunks(d, rows, len(rows[0])):
-        yield from Write(_insert_sql(d, count), params)
+        yield from Execute(_insert_sql(d, count), params)
     return first
 
 

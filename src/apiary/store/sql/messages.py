@@ -70,15 +70,7 @@ from apiary.store.sql.message_rows import (
     message_from_row,
     message_values,
 )
-from apiary.store.sql.statements import (
-    Execute,
-    ExecuteMany,
-    Query,
-    QueryOne,
-    Row,
-    Transaction,
-    Write,
-)
+from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Row, Transaction
 from apiary.store.sql.tasks import PUT_TASK, task_row
 from apiary.store.sql.where import Where
 
@@ -514,7 +506,7 @@ def apply_with_tokens(
         found = yield from QueryOne(_token_sql(d), (step.key,))
         updated, outcome = advance(None if found is None else idempotency_from_row(found), step)
         if updated is not None:
-            yield from Write(PUT_IDEMPOTENCY.sql, idempotency_row(updated))
+            yield from Execute(PUT_IDEMPOTENCY.sql, idempotency_row(updated))
         if outcome and cached_row is not None:
             events = [*events, cached_row]
         taken.append(outcome and cached_row is not None)
@@ -570,11 +562,11 @@ def _lock(d: Dialect, message_ids: list[str]) -> Transaction[int]:
 def _finish_delivered(d: Dialect, unique: list[str], at: float) -> Transaction[None]:
     for start in range(0, len(unique), ID_CHUNK):
         chunk = unique[start : start + ID_CHUNK]
-        yield from Write(_finish_sql(d, len(chunk)), [at, at, *chunk])
+        yield from Execute(_finish_sql(d, len(chunk)), [at, at, *chunk])
 
 
 def _record_deliveries(d: Dialect, params: list[tuple[Any, ...]]) -> Transaction[None]:
     if d.lock_rows:
         yield from _lock(d, [p[-1] for p in params])
     for count, flat in chunks(d, params, 3):
-        yield from Write(_deliveries_sql(d, count), flat)
+        yield from Execute(_deliveries_sql(d, count), flat)

@@ -17,7 +17,7 @@ import psycopg
 
 from apiary.store.errors import StoreUnavailableError
 from apiary.store.postgres.group_commit import GroupCommit
-from apiary.store.postgres.pool import Connection, Pipeline, PostgresPool, store_error
+from apiary.store.postgres.pool import Connection, PostgresPool, store_error
 from apiary.store.postgres.rerun import rerun_when_aborted
 from apiary.store.sql.dialect import POSTGRESQL, Dialect
 from apiary.store.sql.statements import (
@@ -27,7 +27,6 @@ from apiary.store.sql.statements import (
     QueryOne,
     Statement,
     Transaction,
-    Write,
 )
 
 T = TypeVar("T")
@@ -35,29 +34,23 @@ Ts = TypeVarTuple("Ts")
 
 
 async def run_statement(
-    conn: Connection, statement: Statement[T], params: Sequence[Any] | None = None,
-    pipeline: Pipeline | None = None,
-) -> T:  # fmt: skip
+    conn: Connection, statement: Statement[T], params: Sequence[Any] | None = None
+) -> T:
     """Run one statement on `conn` with `params` (None: its own); its result (psycopg
-    errors as they come). In `pipeline` (the transaction's), a `Write` or an `ExecuteMany`
-    is sent without waiting for its answer; any other statement waits for its own, and so
-    for those sent before it."""
+    errors as they come)."""
     text = POSTGRESQL.render(statement.sql)
     kind = statement.__class__
     if params is None:
         params = statement.params
-    result: Any = None
+    result: Any
     if kind is ExecuteMany:
         if params:
             async with conn.cursor() as cursor:
                 await cursor.executemany(text, params)
-    elif kind is Write:
-        await conn.execute(text, params)
+        result = None
     else:
         cursor = await conn.execute(text, params)
         if kind is Execute:
-            if pipeline is not None:
-                await pipeline.sync()  # (the row count comes with the answer)
             result = cursor.rowcount
         elif kind is Query:
             result = await cursor.fetchall()
@@ -68,20 +61,17 @@ async def run_statement(
 
 
 async def run_transaction(
-    conn: Connection, function: Callable[..., Transaction[T]], args: tuple[Any, ...],
-    pipeline: Pipeline | None = None,
-) -> T:  # fmt: skip
+    conn: Connection, function: Callable[..., Transaction[T]], args: tuple[Any, ...]
+) -> T:
     """Run the transaction `function(POSTGRESQL, *args)` on `conn` (in a transaction the
-    caller opened, in its `pipeline` if it opened one); its result. A psycopg error is
-    thrown into it as a StoreError (StoreUnavailableError for a lost connection): in a
-    pipeline, that of a `Write` at the next statement that waits for its answer, or at the
-    caller's commit."""
+    caller opened); its result. A psycopg error is thrown into it as a StoreError
+    (StoreUnavailableError for a lost connection)."""
     transaction = function(POSTGRESQL, *args)
     try:
         statement = next(transaction)
         while True:
             try:
-                result = await run_statement(conn, statement, None, pipeline)
+                result = await run_statement(conn, statement)
             except psycopg.Error as exc:
                 statement = transaction.throw(store_error(exc))
             else:
@@ -119,8 +109,7 @@ class PostgresSqlDatabase:
         if self.group is None:
             return await rerun_when_aborted(lambda: self._run(work, args))
         result: T = await self.group.submit(
-            lambda conn, pipeline: _grouped(conn, pipeline, work, args),
-            lambda: self._run(work, args),
+            lambda conn: _grouped(conn, work, args), lambda: self._run(work, args)
         )
         return result
 
@@ -131,8 +120,8 @@ class PostgresSqlDatabase:
             if isinstance(work, Statement):
                 params = args[0] if args else None
                 return await run_statement(conn, work, params)
-            async with conn.pipeline() as pipeline, conn.transaction():
-                return await run_transaction(conn, work, args, pipeline)
+            async with conn.transaction():
+                return await run_transaction(conn, work, args)
 
     async def read(
         self, work: Statement[T] | Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
@@ -148,14 +137,13 @@ class PostgresSqlDatabase:
 
 
 async def _grouped(
-    conn: Connection, pipeline: Pipeline, work: Statement[T] | Callable[..., Transaction[T]],
-    args: tuple[Any, ...],
-) -> T:  # fmt: skip
-    """`work` on `conn`, inside the group's transaction and pipeline; its psycopg errors
-    (a statement's, or its savepoint's) as the StoreError a transaction's would be."""
+    conn: Connection, work: Statement[T] | Callable[..., Transaction[T]], args: tuple[Any, ...]
+) -> T:
+    """`work` on `conn`, inside the group's transaction; a statement's psycopg error as the
+    StoreError a transaction's would be."""
+    if not isinstance(work, Statement):
+        return await run_transaction(conn, work, args)
     try:
-        if not isinstance(work, Statement):
-            return await run_transaction(conn, work, args, pipeline)
-        return await run_statement(conn, work, args[0] if args else None, pipeline)
+        return await run_statement(conn, work, args[0] if args else None)
     except psycopg.Error as exc:
         raise store_error(exc) from exc

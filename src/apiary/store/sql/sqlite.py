@@ -20,7 +20,6 @@ from apiary.store.sql.statements import (
     QueryOne,
     Statement,
     Transaction,
-    Write,
 )
 from apiary.store.sqlite.database import SqliteDatabase
 from apiary.store.sqlite.writer import as_store_error
@@ -31,10 +30,6 @@ Ts = TypeVarTuple("Ts")
 
 def _execute(conn: sqlite3.Connection, sql: str, params: Any) -> int:
     return conn.execute(sql, params).rowcount
-
-
-def _write(conn: sqlite3.Connection, sql: str, params: Any) -> None:
-    conn.execute(sql, params)
 
 
 def _execute_many(conn: sqlite3.Connection, sql: str, params: Any) -> None:
@@ -54,7 +49,6 @@ Perform: TypeAlias = Callable[[sqlite3.Connection, str, Any], Any]
 
 _PERFORM: Final[dict[type[Statement[Any]], Perform]] = {
     Execute: _execute,
-    Write: _write,
     ExecuteMany: _execute_many,
     Query: _query,
     QueryOne: _query_one,

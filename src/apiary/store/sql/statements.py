@@ -61,15 +61,6 @@ class Execute(Statement[int]):
     __slots__ = ()
 
 
-class Write(Statement[None]):
-    """A statement run for its effect whose result the transaction does not need: in a
-    PostgreSQL transaction it is sent without waiting for its answer (pipeline mode; an
-    error it meets is raised at the next statement whose result is awaited, or at the
-    commit), so that the statements up to the next read share one round trip."""
-
-    __slots__ = ()
-
-
 class ExecuteMany(Statement[None]):
     """One statement run once per parameter row of `params` (none: not run)."""
 

@@ -18,7 +18,7 @@ from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, by_dialect
 from apiary.store.sql.events import SqlEventLog
-from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction, Write
+from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
 
@@ -123,7 +123,7 @@ _MAX_SEQ = QueryOne("SELECT COALESCE(MAX(seq), -1) FROM tasks")
 
 def put_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
     """Insert or replace one task (`task_row`)."""
-    yield from Write(PUT_TASK.sql, row)
+    yield from Execute(PUT_TASK.sql, row)
 
 
 class SqlTaskStore:
