@@ -304,9 +304,7 @@ async def open_coordinator(
     runtime = _runtime(config, runtime, clock)
     settings = router_settings or config.router
     async with (
-        open_store(
-            config.store or None, config.data_dir, grouped=not config.cluster.enabled
-        ) as store,
+        open_store(config.store or None, config.data_dir) as store,
         store_claim(store, Holder.here(iso_utc(runtime.clock.now())), config.cluster) as claim,
         AsyncExitStack() as optional,
     ):

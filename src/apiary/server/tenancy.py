@@ -184,9 +184,7 @@ class Tenancy:
             )
         data_dir = tenant_data_dir(config.data_dir, tenant)
         store = await self._stack.enter_async_context(
-            open_store(
-                config.store or None, config.data_dir, tenant, grouped=not config.cluster.enabled
-            )
+            open_store(config.store or None, config.data_dir, tenant)
         )
         worktrees = config.worktrees
         if worktrees.root is not None:  # (a tenant's worktrees apart, as its other files are)

@@ -46,18 +46,13 @@ ACCEPTED_FORMS = (
 
 
 @asynccontextmanager
-async def open_store(
-    url: str | None, data_dir: Path, tenant: str = "", *, grouped: bool = True
-) -> AsyncIterator[Store]:
+async def open_store(url: str | None, data_dir: Path, tenant: str = "") -> AsyncIterator[Store]:
     """Open the store `url` names (see the module doc), closing it on exit.
 
     A `tenant` other than the default ('' or 'default') gets a store of its own beside the
     default one (DESIGN.md section 9: another tenant's objects are never within reach): the
     SQLite file of `tenant_data_dir`, a PostgreSQL schema of its own (`tenant_schema`), a
     memory store of its own.
-
-    `grouped` False: PostgreSQL's writes are not group-committed (the replicas of a
-    cluster, `store.postgres.group_commit`).
 
     Raises ValueError for a URL of an unknown form, naming the accepted forms.
     """
@@ -68,7 +63,7 @@ async def open_store(
         assert url is not None
         _, schema = split_schema_parameter(url)
         named = tenant_schema(schema or DEFAULT_SCHEMA, tenant) if tenant else None
-        async with open_postgres_store(url, schema=named, group_commit=grouped) as postgres:
+        async with open_postgres_store(url, schema=named) as postgres:
             yield postgres
     elif backend == "memory":
         async with open_memory_store() as memory:

@@ -47,9 +47,9 @@ class PostgresStore(SqlStore):
 
     backend = "postgresql"
 
-    def __init__(self, pool: PostgresPool, *, group_commit: bool = True) -> None:
+    def __init__(self, pool: PostgresPool) -> None:
         self._pool = pool
-        super().__init__(PostgresSqlDatabase(pool, group_commit=group_commit))
+        super().__init__(PostgresSqlDatabase(pool))
 
     @property
     def schema(self) -> str:
@@ -64,13 +64,12 @@ class PostgresStore(SqlStore):
 
 @asynccontextmanager
 async def open_postgres_store(
-    dsn: str, *, schema: str | None = None, pool_size: int = 4, group_commit: bool = True
+    dsn: str, *, schema: str | None = None, pool_size: int = 4
 ) -> AsyncIterator[PostgresStore]:
     """Connect, create the schema and apply pending migrations; close the pool on exit.
 
     `dsn` is a libpq connection string or URL; an `apiary_schema` URL parameter names the
-    schema unless `schema` is given; `group_commit` False: each write is a transaction of
-    its own (`store.postgres.group_commit`). Raises SchemaVersionError when the schema was migrated
+    schema unless `schema` is given. Raises SchemaVersionError when the schema was migrated
     by a newer Apiary, StoreError when the server cannot be reached.
     """
     conninfo, url_schema = split_schema_parameter(dsn)
@@ -78,7 +77,7 @@ async def open_postgres_store(
     try:
         async with pool.connection() as conn:
             await migrate_postgres(conn, pool.schema)
-        yield PostgresStore(pool, group_commit=group_commit)
+        yield PostgresStore(pool)
     finally:
         await pool.close()
 

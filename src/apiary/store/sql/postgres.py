@@ -4,8 +4,7 @@ A transaction runs on one pooled connection inside `conn.transaction()`; a lone 
 runs on its own in autocommit mode, one round trip instead of three (BEGIN, it, COMMIT).
 Either is run again whole when PostgreSQL aborts it for a deadlock or a serialization
 failure (`store.postgres.rerun`): a description of statements keeps no state outside itself,
-so its second run is its first run over. Writes that wait for the one running commit together
-(`store.postgres.group_commit`), unless the database is made with `group_commit=False`.
+so its second run is its first run over.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from typing import Any, TypeVar, TypeVarTuple
 import psycopg
 
 from apiary.store.errors import StoreUnavailableError
-from apiary.store.postgres.group_commit import GroupCommit
 from apiary.store.postgres.pool import Connection, PostgresPool, store_error
 from apiary.store.postgres.rerun import rerun_when_aborted
 from apiary.store.sql.dialect import POSTGRESQL, Dialect
@@ -82,13 +80,10 @@ async def run_transaction(
 
 
 class PostgresSqlDatabase:
-    """`SqlDatabase` over a `PostgresPool`; its writes group-committed (`GroupCommit`)
-    unless `group_commit` is False (the replicas of a cluster: see group_commit.py)."""
+    """`SqlDatabase` over a `PostgresPool`."""
 
-    def __init__(self, pool: PostgresPool, *, group_commit: bool = True) -> None:
+    def __init__(self, pool: PostgresPool) -> None:
         self._pool = pool
-        self.group = GroupCommit(pool) if group_commit else None
-        """The group commit of the writes; None: each write is a transaction of its own."""
 
     @property
     def dialect(self) -> Dialect:
@@ -103,15 +98,9 @@ class PostgresSqlDatabase:
     async def write(
         self, work: Statement[T] | Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
     ) -> T:
-        """Run `work` in a transaction (a lone statement in autocommit when it runs alone),
-        again when PostgreSQL aborts it for a deadlock or a serialization failure; with the
-        writes waiting with it in one transaction (`GroupCommit`)."""
-        if self.group is None:
-            return await rerun_when_aborted(lambda: self._run(work, args))
-        result: T = await self.group.submit(
-            lambda conn: _grouped(conn, work, args), lambda: self._run(work, args)
-        )
-        return result
+        """Run `work` in a transaction of its own (a lone statement in autocommit), again
+        when PostgreSQL aborts it for a deadlock or a serialization failure."""
+        return await rerun_when_aborted(lambda: self._run(work, args))
 
     async def _run(
         self, work: Statement[T] | Callable[..., Transaction[T]], args: tuple[Any, ...]
@@ -126,24 +115,11 @@ class PostgresSqlDatabase:
     async def read(
         self, work: Statement[T] | Callable[[Dialect, *Ts], Transaction[T]], /, *args: *Ts
     ) -> T:
-        """Run `work` as a write alone is (never in a group), once more on a new
+        """Run `work` as `write` does (the two differ only for SQLite), once more on a new
         connection when the connection lent was found cut (the database restarted, or an
         administrator ended its session while it was idle in the pool): a read is safe to
         repeat, and the second connection tells whether the database is there."""
         try:
-            return await rerun_when_aborted(lambda: self._run(work, args))
+            return await self.write(work, *args)
         except StoreUnavailableError:
-            return await rerun_when_aborted(lambda: self._run(work, args))
-
-
-async def _grouped(
-    conn: Connection, work: Statement[T] | Callable[..., Transaction[T]], args: tuple[Any, ...]
-) -> T:
-    """`work` on `conn`, inside the group's transaction; a statement's psycopg error as the
-    StoreError a transaction's would be."""
-    if not isinstance(work, Statement):
-        return await run_transaction(conn, work, args)
-    try:
-        return await run_statement(conn, work, args[0] if args else None)
-    except psycopg.Error as exc:
-        raise store_error(exc) from exc
+            return await self.write(work, *args)
