@@ -35,3 +35,9 @@ async def answerer(coordinator: Coordinator) -> AsyncIterator[Answerer]:
     """An SDK agent `answerer` answering the turns of `coordinator`'s threads."""
     async with running_answerer(coordinator, "answerer") as running:
         yield running
+
+
+@pytest.fixture
+def url(postgres_dsn: str, postgres_schema: str) -> str:
+    """A PostgreSQL store URL on the test's own schema (the cluster tests' replicas share it)."""
+    return f"{postgres_dsn}?apiary_schema={postgres_schema}"

@@ -33,11 +33,6 @@ pytestmark = pytest.mark.postgres
 ROUNDS = 5
 
 
-@pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
 async def _acks_for(replica: Coordinator, producer: str, message_id: str) -> list[AckStage]:
     """The stages of the ACKs and NACKs of `message_id` stored for `producer` (who has no
     stream), in order."""

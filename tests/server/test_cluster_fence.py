@@ -30,11 +30,6 @@ LEASE_S = 1.0
 USURPER = Me("usurper", "inc-u", "10.9.9.9:50051")
 
 
-@pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
 def _role(replica: Coordinator) -> LeaderRole:
     assert replica.cluster is not None and replica.cluster.leader is not None
     return replica.cluster.leader

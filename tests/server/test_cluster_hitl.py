@@ -50,11 +50,6 @@ OPERATORS = Runtime(
 AS_VICTOR = (("authorization", f"Bearer {VIEWER}"),)
 
 
-@pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
 def _decision(invocation_id: str, action: str) -> pb.router_pb2.SendMessageRequest:
     payload = json.dumps(
         {"invocation_id": invocation_id, "decision": action, "rationale": "checked"}

@@ -125,11 +125,6 @@ async def _running(agent: apiary.Agent) -> AsyncIterator[None]:
             await job
 
 
-@pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
 async def test_a_task_submitted_on_one_follower_runs_on_another_and_its_result_reaches_the_leader(
     tmp_path: Path, url: str
 ) -> None:

@@ -42,11 +42,6 @@ from tests.server.wire_client import envelope, error_detail
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
 @asynccontextmanager
 async def _two(
     tmp_path: Path, url: str, settings: RouterSettings

@@ -33,11 +33,6 @@ WAIT_S = 30.0
 SETTINGS = ClusterSettings(True, "", 1.5, 4)
 
 
-@pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
 def _leads(replica: Coordinator) -> bool:
     assert replica.cluster is not None and replica.cluster.leader is not None
     return replica.cluster.leader.leads()

@@ -172,11 +172,6 @@ async def _two(tmp_path: Path, url: str) -> AsyncIterator[tuple[Coordinator, Coo
         yield a, b
 
 
-@pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
 async def test_bob_on_a_receives_from_alice_on_b_and_the_ack_reaches_alice(
     tmp_path: Path, url: str
 ) -> None:

@@ -34,11 +34,6 @@ HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 FORGED = {"Authorization": "Bearer not-a-token-of-this-cluster"}
 
 
-@pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
 async def _call(replica: Coordinator, command: str, metadata: object, **params: object) -> str:
     """RuntimeControlService.Call's result (JSON text), or its error's code name."""
     async with grpc.aio.insecure_channel(str(replica.grpc_address)) as channel:

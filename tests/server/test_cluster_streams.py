@@ -32,11 +32,6 @@ from tests.server.test_cluster_replicas import (
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
 def _ended(reader: Reader) -> BaseException | None:
     """What ended the reader's stream (None while it runs)."""
     task = reader.task

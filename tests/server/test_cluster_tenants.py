@@ -10,7 +10,7 @@ default tenant and of another tenant on either replica."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -80,7 +80,7 @@ async def _tenant(replica: Coordinator, tenant: str) -> TenantEngine:
 
 
 @pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> AsyncIterator[str]:
+def url(postgres_dsn: str, postgres_schema: str) -> Iterator[str]:
     yield f"{postgres_dsn}?apiary_schema={postgres_schema}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         for tenant in (TENANT, OTHER):

@@ -87,11 +87,6 @@ class Cluster:
 
 
 @pytest.fixture
-def url(postgres_dsn: str, postgres_schema: str) -> str:
-    return f"{postgres_dsn}?apiary_schema={postgres_schema}"
-
-
-@pytest.fixture
 def repos(tmp_path: Path) -> WorktreeSettings:
     """One repository, `api`, at the same path for every replica (one machine)."""
     return WorktreeSettings(repos=(RepoEntry("api", make_repo(tmp_path / "repos" / "api")),))

@@ -20,6 +20,7 @@ from apiary.store.postgres.pool import fetch_rows
 from apiary.store.postgres.store import open_postgres_store
 from apiary.testing.clock import FakeClock
 from tests.security.tenant_harness import drop_schemas
+from tests.store.replica_pools import replica_stores
 
 pytestmark = pytest.mark.postgres
 
@@ -37,13 +38,7 @@ async def stores(
     postgres_dsn: str, postgres_schema: str, clock: FakeClock
 ) -> AsyncIterator[list[PostgresClusterLeader]]:
     """Two replicas' views of the leader's row: one schema, two connection pools."""
-    async with AsyncExitStack() as stack:
-        opened = [
-            await stack.enter_async_context(
-                open_postgres_store(postgres_dsn, schema=postgres_schema)
-            )
-            for _ in range(2)
-        ]
+    async with replica_stores(postgres_dsn, postgres_schema, 2) as opened:
         yield [PostgresClusterLeader(store.pool, clock) for store in opened]
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AsyncExitStack
 
 import psycopg
 import pytest
@@ -23,8 +22,8 @@ from apiary.store.cluster import (
     ReplicaInUseError,
 )
 from apiary.store.postgres.cluster import CHANNEL, PostgresClusterLeases
-from apiary.store.postgres.store import open_postgres_store
 from apiary.testing.clock import FakeClock
+from tests.store.replica_pools import replica_stores
 
 pytestmark = pytest.mark.postgres
 
@@ -43,13 +42,7 @@ async def stores(
     postgres_dsn: str, postgres_schema: str, clock: FakeClock
 ) -> AsyncIterator[list[PostgresClusterLeases]]:
     """Three replicas' lease tables: one schema, three connection pools."""
-    async with AsyncExitStack() as stack:
-        opened = [
-            await stack.enter_async_context(
-                open_postgres_store(postgres_dsn, schema=postgres_schema)
-            )
-            for _ in range(3)
-        ]
+    async with replica_stores(postgres_dsn, postgres_schema, 3) as opened:
         yield [PostgresClusterLeases(store.pool, clock) for store in opened]
 
 

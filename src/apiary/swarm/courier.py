@@ -64,10 +64,6 @@ class RetryPolicy:
         return min(self.max_backoff_s, self.first_backoff_s * (1 << min(rounds, 32)))
 
 
-def _always() -> bool:
-    return True
-
-
 class Courier:
     def __init__(
         self, identity: Identity, me: Sender, store: SwarmStore, client: SwarmClient,
@@ -169,13 +165,13 @@ class Courier:
             row = replace(row, created_at=self._clock.now())
         return await self._attempt(row, endpoint, ())
 
-    async def run(self, endpoint_of: EndpointOf, active: Callable[[], bool] = _always) -> None:
+    async def run(self, endpoint_of: EndpointOf, active: Callable[[], bool] | None = None) -> None:
         """`retry_due` every `retry.interval_s`, for as long as the peer serves, in the
         rounds when `active()` (the replicas of a cluster share one outbox: only the
-        leader retries it)."""
+        leader retries it; None: every round)."""
         while True:
             await self._sleep(self.retry.interval_s)
-            if not active():
+            if active is not None and not active():
                 continue
             try:
                 await self.retry_due(endpoint_of)

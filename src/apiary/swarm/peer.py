@@ -107,7 +107,7 @@ async def open_swarm_peer(
             )
         )
         # Unreachable destinations are tried again for as long as the peer serves.
-        rounds = node.courier.run(node.endpoint_of, *([retries_when] if retries_when else []))
+        rounds = node.courier.run(node.endpoint_of, retries_when)
         retries = asyncio.create_task(rounds, name="swarm-retries")
         stack.push_async_callback(_stop, retries)
         bridge = None
