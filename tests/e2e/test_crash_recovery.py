@@ -64,11 +64,12 @@ class Coordinator:
         self.grpc = f"127.0.0.1:{_free_port()}"
         self.http = f"127.0.0.1:{_free_port()}"
         self.proc: asyncio.subprocess.Process | None = None
+        self.log = data_dir.parent / "coordinator.log"
 
     async def start(self) -> None:
         # The event log goes to stderr as JSON lines: send it to a file, never to an
         # unread pipe (a full pipe would stall the coordinator).
-        log = (self.data_dir.parent / "coordinator.log").open("ab")
+        log = self.log.open("ab")
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "apiary.cli.main", "serve", "--data-dir", str(self.data_dir),
             "--grpc", self.grpc, "--http", self.http, "--config", str(self.config),
@@ -89,7 +90,15 @@ class Coordinator:
     async def stop(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(self.proc.wait(), 30) == 0
+        try:
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), 30)
+        except TimeoutError:
+            # It prints its threads' and tasks' stacks after 15 s (server/stall_report.py).
+            self.proc.kill()
+            await self.proc.wait()
+            tail = self.log.read_text(errors="replace")[-20000:]
+            pytest.fail(f"apiary serve did not stop within 30 s of SIGTERM; its stderr:\n{tail}")
+        assert self.proc.returncode == 0, self.log.read_text(errors="replace")[-5000:]
 
 
 @pytest.fixture(params=[None, "sqlite:?writer=process"], ids=["writer-thread", "writer-process"])

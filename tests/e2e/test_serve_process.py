@@ -248,3 +248,36 @@ def test_the_summary_names_a_postgresql_store_by_its_hosts_never_its_password() 
     )
     assert shown("postgresql://[::1]:5433/test") == "PostgreSQL [::1]:5433/test"
     assert shown("postgresql:///test") == "PostgreSQL localhost/test"
+
+
+async def test_sigusr1_prints_every_thread_and_task_and_the_coordinator_goes_on(
+    tmp_path: Path,
+) -> None:
+    err = tmp_path / "stderr"
+    with err.open("wb") as sink:
+        proc = await asyncio.create_subprocess_exec(
+            *APIARY, "serve", "--data-dir", str(tmp_path / "state"),
+            "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", env=_clean_env(tmp_path),
+            stdout=asyncio.subprocess.PIPE, stderr=sink,
+        )  # fmt: skip
+    try:
+        assert (await _first_line(proc)).startswith("grpc=")
+        http = (await _first_line(proc)).removeprefix("http=")
+        proc.send_signal(signal.SIGUSR1)
+        for _ in range(300):
+            if "asyncio tasks" in err.read_text(errors="replace"):
+                break
+            await asyncio.sleep(0.1)
+        report = err.read_text(errors="replace")
+        assert "report asked for by SIGUSR1" in report
+        assert "Current thread" in report or "Thread 0x" in report  # faulthandler's stacks
+        assert "apiary-store-health" in report  # an asyncio task, by name
+        async with aiohttp.ClientSession() as session, session.get(f"http://{http}/healthz") as r:
+            assert r.status == 200  # still serving
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert "still stopping" not in err.read_text(errors="replace")

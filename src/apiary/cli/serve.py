@@ -23,6 +23,7 @@ from apiary import __version__
 from apiary.cli.serve_log import LogFormat, LogTarget, configure_logging
 from apiary.cli.serving import Serving, forget, reachable_address, record
 from apiary.errors import ValidationError
+from apiary.server import stall_report
 from apiary.server.config.loader import checked_serving, load_config
 from apiary.server.config.server import ServerConfig, exposure_problem, secured
 from apiary.server.coordinator import Coordinator, open_coordinator
@@ -106,6 +107,7 @@ def serve(
     log = configure_logging(settings.log_level, settings.data_dir, log_format)
     try:
         taken = asyncio.run(_run(settings, log, summary=log_format is LogFormat.TEXT))
+        stall_report.stopped()
     except (StoreOpenError, SchemaVersionError, StoreClaimedError) as exc:
         # The store cannot be used as it is: one line naming the file, the cause and the fix.
         typer.echo(f"apiary serve: {exc}", err=True)
@@ -130,6 +132,7 @@ async def _run(settings: ServerConfig, log: LogTarget, *, summary: bool) -> bool
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    stall_report.report_on_signal(loop)
     async with open_coordinator(settings) as coordinator:
         tune_for_serving()
         grpc_at, http_at = coordinator.grpc_address, coordinator.http_address
@@ -159,6 +162,7 @@ async def _run(settings: ServerConfig, log: LogTarget, *, summary: bool) -> bool
         finally:
             forget(settings.data_dir, serving.pid)
         print("apiary: shutting down", file=sys.stderr, flush=True)
+        stall_report.report_if_stopping_slowly()
     if coordinator.leadership_lost.is_set():
         print(
             "apiary serve: this replica's term as the cluster's leader ran out before it was "
