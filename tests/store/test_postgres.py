@@ -16,6 +16,7 @@ from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, SchemaVersionError
 from apiary.store.migrations import load_migrations
 from apiary.store.postgres.store import open_postgres_store, split_schema_parameter
+from apiary.store.sql.bulk import MAX_ROWS
 
 pytestmark = pytest.mark.postgres
 
@@ -136,6 +137,35 @@ async def test_replicas_appending_together_get_gap_free_sequences(
         read = await two.events.read(limit=1000)
         assert [e.sequence for e in read] == list(range(1, 241))
         assert await one.events.last_sequence() == 240
+
+
+async def test_a_burst_past_one_statement_keeps_its_sequences_consecutive_and_in_order(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    # The first MAX_ROWS events go in with the sequence claim, the rest after it: another
+    # replica's appends meanwhile never land inside the burst.
+    burst = MAX_ROWS * 2 + 7
+    async with (
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as one,
+        open_postgres_store(postgres_dsn, schema=postgres_schema) as two,
+    ):
+        big, *small = await asyncio.wait_for(
+            asyncio.gather(
+                one.events.append([draft(i) for i in range(burst)]),
+                *(two.events.append([draft(i, 2)]) for i in range(20)),
+            ),
+            WAIT_S,
+        )
+        first = big[0].sequence
+        assert [e.sequence for e in big] == list(range(first, first + burst))
+        read = await two.events.read(after=first - 1, limit=burst)
+        assert [(e.sequence, e.details["n"], e.ts) for e in read] == [
+            (first + i, i, 1.0 + i) for i in range(burst)
+        ]
+        others = [e.sequence for b in small for e in b]
+        assert not [n for n in others if first <= n < first + burst]
+        assert sorted([*others, *range(first, first + burst)]) == list(range(1, burst + 21))
+        assert await one.events.last_sequence() == burst + 20
 
 
 async def test_replicas_admitting_together_get_gap_free_offsets(
