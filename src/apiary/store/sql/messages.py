@@ -51,7 +51,7 @@ from apiary.store.sql.admission import (
     admitted_events,
 )
 from apiary.store.sql.bounds import Refusals
-from apiary.store.sql.bulk import chunks, markers, values_rows
+from apiary.store.sql.bulk import chunks, markers, rows_per_statement, values_rows
 from apiary.store.sql.checks import check_limit, sequence_from_sql, sequence_to_sql
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, in_list
@@ -373,9 +373,11 @@ _UPDATE_WIDTH = len(ChangeParams._fields)
 
 
 @lru_cache(maxsize=1024)
-def _update_sql(d: Dialect, count: int, returning: bool) -> str:
+def _update_sql(d: Dialect, count: int, returning: bool, locking: bool = False) -> str:
     """One statement applying `count` changes to distinct messages, each change's
-    `ChangeParams` a row of VALUES (named column1... in both dialects)."""
+    `ChangeParams` a row of VALUES (named column1... in both dialects). `locking`
+    (PostgreSQL): the rows are first locked in key order by a sub-select of their ids (the
+    `count` parameters after the changes'), as `_lock` would in a statement of its own."""
     big = d.greatest
     sql = (
         "UPDATE messages SET state = c.column1, updated_at = c.column2,"
@@ -387,6 +389,8 @@ def _update_sql(d: Dialect, count: int, returning: bool) -> str:
         " WHERE messages.message_id = c.column9"
         " AND messages.state = COALESCE(NULLIF(c.column8, ''), messages.state)"
     )
+    if locking:
+        sql += f" AND messages.message_id IN ({_lock_sql(d, count)})"
     return f"{sql} RETURNING {MESSAGES.sql}" if returning else sql
 
 
@@ -460,15 +464,20 @@ def apply_changes(
     changed one change at a time, each returning the message as that change left it."""
     ids = [p[-1] for p in params]
     unique = list(dict.fromkeys(ids))
-    # PostgreSQL: every row locked first, in key order, which also finds unknown ids.
-    if d.lock_rows and (yield from _lock(d, unique)) != len(unique):
+    # PostgreSQL: every row locked first, in key order (by the update itself when one
+    # statement takes every change: a round trip less), which also finds unknown ids.
+    one_statement = len(ids) <= min(ID_CHUNK, rows_per_statement(d, _UPDATE_WIDTH))
+    locking = bool(d.lock_rows) and one_statement and len(unique) == len(ids)
+    if d.lock_rows and not locking and (yield from _lock(d, unique)) != len(unique):
         yield from _missing(d, ids)
     if len(unique) != len(ids):
         return (yield from _apply_in_turn(d, params, returning))
     rows: dict[str, Row] = {}
     changed = 0
-    for count, flat in chunks(d, params, _UPDATE_WIDTH):
-        sql = _update_sql(d, count, returning)
+    lock_ids = ids if locking else []
+    for count, values in chunks(d, params, _UPDATE_WIDTH):
+        sql = _update_sql(d, count, returning, locking)
+        flat = [*values, *lock_ids]
         if returning:
             found = yield from Query(sql, flat)
             rows.update((row[0], row) for row in found)
