@@ -27,8 +27,9 @@ from apiary.wire import pb
 if TYPE_CHECKING:
     from apiary.sdk.client import Client
 
-FRAME_IDS: Final = 1000
-"""Task ids one frame names at most (the coordinator's default `[limits] watch_task_ids`)."""
+FRAME_IDS: Final = 100
+"""Task ids one frame names at most (well below the coordinator's `[limits] watch_task_ids`,
+1000 by default)."""
 PAUSE_MIN_S: Final = 0.05
 PAUSE_MAX_S: Final = 2.0
 """Pauses between attempts to open the stream again after it broke, doubling."""
