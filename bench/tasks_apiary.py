@@ -64,8 +64,8 @@ async def wait_results(
     handles: Sequence[TaskHandle], *, timeout_s: float = WAIT_TIMEOUT_S
 ) -> dict[str, float]:
     """The recorded completion time (seconds since the epoch) of each task, once all of
-    them have ended (WaitTask through each handle); a failed task raises RuntimeError, one
-    not ended within `timeout_s` TimeoutError."""
+    them have ended (each handle's wait, over the client's one FollowTasks stream); a failed
+    task raises RuntimeError, one not ended within `timeout_s` TimeoutError."""
     gate = asyncio.Semaphore(WAITS_IN_FLIGHT)
 
     async def one(handle: TaskHandle) -> tuple[str, float]:
