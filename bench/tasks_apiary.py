@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 AGENT_TYPE = "bench-worker"
 WAIT_TIMEOUT_S = 600.0
 WAITS_IN_FLIGHT = 64
-"""WaitTask calls open at once while waiting for a burst."""
+"""Waits open at once while waiting for a burst (each a task followed on the client's stream)."""
 
 
 class BenchWorker(apiary.Agent):

@@ -21,6 +21,7 @@ import pytest
 from apiary.core.records import TaskState
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.errors import UnimplementedError
+from apiary.sdk import task_waits
 from apiary.sdk.agent import Agent
 from apiary.sdk.client import Client
 from apiary.sdk.errors import TaskFailedError, TaskTimeoutError
@@ -194,6 +195,21 @@ async def test_one_waiters_cancellation_leaves_the_others_waiting(
         assert await staying == "shared"
         assert await elsewhere == "other"
     assert client.task_waits.opened == 1
+
+
+async def test_a_stream_is_opened_anew_after_its_session_and_the_waits_go_on(
+    coordinator: Coordinator, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(task_waits, "SESSION_S", 0.05)
+    handle = await client.submit_task("worker", {"return": "late"}, scope="repo:a")
+    waiting = asyncio.create_task(handle.result(timeout=WAIT_S))
+    await _until(lambda: client.task_waits.opened >= 4)
+    assert not waiting.done()
+    async with running_agent(coordinator):
+        assert await waiting == "late"
+    assert client.task_waits.fallback is None
+    assert await _answered(coordinator, WAIT_TASK) == 0
+    await _until(lambda: _scheduler(coordinator).watch.waiting() == 0)
 
 
 def _free_port() -> int:

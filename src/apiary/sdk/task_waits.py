@@ -7,11 +7,11 @@ its end, many ends to a reply. The coordinator reads each task after following i
 that ended before anyone waited is answered at once.
 
 The stream is opened again when it breaks (the coordinator restarted, or the channel moved
-to another of the client's addresses), naming every task still waited for, whose states are
-read anew: no end is missed. When it cannot be opened (an older coordinator, a replica that
-does not lead, a refusal), or the coordinator will not follow a task (unknown, or not the
-caller's to wait for), the waits go to WaitTask, as every wait did before, which answers as
-it always has (its refusal included).
+to another of the client's addresses), and after a minute (`SESSION_S`), naming every task
+still waited for, whose states are read anew: no end is missed. When it cannot be opened
+(an older coordinator, a replica that does not lead, a refusal), or the coordinator will
+not follow a task (unknown, or not the caller's to wait for), the waits go to WaitTask, as
+every wait did before, which answers as it always has (its refusal included).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Final
 
-from apiary.errors import ApiaryError, UnavailableError
+from apiary.errors import UnavailableError
 from apiary.sdk.errors import CoordinatorUnreachableError
 from apiary.wire import pb
 
@@ -34,11 +34,16 @@ PAUSE_MIN_S: Final = 0.05
 PAUSE_MAX_S: Final = 2.0
 """Pauses between attempts to open the stream again after it broke, doubling."""
 STEADY_S: Final = 1.0
-"""A stream that lasted this long before it broke is opened again without a pause."""
+"""A stream that lasted this long before it broke is opened again after the shortest pause."""
+SESSION_S: Final = 60.0
+"""One stream lasts this long at most; then the next is opened, naming the tasks still
+waited for: a connection that died unnoticed, or a proxy's idle timeout, holds no wait for
+longer (WaitTask's slices of a minute did the same)."""
 
 View = pb.apiary_pb2.TaskView
 _TRANSIENT: Final = (CoordinatorUnreachableError, UnavailableError)
-"""Failures after which the stream is opened again; any other makes the waits WaitTask's."""
+"""Failures after which the stream is opened again; any other (a refusal, unimplemented)
+makes the waits WaitTask's."""
 
 
 class TaskWaits:
@@ -53,7 +58,7 @@ class TaskWaits:
         self._wake = asyncio.Event()
         self._runner: asyncio.Task[None] | None = None
         self._closed = False
-        self.fallback: ApiaryError | None = None
+        self.fallback: Exception | None = None
         """Why the stream could not be opened: every wait is WaitTask's from then on."""
         self.opened = 0
         """Streams opened so far (the first, and each after a break)."""
@@ -129,10 +134,12 @@ class TaskWaits:
         while True:
             began = loop.time()
             try:
-                await self._session()
+                if await self._session():
+                    pause = PAUSE_MIN_S
+                    continue  # (its time was up: the next one at once)
             except _TRANSIENT:
                 pass
-            except ApiaryError as exc:
+            except Exception as exc:  # (a refusal, unimplemented, or the unforeseen)
                 self.fallback = exc
                 self._runner = None
                 self._answer_all(None)
@@ -143,8 +150,9 @@ class TaskWaits:
             pause = PAUSE_MIN_S if loop.time() - began >= STEADY_S else min(PAUSE_MAX_S, pause * 2)
             await asyncio.sleep(pause)
 
-    async def _session(self) -> None:
-        """One stream: every task waited for is named anew, then each new one as it comes."""
+    async def _session(self) -> bool:
+        """One stream: every task waited for is named anew, then each new one as it comes;
+        true when it lasted its time (`SESSION_S`) and there are waits left."""
         call = self._client.task_query.FollowTasks()
         self.opened += 1
         self._follow = set(self._waiters)
@@ -153,12 +161,18 @@ class TaskWaits:
         reading = asyncio.ensure_future(self._read(call))
         writing = asyncio.ensure_future(self._write(call))
         try:
-            await asyncio.wait({reading, writing}, return_when=asyncio.FIRST_COMPLETED)
-            (reading if reading.done() else writing).result()
+            await asyncio.wait(
+                {reading, writing}, timeout=SESSION_S, return_when=asyncio.FIRST_COMPLETED
+            )
+            for part in (reading, writing):
+                if part.done():
+                    part.result()
+                    return False
+            return bool(self._waiters)
         finally:
             for part in (reading, writing):
                 part.cancel()
-                with contextlib.suppress(asyncio.CancelledError, ApiaryError):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await part
             call.cancel()
 

@@ -82,11 +82,24 @@ class TaskFollower:
         self._closed = False
         self._error: BaseException | None = None
         self._ready = asyncio.Event()
+        self._held = False
 
     def offer(self, task: TaskRecord) -> None:
         self.following.discard(task.task_id)
         self._ended[task.task_id] = task
-        self._ready.set()
+        if not self._held:
+            self._ready.set()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Nothing is handed out during the block (a frame's ids being read), so that the
+        ends it finds go out together."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+            self._ready.set()
 
     def withdraw(self, task_id: str) -> None:
         """Take back an end offered but not handed out (a task found not to be allowed)."""
@@ -106,10 +119,10 @@ class TaskFollower:
     async def next(self) -> tuple[list[TaskRecord], list[str]] | None:
         """The ends and refusals not handed out yet, once there are any; None once closed
         with nothing followed left; the error it was closed with, if any."""
-        while not (self._ended or self._refused):
+        while self._held or not (self._ended or self._refused):
             if self._error is not None:
                 raise self._error
-            if self._closed and not self.following:
+            if self._closed and not self.following and not self._held:
                 return None
             self._ready.clear()
             await self._ready.wait()
@@ -192,6 +205,12 @@ class TaskWatch:
         """Follow each of `task_ids` not followed yet: an ended one is offered at once (it is
         read after it is followed, so no end slips in between). Those unknown, or not
         `allowed`, are not followed: they are returned."""
+        with follower.held():
+            return await self._follow(follower, task_ids, allowed)
+
+    async def _follow(
+        self, follower: TaskFollower, task_ids: Iterable[str], allowed: Callable[[TaskRecord], bool]
+    ) -> list[str]:
         refused = []
         for task_id in task_ids:
             if task_id in follower.following:
