@@ -41,6 +41,14 @@ async def _submitted(secure: Secure, who: str) -> str:
     return str(reply.task.task_id)
 
 
+async def _two_submitters(secure: Secure) -> tuple[str, str]:
+    """A task of the application `app` and one of the agent `mallory`, both for alice."""
+    await secure.coordinator.registry.register({
+        "agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"],
+    })  # fmt: skip
+    return await _submitted(secure, "app"), await _submitted(secure, "mallory")
+
+
 async def _state(secure: Secure, task_id: str) -> str:
     assert secure.coordinator.scheduler is not None
     return str((await secure.coordinator.scheduler.find(task_id)).state)
@@ -119,11 +127,7 @@ async def test_a_follower_is_told_of_its_own_tasks_ends_and_refused_the_others(
     """FollowTasks decides each task as WaitTask would: one the caller may not wait for is
     refused alone (its WaitTask answers why), and the stream goes on with the others."""
     async with open_secure(tmp_path) as secure:
-        await secure.coordinator.registry.register({
-            "agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"],
-        })  # fmt: skip
-        apps = await _submitted(secure, "app")
-        mallorys = await _submitted(secure, "mallory")
+        apps, mallorys = await _two_submitters(secure)
         follow = TASKS["FollowTasks"]
 
         def opened(who: str | None) -> grpc.aio.StreamStreamCall[Message, Message]:
@@ -169,11 +173,7 @@ async def test_a_client_waits_for_its_own_tasks_and_is_refused_others_as_by_wait
     tmp_path: Path,
 ) -> None:
     async with open_secure(tmp_path) as secure:
-        await secure.coordinator.registry.register({
-            "agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"],
-        })  # fmt: skip
-        apps = await _submitted(secure, "app")
-        mallorys = await _submitted(secure, "mallory")
+        apps, mallorys = await _two_submitters(secure)
         address = str(secure.coordinator.grpc_address)
         as_mallory = Client(address, metadata=dict(secure.metadata("mallory")))
         async with as_mallory as client:
@@ -193,11 +193,7 @@ async def test_a_task_is_read_and_listed_by_its_submitter_not_by_other_principal
     tmp_path: Path,
 ) -> None:
     async with open_secure(tmp_path) as secure:
-        await secure.coordinator.registry.register({
-            "agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"],
-        })  # fmt: skip
-        apps = await _submitted(secure, "app")
-        mallorys = await _submitted(secure, "mallory")
+        apps, mallorys = await _two_submitters(secure)
         get = a.GetTaskRequest(task_id=apps)
         denied = grpc.StatusCode.PERMISSION_DENIED
         for who, expected in [

@@ -8,10 +8,9 @@ coordinator that does not serve the stream leaves the waits to WaitTask."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,18 @@ from apiary.core.records import TaskState
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.errors import UnimplementedError
 from apiary.sdk import task_waits
-from apiary.sdk.agent import Agent
 from apiary.sdk.client import Client
-from apiary.sdk.errors import TaskFailedError, TaskTimeoutError
-from apiary.sdk.tasks import TaskContext, TaskRunner
+from apiary.sdk.errors import CoordinatorUnreachableError, TaskFailedError, TaskTimeoutError
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.coordinator import Coordinator, open_coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.testing.events import wait_for_event
+from tests.server.test_task_results import client, running_agent
 
 WAIT_S = 20.0
 WAIT_TASK = "/apiary.v1.TaskQueryService/WaitTask"
+__all__ = ["client"]  # (the fixture, as test_task_results.py gives it)
 
 
 async def _register(coordinator: Coordinator) -> None:
@@ -49,32 +48,6 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
     async with open_test_coordinator(tmp_path) as running:
         await _register(running)
         yield running
-
-
-@pytest.fixture
-async def client(coordinator: Coordinator) -> AsyncIterator[Client]:
-    async with Client(str(coordinator.grpc_address), agent_id="app") as c:
-        yield c
-
-
-async def work(task: TaskContext) -> Any:
-    asked = task.json()
-    if "fail" in asked:
-        raise TaskFailedError(asked.get("message", ""), error_code=asked["fail"])
-    return asked.get("return")
-
-
-@asynccontextmanager
-async def running_agent(coordinator: Coordinator) -> AsyncIterator[TaskRunner]:
-    async with Agent("worker", coordinator=str(coordinator.grpc_address)) as agent:
-        runner = TaskRunner(agent, work)
-        job = asyncio.create_task(runner.run())
-        try:
-            yield runner
-        finally:
-            job.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await job
 
 
 def _scheduler(coordinator: Coordinator) -> Scheduler:
@@ -209,6 +182,18 @@ async def test_a_stream_is_opened_anew_after_its_session_and_the_waits_go_on(
         assert await waiting == "late"
     assert client.task_waits.fallback is None
     assert await _answered(coordinator, WAIT_TASK) == 0
+    await _until(lambda: _scheduler(coordinator).watch.waiting() == 0)
+
+
+async def test_a_wait_open_when_its_client_closes_raises_unreachable(
+    coordinator: Coordinator,
+) -> None:
+    async with Client(str(coordinator.grpc_address), agent_id="app") as client:
+        handle = await client.submit_task("worker", {"return": 1}, scope="repo:a")
+        waiting = asyncio.create_task(handle.result())
+        await _until(lambda: _scheduler(coordinator).watch.waiting() == 1)
+    with pytest.raises(CoordinatorUnreachableError):
+        await waiting
     await _until(lambda: _scheduler(coordinator).watch.waiting() == 0)
 
 

@@ -92,14 +92,19 @@ class TaskWaits:
         return len(self._waiters)
 
     async def close(self) -> None:
-        """Stop the stream; waits still open go to WaitTask (on a closed channel: they fail)."""
+        """Stop the stream; waits still open raise CoordinatorUnreachableError (as a WaitTask
+        call in flight on a channel that closes does)."""
         self._closed = True
         runner, self._runner = self._runner, None
         if runner is not None:
             runner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await runner
-        self._answer_all(None)
+        closed = CoordinatorUnreachableError("the client was closed while its handles waited")
+        for task_id in list(self._waiters):
+            for waiter in self._waiters.pop(task_id):
+                if not waiter.done():
+                    waiter.set_exception(closed)
 
     def _leave(self, task_id: str, waiter: asyncio.Future[View | None]) -> None:
         """A waiter is done (answered, out of time, or cancelled): the others go on; the
