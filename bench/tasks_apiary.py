@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 AGENT_TYPE = "bench-worker"
 WAIT_TIMEOUT_S = 600.0
 WAITS_IN_FLIGHT = 64
-"""WaitTask calls open at once while waiting for a burst."""
+"""Waits open at once while waiting for a burst (each a task followed on the client's stream)."""
 
 
 class BenchWorker(apiary.Agent):
@@ -64,8 +64,8 @@ async def wait_results(
     handles: Sequence[TaskHandle], *, timeout_s: float = WAIT_TIMEOUT_S
 ) -> dict[str, float]:
     """The recorded completion time (seconds since the epoch) of each task, once all of
-    them have ended (WaitTask through each handle); a failed task raises RuntimeError, one
-    not ended within `timeout_s` TimeoutError."""
+    them have ended (each handle's wait, over the client's one FollowTasks stream); a failed
+    task raises RuntimeError, one not ended within `timeout_s` TimeoutError."""
     gate = asyncio.Semaphore(WAITS_IN_FLIGHT)
 
     async def one(handle: TaskHandle) -> tuple[str, float]:

@@ -296,6 +296,47 @@ async def test_watch_feeds_a_submitter_its_tasks_and_their_changes(h: EngineHarn
     assert scheduler.watch.waiting() == 0
 
 
+async def test_a_follower_is_offered_each_followed_end_once_and_refuses_what_it_may_not_see(
+    h: EngineHarness,
+) -> None:
+    scheduler = _sched(h)
+    watch = scheduler.watch
+    await _submit(h, "early", scope="repo:a", submitter="app")
+    await _finish(h, "early", note="1")
+    await _submit(h, "later", "other", scope="repo:b", submitter="app")
+    await _submit(h, "dropped", "other", scope="repo:c", submitter="app")
+    await _submit(h, "theirs", "other", scope="repo:d", submitter="someone")
+
+    def mine(task: TaskRecord) -> bool:
+        return task.submitter == "app"
+
+    with watch.follower() as follower:
+        # Read after it is followed: an end stored before is offered at once.
+        refused = await watch.follow(
+            follower, ["early", "later", "dropped", "theirs", "nope"], mine
+        )
+        assert sorted(refused) == ["nope", "theirs"]
+        assert follower.following == {"later", "dropped"}
+        assert await watch.follow(follower, ["later"], mine) == []  # (followed already)
+        follower.refuse(refused)
+        taken = await asyncio.wait_for(follower.next(), WAIT_S)
+        assert taken is not None
+        ended, told = taken
+        assert ([t.task_id for t in ended], sorted(told)) == (["early"], ["nope", "theirs"])
+        watch.unfollow(follower, ["dropped"])
+        assert watch.waiting() == 1
+        await scheduler.cancel("dropped", "not wanted", "app")
+        await scheduler.cancel("later", "ends", "app")
+        taken = await asyncio.wait_for(follower.next(), WAIT_S)
+        assert taken is not None and [t.task_id for t in taken[0]] == ["later"]
+        assert (taken[0][0].state, taken[0][0].error_code) == ("FAILED", "cancelled")
+        # Closed with nothing followed left: the follower says so.
+        follower.close()
+        assert await asyncio.wait_for(follower.next(), WAIT_S) is None
+        await watch.follow(follower, ["theirs"], lambda _task: True)
+    assert watch.waiting() == 0  # (the block's end unfollows the rest)
+
+
 # --- held duplicates -----------------------------------------------------------------------------
 
 

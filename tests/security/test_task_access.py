@@ -5,12 +5,15 @@ caller) and changes nothing."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
 import pytest
 from google.protobuf.message import Message
 
+from apiary.errors import NotFoundError, PermissionDeniedError
+from apiary.sdk.client import Client
 from apiary.wire import pb
 from apiary.wire.services import SERVICES, RpcMethod
 from tests.security.access_harness import Secure, open_secure
@@ -36,6 +39,14 @@ async def _submitted(secure: Secure, who: str) -> str:
     reply = await secure.call(TASKS["SubmitTask"], request, who)
     assert isinstance(reply, a.SubmitTaskReply) and reply.created
     return str(reply.task.task_id)
+
+
+async def _two_submitters(secure: Secure) -> tuple[str, str]:
+    """A task of the application `app` and one of the agent `mallory`, both for alice."""
+    await secure.coordinator.registry.register({
+        "agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"],
+    })  # fmt: skip
+    return await _submitted(secure, "app"), await _submitted(secure, "mallory")
 
 
 async def _state(secure: Secure, task_id: str) -> str:
@@ -102,15 +113,87 @@ async def test_a_submitter_watches_its_own_tasks_and_no_one_elses(tmp_path: Path
         assert await _status(secure, "WatchTasks", other, "mallory") == grpc.StatusCode.NOT_FOUND
 
 
+async def _until_followed(secure: Secure, count: int) -> None:
+    scheduler = secure.coordinator.scheduler
+    assert scheduler is not None
+    async with asyncio.timeout(10):
+        while scheduler.watch.waiting() != count:  # noqa: ASYNC110 - no event of its own
+            await asyncio.sleep(0.01)
+
+
+async def test_a_follower_is_told_of_its_own_tasks_ends_and_refused_the_others(
+    tmp_path: Path,
+) -> None:
+    """FollowTasks decides each task as WaitTask would: one the caller may not wait for is
+    refused alone (its WaitTask answers why), and the stream goes on with the others."""
+    async with open_secure(tmp_path) as secure:
+        apps, mallorys = await _two_submitters(secure)
+        follow = TASKS["FollowTasks"]
+
+        def opened(who: str | None) -> grpc.aio.StreamStreamCall[Message, Message]:
+            return secure.channel.stream_stream(
+                follow.path, follow.request_type.SerializeToString,
+                follow.response_type.FromString,
+            )(metadata=secure.metadata(who), timeout=10)  # fmt: skip
+
+        mallory = opened("mallory")
+        await mallory.write(a.FollowTasksRequest(task_ids=[apps, mallorys, "nope"]))
+        first = await mallory.read()
+        assert isinstance(first, a.FollowTasksReply)
+        assert (list(first.ended), sorted(first.refused)) == ([], sorted([apps, "nope"]))
+        # Its own task's end comes on the same stream; the refused one is untouched.
+        cancel = a.CancelTaskRequest(task_id=mallorys)
+        assert isinstance(await _status(secure, "CancelTask", cancel, "mallory"), a.TaskView)
+        ended = await mallory.read()
+        assert isinstance(ended, a.FollowTasksReply)
+        assert [(v.task_id, v.error_code) for v in ended.ended] == [(mallorys, "cancelled")]
+        assert await _state(secure, apps) == "QUEUED"
+        await mallory.done_writing()
+        assert await mallory.read() == grpc.aio.EOF  # (nothing followed is left)
+        # Its submitter and a `tasks` operator are told of it; the anonymous are refused.
+        calls = {who: opened(who) for who in ("app", "root")}
+        for call in calls.values():
+            await call.write(a.FollowTasksRequest(task_ids=[apps]))
+        await _until_followed(secure, 2)
+        cancel = a.CancelTaskRequest(task_id=apps)
+        assert isinstance(await _status(secure, "CancelTask", cancel, "app"), a.TaskView)
+        for who, call in calls.items():
+            reply = await call.read()
+            assert isinstance(reply, a.FollowTasksReply), who
+            assert ([v.task_id for v in reply.ended], list(reply.refused)) == ([apps], []), who
+            call.cancel()
+        anonymous = opened(None)
+        await anonymous.write(a.FollowTasksRequest(task_ids=[apps]))
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await anonymous.read()
+        assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_client_waits_for_its_own_tasks_and_is_refused_others_as_by_wait_task(
+    tmp_path: Path,
+) -> None:
+    async with open_secure(tmp_path) as secure:
+        apps, mallorys = await _two_submitters(secure)
+        address = str(secure.coordinator.grpc_address)
+        as_mallory = Client(address, metadata=dict(secure.metadata("mallory")))
+        async with as_mallory as client:
+            with pytest.raises(PermissionDeniedError):
+                await client.task(apps).result(timeout=5)
+            with pytest.raises(NotFoundError):
+                await client.task("nope").result(timeout=5)
+            # Its own task's wait, on the same stream, is undisturbed.
+            own = asyncio.create_task(client.task(mallorys).wait(timeout=10))
+            await _status(secure, "CancelTask", a.CancelTaskRequest(task_id=mallorys), "mallory")
+            assert (await own).error_code == "cancelled"
+            assert client.task_waits.opened == 1 and client.task_waits.fallback is None
+        assert await _state(secure, apps) == "QUEUED"
+
+
 async def test_a_task_is_read_and_listed_by_its_submitter_not_by_other_principals(
     tmp_path: Path,
 ) -> None:
     async with open_secure(tmp_path) as secure:
-        await secure.coordinator.registry.register({
-            "agent_id": "alice", "name": "alice", "reasoning_connectors": ["builtin://rules"],
-        })  # fmt: skip
-        apps = await _submitted(secure, "app")
-        mallorys = await _submitted(secure, "mallory")
+        apps, mallorys = await _two_submitters(secure)
         get = a.GetTaskRequest(task_id=apps)
         denied = grpc.StatusCode.PERMISSION_DENIED
         for who, expected in [

@@ -37,6 +37,7 @@ from apiary.engine.cluster.leader_role import LeaderRole
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.operators import OperatorEntry, token_digest
+from apiary.errors import UnimplementedError
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.wire import pb
@@ -141,6 +142,10 @@ async def test_a_task_submitted_on_one_follower_runs_on_another_and_its_result_r
             # The other way round: submitted through the leader, waited for on a follower.
             second = await waiter.submit_task("doubler", {"n": 5}, scope=SCOPE, task_id="t-2")
             assert await other.task(second.task_id).result(timeout=WAIT_S) == {"twice": 10}
+            # The leader serves the waits' stream; a follower does not (it is not forwarded),
+            # and that client waits with WaitTask, forwarded.
+            assert waiter.task_waits.fallback is None and waiter.task_waits.opened == 1
+            assert isinstance(other.task_waits.fallback, UnimplementedError)
             status = await submitter.task("t-2").status()
             assert (status.state, status.agent_id) == ("COMPLETED", "doubler")
             # The JSON gateway of a follower forwards the same way.

@@ -2976,6 +2976,69 @@ class WatchTasksRequest(_message.Message):
 Global___WatchTasksRequest: _TypeAlias = WatchTasksRequest  # noqa: Y015
 
 @_typing.final
+class FollowTasksRequest(_message.Message):
+    """One frame of FollowTasks: tasks to be told of once they end, and tasks no longer of
+    interest. Each list names at most [limits] watch_task_ids tasks.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    UNFOLLOW_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """follow these: each is answered once it has ended (at once if it has)"""
+
+    @_builtins.property
+    def unfollow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """stop following these (a waiter gave up)"""
+
+    def __init__(
+        self,
+        *,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+        unfollow: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["task_ids", b"task_ids", "unfollow", b"unfollow"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowTasksRequest: _TypeAlias = FollowTasksRequest  # noqa: Y015
+
+@_typing.final
+class FollowTasksReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENDED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def ended(self) -> _containers.RepeatedCompositeFieldContainer[Global___TaskView]:
+        """followed tasks that have ended (COMPLETED or FAILED), each once"""
+
+    @_builtins.property
+    def refused(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Followed ids the stream does not follow: no such task, or one the caller may not wait
+        for (WaitTask's rule: its submitter's, or an operator's with the tasks role). WaitTask
+        on one of them answers why.
+        """
+
+    def __init__(
+        self,
+        *,
+        ended: _abc.Iterable[Global___TaskView] | None = ...,
+        refused: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "refused", b"refused"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FollowTasksReply: _TypeAlias = FollowTasksReply  # noqa: Y015
+
+@_typing.final
 class CompleteTaskRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -2027,6 +2027,11 @@ class TaskQueryServiceStub:
                 request_serializer=apiary__pb2.WatchTasksRequest.SerializeToString,
                 response_deserializer=apiary__pb2.TaskView.FromString,
                 _registered_method=True)
+        self.FollowTasks = channel.stream_stream(
+                '/apiary.v1.TaskQueryService/FollowTasks',
+                request_serializer=apiary__pb2.FollowTasksRequest.SerializeToString,
+                response_deserializer=apiary__pb2.FollowTasksReply.FromString,
+                _registered_method=True)
         self.CompleteTask = channel.unary_unary(
                 '/apiary.v1.TaskQueryService/CompleteTask',
                 request_serializer=apiary__pb2.CompleteTaskRequest.SerializeToString,
@@ -2085,6 +2090,18 @@ class TaskQueryServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FollowTasks(self, request_iterator, context):
+        """The ends of the tasks the caller follows, many to a reply: a client's handles share one
+        call instead of a WaitTask each (docs/sdk.md, "How waiting works"). A task followed is
+        read after it is followed, so one that ended before is answered at once; an end is sent
+        once it is stored. After the client half-closes, the stream ends once every followed
+        task has ended. Served by the cluster's leader only: elsewhere unimplemented (wait with
+        WaitTask).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CompleteTask(self, request, context):
         """The agent's outcome of a task dispatched to it, for results too large for an ACK's note
         (an ACK carries at most 4 KB). A result past task_result_bytes fails the task
@@ -2126,6 +2143,11 @@ def add_TaskQueryServiceServicer_to_server(servicer, server):
                     servicer.WatchTasks,
                     request_deserializer=apiary__pb2.WatchTasksRequest.FromString,
                     response_serializer=apiary__pb2.TaskView.SerializeToString,
+            ),
+            'FollowTasks': grpc.stream_stream_rpc_method_handler(
+                    servicer.FollowTasks,
+                    request_deserializer=apiary__pb2.FollowTasksRequest.FromString,
+                    response_serializer=apiary__pb2.FollowTasksReply.SerializeToString,
             ),
             'CompleteTask': grpc.unary_unary_rpc_method_handler(
                     servicer.CompleteTask,
@@ -2295,6 +2317,33 @@ class TaskQueryService:
             '/apiary.v1.TaskQueryService/WatchTasks',
             apiary__pb2.WatchTasksRequest.SerializeToString,
             apiary__pb2.TaskView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FollowTasks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/apiary.v1.TaskQueryService/FollowTasks',
+            apiary__pb2.FollowTasksRequest.SerializeToString,
+            apiary__pb2.FollowTasksReply.FromString,
             options,
             channel_credentials,
             insecure,

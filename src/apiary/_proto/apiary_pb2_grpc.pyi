@@ -591,6 +591,14 @@ class TaskQueryServiceStub:
     """The submitter's tasks as they change: first each one not ended (or each of task_ids as it
     stands), then every change once stored (a slow reader gets each task's latest state).
     """
+    FollowTasks: _grpc.StreamStreamMultiCallable[_apiary_pb2.FollowTasksRequest, _apiary_pb2.FollowTasksReply]
+    """The ends of the tasks the caller follows, many to a reply: a client's handles share one
+    call instead of a WaitTask each (docs/sdk.md, "How waiting works"). A task followed is
+    read after it is followed, so one that ended before is answered at once; an end is sent
+    once it is stored. After the client half-closes, the stream ends once every followed
+    task has ended. Served by the cluster's leader only: elsewhere unimplemented (wait with
+    WaitTask).
+    """
     CompleteTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.CompleteTaskRequest, _apiary_pb2.CompleteTaskResponse]
     """The agent's outcome of a task dispatched to it, for results too large for an ACK's note
     (an ACK carries at most 4 KB). A result past task_result_bytes fails the task
@@ -621,6 +629,14 @@ class TaskQueryServiceAsyncStub(TaskQueryServiceStub):
     WatchTasks: _aio.UnaryStreamMultiCallable[_apiary_pb2.WatchTasksRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
     """The submitter's tasks as they change: first each one not ended (or each of task_ids as it
     stands), then every change once stored (a slow reader gets each task's latest state).
+    """
+    FollowTasks: _aio.StreamStreamMultiCallable[_apiary_pb2.FollowTasksRequest, _apiary_pb2.FollowTasksReply]  # type: ignore[assignment]
+    """The ends of the tasks the caller follows, many to a reply: a client's handles share one
+    call instead of a WaitTask each (docs/sdk.md, "How waiting works"). A task followed is
+    read after it is followed, so one that ended before is answered at once; an end is sent
+    once it is stored. After the client half-closes, the stream ends once every followed
+    task has ended. Served by the cluster's leader only: elsewhere unimplemented (wait with
+    WaitTask).
     """
     CompleteTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.CompleteTaskRequest, _apiary_pb2.CompleteTaskResponse]  # type: ignore[assignment]
     """The agent's outcome of a task dispatched to it, for results too large for an ACK's note
@@ -685,6 +701,20 @@ class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_apiary_pb2.TaskView], _abc.AsyncIterator[_apiary_pb2.TaskView]]:
         """The submitter's tasks as they change: first each one not ended (or each of task_ids as it
         stands), then every change once stored (a slow reader gets each task's latest state).
+        """
+
+    @_abc_1.abstractmethod
+    def FollowTasks(
+        self,
+        request_iterator: _MaybeAsyncIterator[_apiary_pb2.FollowTasksRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_apiary_pb2.FollowTasksReply], _abc.AsyncIterator[_apiary_pb2.FollowTasksReply]]:
+        """The ends of the tasks the caller follows, many to a reply: a client's handles share one
+        call instead of a WaitTask each (docs/sdk.md, "How waiting works"). A task followed is
+        read after it is followed, so one that ended before is answered at once; an end is sent
+        once it is stored. After the client half-closes, the stream ends once every followed
+        task has ended. Served by the cluster's leader only: elsewhere unimplemented (wait with
+        WaitTask).
         """
 
     @_abc_1.abstractmethod

@@ -111,8 +111,9 @@ class Limits:
     """A task's result (`result_json`): the JSON value an agent returns for its submitter
     (a larger one fails the task with oversize_payload)."""
     watch_task_ids: int = 1000
-    """Task ids one WatchTasks call may name (`task_ids`): each is read and followed, so a
-    call's work stays bounded well below what the message size limit lets through."""
+    """Task ids one WatchTasks call may name (`task_ids`), and one FollowTasks frame
+    (`task_ids`, `unfollow`): each is read and followed, so a call's work stays bounded well
+    below what the message size limit lets through."""
     json_depth: int = 64
     """Nesting of arrays and objects in any JSON a client sends (payloads included)."""
     clock_skew_s: float = 3600.0

@@ -30,6 +30,7 @@ from apiary.sdk import errors, task_handle
 from apiary.sdk.channel import ClientTls, open_channel
 from apiary.sdk.credentials import ClientCredentials
 from apiary.sdk.task_handle import TaskHandle
+from apiary.sdk.task_waits import TaskWaits
 from apiary.wire import pb
 
 if TYPE_CHECKING:
@@ -130,6 +131,15 @@ class Client:
             pairs[AGENT_KEY] = agent_id
         self._metadata = tuple(pairs.items())
         self._stubs: dict[str, _GuardedStub] = {}
+        self._waits: TaskWaits | None = None
+
+    @property
+    def task_waits(self) -> TaskWaits:
+        """The waits of this client's task handles: one FollowTasks stream, opened at the
+        first wait and closed with the client (sdk/task_waits.py)."""
+        if self._waits is None:
+            self._waits = TaskWaits(self)
+        return self._waits
 
     async def __aenter__(self) -> Client:
         return self
@@ -140,7 +150,9 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        """Close the channel when this client opened it."""
+        """Stop the task handles' stream; close the channel when this client opened it."""
+        if self._waits is not None:
+            await self._waits.close()
         if self._owned:
             await self.channel.close()
 

@@ -12,8 +12,11 @@
 
 Submitting goes through apiary.v1 TaskQueryService.SubmitTask: without a task_id the
 coordinator assigns one; with one, submitting the same task again returns the same task
-(`created` false) and other content under it is `task_id_conflict`. Waiting is WaitTask, in
-slices, so that a long wait outlives no proxy's idle timeout.
+(`created` false) and other content under it is `task_id_conflict`. A wait is answered by
+the client's one stream of task ends, which all its waiting handles share
+(sdk/task_waits.py); where it cannot answer, by WaitTask, in slices, so that a long wait
+outlives no proxy's idle timeout. A wait that runs out reads where the task stands with one
+WaitTask.
 """
 
 from __future__ import annotations
@@ -100,9 +103,9 @@ class TaskHandle:
     """One submitted task (see the module docstring). `created` is false when the submission
     named a task submitted before; `reason` where the submission left it.
 
-    Its waits take a `timeout` rather than running under `asyncio.timeout`: one wait is
-    several WaitTask calls, and a wait that runs out answers where the task stands (HELD
-    and why) instead of only being cancelled."""
+    Its waits take a `timeout` rather than running under `asyncio.timeout`: a wait that
+    runs out answers where the task stands (HELD and why) instead of only being
+    cancelled."""
 
     def __init__(
         self,
@@ -165,6 +168,9 @@ class TaskHandle:
     async def _wait(self, timeout: float | None) -> pb.apiary_pb2.TaskView:  # noqa: ASYNC109
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + max(0.0, timeout)
+        ended = await self._client.task_waits.end(self.task_id, timeout)
+        if ended is not None:
+            return ended
         while True:
             left = WAIT_SLICE_S if deadline is None else deadline - loop.time()
             window = max(0.001, min(WAIT_SLICE_S, left))

@@ -37,7 +37,7 @@ from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.core.access.proof import PROOF_KEY
 from apiary.core.cluster.forwarding import FORWARD_KEY, Forwarded, sign_forward
 from apiary.engine.cluster.leader_role import LeaderRole
-from apiary.errors import ApiaryError, UnavailableError
+from apiary.errors import ApiaryError, UnavailableError, UnimplementedError
 from apiary.server.context import CallContext
 from apiary.server.dispatch import snake_case
 from apiary.server.tls import ReplicaTls
@@ -276,7 +276,21 @@ class LeaderRouted:
             raise AttributeError(name)
         forwarder = self._forwarder
         if method.client_streaming:
-            return local  # (no leader service takes a client stream)
+            # FollowTasks, the one leader method taking a client stream, is not forwarded:
+            # another replica answers unimplemented and the client waits with WaitTask.
+            async def bidi(
+                frames: AsyncIterator[Message], ctx: CallContext
+            ) -> AsyncIterator[Message]:
+                if not await forwarder.local(ctx.tenant()):
+                    raise UnimplementedError(
+                        f"{method.path} is served by the cluster's leader only, and this "
+                        "replica does not lead: wait for tasks with WaitTask",
+                        {"method": method.path, "component": "leader"},
+                    )
+                async for item in local(frames, ctx):
+                    yield item
+
+            return bidi
         if method.server_streaming:
 
             async def stream(request: Message, ctx: CallContext) -> AsyncIterator[Message]:

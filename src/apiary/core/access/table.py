@@ -69,6 +69,9 @@ METHOD_RULES: Mapping[str, Rule] = MappingProxyType(
         "/apiary.v1.TaskQueryService/WatchTasks": Rule(
             Who.SELF, Role.TASKS, ("submitter",), applications=True
         ),
+        # Any principal follows task ends; each task it names is decided under WaitTask's
+        # rule by the handler, and one it may not wait for is refused alone.
+        "/apiary.v1.TaskQueryService/FollowTasks": ANYONE,
         "/apiary.v1.TaskQueryService/CompleteTask": _self("agent_id", role=None),
         "/apiary.v1.ActivityBufferService/Register": _self("entry.agent_id"),
         "/apiary.v1.ActivityBufferService/Complete": _AGENT,

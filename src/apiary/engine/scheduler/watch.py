@@ -1,5 +1,6 @@
-"""Who waits for tasks: WaitTask's waits for one task's end (`TaskWatch.wait`) and
-WatchTasks' feeds of a submitter's changes (`TaskWatch.changes`). Every stored change of a
+"""Who waits for tasks: WaitTask's waits for one task's end (`TaskWatch.wait`),
+WatchTasks' feeds of a submitter's changes (`TaskWatch.changes`) and FollowTasks' followers
+of the ends of the tasks they name as they go (`TaskWatch.follower`). Every stored change of a
 task (`TaskTransitions`, its PERSIST effect) is told here once it is stored, so that a
 waiter never sees a state the store lacks.
 
@@ -68,6 +69,68 @@ class TaskFeed:
         return [task for changes in taken.values() for task in changes]
 
 
+class TaskFollower:
+    """The tasks one FollowTasks stream follows, and what it has not handed out yet: the
+    ends of its tasks (in the order they were stored) and the ids it refused to follow. Its
+    ids are added and dropped as the stream goes (`TaskWatch.follow`, `unfollow`); an end is
+    offered once and stops the following. `close` says no more ids will come."""
+
+    def __init__(self) -> None:
+        self.following: set[str] = set()
+        self._ended: dict[str, TaskRecord] = {}
+        self._refused: list[str] = []
+        self._closed = False
+        self._error: BaseException | None = None
+        self._ready = asyncio.Event()
+        self._held = False
+
+    def offer(self, task: TaskRecord) -> None:
+        self.following.discard(task.task_id)
+        self._ended[task.task_id] = task
+        if not self._held:
+            self._ready.set()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Nothing is handed out during the block (a frame's ids being read), so that the
+        ends it finds go out together."""
+        self._held = True
+        try:
+            yield
+        finally:
+            self._held = False
+            self._ready.set()
+
+    def withdraw(self, task_id: str) -> None:
+        """Take back an end offered but not handed out (a task found not to be allowed)."""
+        self._ended.pop(task_id, None)
+
+    def refuse(self, task_ids: list[str]) -> None:
+        if task_ids:
+            self._refused.extend(task_ids)
+            self._ready.set()
+
+    def close(self, error: BaseException | None = None) -> None:
+        """No more ids to follow (the stream's requests ended, or failed with `error`)."""
+        self._closed = True
+        self._error = error
+        self._ready.set()
+
+    async def next(self) -> tuple[list[TaskRecord], list[str]] | None:
+        """The ends and refusals not handed out yet, once there are any; None once closed
+        with nothing followed left; the error it was closed with, if any."""
+        while self._held or not (self._ended or self._refused):
+            if self._error is not None:
+                raise self._error
+            if self._closed and not self.following and not self._held:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        ended, self._ended = list(self._ended.values()), {}
+        refused, self._refused = self._refused, []
+        return ended, refused
+
+
 class TaskWatch:
     """The waiters for tasks' ends and the open feeds (see the module docstring), over the
     Scheduler's `find` (a task by id, NotFoundError when unknown), its tasks not ended
@@ -82,6 +145,8 @@ class TaskWatch:
         self._ends: dict[str, set[asyncio.Future[TaskRecord]]] = {}
         self._feeds: dict[str, set[TaskFeed]] = {}
         """Submitter -> its open feeds."""
+        self._followers: dict[str, set[TaskFollower]] = {}
+        """Task id -> the followers of its end."""
 
     def changed(self, task: TaskRecord) -> None:
         """A change of `task` was stored."""
@@ -89,6 +154,8 @@ class TaskWatch:
             for waiter in self._ends.pop(task.task_id, ()):
                 if not waiter.done():
                     waiter.set_result(task)
+            for follower in self._followers.pop(task.task_id, ()):
+                follower.offer(task)
         for feed in self._feeds.get(task.submitter, ()):
             if feed.wants(task):
                 feed.offer(task)
@@ -122,6 +189,55 @@ class TaskWatch:
             feeds.discard(feed)
             if not feeds and self._feeds.get(submitter) is feeds:
                 del self._feeds[submitter]
+
+    @contextmanager
+    def follower(self) -> Iterator[TaskFollower]:
+        """A follower of task ends (FollowTasks), for the block's duration."""
+        follower = TaskFollower()
+        try:
+            yield follower
+        finally:
+            self.unfollow(follower, list(follower.following))
+
+    async def follow(
+        self, follower: TaskFollower, task_ids: Iterable[str], allowed: Callable[[TaskRecord], bool]
+    ) -> list[str]:
+        """Follow each of `task_ids` not followed yet: an ended one is offered at once (it is
+        read after it is followed, so no end slips in between). Those unknown, or not
+        `allowed`, are not followed: they are returned."""
+        with follower.held():
+            return await self._follow(follower, task_ids, allowed)
+
+    async def _follow(
+        self, follower: TaskFollower, task_ids: Iterable[str], allowed: Callable[[TaskRecord], bool]
+    ) -> list[str]:
+        refused = []
+        for task_id in task_ids:
+            if task_id in follower.following:
+                continue
+            follower.following.add(task_id)
+            self._followers.setdefault(task_id, set()).add(follower)
+            try:
+                task = await self._find(task_id)
+            except NotFoundError:
+                task = None
+            if task is None or not allowed(task):
+                self.unfollow(follower, [task_id])
+                follower.withdraw(task_id)  # (an end stored while it was read)
+                refused.append(task_id)
+            elif ended(task) and task_id in follower.following:
+                self.unfollow(follower, [task_id])
+                follower.offer(task)
+        return refused
+
+    def unfollow(self, follower: TaskFollower, task_ids: Iterable[str]) -> None:
+        for task_id in task_ids:
+            follower.following.discard(task_id)
+            followers = self._followers.get(task_id)
+            if followers is not None:
+                followers.discard(follower)
+                if not followers:
+                    del self._followers[task_id]
 
     async def wait(self, task_id: str, timeout_s: float | None = None) -> TaskRecord:
         """The task once it has ended, or as it stands after `timeout_s` seconds (None: no
@@ -169,5 +285,9 @@ class TaskWatch:
                         open_ids.discard(task.task_id)
 
     def waiting(self) -> int:
-        """Waits and feeds open now (for tests and monitoring)."""
-        return sum(len(w) for w in self._ends.values()) + sum(map(len, self._feeds.values()))
+        """Waits, feeds and followed tasks open now (for tests and monitoring)."""
+        return (
+            sum(len(w) for w in self._ends.values())
+            + sum(map(len, self._feeds.values()))
+            + sum(map(len, self._followers.values()))
+        )

@@ -7,20 +7,23 @@ cancellation (docs/scheduler.md, "Results", "Shared queues")."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from typing import Final
 
-from apiary.core.access.decision import sees_every_row
+from apiary.core.access.decision import decide, sees_every_row
 from apiary.core.access.principal import PrincipalKind
-from apiary.core.access.table import LISTING_RULES
+from apiary.core.access.table import LISTING_RULES, METHOD_RULES
 from apiary.core.json_reader import check_nesting, read_json
 from apiary.core.limits import utf8_size
 from apiary.core.records import TaskRecord
 from apiary.core.tasks.shared import queue_parts
 from apiary.engine.hitl import Hitl
 from apiary.engine.scheduler.scheduler import Scheduler, Submission, SubmitResult
+from apiary.engine.scheduler.watch import TaskFollower
 from apiary.errors import OversizePayloadError, ValidationError, error_for_code
-from apiary.server.context import CallContext
+from apiary.server.context import AGENT_KEY, CallContext
 from apiary.server.services.activity import ActivityHandler
 from apiary.server.services.negotiation import caller_name
 from apiary.server.services.request_checks import (
@@ -38,6 +41,7 @@ SUBMITTER_METADATA = "apiary-submitter"
 """Optional call metadata naming the submitting agent: its communication class is the
 task's lane (RFC 7.3)."""
 _LIST_TASKS: Final = "/apiary.v1.TaskQueryService/ListTasks"
+_WAIT_TASK: Final = "/apiary.v1.TaskQueryService/WaitTask"
 
 
 def _submitter(ctx: CallContext) -> str:
@@ -245,6 +249,59 @@ class TaskQueryHandler:
         submitter = req.submitter or _submitter(ctx)
         async for task in self._scheduler.watch_tasks(submitter, frozenset(req.task_ids)):
             yield task_view(task)
+
+    async def follow_tasks(
+        self, frames: AsyncIterator[a.FollowTasksRequest], ctx: CallContext
+    ) -> AsyncIterator[a.FollowTasksReply]:
+        """The ends of the tasks the frames name, many to a reply. Each task is decided as
+        WaitTask's call for it would be (its rule, its submitter as the owner): one the
+        caller may not wait for, or that does not exist, is refused alone, the stream goes on."""
+        watch = self._scheduler.watch
+        with watch.follower() as follower:
+            reader = asyncio.create_task(self._follow(frames, follower, self._may_wait(ctx)))
+            try:
+                while (taken := await follower.next()) is not None:
+                    ended, refused = taken
+                    yield a.FollowTasksReply(ended=[task_view(t) for t in ended], refused=refused)
+            finally:
+                reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reader
+
+    async def _follow(
+        self,
+        frames: AsyncIterator[a.FollowTasksRequest],
+        follower: TaskFollower,
+        allowed: Callable[[TaskRecord], bool],
+    ) -> None:
+        watch = self._scheduler.watch
+        most = self._checks.limits.watch_task_ids
+        try:
+            async for frame in frames:
+                for name in ("task_ids", "unfollow"):
+                    if len(getattr(frame, name)) > most:
+                        raise ValidationError.for_field(
+                            name, f"names more than the {most} tasks one frame may "
+                            "([limits] watch_task_ids): send them in several", limit=str(most),
+                        )  # fmt: skip
+                watch.unfollow(follower, frame.unfollow)
+                follower.refuse(await watch.follow(follower, frame.task_ids, allowed))
+        except Exception as exc:
+            follower.close(exc)
+        else:
+            follower.close()
+
+    def _may_wait(self, ctx: CallContext) -> Callable[[TaskRecord], bool]:
+        """Whether the caller may wait for a task: WaitTask's rule, decided for it."""
+        rule = METHOD_RULES[_WAIT_TASK]
+        claimed = ctx.get(AGENT_KEY)
+
+        def allowed(task: TaskRecord) -> bool:
+            return decide(
+                ctx.principal, rule, owner=task.submitter, secure=self._secure, claimed=claimed
+            ).allowed
+
+        return allowed
 
     @checks_inside
     async def complete_task(
