@@ -126,8 +126,11 @@ class DedupGate:
 
     def cached(self, message: StoredMessage) -> bool:
         """Whether the cache follows `message`'s fate by its token (`progress` has a record
-        to update; a notice with one keeps its stored row, see `Enqueuer`)."""
-        return bool(message.idempotency_token)
+        to update; a notice with one keeps its stored row, see `Enqueuer`): a token its
+        producer keeps unique (`kept_by_producer`) only by an outcome."""
+        if not message.idempotency_token:
+            return False
+        return message.producer_id not in SELF_KEPT_TOKENS or message.state in dedup.OUTCOMES
 
     async def outcome_of(self, message: StoredMessage) -> IdempotencyRecord | None:
         """`message`'s token's record when it caches `message`'s own outcome (its error
