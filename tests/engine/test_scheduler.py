@@ -100,12 +100,13 @@ async def test_the_task_arrives_as_a_data_envelope_from_the_scheduler(h: EngineH
     ]  # fmt: skip
 
 
-async def test_a_dispatch_starts_its_token_record_without_looking_for_one(
+async def test_a_dispatch_token_has_no_record_the_task_record_keeps_it_unique(
     h: EngineHarness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The dispatch token `task:<id>:<attempt>` is new by construction: the router starts
-    its record (committed with the envelope) without reading the cache, logs the NEW
-    decision, and the record follows the envelope's fate to the cached outcome."""
+    """The dispatch token `task:<id>:<attempt>` is new by construction (the task record
+    counts the attempt, committed with the envelope): the router neither reads the cache
+    nor starts a record, and logs no decision of its own; task.dispatched names the token.
+    The ACKs the Scheduler joins start none either: the task records the outcome."""
     await _ready(h, "worker")
     lookups: list[str] = []
     cache = h.store.idempotency
@@ -117,21 +118,54 @@ async def test_a_dispatch_starts_its_token_record_without_looking_for_one(
 
     monkeypatch.setattr(cache, "get", get)
     assert (await _submit(h, "t1")).accepted
-    assert lookups == []
     held = await _sched(h).find("t1")
     key = cache_key(SCHEDULER, "task:t1:1")
-    record = await looked_up(key)
-    assert record is not None
-    assert (record.status, record.attempts) == ("RECEIVED", (held.message_id,))
-    (decision,) = await h.events("idempotency.decision")
-    assert (decision.details["decision"], decision.details["message_id"]) == (
-        "NEW",
-        held.message_id,
-    )
+    assert await looked_up(key) is None
+    assert await h.events("idempotency.decision") == []
+    (dispatched,) = await h.events("task.dispatched")
+    assert (dispatched.details["token"], dispatched.details["message_id"]) == (
+        "task:t1:1", held.message_id,
+    )  # fmt: skip
     await h.ack("worker", held.message_id, AckStage.READ)
-    await h.ack("worker", held.message_id, AckStage.FULFILLED, note="done")
-    record = await looked_up(key)
-    assert record is not None and (record.status, record.result) == ("FULFILLED", "done")
+    await h.ack("worker", held.message_id, AckStage.FULFILLED, note='"done"')
+    assert lookups == []
+    assert await looked_up(key) is None
+    assert await h.events("idempotency.cached") == []
+    done = await _sched(h).find("t1")
+    assert (done.state, done.result) == ("COMPLETED", '"done"')
+
+
+async def _no_join(_acks: object) -> None:
+    return None
+
+
+async def test_an_end_ack_the_scheduler_did_not_join_starts_its_tokens_record(
+    h: EngineHarness,
+) -> None:
+    """An end ACK that commits without the task's transition (not joined: the Scheduler
+    hears it after the commit) leaves its outcome in a token record it starts, with its
+    `idempotency.cached` event: what the Scheduler reads back if it never heard of it
+    (`Router.stored_ack`, tests/server/test_stored_acks.py)."""
+    await _ready(h, "worker")
+    assert (await _submit(h, "t1")).accepted
+    held = await _sched(h).find("t1")
+    h.engine.router.join_acks(SCHEDULER, _no_join)
+    await h.ack("worker", held.message_id, AckStage.READ)
+    key = cache_key(SCHEDULER, "task:t1:1")
+    assert await h.store.idempotency.get(key) is None  # (no record follows its progress)
+    await h.ack("worker", held.message_id, AckStage.FULFILLED, note='"done"')
+    record = await h.store.idempotency.get(key)
+    assert record is not None
+    assert (record.status, record.result, record.original_message_id) == (
+        "FULFILLED", '"done"', held.message_id,
+    )  # fmt: skip
+    (cached,) = await h.events("idempotency.cached")
+    assert cached.details["message_id"] == held.message_id
+    moved = [e.details["to"] for e in await h.events("message.state")]
+    assert moved == ["READ", "FULFILLED"]
+    assert (await _sched(h).find("t1")).state == "COMPLETED"
+    stored = await h.engine.router.stored_ack(held.message_id)
+    assert stored is not None and stored.note == '"done"'
 
 
 async def test_an_agent_failure_fails_the_task_with_its_code(h: EngineHarness) -> None:

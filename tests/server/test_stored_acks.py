@@ -26,10 +26,10 @@ from pathlib import Path
 import pytest
 
 import apiary
-from apiary.core.envelope import Ack, Envelope
+from apiary.core.envelope import Envelope
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.notices import SCHEDULER
-from apiary.engine.router.ack_joins import JoinedAcks
+from apiary.engine.router.ack_joins import AckedMessage, JoinedAcks
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.store.protocols import Store
@@ -51,7 +51,7 @@ class Cut:
         self.dropped.append(env)
 
 
-async def _no_join(_acks: Sequence[tuple[str, Ack]]) -> JoinedAcks | None:
+async def _no_join(_acks: Sequence[AckedMessage]) -> JoinedAcks | None:
     return None
 
 

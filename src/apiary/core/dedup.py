@@ -204,7 +204,10 @@ def advance(
 ) -> tuple[IdempotencyRecord | None, bool]:
     """`progress` of `record` (as stored; None: no record) by `step`: the record to write
     (None: nothing changes, or `step`'s attempt is not one of the record's) and whether its
-    cached outcome changed (`step.cached` is logged then)."""
+    cached outcome changed (`step.cached` is logged then). With no record, an outcome of a
+    step that names its `producer` starts one, with that outcome cached."""
+    if record is None and step.producer and step.state in OUTCOMES:
+        record = start(step.key, step.producer, step.message_id, step.at)
     if record is None or step.message_id not in record.attempts:
         return None, False
     updated = progress(

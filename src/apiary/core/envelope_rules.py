@@ -316,6 +316,26 @@ def check_payload_type(content_type: str, payload: bytes, max_depth: int = DEFAU
         _utf8(payload, base)
 
 
+def check_content(
+    content_type: str, payload: bytes, fields: Limits = DEFAULT_LIMITS, name: str = "payload"
+) -> None:
+    """The rules `validate_envelope` holds a payload and its content type to (rules 5 and 8,
+    a well-formed media type), for content that becomes an envelope's later: a task's params
+    at SubmitTask, whose dispatch the router then admits without validating it again
+    (engine/router/admission.py `Outbound.validated`). Raises ValidationError, naming the
+    payload `name`."""
+    if content_type:
+        _check_content_type(content_type, fields.content_type_bytes)
+    elif payload:
+        raise ValidationError.for_field("content_type", f"is required when {name} is present")
+    if payload:
+        try:
+            check_payload_type(content_type, payload, fields.json_depth)
+        except ValidationError as exc:
+            problem = exc.message.removeprefix("payload: ")
+            raise ValidationError.for_field(name, problem) from None
+
+
 def check_modality(content_type: str, modalities: Sequence[str]) -> None:
     """RFC 12: refuse a content type the target agent did not declare.
 

@@ -253,6 +253,10 @@ class TokenProgress:
     error_code: str = ""
     result: str = ""
     cached: EventDraft | None = None
+    producer: str = ""
+    """When the token has no record: the producer whose record an outcome starts (a token
+    its producer keeps unique by records of its own, which admission starts no record for:
+    engine/router/dedup_gate.py `kept_by_producer`); '' leaves an absent record absent."""
 
 
 @dataclass(frozen=True, slots=True)

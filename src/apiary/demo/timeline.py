@@ -18,6 +18,8 @@ from apiary.demo.processes import AGENTS
 RECENT = 8
 """Notable lines kept for the live view."""
 RESULT_LINE = "result: "
+_DISPATCH_RECEIVED = "task.dispatched:received"
+"""The count of dispatches whose `task.dispatched` records their message's admission."""
 """How an agent's progress line starts when it reports a task's result it got back through
 the task's handle (examples/demo_agents/common.py, `say_result`): a notable line."""
 
@@ -129,6 +131,8 @@ class RunState:
         self.last_ts = event.ts
         kind, details = event.event_type, event.details
         self.counts[kind] += 1
+        if kind == "task.dispatched" and details.get("message_state") == "RECEIVED":
+            self.counts[_DISPATCH_RECEIVED] += 1  # (its admission's record: no message.received)
         area = kind.partition(".")[0]
         handler = _HANDLERS.get(area)
         if handler is not None:
@@ -144,7 +148,10 @@ class RunState:
 
     @property
     def messages_routed(self) -> int:
-        return self.counts["message.received"]
+        """Messages admitted: `message.received`, and the task dispatches whose
+        `task.dispatched` records their admission (docs/scheduler.md, "Events of a task's
+        messages")."""
+        return self.counts["message.received"] + self.counts[_DISPATCH_RECEIVED]
 
     @property
     def denials(self) -> int:

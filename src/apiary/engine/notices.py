@@ -28,6 +28,12 @@ of their TOOL_RESULT and TOOL_ERROR envelopes (docs/tools.md)."""
 SWARM_BRIDGE = "swarm"
 """producer_id of the envelopes the Agent Swarm Protocol bridge delivers, and the endpoint its
 replies are sent to (apiary/swarm/bridge.py)."""
+SELF_KEPT_TOKENS = frozenset({SCHEDULER})
+"""Producers whose idempotency tokens records of their own keep unique: the Scheduler's
+`task:<id>:<attempt>` names one dispatch attempt, counted in the task record that commits
+with the envelope's admission. The router starts no token record for them at admission and
+keeps none while the producer's own writes record the message's fate
+(engine/router/dedup_gate.py `kept_by_producer`)."""
 RESERVED_IDS = frozenset({COORDINATOR, SCHEDULER, WORKTREES, ROOM_SERVICE, TOOLS, SWARM_BRIDGE})
 """Participant ids no agent may register under (ROOM_SERVICE: the negotiation-room service,
 producer of the rooms' notifications)."""

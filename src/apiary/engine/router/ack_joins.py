@@ -9,16 +9,60 @@ messages' new states, holding whatever keeps them valid (the Scheduler its lock)
 (nothing joins: the ACKs are forwarded after the commit as before). Exactly one of
 `committed` (then the endpoint's effects; the ACKs end there, none is forwarded) and
 `failed` follows.
+
+The router gives the endpoint each ACK with the state change it makes to its message
+(`MessageMove`), and the endpoint's event of the ACK may carry it (`MessageMove.details`:
+the Scheduler's task.running, task.completed, task.failed). The router logs no
+`message.state` of its own for the messages whose moves the endpoint's events carry
+(`JoinedAcks.logged`): one event records both transitions (RFC 19: every transition is
+logged, in the event it shares with the other; docs/scheduler.md, "Events of a task's
+messages").
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from apiary.core.envelope import Ack
 from apiary.core.events import EventDraft
 from apiary.core.records import TaskRecord
+
+
+@dataclass(frozen=True, slots=True)
+class MessageMove:
+    """The state change an ACK makes to the message it acknowledges: what its
+    `message.state` event would say."""
+
+    message_id: str
+    before: str
+    after: str
+    input: str
+    error_code: str = ""
+
+    def details(self) -> dict[str, str]:
+        """The move as the fields of an event that records it along with its own change:
+        message_id, message_from, message_state, message_input (and message_error_code
+        when the ACK gave one)."""
+        fields = {
+            "message_id": self.message_id, "message_from": self.before,
+            "message_state": self.after, "message_input": self.input,
+        }  # fmt: skip
+        if self.error_code:
+            fields["message_error_code"] = self.error_code
+        return fields
+
+
+@dataclass(frozen=True, slots=True)
+class AckedMessage:
+    """An ACK the router asks its message's producer to join."""
+
+    producer: str
+    """The ACK's sender (the message's recipient)."""
+    ack: Ack
+    move: MessageMove | None
+    """The state change the ACK makes to its message (None: it makes none)."""
 
 
 class JoinedAcks(Protocol):
@@ -28,6 +72,9 @@ class JoinedAcks(Protocol):
     """The task records that commit with the ACKs' message states."""
     events: Sequence[EventDraft]
     """Their events, appended after the messages' own."""
+    logged: Collection[str]
+    """The messages (by id) whose `MessageMove` one of `events` carries: the router logs
+    no `message.state` of its own for them."""
 
     async def committed(self) -> None:
         """The commit took the writes: the endpoint's effects follow (it must not call the
@@ -41,6 +88,6 @@ class JoinedAcks(Protocol):
         ...
 
 
-AckJoin = Callable[[Sequence[tuple[str, Ack]]], Awaitable[JoinedAcks | None]]
-"""An endpoint's answer to ACKs (producer, ACK) of its messages that the router applies
-together: the writes that commit with them, or None (they are forwarded as usual)."""
+AckJoin = Callable[[Sequence[AckedMessage]], Awaitable[JoinedAcks | None]]
+"""An endpoint's answer to ACKs of its messages that the router applies together: the
+writes that commit with them, or None (they are forwarded as usual)."""

@@ -106,6 +106,15 @@ class Outbound:
     """The producer's own writes that commit with the envelope's admission, or not at all
     (the Scheduler's dispatch: the task DISPATCHED, with its event). The coordinator's own
     endpoints only: anyone else's is refused."""
+    admission_logged: bool = False
+    """The first of `stored_with`'s events records the message's admission: it names the
+    message, its recipient, lane and state (the Scheduler's task.dispatched), and no
+    `message.received` is logged besides it."""
+    validated: bool = False
+    """The producer built the envelope from input that passed the message-types rules when
+    it came in (the Scheduler's dispatch of a task's params, checked at SubmitTask:
+    engine/scheduler/jobs.py): the validation gate skips it. Honoured for the coordinator's
+    own endpoints only."""
 
 
 @dataclass(slots=True)
@@ -318,7 +327,8 @@ class Admission:
             self._check_signature(item)
         acl = self._acl if item.remote and env.message_type is not _ACK else None
         if acl is None:
-            self._validate(env, now)
+            if not (item.validated and self._own(item)):
+                self._validate(env, now)
             if env.message_type is _ACK and env.producer_id != COORDINATOR:
                 return None
             return resolve_recipient(env, item.recipient)

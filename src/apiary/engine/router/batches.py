@@ -342,26 +342,29 @@ class Batches:
     ) -> list[AdmissionWrites]:
         """What commits with each member's admission: its event (notices are logged by their
         causes: message.state, agent.joined, ...; a received event for each would repeat
-        those and every heartbeat), its token's record (`DedupGate.record_for`; the
-        records are read concurrently: shared reads) and its producer's own writes
-        (`Outbound.stored_with`, their events after the member's)."""
+        those and every heartbeat; a member whose producer's own event records its
+        admission has none either: `Outbound.admission_logged`), its token's record
+        (`DedupGate.record_for`; the records are read concurrently: shared reads) and its
+        producer's own writes (`Outbound.stored_with`, their events after the member's)."""
         dedup, draft = self._dedup, self._events.draft
         held = [r for _, r in admit if dedup.holds(r.message_id)] if dedup.holding() else []
         tokens = await asyncio.gather(*(dedup.record_for(r, now) for r in held))
         by_id = {r.message_id: t for r, t in zip(held, tokens, strict=True)}
         writes: list[AdmissionWrites] = []
         for index, record in admit:
-            env = items[index].envelope
-            event = () if is_notice(record) else (draft(
+            item = items[index]
+            env = item.envelope
+            own = item.stored_with
+            logged = is_notice(record) or (own is not None and item.admission_logged)
+            event = () if logged else (draft(
                 "message.received", env.producer_id, correlation_id=env.correlation_id,
                 agent_id=record.recipient, message_id=env.message_id,
                 message_type=MESSAGE_TYPE_NAMES[env.message_type], lane=record.lane,
             ),)  # fmt: skip
             token = by_id.get(record.message_id) or _NO_TOKEN
-            item = items[index]
             if self.bounds_in_store and not is_notice(record):
                 token = replace(token, bound=self._bound(record, item.remote))
-            own, requeues = item.stored_with, item.dead_letter if item.requeue else 0
+            requeues = item.dead_letter if item.requeue else 0
             if own is None:
                 writes.append(replace(token, events=event, requeues=requeues))
             else:

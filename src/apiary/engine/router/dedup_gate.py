@@ -16,6 +16,14 @@ A token's record follows its attempts' fate in the transaction that stores their
 changes (`progress_of`, applied by the message store): read and written there, so that the
 record, the state it records and the `idempotency.cached` event commit together, and no
 other write of the token comes between the record's read and its write.
+
+The tokens of producers that keep them unique by records of their own (engine/notices.py
+`SELF_KEPT_TOKENS`: the Scheduler's `task:<id>:<attempt>`, whose attempt the task record
+counts) are claimed without a record, a reservation or a decision event: the producer's own
+event of the admission names the token (`task.dispatched`). Their record is started only by
+an outcome that no write of the producer's records (an end ACK the Scheduler did not join:
+the outcome's note, the task's result, must outlive a crash before the Scheduler hears of
+it, engine/router/router.py `stored_ack`).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from apiary.core.envelope import Envelope
 from apiary.core.idempotency import is_within_window
 from apiary.core.records import AdmissionWrites, IdempotencyRecord, StoredMessage, TokenProgress
 from apiary.engine.eventlog import EventRecorder
+from apiary.engine.notices import SELF_KEPT_TOKENS
 from apiary.engine.router.admission import SendOutcome
 from apiary.errors import AlreadyInProgressError, DuplicateDetectedError
 from apiary.store.errors import StoreError
@@ -117,8 +126,11 @@ class DedupGate:
 
     def cached(self, message: StoredMessage) -> bool:
         """Whether the cache follows `message`'s fate by its token (`progress` has a record
-        to update; a notice with one keeps its stored row, see `Enqueuer`)."""
-        return bool(message.idempotency_token)
+        to update; a notice with one keeps its stored row, see `Enqueuer`): a token its
+        producer keeps unique (`kept_by_producer`) only by an outcome."""
+        if not message.idempotency_token:
+            return False
+        return message.producer_id not in SELF_KEPT_TOKENS or message.state in dedup.OUTCOMES
 
     async def outcome_of(self, message: StoredMessage) -> IdempotencyRecord | None:
         """`message`'s token's record when it caches `message`'s own outcome (its error
@@ -155,11 +167,15 @@ class DedupGate:
 
     def claim(self, env: Envelope) -> bool:
         """Reserve `env`'s token for a NEW operation without asking the store: for a token
-        its producer vouches is new (`Outbound.new_token`). False (nothing reserved) when it
-        has no token or the token is being admitted right now: `check` decides then."""
+        its producer vouches is new (`Outbound.new_token`); one its producer keeps unique
+        itself (`SELF_KEPT_TOKENS`) with nothing reserved and no record started. False
+        (nothing reserved) when it has no token or the token is being admitted right now:
+        `check` decides then."""
         token = env.idempotency_token
         if not token:
             return False
+        if env.producer_id in SELF_KEPT_TOKENS:
+            return True  # (no record, nothing reserved: see the module's docstring)
         key = cache_key(env.producer_id, token)
         if key in self._reserved:
             return False
@@ -307,6 +323,11 @@ class DedupGate:
         if not token:
             return None
         state = message.state
+        producer = ""
+        if self.kept_by_producer(message):
+            if state not in dedup.OUTCOMES:
+                return None  # (no record to follow an attempt's progress: only its outcome)
+            producer = message.producer_id
         cached = None
         if state in dedup.OUTCOMES:  # (only an outcome can change the cached one)
             cached = self._events.draft(
@@ -315,7 +336,13 @@ class DedupGate:
                 original_message_id=message_id, status=state.value,
             )  # fmt: skip
         key = cache_key(message.producer_id, token)
-        return TokenProgress(key, message_id, state, now, code, note, cached)
+        return TokenProgress(key, message_id, state, now, code, note, cached, producer)
+
+    def kept_by_producer(self, message: StoredMessage) -> bool:
+        """Whether `message`'s token is one its producer keeps unique by its own records
+        (`SELF_KEPT_TOKENS`): no record follows its progress, and an outcome its producer's
+        writes record (a joined ACK, engine/router/ack_joins.py) needs none either."""
+        return message.producer_id in SELF_KEPT_TOKENS and bool(message.idempotency_token)
 
     async def progress(
         self, message: StoredMessage, message_id: str, now: float, code: str, note: str

@@ -36,7 +36,7 @@ from apiary.engine.deadlines import Deadlines
 from apiary.engine.eventlog import EventRecorder
 from apiary.engine.notices import COORDINATOR
 from apiary.engine.router.ack_groups import AckGroups
-from apiary.engine.router.ack_joins import AckJoin, JoinedAcks
+from apiary.engine.router.ack_joins import AckedMessage, AckJoin, JoinedAcks, MessageMove
 from apiary.engine.router.admission import is_notice
 from apiary.engine.router.coalesce import Coalescer
 from apiary.engine.router.credit_control import CreditControl
@@ -217,29 +217,22 @@ class MessageLifecycle:
         copies = self._copies
         try:
             changes: list[StateChange] = []
-            drafts: list[EventDraft] = []
-            tokens: list[TokenProgress] = []
-            folded: set[str] = set()  # (the messages whose token's progress is in `tokens`)
             stored: dict[str, StoredMessage] = {}
-            for _, original, ack, plan in planned:
+            for _, original, _, plan in planned:
                 if plan is None:
                     continue
                 change = plan[1]
                 # The stored row is the live copy (held under the lock) with the change.
                 current = copies.get(original.message_id, original)
-                after = stored[original.message_id] = (
-                    current if change is None else changed(current, change)
-                )
-                event = ACK_INPUTS[ack.ack_stage]
-                draft = self._event_of(plan, original, after, event, ack.error_code, now)
-                if change is not None:
+                if change is None:
+                    stored[original.message_id] = current
+                else:
+                    stored[original.message_id] = changed(current, change)
                     changes.append(change)
-                    drafts.extend([] if draft is None else [draft])
-                    token = self._token_of(plan[0], original, after, ack.error_code, ack.note, now)
-                    if token is not None:
-                        tokens.append(token)
-                        folded.add(original.message_id)
-            joined, taken = await self._join(planned)
+            joined, taken = await self._join(planned, stored)
+            logged = joined.logged if joined is not None else ()
+            drafts = self._frame_events(planned, stored, logged, now)
+            tokens, folded = self._frame_tokens(planned, stored, taken, now)
             try:
                 await self._commit_frame(changes, drafts, tokens, joined)
             except (StaleStateError, FencedError):
@@ -261,6 +254,49 @@ class MessageLifecycle:
                 if locks.get(original.message_id) is frame_lock:
                     del locks[original.message_id]
         return early
+
+    def _frame_events(
+        self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]],
+        stored: dict[str, StoredMessage], logged: Collection[str], now: float,
+    ) -> list[EventDraft]:  # fmt: skip
+        """The events of a frame's steps that commit with its state changes (those that
+        change no stored state are queued), but for the moves of the messages in `logged`,
+        which the joined endpoint's events carry (engine/router/ack_joins.py)."""
+        drafts: list[EventDraft] = []
+        for _, original, ack, plan in planned:
+            if plan is None or original.message_id in logged:
+                continue
+            after = stored[original.message_id]
+            event = ACK_INPUTS[ack.ack_stage]
+            draft = self._event_of(plan, original, after, event, ack.error_code, now)
+            if draft is not None:
+                drafts.append(draft)
+        return drafts
+
+    def _frame_tokens(
+        self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]],
+        stored: dict[str, StoredMessage], taken: Collection[str], now: float,
+    ) -> tuple[list[TokenProgress], set[str]]:  # fmt: skip
+        """The token progress that commits with a frame's state changes, and the messages it
+        covers (their UPDATE_IDEMPOTENCY is done by it), those of a joined endpoint's own
+        messages among them (`taken`, whose records keep their outcomes:
+        `DedupGate.kept_by_producer`) without any."""
+        tokens: list[TokenProgress] = []
+        folded: set[str] = set()
+        kept = self._dedup.kept_by_producer
+        for _, original, ack, plan in planned:
+            if plan is None or plan[1] is None:
+                continue
+            message_id = original.message_id
+            after = stored[message_id]
+            if message_id in taken and kept(after):
+                folded.add(message_id)
+                continue
+            token = self._token_of(plan[0], original, after, ack.error_code, ack.note, now)
+            if token is not None:
+                tokens.append(token)
+                folded.add(message_id)
+        return tokens, folded
 
     async def _commit_frame(
         self, changes: list[StateChange], drafts: list[EventDraft], tokens: list[TokenProgress],
@@ -308,18 +344,20 @@ class MessageLifecycle:
                 early[key] = self._forward_target(original, effects, ack)
 
     async def _join(
-        self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]]
-    ) -> tuple[JoinedAcks | None, set[str]]:
+        self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]],
+        stored: Mapping[str, StoredMessage],
+    ) -> tuple[JoinedAcks | None, set[str]]:  # fmt: skip
         """The writes that commit with a frame's ACKs from the endpoint whose messages they
-        acknowledge and would be forwarded to (engine/router/ack_joins.py), and the ids of
-        the messages whose ACKs it took; none when the frame's ACKs go to more than one
-        endpoint, or one of its steps NACKs (a NACK goes to its endpoint while the frame is
-        settled, and the endpoint is held until that is done)."""
+        acknowledge and would be forwarded to (engine/router/ack_joins.py), given each ACK
+        with its message's move (from `stored`, the messages as the frame leaves them), and
+        the ids of the messages whose ACKs it took; none when the frame's ACKs go to more
+        than one endpoint, or one of its steps NACKs (a NACK goes to its endpoint while the
+        frame is settled, and the endpoint is held until that is done)."""
         joins = self._joins
         if not joins:
             return None, set()
         endpoint = ""
-        acks: list[tuple[str, Ack]] = []
+        acks: list[AckedMessage] = []
         ids: set[str] = set()
         for _, original, ack, plan in planned:
             if plan is None:
@@ -332,7 +370,14 @@ class MessageLifecycle:
                 if endpoint and producer != endpoint:
                     return None, set()
                 endpoint = producer
-                acks.append((original.recipient, ack))
+                after = stored[original.message_id].state
+                move = None
+                if after is not original.state:
+                    move = MessageMove(
+                        original.message_id, state_text(original.state), state_text(after),
+                        ACK_INPUTS[ack.ack_stage].value, ack.error_code,
+                    )  # fmt: skip
+                acks.append(AckedMessage(original.recipient, ack, move))
                 ids.add(original.message_id)
         if not acks:
             return None, set()

@@ -39,10 +39,16 @@ from apiary.core.clock import Clock
 from apiary.core.envelope import Ack
 from apiary.core.records import TaskRecord
 from apiary.core.tasks.machine import TaskInput, TaskMachine
+from apiary.engine.router.ack_joins import AckedMessage
 from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.losses import LostTasks
 from apiary.engine.scheduler.preemption import SchedulerPreemption
-from apiary.engine.scheduler.transitions import Prepared, TaskTransitions, requeued
+from apiary.engine.scheduler.transitions import (
+    Prepared,
+    TaskTransitions,
+    logs_messages,
+    requeued,
+)
 from apiary.engine.scheduler.wakeups import SEP, Wakeups
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import UnavailableError
@@ -70,6 +76,8 @@ class JoinedAck:
     producer: str
     ack: Ack
     prepared: Prepared
+    logged: str = ""
+    """The message whose move the transition's event carries ('' none)."""
 
 
 class TaskAcks:
@@ -125,19 +133,21 @@ class TaskAcks:
         if len(self._kept) == 1:
             self._wakeups.arm(ACKS_KEY, self._clock.now() + self._pause)
 
-    def prepare(self, acks: Sequence[tuple[str, Ack]]) -> list[JoinedAck] | None:
-        """The transitions of `acks` (producer, ACK; one frame's, of the Scheduler's
-        dispatches), decided and not stored, for the router to commit with its write of the
-        ACKs (`joined` follows it); None when any of them is not a plain step of a live task
-        (a stale ACK, a yield, a retry, a second ACK of one task, ACKs kept for the store):
-        then they all come the usual way, after the router's commit, in their order. A live
-        task's RECEIVED joins with nothing to write."""
+    def prepare(self, acks: Sequence[AckedMessage]) -> list[JoinedAck] | None:
+        """The transitions of `acks` (one frame's, of the Scheduler's dispatches), decided
+        and not stored, for the router to commit with its write of the ACKs (`joined`
+        follows it); None when any of them is not a plain step of a live task (a stale ACK,
+        a yield, a retry, a second ACK of one task, ACKs kept for the store): then they all
+        come the usual way, after the router's commit, in their order. A live task's
+        RECEIVED joins with nothing to write. Each transition's event carries its message's
+        move (engine/router/ack_joins.py): the one record of both."""
         if self._kept:
             return None
         joined: list[JoinedAck] = []
         seen: set[str] = set()
         live = self._live
-        for producer, ack in acks:
+        for acked in acks:
+            producer, ack = acked.producer, acked.ack
             task_id = live.by_message.get(ack.ack_for_message_id)
             task = live.tasks.get(task_id) if task_id else None
             stage = ack.ack_stage.name
@@ -146,17 +156,22 @@ class TaskAcks:
             if task is None or task.task_id in seen:
                 return None
             seen.add(task.task_id)
+            move = acked.move if acked.move is not None and logs_messages(task) else None
+            moved = {} if move is None else move.details()
             prepared: Prepared | None = None
             if stage == "READ" and TaskMachine.allows(task.state, TaskInput.READ):
-                prepared = self._transitions.prepare_read(task)
+                prepared = self._transitions.prepare_read(task, moved)
             elif stage == "FULFILLED" and TaskMachine.allows(task.state, TaskInput.FULFIL):
-                prepared = self._preemptor.prepare_fulfilled(task, ack.note.strip())
+                prepared = self._preemptor.prepare_fulfilled(task, ack.note.strip(), moved)
             elif stage in ("REJECTED", "FAILED") and TaskMachine.allows(task.state, TaskInput.FAIL):
                 code = failure_code(ack.error_code or "internal_error")
-                prepared = self._transitions.prepare_end(task, TaskInput.FAIL, code, ack.note)
+                prepared = self._transitions.prepare_end(
+                    task, TaskInput.FAIL, code, ack.note, moved=moved
+                )
             if prepared is None:
                 return None
-            joined.append(JoinedAck(producer, ack, prepared))
+            logged = move.message_id if move is not None else ""
+            joined.append(JoinedAck(producer, ack, prepared, logged))
         return joined
 
     async def joined(self, joined: Sequence[JoinedAck]) -> None:

@@ -43,7 +43,7 @@ from apiary.engine.router.router import Router
 from apiary.engine.scheduler.live import LiveTasks, queue_key, target_of
 from apiary.engine.scheduler.pools import AgentPools
 from apiary.engine.scheduler.traces import TaskTraces
-from apiary.engine.scheduler.transitions import Prepared, TaskTransitions
+from apiary.engine.scheduler.transitions import Prepared, TaskTransitions, logs_messages
 from apiary.engine.scheduler.wakeups import Wakeups, retry_key, shared_queue, shared_target
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import UnavailableError
@@ -299,19 +299,29 @@ class SchedulerDispatch:
             member = self._pools.member(agent_id)
             changes["agent_id"] = agent_id
             changes["agent_type"] = member.agent_type if member is not None else ""
+        # The event names the token, which has no record of its own, and may record the
+        # envelope's admission (`Outbound.admission_logged`, docs/scheduler.md, "Events of a
+        # task's messages").
+        admitted = {"message_state": "RECEIVED", "message_type": "DATA"}
         return self._transitions.prepare(
             task, TaskInput.DISPATCH, changes, message_id=env.message_id, attempt=attempt,
             lane=task.lane, urgent=choice.urgent, overflowed=choice.overflowed,
+            token=env.idempotency_token, **(admitted if logs_messages(task) else {}),
         )  # fmt: skip
 
     async def _send(
         self, task: TaskRecord, agent_id: str, env: Envelope, attempt: int, dispatched: Prepared
     ) -> bool:
         # The task is stored DISPATCHED with the envelope that carries it, or neither is. The
-        # token names this attempt, counted even when its send failed: it is new, so the
-        # router starts its record without looking for one.
+        # token names this attempt, counted in the task record even when its send failed: it
+        # is new, and the task record keeps it unique, so the router neither looks for nor
+        # starts a record of it. The envelope is built from params checked at submission, and
+        # DISPATCHED's event records its admission.
         writes = AdmissionWrites((dispatched.event,), task=dispatched.after)
-        item = Outbound(env, agent_id, lane=task.lane, new_token=True, stored_with=writes)
+        item = Outbound(
+            env, agent_id, lane=task.lane, new_token=True, stored_with=writes,
+            admission_logged=logs_messages(task), validated=True,
+        )  # fmt: skip
         if self._traces is None:
             (outcome,) = await self._router.send_many([item])
         else:

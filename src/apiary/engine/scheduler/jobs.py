@@ -26,7 +26,7 @@ from typing import Any
 from apiary.core.agent_lifecycle import AgentLifecycleState
 from apiary.core.clock import Clock
 from apiary.core.envelope import MessageType
-from apiary.core.envelope_rules import check_modality
+from apiary.core.envelope_rules import check_content, check_modality
 from apiary.core.ids import IdGenerator
 from apiary.core.lanes import LANES
 from apiary.core.records import TaskRecord, TaskState
@@ -345,11 +345,15 @@ class SchedulerJobs:
             agent = await self._registry.get(sub.agent_id)
             check_modality(content_type, agent.descriptor.get("modalities_supported") or ())
             agent_type = job_of = agent.name
-        limit = self._router.settings.limits.limit_for(MessageType.DATA)
+        settings = self._router.settings
+        limit = settings.limits.limit_for(MessageType.DATA)
         if len(sub.params) > limit:
             raise ValidationError.for_field(
                 "params", f"{len(sub.params)} bytes exceed the DATA limit of {limit}"
             )
+        # The rules its dispatch's envelope would be validated by, checked once here: the
+        # router admits the Scheduler's dispatches without validating them again.
+        check_content(content_type, sub.params, settings.fields, name="params")
         lane = "STANDARD"
         if sub.submitter:
             submitter = await self._registry.find(sub.submitter)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from apiary.core.agent_lifecycle import AgentInput
@@ -274,15 +274,18 @@ class SchedulerPreemption:
         else:
             await self._transitions.end(task, TaskInput.FULFIL, "", note, result_from_note(note))
 
-    def prepare_fulfilled(self, task: TaskRecord, note: str) -> Prepared | None:
+    def prepare_fulfilled(
+        self, task: TaskRecord, note: str, moved: Mapping[str, str] | None = None
+    ) -> Prepared | None:
         """`fulfilled` as `TaskTransitions.prepare` does it, for a FULFILLED ACK that completes
-        the task (its `Prepared` ending); None for a note that a preemption in progress may
-        take as a yield or a termination (`fulfilled` decides those)."""
+        the task (its `Prepared` ending; `moved`: more of its event's details); None for a
+        note that a preemption in progress may take as a yield or a termination (`fulfilled`
+        decides those)."""
         said = note.lower()
         if said.startswith(("yielded", "terminated")):
             return None
         return self._transitions.prepare_end(
-            task, TaskInput.FULFIL, "", note, result_from_note(note)
+            task, TaskInput.FULFIL, "", note, result_from_note(note), moved=moved
         )
 
     async def on_command(self, env: Envelope) -> None:

@@ -53,13 +53,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Coroutine,
+    Mapping,
+    Sequence,
+)
 from dataclasses import replace
 from typing import Any, Protocol
 
 from apiary.core.agent_lifecycle import AgentInput, AgentLifecycleMachine, AgentLifecycleState
 from apiary.core.clock import Clock
-from apiary.core.envelope import Ack, Envelope, MessageType
+from apiary.core.envelope import Envelope, MessageType
 from apiary.core.events import EventDraft
 from apiary.core.ids import IdGenerator
 from apiary.core.limits import check_members
@@ -76,7 +84,7 @@ from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import SCHEDULER, NoticeFactory
 from apiary.engine.registry import Registry
 from apiary.engine.resources import ResourceTracker
-from apiary.engine.router.ack_joins import JoinedAcks
+from apiary.engine.router.ack_joins import AckedMessage, JoinedAcks
 from apiary.engine.router.router import Router
 from apiary.engine.scheduler.acks import JoinedAck, TaskAcks, failure_code
 from apiary.engine.scheduler.agents import SchedulerAgents
@@ -650,7 +658,7 @@ class Scheduler:
                 f"{env.message_type.name}",
             )
 
-    async def _join_acks(self, acks: Sequence[tuple[str, Ack]]) -> JoinedAcks | None:
+    async def _join_acks(self, acks: Sequence[AckedMessage]) -> JoinedAcks | None:
         """The router's question for a frame's ACKs of the Scheduler's dispatches
         (engine/router/ack_joins.py): their task transitions, prepared under the lock, which
         stays held until the router's commit has taken them (or failed)."""
@@ -763,6 +771,7 @@ class _JoinedTaskAcks:
         self._joined = joined
         self.tasks: Sequence[TaskRecord] = [item.prepared.after for item in joined]
         self.events: Sequence[EventDraft] = [item.prepared.event for item in joined]
+        self.logged: Collection[str] = {item.logged for item in joined if item.logged}
 
     async def committed(self) -> None:
         """The transitions' effects, then the dispatches they made possible, which go on

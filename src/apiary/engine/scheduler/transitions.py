@@ -68,6 +68,15 @@ def activity_entry(task: TaskRecord) -> ActivityEntry:
     return ActivityEntry(task.agent_id, task.task_id, repo_id, worktree_id, branch, description)
 
 
+def logs_messages(task: TaskRecord) -> bool:
+    """Whether the task's own events record the states of its dispatches' messages too
+    (docs/scheduler.md, "Events of a task's messages"): when they are found under the same
+    correlation id, the task's, which is its flow's unless it was given one of its own (a
+    workflow run's, a control-plane thread's): then the router logs the messages' events
+    under the flow, as any message's."""
+    return task.flow_id == task.task_id
+
+
 def requeued(task: TaskRecord) -> dict[str, Any]:
     """The record's changes when it goes back to its queue: a shared task is nobody's until
     an agent takes it again."""
@@ -166,11 +175,13 @@ class TaskTransitions:
         return await self.apply(task, event, changes, **details)
 
     def prepare_end(
-        self, task: TaskRecord, event: TaskInput, code: str, note: str, result: str = ""
-    ) -> Prepared:
-        """`end` as `prepare` does it: the ending's record and event, for another write."""
+        self, task: TaskRecord, event: TaskInput, code: str, note: str, result: str = "",
+        *, moved: Mapping[str, str] | None = None,
+    ) -> Prepared:  # fmt: skip
+        """`end` as `prepare` does it: the ending's record and event, for another write;
+        `moved`: more of the event's details (its message's move, engine/scheduler/acks.py)."""
         changes, details = self._ending(code, note, result)
-        return self.prepare(task, event, changes, **details)
+        return self.prepare(task, event, changes, **details, **(moved or {}))
 
     def _ending(self, code: str, note: str, result: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The record's changes and the event's details of an ending (`end`)."""
@@ -189,9 +200,11 @@ class TaskTransitions:
         await self._register(task)
         return task
 
-    def prepare_read(self, task: TaskRecord) -> Prepared:
-        """`read` as `prepare` does it (`read_stored` follows the write)."""
-        return self.prepare(task, TaskInput.READ, {"updated_at": self._clock.now()})
+    def prepare_read(self, task: TaskRecord, moved: Mapping[str, str] | None = None) -> Prepared:
+        """`read` as `prepare` does it (`read_stored` follows the write); `moved`: more of
+        the event's details (its message's move, engine/scheduler/acks.py)."""
+        changes = {"updated_at": self._clock.now()}
+        return self.prepare(task, TaskInput.READ, changes, **(moved or {}))
 
     async def read_stored(self, prepared: Prepared) -> TaskRecord:
         """`read`'s effects once its `prepare_read` record and event are committed."""

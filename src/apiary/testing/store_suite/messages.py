@@ -691,6 +691,45 @@ async def a_token_progresses_in_the_transaction_of_its_state_change(
 
 
 @_check
+async def an_outcome_starts_the_record_of_a_token_kept_by_its_producer(
+    factory: StoreFactory,
+) -> None:
+    """A step that names its token's producer (a token its producer keeps unique, admitted
+    without a record) starts the record when the token has none, with its outcome cached
+    and its event; a progress that is no outcome starts none; a record that exists is
+    progressed as any."""
+    async with factory.open() as store:
+        await store.messages.admit_many(
+            [message("m-1"), message("m-2")], [AdmissionWrites(), AdmissionWrites()]
+        )
+        done = draft(7, event_type="idempotency.cached")
+        read = TokenProgress("s", "m-1", MessageState.READ, T0 + 1, producer="scheduler")
+        await store.messages.record(
+            [StateChange("m-1", MessageState.READ, T0 + 1, acked_stage="READ")], (), [read]
+        )
+        assert await store.idempotency.get("s") is None
+        assert await store.events.read() == []
+        end = TokenProgress(
+            "s", "m-1", MessageState.FULFILLED, T0 + 2, "", "ok", done, producer="scheduler"
+        )
+        change = StateChange("m-1", MessageState.FULFILLED, T0 + 2, acked_stage="FULFILLED")
+        await store.messages.record([change], (), [end])
+        started = await store.idempotency.get("s")
+        assert started is not None
+        assert (started.producer_id, started.original_message_id, started.attempts) == (
+            "scheduler", "m-1", ("m-1",),
+        )  # fmt: skip
+        assert (started.status, started.result, started.outcome_at) == ("FULFILLED", "ok", T0 + 2)
+        assert [e.event_type for e in await store.events.read()] == ["idempotency.cached"]
+        # A second attempt's outcome of that token leaves the record as it is (not one of
+        # its attempts), without an event.
+        other = replace(end, message_id="m-2", state=MessageState.FAILED, at=T0 + 3)
+        await store.messages.record([StateChange("m-2", MessageState.FAILED, T0 + 3)], (), [other])
+        assert await store.idempotency.get("s") == started
+        assert len(await store.events.read()) == 1
+
+
+@_check
 async def task_records_commit_with_the_state_changes_they_follow(factory: StoreFactory) -> None:
     """`tasks` are stored in the transaction of `record`'s (and `apply`'s) state changes,
     with its events; a change that fails (an unknown message) stores none of them."""
