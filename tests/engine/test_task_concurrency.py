@@ -92,7 +92,8 @@ async def test_the_agent_frees_once_its_last_task_ends(h: EngineHarness) -> None
     await _ack(h, "t1", AckStage.FULFILLED)
     assert lifecycles.state("worker") == "RUNNABLE"
     assert _holding(h, "worker") == []
-    # Holding only a prefetched task when its running one ends: assigned again.
+    # Holding only a prefetched task when its running one ends: its window stays occupied,
+    # and it goes straight on to that task, RUNNING throughout (core/agent_window.py).
     async with open_test_engine(scheduler=SchedulerSettings(prefetch=1)) as h2:
         await _agent(h2, "w", task_concurrency=1)
         await _submit(h2, "a", "w")
@@ -100,8 +101,11 @@ async def test_the_agent_frees_once_its_last_task_ends(h: EngineHarness) -> None
         await _submit(h2, "b", "w")
         await _ack(h2, "a", AckStage.FULFILLED)
         assert (_holding(h2, "w"), _sched(h2).lifecycles.state("w")) == (
-            [("b", "DISPATCHED")], "SCHEDULED",
+            [("b", "DISPATCHED")], "RUNNING",
         )  # fmt: skip
+        await _ack(h2, "b", AckStage.READ)
+        await _ack(h2, "b", AckStage.FULFILLED)
+        assert (_holding(h2, "w"), _sched(h2).lifecycles.state("w")) == ([], "RUNNABLE")
 
 
 @pytest.mark.conformance("preemption.trigger.higher-priority")

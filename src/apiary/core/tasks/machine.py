@@ -91,11 +91,13 @@ class TaskEffect(StrEnum):
     ANNOUNCE_END = "ANNOUNCE_END"
     """Tell the end listeners (workflows) that the task ended."""
     SCHEDULE_AGENT = "SCHEDULE_AGENT"
-    """Agent lifecycle (RFC 8): SCHEDULE, a task was assigned to it."""
+    """Agent lifecycle (RFC 8): a task was assigned to it (SCHEDULE when it held none;
+    core/agent_window.py)."""
     START_AGENT = "START_AGENT"
-    """Agent lifecycle: START, it works on the task."""
+    """Agent lifecycle: it works on the task (START when it was SCHEDULED)."""
     FREE_AGENT = "FREE_AGENT"
-    """Agent lifecycle: its task ended, back to RUNNABLE as far as its state allows."""
+    """Agent lifecycle: its task ended; back to RUNNABLE as far as its state allows once
+    its window is empty at the end of the turn (core/agent_window.py)."""
 
 
 @dataclass(frozen=True, slots=True)

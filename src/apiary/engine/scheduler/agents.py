@@ -1,6 +1,6 @@
 """The Scheduler's side of the agent lifecycle (RFC 8): the effects engine/lifecycle.py asks
 for, performed on tasks, envelopes, the registry and the agent's resources; and how task
-changes drive an agent's lifecycle (`drive`, `finished`).
+changes drive an agent's lifecycle (`drive`; when, engine/scheduler/windows.py).
 
 Lifecycle calls happen with the Scheduler's lock held (every entry point takes it first), so
 these hooks never take it themselves.
@@ -22,20 +22,7 @@ from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
 from apiary.errors import AgentShutdownError
 
-_S = AgentLifecycleState
 _I = AgentInput
-
-FINISH_INPUTS: dict[AgentLifecycleState, tuple[AgentInput, ...]] = {
-    _S.SCHEDULED: (_I.START, _I.COMPLETE, _I.REPORTED),
-    _S.RUNNING: (_I.COMPLETE, _I.REPORTED),
-    _S.WAITING: (_I.INPUT_RECEIVED, _I.COMPLETE, _I.REPORTED),
-    _S.WAITING_RESOURCES: (_I.RESOURCES_AVAILABLE, _I.COMPLETE, _I.REPORTED),
-    _S.RESUMED: (_I.RESTORED, _I.COMPLETE, _I.REPORTED),
-    _S.COMPLETED: (_I.REPORTED,),
-    _S.SHUTTING_DOWN: (_I.COMPLETE,),
-}
-"""How an agent whose task ended (its FULFILLED or FAILED ACK is the result report, RFC 8.1
-COMPLETED) gets back to RUNNABLE from where it stood."""
 
 
 class AgentTasks(Protocol):
@@ -125,10 +112,3 @@ async def drive(lifecycles: Lifecycles, agent_id: str, *inputs: AgentInput, code
         await lifecycles.apply(
             agent_id, event, error_code=code if event is _I.FAIL else "", note=SCHEDULER
         )
-
-
-async def finished(lifecycles: Lifecycles, agent_id: str) -> None:
-    """The agent's task ended: back to RUNNABLE (or as far as its state allows)."""
-    state = lifecycles.state(agent_id)
-    if state is not None:
-        await drive(lifecycles, agent_id, *FINISH_INPUTS.get(state, ()))

@@ -24,9 +24,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Protocol
 
-from apiary.core.agent_lifecycle import AgentLifecycleState
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
@@ -36,7 +35,6 @@ from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.queue import QueuedTask
 from apiary.core.tasks.shared import describe
 from apiary.engine.conflict_gate import Blocker, ConflictGate
-from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import NoticeFactory
 from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
@@ -45,14 +43,12 @@ from apiary.engine.scheduler.pools import AgentPools
 from apiary.engine.scheduler.traces import TaskTraces
 from apiary.engine.scheduler.transitions import Prepared, TaskTransitions, logs_messages
 from apiary.engine.scheduler.wakeups import Wakeups, retry_key, shared_queue, shared_target
+from apiary.engine.scheduler.windows import AgentWindows
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import UnavailableError
 from apiary.store.errors import StoreError
 
 log = logging.getLogger(__name__)
-
-_BUSY: Final = frozenset({AgentLifecycleState.SCHEDULED, AgentLifecycleState.RUNNING})
-"""The states in which an agent that holds tasks takes more, up to its window."""
 
 
 class WorktreeView(Protocol):
@@ -76,7 +72,7 @@ class SchedulerDispatch:
         pools: AgentPools,
         wakeups: Wakeups,
         transitions: TaskTransitions,
-        lifecycles: Lifecycles,
+        windows: AgentWindows,
         gate: ConflictGate,
         router: Router,
         envelopes: NoticeFactory,
@@ -91,7 +87,7 @@ class SchedulerDispatch:
         self._pools = pools
         self._wakeups = wakeups
         self._transitions = transitions
-        self._lifecycles = lifecycles
+        self._windows = windows
         self._gate = gate
         self._router = router
         self._envelopes = envelopes
@@ -107,10 +103,14 @@ class SchedulerDispatch:
         all the same (an unknown outcome); the store is asked before the task goes on."""
 
     async def drain(self) -> None:
-        """Dispatch to every agent (and offer every shared queue) woken so far (lock held)."""
+        """Dispatch to every agent (and offer every shared queue) woken so far, then end the
+        turn of the agents' windows (`AgentWindows.settle`; lock held)."""
         targets = self._wakeups.agents
-        while targets:
-            await self._serve(targets.pop())
+        try:
+            while targets:
+                await self._serve(targets.pop())
+        finally:
+            await self._windows.settle()
 
     async def place(self, task: TaskRecord) -> None:
         """Dispatch a task just queued, if an agent may take it now."""
@@ -134,13 +134,10 @@ class SchedulerDispatch:
 
     def has_room(self, agent_id: str) -> bool:
         """Whether the agent holds fewer tasks than its window and its lifecycle lets it take
-        one: RUNNABLE when it holds none (RFC 8.1), else SCHEDULED or RUNNING."""
-        held = self._live.count(agent_id)
-        if held >= self._pools.window(agent_id):
+        one (core/agent_window.py `takes_tasks`)."""
+        if self._live.count(agent_id) >= self._pools.window(agent_id):
             return False
-        if not held:
-            return self._lifecycles.accepts_tasks(agent_id)
-        return self._lifecycles.state(agent_id) in _BUSY
+        return self._windows.takes_tasks(agent_id)
 
     async def try_dispatch(self, agent_id: str, *, at_most: int | None = None) -> int:
         """Dispatch the agent's next tasks while everything allows it, `at_most` of them
@@ -212,8 +209,8 @@ class SchedulerDispatch:
         """The chosen lane and its head tasks, best first, among the agent's own queue and
         its shared queues."""
         queue = self._live.queue
-        targets = (agent_id, *(shared_target(q) for q in self._pools.queues_of(agent_id)))
-        ready = {lane: sum(queue.count(queue_key(t, lane)) for t in targets) for lane in LANES}
+        targets = self._pools.targets_of(agent_id)
+        ready = self._live.ready(targets)
         if not any(ready.values()):
             return None
         lanes = self._lanes.get(agent_id)

@@ -11,11 +11,13 @@ Scheduler's lock; what changes it when a task changes state is the task machine'
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 from itertools import count
 from typing import Final
 
 from apiary.core.clock import Clock
+from apiary.core.lanes import LANES
 from apiary.core.preemption import PreemptionMachine, PreemptionRecord, PreemptionState
 from apiary.core.records import TaskRecord, TaskState
 from apiary.core.scope_overlap import parse_scope
@@ -111,6 +113,12 @@ class LiveTasks:
                 record is not None and record.state in _PREEMPTIBLE,
             ))  # fmt: skip
         return found
+
+    def ready(self, targets: Sequence[str]) -> dict[str, int]:
+        """How many tasks wait in each lane of `targets` (agents' and shared queues'), all
+        together."""
+        queue = self.queue
+        return {lane: sum(queue.count(queue_key(t, lane)) for t in targets) for lane in LANES}
 
     def queued(self, agent_id: str | None = None) -> list[TaskRecord]:
         """Waiting tasks in service order per lane: an agent's own queue, a shared queue's

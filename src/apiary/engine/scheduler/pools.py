@@ -15,6 +15,7 @@ from apiary.core.envelope_rules import check_modality
 from apiary.core.records import AgentRecord
 from apiary.core.tasks.capacity import declared_concurrency, window
 from apiary.core.tasks.shared import queues_served
+from apiary.engine.scheduler.wakeups import shared_target
 from apiary.errors import ApiaryError
 
 
@@ -93,6 +94,10 @@ class AgentPools:
     def queues_of(self, agent_id: str) -> tuple[str, ...]:
         member = self._members.get(agent_id)
         return member.queues if member is not None else ()
+
+    def targets_of(self, agent_id: str) -> tuple[str, ...]:
+        """The queues the agent takes tasks from: its own and its shared queues' targets."""
+        return (agent_id, *(shared_target(q) for q in self.queues_of(agent_id)))
 
     def concurrency(self, agent_id: str) -> int:
         member = self._members.get(agent_id)

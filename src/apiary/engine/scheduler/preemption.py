@@ -39,11 +39,12 @@ from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import SCHEDULER, NoticeFactory
 from apiary.engine.router.admission import Outbound
 from apiary.engine.router.router import Router
-from apiary.engine.scheduler.agents import drive, finished
+from apiary.engine.scheduler.agents import drive
 from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.pools import AgentPools
 from apiary.engine.scheduler.transitions import Prepared, TaskTransitions, requeued
 from apiary.engine.scheduler.wakeups import Wakeups, preempt_key
+from apiary.engine.scheduler.windows import AgentWindows
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import PermissionDeniedError, UnavailableError, ValidationError
 from apiary.store.errors import StoreError
@@ -67,6 +68,7 @@ class SchedulerPreemption:
         wakeups: Wakeups,
         transitions: TaskTransitions,
         lifecycles: Lifecycles,
+        windows: AgentWindows,
         router: Router,
         envelopes: NoticeFactory,
         events: EventRecorder,
@@ -83,6 +85,7 @@ class SchedulerPreemption:
         self._wakeups = wakeups
         self._transitions = transitions
         self._lifecycles = lifecycles
+        self._windows = windows
         self._router = router
         self._envelopes = envelopes
         self._events = events
@@ -270,7 +273,7 @@ class SchedulerPreemption:
             await self.perform(task, PreemptionMachine.safe_point_yield(record, now))
         elif said.startswith("terminated") and PreemptionMachine.allows(record.state, _TERMINATED):
             await self.perform(task, PreemptionMachine.terminated(record, now))
-            await finished(self._lifecycles, task.agent_id)
+            await self._windows.freed(task.agent_id)
         else:
             await self._transitions.end(task, TaskInput.FULFIL, "", note, result_from_note(note))
 

@@ -6,8 +6,9 @@ capability or an agent type, in that shared queue (core/tasks/shared.py): one qu
 (core/tasks/queue.py). An agent holds up to its window of tasks: the `task_concurrency` it
 declared (1 by default) and, declared, `[scheduler] prefetch` more (core/tasks/capacity.py).
 While it has room (lifecycle RUNNABLE when it holds none, SCHEDULED or RUNNING when it holds
-some), a new instance of its type is below max_parallel_instances and the best head task of
-its own and its shared queues has no unresolved scope conflict with a running task
+some: the lifecycle steps as the window fills and empties, engine/scheduler/windows.py), a
+new instance of its type is below max_parallel_instances and the best head task of its own
+and its shared queues has no unresolved scope conflict with a running task
 (engine/conflict_gate.py), that head is dispatched: a DATA envelope from `scheduler` to the
 agent with the task's params as payload, its content type, the task id as correlation id
 and `task:<id>:<attempt>` as idempotency token. A shared queue's tasks go to its agents
@@ -44,7 +45,8 @@ engine/scheduler/jobs.py (admission, task ids given again, job identity, duplica
 rejected or HELD for a HITL authorization), engine/scheduler/dispatch.py (picking and
 sending a free agent's next task), engine/scheduler/preemption.py (cooperative preemption
 and the running agent's enter_section/leave_section/progress commands),
-engine/scheduler/agents.py (the agent lifecycle's effects), engine/scheduler/losses.py (the
+engine/scheduler/agents.py (the agent lifecycle's effects), engine/scheduler/windows.py (when
+task changes step an agent's lifecycle), engine/scheduler/losses.py (the
 tasks of an agent lost with them), engine/scheduler/acks.py (the agents' ACKs, kept and
 applied again when the store fails their write).
 """
@@ -98,6 +100,7 @@ from apiary.engine.scheduler.traces import TaskTraces
 from apiary.engine.scheduler.transitions import TaskTransitions
 from apiary.engine.scheduler.wakeups import RECONCILE_KEY, SEP, Wakeups, shared_target
 from apiary.engine.scheduler.watch import TaskWatch
+from apiary.engine.scheduler.windows import AgentWindows
 from apiary.engine.settings import SchedulerSettings
 from apiary.engine.tracing import Tracing
 from apiary.errors import (
@@ -201,21 +204,22 @@ class Scheduler:
             inference_timeout_s=settings.inference_timeout_s,
             hitl_timeout_s=settings.hitl_timeout_s,
         )  # fmt: skip
+        self._windows = windows = AgentWindows(live, pools, self.lifecycles)
         self._transitions = TaskTransitions(
-            live, wakeups, self.gate, tasks, events, activity, self.lifecycles, clock, self.watch
+            live, wakeups, self.gate, tasks, events, activity, windows, clock, self.watch
         )
         # The trace each task continues (docs/tracing.md), with tracing on only.
         self._traces = None if tracing is None else TaskTraces(tracing, live.tasks.__contains__)
         if self._traces is not None:
             self._transitions.add_end_listener(self._traces.ended)
         self._dispatcher = SchedulerDispatch(
-            live, pools, wakeups, self._transitions, self.lifecycles, self.gate, router,
+            live, pools, wakeups, self._transitions, windows, self.gate, router,
             envelopes, NoticeFactory(clock, ids), settings, clock, worktrees,
             traces=self._traces,
         )  # fmt: skip
         self._preemptor = SchedulerPreemption(
-            live, pools, wakeups, self._transitions, self.lifecycles, router, envelopes, events,
-            settings, clock, self._lock, self._dispatcher.drain, self._dispatcher.has_room,
+            live, pools, wakeups, self._transitions, self.lifecycles, windows, router, envelopes,
+            events, settings, clock, self._lock, self._dispatcher.drain, self._dispatcher.has_room,
         )  # fmt: skip
         self._jobs = SchedulerJobs(
             live, pools, self._transitions, self._dispatcher, self._preemptor, self.lifecycles,
@@ -356,6 +360,7 @@ class Scheduler:
                 self.gate.started(record)
         async with self._lock:
             await self._settle_stored_acks(records)
+            await self._windows.settle()
         return len(records)
 
     async def _settle_stored_acks(self, records: Sequence[TaskRecord]) -> None:
@@ -562,6 +567,7 @@ class Scheduler:
             await self._settle_stored_acks(self._live.holding(agent_id))
             await self.lifecycles.ready(agent_id)
             await self._dispatcher.try_dispatch(agent_id)
+            await self._windows.settle()
 
     async def agent_reported(self, agent_id: str, state: str) -> None:
         """The agent's own state in its Heartbeat (sw4rm.common.AgentState name)."""
@@ -605,11 +611,10 @@ class Scheduler:
         async with self._lock:
             await self._settle_stored_acks(self._live.holding(agent_id))
             state = self.lifecycles.state(agent_id)
-            if state is None or not AgentLifecycleMachine.allows(state, AgentInput.LOST):
-                return
-            await self.lifecycles.apply(
-                agent_id, AgentInput.LOST, error_code=AgentUnavailableError.code, note=reason
-            )
+            if state is not None and AgentLifecycleMachine.allows(state, AgentInput.LOST):
+                await self.lifecycles.apply(
+                    agent_id, AgentInput.LOST, error_code=AgentUnavailableError.code, note=reason
+                )
             await self._dispatcher.drain()
 
     async def fail_agent_tasks(

@@ -25,7 +25,6 @@ from functools import partial
 from typing import Any, Final
 
 from apiary.core.activity import ActivityEntry
-from apiary.core.agent_lifecycle import AgentInput
 from apiary.core.clock import Clock
 from apiary.core.events import EventDraft
 from apiary.core.records import TaskRecord, TaskState
@@ -33,12 +32,11 @@ from apiary.core.tasks.machine import TaskEffect, TaskInput, TaskMachine, TaskSt
 from apiary.engine.activity import Activity
 from apiary.engine.conflict_gate import ConflictGate
 from apiary.engine.eventlog import EventRecorder
-from apiary.engine.lifecycle import Lifecycles
 from apiary.engine.notices import SCHEDULER
-from apiary.engine.scheduler.agents import drive, finished
 from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.wakeups import Wakeups, shared_target
 from apiary.engine.scheduler.watch import TaskWatch
+from apiary.engine.scheduler.windows import AgentWindows
 from apiary.errors import ApiaryError
 from apiary.store.errors import StoreError, StoreUnavailableError
 from apiary.store.protocols import TaskStore
@@ -106,7 +104,7 @@ class TaskTransitions:
         store: TaskStore,
         events: EventRecorder,
         activity: Activity,
-        lifecycles: Lifecycles,
+        windows: AgentWindows,
         clock: Clock,
         watch: TaskWatch,
     ) -> None:
@@ -116,7 +114,7 @@ class TaskTransitions:
         self._store = store
         self._events = events
         self._activity = activity
-        self._lifecycles = lifecycles
+        self._windows = windows
         self._clock = clock
         self._watch = watch
         self._end_listeners: list[Callable[[TaskRecord], None]] = []
@@ -276,11 +274,11 @@ class TaskTransitions:
                 live.release(before)
                 self._gate.forget(before.task_id)
             elif effect is _E.SCHEDULE_AGENT:
-                await drive(self._lifecycles, after.agent_id, AgentInput.SCHEDULE)
+                await self._windows.assigned(after.agent_id)
             elif effect is _E.START_AGENT:
-                await drive(self._lifecycles, after.agent_id, AgentInput.START)
+                await self._windows.started(after.agent_id)
             elif effect is _E.FREE_AGENT:
-                await self._free(holder)
+                await self._windows.freed(holder)
             elif effect is _E.WAKE:
                 if holder:
                     self._wakeups.wake(holder)
@@ -323,14 +321,3 @@ class TaskTransitions:
                     return None
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 1.0)
-
-    async def _free(self, agent_id: str) -> None:
-        """The agent's task ended by its own doing (RFC 8.1 COMPLETED): back to RUNNABLE once
-        it holds no other; holding only tasks it has not started, assigned again
-        (SCHEDULED); still running one, it stays as it is."""
-        remaining = self._live.holding(agent_id)
-        if any(task.state == TaskState.RUNNING for task in remaining):
-            return
-        await finished(self._lifecycles, agent_id)
-        if remaining:
-            await drive(self._lifecycles, agent_id, AgentInput.SCHEDULE)
