@@ -312,11 +312,17 @@ def test_task_results_came_back_to_their_submitters_through_their_handles(
     (index,) = [t for t, e in submitted.items() if e.details["priority"] == 10]
     (lookup,) = [t for t, e in submitted.items() if e.details["priority"] == -5]
     assert is_uuid4(index) and is_uuid4(lookup)  # the coordinator's ids: the agents made none
-    # Each submitter waited for its own task (its handle's result()), as its owner.
+    # Each submitter waited for its own task (its handle's result(): over its client's
+    # FollowTasks stream, or WaitTask), as its owner.
     waits = {
         (e.actor, e.details["object"], e.details["reason"])
         for e in run.of("access.decided")
-        if e.details.get("action") == "/apiary.v1.TaskQueryService/WaitTask"
+        if e.details.get("action")
+        in (
+            "/apiary.v1.TaskQueryService/FollowTasks",
+            "/apiary.v1.TaskQueryService/WaitTask",
+        )
+        and e.details["object"]
     }
     assert waits == {
         ("agent:coder@default", lookup, "its owner"),

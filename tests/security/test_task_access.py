@@ -167,6 +167,18 @@ async def test_a_follower_is_told_of_its_own_tasks_ends_and_refused_the_others(
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await anonymous.read()
         assert caught.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        # Each task's decision is the access guard's, recorded as its other decisions are.
+        await secure.coordinator.events.flush()
+        decided = [
+            (e.details["object"], e.details["allowed"], e.details["reason"])
+            for e in await secure.coordinator.events.read(after=0, limit=10_000)
+            if e.event_type == "access.decided"
+            and e.details["action"] == "/apiary.v1.TaskQueryService/FollowTasks"
+            and e.details["object"]
+        ]
+        assert [d[:2] for d in decided].count((apps, False)) == 1  # mallory's
+        assert (mallorys, True, "its owner") in decided
+        assert [d[:2] for d in decided].count((apps, True)) == 2  # its submitter and root
 
 
 async def test_a_client_waits_for_its_own_tasks_and_is_refused_others_as_by_wait_task(

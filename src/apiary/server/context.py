@@ -12,7 +12,7 @@ from apiary.core.access.principal import (
     Principal,
     PrincipalKind,
 )
-from apiary.core.access.rules import Role
+from apiary.core.access.rules import Role, Rule
 from apiary.core.signatures import SIGNATURE_KEY, decode_signature
 from apiary.engine.operators import Operator
 from apiary.errors import PermissionDeniedError, UnauthenticatedError, ValidationError
@@ -34,6 +34,11 @@ def _no_deadline() -> float | None:
     return None
 
 
+ObjectCheck = Callable[[str, Rule, str, "str | None", "CallContext"], bool]
+"""Whether the call may act on one object its handler names: (the action recorded, the rule,
+the object, its owner, the call); the access guard's decision, recorded as its others."""
+
+
 @dataclass(frozen=True, slots=True)
 class CallContext:
     transport: str
@@ -48,6 +53,9 @@ class CallContext:
     time_remaining: Callable[[], float | None] = _no_deadline
     """Seconds left before the call's deadline (gRPC's, when the client set one); None
     without one."""
+    allows: ObjectCheck | None = None
+    """The access guard's decision on one object a stream's frame names (FollowTasks' tasks),
+    set with the principal; None for a call that did not pass the guard."""
 
     def get(self, key: str, default: str = "") -> str:
         return self.metadata.get(key, default)

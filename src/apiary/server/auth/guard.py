@@ -76,7 +76,7 @@ class AccessGuard:
         except UnauthenticatedError as exc:
             self._record(action, ctx, None, "", Decision(False, exc.message, UNAUTHENTICATED))
             raise
-        ctx = replace(ctx, principal=principal)
+        ctx = replace(ctx, principal=principal, allows=self.allows)
         try:
             tenant = ctx.tenant()
         except PermissionDeniedError as exc:
@@ -127,6 +127,18 @@ class AccessGuard:
             self._record(action, ctx, principal, ", ".join(subjects), decision, tenant)
         if not decision.allowed:
             raise _refusal(action, principal, decision)
+
+    def allows(
+        self, action: str, rule: Rule, subject: str, owner: str | None, ctx: CallContext
+    ) -> bool:
+        """Whether `rule` lets the call act on `subject` (owned by `owner`): decided and
+        recorded as a call's decision is, but a refusal is returned, not raised (a stream
+        that follows several objects refuses one and goes on)."""
+        try:
+            self._decide(action, rule, [subject], owner, ctx, ctx.tenant())
+        except (PermissionDeniedError, UnauthenticatedError):
+            return False
+        return True
 
     async def frames(
         self, action: str, rule: Rule, frames: AsyncIterator[object], ctx: CallContext

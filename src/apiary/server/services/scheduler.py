@@ -42,6 +42,7 @@ SUBMITTER_METADATA = "apiary-submitter"
 task's lane (RFC 7.3)."""
 _LIST_TASKS: Final = "/apiary.v1.TaskQueryService/ListTasks"
 _WAIT_TASK: Final = "/apiary.v1.TaskQueryService/WaitTask"
+_FOLLOW_TASKS: Final = "/apiary.v1.TaskQueryService/FollowTasks"
 
 
 def _submitter(ctx: CallContext) -> str:
@@ -292,11 +293,16 @@ class TaskQueryHandler:
             follower.close()
 
     def _may_wait(self, ctx: CallContext) -> Callable[[TaskRecord], bool]:
-        """Whether the caller may wait for a task: WaitTask's rule, decided for it."""
+        """Whether the caller may wait for a task: WaitTask's rule, decided for it by the
+        access guard (recorded as FollowTasks' decision on the task); decided here only for
+        a call that did not pass the guard (in-process)."""
         rule = METHOD_RULES[_WAIT_TASK]
         claimed = ctx.get(AGENT_KEY)
+        guard = ctx.allows
 
         def allowed(task: TaskRecord) -> bool:
+            if guard is not None:
+                return guard(_FOLLOW_TASKS, rule, task.task_id, task.submitter, ctx)
             return decide(
                 ctx.principal, rule, owner=task.submitter, secure=self._secure, claimed=claimed
             ).allowed
