@@ -335,3 +335,24 @@ async def test_a_read_on_a_pooled_connection_cut_while_idle_is_answered(
         assert ended == (True,)
         inbox = await store.messages.inbox("bob", 0, 10)
         assert [m.message_id for m in inbox] == ["m-1"]
+
+
+async def test_a_read_after_every_idle_connection_was_cut_is_answered(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    """A database restart cuts every idle connection at once: the read that finds the first
+    cut tries again on a new connection, not on the next cut one."""
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await store.messages.admit(message("m-1", "bob"))
+        pids = []
+        async with store.pool.connection() as a, store.pool.connection() as b:
+            for conn in (a, b):  # both go back to the pool, idle
+                row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+                assert row is not None
+                pids.append(row[0])
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            for pid in pids:
+                ended = admin.execute("SELECT pg_terminate_backend(%s, 5000)", [pid]).fetchone()
+                assert ended == (True,)
+        inbox = await store.messages.inbox("bob", 0, 10)
+        assert [m.message_id for m in inbox] == ["m-1"]

@@ -39,6 +39,7 @@ from apiary.store.cluster import (
     ClusterLeader,
     ClusterLeases,
     ClusterWork,
+    FencedError,
     ReplicaEvictedError,
     StreamHolders,
 )
@@ -168,7 +169,9 @@ async def open_cluster_node(
         for task in [*tasks, *leading]:
             task.cancel()
         for task in [*tasks, *leading]:
-            with contextlib.suppress(asyncio.CancelledError, ReplicaEvictedError):
+            # FencedError: the leader's components were still loading when its term was
+            # released just above, and their next write was fenced (nothing was written).
+            with contextlib.suppress(asyncio.CancelledError, ReplicaEvictedError, FencedError):
                 await task
     if node is not None and not node.halted:
         await _leave(node)

@@ -130,8 +130,16 @@ class PostgresPool:
         healthy = not conn.closed and conn.info.transaction_status == pq.TransactionStatus.IDLE
         if healthy and not self._closed:
             self._idle.append(conn)
-        else:
-            await conn.close()
+            return
+        lost = conn.closed or conn.info.transaction_status == pq.TransactionStatus.UNKNOWN
+        await conn.close()
+        if lost:
+            # What cut this one (a restart, an administrator ending the sessions) may have
+            # cut the idle ones too: the next borrower gets a new connection, so that a
+            # read tried again (`PostgresSqlDatabase.read`) does not meet another cut one.
+            idle, self._idle = self._idle, []
+            for other in idle:
+                await other.close()
 
 
 def store_error(exc: psycopg.Error) -> StoreError:
