@@ -162,7 +162,14 @@ def test_apiary_serve_stops_when_another_coordinator_takes_its_claim(
                     break
             else:
                 raise AssertionError("the claim could not be taken from apiary serve")
-            _, err = serving.communicate(timeout=60)
+            try:
+                _, err = serving.communicate(timeout=60)
+            except subprocess.TimeoutExpired as exc:
+                # It printed its threads' and tasks' stacks after 15 s (server/stall_report.py).
+                serving.kill()
+                _, rest = serving.communicate(timeout=30)
+                said = exc.stderr.decode() if isinstance(exc.stderr, bytes) else exc.stderr or ""
+                pytest.fail(f"apiary serve did not stop; its stderr:\n{said}{rest}"[-30000:])
         assert serving.returncode == 2, err
         assert "another coordinator took this one's claim on the store" in err, err
         assert "lost the claim on the PostgreSQL schema" in err, err
