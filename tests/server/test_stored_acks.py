@@ -140,12 +140,13 @@ async def test_a_coordinator_that_goes_on_applies_the_ack_at_the_agents_next_str
 
 @asynccontextmanager
 async def _replicas(tmp_path: Path, url: str) -> AsyncIterator[list[Coordinator]]:
-    """Three replicas, the leader first."""
+    """Three replicas, the leader first (a 2 s lease: under a loaded CI machine's stalls a
+    1 s one lapsed now and then, and the term the test counts on changed hands)."""
     async with AsyncExitStack() as stack:
         replicas = [
             await stack.enter_async_context(
                 open_test_coordinator(
-                    tmp_path / name, url, cluster=ClusterSettings(True, name, 1.0, 4)
+                    tmp_path / name, url, cluster=ClusterSettings(True, name, 2.0, 4)
                 )
             )
             for name in "abc"
