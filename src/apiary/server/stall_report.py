@@ -1,5 +1,5 @@
 """What a coordinator is doing, printed when it is asked (SIGUSR1) or when stopping takes
-longer than it should (`reported_if_slow`): every thread's Python stack (faulthandler,
+longer than it should (`report_if_stopping_slowly`): every thread's Python stack (faulthandler,
 which prints even while the event loop is blocked) and every asyncio task's stack (printed
 by the loop, so only while it runs). Written to stderr, which is the operator's terminal or
 the service manager's log."""
