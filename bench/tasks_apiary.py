@@ -118,13 +118,18 @@ async def _drop_schema(store: str, schema: str) -> None:
 
 
 @contextlib.asynccontextmanager
-async def open_coordinator(data: Path, store: str | None) -> AsyncIterator[str]:
-    """`apiary serve` on free ports; its gRPC address."""
+async def open_coordinator(
+    data: Path, store: str | None, config: Path | None = None
+) -> AsyncIterator[str]:
+    """`apiary serve` on free ports (with the TOML file `config`, when given); its gRPC
+    address."""
     port = _port()
     args = ["--data-dir", str(data), "--grpc", f"127.0.0.1:{port}",
             "--http", f"127.0.0.1:{_port()}", "--log-level", "WARNING"]  # fmt: skip
     if store:
         args += ["--store", store]
+    if config is not None:
+        args += ["--config", str(config)]
     proc = await _spawn("-m", "apiary.cli.main", "serve", *args)
     try:
         for _ in range(2):  # grpc=..., http=...
@@ -171,14 +176,16 @@ async def _measure(address: str, agents: list[str], n: int, unloaded: int) -> di
         return await Workload(submit, wait).measure(n, unloaded)
 
 
-async def bench(workers: int, n: int, unloaded: int, store: str | None) -> dict[str, float]:
+async def bench(
+    workers: int, n: int, unloaded: int, store: str | None, config: Path | None = None
+) -> dict[str, float]:
     agents = [f"bench-worker-{k}" for k in range(workers)]
     schema = f"bench_tasks_{uuid.uuid4().hex[:12]}"
     url = _schema_url(store, schema) if store and store.startswith("postgresql://") else store
     try:
         with tempfile.TemporaryDirectory(prefix="apiary-bench-tasks-") as tmp:
             async with (
-                open_coordinator(Path(tmp) / "state", url) as address,
+                open_coordinator(Path(tmp) / "state", url, config) as address,
                 open_workers(address, agents),
             ):
                 return await _measure(address, agents, n, unloaded)
@@ -200,8 +207,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--unloaded", type=int, default=200)
     parser.add_argument("--store", default=None, help="store URL (default: SQLite)")
+    parser.add_argument("--config", type=Path, default=None, help="the coordinator's TOML file")
     args = parser.parse_args()
-    figures = asyncio.run(bench(args.workers, args.n, args.unloaded, args.store))
+    figures = asyncio.run(bench(args.workers, args.n, args.unloaded, args.store, args.config))
     kind = "postgresql" if args.store and args.store.startswith("postgresql://") else "sqlite"
     report(f"apiary-{kind}", args.workers, figures)
 

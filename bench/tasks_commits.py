@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
+import sqlite3
 import tempfile
 import time
 import urllib.request
@@ -94,22 +96,37 @@ def scrape(http_port: int) -> dict[str, float]:
     return found
 
 
-async def bench(workers: int, n: int, unloaded: int) -> dict[str, float]:
+async def bench(
+    workers: int, n: int, unloaded: int, config: Path | None = None
+) -> dict[str, float]:
     agents = [f"bench-worker-{k}" for k in range(workers)]
     with tempfile.TemporaryDirectory(prefix="apiary-bench-commits-") as tmp:
-        async with tasks_apiary.open_coordinator(Path(tmp) / "state", None) as address:
+        async with tasks_apiary.open_coordinator(Path(tmp) / "state", None, config) as address:
             http_port = _ports[-1]
             async with tasks_apiary.open_workers(address, agents):
                 before = scrape(http_port) | cpu_now()
                 await tasks_apiary._measure(address, agents, n, unloaded)
                 after = scrape(http_port) | cpu_now()
+        kinds = event_kinds(Path(tmp) / "state")
     tasks = n + unloaded
     per_task = {key: round((after[key] - before.get(key, 0.0)) / tasks, 2) for key in after}
     python_threads = sum(v for k, v in per_task.items() if k.startswith("thread_cpu_ms."))
     per_task["thread_cpu_ms.(not Python's)"] = round(
         per_task["coordinator_cpu_ms"] - python_threads, 2
     )
+    for kind, count in kinds.items():
+        per_task[f"event.{kind}"] = round(count / tasks, 2)
     return per_task
+
+
+def event_kinds(data: Path) -> dict[str, int]:
+    """How many events of each type the coordinator's store holds (start-up included), the
+    most frequent first."""
+    with contextlib.closing(sqlite3.connect(data / "apiary.db")) as db:
+        rows = db.execute(
+            "SELECT event_type, count(*) FROM events GROUP BY event_type ORDER BY 2 DESC"
+        ).fetchall()
+    return {str(kind): int(count) for kind, count in rows}
 
 
 def main() -> None:
@@ -117,8 +134,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--n", type=int, default=300)
     parser.add_argument("--unloaded", type=int, default=50)
+    parser.add_argument("--config", type=Path, default=None, help="the coordinator's TOML file")
     args = parser.parse_args()
-    per_task = asyncio.run(bench(args.workers, args.n, args.unloaded))
+    per_task = asyncio.run(bench(args.workers, args.n, args.unloaded, args.config))
     print(json.dumps({"workers": args.workers, "per_task": per_task}))
 
 

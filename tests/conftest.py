@@ -14,9 +14,15 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from hypothesis import settings
 from psycopg import sql
 
 DEFAULT_POSTGRES_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+# Property tests assert behaviour, never wall-clock time: Hypothesis's default 200 ms deadline
+# per example failed them on a loaded 2-core machine (the whole suite on xdist workers).
+settings.register_profile("apiary", deadline=None)
+settings.load_profile("apiary")
 
 
 @pytest.fixture(scope="session")

@@ -117,6 +117,13 @@ async def test_a_frame_of_acks_moves_each_message_and_forwards_each_ack(
         if e.details["message_id"] in set(sent)
     ]  # fmt: skip
     assert sorted(changes) == sorted([sent[0], sent[1], sent[1], sent[3]])
+    # The message acknowledged twice moved twice, each step from where the one before left
+    # it (one write of its row, with both events).
+    moves = [
+        (e.details["from"], e.details["to"]) for e in await h.events("message.state")
+        if e.details["message_id"] == sent[1]
+    ]  # fmt: skip
+    assert moves == [("RECEIVED", "READ"), ("READ", "FULFILLED")]
 
 
 async def test_a_stream_whose_frames_stop_short_never_hangs(h: EngineHarness) -> None:

@@ -117,6 +117,75 @@ async def test_a_read_and_the_task_running_commit_together(h: EngineHarness, db:
     assert [e.task_id for e in h.engine.activity.buffer.active()] == ["t1"]
 
 
+async def test_a_read_and_the_end_in_one_frame_commit_together(h: EngineHarness, db: Path) -> None:
+    """A task's READ and its end in one frame (the SDK sends a quick task's so) are one
+    commit: a fault in the COMPLETED leaves the message RECEIVED, the task DISPATCHED and no
+    event of either step; the frame sent again stores both steps, each with its event and
+    its message's move, and the activity entry registered and completed."""
+    await submit(h, "t1", "worker")
+    dispatched = await task(h, "t1")
+    mid = dispatched.message_id
+    frame = [(mid, AckStage.READ, "", ""), (mid, AckStage.FULFILLED, "", '{"n": 1}')]
+    _trigger(db, "end_fault", "BEFORE UPDATE OF state ON tasks WHEN NEW.state = 'COMPLETED'")
+    with pytest.raises(StoreError):
+        await h.ack_frame("worker", frame)
+    assert await _stored_state(h, mid) is MessageState.RECEIVED
+    assert await h.store.tasks.get("t1") == dispatched == await task(h, "t1")
+    assert await _task_events(h, "task.running") == []
+    assert h.engine.activity.buffer.active() == []
+
+    _drop(db, "end_fault")
+    outcomes = await h.ack_frame("worker", frame)
+    assert [o.accepted for o in outcomes] == [True, True]
+    assert await _stored_state(h, mid) is MessageState.FULFILLED
+    done = await h.store.tasks.get("t1")
+    assert done is not None and (done.state, done.result) == ("COMPLETED", '{"n": 1}')
+    assert h.engine.scheduler.holding("worker") == []
+    steps = [
+        (e.event_type, e.details["message_from"], e.details["message_state"])
+        for e in await h.events() if e.event_type in ("task.running", "task.completed")
+    ]  # fmt: skip
+    assert steps == [("task.running", "RECEIVED", "READ"), ("task.completed", "READ", "FULFILLED")]
+    entries = h.engine.activity.buffer.history()
+    assert [(e.task_id, e.outcome) for e in entries] == [("t1", "COMPLETED")]
+    assert h.engine.activity.buffer.active() == []
+    await submit(h, "t2", "worker")
+    assert (await task(h, "t2")).state == "DISPATCHED", "the agent was not freed"
+
+
+@pytest.mark.parametrize("committed", [True, False])
+async def test_a_read_and_end_in_doubt_take_effect_once_as_stored(
+    h: EngineHarness, committed: bool
+) -> None:
+    """The joint write of a frame's READ and end is reported unavailable and the task cannot
+    be read back: both ACKs are kept; once the store answers, both steps take effect once,
+    as stored or applied anew."""
+    await submit(h, "t1", "worker")
+    mid = (await task(h, "t1")).message_id
+    writes = FailingWrites(h.store.messages, "record")
+    writes.fail(
+        matches=lambda changes: any(c.state is MessageState.FULFILLED for c in changes),
+        committed=committed,
+    )
+    unread = FailingReads(h.store.tasks, "get")
+    frame = [(mid, AckStage.READ, "", ""), (mid, AckStage.FULFILLED, "", '{"n": 2}')]
+    with pytest.raises(StoreUnavailableError):
+        await h.ack_frame("worker", frame)
+    scheduler = h.engine.scheduler
+    assert scheduler.get("t1") is not None
+
+    h.clock.advance(RETRY_FIRST_S)
+    unread.on = False
+    await scheduler.fire_due()
+    done = await task(h, "t1")
+    assert (done.state, done.result) == ("COMPLETED", '{"n": 2}')
+    assert done == await h.store.tasks.get("t1")
+    assert scheduler.holding("worker") == []
+    assert await _task_events(h, "task.running") == ["t1"]
+    assert await _task_events(h, "task.completed") == ["t1"]
+    assert h.engine.activity.buffer.active() == []
+
+
 async def test_a_rejected_ack_fails_the_task_in_the_same_commit(h: EngineHarness) -> None:
     await submit(h, "t1", "worker")
     await ack_task(h, "t1", AckStage.READ)

@@ -1,7 +1,7 @@
 """A task's activity entry (RFC 10) is the coordinator's to keep: registered when its agent's
-READ is applied (before the agent hears back, so before its handler starts), with the
-repository fields its JSON params carry, and finished when the task ends; advisory, so a full
-buffer leaves the task running."""
+READ is applied, with the repository fields its JSON params carry, and finished when the task
+ends, each recorded by the task's own event; advisory, so a full buffer leaves the task
+running (the refusal recorded)."""
 
 from __future__ import annotations
 
@@ -45,8 +45,14 @@ async def test_the_read_registers_the_entry_and_the_end_finishes_it(h: EngineHar
     )  # fmt: skip
     await ack_task(h, "t1", AckStage.FULFILLED)
     assert buffer.active() == []
-    kinds = [e.event_type for e in await h.events() if e.event_type.startswith("activity.")]
-    assert kinds == ["activity.registered", "activity.completed"]
+    # The task's own events record its entry's registration and completion: no second
+    # record of either (engine/activity.py).
+    shown = ("task.running", "task.completed")
+    kinds = [
+        e.event_type for e in await h.events()
+        if e.event_type.startswith("activity.") or e.event_type in shown
+    ]  # fmt: skip
+    assert kinds == ["task.running", "task.completed"]
 
 
 async def test_params_that_are_not_a_json_object_give_a_bare_entry(h: EngineHarness) -> None:
@@ -69,5 +75,9 @@ async def test_a_full_buffer_leaves_the_task_running_without_an_entry(
     assert (await task(h, "t3")).state == TaskState.RUNNING
     assert "t3" not in {e.task_id for e in activity.buffer.active()}
     assert "t3 runs without an activity entry" in caplog.text
+    (refused,) = await h.events("activity.refused")
+    assert (refused.details["task_id"], refused.details["error_code"]) == (
+        "t3", "activity_buffer_full",
+    )  # fmt: skip
     await ack_task(h, "t3", AckStage.FULFILLED)
     assert (await task(h, "t3")).state == TaskState.COMPLETED

@@ -286,6 +286,8 @@ async def test_request_preemption_yields_at_the_next_safe_point(
     async with _running_agent(coordinator, "worker", handler):
         await client.submit_task("worker", "long", {"n": 1}, scope=SCOPE)
         await asyncio.wait_for(stepping.wait(), WAIT_S)
+        # The handler starts before its READ is applied (sdk/tasks.py): RUNNING follows.
+        await _event(coordinator, lambda e: e.event_type == "task.running")
         assert await client.request_preemption("worker", "long", "operator wants it")
         done = await _ended(coordinator, "long")
     assert done.event_type == "task.completed"

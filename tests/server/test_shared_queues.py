@@ -199,7 +199,11 @@ async def test_an_agent_runs_its_concurrency_with_one_task_prefetched(
         await _until(lambda: len(runner.running) == 3 and len(runner.waiting) == 1)
         assert gates.most_at_once == 3
         scheduler = _scheduler(coordinator)
-        assert [t.state for t in scheduler.holding("worker")].count("RUNNING") == 3
+
+        def running() -> int:
+            return [t.state for t in scheduler.holding("worker")].count("RUNNING")
+
+        await _until(lambda: running() == 3)  # (each READ follows its handler's start)
         assert len(scheduler.holding("worker")) == 4  # 3 running + 1 prefetched
         assert len(scheduler.queued("worker")) == 1
         info = await client.discovery.GetAgent(a.GetAgentRequest(agent_id="worker"))
@@ -328,6 +332,8 @@ async def test_the_new_fields_are_refused_with_their_names(
     async with agents(coordinator, gates, "worker"):
         handle = await client.submit_task("worker", {"key": "hold-1"}, scope="repo:a")
         await _until(lambda: "hold-1" in gates.running)
+        scheduler = _scheduler(coordinator)
+        await _until(lambda: getattr(scheduler.get(handle.task_id), "state", "") == "RUNNING")
         stale = a.CompleteTaskRequest(task_id=handle.task_id, agent_id="worker",
                                       result_json="1", attempt=7)  # fmt: skip
         with pytest.raises(ValidationError) as caught:

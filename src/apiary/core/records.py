@@ -163,6 +163,18 @@ def changed(message: StoredMessage, change: StateChange) -> StoredMessage:
     )  # fmt: skip
 
 
+def merged(first: StateChange, then: StateChange) -> StateChange:
+    """One change of a message with the effect of `first` and then `then` on it (`changed`
+    of both in turn), decided from the state `first` was (`expected`)."""
+    return StateChange(
+        then.message_id, then.state, then.at, then.error_code,
+        then.acked_stage or first.acked_stage,
+        first.clear_ack_deadline or then.clear_ack_deadline,
+        max(first.deliveries, then.deliveries),
+        max(first.last_delivered_at, then.last_delivered_at), first.expected,
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class IdempotencyRecord:
     """The idempotency cache entry of one logical operation (RFC 11.2, 11.1, 21).

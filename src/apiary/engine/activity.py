@@ -2,7 +2,10 @@
 
 The buffer is advisory (it never blocks scheduling or execution) and, as RFC 10.1 allows,
 held in memory and bounded: a full buffer rejects registrations with
-`activity_buffer_full`, nothing is dropped silently. Every mutation is in the event log.
+`activity_buffer_full`, nothing is dropped silently. Every mutation is in the event log: an
+`activity.*` event of its own, or, for the entries the Scheduler keeps for its tasks
+(`logged`), the task's own event that the mutation follows (`task.running` registers the
+entry, `task.completed` or `task.failed` completes it; docs/scheduler.md).
 """
 
 from __future__ import annotations
@@ -22,18 +25,33 @@ class Activity:
         self._events = events
         self._clock = clock
 
-    async def register(self, entry: ActivityEntry) -> ActivityEntry:
+    async def register(self, entry: ActivityEntry, *, logged: bool = False) -> ActivityEntry:
+        """Register `entry` (ApiaryError activity_buffer_full when the buffer is full);
+        `logged`: the caller's own event records it (no `activity.registered`)."""
         stored = self.buffer.register(entry, self._clock.now())
-        await self._events.record(
-            "activity.registered", entry.agent_id, agent_id=entry.agent_id,
-            task_id=entry.task_id, repo_id=entry.repo_id, worktree_id=entry.worktree_id,
-            branch=entry.branch,
-        )  # fmt: skip
+        if not logged:
+            await self._events.record(
+                "activity.registered", entry.agent_id, agent_id=entry.agent_id,
+                task_id=entry.task_id, repo_id=entry.repo_id, worktree_id=entry.worktree_id,
+                branch=entry.branch,
+            )  # fmt: skip
         return stored
 
-    async def complete(self, agent_id: str, task_id: str, outcome: str) -> ActivityEntry | None:
+    async def refused(self, entry: ActivityEntry, code: str) -> None:
+        """Record that the buffer refused `entry` (`code`) whose registration the caller's
+        event stood for (`register(..., logged=True)`)."""
+        await self._events.record(
+            "activity.refused", entry.agent_id, agent_id=entry.agent_id, task_id=entry.task_id,
+            error_code=code,
+        )  # fmt: skip
+
+    async def complete(
+        self, agent_id: str, task_id: str, outcome: str, *, logged: bool = False
+    ) -> ActivityEntry | None:
+        """Complete the agent's entry of `task_id` (None: it has none); `logged`: the
+        caller's own event records it (no `activity.completed`)."""
         done = self.buffer.complete(agent_id, task_id, outcome, self._clock.now())
-        if done is not None:
+        if done is not None and not logged:
             await self._events.record(
                 "activity.completed", agent_id, agent_id=agent_id, task_id=task_id,
                 outcome=done.outcome,

@@ -97,6 +97,20 @@ class EngineHarness:
         await self.engine.scheduler.settled()  # the dispatches the ACK made possible
         return outcome
 
+    async def ack_frame(
+        self, agent: str, acks: Sequence[tuple[str, AckStage, str, str]]
+    ) -> list[SendOutcome]:
+        """`agent`'s ACKs (message id, stage, error code, note) in one frame of its streaming
+        sender, applied together, in order."""
+        envs = [
+            self.envelope(agent, ack_to_json(Ack(message_id, stage, code, note)),
+                          message_type=MessageType.ACKNOWLEDGEMENT)
+            for message_id, stage, code, note in acks
+        ]  # fmt: skip
+        outcomes = await self.engine.router.send_many([Outbound(env) for env in envs])
+        await self.engine.scheduler.settled()
+        return outcomes
+
     async def take(
         self, agent: str, resume_after: int = 0, *, notices: bool = False
     ) -> list[Handout]:

@@ -28,6 +28,7 @@ from apiary.core.records import (
     StoredMessage,
     TokenProgress,
     changed,
+    merged,
     state_text,
 )
 from apiary.engine.codec import EnvelopeCodec
@@ -216,25 +217,30 @@ class MessageLifecycle:
         planned = self._claim(acks, now, frame_lock, early)
         copies = self._copies
         try:
-            changes: list[StateChange] = []
+            changes: dict[str, StateChange] = {}
+            """Each message's change; one stepped twice (a READ and the end after it) is
+            written once, as its last step leaves it."""
             stored: dict[str, StoredMessage] = {}
-            for _, original, _, plan in planned:
+            """Each message as the frame's last step of it leaves it."""
+            steps: dict[int, StoredMessage] = {}
+            """The message as each ACK's step leaves it, by the ACK's key."""
+            for key, original, _, plan in planned:
                 if plan is None:
                     continue
-                change = plan[1]
-                # The stored row is the live copy (held under the lock) with the change.
-                current = copies.get(original.message_id, original)
-                if change is None:
-                    stored[original.message_id] = current
-                else:
-                    stored[original.message_id] = changed(current, change)
-                    changes.append(change)
-            joined, taken = await self._join(planned, stored)
+                message_id, change = original.message_id, plan[1]
+                # The stored row is the live copy (held under the lock) with the changes.
+                current = stored.get(message_id) or copies.get(message_id, original)
+                if change is not None:
+                    current = changed(current, change)
+                    earlier = changes.get(message_id)
+                    changes[message_id] = change if earlier is None else merged(earlier, change)
+                stored[message_id] = steps[key] = current
+            joined, taken = await self._join(planned, steps)
             logged = joined.logged if joined is not None else ()
-            drafts = self._frame_events(planned, stored, logged, now)
-            tokens, folded = self._frame_tokens(planned, stored, taken, now)
+            drafts = self._frame_events(planned, steps, logged, now)
+            tokens, folded = self._frame_tokens(planned, steps, taken, now)
             try:
-                await self._commit_frame(changes, drafts, tokens, joined)
+                await self._commit_frame(list(changes.values()), drafts, tokens, joined)
             except (StaleStateError, FencedError):
                 # One of the messages changed on another replica, or the endpoint's writes
                 # were refused (cluster mode: this replica's term as leader is over, it no
@@ -243,7 +249,7 @@ class MessageLifecycle:
                 # as stored when its change is refused.
                 return early
             try:
-                await self._settle_frame(planned, stored, folded, taken, now, early)
+                await self._settle_frame(planned, steps, folded, taken, now, early)
             finally:
                 if joined is not None:
                     await joined.committed()
@@ -257,16 +263,16 @@ class MessageLifecycle:
 
     def _frame_events(
         self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]],
-        stored: dict[str, StoredMessage], logged: Collection[str], now: float,
+        steps: Mapping[int, StoredMessage], logged: Collection[str], now: float,
     ) -> list[EventDraft]:  # fmt: skip
         """The events of a frame's steps that commit with its state changes (those that
         change no stored state are queued), but for the moves of the messages in `logged`,
         which the joined endpoint's events carry (engine/router/ack_joins.py)."""
         drafts: list[EventDraft] = []
-        for _, original, ack, plan in planned:
+        for key, original, ack, plan in planned:
             if plan is None or original.message_id in logged:
                 continue
-            after = stored[original.message_id]
+            after = steps[key]
             event = ACK_INPUTS[ack.ack_stage]
             draft = self._event_of(plan, original, after, event, ack.error_code, now)
             if draft is not None:
@@ -275,7 +281,7 @@ class MessageLifecycle:
 
     def _frame_tokens(
         self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]],
-        stored: dict[str, StoredMessage], taken: Collection[str], now: float,
+        steps: Mapping[int, StoredMessage], taken: Collection[str], now: float,
     ) -> tuple[list[TokenProgress], set[str]]:  # fmt: skip
         """The token progress that commits with a frame's state changes, and the messages it
         covers (their UPDATE_IDEMPOTENCY is done by it), those of a joined endpoint's own
@@ -284,11 +290,11 @@ class MessageLifecycle:
         tokens: list[TokenProgress] = []
         folded: set[str] = set()
         kept = self._dedup.kept_by_producer
-        for _, original, ack, plan in planned:
+        for key, original, ack, plan in planned:
             if plan is None or plan[1] is None:
                 continue
             message_id = original.message_id
-            after = stored[message_id]
+            after = steps[key]
             if message_id in taken and kept(after):
                 folded.add(message_id)
                 continue
@@ -320,7 +326,7 @@ class MessageLifecycle:
 
     async def _settle_frame(
         self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]],
-        stored: dict[str, StoredMessage], folded: set[str], taken: set[str], now: float,
+        steps: Mapping[int, StoredMessage], folded: set[str], taken: set[str], now: float,
         early: dict[int, str | ApiaryError],
     ) -> None:  # fmt: skip
         """What follows a frame's commit for each of its ACKs (`_settle`), and where each
@@ -329,7 +335,7 @@ class MessageLifecycle:
             effects: tuple[Effect, ...] = ()
             if plan is not None:
                 step = plan[0]
-                updated = stored[original.message_id]
+                updated = steps[key]
                 event = ACK_INPUTS[ack.ack_stage]
                 awaited, updated = self._settle(
                     original, updated, event, step, now, ack,
@@ -345,11 +351,11 @@ class MessageLifecycle:
 
     async def _join(
         self, planned: list[tuple[int, StoredMessage, Ack, Plan | None]],
-        stored: Mapping[str, StoredMessage],
+        steps: Mapping[int, StoredMessage],
     ) -> tuple[JoinedAcks | None, set[str]]:  # fmt: skip
         """The writes that commit with a frame's ACKs from the endpoint whose messages they
         acknowledge and would be forwarded to (engine/router/ack_joins.py), given each ACK
-        with its message's move (from `stored`, the messages as the frame leaves them), and
+        with its message's move (from `steps`, the message as each ACK's step leaves it), and
         the ids of the messages whose ACKs it took; none when the frame's ACKs go to more
         than one endpoint, or one of its steps NACKs (a NACK goes to its endpoint while the
         frame is settled, and the endpoint is held until that is done)."""
@@ -359,7 +365,7 @@ class MessageLifecycle:
         endpoint = ""
         acks: list[AckedMessage] = []
         ids: set[str] = set()
-        for _, original, ack, plan in planned:
+        for key, original, ack, plan in planned:
             if plan is None:
                 continue
             step = plan[0]
@@ -370,7 +376,7 @@ class MessageLifecycle:
                 if endpoint and producer != endpoint:
                     return None, set()
                 endpoint = producer
-                after = stored[original.message_id].state
+                after = steps[key].state
                 move = None
                 if after is not original.state:
                     move = MessageMove(
@@ -416,6 +422,8 @@ class MessageLifecycle:
         """The ACKs of `acks` that the frame applies, with the message each acknowledges
         (claimed under `frame_lock`) and the step to take; refusals go into `early`."""
         planned: list[tuple[int, StoredMessage, Ack, Plan | None]] = []
+        claimed: dict[str, StoredMessage] = {}
+        """The messages claimed so far, as the frame's steps of them leave them."""
         copies, locks = self._copies, self._locks
         for key, env in acks:
             try:
@@ -425,14 +433,22 @@ class MessageLifecycle:
                 continue
             target = ack.ack_for_message_id
             original = copies.get(target)
-            if original is None or target in locks:  # (claimed by this frame already, too)
+            if original is None:
                 continue
+            if target in locks:
+                if locks[target] is not frame_lock:
+                    continue  # being changed elsewhere: it waits for that (`acknowledge`)
+                # Acknowledged again in this frame (a READ and the end after it): its step
+                # goes from the message as the frame's earlier step of it leaves it.
+                original = claimed[target]
             plan = self._judge(env, ack, original, now)
             if isinstance(plan, ApiaryError):
                 early[key] = plan
                 continue
             locks[target] = frame_lock
             planned.append((key, original, ack, plan))
+            change = plan[1] if plan is not None else None
+            claimed[target] = original if change is None else changed(original, change)
         return planned
 
     def _judge(

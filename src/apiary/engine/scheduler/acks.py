@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from apiary.core.clock import Clock
@@ -60,6 +60,7 @@ ACKS_KEY: Final = f"acks{SEP}"
 """The timer of the kept ACKs' next try."""
 RETRY_FIRST_S: Final = 0.1
 RETRY_MAX_S: Final = 5.0
+_ENDS: Final = frozenset({"FULFILLED", "REJECTED", "FAILED"})
 
 
 def failure_code(code: str) -> str:
@@ -78,6 +79,14 @@ class JoinedAck:
     prepared: Prepared
     logged: str = ""
     """The message whose move the transition's event carries ('' none)."""
+    stores: TaskRecord | None = None
+    """The task's record the commit stores, when a later ACK of the frame steps the task
+    again (its READ and its end in one frame); None: this transition's own."""
+
+    @property
+    def stored_record(self) -> TaskRecord:
+        """What the task's record is once the commit that takes this transition is stored."""
+        return self.stores if self.stores is not None else self.prepared.after
 
 
 class TaskAcks:
@@ -100,7 +109,7 @@ class TaskAcks:
         self._wakeups = wakeups
         self._settings = settings
         self._clock = clock
-        self._kept: list[tuple[str, Ack, Prepared | None]] = []
+        self._kept: list[tuple[str, Ack, JoinedAck | None]] = []
         """(producer, ACK, transition in doubt) whose write the store failed, in the order
         they came; the transition, when one was written with the router's commit and nobody
         could tell whether it committed (`in_doubt`)."""
@@ -124,7 +133,9 @@ class TaskAcks:
         except (StoreError, UnavailableError) as exc:
             self._keep(producer, ack, None, exc)
 
-    def _keep(self, producer: str, ack: Ack, prepared: Prepared | None, exc: BaseException) -> None:
+    def _keep(
+        self, producer: str, ack: Ack, prepared: JoinedAck | None, exc: BaseException
+    ) -> None:
         log.warning(
             "%s ACK of %s kept until the store takes it: %s",
             ack.ack_stage.name, ack.ack_for_message_id, exc,
@@ -137,14 +148,17 @@ class TaskAcks:
         """The transitions of `acks` (one frame's, of the Scheduler's dispatches), decided
         and not stored, for the router to commit with its write of the ACKs (`joined`
         follows it); None when any of them is not a plain step of a live task (a stale ACK,
-        a yield, a retry, a second ACK of one task, ACKs kept for the store): then they all
-        come the usual way, after the router's commit, in their order. A live task's
-        RECEIVED joins with nothing to write. Each transition's event carries its message's
-        move (engine/router/ack_joins.py): the one record of both."""
+        a yield, a retry, ACKs kept for the store, a second ACK of one task other than its
+        end after its READ): then they all come the usual way, after the router's commit,
+        in their order. A live task's RECEIVED joins with nothing to write; a READ and the
+        end that follows it in the frame both join, the end stepping the record the READ
+        made. Each transition's event carries its message's move
+        (engine/router/ack_joins.py): the one record of both."""
         if self._kept:
             return None
         joined: list[JoinedAck] = []
-        seen: set[str] = set()
+        last: dict[str, int] = {}
+        """Each task's last transition in `joined`, by its index."""
         live = self._live
         for acked in acks:
             producer, ack = acked.producer, acked.ack
@@ -153,9 +167,14 @@ class TaskAcks:
             stage = ack.ack_stage.name
             if task is not None and stage == "RECEIVED":
                 continue  # (a live task's RECEIVED steps nothing: `_apply`)
-            if task is None or task.task_id in seen:
+            if task is None:
                 return None
-            seen.add(task.task_id)
+            earlier = last.get(task.task_id)
+            if earlier is not None:
+                before = joined[earlier]
+                if before.ack.ack_stage.name != "READ" or stage not in _ENDS:
+                    return None
+                task = before.prepared.after
             move = acked.move if acked.move is not None and logs_messages(task) else None
             moved = {} if move is None else move.details()
             prepared: Prepared | None = None
@@ -171,6 +190,9 @@ class TaskAcks:
             if prepared is None:
                 return None
             logged = move.message_id if move is not None else ""
+            if earlier is not None:
+                joined[earlier] = replace(joined[earlier], stores=prepared.after)
+            last[task.task_id] = len(joined)
             joined.append(JoinedAck(producer, ack, prepared, logged))
         return joined
 
@@ -189,10 +211,10 @@ class TaskAcks:
         kept with it (`retry` looks it up again); one found not stored changes nothing (the
         router's write did not commit: the agent's ACK was refused)."""
         for i, item in enumerate(joined):
-            found = await self._transitions.committed_as(item.prepared.after)
+            found = await self._transitions.committed_as(item.stored_record)
             if found is None:
                 for rest in joined[i:]:
-                    self._keep(rest.producer, rest.ack, rest.prepared, exc)
+                    self._keep(rest.producer, rest.ack, rest, exc)
                 return
             if found:
                 await self.joined([item])
@@ -204,11 +226,11 @@ class TaskAcks:
         for i, (producer, ack, prepared) in enumerate(kept):
             try:
                 if prepared is not None:
-                    found = await self._transitions.committed_as(prepared.after)
+                    found = await self._transitions.committed_as(prepared.stored_record)
                     if found is None:
                         raise UnavailableError("the store does not answer")
                     if found:
-                        await self.joined([JoinedAck(producer, ack, prepared)])
+                        await self.joined([prepared])
                         continue
                     kept[i] = (producer, ack, None)  # (not committed: applied anew)
                 await self._apply(producer, ack)

@@ -774,7 +774,11 @@ class _JoinedTaskAcks:
         self._drain = drain
         self._after = after
         self._joined = joined
-        self.tasks: Sequence[TaskRecord] = [item.prepared.after for item in joined]
+        # A task stepped twice in the frame (its READ and its end) is stored once, as its
+        # last step left it; each step has its event.
+        self.tasks: Sequence[TaskRecord] = [
+            item.prepared.after for item in joined if item.stores is None
+        ]
         self.events: Sequence[EventDraft] = [item.prepared.event for item in joined]
         self.logged: Collection[str] = {item.logged for item in joined if item.logged}
 

@@ -211,10 +211,14 @@ class TaskTransitions:
         return task
 
     async def _register(self, task: TaskRecord) -> None:
+        """The task's activity entry, recorded by its `task.running` (a refusal by an event
+        of its own, `activity.refused`)."""
+        entry = activity_entry(task)
         try:
-            await self._activity.register(activity_entry(task))
+            await self._activity.register(entry, logged=True)
         except ApiaryError as exc:
             log.warning("task %s runs without an activity entry: %s", task.task_id, exc)
+            await self._activity.refused(entry, exc.code)
 
     async def committed_as(self, after: TaskRecord) -> bool | None:
         """Whether a write of `after` whose outcome the store could not tell committed: the
@@ -290,7 +294,9 @@ class TaskTransitions:
                 live.occupy(after)
                 self._gate.started(after)
             elif effect is _E.COMPLETE_ACTIVITY:
-                await self._activity.complete(after.agent_id, after.task_id, _TEXT[after.state])
+                await self._activity.complete(
+                    after.agent_id, after.task_id, _TEXT[after.state], logged=True
+                )
             elif effect is _E.ANNOUNCE_END:
                 for listener in self._end_listeners:
                     listener(after)
