@@ -135,14 +135,14 @@ async def test_the_others_are_decided_when_the_first_caller_is_cancelled(
 ) -> None:
     scheduler = h.engine.scheduler
     started = asyncio.Event()
-    put = scheduler._store.put
+    create = scheduler._store.create
 
-    async def slow_put(record: Any, events: Any = ()) -> None:
+    async def slow_create(record: Any, events: Any = ()) -> None:
         started.set()
         await asyncio.sleep(0.05)
-        await put(record, events)
+        await create(record, events)
 
-    scheduler._store.put = slow_put  # type: ignore[method-assign]
+    scheduler._store.create = slow_create  # type: ignore[method-assign]
     async with scheduler._lock:
         calls = await _arrive(scheduler, [_sub(f"t{i}") for i in range(3)])
     await asyncio.wait_for(started.wait(), WAIT_S)

@@ -157,6 +157,40 @@ async def test_other_content_under_a_task_id_is_task_id_conflict_naming_the_fiel
     assert (stored.task_id, stored.scope, stored.submitter) == ("t1", SCOPE, "app")
 
 
+async def test_a_task_id_of_an_ended_task_is_found_by_the_write_not_by_a_read(
+    h: EngineHarness,
+) -> None:
+    """A new id costs the submission no read of the store: the record's write is what tells
+    it from a task stored under it (`TaskStore.create`). Given again after the task ended,
+    the same content is that task, other content task_id_conflict; nothing is stored for
+    either, and the retry of a task whose agent is gone is still that task."""
+    store = h.store.tasks
+    reads: list[str] = []
+    get = store.get
+
+    async def counted(task_id: str) -> TaskRecord | None:
+        reads.append(task_id)
+        return await get(task_id)
+
+    store.get = counted  # type: ignore[method-assign]
+    assert (await _submit(h, "t1", submitter="app")).created
+    assert reads == []
+    await _finish(h, "t1", note='{"lines": 1}')
+    ended = await _submit(h, "t1", submitter="app")
+    assert (ended.accepted, ended.created) == (True, False)
+    assert ended.task is not None and ended.task.result == '{"lines": 1}'
+    with pytest.raises(TaskIdConflictError) as caught:
+        await _submit(h, "t1", submitter="app", scope="repo:other")
+    assert caught.value.details["differs"] == "scope"
+    assert len(await h.events("task.submitted")) == 1
+    assert [t.task_id for t in await store.list()] == ["t1"]
+    await h.engine.registry.deregister("worker", "gone")
+    gone = await _submit(h, "t1", submitter="app")
+    assert (gone.created, gone.task and gone.task.state) == (False, "COMPLETED")
+    with pytest.raises(NotFoundError):  # a new id for the agent that is gone is refused
+        await _submit(h, "t2", submitter="app")
+
+
 async def test_submissions_of_one_task_id_that_arrive_together_are_one_task(
     h: EngineHarness,
 ) -> None:

@@ -228,7 +228,7 @@ async def test_an_end_ack_whose_write_failed_is_applied_again_until_the_store_ta
 async def test_a_submission_that_committed_unheard_is_taken_in_when_submitted_again(
     h: EngineHarness,
 ) -> None:
-    writes = FailingWrites(h.store.tasks, "put")
+    writes = FailingWrites(h.store.tasks, "create")
     writes.fail(matches=in_state("QUEUED"), committed=True)
     with pytest.raises(StoreUnavailableError):
         await submit(h, "t1", "worker")

@@ -17,6 +17,18 @@ class DuplicateMessageError(StoreError):
     """A message with this message_id is already recorded."""
 
 
+class TaskExistsError(StoreError):
+    """A new task was not stored: a task with its task_id already is (`TaskStore.create`;
+    nothing of the write was stored)."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"task {task_id!r} is stored already")
+        self.task_id = task_id
+
+    def __reduce__(self) -> tuple[type[TaskExistsError], tuple[str]]:
+        return (TaskExistsError, (self.task_id,))  # (from the SQLite writer's process, too)
+
+
 class TokenTakenError(StoreError):
     """A message was not admitted: its idempotency token's record changed since its
     deduplication read it (another admission of the token, on another replica, came first;

@@ -275,6 +275,12 @@ class TaskStore(Protocol):
         log in the same transaction."""
         ...
 
+    async def create(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert a new task, appending `events` in the same transaction; TaskExistsError,
+        with nothing stored, when a task with its task_id is stored already (the check is
+        the write's: a submission needs no read to know its id is new)."""
+        ...
+
     async def get(self, task_id: str) -> TaskRecord | None: ...
 
     async def list(

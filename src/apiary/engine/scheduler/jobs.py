@@ -53,7 +53,7 @@ from apiary.errors import (
     UnsupportedMessageTypeError,
     ValidationError,
 )
-from apiary.store.errors import StoreError
+from apiary.store.errors import StoreError, TaskExistsError
 from apiary.store.protocols import TaskStore
 
 
@@ -238,25 +238,35 @@ class SchedulerJobs:
         await self._events.commit([event], partial(self._store.put, record))
         return await self._queued(record)
 
+    def resubmitted_live(self, sub: Submission) -> SubmitResult | None:
+        """What a submission whose task_id names a live task is (`resubmission`); None when
+        no live task has it. A task that ended is found by the write of the submission's
+        record instead (`TaskStore.create`, `_stored_before`): a new id costs no read."""
+        existing = self._live.tasks.get(sub.task_id)
+        return None if existing is None else resubmission(existing, _again(existing, sub))
+
     async def resubmitted(self, sub: Submission) -> SubmitResult | None:
         """What a submission whose task_id names a task already stored is (`resubmission`);
-        None when the id is new. Decided before admission, so that a retry needs neither a
-        write nor its agent still registered; `_run_of` catches one stored meanwhile."""
+        None when the id is new. Asked when a submission with a task_id of its caller's is
+        refused (its agent gone, the queue full): a retry of a task stored earlier needs
+        neither."""
         existing = self._live.tasks.get(sub.task_id) or await self._store.get(sub.task_id)
         if existing is None:
             return None
-        queue = sub.queue
-        again = replace(
-            existing, agent_id=existing.agent_id if queue else sub.agent_id, queue=queue,
-            priority=validate_priority(sub.priority), params=sub.params,
-            content_type=content_type_of(sub), scope=sub.scope,
-            correlation_id=sub.correlation_id, submitter=sub.submitter,
-        )  # fmt: skip
-        answer = resubmission(existing, again)
+        answer = resubmission(existing, _again(existing, sub))
         if not _unqueued(existing, self._live):
             return answer
         async with self._lock:
             return await self._take_in(sub.task_id) or answer
+
+    async def _stored_before(self, record: TaskRecord) -> SubmitResult:
+        """A submission whose record's write found its task_id stored (TaskExistsError):
+        the task stored under it, again (lock held)."""
+        existing = await self._store.get(record.task_id)
+        if existing is None:  # (the write found it: tasks are never deleted)
+            raise StoreError(f"task {record.task_id!r} was stored and is not found")
+        answer = resubmission(existing, _again(existing, record))
+        return await self._take_in(record.task_id) or answer
 
     async def _take_in(self, task_id: str) -> SubmitResult | None:
         """A task stored QUEUED that the live Scheduler does not have (lock held): its
@@ -269,13 +279,15 @@ class SchedulerJobs:
         return replace(await self._queued(stored), created=False)
 
     async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
-        put, event = self._store.put, self._transitions.submission_event
+        create, event = self._store.create, self._transitions.submission_event
         writes = await asyncio.gather(
-            *(self._events.commit([event(record)], partial(put, record)) for _, record in run),
+            *(self._events.commit([event(record)], partial(create, record)) for _, record in run),
             return_exceptions=True,
         )
         for (arrival, record), written in zip(run, writes, strict=True):
-            if isinstance(written, BaseException):
+            if isinstance(written, TaskExistsError):  # (its id names a task that ended)
+                await _settle(arrival, self._stored_before(record))
+            elif isinstance(written, BaseException):
                 arrival.outcome.set_exception(written)
             else:
                 await _settle(arrival, self._queued(record))
@@ -497,6 +509,20 @@ def resubmission(existing: TaskRecord, again: TaskRecord) -> SubmitResult:
     return SubmitResult(
         existing.state != TaskState.HELD, f"already submitted, {existing.state}{note}", existing,
         created=False,
+    )  # fmt: skip
+
+
+def _again(existing: TaskRecord, sub: Submission | TaskRecord) -> TaskRecord:
+    """`existing` with the content a submission under its task_id gives (a Submission, or
+    the record admitted from one), for `resubmission` to compare: a shared task keeps the
+    agent that took it."""
+    queue = sub.queue
+    priority = validate_priority(sub.priority)
+    content_type = content_type_of(sub) if isinstance(sub, Submission) else sub.content_type
+    return replace(
+        existing, agent_id=existing.agent_id if queue else sub.agent_id, queue=queue,
+        priority=priority, params=sub.params, content_type=content_type, scope=sub.scope,
+        correlation_id=sub.correlation_id, submitter=sub.submitter,
     )  # fmt: skip
 
 

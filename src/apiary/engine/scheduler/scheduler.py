@@ -409,11 +409,17 @@ class Scheduler:
         instead of one commit each (`SchedulerJobs.submit_together`)."""
         self.leading()
         if sub.task_id:
-            known = await self._jobs.resubmitted(sub)
+            known = self._jobs.resubmitted_live(sub)
             if known is not None:
                 return known
-        record = await self._jobs.admit(sub)
-        self._jobs.check_accepting(record.agent_id)
+        try:
+            record = await self._jobs.admit(sub)
+            self._jobs.check_accepting(record.agent_id)
+        except ApiaryError:
+            # A retry of a task stored earlier is that task, though its agent is gone.
+            if sub.task_id and (known := await self._jobs.resubmitted(sub)) is not None:
+                return known
+            raise
         if self._traces is not None:
             self._traces.submitted(record.task_id)
         arrival = Arrival(record, asyncio.get_running_loop().create_future())
@@ -429,7 +435,10 @@ class Scheduler:
             if arrival in self._arrivals:
                 self._arrivals.remove(arrival)  # never decided: nothing was stored
             raise
-        return arrival.outcome.result()
+        result = arrival.outcome.result()
+        if sub.task_id and result.error_code == "buffer_full":
+            return await self._jobs.resubmitted(sub) or result  # (a retry is its task)
+        return result
 
     # ------------------------------------------------------------------ operator requests
 

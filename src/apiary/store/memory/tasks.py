@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from apiary.core.events import EventDraft
 from apiary.core.records import TaskRecord
-from apiary.store.errors import StoreError
+from apiary.store.errors import StoreError, TaskExistsError
 from apiary.store.memory.events import MemoryEventLog
 from apiary.store.sql.checks import check_limit
 from apiary.store.sql.tasks import task_from_row, task_row
@@ -28,6 +28,13 @@ class MemoryTaskStore:
         drafts = self._log.checked(events)
         self.put_now(stored)
         self._log.append_now(drafts)
+
+    async def create(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert a new task, appending `events` with it; TaskExistsError (nothing stored)
+        when its task_id is taken."""
+        if record.task_id in self._records:
+            raise TaskExistsError(record.task_id)
+        await self.put(record, events)
 
     def checked(self, record: TaskRecord) -> TaskRecord:
         """`record` as stored; what the SQL backends refuse raises (ValueError, StoreError

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from apiary.core.events import EventDraft
 from apiary.core.records import TaskRecord, TaskState
+from apiary.store.errors import TaskExistsError
 from apiary.store.sql.checks import check_limit, checked_int64
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
@@ -117,6 +118,10 @@ def task_from_row(fetched: Sequence[Any]) -> TaskRecord:
 
 PUT_TASK = Execute(by_dialect(lambda d: d.upsert("tasks", TASKS, "task_id")))
 """Inserts or replaces one task (`task_row`)."""
+CREATE_TASK = Execute(
+    by_dialect(lambda d: d.insert("tasks", TASKS, " ON CONFLICT (task_id) DO NOTHING"))
+)
+"""Inserts one task (`task_row`) unless its task_id is taken (then it changes no row)."""
 _GET = QueryOne(f"SELECT {TASKS.sql} FROM tasks WHERE task_id = ?")
 _MAX_SEQ = QueryOne("SELECT COALESCE(MAX(seq), -1) FROM tasks")
 
@@ -124,6 +129,12 @@ _MAX_SEQ = QueryOne("SELECT COALESCE(MAX(seq), -1) FROM tasks")
 def put_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
     """Insert or replace one task (`task_row`)."""
     yield from Execute(PUT_TASK.sql, row)
+
+
+def create_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
+    """Insert a new task (`task_row`); TaskExistsError when its task_id is taken."""
+    if not (yield from Execute(CREATE_TASK.sql, row)):
+        raise TaskExistsError(row[0])
 
 
 class SqlTaskStore:
@@ -141,6 +152,11 @@ class SqlTaskStore:
             await self._log.write_with(events, put_task, task_row(record))
         else:
             await self._db.write(PUT_TASK, task_row(record))
+
+    async def create(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
+        """Insert a new task, with `events` appended in the same transaction;
+        TaskExistsError (nothing stored) when its task_id is taken."""
+        await self._log.write_with(events, create_task, task_row(record))
 
     async def get(self, task_id: str) -> TaskRecord | None:
         """The record, or None."""

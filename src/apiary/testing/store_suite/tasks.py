@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from apiary.core.records import TaskRecord, TaskState
-from apiary.store.errors import StoreError
+from apiary.store.errors import StoreError, TaskExistsError
 from apiary.store.protocols import Store
 from apiary.testing.store_suite.base import (
     T0,
@@ -19,6 +19,7 @@ from apiary.testing.store_suite.base import (
     Check,
     CheckNotApplicable,
     StoreFactory,
+    draft,
     registry,
 )
 
@@ -246,6 +247,36 @@ async def putting_a_task_again_replaces_its_record(factory: StoreFactory) -> Non
         await store.tasks.put(task_record("task-3", 1))
         assert await _ids(store) == ["task-3", "task-2", "task-1"]
         assert len(await store.tasks.list()) == 3
+
+
+@_check
+async def creating_a_task_refuses_a_task_id_taken(factory: StoreFactory) -> None:
+    """`create` is the write that tells a new task_id from a taken one: a task stored under
+    it (in any state) refuses the new one with TaskExistsError, and nothing of that write
+    (record or events) is stored; of concurrent creates under one id, one is stored."""
+    async with factory.open() as store:
+        first = task_record("task-1", 1)
+        await store.tasks.create(first, [draft(1)])
+        ended = replace(first, state=TaskState.COMPLETED, updated_at=T0 + 5)
+        await store.tasks.put(ended)
+        again = task_record("task-1", 2, priority=9)
+        try:
+            await store.tasks.create(again, [draft(2)])
+        except TaskExistsError as exc:
+            assert exc.task_id == "task-1"
+        else:
+            raise AssertionError("a second task was created under task-1")
+        assert await store.tasks.get("task-1") == ended
+        assert [e.details["n"] for e in await store.events.read()] == [1]
+        assert await store.tasks.max_seq() == 1  # the refused one's seq was not taken
+        results = await asyncio.gather(
+            *(store.tasks.create(task_record("task-2", 10 + n), [draft(10 + n)]) for n in range(4)),
+            return_exceptions=True,
+        )
+        refused = [r for r in results if isinstance(r, TaskExistsError)]
+        assert len(refused) == 3 and results.count(None) == 1, results
+        assert [t.task_id for t in await store.tasks.list()] == ["task-1", "task-2"]
+        assert len(await store.events.read()) == 2
 
 
 @_check
