@@ -18,7 +18,7 @@ import pytest
 
 from apiary.core.envelope import Ack, AckStage, Envelope, MessageType
 from apiary.core.trace_context import TraceContext
-from apiary.sdk import task_acks
+from apiary.sdk import task_acks, tasks
 from apiary.sdk.connection import Delivery
 from apiary.sdk.sender import SendResult
 from apiary.sdk.task_acks import AckFrames
@@ -185,3 +185,60 @@ async def test_a_task_running_on_sends_its_read_alone_and_its_end_after_it(
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         await agent.close()
+
+
+async def test_a_prefetched_task_that_starts_soon_sends_no_received() -> None:
+    agent = FakeAgent(_task("t1"), _task("t2"))
+    runner = TaskRunner(agent, _quick)  # type: ignore[arg-type]
+    running = asyncio.ensure_future(runner.run())
+    try:
+        await _next_frame(agent, 1)
+        agent.answers.put_nowait(True)
+        await _next_frame(agent, 2)
+        agent.answers.put_nowait(True)
+        await _idle(runner)
+        stages = [ack for frame in agent.frames for ack in frame]
+        assert stages == [
+            ("t1", "READ"), ("t1", "FULFILLED"), ("t2", "READ"), ("t2", "FULFILLED"),
+        ]  # fmt: skip
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await agent.close()
+
+
+async def test_a_prefetched_task_that_waits_is_acknowledged_received(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(task_acks, "LAZY_S", 0.001)
+    monkeypatch.setattr(tasks, "RECEIVED_AFTER_S", 0.01)
+    agent = FakeAgent(_task("t1"), _task("t2"))
+    release = asyncio.Event()
+
+    async def handler(task: TaskContext) -> None:
+        await release.wait()
+
+    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
+    running = asyncio.ensure_future(runner.run())
+    try:
+        await _next_frame(agent, 1)
+        assert agent.frames == [[("t1", "READ")]]
+        agent.answers.put_nowait(True)
+        await _next_frame(agent, 2)
+        assert agent.frames[1] == [("t2", "RECEIVED")]  # t2 waits behind t1 (prefetched)
+        assert runner.waiting == ["t2"]
+        agent.answers.put_nowait(True)
+        release.set()
+        for _ in range(3):
+            agent.answers.put_nowait(True)
+        await _idle(runner)
+        stages = [ack for frame in agent.frames[2:] for ack in frame]
+        assert stages == [("t1", "FULFILLED"), ("t2", "READ"), ("t2", "FULFILLED")]
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await agent.close()
+
+
+async def _quick(task: TaskContext) -> str:
+    return "done"

@@ -15,8 +15,9 @@ The runner reads the agent's deliveries. A DATA envelope from producer `schedule
 it is acknowledged READ (the task becomes RUNNING) and its handler starts as its own asyncio
 task at once (a READ the coordinator refuses cancels it: the task was taken back),
 up to `concurrency` of them at once (the `task_concurrency` the agent declared, 1 by default;
-a task that arrives while that many run waits, acknowledged RECEIVED (lazily: with the next
-READ or end, sdk/task_acks.py), and starts when one ends: the Scheduler's prefetch; a
+a task that arrives while that many run waits, and starts when one ends: the Scheduler's
+prefetch (one that waits RECEIVED_AFTER_S is acknowledged RECEIVED, lazily: with the next
+READ or end, sdk/task_acks.py; one that starts before has its READ stand for it); a
 preempt_request, terminate or kill for it ends it at once, yielded or forced, without
 running it),
 and its end is acknowledged: FULFILLED with the handler's return value as the task's result
@@ -375,8 +376,11 @@ class TaskRunner:
         if self._slots_taken() >= self._concurrency:
             # Prefetched: it waits here, unread, until a running task ends (`_next`).
             self._waiting[task_id] = (env, trace)
-            # Not waited for: the next deliveries are read meanwhile (a refusal is logged).
-            self._keep(self._ack_soon(env, AckStage.RECEIVED, lazy=True))
+            # Acknowledged RECEIVED only if it still waits RECEIVED_AFTER_S from now (well
+            # within the coordinator's 10 s ACK deadline); one that starts before has its
+            # READ stand for it, so a prefetch costs no ACK of its own.
+            loop = asyncio.get_running_loop()
+            loop.call_later(RECEIVED_AFTER_S, self._received_if_waiting, task_id, env)
             return
         # It starts now, its READ queued first: lazily, so that a handler that ends soon
         # sends its READ and its end in one frame (one commit at the coordinator), and one
@@ -402,6 +406,13 @@ class TaskRunner:
             self._running[task_id] = running
             read.add_done_callback(partial(self._read_answered, running))
             running.supervisor = asyncio.ensure_future(self._supervise(running))
+
+    def _received_if_waiting(self, task_id: str, env: Envelope) -> None:
+        """Acknowledge RECEIVED a prefetched task still waiting (`_start`); not waited for:
+        the next deliveries are read meanwhile (a refusal is logged)."""
+        waiting = self._waiting.get(task_id)
+        if waiting is not None and waiting[0].message_id == env.message_id:
+            self._keep(self._ack_soon(env, AckStage.RECEIVED, lazy=True))
 
     def _read_answered(self, running: _Running, read: asyncio.Future[bool]) -> None:
         """A refused READ (the task was taken back, cancelled, or is another attempt's now)
@@ -657,6 +668,10 @@ async def run_tasks(agent: Connection, handler: Handler, **options: Any) -> None
 
 
 _STRENGTH = {"preempt_request": 0, "terminate": 1, "kill": 2}
+
+RECEIVED_AFTER_S = 1.0
+"""How long a prefetched task waits before it is acknowledged RECEIVED (`_start`): the
+coordinator's ACK deadline is 10 s (RFC 11)."""
 
 
 def _attributes(context: TaskContext) -> dict[str, str | int | bool]:
