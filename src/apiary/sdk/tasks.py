@@ -12,8 +12,7 @@
         await TaskRunner(agent, handler).run()
 
 The runner reads the agent's deliveries. A DATA envelope from producer `scheduler` is a task:
-it is acknowledged READ (the task becomes RUNNING) and its handler starts as its own asyncio
-task at once (a READ the coordinator refuses cancels it: the task was taken back),
+it is acknowledged READ (the task becomes RUNNING), the handler runs as its own asyncio task,
 up to `concurrency` of them at once (the `task_concurrency` the agent declared, 1 by default;
 a task that arrives while that many run waits, and starts when one ends: the Scheduler's
 prefetch (one that waits RECEIVED_AFTER_S is acknowledged RECEIVED, lazily: with the next
@@ -38,19 +37,15 @@ memory) until `resume`, which reports the agent RUNNING and lets it go on; `shut
 `run()` once no task is left; `recover` reports the agent RUNNABLE (heartbeat) once no task is
 left. Other messages go to `on_message`, or are ACKed FULFILLED when there is none.
 
-Each task's activity entry (RFC 10) is created by its READ, sent before its handler starts:
-the coordinator registers it when it applies the READ, before the task's end (ACKs are
-applied in order), and completes it when the task ends; the buffer is advisory and does not
-hold the handler back (RFC 10: it MUST NOT block execution). A task that yields has its entry
-completed by the runner, once its READ was taken (it goes back to its queue).
-`current_task()` is the task inside its handler.
+Each task has an activity entry before its handler starts (RFC 10): the coordinator
+registers it when it applies the READ, which the runner awaits, and completes it when the
+task ends; a task that yields has its entry completed by the runner (it goes back to its
+queue). `current_task()` is the task inside its handler.
 
 The ACKs travel over the agent's streaming sender (`Connection.ack_soon`, sdk/task_acks.py):
-those queued while a frame is in flight go together in the next, in order. A READ is lazy:
-it waits for the task's end, or another eager ACK, for LAZY_S at most, so a task that ends
-soon is one frame (its READ and its end) and one commit at the coordinator; a task's end and
-the next task's READ (a prefetched one, started as soon as a slot frees) travel together too.
-An end is sent again only after its READ was taken, so the coordinator never sees it first.
+those queued while a frame is in flight go together in the next, in order, so a task's end
+and the next task's READ (a prefetched one, started as soon as a slot frees) travel and
+commit together. A task whose READ is on the way holds its slot.
 """
 
 from __future__ import annotations
@@ -65,7 +60,6 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
@@ -280,10 +274,6 @@ class _Running:
     supervisor: asyncio.Task[None] | None = None
     span: AgentSpan | None = None
     """The task's span when its DATA carried a trace context (docs/tracing.md)."""
-    read: asyncio.Future[bool] | None = None
-    """Its READ's answer: True once taken, False once refused (the handler is cancelled
-    and its end not reported: the task is not this agent's to run)."""
-    refused: bool = False
 
 
 class TaskRunner:
@@ -312,6 +302,8 @@ class TaskRunner:
         self._running: dict[str, _Running] = {}
         self._waiting: OrderedDict[str, tuple[Envelope, TraceContext | None]] = OrderedDict()
         """Tasks that arrived while `concurrency` ran, in arrival order, not started."""
+        self._starting: set[str] = set()
+        """The dispatches (message ids) whose READ is on the way: they hold a slot."""
         self._early: OrderedDict[str, tuple[str, str]] = OrderedDict()
         """Commands for tasks whose DATA has not arrived yet (lanes may reorder them)."""
         self._recover_pending = False
@@ -373,6 +365,8 @@ class TaskRunner:
         queued = self._waiting.get(task_id)
         if queued is not None and queued[0].message_id == env.message_id:
             return  # waiting already
+        if env.message_id in self._starting:
+            return  # being started
         if self._slots_taken() >= self._concurrency:
             # Prefetched: it waits here, unread, until a running task ends (`_next`).
             self._waiting[task_id] = (env, trace)
@@ -382,14 +376,17 @@ class TaskRunner:
             loop = asyncio.get_running_loop()
             loop.call_later(RECEIVED_AFTER_S, self._received_if_waiting, task_id, env)
             return
-        # It starts now, its READ queued first: lazily, so that a handler that ends soon
-        # sends its READ and its end in one frame (one commit at the coordinator), and one
-        # that runs on sends its READ after LAZY_S (sdk/task_acks.py). The handler does not
-        # wait for the READ's answer; a refused READ cancels it (`_read_answered`).
-        read = self._ack_soon(env, AckStage.READ, lazy=True)
+        # Its slot is taken while its READ is on the way: a task delivered meanwhile waits.
+        self._starting.add(env.message_id)
+        try:
+            read = await self._ack(env, AckStage.READ)
+        finally:
+            self._starting.discard(env.message_id)
+        if not read:
+            return
         early = self._early.pop(task_id, None)
         if early is not None and early[0] in ("terminate", "kill"):
-            await self._ack(env, *forced_outcome(early[0]), after=read)
+            await self._ack(env, *forced_outcome(early[0]))
             return
         if early is not None:
             context._request_preempt(early[1])
@@ -402,9 +399,8 @@ class TaskRunner:
                 handler = asyncio.ensure_future(self._handler(context))
             finally:
                 _CURRENT.reset(token)
-            running = _Running(context, handler, span=span, read=read)
+            running = _Running(context, handler, span=span)
             self._running[task_id] = running
-            read.add_done_callback(partial(self._read_answered, running))
             running.supervisor = asyncio.ensure_future(self._supervise(running))
 
     def _received_if_waiting(self, task_id: str, env: Envelope) -> None:
@@ -412,15 +408,7 @@ class TaskRunner:
         the next deliveries are read meanwhile (a refusal is logged)."""
         waiting = self._waiting.get(task_id)
         if waiting is not None and waiting[0].message_id == env.message_id:
-            self._keep(self._ack_soon(env, AckStage.RECEIVED, lazy=True))
-
-    def _read_answered(self, running: _Running, read: asyncio.Future[bool]) -> None:
-        """A refused READ (the task was taken back, cancelled, or is another attempt's now)
-        stops the handler: its end is not reported."""
-        if read.cancelled() or read.exception() is not None or read.result():
-            return
-        running.refused = True
-        running.handler.cancel()
+            self._keep(self._ack_soon(env, AckStage.RECEIVED))
 
     async def _supervise(self, running: _Running) -> None:
         killed = asyncio.ensure_future(running.killed.wait())
@@ -433,21 +421,10 @@ class TaskRunner:
         outcome = _outcome(running) if done else Outcome(*forced_outcome("kill"))
         reported: asyncio.Future[Any] | None = None
         try:
-            read = running.read
-            yielded = outcome.stage is AckStage.FULFILLED and outcome.note == YIELDED
-            if read is not None and (yielded or read.done()) and not await read:
-                running.refused = True
-            if running.refused:
-                log.info("task %s was not this agent's to run: its READ was refused",
-                         running.context.task_id)  # fmt: skip
-            else:
-                if yielded:
-                    # Back to its queue, not ended: the coordinator leaves its entry alone
-                    # (the READ registered it: awaited above).
-                    await self._close_activity(running.context, outcome.stage)
-                # Queued behind its READ: both leave in one frame when the READ is still
-                # waiting for one.
-                reported = self._report(running.context, outcome, read)
+            if outcome.stage is AckStage.FULFILLED and outcome.note == YIELDED:
+                # Back to its queue, not ended: the coordinator leaves its entry alone.
+                await self._close_activity(running.context, outcome.stage)
+            reported = self._report(running.context, outcome)
         finally:
             if self._running.get(running.context.task_id) is running:
                 del self._running[running.context.task_id]
@@ -468,25 +445,18 @@ class TaskRunner:
             await self._start(env, trace)
 
     def _slots_taken(self) -> int:
-        """Tasks running."""
-        return len(self._running)
+        """Tasks running, and being started (their READ on the way)."""
+        return len(self._running) + len(self._starting)
 
-    def _report(
-        self, context: TaskContext, outcome: Outcome, read: asyncio.Future[bool] | None = None
-    ) -> asyncio.Future[Any]:
-        """Acknowledge the task's end, after its `read`: in the ACK when it fits (queued at
-        once), else through CompleteTask first (sdk/task_outcome.py), once the READ is taken.
-        Done once acknowledged (or given up)."""
+    def _report(self, context: TaskContext, outcome: Outcome) -> asyncio.Future[Any]:
+        """Acknowledge the task's end: in the ACK when it fits (queued at once), else through
+        CompleteTask first (sdk/task_outcome.py). Done once acknowledged (or given up)."""
         env = context.envelope
         if outcome.result is None and fits(env, outcome.stage, outcome.code, outcome.note):
-            return self._ack_soon(env, outcome.stage, outcome.code, outcome.note, after=read)
-        return asyncio.ensure_future(self._complete(context, outcome, read))
+            return self._ack_soon(env, outcome.stage, outcome.code, outcome.note)
+        return asyncio.ensure_future(self._complete(context, outcome))
 
-    async def _complete(
-        self, context: TaskContext, outcome: Outcome, read: asyncio.Future[bool] | None
-    ) -> None:
-        if read is not None and not await read:  # CompleteTask is for a RUNNING task
-            return
+    async def _complete(self, context: TaskContext, outcome: Outcome) -> None:
         stage, code, note = await complete(self.agent, context.task_id, outcome, context.attempt)
         await self._ack(context.envelope, stage, code, note)
 
@@ -609,33 +579,29 @@ class TaskRunner:
         while len(self._early) > _EARLY_LIMIT:
             self._early.popitem(last=False)
 
-    async def _ack(
-        self, env: Envelope, stage: AckStage, code: str = "", note: str = "",
-        *, after: asyncio.Future[bool] | None = None,
-    ) -> bool:  # fmt: skip
+    async def _ack(self, env: Envelope, stage: AckStage, code: str = "", note: str = "") -> bool:
         """`_ack_soon`, waited for."""
-        return await self._ack_soon(env, stage, code, note, after=after)
+        return await self._ack_soon(env, stage, code, note)
 
     def _ack_soon(
-        self, env: Envelope, stage: AckStage, code: str = "", note: str = "",
-        *, lazy: bool = False, after: asyncio.Future[bool] | None = None,
-    ) -> asyncio.Future[bool]:  # fmt: skip
-        """Acknowledge `env`, queued now behind the ACKs queued before it (sdk/task_acks.py;
-        `lazy`: it waits for an eager one to carry it), and again after each `unavailable`
-        answer (the coordinator could not store it, or cannot tell that it did: a repeated
-        ACK is safe) or none at all (the coordinator, or the replica of a cluster, went away:
-        the channel moves to the next address it has), ACK_RETRY_DELAYS_S apart, each time
-        after `after` (the task's READ, sent again first) was taken. The future's result:
-        True once taken, False (logged) once refused otherwise, those are spent, or `after`
-        was refused. A task whose READ or end was never acknowledged would otherwise wait
-        for its ACK forever."""
-        first = self.agent.ack_soon(env, stage, error_code=code, note=note, lazy=lazy)
-        return asyncio.ensure_future(self._acked(env, stage, code, note, first, after))
+        self, env: Envelope, stage: AckStage, code: str = "", note: str = ""
+    ) -> asyncio.Future[bool]:
+        """Acknowledge `env`, queued now behind the ACKs queued before it (sdk/task_acks.py),
+        and again after each `unavailable` answer (the coordinator could not store it, or
+        cannot tell that it did: a repeated ACK is safe) or none at all (the coordinator, or
+        the replica of a cluster, went away: the channel moves to the next address it has),
+        ACK_RETRY_DELAYS_S apart. The
+        future's result: True once taken, False (logged) once refused otherwise or those are
+        spent. A task whose READ or end was never acknowledged would otherwise wait for its
+        ACK forever."""
+        first = self.agent.ack_soon(
+            env, stage, error_code=code, note=note, lazy=stage is AckStage.RECEIVED
+        )
+        return asyncio.ensure_future(self._acked(env, stage, code, note, first))
 
     async def _acked(
-        self, env: Envelope, stage: AckStage, code: str, note: str, sent: Awaitable[None],
-        after: asyncio.Future[bool] | None,
-    ) -> bool:  # fmt: skip
+        self, env: Envelope, stage: AckStage, code: str, note: str, sent: Awaitable[None]
+    ) -> bool:
         delays = iter(ACK_RETRY_DELAYS_S)
         while True:
             try:
@@ -648,8 +614,6 @@ class TaskRunner:
                         "%s could not acknowledge %s %s: %s", self.agent.agent_id,
                         env.message_id, stage.name, exc,
                     )  # fmt: skip
-                    return False
-                if after is not None and not await after:
                     return False
                 await asyncio.sleep(delay)
                 sent = self.agent.ack_soon(env, stage, error_code=code, note=note)
