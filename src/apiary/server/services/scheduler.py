@@ -255,9 +255,7 @@ class TaskQueryHandler:
         return _submitted(req, await _submit(self._scheduler, self._checks, req, ctx))
 
     @checks_inside
-    async def submit_tasks(
-        self, req: a.SubmitTasksRequest, ctx: CallContext
-    ) -> a.SubmitTasksReply:
+    async def submit_tasks(self, req: a.SubmitTasksRequest, ctx: CallContext) -> a.SubmitTasksReply:
         """Each item as its own SubmitTask call would be: checked, authorized (SubmitTask's
         rule, decided by the access guard and recorded as SubmitTasks' decision on the item)
         and answered with its task or its own refusal; the items decided together. The
