@@ -182,18 +182,19 @@ class Client:
         capability: str = "",
         agent_type: str = "",
     ) -> TaskHandle:
-        """Submit a task for `agent_id` and return its handle (TaskQueryService.SubmitTasks,
-        with the submissions other tasks of this client make meanwhile: each is answered as
-        its own SubmitTask call would be);
-        or, instead of an agent, for any RUNNABLE agent offering `capability` or of
-        `agent_type` (a shared queue: the first with room takes it, fairly; it waits while
-        none is registered). Bytes params go as they are, anything else as JSON. Without
-        `task_id` the coordinator assigns one (`handle.task_id`); with one, the same
-        submission again is the same task (`handle.created` false) and other content under it
-        raises TaskIdConflictError. Refusals raise (DuplicateDetectedError, BufferFullError, ...);
-        a duplicate job held for a HITL authorization is a HELD task (`handle.status()`).
+        """Submit a task for `agent_id` and return its handle; or, instead of an agent, for
+        any RUNNABLE agent offering `capability` or of `agent_type` (a shared queue: the
+        first with room takes it, fairly; it waits while none is registered). Bytes params go
+        as they are, anything else as JSON. Without `task_id` the coordinator assigns one
+        (`handle.task_id`); with one, the same submission again is the same task
+        (`handle.created` false) and other content under it raises TaskIdConflictError.
+        Refusals raise (DuplicateDetectedError, BufferFullError, ...); a duplicate job held
+        for a HITL authorization is a HELD task (`handle.status()`).
         `submitter` (default: this client's agent_id) names the submitting agent of an
-        anonymous caller in dev mode; an authenticated caller submits as itself."""
+        anonymous caller in dev mode; an authenticated caller submits as itself.
+
+        Concurrent submissions of this client go together in TaskQueryService.SubmitTasks
+        calls, each answered as its own SubmitTask call would be (sdk/task_submits.py)."""
         return await task_handle.submit_task(
             self, agent_id, params, scope=scope, task_id=task_id, priority=priority,
             content_type=content_type, submitter=self.agent_id if submitter is None else submitter,

@@ -2,13 +2,17 @@
 submitting works").
 
 Each `submit_task` queues its request here. The first goes at once in a SubmitTasks call
-(apiary.v1 TaskQueryService); those queued while that call is in flight go together in the
-next one, in the order they were queued, at most `MOST` to a call: concurrent submitters
-share calls, and the coordinator decides each call's items together (one group commit for
-those it stores). Each item is answered as its own SubmitTask call would be, so each caller
-gets its own task, or its own typed error; a failure of the call itself (the coordinator
-unreachable, the tenant's quota) is every item's, as it would have been each call's. Calls
-are grouped by the submitter they name (`apiary-submitter`, dev mode).
+(apiary.v1 TaskQueryService); those queued while calls are in flight go together in the
+next one, in the order they were queued, at most `MOST` to a call, and at most `IN_FLIGHT`
+calls at once: concurrent submitters share calls, and the coordinator decides each call's
+items together (one group commit for those it stores). A second call in flight keeps the
+coordinator busy while the first one's answer travels back: with one, each call's
+submitters would wait a whole round trip before the next call could leave.
+
+Each item is answered as its own SubmitTask call would be, so each caller gets its own task,
+or its own typed error; a failure of the call itself (the coordinator unreachable, the
+tenant's quota) is every item's, as it would have been each call's. Calls are grouped by the
+submitter they name (`apiary-submitter`, dev mode).
 
 A submission made within a span goes alone on SubmitTask, which carries its trace context
 (sdk/tracing.py): the coordinator's span of its admission is then its own. A coordinator
@@ -39,15 +43,19 @@ MOST: Final = DEFAULT_LIMITS.submit_tasks
 
 Request = pb.apiary_pb2.SubmitTaskRequest
 Reply = pb.apiary_pb2.SubmitTaskReply
+IN_FLIGHT: Final = 2
+"""SubmitTasks calls of one submitter in flight at most."""
 _Item = tuple[Request, "asyncio.Future[Reply]"]
 
 
 @dataclass(eq=False)
 class _Queue:
-    """The submissions of one submitter waiting for a call, and the task sending them."""
+    """The submissions of one submitter waiting for a call, and the tasks sending them."""
 
     items: list[_Item] = field(default_factory=list)
-    sender: asyncio.Task[None] | None = None
+    senders: set[asyncio.Task[None]] = field(default_factory=set)
+    idle: int = 0
+    """Senders not in a call: each takes what is queued before it ends."""
 
 
 class TaskSubmissions:
@@ -72,34 +80,45 @@ class TaskSubmissions:
         if queue is None:
             queue = self._queues[submitter] = _Queue()
         queue.items.append((request, done))
-        if queue.sender is None or queue.sender.done():
-            queue.sender = asyncio.create_task(self._send(queue, submitter))
+        if not queue.idle and len(queue.senders) < IN_FLIGHT:
+            queue.idle += 1
+            sender = asyncio.create_task(self._send(queue, submitter))
+            queue.senders.add(sender)
+            sender.add_done_callback(queue.senders.discard)
         return await done  # (a caller cancelled before its call leaves is not sent)
 
     async def close(self) -> None:
         """Stop sending; submissions not sent yet fail."""
         for queue in self._queues.values():
-            if queue.sender is not None:
-                queue.sender.cancel()
+            for sender in list(queue.senders):
+                sender.cancel()
                 with contextlib.suppress(BaseException):
-                    await queue.sender
+                    await sender
             _fail([done for _, done in queue.items], ApiaryError("the client closed"))
             queue.items = []
 
     async def _send(self, queue: _Queue, submitter: str) -> None:
-        while queue.items:
-            batch = [item for item in queue.items[: self._most] if not item[1].done()]
-            queue.items = queue.items[self._most :]
-            if not batch:
-                continue
-            try:
-                if self.fallback is not None:
-                    await self._each_alone(batch, submitter)
-                else:
-                    await self._together(batch, queue, submitter)
-            except BaseException as exc:  # cancelled (closing) or a bug: nobody waits forever
-                _fail([done for _, done in batch], ApiaryError(f"not submitted: {exc!r}"))
-                raise
+        """Send what is queued, a call at a time, until nothing is (one of `queue.senders`,
+        counted idle while not in a call)."""
+        try:
+            while queue.items:
+                batch = [item for item in queue.items[: self._most] if not item[1].done()]
+                queue.items = queue.items[self._most :]
+                if not batch:
+                    continue
+                queue.idle -= 1
+                try:
+                    if self.fallback is not None:
+                        await self._each_alone(batch, submitter)
+                    else:
+                        await self._together(batch, queue, submitter)
+                except BaseException as exc:  # cancelled (closing) or a bug: no one waits on
+                    _fail([done for _, done in batch], ApiaryError(f"not submitted: {exc!r}"))
+                    raise
+                finally:
+                    queue.idle += 1
+        finally:
+            queue.idle -= 1
 
     async def _together(self, batch: list[_Item], queue: _Queue, submitter: str) -> None:
         request = pb.apiary_pb2.SubmitTasksRequest(items=[r for r, _ in batch])

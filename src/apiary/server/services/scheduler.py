@@ -1,7 +1,8 @@
 """sw4rm.scheduler.SchedulerService: tasks, preemption and shutdown (engine/scheduler/scheduler.py);
 PollActivityBuffer and PurgeActivity are the activity buffer's (services/activity.py).
 apiary.v1.TaskQueryService: what SchedulerService lacks: submissions that answer with their
-task and may name a capability or agent type instead of an agent (a shared queue), results
+task and may name a capability or agent type instead of an agent (a shared queue), many of
+them to a call (SubmitTasks: each item answered alone, all decided together), results
 back to the submitter (WaitTask, WatchTasks, the agent's CompleteTask), reads and
 cancellation (docs/scheduler.md, "Results", "Shared queues")."""
 
