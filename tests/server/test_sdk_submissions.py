@@ -6,6 +6,7 @@ calls from then on; one that allows fewer items to a call gets them in more call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -15,11 +16,15 @@ import pytest
 
 from apiary.core.limits import Limits
 from apiary.errors import NotFoundError, TaskIdConflictError, UnimplementedError
+from apiary.sdk.agent import Agent
 from apiary.sdk.client import Client
 from apiary.sdk.task_handle import TaskHandle
+from apiary.sdk.task_submits import CALL_BYTES
+from apiary.sdk.tasks import TaskContext, TaskRunner
 from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.server.services.scheduler import TaskQueryHandler
+from apiary.wire import pb
 
 SUBMIT_TASKS = "/apiary.v1.TaskQueryService/SubmitTasks"
 SUBMIT_TASK = "/apiary.v1.TaskQueryService/SubmitTask"
@@ -147,3 +152,47 @@ async def test_a_caller_cancelled_before_its_call_leaves_submits_nothing(
     assert [t.task_id for t in await coordinator.scheduler.list_tasks(None, None, -1, 10)] == [
         "c-1"
     ]
+
+
+async def test_a_call_carries_at_most_its_bytes_and_answers_tasks_without_results(
+    coordinator: Coordinator,
+) -> None:
+    """Submissions too large to go together go in several calls; a task given again is
+    answered without its result (its size only)."""
+    async with Client(str(coordinator.grpc_address)) as client:
+        blob = "x" * (CALL_BYTES // 3)
+        big = await asyncio.gather(
+            *(
+                client.submit_task("idle", {"blob": blob, "n": n}, scope=f"repo:b{n}")
+                for n in range(5)
+            )
+        )
+        assert all(h.created for h in big)
+        assert client.task_submissions.calls == 2 + 1  # (2, 2, 1)
+
+    # A task given again, ended with a result: answered with its result's size only.
+    async def answer(task: TaskContext) -> object:
+        return {"answer": task.json()["n"]}
+
+    async with (
+        Client(str(coordinator.grpc_address)) as client,
+        Agent("worker", coordinator=str(coordinator.grpc_address)) as agent,
+    ):
+        job = asyncio.create_task(TaskRunner(agent, answer).run())
+        try:
+            first = await client.submit_task("worker", {"n": 42}, scope="repo:w", task_id="w-1")
+            assert await first.result(timeout=30) == {"answer": 42}
+        finally:
+            job.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await job
+        again = pb.apiary_pb2.SubmitTaskRequest(
+            agent_id="worker", task_id="w-1", params=b'{"n": 42}',
+            content_type="application/json", scope="repo:w",
+        )  # fmt: skip
+        reply = await client.task_query.SubmitTasks(pb.apiary_pb2.SubmitTasksRequest(items=[again]))
+        view = reply.outcomes[0].submitted.task
+        assert (view.state, view.result_json, view.result_size) == ("COMPLETED", "", 13)
+        assert (
+            await client.task_query.GetTask(pb.apiary_pb2.GetTaskRequest(task_id="w-1"))
+        ).result_json == '{"answer":42}'

@@ -2953,7 +2953,10 @@ Global___SubmitTasksRequest: _TypeAlias = SubmitTasksRequest  # noqa: Y015
 
 @_typing.final
 class SubmitOutcome(_message.Message):
-    """One item's outcome: what its SubmitTask call would have answered, or its error."""
+    """One item's outcome: what its SubmitTask call would have answered (but the task's
+    result_json: a task given again may have ended; result_size says how large its result is,
+    GetTask and WaitTask read it), or its error.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -43,6 +43,10 @@ MOST: Final = DEFAULT_LIMITS.submit_tasks
 
 Request = pb.apiary_pb2.SubmitTaskRequest
 Reply = pb.apiary_pb2.SubmitTaskReply
+CALL_BYTES: Final = 3 * 1024 * 1024
+"""A call's submissions, serialized, at most (one larger goes alone): well within the
+coordinator's 20 MiB per message, and each answer, which repeats a task's scope but not its
+params, within gRPC's default 4 MiB for what a client receives."""
 IN_FLIGHT: Final = 2
 """SubmitTasks calls of one submitter in flight at most."""
 _Item = tuple[Request, "asyncio.Future[Reply]"]
@@ -102,8 +106,7 @@ class TaskSubmissions:
         counted idle while not in a call)."""
         try:
             while queue.items:
-                batch = [item for item in queue.items[: self._most] if not item[1].done()]
-                queue.items = queue.items[self._most :]
+                batch = self._next_batch(queue)
                 if not batch:
                     continue
                 queue.idle -= 1
@@ -119,6 +122,18 @@ class TaskSubmissions:
                     queue.idle += 1
         finally:
             queue.idle -= 1
+
+    def _next_batch(self, queue: _Queue) -> list[_Item]:
+        """The queue's first submissions, taken out: at most `self._most`, CALL_BYTES
+        together (one at least); those whose callers were cancelled dropped."""
+        taken = size = 0
+        for request, _ in queue.items[: self._most]:
+            size += request.ByteSize()
+            if taken and size > CALL_BYTES:
+                break
+            taken += 1
+        batch, queue.items = queue.items[:taken], queue.items[taken:]
+        return [item for item in batch if not item[1].done()]
 
     async def _together(self, batch: list[_Item], queue: _Queue, submitter: str) -> None:
         request = pb.apiary_pb2.SubmitTasksRequest(items=[r for r, _ in batch])

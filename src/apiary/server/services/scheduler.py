@@ -148,24 +148,29 @@ def _submission(
     )  # fmt: skip
 
 
-def _submitted(req: a.SubmitTaskRequest, result: SubmitResult) -> a.SubmitTaskReply:
-    """apiary.v1's answer to a submission: its task, or (none: refused) its error."""
+def _submitted(
+    req: a.SubmitTaskRequest, result: SubmitResult, *, with_result: bool = True
+) -> a.SubmitTaskReply:
+    """apiary.v1's answer to a submission: its task (its result unless told otherwise), or
+    (none: refused) its error."""
     task = result.task
     if task is None:
         code = result.error_code or "internal_error"
         who = {k: v for k, v in (("agent_id", req.agent_id), ("capability", req.capability),
                                  ("agent_type", req.agent_type)) if v}  # fmt: skip
         raise error_for_code(code, result.reason, who)
-    return a.SubmitTaskReply(task=task_view(task), created=result.created, reason=result.reason)
+    view = task_view(task, with_result=with_result)
+    return a.SubmitTaskReply(task=view, created=result.created, reason=result.reason)
 
 
 def _outcome(req: a.SubmitTaskRequest, outcome: SubmitResult | Exception) -> a.SubmitOutcome:
-    """One SubmitTasks item's outcome: its task, or its error as the transports answer
-    errors (an unknown one is internal_error, its details logged)."""
+    """One SubmitTasks item's outcome: its task without its result (a task given again may
+    have ended: its result's size alone keeps the reply bounded), or its error as the
+    transports answer errors (an unknown one is internal_error, its details logged)."""
     try:
         if isinstance(outcome, Exception):
             raise outcome
-        return a.SubmitOutcome(submitted=_submitted(req, outcome))
+        return a.SubmitOutcome(submitted=_submitted(req, outcome, with_result=False))
     except Exception as exc:
         answer = answer_for(exc, _SUBMIT_TASKS)
         refused = a.ErrorDetail(error_code=answer.code, message=answer.message)
