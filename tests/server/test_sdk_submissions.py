@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import grpc
 import pytest
 
 from apiary.core.limits import Limits
@@ -196,3 +197,16 @@ async def test_a_call_carries_at_most_its_bytes_and_answers_tasks_without_result
         assert (
             await client.task_query.GetTask(pb.apiary_pb2.GetTaskRequest(task_id="w-1"))
         ).result_json == '{"answer":42}'
+
+
+async def test_a_closed_channel_fails_the_submission_as_a_call_on_it_would(
+    coordinator: Coordinator,
+) -> None:
+    channel = grpc.aio.insecure_channel(str(coordinator.grpc_address))
+    client = Client(channel)
+    await channel.close()
+    with pytest.raises(grpc.aio.UsageError):
+        await client.submit_task("idle", {"n": 1}, scope="repo:closed")
+    await client.close()
+    with pytest.raises(grpc.aio.UsageError):  # after close, alone, as SubmitTask did
+        await client.submit_task("idle", {"n": 2}, scope="repo:closed")

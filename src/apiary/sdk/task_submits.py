@@ -73,11 +73,12 @@ class TaskSubmissions:
         """Why SubmitTasks is not used: every submission is SubmitTask's from then on."""
         self.calls = 0
         """SubmitTasks calls answered so far."""
+        self._closed = False
 
     async def submit(self, request: Request, submitter: str) -> Reply:
         """The coordinator's answer to `request`, submitted as `submitter` ('' for none): its
         task, or the ApiaryError its SubmitTask call would raise."""
-        if self.fallback is not None or current() is not None:
+        if self.fallback is not None or self._closed or current() is not None:
             return await self._alone(request, submitter)
         done: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         queue = self._queues.get(submitter)
@@ -92,7 +93,9 @@ class TaskSubmissions:
         return await done  # (a caller cancelled before its call leaves is not sent)
 
     async def close(self) -> None:
-        """Stop sending; submissions not sent yet fail."""
+        """Stop sending; submissions not sent yet fail (later ones go alone, to meet the
+        closed channel)."""
+        self._closed = True
         for queue in self._queues.values():
             for sender in list(queue.senders):
                 sender.cancel()
@@ -115,9 +118,11 @@ class TaskSubmissions:
                         await self._each_alone(batch, submitter)
                     else:
                         await self._together(batch, queue, submitter)
-                except BaseException as exc:  # cancelled (closing) or a bug: no one waits on
-                    _fail([done for _, done in batch], ApiaryError(f"not submitted: {exc!r}"))
+                except asyncio.CancelledError:  # (closing)
+                    _fail([done for _, done in batch], ApiaryError("not submitted: closing"))
                     raise
+                except Exception as exc:  # not an answer (the channel closed): the callers'
+                    _fail([done for _, done in batch], exc)
                 finally:
                     queue.idle += 1
         finally:
