@@ -110,6 +110,39 @@ async def test_tasks_up_to_the_tenants_quota(tmp_path: Path) -> None:
         assert coordinator.scheduler is not None and coordinator.scheduler.open_tasks() == 1
 
 
+async def test_a_submit_tasks_call_is_refused_whole_unless_all_its_items_fit(
+    tmp_path: Path,
+) -> None:
+    async with _quota(tmp_path, Quota(tasks=3)) as (coordinator, channel):
+        await register(channel, "worker")
+        tasks = pb.apiary_pb2_grpc.TaskQueryServiceStub(channel)
+
+        def batch(n: int) -> pb.apiary_pb2.SubmitTasksRequest:
+            return pb.apiary_pb2.SubmitTasksRequest(
+                items=[
+                    pb.apiary_pb2.SubmitTaskRequest(
+                        agent_id="worker",
+                        params=b"{}",
+                        content_type="application/json",
+                        scope=f"resource:{uuid.uuid4()}",
+                    )
+                    for _ in range(n)
+                ]
+            )
+
+        assert len((await tasks.SubmitTasks(batch(2))).outcomes) == 2
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await tasks.SubmitTasks(batch(2))
+        message = _refused(caught, "tasks")
+        assert "room for 1 more (2 of 3 used), not the 2 of this call" in message
+        assert coordinator.scheduler is not None and coordinator.scheduler.open_tasks() == 2
+        assert len((await tasks.SubmitTasks(batch(1))).outcomes) == 1
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await tasks.SubmitTasks(batch(1))
+        assert "(3 of 3)" in _refused(caught, "tasks")
+        assert coordinator.scheduler.open_tasks() == 3
+
+
 async def test_a_store_over_its_size_takes_no_new_agents(tmp_path: Path) -> None:
     """Measured on SQLite: a limit below what the empty schema takes already refuses."""
     async with _quota(tmp_path, Quota(stored_bytes=1), store="") as (coordinator, channel):

@@ -292,3 +292,39 @@ async def test_the_agent_a_shared_task_was_taken_back_from_cannot_complete_it(
         done = a.CompleteTaskRequest(task_id=task_id, agent_id="bob", result_json='"ok"', attempt=2)
         answer = await _status(secure, "CompleteTask", done, "bob")
         assert isinstance(answer, a.CompleteTaskResponse) and answer.state == "COMPLETED"
+
+
+async def test_each_submission_of_a_call_is_decided_and_recorded_as_its_own_call(
+    tmp_path: Path,
+) -> None:
+    """SubmitTasks: each item is decided under SubmitTask's rule by the access guard and
+    recorded as a decision of SubmitTasks on it; another submitter's task id is refused for
+    that item alone (task_id_conflict, its task not shown), the others go on; the anonymous
+    are refused the call."""
+    async with open_secure(tmp_path) as secure:
+        apps, _ = await _two_submitters(secure)
+        submit = TASKS["SubmitTasks"]
+
+        def item(task_id: str, scope: str) -> a.SubmitTaskRequest:
+            return a.SubmitTaskRequest(agent_id="alice", task_id=task_id, params=b"{}", scope=scope)
+
+        request = a.SubmitTasksRequest(items=[item("m-1", "repo:m1"), item(apps, "repo:app")])
+        anonymous = await _status(secure, "SubmitTasks", request, None)
+        assert anonymous == grpc.StatusCode.UNAUTHENTICATED
+        reply = await secure.call(submit, request, "mallory")
+        assert isinstance(reply, a.SubmitTasksReply)
+        mine, others = reply.outcomes
+        assert (mine.submitted.task.task_id, mine.submitted.task.submitter) == ("m-1", "mallory")
+        assert others.refused.error_code == "task_id_conflict"
+        assert others.refused.details["differs"] == "submitter"
+        assert not others.HasField("submitted")
+        assert await _state(secure, apps) == "QUEUED"
+        await secure.coordinator.events.flush()
+        decided = [
+            (e.details["object"], e.details["allowed"])
+            for e in await secure.coordinator.events.read(after=0, limit=10_000)
+            if e.event_type == "access.decided"
+            and e.details["action"] == submit.path
+            and e.details["object"]
+        ]
+        assert decided == [("m-1", True), (apps, True)]

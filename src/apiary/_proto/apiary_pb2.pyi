@@ -2927,6 +2927,88 @@ class SubmitTaskReply(_message.Message):
 Global___SubmitTaskReply: _TypeAlias = SubmitTaskReply  # noqa: Y015
 
 @_typing.final
+class SubmitTasksRequest(_message.Message):
+    """Many SubmitTask requests in one call (at most [limits] submit_tasks, 256 by default; more
+    refuses the call, validation_error naming `items`). Each item is checked, authorized and
+    decided as its own SubmitTask call would be, and all of them together, in order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitTaskRequest]: ...
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___SubmitTaskRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitTasksRequest: _TypeAlias = SubmitTasksRequest  # noqa: Y015
+
+@_typing.final
+class SubmitOutcome(_message.Message):
+    """One item's outcome: what its SubmitTask call would have answered (but the task's
+    result_json: a task given again may have ended; result_size says how large its result is,
+    GetTask and WaitTask read it), or its error.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMITTED_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def submitted(self) -> Global___SubmitTaskReply:
+        """accepted (created or given again), or HELD"""
+
+    @_builtins.property
+    def refused(self) -> Global___ErrorDetail:
+        """its refusal: the protocol error code, message, details"""
+
+    def __init__(
+        self,
+        *,
+        submitted: Global___SubmitTaskReply | None = ...,
+        refused: Global___ErrorDetail | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "refused", b"refused", "submitted", b"submitted"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcome", b"outcome", "refused", b"refused", "submitted", b"submitted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_outcome: _TypeAlias = _typing.Literal["submitted", "refused"]  # noqa: Y015
+    _WhichOneofArgType_outcome: _TypeAlias = _typing.Literal["outcome", b"outcome"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_outcome) -> _WhichOneofReturnType_outcome | None: ...
+
+Global___SubmitOutcome: _TypeAlias = SubmitOutcome  # noqa: Y015
+
+@_typing.final
+class SubmitTasksReply(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    OUTCOMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def outcomes(self) -> _containers.RepeatedCompositeFieldContainer[Global___SubmitOutcome]:
+        """one per item, in the request's order"""
+
+    def __init__(
+        self,
+        *,
+        outcomes: _abc.Iterable[Global___SubmitOutcome] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["outcomes", b"outcomes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SubmitTasksReply: _TypeAlias = SubmitTasksReply  # noqa: Y015
+
+@_typing.final
 class WaitTaskRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -2017,6 +2017,11 @@ class TaskQueryServiceStub:
                 request_serializer=apiary__pb2.SubmitTaskRequest.SerializeToString,
                 response_deserializer=apiary__pb2.SubmitTaskReply.FromString,
                 _registered_method=True)
+        self.SubmitTasks = channel.unary_unary(
+                '/apiary.v1.TaskQueryService/SubmitTasks',
+                request_serializer=apiary__pb2.SubmitTasksRequest.SerializeToString,
+                response_deserializer=apiary__pb2.SubmitTasksReply.FromString,
+                _registered_method=True)
         self.WaitTask = channel.unary_unary(
                 '/apiary.v1.TaskQueryService/WaitTask',
                 request_serializer=apiary__pb2.WaitTaskRequest.SerializeToString,
@@ -2069,6 +2074,16 @@ class TaskQueryServiceServicer:
         (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
         Its request is the canonical SubmitTaskRequest (the same fields, numbers and names) with
         what the canonical one cannot say: a capability or an agent type instead of an agent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SubmitTasks(self, request, context):
+        """SubmitTask many to a call: each item answered in order with its task or its own
+        refusal (one item's refusal leaves the others be), the items decided together (one
+        group commit for those stored). The call itself is refused only as a whole: past the
+        item limit, by authentication, or by the tenant's tasks quota.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -2133,6 +2148,11 @@ def add_TaskQueryServiceServicer_to_server(servicer, server):
                     servicer.SubmitTask,
                     request_deserializer=apiary__pb2.SubmitTaskRequest.FromString,
                     response_serializer=apiary__pb2.SubmitTaskReply.SerializeToString,
+            ),
+            'SubmitTasks': grpc.unary_unary_rpc_method_handler(
+                    servicer.SubmitTasks,
+                    request_deserializer=apiary__pb2.SubmitTasksRequest.FromString,
+                    response_serializer=apiary__pb2.SubmitTasksReply.SerializeToString,
             ),
             'WaitTask': grpc.unary_unary_rpc_method_handler(
                     servicer.WaitTask,
@@ -2263,6 +2283,33 @@ class TaskQueryService:
             '/apiary.v1.TaskQueryService/SubmitTask',
             apiary__pb2.SubmitTaskRequest.SerializeToString,
             apiary__pb2.SubmitTaskReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SubmitTasks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/apiary.v1.TaskQueryService/SubmitTasks',
+            apiary__pb2.SubmitTasksRequest.SerializeToString,
+            apiary__pb2.SubmitTasksReply.FromString,
             options,
             channel_credentials,
             insecure,

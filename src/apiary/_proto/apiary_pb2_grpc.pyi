@@ -583,6 +583,12 @@ class TaskQueryServiceStub:
     Its request is the canonical SubmitTaskRequest (the same fields, numbers and names) with
     what the canonical one cannot say: a capability or an agent type instead of an agent.
     """
+    SubmitTasks: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.SubmitTasksRequest, _apiary_pb2.SubmitTasksReply]
+    """SubmitTask many to a call: each item answered in order with its task or its own
+    refusal (one item's refusal leaves the others be), the items decided together (one
+    group commit for those stored). The call itself is refused only as a whole: past the
+    item limit, by authentication, or by the tenant's tasks quota.
+    """
     WaitTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.WaitTaskRequest, _apiary_pb2.TaskView]
     """The task once it has ended (COMPLETED or FAILED), or as it stands when timeout_ms or the
     call's deadline passes first. Its submitter's, or an operator's with the tasks role.
@@ -621,6 +627,12 @@ class TaskQueryServiceAsyncStub(TaskQueryServiceStub):
     (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
     Its request is the canonical SubmitTaskRequest (the same fields, numbers and names) with
     what the canonical one cannot say: a capability or an agent type instead of an agent.
+    """
+    SubmitTasks: _aio.UnaryUnaryMultiCallable[_apiary_pb2.SubmitTasksRequest, _apiary_pb2.SubmitTasksReply]  # type: ignore[assignment]
+    """SubmitTask many to a call: each item answered in order with its task or its own
+    refusal (one item's refusal leaves the others be), the items decided together (one
+    group commit for those stored). The call itself is refused only as a whole: past the
+    item limit, by authentication, or by the tenant's tasks quota.
     """
     WaitTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.WaitTaskRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
     """The task once it has ended (COMPLETED or FAILED), or as it stands when timeout_ms or the
@@ -681,6 +693,18 @@ class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
         (duplicate_detected, buffer_full, ...); a duplicate job held for HITL is a HELD task.
         Its request is the canonical SubmitTaskRequest (the same fields, numbers and names) with
         what the canonical one cannot say: a capability or an agent type instead of an agent.
+        """
+
+    @_abc_1.abstractmethod
+    def SubmitTasks(
+        self,
+        request: _apiary_pb2.SubmitTasksRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_apiary_pb2.SubmitTasksReply, _abc.Awaitable[_apiary_pb2.SubmitTasksReply]]:
+        """SubmitTask many to a call: each item answered in order with its task or its own
+        refusal (one item's refusal leaves the others be), the items decided together (one
+        group commit for those stored). The call itself is refused only as a whole: past the
+        item limit, by authentication, or by the tenant's tasks quota.
         """
 
     @_abc_1.abstractmethod

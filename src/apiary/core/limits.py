@@ -114,6 +114,9 @@ class Limits:
     """Task ids one WatchTasks call may name (`task_ids`), and one FollowTasks frame
     (`task_ids`, `unfollow`): each is read and followed, so a call's work stays bounded well
     below what the message size limit lets through."""
+    submit_tasks: int = 256
+    """Submissions one TaskQueryService.SubmitTasks call may carry (`items`), counted before
+    any is read: each is decided, and its reply sent, within the one call."""
     json_depth: int = 64
     """Nesting of arrays and objects in any JSON a client sends (payloads included)."""
     clock_skew_s: float = 3600.0

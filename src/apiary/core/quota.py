@@ -18,10 +18,19 @@ REMEDIES: Final = {
 """How a tenant gets room again under each limit."""
 
 
-def quota_exceeded(tenant: str, limit: str, used: int, allowed: int) -> QuotaExceededError:
-    """The refusal of `tenant`'s call that would go past `limit` (`used` of `allowed`)."""
+def quota_exceeded(
+    tenant: str, limit: str, used: int, allowed: int, *, adding: int = 1
+) -> QuotaExceededError:
+    """The refusal of `tenant`'s call that would go past `limit` (`used` of `allowed`), by
+    `adding` more at once (a SubmitTasks call's items)."""
+    if adding > 1 and used < allowed:
+        said = (
+            f"tenant {tenant}'s {limit} quota has room for {allowed - used} more ({used} of "
+            f"{allowed} used), not the {adding} of this call: send fewer, "
+        )
+    else:
+        said = f"tenant {tenant} has used its {limit} quota ({used} of {allowed}): "
     return QuotaExceededError(
-        f"tenant {tenant} has used its {limit} quota ({used} of {allowed}): "
-        f"{REMEDIES[limit]}, or an operator raises [auth.quotas.{tenant}] {limit}",
+        f"{said}{REMEDIES[limit]}, or an operator raises [auth.quotas.{tenant}] {limit}",
         {"tenant": tenant, "limit": limit, "used": str(used), "allowed": str(allowed)},
     )

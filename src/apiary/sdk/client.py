@@ -30,6 +30,7 @@ from apiary.sdk import errors, task_handle
 from apiary.sdk.channel import ClientTls, open_channel
 from apiary.sdk.credentials import ClientCredentials
 from apiary.sdk.task_handle import TaskHandle
+from apiary.sdk.task_submits import TaskSubmissions
 from apiary.sdk.task_waits import TaskWaits
 from apiary.wire import pb
 
@@ -132,6 +133,7 @@ class Client:
         self._metadata = tuple(pairs.items())
         self._stubs: dict[str, _GuardedStub] = {}
         self._waits: TaskWaits | None = None
+        self._submissions: TaskSubmissions | None = None
 
     @property
     def task_waits(self) -> TaskWaits:
@@ -140,6 +142,14 @@ class Client:
         if self._waits is None:
             self._waits = TaskWaits(self)
         return self._waits
+
+    @property
+    def task_submissions(self) -> TaskSubmissions:
+        """This client's submissions: concurrent `submit_task` calls share SubmitTasks calls
+        (sdk/task_submits.py)."""
+        if self._submissions is None:
+            self._submissions = TaskSubmissions(self)
+        return self._submissions
 
     async def __aenter__(self) -> Client:
         return self
@@ -150,7 +160,10 @@ class Client:
         await self.close()
 
     async def close(self) -> None:
-        """Stop the task handles' stream; close the channel when this client opened it."""
+        """Stop the task handles' stream and the submissions not sent yet; close the channel
+        when this client opened it."""
+        if self._submissions is not None:
+            await self._submissions.close()
         if self._waits is not None:
             await self._waits.close()
         if self._owned:
@@ -169,16 +182,19 @@ class Client:
         capability: str = "",
         agent_type: str = "",
     ) -> TaskHandle:
-        """Submit a task for `agent_id` and return its handle (TaskQueryService.SubmitTask);
-        or, instead of an agent, for any RUNNABLE agent offering `capability` or of
-        `agent_type` (a shared queue: the first with room takes it, fairly; it waits while
-        none is registered). Bytes params go as they are, anything else as JSON. Without
-        `task_id` the coordinator assigns one (`handle.task_id`); with one, the same
-        submission again is the same task (`handle.created` false) and other content under it
-        raises TaskIdConflictError. Refusals raise (DuplicateDetectedError, BufferFullError, ...);
-        a duplicate job held for a HITL authorization is a HELD task (`handle.status()`).
+        """Submit a task for `agent_id` and return its handle; or, instead of an agent, for
+        any RUNNABLE agent offering `capability` or of `agent_type` (a shared queue: the
+        first with room takes it, fairly; it waits while none is registered). Bytes params go
+        as they are, anything else as JSON. Without `task_id` the coordinator assigns one
+        (`handle.task_id`); with one, the same submission again is the same task
+        (`handle.created` false) and other content under it raises TaskIdConflictError.
+        Refusals raise (DuplicateDetectedError, BufferFullError, ...); a duplicate job held
+        for a HITL authorization is a HELD task (`handle.status()`).
         `submitter` (default: this client's agent_id) names the submitting agent of an
-        anonymous caller in dev mode; an authenticated caller submits as itself."""
+        anonymous caller in dev mode; an authenticated caller submits as itself.
+
+        Concurrent submissions of this client go together in TaskQueryService.SubmitTasks
+        calls, each answered as its own SubmitTask call would be (sdk/task_submits.py)."""
         return await task_handle.submit_task(
             self, agent_id, params, scope=scope, task_id=task_id, priority=priority,
             content_type=content_type, submitter=self.agent_id if submitter is None else submitter,

@@ -10,8 +10,9 @@
         except TaskHeldError as exc:
             print("held:", exc.reason)                # a duplicate job waiting for HITL
 
-Submitting goes through apiary.v1 TaskQueryService.SubmitTask: without a task_id the
-coordinator assigns one; with one, submitting the same task again returns the same task
+Submitting goes through apiary.v1 TaskQueryService.SubmitTasks, concurrent submissions
+sharing calls (sdk/task_submits.py), each answered as its SubmitTask would be: without a
+task_id the coordinator assigns one; with one, submitting the same task again returns the same task
 (`created` false) and other content under it is `task_id_conflict`. A wait is answered by
 the client's one stream of task ends, which all its waiting handles share
 (sdk/task_waits.py); where it cannot answer, by WaitTask, in slices, so that a long wait
@@ -203,8 +204,7 @@ async def submit_task(
         agent_id=agent_id, task_id=task_id, priority=priority, params=data, content_type=kind,
         scope=scope, capability=capability, agent_type=agent_type,
     )  # fmt: skip
-    metadata = ((SUBMITTER_METADATA, submitter),) if submitter else None
-    reply = await client.task_query.SubmitTask(request, metadata=metadata)
+    reply = await client.task_submissions.submit(request, submitter)
     return TaskHandle(
         client, reply.task.task_id, created=reply.created, reason=reply.reason, view=reply.task
     )

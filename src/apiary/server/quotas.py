@@ -21,7 +21,8 @@ SEND = "/sw4rm.router.RouterService/SendMessage"
 SEND_STREAM = "/apiary.v1.RouterStreamService/SendStream"
 SUBMIT = "/sw4rm.scheduler.SchedulerService/SubmitTask"
 SUBMIT_V1 = "/apiary.v1.TaskQueryService/SubmitTask"
-GATED = frozenset({REGISTER, SEND, SEND_STREAM, SUBMIT, SUBMIT_V1})
+SUBMIT_MANY = "/apiary.v1.TaskQueryService/SubmitTasks"
+GATED = frozenset({REGISTER, SEND, SEND_STREAM, SUBMIT, SUBMIT_V1, SUBMIT_MANY})
 """The methods that add to a tenant's agents, messages or tasks."""
 SIZE_EVERY_S = 5.0
 """How long a measure of the store's size is reused (measuring PostgreSQL costs a query)."""
@@ -74,6 +75,11 @@ class TenantQuota:
                 self._within(QUEUED_MESSAGES, router.queued(), quota.queued_messages)
         elif method in (SUBMIT, SUBMIT_V1):
             self._within("tasks", self._engine.scheduler.open_tasks(), quota.tasks)
+        elif method == SUBMIT_MANY:  # refused whole unless every item fits
+            adding = len(getattr(request, "items", ()))
+            open_tasks, allowed = self._engine.scheduler.open_tasks(), quota.tasks
+            if adding and allowed is not None and open_tasks + adding > allowed:
+                raise quota_exceeded(self._tenant, "tasks", open_tasks, allowed, adding=adding)
         if quota.stored_bytes is not None:
             used = await self._stored()
             if used is not None:

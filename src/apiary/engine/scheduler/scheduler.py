@@ -408,6 +408,37 @@ class Scheduler:
         them to get it, in arrival order, their task records stored in one group commit
         instead of one commit each (`SchedulerJobs.submit_together`)."""
         self.leading()
+        arrived = await self._arrive(sub)
+        if isinstance(arrived, SubmitResult):
+            return arrived
+        await self._decide([arrived])
+        return await self._answered(sub, arrived.outcome.result())
+
+    async def submit_many(self, subs: Sequence[Submission]) -> list[SubmitResult | Exception]:
+        """SubmitTasks: each submission's outcome, in order, as `submit` would return it or
+        the exception it would raise; one's error leaves the others be. They arrive
+        together, so they are decided in one run (one group commit for those stored)."""
+        self.leading()
+        outcomes: list[SubmitResult | Exception | Arrival] = []
+        for sub in subs:
+            try:
+                outcomes.append(await self._arrive(sub))
+            except Exception as exc:  # its own outcome (the caller tells it apart)
+                outcomes.append(exc)
+        arrivals = [o for o in outcomes if isinstance(o, Arrival)]
+        if arrivals:
+            await self._decide(arrivals)
+        answers: list[SubmitResult | Exception] = []
+        for sub, outcome in zip(subs, outcomes, strict=True):
+            answer = _outcome(outcome) if isinstance(outcome, Arrival) else outcome
+            if isinstance(answer, SubmitResult):
+                answer = await self._answered(sub, answer)
+            answers.append(answer)
+        return answers
+
+    async def _arrive(self, sub: Submission) -> SubmitResult | Arrival:
+        """A submission admitted, waiting to be decided; or, for a task_id given before, what
+        it is. A malformed one raises."""
         if sub.task_id:
             known = self._jobs.resubmitted_live(sub)
             if known is not None:
@@ -422,22 +453,29 @@ class Scheduler:
             raise
         if self._traces is not None:
             self._traces.submitted(record.task_id)
-        arrival = Arrival(record, asyncio.get_running_loop().create_future())
-        self._arrivals.append(arrival)
+        return Arrival(record, asyncio.get_running_loop().create_future())
+
+    async def _decide(self, arrivals: list[Arrival]) -> None:
+        """Decide `arrivals` with every submission waiting for the lock (module docstring):
+        the first to get the lock decides for all."""
+        self._arrivals.extend(arrivals)
         try:
             async with self._lock:
-                if not arrival.outcome.done():
-                    arrivals, self._arrivals = self._arrivals, []
+                if not arrivals[0].outcome.done():  # (arrivals are taken all at once)
+                    waiting, self._arrivals = self._arrivals, []
                     # The others' outcomes depend on it: a cancelled caller still sees the
                     # decision through before the lock goes (and is cancelled after it).
-                    await _to_the_end(self._jobs.submit_together(arrivals))
+                    await _to_the_end(self._jobs.submit_together(waiting))
         except asyncio.CancelledError:
-            if arrival in self._arrivals:
-                self._arrivals.remove(arrival)  # never decided: nothing was stored
+            if arrivals[0] in self._arrivals:  # never decided: nothing was stored
+                self._arrivals = [a for a in self._arrivals if a not in arrivals]
             raise
-        result = arrival.outcome.result()
+
+    async def _answered(self, sub: Submission, result: SubmitResult) -> SubmitResult:
+        """`result`, or, for a submission with a task_id of its own that the full queue
+        refused, the task stored under that id (a retry is its task)."""
         if sub.task_id and result.error_code == "buffer_full":
-            return await self._jobs.resubmitted(sub) or result  # (a retry is its task)
+            return await self._jobs.resubmitted(sub) or result
         return result
 
     # ------------------------------------------------------------------ operator requests
@@ -822,6 +860,16 @@ class _JoinedTaskAcks:
                 await self._acks.in_doubt(self._joined, error)
         finally:
             self._lock.release()
+
+
+def _outcome(arrival: Arrival) -> SubmitResult | Exception:
+    """A decided arrival's outcome, or the exception deciding it raised."""
+    exc = arrival.outcome.exception()
+    if exc is None:
+        return arrival.outcome.result()
+    if isinstance(exc, Exception):
+        return exc
+    raise exc
 
 
 async def _to_the_end(work: Coroutine[Any, Any, None]) -> None:

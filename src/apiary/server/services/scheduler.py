@@ -1,7 +1,8 @@
 """sw4rm.scheduler.SchedulerService: tasks, preemption and shutdown (engine/scheduler/scheduler.py);
 PollActivityBuffer and PurgeActivity are the activity buffer's (services/activity.py).
 apiary.v1.TaskQueryService: what SchedulerService lacks: submissions that answer with their
-task and may name a capability or agent type instead of an agent (a shared queue), results
+task and may name a capability or agent type instead of an agent (a shared queue), many of
+them to a call (SubmitTasks: each item answered alone, all decided together), results
 back to the submitter (WaitTask, WatchTasks, the agent's CompleteTask), reads and
 cancellation (docs/scheduler.md, "Results", "Shared queues")."""
 
@@ -22,8 +23,15 @@ from apiary.core.tasks.shared import queue_parts
 from apiary.engine.hitl import Hitl
 from apiary.engine.scheduler.scheduler import Scheduler, Submission, SubmitResult
 from apiary.engine.scheduler.watch import TaskFollower
-from apiary.errors import OversizePayloadError, ValidationError, error_for_code
+from apiary.errors import (
+    ApiaryError,
+    OversizePayloadError,
+    PermissionDeniedError,
+    ValidationError,
+    error_for_code,
+)
 from apiary.server.context import AGENT_KEY, CallContext
+from apiary.server.errormap import answer_for
 from apiary.server.services.activity import ActivityHandler
 from apiary.server.services.negotiation import caller_name
 from apiary.server.services.request_checks import (
@@ -41,6 +49,8 @@ SUBMITTER_METADATA = "apiary-submitter"
 """Optional call metadata naming the submitting agent: its communication class is the
 task's lane (RFC 7.3)."""
 _LIST_TASKS: Final = "/apiary.v1.TaskQueryService/ListTasks"
+_SUBMIT_TASK: Final = "/apiary.v1.TaskQueryService/SubmitTask"
+_SUBMIT_TASKS: Final = "/apiary.v1.TaskQueryService/SubmitTasks"
 _WAIT_TASK: Final = "/apiary.v1.TaskQueryService/WaitTask"
 _FOLLOW_TASKS: Final = "/apiary.v1.TaskQueryService/FollowTasks"
 
@@ -121,17 +131,51 @@ async def _submit(
     req: s.SubmitTaskRequest | a.SubmitTaskRequest,
     ctx: CallContext,
 ) -> SubmitResult:
+    return await scheduler.submit(_submission(checks, req, _submitter(ctx)))
+
+
+def _submission(
+    checks: RequestChecks, req: s.SubmitTaskRequest | a.SubmitTaskRequest, submitter: str
+) -> Submission:
     check_nesting(req.scope, "scope", checks.limits.json_depth)
     capability = agent_type = ""
     if isinstance(req, a.SubmitTaskRequest):
         capability, agent_type = req.capability, req.agent_type
-    return await scheduler.submit(
-        Submission(
-            agent_id=req.agent_id, task_id=req.task_id, priority=req.priority,
-            params=bytes(req.params), content_type=req.content_type, scope=req.scope,
-            submitter=_submitter(ctx), capability=capability, agent_type=agent_type,
-        )
+    return Submission(
+        agent_id=req.agent_id, task_id=req.task_id, priority=req.priority,
+        params=bytes(req.params), content_type=req.content_type, scope=req.scope,
+        submitter=submitter, capability=capability, agent_type=agent_type,
     )  # fmt: skip
+
+
+def _submitted(
+    req: a.SubmitTaskRequest, result: SubmitResult, *, with_result: bool = True
+) -> a.SubmitTaskReply:
+    """apiary.v1's answer to a submission: its task (its result unless told otherwise), or
+    (none: refused) its error."""
+    task = result.task
+    if task is None:
+        code = result.error_code or "internal_error"
+        who = {k: v for k, v in (("agent_id", req.agent_id), ("capability", req.capability),
+                                 ("agent_type", req.agent_type)) if v}  # fmt: skip
+        raise error_for_code(code, result.reason, who)
+    view = task_view(task, with_result=with_result)
+    return a.SubmitTaskReply(task=view, created=result.created, reason=result.reason)
+
+
+def _outcome(req: a.SubmitTaskRequest, outcome: SubmitResult | Exception) -> a.SubmitOutcome:
+    """One SubmitTasks item's outcome: its task without its result (a task given again may
+    have ended: its result's size alone keeps the reply bounded), or its error as the
+    transports answer errors (an unknown one is internal_error, its details logged)."""
+    try:
+        if isinstance(outcome, Exception):
+            raise outcome
+        return a.SubmitOutcome(submitted=_submitted(req, outcome, with_result=False))
+    except Exception as exc:
+        answer = answer_for(exc, _SUBMIT_TASKS)
+        refused = a.ErrorDetail(error_code=answer.code, message=answer.message)
+        refused.details.update(answer.details)
+        return a.SubmitOutcome(refused=refused)
 
 
 def _agent(agent_id: str) -> str:
@@ -140,6 +184,8 @@ def _agent(agent_id: str) -> str:
     return agent_id
 
 
+_PENDING: Final = SubmitResult(False, "not decided")
+"""A SubmitTasks item's place until the Scheduler has decided it."""
 MAX_TASKS = 1000
 """Tasks per ListTasks answer at most."""
 DEADLINE_MARGIN_S: Final = 0.05
@@ -212,14 +258,59 @@ class TaskQueryHandler:
     async def submit_task(self, req: a.SubmitTaskRequest, ctx: CallContext) -> a.SubmitTaskReply:
         """A refusal is its error (buffer_full, duplicate_detected); a duplicate job held for
         HITL is its HELD task."""
-        result = await _submit(self._scheduler, self._checks, req, ctx)
-        task = result.task
-        if task is None:
-            code = result.error_code or "internal_error"
-            who = {k: v for k, v in (("agent_id", req.agent_id), ("capability", req.capability),
-                                     ("agent_type", req.agent_type)) if v}  # fmt: skip
-            raise error_for_code(code, result.reason, who)
-        return a.SubmitTaskReply(task=task_view(task), created=result.created, reason=result.reason)
+        return _submitted(req, await _submit(self._scheduler, self._checks, req, ctx))
+
+    @checks_inside
+    async def submit_tasks(self, req: a.SubmitTasksRequest, ctx: CallContext) -> a.SubmitTasksReply:
+        """Each item as its own SubmitTask call would be: checked, authorized (SubmitTask's
+        rule, decided by the access guard and recorded as SubmitTasks' decision on the item)
+        and answered with its task or its own refusal; the items decided together. The
+        count is checked first, before any item is read."""
+        items = req.items
+        most = self._checks.limits.submit_tasks
+        if len(items) > most:
+            raise ValidationError.for_field(
+                "items", f"carries {len(items)} submissions, more than the {most} one call "
+                "may ([limits] submit_tasks): submit them in several calls", limit=str(most),
+            )  # fmt: skip
+        self._checks.check_metadata(ctx)
+        submitter, may_submit = _submitter(ctx), self._may_submit(ctx)
+        outcomes: list[SubmitResult | Exception] = []
+        admitted: list[tuple[int, Submission]] = []
+        for index, item in enumerate(items):
+            try:
+                self._checks.check(item)
+                may_submit(item.task_id or f"items[{index}]")
+                admitted.append((index, _submission(self._checks, item, submitter)))
+            except ApiaryError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(_PENDING)
+        decided = await self._scheduler.submit_many([sub for _, sub in admitted])
+        for (index, _), outcome in zip(admitted, decided, strict=True):
+            outcomes[index] = outcome
+        return a.SubmitTasksReply(outcomes=list(map(_outcome, items, outcomes)))
+
+    def _may_submit(self, ctx: CallContext) -> Callable[[str], None]:
+        """Refuse (PermissionDeniedError) an item that SubmitTask's rule does not let the
+        caller submit: the access guard's decision, recorded as SubmitTasks' on the item;
+        decided here only for a call that did not pass the guard (in-process)."""
+        rule = METHOD_RULES[_SUBMIT_TASK]
+        claimed = ctx.get(AGENT_KEY)
+        guard = ctx.allows
+
+        def check(item: str) -> None:
+            if guard is not None:
+                allowed = guard(_SUBMIT_TASKS, rule, item, None, ctx)
+            else:
+                allowed = decide(ctx.principal, rule, secure=self._secure, claimed=claimed).allowed
+            if not allowed:
+                raise PermissionDeniedError(
+                    f"{ctx.principal.label} may not submit {item}",
+                    {"principal": ctx.principal.label, "action": _SUBMIT_TASK},
+                )
+
+        return check
 
     async def wait_task(self, req: a.WaitTaskRequest, ctx: CallContext) -> a.TaskView:
         if not req.task_id:
