@@ -5,6 +5,7 @@ statements per task"). What is stored is the store conformance suite's to check.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from apiary.core.records import MessageState, StateChange, StoredMessage, TaskSt
 from apiary.store.sqlite.database import SqliteDatabase
 from apiary.store.sqlite.store import SqliteStore, open_sqlite_store
 from apiary.testing.store_suite.tasks import task_record
+from tests.store.test_sqlite import WAIT_S, pending, writer_held
 
 _TRANSACTION = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
 
@@ -135,3 +137,32 @@ async def test_one_message_s_state_change_needs_no_table_of_values(
         ("m-2", MessageState.READ),
         ("m-3", MessageState.READ),
     ]
+
+
+async def test_a_batch_runs_without_savepoints_until_a_job_fails(store: SqliteStore) -> None:
+    """Jobs that all succeed share their transaction without a savepoint each; when one
+    fails, the batch runs again with a savepoint per job, and the others commit once."""
+    seen: list[str] = []
+
+    def trace(conn: sqlite3.Connection) -> None:
+        conn.set_trace_callback(seen.append)
+
+    await store.database.write(trace)
+    async with writer_held(store.database):
+        tasks = await pending([store.events.append([draft(n)]) for n in range(3)])
+    await asyncio.wait_for(asyncio.gather(*tasks), WAIT_S)
+    assert not any(s.startswith(("SAVEPOINT", "RELEASE")) for s in seen)
+    seen.clear()
+    async with writer_held(store.database):
+        tasks = await pending([
+            store.events.append([draft(3)]),
+            store.messages.apply([StateChange("nope", MessageState.READ, 2.0)]),
+            store.events.append([draft(4)]),
+        ])  # fmt: skip
+    outcomes = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), WAIT_S)
+    assert isinstance(outcomes[1], LookupError)
+    assert [e.sequence for e in outcomes[0]] == [4]  # type: ignore[union-attr]
+    assert [e.sequence for e in outcomes[2]] == [5]  # type: ignore[union-attr]
+    assert await store.events.last_sequence() == 5
+    assert sum(s.startswith("SAVEPOINT") for s in seen) == 3
+    assert sum(s.startswith("ROLLBACK TO") for s in seen) == 1
