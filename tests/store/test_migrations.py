@@ -53,6 +53,16 @@ def test_the_schema_knows_the_terminal_states_of_the_core(dialect: Dialect) -> N
         assert {name.strip().strip("'") for name in states.split(",")} == terminal
 
 
+def test_the_sqlite_state_cases_know_the_terminal_states_of_the_core() -> None:
+    """Version 35 spells due_at's and finished_at's terminal states as CASE branches."""
+    script = next(m.sql for m in load_migrations("sqlite") if m.version == 35)
+    cases = re.findall(r"CASE state((?:\s+WHEN '[A-Z_]+' THEN \w+)+)", script)
+    assert len(cases) == 2
+    terminal = {s.value for s in MessageState if s.terminal}
+    for branches in cases:
+        assert set(re.findall(r"WHEN '([A-Z_]+)'", branches)) == terminal
+
+
 def test_a_target_version_stops_the_pending_list() -> None:
     assert [m.version for m in pending_migrations(SHIPPED, [], target=2)] == [1, 2]
     assert [m.version for m in pending_migrations(SHIPPED, [1], target=1)] == []

@@ -415,3 +415,54 @@ async def test_a_version_18_postgres_task_is_one_agents_with_no_attempt_lost(
         await conn.execute(f"INSERT INTO tasks ({V18_TASKS}) VALUES ({marks})", V18_TASK_ROW)
     async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
         await _check_tasks_have_no_queue(store)
+
+
+async def test_a_version_34_sqlite_file_keeps_its_deadlines_and_finish_times(
+    tmp_path: Path,
+) -> None:
+    """Version 35 adds due_at and finished_at again as CASEs on the state: every stored
+    message keeps the values it had, and the timer's and retention's queries their
+    indexes."""
+    path = tmp_path / "apiary.db"
+    columns = "message_id, recipient, inbox_offset, producer_id, correlation_id, message_type,"
+    columns += " envelope, state, created_at, updated_at, ack_deadline, expires_at"
+    rows = [
+        ("m-both", 1, "RECEIVED", 5.0, 7.0, 4.0),
+        ("m-ack", 2, "READ", 6.0, 0.0, 4.0),
+        ("m-expiry", 3, "RECEIVED", 0.0, 8.0, 4.0),
+        ("m-none", 4, "RECEIVED", 0.0, 0.0, 4.0),
+        *((f"m-{s.lower()}", 5 + i, s, 9.0, 9.0, 3.0 + i)
+          for i, s in enumerate(("FULFILLED", "REJECTED", "FAILED", "TIMED_OUT"))),
+    ]  # fmt: skip
+    with _sqlite_at(path, 34) as raw:
+        for message_id, offset, state, ack, expires, updated in rows:
+            raw.execute(
+                f"INSERT INTO messages ({columns}) VALUES (?, 'b', ?, 'a', 'c', 2, x'00', ?,"
+                " 1.0, ?, ?, ?)",
+                (message_id, offset, state, updated, ack, expires),
+            )
+        before = raw.execute(
+            "SELECT message_id, due_at, finished_at FROM messages ORDER BY message_id"
+        ).fetchall()
+    async with open_sqlite_store(path) as store:
+        assert [m.message_id for m in await store.messages.due(7.0)] == ["m-both", "m-ack"]
+        assert await store.messages.next_deadline() == 5.0
+        assert await store.messages.purge_finished(5.5) == 3
+    with sqlite3.connect(path) as raw:
+        after = raw.execute(
+            "SELECT message_id, due_at, finished_at FROM messages ORDER BY message_id"
+        ).fetchall()
+        plans = [
+            " ".join(str(r[-1]) for r in raw.execute(f"EXPLAIN QUERY PLAN {query}", params))
+            for query, params in (
+                ("SELECT message_id FROM messages WHERE due_at <= ? ORDER BY due_at", (1.0,)),
+                ("DELETE FROM messages WHERE finished_at < ?", (1.0,)),
+            )
+        ]
+        versions = [v for (v,) in raw.execute("SELECT version FROM schema_migrations")]
+    assert [(m, due, finished) for m, due, finished in before if m in {"m-both", "m-ack",
+            "m-expiry", "m-none", "m-timed_out"}] == after  # fmt: skip
+    assert after[0] == ("m-ack", 6.0, None)
+    assert ("m-timed_out", None, 6.0) in after
+    assert "messages_due" in plans[0] and "messages_finished" in plans[1]
+    assert versions == VERSIONS

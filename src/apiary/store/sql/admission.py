@@ -23,7 +23,7 @@ from apiary.store.sql.events import append_events, event_rows
 from apiary.store.sql.idempotency import TokenClaim, claim_tokens, idempotency_row
 from apiary.store.sql.message_rows import ID, MESSAGES, RECIPIENT, existing_ids
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, Transaction
-from apiary.store.sql.tasks import PUT_TASK, task_row
+from apiary.store.sql.tasks import put_tasks, task_row
 
 
 class AdmissionRacedError(StoreError):
@@ -152,7 +152,7 @@ def admit_with(
     admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
     tasks = [row for _, _, row, _, _ in admitted if row is not None]
     if tasks:
-        yield from ExecuteMany(PUT_TASK.sql, tasks)
+        yield from put_tasks(d, tasks)
     rows = lead + [row for events, _, _, _, _ in admitted for row in events]
     first = (yield from append_events(d, rows)) if rows else 0
     return offsets, first, taken, requeued, bounded

@@ -60,23 +60,35 @@ class Dialect:
         """The canonical VALUES markers of columns `names`, those in `json` JSON ones."""
         return ", ".join(self.json_marker if name in json else "?" for name in names)
 
-    def insert(self, table: str, columns: Columns[Any], suffix: str = "") -> str:
+    def insert(self, table: str, columns: Columns[Any], suffix: str = "", rows: int = 1) -> str:
         """`INSERT INTO table (columns) VALUES (...)` and `suffix` (canonical), of the
-        columns an insert lists (`Columns.inserted`: the generated ones left out)."""
+        columns an insert lists (`Columns.inserted`: the generated ones left out), with
+        `rows` rows of values."""
         names = columns.inserted
-        values = self.markers(names, columns.json)
-        return f"INSERT INTO {table} ({', '.join(names)}) VALUES ({values}){suffix}"
+        values = ", ".join([f"({self.markers(names, columns.json)})"] * rows)
+        return f"INSERT INTO {table} ({', '.join(names)}) VALUES {values}{suffix}"
 
-    def upsert(self, table: str, columns: Columns[Any], key: str | tuple[str, ...]) -> str:
+    def upsert(
+        self, table: str, columns: Columns[Any], key: str | tuple[str, ...], *,
+        rows: int = 1, kept: tuple[str, ...] = (),
+    ) -> str:  # fmt: skip
         """An insert that replaces every other column of the row whose `key` columns match.
 
         `ON CONFLICT ... DO UPDATE` in both dialects, not SQLite's INSERT OR REPLACE: REPLACE
         would also delete any other row a second unique index holds the same values for,
         where PostgreSQL refuses the clash; and it costs SQLite no more (measured: 13.7 µs a
-        new row, 15-16 µs a replaced one, either way)."""
+        new row, 15-16 µs a replaced one, either way).
+
+        `kept` columns are left out of the update, which then replaces only a row that
+        already holds the same values in them (a row it leaves alone is not counted in the
+        statement's rowcount): SQLite rewrites the entries of every index a column of an
+        UPDATE's SET list is in, whatever the values, so this spares the indexes of columns
+        that seldom change (the caller puts the rows not counted again without `kept`)."""
         keys = (key,) if isinstance(key, str) else key
-        sets = ", ".join(f"{c} = excluded.{c}" for c in columns.names if c not in keys)
-        return self.insert(table, columns, f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}")
+        sets = ", ".join(f"{c} = excluded.{c}" for c in columns.names if c not in keys + kept)
+        same = " AND ".join(f"{table}.{c} = excluded.{c}" for c in kept)
+        upsert = f" ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}"
+        return self.insert(table, columns, f"{upsert} WHERE {same}" if kept else upsert, rows)
 
     def __reduce__(self) -> tuple[Callable[[DialectName], Dialect], tuple[DialectName]]:
         return dialect_named, (self.name,)

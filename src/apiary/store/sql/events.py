@@ -1,17 +1,18 @@
 """The event log: the `events` table, sequences gap-free and committed in order.
 
-An append claims its sequences first, in the transaction that inserts the events: in
+An append's sequences are assigned in the transaction that inserts the events: in
 PostgreSQL by incrementing the single `event_sequence` row, which stays row-locked until the
 transaction ends, so that concurrent appenders (any replica) take turns and a reader that
 sees N has seen everything before N (the claim and the insert are one statement, the last
 of the transaction but its commit, so that the lock is held as briefly as it can be:
 measured on a loaded machine, concurrent one-event appends went from 136-194 to 202-493 a
-second); in SQLite by reading the next rowids AUTOINCREMENT will
-hand out, which it then does as the rows go in, consecutively, since its one writer runs
-one transaction at a time (numbering the rows here instead measured 1.3% more instructions
-per routed message in bench/store_rows.py). Appends are on the router's hot path (two
-events per routed message): a burst is one multi-row statement per chunk (`bulk`), its rows
-built on the caller's side.
+second); in SQLite by AUTOINCREMENT, which numbers a statement's rows consecutively since
+its one writer runs one transaction at a time (numbering the rows here instead measured
+1.3% more instructions per routed message in bench/store_rows.py): the insert's last rowid
+tells the append its sequences, with no statement to read the next one first (that read
+was about 4 of the writer's 28 statements per task, docs/performance.md). Appends are on
+the router's hot path (two events per routed message): a burst is one multi-row statement
+per chunk (`bulk`), its rows built on the caller's side.
 
 SQLite keys its correlation index by `correlation_key` (a CRC-32 of the id) after the
 sequence's bucket (migrations 16 and 17), because its B-tree inserts run on the
@@ -31,7 +32,14 @@ from apiary.store.sql.checks import check_limit
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, by_dialect, in_list
-from apiary.store.sql.statements import Execute, Query, QueryOne, Row, Transaction
+from apiary.store.sql.statements import (
+    Execute,
+    InsertRowid,
+    Query,
+    QueryOne,
+    Row,
+    Transaction,
+)
 from apiary.store.sql.where import Where
 from apiary.store.sqlite.database import CORRELATION_BUCKET_BITS, correlation_key
 
@@ -57,16 +65,6 @@ _KEYED: Final = frozenset({"sqlite"})
 """The dialects whose schema has `correlation_key` (see the module docstring)."""
 _AUTOINCREMENT: Final = frozenset({"sqlite"})
 """The dialects whose `events.sequence` numbers the inserted rows itself."""
-_CLAIM: Final = {
-    # AUTOINCREMENT's rule: one more than the larger of the largest rowid ever handed out
-    # (kept in sqlite_sequence) and the largest in the table.
-    "sqlite": "SELECT MAX(COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0),"
-    " COALESCE((SELECT MAX(sequence) FROM events), 0)) + ?",
-    "postgresql": "UPDATE event_sequence SET last_sequence = last_sequence + ?"
-    " RETURNING last_sequence",
-}
-"""Claims the next N sequences (the parameter); returns the last of them."""
-_CLAIM_SQL = by_dialect(lambda d: _CLAIM[d.name])
 _LAST_SEQUENCE: Final = {
     "sqlite": "SELECT COALESCE(MAX(sequence), 0) FROM events",
     "postgresql": "SELECT last_sequence FROM event_sequence",
@@ -146,11 +144,14 @@ def _claim_and_insert_sql(d: Dialect, count: int) -> str:
 def append_events(d: Dialect, rows: list[tuple[Any, ...]]) -> Transaction[int]:
     """Append the rows of `event_rows` with consecutive sequences; the first of them."""
     if d.name in _AUTOINCREMENT:
-        claimed = yield from QueryOne(_CLAIM_SQL, (len(rows),))
-        assert claimed is not None  # the statement returns one row
+        # AUTOINCREMENT numbers a statement's rows consecutively, and the one writer's
+        # statements follow one another: the first row's is the first chunk's last less its
+        # other rows.
+        first = 0
         for count, params in chunks(d, rows, len(rows[0])):
-            yield from Execute(_insert_sql(d, count), params)
-        return int(claimed[0]) - len(rows) + 1
+            last = yield from InsertRowid(_insert_sql(d, count), params)
+            first = first or last - count + 1
+        return first
     # The first chunk's rows go in with the claim; the others (a burst past a statement's
     # rows) after it, numbered from the first sequence.
     numbered = [(place, *row) for place, row in enumerate(rows, 1)]

@@ -53,7 +53,7 @@ async def run_statement(
         elif kind is Query:
             result = await cursor.fetchall()
         else:
-            assert kind is QueryOne, kind
+            assert kind is QueryOne, kind  # InsertRowid is SQLite's alone
             result = await cursor.fetchone()
     return result  # type: ignore[no-any-return]
 

@@ -16,6 +16,7 @@ from apiary.store.sql.dialect import SQLITE, Dialect
 from apiary.store.sql.statements import (
     Execute,
     ExecuteMany,
+    InsertRowid,
     Query,
     QueryOne,
     Statement,
@@ -37,6 +38,13 @@ def _execute_many(conn: sqlite3.Connection, sql: str, params: Any) -> None:
         conn.executemany(sql, params)
 
 
+def _insert_rowid(conn: sqlite3.Connection, sql: str, params: Any) -> int:
+    rowid = conn.execute(sql, params).lastrowid
+    if rowid is None:  # pragma: no cover - only for statements that insert nothing
+        raise sqlite3.InterfaceError(f"no rowid from {sql[:60]!r}")
+    return rowid
+
+
 def _query(conn: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
     return conn.execute(sql, params).fetchall()
 
@@ -50,6 +58,7 @@ Perform: TypeAlias = Callable[[sqlite3.Connection, str, Any], Any]
 _PERFORM: Final[dict[type[Statement[Any]], Perform]] = {
     Execute: _execute,
     ExecuteMany: _execute_many,
+    InsertRowid: _insert_rowid,
     Query: _query,
     QueryOne: _query_one,
 }

@@ -67,6 +67,14 @@ class ExecuteMany(Statement[None]):
     __slots__ = ()
 
 
+class InsertRowid(Statement[int]):
+    """An INSERT into a table whose integer key the database assigns (SQLite's rowid);
+    gives the key of the last row it inserted. SQLite only: PostgreSQL's statements say
+    what they return with RETURNING."""
+
+    __slots__ = ()
+
+
 class Query(Statement[list[Row]]):
     """A statement that returns rows (a SELECT, or a change with RETURNING): all of them."""
 

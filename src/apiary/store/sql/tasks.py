@@ -9,17 +9,19 @@ and changes nothing.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from functools import lru_cache
+from typing import Any, Final, NamedTuple
 
 from apiary.core.events import EventDraft
 from apiary.core.records import TaskRecord, TaskState
 from apiary.store.errors import TaskExistsError
+from apiary.store.sql.bulk import chunks
 from apiary.store.sql.checks import check_limit, checked_int64
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, by_dialect
 from apiary.store.sql.events import SqlEventLog
-from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction
+from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
 
@@ -124,11 +126,32 @@ CREATE_TASK = Execute(
 """Inserts one task (`task_row`) unless its task_id is taken (then it changes no row)."""
 _GET = QueryOne(f"SELECT {TASKS.sql} FROM tasks WHERE task_id = ?")
 _MAX_SEQ = QueryOne("SELECT COALESCE(MAX(seq), -1) FROM tasks")
+_KEPT: Final = ("seq", "agent_id")
+"""Indexed columns that a task's writes after its first hardly ever change (seq never; the
+agent when a shared queue's task is handed out or requeued)."""
+_NARROWED: Final = frozenset({"sqlite"})
+"""The dialects in which a task's write leaves `_KEPT` out of its update when they are
+unchanged (`Dialect.upsert`'s `kept`: SQLite would rewrite their index entries, two of the
+four B-trees a task's transition writes; PostgreSQL decides by the values)."""
 
 
-def put_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
-    """Insert or replace one task (`task_row`)."""
-    yield from Execute(PUT_TASK.sql, row)
+@lru_cache(maxsize=64)
+def _put_sql(d: Dialect, rows: int, narrowed: bool) -> str:
+    kept = _KEPT if narrowed else ()
+    return d.render(d.upsert("tasks", TASKS, "task_id", rows=rows, kept=kept))
+
+
+def put_tasks(d: Dialect, rows: Sequence[tuple[Any, ...]]) -> Transaction[None]:
+    """Insert or replace tasks (`task_row`); of several rows of one task, the last is its
+    record. In SQLite, a chunk of rows whose `_KEPT` columns are as stored (or that are new)
+    is one statement; one with a row that changes them, two."""
+    if d.name not in _NARROWED:
+        yield from ExecuteMany(PUT_TASK.sql, rows)
+        return
+    latest = list({row[0]: row for row in rows}.values()) if len(rows) > 1 else rows
+    for count, params in chunks(d, latest, TASKS.count):
+        if (yield from Execute(_put_sql(d, count, True), params)) < count:
+            yield from Execute(_put_sql(d, count, False), params)
 
 
 def create_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
@@ -148,10 +171,13 @@ class SqlTaskStore:
     async def put(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
         """Insert or replace the record with this task_id, with `events` appended in the
         same transaction."""
+        row = task_row(record)
         if events:
-            await self._log.write_with(events, put_task, task_row(record))
-        else:
-            await self._db.write(PUT_TASK, task_row(record))
+            await self._log.write_with(events, put_tasks, [row])
+        elif self._db.dialect.name in _NARROWED:
+            await self._db.write(put_tasks, [row])
+        else:  # a lone statement (PostgreSQL: no transaction around it)
+            await self._db.write(PUT_TASK, row)
 
     async def create(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
         """Insert a new task, with `events` appended in the same transaction;

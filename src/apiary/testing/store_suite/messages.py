@@ -25,6 +25,7 @@ from apiary.store.errors import (
     DuplicateMessageError,
     RequeuedError,
     StaleStateError,
+    StoreError,
     TokenTakenError,
 )
 from apiary.testing.store_suite.base import (
@@ -760,6 +761,44 @@ async def task_records_commit_with_the_state_changes_they_follow(factory: StoreF
         assert applied.state is MessageState.FULFILLED
         assert await store.tasks.get("t-1") == done
         assert [e.details for e in await store.events.read()] == [{"n": 1}, {"n": 2}]
+
+
+@_check
+async def the_task_records_of_one_write_are_stored_as_the_last_of_each(
+    factory: StoreFactory,
+) -> None:
+    """Of the `tasks` one state change carries, the last record of each task is stored,
+    whole: new tasks, tasks whose agent or seq changes (a shared queue's task handed out,
+    say) and tasks whose other fields change, in one write; a record whose seq another task
+    holds fails the write, which then stores none of it."""
+    async with factory.open() as store:
+        await store.messages.admit_many([message("m-1"), message("m-2"), message("m-3")])
+        await store.tasks.put(task_record("t-1", 1, state="DISPATCHED", message_id="m-1"))
+        await store.tasks.put(task_record("t-2", 2, state="DISPATCHED", agent_id=""))
+        one = task_record("t-1", 1, state="RUNNING", message_id="m-1", updated_at=T0 + 5)
+        handed = task_record("t-2", 2, state="RUNNING", agent_id="agent-z")
+        new = task_record("t-3", 3, state="DISPATCHED", message_id="m-3")
+        done = replace(one, state=TaskState.COMPLETED, result='{"n": 1}', seq=7)
+        await store.messages.apply(
+            [StateChange("m-1", MessageState.READ, T0 + 1)], tasks=[one, handed, new, done]
+        )
+        assert [await store.tasks.get(t) for t in ("t-1", "t-2", "t-3")] == [done, handed, new]
+        assert [t.task_id for t in await store.tasks.list(agent_id="agent-z")] == ["t-2"]
+        assert [t.task_id for t in await store.tasks.list()] == ["t-2", "t-3", "t-1"]
+        assert await store.tasks.max_seq() == 7
+        before = await store.messages.get("m-2")
+        clash = replace(handed, state=TaskState.COMPLETED, seq=3)
+        try:
+            await store.messages.apply(
+                [StateChange("m-2", MessageState.READ, T0 + 2)],
+                tasks=[replace(new, state=TaskState.RUNNING), clash],
+            )
+        except StoreError:
+            pass
+        else:
+            raise AssertionError("a task record with another task's seq was stored")
+        assert await store.messages.get("m-2") == before
+        assert [await store.tasks.get(t) for t in ("t-1", "t-2", "t-3")] == [done, handed, new]
 
 
 @_check
