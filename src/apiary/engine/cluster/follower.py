@@ -156,7 +156,8 @@ class StoreFollower:
             except StoreError as exc:
                 log.warning("cluster: reading the shared store failed (next poll retries): %s", exc)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, next_full - loop.time()))
+                async with asyncio.timeout(max(0.0, next_full - loop.time())):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def sweep(self, *, full: bool = True) -> None:

@@ -189,7 +189,8 @@ class McpProvider:
         runner, self._runner = self._runner, None
         if runner is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(runner), CLOSE_TIMEOUT_S)
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await asyncio.shield(runner)
             except TimeoutError:
                 runner.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -217,7 +218,8 @@ class McpProvider:
                 delay_s=delay, detail=self.detail,
             )  # fmt: skip
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
         self._state = STOPPED
 
     async def _serve_once(self) -> None:
