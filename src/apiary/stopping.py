@@ -29,13 +29,14 @@ STACK_DEPTH: Final = 12
 
 
 async def stop_tasks(
-    tasks: Iterable[asyncio.Future[Any]], what: str, within_s: float = STOP_TASKS_S, *,
+    tasks: Iterable[asyncio.Future[Any]], what: str, within_s: float | None = None, *,
     expected: tuple[type[BaseException], ...] = (),
 ) -> list[asyncio.Future[Any]]:  # fmt: skip
-    """Cancel `tasks` and wait until they end, for at most `within_s`: those still running
-    then are logged with their stacks and returned (left behind, cancelled). A task that
-    ended with an error other than its cancellation is logged too (the stop goes on), unless
-    the error is `expected` of a task stopping."""
+    """Cancel `tasks` and wait until they end, for at most `within_s` (None: STOP_TASKS_S):
+    those still running then are logged with their stacks and returned (left behind,
+    cancelled). A task that ended with an error other than its cancellation is logged too
+    (the stop goes on), unless the error is `expected` of a task stopping."""
+    within_s = STOP_TASKS_S if within_s is None else within_s
     running = [task for task in tasks if not task.done()]
     for task in running:
         task.cancel()
@@ -53,10 +54,12 @@ async def stop_tasks(
     return [task for task in running if task in late]
 
 
-async def stop_step(step: Awaitable[Any], what: str, within_s: float = STOP_STEP_S) -> bool:
-    """Await one step of a stop for at most `within_s`: False when it failed or did not
-    finish in time (logged, with where it waits; it is cancelled and left behind), so that
-    the steps after it still run. The caller's cancellation cancels the step too."""
+async def stop_step(step: Awaitable[Any], what: str, within_s: float | None = None) -> bool:
+    """Await one step of a stop for at most `within_s` (None: STOP_STEP_S): False when it
+    failed or did not finish in time (logged, with where it waits; it is cancelled and left
+    behind), so that the steps after it still run. The caller's cancellation cancels the
+    step too."""
+    within_s = STOP_STEP_S if within_s is None else within_s
     work = asyncio.ensure_future(step)
     try:
         done, _ = await asyncio.wait({work}, timeout=within_s)
@@ -80,15 +83,34 @@ async def stop_step(step: Awaitable[Any], what: str, within_s: float = STOP_STEP
 
 
 def stack_lines(task: asyncio.Future[Any], depth: int = STACK_DEPTH) -> list[str]:
-    """Where `task` is, its innermost `depth` frames oldest first (`FILE:LINE in NAME`)."""
+    """Where `task` waits: the innermost `depth` frames of its chain of awaits, oldest first
+    (`FILE:LINE in NAME`), then what the innermost awaits when that is no coroutine (a
+    future, a compiled coroutine, an async generator's step). `Task.get_stack` shows only
+    the task's outermost coroutine; a stop that hangs needs the innermost."""
     if not isinstance(task, asyncio.Task):
         return []
-    # Written out here: asyncio's own print_stack fails on a frame without a line number
-    # (a compiled coroutine's, gRPC's).
-    return [
-        f"{frame.f_code.co_filename}:{frame.f_lineno or '?'} in {frame.f_code.co_name}"
-        for frame in task.get_stack(limit=depth)
-    ]
+    lines: list[str] = []
+    awaited: Any = task.get_coro()
+    for _ in range(_MOST_AWAITS):
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "ag_frame", None)
+        frame = frame or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            if awaited is not None and lines:
+                lines.append(f"awaiting {type(awaited).__name__}")
+            break
+        # (frame.f_lineno is None in a frame without line numbers: a compiled coroutine's)
+        lines.append(
+            f"{frame.f_code.co_filename}:{frame.f_lineno or '?'} in {frame.f_code.co_name}"
+        )
+        awaited = (
+            getattr(awaited, "cr_await", None)
+            or getattr(awaited, "ag_await", None)
+            or getattr(awaited, "gi_yieldfrom", None)
+        )
+    return lines[-depth:]
+
+
+_MOST_AWAITS: Final = 200
 
 
 def describe(task: asyncio.Future[Any]) -> str:

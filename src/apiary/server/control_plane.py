@@ -116,6 +116,8 @@ class ControlPlanes:
         its tenant's components lead here."""
         self._leading = True
         for tenant in sorted({DEFAULT_TENANT, *self._controls}):
+            if self._closed:  # (the coordinator stops: no work to take up)
+                return
             control = await self.of(tenant)
             if self._forwarder is None or await self._forwarder.local(tenant):
                 await self._load(tenant, control)
