@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterable
-from typing import Any, Final
+from collections.abc import Awaitable, Coroutine, Iterable
+from typing import Any, Final, TypeVar
+
+T = TypeVar("T")
 
 log = logging.getLogger("apiary.stopping")
 
@@ -80,6 +82,32 @@ async def stop_step(step: Awaitable[Any], what: str, within_s: float | None = No
         log.error("stopping: %s failed", what, exc_info=work.exception())
         return False
     return True
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(main)` with a bounded cleanup: the tasks still running when `main` ends
+    are cancelled and waited for at most STOP_TASKS_S, the async generators and the default
+    executor's threads closed within STOP_STEP_S each; what does not end is logged and
+    abandoned with the loop, where asyncio.run would wait for it forever."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            loop.run_until_complete(_the_rest_stopped())
+            loop.run_until_complete(stop_step(loop.shutdown_asyncgens(), "async generators"))
+            loop.run_until_complete(
+                stop_step(loop.shutdown_default_executor(), "the default executor's threads")
+            )
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+async def _the_rest_stopped() -> None:
+    rest = asyncio.all_tasks() - {asyncio.current_task()}
+    await stop_tasks(rest, "still running at exit")
 
 
 def stack_lines(task: asyncio.Future[Any], depth: int = STACK_DEPTH) -> list[str]:

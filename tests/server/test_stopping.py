@@ -114,6 +114,23 @@ async def test_a_step_that_fails_is_logged_and_the_stop_goes_on(
     assert "the component broke" in caplog.text
 
 
+@pytest.mark.usefixtures("short_bounds")
+def test_running_to_the_end_abandons_a_task_that_would_hold_the_process_forever(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What `apiary serve` runs its coordinator with: asyncio.run would wait for this task.
+    kept: list[asyncio.Task[None]] = []
+
+    async def main() -> str:
+        kept.append(asyncio.create_task(_stubborn(asyncio.Event()), name="stubborn-at-exit"))
+        await asyncio.sleep(0)
+        return "answered"
+
+    assert stopping.run(main()) == "answered"
+    assert "still running at exit: a task did not end" in caplog.text
+    assert "stubborn-at-exit" in caplog.text
+
+
 # --------------------------------------------------------------------------- loops cancelled
 
 
