@@ -24,9 +24,6 @@ from apiary.server.coordinator import Coordinator
 from apiary.server.inprocess import open_test_coordinator
 from apiary.server.store_health import StoreHealth
 from apiary.stopping import stack_lines, stop_step, stop_tasks
-from apiary.store import claim as claim_module
-from apiary.store.claim import Holder, claim_store
-from apiary.store.open import open_store
 
 WAIT_S = 60.0
 """The detector's bound: a stop that takes this long hangs."""
@@ -167,28 +164,6 @@ async def test_the_store_health_probe_ends_when_cancelled_as_a_ping_is_answered(
     done, _ = await asyncio.wait({probing}, timeout=WAIT_S)
     assert done, "the probe went on after its cancellation"
     assert probing.cancelled()
-
-
-@pytest.mark.parametrize("after", STEPS)
-async def test_a_postgresql_claims_watcher_ends_when_cancelled_as_a_check_begins(
-    after: int,
-    tmp_path: Path,
-    postgres_dsn: str,
-    postgres_schema: str,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    monkeypatch.setattr(claim_module, "WATCH_EVERY_S", 3600.0)  # checked on demand only
-    holder = Holder.here("2026-11-28T00:00:00Z")
-    url = f"{postgres_dsn}?apiary_schema={postgres_schema}"
-    async with (
-        asyncio.timeout(WAIT_S),
-        open_store(url, tmp_path) as store,
-        claim_store(store, holder) as claim,
-    ):
-        claim.check_now()
-        await _steps(after)
-    assert "left behind" not in caplog.text, caplog.text
 
 
 # --------------------------------------------------------------------------- the coordinator
