@@ -37,6 +37,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.tools.launch import Launcher
 from apiary.engine.tools.providers import READY, RESTARTING, STARTING, STOPPED, Frame, Invocation
 from apiary.errors import CallCancelledError, UnavailableError, ValidationError
+from apiary.stopping import stop_tasks
 
 if TYPE_CHECKING:
     from apiary.engine.tools.mcp_session import McpSession
@@ -192,9 +193,7 @@ class McpProvider:
                 async with asyncio.timeout(CLOSE_TIMEOUT_S):
                     await asyncio.shield(runner)
             except TimeoutError:
-                runner.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await runner
+                await stop_tasks([runner], f"MCP server {self.provider_id}")
         self._state = STOPPED
 
     async def _run(self) -> None:
