@@ -20,7 +20,9 @@ SLEEP = "import time; time.sleep(5)"
 
 @pytest.mark.conformance("tool.budget.cpu-terminate", "tool.budget.cpu-error")
 async def test_busy_loop_is_killed_when_its_cpu_budget_runs_out() -> None:
-    policy = ExecutionPolicy(budget_cpu_ms=150, budget_wall_ms=5000)
+    # The wall budget only bounds the test: on a loaded machine the loop may get a small
+    # share of a core, and 150 ms of CPU must still come first.
+    policy = ExecutionPolicy(budget_cpu_ms=150, budget_wall_ms=60_000)
 
     result = await run(SandboxSpec(python(BUSY), policy))
 

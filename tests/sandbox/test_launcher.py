@@ -133,6 +133,19 @@ def test_a_wrapped_command_forwards_sigterm_and_dies_of_it() -> None:
 
 
 @requires_root
+def test_a_wrapped_command_whose_tool_is_killed_dies_of_sigkill_too() -> None:
+    # What a budget's kill looks like when the tool dies before the launcher is killed (the
+    # launcher reaps it first): the launcher mirrors SIGKILL, which takes no handler.
+    argv = wrap_argv(
+        python("import os, signal; os.kill(os.getpid(), signal.SIGKILL)"), ExecutionPolicy()
+    )
+
+    done = subprocess.run(argv, capture_output=True, timeout=10, check=False)
+
+    assert done.returncode == -signal.SIGKILL, done.stderr
+
+
+@requires_root
 async def test_process_cpu_ms_counts_a_process_and_its_children() -> None:
     # A parent that sleeps while its child spins: the tree's total grows, the parent's own
     # CPU does not.

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import typer
 
-from apiary import __version__
+from apiary import __version__, stopping
 from apiary.cli.serve_log import LogFormat, LogTarget, configure_logging
 from apiary.cli.serving import Serving, forget, reachable_address, record
 from apiary.errors import ValidationError
@@ -106,7 +106,8 @@ def serve(
         raise typer.Exit(2)
     log = configure_logging(settings.log_level, settings.data_dir, log_format)
     try:
-        taken = asyncio.run(_run(settings, log, summary=log_format is LogFormat.TEXT))
+        # (stopping.run: asyncio.run whose cleanup cannot hang on a task that does not end)
+        taken = stopping.run(_run(settings, log, summary=log_format is LogFormat.TEXT))
         stall_report.stopped()
     except (StoreOpenError, SchemaVersionError, StoreClaimedError) as exc:
         # The store cannot be used as it is: one line naming the file, the cause and the fix.

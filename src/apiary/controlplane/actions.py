@@ -14,7 +14,6 @@ action applies at its deadline (deny by default).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, replace
 from typing import Any
@@ -51,6 +50,7 @@ from apiary.errors import (
     UnavailableError,
     ValidationError,
 )
+from apiary.stopping import stop_tasks
 
 log = logging.getLogger("apiary.controlplane")
 _T = RuntimeEventType
@@ -111,9 +111,7 @@ class Actions:
     async def close(self) -> None:
         watcher, self._watcher = self._watcher, None
         if watcher is not None:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await stop_tasks([watcher], "runtime actions watcher")
 
     async def _watch(self, hitl: Hitl) -> None:
         seen = -1

@@ -8,7 +8,6 @@ store outage) follows again from what is stored, with a pause that grows from 0.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -16,6 +15,7 @@ from typing import Final
 from apiary.core.records import TaskRecord
 from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.errors import NotFoundError
+from apiary.stopping import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +35,16 @@ class TaskFollowers:
         self._what = what
         """What a follower follows, for task names and log lines ("turn", "run")."""
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._running)
 
     def follow(self, key: str, task_id: str, submitter: str, changed: Changed, lost: Lost) -> None:
-        """Follow the Scheduler task `task_id` as `submitter` (one follower per `key`)."""
+        """Follow the Scheduler task `task_id` as `submitter` (one follower per `key`; none
+        once closed)."""
+        if self._closed:
+            return
         running = self._running.get(key)
         if running is not None and not running.done():
             return
@@ -52,13 +56,11 @@ class TaskFollowers:
         follower.add_done_callback(lambda done: self._forget(key, done))
 
     async def close(self) -> None:
-        """Stop following (the tasks go on; following them again starts from the store)."""
+        """Stop following for good (the tasks go on; a control plane that follows them again
+        starts from the store)."""
+        self._closed = True
         followers, self._running = list(self._running.values()), {}
-        for follower in followers:
-            follower.cancel()
-        for follower in followers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await follower
+        await stop_tasks(followers, f"runtime {self._what} followers")
 
     def _forget(self, key: str, done: asyncio.Task[None]) -> None:
         if self._running.get(key) is done:

@@ -65,6 +65,7 @@ from apiary.errors import (
     NotFoundError,
     UnavailableError,
 )
+from apiary.stopping import stop_tasks
 
 log = logging.getLogger("apiary.controlplane")
 _T = RuntimeEventType
@@ -152,11 +153,7 @@ class Processes:
             self._tools.observers.remove(self)
         tasks: list[asyncio.Task[Any]] = [*self._tasks, *self._stopping]
         self._tasks = []
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(tasks, "runtime processes")
 
     # ------------------------------------------------------------------ the tool service's notices
 
@@ -438,9 +435,8 @@ class Processes:
         gone = self._gone.get(process.process_id)
         if gone is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    gone.wait(), tools.settings.cancel_grace_s + TERMINATE_SLACK_S
-                )
+                async with asyncio.timeout(tools.settings.cancel_grace_s + TERMINATE_SLACK_S):
+                    await gone.wait()
         await self.settled()
         status = "terminating" if process.state is ProcessState.RUNNING else process.state.value
         return {"process": {**process.view(), "status": status}, "reason": reason}

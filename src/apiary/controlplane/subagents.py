@@ -284,7 +284,8 @@ class Subagents:
             if done or not children or remaining <= 0:
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._events.wait_after(sequence), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._events.wait_after(sequence)
         views = [await self._answer(c) for c in children]
         return {"subagents": views, "done": done or not children, "timedOut": not done}
 

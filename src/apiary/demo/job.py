@@ -202,7 +202,8 @@ class _Run:
             if left <= 0:
                 raise DemoError(f"timed out after {timeout_s:.0f} s waiting for {what}")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(left, 1.0))
+                async with asyncio.timeout(min(left, 1.0)):
+                    await self.changed.wait()
 
     async def decide(self, invocation: Invocation) -> Verdict:
         started = time.monotonic()

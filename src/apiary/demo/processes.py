@@ -188,16 +188,22 @@ class AgentFleet:
             if agent.running:
                 with contextlib.suppress(ProcessLookupError):
                     agent.proc.send_signal(signal.SIGTERM)
-        waits = [asyncio.wait_for(p.proc.wait(), STOP_GRACE_S) for p in self.processes.values()]
-        for agent, outcome in zip(
-            self.processes.values(),
-            await asyncio.gather(*waits, return_exceptions=True),
-            strict=True,
-        ):
-            if isinstance(outcome, TimeoutError) and agent.running:
+        waits = [_ended_within(p.proc, STOP_GRACE_S) for p in self.processes.values()]
+        for agent, ended in zip(self.processes.values(), await asyncio.gather(*waits), strict=True):
+            if not ended and agent.running:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(agent.proc.pid, signal.SIGKILL)
                 await agent.proc.wait()
         for pump in self._pumps:
             pump.cancel()
         await asyncio.gather(*self._pumps, return_exceptions=True)
+
+
+async def _ended_within(proc: asyncio.subprocess.Process, timeout_s: float) -> bool:
+    """Whether `proc` ended within `timeout_s`."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await proc.wait()
+    except TimeoutError:
+        return False
+    return True

@@ -146,7 +146,8 @@ class EventRecorder:
         # them): the flusher appends only those no commit took within FLUSH_AFTER_S, unless
         # a reader wants them now (`flush`).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._hurry.wait(), FLUSH_AFTER_S)
+            async with asyncio.timeout(FLUSH_AFTER_S):
+                await self._hurry.wait()
         self._hurry.clear()
         while self._pending:
             batch, self._pending = self._pending, []
@@ -203,7 +204,8 @@ class EventRecorder:
         """`flush` at shutdown, for at most `timeout_s` while the store refuses the appends:
         then what is left is logged as lost (it cannot be stored by a process that ends)."""
         try:
-            await asyncio.wait_for(self.flush(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.flush()
         except TimeoutError:
             left = len(self._pending)
             if self._flusher is not None:

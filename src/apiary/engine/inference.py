@@ -86,7 +86,8 @@ async def consult(
 ) -> tuple[ParallelismVerdict | None, str]:
     """The engine's verdict, or (None, why) when it failed or took longer than `timeout_s`."""
     try:
-        verdict = await asyncio.wait_for(engine.check_parallelism(scope_a, scope_b), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            verdict = await engine.check_parallelism(scope_a, scope_b)
     except TimeoutError:
         return None, f"inference engine {engine.name} timed out after {timeout_s:g} s"
     except Exception as exc:  # any failure of a pluggable engine means "unavailable"

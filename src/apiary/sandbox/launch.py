@@ -23,7 +23,7 @@ import socket
 import struct
 import sys
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Final, NoReturn
 
 from apiary.errors import ValidationError
 from apiary.sandbox import linux, mounts, netns, privilege
@@ -258,10 +258,16 @@ def _exit_like(status: int) -> NoReturn:
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
         linux.prctl(linux.PR_SET_DUMPABLE, 0)  # mirroring SIGSEGV must not dump our core
-        signal.signal(signum, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        # SIGKILL takes no handler (signal.signal raises): a tool killed by it (a budget's
+        # kill that reached the tool before this launcher) made the launcher exit 1 instead.
+        if signum not in _UNCATCHABLE:
+            signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
         os.kill(os.getpid(), signum)
     os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128)
+
+
+_UNCATCHABLE: Final = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 
 def _read_all(fd: int) -> bytes:

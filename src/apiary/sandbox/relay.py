@@ -72,9 +72,8 @@ async def _bridge(
 ) -> None:
     for address in route.candidates:  # IP literals: asyncio needs no resolver thread
         try:
-            outer_r, outer_w = await asyncio.wait_for(
-                asyncio.open_connection(address, route.port), _CONNECT_TIMEOUT_S
-            )
+            async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+                outer_r, outer_w = await asyncio.open_connection(address, route.port)
             break
         except (OSError, TimeoutError):
             continue

@@ -194,7 +194,8 @@ class HandoffTicket:
     async def outcome(self, timeout_s: float | None = None) -> str:
         """Wait until the handoff is accepted (or completed), or finally rejected or expired;
         returns that state."""
-        await asyncio.wait_for(self._settled.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await self._settled.wait()
         return self.state
 
     async def complete(self) -> str:

@@ -395,7 +395,8 @@ class RuntimeClient(
             raise DeadlineExceededError(f"the event stream ended before turn {turn_id} did")
 
         try:
-            return await asyncio.wait_for(follow(), timeout)
+            async with asyncio.timeout(timeout):
+                return await follow()
         except TimeoutError:
             raise DeadlineExceededError(
                 f"turn {turn_id} did not end within {timeout} s", {"turn_id": turn_id}

@@ -116,7 +116,8 @@ class RuntimeJobCommands:
             raise DeadlineExceededError(f"the event stream ended before job {job_id} ended")
 
         try:
-            return await asyncio.wait_for(follow(), timeout)
+            async with asyncio.timeout(timeout):
+                return await follow()
         except TimeoutError:
             raise DeadlineExceededError(
                 f"job {job_id} did not end within {timeout} s", {"job_id": job_id}

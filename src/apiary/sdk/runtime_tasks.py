@@ -193,7 +193,8 @@ class RuntimeTaskCommands:
             raise DeadlineExceededError(f"the event stream ended before task {task_id} settled")
 
         try:
-            return await asyncio.wait_for(follow(), timeout)
+            async with asyncio.timeout(timeout):
+                return await follow()
         except TimeoutError:
             raise DeadlineExceededError(
                 f"task {task_id} did not settle within {timeout} s", {"task_id": task_id}

@@ -82,7 +82,8 @@ class TaskWaits:
             if timeout is None:
                 return await waiter
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(waiter, max(0.0, timeout))
+                async with asyncio.timeout(max(0.0, timeout)):
+                    return await waiter
             return None
         finally:
             self._leave(task_id, waiter)

@@ -126,7 +126,8 @@ class Forwarder:
             return False
         if role.lease.leads() and not part.loaded.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(part.loaded.wait(), LEADER_WAIT_S)
+                async with asyncio.timeout(LEADER_WAIT_S):
+                    await part.loaded.wait()
         return role.leads(tenant)
 
     async def unary(self, method: RpcMethod, request: Message, ctx: CallContext) -> Message:

@@ -24,7 +24,7 @@ from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.core.access.table import RUNTIME_RULES
 from apiary.core.json_reader import JsonError, read_document
 from apiary.engine.assembly import Runtime
-from apiary.errors import ValidationError
+from apiary.errors import UnavailableError, ValidationError
 from apiary.server.auth.guard import AccessGuard
 from apiary.server.cluster_forward import Forwarder
 from apiary.server.context import CallContext
@@ -32,6 +32,7 @@ from apiary.server.dispatch import TenantHandlers
 from apiary.server.errormap import clip
 from apiary.server.quotas import SUBMIT
 from apiary.server.tenancy import Tenancy, TenantEngine
+from apiary.stopping import stop_tasks
 from apiary.wire import pb
 from apiary.wire.services import SERVICES
 
@@ -101,6 +102,7 @@ class ControlPlanes:
         self._controls: dict[str, RuntimeControl] = {}
         self._loaded: set[str] = set()
         self._opening: dict[str, asyncio.Task[RuntimeControl]] = {}
+        self._closed = False
 
     async def start(self) -> None:
         """The control planes of the tenants open now (the default one, and those the
@@ -114,6 +116,8 @@ class ControlPlanes:
         its tenant's components lead here."""
         self._leading = True
         for tenant in sorted({DEFAULT_TENANT, *self._controls}):
+            if self._closed:  # (the coordinator stops: no work to take up)
+                return
             control = await self.of(tenant)
             if self._forwarder is None or await self._forwarder.local(tenant):
                 await self._load(tenant, control)
@@ -149,6 +153,11 @@ class ControlPlanes:
 
     async def _open(self, tenant: str) -> RuntimeControl:
         opened: TenantEngine = await self._tenancy.engine(tenant)
+        if self._closed:
+            raise UnavailableError(
+                f"tenant {tenant[:64]!r}'s runtime control plane cannot open: the coordinator "
+                "is stopping", {"tenant": tenant[:64], "reason": "stopping"},
+            )  # fmt: skip
         engine = opened.engine
         control = RuntimeControl(
             opened.store.runtime, engine.scheduler, engine.registry, engine.events,
@@ -156,12 +165,18 @@ class ControlPlanes:
             settings=self._settings, hitl=engine.hitl, tools=engine.tools,
             acl=engine.router.settings.acl, secure=self._secure, worktrees=engine.worktrees,
         )  # fmt: skip
-        if self._leading and (self._forwarder is None or await self._forwarder.local(tenant)):
-            await self._load(tenant, control)
+        try:
+            if self._leading and (self._forwarder is None or await self._forwarder.local(tenant)):
+                await self._load(tenant, control)
+        except BaseException:
+            await control.close()  # (what its load started: nobody else will stop it)
+            raise
         self._controls[tenant] = control
         return control
 
     async def _load(self, tenant: str, control: RuntimeControl) -> None:
+        if self._closed:  # (what it would start would outlive the stop)
+            return
         if tenant not in self._loaded:
             self._loaded.add(tenant)
             await control.load()
@@ -175,8 +190,10 @@ class ControlPlanes:
         return self._controls.get(tenant)
 
     async def close(self) -> None:
-        for opening in self._opening.values():
-            opening.cancel()
+        """Stop every control plane's work, before the tenants' engines close; none opens
+        after this."""
+        self._closed = True
+        await stop_tasks(list(self._opening.values()), "runtime control planes opening")
         controls, self._controls = list(self._controls.values()), {}
         for control in controls:
             await control.close()

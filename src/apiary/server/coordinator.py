@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 import ssl
@@ -103,6 +102,7 @@ from apiary.server.tenancy import (
 )
 from apiary.server.tls import grpc_credentials, http_context, replica_tls
 from apiary.server.tracing.server_tracing import ServerTracing
+from apiary.stopping import stop_step, stop_tasks
 from apiary.store.claim import Claim, Holder
 from apiary.store.open import open_store
 from apiary.store.protocols import Store
@@ -612,19 +612,18 @@ async def _shut_down(
     tenancy: Tenancy,
     controls: ControlPlanes,
 ) -> None:
-    await set_serving(health, False)
+    # Each step bounded (apiary.stopping): one that does not finish is logged with where it
+    # waits and left behind, so that the stop always finishes and the store is closed.
+    await stop_step(set_serving(health, False), "the health service")
     # Tool calls in progress are cancelled and their processes stopped first, so that their
     # streams end with a final frame within the server's grace period.
-    await engine.tools.close()
-    await server.stop(SHUTDOWN_GRACE_S)
-    await runner.cleanup()
-    await controls.close()  # its followers read the tenants' schedulers: before they close
-    await tenancy.close()
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    await close_engine(engine)
+    await stop_step(engine.tools.close(), "the tool service")
+    await stop_step(server.stop(SHUTDOWN_GRACE_S), "the gRPC server")
+    await stop_step(runner.cleanup(), "the HTTP server")
+    # The control planes' followers read the tenants' schedulers: closed before those.
+    await stop_step(controls.close(), "the runtime control planes")
+    await stop_step(tenancy.close(), "the tenants' engines")
+    await stop_tasks(tasks, "the coordinator's tasks")
+    await stop_step(close_engine(engine), "the engine")
     await engine.events.record("coordinator.stopped", "coordinator")
-    await engine.events.close()
+    await stop_step(engine.events.close(), "the event log")

@@ -13,6 +13,8 @@ import sys
 from functools import partial
 from typing import Final, TextIO
 
+from apiary.stopping import stack_lines
+
 STOP_REPORT_S: Final = 15.0
 """Stopping for longer than this prints the report once (the gRPC server's grace period and
 the HTTP server's are 5 s each; everything after them is quick)."""
@@ -31,11 +33,8 @@ def print_report(reason: str, out: TextIO | None = None, *, threads: bool = True
     print(f"apiary: {len(tasks)} asyncio tasks", file=out, flush=True)
     for task in sorted(tasks, key=lambda t: t.get_name()):
         print(f"task {task.get_name()} (most recent call last):", file=out)
-        # Written out here: asyncio's own print_stack fails on a frame without a line number
-        # (a compiled coroutine's, gRPC's).
-        for frame in task.get_stack(limit=STACK_DEPTH):  # oldest first
-            code = frame.f_code
-            print(f"  {code.co_filename}:{frame.f_lineno or '?'} in {code.co_name}", file=out)
+        for line in stack_lines(task, STACK_DEPTH):  # oldest first
+            print(f"  {line}", file=out)
     out.flush()
 
 

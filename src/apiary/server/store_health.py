@@ -39,7 +39,8 @@ class StoreHealth:
     async def probe(self) -> bool:
         """One probe; tells `on_change` when reachability changed. Returns it."""
         try:
-            await asyncio.wait_for(self._store.ping(), self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                await self._store.ping()
             reachable = True
         except (StoreError, OSError, TimeoutError) as exc:
             reachable = False

@@ -11,7 +11,6 @@ answers exactly as for an object that does not exist, because in its engine it d
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
@@ -37,6 +36,7 @@ from apiary.server.cluster import TenantReplicas
 from apiary.server.config.server import ServerConfig
 from apiary.server.context import CallContext
 from apiary.server.quotas import TenantQuota
+from apiary.stopping import stop_tasks
 from apiary.store.open import open_store, tenant_data_dir
 from apiary.store.protocols import Store
 
@@ -230,10 +230,6 @@ class Tenancy:
             await opened.engine.tools.close()
             if opened.replica is not None and opened.replica.leader is not None:
                 await opened.replica.leader.leave()
-            for task in opened.tasks:
-                task.cancel()
-            for task in opened.tasks:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await stop_tasks(opened.tasks, f"tenant {name}'s tasks")
             await close_engine(opened.engine)
         await self._stack.aclose()

@@ -38,6 +38,7 @@ from typing import Any, Final
 
 import psycopg
 
+from apiary.stopping import stop_tasks
 from apiary.store.errors import StoreError
 from apiary.store.postgres.store import PostgresStore
 from apiary.store.protocols import Store
@@ -198,9 +199,7 @@ async def _claim_schema(store: PostgresStore, holder: Holder) -> AsyncIterator[C
     try:
         yield claim
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        await stop_tasks([watcher], "the store claim's watcher")
         with contextlib.suppress(psycopg.Error):
             await claim.conn.close()
 
@@ -247,7 +246,8 @@ async def _watch(claim: _SchemaClaim, conninfo: str, schema: str) -> None:
     database dropped it; stop, with `taken` set, when another coordinator holds it now."""
     while True:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(claim.due.wait(), WATCH_EVERY_S)
+            async with asyncio.timeout(WATCH_EVERY_S):
+                await claim.due.wait()
         claim.due.clear()
         try:
             await claim.conn.execute("SELECT 1")

@@ -392,7 +392,8 @@ class SwarmNode:
 
     async def close(self) -> None:
         try:
-            await asyncio.wait_for(self.settle(), self.settings.hook_grace_s)
+            async with asyncio.timeout(self.settings.hook_grace_s):
+                await self.settle()
         except TimeoutError:
             for task in list(self._tasks):
                 task.cancel()

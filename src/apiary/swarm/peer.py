@@ -9,7 +9,6 @@ with its router (the bridge) and also mounts the routes on its own HTTP app.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ssl
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -20,6 +19,7 @@ from apiary.core.clock import Clock
 from apiary.core.ids import IdGenerator
 from apiary.engine.notices import SWARM_BRIDGE, NoticeFactory
 from apiary.engine.router.router import Router
+from apiary.stopping import stop_tasks
 from apiary.store.open import open_store
 from apiary.store.protocols import SwarmStore
 from apiary.swarm.bridge import SwarmBridge
@@ -127,9 +127,7 @@ async def open_swarm_peer(
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await stop_tasks([task], "the swarm peer")
 
 
 @asynccontextmanager

@@ -53,7 +53,8 @@ class WakeHook:
                 log.error("wake command %s cannot start: %s", self.argv[0], exc)
                 return
             try:
-                _, errors = await asyncio.wait_for(process.communicate(data), self._timeout)
+                async with asyncio.timeout(self._timeout):
+                    _, errors = await process.communicate(data)
             except TimeoutError:
                 _kill(process)
                 await process.wait()

@@ -31,4 +31,5 @@ async def wait_for_event(
             else:
                 await events.wait_after(seen)
 
-    return await asyncio.wait_for(scan(), timeout_s)
+    async with asyncio.timeout(timeout_s):
+        return await scan()

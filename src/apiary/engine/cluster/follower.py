@@ -155,8 +155,13 @@ class StoreFollower:
                 await self.sweep(full=full)
             except StoreError as exc:
                 log.warning("cluster: reading the shared store failed (next poll retries): %s", exc)
+            # (wait_for kept here: with asyncio.timeout a stream's end on this replica left
+            # its holder row in tests/server/test_cluster_streams.py; not understood yet. A
+            # cancellation it swallows is bounded by the replica's stop_tasks.)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), max(0.0, next_full - loop.time()))
+                await asyncio.wait_for(  # noqa: TID251
+                    self._wake.wait(), max(0.0, next_full - loop.time())
+                )
             self._wake.clear()
 
     async def sweep(self, *, full: bool = True) -> None:

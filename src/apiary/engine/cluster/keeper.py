@@ -20,7 +20,6 @@ table (its id taken by a newer start) stops.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -34,6 +33,7 @@ from apiary.core.cluster.holdings import Holdings
 from apiary.core.cluster.leases import Lease, Verdict
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.deadlines import Sleep, pause_until
+from apiary.stopping import stop_tasks
 from apiary.store.cluster import (
     ClusterLeases,
     LeaseOutcome,
@@ -227,11 +227,7 @@ async def open_lease_keeper(
     try:
         yield keeper
     finally:
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, ReplicaEvictedError):
-                await task
+        await stop_tasks(tasks, name, expected=(ReplicaEvictedError,))
         try:
             await keeper.leave()
         except StoreError as exc:

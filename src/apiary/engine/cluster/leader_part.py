@@ -13,7 +13,6 @@ replicas relayed for this engine is applied (`LeaderInbox`)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from functools import partial
@@ -27,6 +26,7 @@ from apiary.engine.deadlines import Sleep
 from apiary.engine.notices import TOOLS, WORKTREES
 from apiary.engine.router.admission import EndpointCheck
 from apiary.engine.workflows import WORKFLOW
+from apiary.stopping import stop_tasks
 from apiary.store.cluster import ClusterLeader, Leadership
 from apiary.store.errors import StoreError
 
@@ -124,11 +124,7 @@ class LeaderPart:
         self.relay_endpoints()
         self.loaded.clear()
         loops, self._loops = self._loops, []
-        for task in loops:
-            task.cancel()
-        for task in loops:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(loops, f"{self._name}: the leader's loops")
         self.tasks = [t for t in self.tasks if t not in loops and not t.done()]
 
     async def resume(self) -> None:
@@ -156,11 +152,7 @@ class LeaderPart:
         self.joined = False
         tasks, self.tasks = self.tasks, []
         await self.suspend()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, StoreError):
-                await task
+        await stop_tasks(tasks, f"{self._name}: the leader's load", expected=(StoreError,))
 
     def release(self) -> None:
         """A clean stop: inputs go to the relay, for the next leader."""

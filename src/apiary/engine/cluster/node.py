@@ -14,7 +14,6 @@ partition's owner only).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -35,6 +34,7 @@ from apiary.engine.cluster.stream_holds import StreamHolds
 from apiary.engine.cluster.timers import POLL_S as TIMER_POLL_S
 from apiary.engine.cluster.timers import OwnerTimers
 from apiary.engine.deadlines import Sleep
+from apiary.stopping import stop_tasks
 from apiary.store.cluster import (
     ClusterLeader,
     ClusterLeases,
@@ -166,13 +166,11 @@ async def open_cluster_node(
                     await role.release()
     finally:
         leading = list(role.tasks) if role is not None else []
-        for task in [*tasks, *leading]:
-            task.cancel()
-        for task in [*tasks, *leading]:
-            # FencedError: the leader's components were still loading when its term was
-            # released just above, and their next write was fenced (nothing was written).
-            with contextlib.suppress(asyncio.CancelledError, ReplicaEvictedError, FencedError):
-                await task
+        # FencedError: the leader's components were still loading when its term was
+        # released just above, and their next write was fenced (nothing was written).
+        await stop_tasks(
+            [*tasks, *leading], "cluster replica", expected=(ReplicaEvictedError, FencedError)
+        )
     if node is not None and not node.halted:
         await _leave(node)
 
@@ -222,11 +220,7 @@ async def open_engine_replica(
     try:
         yield part
     finally:
-        for task in part.tasks:
-            task.cancel()
-        for task in part.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(part.tasks, f"cluster replica {name}")
         _unhook(engine)
         if not part.halted:
             try:

@@ -53,9 +53,8 @@ async def consult(
     range."""
     text_a, text_b = a.decode("utf-8", "replace"), b.decode("utf-8", "replace")
     try:
-        verdict = await asyncio.wait_for(
-            engine.evaluate_debate(negotiation_id, text_a, text_b, intensity), timeout_s
-        )
+        async with asyncio.timeout(timeout_s):
+            verdict = await engine.evaluate_debate(negotiation_id, text_a, text_b, intensity)
     except TimeoutError:
         return None, f"inference engine {engine.name} timed out after {timeout_s:g} s"
     except Exception as exc:  # any failure of a pluggable engine means "unavailable"

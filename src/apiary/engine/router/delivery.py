@@ -55,7 +55,8 @@ async def _released(inbox: Inbox) -> bool:
     session = inbox.session
     inbox.released.clear()
     try:
-        await asyncio.wait_for(inbox.released.wait(), STREAM_RELEASE_WAIT_S)
+        async with asyncio.timeout(STREAM_RELEASE_WAIT_S):
+            await inbox.released.wait()
     except TimeoutError:
         return False
     return not inbox.streams and inbox.session == session

@@ -156,7 +156,8 @@ class CallRunner:
                     delay_s=delay,
                 )  # fmt: skip
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(call.stop_requested.wait(), delay)
+                    async with asyncio.timeout(delay):
+                        await call.stop_requested.wait()
                 if call.cancelling:
                     call.apply(ToolCallInput.STOPPED)
                     yield self.cancelled_frame(call)

@@ -37,6 +37,7 @@ from apiary.engine.eventlog import EventRecorder
 from apiary.engine.tools.launch import Launcher
 from apiary.engine.tools.providers import READY, RESTARTING, STARTING, STOPPED, Frame, Invocation
 from apiary.errors import CallCancelledError, UnavailableError, ValidationError
+from apiary.stopping import stop_tasks
 
 if TYPE_CHECKING:
     from apiary.engine.tools.mcp_session import McpSession
@@ -189,11 +190,10 @@ class McpProvider:
         runner, self._runner = self._runner, None
         if runner is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(runner), CLOSE_TIMEOUT_S)
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await asyncio.shield(runner)
             except TimeoutError:
-                runner.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await runner
+                await stop_tasks([runner], f"MCP server {self.provider_id}")
         self._state = STOPPED
 
     async def _run(self) -> None:
@@ -217,7 +217,8 @@ class McpProvider:
                 delay_s=delay, detail=self.detail,
             )  # fmt: skip
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
         self._state = STOPPED
 
     async def _serve_once(self) -> None:

@@ -72,6 +72,7 @@ from apiary.errors import (
     ValidationError,
     WorktreeNotBoundError,
 )
+from apiary.stopping import stop_tasks
 from apiary.store.protocols import ToolStore
 
 log = logging.getLogger("apiary.tools")
@@ -194,11 +195,7 @@ class ToolService:
             await asyncio.wait(set(self._background), timeout=CLOSE_WAIT_S)
         for entry in self.catalog.entries():
             await entry.provider.close()
-        for task in list(self._background):
-            task.cancel()
-        for task in list(self._background):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(list(self._background), "the tool service's background work")
 
     def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.create_task(work)

@@ -205,7 +205,8 @@ class GitWorktrees:
         except OSError as exc:
             raise classify_os_error(exc, f"run {self._git}") from None
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), GIT_TIMEOUT_S)
+            async with asyncio.timeout(GIT_TIMEOUT_S):
+                out, err = await proc.communicate()
         except TimeoutError:
             proc.kill()
             await proc.wait()

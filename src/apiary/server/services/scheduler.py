@@ -9,7 +9,6 @@ cancellation (docs/scheduler.md, "Results", "Shared queues")."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Final
 
@@ -40,6 +39,7 @@ from apiary.server.services.request_checks import (
     checked,
     checks_inside,
 )
+from apiary.stopping import stop_tasks
 from apiary.wire import pb
 from apiary.wire.convert import float_to_timestamp
 
@@ -356,9 +356,7 @@ class TaskQueryHandler:
                     ended, refused = taken
                     yield a.FollowTasksReply(ended=[task_view(t) for t in ended], refused=refused)
             finally:
-                reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await reader
+                await stop_tasks([reader], "FollowTasks' reader of frames")
 
     async def _follow(
         self,
