@@ -23,7 +23,7 @@ from apiary.sdk.task_handle import TaskHandle
 from apiary.sdk.task_submits import CALL_BYTES
 from apiary.sdk.tasks import TaskContext, TaskRunner
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator, register_agent
 from apiary.server.services.scheduler import TaskQueryHandler
 from apiary.wire import pb
 
@@ -46,10 +46,7 @@ async def _calls(coordinator: Coordinator) -> dict[tuple[str, str], float]:
 
 
 async def _register(coordinator: Coordinator) -> None:
-    await coordinator.registry.register({
-        "agent_id": "idle", "name": "idle", "reasoning_connectors": ["builtin://rules"],
-        "modalities_supported": ["application/json"],
-    })  # fmt: skip
+    await register_agent(coordinator, "idle")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from apiary.core.limits import Limits
 from apiary.engine.scheduler.jobs import SchedulerJobs
 from apiary.engine.settings import SchedulerSettings
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator, register_agent
 from apiary.wire import pb
 from apiary.wire.errordetail import error_from_trailers
 
@@ -32,10 +32,7 @@ async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
     async with open_test_coordinator(
         tmp_path, scheduler_settings=settings, limits=limits
     ) as running:
-        await running.registry.register({
-            "agent_id": "idle", "name": "idle", "reasoning_connectors": ["builtin://rules"],
-            "modalities_supported": ["application/json"],
-        })  # fmt: skip
+        await register_agent(running, "idle")
         yield running
 
 

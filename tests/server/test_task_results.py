@@ -41,7 +41,7 @@ from apiary.sdk.client import Client
 from apiary.sdk.errors import TaskFailedError, TaskHeldError, TaskTimeoutError
 from apiary.sdk.tasks import Handler, TaskContext, TaskRunner
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator, register_agent
 from apiary.wire import pb
 from apiary.wire.errordetail import error_from_trailers
 
@@ -57,10 +57,7 @@ s = pb.scheduler_pb2
 async def coordinator(tmp_path: Path) -> AsyncIterator[Coordinator]:
     limits = Limits(task_result_bytes=RESULT_LIMIT)
     async with open_test_coordinator(tmp_path, limits=limits) as running:
-        await running.registry.register({
-            "agent_id": "idle", "name": "idle", "reasoning_connectors": ["builtin://rules"],
-            "modalities_supported": ["application/json"],
-        })  # fmt: skip
+        await register_agent(running, "idle")
         yield running
 
 
@@ -322,10 +319,7 @@ async def _cli(coordinator: Coordinator, *args: str, code: int = 0) -> tuple[str
 async def with_hitl(tmp_path: Path) -> AsyncIterator[Coordinator]:
     """A coordinator with a HITL operator, so that a duplicate job waits for a decision."""
     async with open_test_coordinator(tmp_path, runtime=Runtime(hitl=HITL)) as running:
-        await running.registry.register({
-            "agent_id": "idle", "name": "idle", "reasoning_connectors": ["builtin://rules"],
-            "modalities_supported": ["application/json"],
-        })  # fmt: skip
+        await register_agent(running, "idle")
         yield running
 
 

@@ -26,7 +26,7 @@ from apiary.sdk.errors import CoordinatorUnreachableError, TaskFailedError, Task
 from apiary.server.config.address import Address
 from apiary.server.config.server import ServerConfig
 from apiary.server.coordinator import Coordinator, open_coordinator
-from apiary.server.inprocess import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator, register_agent
 from apiary.testing.events import wait_for_event
 from tests.server.test_task_results import client, running_agent
 
@@ -37,10 +37,7 @@ __all__ = ["client"]  # (the fixture, as test_task_results.py gives it)
 
 async def _register(coordinator: Coordinator) -> None:
     """The agent the tasks are for, before it runs (tasks wait QUEUED for it)."""
-    await coordinator.registry.register({
-        "agent_id": "worker", "name": "worker", "reasoning_connectors": ["builtin://rules"],
-        "modalities_supported": ["application/json"],
-    })  # fmt: skip
+    await register_agent(coordinator, "worker")
 
 
 @pytest.fixture

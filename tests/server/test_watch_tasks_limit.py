@@ -15,7 +15,7 @@ from apiary.core.limits import DEFAULT_LIMITS, Limits
 from apiary.errors import NotFoundError, ValidationError
 from apiary.sdk.client import Client
 from apiary.server.coordinator import Coordinator
-from apiary.server.inprocess import open_test_coordinator
+from apiary.server.inprocess import open_test_coordinator, register_agent
 from apiary.wire import pb
 
 a = pb.apiary_pb2
@@ -24,10 +24,7 @@ SMALL = 3
 
 async def _coordinator(tmp_path: Path, limits: Limits) -> AsyncIterator[Coordinator]:
     async with open_test_coordinator(tmp_path, limits=limits) as running:
-        await running.registry.register({
-            "agent_id": "idle", "name": "idle", "reasoning_connectors": ["builtin://rules"],
-            "modalities_supported": ["application/json"],
-        })  # fmt: skip
+        await register_agent(running, "idle")
         yield running
 
 

@@ -60,3 +60,12 @@ async def open_test_coordinator(
         config, clock=clock, runtime=runtime, router_settings=router_settings, tracing=tracing
     ) as coordinator:
         yield coordinator
+
+
+async def register_agent(coordinator: Coordinator, agent_id: str) -> None:
+    """Register `agent_id` with a plain descriptor (JSON in, the built-in rules connector),
+    without connecting it: tasks for it wait QUEUED until an agent of that id runs."""
+    await coordinator.registry.register({
+        "agent_id": agent_id, "name": agent_id, "reasoning_connectors": ["builtin://rules"],
+        "modalities_supported": ["application/json"],
+    })  # fmt: skip
