@@ -293,24 +293,36 @@ class TaskQueryHandler:
 
     def _may_submit(self, ctx: CallContext) -> Callable[[str], None]:
         """Refuse (PermissionDeniedError) an item that SubmitTask's rule does not let the
-        caller submit: the access guard's decision, recorded as SubmitTasks' on the item;
-        decided here only for a call that did not pass the guard (in-process)."""
-        rule = METHOD_RULES[_SUBMIT_TASK]
-        claimed = ctx.get(AGENT_KEY)
-        guard = ctx.allows
+        caller submit (`_item_rule`, recorded as SubmitTasks' decision on the item)."""
+        allowed = self._item_rule(ctx, _SUBMIT_TASKS, _SUBMIT_TASK)
 
         def check(item: str) -> None:
-            if guard is not None:
-                allowed = guard(_SUBMIT_TASKS, rule, item, None, ctx)
-            else:
-                allowed = decide(ctx.principal, rule, secure=self._secure, claimed=claimed).allowed
-            if not allowed:
+            if not allowed(item, None):
                 raise PermissionDeniedError(
                     f"{ctx.principal.label} may not submit {item}",
                     {"principal": ctx.principal.label, "action": _SUBMIT_TASK},
                 )
 
         return check
+
+    def _item_rule(
+        self, ctx: CallContext, action: str, rule_of: str
+    ) -> Callable[[str, str | None], bool]:
+        """Whether the caller may act on one item of a call (a task, with its owner) under
+        the rule of `rule_of`: the access guard's decision, recorded as `action`'s on the
+        item; decided here only for a call that did not pass the guard (in-process)."""
+        rule = METHOD_RULES[rule_of]
+        claimed = ctx.get(AGENT_KEY)
+        guard = ctx.allows
+
+        def allowed(item: str, owner: str | None) -> bool:
+            if guard is not None:
+                return guard(action, rule, item, owner, ctx)
+            return decide(
+                ctx.principal, rule, owner=owner, secure=self._secure, claimed=claimed
+            ).allowed
+
+        return allowed
 
     async def wait_task(self, req: a.WaitTaskRequest, ctx: CallContext) -> a.TaskView:
         if not req.task_id:
@@ -382,21 +394,10 @@ class TaskQueryHandler:
             follower.close()
 
     def _may_wait(self, ctx: CallContext) -> Callable[[TaskRecord], bool]:
-        """Whether the caller may wait for a task: WaitTask's rule, decided for it by the
-        access guard (recorded as FollowTasks' decision on the task); decided here only for
-        a call that did not pass the guard (in-process)."""
-        rule = METHOD_RULES[_WAIT_TASK]
-        claimed = ctx.get(AGENT_KEY)
-        guard = ctx.allows
-
-        def allowed(task: TaskRecord) -> bool:
-            if guard is not None:
-                return guard(_FOLLOW_TASKS, rule, task.task_id, task.submitter, ctx)
-            return decide(
-                ctx.principal, rule, owner=task.submitter, secure=self._secure, claimed=claimed
-            ).allowed
-
-        return allowed
+        """Whether the caller may wait for a task: WaitTask's rule (`_item_rule`, recorded
+        as FollowTasks' decision on the task)."""
+        allowed = self._item_rule(ctx, _FOLLOW_TASKS, _WAIT_TASK)
+        return lambda task: allowed(task.task_id, task.submitter)
 
     @checks_inside
     async def complete_task(
