@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -90,6 +91,20 @@ async def test_sdk_raises_apiary_errors(coordinator: Coordinator) -> None:
             await alice.send("nobody", {"n": 1})
     with pytest.raises(ValidationError, match="reasoning_connectors"):
         await Agent("bad", coordinator=address, reasoning_connectors=()).start()
+
+
+async def test_an_agent_leaving_on_an_error_raises_it_though_it_cannot_deregister(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The agent's error is the one its caller sees, not the deregistration's `unavailable`
+    (the coordinator gone meanwhile), which is logged."""
+    stop_coordinator = contextlib.AsyncExitStack()
+    coordinator = await stop_coordinator.enter_async_context(open_test_coordinator(tmp_path))
+    with pytest.raises(LookupError, match="the agent's own error"):
+        async with Agent("alice", coordinator=str(coordinator.grpc_address)):
+            await stop_coordinator.aclose()
+            raise LookupError("the agent's own error")
+    assert [r.getMessage() for r in caplog.records if "could not deregister" in r.getMessage()]
 
 
 @pytest.mark.conformance("envelope.data.streaming-large")

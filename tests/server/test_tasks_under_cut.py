@@ -47,6 +47,8 @@ IN_FLIGHT = 8
 WORKERS = ("worker-1", "worker-2")
 SETTLE_S = 120.0
 """Bound on one submission's retries while the cutting goes on."""
+SUBMIT_S = 300.0
+"""Bound on all the submissions (a call never answered fails the test naming its task)."""
 DONE_S = 45.0
 """Bound on every task's completion once the cutting stopped: four times the router's ACK
 deadline (10 s), which hands out again a task whose READ was lost (a task stuck past it is
@@ -87,20 +89,26 @@ def _gave_up(jobs: list[asyncio.Task[None]]) -> list[str]:
     ]
 
 
-async def _submit(client: Client, n: int, answers: Counter[str], created: Counter[str]) -> None:
+async def _submit(
+    client: Client, n: int, answers: Counter[str], created: Counter[str], asking: set[str]
+) -> None:
     """Submit task `n` until it is settled: created, or found existing by a resubmission
-    (its first attempt committed although its caller heard `unavailable`)."""
+    (its first attempt committed although its caller heard `unavailable`). `asking` holds
+    the task while a call for it is unanswered."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + SETTLE_S
     task_id = f"cut-{n:03d}"
     while True:
+        asking.add(task_id)
         try:
             handle = await client.submit_task(
                 WORKERS[n % len(WORKERS)], {"n": n}, scope=f"repo:cut-{n}", task_id=task_id
             )
         except UnavailableError:
+            asking.discard(task_id)
             answers["unavailable"] += 1
         else:
+            asking.discard(task_id)
             assert handle.task_id == task_id
             answers["created" if handle.created else "existing"] += 1
             if handle.created:
@@ -165,6 +173,7 @@ async def test_a_cut_connection_leaves_every_committed_task_state_with_its_event
     ids = {f"cut-{n:03d}" for n in range(TASKS)}
     answers: Counter[str] = Counter()
     created: Counter[str] = Counter()
+    asking: set[str] = set()
     async with (
         open_test_coordinator(tmp_path, url) as coordinator,
         running_agents(coordinator) as runners,
@@ -176,10 +185,14 @@ async def test_a_cut_connection_leaves_every_committed_task_state_with_its_event
 
         async def submitter() -> None:
             for n in numbers:
-                await _submit(client, n, answers, created)
+                await _submit(client, n, answers, created, asking)
 
         try:
-            await asyncio.wait_for(asyncio.gather(*(submitter() for _ in range(IN_FLIGHT))), 300)
+            await asyncio.wait_for(
+                asyncio.gather(*(submitter() for _ in range(IN_FLIGHT))), SUBMIT_S
+            )
+        except TimeoutError:
+            pytest.fail(f"submissions never answered: {sorted(asking)} ({answers})")
         finally:
             stop.set()
             cuts = await cutter

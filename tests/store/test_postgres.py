@@ -356,3 +356,25 @@ async def test_a_read_after_every_idle_connection_was_cut_is_answered(
                 assert ended == (True,)
         inbox = await store.messages.inbox("bob", 0, 10)
         assert [m.message_id for m in inbox] == ["m-1"]
+
+
+async def test_a_write_after_its_pooled_connection_was_cut_while_idle_is_made(
+    postgres_dsn: str, postgres_schema: str
+) -> None:
+    """A write is not repeated when its connection is cut (its outcome is the caller's to
+    learn), so the pool lends none that the database ended while it sat idle: the write
+    after the cut (an agent's deregistration once an outage is over, say) is made on a new
+    connection, not answered `unavailable`."""
+    async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
+        await store.messages.admit(message("m-1", "bob"))
+        async with store.pool.connection() as conn:  # it goes back to the pool, idle
+            row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+        assert row is not None
+        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+            ended = admin.execute("SELECT pg_terminate_backend(%s, 5000)", [row[0]]).fetchone()
+        assert ended == (True,)
+        admitted = await store.messages.admit(message("m-2", "bob"))
+        assert isinstance(admitted, StoredMessage) and admitted.offset == 2
+        async with store.pool.connection() as conn:
+            again = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+        assert again is not None and again[0] != row[0]

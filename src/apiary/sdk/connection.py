@@ -184,7 +184,19 @@ class Connection:
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.stop("agent exited" if et is None else f"agent failed: {et.__name__}")
+        """Deregister and close. Leaving on an error, the agent's error is the one raised: a
+        deregistration that fails too (most often for the same cause, the coordinator or its
+        store unreachable) is logged, not raised in its place (its error, translated from
+        gRPC's, would carry nothing of the agent's)."""
+        if et is None:
+            await self.stop("agent exited")
+            return
+        try:
+            await self.stop(f"agent failed: {et.__name__}")
+        except ApiaryError as exc:
+            log.warning(
+                "%s left on %s and could not deregister: %s", self.agent_id, et.__name__, exc
+            )
 
     @property
     def channel(self) -> grpc.aio.Channel:

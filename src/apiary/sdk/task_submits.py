@@ -58,6 +58,10 @@ class _Queue:
 
     items: list[_Item] = field(default_factory=list)
     senders: set[asyncio.Task[None]] = field(default_factory=set)
+    sending: int = 0
+    """Senders not stopped. Counted down as a sender stops, not when its task's done
+    callbacks run (later): a submission queued in between would count a sender that takes
+    nothing more, start none, and wait for good."""
     idle: int = 0
     """Senders not in a call: each takes what is queued before it ends."""
 
@@ -85,8 +89,9 @@ class TaskSubmissions:
         if queue is None:
             queue = self._queues[submitter] = _Queue()
         queue.items.append((request, done))
-        if not queue.idle and len(queue.senders) < IN_FLIGHT:
+        if not queue.idle and queue.sending < IN_FLIGHT:
             queue.idle += 1
+            queue.sending += 1
             sender = asyncio.create_task(self._send(queue, submitter))
             queue.senders.add(sender)
             sender.add_done_callback(queue.senders.discard)
@@ -127,6 +132,7 @@ class TaskSubmissions:
                     queue.idle += 1
         finally:
             queue.idle -= 1
+            queue.sending -= 1
 
     def _next_batch(self, queue: _Queue) -> list[_Item]:
         """The queue's first submissions, taken out: at most `self._most`, CALL_BYTES

@@ -2,7 +2,8 @@
 helpers the PostgreSQL aggregates query it with.
 
 psycopg_pool is not a dependency; the store needs little: at most `size` connections, made
-on demand, reused while healthy, dropped when broken or left inside a transaction. Every
+on demand, reused while healthy, dropped when broken (or found, when lent, ended by the
+server while idle) or left inside a transaction. Every
 connection runs in autocommit mode (a read is one statement) and opens transactions
 explicitly, with `search_path` set to the store's schema so SQL and migrations use
 unqualified names.
@@ -86,7 +87,7 @@ class PostgresPool:
         if self._closed:
             raise StoreError("the PostgreSQL store is closed")
         async with self._slots:
-            conn = self._idle.pop() if self._idle else await self._connect()
+            conn = await self._borrow()
             try:
                 yield conn
             except psycopg.Error as exc:
@@ -100,6 +101,19 @@ class PostgresPool:
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.close()
+
+    async def _borrow(self) -> Connection:
+        """An idle connection the server has not ended while it sat idle, else a new one.
+        A session ended by the server (an administrator's pg_terminate_backend, a restart,
+        idle_session_timeout) is only learnt of by reading it: lent unchecked, it would
+        fail its borrower's first statement, a write that cannot be tried again (a
+        deregistration, say) answered `unavailable` long after the cause is gone."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not ended_while_idle(conn):
+                return conn
+            await conn.close()
+        return await self._connect()
 
     async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
@@ -140,6 +154,22 @@ class PostgresPool:
             idle, self._idle = self._idle, []
             for other in idle:
                 await other.close()
+
+
+def ended_while_idle(conn: Connection) -> bool:
+    """Whether the server ended `conn`, idle (no statement in flight), since its last
+    statement: what arrived meanwhile is read without waiting. A backend ends a session by
+    sending its FATAL error and closing the socket; the first read takes the message, the
+    second meets the closed stream (a healthy connection has nothing to read: two reads
+    that find nothing, no round trip)."""
+    if conn.closed:
+        return True
+    try:
+        conn.pgconn.consume_input()
+        conn.pgconn.consume_input()
+    except psycopg.OperationalError:
+        return True
+    return conn.pgconn.status != pq.ConnStatus.OK
 
 
 def store_error(exc: psycopg.Error) -> StoreError:
