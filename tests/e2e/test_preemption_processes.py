@@ -162,13 +162,15 @@ async def test_c4_a_higher_priority_task_preempts_at_a_safe_point(
         ("task.dispatched", "DISPATCHED"), ("task.running", "RUNNING"),
         ("task.completed", "COMPLETED"),
     ]  # fmt: skip
-    # The yield freed the agent for the high task, which ran to its end before low resumed.
+    # The yield freed the agent for the high task (RUN highP after the yield, C.4), which ran
+    # to its end before low resumed; low went back to the agent behind it (the prefetch).
     assert (
         _seq(events, "task.requeued", "low")
         < _seq(events, "task.dispatched", "high")
         < _seq(events, "task.completed", "high")
-        < _seq(events, "task.dispatched", "low", 1)
+        < _seq(events, "task.running", "low", 1)
     )
+    assert _seq(events, "task.dispatched", "high") < _seq(events, "task.dispatched", "low", 1)
     commands = [e.details["command"] for e in events if e.event_type == "task.control"]
     assert commands == ["preempt_request"]  # cooperation sufficed: no terminate, no kill
 

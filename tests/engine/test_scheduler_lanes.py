@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from apiary.core.activity import ActivityEntry
+from apiary.core.envelope import AckStage
 from apiary.core.lanes import LanePolicy
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import (
@@ -27,6 +28,7 @@ from tests.engine.scheduler_harness import (
     _state,
     _submit,
 )
+from tests.engine.task_harness import ack_task, task
 from tests.engine.test_scheduler import _controls
 
 
@@ -155,9 +157,10 @@ async def test_an_operator_cancels_only_what_has_not_started(h: EngineHarness) -
     await _submit(h, "waiting", scope="repo:other path:x")
     await _submit(h, "next", scope="repo:other path:y")
     assert (await _state(h, "running"), await _state(h, "waiting")) == ("DISPATCHED", "QUEUED")
+    await ack_task(h, "running", AckStage.READ)
     with pytest.raises(AlreadyInProgressError) as caught:
         await _sched(h).cancel("running", "too late", "olivia")
-    assert caught.value.details["state"] == "DISPATCHED"
+    assert caught.value.details["state"] == "RUNNING"
     cancelled = await _sched(h).cancel("waiting", "wrong repo", "olivia")
     assert (cancelled.state, cancelled.error_code, cancelled.note) == (
         "FAILED", "cancelled", "cancelled by olivia: wrong repo",
@@ -170,3 +173,29 @@ async def test_an_operator_cancels_only_what_has_not_started(h: EngineHarness) -
     await _finish(h, "running")
     await _sched(h).fire_due()
     assert await _state(h, "next") == "DISPATCHED"  # the queue moved on past the cancelled one
+
+
+@pytest.mark.parametrize(
+    ("stage", "error_code", "note"),
+    [
+        (AckStage.FULFILLED, "", "yielded"),  # a client that yields what it was asked back
+        (AckStage.FAILED, "cancelled", "interrupt: cancelled by olivia: wrong repo"),  # the SDK
+    ],
+)
+async def test_a_dispatched_task_not_read_is_cancelled_once_its_agent_gives_it_back(
+    h: EngineHarness, stage: AckStage, error_code: str, note: str
+) -> None:
+    await _ready(h, "worker")
+    await _submit(h, "waiting")
+    assert await _state(h, "waiting") == "DISPATCHED"
+    asked = await _sched(h).cancel("waiting", "wrong repo", "olivia")
+    assert asked.state == "DISPATCHED"  # until the agent gives it back
+    (control,) = [p for p in await _inbox(h, "worker") if p["type"] == "CONTROL"]
+    assert (control["command"], control["task_id"]) == ("preempt_request", "waiting")
+    assert control["reason"] == "interrupt: cancelled by olivia: wrong repo"
+    held = await task(h, "waiting")
+    await h.ack("worker", held.message_id, stage, error_code=error_code, note=note)
+    ended = await task(h, "waiting")
+    assert (ended.state, ended.error_code) == ("FAILED", "cancelled")
+    assert "cancelled by olivia: wrong repo" in ended.note
+    assert _sched(h).holding("worker") == [] and _sched(h).queued("worker") == []

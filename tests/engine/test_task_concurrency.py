@@ -142,9 +142,27 @@ async def test_a_higher_priority_recalls_lower_prefetched_tasks(h: EngineHarness
                                             ("preempt_request", "low")]  # fmt: skip
     await _ack(h, "waiting", AckStage.FULFILLED, note="yielded")  # never started
     assert (await _task(h, "waiting")).state == "QUEUED"
-    assert ("urgent", "DISPATCHED") in _holding(h, "worker")  # the next to start
+    # Not prefetched behind the task it preempts: it goes once that one yielded.
+    assert _holding(h, "worker") == [("low", "RUNNING")]
     await _ack(h, "low", AckStage.FULFILLED, note="yielded")
     assert [t for t, _ in _holding(h, "worker")] == ["urgent", "low"]
+    logged = [
+        (e.event_type, e.details.get("task_id"))
+        for e in await h.store.events.read(limit=10_000)
+        if e.event_type in ("task.dispatched", "task.requeued")
+    ]
+    assert logged.index(("task.requeued", "low")) < logged.index(("task.dispatched", "urgent"))
+
+
+async def test_a_task_below_every_held_one_is_prefetched(h: EngineHarness) -> None:
+    await _agent(h, "worker", task_concurrency=1)
+    await _submit(h, "first", priority=-5)
+    await _ack(h, "first", AckStage.READ)
+    await _submit(h, "same", priority=-5)
+    await _submit(h, "lower", priority=3)
+    # Neither preempts nor recalls anything: both wait at the agent (prefetch 1 here).
+    assert _holding(h, "worker") == [("first", "RUNNING"), ("same", "DISPATCHED")]
+    assert await _controls(h, "worker") == []
 
 
 async def test_a_shared_task_preempts_the_lowest_priority_among_its_agents(

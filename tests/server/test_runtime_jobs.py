@@ -267,7 +267,7 @@ async def test_json_rpc_and_the_sdk_drive_the_same_jobs(
     assert answer["result"]["jobId"] == "rpc"
     async with RuntimeClient(f"http://{coordinator.http_address}") as client:
         job = await client.create_job(
-            [{"input": {"mode": "answer"}}, {"input": {"mode": "hold"}}], agent_id=AGENT,
+            [{"input": {"mode": "answer"}}, {"input": {"mode": "loop"}}], agent_id=AGENT,
             job_id="sdk",
         )  # fmt: skip
         assert job.job_id == "sdk" and len(job.items) == 2

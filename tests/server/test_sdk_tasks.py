@@ -19,6 +19,8 @@ from apiary.engine.scheduler.scheduler import Scheduler
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import ToolTimeoutError, ValidationError
 from apiary.sdk.agent import Agent
+from apiary.sdk.client import Client
+from apiary.sdk.errors import TaskFailedError
 from apiary.sdk.scheduler import SchedulerClient
 from apiary.sdk.tasks import SCHEDULER, Handler, TaskContext, TaskRunner
 from apiary.server.coordinator import Coordinator
@@ -213,6 +215,31 @@ async def test_a_prefetched_task_gives_way_to_a_higher_priority_one(tmp_path: Pa
     recalled = [e for e in events if e.event_type == "task.preempt_requested"]
     assert recalled and all("recalled for" in str(e.details["reason"]) for e in recalled)
     assert "busy" not in {e.details["task_id"] for e in recalled}
+
+
+async def test_a_prefetched_task_is_cancelled_without_running(coordinator: Coordinator) -> None:
+    """A task waiting at the agent (prefetched behind a running one) has not started: its
+    handle cancels it, and the agent gives it back at once, unrun."""
+    started: list[str] = []
+    release = asyncio.Event()
+
+    async def handler(task: TaskContext) -> None:
+        started.append(task.task_id)
+        await release.wait()
+
+    address = str(coordinator.grpc_address)
+    async with _running_agent(coordinator, "worker", handler), Client(address) as app:
+        busy = await app.submit_task("worker", {"n": 0}, scope=SCOPE, task_id="busy")
+        await _event(coordinator, lambda e: e.event_type == "task.running")
+        waiting = await app.submit_task("worker", {"n": 1}, scope=SCOPE, task_id="waiting")
+        assert (await waiting.status()).state == TaskState.DISPATCHED  # at the agent, unread
+        await waiting.cancel("not needed")
+        with pytest.raises(TaskFailedError) as caught:
+            await waiting.result(timeout=WAIT_S)
+        assert caught.value.error_code == "cancelled"
+        release.set()
+        await busy.result(timeout=WAIT_S)
+    assert started == ["busy"]
 
 
 QUEUED = (("low", 5), ("mid-1", 0), ("top-1", -19), ("mid-2", 0), ("top-2", -19))

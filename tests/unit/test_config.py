@@ -145,6 +145,21 @@ def test_bad_router_settings_name_the_field(tmp_path: Path, table: str, field: s
     assert field in caught.value.message
 
 
+def test_an_ack_deadline_too_short_for_the_prefetch_is_refused(tmp_path: Path) -> None:
+    """A prefetched task is acknowledged RECEIVED after waiting 1 s: an ACK deadline below
+    2 s would redeliver it while it waits its turn."""
+    file = tmp_path / "c.toml"
+    file.write_text("[router]\nack_timeout_s = 1.9\n")
+    with pytest.raises(ValidationError) as caught:
+        load_config(file, {}, {})
+    assert caught.value.details == {"field": "router.ack_timeout_s"}
+    assert "[scheduler] prefetch = 2 needs" in caught.value.message
+    file.write_text("[router]\nack_timeout_s = 2\n")
+    assert load_config(file, {}, {}).router.ack_timeout_s == 2.0
+    file.write_text("[router]\nack_timeout_s = 0.5\n[scheduler]\nprefetch = 0\n")
+    assert load_config(file, {}, {}).router.ack_timeout_s == 0.5
+
+
 def test_hitl_table_configures_policy_and_operators(tmp_path: Path) -> None:
     file = tmp_path / "c.toml"
     file.write_text(

@@ -18,6 +18,7 @@ from apiary.core.tasks.capacity import (
     fair_order,
     split,
     victims,
+    waits_for_yield,
     window,
 )
 from apiary.core.tasks.shared import describe, queue_name, queue_parts, queues_served
@@ -103,6 +104,29 @@ def test_lower_priority_waiting_tasks_are_recalled() -> None:
     held = _held(("run", 5, True), ("w9", 9, False), ("w1", 1, False), ("w8", 8, False))
     assert victims(held, 1, 2) == Victims(preempt="run", recall=("w9", "w8"))
     assert victims(held, 1, 7) == Victims(recall=("w9", "w8"))
+
+
+def test_a_task_waits_for_the_yield_of_what_it_displaces_rather_than_be_prefetched() -> None:
+    held = _held(("run", 5, True), ("w9", 9, False))
+    assert waits_for_yield(held, 1, 2)  # preempts run
+    assert waits_for_yield(held, 1, 7)  # recalls w9
+    assert not waits_for_yield(held, 1, 9)  # below or equal to all: prefetched
+    assert not waits_for_yield(held, 3, -19)  # a running slot is free: it starts at once
+    assert not waits_for_yield([], 1, -19)
+
+
+@given(
+    st.lists(st.tuples(st.integers(-19, 20), st.booleans(), st.booleans()), max_size=8),
+    st.integers(1, 4),
+    st.integers(-19, 20),
+)
+def test_a_task_waits_exactly_when_it_would_displace_a_held_one(
+    specs: list[tuple[int, bool, bool]], concurrency: int, incoming: int
+) -> None:
+    held = [HeldTask(f"t{i}", p, s, i, True) for i, (p, s, _) in enumerate(specs)]
+    chosen = victims(held, concurrency, incoming)
+    displaces = bool(chosen.preempt or chosen.recall or chosen.busy)
+    assert waits_for_yield(held, concurrency, incoming) == displaces
 
 
 @given(

@@ -2060,8 +2060,9 @@ class TaskQueryServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CancelTask(self, request, context):
-        """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
-        HITL operators configured it takes an operator's token (authorization: Bearer ...).
+        """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled"; one
+        waiting at its agent unread (DISPATCHED: prefetched) is asked back and ends so once the
+        agent gives it back (the answer is the task as it stands). With HITL operators configured it takes an operator's token (authorization: Bearer ...).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

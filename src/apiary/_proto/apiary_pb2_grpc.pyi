@@ -572,8 +572,9 @@ class TaskQueryServiceStub:
     ListTasks: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.ListTasksRequest, _apiary_pb2.ListTasksResponse]
     GetTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.GetTaskRequest, _apiary_pb2.TaskView]
     CancelTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.CancelTaskRequest, _apiary_pb2.TaskView]
-    """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
-    HITL operators configured it takes an operator's token (authorization: Bearer ...).
+    """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled"; one
+    waiting at its agent unread (DISPATCHED: prefetched) is asked back and ends so once the
+    agent gives it back (the answer is the task as it stands). With HITL operators configured it takes an operator's token (authorization: Bearer ...).
     """
     SubmitTask: _grpc.UnaryUnaryMultiCallable[_apiary_pb2.SubmitTaskRequest, _apiary_pb2.SubmitTaskReply]
     """SchedulerService.SubmitTask that answers with the task: task_id may be empty (the
@@ -617,8 +618,9 @@ class TaskQueryServiceAsyncStub(TaskQueryServiceStub):
     ListTasks: _aio.UnaryUnaryMultiCallable[_apiary_pb2.ListTasksRequest, _apiary_pb2.ListTasksResponse]  # type: ignore[assignment]
     GetTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.GetTaskRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
     CancelTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.CancelTaskRequest, _apiary_pb2.TaskView]  # type: ignore[assignment]
-    """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
-    HITL operators configured it takes an operator's token (authorization: Bearer ...).
+    """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled"; one
+    waiting at its agent unread (DISPATCHED: prefetched) is asked back and ends so once the
+    agent gives it back (the answer is the task as it stands). With HITL operators configured it takes an operator's token (authorization: Bearer ...).
     """
     SubmitTask: _aio.UnaryUnaryMultiCallable[_apiary_pb2.SubmitTaskRequest, _apiary_pb2.SubmitTaskReply]  # type: ignore[assignment]
     """SchedulerService.SubmitTask that answers with the task: task_id may be empty (the
@@ -677,8 +679,9 @@ class TaskQueryServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _apiary_pb2.CancelTaskRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_apiary_pb2.TaskView, _abc.Awaitable[_apiary_pb2.TaskView]]:
-        """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled". With
-        HITL operators configured it takes an operator's token (authorization: Bearer ...).
+        """A task that has not started (QUEUED or HELD) ends FAILED, error code "cancelled"; one
+        waiting at its agent unread (DISPATCHED: prefetched) is asked back and ends so once the
+        agent gives it back (the answer is the task as it stands). With HITL operators configured it takes an operator's token (authorization: Bearer ...).
         """
 
     @_abc_1.abstractmethod

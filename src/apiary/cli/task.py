@@ -234,9 +234,14 @@ def cancel(
                               help="Operator token (or APIARY_TOKEN) when operators are set up"),
     grpc_address: str = COORDINATOR,
 ) -> None:  # fmt: skip
-    """Cancel a task that has not started (QUEUED or HELD): it ends FAILED, `cancelled`."""
+    """Cancel a task that has not started (QUEUED, HELD, or DISPATCHED and waiting at its
+    agent unread): it ends FAILED, `cancelled` (a waiting one once its agent gives it back)."""
     request = a.CancelTaskRequest(task_id=task_id, reason=reason)
     view = _run(grpc_address, lambda c: c.task_query.CancelTask(request), token)
+    if view.state == "DISPATCHED":
+        typer.echo(f"{view.task_id}: DISPATCHED (asked back from {view.agent_id}: it ends "
+                   "cancelled once the agent gives it back)")  # fmt: skip
+        return
     typer.echo(f"{view.task_id}: {view.state} ({view.error_code}: {view.note})")
 
 

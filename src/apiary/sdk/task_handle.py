@@ -137,8 +137,10 @@ class TaskHandle:
         return TaskStatus.of(await self._client.task_query.GetTask(request))
 
     async def cancel(self, reason: str = "") -> TaskStatus:
-        """Cancel the task if it has not started (QUEUED or HELD): it ends FAILED with
-        `cancelled`. One that runs is already_in_progress, one that ended ALREADY_COMPLETED."""
+        """Cancel the task if it has not started (QUEUED or HELD, or DISPATCHED and waiting
+        at its agent unread): it ends FAILED with `cancelled` (a waiting one once its agent
+        gives it back: the status answered is DISPATCHED then). One that runs is
+        already_in_progress, one that ended ALREADY_COMPLETED."""
         request = pb.apiary_pb2.CancelTaskRequest(task_id=self.task_id, reason=reason)
         return TaskStatus.of(await self._client.task_query.CancelTask(request))
 

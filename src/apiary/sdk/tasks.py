@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
 from apiary.core.runtime.turns import is_interrupt
+from apiary.core.tasks.capacity import PREFETCHED_RECEIVED_AFTER_S
 from apiary.core.trace_context import TraceContext
 from apiary.errors import ApiaryError
 from apiary.sdk import errors
@@ -633,9 +634,10 @@ async def run_tasks(agent: Connection, handler: Handler, **options: Any) -> None
 
 _STRENGTH = {"preempt_request": 0, "terminate": 1, "kill": 2}
 
-RECEIVED_AFTER_S = 1.0
+RECEIVED_AFTER_S = PREFETCHED_RECEIVED_AFTER_S
 """How long a prefetched task waits before it is acknowledged RECEIVED (`_start`): the
-coordinator's ACK deadline is 10 s (RFC 11)."""
+coordinator's ACK deadline is 10 s by default (RFC 11), and no less than
+PREFETCH_ACK_TIMEOUT_S with a prefetch (its configuration is refused otherwise)."""
 
 
 def _attributes(context: TaskContext) -> dict[str, str | int | bool]:

@@ -16,7 +16,9 @@ Preemption (RFC 7.1) with several tasks in hand: a task that cannot start at onc
 running slot taken) preempts the lowest-priority running task below it (the latest
 dispatched among equals) that is not already being preempted, and recalls each waiting task
 below it, so that it is the next to start (`victims`). A recalled task has not started: the
-agent yields it at once and it goes back to its queue, keeping its place.
+agent yields it at once and it goes back to its queue, keeping its place. The higher task
+itself is not prefetched meanwhile: it goes to the agent once those have yielded
+(`waits_for_yield`), as with no prefetch.
 
 A shared queue's next task goes to the least-loaded capable agent with room (held tasks over
 concurrency), then to the one served longest ago, then by agent id (`fair_order`): round
@@ -41,6 +43,12 @@ TASK_CONCURRENCY_METADATA: Final = "apiary-task-concurrency"
 MAX_TASK_CONCURRENCY: Final = 256
 """The most tasks one agent may declare to run at once."""
 MAX_PREFETCH: Final = 64
+PREFETCHED_RECEIVED_AFTER_S: Final = 1.0
+"""How long a prefetched task waits at the SDK before it is acknowledged RECEIVED (one that
+starts sooner has its READ stand for it)."""
+PREFETCH_ACK_TIMEOUT_S: Final = 2 * PREFETCHED_RECEIVED_AFTER_S
+"""The shortest router ACK deadline a prefetch works with: a prefetched task's first ACK
+leaves PREFETCHED_RECEIVED_AFTER_S after it arrived, plus its way back."""
 
 
 def check_task_concurrency(value: object, field: str = "task_concurrency") -> int:
@@ -127,6 +135,17 @@ def victims(held: Sequence[HeldTask], concurrency: int, incoming: int) -> Victim
         return Victims(recall=recall, busy=lowest.task_id)
     chosen = max(free, key=lambda t: (t.priority, t.order))
     return Victims(preempt=chosen.task_id, recall=recall)
+
+
+def waits_for_yield(held: Sequence[HeldTask], concurrency: int, incoming: int) -> bool:
+    """Whether a task of priority `incoming` waits in its queue instead of going to the agent
+    now: every running slot taken (it would be prefetched) and the agent holds a task below
+    it, which it preempts or recalls (`victims`). It goes once those have yielded, as with
+    no prefetch: never at the agent behind a task it displaces, and a preemption's events
+    keep their order (the yield, then the dispatch of the task that asked for it)."""
+    if len(held) < concurrency:
+        return False
+    return any(should_preempt(t.priority, incoming) for t in held)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
 from apiary.core.records import AdmissionWrites, TaskRecord
-from apiary.core.tasks.capacity import Seat, fair_order
+from apiary.core.tasks.capacity import Seat, fair_order, waits_for_yield
 from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.queue import QueuedTask
 from apiary.core.tasks.shared import describe
@@ -170,18 +170,21 @@ class SchedulerDispatch:
             return False
         heads, choice = picked
         live = self._live
-        alone = self._pools.concurrency(agent_id) == 1
+        concurrency = self._pools.concurrency(agent_id)
+        held = live.held_view(agent_id)
         for head in heads:
             task = live.tasks[head.task_id]
             if task.task_id in self._doubts and await self._dispatched_after_all(task):
                 return True
             if task.queue and not self._pools.takes(agent_id, task.content_type):
                 continue
+            if waits_for_yield(held, concurrency, task.priority):
+                return False  # nothing goes past it into the agent's prefetch
             if live.needs_worktree(task) and not self._bound(agent_id):
                 await self._held_for_worktree(task)
                 continue
             blockers = await self._gate.blockers(
-                task, live.holders, live.tasks, agent_id=agent_id, alone=alone
+                task, live.holders, live.tasks, agent_id=agent_id, alone=concurrency == 1
             )
             if blockers:
                 await self._deferred(task, blockers)

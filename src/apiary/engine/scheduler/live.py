@@ -71,6 +71,9 @@ class LiveTasks:
         """Agent type -> agents of that type holding a task (max_parallel_instances, RFC 9.1)."""
         self.preemptions: dict[str, PreemptionRecord] = {}
         """Held task -> where its cooperative preemption stands (core/preemption.py)."""
+        self.cancelling: dict[str, str] = {}
+        """Dispatched task, not read, that an operator cancelled -> the note it ends FAILED
+        with once its agent gives it back (Scheduler.cancel)."""
         self._seq = 0
         self._order = count()
         self._dispatched: dict[str, int] = {}
@@ -201,6 +204,7 @@ class LiveTasks:
         self._dispatched.pop(task.task_id, None)
         self.by_message.pop(task.message_id, None)
         self.preemptions.pop(task.task_id, None)
+        self.cancelling.pop(task.task_id, None)
         self._wakeups.timers.cancel(preempt_key(task.task_id))
         for target in self._blocked_by.pop(task.task_id, set()):
             self._wakeups.wake(target)

@@ -31,6 +31,7 @@ from apiary.core.preemption import (
     PreemptionStep,
 )
 from apiary.core.records import TaskRecord
+from apiary.core.runtime.turns import INTERRUPT_PREFIX
 from apiary.core.tasks.capacity import Victims, victims
 from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.result import result_from_note
@@ -54,6 +55,7 @@ Reporter = Callable[[TaskRecord, dict[str, Any]], Awaitable[None]]
 
 _YIELD = PreemptionInput.SAFE_POINT_YIELD
 _TERMINATED = PreemptionInput.TERMINATED
+_REQUEST = PreemptionInput.REQUEST_PREEMPT
 _YIELDED = "yielded at a safe point"
 """The note of a task requeued by its yield."""
 
@@ -114,6 +116,17 @@ class SchedulerPreemption:
             await self.preempt(running, reason or "operator request")
             await self._drain()
             return True
+
+    async def cancel(self, task: TaskRecord, note: str) -> None:
+        """An operator's cancellation of a dispatched task its agent has not read (waiting
+        there, prefetched): the agent is asked to give it back, as an interrupt (the SDK
+        fails a waiting task with `cancelled` at once, and a task it started meanwhile at
+        its next safe point); one given back by a yield ends FAILED `cancelled` then (lock
+        held)."""
+        self._live.cancelling[task.task_id] = note
+        record = self._live.preemptions.get(task.task_id)
+        if record is not None and PreemptionMachine.allows(record.state, _REQUEST):
+            await self.preempt(task, f"{INTERRUPT_PREFIX} {note}")
 
     async def maybe_preempt(self, task: TaskRecord) -> str:
         """Preempt for a task just queued that cannot start at once (RFC 7.1): on its agent,
@@ -227,8 +240,13 @@ class SchedulerPreemption:
                         "forced preemption",
                     )  # fmt: skip
             elif effect is PreemptionEffect.REQUEUE_TASK:
+                cancelled = self._live.cancelling.get(task.task_id)
                 changes = {"updated_at": self._clock.now(), "note": _YIELDED, **requeued(task)}
-                await self._transitions.apply(task, TaskInput.YIELD, changes, reason=_YIELDED)
+                task = await self._transitions.apply(
+                    task, TaskInput.YIELD, changes, reason=_YIELDED
+                )
+                if cancelled is not None:  # given back: it ends as cancelled (`cancel`)
+                    await self._transitions.end(task, TaskInput.CANCEL, "cancelled", cancelled)
             elif effect is PreemptionEffect.DISPATCH_HIGHER:
                 self._wakeups.wake(task.agent_id)
             elif effect is PreemptionEffect.START_TIMER and step.record.deadline is not None:

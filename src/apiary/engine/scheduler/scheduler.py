@@ -481,10 +481,14 @@ class Scheduler:
     # ------------------------------------------------------------------ operator requests
 
     async def cancel(self, task_id: str, reason: str, by: str) -> TaskRecord:
-        """An operator's cancellation of a task that has not started (QUEUED or HELD): it
-        ends FAILED with error code `cancelled`. A dispatched or running task is refused
-        (already_in_progress: preempt it instead), an ended one is already_completed."""
+        """An operator's cancellation of a task that has not started: QUEUED or HELD, it
+        ends FAILED with error code `cancelled` at once; DISPATCHED (waiting at its agent,
+        unread: a prefetch) it does once the agent gives it back, which the SDK does at
+        once (`SchedulerPreemption.cancel`; the answer is the task as it stands, still
+        DISPATCHED). A running task is refused (already_in_progress: preempt it instead),
+        an ended one is already_completed."""
         self.leading()
+        note = f"cancelled by {by}: {reason}".rstrip(": ")
         async with self._lock:
             task = self._live.tasks.get(task_id)
             if task is None:
@@ -493,13 +497,15 @@ class Scheduler:
                     f"task {task_id} has already ended ({ended.state})",
                     {"task_id": task_id, "state": ended.state},
                 )
-            if not TaskMachine.allows(task.state, TaskInput.CANCEL):
+            if task.state == TaskState.DISPATCHED:
+                await self._preemptor.cancel(task, note)
+            elif TaskMachine.allows(task.state, TaskInput.CANCEL):
+                await self._transitions.end(task, TaskInput.CANCEL, "cancelled", note)
+            else:
                 raise AlreadyInProgressError(
                     f"task {task_id} is {task.state}: preempt it instead of cancelling it",
                     {"task_id": task_id, "state": task.state},
                 )
-            note = f"cancelled by {by}: {reason}".rstrip(": ")
-            await self._transitions.end(task, TaskInput.CANCEL, "cancelled", note)
         return await self.find(task_id)
 
     async def complete(

@@ -25,6 +25,7 @@ from apiary.server.config.server import (
     ENV,
     ServerConfig,
     apply_layer,
+    checked_prefetch,
     checked_store,
     checked_tenants,
     checked_tls,
@@ -100,7 +101,7 @@ def load_config(
     from_env = {k: env[v] for k, v in ENV.items() if env.get(v)}
     config = apply_layer(config, from_env, "environment")
     config = apply_layer(config, {k: v for k, v in flags.items() if v is not None}, "flag")
-    return checked_store(checked_tls(config))
+    return checked_store(checked_tls(checked_prefetch(config)))
 
 
 def checked_serving(config: ServerConfig) -> ServerConfig:

@@ -13,6 +13,7 @@ from typing import Any
 from apiary.controlplane.settings import RuntimeSettings
 from apiary.core.handoff_request import HandoffPolicy
 from apiary.core.limits import Limits
+from apiary.core.tasks.capacity import PREFETCH_ACK_TIMEOUT_S, PREFETCHED_RECEIVED_AFTER_S
 from apiary.engine.cluster.settings import ClusterSettings
 from apiary.engine.hitl import HitlSettings
 from apiary.engine.negotiation.policies import NegotiationSettings
@@ -177,6 +178,21 @@ def checked_tenants(config: ServerConfig) -> ServerConfig:
             f"[auth] tenants ({', '.join(config.auth.tenants)}) need message signing: serve "
             "with --secure or set [router] signing_required = true",
             {"field": "tenants"},
+        )
+    return config
+
+
+def checked_prefetch(config: ServerConfig) -> ServerConfig:
+    """`config`, once its ACK deadline leaves a prefetched task time for its lazy RECEIVED
+    (core/tasks/capacity.py PREFETCH_ACK_TIMEOUT_S)."""
+    timeout = config.router.ack_timeout_s
+    if config.scheduler.prefetch and timeout < PREFETCH_ACK_TIMEOUT_S:
+        raise ValidationError(
+            f"[router] ack_timeout_s = {timeout:g} is below {PREFETCH_ACK_TIMEOUT_S:g} s, which "
+            f"[scheduler] prefetch = {config.scheduler.prefetch} needs (a prefetched task is "
+            f"acknowledged RECEIVED after waiting {PREFETCHED_RECEIVED_AFTER_S:g} s): raise "
+            "it, or set [scheduler] prefetch = 0",
+            {"field": "router.ack_timeout_s"},
         )
     return config
 
