@@ -182,6 +182,25 @@ async def test_a_shared_task_preempts_the_lowest_priority_among_its_agents(
         assert (await _task(h0, "urgent")).agent_id == "y"
 
 
+async def test_a_shared_task_preempting_is_prefetched_nowhere(h: EngineHarness) -> None:
+    """A shared task that preempts on one agent is not prefetched meanwhile to another
+    whose running task is above it (it would wait there behind that task): it goes to the
+    agent whose task yields, as with no prefetch."""
+    for agent in ("x", "y"):
+        await _agent(h, agent, "review", task_concurrency=1)
+    for task_id, priority in (("x-top", -5), ("y7", 7)):
+        await _submit(h, task_id, task_id[0], priority=priority)
+        await _ack(h, task_id, AckStage.READ)
+    result = await _sched(h).submit(
+        Submission("", "urgent", -2, b"{}", scope="repo:u", capability="review")
+    )
+    assert result.reason == "queued: preempting task y7 (priority 7)"
+    assert (await _task(h, "urgent")).state == "QUEUED"
+    await _ack(h, "y7", AckStage.FULFILLED, note="yielded")
+    urgent = await _task(h, "urgent")
+    assert (urgent.state, urgent.agent_id) == ("DISPATCHED", "y")
+
+
 async def test_an_agent_running_several_tasks_has_their_scopes_compared(
     h: EngineHarness,
 ) -> None:

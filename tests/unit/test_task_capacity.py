@@ -16,6 +16,7 @@ from apiary.core.tasks.capacity import (
     check_task_concurrency,
     declared_concurrency,
     fair_order,
+    runs_below,
     split,
     victims,
     waits_for_yield,
@@ -113,6 +114,13 @@ def test_a_task_waits_for_the_yield_of_what_it_displaces_rather_than_be_prefetch
     assert not waits_for_yield(held, 1, 9)  # below or equal to all: prefetched
     assert not waits_for_yield(held, 3, -19)  # a running slot is free: it starts at once
     assert not waits_for_yield([], 1, -19)
+
+
+def test_only_a_running_task_below_holds_a_shared_task_back() -> None:
+    held = _held(("run", 5, True), ("w9", 9, False))
+    assert runs_below(held, 1, 2)
+    assert not runs_below(held, 1, 7)  # only w9 is below it, and it waits (not running)
+    assert not runs_below(held, 1, 5)
 
 
 @given(

@@ -18,7 +18,8 @@ dispatched among equals) that is not already being preempted, and recalls each w
 below it, so that it is the next to start (`victims`). A recalled task has not started: the
 agent yields it at once and it goes back to its queue, keeping its place. The higher task
 itself is not prefetched meanwhile: it goes to the agent once those have yielded
-(`waits_for_yield`), as with no prefetch.
+(`waits_for_yield`), as with no prefetch; a shared task is not prefetched to any of its
+agents while one of them runs a task below it (`runs_below`).
 
 A shared queue's next task goes to the least-loaded capable agent with room (held tasks over
 concurrency), then to the one served longest ago, then by agent id (`fair_order`): round
@@ -146,6 +147,14 @@ def waits_for_yield(held: Sequence[HeldTask], concurrency: int, incoming: int) -
     if len(held) < concurrency:
         return False
     return any(should_preempt(t.priority, incoming) for t in held)
+
+
+def runs_below(held: Sequence[HeldTask], concurrency: int, incoming: int) -> bool:
+    """Whether the agent runs a task below `incoming` (one it preempts, or is preempting):
+    a shared task of that priority is not prefetched to another agent meanwhile, but waits
+    for that one's running slot, as with no prefetch."""
+    running, _ = split(held, concurrency)
+    return any(should_preempt(t.priority, incoming) for t in running)
 
 
 @dataclass(frozen=True, slots=True)
