@@ -132,8 +132,8 @@ async def test_cancelling_a_running_workflow_ends_its_nodes_and_cancels_its_queu
         assert await _nodes(h) == {
             "x": ("FAILED", WHY), "y": ("FAILED", WHY), "z": ("SKIPPED", WHY)
         }  # fmt: skip
-        # The queued task is cancelled through the Scheduler; the one its agent holds is
-        # left to end on its own.
+        # The queued task is cancelled through the Scheduler; the one waiting at its agent
+        # unread is asked back (it ends cancelled once given back, here never).
         assert await _task_state(h, _task("y")) == ("FAILED", "cancelled")
         assert (await h.engine.scheduler.find(_task("y"))).note == (
             "cancelled by ops: workflow wf was cancelled: wrong input"
@@ -147,10 +147,12 @@ async def test_cancelling_a_running_workflow_ends_its_nodes_and_cancels_its_queu
         [stopped] = await h.events("workflow.tasks_stopped")
         assert stopped.sequence > done.sequence
         assert stopped.details["tasks_cancelled"] == [_task("y")]
-        assert stopped.details["tasks_left_running"] == [_task("x")]
+        assert stopped.details["tasks_asked_back"] == [_task("x")]
+        assert stopped.details["tasks_left_running"] == []
         assert len(await h.events("workflow.node_cancelled")) == 3
 
-        # The running task's end changes nothing: z is not released, nothing is submitted.
+        # The task's end (its agent had started it) changes nothing: z is not released,
+        # nothing is submitted.
         await _finish(h, _task("x"))
         assert await _task_state(h, _task("x")) == ("COMPLETED", "")
         assert (await _wf(h).state("wf")).run.status is W.CANCELLED
@@ -213,7 +215,8 @@ async def test_a_cancel_the_store_failed_to_write_leaves_the_run_going(
     [done] = await h.events("workflow.cancelled")
     assert done.details["tasks_to_stop"] == [_task("y"), _task("z")]
     [stopped] = await h.events("workflow.tasks_stopped")
-    assert stopped.details["tasks_left_running"] == [_task("y"), _task("z")]
+    assert stopped.details["tasks_asked_back"] == [_task("y"), _task("z")]  # unread
+    assert stopped.details["tasks_left_running"] == []
     assert len(await h.events("workflow.node_cancelled")) == 2
 
 
@@ -415,9 +418,9 @@ async def test_a_runs_history_is_its_correlated_events_paged_by_sequence(
     found, cursor = await reads.history("wf", limit=10_000)
     assert found == everything and cursor == 0
     types = [e.event_type for e in found]
-    assert types[0] == "workflow.created" and types[-2:] == [
-        "workflow.cancelled", "workflow.tasks_stopped"
-    ]  # fmt: skip
+    assert types[0] == "workflow.created" and types[-1] == "workflow.tasks_stopped"
+    # Between them: the tasks waiting at their agent asked back (their CONTROL envelopes).
+    assert "workflow.cancelled" in types[types.index("workflow.node_completed") :]
     assert "workflow.node_completed" in types
     assert any(t.startswith("message.") for t in types)  # its nodes' task envelopes
 

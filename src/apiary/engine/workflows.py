@@ -238,7 +238,9 @@ class Workflows:
             for key in live.nodes:
                 self._timers.cancel(_key(workflow_id, key))
             note = f"workflow {workflow_id} was cancelled{suffix}"
-            outcomes: dict[str, list[str]] = {_CANCELLED: [], _LEFT_RUNNING: [], _ENDED: []}
+            outcomes: dict[str, list[str]] = {
+                _CANCELLED: [], _ASKED_BACK: [], _LEFT_RUNNING: [], _ENDED: []
+            }  # fmt: skip
             for node_id in change.stop:
                 task_id = live.nodes[node_id].task_id
                 outcomes[await self._stop(task_id, note, by or WORKFLOW)].append(task_id)
@@ -248,21 +250,23 @@ class Workflows:
                 self._events.queue(self._draft(
                     workflow_id, "workflow.tasks_stopped", by=by,
                     tasks_cancelled=outcomes[_CANCELLED][:20],
+                    tasks_asked_back=outcomes[_ASKED_BACK][:20],
                     tasks_left_running=outcomes[_LEFT_RUNNING][:20],
                 ))  # fmt: skip
             return live.snapshot()
 
     async def _stop(self, task_id: str, note: str, by: str) -> str:
-        """Stop a cancelled node's task: cancelled when it waits in a queue, else left to
-        its agent (or already ended). Its end, when it comes, is not the node's any more."""
+        """Stop a cancelled node's task: cancelled when it waits in a queue, asked back
+        when it waits at its agent unread (Scheduler.cancel), else left to its agent (or
+        already ended). Its end, when it comes, is not the node's any more."""
         self._by_task.pop(task_id, None)
         try:
-            await self._scheduler.cancel(task_id, note, by)
-        except AlreadyInProgressError:  # dispatched or running
+            task = await self._scheduler.cancel(task_id, note, by)
+        except AlreadyInProgressError:  # running
             return _LEFT_RUNNING
         except (AlreadyCompletedError, NotFoundError):  # ended, or no longer stored
             return _ENDED
-        return _CANCELLED
+        return _CANCELLED if TaskState(task.state).terminal else _ASKED_BACK
 
     def _resume_targets(self, live: LiveWorkflow, node_id: str) -> list[str]:
         """The finished nodes a resume starts over (refused while one of them is running)."""
@@ -582,7 +586,7 @@ class Workflows:
 
 
 _RERUN = frozenset({NodeStatus.FAILED, NodeStatus.SKIPPED})
-_CANCELLED, _LEFT_RUNNING, _ENDED = "cancelled", "left running", "ended"
+_CANCELLED, _ASKED_BACK, _LEFT_RUNNING, _ENDED = "cancelled", "asked back", "left running", "ended"
 """What stopping a cancelled node's task did."""
 
 
