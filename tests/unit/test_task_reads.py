@@ -293,8 +293,8 @@ async def test_a_handler_calls_the_coordinator_only_once_its_read_is_taken(
 async def test_started_waits_for_the_read_and_a_cancelled_wait_leaves_it_be(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`task.started()` is True once the READ is taken; a handler cancelled while it waits
-    (terminated) does not cancel the READ, which is still sent before the task's end."""
+    """`task.started()` is True once the READ is taken; a wait for it that is cancelled
+    (the handler terminated meanwhile, say) does not cancel the READ's answer for the rest."""
     monkeypatch.setattr(task_acks, "LAZY_S", WAIT_S)
     agent = FakeAgent(_task("t1"), _task("t2"))
     seen: list[bool] = []
@@ -307,6 +307,7 @@ async def test_started_waits_for_the_read_and_a_cancelled_wait_leaves_it_be(
             await asyncio.sleep(0)
             waiter.cancel()
             await asyncio.gather(waiter, return_exceptions=True)
+            seen.append(await task.started())  # the READ's answer is still to come
 
     runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
     running = asyncio.ensure_future(runner.run())
@@ -318,7 +319,7 @@ async def test_started_waits_for_the_read_and_a_cancelled_wait_leaves_it_be(
             await _next_frame(agent, n)
             agent.answers.put_nowait(True)
         await _idle(runner)
-        assert seen == [True]
+        assert seen == [True, True]
         stages = [ack for frame in agent.frames for ack in frame]
         assert stages == [
             ("t1", "READ"), ("t1", "FULFILLED"), ("t2", "READ"), ("t2", "FULFILLED"),
