@@ -92,6 +92,13 @@ async def _event(coordinator: Coordinator, where: Callable[[Event], bool]) -> Ev
     return await wait_for_event(coordinator.events, where, timeout_s=WAIT_S)
 
 
+async def _running(coordinator: Coordinator, task_id: str) -> Event:
+    return await _event(
+        coordinator,
+        lambda e: e.event_type == "task.running" and e.details.get("task_id") == task_id,
+    )
+
+
 async def _ended(coordinator: Coordinator, task_id: str) -> Event:
     return await _event(
         coordinator,
@@ -142,6 +149,9 @@ async def test_c4_a_higher_priority_task_preempts_at_a_safe_point(
         params = {"mode": "yield_once", "max_steps": 3000}
         assert (await client.submit_task("x", "low", params, priority=10, scope=SCOPE)).accepted
         await x.expect("started", task="low", attempt=1)
+        # C.4 preempts a RUNNING task: the handler starts as its READ leaves, and the
+        # coordinator records the task RUNNING once it lands (sdk/tasks.py).
+        await _running(coordinator, "low")
         accepted, reason = await client.submit_task(
             "x", "high", {"mode": "quick"}, priority=-5, scope=SCOPE
         )

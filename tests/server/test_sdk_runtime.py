@@ -389,6 +389,10 @@ async def test_setup_runs_while_initializing_and_tasks_start_only_when_running(
             seen["setup"] = _lifecycle(coordinator, self.agent_id)
 
         async def on_task(self, task: apiary.TaskContext) -> str:
+            # The handler starts as the agent sends its READ (its move to RUNNING), which
+            # the coordinator applies a few ms later: nothing the handler does reaches the
+            # coordinator before it (the progress below waits for it).
+            await task.progress(0.5)
             seen["task"] = _lifecycle(coordinator, self.agent_id)
             return "ok"
 
@@ -397,6 +401,12 @@ async def test_setup_runs_while_initializing_and_tasks_start_only_when_running(
         await scheduler.submit_task("starter", "t-s", {"n": 1}, scope=SCOPE)
         await _event(coordinator, lambda e: e.event_type == "task.completed")
     assert seen == {"setup": "INITIALIZING", "task": "RUNNING"}
+    # As the coordinator saw it: the task dispatched (the agent SCHEDULED), its READ (the
+    # agent RUNNING), then the handler's work.
+    shown = ("task.dispatched", "task.running", "task.progress")
+    order = [e.event_type for e in await coordinator.events.read(limit=10_000)
+             if e.event_type in shown and e.correlation_id == "t-s"]  # fmt: skip
+    assert order == list(shown)
 
 
 class Waiter(apiary.Agent):

@@ -61,6 +61,7 @@ async def test_tasks_run_back_to_back_step_the_agent_once_each_way(
 
     async def handler(task: TaskContext) -> str:
         if not ran:
+            await task.started()  # the coordinator has its READ: the agent RUNNING there
             first_started.set()
             await go_on.wait()  # the others queue up meanwhile
         ran.append(task.task_id)

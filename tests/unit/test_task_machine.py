@@ -82,12 +82,20 @@ def test_an_end_frees_and_announces_the_task(state: S, event: I, step: TaskStep)
     ended = step.state in ENDS
     let_go = state in HELD_BY_AGENT and step.state not in HELD_BY_AGENT
     assert (E.RELEASE in step.effects) is (ended or let_go)
-    assert (E.COMPLETE_ACTIVITY in step.effects) is ended
+    # An entry (RFC 10) is closed whenever the task leaves its agent: ended or requeued.
+    assert (E.COMPLETE_ACTIVITY in step.effects) is (ended or let_go)
     assert (E.ANNOUNCE_END in step.effects) is ended
     if ended:
         assert step.event == ("task.completed" if step.state is S.COMPLETED else "task.failed")
         assert step.effects.index(E.RELEASE) < step.effects.index(E.PERSIST)
         assert E.WAKE in step.effects
+
+
+@pytest.mark.parametrize(("state", "event", "step"), _rows())
+def test_the_dispatch_registers_the_activity_entry(state: S, event: I, step: TaskStep) -> None:
+    """Before the agent can start the task (RFC 10): the SDK starts a handler before its READ
+    is answered, so the READ registers nothing."""
+    assert (E.REGISTER_ACTIVITY in step.effects) is (event is I.DISPATCH)
 
 
 @pytest.mark.parametrize(("state", "event", "step"), _rows())
@@ -139,7 +147,9 @@ def test_a_requeue_frees_the_agent_and_wakes_it(state: S, event: I) -> None:
 @pytest.mark.parametrize("state", HELD_BY_AGENT)
 def test_a_task_lost_with_its_agent_goes_back_to_its_queue_or_fails(state: S) -> None:
     requeued = TaskMachine.step(state, I.REQUEUE)
-    assert requeued.effects == (E.RELEASE, E.PERSIST, E.EMIT_EVENT, E.ENQUEUE, E.WAKE)
+    assert requeued.effects == (
+        E.RELEASE, E.PERSIST, E.EMIT_EVENT, E.COMPLETE_ACTIVITY, E.ENQUEUE, E.WAKE,
+    )  # fmt: skip
     abandoned = TaskMachine.step(state, I.ABANDON)
     assert abandoned.state is S.FAILED and E.FREE_AGENT not in abandoned.effects
     assert not TaskMachine.allows(S.QUEUED, I.REQUEUE)

@@ -1,8 +1,6 @@
-"""A task's ACKs in the task runner (sdk/tasks.py): its handler starts once its READ is taken
-(RFC 10's activity entry exists by then) and not at all when the READ is refused; a
-prefetched task that starts soon sends no RECEIVED (its READ stands for it), one that waits
-is acknowledged RECEIVED within its ACK deadline; a task's end and the next task's READ
-travel in one frame.
+"""A task's READ in the task runner (sdk/tasks.py): the handler starts at once, its READ lazy;
+a task that ends soon sends its READ and its end in one frame, in that order; a READ the
+coordinator refuses cancels the handler and its end is never sent.
 
 The connection is a stand-in (its `ack_soon` goes through the real AckFrames into a fake
 streaming sender the test answers), so the frames the runner makes are seen exactly; the
@@ -44,6 +42,10 @@ class FakeAgent:
         self.answers: asyncio.Queue[bool] = asyncio.Queue()
         """One per frame: whether its ACKs are taken (else refused, permission_denied)."""
         self.sent = asyncio.Event()
+        self.answered = 0
+        """Frames answered so far."""
+        self.calls: list[tuple[str, int]] = []
+        """Heartbeats sent (agent state, frames answered by then)."""
 
     async def deliveries(self, *, reconnect: bool = False) -> AsyncGenerator[Delivery, None]:
         for n, env in enumerate(self._tasks):
@@ -72,8 +74,16 @@ class FakeAgent:
         self.frames.append(frame)
         self.sent.set()
         taken = await self.answers.get()
+        self.answered += 1
         code = "" if taken else "permission_denied"
         return [SendResult(env.message_id, taken, code, code, "", 0) for env, _ in items]
+
+    def acks_now(self) -> None:
+        self._acks.now()
+
+    async def heartbeat(self, state: str) -> None:
+        """A call to the coordinator: recorded with the frames answered by then."""
+        self.calls.append((state, self.answered))
 
     async def close(self) -> None:
         await self._acks.close()
@@ -108,48 +118,84 @@ async def _idle(runner: TaskRunner) -> None:
     raise AssertionError(f"still running: {runner.running}")
 
 
-async def test_a_task_starts_once_its_read_is_taken() -> None:
+async def test_a_task_that_ends_soon_sends_its_read_and_its_end_in_one_frame(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(task_acks, "LAZY_S", WAIT_S)  # "soon", however loaded the machine
     agent = FakeAgent(_task("t1"))
     started: list[str] = []
 
     async def handler(task: TaskContext) -> dict[str, int]:
-        started.append(task.task_id)
+        started.append(task.task_id)  # before the READ was even sent
+        assert agent.frames == []
         return {"n": 1}
 
     runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
     running = asyncio.ensure_future(runner.run())
     try:
         await _next_frame(agent, 1)
-        assert agent.frames == [[("t1", "READ")]]
-        await asyncio.sleep(0.05)
-        assert started == []  # the READ is not answered yet
-        agent.answers.put_nowait(True)
-        await _next_frame(agent, 2)
-        assert started == ["t1"]
-        assert agent.frames[1] == [("t1", "FULFILLED")]
+        assert agent.frames == [[("t1", "READ"), ("t1", "FULFILLED")]]
         agent.answers.put_nowait(True)
         await _idle(runner)
+        assert started == ["t1"]
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
         await agent.close()
 
 
-async def test_a_refused_read_leaves_the_task_unstarted() -> None:
+async def test_a_refused_read_cancels_the_handler_and_its_end_is_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(task_acks, "LAZY_S", 0.001)  # the READ leaves alone, at once
     agent = FakeAgent(_task("t1"))
-    started: list[str] = []
+    cancelled = asyncio.Event()
 
     async def handler(task: TaskContext) -> None:
-        started.append(task.task_id)
+        try:
+            await asyncio.Event().wait()  # runs until the runner stops it
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
     runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
     running = asyncio.ensure_future(runner.run())
     try:
         await _next_frame(agent, 1)
-        agent.answers.put_nowait(False)  # taken back meanwhile: not this agent's to run
-        await asyncio.sleep(0.05)
-        assert started == [] and runner.running == []
         assert agent.frames == [[("t1", "READ")]]
+        agent.answers.put_nowait(False)  # taken back meanwhile: not this agent's to run
+        await asyncio.wait_for(cancelled.wait(), WAIT_S)
+        await _idle(runner)
+        await asyncio.sleep(0.05)  # an end ACK, were one sent, would be in a frame by now
+        assert agent.frames == [[("t1", "READ")]]
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await agent.close()
+
+
+async def test_a_task_running_on_sends_its_read_alone_and_its_end_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(task_acks, "LAZY_S", 0.001)
+    agent = FakeAgent(_task("t1"))
+    release = asyncio.Event()
+
+    async def handler(task: TaskContext) -> str:
+        await release.wait()
+        return "done"
+
+    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
+    running = asyncio.ensure_future(runner.run())
+    try:
+        await _next_frame(agent, 1)
+        assert agent.frames == [[("t1", "READ")]]
+        agent.answers.put_nowait(True)
+        release.set()
+        await _next_frame(agent, 2)
+        assert agent.frames[1] == [("t1", "FULFILLED")]
+        agent.answers.put_nowait(True)
+        await _idle(runner)
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
@@ -161,14 +207,14 @@ async def test_a_prefetched_task_that_starts_soon_sends_no_received() -> None:
     runner = TaskRunner(agent, _quick)  # type: ignore[arg-type]
     running = asyncio.ensure_future(runner.run())
     try:
-        for n in range(1, 4):
-            await _next_frame(agent, n)
-            agent.answers.put_nowait(True)
+        await _next_frame(agent, 1)
+        agent.answers.put_nowait(True)
+        await _next_frame(agent, 2)
+        agent.answers.put_nowait(True)
         await _idle(runner)
-        # t2 waited at the agent (prefetched) and started as t1 ended: its READ travelled
-        # with t1's end, and it sent no RECEIVED.
-        assert agent.frames == [
-            [("t1", "READ")], [("t1", "FULFILLED"), ("t2", "READ")], [("t2", "FULFILLED")],
+        stages = [ack for frame in agent.frames for ack in frame]
+        assert stages == [
+            ("t1", "READ"), ("t1", "FULFILLED"), ("t2", "READ"), ("t2", "FULFILLED"),
         ]  # fmt: skip
     finally:
         running.cancel()
@@ -180,7 +226,7 @@ async def test_a_prefetched_task_that_waits_is_acknowledged_received(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(task_acks, "LAZY_S", 0.001)
-    monkeypatch.setattr(tasks, "RECEIVED_AFTER_S", 0.05)
+    monkeypatch.setattr(tasks, "RECEIVED_AFTER_S", 0.01)
     agent = FakeAgent(_task("t1"), _task("t2"))
     release = asyncio.Event()
 
@@ -202,7 +248,7 @@ async def test_a_prefetched_task_that_waits_is_acknowledged_received(
             agent.answers.put_nowait(True)
         await _idle(runner)
         stages = [ack for frame in agent.frames[2:] for ack in frame]
-        assert stages[:2] == [("t1", "FULFILLED"), ("t2", "READ")]
+        assert stages == [("t1", "FULFILLED"), ("t2", "READ"), ("t2", "FULFILLED")]
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
@@ -211,3 +257,74 @@ async def test_a_prefetched_task_that_waits_is_acknowledged_received(
 
 async def _quick(task: TaskContext) -> str:
     return "done"
+
+
+async def test_a_handler_calls_the_coordinator_only_once_its_read_is_taken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`task.waiting()` (an agent state the coordinator allows a RUNNING agent only) waits
+    for the task's READ to be taken, and asks the lazy READ to leave at once."""
+    monkeypatch.setattr(task_acks, "LAZY_S", WAIT_S)  # only the handler's call makes it go
+    agent = FakeAgent(_task("t1"))
+
+    async def handler(task: TaskContext) -> None:
+        async with task.waiting():
+            pass
+
+    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
+    running = asyncio.ensure_future(runner.run())
+    try:
+        await _next_frame(agent, 1)
+        assert agent.frames == [[("t1", "READ")]]  # sent for the call, ahead of the end
+        await asyncio.sleep(0.05)
+        assert agent.calls == []  # its READ is not answered yet
+        agent.answers.put_nowait(True)
+        await _next_frame(agent, 2)
+        assert agent.calls == [("WAITING", 1), ("RUNNING", 1)]
+        assert agent.frames[1] == [("t1", "FULFILLED")]
+        agent.answers.put_nowait(True)
+        await _idle(runner)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await agent.close()
+
+
+async def test_started_waits_for_the_read_and_a_cancelled_wait_leaves_it_be(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`task.started()` is True once the READ is taken; a wait for it that is cancelled
+    (the handler terminated meanwhile, say) does not cancel the READ's answer for the rest."""
+    monkeypatch.setattr(task_acks, "LAZY_S", WAIT_S)
+    agent = FakeAgent(_task("t1"), _task("t2"))
+    seen: list[bool] = []
+
+    async def handler(task: TaskContext) -> None:
+        if task.task_id == "t1":
+            seen.append(await task.started())
+        else:
+            waiter = asyncio.ensure_future(task.started())
+            await asyncio.sleep(0)
+            waiter.cancel()
+            await asyncio.gather(waiter, return_exceptions=True)
+            seen.append(await task.started())  # the READ's answer is still to come
+
+    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
+    running = asyncio.ensure_future(runner.run())
+    try:
+        await _next_frame(agent, 1)
+        assert agent.frames == [[("t1", "READ")]]
+        agent.answers.put_nowait(True)
+        for n in range(2, 4):
+            await _next_frame(agent, n)
+            agent.answers.put_nowait(True)
+        await _idle(runner)
+        assert seen == [True, True]
+        stages = [ack for frame in agent.frames for ack in frame]
+        assert stages == [
+            ("t1", "READ"), ("t1", "FULFILLED"), ("t2", "READ"), ("t2", "FULFILLED"),
+        ]  # fmt: skip
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await agent.close()

@@ -4,7 +4,7 @@ The buffer is advisory (it never blocks scheduling or execution) and, as RFC 10.
 held in memory and bounded: a full buffer rejects registrations with
 `activity_buffer_full`, nothing is dropped silently. Every mutation is in the event log: an
 `activity.*` event of its own, or, for the entries the Scheduler keeps for its tasks
-(`logged`), the task's own event that the mutation follows (`task.running` registers the
+(`logged`), the task's own event that the mutation follows (`task.dispatched` registers the
 entry, `task.completed` or `task.failed` completes it; docs/scheduler.md).
 """
 

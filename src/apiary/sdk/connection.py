@@ -405,6 +405,11 @@ class Connection:
         done.add_done_callback(taken)
         return done
 
+    def acks_now(self) -> None:
+        """Send the lazy ACKs `ack_soon` queued without waiting for an eager one."""
+        if self._acks is not None:
+            self._acks.now()
+
     @property
     def resume_after(self) -> int:
         """Where a reconnect resumes: after the last offset with nothing unacknowledged

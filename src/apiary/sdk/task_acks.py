@@ -8,10 +8,11 @@ the ACKs queued while a frame is in flight together in the next frame, in the or
 queued (the coordinator applies a frame's ACKs in order): a task's end and the next task's
 READ travel and commit together. Each ACK's own outcome still comes back to its sender.
 
-A prefetched task's RECEIVED is lazy: it leaves no frame of its own but rides with the next
-eager ACK (a task's READ or end), or goes after LAZY_S when none comes. Sent at once, it took
-a frame, a round trip and a commit of its own between a task's end and the next task's READ,
-which then waited for it.
+A prefetched task's RECEIVED and a task's READ are lazy: they leave no frame of their own but
+ride with the next eager ACK (a task's end), or go after LAZY_S when none comes. Sent at once,
+a RECEIVED took a frame, a round trip and a commit of its own between a task's end and the
+next task's READ, which then waited for it; a READ sent at once made a task two frames and two
+commits (READ, then its end) where one does.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ class AckFrames:
     def send(self, ack: Envelope, *, lazy: bool = False) -> asyncio.Future[None]:
         """Queue `ack` now (it goes after every ACK queued before it, in the span current
         now); the future is done once the coordinator took it, or fails with the ApiaryError
-        that refused it. A `lazy` ACK (a prefetched task's RECEIVED, which nobody waits for)
-        does not make a frame leave: it goes with the next eager ACK, or after LAZY_S."""
+        that refused it. A `lazy` ACK (a prefetched task's RECEIVED, a task's READ) does not
+        make a frame leave: it goes with the next eager ACK, or after LAZY_S."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queued.append((ack, current(), done))
         if lazy:
@@ -61,6 +62,12 @@ class AckFrames:
         else:
             self._make_due()
         return done
+
+    def now(self) -> None:
+        """Send the lazy ACKs queued without waiting any longer (someone waits for one: a
+        handler's call that must follow its task's READ)."""
+        if self._queued:
+            self._make_due()
 
     def _wait_lazily(self) -> None:
         if self._queued and not self._due and self._timer is None:

@@ -12,7 +12,8 @@
         await TaskRunner(agent, handler).run()
 
 The runner reads the agent's deliveries. A DATA envelope from producer `scheduler` is a task:
-it is acknowledged READ (the task becomes RUNNING), the handler runs as its own asyncio task,
+it is acknowledged READ (the task becomes RUNNING) and its handler starts as its own asyncio
+task at once (a READ the coordinator refuses cancels it: the task was taken back),
 up to `concurrency` of them at once (the `task_concurrency` the agent declared, 1 by default;
 a task that arrives while that many run waits, and starts when one ends: the Scheduler's
 prefetch (one that waits RECEIVED_AFTER_S is acknowledged RECEIVED, lazily: with the next
@@ -37,15 +38,21 @@ memory) until `resume`, which reports the agent RUNNING and lets it go on; `shut
 `run()` once no task is left; `recover` reports the agent RUNNABLE (heartbeat) once no task is
 left. Other messages go to `on_message`, or are ACKed FULFILLED when there is none.
 
-Each task has an activity entry before its handler starts (RFC 10): the coordinator
-registers it when it applies the READ, which the runner awaits, and completes it when the
-task ends; a task that yields has its entry completed by the runner (it goes back to its
-queue). `current_task()` is the task inside its handler.
+Each task's activity entry (RFC 10) exists before its handler starts: the coordinator
+registers it as it dispatches the task, and completes it when the task ends or goes back to
+its queue (a yield); the buffer is advisory and does not hold the handler back (RFC 10: it
+MUST NOT block execution). The coordinator records the task RUNNING, and the agent RUNNING
+(RFC 8), once it applies the READ, which may land a few ms after the handler started: the
+context's calls to the coordinator (`waiting`, `progress`, sections, model reports) wait for
+the READ to be taken first, and `TaskContext.started()` waits for it for anything else.
+`current_task()` is the task inside its handler.
 
 The ACKs travel over the agent's streaming sender (`Connection.ack_soon`, sdk/task_acks.py):
-those queued while a frame is in flight go together in the next, in order, so a task's end
-and the next task's READ (a prefetched one, started as soon as a slot frees) travel and
-commit together. A task whose READ is on the way holds its slot.
+those queued while a frame is in flight go together in the next, in order. A READ is lazy:
+it waits for the task's end, or another eager ACK, for LAZY_S at most, so a task that ends
+soon is one frame (its READ and its end) and one commit at the coordinator; a task's end and
+the next task's READ (a prefetched one, started as soon as a slot frees) travel together too.
+An end is sent again only after its READ was taken, so the coordinator never sees it first.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from apiary.core.envelope import AckStage, Envelope, MessageType
@@ -67,7 +75,6 @@ from apiary.core.runtime.turns import is_interrupt
 from apiary.core.tasks.capacity import PREFETCHED_RECEIVED_AFTER_S
 from apiary.core.trace_context import TraceContext
 from apiary.errors import ApiaryError
-from apiary.sdk import errors
 from apiary.sdk.connection import Connection, Delivery
 from apiary.sdk.errors import CoordinatorUnreachableError, TaskFailedError
 from apiary.sdk.model_reports import ModelReporter
@@ -80,7 +87,6 @@ from apiary.sdk.task_outcome import (
     result_outcome,
 )
 from apiary.sdk.tracing import NO_SPAN, started
-from apiary.wire import pb
 
 if TYPE_CHECKING:
     from apiary.sdk.trace_spans import AgentSpan
@@ -126,6 +132,8 @@ class TaskContext:
         self.model = ModelReporter(self._command)
         """Model and reasoning progress reported from this task (sdk/model_reports.py)."""
         self._preempt_reason: str | None = None
+        self._read: asyncio.Future[bool] | None = None
+        """The answer to the task's READ, sent as the handler starts (`started`)."""
         self._in_section = False
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -133,6 +141,32 @@ class TaskContext:
     def json(self) -> Any:
         """The params decoded as JSON (None when there are none)."""
         return json.loads(self.params) if self.params else None
+
+    async def started(self) -> bool:
+        """Wait until the coordinator took the task's READ: from then it records the task
+        RUNNING and its agent RUNNING (RFC 8). True then; False when it refused it (the task
+        was taken back or cancelled meanwhile: the runner is cancelling the handler).
+
+        The handler starts as soon as the task arrives, before its READ is answered (the
+        READ travels lazily: with the task's end when the handler ends within 10 ms, one
+        frame and one commit). Its activity entry (RFC 10) exists already (registered at
+        dispatch). The context's own calls to the coordinator (`waiting`, `progress`,
+        sections, model reports) wait for the READ themselves; a handler that asks the
+        coordinator about its task or agent otherwise calls this first."""
+        read = self._read
+        if read is None:
+            return True
+        if not read.done():
+            self.agent.acks_now()  # someone waits for it: no reason to wait for the end
+        # Shielded: a handler cancelled while it waits must not cancel the runner's READ.
+        return await asyncio.shield(read)
+
+    async def _after_read(self) -> None:
+        """Before a call to the coordinator about this task: its READ taken (`started`),
+        so that the coordinator sees the call after the task's start. A refused READ
+        cancels the handler (the runner does too)."""
+        if not await self.started():
+            raise asyncio.CancelledError(f"task {self.task_id}: its READ was refused")
 
     @property
     def preempt_requested(self) -> bool:
@@ -171,6 +205,7 @@ class TaskContext:
 
     @contextlib.asynccontextmanager
     async def _waiting(self, state: str) -> AsyncIterator[None]:
+        await self._after_read()  # WAITING is a RUNNING agent's state (RFC 8.1)
         await self.agent.heartbeat(state)
         try:
             yield
@@ -233,6 +268,7 @@ class TaskContext:
             log.info("task %s: leave_section refused: %s", self.task_id, exc)
 
     async def _command(self, command: str, **fields: Any) -> None:
+        await self._after_read()  # the Scheduler takes commands for a RUNNING task
         env = self.agent.envelope(
             {"command": command, "task_id": self.task_id, **fields},
             message_type=MessageType.CONTROL,
@@ -275,6 +311,10 @@ class _Running:
     supervisor: asyncio.Task[None] | None = None
     span: AgentSpan | None = None
     """The task's span when its DATA carried a trace context (docs/tracing.md)."""
+    read: asyncio.Future[bool] | None = None
+    """Its READ's answer: True once taken, False once refused (the handler is cancelled
+    and its end not reported: the task is not this agent's to run)."""
+    refused: bool = False
 
 
 class TaskRunner:
@@ -303,8 +343,6 @@ class TaskRunner:
         self._running: dict[str, _Running] = {}
         self._waiting: OrderedDict[str, tuple[Envelope, TraceContext | None]] = OrderedDict()
         """Tasks that arrived while `concurrency` ran, in arrival order, not started."""
-        self._starting: set[str] = set()
-        """The dispatches (message ids) whose READ is on the way: they hold a slot."""
         self._early: OrderedDict[str, tuple[str, str]] = OrderedDict()
         """Commands for tasks whose DATA has not arrived yet (lanes may reorder them)."""
         self._recover_pending = False
@@ -366,8 +404,6 @@ class TaskRunner:
         queued = self._waiting.get(task_id)
         if queued is not None and queued[0].message_id == env.message_id:
             return  # waiting already
-        if env.message_id in self._starting:
-            return  # being started
         if self._slots_taken() >= self._concurrency:
             # Prefetched: it waits here, unread, until a running task ends (`_next`).
             self._waiting[task_id] = (env, trace)
@@ -377,17 +413,15 @@ class TaskRunner:
             loop = asyncio.get_running_loop()
             loop.call_later(RECEIVED_AFTER_S, self._received_if_waiting, task_id, env)
             return
-        # Its slot is taken while its READ is on the way: a task delivered meanwhile waits.
-        self._starting.add(env.message_id)
-        try:
-            read = await self._ack(env, AckStage.READ)
-        finally:
-            self._starting.discard(env.message_id)
-        if not read:
-            return
+        # It starts now, its READ queued first: lazily, so that a handler that ends soon
+        # sends its READ and its end in one frame (one commit at the coordinator), and one
+        # that runs on sends its READ after LAZY_S (sdk/task_acks.py). The handler does not
+        # wait for the READ's answer; a refused READ cancels it (`_read_answered`).
+        read = self._ack_soon(env, AckStage.READ, lazy=True)
+        context._read = read
         early = self._early.pop(task_id, None)
         if early is not None and early[0] in ("terminate", "kill"):
-            await self._ack(env, *forced_outcome(early[0]))
+            await self._ack(env, *forced_outcome(early[0]), after=read)
             return
         if early is not None:
             context._request_preempt(early[1])
@@ -400,8 +434,9 @@ class TaskRunner:
                 handler = asyncio.ensure_future(self._handler(context))
             finally:
                 _CURRENT.reset(token)
-            running = _Running(context, handler, span=span)
+            running = _Running(context, handler, span=span, read=read)
             self._running[task_id] = running
+            read.add_done_callback(partial(self._read_answered, running))
             running.supervisor = asyncio.ensure_future(self._supervise(running))
 
     def _received_if_waiting(self, task_id: str, env: Envelope) -> None:
@@ -409,7 +444,15 @@ class TaskRunner:
         the next deliveries are read meanwhile (a refusal is logged)."""
         waiting = self._waiting.get(task_id)
         if waiting is not None and waiting[0].message_id == env.message_id:
-            self._keep(self._ack_soon(env, AckStage.RECEIVED))
+            self._keep(self._ack_soon(env, AckStage.RECEIVED, lazy=True))
+
+    def _read_answered(self, running: _Running, read: asyncio.Future[bool]) -> None:
+        """A refused READ (the task was taken back, cancelled, or is another attempt's now)
+        stops the handler: its end is not reported."""
+        if read.cancelled() or read.exception() is not None or read.result():
+            return
+        running.refused = True
+        running.handler.cancel()
 
     async def _supervise(self, running: _Running) -> None:
         killed = asyncio.ensure_future(running.killed.wait())
@@ -422,10 +465,16 @@ class TaskRunner:
         outcome = _outcome(running) if done else Outcome(*forced_outcome("kill"))
         reported: asyncio.Future[Any] | None = None
         try:
-            if outcome.stage is AckStage.FULFILLED and outcome.note == YIELDED:
-                # Back to its queue, not ended: the coordinator leaves its entry alone.
-                await self._close_activity(running.context, outcome.stage)
-            reported = self._report(running.context, outcome)
+            read = running.read
+            if read is not None and read.done() and not read.cancelled() and not read.result():
+                running.refused = True
+            if running.refused:
+                log.info("task %s was not this agent's to run: its READ was refused",
+                         running.context.task_id)  # fmt: skip
+            else:
+                # Queued behind its READ: both leave in one frame when the READ is still
+                # waiting for one. (A yield's activity entry is closed by the coordinator.)
+                reported = self._report(running.context, outcome, read)
         finally:
             if self._running.get(running.context.task_id) is running:
                 del self._running[running.context.task_id]
@@ -446,34 +495,27 @@ class TaskRunner:
             await self._start(env, trace)
 
     def _slots_taken(self) -> int:
-        """Tasks running, and being started (their READ on the way)."""
-        return len(self._running) + len(self._starting)
+        """Tasks running."""
+        return len(self._running)
 
-    def _report(self, context: TaskContext, outcome: Outcome) -> asyncio.Future[Any]:
-        """Acknowledge the task's end: in the ACK when it fits (queued at once), else through
-        CompleteTask first (sdk/task_outcome.py). Done once acknowledged (or given up)."""
+    def _report(
+        self, context: TaskContext, outcome: Outcome, read: asyncio.Future[bool] | None = None
+    ) -> asyncio.Future[Any]:
+        """Acknowledge the task's end, after its `read`: in the ACK when it fits (queued at
+        once), else through CompleteTask first (sdk/task_outcome.py), once the READ is taken.
+        Done once acknowledged (or given up)."""
         env = context.envelope
         if outcome.result is None and fits(env, outcome.stage, outcome.code, outcome.note):
-            return self._ack_soon(env, outcome.stage, outcome.code, outcome.note)
-        return asyncio.ensure_future(self._complete(context, outcome))
+            return self._ack_soon(env, outcome.stage, outcome.code, outcome.note, after=read)
+        return asyncio.ensure_future(self._complete(context, outcome, read))
 
-    async def _complete(self, context: TaskContext, outcome: Outcome) -> None:
+    async def _complete(
+        self, context: TaskContext, outcome: Outcome, read: asyncio.Future[bool] | None
+    ) -> None:
+        if read is not None and not await read:  # CompleteTask is for a RUNNING task
+            return
         stage, code, note = await complete(self.agent, context.task_id, outcome, context.attempt)
         await self._ack(context.envelope, stage, code, note)
-
-    # ------------------------------------------------------------------ activity
-
-    async def _close_activity(self, context: TaskContext, stage: AckStage) -> None:
-        """Finish the task's entry (RFC 10) when the coordinator does not: it yielded."""
-        outcome = "COMPLETED" if stage is AckStage.FULFILLED else "FAILED"
-        request = pb.apiary_pb2.CompleteActivityRequest(
-            agent_id=self.agent.agent_id, task_id=context.task_id, outcome=outcome
-        )
-        stub = pb.apiary_pb2_grpc.ActivityBufferServiceStub(self.agent.channel)
-        try:
-            await errors.call(lambda: stub.Complete(request))
-        except ApiaryError as exc:
-            log.warning("task %s: activity entry not completed: %s", context.task_id, exc)
 
     async def _settled(self) -> None:
         """No task may be left: finish a recovery or a shutdown that waited for it."""
@@ -580,29 +622,33 @@ class TaskRunner:
         while len(self._early) > _EARLY_LIMIT:
             self._early.popitem(last=False)
 
-    async def _ack(self, env: Envelope, stage: AckStage, code: str = "", note: str = "") -> bool:
+    async def _ack(
+        self, env: Envelope, stage: AckStage, code: str = "", note: str = "",
+        *, after: asyncio.Future[bool] | None = None,
+    ) -> bool:  # fmt: skip
         """`_ack_soon`, waited for."""
-        return await self._ack_soon(env, stage, code, note)
+        return await self._ack_soon(env, stage, code, note, after=after)
 
     def _ack_soon(
-        self, env: Envelope, stage: AckStage, code: str = "", note: str = ""
-    ) -> asyncio.Future[bool]:
-        """Acknowledge `env`, queued now behind the ACKs queued before it (sdk/task_acks.py),
-        and again after each `unavailable` answer (the coordinator could not store it, or
-        cannot tell that it did: a repeated ACK is safe) or none at all (the coordinator, or
-        the replica of a cluster, went away: the channel moves to the next address it has),
-        ACK_RETRY_DELAYS_S apart. The
-        future's result: True once taken, False (logged) once refused otherwise or those are
-        spent. A task whose READ or end was never acknowledged would otherwise wait for its
-        ACK forever."""
-        first = self.agent.ack_soon(
-            env, stage, error_code=code, note=note, lazy=stage is AckStage.RECEIVED
-        )
-        return asyncio.ensure_future(self._acked(env, stage, code, note, first))
+        self, env: Envelope, stage: AckStage, code: str = "", note: str = "",
+        *, lazy: bool = False, after: asyncio.Future[bool] | None = None,
+    ) -> asyncio.Future[bool]:  # fmt: skip
+        """Acknowledge `env`, queued now behind the ACKs queued before it (sdk/task_acks.py;
+        `lazy`: it waits for an eager one to carry it), and again after each `unavailable`
+        answer (the coordinator could not store it, or cannot tell that it did: a repeated
+        ACK is safe) or none at all (the coordinator, or the replica of a cluster, went away:
+        the channel moves to the next address it has), ACK_RETRY_DELAYS_S apart, each time
+        after `after` (the task's READ, sent again first) was taken. The future's result:
+        True once taken, False (logged) once refused otherwise, those are spent, or `after`
+        was refused. A task whose READ or end was never acknowledged would otherwise wait
+        for its ACK forever."""
+        first = self.agent.ack_soon(env, stage, error_code=code, note=note, lazy=lazy)
+        return asyncio.ensure_future(self._acked(env, stage, code, note, first, after))
 
     async def _acked(
-        self, env: Envelope, stage: AckStage, code: str, note: str, sent: Awaitable[None]
-    ) -> bool:
+        self, env: Envelope, stage: AckStage, code: str, note: str, sent: Awaitable[None],
+        after: asyncio.Future[bool] | None,
+    ) -> bool:  # fmt: skip
         delays = iter(ACK_RETRY_DELAYS_S)
         while True:
             try:
@@ -615,6 +661,8 @@ class TaskRunner:
                         "%s could not acknowledge %s %s: %s", self.agent.agent_id,
                         env.message_id, stage.name, exc,
                     )  # fmt: skip
+                    return False
+                if after is not None and not await after:
                     return False
                 await asyncio.sleep(delay)
                 sent = self.agent.ack_soon(env, stage, error_code=code, note=note)

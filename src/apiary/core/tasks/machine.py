@@ -83,8 +83,12 @@ class TaskEffect(StrEnum):
     ENQUEUE = "ENQUEUE"
     """Put the task in its queue, its agent's or its shared queue (a requeued task keeps its
     place)."""
+    REGISTER_ACTIVITY = "REGISTER_ACTIVITY"
+    """Register the task's entry in the activity buffer (RFC 10) as it is dispatched: before
+    its agent can start it (the agent starts a task before its READ is answered)."""
     COMPLETE_ACTIVITY = "COMPLETE_ACTIVITY"
-    """Close the task's entries in the activity buffer (RFC 10)."""
+    """Close the task's entries in the activity buffer (RFC 10): as it ends, or as it goes
+    back to its queue (the attempt's entry, COMPLETED when it yielded, else FAILED)."""
     WAKE = "WAKE"
     """Try to dispatch to the task's agent again (offer a waiting shared task to its
     queue's agents), from the background loop."""
@@ -117,6 +121,11 @@ _END = (_E.RELEASE, *_STORE, _E.COMPLETE_ACTIVITY, _E.WAKE, _E.ANNOUNCE_END)
 have pairs in the conflict gate."""
 
 
+_REQUEUED = (_E.RELEASE, *_STORE, _E.COMPLETE_ACTIVITY, _E.ENQUEUE, _E.WAKE)
+"""A held task back in its queue: the attempt's activity entry is closed (a yield's as
+COMPLETED: the one requeue that frees its agent, FREE_AGENT)."""
+
+
 def _ended(state: TaskState, *, queued: bool = False, agent: bool = False) -> TaskStep:
     """An ending row: out of the queue first when it waits there, and the agent back to
     RUNNABLE when the end is its own result."""
@@ -124,7 +133,9 @@ def _ended(state: TaskState, *, queued: bool = False, agent: bool = False) -> Ta
     return TaskStep(state, effects, "task.completed" if state is _S.COMPLETED else "task.failed")
 
 
-_DISPATCHED = TaskStep(_S.DISPATCHED, (_E.OCCUPY, *_STORE, _E.SCHEDULE_AGENT), "task.dispatched")
+_DISPATCHED = TaskStep(
+    _S.DISPATCHED, (_E.OCCUPY, *_STORE, _E.REGISTER_ACTIVITY, _E.SCHEDULE_AGENT), "task.dispatched"
+)
 
 
 def _dispatched() -> dict[TaskInput, TaskStep]:
@@ -132,13 +143,9 @@ def _dispatched() -> dict[TaskInput, TaskStep]:
     return {
         _I.FULFIL: _ended(_S.COMPLETED, agent=True),
         _I.FAIL: _ended(_S.FAILED, agent=True),
-        _I.RETRY: TaskStep(_S.QUEUED, (_E.RELEASE, *_STORE, _E.ENQUEUE, _E.WAKE), "task.requeued"),
-        _I.REQUEUE: TaskStep(
-            _S.QUEUED, (_E.RELEASE, *_STORE, _E.ENQUEUE, _E.WAKE), "task.requeued"
-        ),
-        _I.YIELD: TaskStep(
-            _S.QUEUED, (_E.RELEASE, *_STORE, _E.ENQUEUE, _E.FREE_AGENT, _E.WAKE), "task.requeued"
-        ),
+        _I.RETRY: TaskStep(_S.QUEUED, _REQUEUED, "task.requeued"),
+        _I.REQUEUE: TaskStep(_S.QUEUED, _REQUEUED, "task.requeued"),
+        _I.YIELD: TaskStep(_S.QUEUED, (*_REQUEUED[:-1], _E.FREE_AGENT, _E.WAKE), "task.requeued"),
         _I.ABANDON: _ended(_S.FAILED),
         _I.TERMINATE: _ended(_S.FAILED),
     }

@@ -1,5 +1,5 @@
-"""The agents' ACKs of the Scheduler's DATA envelopes: READ -> RUNNING (with the task's
-activity entry, RFC 10), FULFILLED ->
+"""The agents' ACKs of the Scheduler's DATA envelopes: READ -> RUNNING (its activity entry,
+RFC 10, was registered at its dispatch), FULFILLED ->
 COMPLETED (or the yield or termination a preemption expects, engine/scheduler/preemption.py),
 REJECTED/FAILED -> FAILED with the agent's code, TIMED_OUT -> handed out again while the task
 has dispatch attempts left, FAILED after that. An ACK of an envelope no live task's dispatch

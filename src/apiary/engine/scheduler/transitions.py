@@ -53,7 +53,7 @@ ACTIVITY_KEYS: Final = ("repo_id", "worktree_id", "branch", "description")
 
 
 def activity_entry(task: TaskRecord) -> ActivityEntry:
-    """The activity entry of a task its agent has read (RFC 10): the agent and task, and
+    """The activity entry of a task dispatched to its agent (RFC 10): the agent and task, and
     the ACTIVITY_KEYS its JSON params carry (ValidationError when one is not acceptable)."""
     try:
         body = json.loads(task.params) if task.params else None
@@ -64,6 +64,15 @@ def activity_entry(task: TaskRecord) -> ActivityEntry:
         str(found[key]) if key in found else "" for key in ACTIVITY_KEYS
     )
     return ActivityEntry(task.agent_id, task.task_id, repo_id, worktree_id, branch, description)
+
+
+def _activity_outcome(step: TaskStep, after: TaskRecord) -> str:
+    """How a task's activity entry is closed (COMPLETE_ACTIVITY): as the task ended, or, for
+    an attempt back in its queue, COMPLETED when it yielded (the one requeue that frees its
+    agent) and FAILED otherwise (its ACK deadline passed, its agent was lost)."""
+    if after.state.terminal:
+        return _TEXT[after.state]
+    return "COMPLETED" if _E.FREE_AGENT in step.effects else "FAILED"
 
 
 def logs_messages(task: TaskRecord) -> bool:
@@ -191,12 +200,10 @@ class TaskTransitions:
         return changes, details
 
     async def read(self, task: TaskRecord) -> TaskRecord:
-        """The agent read the task (its READ ACK): RUNNING, and its activity entry registered
-        (RFC 10) before the agent hears back, so before its handler starts. The entry is
-        advisory: one refused (a full buffer) is logged and the task runs."""
-        task = await self.apply(task, TaskInput.READ, {"updated_at": self._clock.now()})
-        await self._register(task)
-        return task
+        """The agent read the task (its READ ACK): RUNNING. Its activity entry (RFC 10) was
+        registered at its dispatch (REGISTER_ACTIVITY): the agent starts a task before its
+        READ is answered."""
+        return await self.apply(task, TaskInput.READ, {"updated_at": self._clock.now()})
 
     def prepare_read(self, task: TaskRecord, moved: Mapping[str, str] | None = None) -> Prepared:
         """`read` as `prepare` does it (`read_stored` follows the write); `moved`: more of
@@ -206,13 +213,12 @@ class TaskTransitions:
 
     async def read_stored(self, prepared: Prepared) -> TaskRecord:
         """`read`'s effects once its `prepare_read` record and event are committed."""
-        task = await self.stored(prepared)
-        await self._register(task)
-        return task
+        return await self.stored(prepared)
 
     async def _register(self, task: TaskRecord) -> None:
-        """The task's activity entry, recorded by its `task.running` (a refusal by an event
-        of its own, `activity.refused`)."""
+        """The task's activity entry, recorded by its `task.dispatched` (a refusal by an
+        event of its own, `activity.refused`). The entry is advisory: one
+        refused (a full buffer) is logged and the task runs."""
         entry = activity_entry(task)
         try:
             await self._activity.register(entry, logged=True)
@@ -293,9 +299,13 @@ class TaskTransitions:
             elif effect is _E.OCCUPY:
                 live.occupy(after)
                 self._gate.started(after)
+            elif effect is _E.REGISTER_ACTIVITY:
+                # Before anything awaits: the DATA that carries the task is not written to
+                # its agent's stream until this turn of the loop yields.
+                await self._register(after)
             elif effect is _E.COMPLETE_ACTIVITY:
                 await self._activity.complete(
-                    after.agent_id, after.task_id, _TEXT[after.state], logged=True
+                    holder, after.task_id, _activity_outcome(step, after), logged=True
                 )
             elif effect is _E.ANNOUNCE_END:
                 for listener in self._end_listeners:
