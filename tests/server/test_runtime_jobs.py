@@ -132,6 +132,8 @@ async def test_cancel_records_the_intent_then_cancels_the_items_not_ended_keepin
     session_id = made["sessionId"]
     await worker.running("busy")
     await runtime.until("get_task", lambda d: d["task"]["status"] == "completed", task_id="done")
+    # Running from the coordinator's side once the handler's READ (sent lazily) is taken.
+    await runtime.until("get_task", lambda d: d["task"]["status"] == "running", task_id="busy")
     running = await _job(runtime, "batch-2", "running")
     assert running["itemCounts"] == {"completed": 1, "queued": 1, "running": 1}
     answer = await runtime.ok("cancel_job", job_id="batch-2", reason="enough")
