@@ -15,7 +15,11 @@ from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage
 from apiary.store.errors import DuplicateMessageError, SchemaVersionError
 from apiary.store.migrations import load_migrations
-from apiary.store.postgres.store import open_postgres_store, split_schema_parameter
+from apiary.store.postgres.store import (
+    PostgresStore,
+    open_postgres_store,
+    split_schema_parameter,
+)
 from apiary.store.sql.bulk import MAX_ROWS
 
 pytestmark = pytest.mark.postgres
@@ -318,6 +322,18 @@ async def test_an_id_admitted_elsewhere_meanwhile_is_a_duplicate_and_leaves_no_g
         assert (await store.messages.admit(message("z", "b"))).offset == 3
 
 
+async def _cut_one_idle(store: PostgresStore, dsn: str) -> int:
+    """End, from the database side, the session of a connection the pool holds idle; its
+    backend's pid."""
+    async with store.pool.connection() as conn:  # it goes back to the pool, idle
+        row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
+    assert row is not None
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        ended = admin.execute("SELECT pg_terminate_backend(%s, 5000)", [row[0]]).fetchone()
+    assert ended == (True,)
+    return int(row[0])
+
+
 async def test_a_read_on_a_pooled_connection_cut_while_idle_is_answered(
     postgres_dsn: str, postgres_schema: str
 ) -> None:
@@ -327,12 +343,7 @@ async def test_a_read_on_a_pooled_connection_cut_while_idle_is_answered(
     the caller's to learn)."""
     async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
         await store.messages.admit(message("m-1", "bob"))
-        async with store.pool.connection() as conn:  # it goes back to the pool, idle
-            row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
-        assert row is not None
-        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
-            ended = admin.execute("SELECT pg_terminate_backend(%s, 5000)", [row[0]]).fetchone()
-        assert ended == (True,)
+        await _cut_one_idle(store, postgres_dsn)
         inbox = await store.messages.inbox("bob", 0, 10)
         assert [m.message_id for m in inbox] == ["m-1"]
 
@@ -367,14 +378,9 @@ async def test_a_write_after_its_pooled_connection_was_cut_while_idle_is_made(
     connection, not answered `unavailable`."""
     async with open_postgres_store(postgres_dsn, schema=postgres_schema) as store:
         await store.messages.admit(message("m-1", "bob"))
-        async with store.pool.connection() as conn:  # it goes back to the pool, idle
-            row = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
-        assert row is not None
-        with psycopg.connect(postgres_dsn, autocommit=True) as admin:
-            ended = admin.execute("SELECT pg_terminate_backend(%s, 5000)", [row[0]]).fetchone()
-        assert ended == (True,)
+        cut = await _cut_one_idle(store, postgres_dsn)
         admitted = await store.messages.admit(message("m-2", "bob"))
         assert isinstance(admitted, StoredMessage) and admitted.offset == 2
         async with store.pool.connection() as conn:
             again = await (await conn.execute("SELECT pg_backend_pid()")).fetchone()
-        assert again is not None and again[0] != row[0]
+        assert again is not None and again[0] != cut

@@ -11,8 +11,10 @@ and end to end in tests/server/test_sdk_tasks.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 
@@ -118,6 +120,19 @@ async def _idle(runner: TaskRunner) -> None:
     raise AssertionError(f"still running: {runner.running}")
 
 
+@contextlib.asynccontextmanager
+async def _running(agent: FakeAgent, handler: Any) -> AsyncIterator[TaskRunner]:
+    """A TaskRunner of `handler` running on `agent` until the block ends."""
+    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
+    running = asyncio.ensure_future(runner.run())
+    try:
+        yield runner
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await agent.close()
+
+
 async def test_a_task_that_ends_soon_sends_its_read_and_its_end_in_one_frame(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -130,18 +145,12 @@ async def test_a_task_that_ends_soon_sends_its_read_and_its_end_in_one_frame(
         assert agent.frames == []
         return {"n": 1}
 
-    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
-    running = asyncio.ensure_future(runner.run())
-    try:
+    async with _running(agent, handler) as runner:
         await _next_frame(agent, 1)
         assert agent.frames == [[("t1", "READ"), ("t1", "FULFILLED")]]
         agent.answers.put_nowait(True)
         await _idle(runner)
         assert started == ["t1"]
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await agent.close()
 
 
 async def test_a_refused_read_cancels_the_handler_and_its_end_is_not_sent(
@@ -158,9 +167,7 @@ async def test_a_refused_read_cancels_the_handler_and_its_end_is_not_sent(
             cancelled.set()
             raise
 
-    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
-    running = asyncio.ensure_future(runner.run())
-    try:
+    async with _running(agent, handler) as runner:
         await _next_frame(agent, 1)
         assert agent.frames == [[("t1", "READ")]]
         agent.answers.put_nowait(False)  # taken back meanwhile: not this agent's to run
@@ -168,10 +175,6 @@ async def test_a_refused_read_cancels_the_handler_and_its_end_is_not_sent(
         await _idle(runner)
         await asyncio.sleep(0.05)  # an end ACK, were one sent, would be in a frame by now
         assert agent.frames == [[("t1", "READ")]]
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await agent.close()
 
 
 async def test_a_task_running_on_sends_its_read_alone_and_its_end_after_it(
@@ -185,9 +188,7 @@ async def test_a_task_running_on_sends_its_read_alone_and_its_end_after_it(
         await release.wait()
         return "done"
 
-    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
-    running = asyncio.ensure_future(runner.run())
-    try:
+    async with _running(agent, handler) as runner:
         await _next_frame(agent, 1)
         assert agent.frames == [[("t1", "READ")]]
         agent.answers.put_nowait(True)
@@ -196,17 +197,11 @@ async def test_a_task_running_on_sends_its_read_alone_and_its_end_after_it(
         assert agent.frames[1] == [("t1", "FULFILLED")]
         agent.answers.put_nowait(True)
         await _idle(runner)
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await agent.close()
 
 
 async def test_a_prefetched_task_that_starts_soon_sends_no_received() -> None:
     agent = FakeAgent(_task("t1"), _task("t2"))
-    runner = TaskRunner(agent, _quick)  # type: ignore[arg-type]
-    running = asyncio.ensure_future(runner.run())
-    try:
+    async with _running(agent, _quick) as runner:
         await _next_frame(agent, 1)
         agent.answers.put_nowait(True)
         await _next_frame(agent, 2)
@@ -216,10 +211,6 @@ async def test_a_prefetched_task_that_starts_soon_sends_no_received() -> None:
         assert stages == [
             ("t1", "READ"), ("t1", "FULFILLED"), ("t2", "READ"), ("t2", "FULFILLED"),
         ]  # fmt: skip
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await agent.close()
 
 
 async def test_a_prefetched_task_that_waits_is_acknowledged_received(
@@ -233,9 +224,7 @@ async def test_a_prefetched_task_that_waits_is_acknowledged_received(
     async def handler(task: TaskContext) -> None:
         await release.wait()
 
-    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
-    running = asyncio.ensure_future(runner.run())
-    try:
+    async with _running(agent, handler) as runner:
         await _next_frame(agent, 1)
         assert agent.frames == [[("t1", "READ")]]
         agent.answers.put_nowait(True)
@@ -249,10 +238,6 @@ async def test_a_prefetched_task_that_waits_is_acknowledged_received(
         await _idle(runner)
         stages = [ack for frame in agent.frames[2:] for ack in frame]
         assert stages == [("t1", "FULFILLED"), ("t2", "READ"), ("t2", "FULFILLED")]
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await agent.close()
 
 
 async def _quick(task: TaskContext) -> str:
@@ -271,9 +256,7 @@ async def test_a_handler_calls_the_coordinator_only_once_its_read_is_taken(
         async with task.waiting():
             pass
 
-    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
-    running = asyncio.ensure_future(runner.run())
-    try:
+    async with _running(agent, handler) as runner:
         await _next_frame(agent, 1)
         assert agent.frames == [[("t1", "READ")]]  # sent for the call, ahead of the end
         await asyncio.sleep(0.05)
@@ -284,10 +267,6 @@ async def test_a_handler_calls_the_coordinator_only_once_its_read_is_taken(
         assert agent.frames[1] == [("t1", "FULFILLED")]
         agent.answers.put_nowait(True)
         await _idle(runner)
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await agent.close()
 
 
 async def test_started_waits_for_the_read_and_a_cancelled_wait_leaves_it_be(
@@ -309,9 +288,7 @@ async def test_started_waits_for_the_read_and_a_cancelled_wait_leaves_it_be(
             await asyncio.gather(waiter, return_exceptions=True)
             seen.append(await task.started())  # the READ's answer is still to come
 
-    runner = TaskRunner(agent, handler)  # type: ignore[arg-type]
-    running = asyncio.ensure_future(runner.run())
-    try:
+    async with _running(agent, handler) as runner:
         await _next_frame(agent, 1)
         assert agent.frames == [[("t1", "READ")]]
         agent.answers.put_nowait(True)
@@ -324,7 +301,3 @@ async def test_started_waits_for_the_read_and_a_cancelled_wait_leaves_it_be(
         assert stages == [
             ("t1", "READ"), ("t1", "FULFILLED"), ("t2", "READ"), ("t2", "FULFILLED"),
         ]  # fmt: skip
-    finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
-        await agent.close()
