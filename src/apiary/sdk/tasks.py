@@ -314,7 +314,6 @@ class _Running:
     read: asyncio.Future[bool] | None = None
     """Its READ's answer: True once taken, False once refused (the handler is cancelled
     and its end not reported: the task is not this agent's to run)."""
-    refused: bool = False
 
 
 class TaskRunner:
@@ -449,10 +448,8 @@ class TaskRunner:
     def _read_answered(self, running: _Running, read: asyncio.Future[bool]) -> None:
         """A refused READ (the task was taken back, cancelled, or is another attempt's now)
         stops the handler: its end is not reported."""
-        if read.cancelled() or read.exception() is not None or read.result():
-            return
-        running.refused = True
-        running.handler.cancel()
+        if _refused(read):
+            running.handler.cancel()
 
     async def _supervise(self, running: _Running) -> None:
         killed = asyncio.ensure_future(running.killed.wait())
@@ -465,16 +462,13 @@ class TaskRunner:
         outcome = _outcome(running) if done else Outcome(*forced_outcome("kill"))
         reported: asyncio.Future[Any] | None = None
         try:
-            read = running.read
-            if read is not None and read.done() and not read.cancelled() and not read.result():
-                running.refused = True
-            if running.refused:
+            if _refused(running.read):
                 log.info("task %s was not this agent's to run: its READ was refused",
                          running.context.task_id)  # fmt: skip
             else:
                 # Queued behind its READ: both leave in one frame when the READ is still
                 # waiting for one. (A yield's activity entry is closed by the coordinator.)
-                reported = self._report(running.context, outcome, read)
+                reported = self._report(running.context, outcome, running.read)
         finally:
             if self._running.get(running.context.task_id) is running:
                 del self._running[running.context.task_id]
@@ -719,6 +713,15 @@ def _outcome(running: _Running) -> Outcome:
     if isinstance(exc, ApiaryError):
         return Outcome(AckStage.FAILED, exc.code, exc.message)
     return Outcome(AckStage.FAILED, "internal_error", f"{type(exc).__name__}: {exc}")
+
+
+def _refused(read: asyncio.Future[bool] | None) -> bool:
+    """Whether a task's READ was answered refused (not taken: the task is not this agent's
+    to run); False while it is on the way."""
+    return (
+        read is not None and read.done() and not read.cancelled()
+        and read.exception() is None and not read.result()
+    )  # fmt: skip
 
 
 def _attempt(token: str) -> int:

@@ -201,7 +201,7 @@ class TaskAcks:
         transitions = self._transitions
         for item in joined:
             if item.ack.ack_stage.name == "READ":
-                await transitions.read_stored(item.prepared)
+                await transitions.stored(item.prepared)
             else:
                 await transitions.stored(item.prepared)
 

@@ -30,7 +30,7 @@ from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
 from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
 from apiary.core.records import AdmissionWrites, TaskRecord
-from apiary.core.tasks.capacity import HeldTask, Seat, fair_order, runs_below, waits_for_yield
+from apiary.core.tasks.capacity import Seat, fair_order, runs_below, waits_for_yield
 from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.queue import QueuedTask
 from apiary.core.tasks.shared import describe
@@ -171,14 +171,13 @@ class SchedulerDispatch:
         heads, choice = picked
         live = self._live
         concurrency = self._pools.concurrency(agent_id)
-        held = live.held_view(agent_id)
         for head in heads:
             task = live.tasks[head.task_id]
             if task.task_id in self._doubts and await self._dispatched_after_all(task):
                 return True
             if task.queue and not self._pools.takes(agent_id, task.content_type):
                 continue
-            if self._waits_for_yield(task, held, concurrency):
+            if self._waits_for_yield(task, agent_id, concurrency):
                 return False  # nothing goes past it into the agent's prefetch
             if live.needs_worktree(task) and not self._bound(agent_id):
                 await self._held_for_worktree(task)
@@ -193,20 +192,22 @@ class SchedulerDispatch:
             return await self._dispatch(task, choice, agent_id)
         return False
 
-    def _waits_for_yield(self, task: TaskRecord, held: list[HeldTask], concurrency: int) -> bool:
-        """Whether the task, which would be prefetched to an agent holding `held`, waits in
-        its queue for a yield instead (core/tasks/capacity.py): of a task it displaces
-        there, or for a shared one, of a task below it running at another of its agents."""
-        if len(held) < concurrency:
-            return False  # it starts at once
-        if waits_for_yield(held, concurrency, task.priority):
+    def _waits_for_yield(self, task: TaskRecord, agent_id: str, concurrency: int) -> bool:
+        """Whether the task, which would be prefetched to `agent_id`, waits in its queue for
+        a yield instead (core/tasks/capacity.py): of a task it displaces there, or for a
+        shared one, of a task below it running at another of its agents. Nothing is looked
+        at while the agent has a free running slot (the task starts at once)."""
+        live, pools = self._live, self._pools
+        if live.count(agent_id) < concurrency:
+            return False
+        if waits_for_yield(live.held_view(agent_id), concurrency, task.priority):
             return True
         if not task.queue:
             return False
-        live, pools = self._live, self._pools
         return any(
             runs_below(live.held_view(a), pools.concurrency(a), task.priority)
             for a in pools.agents_for(task.queue)
+            if live.count(a)
         )
 
     def _bound(self, agent_id: str) -> bool:

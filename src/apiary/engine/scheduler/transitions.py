@@ -206,14 +206,10 @@ class TaskTransitions:
         return await self.apply(task, TaskInput.READ, {"updated_at": self._clock.now()})
 
     def prepare_read(self, task: TaskRecord, moved: Mapping[str, str] | None = None) -> Prepared:
-        """`read` as `prepare` does it (`read_stored` follows the write); `moved`: more of
+        """`read` as `prepare` does it (`stored` follows the write); `moved`: more of
         the event's details (its message's move, engine/scheduler/acks.py)."""
         changes = {"updated_at": self._clock.now()}
         return self.prepare(task, TaskInput.READ, changes, **(moved or {}))
-
-    async def read_stored(self, prepared: Prepared) -> TaskRecord:
-        """`read`'s effects once its `prepare_read` record and event are committed."""
-        return await self.stored(prepared)
 
     async def _register(self, task: TaskRecord) -> None:
         """The task's activity entry, recorded by its `task.dispatched` (a refusal by an
