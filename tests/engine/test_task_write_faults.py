@@ -3,11 +3,13 @@ PostgreSQL connection, tests/server/test_tasks_under_cut.py). A transition write
 changes nothing in memory when the write fails; a dispatch whose write failed (the task's
 DISPATCHED commits with the envelope's admission) goes back to its queue (its attempt
 counted) and goes out again after `retry_after_s`, one whose write committed unheard counts
-as dispatched; an agent's ACK whose write (its message's state with the
-task's transition, one transaction) failed unheard is kept with that transition, looked up
-again from the Scheduler's loop until the store answers, and applied anew when it had not
-committed; a submission whose
-write committed although its caller heard `unavailable` is taken in when it is submitted
+as dispatched; a task's first dispatch, in the commit that stores its submission, that
+failed stores nothing and answers the submission `unavailable`, and given again the
+submission finds that dispatch if it committed; an agent's ACK whose write (its message's
+state with the task's transition, one transaction) failed unheard is kept with that
+transition, looked up again from the Scheduler's loop until the store answers, and applied
+anew when it had not committed; a submission whose write committed although its caller
+heard `unavailable` is taken in when it is submitted
 again. A write whose connection was lost but that committed (read back) counts as done.
 
 The faults come from `FailingWrites`, a wrapper around the real SQLite store (a file under
@@ -29,6 +31,7 @@ from apiary.core.envelope import AckStage
 from apiary.core.records import MessageState
 from apiary.engine.scheduler.acks import RETRY_FIRST_S
 from apiary.engine.settings import SchedulerSettings
+from apiary.errors import UnavailableError
 from apiary.store.errors import StoreUnavailableError
 from apiary.testing.engine import EngineHarness, open_test_engine
 from tests.engine.task_harness import ack_task, ready_agent, submit, task
@@ -102,6 +105,23 @@ async def _data_ids(h: EngineHarness, agent_id: str) -> list[str]:
     return [m["message_id"] for m in await h.inbox_payloads(agent_id) if m["type"] == "DATA"]
 
 
+async def _queued_for_later(h: EngineHarness, task_id: str) -> None:
+    """`task_id` stored QUEUED for agent `late`, registered and not ready yet: its dispatch
+    comes after its submission's commit, when `late` is ready (`_ready_late`)."""
+    await h.register("late")
+    queued = await submit(h, task_id, "late")
+    assert queued.accepted and queued.task is not None and queued.task.state == "QUEUED"
+
+
+async def _ready_late(h: EngineHarness) -> None:
+    await h.engine.scheduler.agent_ready("late")
+
+
+def _to(agent_id: str) -> Callable[[Any], bool]:
+    """An admission of messages, one of them to `agent_id`."""
+    return lambda records: any(r.recipient == agent_id for r in records)
+
+
 async def _dispatch_again(h: EngineHarness) -> None:
     h.clock.advance(RETRY_AFTER_S)
     await h.engine.scheduler.fire_due()
@@ -114,8 +134,7 @@ async def test_a_dispatch_whose_write_committed_unheard_counts_as_dispatched_onc
     store reported unavailable but that committed (the router finds the envelope stored)
     is a dispatch like any other, stored once with its event."""
     sends = FailingWrites(h.store.messages, "admit_many")
-    sends.fail(matches=lambda records: any(r.recipient == "worker" for r in records),
-               committed=True)  # fmt: skip
+    sends.fail(matches=_to("worker"), committed=True)
     submitted = await submit(h, "t1", "worker")
     assert submitted.accepted and sends.failed == 1
     dispatched = await task(h, "t1")
@@ -136,13 +155,13 @@ async def test_a_dispatch_found_committed_only_later_is_taken_as_it_was_stored(
     `unavailable` and puts the task back in its queue. Before the task goes out again the
     store is asked: the dispatch that committed is the task's, stored once, and its agent's
     ACKs of it complete the task."""
+    await _queued_for_later(h, "t1")
     sends = FailingWrites(h.store.messages, "admit_many")
     reads = FailingWrites(h.store.messages, "get")
-    sends.fail(matches=lambda records: any(r.recipient == "worker" for r in records),
-               committed=True)  # fmt: skip
+    sends.fail(matches=_to("late"), committed=True)
     reads.fail(10_000)
-    submitted = await submit(h, "t1", "worker")
-    assert submitted.accepted and sends.failed == 1
+    await _ready_late(h)
+    assert sends.failed == 1
     assert (await task(h, "t1")).state == "QUEUED"
     stored = await h.store.tasks.get("t1")
     assert stored is not None and stored.state == "DISPATCHED", "the write committed"
@@ -151,7 +170,7 @@ async def test_a_dispatch_found_committed_only_later_is_taken_as_it_was_stored(
     await _dispatch_again(h)
     dispatched = await task(h, "t1")
     assert dispatched == stored
-    assert await _data_ids(h, "worker") == [stored.message_id]
+    assert await _data_ids(h, "late") == [stored.message_id]
     await ack_task(h, "t1", AckStage.READ)
     await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
     assert (await task(h, "t1")).state == "COMPLETED"
@@ -160,16 +179,70 @@ async def test_a_dispatch_found_committed_only_later_is_taken_as_it_was_stored(
     ]
 
 
+async def test_a_first_dispatch_found_committed_only_later_is_the_submission_given_again(
+    h: EngineHarness,
+) -> None:
+    """A task its agent takes at once is dispatched in the commit that stores its
+    submission. That commit goes through, but the store answers no read for longer than the
+    router waits to tell: the submission is answered `unavailable`, nothing of the task is
+    live. Given again, the submission is that task as stored, its dispatch the one that
+    committed (one submission and one dispatch in the log), and its ACKs complete it."""
+    sends = FailingWrites(h.store.messages, "admit_many")
+    reads = FailingWrites(h.store.messages, "get")
+    sends.fail(matches=_to("worker"), committed=True)
+    reads.fail(10_000)
+    with pytest.raises(UnavailableError):
+        await submit(h, "t1", "worker")
+    assert h.engine.scheduler.get("t1") is None
+    stored = await h.store.tasks.get("t1")
+    assert stored is not None and stored.state == "DISPATCHED", "the write committed"
+    reads.fail(0)
+
+    again = await submit(h, "t1", "worker")
+    assert (again.accepted, again.created, again.task) == (True, False, stored)
+    assert await _data_ids(h, "worker") == [stored.message_id]
+    await ack_task(h, "t1", AckStage.READ)
+    await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
+    assert (await task(h, "t1")).state == "COMPLETED"
+    for kind in ("task.submitted", "task.dispatched"):
+        assert len(await h.events(kind)) == 1, kind
+
+
+async def test_a_first_dispatch_whose_send_failed_stores_nothing_and_goes_out_when_given_again(
+    h: EngineHarness,
+) -> None:
+    """The commit that was to store a submission with its first dispatch fails: nothing of
+    the task is stored or live, the submission is answered `unavailable`, and the same
+    submission again is dispatched under the same first attempt."""
+    sends = FailingWrites(h.store.messages, "admit_many")
+    sends.fail(matches=_to("worker"))
+    with pytest.raises(UnavailableError):
+        await submit(h, "t1", "worker")
+    assert sends.failed == 1
+    assert h.engine.scheduler.get("t1") is None
+    assert await h.store.tasks.get("t1") is None
+    assert await h.events("task.submitted") == []
+
+    again = await submit(h, "t1", "worker")
+    assert (again.accepted, again.created) == (True, True)
+    sent = await task(h, "t1")
+    assert (sent.state, sent.attempts) == ("DISPATCHED", 1)
+    assert await _data_ids(h, "worker") == [sent.message_id]
+    await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')
+    assert (await task(h, "t1")).state == "COMPLETED"
+
+
 async def test_a_dispatch_whose_send_failed_goes_back_to_its_queue_and_out_again(
     h: EngineHarness,
 ) -> None:
+    await _queued_for_later(h, "t1")
     sends = FailingWrites(h.store.messages, "admit_many")
-    sends.fail(matches=lambda records: any(r.recipient == "worker" for r in records))
-    submitted = await submit(h, "t1", "worker")
-    assert submitted.accepted and sends.failed == 1
+    sends.fail(matches=_to("late"))
+    await _ready_late(h)
+    assert sends.failed == 1
     queued = await task(h, "t1")
     assert (queued.state, queued.attempts) == ("QUEUED", 1)
-    assert [t.task_id for t in h.engine.scheduler.queued("worker")] == ["t1"]
+    assert [t.task_id for t in h.engine.scheduler.queued("late")] == ["t1"]
     # Nothing of the dispatch was stored: the task's record commits with the envelope.
     stored = await h.store.tasks.get("t1")
     assert stored is not None and stored.state == "QUEUED"
@@ -228,14 +301,17 @@ async def test_an_end_ack_whose_write_failed_is_applied_again_until_the_store_ta
 async def test_a_submission_that_committed_unheard_is_taken_in_when_submitted_again(
     h: EngineHarness,
 ) -> None:
+    await h.register("late")  # (not ready: the task is stored QUEUED, not dispatched at once)
     writes = FailingWrites(h.store.tasks, "create")
     writes.fail(matches=in_state("QUEUED"), committed=True)
     with pytest.raises(StoreUnavailableError):
-        await submit(h, "t1", "worker")
+        await submit(h, "t1", "late")
     assert (await h.store.tasks.get("t1")) is not None, "the write committed"
 
-    again = await submit(h, "t1", "worker")
+    again = await submit(h, "t1", "late")
     assert (again.accepted, again.created) == (True, False)
+    assert (await task(h, "t1")).state == "QUEUED"
+    await _ready_late(h)
     dispatched = await task(h, "t1")
     assert (dispatched.state, dispatched.attempts) == ("DISPATCHED", 1)
     await ack_task(h, "t1", AckStage.FULFILLED, note='{"n": 1}')

@@ -245,6 +245,10 @@ class AdmissionWrites:
     bound: AdmissionBound | None = None
     """Cluster mode: the limits the store holds the admission to (`AdmissionBound`); a
     member over one is not admitted (`store.errors.BoundExceededError`)."""
+    task_new: bool = False
+    """`task` is a new task (its submission, dispatched in the transaction that stores it):
+    when its task_id is stored already, the message is not admitted
+    (`store.errors.TaskExistsError`) and nothing of the member is written."""
 
 
 @dataclass(frozen=True, slots=True)

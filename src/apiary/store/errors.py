@@ -72,7 +72,7 @@ class StaleStateError(StoreError):
 
 
 AdmissionRefusal: TypeAlias = (
-    DuplicateMessageError | TokenTakenError | RequeuedError | BoundExceededError
+    DuplicateMessageError | TokenTakenError | RequeuedError | BoundExceededError | TaskExistsError
 )
 """Why a member of `MessageStore.admit_many` was not admitted (it alone)."""
 

@@ -369,7 +369,8 @@ class Batches:
                 writes.append(replace(token, events=event, requeues=requeues))
             else:
                 writes.append(replace(
-                    token, events=(*event, *own.events), task=own.task, requeues=requeues
+                    token, events=(*event, *own.events), task=own.task,
+                    task_new=own.task_new, requeues=requeues,
                 ))  # fmt: skip
         return writes
 

@@ -28,8 +28,9 @@ from typing import Protocol
 
 from apiary.core.clock import Clock
 from apiary.core.envelope import Envelope, MessageType
+from apiary.core.events import EventDraft
 from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
-from apiary.core.records import AdmissionWrites, TaskRecord
+from apiary.core.records import AdmissionWrites, TaskRecord, TaskState
 from apiary.core.tasks.capacity import Seat, fair_order, runs_below, waits_for_yield
 from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.queue import QueuedTask
@@ -101,6 +102,9 @@ class SchedulerDispatch:
         self._doubts: dict[str, Prepared] = {}
         """By task: its last dispatch, whose write the store failed and may have committed
         all the same (an unknown outcome); the store is asked before the task goes on."""
+        self._unstored: dict[str, EventDraft] = {}
+        """By task: the submission event of a new task not stored yet, dispatched in the
+        transaction that creates it (`first`)."""
 
     async def drain(self) -> None:
         """Dispatch to every agent (and offer every shared queue) woken so far, then end the
@@ -115,6 +119,45 @@ class SchedulerDispatch:
     async def place(self, task: TaskRecord) -> None:
         """Dispatch a task just queued, if an agent may take it now."""
         await self._serve(target_of(task))
+
+    async def first(self, task: TaskRecord, submitted: EventDraft) -> TaskRecord | None:
+        """Dispatch a new submission's task, not stored yet, in the transaction that stores
+        it: its record is created with `submitted` (its event) in the commit that admits the
+        envelope carrying it, one commit on its way instead of two. Returns it DISPATCHED.
+
+        It is its agent's (or shared queue's) queued task for this one try only. When it does
+        not go out at once (it is not the head the agent takes, must wait for a worktree, a
+        conflict, an instance or a yield, or the agent's buffer is full), nothing of it was
+        stored and it is taken out again: None, and it is submitted as any task (stored
+        QUEUED, then placed). A store that fails on the way raises (StoreUnavailableError:
+        its outcome is not known; a retry of the submission under its task_id finds what
+        was stored)."""
+        live = self._live
+        live.stored(task)
+        live.push(task)
+        self._unstored[task.task_id] = submitted
+        target = target_of(task)
+        try:
+            queue = shared_queue(target)
+            if queue:
+                await self.offer(queue)
+            else:
+                await self.try_dispatch(target)
+        except _NotFirstError as unsent:
+            live.withdraw(task.task_id)
+            if unsent.error is not None:
+                raise unsent.error from None
+            return None
+        except BaseException:
+            live.withdraw(task.task_id)
+            raise
+        finally:
+            del self._unstored[task.task_id]
+        sent = live.tasks.get(task.task_id)
+        if sent is not None and sent.state == TaskState.DISPATCHED:
+            return sent
+        live.withdraw(task.task_id)
+        return None
 
     async def _serve(self, target: str) -> None:
         """Offer the shared queue `target` names, or dispatch to the agent it is; when the
@@ -179,13 +222,18 @@ class SchedulerDispatch:
                 continue
             if self._waits_for_yield(task, agent_id, concurrency):
                 return False  # nothing goes past it into the agent's prefetch
+            unstored = task.task_id in self._unstored
             if live.needs_worktree(task) and not self._bound(agent_id):
+                if unstored:
+                    raise _NotFirstError()
                 await self._held_for_worktree(task)
                 continue
             blockers = await self._gate.blockers(
                 task, live.holders, live.tasks, agent_id=agent_id, alone=concurrency == 1
             )
             if blockers:
+                if unstored:
+                    raise _NotFirstError()
                 await self._deferred(task, blockers)
                 continue
             live.queue.remove(head.task_id)
@@ -300,8 +348,7 @@ class SchedulerDispatch:
             # unheard: the store is asked before the task goes on (`_doubts`); until then
             # that envelope is stale and its attempt spent.
             log.warning("dispatch of task %s to %s failed: %s", task.task_id, agent_id, exc)
-            self._doubts[task.task_id] = dispatched
-            self._later(self._live.unsent(task, env.message_id, attempt), agent_id)
+            self._in_doubt(task, env, dispatched, exc)
             return False
 
     def _prepare(
@@ -334,7 +381,14 @@ class SchedulerDispatch:
         # is new, and the task record keeps it unique, so the router neither looks for nor
         # starts a record of it. The envelope is built from params checked at submission, and
         # DISPATCHED's event records its admission.
-        writes = AdmissionWrites((dispatched.event,), task=dispatched.after)
+        submitted = self._unstored.get(task.task_id)
+        if submitted is None:
+            writes = AdmissionWrites((dispatched.event,), task=dispatched.after)
+        else:  # a new task, created with its dispatch (`first`)
+            if not self._router.inbox(agent_id).has_room():
+                raise _NotFirstError()  # (a refusal NACKs: the task's dispatch is refused once)
+            events = (submitted, dispatched.event)
+            writes = AdmissionWrites(events, task=dispatched.after, task_new=True)
         item = Outbound(
             env, agent_id, lane=task.lane, new_token=True, stored_with=writes,
             admission_logged=logs_messages(task), validated=True,
@@ -345,12 +399,14 @@ class SchedulerDispatch:
             outcome = await self._traces.send(self._router, task, item, attempt)
         if not outcome.accepted:
             code = outcome.error_code
+            if code == "unavailable":  # a store fault: the envelope's fate is unknown
+                assert outcome.error is not None
+                self._in_doubt(task, env, dispatched, outcome.error)
+                return False
+            if submitted is not None:  # nothing of it stored: submitted as any task
+                raise _NotFirstError()
             if code == "buffer_full":
                 self._later(task, agent_id)
-                return False
-            if code == "unavailable":  # a store fault: the envelope's fate is unknown
-                self._doubts[task.task_id] = dispatched
-                self._later(self._live.unsent(task, env.message_id, attempt), agent_id)
                 return False
             await self._transitions.end(
                 task, TaskInput.REFUSE, code or "internal_error", outcome.reason
@@ -360,6 +416,20 @@ class SchedulerDispatch:
         if task.queue:
             self._pools.served(agent_id)
         return True
+
+    def _in_doubt(
+        self, task: TaskRecord, env: Envelope, dispatched: Prepared, error: Exception
+    ) -> None:
+        """The dispatch's write failed and may have committed all the same: the store is
+        asked before the task goes on (`_dispatched_after_all`). A queued task goes back to
+        its queue, the envelope stale and its attempt spent, tried again after
+        `retry_after_s`; a new one (`first`) is taken out again, and its submission
+        answered with `error` (given again, it finds the dispatch if it committed)."""
+        self._doubts[task.task_id] = dispatched
+        if task.task_id in self._unstored:
+            raise _NotFirstError(error)
+        attempt = dispatched.after.attempts
+        self._later(self._live.unsent(task, env.message_id, attempt), dispatched.after.agent_id)
 
     def _later(self, task: TaskRecord, agent_id: str) -> None:
         """The task back in its queue (keeping its place) and the agent tried again after
@@ -392,3 +462,13 @@ class SchedulerDispatch:
                     break
             else:
                 return  # every agent with room has to wait (conflicts, instances, ...)
+
+
+class _NotFirstError(Exception):
+    """A new task's first dispatch did not go out in the transaction that was to store it
+    (`SchedulerDispatch.first`): nothing of it is stored; `error` when the store failed
+    (its outcome unknown), else the task is submitted as any task."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        super().__init__("not dispatched at once")
+        self.error = error

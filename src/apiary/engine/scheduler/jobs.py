@@ -279,6 +279,8 @@ class SchedulerJobs:
         return replace(await self._queued(stored), created=False)
 
     async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
+        if len(run) == 1 and await self._sent_at_once(*run[0]):
+            return
         create, event = self._store.create, self._transitions.submission_event
         writes = await asyncio.gather(
             *(self._events.commit([event(record)], partial(create, record)) for _, record in run),
@@ -291,6 +293,24 @@ class SchedulerJobs:
                 arrival.outcome.set_exception(written)
             else:
                 await _settle(arrival, self._queued(record))
+
+    async def _sent_at_once(self, arrival: Arrival, record: TaskRecord) -> bool:
+        """A submission decided alone (tasks come one at a time): dispatched in the commit
+        that stores it when its agent takes it at once (`SchedulerDispatch.first`), its
+        outcome set; False when it does not go out at once (nothing of it was stored)."""
+        event = self._transitions.submission_event(record)
+        try:
+            task = await self._dispatcher.first(record, event)
+        except Exception as exc:  # the store failed: the outcome is not known
+            arrival.outcome.set_exception(exc)
+            return True
+        if task is None:
+            return False
+        # A retry of a submission whose first dispatch committed unheard is that task, as
+        # stored then (under the seq it got then).
+        created = task.seq == record.seq
+        arrival.outcome.set_result(SubmitResult(True, self._explain(task), task, created))
+        return True
 
     async def _queued(self, record: TaskRecord) -> SubmitResult:
         """What follows a QUEUED task's write: the rest of its SUBMITTED step, then

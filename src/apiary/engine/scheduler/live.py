@@ -167,6 +167,15 @@ class LiveTasks:
             if task.state != TaskState.HELD:
                 self.jobs.setdefault(task.job_key, task.task_id)
 
+    def withdraw(self, task_id: str) -> None:
+        """A new task taken in for its first dispatch and not sent (`SchedulerDispatch.
+        first`): out of the queue and the live tasks, as if it had never come."""
+        task = self.tasks.pop(task_id, None)
+        self.queue.remove(task_id)
+        self._needs_worktree.pop(task_id, None)
+        if task is not None and self.jobs.get(task.job_key) == task_id:
+            del self.jobs[task.job_key]
+
     def push(self, task: TaskRecord) -> None:
         """Queue the task in its target's lane (a requeued task keeps its place)."""
         self.queue.push(

@@ -24,6 +24,7 @@ from apiary.store.errors import (
     DuplicateMessageError,
     RequeuedError,
     StaleStateError,
+    TaskExistsError,
     TokenTakenError,
 )
 from apiary.store.memory.dlq import MemoryDlqStore
@@ -127,17 +128,21 @@ class MemoryMessageStore:
 
     def _refused(
         self, message: StoredMessage, writes: AdmissionWrites
-    ) -> TokenTakenError | RequeuedError | BoundExceededError | None:
+    ) -> TokenTakenError | RequeuedError | BoundExceededError | TaskExistsError | None:
         """The refusal of `message` (new) when its token's record is not the one its
         admission found (`core.dedup.unchanged`) or the dead letter it requeues was requeued
-        before, or it is past a limit it is held to (`AdmissionWrites.bound`); None when it
-        may be admitted (its dead letter is marked then)."""
+        before, or it is past a limit it is held to (`AdmissionWrites.bound`), or its new
+        task's id is stored already (`AdmissionWrites.task_new`); None when it may be
+        admitted (its dead letter is marked then)."""
         bound = writes.bound
         if bound is not None:
             member = (0, message.recipient, message.producer_id, bound)
             over = exceeding([member], *self._held(message.recipient, bound.queued > 0))
             if over:
                 return BoundExceededError(message.message_id, *over[0])
+        task = writes.task
+        if writes.task_new and task is not None and self._tasks.has(task.task_id):
+            return TaskExistsError(task.task_id)
         token = writes.idempotency
         if token is not None and not writes.idempotency_forced:
             stored = self._tokens.get_now(token.token)

@@ -36,6 +36,10 @@ class MemoryTaskStore:
             raise TaskExistsError(record.task_id)
         await self.put(record, events)
 
+    def has(self, task_id: str) -> bool:
+        """Whether a task with this id is stored."""
+        return task_id in self._records
+
     def checked(self, record: TaskRecord) -> TaskRecord:
         """`record` as stored; what the SQL backends refuse raises (ValueError, StoreError
         when its seq belongs to another task, as their unique index refuses it)."""

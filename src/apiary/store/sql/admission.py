@@ -23,7 +23,7 @@ from apiary.store.sql.events import append_events, event_rows
 from apiary.store.sql.idempotency import TokenClaim, claim_tokens, idempotency_row
 from apiary.store.sql.message_rows import ID, MESSAGES, RECIPIENT, existing_ids
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, Transaction
-from apiary.store.sql.tasks import put_tasks, task_row
+from apiary.store.sql.tasks import put_tasks, stored_task_ids, task_row
 
 
 class AdmissionRacedError(StoreError):
@@ -86,10 +86,12 @@ AdmissionExtras = list[
         tuple[Any, ...] | None,
         DlqMark | None,
         Member | None,
+        bool,
     ]
 ]
 """Per member of an admission: its events' rows (`event_rows`), its token's record to write,
-its task row, the dead letter it requeues and the limits it is held to."""
+its task row, the dead letter it requeues, the limits it is held to and whether its task is
+new (`AdmissionWrites.task_new`)."""
 
 
 def admission_extras(
@@ -101,7 +103,8 @@ def admission_extras(
              i, idempotency_row(w.idempotency), w.idempotency_found, w.idempotency_forced),
          None if w.task is None else task_row(w.task),
          (i, m.created_at, m.message_id, w.requeues) if w.requeues else None,
-         None if w.bound is None else (i, m.recipient, m.producer_id, w.bound))
+         None if w.bound is None else (i, m.recipient, m.producer_id, w.bound),
+         w.task_new and w.task is not None)
         for i, (m, w) in enumerate(zip(messages, writes, strict=True))
     ]  # fmt: skip
 
@@ -113,7 +116,7 @@ def admitted_events(writes: Sequence[AdmissionWrites], offsets: list[int]) -> li
     return [e for w, o in zip(writes, offsets, strict=True) if o for e in w.events]
 
 
-Admitted = tuple[list[int], int, dict[int, IdempotencyRecord], set[int], Refusals]
+Admitted = tuple[list[int], int, dict[int, IdempotencyRecord], set[int], Refusals, set[int]]
 """What `admit_with` returns (its docstring)."""
 
 
@@ -129,10 +132,14 @@ def admit_with(
     none), the members refused for their tokens, with the records that refused them, and
     those refused for their dead letters, and those past their limits (`held_to_bounds`,
     counted first: a member refused later, for its token or dead letter, counts there as
-    admitted, so a batch may be refused a little early, never admitted past a limit)."""
+    admitted, so a batch may be refused a little early, never admitted past a limit), and
+    those whose new task's id is stored already (`AdmissionWrites.task_new`; looked for
+    before any token is claimed). The Scheduler that creates tasks runs on one coordinator
+    (the cluster's leader): nothing else inserts one between that look and the write."""
     taken: dict[int, IdempotencyRecord] = {}
     requeued: set[int] = set()
     bounded: Refusals = {}
+    existing: set[int] = set()
 
     def claim(new: list[int]) -> Transaction[Collection[int]]:
         # The limits first: a member past one must not claim its token or mark its entry.
@@ -140,22 +147,30 @@ def admit_with(
         if held:
             bounded.update((yield from held_to_bounds(held)))
         left = [i for i in new if i not in bounded]
+        created = {i: row[0] for i in left if extras[i][5] and (row := extras[i][2])}
+        if created:
+            taken_ids = yield from stored_task_ids(d, list(created.values()))
+            for i, task_id in created.items():  # (an earlier member's new task takes its id)
+                if task_id in taken_ids:
+                    existing.add(i)
+                taken_ids.add(task_id)
+            left = [i for i in left if i not in existing]
         claims = [c for i in left if (c := extras[i][1]) is not None] if extras else []
         if claims:
             taken.update((yield from claim_tokens(d, claims)))
         marks = [m for i in left if (m := extras[i][3]) is not None and i not in taken]
         if marks:
             requeued.update((yield from mark_requeued_once(marks)))
-        return {*bounded, *taken, *requeued}
+        return {*bounded, *existing, *taken, *requeued}
 
     offsets = yield from admit_new(d, values, claim)
     admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
-    tasks = [row for _, _, row, _, _ in admitted if row is not None]
+    tasks = [extra[2] for extra in admitted if extra[2] is not None]
     if tasks:
         yield from put_tasks(d, tasks)
-    rows = lead + [row for events, _, _, _, _ in admitted for row in events]
+    rows = lead + [row for extra in admitted for row in extra[0]]
     first = (yield from append_events(d, rows)) if rows else 0
-    return offsets, first, taken, requeued, bounded
+    return offsets, first, taken, requeued, bounded, existing
 
 
 @lru_cache(maxsize=64)

@@ -41,6 +41,7 @@ from apiary.store.errors import (
     RequeuedError,
     StaleStateError,
     StoreError,
+    TaskExistsError,
     TokenTakenError,
 )
 from apiary.store.sql.admission import (
@@ -164,13 +165,14 @@ class SqlMessageStore:
         taken: dict[int, IdempotencyRecord] = {}
         requeued: set[int] = set()
         bounded: Refusals = {}
+        existing: set[int] = set()
         db = self._leader if any(w.task is not None for w in writes) else self._db
         for _ in range(_ADMIT_ATTEMPTS):
             try:
                 if extras is None:
                     offsets = await self._db.write(admit_new, values)
                 else:
-                    offsets, first, taken, requeued, bounded = await db.write(
+                    offsets, first, taken, requeued, bounded, existing = await db.write(
                         admit_with, values, lead, extras
                     )
                     self._log.committed(first, [*events, *admitted_events(writes, offsets)])
@@ -181,6 +183,7 @@ class SqlMessageStore:
                 TokenTakenError(m.message_id, taken[i]) if i in taken else
                 RequeuedError(m.message_id, writes[i].requeues) if i in requeued else
                 BoundExceededError(m.message_id, *bounded[i]) if i in bounded else
+                TaskExistsError(_new_task_id(writes[i])) if i in existing else
                 DuplicateMessageError(m.message_id)
                 for i, (m, o) in enumerate(zip(messages, offsets, strict=True))
             ]  # fmt: skip
@@ -582,3 +585,9 @@ def _record_deliveries(d: Dialect, params: list[tuple[Any, ...]]) -> Transaction
         yield from _lock(d, [p[-1] for p in params])
     for count, flat in chunks(d, params, 3):
         yield from Execute(_deliveries_sql(d, count), flat)
+
+
+def _new_task_id(writes: AdmissionWrites) -> str:
+    """The id of the new task a member was refused for (`AdmissionWrites.task_new`)."""
+    assert writes.task is not None  # (only a member with a new task is refused for it)
+    return writes.task.task_id

@@ -19,7 +19,7 @@ from apiary.store.sql.bulk import chunks
 from apiary.store.sql.checks import check_limit, checked_int64
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
-from apiary.store.sql.dialect import Dialect, by_dialect
+from apiary.store.sql.dialect import Dialect, by_dialect, in_list
 from apiary.store.sql.events import SqlEventLog
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
@@ -152,6 +152,21 @@ def put_tasks(d: Dialect, rows: Sequence[tuple[Any, ...]]) -> Transaction[None]:
     for count, params in chunks(d, latest, TASKS.count):
         if (yield from Execute(_put_sql(d, count, True), params)) < count:
             yield from Execute(_put_sql(d, count, False), params)
+
+
+def stored_task_ids(d: Dialect, task_ids: Sequence[str]) -> Transaction[set[str]]:
+    """Which of `task_ids` are stored (a handful at a time: the new tasks of one
+    admission)."""
+    found: set[str] = set()
+    unique = list(dict.fromkeys(task_ids))
+    for start in range(0, len(unique), _IDS_CHUNK):
+        chunk = unique[start : start + _IDS_CHUNK]
+        sql = f"SELECT task_id FROM tasks WHERE {in_list('task_id', len(chunk))}"
+        found.update(row[0] for row in (yield from Query(sql, chunk)))
+    return found
+
+
+_IDS_CHUNK: Final = 500
 
 
 def create_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:

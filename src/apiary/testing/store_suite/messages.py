@@ -26,6 +26,7 @@ from apiary.store.errors import (
     RequeuedError,
     StaleStateError,
     StoreError,
+    TaskExistsError,
     TokenTakenError,
 )
 from apiary.testing.store_suite.base import (
@@ -450,6 +451,35 @@ async def a_task_record_commits_with_the_admission_of_its_member(factory: StoreF
         assert await store.tasks.get("t-1") is None
         assert await store.tasks.get("t-2") == two
         assert [e.details for e in await store.events.read()] == [{"n": 2}]
+
+
+@_check
+async def a_new_task_is_admitted_with_its_member_only_when_its_id_is_free(
+    factory: StoreFactory,
+) -> None:
+    """`AdmissionWrites.task_new`: a member whose new task's id is stored already (an ended
+    task, or an earlier member of the batch) is refused (`TaskExistsError`), takes no offset
+    and writes nothing (the stored task stays as it was); the others are admitted."""
+    async with factory.open() as store:
+        ended = task_record("t-1", 1, state="COMPLETED")
+        await store.tasks.put(ended)
+        one = task_record("t-1", 2, state="DISPATCHED", message_id="m-1")
+        two = task_record("t-2", 3, state="DISPATCHED", message_id="m-22")
+        also = task_record("t-2", 4, state="DISPATCHED", message_id="m-333")
+        writes = [
+            AdmissionWrites((draft(n),), task=t, task_new=True)
+            for n, t in ((1, one), (2, two), (3, also))
+        ]
+        taken, first, again = await store.messages.admit_many(
+            [message("m-1"), message("m-22"), message("m-333")], writes
+        )
+        assert isinstance(taken, TaskExistsError) and taken.task_id == "t-1"
+        assert isinstance(first, StoredMessage) and first.offset == 1
+        assert isinstance(again, TaskExistsError) and again.task_id == "t-2"
+        assert await store.tasks.get("t-1") == ended
+        assert await store.tasks.get("t-2") == two
+        assert [await store.messages.get(m) for m in ("m-1", "m-333")] == [None, None]
+        assert [e.details["n"] for e in await store.events.read()] == [2]
 
 
 @_check
