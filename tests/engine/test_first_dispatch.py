@@ -1,6 +1,6 @@
 """A submission its agent takes at once is stored with its first dispatch: the task's record,
 `task.submitted` and `task.dispatched` commit in the transaction that admits the envelope
-carrying it, one commit instead of two (docs/scheduler.md, "Submission"). One that does not
+carrying it, one commit instead of two (docs/scheduler.md, "Submitting a task"). One that does not
 go out at once is stored QUEUED as before, and nothing of a first try shows. On the real
 SQLite store (a file under the test's tmp_path); the store's task writes are counted by
 wrapping its methods (the writes go through)."""
