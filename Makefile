@@ -24,6 +24,7 @@ demo: $(STAMP)
 	$(BIN)/apiary demo
 
 test: $(STAMP)
+	@scripts/ensure-chromium
 	$(BIN)/ruff check src tests scripts bench examples
 	$(BIN)/ruff format --check src tests scripts bench examples
 	$(BIN)/mypy
