@@ -129,20 +129,15 @@ class SchedulerDispatch:
         not go out at once (it is not the head the agent takes, must wait for a worktree, a
         conflict, an instance or a yield, or the agent's buffer is full), nothing of it was
         stored and it is taken out again: None, and it is submitted as any task (stored
-        QUEUED, then placed). A store that fails on the way raises (StoreUnavailableError:
+        QUEUED, then placed). A store that fails its dispatch raises (StoreUnavailableError:
         its outcome is not known; a retry of the submission under its task_id finds what
-        was stored)."""
+        was stored); one that fails another task's write on the way is `_serve`'s to retry."""
         live = self._live
         live.stored(task)
         live.push(task)
         self._unstored[task.task_id] = submitted
-        target = target_of(task)
         try:
-            queue = shared_queue(target)
-            if queue:
-                await self.offer(queue)
-            else:
-                await self.try_dispatch(target)
+            await self._serve(target_of(task))
         except _NotFirstError as unsent:
             live.withdraw(task.task_id)
             if unsent.error is not None:
