@@ -147,7 +147,9 @@ def admit_with(
         if held:
             bounded.update((yield from held_to_bounds(held)))
         left = [i for i in new if i not in bounded]
-        created = {i: row[0] for i in left if extras[i][5] and (row := extras[i][2])}
+        created = (
+            {i: row[0] for i in left if extras[i][5] and (row := extras[i][2])} if extras else {}
+        )
         if created:
             taken_ids = yield from stored_task_ids(d, list(created.values()))
             for i, task_id in created.items():  # (an earlier member's new task takes its id)
