@@ -198,12 +198,8 @@ class TaskAcks:
 
     async def joined(self, joined: Sequence[JoinedAck]) -> None:
         """The effects of `prepare`d transitions, committed with the router's write."""
-        transitions = self._transitions
         for item in joined:
-            if item.ack.ack_stage.name == "READ":
-                await transitions.stored(item.prepared)
-            else:
-                await transitions.stored(item.prepared)
+            await self._transitions.stored(item.prepared)
 
     async def in_doubt(self, joined: Sequence[JoinedAck], exc: BaseException) -> None:
         """The router's write of `joined` failed without telling whether it committed: each

@@ -132,6 +132,8 @@ class SchedulerDispatch:
         QUEUED, then placed). A store that fails its dispatch raises (StoreUnavailableError:
         its outcome is not known; a retry of the submission under its task_id finds what
         was stored); one that fails another task's write on the way is `_serve`'s to retry."""
+        if not task.queue and not self.has_room(task.agent_id):
+            return None  # (a burst: its agent is full, nothing to try)
         live = self._live
         live.stored(task)
         live.push(task)
