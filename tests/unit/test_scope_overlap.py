@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from apiary.core.scope_overlap import (
+    CACHED_SCOPE_CHARS,
     DIFFERENT_REPOS,
     DISJOINT,
     MAX_ITEMS,
@@ -50,6 +51,17 @@ def test_the_text_form() -> None:
         repos=("app",), paths=("docs/*.md/**", "src/api/**"), resources=("db.orders",)
     )
     assert scope.declared
+
+
+def test_a_scope_parsed_again_is_found_and_a_refused_one_is_refused_again() -> None:
+    text = "repo:app path:src/cache/** resource:db.cache"
+    assert parse_scope(text) is parse_scope(text)
+    long = "repo:app " + " ".join(f"path:src/module_{i:02}/**" for i in range(MAX_ITEMS))
+    assert len(long) > CACHED_SCOPE_CHARS
+    assert parse_scope(long) == parse_scope(long) and parse_scope(long) is not parse_scope(long)
+    for _ in range(2):
+        with pytest.raises(ValidationError, match="not repo:"):
+            parse_scope("repo:app nonsense")
 
 
 def test_the_json_form_equals_the_text_form() -> None:

@@ -44,6 +44,7 @@ The verdict is symmetric: its notes and overlaps list each pair in sorted order.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
@@ -64,6 +65,9 @@ MAX_SEGMENTS: Final = 64
 """Most segments in one glob: the glob tests are quadratic in pattern length."""
 MAX_SEGMENT_CHARS: Final = 255
 """Longest segment (the usual file name limit)."""
+SCOPES_CACHED: Final = 4096
+"""Parsed scopes kept (`parse_scope`), of texts up to CACHED_SCOPE_CHARS: at most 4 MiB."""
+CACHED_SCOPE_CHARS: Final = 1024
 _KINDS: Final = ("repo", "path", "resource", "op", "worktree")
 _JSON_KEYS: Final = {"repos": "repo", "paths": "path", "resources": "resource"}
 _UNSUPPORTED: Final = frozenset("[]{}\\")
@@ -117,12 +121,20 @@ class ParallelismVerdict:
 def parse_scope(text: str) -> Scope:
     """Parse the text or JSON form (see the module docstring); ValidationError field "scope".
 
-    An empty or blank scope is valid and declares nothing.
+    An empty or blank scope is valid and declares nothing. A scope parsed before is found
+    again (`_parsed`: tasks of one repository share their scope text, and a task's scope is
+    read at its admission, its job identity and its dispatch).
     """
     if not isinstance(text, str):
         raise ValidationError.for_field(_FIELD, "must be a string")
     if len(text) > MAX_SCOPE_CHARS:
         raise ValidationError.for_field(_FIELD, f"must be at most {MAX_SCOPE_CHARS} characters")
+    if len(text) > CACHED_SCOPE_CHARS:
+        return _parse(text)
+    return _parsed(text)
+
+
+def _parse(text: str) -> Scope:
     stripped = text.strip()
     if stripped.startswith("{"):
         return _build(_json_items(stripped))
@@ -137,6 +149,10 @@ def parse_scope(text: str) -> Scope:
             )
         items.append((kind, value))
     return _build(items)
+
+
+_parsed: Final = functools.lru_cache(maxsize=SCOPES_CACHED)(_parse)
+"""`_parse` of the scopes met last (a Scope is immutable; a refused text raises each time)."""
 
 
 def _json_items(text: str) -> list[tuple[str, str]]:

@@ -307,13 +307,21 @@ class _Running:
     handler: asyncio.Task[object]
     stop: str = ""
     """"terminate" or "kill" once the Scheduler forced the task."""
-    killed: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    """Done once the handler ended, or the task was killed (its handler abandoned)."""
     supervisor: asyncio.Task[None] | None = None
     span: AgentSpan | None = None
     """The task's span when its DATA carried a trace context (docs/tracing.md)."""
     read: asyncio.Future[bool] | None = None
     """Its READ's answer: True once taken, False once refused (the handler is cancelled
     and its end not reported: the task is not this agent's to run)."""
+
+    def end(self, _: object = None) -> None:
+        """The handler ended (a done callback), or the task was killed."""
+        if not self.ended.done():
+            self.ended.set_result(None)
 
 
 class TaskRunner:
@@ -434,6 +442,7 @@ class TaskRunner:
             finally:
                 _CURRENT.reset(token)
             running = _Running(context, handler, span=span, read=read)
+            handler.add_done_callback(running.end)
             self._running[task_id] = running
             read.add_done_callback(partial(self._read_answered, running))
             running.supervisor = asyncio.ensure_future(self._supervise(running))
@@ -452,11 +461,7 @@ class TaskRunner:
             running.handler.cancel()
 
     async def _supervise(self, running: _Running) -> None:
-        killed = asyncio.ensure_future(running.killed.wait())
-        try:
-            await asyncio.wait({running.handler, killed}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            killed.cancel()
+        await running.ended
         # Killed while the handler ignores cancellation: abandon it.
         done = running.handler.done()
         outcome = _outcome(running) if done else Outcome(*forced_outcome("kill"))
@@ -607,7 +612,7 @@ class TaskRunner:
             running.stop = command
         running.handler.cancel()
         if command == "kill":
-            running.killed.set()
+            running.end()
 
     def _remember(self, task_id: str, command: str, reason: str) -> None:
         before = self._early.get(task_id)
@@ -637,7 +642,29 @@ class TaskRunner:
         was refused. A task whose READ or end was never acknowledged would otherwise wait
         for its ACK forever."""
         first = self.agent.ack_soon(env, stage, error_code=code, note=note, lazy=lazy)
-        return asyncio.ensure_future(self._acked(env, stage, code, note, first, after))
+        outcome: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        first.add_done_callback(
+            partial(self._first_answered, env, stage, code, note, after, outcome)
+        )
+        return outcome
+
+    def _first_answered(
+        self, env: Envelope, stage: AckStage, code: str, note: str,
+        after: asyncio.Future[bool] | None, outcome: asyncio.Future[bool],
+        first: asyncio.Future[None],
+    ) -> None:  # fmt: skip
+        """`_ack_soon`'s first try answered: taken (as almost every ACK is, with no task of
+        its own), or on to the tries after it (`_acked`)."""
+        if outcome.done():
+            return  # (nobody waits for it any more)
+        if first.cancelled():
+            outcome.cancel()
+        elif first.exception() is None:
+            outcome.set_result(True)
+        else:
+            tries = asyncio.ensure_future(self._acked(env, stage, code, note, first, after))
+            tries.add_done_callback(partial(_pass_on, outcome))
+            self._keep(tries)
 
     async def _acked(
         self, env: Envelope, stage: AckStage, code: str, note: str, sent: Awaitable[None],
@@ -713,6 +740,18 @@ def _outcome(running: _Running) -> Outcome:
     if isinstance(exc, ApiaryError):
         return Outcome(AckStage.FAILED, exc.code, exc.message)
     return Outcome(AckStage.FAILED, "internal_error", f"{type(exc).__name__}: {exc}")
+
+
+def _pass_on(to: asyncio.Future[bool], done: asyncio.Future[bool]) -> None:
+    """Give `to` the outcome of `done` (unless it has one: its waiter went away)."""
+    if to.done():
+        return
+    if done.cancelled():
+        to.cancel()
+    elif (exc := done.exception()) is not None:
+        to.set_exception(exc)
+    else:
+        to.set_result(done.result())
 
 
 def _refused(read: asyncio.Future[bool] | None) -> bool:

@@ -56,7 +56,7 @@ def activity_entry(task: TaskRecord) -> ActivityEntry:
     """The activity entry of a task dispatched to its agent (RFC 10): the agent and task, and
     the ACTIVITY_KEYS its JSON params carry (ValidationError when one is not acceptable)."""
     try:
-        body = json.loads(task.params) if task.params else None
+        body = json.loads(task.params) if _may_name_activity(task.params) else None
     except (ValueError, RecursionError):  # not JSON (or nested past the parser's depth)
         body = None
     found = body if isinstance(body, dict) else {}
@@ -64,6 +64,16 @@ def activity_entry(task: TaskRecord) -> ActivityEntry:
         str(found[key]) if key in found else "" for key in ACTIVITY_KEYS
     )
     return ActivityEntry(task.agent_id, task.task_id, repo_id, worktree_id, branch, description)
+
+
+_ACTIVITY_NAMES: Final = tuple(f'"{key}"'.encode() for key in ACTIVITY_KEYS)
+
+
+def _may_name_activity(params: bytes) -> bool:
+    """Whether JSON `params` may hold one of ACTIVITY_KEYS: it names one as written, or
+    escapes a character (a key may be spelt with escapes). Params that hold none are not
+    parsed (a dispatch does not parse what only its agent reads)."""
+    return b"\\" in params or any(name in params for name in _ACTIVITY_NAMES)
 
 
 def _activity_outcome(step: TaskStep, after: TaskRecord) -> str:
