@@ -13,6 +13,7 @@ from apiary.core.tasks.capacity import (
     HeldTask,
     Seat,
     Victims,
+    any_below,
     check_task_concurrency,
     declared_concurrency,
     fair_order,
@@ -156,6 +157,10 @@ def test_victims_are_always_below_the_incoming_priority(
         assert by_id[task_id] in waiting and by_id[task_id].priority > incoming
     if len(held) < concurrency:
         assert chosen == Victims()
+    if not any_below(held, incoming):  # (the Scheduler asks this first, and stops there)
+        assert chosen == Victims()
+        assert not runs_below(held, concurrency, incoming)
+        assert not waits_for_yield(held, concurrency, incoming)
 
 
 def test_the_least_loaded_agent_then_the_one_served_longest_ago_goes_first() -> None:

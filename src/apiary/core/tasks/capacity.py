@@ -28,9 +28,9 @@ robin among idle agents.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from apiary.core.preemption import should_preempt
 from apiary.errors import ValidationError
@@ -98,6 +98,19 @@ class HeldTask:
     """No preemption of it is under way (its record is RUNNING or NON_PREEMPTIBLE)."""
 
 
+class Ranked(Protocol):
+    """A held task as far as its priority goes (a HeldTask, or the task's record)."""
+
+    @property
+    def priority(self) -> int: ...
+
+
+def any_below(held: Iterable[Ranked], incoming: int) -> bool:
+    """Whether a task of priority `incoming` outranks one of `held` (RFC 7.1): the question
+    before every other of preemption's, whose answer is nothing when this one is no."""
+    return any(should_preempt(t.priority, incoming) for t in held)
+
+
 def split(held: Sequence[HeldTask], concurrency: int) -> tuple[list[HeldTask], list[HeldTask]]:
     """(running, waiting): the tasks read first, then the earliest dispatched, fill the
     running slots; the rest wait at the agent."""
@@ -138,7 +151,7 @@ def victims(held: Sequence[HeldTask], concurrency: int, incoming: int) -> Victim
     return Victims(preempt=chosen.task_id, recall=recall)
 
 
-def waits_for_yield(held: Sequence[HeldTask], concurrency: int, incoming: int) -> bool:
+def waits_for_yield(held: Sequence[Ranked], concurrency: int, incoming: int) -> bool:
     """Whether a task of priority `incoming` waits in its queue instead of going to the agent
     now: every running slot taken (it would be prefetched) and the agent holds a task below
     it, which it preempts or recalls (`victims`). It goes once those have yielded, as with
@@ -146,7 +159,7 @@ def waits_for_yield(held: Sequence[HeldTask], concurrency: int, incoming: int) -
     keep their order (the yield, then the dispatch of the task that asked for it)."""
     if len(held) < concurrency:
         return False
-    return any(should_preempt(t.priority, incoming) for t in held)
+    return any_below(held, incoming)
 
 
 def runs_below(held: Sequence[HeldTask], concurrency: int, incoming: int) -> bool:
@@ -154,7 +167,7 @@ def runs_below(held: Sequence[HeldTask], concurrency: int, incoming: int) -> boo
     a shared task of that priority is not prefetched to another agent meanwhile, but waits
     for that one's running slot, as with no prefetch."""
     running, _ = split(held, concurrency)
-    return any(should_preempt(t.priority, incoming) for t in running)
+    return any_below(running, incoming)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,13 @@ from apiary.core.envelope import Envelope, MessageType
 from apiary.core.events import EventDraft
 from apiary.core.lanes import LANES, LaneChoice, LaneScheduler
 from apiary.core.records import AdmissionWrites, TaskRecord, TaskState
-from apiary.core.tasks.capacity import Seat, fair_order, runs_below, waits_for_yield
+from apiary.core.tasks.capacity import (
+    Seat,
+    any_below,
+    fair_order,
+    runs_below,
+    waits_for_yield,
+)
 from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.queue import QueuedTask
 from apiary.core.tasks.shared import describe
@@ -245,14 +251,14 @@ class SchedulerDispatch:
         live, pools = self._live, self._pools
         if live.count(agent_id) < concurrency:
             return False
-        if waits_for_yield(live.held_view(agent_id), concurrency, task.priority):
+        if waits_for_yield(live.holding(agent_id), concurrency, task.priority):
             return True
         if not task.queue:
             return False
         return any(
             runs_below(live.held_view(a), pools.concurrency(a), task.priority)
             for a in pools.agents_for(task.queue)
-            if live.count(a)
+            if any_below(live.holding(a), task.priority)
         )
 
     def _bound(self, agent_id: str) -> bool:

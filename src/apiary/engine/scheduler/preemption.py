@@ -32,7 +32,7 @@ from apiary.core.preemption import (
 )
 from apiary.core.records import TaskRecord
 from apiary.core.runtime.turns import INTERRUPT_PREFIX
-from apiary.core.tasks.capacity import Victims, victims
+from apiary.core.tasks.capacity import Victims, any_below, victims
 from apiary.core.tasks.machine import TaskInput
 from apiary.core.tasks.result import result_from_note
 from apiary.engine.eventlog import EventRecorder
@@ -151,6 +151,8 @@ class SchedulerPreemption:
         return await self._preempt_on(task, busy)
 
     def _victims(self, agent_id: str, task: TaskRecord) -> Victims:
+        if not any_below(self._live.holding(agent_id), task.priority):
+            return Victims()  # (what `victims` finds: nothing to preempt or recall)
         view = self._live.held_view(agent_id)
         return victims(view, self._pools.concurrency(agent_id), task.priority)
 
