@@ -16,7 +16,7 @@ import pytest
 
 from apiary.core.events import EventDraft
 from apiary.core.records import MessageState, StateChange, StoredMessage, TaskState
-from apiary.store.sqlite.database import SqliteDatabase
+from apiary.store.sqlite.database import SqliteDatabase, SqliteOptions
 from apiary.store.sqlite.store import SqliteStore, open_sqlite_store
 from apiary.testing.store_suite.tasks import task_record
 from tests.store.test_sqlite import WAIT_S, pending, writer_held
@@ -24,9 +24,10 @@ from tests.store.test_sqlite import WAIT_S, pending, writer_held
 _TRANSACTION = ("BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE")
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    async with open_sqlite_store(tmp_path / "apiary.db") as opened:
+@pytest.fixture(params=["loop", "thread"])
+async def store(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[SqliteStore]:
+    options = SqliteOptions(writer=request.param)
+    async with open_sqlite_store(tmp_path / "apiary.db", options) as opened:
         yield opened
 
 

@@ -232,8 +232,11 @@ def test_the_store_url_names_the_writer(tmp_path: Path) -> None:
     assert sqlite_location("sqlite:?writer=process", tmp_path)[1].writer == "process"
     url = "sqlite:///tmp/x.db?synchronous=FULL&writer=thread"
     assert sqlite_location(url, Path("/unused"))[1] == SqliteOptions("FULL", writer="thread")
-    assert sqlite_location("sqlite:///tmp/x.db", Path("/unused"))[1].writer == "thread"
-    with pytest.raises(ValueError, match="writer must be thread or process, not 'fork'"):
+    assert sqlite_location("sqlite:///tmp/x.db", Path("/unused"))[1].writer == "loop"
+    full = sqlite_location("sqlite:///tmp/x.db?synchronous=FULL", Path("/unused"))[1]
+    assert full.writer == "thread"  # (every commit waits for the disk: not on the loop)
+    assert sqlite_location("sqlite:?writer=LOOP&synchronous=full", tmp_path)[1].writer == "loop"
+    with pytest.raises(ValueError, match="writer must be loop or thread or process, not 'fork'"):
         sqlite_location("sqlite:///tmp/x.db?writer=fork", Path("/unused"))
     with pytest.raises(ValueError, match="known: synchronous, writer"):
         sqlite_location("sqlite:///tmp/x.db?writers=process", Path("/unused"))

@@ -8,10 +8,12 @@
 | `postgresql://...` or `postgres://...` | PostgreSQL; `apiary_schema=NAME` picks the schema |
 
 SQLite URLs take `?synchronous=NORMAL|FULL` (default NORMAL: durable against process crashes;
-FULL: also against power loss, see `apiary.store.sqlite.database`) and `?writer=thread|process`
-(where the group commits run: a thread of the coordinator, the default, or a process of their
-own, `apiary.store.sqlite.writer_process`, which keeps SQLite's work off the interpreter lock
-the coordinator's event loop runs on). Both together: `sqlite:?synchronous=FULL&writer=process`
+FULL: also against power loss, see `apiary.store.sqlite.database`) and
+`?writer=loop|thread|process`: where the group commits run. `loop` (the default with NORMAL)
+runs them on the coordinator's event loop between its callbacks
+(`apiary.store.sqlite.loop_writer`); `thread` (the default with FULL, whose every commit
+waits for the disk) on a thread of the coordinator; `process` in a process of their own
+(`apiary.store.sqlite.writer_process`). Both together: `sqlite:?synchronous=FULL&writer=process`
 for the default file.
 """
 
@@ -32,7 +34,12 @@ from apiary.store.postgres.store import (
     split_schema_parameter,
 )
 from apiary.store.protocols import Store
-from apiary.store.sqlite.database import SqliteOptions, Synchronous, WriterKind
+from apiary.store.sqlite.database import (
+    SqliteOptions,
+    Synchronous,
+    WriterKind,
+    default_writer,
+)
 from apiary.store.sqlite.opening import opening
 from apiary.store.sqlite.store import open_sqlite_store
 
@@ -165,9 +172,10 @@ def _sqlite_options(url: str, query: str) -> SqliteOptions:
         if not match:
             raise ValueError(f"{key} must be {' or '.join(values)}, not {value!r}")
         chosen[key] = match[0]
+    synchronous = cast(Synchronous, chosen.get("synchronous", "NORMAL"))
     return SqliteOptions(
-        synchronous=cast(Synchronous, chosen.get("synchronous", "NORMAL")),
-        writer=cast(WriterKind, chosen.get("writer", "thread")),
+        synchronous=synchronous,
+        writer=cast(WriterKind, chosen.get("writer", default_writer(synchronous))),
     )
 
 

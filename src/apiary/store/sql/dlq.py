@@ -14,6 +14,7 @@ from apiary.store.sql.checks import check_limit
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import by_dialect
+from apiary.store.sql.purge import chunk_delete_sql, purge_in_chunks
 from apiary.store.sql.statements import Execute, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
@@ -114,7 +115,7 @@ _GET = QueryOne(f"SELECT {DLQ.sql} FROM dlq WHERE entry_id = ?")
 _REQUEUED = Query(
     f"UPDATE dlq SET requeued_at = ?, requeued_as = ? WHERE entry_id = ? RETURNING {DLQ.sql}"
 )
-_PURGE = Execute("DELETE FROM dlq WHERE failed_at < ?")
+_PURGE = Execute(by_dialect(lambda d: chunk_delete_sql(d, "dlq", "entry_id", "failed_at < ?")))
 _REQUEUED_ONCE = (
     "UPDATE dlq SET requeued_at = ?, requeued_as = ? WHERE entry_id = ? AND requeued_as = ''"
 )
@@ -180,4 +181,4 @@ class SqlDlqStore:
 
     async def purge(self, before: float) -> int:
         """Delete entries that failed before `before` (retention); returns how many."""
-        return await self._db.write(_PURGE, (float(before),))
+        return await purge_in_chunks(lambda limit: self._db.write(_PURGE, (float(before), limit)))

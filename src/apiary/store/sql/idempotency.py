@@ -15,6 +15,7 @@ from apiary.store.sql.bulk import chunks, values_rows
 from apiary.store.sql.columns import Columns, Json
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, by_dialect, in_list
+from apiary.store.sql.purge import chunk_delete_sql, purge_in_chunks
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Transaction
 
 
@@ -83,7 +84,9 @@ def _attempt_ids(attempts: Sequence[str]) -> list[str]:
 PUT_IDEMPOTENCY = Execute(by_dialect(lambda d: d.upsert("idempotency", IDEMPOTENCY, "token")))
 """Inserts or replaces one record (`idempotency_row`)."""
 _GET = QueryOne(f"SELECT {IDEMPOTENCY.sql} FROM idempotency WHERE token = ?")
-_PURGE = Execute("DELETE FROM idempotency WHERE updated_at < ?")
+_PURGE = Execute(
+    by_dialect(lambda d: chunk_delete_sql(d, "idempotency", "token", "updated_at < ?"))
+)
 
 
 TokenClaim = tuple[int, tuple[Any, ...], IdempotencyRecord | None, bool]
@@ -183,4 +186,4 @@ class SqlIdempotencyStore:
 
     async def purge(self, before: float) -> int:
         """Delete records last updated before `before`; returns how many."""
-        return await self._db.write(_PURGE, (float(before),))
+        return await purge_in_chunks(lambda limit: self._db.write(_PURGE, (float(before), limit)))

@@ -55,7 +55,7 @@ from apiary.store.sql.bounds import Refusals
 from apiary.store.sql.bulk import chunks, markers, rows_per_statement, values_rows
 from apiary.store.sql.checks import check_limit, sequence_from_sql, sequence_to_sql
 from apiary.store.sql.database import SqlDatabase
-from apiary.store.sql.dialect import Dialect, in_list
+from apiary.store.sql.dialect import Dialect, by_dialect, in_list
 from apiary.store.sql.events import SqlEventLog, append_events, event_rows
 from apiary.store.sql.idempotency import (
     IDEMPOTENCY,
@@ -71,6 +71,7 @@ from apiary.store.sql.message_rows import (
     message_from_row,
     message_values,
 )
+from apiary.store.sql.purge import chunk_delete_sql, purge_in_chunks
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Row, Transaction
 from apiary.store.sql.tasks import put_tasks, task_row
 from apiary.store.sql.where import Where
@@ -348,7 +349,7 @@ class SqlMessageStore:
         Offsets come from `inbox_offsets`, which this leaves alone: no offset is reused.
         """
         # finished_at: the generated column of migration 0002, indexed where not NULL.
-        return await self._db.write(Execute(_purge_sql(self._db.dialect), (float(before),)))
+        return await purge_in_chunks(lambda limit: self._db.write(_PURGE, (float(before), limit)))
 
     async def _scalar(self, sql: str, params: Sequence[Any]) -> int:
         row = await self._db.read(QueryOne(sql, params))
@@ -425,18 +426,10 @@ def _finish_sql(d: Dialect, count: int) -> str:
     )
 
 
-@lru_cache(maxsize=4)
-def _purge_sql(d: Dialect) -> str:
-    """Deletes the messages finished before the parameter; in PostgreSQL their rows are
-    locked in key order first, as every other writer of several messages locks them: the
-    DELETE alone locks them in the order the finished_at index gives, and deadlocked with a
-    writer holding one of them and waiting for another."""
-    if not d.lock_rows:
-        return "DELETE FROM messages WHERE finished_at < ?"
-    return (
-        "DELETE FROM messages WHERE message_id IN (SELECT message_id FROM messages"
-        f" WHERE finished_at < ? ORDER BY message_id{d.lock_rows})"
-    )
+_PURGE = Execute(
+    by_dialect(lambda d: chunk_delete_sql(d, "messages", "message_id", "finished_at < ?"))
+)
+"""Deletes the messages finished before the first parameter, at most the second of them."""
 
 
 def _lock_sql(d: Dialect, count: int) -> str:

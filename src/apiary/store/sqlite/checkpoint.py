@@ -16,7 +16,7 @@ while the copy runs. Left alone the WAL grows by every page written (about 12 KB
 message, 1.3 GB after 100,000), and each page lookup probes one more wal-index table per
 4,096 frames, so every write gets slower the longer the load lasts. So once the WAL passes
 `restart_frames`, the writer runs one RESTART checkpoint between two of its batches
-(`restart_if_due`): only the frames not yet copied remain, it waits for readers to move to the
+(`restart`): only the frames not yet copied remain, it waits for readers to move to the
 database file, and the next transaction writes the WAL from its beginning again.
 """
 
@@ -83,7 +83,7 @@ class WalCheckpointer:
 
     @property
     def restarts(self) -> int:
-        """How many times the WAL was made to start over (`restart_if_due`)."""
+        """How many times the WAL was made to start over (`restart`)."""
         return self._restarts
 
     @property
@@ -92,18 +92,26 @@ class WalCheckpointer:
         return self._restart_attempts
 
     def note_commit(self, writer: sqlite3.Connection) -> None:
-        """Called on the writer thread after each commit, with the writer's connection."""
+        """Called on the writer thread after each commit, with the writer's connection: the
+        RESTART checkpoint runs there when one is due (`noted`, then `restart`)."""
+        if self.noted(writer):
+            self.restart(writer)
+
+    def noted(self, writer: sqlite3.Connection) -> bool:
+        """Count a commit of the writer's: the checkpointer thread is woken every
+        `every_changes` rows. True when the writer is to run the RESTART checkpoint now
+        (`restart`, between two of its batches); it is not woken then."""
         if self._restart_due:
-            if self._restart_skip:
-                self._restart_skip -= 1
-            else:
-                self._restart(writer)
+            if not self._restart_skip:
+                return True
+            self._restart_skip -= 1
         total_changes = writer.total_changes
         if total_changes - self._signalled_at >= self._every:
             self._signalled_at = total_changes
             self._wake.set()
+        return False
 
-    def _restart(self, writer: sqlite3.Connection) -> None:
+    def restart(self, writer: sqlite3.Connection) -> None:
         """A RESTART checkpoint on the writer's own connection, between two of its batches
         (so no write is under way): copies what PASSIVE runs left and waits for readers to
         leave the WAL, so that the next transaction writes it from its beginning.
@@ -111,7 +119,8 @@ class WalCheckpointer:
         It waits at most `RESTART_WAIT_MS` for a PASSIVE run of the checkpointer thread to end
         (else it tries after the next commit), and as long for readers; when it gives way to
         them, the writer tries again `RESTART_RETRY_COMMITS` commits later (a long read must
-        not cost every commit the wait)."""
+        not cost every commit the wait). It may wait: a writer on the event loop runs it on
+        a thread (sqlite/loop_writer.py)."""
         if not self._checkpointing.acquire(timeout=RESTART_WAIT_MS / 1000):
             return
         self._restart_attempts += 1

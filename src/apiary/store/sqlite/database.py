@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar, get_args
 from apiary.store.errors import StoreError
 from apiary.store.migrations import load_migrations, pending_migrations
 from apiary.store.sqlite.checkpoint import WalCheckpointer
+from apiary.store.sqlite.loop_writer import SqliteLoopWriter
 from apiary.store.sqlite.opening import diagnose, opening
 from apiary.store.sqlite.writer import (
     SqliteWriter,
@@ -42,7 +43,13 @@ from apiary.store.sqlite.writer_process import SqliteWriterProcess
 T = TypeVar("T")
 
 Synchronous = Literal["NORMAL", "FULL"]
-WriterKind = Literal["thread", "process"]
+WriterKind = Literal["loop", "thread", "process"]
+
+
+def default_writer(synchronous: Synchronous) -> WriterKind:
+    """Where the group commits run unless told: on the event loop, except with FULL, whose
+    every commit waits for the disk (on a thread, then: the loop must not wait)."""
+    return "thread" if synchronous == "FULL" else "loop"
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +71,18 @@ class SqliteOptions:
     """Bytes the WAL file is truncated to after a checkpoint lets it restart."""
     busy_timeout_ms: int = 5000
     """How long to wait for a lock held by another process before failing."""
-    writer: WriterKind = "thread"
-    """Where the group commits run: a thread of this process (`sqlite_writer`), or a process
-    of their own (`sqlite_writer_process`: faster under load, a moment more to open; every
-    write job must then be picklable)."""
+    writer: WriterKind | None = None
+    """Where the group commits run: on the event loop's own thread (`sqlite_loop_writer`:
+    no interpreter lock handed over, the fastest), a thread of this process
+    (`sqlite_writer`), or a process of their own (`sqlite_writer_process`: a moment more to
+    open; every write job must then be picklable). None: `default_writer`'s choice, which
+    it is once made."""
 
     def __post_init__(self) -> None:
         if self.synchronous not in get_args(Synchronous):
             raise ValueError(f"synchronous must be one of {get_args(Synchronous)}")
+        if self.writer is None:
+            object.__setattr__(self, "writer", default_writer(self.synchronous))
         if self.writer not in get_args(WriterKind):
             raise ValueError(f"writer must be one of {get_args(WriterKind)}")
         if self.readers < 1:
@@ -144,7 +155,7 @@ class SqliteDatabase:
         self,
         path: Path,
         options: SqliteOptions,
-        writer: SqliteWriter | SqliteWriterProcess,
+        writer: SqliteLoopWriter | SqliteWriter | SqliteWriterProcess,
         readers: SqliteReaders,
         checkpointer: WalCheckpointer | None,
     ) -> None:
@@ -252,9 +263,16 @@ def _open(path: Path, options: SqliteOptions) -> SqliteDatabase:
         every_changes=options.checkpoint_every_changes,
         restart_frames=options.wal_restart_frames,
     )
-    writer = SqliteWriter(
-        write_conn, max_batch=options.max_batch, on_commit=checkpointer.note_commit
-    )
+    writer: SqliteLoopWriter | SqliteWriter
+    if options.writer == "loop":
+        writer = SqliteLoopWriter(
+            write_conn, max_batch=options.max_batch, checkpointer=checkpointer,
+            busy_timeout_ms=options.busy_timeout_ms,
+        )  # fmt: skip
+    else:
+        writer = SqliteWriter(
+            write_conn, max_batch=options.max_batch, on_commit=checkpointer.note_commit
+        )
     checkpointer.start()
     writer.start()
     return SqliteDatabase(path, options, writer, SqliteReaders(read_conns), checkpointer)

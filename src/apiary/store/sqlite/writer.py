@@ -130,15 +130,18 @@ class GroupCommit:
         """A snapshot of the counters."""
         return WriterStats(self._commits, self._jobs, self._largest_batch)
 
-    def run(self, jobs: list[Callable[[sqlite3.Connection], Any]]) -> tuple[list[Outcome], bool]:
-        """Each job's outcome, in order, and whether the transaction committed. When it
-        failed as a whole, no job of the batch is durable and every outcome is that error;
-        an exception that is not an Exception (SystemExit in a job) propagates after that
-        rollback."""
+    def run(
+        self, jobs: list[Callable[[sqlite3.Connection], Any]], *, begun: bool = False
+    ) -> tuple[list[Outcome], bool]:
+        """Each job's outcome, in order, and whether the transaction committed (`begun`: the
+        caller began it). When it failed as a whole, no job of the batch is durable and
+        every outcome is that error; an exception that is not an Exception (SystemExit in a
+        job) propagates after that rollback."""
         conn = self._conn
         outcomes: list[Outcome] = []
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            if not begun:
+                conn.execute("BEGIN IMMEDIATE")
             if len(jobs) == 1:
                 outcomes.append(self._run_alone(jobs[0]))
             else:
@@ -324,7 +327,7 @@ class SqliteWriter:
             outcomes, committed = self._group.run([job.run for job in live])
         except BaseException as exc:
             # e.g. SystemExit in a job: the thread ends, _shut_down fails the rest.
-            settle([(job, None, _batch_error(exc)) for job in batch])
+            settle([(job, None, batch_error(exc)) for job in batch])
             raise
         settle([(job, *outcome) for job, outcome in zip(live, outcomes, strict=True)])
         if committed and self._on_commit is not None:
@@ -345,7 +348,7 @@ class SqliteWriter:
         self._group.close()
 
 
-def _batch_error(exc: BaseException) -> BaseException:
+def batch_error(exc: BaseException) -> BaseException:
     if isinstance(exc, Exception):
         return as_store_error(exc)
     error = StoreError(f"the SQLite writer stopped: {exc!r}")
