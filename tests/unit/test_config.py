@@ -576,7 +576,7 @@ def test_serve_refuses_a_non_loopback_address_without_signing(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("url", "problem"),
     [
-        ("sqlite:?writer=fork", "writer must be thread or process, not 'fork'"),
+        ("sqlite:?writer=fork", "writer must be loop or thread or process, not 'fork'"),
         ("sqlite:///tmp/x.db?synchronous=off", "synchronous must be NORMAL or FULL"),
         ("sqlite://host/x.db", "sqlite:///ABSOLUTE/PATH.db"),
         ("mysql://db", "unsupported store URL (scheme 'mysql')"),
@@ -598,7 +598,7 @@ def test_serve_refuses_a_bad_store_url_before_it_creates_anything(tmp_path: Path
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2
-    problem = "writer must be thread or process, not 'fork'"
+    problem = "writer must be loop or thread or process, not 'fork'"
     assert done.stderr.strip() == f"apiary serve: store: {problem}"
     assert not (tmp_path / "d").exists()
 

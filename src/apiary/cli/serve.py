@@ -34,7 +34,7 @@ from apiary.store.open import sqlite_location
 
 _STORE_HELP = (
     "Store URL: memory://, sqlite:///PATH.db, postgresql://...; SQLite takes ?synchronous=FULL"
-    " and ?writer=process (sqlite:?writer=process for the data dir's file)"
+    " and ?writer=loop|thread|process (sqlite:?writer=process for the data dir's file)"
 )
 
 

@@ -10,12 +10,13 @@ the event loop's time in the collector. So whatever exists once the coordinator 
 (modules, tables, settings: never garbage) is frozen out of collections, and young
 collections are rarer. Cycles are still collected, in larger batches.
 
-Switching. The SQLite writer thread gives up the interpreter lock for every statement it
-steps and must take it back afterwards; while the event loop is busy, each retake waits for
-the loop's switch interval (5 ms by default), and a commit takes a dozen or more. A shorter
-interval shortens every commit, and so every wait on a durable write, for a few more lock
-hand-overs per second on the loop's side (measured: 16 ms commits became 12 ms, and the
-route benchmark's streaming path gained about 8%).
+Switching. The SQLite writer thread (`?writer=thread`; the default writer runs on the event
+loop and hands nothing over, store/sqlite/loop_writer.py) gives up the interpreter lock for
+every statement it steps and must take it back afterwards; while the event loop is busy,
+each retake waits for the loop's switch interval (5 ms by default), and a commit takes a
+dozen or more. A shorter interval shortens every commit, and so every wait on a durable
+write, for a few more lock hand-overs per second on the loop's side (measured: 16 ms commits
+became 12 ms, and the route benchmark's streaming path gained about 8%).
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""The SQLite backend (the default): the database and its writer (thread or process),
-checkpoints and the stores."""
+"""The SQLite backend (the default): the database and its writer (on the event loop, a
+thread or a process), checkpoints and the stores."""

@@ -1,8 +1,9 @@
 """One SQLite database file: the writer, the readers, the checkpointer and the schema.
 
 `open_sqlite_database` opens the file in WAL mode, applies pending migrations and hands out a
-`SqliteDatabase`: `write(job)` runs a job on the single group-committing writer
-(`sqlite_writer`), `read(query)` runs a query on one of a few read-only connections, which
+`SqliteDatabase`: `write(job)` runs a job on the single group-committing writer (on the
+event loop, `sqlite_loop_writer`, by default; or `sqlite_writer`'s thread, or
+`sqlite_writer_process`), `read(query)` runs a query on one of a few read-only connections, which
 WAL lets run alongside the writer, each seeing the last committed state.
 
 Durability (`synchronous`): with WAL, NORMAL does not fsync on commit; the commit is in the
