@@ -29,6 +29,9 @@ _ENDED: Final = frozenset(s for s in TaskState if s.terminal)
 _PREEMPTIBLE: Final = frozenset({PreemptionState.RUNNING, PreemptionState.NON_PREEMPTIBLE})
 STALE_KEPT: Final = 10_000
 """Dispatches taken back from lost agents remembered (their late ACKs are answered)."""
+ENDED_KEPT: Final = 4096
+"""Tasks that ended last kept as they were stored (`known`): their submitters ask for them
+just after (WaitTask, FollowTasks, `apiary task status`), and an ended record never changes."""
 
 
 def queue_key(target: str, lane: str) -> str:
@@ -58,6 +61,8 @@ class LiveTasks:
         self.jobs: dict[str, str] = {}
         """Job key -> the open task of that job (RFC 9.2); HELD duplicates are not in it."""
         self.queue = TaskQueue()
+        self.ended: dict[str, TaskRecord] = {}
+        """The ENDED_KEPT tasks that ended last, as stored, oldest first."""
         self.held: dict[str, dict[str, None]] = {}
         """Agent id -> the tasks it holds (DISPATCHED or RUNNING), in dispatch order."""
         self.holders: dict[str, str] = {}
@@ -87,6 +92,10 @@ class LiveTasks:
         self._needs_worktree: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ reads
+
+    def known(self, task_id: str) -> TaskRecord | None:
+        """The task if it is live or ended lately (`ended`); None: ask the store."""
+        return self.tasks.get(task_id) or self.ended.get(task_id)
 
     def held_by(self, agent_id: str) -> TaskRecord | None:
         """The agent's earliest dispatched task (DISPATCHED or RUNNING), if any."""
@@ -159,6 +168,9 @@ class LiveTasks:
         the job index."""
         if task.state in _ENDED:
             self.tasks.pop(task.task_id, None)
+            self.ended[task.task_id] = task
+            if len(self.ended) > ENDED_KEPT:
+                del self.ended[next(iter(self.ended))]
             self._needs_worktree.pop(task.task_id, None)
             if self.jobs.get(task.job_key) == task.task_id:
                 del self.jobs[task.job_key]

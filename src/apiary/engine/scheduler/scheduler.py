@@ -257,7 +257,7 @@ class Scheduler:
 
     async def find(self, task_id: str) -> TaskRecord:
         """The task as stored (a shared task waiting in its queue with why it waits)."""
-        found = self._live.tasks.get(task_id) or await self._store.get(task_id)
+        found = self._live.known(task_id) or await self._store.get(task_id)
         if found is None:
             raise NotFoundError(f"no task {task_id!r}", {"task_id": task_id})
         return self._shown(found)
@@ -272,7 +272,7 @@ class Scheduler:
     async def owner(self, task_id: str) -> str | None:
         """Who submitted the task (the access rule of WaitTask and CancelTask); None when
         there is no such task."""
-        found = self._live.tasks.get(task_id) or await self._store.get(task_id)
+        found = self._live.known(task_id) or await self._store.get(task_id)
         return None if found is None else found.submitter
 
     async def wait(self, task_id: str, timeout_s: float | None = None) -> TaskRecord:
@@ -776,7 +776,7 @@ class Scheduler:
         return await self._activity.reconcile_with(self._task_state, RECONCILE_EVERY_S)
 
     async def _task_state(self, task_id: str) -> str | None:
-        task = self._live.tasks.get(task_id) or await self._store.get(task_id)
+        task = self._live.known(task_id) or await self._store.get(task_id)
         return task.state if task else None
 
     def next_deadline(self) -> float | None:
