@@ -121,6 +121,30 @@ async def test_calling_get_current_time(client: ToolClient) -> None:
     assert final.json()["target"]["datetime"].endswith("21:00:00+09:00")
 
 
+SLOW_TIME = McpServerSpec(
+    "time", sys.executable,
+    ("-c", "import runpy, sys, time; time.sleep(1.5); sys.argv = ['mcp_server_time'];"
+           " runpy.run_module('mcp_server_time', run_name='__main__')"),
+    startup_timeout_s=30,
+)  # fmt: skip
+"""mcp-server-time, slow to start: it lists its tools 1.5 s after its start at the earliest."""
+
+
+async def test_a_call_made_while_its_server_starts_waits_for_its_tools(tmp_path: Path) -> None:
+    """A call right after the coordinator's start, before the server first listed its tools,
+    waits for them instead of being refused not_found for a tool the server offers."""
+    async with (
+        open_test_coordinator(tmp_path, runtime=_runtime(SLOW_TIME)) as running,
+        grpc.aio.insecure_channel(str(running.grpc_address)) as channel,
+    ):
+        assert provider(running, "time").state == "STARTING"
+        frame = await asyncio.wait_for(
+            ToolClient(channel).call("get_current_time", {"timezone": "UTC"}, provider_id="time"),
+            WAIT_S,
+        )
+        assert frame.final and frame.json()["timezone"] == "UTC"
+
+
 async def test_bad_arguments_give_clear_errors(client: ToolClient) -> None:
     with pytest.raises(ApiaryError) as missing:
         await client.call("get_current_time", {})

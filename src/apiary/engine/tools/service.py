@@ -61,7 +61,7 @@ from apiary.engine.tools.execution import CallRunner, Prepared, RetrySettings
 from apiary.engine.tools.launch import Launcher, SandboxLauncher
 from apiary.engine.tools.mcp_bridge import McpProvider, McpServerSpec
 from apiary.engine.tools.observers import CallObservers
-from apiary.engine.tools.providers import NoWorktrees, WorktreeBindings
+from apiary.engine.tools.providers import RESTARTING, STARTING, NoWorktrees, WorktreeBindings
 from apiary.engine.tools.settings import ToolSettings
 from apiary.errors import (
     AlreadyCompletedError,
@@ -319,8 +319,22 @@ class ToolService:
         return Prepared(entry, tool, policy, request.args, arguments,
                         request.content_type, cwd)  # fmt: skip
 
+    async def _listed(self, request: CallRequest) -> None:
+        """A call naming a tool its MCP server has not listed while the server is starting
+        (the coordinator's start, before it first listed its tools): the call waits for the
+        server, up to its startup_timeout_s (UnavailableError naming the server's state
+        after that), then resolves as any call. Without the wait, a call made right after
+        the start was refused not_found for a tool the server offers."""
+        entry = self.catalog.get(request.provider_id) if request.provider_id else None
+        if entry is None or entry.tool(request.tool_name) is not None:
+            return
+        server = entry.provider
+        if isinstance(server, McpProvider) and server.state in (STARTING, RESTARTING):
+            await server.wait_ready(server.spec.startup_timeout_s)
+
     async def call(self, request: CallRequest) -> AsyncGenerator[ToolFrame, None]:
         """Run a call: frames, ending with exactly one final frame (or an ApiaryError)."""
+        await self._listed(request)
         try:
             prepared = self.prepare(request)
         except PermissionDeniedError as exc:
