@@ -27,18 +27,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from apiary.store.errors import StoreError
 from apiary.store.sqlite.checkpoint import WalCheckpointer
-from apiary.store.sqlite.writer import GroupCommit, Outcome, WriterStats, batch_error
+from apiary.store.sqlite.writer import (
+    GroupCommit,
+    Outcome,
+    WriteJob,
+    WriterStats,
+    batch_error,
+    settle_here,
+)
 
 T = TypeVar("T")
 
 _log = logging.getLogger(__name__)
-
-_Job = tuple[asyncio.Future[Any], Callable[[sqlite3.Connection], Any]]
 
 
 class SqliteLoopWriter:
@@ -58,7 +63,7 @@ class SqliteLoopWriter:
         self._max_batch = max_batch
         self._checkpointer = checkpointer
         self._busy_timeout_ms = busy_timeout_ms
-        self._pending: list[_Job] = []
+        self._pending: list[WriteJob] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop the pending jobs were submitted on (None while none is)."""
         self._flush_due = False
@@ -91,7 +96,7 @@ class SqliteLoopWriter:
         elif loop is not self._loop:
             raise StoreError("the SQLite store is writing for another event loop")
         future: asyncio.Future[T] = loop.create_future()
-        self._pending.append((future, job))
+        self._pending.append(WriteJob(loop, future, job))
         self._schedule()
         return await future
 
@@ -116,7 +121,7 @@ class SqliteLoopWriter:
         self._flush_due = False
         if self._aside is not None:
             return  # (it schedules the next flush when it ends)
-        batch = [(f, job) for f, job in self._pending[: self._max_batch] if not f.cancelled()]
+        batch = [job for job in self._pending[: self._max_batch] if not job.future.cancelled()]
         del self._pending[: self._max_batch]
         if not batch:
             self._idle()
@@ -125,17 +130,17 @@ class SqliteLoopWriter:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error:  # the file is locked (another process): wait on a thread
-            self._set_aside(self._on_thread, batch)
+            self._set_aside(self._commit_waiting(batch))
             return
         try:
-            outcomes, committed = self._group.run([job for _, job in batch], begun=True)
+            outcomes, committed = self._group.run([job.run for job in batch], begun=True)
         except BaseException as exc:  # (SystemExit in a job: rolled back)
             _settle(batch, [(None, batch_error(exc))] * len(batch))
             raise
         _settle(batch, outcomes)
         checkpointer = self._checkpointer
         if committed and checkpointer is not None and checkpointer.noted(conn):
-            self._set_aside(checkpointer.restart, conn)
+            self._set_aside(asyncio.to_thread(checkpointer.restart, conn))
             return
         self._idle()
 
@@ -146,41 +151,36 @@ class SqliteLoopWriter:
         else:
             self._loop = None
 
-    def _set_aside(self, work: Callable[..., Any], *args: Any) -> None:
-        self._aside = asyncio.ensure_future(self._run_aside(work, *args))
+    def _set_aside(self, work: Awaitable[Any]) -> None:
+        self._aside = asyncio.ensure_future(self._run_aside(work))
 
-    async def _run_aside(self, work: Callable[..., Any], *args: Any) -> None:
+    async def _run_aside(self, work: Awaitable[Any]) -> None:
         try:
-            await asyncio.to_thread(work, *args)
-        except Exception:  # (the batch's outcomes are set; a checkpoint logs its own)
+            await work
+        except Exception:  # (a batch's outcomes are set; a checkpoint logs its own)
             _log.exception("SQLite writer work on a thread failed")
         finally:
             self._aside = None
             self._idle()
 
-    def _on_thread(self, batch: list[_Job]) -> None:
+    async def _commit_waiting(self, batch: list[WriteJob]) -> None:
         """A batch that found the file locked, run on a thread with the busy timeout (the
-        loop goes on meanwhile); its outcomes are handed back to the loop."""
+        loop goes on meanwhile), its outcomes handed to its callers here."""
+        try:
+            outcomes = await asyncio.to_thread(self._run_waiting, [job.run for job in batch])
+        except BaseException as exc:
+            _settle(batch, [(None, batch_error(exc))] * len(batch))
+            raise
+        _settle(batch, outcomes)
+
+    def _run_waiting(self, jobs: list[Callable[[sqlite3.Connection], Any]]) -> list[Outcome]:
         conn = self._group.connection
         conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
         try:
-            try:
-                outcomes, _ = self._group.run([job for _, job in batch])
-            except BaseException as exc:
-                outcomes = [(None, batch_error(exc))] * len(batch)
-                raise
-            finally:
-                loop = batch[0][0].get_loop()
-                loop.call_soon_threadsafe(_settle, batch, outcomes)
+            return self._group.run(jobs)[0]
         finally:
             conn.execute("PRAGMA busy_timeout = 0")
 
 
-def _settle(batch: list[_Job], outcomes: list[Outcome]) -> None:
-    for (future, _), (result, error) in zip(batch, outcomes, strict=True):
-        if future.done():
-            continue  # cancelled while the batch ran
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
+def _settle(batch: list[WriteJob], outcomes: list[Outcome]) -> None:
+    settle_here([(job, *outcome) for job, outcome in zip(batch, outcomes, strict=True)])

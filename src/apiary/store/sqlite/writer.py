@@ -60,7 +60,9 @@ class Waiter:
 
 
 @dataclass(frozen=True, slots=True)
-class _Job(Waiter):
+class WriteJob(Waiter):
+    """A write job and its caller."""
+
     run: Callable[[sqlite3.Connection], Any]
 
 
@@ -79,7 +81,7 @@ def settle(outcomes: Iterable[Settled]) -> None:
         by_loop.setdefault(outcome[0].loop, []).append(outcome)
     for loop, settled in by_loop.items():
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_settle, settled)
+            loop.call_soon_threadsafe(settle_here, settled)
 
 
 def write_job(function: Callable[..., T], *args: Any) -> Callable[[sqlite3.Connection], T]:
@@ -283,7 +285,7 @@ class SqliteWriter:
         with self._lock:
             if self._closed:
                 raise StoreError("the SQLite store is closed")
-            self._queue.put(_Job(loop, future, job))
+            self._queue.put(WriteJob(loop, future, job))
         return await future
 
     async def close(self) -> None:
@@ -302,13 +304,13 @@ class SqliteWriter:
         finally:
             self._shut_down()
 
-    def _next_batch(self) -> list[_Job] | None:
+    def _next_batch(self) -> list[WriteJob] | None:
         if self._stopping:
             return None
         item = self._queue.get()
-        batch: list[_Job] = []
+        batch: list[WriteJob] = []
         while item is not _STOP:
-            assert isinstance(item, _Job)
+            assert isinstance(item, WriteJob)
             batch.append(item)
             if len(batch) >= self._max_batch:
                 return batch
@@ -319,7 +321,7 @@ class SqliteWriter:
         self._stopping = True
         return batch or None
 
-    def _commit(self, batch: list[_Job]) -> None:
+    def _commit(self, batch: list[WriteJob]) -> None:
         # Benign race: cancellation is read from another thread; the worst case is running a
         # job whose caller has just gone away.
         live = [job for job in batch if not job.future.cancelled()]
@@ -342,7 +344,7 @@ class SqliteWriter:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, _Job):
+            if isinstance(item, WriteJob):
                 orphans.append((item, None, StoreError("the SQLite writer stopped")))
         settle(orphans)
         self._group.close()
@@ -356,7 +358,8 @@ def batch_error(exc: BaseException) -> BaseException:
     return error
 
 
-def _settle(outcomes: list[Settled]) -> None:
+def settle_here(outcomes: list[Settled]) -> None:
+    """Hand each outcome to its waiter, on the waiters' own loop."""
     for job, result, error in outcomes:
         if job.future.done():
             continue  # cancelled while the batch ran
