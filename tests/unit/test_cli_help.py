@@ -36,11 +36,14 @@ HTTP_GROUPS = ("apiary runtime",)
 
 def _commands(command: Any, path: str) -> Iterator[tuple[str, Any]]:
     yield path, command
-    for name, sub in getattr(command, "commands", {}).items():
-        yield from _commands(sub, f"{path} {name}")
+    if hasattr(command, "list_commands"):  # a group: its commands, the lazy ones loaded
+        context = command.make_context(path, ["--help"], resilient_parsing=True)
+        for name in command.list_commands(context):
+            yield from _commands(command.get_command(context, name), f"{path} {name}")
 
 
-COMMANDS = list(_commands(typer.main.get_command(app), "apiary"))
+ROOT = typer.main.get_command(app)
+COMMANDS = list(_commands(ROOT, "apiary"))
 LEAVES = [(path, c) for path, c in COMMANDS if not getattr(c, "commands", None)]
 CLIENT_LEAVES = [
     (path, c) for path, c in LEAVES

@@ -14,7 +14,6 @@ import typer
 
 from apiary.cli.calls import (
     COORDINATOR,
-    COORDINATOR_FLAG,
     COORDINATOR_HELP,
     SIGNING_KEY,
     Presented,
@@ -24,6 +23,7 @@ from apiary.cli.calls import (
     run_client,
     unreachable,
 )
+from apiary.cli.command_tree import COORDINATOR_FLAG
 from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.errors import ApiaryError
 from apiary.sdk.agent import Agent
@@ -33,7 +33,7 @@ from apiary.sdk.errors import CoordinatorUnreachableError
 from apiary.sdk.keys import load_signing_key, public_key_text, write_signing_key
 from apiary.wire import pb
 
-app = typer.Typer(help="Run SDK agents; suspend and resume agents (RFC 8.1).", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 
 
 def load_agent_class(target: str) -> type[Agent]:

@@ -21,16 +21,14 @@ from apiary.cli.output import console_for_output, utc_text
 from apiary.core.access.principal import DEFAULT_TENANT
 from apiary.errors import ApiaryError, ValidationError
 from apiary.server.auth.keys import KeyEntry, KeyRing, KeyState, credentials_path, iso_utc
+from apiary.server.config.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
 
-app = typer.Typer(
-    help="Create, list, rotate and revoke API keys (stored hashed in <data-dir>/credentials.json).",
-    no_args_is_help=True,
-)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 DATA_DIR = typer.Option(
-    Path(".apiary"),
+    DEFAULT_DATA_DIR,
     "--data-dir",
-    envvar="APIARY_DATA_DIR",
+    envvar=DATA_DIR_ENV,
     help="The coordinator's state directory (or APIARY_DATA_DIR)",
 )
 JSON_OUT = typer.Option(False, "--json", help="JSON instead of text")

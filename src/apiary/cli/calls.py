@@ -24,18 +24,17 @@ from typing import Any, Final, TypeVar
 
 import typer
 
+from apiary.cli.command_tree import COORDINATOR_FLAG
 from apiary.cli.serving import SERVING_FILE, client_data_dir, recorded
 from apiary.core.access.principal import Principal
 from apiary.errors import ApiaryError
-from apiary.sdk.agent import DEFAULT_COORDINATOR
 from apiary.sdk.client import Client
-from apiary.sdk.credentials import ARGUMENT, PROFILE_ENV, ClientCredentials
+from apiary.sdk.credentials import ARGUMENT, DEFAULT_COORDINATOR, PROFILE_ENV, ClientCredentials
 from apiary.sdk.errors import CoordinatorUnreachableError
 from apiary.sdk.keys import SIGNING_KEY_ENV
 from apiary.server.auth.certificates import principal_from_pem, principal_uri
 
 T = TypeVar("T")
-COORDINATOR_FLAG: Final = "--coordinator"
 OLD_COORDINATOR_FLAG: Final = "--grpc"
 PROFILE_FLAG: Final = "--profile"
 DEFAULT_SOURCE: Final = "the default"

@@ -24,8 +24,9 @@ from apiary.core.access.principal import DEFAULT_TENANT, Principal, PrincipalKin
 from apiary.errors import ValidationError
 from apiary.sdk.channel import TLS_CA_ENV, TLS_CERT_ENV, TLS_KEY_ENV
 from apiary.server.auth.devca import DEFAULT_HOSTS, DevCertificates, issue_dev_certificates
+from apiary.server.config.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
 
-app = typer.Typer(help="Certificates for the secure mode (mTLS).", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 
 
 @app.command()
@@ -34,10 +35,10 @@ def dev(
         None, "--dir", metavar="DIR", help="Where to write them [<data-dir>/certs]"
     ),
     data_dir: Path = typer.Option(
-        Path(".apiary"),
+        DEFAULT_DATA_DIR,
         "--data-dir",
         metavar="DIR",
-        envvar="APIARY_DATA_DIR",
+        envvar=DATA_DIR_ENV,
         help="State directory",
     ),
     agent: list[str] = typer.Option(

@@ -25,7 +25,7 @@ from apiary.store.errors import StoreError
 from apiary.store.postgres.cluster import read_cluster
 from apiary.store.postgres.cluster_leader import read_leader
 
-app = typer.Typer(help="Cluster mode: replicas and partition leases.", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 
 STORE = typer.Option(
     "",

@@ -6,18 +6,26 @@ that every command reads and parses the same way:
   `--limit INTEGER`, `--json` for a flag, `send [OPTIONS] TO` (this typer shows `<str>`
   and `<bool>` tags and `{to}` braces otherwise);
 - every command that calls a coordinator (it takes `--coordinator`, cli/calls.py) takes
-  `--profile` too, and the hidden `--grpc`, the older spelling of `--coordinator`.
+  `--profile` too, and the hidden `--grpc`, the older spelling of `--coordinator`;
+- the root's commands are `Subcommand`s, each module imported only when its command runs
+  or shows its help: `apiary task list` loads the task commands and the client, not the
+  coordinator, the demo or the swarm peer (all of them took 2.8 s to import, before any
+  command ran), and `apiary --help` lists every command from the summaries alone.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from difflib import get_close_matches
+from typing import Any, ClassVar, Final
 
 import typer
 import typer.main
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
-from apiary.cli.calls import COORDINATOR_FLAG, OLD_COORDINATOR, PROFILE
+COORDINATOR_FLAG: Final = "--coordinator"
 
 _TYPE_WORDS: Final = {
     "str": "TEXT", "int": "INTEGER", "float": "NUMBER", "bool": "BOOLEAN", "path": "PATH",
@@ -58,6 +66,10 @@ def _plain(label: str) -> str:
 
 def _client_options() -> list[Any]:
     """Fresh `--profile` and `--grpc` parameters (as typer builds them) for one command."""
+    # A command taking --coordinator came from a module that imported the calls already;
+    # `apiary --help` and `apiary version` need neither (calls.py imports this module).
+    from apiary.cli.calls import OLD_COORDINATOR, PROFILE  # noqa: PLC0415
+
     options = typer.Typer(add_completion=False)
 
     @options.command()
@@ -92,9 +104,76 @@ def _set_up(command: Any) -> None:
         _set_up(sub)
 
 
+@dataclass(frozen=True, slots=True)
+class Subcommand:
+    """A command of the root group, loaded when it is first asked for: `target` is
+    `module:attribute`, a `typer.Typer` (a group of commands) or a command's function;
+    `summary` is its line in `apiary --help` (and a group's help)."""
+
+    name: str
+    target: str
+    summary: str
+
+    def load(self) -> Any:
+        """The command, built and set up (typer's click command)."""
+        module, _, attribute = self.target.partition(":")
+        found = getattr(importlib.import_module(module), attribute)
+        command: Any
+        if isinstance(found, typer.Typer):
+            command = typer.main.get_group(found)
+            command.help = self.summary
+        else:
+            one = typer.Typer(add_completion=False)
+            one.command(self.name)(found)
+            command = typer.main.get_command(one)
+        command.short_help = self.summary
+        _set_up(command)
+        return command
+
+
 class ApiaryGroup(TyperGroup):
-    """The root group: sets up the whole tree once it is built (module docstring)."""
+    """The root group: its `subcommands` loaded on demand, and every command set up as
+    it is built (module docstring)."""
+
+    subcommands: ClassVar[Sequence[Subcommand]] = ()
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         _set_up(self)
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        listed = [sub.name for sub in self.subcommands]
+        return listed + [name for name in super().list_commands(ctx) if name not in listed]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command: Any = super().get_command(ctx, cmd_name)
+        if command is None:
+            sub = next((s for s in self.subcommands if s.name == cmd_name), None)
+            if sub is not None:
+                command = sub.load()
+                self.add_command(command, cmd_name)
+        return command
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """typer's, with its suggestion for a misspelt command made from every command's
+        name (typer's own looks at the loaded ones only)."""
+        typo = args[0] if args else ""
+        if typo and not typo.startswith("-") and self.get_command(ctx, typo) is None:
+            matches = get_close_matches(typo, self.list_commands(ctx))
+            if matches:
+                names = ", ".join(map(repr, matches))
+                ctx.fail(f"No such command {typo!r}. Did you mean {names}?")
+        return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """Every command with its summary, none of them loaded to list it."""
+        summaries = {sub.name: sub.summary for sub in self.subcommands}
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in summaries:
+                rows.append((name, summaries[name]))
+            elif (command := self.get_command(ctx, name)) is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str()))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)

@@ -20,7 +20,7 @@ from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 
-app = typer.Typer(help="Inspect, requeue and export dead letters (RFC 21.1).", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 SINCE = typer.Option("", "--since", help="Failed at or after (ISO-8601)")
 UNTIL = typer.Option("", "--until", help="Failed at or before (ISO-8601)")

@@ -27,9 +27,7 @@ from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 from apiary.wire.handoff import SNAPSHOT_CONTENT_TYPE_KEY, seconds_duration
 
-app = typer.Typer(
-    help="Request, answer and inspect agent handoffs (RFC 17.6).", no_args_is_help=True
-)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 AS = typer.Option("", "--as", help="Call as this agent (sw4rm-agent-id)")
 REQUEST = typer.Argument(..., help="The handoff's request_id")

@@ -22,7 +22,7 @@ from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 
-app = typer.Typer(help="Decide human-in-the-loop invocations (RFC 15).", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 TOKEN = typer.Option(
     "", "--token", envvar="APIARY_TOKEN",

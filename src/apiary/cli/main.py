@@ -2,39 +2,66 @@
 
 from __future__ import annotations
 
+from typing import Final
+
 import typer
 
 from apiary import __version__
-from apiary.cli import (
-    agent,
-    auth,
-    certs,
-    cluster,
-    dlq,
-    handoff,
-    hitl,
-    negotiation,
-    room,
-    runtime,
-    swarm,
-    task,
-    tool,
-    workflow,
-    worktree,
-)
-from apiary.cli.command_tree import ApiaryGroup
-from apiary.cli.demo import demo
-from apiary.cli.events import events
-from apiary.cli.send import send
-from apiary.cli.serve import serve
-from apiary.cli.status import status
+from apiary.cli.command_tree import ApiaryGroup, Subcommand
+
+SUBCOMMANDS: Final = (
+    Subcommand("serve", "apiary.cli.serve:serve",
+               "Run the coordinator: every SW4RM service on one gRPC port."),
+    Subcommand("demo", "apiary.cli.demo:demo",
+               "Six agent processes fix a failing test in a git repository."),
+    Subcommand("events", "apiary.cli.events:events",
+               "Show a coordinator's events (with --follow: as they come)."),
+    Subcommand("send", "apiary.cli.send:send", "Send one DATA message; print its message_id."),
+    Subcommand("status", "apiary.cli.status:status",
+               "Agents and their queues, open tasks, dead letters and HITL."),
+    Subcommand("version", "apiary.cli.main:version", "Print the Apiary version."),
+    Subcommand("dlq", "apiary.cli.dlq:app",
+               "Inspect, requeue and export dead letters (RFC 21.1)."),
+    Subcommand("hitl", "apiary.cli.hitl:app", "Decide human-in-the-loop invocations (RFC 15)."),
+    Subcommand("handoff", "apiary.cli.handoff:app",
+               "Request, answer and inspect agent handoffs (RFC 17.6)."),
+    Subcommand("room", "apiary.cli.room:app",
+               "Negotiation rooms: proposals, votes, decisions (RFC 17.5)."),
+    Subcommand("agent", "apiary.cli.agent:app",
+               "Run SDK agents; suspend and resume agents (RFC 8.1)."),
+    Subcommand("workflow", "apiary.cli.workflow:app",
+               "Define, run and watch DAG workflows (RFC 17.7)."),
+    Subcommand("worktree", "apiary.cli.worktree:app",
+               "Bind agents to git worktrees and switch them (RFC 16)."),
+    Subcommand("tool", "apiary.cli.tool:app", "List, describe and call tools (RFC 18)."),
+    Subcommand("negotiation", "apiary.cli.negotiation:app",
+               "Negotiations between agents (RFC 17)."),
+    Subcommand("swarm", "apiary.cli.swarm:app",
+               "Federate with other agents over the Agent Swarm Protocol 0.1.0."),
+    Subcommand("task", "apiary.cli.task:app",
+               "Submit, list and inspect Scheduler tasks (RFC 7, 9)."),
+    Subcommand("runtime", "apiary.cli.runtime:app",
+               "The runtime control plane: sessions, threads and turns."),
+    Subcommand("auth", "apiary.cli.auth:app",
+               "Create, list, rotate and revoke API keys (kept hashed)."),
+    Subcommand("certs", "apiary.cli.certs:app", "Certificates for the secure mode (mTLS)."),
+    Subcommand("cluster", "apiary.cli.cluster:app",
+               "Cluster mode: replicas and partition leases."),
+)  # fmt: skip
+"""Every command of `apiary`, in the order `apiary --help` lists them; each module is
+imported when its command is called."""
+
+
+class _Root(ApiaryGroup):
+    subcommands = SUBCOMMANDS
+
 
 app = typer.Typer(
     name="apiary",
     help="Apiary: a coordination server for process-isolated agents (SW4RM).",
     no_args_is_help=True,
     add_completion=False,
-    cls=ApiaryGroup,
+    cls=_Root,
 )
 
 
@@ -54,29 +81,6 @@ def root(
     """Apiary: a coordination server for process-isolated agents (SW4RM)."""
 
 
-app.command()(serve)
-app.command()(demo)
-app.command()(events)
-app.command()(send)
-app.command()(status)
-app.add_typer(dlq.app, name="dlq")
-app.add_typer(hitl.app, name="hitl")
-app.add_typer(handoff.app, name="handoff")
-app.add_typer(room.app, name="room")
-app.add_typer(agent.app, name="agent")
-app.add_typer(workflow.app, name="workflow")
-app.add_typer(worktree.app, name="worktree")
-app.add_typer(tool.app, name="tool")
-app.add_typer(negotiation.app, name="negotiation")
-app.add_typer(swarm.app, name="swarm")
-app.add_typer(task.app, name="task")
-app.add_typer(runtime.app, name="runtime")
-app.add_typer(auth.app, name="auth")
-app.add_typer(certs.app, name="certs")
-app.add_typer(cluster.app, name="cluster")
-
-
-@app.command()
 def version() -> None:
     """Print the Apiary version."""
     typer.echo(__version__)

@@ -22,7 +22,7 @@ from apiary.cli.output import TIME, console_for_output, stamp_text
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
-app = typer.Typer(help="Negotiations between agents (RFC 17).", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 policy_app = typer.Typer(help="The Scheduler's negotiation policy and profiles (RFC 17.2).",
                          no_args_is_help=True)  # fmt: skip
 app.add_typer(policy_app, name="policy")

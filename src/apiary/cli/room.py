@@ -25,8 +25,7 @@ from apiary.errors import ApiaryError
 from apiary.sdk.client import Client
 from apiary.wire import pb
 
-app = typer.Typer(help="Negotiation rooms: proposals, votes, decisions (RFC 17.5).",
-                  no_args_is_help=True)  # fmt: skip
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 AGENT = typer.Option("", "--as", envvar="APIARY_AGENT_ID", help="Act as this agent")
 ROOM = typer.Option("", "--room", help="Negotiation room id (optional for reads)")

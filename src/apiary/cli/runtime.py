@@ -30,10 +30,7 @@ from apiary.core.runtime.snapshot import RuntimeSnapshot
 from apiary.errors import ApiaryError
 from apiary.sdk.runtime import RuntimeClient, StreamSnapshot, Transport
 
-app = typer.Typer(
-    help="Drive the runtime control plane: sessions, threads and turns run as agent tasks.",
-    no_args_is_help=True,
-)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 HTTP_ENV: Final = "APIARY_HTTP"
 DEFAULT_HTTP: Final = "127.0.0.1:8080"

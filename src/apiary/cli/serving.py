@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from apiary.server.config.address import Address
-from apiary.server.config.server import ENV, ServerConfig
+from apiary.server.config.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from apiary.system import process_alive
 
 SERVING_FILE: Final = "serving.json"
@@ -55,8 +55,8 @@ def client_data_dir(env: Mapping[str, str] | None = None) -> Path:
     taken as `apiary serve` takes them without `--data-dir` (the path as written: no `~`
     expansion)."""
     env = os.environ if env is None else env
-    named = env.get(ENV["data_dir"], "")
-    return Path(named) if named else ServerConfig().data_dir
+    named = env.get(DATA_DIR_ENV, "")
+    return Path(named) if named else DEFAULT_DATA_DIR
 
 
 def record(data_dir: Path, serving: Serving) -> Path:

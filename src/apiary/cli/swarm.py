@@ -31,9 +31,7 @@ from apiary.swarm.settings import PeerSettings
 from apiary.swarm.statefile import ImportMode, export_state, import_state
 from apiary.swarm.wire import BROADCAST, format_timestamp
 
-app = typer.Typer(
-    help="Federate with other agents over the Agent Swarm Protocol 0.1.0.", no_args_is_help=True
-)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 HOME = typer.Option(None, "--home", envvar=HOME_ENV, help="Swarm home [~/.swarm]")
 JSON = typer.Option(False, "--json", help="Machine-readable output")

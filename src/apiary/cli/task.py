@@ -23,7 +23,7 @@ from apiary.sdk.errors import TaskFailedError, TaskHeldError, TaskTimeoutError
 from apiary.sdk.task_handle import TaskHandle, TaskStatus
 from apiary.wire import pb
 
-app = typer.Typer(help="Submit, list and inspect Scheduler tasks (RFC 7, 9).", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 JSON_OUT = typer.Option(False, "--json", help="JSON instead of a table")
 a = pb.apiary_pb2

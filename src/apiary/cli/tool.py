@@ -18,7 +18,7 @@ from apiary.sdk.channel import open_channel
 from apiary.sdk.tools import ToolClient, ToolResult
 from apiary.wire import pb
 
-app = typer.Typer(help="List, describe and call tools (RFC 18).", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 PROVIDER = typer.Option("", "--provider", "-p", help="Provider id")
 AS_JSON = typer.Option(False, "--json", help="JSON lines instead of a table")

@@ -32,7 +32,7 @@ from apiary.sdk.client import Client
 from apiary.wire import pb
 from apiary.wire.workflow import definition_to_proto
 
-app = typer.Typer(help="Define, run and watch DAG workflows (RFC 17.7).", no_args_is_help=True)
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 w = pb.workflow_pb2
 AS_JSON = typer.Option(False, "--json", help="Print JSON for scripts")

@@ -24,8 +24,7 @@ from apiary.sdk import errors
 from apiary.sdk.channel import open_channel
 from apiary.wire import pb
 
-app = typer.Typer(help="Bind agents to git worktrees and switch them (RFC 16).",
-                  no_args_is_help=True)  # fmt: skip
+app = typer.Typer(no_args_is_help=True)  # help: cli/main.py SUBCOMMANDS
 T = TypeVar("T")
 JSON = typer.Option(False, "--json", help="Print JSON instead of a table")
 TOKEN = typer.Option("", "--token", envvar="APIARY_TOKEN", help="Operator token (or APIARY_TOKEN)")

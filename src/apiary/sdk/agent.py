@@ -72,6 +72,7 @@ from apiary.errors import (
 )
 from apiary.sdk.client import Client
 from apiary.sdk.connection import JSON, Connection, Delivery
+from apiary.sdk.credentials import COORDINATOR_ENV, DEFAULT_COORDINATOR
 from apiary.sdk.handoff import HandoffClient, HandoffDesk, HandoffTicket
 from apiary.sdk.tasks import TaskContext, TaskRunner, current_task
 from apiary.sdk.tools import ToolClient
@@ -87,8 +88,6 @@ log = logging.getLogger("apiary.sdk.agent")
 
 COORDINATOR = "coordinator"
 """The coordinator's own participant id (producer of its notices)."""
-COORDINATOR_ENV = "APIARY_COORDINATOR"
-DEFAULT_COORDINATOR = "127.0.0.1:50051"
 _REFUSALS = (
     ValidationError.code,
     PermissionDeniedError.code,

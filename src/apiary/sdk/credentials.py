@@ -67,6 +67,8 @@ _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$")
 AUDIENCE_ENV: Final = "APIARY_AUDIENCE"
 TENANT_ENV: Final = "APIARY_TENANT"
 COORDINATOR_ENV: Final = "APIARY_COORDINATOR"
+DEFAULT_COORDINATOR: Final = "127.0.0.1:50051"
+"""Where a client connects when nothing names a coordinator."""
 PROFILE_ENV: Final = "APIARY_PROFILE"
 CONFIG_ENV: Final = "APIARY_CLIENT_CONFIG"
 TLS_CA_ENV: Final = "APIARY_TLS_CA"

@@ -25,6 +25,7 @@ from apiary.engine.worktrees.settings import WorktreeSettings
 from apiary.errors import ValidationError
 from apiary.server.auth.settings import AuthSettings
 from apiary.server.config.address import Address, is_loopback_host
+from apiary.server.config.data_dir import DATA_DIR_ENV, DEFAULT_DATA_DIR
 from apiary.server.tracing.settings import TracingSettings
 from apiary.store.open import check_store_url
 from apiary.swarm.settings import PeerSettings
@@ -38,7 +39,7 @@ DEFAULT_HTTP = Address("127.0.0.1", 8080)
 class ServerConfig:
     """The coordinator's configuration, every layer merged (loader.load_config)."""
 
-    data_dir: Path = Path(".apiary")
+    data_dir: Path = DEFAULT_DATA_DIR
     grpc: Address = DEFAULT_GRPC
     http: Address = DEFAULT_HTTP
     store: str = ""
@@ -84,7 +85,7 @@ class ServerConfig:
 
 
 ENV = {
-    "data_dir": "APIARY_DATA_DIR",
+    "data_dir": DATA_DIR_ENV,
     "grpc": "APIARY_GRPC",
     "http": "APIARY_HTTP",
     "store": "APIARY_STORE",
