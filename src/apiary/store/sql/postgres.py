@@ -42,7 +42,9 @@ async def run_statement(
         params = statement.params
     result: Any
     if kind is ExecuteMany:
-        if params:
+        if len(params) == 1:  # one round trip; executemany would enter pipeline mode
+            await conn.execute(text, params[0])
+        elif params:
             async with conn.cursor() as cursor:
                 await cursor.executemany(text, params)
         result = None
