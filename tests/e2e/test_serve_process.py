@@ -18,7 +18,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from apiary.cli.serve import _store_text
+from apiary.cli.serve_run import _store_text
 from apiary.server.config.server import ServerConfig
 from apiary.store.open import open_store
 

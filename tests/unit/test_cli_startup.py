@@ -1,6 +1,7 @@
 """`apiary` imports only what the command run needs (cli/command_tree.py, `Subcommand`):
-`apiary --help` lists every command without loading any, and a client command loads its own
-module and the client, not the coordinator, the demo, the swarm peer or the other commands.
+`apiary --help` lists every command without loading any, a client command loads its own
+module and the client, not the coordinator, the demo, the swarm peer or the other commands,
+and `apiary serve --help` and `apiary demo --help` load what they would run only to run it.
 Each is checked in a fresh interpreter, by the modules it imported."""
 
 from __future__ import annotations
@@ -62,6 +63,16 @@ def test_a_client_command_loads_its_own_module_and_not_the_coordinator(group: st
     assert f"apiary.cli.{group}" in modules
     others = {f"apiary.cli.{sub.name}" for sub in SUBCOMMANDS if sub.name != group}
     assert others & modules == set()
+    assert _heavy(modules) == []
+
+
+@pytest.mark.parametrize("command", ["serve", "demo"])
+def test_the_help_of_the_commands_that_run_a_coordinator_loads_none(command: str) -> None:
+    code, output, modules = _run(command, "--help")
+    assert code == 0, output
+    assert f"Usage: apiary {command} [OPTIONS]" in output and "--data-dir" in output
+    assert f"apiary.cli.{command}" in modules
+    assert f"apiary.cli.{command}_run" not in modules
     assert _heavy(modules) == []
 
 

@@ -1,21 +1,12 @@
-"""`apiary demo`: the job a new user runs first (docs/demo.md)."""
+"""`apiary demo`: its options. What it runs is in cli/demo_run.py, imported only when it
+runs: the demo and its coordinator take 2.5 s to import, which `apiary demo --help` does not
+need."""
 
 from __future__ import annotations
 
-import asyncio
-import getpass
-import re
-import sys
-import tempfile
 from pathlib import Path
 
 import typer
-from rich.console import Console
-
-from apiary.demo.configuration import DEMO_OPERATOR
-from apiary.demo.job import DemoError, DemoOptions, run_demo
-from apiary.demo.operator import auto_approve
-from apiary.demo.view import DemoView
 
 
 def demo(
@@ -35,41 +26,6 @@ def demo(
     coordinator in secure mode (mTLS, a certificate and a signing key per agent): a workflow,
     worktrees, tools (and an MCP server), a review room, a HITL approval and a preemption.
     Exits 0 only when the fix is merged, its tests pass and no call was refused."""
-    # Not console_for_output(): the view's panels (--keep's, an agent's log) expand to the
-    # console's width, which it leaves unbounded for a pipe.
-    console = Console()
-    run_dir = data_dir or Path(tempfile.mkdtemp(prefix="apiary-demo-"))
-    ask = not yes and sys.stdin.isatty() and console.is_terminal
-    view = DemoView(console, live=console.is_terminal)
-    options = DemoOptions(
-        data_dir=run_dir,
-        operator=_login() if ask else DEMO_OPERATOR,
-        decide=view.ask if ask else auto_approve,
-        observe=view.update,
-        started=view.started,
-        linger=view.linger if keep else None,
-    )
-    try:
-        with view:
-            result = asyncio.run(run_demo(options))
-    except DemoError as exc:
-        typer.echo(f"apiary demo: {exc}", err=True)
-        raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        typer.echo(f"apiary demo: interrupted; what it did is in {run_dir}", err=True)
-        raise typer.Exit(130) from None
-    if not keep:  # --keep printed it before lingering
-        view.summary(result)
-    if not result.ok:
-        raise typer.Exit(1)
+    from apiary.cli.demo_run import run_demo_command  # noqa: PLC0415 - see above
 
-
-def _login() -> str:
-    """Who is at the terminal: the HITL operator the audit trail names, as a principal's name
-    (letters, digits and ._@:- only: the operator's certificate names it)."""
-    try:
-        login = getpass.getuser()
-    except (OSError, KeyError):
-        login = ""
-    name = re.sub(r"[^A-Za-z0-9._@:-]", "-", login).lstrip("._@:-")[:128]
-    return name or "terminal-operator"
+    run_demo_command(yes, keep, data_dir)
