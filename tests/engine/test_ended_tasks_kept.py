@@ -1,8 +1,8 @@
 """The tasks that ended last are kept as they were stored (engine/scheduler/live.py
-`ENDED_KEPT`): their submitters ask for them just after they end (WaitTask, FollowTasks,
-`apiary task status`), and an ended record never changes, so those asks do not read the
-store. Older ones are read from it. On the real SQLite store; its reads are counted by
-wrapping its method (the reads go through)."""
+`ENDED_KEPT`, within `ENDED_KEPT_BYTES`): their submitters ask for them just after they
+end (WaitTask, FollowTasks, `apiary task status`), and an ended record never changes, so
+those asks do not read the store. Older ones are read from it. On the real SQLite store;
+its reads are counted by wrapping its method (the reads go through)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 
 from apiary.core.envelope import AckStage
+from apiary.core.records import TaskRecord, TaskState
 from apiary.engine.scheduler import live
+from apiary.engine.scheduler.wakeups import Wakeups
+from apiary.testing.clock import FakeClock
 from apiary.testing.engine import EngineHarness, open_test_engine
 from tests.engine.task_harness import ack_task, ready_agent, submit
 from tests.engine.test_first_dispatch import Counted
@@ -49,3 +52,25 @@ async def test_a_task_that_ended_lately_is_found_without_the_store(
     assert reads.calls == 2  # the comparisons' own reads only
     assert (await scheduler.find("t1")).state == "COMPLETED"  # the oldest: from the store
     assert reads.calls == 3
+
+
+def _ended(task_id: str, result_bytes: int) -> TaskRecord:
+    return TaskRecord(task_id, "worker", 0, 1.0, 1, TaskState.COMPLETED, 2.0,
+                      result="x" * result_bytes)  # fmt: skip
+
+
+def test_the_kept_records_hold_at_most_their_byte_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A result may be 1 MiB or more: the kept records are bounded by their params and
+    results, not only by their count; one larger than the budget is not kept at all."""
+    monkeypatch.setattr(live, "ENDED_KEPT_BYTES", 3000)
+    tasks = live.LiveTasks(FakeClock(), Wakeups())
+    for n in range(5):
+        tasks.stored(_ended(f"t{n}", 1000))
+    assert [t for t in ("t0", "t1", "t2", "t3", "t4") if tasks.known(t)] == ["t2", "t3", "t4"]
+    tasks.stored(_ended("huge", 3001))
+    assert tasks.known("huge") is None
+    assert [t for t in ("t2", "t3", "t4") if tasks.known(t)] == ["t2", "t3", "t4"]
+    tasks.stored(_ended("t5", 2500))
+    assert [t for t in ("t3", "t4", "t5") if tasks.known(t)] == ["t5"]

@@ -32,6 +32,10 @@ STALE_KEPT: Final = 10_000
 ENDED_KEPT: Final = 4096
 """Tasks that ended last kept as they were stored (`known`): their submitters ask for them
 just after (WaitTask, FollowTasks, `apiary task status`), and an ended record never changes."""
+ENDED_KEPT_BYTES: Final = 16 * 1024 * 1024
+"""What those kept records' params and results may hold together: a result may be 1 MiB
+(more when configured), so a count alone would not bound them; a record larger than this
+is not kept (it is read from the store)."""
 
 
 def queue_key(target: str, lane: str) -> str:
@@ -62,7 +66,9 @@ class LiveTasks:
         """Job key -> the open task of that job (RFC 9.2); HELD duplicates are not in it."""
         self.queue = TaskQueue()
         self.ended: dict[str, TaskRecord] = {}
-        """The ENDED_KEPT tasks that ended last, as stored, oldest first."""
+        """The tasks that ended last, as stored, oldest first (at most ENDED_KEPT, with at
+        most ENDED_KEPT_BYTES of params and results)."""
+        self._ended_bytes = 0
         self.held: dict[str, dict[str, None]] = {}
         """Agent id -> the tasks it holds (DISPATCHED or RUNNING), in dispatch order."""
         self.holders: dict[str, str] = {}
@@ -168,9 +174,7 @@ class LiveTasks:
         the job index."""
         if task.state in _ENDED:
             self.tasks.pop(task.task_id, None)
-            self.ended[task.task_id] = task
-            if len(self.ended) > ENDED_KEPT:
-                del self.ended[next(iter(self.ended))]
+            self._keep_ended(task)
             self._needs_worktree.pop(task.task_id, None)
             if self.jobs.get(task.job_key) == task.task_id:
                 del self.jobs[task.job_key]
@@ -178,6 +182,18 @@ class LiveTasks:
             self.tasks[task.task_id] = task
             if task.state != TaskState.HELD:
                 self.jobs.setdefault(task.job_key, task.task_id)
+
+    def _keep_ended(self, task: TaskRecord) -> None:
+        """`task` in `ended`, the oldest dropped past ENDED_KEPT or ENDED_KEPT_BYTES."""
+        if (kept := self.ended.pop(task.task_id, None)) is not None:
+            self._ended_bytes -= _payload(kept)
+        size = _payload(task)
+        if size > ENDED_KEPT_BYTES:
+            return
+        self.ended[task.task_id] = task
+        self._ended_bytes += size
+        while len(self.ended) > ENDED_KEPT or self._ended_bytes > ENDED_KEPT_BYTES:
+            self._ended_bytes -= _payload(self.ended.pop(next(iter(self.ended))))
 
     def withdraw(self, task_id: str) -> None:
         """A new task taken in for its first dispatch and not sent (`SchedulerDispatch.
@@ -263,3 +279,8 @@ class LiveTasks:
         task = self.tasks.get(task_id)
         if task is not None:
             self._wakeups.wake(target_of(task) if task.state == TaskState.QUEUED else task.agent_id)
+
+
+def _payload(task: TaskRecord) -> int:
+    """What a record holds beyond its bounded fields: its params and its result."""
+    return len(task.params) + len(task.result)
