@@ -145,6 +145,24 @@ async def test_a_call_made_while_its_server_starts_waits_for_its_tools(tmp_path:
         assert frame.final and frame.json()["timezone"] == "UTC"
 
 
+async def test_a_call_waits_no_longer_than_its_servers_startup_timeout(tmp_path: Path) -> None:
+    """A server that lists nothing within its startup_timeout_s: the call is refused
+    unavailable, naming the server, not left waiting and not answered not_found."""
+    never_up = McpServerSpec(
+        "time", sys.executable, ("-c", "import time; time.sleep(60)"), startup_timeout_s=1
+    )
+    async with (
+        open_test_coordinator(tmp_path, runtime=_runtime(never_up)) as running,
+        grpc.aio.insecure_channel(str(running.grpc_address)) as channel,
+    ):
+        with pytest.raises(ApiaryError) as refused:
+            await asyncio.wait_for(
+                ToolClient(channel).call("get_current_time", {}, provider_id="time"), WAIT_S
+            )
+    assert refused.value.code == "unavailable", refused.value
+    assert "MCP server 'time'" in refused.value.message
+
+
 async def test_bad_arguments_give_clear_errors(client: ToolClient) -> None:
     with pytest.raises(ApiaryError) as missing:
         await client.call("get_current_time", {})
