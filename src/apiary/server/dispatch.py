@@ -9,6 +9,7 @@ naming the area that owns them.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from google.protobuf.message import Message
 
 from apiary.core.access.rules import Rule
 from apiary.core.access.table import METHOD_RULES
-from apiary.errors import UnimplementedError
+from apiary.errors import ApiaryError, UnimplementedError
 from apiary.server.auth.guard import AccessGuard
 from apiary.server.context import CallContext
 from apiary.wire.services import SERVICES, RpcMethod
@@ -26,6 +27,10 @@ from apiary.wire.services import SERVICES, RpcMethod
 UnaryFn = Callable[[Message, CallContext], Awaitable[Message]]
 StreamFn = Callable[[Message, CallContext], AsyncIterator[Message]]
 BidiFn = Callable[[AsyncIterator[Message], CallContext], AsyncIterator[Message]]
+
+
+REFUSED_STREAM_FRAMES = 4
+REFUSED_STREAM_WAIT_S = 0.5
 
 
 def snake_case(name: str) -> str:
@@ -112,7 +117,11 @@ def _guarded(
     if method.client_streaming:
 
         async def bidi(frames: AsyncIterator[Message], ctx: CallContext) -> AsyncIterator[Message]:
-            ctx, handler = await enter(ctx, None)
+            try:
+                ctx, handler = await enter(ctx, None)
+            except ApiaryError:
+                await _settle(frames)
+                raise
             async for item in handler(guard.frames(path, rule, frames, ctx), ctx):
                 yield item
 
@@ -131,6 +140,22 @@ def _guarded(
         return await handler(request, ctx)  # type: ignore[no-any-return]
 
     return unary
+
+
+async def _settle(frames: AsyncIterator[Message]) -> None:
+    """Read and drop what a refused client stream's caller is still sending (at most
+    REFUSED_STREAM_FRAMES frames, each bounded by the transport's message limit, for at most
+    REFUSED_STREAM_WAIT_S): a gRPC client whose request is still being written when the
+    stream closes reports the refusal as `internal`, not as the refusal it was."""
+    count = 0
+    try:
+        async with asyncio.timeout(REFUSED_STREAM_WAIT_S):
+            async for _frame in frames:
+                count += 1
+                if count >= REFUSED_STREAM_FRAMES:
+                    return
+    except (TimeoutError, ApiaryError):
+        return
 
 
 class Dispatcher:
