@@ -88,6 +88,11 @@ class ConflictGate:
         scope = self._scope(task)
         self._running.add(task.task_id, scope, always=scope.operation in self.policy.overrides)
 
+    def withdrawn(self, task_id: str) -> None:
+        """`task_id` did not start after all (its dispatch was not sent yet, or failed): no
+        longer a running scope; the pairs assessed with it are kept."""
+        self._running.remove(task_id)
+
     async def blockers(
         self,
         task: TaskRecord,

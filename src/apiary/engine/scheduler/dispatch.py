@@ -15,14 +15,24 @@ attempt counted, so that the next one goes out under a token of its own.
 A shared queue's task is offered to its agents fairly (`offer`): one task at a time to the
 least-loaded agent with room, the one served longest ago among equals.
 
+The dispatches of one pass over the woken agents (`drain`, `try_dispatch`) commit together:
+each task picked is held by its agent in memory at once (`_reserve`: what the next pick
+looks at, the agent's room, its type's instances, the running scopes, sees it; its record
+stays as stored), and the
+pass's envelopes go out in one admission when it ends (`_send_batch`), one commit for every
+dispatch of the pass instead of one each. Each outcome is then taken as a lone dispatch's
+is. A new submission's first dispatch (`first`) and a traced one go out alone.
+
 Called with the Scheduler's lock held.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import replace
+from collections import ChainMap, Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -43,7 +53,7 @@ from apiary.core.tasks.queue import QueuedTask
 from apiary.core.tasks.shared import describe
 from apiary.engine.conflict_gate import Blocker, ConflictGate
 from apiary.engine.notices import NoticeFactory
-from apiary.engine.router.admission import Outbound
+from apiary.engine.router.admission import Outbound, SendOutcome
 from apiary.engine.router.router import Router
 from apiary.engine.scheduler.live import LiveTasks, queue_key, target_of
 from apiary.engine.scheduler.pools import AgentPools
@@ -111,16 +121,40 @@ class SchedulerDispatch:
         self._unstored: dict[str, EventDraft] = {}
         """By task: the submission event of a new task not stored yet, dispatched in the
         transaction that creates it (`first`)."""
+        self._batch: list[_Picked] | None = None
+        """The dispatches picked in this pass, reserved and not sent yet (`_batching`)."""
+        self._reserved_by: Counter[str] = Counter()
+        """By agent: how many tasks the batch reserved for it."""
+        self._reserved: dict[str, TaskRecord] = {}
+        """By task: the batch's dispatches as they will be stored, for the conflict gate to
+        compare with (the live records stay as stored until the batch's commit)."""
 
     async def drain(self) -> None:
-        """Dispatch to every agent (and offer every shared queue) woken so far, then end the
-        turn of the agents' windows (`AgentWindows.settle`; lock held)."""
+        """Dispatch to every agent (and offer every shared queue) woken so far, each pass's
+        dispatches in one commit, then end the turn of the agents' windows
+        (`AgentWindows.settle`; lock held)."""
         targets = self._wakeups.agents
         try:
             while targets:
-                await self._serve(targets.pop())
+                async with self._batching():
+                    while targets:
+                        await self._serve(targets.pop())
         finally:
             await self._windows.settle()
+
+    @asynccontextmanager
+    async def _batching(self) -> AsyncIterator[None]:
+        """The dispatches picked in the block sent together as it ends (module docstring);
+        inside a batch already, the block's join it."""
+        if self._batch is not None:
+            yield
+            return
+        self._batch = []
+        try:
+            yield
+        finally:
+            batch, self._batch = self._batch, None
+            await self._send_batch(batch)
 
     async def place(self, task: TaskRecord) -> None:
         """Dispatch a task just queued, if an agent may take it now."""
@@ -167,11 +201,12 @@ class SchedulerDispatch:
         store fails on the way (a head's DEFER or WAIT_WORKTREE not stored: nothing changed),
         the target is tried again after `retry_after_s`."""
         try:
-            queue = shared_queue(target)
-            if queue:
-                await self.offer(queue)
-            else:
-                await self.try_dispatch(target)
+            async with self._batching():
+                queue = shared_queue(target)
+                if queue:
+                    await self.offer(queue)
+                else:
+                    await self.try_dispatch(target)
         except (StoreError, UnavailableError) as exc:
             log.warning("dispatch to %s waits for the store: %s", target, exc)
             self._wakeups.arm(retry_key(target), self._clock.now() + self._settings.retry_after_s)
@@ -183,11 +218,18 @@ class SchedulerDispatch:
         one (core/agent_window.py `takes_tasks`)."""
         if self._live.count(agent_id) >= self._pools.window(agent_id):
             return False
-        return self._windows.takes_tasks(agent_id)
+        # A task reserved for it in this pass makes it busy (SCHEDULED or RUNNING) once
+        # stored, and a busy agent takes tasks up to its window.
+        return agent_id in self._reserved_by or self._windows.takes_tasks(agent_id)
 
     async def try_dispatch(self, agent_id: str, *, at_most: int | None = None) -> int:
         """Dispatch the agent's next tasks while everything allows it, `at_most` of them
-        (None: as many as its window takes); returns how many (lock held)."""
+        (None: as many as its window takes), in one commit; returns how many were picked
+        (inside a batch: reserved, their outcome known when it is sent; lock held)."""
+        async with self._batching():
+            return await self._dispatch_while(agent_id, at_most)
+
+    async def _dispatch_while(self, agent_id: str, at_most: int | None) -> int:
         sent = 0
         while (at_most is None or sent < at_most) and self.has_room(agent_id):
             if not self._instance_free(agent_id) or not await self._dispatch_next(agent_id):
@@ -231,8 +273,9 @@ class SchedulerDispatch:
                     raise _NotFirstError()
                 await self._held_for_worktree(task)
                 continue
+            records = ChainMap(self._reserved, live.tasks) if self._reserved else live.tasks
             blockers = await self._gate.blockers(
-                task, live.holders, live.tasks, agent_id=agent_id, alone=concurrency == 1
+                task, live.holders, records, agent_id=agent_id, alone=concurrency == 1
             )
             if blockers:
                 if unstored:
@@ -396,17 +439,31 @@ class SchedulerDispatch:
             env, agent_id, lane=task.lane, new_token=True, stored_with=writes,
             admission_logged=logs_messages(task), validated=True,
         )  # fmt: skip
+        if self._batch is not None and submitted is None and self._traces is None:
+            self._reserve(dispatched.after)
+            if task.queue:
+                self._pools.served(agent_id)
+            self._batch.append(_Picked(task, agent_id, env, dispatched, item))
+            return True
         if self._traces is None:
             (outcome,) = await self._router.send_many([item])
         else:
             outcome = await self._traces.send(self._router, task, item, attempt)
+        return await self._sent(task, agent_id, env, dispatched, outcome, first=bool(submitted))
+
+    async def _sent(
+        self, task: TaskRecord, agent_id: str, env: Envelope, dispatched: Prepared,
+        outcome: SendOutcome, *, first: bool = False, batched: bool = False,
+    ) -> bool:  # fmt: skip
+        """What follows the admission of a dispatch's envelope, as `_send` returns it
+        (`batched`: the agent was counted served when the task was picked)."""
         if not outcome.accepted:
             code = outcome.error_code
             if code == "unavailable":  # a store fault: the envelope's fate is unknown
                 assert outcome.error is not None
                 self._in_doubt(task, env, dispatched, outcome.error)
                 return False
-            if submitted is not None:  # nothing of it stored: submitted as any task
+            if first:  # nothing of it stored: submitted as any task
                 raise _NotFirstError()
             if code == "buffer_full":
                 self._later(task, agent_id)
@@ -416,9 +473,66 @@ class SchedulerDispatch:
             )
             return True
         await self._transitions.stored(dispatched)
-        if task.queue:
+        if task.queue and not batched:
             self._pools.served(agent_id)
         return True
+
+    def _reserve(self, after: TaskRecord) -> None:
+        """The picked task held by its agent in memory until its batch is sent, for the
+        pass's next picks to see: the agent's room, its type's instances, the running
+        scopes the conflict gate compares with."""
+        self._reserved[after.task_id] = after
+        self._reserved_by[after.agent_id] += 1
+        self._live.occupy(after)
+        self._gate.started(after)
+
+    def _unreserve(self, picked: _Picked) -> None:
+        """`_reserve` undone (the batch's outcome decides what the task is). Nobody is woken:
+        a pick that waits for what it held looks again once the task, stored, ends (or,
+        not stored, is dispatched again after `retry_after_s`)."""
+        after = picked.dispatched.after
+        self._live.unoccupy(after)
+        self._gate.withdrawn(after.task_id)
+        del self._reserved[after.task_id]
+        self._reserved_by[after.agent_id] -= 1
+        if not self._reserved_by[after.agent_id]:
+            del self._reserved_by[after.agent_id]
+
+    async def _send_batch(self, batch: list[_Picked]) -> None:
+        """Send the pass's dispatches in one admission and take each outcome as `_dispatch`
+        takes a lone one's (a store that fails them all leaves each in doubt)."""
+        if not batch:
+            return
+        for picked in batch:
+            self._unreserve(picked)
+        outcomes: list[SendOutcome] | None = None
+        error: Exception | None = None
+        try:
+            outcomes = await self._router.send_many([picked.item for picked in batch])
+        except (StoreError, UnavailableError) as exc:
+            error = exc
+        left = iter(batch)
+        try:
+            for index, picked in enumerate(left):
+                task, agent_id, env = picked.task, picked.agent_id, picked.env
+                try:
+                    if outcomes is None:
+                        assert error is not None
+                        raise error
+                    await self._sent(
+                        task, agent_id, env, picked.dispatched, outcomes[index], batched=True
+                    )
+                except (StoreError, UnavailableError) as exc:
+                    log.warning("dispatch of task %s to %s failed: %s", task.task_id, agent_id,
+                                exc)  # fmt: skip
+                    self._in_doubt(task, env, picked.dispatched, exc)
+        except BaseException:
+            # (cancelled, or a bug): the picks not taken yet go back to their queues as
+            # dispatches in doubt, asked of the store before they go on.
+            cut = UnavailableError("the dispatch was cut short")
+            for picked in left:
+                self._in_doubt(picked.task, picked.env, picked.dispatched, cut)
+            raise
 
     def _in_doubt(
         self, task: TaskRecord, env: Envelope, dispatched: Prepared, error: Exception
@@ -465,6 +579,18 @@ class SchedulerDispatch:
                     break
             else:
                 return  # every agent with room has to wait (conflicts, instances, ...)
+
+
+@dataclass(frozen=True, slots=True)
+class _Picked:
+    """A dispatch picked in a pass, reserved, its envelope sent when the pass ends."""
+
+    task: TaskRecord
+    """The task as it was before (QUEUED)."""
+    agent_id: str
+    env: Envelope
+    dispatched: Prepared
+    item: Outbound
 
 
 class _NotFirstError(Exception):

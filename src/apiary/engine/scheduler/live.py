@@ -227,24 +227,37 @@ class LiveTasks:
     def release(self, task: TaskRecord) -> None:
         """The task is no longer held (ended, yielded or requeued): wake the targets that
         waited for what it held."""
+        freed = self._unhold(task)
+        if freed is not None:
+            for target in self._type_waiters.pop(freed, set()):
+                self._wakeups.wake(target)
+        self.cancelling.pop(task.task_id, None)
+        self._wakeups.timers.cancel(preempt_key(task.task_id))
+        for target in self._blocked_by.pop(task.task_id, set()):
+            self._wakeups.wake(target)
+
+    def unoccupy(self, task: TaskRecord) -> None:
+        """`occupy` undone, waking nobody: a dispatch reserved and not stored yet
+        (engine/scheduler/dispatch.py `_reserve`) whose batch decides what it is."""
+        self._unhold(task)
+
+    def _unhold(self, task: TaskRecord) -> str | None:
+        """The task out of its agent's hands; the agent type whose instance that freed
+        (the agent holds nothing now), else None."""
+        freed = None
         agent_id = self.holders.pop(task.task_id, None)
         held = self.held.get(agent_id) if agent_id is not None else None
         if agent_id is not None and held is not None:
             held.pop(task.task_id, None)
             if not held:
                 del self.held[agent_id]
-                agent_type = self._instance.pop(agent_id, task.agent_type)
-                if self.active[agent_type] > 0:
-                    self.active[agent_type] -= 1
-                for target in self._type_waiters.pop(agent_type, set()):
-                    self._wakeups.wake(target)
+                freed = self._instance.pop(agent_id, task.agent_type)
+                if self.active[freed] > 0:
+                    self.active[freed] -= 1
         self._dispatched.pop(task.task_id, None)
         self.by_message.pop(task.message_id, None)
         self.preemptions.pop(task.task_id, None)
-        self.cancelling.pop(task.task_id, None)
-        self._wakeups.timers.cancel(preempt_key(task.task_id))
-        for target in self._blocked_by.pop(task.task_id, set()):
-            self._wakeups.wake(target)
+        return freed
 
     def taken_back(self, task: TaskRecord) -> None:
         """The task's dispatch was taken back from its lost agent: an ACK of that envelope
