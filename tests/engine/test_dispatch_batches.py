@@ -9,6 +9,8 @@ tests/engine/test_task_write_faults.py `FailingWrites`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -114,3 +116,37 @@ async def test_a_task_its_agents_full_buffer_refuses_waits_and_the_others_go(
     h.clock.advance(RETRY_AFTER_S)
     await h.engine.scheduler.fire_due()
     assert (await task(h, "t3")).state == "DISPATCHED"
+
+
+class _HeldWrites:
+    """Holds the store's admissions (`admit_many`) until released: a write in flight."""
+
+    def __init__(self, target: object) -> None:
+        self._write = target.admit_many  # type: ignore[attr-defined]
+        target.admit_many = self._call  # type: ignore[attr-defined]
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def _call(self, *args: object, **kwargs: object) -> object:
+        self.entered.set()
+        await self.release.wait()
+        return await self._write(*args, **kwargs)
+
+
+async def test_a_pass_cancelled_while_its_commit_is_in_flight_loses_no_task(
+    h: EngineHarness,
+) -> None:
+    await _queued(h)
+    held = _HeldWrites(h.store.messages)
+    ready = asyncio.ensure_future(h.engine.scheduler.agent_ready("worker"))
+    await held.entered.wait()
+    ready.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await ready
+    held.release.set()
+    assert await _dispatched(h) == [(i, "QUEUED", 1) for i in TASKS]
+
+    h.clock.advance(RETRY_AFTER_S)
+    await h.engine.scheduler.fire_due()
+    assert await _dispatched(h) == [(i, "DISPATCHED", 2) for i in TASKS]
+    assert len(await h.events("task.dispatched")) == 3

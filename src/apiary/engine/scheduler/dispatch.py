@@ -18,10 +18,10 @@ least-loaded agent with room, the one served longest ago among equals.
 The dispatches of one pass over the woken agents (`drain`, `try_dispatch`) commit together:
 each task picked is held by its agent in memory at once (`_reserve`: what the next pick
 looks at, the agent's room, its type's instances, the running scopes, sees it; its record
-stays as stored), and the
-pass's envelopes go out in one admission when it ends (`_send_batch`), one commit for every
-dispatch of the pass instead of one each. Each outcome is then taken as a lone dispatch's
-is. A new submission's first dispatch (`first`) and a traced one go out alone.
+stays as stored), and the pass's envelopes go out in one admission when it ends
+(`_send_batch`), one commit for every dispatch of the pass instead of one each. Each
+outcome is then taken as a lone dispatch's is. A new submission's first dispatch (`first`)
+and a traced one go out alone.
 
 Called with the Scheduler's lock held.
 """
@@ -390,12 +390,18 @@ class SchedulerDispatch:
         try:
             return await self._send(task, agent_id, env, attempt, dispatched)
         except (StoreError, UnavailableError) as exc:
-            # The router's write (the envelope with the task DISPATCHED) may have committed
-            # unheard: the store is asked before the task goes on (`_doubts`); until then
-            # that envelope is stale and its attempt spent.
-            log.warning("dispatch of task %s to %s failed: %s", task.task_id, agent_id, exc)
-            self._in_doubt(task, env, dispatched, exc)
+            self._failed(task, agent_id, env, dispatched, exc)
             return False
+
+    def _failed(
+        self, task: TaskRecord, agent_id: str, env: Envelope, dispatched: Prepared,
+        error: Exception,
+    ) -> None:  # fmt: skip
+        """The store failed the dispatch's write. It may have committed unheard (the
+        envelope with the task DISPATCHED): the store is asked before the task goes on
+        (`_doubts`); until then that envelope is stale and its attempt spent."""
+        log.warning("dispatch of task %s to %s failed: %s", task.task_id, agent_id, error)
+        self._in_doubt(task, env, dispatched, error)
 
     def _prepare(
         self, task: TaskRecord, choice: LaneChoice, agent_id: str, env: Envelope, attempt: int
@@ -505,30 +511,25 @@ class SchedulerDispatch:
             return
         for picked in batch:
             self._unreserve(picked)
-        outcomes: list[SendOutcome] | None = None
-        error: Exception | None = None
-        try:
-            outcomes = await self._router.send_many([picked.item for picked in batch])
-        except (StoreError, UnavailableError) as exc:
-            error = exc
         left = iter(batch)
         try:
-            for index, picked in enumerate(left):
-                task, agent_id, env = picked.task, picked.agent_id, picked.env
+            try:
+                outcomes = await self._router.send_many([picked.item for picked in batch])
+            except (StoreError, UnavailableError) as exc:
+                for picked in left:
+                    self._failed(picked.task, picked.agent_id, picked.env, picked.dispatched, exc)
+                return
+            for picked, outcome in zip(left, outcomes, strict=True):
                 try:
-                    if outcomes is None:
-                        assert error is not None
-                        raise error
                     await self._sent(
-                        task, agent_id, env, picked.dispatched, outcomes[index], batched=True
-                    )
+                        picked.task, picked.agent_id, picked.env, picked.dispatched, outcome,
+                        batched=True,
+                    )  # fmt: skip
                 except (StoreError, UnavailableError) as exc:
-                    log.warning("dispatch of task %s to %s failed: %s", task.task_id, agent_id,
-                                exc)  # fmt: skip
-                    self._in_doubt(task, env, picked.dispatched, exc)
+                    self._failed(picked.task, picked.agent_id, picked.env, picked.dispatched, exc)
         except BaseException:
-            # (cancelled, or a bug): the picks not taken yet go back to their queues as
-            # dispatches in doubt, asked of the store before they go on.
+            # (cancelled while sending, or a bug): the picks not taken yet go back to their
+            # queues as dispatches in doubt, asked of the store before they go on.
             cut = UnavailableError("the dispatch was cut short")
             for picked in left:
                 self._in_doubt(picked.task, picked.env, picked.dispatched, cut)
