@@ -14,6 +14,7 @@ import pytest
 from apiary.engine.scheduler.scheduler import Scheduler, Submission, SubmitResult
 from apiary.engine.settings import SchedulerSettings
 from apiary.errors import AlreadyExistsError
+from apiary.store.errors import StoreUnavailableError
 from apiary.store.sqlite.store import SqliteStore
 from apiary.testing.engine import EngineHarness, open_test_engine
 
@@ -135,14 +136,14 @@ async def test_the_others_are_decided_when_the_first_caller_is_cancelled(
 ) -> None:
     scheduler = h.engine.scheduler
     started = asyncio.Event()
-    create = scheduler._store.create
+    create_many = scheduler._store.create_many
 
-    async def slow_create(record: Any, events: Any = ()) -> None:
+    async def slow_create(records: Any, events: Any = ()) -> None:
         started.set()
         await asyncio.sleep(0.05)
-        await create(record, events)
+        await create_many(records, events)
 
-    scheduler._store.create = slow_create  # type: ignore[method-assign]
+    scheduler._store.create_many = slow_create  # type: ignore[method-assign]
     async with scheduler._lock:
         calls = await _arrive(scheduler, [_sub(f"t{i}") for i in range(3)])
     await asyncio.wait_for(started.wait(), WAIT_S)
@@ -154,3 +155,75 @@ async def test_the_others_are_decided_when_the_first_caller_is_cancelled(
     stored = [t.task_id for t in await scheduler.list_tasks(None, None, -1, 100)]
     assert stored == ["t0", "t1", "t2"]
     assert scheduler.get("t0") is not None
+
+
+async def test_a_run_of_submissions_is_stored_by_one_write(h: EngineHarness) -> None:
+    """One write for the run, whatever the store groups (PostgreSQL groups nothing)."""
+    scheduler = h.engine.scheduler
+    calls: list[int] = []
+    create, create_many = scheduler._store.create, scheduler._store.create_many
+
+    async def counted_create(record: Any, events: Any = ()) -> None:
+        calls.append(1)
+        await create(record, events)
+
+    async def counted_many(records: Any, events: Any = ()) -> None:
+        calls.append(len(records))
+        await create_many(records, events)
+
+    scheduler._store.create = counted_create  # type: ignore[method-assign]
+    scheduler._store.create_many = counted_many  # type: ignore[method-assign]
+    results = await _together(scheduler, [_sub(f"t{i:02d}") for i in range(20)])
+    assert all(isinstance(r, SubmitResult) and r.accepted and r.created for r in results)
+    assert calls == [20]
+    assert [t.state for t in await scheduler.list_tasks(None, None, -1, 100)] == ["QUEUED"] * 20
+
+
+async def test_a_run_holding_the_id_of_an_ended_task_stores_the_others(
+    h: EngineHarness,
+) -> None:
+    """The run's write finds one task_id taken (its task ended, so the live Scheduler did
+    not see it): that one is answered as the task stored under it, the others are stored."""
+    scheduler = h.engine.scheduler
+    await scheduler.submit(_sub("ended"))
+    await scheduler.cancel("ended", "not wanted", "tester")
+    results = await _together(scheduler, [_sub("a"), _sub("ended"), _sub("b")])
+    a, ended, b = results
+    assert isinstance(a, SubmitResult) and (a.accepted, a.created) == (True, True)
+    assert isinstance(b, SubmitResult) and (b.accepted, b.created) == (True, True)
+    assert isinstance(ended, SubmitResult) and not ended.created
+    assert ended.task is not None and (ended.task.state, ended.task.error_code) == (
+        "FAILED",
+        "cancelled",
+    )
+    stored = {t.task_id: t.state for t in await scheduler.list_tasks(None, None, -1, 100)}
+    assert stored == {"ended": "FAILED", "a": "QUEUED", "b": "QUEUED"}
+    submitted = [e.details["task_id"] for e in await h.events() if e.event_type == "task.submitted"]
+    assert submitted == ["ended", "a", "b"]
+
+
+async def test_a_run_whose_write_committed_unheard_is_taken_in_when_submitted_again(
+    h: EngineHarness,
+) -> None:
+    """The run's one write fails with its outcome unknown (a cut connection), having
+    committed: each caller gets the error; each submitting again gets its task, queued as
+    stored, logged once."""
+    scheduler = h.engine.scheduler
+    create_many = scheduler._store.create_many
+
+    async def committed_unheard(records: Any, events: Any = ()) -> None:
+        await create_many(records, events)
+        raise StoreUnavailableError("PostgreSQL: the connection was cut (test)")
+
+    scheduler._store.create_many = committed_unheard  # type: ignore[method-assign]
+    subs = [_sub(f"t{i}") for i in range(3)]
+    results = await _together(scheduler, subs)
+    assert all(isinstance(r, StoreUnavailableError) for r in results), results
+    scheduler._store.create_many = create_many  # type: ignore[method-assign]
+    for sub in subs:
+        again = await scheduler.submit(sub)
+        assert (again.accepted, again.created) == (True, False)
+        assert again.task is not None and again.task.state == "QUEUED"
+    assert [t.task_id for t in scheduler.queued("worker")] == ["t0", "t1", "t2"]
+    submitted = [e.details["task_id"] for e in await h.events() if e.event_type == "task.submitted"]
+    assert submitted == ["t0", "t1", "t2"]

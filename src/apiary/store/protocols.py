@@ -281,6 +281,14 @@ class TaskStore(Protocol):
         the write's: a submission needs no read to know its id is new)."""
         ...
 
+    async def create_many(
+        self, records: Sequence[TaskRecord], events: Sequence[EventDraft] = ()
+    ) -> None:
+        """Insert new tasks (distinct task_ids), all or none, appending `events` in the same
+        transaction (one for the lot: a burst of submissions is one commit); TaskExistsError,
+        naming the first taken task_id, with nothing stored when any is stored already."""
+        ...
+
     async def get(self, task_id: str) -> TaskRecord | None: ...
 
     async def list(

@@ -279,13 +279,33 @@ class SchedulerJobs:
         return replace(await self._queued(stored), created=False)
 
     async def _queue_run(self, run: list[tuple[Arrival, TaskRecord]]) -> None:
+        """Store a run's QUEUED records in one write (`TaskStore.create_many`), then queue
+        each. When the store finds a task_id of the run taken (by a task that ended) or a
+        record it cannot store (ValueError), each is written alone: that one is answered as
+        the task stored under its id, or with its error, and the others are stored."""
         if len(run) == 1 and await self._sent_at_once(*run[0]):
             return
         create, event = self._store.create, self._transitions.submission_event
-        writes = await asyncio.gather(
-            *(self._events.commit([event(record)], partial(create, record)) for _, record in run),
-            return_exceptions=True,
-        )
+        records = [record for _, record in run]
+        writes: list[BaseException | None]
+        try:
+            drafts = [event(record) for record in records]
+            if len(run) == 1:
+                await self._events.commit(drafts, partial(create, records[0]))
+            else:
+                await self._events.commit(drafts, partial(self._store.create_many, records))
+            writes = [None] * len(run)
+        except (TaskExistsError, ValueError) as exc:
+            writes = (
+                [exc]
+                if len(run) == 1
+                else await asyncio.gather(
+                    *(self._events.commit([event(r)], partial(create, r)) for r in records),
+                    return_exceptions=True,
+                )
+            )
+        except Exception as exc:  # the store failed: each outcome is not known
+            writes = [exc] * len(run)
         for (arrival, record), written in zip(run, writes, strict=True):
             if isinstance(written, TaskExistsError):  # (its id names a task that ended)
                 await _settle(arrival, self._stored_before(record))

@@ -36,6 +36,23 @@ class MemoryTaskStore:
             raise TaskExistsError(record.task_id)
         await self.put(record, events)
 
+    async def create_many(
+        self, records: Sequence[TaskRecord], events: Sequence[EventDraft] = ()
+    ) -> None:
+        """Insert new tasks (distinct task_ids), all or none, appending `events` with them;
+        TaskExistsError (nothing stored) naming the first whose task_id is taken."""
+        for record in records:
+            if record.task_id in self._records:
+                raise TaskExistsError(record.task_id)
+        stored = [self.checked(record) for record in records]
+        seqs = [record.seq for record in stored]
+        if len(set(seqs)) < len(seqs):
+            raise StoreError(f"two of the tasks share a seq: {sorted(seqs)}")
+        drafts = self._log.checked(events)
+        for record in stored:
+            self.put_now(record)
+        self._log.append_now(drafts)
+
     def has(self, task_id: str) -> bool:
         """Whether a task with this id is stored."""
         return task_id in self._records

@@ -175,6 +175,35 @@ def create_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
         raise TaskExistsError(row[0])
 
 
+@lru_cache(maxsize=64)
+def _create_sql(d: Dialect, rows: int) -> str:
+    return d.insert("tasks", TASKS, " ON CONFLICT (task_id) DO NOTHING", rows=rows)
+
+
+def create_tasks(d: Dialect, rows: Sequence[tuple[Any, ...]]) -> Transaction[None]:
+    """Insert new tasks (`task_row`, distinct task_ids), all or none: TaskExistsError
+    naming the first whose task_id is taken. A chunk of rows is one statement; the rows it
+    did not insert are looked for only when there are some."""
+    inserted = 0
+    for count, params in chunks(d, rows, TASKS.count):
+        inserted += yield from Execute(_create_sql(d, count), params)
+    if inserted == len(rows):
+        return
+    # The rows stored under these ids now are ours or were there before: a different seq
+    # tells the second (each seq belongs to one task).
+    ours = {row[0]: row[_SEQ_AT] for row in rows}
+    taken: set[str] = set()
+    ids = list(ours)
+    for start in range(0, len(ids), _IDS_CHUNK):
+        chunk = ids[start : start + _IDS_CHUNK]
+        sql = f"SELECT task_id, seq FROM tasks WHERE {in_list('task_id', len(chunk))}"
+        taken.update(row[0] for row in (yield from Query(sql, chunk)) if row[1] != ours[row[0]])
+    raise TaskExistsError(next(task_id for task_id in ids if task_id in taken))
+
+
+_SEQ_AT: Final = TASKS.names.index("seq")
+
+
 class SqlTaskStore:
     """`TaskStore` in the `tasks` table; events that commit with a record go through
     `log`."""
@@ -198,6 +227,17 @@ class SqlTaskStore:
         """Insert a new task, with `events` appended in the same transaction;
         TaskExistsError (nothing stored) when its task_id is taken."""
         await self._log.write_with(events, create_task, task_row(record))
+
+    async def create_many(
+        self, records: Sequence[TaskRecord], events: Sequence[EventDraft] = ()
+    ) -> None:
+        """Insert new tasks (distinct task_ids), all or none, with `events` appended in the
+        same transaction; TaskExistsError (nothing stored) naming the first whose task_id is
+        taken."""
+        if records:
+            await self._log.write_with(events, create_tasks, [task_row(r) for r in records])
+        elif events:
+            await self._log.append(events)
 
     async def get(self, task_id: str) -> TaskRecord | None:
         """The record, or None."""

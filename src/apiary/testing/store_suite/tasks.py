@@ -280,6 +280,42 @@ async def creating_a_task_refuses_a_task_id_taken(factory: StoreFactory) -> None
 
 
 @_check
+async def creating_tasks_together_is_all_or_none(factory: StoreFactory) -> None:
+    """`create_many` stores a burst of new tasks and their events in one write; one task_id
+    among them already stored (in any state) refuses them all, naming it, and nothing of
+    that write is stored. Past a statement's rows, the chunks all go in (or none)."""
+    async with factory.open() as store:
+        burst = [task_record(f"task-{n}", n) for n in range(1, 4)]
+        await store.tasks.create_many(burst, [draft(n) for n in range(1, 4)])
+        assert await store.tasks.list() == burst
+        assert [e.details["n"] for e in await store.events.read()] == [1, 2, 3]
+        await store.tasks.put(replace(burst[1], state=TaskState.COMPLETED, updated_at=T0 + 9))
+        again = [task_record("task-7", 7), task_record("task-2", 8), task_record("task-9", 9)]
+        try:
+            await store.tasks.create_many(again, [draft(7), draft(8)])
+        except TaskExistsError as exc:
+            assert exc.task_id == "task-2"
+        else:
+            raise AssertionError("a burst holding a taken task_id was stored")
+        assert [t.task_id for t in await store.tasks.list()] == ["task-1", "task-2", "task-3"]
+        assert len(await store.events.read()) == 3
+        assert await store.tasks.max_seq() == 3  # the refused ones' seqs were not taken
+        many = [task_record(f"bulk-{n:04}", 100 + n) for n in range(1200)]
+        await store.tasks.create_many(many)
+        assert len(await store.tasks.list(after_seq=99, limit=2000)) == 1200
+        clash = [task_record(f"late-{n:04}", 2000 + n) for n in range(1199)]
+        try:
+            await store.tasks.create_many([*clash, task_record("bulk-1199", 4000)])
+        except TaskExistsError as exc:
+            assert exc.task_id == "bulk-1199"
+        else:
+            raise AssertionError("a burst past one statement's rows was partly refused")
+        assert await store.tasks.list(after_seq=1999) == []
+        await store.tasks.create_many([], [draft(10)])  # no tasks: the events alone
+        assert [e.details["n"] for e in await store.events.read()][-1] == 10
+
+
+@_check
 async def a_seq_belongs_to_one_task(factory: StoreFactory) -> None:
     async with factory.open() as store:
         first = task_record("task-1", 1)
