@@ -296,14 +296,11 @@ class SchedulerJobs:
                 await self._events.commit(drafts, partial(self._store.create_many, records))
             writes = [None] * len(run)
         except (TaskExistsError, ValueError) as exc:
-            writes = (
-                [exc]
-                if len(run) == 1
-                else await asyncio.gather(
-                    *(self._events.commit([event(r)], partial(create, r)) for r in records),
-                    return_exceptions=True,
-                )
-            )
+            if len(run) == 1:
+                writes = [exc]
+            else:
+                alone = (self._events.commit([event(r)], partial(create, r)) for r in records)
+                writes = await asyncio.gather(*alone, return_exceptions=True)
         except Exception as exc:  # the store failed: each outcome is not known
             writes = [exc] * len(run)
         for (arrival, record), written in zip(run, writes, strict=True):
