@@ -153,7 +153,7 @@ def test_an_ack_deadline_too_short_for_the_prefetch_is_refused(tmp_path: Path) -
     with pytest.raises(ValidationError) as caught:
         load_config(file, {}, {})
     assert caught.value.details == {"field": "router.ack_timeout_s"}
-    assert "[scheduler] prefetch = 2 needs" in caught.value.message
+    assert f"[scheduler] prefetch = {SchedulerSettings().prefetch} needs" in caught.value.message
     file.write_text("[router]\nack_timeout_s = 2\n")
     assert load_config(file, {}, {}).router.ack_timeout_s == 2.0
     file.write_text("[router]\nack_timeout_s = 0.5\n[scheduler]\nprefetch = 0\n")

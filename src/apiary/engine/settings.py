@@ -123,7 +123,7 @@ class SchedulerSettings:
     max_attempts: int = 3
     """Attempts of a shared-queue task that may end with the agent holding it lost (failed,
     shut down, deregistered) before the task fails instead of going back to its queue."""
-    prefetch: int = 2
+    prefetch: int = 4
     """Tasks kept in flight to an agent beyond its `task_concurrency`, waiting at the agent
     so that the next one is there when one ends (only to agents that declared their
     concurrency; core/tasks/capacity.py)."""
