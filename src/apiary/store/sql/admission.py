@@ -7,6 +7,7 @@ for how offsets stay gap-free and in order.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from functools import lru_cache
 from typing import Any
@@ -19,11 +20,11 @@ from apiary.store.sql.bounds import Refusals, held_to_bounds
 from apiary.store.sql.bulk import chunks, markers, values_rows
 from apiary.store.sql.dialect import Dialect
 from apiary.store.sql.dlq import DlqMark, mark_requeued_once
-from apiary.store.sql.events import append_events, event_rows
+from apiary.store.sql.events import event_rows
 from apiary.store.sql.idempotency import TokenClaim, claim_tokens, idempotency_row
 from apiary.store.sql.message_rows import ID, MESSAGES, RECIPIENT, existing_ids
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, Transaction
-from apiary.store.sql.tasks import put_tasks, stored_task_ids, task_row
+from apiary.store.sql.tasks import put_tasks_and_append, stored_task_ids, task_row
 
 
 class AdmissionRacedError(StoreError):
@@ -32,30 +33,47 @@ class AdmissionRacedError(StoreError):
 
 
 def admit_new(
-    d: Dialect, values: list[tuple[Any, ...]], screen: Screen | None = None
-) -> Transaction[list[int]]:
+    d: Dialect, values: list[tuple[Any, ...]], screen: Screen | None = None,
+    optimistic: bool = False,
+) -> Transaction[list[int]]:  # fmt: skip
     """Insert the members (`message_values`) that are new; their offsets in input order, 0
     for duplicates and for those `screen` refuses (given the indices of the new members,
     once the duplicates are known: a token's record is written for new members only).
 
     The recipients' counters are created and locked before the duplicate check, so
     admissions to the same recipients wait for this one and cannot slip in between (in
-    PostgreSQL; SQLite runs one transaction at a time). Duplicates are found before
-    anything is written, so a duplicate never consumes an offset. An admission of one of
-    these ids to another recipient can still slip in (PostgreSQL): a row then turns out to
-    exist after all, which would leave a gap in the offsets, so the transaction is undone
-    and AdmissionRacedError raised, for the caller to try again.
+    PostgreSQL; SQLite runs one transaction at a time); the same statement moves each
+    counter past the offsets of the members to it (set back to the last offset given out
+    when some turn out duplicates or refused). Duplicates are found before anything is
+    written, so a duplicate never consumes an offset. An admission of one of these ids to
+    another recipient can still slip in (PostgreSQL): a row then turns out to exist after
+    all, which would leave a gap in the offsets, so the transaction is undone and
+    AdmissionRacedError raised, for the caller to try again.
+
+    `optimistic` leaves out the look for duplicates among the stored messages (one round
+    trip, on PostgreSQL): a member stored already is then met by the insert, which raises
+    AdmissionRacedError too, and the caller tries again with the look (duplicates of an
+    earlier member of the batch are found either way).
     """
-    recipients = sorted({v[RECIPIENT] for v in values})
-    counters = yield from Query(_counters_sql(len(recipients)), recipients)
-    first = {recipient: int(offset) for recipient, offset in counters}
-    last = dict(first)
-    taken = yield from existing_ids(d, [v[ID] for v in values])
-    new: list[int] = []
+    seen: set[str] = set()
+    fresh: list[int] = []
+    """The members that are not a duplicate of an earlier one, in input order."""
     for index, value in enumerate(values):
-        if value[ID] not in taken:
-            taken.add(value[ID])
-            new.append(index)
+        if value[ID] not in seen:
+            seen.add(value[ID])
+            fresh.append(index)
+    wanted = Counter(values[index][RECIPIENT] for index in fresh)
+    recipients = sorted({v[RECIPIENT] for v in values})
+    counters = yield from Query(
+        _counters_sql(len(recipients)), [x for r in recipients for x in (r, wanted[r])]
+    )
+    first = {recipient: int(offset) - wanted[recipient] for recipient, offset in counters}
+    last = dict(first)
+    new = fresh
+    if not optimistic:
+        taken = yield from existing_ids(d, [values[index][ID] for index in fresh])
+        if taken:
+            new = [index for index in fresh if values[index][ID] not in taken]
     if screen is not None:
         refused = yield from screen(new)
         new = [index for index in new if index not in refused]
@@ -73,7 +91,9 @@ def admit_new(
         inserted += yield from Execute(_INSERT.format(rows=rows_sql), params)
     if inserted != len(rows):
         raise AdmissionRacedError("a concurrent admission took one of the ids")
-    yield from ExecuteMany(_SET_COUNTER, [(n, r) for r, n in last.items() if n != first[r]])
+    short = [(n, r) for r, n in last.items() if n != first[r] + wanted[r]]
+    if short:
+        yield from ExecuteMany(_SET_COUNTER, short)
     return offsets
 
 
@@ -122,7 +142,7 @@ Admitted = tuple[list[int], int, dict[int, IdempotencyRecord], set[int], Refusal
 
 def admit_with(
     d: Dialect, values: list[tuple[Any, ...]], lead: list[tuple[Any, ...]],
-    extras: AdmissionExtras,
+    extras: AdmissionExtras, optimistic: bool = False,
 ) -> Transaction[Admitted]:  # fmt: skip
     """`admit_new`, its new members' tokens claimed first (`claim_tokens`: a member whose
     token another admission took is refused) and the dead letters they requeue marked
@@ -135,7 +155,8 @@ def admit_with(
     admitted, so a batch may be refused a little early, never admitted past a limit), and
     those whose new task's id is stored already (`AdmissionWrites.task_new`; looked for
     before any token is claimed). The Scheduler that creates tasks runs on one coordinator
-    (the cluster's leader): nothing else inserts one between that look and the write."""
+    (the cluster's leader): nothing else inserts one between that look and the write.
+    `optimistic` as for `admit_new`."""
     taken: dict[int, IdempotencyRecord] = {}
     requeued: set[int] = set()
     bounded: Refusals = {}
@@ -165,25 +186,25 @@ def admit_with(
             requeued.update((yield from mark_requeued_once(marks)))
         return {*bounded, *existing, *taken, *requeued}
 
-    offsets = yield from admit_new(d, values, claim)
+    offsets = yield from admit_new(d, values, claim, optimistic)
     admitted = [e for e, offset in zip(extras, offsets, strict=True) if offset] if extras else []
     tasks = [extra[2] for extra in admitted if extra[2] is not None]
-    if tasks:
-        yield from put_tasks(d, tasks)
     rows = lead + [row for extra in admitted for row in extra[0]]
-    first = (yield from append_events(d, rows)) if rows else 0
+    first = yield from put_tasks_and_append(d, tasks, rows)
     return offsets, first, taken, requeued, bounded, existing
 
 
 @lru_cache(maxsize=64)
 def _counters_sql(count: int) -> str:
-    """Creates the missing counters of `count` recipients (given in key order) and returns
-    every one's last offset; the no-op update is what row-locks an existing counter in
-    PostgreSQL."""
+    """Moves the counters of `count` recipients (given in key order, each with how many
+    offsets to take), created when missing, and returns every one's last offset after it;
+    the update is what row-locks an existing counter in PostgreSQL (when it takes none,
+    too)."""
     return (
         "INSERT INTO inbox_offsets (recipient, last_offset)"
-        f" VALUES {values_rows(count, '?, 0')} ON CONFLICT (recipient)"
-        " DO UPDATE SET last_offset = inbox_offsets.last_offset RETURNING recipient, last_offset"
+        f" VALUES {values_rows(count, '?, ?')} ON CONFLICT (recipient)"
+        " DO UPDATE SET last_offset = inbox_offsets.last_offset + excluded.last_offset"
+        " RETURNING recipient, last_offset"
     )
 
 

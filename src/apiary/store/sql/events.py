@@ -141,8 +141,19 @@ def _claim_and_insert_sql(d: Dialect, count: int) -> str:
     )
 
 
-def append_events(d: Dialect, rows: list[tuple[Any, ...]]) -> Transaction[int]:
-    """Append the rows of `event_rows` with consecutive sequences; the first of them."""
+Ahead = tuple[str, list[Any]]
+"""A write (canonical SQL, its parameters) that `append_events` runs before the events."""
+
+
+def append_events(
+    d: Dialect, rows: list[tuple[Any, ...]], ahead: Ahead | None = None
+) -> Transaction[int]:
+    """Append the rows of `event_rows` with consecutive sequences; the first of them. A
+    write `ahead` runs first: on PostgreSQL in the statement of the claim (a data-modifying
+    WITH: one round trip for both), in SQLite as a statement of its own."""
+    if ahead is not None and d.name in _AUTOINCREMENT:
+        yield from Execute(*ahead)
+        ahead = None
     if d.name in _AUTOINCREMENT:
         # AUTOINCREMENT numbers a statement's rows consecutively, and the one writer's
         # statements follow one another: the first row's is the first chunk's last less its
@@ -156,9 +167,16 @@ def append_events(d: Dialect, rows: list[tuple[Any, ...]]) -> Transaction[int]:
     # rows) after it, numbered from the first sequence.
     numbered = [(place, *row) for place, row in enumerate(rows, 1)]
     head_count, head = next(iter(chunks(d, numbered, len(numbered[0]))))
-    claimed = yield from QueryOne(
-        _claim_and_insert_sql(d, head_count), (len(rows), len(rows), *head)
-    )
+    if ahead is None:
+        claimed = yield from QueryOne(
+            _claim_and_insert_sql(d, head_count), (len(rows), len(rows), *head)
+        )
+    else:
+        sql, params = ahead
+        claimed = yield from QueryOne(
+            f"WITH ahead AS ({sql}), {_claim_and_insert_sql(d, head_count)[len('WITH ') :]}",
+            (*params, len(rows), len(rows), *head),
+        )
     assert claimed is not None  # the statement returns one row
     first = int(claimed[0]) - len(rows) + 1
     rest = [(first + place - 1, *row) for place, *row in numbered[head_count:]]

@@ -56,7 +56,7 @@ from apiary.store.sql.bulk import chunks, markers, rows_per_statement, values_ro
 from apiary.store.sql.checks import check_limit, sequence_from_sql, sequence_to_sql
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, by_dialect, in_list
-from apiary.store.sql.events import SqlEventLog, append_events, event_rows
+from apiary.store.sql.events import SqlEventLog, event_rows
 from apiary.store.sql.idempotency import (
     IDEMPOTENCY,
     PUT_IDEMPOTENCY,
@@ -73,7 +73,7 @@ from apiary.store.sql.message_rows import (
 )
 from apiary.store.sql.purge import chunk_delete_sql, purge_in_chunks
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Row, Transaction
-from apiary.store.sql.tasks import put_tasks, task_row
+from apiary.store.sql.tasks import put_tasks_and_append, task_row
 from apiary.store.sql.where import Where
 
 
@@ -93,6 +93,13 @@ class ChangeParams(NamedTuple):
 
 _ADMIT_ATTEMPTS: Final = 5
 """How often a batch is retried when a concurrent admission took one of its ids."""
+_OPTIMISTIC: Final = frozenset({"postgresql"})
+"""The dialects whose admissions first try without looking for stored duplicates
+(`admit_new`'s `optimistic`): a look is a round trip to PostgreSQL, and a message_id
+stored already is rare (most ids are the coordinator's own, and a client's retry is mostly
+answered by its token or sequence number first, engine/router/dedup_gate.py); it costs one
+undone try. Not SQLite, where the look costs no round trip and a failed job makes the
+writer run its batch again."""
 
 
 def change_params(changes: Sequence[StateChange]) -> list[tuple[Any, ...]]:
@@ -168,13 +175,16 @@ class SqlMessageStore:
         bounded: Refusals = {}
         existing: set[int] = set()
         db = self._leader if any(w.task is not None for w in writes) else self._db
-        for _ in range(_ADMIT_ATTEMPTS):
+        for attempt in range(_ADMIT_ATTEMPTS):
+            # The first try leaves the look for stored duplicates to the insert where that
+            # saves a round trip; a duplicate met so is looked for on the next (`admit_new`).
+            optimistic = attempt == 0 and d.name in _OPTIMISTIC
             try:
                 if extras is None:
-                    offsets = await self._db.write(admit_new, values)
+                    offsets = await self._db.write(admit_new, values, None, optimistic)
                 else:
                     offsets, first, taken, requeued, bounded, existing = await db.write(
-                        admit_with, values, lead, extras
+                        admit_with, values, lead, extras, optimistic
                     )
                     self._log.committed(first, [*events, *admitted_events(writes, offsets)])
             except (AdmissionRacedError, TokenRacedError):
@@ -518,9 +528,7 @@ def apply_with_tokens(
         if outcome and cached_row is not None:
             events = [*events, cached_row]
         taken.append(outcome and cached_row is not None)
-    if tasks:
-        yield from put_tasks(d, tasks)
-    first = (yield from append_events(d, events)) if events else 0
+    first = yield from put_tasks_and_append(d, tasks, events)
     return rows, taken, first
 
 

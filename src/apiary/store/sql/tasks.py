@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from itertools import chain
 from typing import Any, Final, NamedTuple
 
 from apiary.core.events import EventDraft
 from apiary.core.records import TaskRecord, TaskState
 from apiary.store.errors import TaskExistsError
-from apiary.store.sql.bulk import chunks
+from apiary.store.sql.bulk import chunks, rows_per_statement
 from apiary.store.sql.checks import check_limit, checked_int64
 from apiary.store.sql.columns import Columns
 from apiary.store.sql.database import SqlDatabase
 from apiary.store.sql.dialect import Dialect, by_dialect, in_list
-from apiary.store.sql.events import SqlEventLog
+from apiary.store.sql.events import SqlEventLog, append_events
 from apiary.store.sql.statements import Execute, ExecuteMany, Query, QueryOne, Transaction
 from apiary.store.sql.where import Where
 
@@ -152,6 +153,31 @@ def put_tasks(d: Dialect, rows: Sequence[tuple[Any, ...]]) -> Transaction[None]:
     for count, params in chunks(d, latest, TASKS.count):
         if (yield from Execute(_put_sql(d, count, True), params)) < count:
             yield from Execute(_put_sql(d, count, False), params)
+
+
+@lru_cache(maxsize=64)
+def _upsert_sql(d: Dialect, rows: int) -> str:
+    return d.upsert("tasks", TASKS, "task_id", rows=rows)
+
+
+def put_tasks_and_append(
+    d: Dialect, tasks: Sequence[tuple[Any, ...]], events: list[tuple[Any, ...]]
+) -> Transaction[int]:
+    """`put_tasks`, then `append_events` (the first event's sequence; 0 when there are no
+    events): on PostgreSQL one statement when the tasks fit one (their latest rows, as
+    `put_tasks` stores them), one round trip instead of two."""
+    if not events:
+        if tasks:
+            yield from put_tasks(d, tasks)
+        return 0
+    if not tasks:
+        return (yield from append_events(d, events))
+    latest = list({row[0]: row for row in tasks}.values()) if len(tasks) > 1 else list(tasks)
+    if d.name in _NARROWED or len(latest) > rows_per_statement(d, TASKS.count) // 2:
+        yield from put_tasks(d, tasks)
+        return (yield from append_events(d, events))
+    ahead = (_upsert_sql(d, len(latest)), list(chain.from_iterable(latest)))
+    return (yield from append_events(d, events, ahead))
 
 
 def stored_task_ids(d: Dialect, task_ids: Sequence[str]) -> Transaction[set[str]]:

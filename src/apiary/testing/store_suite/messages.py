@@ -832,6 +832,38 @@ async def the_task_records_of_one_write_are_stored_as_the_last_of_each(
 
 
 @_check
+async def task_records_and_events_of_one_write_commit_together(factory: StoreFactory) -> None:
+    """As above with events: the last record of each task and the events are stored by
+    the one write (on PostgreSQL by one statement), and a record whose seq another task
+    holds fails the write, which then stores neither."""
+    async with factory.open() as store:
+        await store.messages.admit_many([message("m-1"), message("m-2")])
+        await store.tasks.put(task_record("t-2", 2, state="DISPATCHED", agent_id=""))
+        one = task_record("t-1", 1, state="RUNNING", message_id="m-1", updated_at=T0 + 5)
+        handed = task_record("t-2", 2, state="RUNNING", agent_id="agent-z")
+        done = replace(one, state=TaskState.COMPLETED, result='{"n": 1}', seq=7)
+        await store.messages.apply(
+            [StateChange("m-1", MessageState.READ, T0 + 1)], [draft(1), draft(2)],
+            tasks=[one, handed, done],
+        )  # fmt: skip
+        assert [await store.tasks.get(t) for t in ("t-1", "t-2")] == [done, handed]
+        assert [e.details["n"] for e in await store.events.read()] == [1, 2]
+        before = await store.messages.get("m-2")
+        clash = replace(handed, state=TaskState.COMPLETED, seq=7)
+        try:
+            await store.messages.record(
+                [StateChange("m-2", MessageState.READ, T0 + 2)], [draft(3)], tasks=[clash]
+            )
+        except StoreError:
+            pass
+        else:
+            raise AssertionError("a task record with another task's seq was stored")
+        assert await store.messages.get("m-2") == before
+        assert await store.tasks.get("t-2") == handed
+        assert [e.details["n"] for e in await store.events.read()] == [1, 2]
+
+
+@_check
 async def record_applies_as_apply_does(factory: StoreFactory) -> None:
     async with factory.open() as store:
         one = await store.messages.admit(message("m-1", ack_deadline=T0 + 10, expires_at=T0 + 99))
