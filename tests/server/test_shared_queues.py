@@ -247,6 +247,30 @@ async def test_a_higher_priority_preempts_and_recalls_the_prefetched_task(
     assert (await waiting.status()).attempts == 2
 
 
+async def test_a_task_prefetched_to_a_busy_agent_runs_on_one_that_frees_up(
+    coordinator: Coordinator, client: Client
+) -> None:
+    """x runs a long task with the next one prefetched behind it; y joins with nothing to
+    do: once the prefetched task has waited a second at x, x gives it back and y runs it
+    (engine/scheduler/steals.py), while x's long task runs on."""
+    gates = Gates()
+    async with agents(coordinator, gates, "x", task_concurrency=1) as runners:
+        long = await client.submit_task(capability="review", params={"key": "hold-long"},
+                                        scope="repo:a")  # fmt: skip
+        await _until(lambda: "hold-long" in gates.running)
+        waiting = await client.submit_task(capability="review", params={"key": "next"},
+                                           scope="repo:b")  # fmt: skip
+        await _until(lambda: runners["x"].waiting == [waiting.task_id])
+        async with agents(coordinator, gates, "y", task_concurrency=1):
+            assert await waiting.result(timeout=WAIT_S) == {"key": "next", "by": "y"}
+            assert "hold-long" in gates.running
+            status = await waiting.status()
+            assert (status.agent_id, status.attempts) == ("y", 2)
+            gates.gate("hold-long").set()
+            assert await long.result(timeout=WAIT_S) == {"key": "hold-long", "by": "x"}
+    assert gates.order == [("hold-long", 1), ("next", 2)]  # it never started at x
+
+
 async def test_an_agent_taken_for_lost_stops_the_attempt_taken_back(
     coordinator: Coordinator, client: Client
 ) -> None:

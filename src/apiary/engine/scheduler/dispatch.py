@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 from collections import ChainMap, Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -125,6 +125,14 @@ class SchedulerDispatch:
         """The dispatches picked in this pass, reserved and not sent yet (`_batching`)."""
         self._reserved_by: Counter[str] = Counter()
         """By agent: how many tasks the batch reserved for it."""
+        self._free: set[str] = set()
+        """Agents the pass left with a free running slot (`on_free` at its end)."""
+        self.on_free: Callable[[str], Awaitable[int]] | None = None
+        """Called at the end of `drain` for each agent of a shared queue it left with a free
+        running slot and nothing ready in its queues (engine/scheduler/steals.py)."""
+        self.withheld: Callable[[str, str], bool] | None = None
+        """Whether a shared queue's task must not go to an agent now (recalled from it for
+        another, engine/scheduler/steals.py)."""
         self._reserved: dict[str, TaskRecord] = {}
         """By task: the batch's dispatches as they will be stored, for the conflict gate to
         compare with (the live records stay as stored until the batch's commit)."""
@@ -139,8 +147,20 @@ class SchedulerDispatch:
                 async with self._batching():
                     while targets:
                         await self._serve(targets.pop())
+            await self._freed()
         finally:
             await self._windows.settle()
+
+    async def _freed(self) -> None:
+        """`on_free` for each agent the pass left with a free running slot and nothing
+        ready in its queues."""
+        free, self._free = self._free, set()
+        on_free = self.on_free
+        if on_free is None:
+            return
+        for agent_id in sorted(free):
+            if self.has_room(agent_id) and not self._ready_for(agent_id):
+                await on_free(agent_id)
 
     @asynccontextmanager
     async def _batching(self) -> AsyncIterator[None]:
@@ -237,7 +257,16 @@ class SchedulerDispatch:
             sent += 1
         if self.has_room(agent_id):
             self._pools.unsaturate(agent_id)
+            pools = self._pools
+            if pools.queues_of(agent_id) and self._live.count(agent_id) < pools.concurrency(
+                agent_id
+            ):
+                self._free.add(agent_id)
         return sent
+
+    def _ready_for(self, agent_id: str) -> bool:
+        """Whether a task waits in one of the agent's queues, ready to go."""
+        return any(self._live.ready(self._pools.targets_of(agent_id)).values())
 
     def _instance_free(self, agent_id: str) -> bool:
         """RFC 9.1: an agent that holds no task starts an instance of its type, which the
@@ -263,12 +292,15 @@ class SchedulerDispatch:
             task = live.tasks[head.task_id]
             if task.task_id in self._doubts and await self._dispatched_after_all(task):
                 return True
-            if task.queue and not self._pools.takes(agent_id, task.content_type):
+            if task.queue and (
+                not self._pools.takes(agent_id, task.content_type)
+                or (self.withheld is not None and self.withheld(task.task_id, agent_id))
+            ):
                 continue
             if self._waits_for_yield(task, agent_id, concurrency):
                 return False  # nothing goes past it into the agent's prefetch
             unstored = task.task_id in self._unstored
-            if live.needs_worktree(task) and not self._bound(agent_id):
+            if live.needs_worktree(task) and not self.bound(agent_id):
                 if unstored:
                     raise _NotFirstError()
                 await self._held_for_worktree(task)
@@ -304,7 +336,8 @@ class SchedulerDispatch:
             if any_below(live.holding(a), task.priority)
         )
 
-    def _bound(self, agent_id: str) -> bool:
+    def bound(self, agent_id: str) -> bool:
+        """Whether the agent has a bound worktree (RFC 16.3)."""
         return self._worktrees is not None and self._worktrees.bound_root(agent_id) is not None
 
     async def _held_for_worktree(self, task: TaskRecord) -> None:

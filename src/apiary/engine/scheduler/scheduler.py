@@ -96,6 +96,7 @@ from apiary.engine.scheduler.live import LiveTasks
 from apiary.engine.scheduler.losses import LostTasks
 from apiary.engine.scheduler.pools import AgentPools
 from apiary.engine.scheduler.preemption import Reporter, SchedulerPreemption
+from apiary.engine.scheduler.steals import PrefetchSteals
 from apiary.engine.scheduler.traces import TaskTraces
 from apiary.engine.scheduler.transitions import TaskTransitions
 from apiary.engine.scheduler.wakeups import RECONCILE_KEY, SEP, Wakeups, shared_target
@@ -221,6 +222,12 @@ class Scheduler:
             live, pools, wakeups, self._transitions, self.lifecycles, windows, router, envelopes,
             events, settings, clock, self._lock, self._dispatcher.drain, self._dispatcher.has_room,
         )  # fmt: skip
+        self._steals = PrefetchSteals(
+            live, pools, self._preemptor, wakeups, clock, self._dispatcher.bound,
+            self._dispatcher.has_room,
+        )  # fmt: skip
+        self._dispatcher.on_free = self._steals.rebalance
+        self._dispatcher.withheld = self._steals.withheld
         self._jobs = SchedulerJobs(
             live, pools, self._transitions, self._dispatcher, self._preemptor, self.lifecycles,
             tasks, router, registry, events, hitl, settings, clock, ids, self._lock,
@@ -760,7 +767,7 @@ class Scheduler:
                     await self.reconcile_activity()
                     self._wakeups.timers.arm(key, self._clock.now() + RECONCILE_EVERY_S)
                     continue
-                if kind == "retry":
+                if kind in ("retry", "steal"):
                     self._wakeups.agents.add(name)
                     continue
                 if kind == "acks":
