@@ -224,7 +224,7 @@ def create_tasks(d: Dialect, rows: Sequence[tuple[Any, ...]]) -> Transaction[Non
         chunk = ids[start : start + _IDS_CHUNK]
         sql = f"SELECT task_id, seq FROM tasks WHERE {in_list('task_id', len(chunk))}"
         taken.update(row[0] for row in (yield from Query(sql, chunk)) if row[1] != ours[row[0]])
-    raise TaskExistsError(next(task_id for task_id in ids if task_id in taken))
+    raise TaskExistsError(next((task_id for task_id in ids if task_id in taken), ids[0]))
 
 
 _SEQ_AT: Final = TASKS.names.index("seq")
