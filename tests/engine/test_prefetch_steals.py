@@ -116,3 +116,31 @@ async def test_a_task_for_one_agent_is_never_taken_back(h: EngineHarness) -> Non
     await _later(h, 3 * STEAL_AFTER_S)
     assert await _recalls(h, "x") == []
     assert [t.task_id for t in _sched(h).holding("x")] == ["t1", "t2"]
+
+
+async def test_a_recall_that_crossed_the_tasks_start_is_never_forced(
+    h: EngineHarness,
+) -> None:
+    """x starts the recalled task just as the recall leaves (its running task ended then):
+    the request flags a running task, which may yield at a safe point or run to its end;
+    the recall's deadline passes without terminating it."""
+    await _busy_with_prefetch(h, 2)
+    await ready_agent(h, "y", "review", task_concurrency=1)
+    await _later(h, STEAL_AFTER_S)
+    assert await _recalls(h, "x") == ["t2"]
+    # Before x hears of it, t1 ends and t2 starts there.
+    t1 = await task(h, "t1")
+    await h.ack("x", t1.message_id, AckStage.FULFILLED, note='{"n": 1}')
+    t2 = await task(h, "t2")
+    await h.ack("x", t2.message_id, AckStage.READ)
+    assert (await task(h, "t2")).state == "RUNNING"
+    timeout = _sched(h).settings.preemption.safe_point_timeout_s
+    await _later(h, timeout + 1.0)
+    await _later(h, _sched(h).settings.preemption.grace_s + 1.0)
+    commands = [p.get("command") for p in await h.inbox_payloads("x")]
+    assert "terminate" not in commands and "kill" not in commands
+    running = await task(h, "t2")
+    assert (running.state, running.agent_id) == ("RUNNING", "x")
+    await h.ack("x", running.message_id, AckStage.FULFILLED, note='{"n": 2}')
+    done = await task(h, "t2")
+    assert (done.state, done.result) == ("COMPLETED", '{"n": 2}')

@@ -773,6 +773,8 @@ class Scheduler:
                 if kind == "acks":
                     await self._acks.retry()
                     continue
+                if self._steals.spares(name):
+                    continue
                 await self._preemptor.deadline(name)
             fired += await self.lifecycles.fire_due()
             await self._dispatcher.drain()

@@ -18,6 +18,11 @@ not yet dispatched to another agent. Back in its queue, such a task is withheld 
 agent it was recalled from while the free agent has room (`withheld`), so that the agent
 freed first by its yield does not take it straight back.
 
+A recall can cross the task's READ: its agent started it just as the request left (its
+running task ended in that moment). The request then flags a running task, which yields at
+its next safe point, if it has one, and otherwise runs to its end; the recall's deadline
+does not force it (`spares`): a task is never terminated for a rebalancing.
+
 Called with the Scheduler's lock held.
 """
 
@@ -27,7 +32,7 @@ from collections.abc import Callable
 from typing import Final
 
 from apiary.core.clock import Clock
-from apiary.core.records import TaskRecord
+from apiary.core.records import TaskRecord, TaskState
 from apiary.core.tasks.capacity import PREFETCHED_RECEIVED_AFTER_S, split
 from apiary.core.tasks.shared import describe
 from apiary.engine.scheduler.live import LiveTasks
@@ -71,6 +76,9 @@ class PrefetchSteals:
         """Whether an agent may take one more task now (`SchedulerDispatch.has_room`)."""
         self._recalled: dict[str, tuple[str, str]] = {}
         """By task: (the free agent it was recalled for, the agent it was recalled from)."""
+        self._recalls: dict[str, str] = {}
+        """By task: the agent a recall of this module asked to give it back, until the task
+        leaves that agent (`spares`)."""
 
     async def rebalance(self, agent_id: str) -> int:
         """The agent has a free running slot and nothing queued for it: take back for it
@@ -87,6 +95,7 @@ class PrefetchSteals:
                     break
                 task, holder = due
                 self._recalled[task.task_id] = (agent_id, holder)
+                self._recalls[task.task_id] = holder
                 reason = f"{RECALL_PREFIX} {agent_id}, free, of {describe(queue)}"
                 await self._preemptor.preempt(task, reason)
                 free -= 1
@@ -104,16 +113,36 @@ class PrefetchSteals:
         del self._recalled[task_id]
         return False
 
+    def spares(self, task_id: str) -> bool:
+        """Whether the preemption deadline of `task_id` is one of this module's recalls whose
+        task started at its agent meanwhile (the recall crossed its READ): it is not forced
+        (module docstring)."""
+        holder = self._recalls.get(task_id)
+        if holder is None:
+            return False
+        task = self._live.tasks.get(task_id)
+        if task is None or self._live.holders.get(task_id) != holder:
+            del self._recalls[task_id]
+            return False
+        return task.state == TaskState.RUNNING
+
     def _on_way(self, task_id: str, recalled: tuple[str, str]) -> bool:
-        """Whether a recalled task is still on its way: live, and held by the agent it was
-        recalled from (not yet given back) or by none (back in its queue)."""
+        """Whether a recalled task is still on its way: live and not started, held by the
+        agent it was recalled from (not yet given back) or by none (back in its queue)."""
+        task = self._live.tasks.get(task_id)
         holder = self._live.holders.get(task_id)
-        return task_id in self._live.tasks and holder in (None, recalled[1])
+        return task is not None and task.state != TaskState.RUNNING and holder in (
+            None, recalled[1],
+        )  # fmt: skip
 
     def _free_slots(self, agent_id: str) -> int:
         for task_id, recalled in list(self._recalled.items()):
             if not self._on_way(task_id, recalled):
                 del self._recalled[task_id]
+        holders = self._live.holders
+        for task_id, holder in list(self._recalls.items()):
+            if holders.get(task_id) != holder:  # (given back, or ended)
+                del self._recalls[task_id]
         coming = sum(1 for to, _ in self._recalled.values() if to == agent_id)
         return self._pools.concurrency(agent_id) - self._live.count(agent_id) - coming
 
