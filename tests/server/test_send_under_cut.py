@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -26,10 +27,14 @@ from tests.server.pg_cutter import cut_until, cut_url
 from tests.server.wire_client import envelope, error_detail, register
 
 OPERATIONS = 120
+"""Operations sent at least; more while no cut has reached a send yet (`MAX_OPERATIONS`)."""
+MAX_OPERATIONS = 2_000
+"""Bound on the operations sent: sends are quick enough that the first 120 may all fall
+between two cuts of the pool (every 0.2 s), and the test is about the ones a cut reaches."""
 IN_FLIGHT = 8
 GIVE_UP_S = 120.0
 IN_PROGRESS = ("already_in_progress", "duplicate_detected")
-SETTINGS = RouterSettings(buffer_capacity=2 * OPERATIONS)
+SETTINGS = RouterSettings(buffer_capacity=2 * MAX_OPERATIONS)
 """Room for every operation in bob's buffer: bob never reads, so each stays in progress."""
 
 
@@ -71,7 +76,7 @@ async def test_a_cut_connection_answers_accepted_only_what_committed(
 ) -> None:
     application = f"apiary-cut-{uuid.uuid4().hex[:8]}"
     url = cut_url(postgres_dsn, postgres_schema, application)
-    tokens = [f"op-{i}" for i in range(OPERATIONS)]
+    tokens: list[str] = []
     answers: Counter[str] = Counter()
     accepted: dict[str, str] = {}
     async with (
@@ -82,7 +87,15 @@ async def test_a_cut_connection_answers_accepted_only_what_committed(
         router = pb.router_pb2_grpc.RouterServiceStub(channel)
         stop = asyncio.Event()
         cutter = asyncio.create_task(cut_until(stop, postgres_dsn, application))
-        queue = iter(tokens)
+
+        def next_tokens() -> Iterator[str]:
+            i = 0
+            while i < OPERATIONS or (not answers["unavailable"] and i < MAX_OPERATIONS):
+                tokens.append(token := f"op-{i}")
+                yield token
+                i += 1
+
+        queue = next_tokens()
 
         async def sender() -> None:
             for token in queue:
