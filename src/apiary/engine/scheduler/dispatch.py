@@ -127,10 +127,10 @@ class SchedulerDispatch:
         """By agent: how many tasks the batch reserved for it."""
         self._free: set[str] = set()
         """Agents the pass left with a free running slot (`on_free` at its end)."""
-        self.on_free: Callable[[str], Awaitable[int]] | None = None
+        self.on_free: Callable[[str], Awaitable[int]] = _nobody_free
         """Called at the end of `drain` for each agent of a shared queue it left with a free
         running slot and nothing ready in its queues (engine/scheduler/steals.py)."""
-        self.withheld: Callable[[str, str], bool] | None = None
+        self.withheld: Callable[[str, str], bool] = _never_withheld
         """Whether a shared queue's task must not go to an agent now (recalled from it for
         another, engine/scheduler/steals.py)."""
         self._reserved: dict[str, TaskRecord] = {}
@@ -155,12 +155,9 @@ class SchedulerDispatch:
         """`on_free` for each agent the pass left with a free running slot and nothing
         ready in its queues."""
         free, self._free = self._free, set()
-        on_free = self.on_free
-        if on_free is None:
-            return
         for agent_id in sorted(free):
             if self.has_room(agent_id) and not self._ready_for(agent_id):
-                await on_free(agent_id)
+                await self.on_free(agent_id)
 
     @asynccontextmanager
     async def _batching(self) -> AsyncIterator[None]:
@@ -256,12 +253,11 @@ class SchedulerDispatch:
                 break
             sent += 1
         if self.has_room(agent_id):
-            self._pools.unsaturate(agent_id)
             pools = self._pools
-            if pools.queues_of(agent_id) and self._live.count(agent_id) < pools.concurrency(
-                agent_id
-            ):
-                self._free.add(agent_id)
+            pools.unsaturate(agent_id)
+            slots = pools.concurrency(agent_id)
+            if pools.queues_of(agent_id) and self._live.count(agent_id) < slots:
+                self._free.add(agent_id)  # (a running slot free: `on_free` at the pass's end)
         return sent
 
     def _ready_for(self, agent_id: str) -> bool:
@@ -294,7 +290,7 @@ class SchedulerDispatch:
                 return True
             if task.queue and (
                 not self._pools.takes(agent_id, task.content_type)
-                or (self.withheld is not None and self.withheld(task.task_id, agent_id))
+                or self.withheld(task.task_id, agent_id)
             ):
                 continue
             if self._waits_for_yield(task, agent_id, concurrency):
@@ -613,6 +609,16 @@ class SchedulerDispatch:
                     break
             else:
                 return  # every agent with room has to wait (conflicts, instances, ...)
+
+
+async def _nobody_free(agent_id: str) -> int:
+    """`on_free` until one is given: nothing to do."""
+    return 0
+
+
+def _never_withheld(task_id: str, agent_id: str) -> bool:
+    """`withheld` until one is given: no task is."""
+    return False
 
 
 @dataclass(frozen=True, slots=True)

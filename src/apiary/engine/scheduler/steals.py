@@ -75,10 +75,8 @@ class PrefetchSteals:
         self._has_room = has_room
         """Whether an agent may take one more task now (`SchedulerDispatch.has_room`)."""
         self._recalled: dict[str, tuple[str, str]] = {}
-        """By task: (the free agent it was recalled for, the agent it was recalled from)."""
-        self._recalls: dict[str, str] = {}
-        """By task: the agent a recall of this module asked to give it back, until the task
-        leaves that agent (`spares`)."""
+        """By task: (the free agent it was recalled for, the agent it was recalled from),
+        while the task is live and held by that agent or back in its queue (`_forget`)."""
 
     async def rebalance(self, agent_id: str) -> int:
         """The agent has a free running slot and nothing queued for it: take back for it
@@ -95,7 +93,6 @@ class PrefetchSteals:
                     break
                 task, holder = due
                 self._recalled[task.task_id] = (agent_id, holder)
-                self._recalls[task.task_id] = holder
                 reason = f"{RECALL_PREFIX} {agent_id}, free, of {describe(queue)}"
                 await self._preemptor.preempt(task, reason)
                 free -= 1
@@ -106,44 +103,38 @@ class PrefetchSteals:
         """Whether the queued task, recalled from `agent_id` for another agent that still
         has room, must not go back to `agent_id` (lock held)."""
         recalled = self._recalled.get(task_id)
-        if recalled is None or recalled[1] != agent_id:
+        if recalled is None or recalled[1] != agent_id or not self._kept(task_id, recalled):
             return False
-        if self._on_way(task_id, recalled) and self._has_room(recalled[0]):
-            return True
-        del self._recalled[task_id]
-        return False
+        return self._on_way(task_id) and self._has_room(recalled[0])
 
     def spares(self, task_id: str) -> bool:
         """Whether the preemption deadline of `task_id` is one of this module's recalls whose
         task started at its agent meanwhile (the recall crossed its READ): it is not forced
         (module docstring)."""
-        holder = self._recalls.get(task_id)
-        if holder is None:
+        recalled = self._recalled.get(task_id)
+        if recalled is None or not self._kept(task_id, recalled):
             return False
-        task = self._live.tasks.get(task_id)
-        if task is None or self._live.holders.get(task_id) != holder:
-            del self._recalls[task_id]
-            return False
-        return task.state == TaskState.RUNNING
+        return not self._on_way(task_id)
 
-    def _on_way(self, task_id: str, recalled: tuple[str, str]) -> bool:
-        """Whether a recalled task is still on its way: live and not started, held by the
-        agent it was recalled from (not yet given back) or by none (back in its queue)."""
-        task = self._live.tasks.get(task_id)
-        holder = self._live.holders.get(task_id)
-        return task is not None and task.state != TaskState.RUNNING and holder in (
-            None, recalled[1],
-        )  # fmt: skip
+    def _kept(self, task_id: str, recalled: tuple[str, str]) -> bool:
+        """Whether the recall of `task_id` still stands: the task live, held by the agent it
+        was recalled from or back in its queue; forgotten otherwise (given to another agent,
+        or ended)."""
+        if task_id in self._live.tasks and self._live.holders.get(task_id) in (None, recalled[1]):
+            return True
+        del self._recalled[task_id]
+        return False
+
+    def _on_way(self, task_id: str) -> bool:
+        """Whether a recalled task (`_kept`) has not started: on its way to the free agent."""
+        return self._live.tasks[task_id].state != TaskState.RUNNING
 
     def _free_slots(self, agent_id: str) -> int:
-        for task_id, recalled in list(self._recalled.items()):
-            if not self._on_way(task_id, recalled):
-                del self._recalled[task_id]
-        holders = self._live.holders
-        for task_id, holder in list(self._recalls.items()):
-            if holders.get(task_id) != holder:  # (given back, or ended)
-                del self._recalls[task_id]
-        coming = sum(1 for to, _ in self._recalled.values() if to == agent_id)
+        coming = sum(
+            1 for task_id, recalled in list(self._recalled.items())
+            if self._kept(task_id, recalled) and recalled[0] == agent_id
+            and self._on_way(task_id)
+        )  # fmt: skip
         return self._pools.concurrency(agent_id) - self._live.count(agent_id) - coming
 
     def _pick(

@@ -32,9 +32,7 @@ class MemoryTaskStore:
     async def create(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
         """Insert a new task, appending `events` with it; TaskExistsError (nothing stored)
         when its task_id is taken."""
-        if record.task_id in self._records:
-            raise TaskExistsError(record.task_id)
-        await self.put(record, events)
+        await self.create_many([record], events)
 
     async def create_many(
         self, records: Sequence[TaskRecord], events: Sequence[EventDraft] = ()

@@ -121,10 +121,6 @@ def task_from_row(fetched: Sequence[Any]) -> TaskRecord:
 
 PUT_TASK = Execute(by_dialect(lambda d: d.upsert("tasks", TASKS, "task_id")))
 """Inserts or replaces one task (`task_row`)."""
-CREATE_TASK = Execute(
-    by_dialect(lambda d: d.insert("tasks", TASKS, " ON CONFLICT (task_id) DO NOTHING"))
-)
-"""Inserts one task (`task_row`) unless its task_id is taken (then it changes no row)."""
 _GET = QueryOne(f"SELECT {TASKS.sql} FROM tasks WHERE task_id = ?")
 _MAX_SEQ = QueryOne("SELECT COALESCE(MAX(seq), -1) FROM tasks")
 _KEPT: Final = ("seq", "agent_id")
@@ -149,10 +145,14 @@ def put_tasks(d: Dialect, rows: Sequence[tuple[Any, ...]]) -> Transaction[None]:
     if d.name not in _NARROWED:
         yield from ExecuteMany(PUT_TASK.sql, rows)
         return
-    latest = list({row[0]: row for row in rows}.values()) if len(rows) > 1 else rows
-    for count, params in chunks(d, latest, TASKS.count):
+    for count, params in chunks(d, _latest(rows), TASKS.count):
         if (yield from Execute(_put_sql(d, count, True), params)) < count:
             yield from Execute(_put_sql(d, count, False), params)
+
+
+def _latest(rows: Sequence[tuple[Any, ...]]) -> Sequence[tuple[Any, ...]]:
+    """The last of the rows of each task (`task_row`), in the order of their first."""
+    return list({row[0]: row for row in rows}.values()) if len(rows) > 1 else rows
 
 
 @lru_cache(maxsize=64)
@@ -172,7 +172,7 @@ def put_tasks_and_append(
         return 0
     if not tasks:
         return (yield from append_events(d, events))
-    latest = list({row[0]: row for row in tasks}.values()) if len(tasks) > 1 else list(tasks)
+    latest = _latest(tasks)
     if d.name in _NARROWED or len(latest) > rows_per_statement(d, TASKS.count) // 2:
         yield from put_tasks(d, tasks)
         return (yield from append_events(d, events))
@@ -193,12 +193,6 @@ def stored_task_ids(d: Dialect, task_ids: Sequence[str]) -> Transaction[set[str]
 
 
 _IDS_CHUNK: Final = 500
-
-
-def create_task(d: Dialect, row: tuple[Any, ...]) -> Transaction[None]:
-    """Insert a new task (`task_row`); TaskExistsError when its task_id is taken."""
-    if not (yield from Execute(CREATE_TASK.sql, row)):
-        raise TaskExistsError(row[0])
 
 
 @lru_cache(maxsize=64)
@@ -252,7 +246,7 @@ class SqlTaskStore:
     async def create(self, record: TaskRecord, events: Sequence[EventDraft] = ()) -> None:
         """Insert a new task, with `events` appended in the same transaction;
         TaskExistsError (nothing stored) when its task_id is taken."""
-        await self._log.write_with(events, create_task, task_row(record))
+        await self.create_many([record], events)
 
     async def create_many(
         self, records: Sequence[TaskRecord], events: Sequence[EventDraft] = ()
