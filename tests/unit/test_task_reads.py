@@ -217,7 +217,9 @@ async def test_a_prefetched_task_that_waits_is_acknowledged_received(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(task_acks, "LAZY_S", 0.001)
-    monkeypatch.setattr(tasks, "RECEIVED_AFTER_S", 0.01)
+    # Long enough after LAZY_S that a loaded machine does not send t1's READ and t2's RECEIVED
+    # in one frame.
+    monkeypatch.setattr(tasks, "RECEIVED_AFTER_S", 0.2)
     agent = FakeAgent(_task("t1"), _task("t2"))
     release = asyncio.Event()
 
